@@ -1,0 +1,5 @@
+"""``python -m spore``: the spore command line."""
+
+from spore.cli import main
+
+main()

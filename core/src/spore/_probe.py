@@ -1,0 +1,30 @@
+"""Child process behind ``spore plugins``: loads the plugins and prints their status as JSON.
+
+The listing process itself never imports a plugin; a plugin that crashes the interpreter on
+import takes down only this child.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+
+def main() -> int:
+    from spore.cli import cli
+    from spore.plugins import PluginError, get_manager
+
+    manager = get_manager()
+    try:
+        manager.add_commands(cli)
+        infos = manager.plugins(include_builtin=True)
+    except PluginError as exc:
+        cause = exc.__cause__
+        print(json.dumps({"error": str(exc), "cause": repr(cause) if cause else None}))
+        return 1
+    print(json.dumps({"plugins": [i.to_dict() for i in infos]}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

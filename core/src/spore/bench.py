@@ -1,0 +1,139 @@
+"""Benchmark cases and the side-by-side runner behind ``spore bench``.
+
+A case names its baseline (what a user would run otherwise). Both sides run in this process,
+interleaved (the order alternates each repeat), each sample long enough to time reliably; the
+figure is the median over repeats of ``baseline_time / candidate_time`` (> 1 means faster).
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from spore.runtime import runtime_environment, usable_cores
+
+MAX_LOOPS = 1_000_000
+
+
+@dataclass(frozen=True)
+class Benchmark:
+    """One comparison: ``candidate(state)`` against ``baseline(state)``.
+
+    ``setup()`` builds the shared inputs once (default ``None``); ``check(base_out,
+    cand_out)`` raises if the two sides disagree and runs before any timing.
+    """
+
+    name: str
+    baseline: Callable[[Any], Any]
+    candidate: Callable[[Any], Any]
+    baseline_label: str
+    candidate_label: str = "spore"
+    setup: Callable[[], Any] | None = None
+    check: Callable[[Any, Any], None] | None = None
+    description: str = ""
+
+    def __post_init__(self) -> None:
+        for attr in ("baseline", "candidate"):
+            if not callable(getattr(self, attr)):
+                raise TypeError(f"Benchmark {self.name!r}: {attr} must be callable")
+        if not self.baseline_label.strip():
+            raise ValueError(
+                f"Benchmark {self.name!r}: baseline_label must name what it is compared with "
+                f"(e.g. 'torch eager')"
+            )
+
+
+@dataclass
+class Result:
+    """The measured figures of one case (times are per call, in seconds)."""
+
+    name: str
+    owner: str
+    baseline_label: str
+    candidate_label: str
+    repeats: int
+    baseline_s: float = math.nan
+    candidate_s: float = math.nan
+    ratio: float = math.nan
+    ratio_min: float = math.nan
+    ratio_max: float = math.nan
+    loops: tuple[int, int] = (0, 0)
+    error: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        out = dict(self.__dict__)
+        out["loops"] = {"baseline": self.loops[0], "candidate": self.loops[1]}
+        return {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in out.items()}
+
+
+def _sync() -> None:
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_initialized():
+        torch.cuda.synchronize()
+
+
+def _timed(fn: Callable[[Any], Any], state: Any, loops: int) -> float:
+    _sync()
+    start = time.perf_counter()
+    for _ in range(loops):
+        fn(state)
+    _sync()
+    return (time.perf_counter() - start) / loops
+
+
+def _loops_for(fn: Callable[[Any], Any], state: Any, min_time: float) -> int:
+    once = _timed(fn, state, 1)
+    return max(1, min(MAX_LOOPS, math.ceil(min_time / max(once, 1e-9))))
+
+
+def run(bench: Benchmark, owner: str, *, repeat: int = 5, min_time: float = 0.05) -> Result:
+    """Measure one case; errors are captured in ``Result.error`` rather than raised."""
+    if repeat < 1:
+        raise ValueError(f"repeat must be >= 1, got {repeat}")
+    if min_time < 0:
+        raise ValueError(f"min_time must be >= 0, got {min_time}")
+    result = Result(bench.name, owner, bench.baseline_label, bench.candidate_label, repeat)
+    try:
+        state = bench.setup() if bench.setup is not None else None
+        base_out, cand_out = bench.baseline(state), bench.candidate(state)
+        if bench.check is not None:
+            bench.check(base_out, cand_out)
+        del base_out, cand_out
+        loops = (
+            _loops_for(bench.baseline, state, min_time),
+            _loops_for(bench.candidate, state, min_time),
+        )
+        base_t: list[float] = []
+        cand_t: list[float] = []
+        for r in range(repeat):
+            if r % 2 == 0:
+                base_t.append(_timed(bench.baseline, state, loops[0]))
+                cand_t.append(_timed(bench.candidate, state, loops[1]))
+            else:
+                cand_t.append(_timed(bench.candidate, state, loops[1]))
+                base_t.append(_timed(bench.baseline, state, loops[0]))
+    except Exception as exc:
+        result.error = f"{type(exc).__name__}: {exc}"
+        return result
+    ratios = [b / max(c, 1e-12) for b, c in zip(base_t, cand_t, strict=True)]
+    result.baseline_s = statistics.median(base_t)
+    result.candidate_s = statistics.median(cand_t)
+    result.ratio = statistics.median(ratios)
+    result.ratio_min, result.ratio_max = min(ratios), max(ratios)
+    result.loops = loops
+    return result
+
+
+def settings() -> dict[str, Any]:
+    """The thread and allocator settings both sides ran under (printed with results)."""
+    torch = sys.modules.get("torch")
+    return {
+        "torch_threads": torch.get_num_threads() if torch is not None else None,
+        "usable_cores": usable_cores(),
+        "environment": runtime_environment(),
+    }

@@ -1,0 +1,358 @@
+"""The ``spore`` command line. Plugins add subcommands through ``spore_add_commands``."""
+
+from __future__ import annotations
+
+import json
+import platform
+import subprocess
+import sys
+from typing import Any
+
+import click
+
+from spore._version import __version__
+from spore.plugins import PluginError, get_manager
+
+STATUS_STYLE = {
+    "active": "green",
+    "ok": "green",
+    "info": "cyan",
+    "disabled": "dim",
+    "warn": "yellow",
+    "incompatible": "yellow",
+    "failed": "red",
+    "error": "red",
+}
+PROBE_TIMEOUT_S = 300
+
+
+def _console(stderr: bool = False) -> Any:
+    from rich.console import Console
+
+    return Console(stderr=stderr, highlight=False)
+
+
+def _styled(status: str) -> str:
+    style = STATUS_STYLE.get(status, "")
+    return f"[{style}]{status}[/{style}]" if style else status
+
+
+def _echo_json(data: Any) -> None:
+    click.echo(json.dumps(data, indent=2, sort_keys=False))
+
+
+class SporeGroup(click.Group):
+    """Loads plugin subcommands only when a command is not a built-in one (or for --help)."""
+
+    def _with_plugins(self) -> None:
+        get_manager().add_commands(self)
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        self._with_plugins()
+        return super().list_commands(ctx)
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name not in self.commands:
+            self._with_plugins()
+        return super().get_command(ctx, cmd_name)
+
+
+def _dist_version(name: str) -> str:
+    import importlib.metadata as metadata
+
+    try:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return "not installed"
+
+
+def _print_version(verbose: bool) -> None:
+    click.echo(f"spore-core {__version__}")
+    if not verbose:
+        return
+    click.echo(f"python {platform.python_version()} ({sys.executable})")
+    click.echo(f"platform {platform.platform()}")
+    for dist in ("torch", "pluggy", "mindspore"):
+        click.echo(f"{dist} {_dist_version(dist)}")
+    infos = get_manager().discover()
+    click.echo(f"plugins ({len(infos)} found, not imported):")
+    for info in infos:
+        state = info.status.value if info.status else "selected"
+        click.echo(f"  {info.name} {info.distribution} {info.version} [{state}]")
+
+
+@click.group(cls=SporeGroup, invoke_without_command=True)
+@click.option("--version", "show_version", is_flag=True, help="Print the version and exit.")
+@click.option("--verbose", is_flag=True, help="With --version: python, torch and plugin versions.")
+@click.pass_context
+def cli(ctx: click.Context, show_version: bool, verbose: bool) -> None:
+    """Spore: PyTorch accelerations as plugins.
+
+    Plugin selection: SPORE_NO_PLUGINS=1 > SPORE_PLUGINS=a,b (allow-list) >
+    SPORE_DISABLE_PLUGINS=a,b (deny-list); SPORE_STRICT_PLUGINS=1 makes plugin failures fatal.
+    """
+    if show_version:
+        _print_version(verbose)
+        ctx.exit(0)
+    if ctx.invoked_subcommand is None:
+        click.echo(ctx.get_help())
+
+
+# plugins -------------------------------------------------------------------------------------
+def _probe_plugins() -> list[dict[str, Any]]:
+    """Load the plugins in a child process and return their status (see spore._probe)."""
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-m", "spore._probe"],
+            capture_output=True,
+            text=True,
+            timeout=PROBE_TIMEOUT_S,
+            check=False,
+        )
+    except subprocess.TimeoutExpired as exc:
+        raise click.ClickException(
+            f"loading the plugins took more than {PROBE_TIMEOUT_S}s; run `spore plugins check` "
+            f"to see which one hangs"
+        ) from exc
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
+    if not lines:
+        raise click.ClickException(
+            f"the plugin probe exited with code {proc.returncode} and printed no status "
+            f"(a plugin may crash the interpreter on import):\n{proc.stderr.strip()[-2000:]}"
+        )
+    data = json.loads(lines[-1])
+    if "error" in data:
+        raise click.ClickException(f"{data['error']} (cause: {data['cause']})")
+    return data["plugins"]
+
+
+def _registered_summary(registered: dict[str, list[str]]) -> str:
+    return ", ".join(f"{len(v)} {k}" for k, v in registered.items() if v) or "-"
+
+
+def _plugin_table(rows: list[dict[str, Any]], title: str) -> Any:
+    from rich.table import Table
+
+    table = Table(title=title)
+    for column in ("name", "distribution", "version", "status", "registered", "reason"):
+        table.add_column(column, overflow="fold")
+    for row in rows:
+        table.add_row(
+            row["name"],
+            row["distribution"],
+            row["version"],
+            _styled(row["status"] or "-"),
+            _registered_summary(row.get("registered", {})),
+            row.get("reason") or "",
+        )
+    return table
+
+
+@cli.group("plugins", invoke_without_command=True)
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@click.option("--all", "show_all", is_flag=True, help="Include spore-core's built-in plugin.")
+@click.pass_context
+def plugins_cmd(ctx: click.Context, as_json: bool, show_all: bool) -> None:
+    """List installed plugins: status, reason and what each registered.
+
+    The plugins are loaded in a child process; this process imports none of them.
+    """
+    if ctx.invoked_subcommand is not None:
+        return
+    rows = [r for r in _probe_plugins() if show_all or not r["builtin"]]
+    if as_json:
+        _echo_json(rows)
+        return
+    if not rows:
+        click.echo("No spore plugins installed (see docs/writing-a-plugin.md).")
+        return
+    _console().print(_plugin_table(rows, "spore plugins"))
+
+
+@plugins_cmd.command("check")
+@click.argument("names", nargs=-1)
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+def plugins_check(names: tuple[str, ...], as_json: bool) -> None:
+    """Load plugins here and exit non-zero unless each is active.
+
+    With NAMES: those plugins must be installed and active. Without: every installed plugin
+    that is not disabled must be active.
+    """
+    from spore.plugins import normalize
+
+    manager = get_manager()
+    try:
+        manager.add_commands(cli)
+        rows = [i.to_dict() for i in manager.plugins()]
+    except PluginError as exc:
+        cause = f" (cause: {exc.__cause__!r})" if exc.__cause__ else ""
+        raise click.ClickException(f"{exc}{cause}") from exc
+    wanted = [normalize(n) for n in names]
+    known = {r["name"] for r in rows}
+    problems = [f"{n}: not installed" for n in wanted if n not in known]
+    for row in rows:
+        required = row["name"] in wanted if wanted else row["status"] != "disabled"
+        if required and row["status"] != "active":
+            problems.append(f"{row['name']}: {row['status']} ({row['reason']})")
+    if as_json:
+        _echo_json({"ok": not problems, "problems": problems, "plugins": rows})
+    else:
+        if rows:
+            _console().print(_plugin_table(rows, "spore plugins check"))
+        for line in problems:
+            _console(stderr=True).print(f"[red]not active[/red] {line}")
+        if not problems:
+            click.echo("All required plugins are active.")
+    if problems:
+        sys.exit(1)
+
+
+# doctor --------------------------------------------------------------------------------------
+@cli.command("doctor")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+def doctor_cmd(as_json: bool) -> None:
+    """Check the environment: python, torch build, devices, compilers, plugins.
+
+    Exits 1 when any check reports an error.
+    """
+    from rich.table import Table
+
+    from spore import doctor
+
+    report = doctor.run(get_manager())
+    if as_json:
+        _echo_json(report.to_dict())
+    else:
+        table = Table(title="spore doctor")
+        for column in ("from", "check", "status", "detail", "fix"):
+            table.add_column(column, overflow="fold")
+        for c in report.checks:
+            table.add_row(c.source, c.name, _styled(c.status), c.detail, c.fix or "")
+        _console().print(table)
+    if report.worst == "error":
+        sys.exit(1)
+
+
+# bench ---------------------------------------------------------------------------------------
+def _format_time(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    for unit, scale in (("s", 1.0), ("ms", 1e-3), ("us", 1e-6)):
+        if seconds >= scale:
+            return f"{seconds / scale:.3g} {unit}"
+    return f"{seconds / 1e-9:.3g} ns"
+
+
+@cli.command("bench")
+@click.argument("plugins", nargs=-1)
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@click.option("--repeat", default=5, show_default=True, type=click.IntRange(min=1))
+@click.option(
+    "--min-time",
+    default=0.05,
+    show_default=True,
+    type=click.FloatRange(min=0),
+    help="Seconds each timed sample lasts at least (calls are looped to reach it).",
+)
+@click.option("-k", "--filter", "pattern", default="", help="Only cases whose name contains this.")
+@click.option("--list", "list_only", is_flag=True, help="List the cases without running them.")
+def bench_cmd(
+    plugins: tuple[str, ...],
+    as_json: bool,
+    repeat: int,
+    min_time: float,
+    pattern: str,
+    list_only: bool,
+) -> None:
+    """Run benchmark cases registered by PLUGINS (default: all), each against its baseline.
+
+    Both sides run in this process, interleaved; the figure is the median over --repeat of
+    baseline time / candidate time (above 1: the candidate is faster).
+    """
+    from spore import bench
+
+    manager = get_manager()
+    manager.request(plugins)
+    registry = manager.registry("benchmarks")
+    wanted = {p.lower().replace("_", "-") for p in plugins}
+    cases = [
+        e for e in registry.entries() if (not wanted or e.owner in wanted) and pattern in e.name
+    ]
+    if list_only:
+        rows = [
+            {"name": e.name, "plugin": e.owner, "baseline": e.value.baseline_label} for e in cases
+        ]
+        if as_json:
+            _echo_json(rows)
+        else:
+            for row in rows:
+                click.echo(f"{row['plugin']}:{row['name']} (vs {row['baseline']})")
+        return
+    if not cases:
+        raise click.ClickException(
+            "no benchmark cases match"
+            + (f" plugins {', '.join(plugins)}" if plugins else "")
+            + (f" and filter {pattern!r}" if pattern else "")
+            + "; `spore bench --list` shows what is registered"
+        )
+    results = _run_cases(cases, repeat, min_time, progress=not as_json)
+    settings = bench.settings()
+    if as_json:
+        _echo_json({"settings": settings, "results": [r.to_dict() for r in results]})
+    else:
+        _print_results(results, settings)
+    if any(r.error for r in results):
+        sys.exit(1)
+
+
+def _run_cases(cases: list[Any], repeat: int, min_time: float, progress: bool) -> list[Any]:
+    from rich.progress import Progress
+
+    from spore import bench
+
+    results = []
+    with Progress(console=_console(stderr=True), disable=not progress, transient=True) as bar:
+        task = bar.add_task("benchmarks", total=len(cases))
+        for entry in cases:
+            bar.update(task, description=f"{entry.owner}:{entry.name}")
+            results.append(bench.run(entry.value, entry.owner, repeat=repeat, min_time=min_time))
+            bar.advance(task)
+    return results
+
+
+def _print_results(results: list[Any], settings: dict[str, Any]) -> None:
+    from rich.table import Table
+
+    table = Table(title="spore bench (speed-up = baseline time / candidate time, median)")
+    for column in ("plugin", "case", "baseline", "baseline time", "candidate time", "speed-up"):
+        table.add_column(column, overflow="fold")
+    for r in results:
+        if r.error:
+            speedup = f"[red]error[/red] {r.error}"
+        else:
+            speedup = f"{r.ratio:.2f}x ({r.ratio_min:.2f}-{r.ratio_max:.2f})"
+        table.add_row(
+            r.owner,
+            r.name,
+            r.baseline_label,
+            _format_time(None if r.error else r.baseline_s),
+            _format_time(None if r.error else r.candidate_s),
+            speedup,
+        )
+    console = _console()
+    console.print(table)
+    env = ", ".join(f"{k}={v}" for k, v in settings["environment"].items()) or "none"
+    console.print(
+        f"settings: torch threads {settings['torch_threads']}, "
+        f"{settings['usable_cores']} usable cores, runtime environment: {env}"
+    )
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Console-script entry point; plugin errors become one clear message and exit code 2."""
+    try:
+        cli.main(args=argv, prog_name="spore")
+    except PluginError as exc:
+        cause = f"\n  caused by: {exc.__cause__!r}" if exc.__cause__ else ""
+        click.echo(f"Error: {exc}{cause}", err=True)
+        sys.exit(2)

@@ -1,0 +1,245 @@
+"""``spore doctor``: environment checks from the core and from plugins."""
+
+from __future__ import annotations
+
+import importlib.metadata as metadata
+import importlib.util
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING, Any
+
+from spore.runtime import runtime_environment, usable_cores
+
+if TYPE_CHECKING:
+    from spore.plugins import PluginInfo, PluginManager
+
+STATUSES = ("ok", "info", "warn", "error")
+AUTOLOAD_FIX = (
+    "torch imports every installed device extension at start-up; set "
+    "TORCH_DEVICE_BACKEND_AUTOLOAD=0 to skip them, or install the vendor runtime "
+    "(for torch_npu: Ascend CANN, then `source set_env.sh`)"
+)
+
+
+@dataclass(frozen=True)
+class Check:
+    """One line of the doctor's report."""
+
+    source: str
+    name: str
+    status: str
+    detail: str
+    fix: str | None = None
+
+
+class Report:
+    """What ``spore_doctor`` hooks write to: ``report.add(name, status, detail, fix=...)``."""
+
+    def __init__(self) -> None:
+        self.checks: list[Check] = []
+        self._source = "user"
+
+    def add(self, name: str, status: str, detail: str, *, fix: str | None = None) -> None:
+        """Record a check; ``status`` is one of ``ok``, ``info``, ``warn``, ``error``."""
+        if status not in STATUSES:
+            raise ValueError(f"doctor status must be one of {STATUSES}, got {status!r}")
+        self.checks.append(Check(self._source, name, status, detail, fix))
+
+    @contextmanager
+    def source(self, name: str) -> Iterator[None]:
+        """Attribute checks added inside the block to plugin ``name``."""
+        previous, self._source = self._source, name
+        try:
+            yield
+        finally:
+            self._source = previous
+
+    @property
+    def worst(self) -> str:
+        """The most serious status reported (``ok`` when empty)."""
+        return max((c.status for c in self.checks), key=STATUSES.index, default="ok")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"worst": self.worst, "checks": [asdict(c) for c in self.checks]}
+
+
+def run(manager: PluginManager) -> Report:
+    """Run every check: the core's, each plugin's ``spore_doctor``, then plugin health."""
+    report = Report()
+    manager.run_doctor(report)
+    with report.source("core"):
+        check_plugins(report, manager.plugins())
+    return report
+
+
+def core_checks(report: Report) -> None:
+    """The checks spore-core contributes itself."""
+    check_python(report)
+    torch = check_torch(report)
+    if torch is not None:
+        check_devices(report, torch)
+    check_mindspore(report)
+    check_compilers(report)
+    check_threads(report, torch)
+
+
+def _dist_version(name: str) -> str | None:
+    try:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def check_python(report: Report) -> None:
+    report.add(
+        "python",
+        "ok" if sys.version_info >= (3, 10) else "error",
+        f"{platform.python_implementation()} {platform.python_version()} ({sys.executable}); "
+        f"{platform.system()} {platform.machine()}",
+        fix=None if sys.version_info >= (3, 10) else "use Python 3.10 or newer",
+    )
+
+
+def check_torch(report: Report) -> Any:
+    """Import torch (recording its warnings); explain device-extension autoload failures."""
+    npu_version = _dist_version("torch_npu") or _dist_version("torch-npu")
+    autoload = os.environ.get("TORCH_DEVICE_BACKEND_AUTOLOAD", "1") == "1"
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            import torch
+        except Exception as exc:
+            torch = None
+            failure = f"{type(exc).__name__}: {exc}"
+            if exc.__cause__ is not None:
+                failure += f" (caused by {type(exc.__cause__).__name__}: {exc.__cause__})"
+    if torch is None:
+        is_autoload = "backend extension" in failure or "AUTOLOAD" in failure
+        report.add(
+            "torch",
+            "error",
+            f"import torch failed: {failure}",
+            fix=AUTOLOAD_FIX if is_autoload else "pip install -c constraints.txt torch",
+        )
+        if npu_version:
+            report.add(
+                "torch_npu",
+                "error",
+                f"torch_npu {npu_version} is installed but cannot load, and torch's device "
+                f"autoload makes that break `import torch` itself",
+                fix=AUTOLOAD_FIX,
+            )
+        return None
+    build = "CPU"
+    if torch.version.cuda:
+        build = f"CUDA {torch.version.cuda}"
+    elif getattr(torch.version, "hip", None):
+        build = f"ROCm {torch.version.hip}"
+    debug = ", debug build" if torch.version.debug else ""
+    report.add("torch", "ok", f"{torch.__version__} ({build} build{debug})")
+    for warning in caught:
+        text = str(warning.message).splitlines()[0].split(" (Triggered internally")[0]
+        fix = "pip install numpy" if "NumPy" in text else None
+        report.add("torch import", "warn", f"import torch warned: {text}", fix=fix)
+    if npu_version:
+        if autoload:
+            report.add("torch_npu", "ok", f"torch_npu {npu_version} autoloaded with torch")
+        else:
+            report.add(
+                "torch_npu",
+                "info",
+                f"torch_npu {npu_version} installed; autoload is off "
+                f"(TORCH_DEVICE_BACKEND_AUTOLOAD=0): `import torch_npu` to use the NPU",
+            )
+    return torch
+
+
+def check_devices(report: Report, torch: Any) -> None:
+    found = []
+    if torch.cuda.is_available():
+        names = {torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())}
+        found.append(f"cuda x{torch.cuda.device_count()} ({', '.join(sorted(names))})")
+    for kind in ("xpu", "mps", "npu"):
+        module = getattr(torch, kind, None)
+        if module is not None and getattr(module, "is_available", lambda: False)():
+            found.append(kind)
+    detail = ", ".join(found) if found else "none; CPU only (accelerator paths stay unused)"
+    report.add("devices", "ok" if found else "info", f"accelerators: {detail}")
+
+
+def check_mindspore(report: Report) -> None:
+    version = _dist_version("mindspore")
+    if version is None:
+        report.add("mindspore", "info", "not installed (optional: the MindSpore frontend)")
+    elif importlib.util.find_spec("mindspore") is None:
+        report.add("mindspore", "warn", f"distribution {version} is installed but not importable")
+    else:
+        report.add("mindspore", "ok", f"{version} installed (imported only by its adapter)")
+
+
+def _version_line(command: str) -> str:
+    """The line of ``command --version`` that carries the version (nvcc puts it last)."""
+    try:
+        out = subprocess.run(
+            [command, "--version"], capture_output=True, text=True, timeout=10, check=False
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"present but `{command} --version` failed: {exc}"
+    lines = (out.stdout or out.stderr).strip().splitlines()
+    release = [ln for ln in lines if "release" in ln]
+    return (release or lines or ["unknown version"])[0]
+
+
+def check_compilers(report: Report) -> None:
+    cxx = [c for c in ("g++", "c++", "clang++") if shutil.which(c)]
+    for name in ("gcc", "g++", "clang++", "nvcc"):
+        if shutil.which(name):
+            report.add(f"compiler {name}", "ok", _version_line(name))
+    if not cxx:
+        report.add(
+            "C++ compiler",
+            "warn",
+            "no C++ compiler on PATH: torch.compile's CPU backend (Inductor) and spore-kernels' "
+            "C++ build need one",
+            fix="install g++ (e.g. `apt-get install g++`) or set CXX",
+        )
+
+
+def check_threads(report: Report, torch: Any) -> None:
+    cores = usable_cores()
+    shown = ", ".join(f"{k}={v}" for k, v in runtime_environment().items()) or "none set"
+    threads = torch.get_num_threads() if torch is not None else None
+    detail = f"{cores} usable cores; torch threads: {threads}; runtime environment: {shown}"
+    if threads is not None and cores and threads > cores:
+        report.add(
+            "threads",
+            "warn",
+            detail,
+            fix=f"oversubscribed: set OMP_NUM_THREADS={cores} (or fewer per rank)",
+        )
+    else:
+        report.add("threads", "info", detail)
+
+
+def check_plugins(report: Report, infos: list[PluginInfo]) -> None:
+    """One line per third-party plugin: failures are errors, incompatibles warnings."""
+    levels = {"active": "ok", "disabled": "info", "incompatible": "warn", "failed": "error"}
+    third_party = [i for i in infos if not i.builtin]
+    if not third_party:
+        report.add("plugins", "info", "no plugins installed")
+    for info in third_party:
+        status = info.status.value if info.status else "failed"
+        detail = f"{info.distribution} {info.version}: {status}"
+        report.add(
+            f"plugin {info.name}",
+            levels[status],
+            f"{detail} ({info.reason})" if info.reason else detail,
+            fix="see `spore plugins check` for the full cause" if status == "failed" else None,
+        )

@@ -1,0 +1,79 @@
+"""Every hook a Spore plugin can implement.
+
+Plugins mark their implementations with :data:`spore.hookimpl`. Each hook hands the plugin an
+object to call (a registry, the CLI group, the doctor report); plugins never touch globals.
+Arguments are only ever added; a hook newer than a plugin's ``spore-core`` floor must be
+implemented with ``@hookimpl(optionalhook=True)``.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import pluggy
+
+if TYPE_CHECKING:
+    import click
+
+    from spore.doctor import Report
+    from spore.registry import Registry
+
+hookspec = pluggy.HookspecMarker("spore")
+
+
+@hookspec(historic=True)
+def spore_addhooks(pluginmanager: pluggy.PluginManager) -> None:
+    """Publish hook specifications of the plugin's own, with ``pluginmanager.add_hookspecs``.
+
+    Historic: a plugin registered later still receives the call.
+
+    .. versionadded:: 0.1.0
+    """
+
+
+@hookspec
+def spore_register_ops(registry: Registry[Any]) -> None:
+    """Register ops and per-device kernels with ``registry.add(...)``.
+
+    .. versionadded:: 0.1.0
+    """
+
+
+@hookspec
+def spore_register_passes(registry: Registry[Any]) -> None:
+    """Register graph passes with ``registry.add(...)``.
+
+    .. versionadded:: 0.1.0
+    """
+
+
+@hookspec
+def spore_register_backends(registry: Registry[Any]) -> None:
+    """Register compile backends with ``registry.add(...)``.
+
+    .. versionadded:: 0.1.0
+    """
+
+
+@hookspec
+def spore_register_benchmarks(registry: Registry[Any]) -> None:
+    """Register :class:`spore.bench.Benchmark` cases for ``spore bench``.
+
+    .. versionadded:: 0.1.0
+    """
+
+
+@hookspec
+def spore_add_commands(cli: click.Group) -> None:
+    """Add subcommands to the ``spore`` command line, e.g. ``@cli.command() def train(): ...``.
+
+    .. versionadded:: 0.1.0
+    """
+
+
+@hookspec
+def spore_doctor(report: Report) -> None:
+    """Add environment checks to ``spore doctor`` with ``report.add(...)``.
+
+    .. versionadded:: 0.1.0
+    """

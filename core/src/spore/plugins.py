@@ -1,0 +1,500 @@
+"""Plugin discovery, loading and status (entry-point group ``spore.plugins``).
+
+Discovery reads entry-point metadata only; the allow/deny environment and the ``spore-core``
+range check are applied before anything is imported. Loading happens once, the first time a
+registry is used, and every plugin import and hook call is isolated: a failure marks that plugin
+``failed`` (its registrations are withdrawn) and the host goes on, unless strict mode is on or
+the user asked for that plugin by name.
+
+Environment, highest precedence first:
+
+``SPORE_NO_PLUGINS=1``
+    no third-party plugin is loaded.
+``SPORE_PLUGINS=a,b``
+    allow-list: only these are loaded (set but empty: none); each is *requested*.
+``SPORE_DISABLE_PLUGINS=a,b``
+    deny-list.
+``SPORE_STRICT_PLUGINS=1``
+    any plugin failure raises :class:`PluginError` instead of a warning.
+"""
+
+from __future__ import annotations
+
+import difflib
+import enum
+import importlib.metadata as metadata
+import logging
+import os
+import threading
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from contextlib import AbstractContextManager, contextmanager
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import pluggy
+
+from spore import hookspecs
+from spore._version import __version__
+from spore.registry import Registry
+
+if TYPE_CHECKING:
+    import click
+
+    from spore.doctor import Report
+
+ENTRY_POINT_GROUP = "spore.plugins"
+CORE_PLUGIN = "core"
+CORE_DISTRIBUTION = "spore-core"
+REGISTRY_HOOKS = {
+    "ops": "spore_register_ops",
+    "passes": "spore_register_passes",
+    "backends": "spore_register_backends",
+    "benchmarks": "spore_register_benchmarks",
+}
+_KIND_SINGULAR = {"ops": "op", "passes": "pass", "backends": "backend", "benchmarks": "benchmark"}
+
+log = logging.getLogger("spore.plugins")
+
+
+class Status(str, enum.Enum):
+    """Where a plugin stands after discovery and loading."""
+
+    ACTIVE = "active"
+    DISABLED = "disabled"
+    FAILED = "failed"
+    INCOMPATIBLE = "incompatible"
+
+
+class PluginError(RuntimeError):
+    """A plugin failed in strict mode, or a plugin asked for by name is not active."""
+
+
+@dataclass
+class PluginInfo:
+    """One discovered plugin: where it comes from, its status and what it registered."""
+
+    name: str
+    distribution: str
+    version: str
+    value: str
+    status: Status | None = None
+    reason: str = ""
+    core_requirement: str | None = None
+    builtin: bool = False
+    hooks: list[str] = field(default_factory=list)
+    registered: dict[str, list[str]] = field(default_factory=dict)
+    entry_point: metadata.EntryPoint | None = field(default=None, repr=False, compare=False)
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready view (what ``spore plugins --json`` prints)."""
+        return {
+            "name": self.name,
+            "distribution": self.distribution,
+            "version": self.version,
+            "module": self.value,
+            "status": self.status.value if self.status else None,
+            "reason": self.reason,
+            "core_requirement": self.core_requirement,
+            "builtin": self.builtin,
+            "hooks": list(self.hooks),
+            "registered": {k: list(v) for k, v in self.registered.items() if v},
+        }
+
+
+def normalize(name: str) -> str:
+    """Plugin names compare case-insensitively with ``-`` and ``_`` equal."""
+    return name.strip().lower().replace("_", "-")
+
+
+def _truthy(value: str | None) -> bool:
+    return (value or "").strip().lower() in {"1", "true", "yes", "on"}
+
+
+def _names(value: str) -> list[str]:
+    return [normalize(n) for n in value.split(",") if n.strip()]
+
+
+@dataclass(frozen=True)
+class Selection:
+    """Which plugins the environment lets load (see the module docstring for precedence)."""
+
+    no_plugins: bool = False
+    allow: frozenset[str] | None = None
+    deny: frozenset[str] = frozenset()
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str]) -> Selection:
+        if _truthy(env.get("SPORE_NO_PLUGINS")):
+            return cls(no_plugins=True)
+        if "SPORE_PLUGINS" in env:
+            return cls(allow=frozenset(_names(env["SPORE_PLUGINS"])))
+        return cls(deny=frozenset(_names(env.get("SPORE_DISABLE_PLUGINS", ""))))
+
+    def why_disabled(self, name: str) -> str | None:
+        """The reason ``name`` may not load, or ``None`` when it may."""
+        key = normalize(name)
+        if self.no_plugins:
+            return "SPORE_NO_PLUGINS is set"
+        if self.allow is not None and key not in self.allow:
+            return "not listed in SPORE_PLUGINS"
+        if key in self.deny:
+            return "listed in SPORE_DISABLE_PLUGINS"
+        return None
+
+
+def _core_requirement(dist: metadata.Distribution | None) -> str | None:
+    from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
+
+    for line in (dist.requires or []) if dist else []:
+        req = Requirement(line)
+        if canonicalize_name(req.name) != CORE_DISTRIBUTION:
+            continue
+        if req.marker is None or req.marker.evaluate({"extra": ""}):
+            return str(req.specifier)
+    return None
+
+
+def _incompatibility(info: PluginInfo) -> str | None:
+    from packaging.specifiers import SpecifierSet
+
+    if info.core_requirement is None:
+        return None
+    spec = SpecifierSet(info.core_requirement)
+    if spec.contains(__version__, prereleases=True):
+        return None
+    return (
+        f"requires spore-core{spec} but spore-core {__version__} is running; install "
+        f"'spore-core{spec}' or a release of {info.distribution} that supports {__version__}"
+    )
+
+
+def discover_entry_points(selection: Selection) -> list[PluginInfo]:
+    """Read the ``spore.plugins`` entry points (metadata only, nothing is imported).
+
+    De-duplicated by (distribution, name), sorted by name; disabled and incompatible plugins
+    get their status here.
+    """
+    from packaging.utils import canonicalize_name
+
+    found: dict[str, PluginInfo] = {}
+    seen: set[tuple[str, str]] = set()
+    eps = metadata.entry_points(group=ENTRY_POINT_GROUP)
+    for ep in sorted(eps, key=lambda e: (normalize(e.name), e.dist.name if e.dist else "")):
+        dist_name = ep.dist.name if ep.dist else "unknown"
+        key = (canonicalize_name(dist_name), normalize(ep.name))
+        if key in seen:
+            continue
+        seen.add(key)
+        info = PluginInfo(
+            name=normalize(ep.name),
+            distribution=dist_name,
+            version=ep.dist.version if ep.dist else "unknown",
+            value=ep.value,
+            core_requirement=_core_requirement(ep.dist),
+            entry_point=ep,
+        )
+        other = found.get(info.name)
+        if info.name == CORE_PLUGIN:
+            info.status = Status.FAILED
+            info.reason = f"the plugin name {CORE_PLUGIN!r} is reserved for spore-core"
+        elif other is not None:
+            info.status = Status.FAILED
+            info.reason = (
+                f"plugin name {info.name!r} is also provided by {other.distribution} "
+                f"{other.version}; uninstall one of the two distributions"
+            )
+            found[f"{info.name}@{dist_name}"] = info
+            continue
+        elif (why := selection.why_disabled(info.name)) is not None:
+            info.status, info.reason = Status.DISABLED, why
+        elif (why := _incompatibility(info)) is not None:
+            info.status, info.reason = Status.INCOMPATIBLE, why
+        found[info.name] = info
+    return list(found.values())
+
+
+class PluginManager:
+    """Finds, loads and isolates Spore plugins and owns the registries they fill.
+
+    Loading is lazy (:meth:`load` runs on first registry use), happens once, is thread-safe
+    and re-entrant: a plugin that touches a registry while being loaded does not recurse.
+    """
+
+    def __init__(
+        self,
+        env: Mapping[str, str] | None = None,
+        *,
+        requested: Iterable[str] = (),
+        strict: bool | None = None,
+    ) -> None:
+        env = dict(os.environ if env is None else env)
+        self.selection = Selection.from_env(env)
+        self.strict = _truthy(env.get("SPORE_STRICT_PLUGINS")) if strict is None else strict
+        self.requested: set[str] = {normalize(n) for n in requested}
+        if self.selection.allow:
+            self.requested |= self.selection.allow
+        self.registries: dict[str, Registry[Any]] = {
+            kind: Registry(_KIND_SINGULAR[kind]) for kind in REGISTRY_HOOKS
+        }
+        self._lock = threading.RLock()
+        self._state = "new"
+        self._error: PluginError | None = None
+        self._discovered: list[PluginInfo] | None = None
+        self._infos: dict[str, PluginInfo] = {}
+        self._commands: dict[str, list[str]] = {}
+        self._cli: click.Group | None = None
+        self.pm = pluggy.PluginManager("spore")
+        self.pm.add_hookspecs(hookspecs)
+
+    # discovery -----------------------------------------------------------------------------
+    def discover(self) -> list[PluginInfo]:
+        """Third-party plugins found through entry points (cached; imports nothing)."""
+        with self._lock:
+            if self._discovered is None:
+                self._discovered = discover_entry_points(self.selection)
+            return list(self._discovered)
+
+    def request(self, names: Iterable[str]) -> None:
+        """Mark plugins as asked for by name: they must load, or :class:`PluginError` is raised.
+
+        Names that are already loaded are checked at once.
+        """
+        new = {normalize(n) for n in names}
+        with self._lock:
+            self.requested |= new
+            if self._state == "loaded":
+                self._check_requested(new)
+
+    # loading -------------------------------------------------------------------------------
+    def load(self) -> None:
+        """Import and register every selected plugin and fill the registries (once)."""
+        with self._lock:
+            if self._error is not None:
+                raise self._error
+            if self._state != "new":
+                return
+            self._state = "loading"
+            try:
+                self._load()
+                self._check_requested(self.requested)
+            except PluginError as exc:
+                self._error = exc
+                raise
+            finally:
+                self._state = "loaded"
+
+    def _load(self) -> None:
+        from spore import builtin
+
+        self.pm.hook.spore_addhooks.call_historic(kwargs={"pluginmanager": self.pm})
+        core = PluginInfo(
+            name=CORE_PLUGIN,
+            distribution=CORE_DISTRIBUTION,
+            version=__version__,
+            value=builtin.__name__,
+            builtin=True,
+        )
+        self._infos[CORE_PLUGIN] = core
+        self.pm.register(builtin, name=CORE_PLUGIN)
+        for info in self.discover():
+            self._infos.setdefault(info.name, info)
+            if info.status is None:
+                self._import_and_register(info)
+        self._check_unknown_hooks()
+        for kind, hookname in REGISTRY_HOOKS.items():
+            registry = self.registries[kind]
+            self._call_each(hookname, lambda name, r=registry: r.owned_by(name), registry=registry)
+        for info in self._infos.values():
+            if info.status is None:
+                info.status = Status.ACTIVE
+
+    def _import_and_register(self, info: PluginInfo) -> None:
+        assert info.entry_point is not None
+        try:
+            module = info.entry_point.load()
+        except Exception as exc:
+            self._fail(info, f"import of {info.value!r} failed", exc)
+            return
+        try:
+            self.pm.register(module, name=info.name)
+        except Exception as exc:
+            self._fail(info, "registration failed", exc)
+            return
+        info.hooks = sorted(h.name for h in self.pm.get_hookcallers(module) or [])
+
+    def _check_unknown_hooks(self) -> None:
+        known = sorted(self.pm.hook.__dict__)
+        for info in list(self._infos.values()):
+            plugin = self.pm.get_plugin(info.name)
+            if plugin is None or info.status is not None:
+                continue
+            for caller in self.pm.get_hookcallers(plugin) or []:
+                impls = [i for i in caller.get_hookimpls() if i.plugin is plugin]
+                if caller.has_spec() or all(i.optionalhook for i in impls):
+                    continue
+                close = difflib.get_close_matches(caller.name, known, n=1)
+                hint = f" (did you mean {close[0]!r}?)" if close else ""
+                exc = pluggy.PluginValidationError(
+                    plugin, f"hook {caller.name!r} has no specification{hint}"
+                )
+                self._fail(info, "implements an unknown hook", exc)
+                break
+
+    def _call_each(
+        self,
+        hookname: str,
+        scope: Callable[[str], AbstractContextManager[Any]],
+        **kwargs: Any,
+    ) -> None:
+        """Call ``hookname`` on each live plugin separately, core first, then by name."""
+        caller = getattr(self.pm.hook, hookname)
+        impls = sorted(
+            caller.get_hookimpls(),
+            key=lambda i: (i.plugin_name != CORE_PLUGIN, i.plugin_name),
+        )
+        for impl in impls:
+            info = self._infos[impl.plugin_name]
+            if info.status not in (None, Status.ACTIVE):
+                continue
+            args = {name: kwargs[name] for name in impl.argnames}
+            try:
+                with scope(impl.plugin_name):
+                    impl.function(**args)
+            except Exception as exc:
+                self._fail(info, f"hook {hookname} raised", exc)
+
+    def _fail(self, info: PluginInfo, what: str, exc: BaseException) -> None:
+        info.status = Status.FAILED
+        info.reason = f"{what}: {type(exc).__name__}: {exc}"
+        for registry in self.registries.values():
+            registry.remove_owner(info.name)
+        if self._cli is not None:
+            for command in self._commands.pop(info.name, []):
+                self._cli.commands.pop(command, None)
+        if self.pm.get_plugin(info.name) is not None:
+            self.pm.unregister(name=info.name)
+        message = f"spore plugin {info.name!r} ({info.distribution} {info.version}) {what}"
+        if info.builtin or self.strict or info.name in self.requested:
+            raise PluginError(f"{message}: {exc}") from exc
+        log.warning("%s: %s: %s; continuing without it", message, type(exc).__name__, exc)
+
+    def _check_requested(self, names: Iterable[str]) -> None:
+        for name in sorted(names):
+            info = self._infos.get(name)
+            if info is None:
+                have = ", ".join(sorted(i.name for i in self.discover())) or "none"
+                raise PluginError(
+                    f"spore plugin {name!r} was asked for but is not installed "
+                    f"(installed plugins: {have})"
+                )
+            if info.status is not Status.ACTIVE:
+                raise PluginError(
+                    f"spore plugin {name!r} ({info.distribution} {info.version}) was asked for "
+                    f"but is {info.status.value if info.status else 'not loaded'}: {info.reason}"
+                )
+
+    # what the host uses --------------------------------------------------------------------
+    def registry(self, kind: str) -> Registry[Any]:
+        """The registry of ``kind`` (``ops``, ``passes``, ``backends``, ``benchmarks``)."""
+        if kind not in self.registries:
+            raise KeyError(f"unknown registry {kind!r}; choose from {', '.join(self.registries)}")
+        self.load()
+        return self.registries[kind]
+
+    def plugins(self, *, include_builtin: bool = False) -> list[PluginInfo]:
+        """Every discovered plugin with its status and registrations (loads plugins)."""
+        self.load()
+        infos = [i for i in self._infos.values() if include_builtin or not i.builtin]
+        for info in infos:
+            info.registered = {
+                kind: registry.names(owner=info.name) for kind, registry in self.registries.items()
+            }
+            info.registered["commands"] = list(self._commands.get(info.name, []))
+        for info in self.discover():
+            if info.name not in self._infos:
+                infos.append(info)
+        return sorted(infos, key=lambda i: (not i.builtin, i.name, i.distribution))
+
+    def add_commands(self, cli: click.Group) -> None:
+        """Let each live plugin add subcommands to ``cli``; a clash fails the later plugin."""
+        self.load()
+        with self._lock:
+            if self._cli is cli:
+                return
+            self._cli = cli
+            self._call_each("spore_add_commands", self._commands_scope, cli=cli)
+
+    @contextmanager
+    def _commands_scope(self, owner: str) -> Iterator[None]:
+        assert self._cli is not None
+        commands = self._cli.commands
+        before = dict(commands)
+        try:
+            yield
+        finally:
+            added = [n for n, c in commands.items() if before.get(n) is not c]
+            clashes = [n for n in added if n in before]
+            if clashes:
+                commands.clear()
+                commands.update(before)
+            else:
+                self._commands[owner] = added
+        if clashes:
+            holder = next(
+                (o for o, names in self._commands.items() if clashes[0] in names), "spore"
+            )
+            raise DuplicateCommandError(
+                f"command {clashes[0]!r} is added by both {holder!r} and {owner!r}; "
+                f"disable one of the two plugins"
+            )
+
+    def run_doctor(self, report: Report) -> None:
+        """Collect ``spore_doctor`` checks from the core and each live plugin."""
+        self.load()
+        self._call_each("spore_doctor", report.source, report=report)
+
+
+class DuplicateCommandError(ValueError):
+    """Two plugins added a CLI command of the same name."""
+
+
+_manager: PluginManager | None = None
+_manager_lock = threading.Lock()
+
+
+def get_manager() -> PluginManager:
+    """The process-wide manager (created on first use from ``os.environ``)."""
+    global _manager
+    with _manager_lock:
+        if _manager is None:
+            _manager = PluginManager()
+        return _manager
+
+
+@contextmanager
+def use_manager(manager: PluginManager) -> Iterator[PluginManager]:
+    """Make ``manager`` the process-wide one inside the block (for tests and embedders)."""
+    global _manager
+    with _manager_lock:
+        previous, _manager = _manager, manager
+    try:
+        yield manager
+    finally:
+        with _manager_lock:
+            _manager = previous
+
+
+__all__ = [
+    "CORE_PLUGIN",
+    "ENTRY_POINT_GROUP",
+    "DuplicateCommandError",
+    "PluginError",
+    "PluginInfo",
+    "PluginManager",
+    "Selection",
+    "Status",
+    "discover_entry_points",
+    "get_manager",
+    "use_manager",
+]

@@ -1,0 +1,117 @@
+"""Test support for Spore plugins: a pytest plugin (entry point ``pytest11``) and the contract.
+
+Fixtures:
+
+``spore_manager``
+    factory ``make(env=None, requested=(), strict=None) -> PluginManager``: a fresh manager that
+    reads the current ``sys.path`` and ignores the caller's ``SPORE_*`` variables, installed as
+    the process-wide manager for the rest of the test.
+``spore_plugin_contract``
+    :func:`check_plugin_contract`, for ``spore_plugin_contract("myplugin")``.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata as metadata
+import os
+from collections.abc import Iterable, Iterator, Mapping
+from contextlib import ExitStack
+from typing import Any, Protocol
+
+import pytest
+
+from spore.plugins import (
+    ENTRY_POINT_GROUP,
+    PluginInfo,
+    PluginManager,
+    Status,
+    normalize,
+    use_manager,
+)
+
+
+def isolated_manager(
+    env: Mapping[str, str] | None = None,
+    *,
+    requested: Iterable[str] = (),
+    strict: bool | None = None,
+) -> PluginManager:
+    """A new manager over ``os.environ`` without ``SPORE_*`` variables, updated with ``env``."""
+    base = {k: v for k, v in os.environ.items() if not k.startswith("SPORE_")}
+    base.update(env or {})
+    return PluginManager(base, requested=requested, strict=strict)
+
+
+def _load_alone(name: str) -> PluginInfo:
+    import click
+
+    manager = isolated_manager({"SPORE_PLUGINS": name})
+    group = click.Group("spore-contract")
+    manager.add_commands(group)
+    infos = {i.name: i for i in manager.plugins()}
+    return infos[normalize(name)]
+
+
+def check_plugin_contract(name: str) -> PluginInfo:
+    """Assert that plugin ``name`` keeps the Spore plugin contract; return its info.
+
+    The plugin must be discoverable through a ``spore.plugins`` entry point, declare a
+    ``spore-core`` range that the running core satisfies, load alone and become active,
+    register something (an op, pass, backend, benchmark or command, or a doctor check), and
+    load again in a second manager with the same result.
+    """
+    key = normalize(name)
+    eps = [ep for ep in metadata.entry_points(group=ENTRY_POINT_GROUP) if normalize(ep.name) == key]
+    assert eps, f"no entry point named {name!r} in group {ENTRY_POINT_GROUP!r}; is it installed?"
+    first = _load_alone(name)
+    assert first.status is Status.ACTIVE, f"plugin {name!r} is {first.status}: {first.reason}"
+    assert first.core_requirement is not None, (
+        f"{first.distribution} does not declare a spore-core requirement in its dependencies"
+    )
+    doctor_only = "spore_doctor" in first.hooks
+    assert any(first.registered.values()) or doctor_only, (
+        f"plugin {name!r} is active but registered nothing (hooks: {first.hooks})"
+    )
+    second = _load_alone(name)
+    assert second.status is Status.ACTIVE, (
+        f"plugin {name!r} failed when loaded a second time: {second.reason}"
+    )
+    assert second.registered == first.registered, (
+        f"plugin {name!r} registered {second.registered} the second time, {first.registered} "
+        f"the first"
+    )
+    return first
+
+
+class ManagerFactory(Protocol):
+    def __call__(
+        self,
+        env: Mapping[str, str] | None = ...,
+        *,
+        requested: Iterable[str] = ...,
+        strict: bool | None = ...,
+    ) -> PluginManager: ...
+
+
+@pytest.fixture
+def spore_manager() -> Iterator[ManagerFactory]:
+    """Factory for isolated plugin managers (see the module docstring)."""
+    with ExitStack() as stack:
+
+        def make(
+            env: Mapping[str, str] | None = None,
+            *,
+            requested: Iterable[str] = (),
+            strict: bool | None = None,
+        ) -> PluginManager:
+            manager = isolated_manager(env, requested=requested, strict=strict)
+            stack.enter_context(use_manager(manager))
+            return manager
+
+        yield make
+
+
+@pytest.fixture
+def spore_plugin_contract() -> Any:
+    """:func:`check_plugin_contract`, as a fixture."""
+    return check_plugin_contract

@@ -278,6 +278,7 @@ def bench_cmd(
     cases = [
         e for e in registry.entries() if (not wanted or e.owner in wanted) and pattern in e.name
     ]
+    cases.sort(key=lambda e: (e.owner, e.name))
     if list_only:
         rows = [
             {"name": e.name, "plugin": e.owner, "baseline": e.value.baseline_label} for e in cases

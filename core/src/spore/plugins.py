@@ -297,6 +297,7 @@ class PluginManager:
         )
         self._infos[CORE_PLUGIN] = core
         self.pm.register(builtin, name=CORE_PLUGIN)
+        core.hooks = sorted(h.name for h in self.pm.get_hookcallers(builtin) or [])
         for info in self.discover():
             self._infos.setdefault(info.name, info)
             if info.status is None:
@@ -324,7 +325,7 @@ class PluginManager:
         info.hooks = sorted(h.name for h in self.pm.get_hookcallers(module) or [])
 
     def _check_unknown_hooks(self) -> None:
-        known = sorted(self.pm.hook.__dict__)
+        known = sorted(n for n, c in vars(self.pm.hook).items() if c.has_spec())
         for info in list(self._infos.values()):
             plugin = self.pm.get_plugin(info.name)
             if plugin is None or info.status is not None:

@@ -1,0 +1,55 @@
+from __future__ import annotations
+
+import importlib
+import os
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+FIXTURES = Path(__file__).resolve().parents[2] / "tests" / "fixtures" / "plugins"
+FIXTURE_MODULES = ("spore_fixture_", "torch_npu")
+
+
+def _forget_fixture_modules() -> None:
+    for name in [m for m in sys.modules if m.startswith(FIXTURE_MODULES)]:
+        del sys.modules[name]
+
+
+@pytest.fixture
+def fixture_plugins(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[..., None]]:
+    """Put fixture plugin distributions (real dist-info folders) on sys.path."""
+    _forget_fixture_modules()
+
+    def use(*names: str) -> None:
+        for name in names:
+            monkeypatch.syspath_prepend(str(FIXTURES / name))
+        importlib.invalidate_caches()
+
+    yield use
+    _forget_fixture_modules()
+
+
+@pytest.fixture
+def run_spore() -> Callable[..., subprocess.CompletedProcess[str]]:
+    """Run ``python -m spore ARGS`` in a child with only the given fixture plugins installed."""
+
+    def run(
+        *args: str, plugins: tuple[str, ...] = (), env: dict[str, str] | None = None
+    ) -> subprocess.CompletedProcess[str]:
+        child_env = {k: v for k, v in os.environ.items() if not k.startswith("SPORE_")}
+        child_env["PYTHONPATH"] = os.pathsep.join(str(FIXTURES / p) for p in plugins)
+        child_env["COLUMNS"] = "200"
+        child_env.update(env or {})
+        return subprocess.run(
+            [sys.executable, "-m", "spore", *args],
+            capture_output=True,
+            text=True,
+            env=child_env,
+            timeout=240,
+            check=False,
+        )
+
+    return run

@@ -1,0 +1,61 @@
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from spore import bench
+from spore.bench import Benchmark
+
+
+def _sleeper(seconds: float):
+    return lambda _state: time.sleep(seconds)
+
+
+def test_ratio_direction_and_fields() -> None:
+    case = Benchmark("sleep", _sleeper(0.01), _sleeper(0.001), baseline_label="sleep 10 ms")
+    result = bench.run(case, "tests", repeat=3, min_time=0.01)
+    assert result.error is None
+    assert result.ratio > 2
+    assert result.ratio_min <= result.ratio <= result.ratio_max
+    assert result.baseline_s > result.candidate_s > 0
+    assert result.to_dict()["loops"]["candidate"] >= 1
+
+
+def test_setup_state_is_shared_and_check_runs_first() -> None:
+    seen = []
+
+    def check(base, cand):
+        seen.append((base, cand))
+
+    case = Benchmark(
+        "state",
+        baseline=lambda s: s["x"] + 1,
+        candidate=lambda s: s["x"] + 1,
+        baseline_label="same",
+        setup=lambda: {"x": 41},
+        check=check,
+    )
+    result = bench.run(case, "tests", repeat=1, min_time=0)
+    assert seen == [(42, 42)]
+    assert result.error is None
+
+
+def test_a_failing_check_is_reported_not_timed() -> None:
+    def check(base, cand):
+        raise AssertionError(f"outputs differ: {base} != {cand}")
+
+    case = Benchmark("bad", lambda s: 1, lambda s: 2, baseline_label="one", check=check)
+    result = bench.run(case, "tests", repeat=2, min_time=0)
+    assert result.error == "AssertionError: outputs differ: 1 != 2"
+    assert result.to_dict()["ratio"] is None
+
+
+def test_invalid_cases_and_arguments() -> None:
+    with pytest.raises(TypeError, match="candidate must be callable"):
+        Benchmark("x", lambda s: None, "nope", baseline_label="b")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="baseline_label must name"):
+        Benchmark("x", lambda s: None, lambda s: None, baseline_label=" ")
+    case = Benchmark("x", lambda s: None, lambda s: None, baseline_label="b")
+    with pytest.raises(ValueError, match="repeat must be >= 1"):
+        bench.run(case, "tests", repeat=0)

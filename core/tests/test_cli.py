@@ -1,0 +1,177 @@
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import spore
+
+
+def test_version(run_spore) -> None:
+    out = run_spore("--version")
+    assert out.returncode == 0
+    assert out.stdout == f"spore-core {spore.__version__}\n"
+
+
+def test_version_verbose_lists_plugins_without_importing_them(run_spore, tmp_path) -> None:
+    log = tmp_path / "imports.log"
+    out = run_spore(
+        "--version",
+        "--verbose",
+        plugins=("healthy", "future"),
+        env={"SPORE_FIXTURE_IMPORT_LOG": str(log)},
+    )
+    assert out.returncode == 0, out.stderr
+    assert "healthy spore-fixture-healthy 1.0.0 [selected]" in out.stdout
+    assert "future spore-fixture-future 2.0.0 [incompatible]" in out.stdout
+    assert "torch 2.13" in out.stdout
+    assert not log.exists()
+
+
+def test_plugins_json_statuses_and_registrations(run_spore) -> None:
+    out = run_spore("plugins", "--json", plugins=("healthy", "broken", "future"))
+    assert out.returncode == 0, out.stderr
+    rows = {r["name"]: r for r in json.loads(out.stdout)}
+    assert set(rows) == {"healthy", "broken", "future"}
+    assert rows["healthy"]["status"] == "active"
+    assert rows["healthy"]["registered"] == {
+        "ops": ["fixture_identity"],
+        "benchmarks": ["sleep"],
+        "commands": ["hello"],
+    }
+    assert rows["broken"]["status"] == "failed"
+    assert "libspore_fixture.so" in rows["broken"]["reason"]
+    assert rows["future"]["status"] == "incompatible"
+
+
+def test_plugins_all_includes_core_and_table_renders(run_spore) -> None:
+    out = run_spore("plugins", "--all", "--json")
+    assert [r["name"] for r in json.loads(out.stdout)] == ["core"]
+    table = run_spore("plugins", "--all", plugins=("healthy",))
+    assert table.returncode == 0
+    assert "spore-fixture-healthy" in table.stdout
+    assert "spore-core" in table.stdout
+    assert "1 benchmarks" in table.stdout
+
+
+def test_plugins_listing_process_imports_no_plugin(tmp_path) -> None:
+    log = tmp_path / "imports.log"
+    from conftest import FIXTURES
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SPORE_")}
+    env.update(PYTHONPATH=str(FIXTURES / "healthy"), SPORE_FIXTURE_IMPORT_LOG=str(log))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "spore", "plugins", "--json"],
+        env=env,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    stdout, _ = proc.communicate(timeout=240)
+    assert proc.returncode == 0
+    assert json.loads(stdout)[0]["status"] == "active"
+    importers = log.read_text().split()
+    assert len(importers) == 1
+    assert importers != [str(proc.pid)]
+
+
+def test_strict_env_turns_listing_into_an_error(run_spore) -> None:
+    out = run_spore("plugins", plugins=("broken",), env={"SPORE_STRICT_PLUGINS": "1"})
+    assert out.returncode == 1
+    assert "'broken'" in out.stderr
+    assert "ImportError" in out.stderr
+
+
+def test_plugins_check_exit_codes(run_spore) -> None:
+    assert run_spore("plugins", "check", plugins=("healthy",)).returncode == 0
+    bad = run_spore("plugins", "check", "--json", plugins=("healthy", "broken"))
+    assert bad.returncode == 1
+    data = json.loads(bad.stdout)
+    assert data["ok"] is False
+    assert [p.split(":")[0] for p in data["problems"]] == ["broken"]
+    assert run_spore("plugins", "check", "healthy", plugins=("healthy", "broken")).returncode == 0
+    missing = run_spore("plugins", "check", "nope", plugins=("healthy",))
+    assert missing.returncode == 1
+    assert "nope: not installed" in missing.stderr
+    disabled = run_spore(
+        "plugins", "check", plugins=("healthy",), env={"SPORE_DISABLE_PLUGINS": "healthy"}
+    )
+    assert disabled.returncode == 0
+
+
+def test_plugin_command_runs(run_spore) -> None:
+    out = run_spore("hello", "ada", plugins=("healthy",))
+    assert out.returncode == 0, out.stderr
+    assert out.stdout == "hello ada from healthy\n"
+    help_text = run_spore("--help", plugins=("healthy",)).stdout
+    assert "hello" in help_text
+    assert "doctor" in help_text
+
+
+def test_unknown_command_is_a_usage_error(run_spore) -> None:
+    out = run_spore("trian")
+    assert out.returncode == 2
+    assert "No such command 'trian'" in out.stderr
+
+
+def test_bench_reports_ratios(run_spore) -> None:
+    out = run_spore(
+        "bench", "healthy", "--json", "--repeat", "3", "--min-time", "0.02", plugins=("healthy",)
+    )
+    assert out.returncode == 0, out.stderr
+    data = json.loads(out.stdout)
+    (result,) = data["results"]
+    assert result["name"] == "sleep"
+    assert result["owner"] == "healthy"
+    assert result["baseline_label"] == "sleep 20 ms"
+    assert result["ratio"] > 2
+    assert result["repeats"] == 3
+    assert "environment" in data["settings"]
+    table = run_spore("bench", "--repeat", "1", "--min-time", "0", plugins=("healthy",))
+    assert table.returncode == 0
+    assert "sleep 20 ms" in table.stdout
+    assert "settings: torch threads" in table.stdout
+
+
+def test_bench_list_filter_and_errors(run_spore) -> None:
+    listed = run_spore("bench", "--list", plugins=("healthy", "dup_a"))
+    assert listed.stdout.splitlines() == [
+        "dup-a:only-a (vs nothing)",
+        "dup-a:shared (vs nothing)",
+        "healthy:sleep (vs sleep 20 ms)",
+    ]
+    none = run_spore("bench", "-k", "zzz", plugins=("healthy",))
+    assert none.returncode == 1
+    assert "no benchmark cases match and filter 'zzz'" in none.stderr
+    broken = run_spore("bench", "broken", plugins=("healthy", "broken"))
+    assert broken.returncode == 2
+    assert "Error: spore plugin 'broken'" in broken.stderr
+    assert "caused by: ImportError" in broken.stderr
+    assert run_spore("bench", "--repeat", "0").returncode == 2
+
+
+def test_doctor_json_and_plugin_checks(run_spore) -> None:
+    out = run_spore("doctor", "--json", plugins=("healthy", "future"))
+    data = json.loads(out.stdout)
+    checks = {(c["source"], c["name"]): c for c in data["checks"]}
+    assert checks[("core", "torch")]["status"] == "ok"
+    assert checks[("healthy", "fixture")]["detail"] == "healthy fixture plugin is fine"
+    assert checks[("core", "plugin future")]["status"] == "warn"
+    assert out.returncode == (1 if data["worst"] == "error" else 0)
+
+
+def test_doctor_explains_torch_npu_autoload(run_spore) -> None:
+    broken = run_spore("doctor", "--json", plugins=("fake_torch_npu",))
+    assert broken.returncode == 1
+    checks = {c["name"]: c for c in json.loads(broken.stdout)["checks"]}
+    assert checks["torch"]["status"] == "error"
+    assert "libhccl.so" in checks["torch"]["detail"]
+    assert checks["torch_npu"]["status"] == "error"
+    assert "TORCH_DEVICE_BACKEND_AUTOLOAD=0" in checks["torch_npu"]["fix"]
+    fixed = run_spore(
+        "doctor", "--json", plugins=("fake_torch_npu",), env={"TORCH_DEVICE_BACKEND_AUTOLOAD": "0"}
+    )
+    checks = {c["name"]: c for c in json.loads(fixed.stdout)["checks"]}
+    assert checks["torch"]["status"] == "ok"
+    assert checks["torch_npu"]["status"] == "info"
+    assert "autoload is off" in checks["torch_npu"]["detail"]

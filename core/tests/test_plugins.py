@@ -1,0 +1,235 @@
+from __future__ import annotations
+
+import sys
+import threading
+
+import click
+import pytest
+from click.testing import CliRunner
+
+import spore
+from spore.plugins import PluginError, Selection, Status
+
+
+def _statuses(manager) -> dict[str, tuple[Status, str]]:
+    return {i.name: (i.status, i.reason) for i in manager.plugins()}
+
+
+def test_healthy_plugin_is_lazy_active_and_attributed(fixture_plugins, spore_manager) -> None:
+    fixture_plugins("healthy")
+    manager = spore_manager()
+    assert [i.name for i in manager.discover()] == ["healthy"]
+    assert "spore_fixture_healthy" not in sys.modules
+    benchmarks = spore.get_registry("benchmarks")
+    assert "spore_fixture_healthy" in sys.modules
+    entry = benchmarks.entry("sleep")
+    assert entry.owner == "healthy"
+    (info,) = manager.plugins()
+    assert info.status is Status.ACTIVE
+    assert info.distribution == "spore-fixture-healthy"
+    assert info.version == "1.0.0"
+    assert info.core_requirement == "<0.2,>=0.1"
+    assert info.registered["benchmarks"] == ["sleep"]
+    assert info.registered["ops"] == ["fixture_identity"]
+    assert "spore_doctor" in info.hooks
+
+
+def test_loads_once_per_manager_and_thread_safe(fixture_plugins, spore_manager) -> None:
+    fixture_plugins("healthy")
+    manager = spore_manager()
+    threads = [threading.Thread(target=manager.registry, args=("ops",)) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=30)
+    manager.registry("benchmarks")
+    assert sys.modules["spore_fixture_healthy"].LOADS == ["benchmarks"]
+
+
+def test_reentrant_registry_use_during_load(fixture_plugins, spore_manager) -> None:
+    fixture_plugins("reentrant", "healthy")
+    manager = spore_manager()
+    assert _statuses(manager)["reentrant"][0] is Status.ACTIVE
+    # ops are registered before benchmarks, so the plugin saw the healthy plugin's op
+    assert sys.modules["spore_fixture_reentrant"].SEEN == [1]
+
+
+def test_import_failure_is_isolated(fixture_plugins, spore_manager, caplog) -> None:
+    fixture_plugins("healthy", "broken")
+    manager = spore_manager()
+    with caplog.at_level("WARNING", logger="spore.plugins"):
+        statuses = _statuses(manager)
+    status, reason = statuses["broken"]
+    assert status is Status.FAILED
+    assert "import of 'spore_fixture_broken' failed" in reason
+    assert "libspore_fixture.so" in reason
+    assert statuses["healthy"][0] is Status.ACTIVE
+    (record,) = [r for r in caplog.records if "broken" in r.getMessage()]
+    assert "spore-fixture-broken 1.0.0" in record.getMessage()
+
+
+def test_hook_exception_fails_plugin_and_withdraws_its_entries(
+    fixture_plugins, spore_manager
+) -> None:
+    fixture_plugins("raises", "healthy")
+    manager = spore_manager()
+    status, reason = _statuses(manager)["raises"]
+    assert status is Status.FAILED
+    assert reason == ("hook spore_register_benchmarks raised: RuntimeError: boom while registering")
+    assert "half-done" not in manager.registry("benchmarks")
+    assert "sleep" in manager.registry("benchmarks")
+    from spore import doctor
+
+    report = doctor.run(manager)
+    assert not [c for c in report.checks if c.source == "raises"]
+    assert [c.name for c in report.checks if c.source == "healthy"] == ["fixture"]
+    (health,) = [c for c in report.checks if c.name == "plugin raises"]
+    assert health.status == "error"
+
+
+def test_hook_with_unknown_arguments_fails(fixture_plugins, spore_manager) -> None:
+    fixture_plugins("badargs")
+    status, reason = _statuses(spore_manager())["badargs"]
+    assert status is Status.FAILED
+    assert reason.startswith("registration failed: PluginValidationError")
+    assert "device" in reason
+
+
+def test_unknown_hook_fails_with_suggestion(fixture_plugins, spore_manager) -> None:
+    fixture_plugins("typo")
+    status, reason = _statuses(spore_manager())["typo"]
+    assert status is Status.FAILED
+    assert "'spore_register_benchmark' has no specification" in reason
+    assert "did you mean 'spore_register_benchmarks'?" in reason
+
+
+def test_incompatible_core_range_is_never_imported(fixture_plugins, spore_manager) -> None:
+    fixture_plugins("future")
+    status, reason = _statuses(spore_manager())["future"]
+    assert status is Status.INCOMPATIBLE
+    assert "requires spore-core<10,>=9.0" in reason
+    assert f"spore-core {spore.__version__} is running" in reason
+    assert "spore_fixture_future" not in sys.modules
+
+
+def test_duplicate_registration_names_both_owners(fixture_plugins, spore_manager) -> None:
+    fixture_plugins("dup_a", "dup_b")
+    manager = spore_manager()
+    statuses = _statuses(manager)
+    assert statuses["dup-a"][0] is Status.ACTIVE
+    status, reason = statuses["dup-b"]
+    assert status is Status.FAILED
+    assert "benchmark 'shared' is registered by both 'dup-a' and 'dup-b'" in reason
+    benchmarks = manager.registry("benchmarks")
+    assert benchmarks.entry("shared").owner == "dup-a"
+    assert "only-b" not in benchmarks
+    assert "only-a" in benchmarks
+
+
+def test_strict_mode_raises_with_cause(fixture_plugins, spore_manager) -> None:
+    fixture_plugins("broken")
+    manager = spore_manager({"SPORE_STRICT_PLUGINS": "1"})
+    with pytest.raises(PluginError, match="'broken'") as info:
+        manager.load()
+    assert isinstance(info.value.__cause__, ImportError)
+    with pytest.raises(PluginError):
+        manager.registry("ops")
+
+
+def test_plugin_asked_for_by_name_fails_hard(fixture_plugins, spore_manager) -> None:
+    fixture_plugins("raises", "healthy")
+    manager = spore_manager(requested=["raises"])
+    with pytest.raises(PluginError, match="hook spore_register_benchmarks raised") as info:
+        manager.load()
+    assert isinstance(info.value.__cause__, RuntimeError)
+
+
+def test_request_after_load_checks_status(fixture_plugins, spore_manager) -> None:
+    fixture_plugins("future", "healthy")
+    manager = spore_manager()
+    manager.load()
+    manager.request(["healthy"])
+    with pytest.raises(PluginError, match=r"'future'.*incompatible"):
+        manager.request(["future"])
+    with pytest.raises(PluginError, match=r"'nope' was asked for but is not installed"):
+        manager.request(["nope"])
+
+
+@pytest.mark.parametrize(
+    ("env", "active"),
+    [
+        ({}, {"healthy", "reentrant"}),
+        ({"SPORE_DISABLE_PLUGINS": "healthy"}, {"reentrant"}),
+        ({"SPORE_PLUGINS": "Healthy"}, {"healthy"}),
+        ({"SPORE_PLUGINS": ""}, set()),
+        ({"SPORE_PLUGINS": "healthy", "SPORE_DISABLE_PLUGINS": "healthy"}, {"healthy"}),
+        ({"SPORE_NO_PLUGINS": "1", "SPORE_PLUGINS": "healthy"}, set()),
+        ({"SPORE_NO_PLUGINS": "0"}, {"healthy", "reentrant"}),
+    ],
+)
+def test_environment_precedence(fixture_plugins, spore_manager, env, active) -> None:
+    fixture_plugins("healthy", "reentrant")
+    manager = spore_manager(env)
+    statuses = _statuses(manager)
+    assert {n for n, (s, _) in statuses.items() if s is Status.ACTIVE} == active
+    for name, (status, reason) in statuses.items():
+        if name not in active:
+            assert status is Status.DISABLED
+            assert "SPORE_" in reason
+    for name in statuses.keys() - active:
+        assert f"spore_fixture_{name}" not in sys.modules
+
+
+def test_selection_reasons() -> None:
+    assert Selection.from_env({"SPORE_NO_PLUGINS": "yes"}).why_disabled("a") == (
+        "SPORE_NO_PLUGINS is set"
+    )
+    assert Selection.from_env({"SPORE_PLUGINS": "b, c"}).why_disabled("a") == (
+        "not listed in SPORE_PLUGINS"
+    )
+    assert Selection.from_env({"SPORE_DISABLE_PLUGINS": "a_x"}).why_disabled("A-X") == (
+        "listed in SPORE_DISABLE_PLUGINS"
+    )
+    assert Selection.from_env({}).why_disabled("a") is None
+
+
+def test_allow_list_names_are_requested(fixture_plugins, spore_manager) -> None:
+    fixture_plugins("healthy")
+    manager = spore_manager({"SPORE_PLUGINS": "healthy,missing"})
+    with pytest.raises(PluginError, match="'missing' was asked for but is not installed"):
+        manager.load()
+
+
+def test_commands_are_added_and_clashes_fail(fixture_plugins, spore_manager) -> None:
+    fixture_plugins("healthy")
+    manager = spore_manager()
+    group = click.Group("spore")
+    manager.add_commands(group)
+    result = CliRunner().invoke(group, ["hello", "bob"])
+    assert result.output == "hello bob from healthy\n"
+    (info,) = manager.plugins()
+    assert info.registered["commands"] == ["hello"]
+
+    clash = spore_manager()
+    taken = click.Group("spore")
+
+    @taken.command("hello")
+    def builtin_hello() -> None:
+        click.echo("builtin")
+
+    clash.add_commands(taken)
+    (info,) = clash.plugins()
+    assert info.status is Status.FAILED
+    assert "command 'hello' is added by both 'spore' and 'healthy'" in info.reason
+    assert taken.commands["hello"] is builtin_hello
+    assert "sleep" not in clash.registry("benchmarks")
+
+
+def test_core_builtin_plugin_is_listed_with_include_builtin(spore_manager) -> None:
+    manager = spore_manager()
+    assert manager.plugins() == []
+    (core,) = manager.plugins(include_builtin=True)
+    assert core.name == "core"
+    assert core.builtin
+    assert core.status is Status.ACTIVE
+    assert core.hooks == ["spore_doctor"]

@@ -1,0 +1,62 @@
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pytest
+
+from spore.registry import USER, DuplicateRegistrationError, Registry
+
+
+@dataclass
+class Thing:
+    name: str
+
+
+def test_add_get_and_owner() -> None:
+    reg: Registry[Thing] = Registry("thing")
+    with reg.owned_by("alpha"):
+        reg.add(Thing("a"))
+    reg.add(Thing("b"))
+    assert reg.get("a") == Thing("a")
+    assert reg.entry("a").owner == "alpha"
+    assert reg.entry("b").owner == USER
+    assert list(reg) == ["a", "b"]
+    assert reg.names(owner="alpha") == ["a"]
+    assert "a" in reg
+    assert len(reg) == 2
+
+
+def test_duplicate_names_both_owners_and_override() -> None:
+    reg: Registry[Thing] = Registry("thing")
+    with reg.owned_by("alpha"):
+        reg.add(Thing("x"))
+    with reg.owned_by("beta"), pytest.raises(DuplicateRegistrationError) as info:
+        reg.add(Thing("x"))
+    assert "'alpha'" in str(info.value)
+    assert "'beta'" in str(info.value)
+    assert "override=True" in str(info.value)
+    replacement = Thing("x")
+    with reg.owned_by("beta"):
+        reg.add(replacement, override=True)
+    assert reg.get("x") is replacement
+    assert reg.entry("x").owner == "beta"
+
+
+def test_remove_owner() -> None:
+    reg: Registry[object] = Registry("op")
+    with reg.owned_by("alpha"):
+        reg.add(object(), name="one")
+        reg.add(object(), name="two")
+    reg.add(object(), name="three")
+    reg.remove_owner("alpha")
+    assert list(reg) == ["three"]
+
+
+def test_bad_names_are_clear_errors() -> None:
+    reg: Registry[object] = Registry("op")
+    with pytest.raises(TypeError, match="no 'name' attribute; pass name="):
+        reg.add(object())
+    with pytest.raises(ValueError, match="non-empty"):
+        reg.add(object(), name="")
+    with pytest.raises(KeyError, match=r"no op named 'missing' \(registered: none\)"):
+        reg.get("missing")

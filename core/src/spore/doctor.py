@@ -100,10 +100,10 @@ def _dist_version(name: str) -> str | None:
 def check_python(report: Report) -> None:
     report.add(
         "python",
-        "ok" if sys.version_info >= (3, 10) else "error",
+        "ok" if sys.version_info >= (3, 11) else "error",
         f"{platform.python_implementation()} {platform.python_version()} ({sys.executable}); "
         f"{platform.system()} {platform.machine()}",
-        fix=None if sys.version_info >= (3, 10) else "use Python 3.10 or newer",
+        fix=None if sys.version_info >= (3, 11) else "use Python 3.11 or newer",
     )
 
 

@@ -56,7 +56,7 @@ _KIND_SINGULAR = {"ops": "op", "passes": "pass", "backends": "backend", "benchma
 log = logging.getLogger("spore.plugins")
 
 
-class Status(str, enum.Enum):
+class Status(enum.StrEnum):
     """Where a plugin stands after discovery and loading."""
 
     ACTIVE = "active"

@@ -1,0 +1,31 @@
+"""``import spore`` stays cheap: no plugin, no torch._dynamo / torch._inductor."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+from conftest import FIXTURES
+
+PROBE = """
+import json, sys
+import spore
+spore.hookimpl
+mods = sorted(sys.modules)
+print(json.dumps({
+    "torch": "torch" in sys.modules,
+    "heavy": [m for m in mods if m.startswith(("torch._dynamo", "torch._inductor"))],
+    "plugins": [m for m in mods if m.startswith("spore_fixture_")],
+}))
+"""
+
+
+def test_import_spore_imports_no_plugin_and_no_torch() -> None:
+    env = dict(os.environ, PYTHONPATH=str(FIXTURES / "healthy"))
+    out = subprocess.run(
+        [sys.executable, "-c", PROBE], capture_output=True, text=True, env=env, timeout=120
+    )
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout) == {"torch": False, "heavy": [], "plugins": []}

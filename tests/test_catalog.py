@@ -7,7 +7,6 @@ from pathlib import Path
 
 import catalog
 import pytest
-from conftest import ROOT
 
 GOOD_ENTRY = """
 [[plugin]]
@@ -50,7 +49,7 @@ def _package(root: Path, *, version: str = "0.1.0", core: str = ">=0.1,<0.2", ep
 def test_the_real_catalog_is_valid_and_agrees_with_the_packages() -> None:
     entries = catalog.load()
     assert catalog.check_packages(entries) == []
-    folders = sorted(p.name for p in (ROOT / "packages").iterdir() if p.is_dir())
+    folders = sorted(p.name for p in (catalog.ROOT / "packages").iterdir() if p.is_dir())
     assert sorted(Path(e.path).name for e in entries) == folders
 
 
@@ -95,10 +94,11 @@ def test_schema_errors(tmp_path: Path, edit, message) -> None:
 
 def test_generated_docs_are_fresh() -> None:
     entries = catalog.load()
-    assert (ROOT / "docs/compatibility.md").read_text() == catalog.render_compatibility(entries), (
+    compatibility = (catalog.ROOT / "docs/compatibility.md").read_text()
+    assert compatibility == catalog.render_compatibility(entries), (
         "docs/compatibility.md is stale: run `python plugins_registry/catalog.py render`"
     )
-    readme = (ROOT / "README.md").read_text()
+    readme = (catalog.ROOT / "README.md").read_text()
     assert readme == catalog.render_readme(readme, entries), (
         "the plugin table in README.md is stale: run `python plugins_registry/catalog.py render`"
     )

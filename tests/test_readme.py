@@ -7,11 +7,11 @@ import re
 import shutil
 import subprocess
 
-from conftest import ROOT
+import catalog
 
 
 def _block_after(marker: str) -> str:
-    readme = (ROOT / "README.md").read_text()
+    readme = (catalog.ROOT / "README.md").read_text()
     found = re.search(re.escape(marker) + r"\n```bash\n(.*?)\n```", readme, re.S)
     assert found, f"README.md has no bash block after {marker}"
     return found.group(1)
@@ -19,7 +19,7 @@ def _block_after(marker: str) -> str:
 
 def test_ci_runs_the_readme_test_command() -> None:
     out = subprocess.run(
-        ["bash", str(ROOT / ".ci/run")],
+        ["bash", str(catalog.ROOT / ".ci/run")],
         env=dict(os.environ, CI_PRINT_COMMAND="1"),
         capture_output=True,
         text=True,
@@ -34,7 +34,7 @@ def test_setup_command_works_in_a_fresh_venv(tmp_path) -> None:
     command = _block_after("<!-- ci:setup -->")
     checkout = tmp_path / "checkout"
     shutil.copytree(
-        ROOT,
+        catalog.ROOT,
         checkout,
         ignore=shutil.ignore_patterns(".git", ".venv", ".nox", "*.egg-info", "build"),
     )

@@ -33,6 +33,12 @@ def fixture_plugins(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[..., N
 
 
 @pytest.fixture
+def fixtures_dir() -> Path:
+    """The folder of fixture plugin distributions."""
+    return FIXTURES
+
+
+@pytest.fixture
 def run_spore() -> Callable[..., subprocess.CompletedProcess[str]]:
     """Run ``python -m spore ARGS`` in a child with only the given fixture plugins installed."""
 

@@ -55,12 +55,10 @@ def test_plugins_all_includes_core_and_table_renders(run_spore) -> None:
     assert "1 benchmarks" in table.stdout
 
 
-def test_plugins_listing_process_imports_no_plugin(tmp_path) -> None:
+def test_plugins_listing_process_imports_no_plugin(tmp_path, fixtures_dir) -> None:
     log = tmp_path / "imports.log"
-    from conftest import FIXTURES
-
     env = {k: v for k, v in os.environ.items() if not k.startswith("SPORE_")}
-    env.update(PYTHONPATH=str(FIXTURES / "healthy"), SPORE_FIXTURE_IMPORT_LOG=str(log))
+    env.update(PYTHONPATH=str(fixtures_dir / "healthy"), SPORE_FIXTURE_IMPORT_LOG=str(log))
     proc = subprocess.Popen(
         [sys.executable, "-m", "spore", "plugins", "--json"],
         env=env,

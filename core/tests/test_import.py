@@ -7,8 +7,6 @@ import os
 import subprocess
 import sys
 
-from conftest import FIXTURES
-
 PROBE = """
 import json, sys
 import spore
@@ -22,8 +20,8 @@ print(json.dumps({
 """
 
 
-def test_import_spore_imports_no_plugin_and_no_torch() -> None:
-    env = dict(os.environ, PYTHONPATH=str(FIXTURES / "healthy"))
+def test_import_spore_imports_no_plugin_and_no_torch(fixtures_dir) -> None:
+    env = dict(os.environ, PYTHONPATH=str(fixtures_dir / "healthy"))
     out = subprocess.run(
         [sys.executable, "-c", PROBE], capture_output=True, text=True, env=env, timeout=120
     )

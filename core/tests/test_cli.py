@@ -52,7 +52,7 @@ def test_plugins_all_includes_core_and_table_renders(run_spore) -> None:
     assert table.returncode == 0
     assert "spore-fixture-healthy" in table.stdout
     assert "spore-core" in table.stdout
-    assert "1 benchmarks" in table.stdout
+    assert "benchmarks: 1" in table.stdout
 
 
 def test_plugins_listing_process_imports_no_plugin(tmp_path, fixtures_dir) -> None:

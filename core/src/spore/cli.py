@@ -127,7 +127,7 @@ def _probe_plugins() -> list[dict[str, Any]]:
 
 
 def _registered_summary(registered: dict[str, list[str]]) -> str:
-    return ", ".join(f"{len(v)} {k}" for k, v in registered.items() if v) or "-"
+    return ", ".join(f"{k}: {len(v)}" for k, v in registered.items() if v) or "-"
 
 
 def _plugin_table(rows: list[dict[str, Any]], title: str) -> Any:

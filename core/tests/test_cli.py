@@ -125,15 +125,17 @@ def test_bench_reports_ratios(run_spore) -> None:
     assert result["ratio"] > 2
     assert result["repeats"] == 3
     assert "environment" in data["settings"]
-    table = run_spore("bench", "--repeat", "1", "--min-time", "0", plugins=("healthy",))
+    table = run_spore("bench", "healthy", "--repeat", "1", "--min-time", "0", plugins=("healthy",))
     assert table.returncode == 0
     assert "sleep 20 ms" in table.stdout
-    assert "settings: torch threads" in table.stdout
+    assert "settings (both sides): allocator" in table.stdout
 
 
 def test_bench_list_filter_and_errors(run_spore) -> None:
     listed = run_spore("bench", "--list", plugins=("healthy", "dup_a"))
     assert listed.stdout.splitlines() == [
+        "core:allocator-mlp (vs glibc malloc defaults (child process))",
+        "core:allocator-rmsnorm (vs glibc malloc defaults (child process))",
         "dup-a:only-a (vs nothing)",
         "dup-a:shared (vs nothing)",
         "healthy:sleep (vs sleep 20 ms)",
@@ -149,7 +151,7 @@ def test_bench_list_filter_and_errors(run_spore) -> None:
 
 
 def test_doctor_json_and_plugin_checks(run_spore) -> None:
-    out = run_spore("doctor", "--json", plugins=("healthy", "future"))
+    out = run_spore("doctor", "--json", "--quick", plugins=("healthy", "future"))
     data = json.loads(out.stdout)
     checks = {(c["source"], c["name"]): c for c in data["checks"]}
     assert checks[("core", "torch")]["status"] == "ok"
@@ -159,7 +161,7 @@ def test_doctor_json_and_plugin_checks(run_spore) -> None:
 
 
 def test_doctor_explains_torch_npu_autoload(run_spore) -> None:
-    broken = run_spore("doctor", "--json", plugins=("fake_torch_npu",))
+    broken = run_spore("doctor", "--json", "--quick", plugins=("fake_torch_npu",))
     assert broken.returncode == 1
     checks = {c["name"]: c for c in json.loads(broken.stdout)["checks"]}
     assert checks["torch"]["status"] == "error"
@@ -167,7 +169,11 @@ def test_doctor_explains_torch_npu_autoload(run_spore) -> None:
     assert checks["torch_npu"]["status"] == "error"
     assert "TORCH_DEVICE_BACKEND_AUTOLOAD=0" in checks["torch_npu"]["fix"]
     fixed = run_spore(
-        "doctor", "--json", plugins=("fake_torch_npu",), env={"TORCH_DEVICE_BACKEND_AUTOLOAD": "0"}
+        "doctor",
+        "--json",
+        "--quick",
+        plugins=("fake_torch_npu",),
+        env={"TORCH_DEVICE_BACKEND_AUTOLOAD": "0"},
     )
     checks = {c["name"]: c for c in json.loads(fixed.stdout)["checks"]}
     assert checks["torch"]["status"] == "ok"

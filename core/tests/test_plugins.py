@@ -232,4 +232,8 @@ def test_core_builtin_plugin_is_listed_with_include_builtin(spore_manager) -> No
     assert core.name == "core"
     assert core.builtin
     assert core.status is Status.ACTIVE
-    assert core.hooks == ["spore_doctor"]
+    assert core.hooks == ["spore_doctor", "spore_register_benchmarks"]
+    assert manager.registry("benchmarks").names(owner="core") == [
+        "allocator-mlp",
+        "allocator-rmsnorm",
+    ]

@@ -12,10 +12,10 @@ import statistics
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
-from spore.runtime import runtime_environment, usable_cores
+from spore.runtime import allocator_in_use, runtime_environment, usable_cores
 
 MAX_LOOPS = 1_000_000
 
@@ -26,6 +26,10 @@ class Benchmark:
 
     ``setup()`` builds the shared inputs once (default ``None``); ``check(base_out,
     cand_out)`` raises if the two sides disagree and runs before any timing.
+
+    ``self_timed=True`` is for sides that time themselves (e.g. in a child process): each call
+    returns a dict with ``"seconds"`` per iteration plus any other numeric figures (reported as
+    medians in ``Result.extras``); there is no warm-up call or loop calibration.
     """
 
     name: str
@@ -36,6 +40,7 @@ class Benchmark:
     setup: Callable[[], Any] | None = None
     check: Callable[[Any, Any], None] | None = None
     description: str = ""
+    self_timed: bool = False
 
     def __post_init__(self) -> None:
         for attr in ("baseline", "candidate"):
@@ -63,6 +68,7 @@ class Result:
     ratio_min: float = math.nan
     ratio_max: float = math.nan
     loops: tuple[int, int] = (0, 0)
+    extras: dict[str, dict[str, float]] = field(default_factory=dict)
     error: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
@@ -98,6 +104,8 @@ def run(bench: Benchmark, owner: str, *, repeat: int = 5, min_time: float = 0.05
     if min_time < 0:
         raise ValueError(f"min_time must be >= 0, got {min_time}")
     result = Result(bench.name, owner, bench.baseline_label, bench.candidate_label, repeat)
+    if bench.self_timed:
+        return _run_self_timed(bench, result)
     try:
         state = bench.setup() if bench.setup is not None else None
         base_out, cand_out = bench.baseline(state), bench.candidate(state)
@@ -120,13 +128,47 @@ def run(bench: Benchmark, owner: str, *, repeat: int = 5, min_time: float = 0.05
     except Exception as exc:
         result.error = f"{type(exc).__name__}: {exc}"
         return result
+    result.loops = loops
+    return _summarise(result, base_t, cand_t)
+
+
+def _summarise(result: Result, base_t: list[float], cand_t: list[float]) -> Result:
     ratios = [b / max(c, 1e-12) for b, c in zip(base_t, cand_t, strict=True)]
     result.baseline_s = statistics.median(base_t)
     result.candidate_s = statistics.median(cand_t)
     result.ratio = statistics.median(ratios)
     result.ratio_min, result.ratio_max = min(ratios), max(ratios)
-    result.loops = loops
     return result
+
+
+def _run_self_timed(bench: Benchmark, result: Result) -> Result:
+    samples: dict[str, list[dict[str, float]]] = {"baseline": [], "candidate": []}
+    try:
+        state = bench.setup() if bench.setup is not None else None
+        for r in range(result.repeats):
+            order = ("baseline", "candidate") if r % 2 == 0 else ("candidate", "baseline")
+            for side in order:
+                sample = getattr(bench, side)(state)
+                if not isinstance(sample, dict) or "seconds" not in sample:
+                    raise TypeError(
+                        f"self-timed {side} must return a dict with 'seconds', got {sample!r}"
+                    )
+                samples[side].append(sample)
+        if bench.check is not None:
+            bench.check(samples["baseline"][0], samples["candidate"][0])
+    except Exception as exc:
+        result.error = f"{type(exc).__name__}: {exc}"
+        return result
+    result.loops = (1, 1)
+    result.extras = {
+        side: {key: statistics.median(s[key] for s in runs) for key in runs[0] if key != "seconds"}
+        for side, runs in samples.items()
+    }
+    return _summarise(
+        result,
+        [s["seconds"] for s in samples["baseline"]],
+        [s["seconds"] for s in samples["candidate"]],
+    )
 
 
 def settings() -> dict[str, Any]:
@@ -134,6 +176,7 @@ def settings() -> dict[str, Any]:
     torch = sys.modules.get("torch")
     return {
         "torch_threads": torch.get_num_threads() if torch is not None else None,
-        "usable_cores": usable_cores(),
+        "usable_cores": len(usable_cores()),
+        "allocator": allocator_in_use(),
         "environment": runtime_environment(),
     }

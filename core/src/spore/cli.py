@@ -210,16 +210,18 @@ def plugins_check(names: tuple[str, ...], as_json: bool) -> None:
 # doctor --------------------------------------------------------------------------------------
 @cli.command("doctor")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
-def doctor_cmd(as_json: bool) -> None:
-    """Check the environment: python, torch build, devices, compilers, plugins.
+@click.option("--quick", is_flag=True, help="Skip checks that measure (the allocator penalty).")
+def doctor_cmd(as_json: bool, quick: bool) -> None:
+    """Check the environment: python, torch build, devices, compilers, allocator, plugins.
 
-    Exits 1 when any check reports an error.
+    Measures the fresh-allocation penalty and what `spore run` would gain here (a few seconds;
+    --quick skips it). Exits 1 when any check reports an error.
     """
     from rich.table import Table
 
     from spore import doctor
 
-    report = doctor.run(get_manager())
+    report = doctor.run(get_manager(), quick=quick)
     if as_json:
         _echo_json(report.to_dict())
     else:
@@ -231,6 +233,59 @@ def doctor_cmd(as_json: bool) -> None:
         _console().print(table)
     if report.worst == "error":
         sys.exit(1)
+
+
+# run -----------------------------------------------------------------------------------------
+ALLOCATOR_CHOICE = click.Choice(["auto", "tuned", "system", "jemalloc", "tcmalloc"])
+
+
+def _plan(allocator: str, threads: int | None) -> Any:
+    from spore.runtime import RuntimeConfigError, cpu_plan
+
+    try:
+        return cpu_plan(allocator=allocator, threads=threads)
+    except RuntimeConfigError as exc:
+        raise click.UsageError(str(exc)) from exc
+
+
+def _report_plan(plan: Any, prefix: str) -> None:
+    lines = plan.describe() or ["nothing to change"]
+    click.echo(
+        f"{prefix}: allocator {plan.allocator}, {plan.threads} threads; " + "; ".join(lines),
+        err=True,
+    )
+
+
+@cli.command(
+    "run",
+    context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False},
+)
+@click.option(
+    "--allocator",
+    type=ALLOCATOR_CHOICE,
+    default="auto",
+    show_default=True,
+    help="auto: tcmalloc if installed, else tuned glibc malloc; system: change nothing.",
+)
+@click.option("--threads", type=click.IntRange(min=1), help="Threads (default: usable cores).")
+@click.option("-q", "--quiet", is_flag=True, help="Do not report the settings on stderr.")
+@click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
+def run_cmd(allocator: str, threads: int | None, quiet: bool, command: tuple[str, ...]) -> None:
+    """Run COMMAND under tuned CPU allocator and thread settings: spore run -- CMD ARGS...
+
+    Settings are environment variables set before COMMAND starts; variables you already set
+    are kept (and reported). The tuned allocators keep freed memory for reuse: resident memory
+    stays higher. Use --allocator system to change nothing.
+    """
+    import os
+
+    plan = _plan(allocator, threads)
+    if not quiet:
+        _report_plan(plan, "spore run")
+    try:
+        os.execvpe(command[0], list(command), plan.env)
+    except OSError as exc:
+        raise click.ClickException(f"cannot run {command[0]!r}: {exc.strerror}") from exc
 
 
 # bench ---------------------------------------------------------------------------------------
@@ -256,13 +311,25 @@ def _format_time(seconds: float | None) -> str:
 )
 @click.option("-k", "--filter", "pattern", default="", help="Only cases whose name contains this.")
 @click.option("--list", "list_only", is_flag=True, help="List the cases without running them.")
+@click.option(
+    "--allocator",
+    type=ALLOCATOR_CHOICE,
+    default="auto",
+    show_default=True,
+    help="Allocator settings both sides run under (the process re-starts itself with them).",
+)
+@click.option("--threads", type=click.IntRange(min=1), help="Threads (default: usable cores).")
+@click.pass_context
 def bench_cmd(
+    ctx: click.Context,
     plugins: tuple[str, ...],
     as_json: bool,
     repeat: int,
     min_time: float,
     pattern: str,
     list_only: bool,
+    allocator: str,
+    threads: int | None,
 ) -> None:
     """Run benchmark cases registered by PLUGINS (default: all), each against its baseline.
 
@@ -271,6 +338,8 @@ def bench_cmd(
     """
     from spore import bench
 
+    if not list_only:
+        _restart_tuned(ctx, allocator, threads)
     manager = get_manager()
     manager.request(plugins)
     registry = manager.registry("benchmarks")
@@ -306,6 +375,23 @@ def bench_cmd(
         sys.exit(1)
 
 
+def _restart_tuned(ctx: click.Context, allocator: str, threads: int | None) -> None:
+    """Re-start this command under the runtime plan unless a plan is already applied.
+
+    Only possible when started through :func:`main`, which records the arguments.
+    """
+    import os
+
+    from spore.runtime import APPLIED_MARKER
+
+    argv = (ctx.find_root().obj or {}).get("argv")
+    if argv is None or APPLIED_MARKER in os.environ:
+        return
+    plan = _plan(allocator, threads)
+    _report_plan(plan, "spore bench")
+    os.execve(sys.executable, [sys.executable, "-m", "spore", *argv], plan.env)
+
+
 def _run_cases(cases: list[Any], repeat: int, min_time: float, progress: bool) -> list[Any]:
     from rich.progress import Progress
 
@@ -321,11 +407,17 @@ def _run_cases(cases: list[Any], repeat: int, min_time: float, progress: bool) -
     return results
 
 
+def _extras(extras: dict[str, dict[str, float]]) -> str:
+    base, cand = extras.get("baseline", {}), extras.get("candidate", {})
+    return ", ".join(f"{k} {base[k]:.4g} -> {cand[k]:.4g}" for k in base if k in cand)
+
+
 def _print_results(results: list[Any], settings: dict[str, Any]) -> None:
     from rich.table import Table
 
     table = Table(title="spore bench (speed-up = baseline time / candidate time, median)")
-    for column in ("plugin", "case", "baseline", "baseline time", "candidate time", "speed-up"):
+    columns = ("plugin", "case", "baseline", "baseline time", "candidate time", "speed-up", "notes")
+    for column in columns:
         table.add_column(column, overflow="fold")
     for r in results:
         if r.error:
@@ -339,20 +431,23 @@ def _print_results(results: list[Any], settings: dict[str, Any]) -> None:
             _format_time(None if r.error else r.baseline_s),
             _format_time(None if r.error else r.candidate_s),
             speedup,
+            _extras(r.extras),
         )
     console = _console()
     console.print(table)
     env = ", ".join(f"{k}={v}" for k, v in settings["environment"].items()) or "none"
     console.print(
-        f"settings: torch threads {settings['torch_threads']}, "
-        f"{settings['usable_cores']} usable cores, runtime environment: {env}"
+        f"settings (both sides): allocator {settings['allocator']}, torch threads "
+        f"{settings['torch_threads']}, {settings['usable_cores']} usable cores, "
+        f"runtime environment: {env}"
     )
 
 
 def main(argv: list[str] | None = None) -> None:
     """Console-script entry point; plugin errors become one clear message and exit code 2."""
+    args = sys.argv[1:] if argv is None else argv
     try:
-        cli.main(args=argv, prog_name="spore")
+        cli.main(args=args, prog_name="spore", obj={"argv": args})
     except PluginError as exc:
         cause = f"\n  caused by: {exc.__cause__!r}" if exc.__cause__ else ""
         click.echo(f"Error: {exc}{cause}", err=True)

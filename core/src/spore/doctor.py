@@ -42,8 +42,10 @@ class Check:
 class Report:
     """What ``spore_doctor`` hooks write to: ``report.add(name, status, detail, fix=...)``."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, quick: bool = False) -> None:
         self.checks: list[Check] = []
+        self.quick = quick
+        """When true, checks skip measurements that take seconds."""
         self._source = "user"
 
     def add(self, name: str, status: str, detail: str, *, fix: str | None = None) -> None:
@@ -70,9 +72,9 @@ class Report:
         return {"worst": self.worst, "checks": [asdict(c) for c in self.checks]}
 
 
-def run(manager: PluginManager) -> Report:
+def run(manager: PluginManager, *, quick: bool = False) -> Report:
     """Run every check: the core's, each plugin's ``spore_doctor``, then plugin health."""
-    report = Report()
+    report = Report(quick=quick)
     manager.run_doctor(report)
     with report.source("core"):
         check_plugins(report, manager.plugins())
@@ -88,6 +90,8 @@ def core_checks(report: Report) -> None:
     check_mindspore(report)
     check_compilers(report)
     check_threads(report, torch)
+    if torch is not None and not report.quick:
+        check_allocator(report)
 
 
 def _dist_version(name: str) -> str | None:
@@ -213,7 +217,7 @@ def check_compilers(report: Report) -> None:
 
 
 def check_threads(report: Report, torch: Any) -> None:
-    cores = usable_cores()
+    cores = len(usable_cores())
     shown = ", ".join(f"{k}={v}" for k, v in runtime_environment().items()) or "none set"
     threads = torch.get_num_threads() if torch is not None else None
     detail = f"{cores} usable cores; torch threads: {threads}; runtime environment: {shown}"
@@ -243,3 +247,37 @@ def check_plugins(report: Report, infos: list[PluginInfo]) -> None:
             f"{detail} ({info.reason})" if info.reason else detail,
             fix="see `spore plugins check` for the full cause" if status == "failed" else None,
         )
+
+
+def check_allocator(report: Report) -> None:
+    """Measure the fresh-allocation penalty here, and what ``spore run`` would gain."""
+    from spore._workloads import measure
+    from spore.builtin import run_workload
+    from spore.runtime import RuntimeConfigError, allocator_in_use, cpu_plan
+
+    fresh = measure("fresh", iters=5)["seconds"]
+    reused = measure("reused", iters=5)["seconds"]
+    penalty = fresh / reused
+    current = allocator_in_use()
+    detail = (
+        f"allocator {current}: a fresh 128 MiB tensor costs {fresh * 1e3:.1f} ms, a copy into a "
+        f"reused buffer {reused * 1e3:.1f} ms ({penalty:.1f}x)"
+    )
+    if penalty < 2:
+        report.add("allocator", "ok", detail)
+        return
+    try:
+        plan = cpu_plan(allocator="auto")
+        tuned = run_workload("fresh", plan.env)["seconds"]
+    except (RuntimeConfigError, RuntimeError, OSError) as exc:
+        report.add("allocator", "warn", f"{detail}; could not measure a tuned child: {exc}")
+        return
+    exports = " ".join(f"{k}={v}" for k, v in plan.set.items() if not k.endswith("_THREADS"))
+    report.add(
+        "allocator",
+        "warn",
+        f"{detail}; under `spore run` (allocator {plan.allocator}) the fresh tensor costs "
+        f"{tuned * 1e3:.1f} ms here ({fresh / tuned:.1f}x faster). Trade-off: freed memory is "
+        f"kept for reuse, so resident memory stays higher",
+        fix=f"start CPU jobs with `spore run -- CMD`, or export {exports}",
+    )

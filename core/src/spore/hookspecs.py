@@ -75,5 +75,7 @@ def spore_add_commands(cli: click.Group) -> None:
 def spore_doctor(report: Report) -> None:
     """Add environment checks to ``spore doctor`` with ``report.add(...)``.
 
+    Skip checks that take seconds when ``report.quick`` is true.
+
     .. versionadded:: 0.1.0
     """

@@ -1,0 +1,103 @@
+"""Allocator-sensitive eager workloads, run in a child process: ``python -m spore._workloads``.
+
+Each prints one JSON line: median seconds per iteration, peak RSS and page faults per
+iteration. Used by the core's allocator benchmarks and by ``spore doctor``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import statistics
+import sys
+import time
+from collections.abc import Callable
+
+ROWS, HIDDEN = 8192, 4096  # 8192 x 4096 fp32: 128 MiB per tensor
+
+
+def _faults() -> int:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+
+
+def _rmsnorm() -> Callable[[], object]:
+    import torch
+
+    x, w = torch.randn(ROWS, HIDDEN), torch.randn(HIDDEN)
+    return lambda: x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * w
+
+
+def _mlp() -> Callable[[], object]:
+    import torch
+
+    tokens, hidden, ffn = 8192, 256, 2048  # the 8192 x 2048 activations are 64 MiB each
+    block = torch.nn.Sequential(
+        torch.nn.LayerNorm(hidden),
+        torch.nn.Linear(hidden, ffn),
+        torch.nn.GELU(),
+        torch.nn.Linear(ffn, hidden),
+    )
+    x = torch.randn(tokens, hidden, requires_grad=True)
+
+    def step() -> None:
+        block(x).sum().backward()
+
+    return step
+
+
+def _fresh() -> Callable[[], object]:
+    import torch
+
+    x = torch.randn(ROWS, HIDDEN)
+    return lambda: torch.empty_like(x).copy_(x)
+
+
+def _reused() -> Callable[[], object]:
+    import torch
+
+    x = torch.randn(ROWS, HIDDEN)
+    out = torch.empty_like(x)
+    return lambda: out.copy_(x)
+
+
+WORKLOADS: dict[str, Callable[[], Callable[[], object]]] = {
+    "rmsnorm": _rmsnorm,
+    "mlp": _mlp,
+    "fresh": _fresh,
+    "reused": _reused,
+}
+
+
+def measure(name: str, iters: int, warmup: int = 12) -> dict[str, float]:
+    """Median seconds per call of workload ``name`` after ``warmup`` calls."""
+    import torch
+
+    torch.manual_seed(0)
+    step = WORKLOADS[name]()
+    for _ in range(warmup):
+        step()
+    times = []
+    faults = _faults()
+    for _ in range(iters):
+        start = time.perf_counter()
+        step()
+        times.append(time.perf_counter() - start)
+    return {
+        "seconds": statistics.median(times),
+        "faults_per_iter": (_faults() - faults) / iters,
+        "rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("workload", choices=sorted(WORKLOADS))
+    parser.add_argument("--iters", type=int, default=5)
+    args = parser.parse_args(argv)
+    print(json.dumps(measure(args.workload, args.iters)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

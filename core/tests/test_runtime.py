@@ -1,0 +1,207 @@
+from __future__ import annotations
+
+import json
+import sys
+
+import pytest
+
+from spore.runtime import (
+    APPLIED_MARKER,
+    GLIBC_TUNED,
+    JEMALLOC_CONF,
+    RuntimeConfigError,
+    allocator_in_use,
+    cpu_env,
+    cpu_plan,
+    find_library,
+    system_env,
+    usable_cores,
+)
+
+CLEAN = {"PATH": "/usr/bin:/bin", "HOME": "/root"}
+
+
+def test_tuned_plan_sets_glibc_tunables_and_threads() -> None:
+    plan = cpu_plan(allocator="tuned", base_env=CLEAN)
+    cores = len(usable_cores())
+    assert plan.allocator == "tuned"
+    assert plan.threads == cores
+    for key, value in GLIBC_TUNED.items():
+        assert plan.env[key] == value
+        assert plan.set[key] == value
+    assert plan.env["OMP_NUM_THREADS"] == str(cores)
+    assert plan.env["MKL_NUM_THREADS"] == str(cores)
+    assert plan.env[APPLIED_MARKER] == "tuned"
+    assert plan.env["PATH"] == CLEAN["PATH"]
+    assert plan.kept == {}
+    assert allocator_in_use(plan.env) == "tuned"
+
+
+def test_user_settings_are_kept_and_reported() -> None:
+    base = dict(CLEAN, MALLOC_TOP_PAD_="1", OMP_NUM_THREADS=str(len(usable_cores())))
+    plan = cpu_plan(allocator="tuned", base_env=base)
+    assert plan.env["MALLOC_TOP_PAD_"] == "1"
+    assert plan.kept == {"MALLOC_TOP_PAD_": (GLIBC_TUNED["MALLOC_TOP_PAD_"], "1")}
+    assert "OMP_NUM_THREADS" not in plan.set
+    assert "kept your MALLOC_TOP_PAD_=1 (spore would set 536870912)" in plan.describe()
+    assert allocator_in_use(plan.env) == "custom"
+
+
+def test_system_changes_no_allocator_variable() -> None:
+    plan = cpu_plan(allocator="system", threads=1, base_env=CLEAN)
+    assert set(plan.set) == {"OMP_NUM_THREADS", "MKL_NUM_THREADS"}
+    assert allocator_in_use(plan.env) == "system"
+    assert system_env(dict(CLEAN, MALLOC_TOP_PAD_="1", **{APPLIED_MARKER: "x"})) == CLEAN
+    preloaded = dict(CLEAN, LD_PRELOAD="/lib/libtcmalloc.so.4:/x/libother.so")
+    assert system_env(preloaded) == dict(CLEAN, LD_PRELOAD="/x/libother.so")
+    assert system_env(dict(CLEAN, LD_PRELOAD="/lib/libjemalloc.so.2")) == CLEAN
+
+
+def test_ranks_split_cores_and_pin_with_affinity() -> None:
+    cores = usable_cores()
+    share = max(1, len(cores) // 2)
+    last = cpu_plan(allocator="system", ranks=2, rank=1, affinity=True, base_env=CLEAN)
+    assert last.threads == share
+    expected = [cores[(share + i) % len(cores)] for i in range(share)]
+    assert last.cores == expected
+    assert last.env["OMP_PLACES"] == ",".join(f"{{{c}}}" for c in expected)
+    assert last.env["OMP_PROC_BIND"] == "close"
+    first = cpu_plan(allocator="system", ranks=2, rank=0, affinity=True, base_env=CLEAN)
+    if len(cores) >= 2:
+        assert set(first.cores).isdisjoint(last.cores)
+    assert "OMP_PLACES" not in cpu_plan(allocator="system", ranks=2, base_env=CLEAN).env
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"allocator": "mimalloc"}, "unknown allocator 'mimalloc'"),
+        ({"ranks": 2, "rank": 2}, "rank 2 of 2 ranks"),
+        ({"threads": 0}, "threads must be >= 1"),
+    ],
+)
+def test_bad_settings_are_clear_errors(kwargs, message) -> None:
+    with pytest.raises(RuntimeConfigError, match=message):
+        cpu_plan(base_env=CLEAN, **kwargs)
+
+
+@pytest.mark.parametrize("allocator", ["jemalloc", "tcmalloc"])
+def test_preloaded_allocators_follow_what_is_installed(allocator) -> None:
+    path = find_library(allocator)
+    if path is None:
+        with pytest.raises(RuntimeConfigError, match="apt-get install"):
+            cpu_plan(allocator=allocator, base_env=CLEAN)
+        return
+    plan = cpu_plan(allocator=allocator, base_env=dict(CLEAN, LD_PRELOAD="/x/libother.so"))
+    assert plan.env["LD_PRELOAD"] == f"{path}:/x/libother.so"
+    assert allocator_in_use(plan.env) == allocator
+    assert (plan.env.get("MALLOC_CONF") == JEMALLOC_CONF) == (allocator == "jemalloc")
+
+
+def test_auto_prefers_tcmalloc_else_tuned() -> None:
+    expected = "tcmalloc" if find_library("tcmalloc") else "tuned"
+    assert cpu_plan(base_env=CLEAN).allocator == expected
+    assert cpu_env(base_env=CLEAN)[APPLIED_MARKER] == expected
+
+
+ENV_DUMP = "import json, os; print(json.dumps(dict(os.environ)))"
+
+
+def test_spore_run_sets_the_child_environment(run_spore) -> None:
+    out = run_spore(
+        "run",
+        "--allocator",
+        "tuned",
+        "--threads",
+        "1",
+        "--",
+        sys.executable,
+        "-c",
+        ENV_DUMP,
+        env={"MALLOC_TOP_PAD_": "4096"},
+    )
+    assert out.returncode == 0, out.stderr
+    child = json.loads(out.stdout)
+    assert child["MALLOC_MMAP_THRESHOLD_"] == GLIBC_TUNED["MALLOC_MMAP_THRESHOLD_"]
+    assert child["MALLOC_TOP_PAD_"] == "4096"
+    assert child["OMP_NUM_THREADS"] == "1"
+    assert "kept your MALLOC_TOP_PAD_=4096" in out.stderr
+    assert "set MALLOC_MMAP_THRESHOLD_=4294967296" in out.stderr
+    quiet = run_spore("run", "-q", "--", sys.executable, "-c", "pass")
+    assert quiet.stderr == ""
+
+
+def test_spore_run_exit_codes(run_spore) -> None:
+    assert run_spore("run", "--", sys.executable, "-c", "raise SystemExit(3)").returncode == 3
+    missing = run_spore("run", "--", "no-such-command-here")
+    assert missing.returncode == 1
+    assert "cannot run 'no-such-command-here'" in missing.stderr
+    assert run_spore("run").returncode == 2
+
+
+def test_tuned_child_stops_page_faulting_on_fresh_tensors(run_spore) -> None:
+    """glibc really honours the settings in the child: steady-state fresh 128 MiB tensors."""
+    figures = {}
+    for allocator in ("system", "tuned"):
+        out = run_spore(
+            "run",
+            "-q",
+            "--allocator",
+            allocator,
+            "--",
+            sys.executable,
+            "-m",
+            "spore._workloads",
+            "fresh",
+            "--iters",
+            "3",
+        )
+        assert out.returncode == 0, out.stderr
+        figures[allocator] = json.loads(out.stdout)
+    assert figures["system"]["faults_per_iter"] > 30000  # 128 MiB / 4 KiB pages = 32768
+    assert figures["tuned"]["faults_per_iter"] < 100
+
+
+def test_bench_restarts_itself_under_the_chosen_allocator(run_spore) -> None:
+    for allocator in ("tuned", "system"):
+        out = run_spore(
+            "bench",
+            "healthy",
+            "--json",
+            "--repeat",
+            "1",
+            "--min-time",
+            "0",
+            "--allocator",
+            allocator,
+            plugins=("healthy",),
+        )
+        assert out.returncode == 0, out.stderr
+        settings = json.loads(out.stdout)["settings"]
+        assert settings["allocator"] == allocator
+        assert settings["environment"][APPLIED_MARKER] == allocator
+        assert f"spore bench: allocator {allocator}" in out.stderr
+
+
+def test_core_allocator_benchmark_compares_children(run_spore) -> None:
+    out = run_spore("bench", "core", "-k", "rmsnorm", "--repeat", "1", "--json")
+    assert out.returncode == 0, out.stderr
+    (result,) = json.loads(out.stdout)["results"]
+    assert result["error"] is None
+    assert result["ratio"] > 0
+    extras = result["extras"]
+    assert extras["baseline"]["faults_per_iter"] > 10 * extras["candidate"]["faults_per_iter"]
+    assert extras["candidate"]["rss_mib"] > 0
+
+
+def test_doctor_measures_the_allocation_penalty(run_spore) -> None:
+    plain = run_spore("doctor", "--json", env={"MALLOC_MMAP_THRESHOLD_": "65536"})
+    checks = {c["name"]: c for c in json.loads(plain.stdout)["checks"]}
+    assert "a fresh 128 MiB tensor costs" in checks["allocator"]["detail"]
+    assert checks["allocator"]["detail"].startswith("allocator custom")
+    tuned = run_spore(
+        "run", "-q", "--allocator", "tuned", "--", sys.executable, "-m", "spore", "doctor", "--json"
+    )
+    checks = {c["name"]: c for c in json.loads(tuned.stdout)["checks"]}
+    assert checks["allocator"]["status"] == "ok", checks["allocator"]
+    assert checks["allocator"]["detail"].startswith("allocator tuned")

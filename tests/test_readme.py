@@ -52,4 +52,5 @@ def test_setup_command_works_in_a_fresh_venv(tmp_path) -> None:
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     assert "spore doctor" in out.stdout
     assert "2.13.0" in out.stdout
+    assert "mccl" in out.stdout
     assert (checkout / ".venv/bin/spore").exists()

@@ -71,6 +71,19 @@ def spore_add_commands(cli: click.Group) -> None:
     """
 
 
+@hookspec(firstresult=True)
+def spore_init_process_group(backend: str | None, options: dict[str, Any]) -> Any:
+    """Start the default ``torch.distributed`` process group, e.g. in the background.
+
+    ``options`` are the remaining keyword arguments of ``init_process_group``. Return a handle
+    with ``wait(timeout=None)`` (blocks until the group is ready, raising what init raised) and
+    ``done()``, or ``None`` to decline; the first handle wins. With no taker the core starts the
+    group synchronously. Callers use :func:`spore.distributed.init_process_group`.
+
+    .. versionadded:: 0.1.0
+    """
+
+
 @hookspec
 def spore_doctor(report: Report) -> None:
     """Add environment checks to ``spore doctor`` with ``report.add(...)``.

@@ -450,6 +450,26 @@ class PluginManager:
                 f"disable one of the two plugins"
             )
 
+    def first_result(self, hookname: str, **kwargs: Any) -> tuple[str, Any] | None:
+        """Call a ``firstresult`` hook on live plugins (core first, then by name).
+
+        Returns ``(plugin name, result)`` for the first non-``None`` result. Exceptions are the
+        caller's to handle: such hooks act for the caller (e.g. starting a process group).
+        """
+        self.load()
+        caller = getattr(self.pm.hook, hookname)
+        impls = sorted(
+            caller.get_hookimpls(),
+            key=lambda i: (i.plugin_name != CORE_PLUGIN, i.plugin_name),
+        )
+        for impl in impls:
+            if self._infos[impl.plugin_name].status is not Status.ACTIVE:
+                continue
+            result = impl.function(**{name: kwargs[name] for name in impl.argnames})
+            if result is not None:
+                return impl.plugin_name, result
+        return None
+
     def run_doctor(self, report: Report) -> None:
         """Collect ``spore_doctor`` checks from the core and each live plugin."""
         self.load()

@@ -1,0 +1,244 @@
+"""Background process-group initialisation and the guard that makes callers wait for it.
+
+While an init is pending, every read of the default process group waits for it. That read is
+``torch.distributed.distributed_c10d._World.default_pg``: ``is_initialized()``,
+``get_rank()``/``get_world_size()``, every collective given no group, ``new_group``,
+``barrier``, ``destroy_process_group``, ``DeviceMesh``/DTensor/FSDP2/DCP all go through it. The
+guard replaces that property for the duration of the init and puts torch's own back the
+moment the init ends, so afterwards it costs nothing.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import socket
+import sys
+import threading
+import time
+from datetime import timedelta
+from typing import Any
+
+from torch.distributed import distributed_c10d as c10d
+
+DEFAULT_INIT_TIMEOUT_S = 1800.0  # torch's own default process-group timeout
+
+_lock = threading.Lock()
+_pending: InitHandle | None = None
+_in_init = threading.local()
+_created: list[c10d.ProcessGroup] = []  # the last default group a background init created
+_ORIGINAL = c10d._World.__dict__["default_pg"]
+
+
+class InitTimeoutError(TimeoutError):
+    """The process group was not ready within the init timeout."""
+
+
+class InitFailedError(RuntimeError):
+    """``init_process_group`` raised in the background; the original error is the cause."""
+
+
+class InitPendingError(RuntimeError):
+    """A second background init was started while one is pending."""
+
+
+def _seconds(value: float | timedelta | None) -> float | None:
+    if value is None:
+        return None
+    return value.total_seconds() if isinstance(value, timedelta) else float(value)
+
+
+def _address(kwargs: dict[str, Any]) -> str:
+    store = kwargs.get("store")
+    if store is not None:
+        host, port = getattr(store, "host", None), getattr(store, "port", None)
+        return f"store {host}:{port}" if host else f"store {type(store).__name__}"
+    init_method = kwargs.get("init_method")
+    if init_method and init_method != "env://":
+        return init_method
+    host, port = os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT")
+    return f"env://{host}:{port}" if host and port else "env:// (MASTER_ADDR/MASTER_PORT unset)"
+
+
+def _reachability(address: str) -> str:
+    """A hint on whether the TCP rendezvous in ``address`` accepts connections."""
+    hostport = address.split("//", 1)[-1].split(" ", 1)[-1].split("?", 1)[0]
+    host, _, port = hostport.rpartition(":")
+    if not host or not port.isdigit():
+        return ""
+    try:
+        with socket.create_connection((host, int(port)), timeout=0.5):
+            return f"{host}:{port} accepts connections, so a peer has not joined yet"
+    except OSError as exc:
+        return f"{host}:{port} is not reachable ({exc.strerror or exc}): check the address"
+
+
+class InitHandle:
+    """A pending (or finished) background ``init_process_group``."""
+
+    def __init__(self, backend: str | None, kwargs: dict[str, Any], init_timeout: float) -> None:
+        self.backend = backend or "default"
+        self.rank = kwargs.get("rank", int(os.environ.get("RANK", -1)))
+        self.world_size = kwargs.get("world_size", int(os.environ.get("WORLD_SIZE", -1)))
+        self.address = _address(kwargs)
+        self.init_timeout = init_timeout
+        self.started = time.monotonic()
+        self._backend_arg = backend
+        self._kwargs = kwargs
+        self._done = threading.Event()
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="mccl-init", daemon=True)
+
+    def __repr__(self) -> str:
+        state = "done" if self.done() else "pending"
+        return f"<mccl.InitHandle {self.backend} rank {self.rank}/{self.world_size} {state}>"
+
+    def done(self) -> bool:
+        """True once init has finished, successfully or not."""
+        return self._done.is_set()
+
+    def exception(self) -> BaseException | None:
+        """What init raised, once done; ``None`` while pending or on success."""
+        return self._error
+
+    def wait(self, timeout: float | None = None) -> c10d.ProcessGroup:
+        """Block until the group is ready and return it.
+
+        Waits at most until the init deadline (``timeout`` can shorten it), then raises
+        :class:`InitTimeoutError`; if init failed, raises :class:`InitFailedError` from the
+        original exception.
+        """
+        remaining = self.started + self.init_timeout - time.monotonic()
+        limit = remaining if timeout is None else min(timeout, remaining)
+        if not self._done.wait(max(0.0, limit)):
+            raise InitTimeoutError(self._timeout_message())
+        if self._error is not None:
+            raise InitFailedError(
+                f"background init_process_group failed ({self._where()}): "
+                f"{type(self._error).__name__}: {self._error}"
+            ) from self._error
+        return _ORIGINAL.fget(c10d._world)
+
+    def _where(self) -> str:
+        return (
+            f"backend {self.backend}, rank {self.rank} of world size {self.world_size}, "
+            f"rendezvous {self.address}"
+        )
+
+    def _timeout_message(self) -> str:
+        waited = time.monotonic() - self.started
+        hint = _reachability(self.address)
+        return (
+            f"process group not ready after {waited:.1f}s (init timeout "
+            f"{self.init_timeout:.1f}s; {self._where()})" + (f": {hint}" if hint else "")
+        )
+
+    def _run(self) -> None:
+        global _pending
+        _in_init.active = True
+        try:
+            c10d.init_process_group(backend=self._backend_arg, **self._kwargs)
+            _created[:] = [_ORIGINAL.fget(c10d._world)]
+        except BaseException as exc:
+            self._error = exc
+        finally:
+            with _lock:
+                if _pending is self:
+                    _pending = None
+                    _set_guard(False)
+            self._done.set()
+
+
+def _guarded_default_pg(world: c10d._World) -> c10d.ProcessGroup | None:
+    handle = _pending
+    if handle is not None and not getattr(_in_init, "active", False):
+        handle.wait()
+    return _ORIGINAL.fget(world)
+
+
+_GUARD = property(_guarded_default_pg, _ORIGINAL.fset, doc=_ORIGINAL.__doc__)
+
+
+def _set_guard(on: bool) -> None:
+    c10d._World.default_pg = _GUARD if on else _ORIGINAL
+
+
+def guard_installed() -> bool:
+    """True while the default-group guard is in place (only while an init is pending)."""
+    return c10d._World.__dict__["default_pg"] is _GUARD
+
+
+def pending() -> InitHandle | None:
+    """The init in progress, if any."""
+    return _pending
+
+
+def init_process_group_async(
+    backend: str | None = None,
+    *,
+    init_timeout: float | timedelta | None = None,
+    **kwargs: Any,
+) -> InitHandle:
+    """Start ``torch.distributed.init_process_group(backend, **kwargs)`` in the background.
+
+    Returns at once. Any read of the default process group (collectives, ``get_rank``,
+    ``is_initialized``, DeviceMesh, FSDP2, DCP...) waits for the init first. ``init_timeout``
+    (seconds or a timedelta; default: ``kwargs["timeout"]``, else 30 minutes) bounds that wait:
+    past it the waiting call raises :class:`InitTimeoutError`.
+    """
+    global _pending
+    limit = _seconds(init_timeout) or _seconds(kwargs.get("timeout")) or DEFAULT_INIT_TIMEOUT_S
+    if limit <= 0:
+        raise ValueError(f"init_timeout must be positive, got {init_timeout!r}")
+    with _lock:
+        if _pending is not None:
+            raise InitPendingError(
+                f"a background process-group init is already pending ({_pending!r}); wait for "
+                f"it with mccl.pending().wait() before starting another"
+            )
+        if _ORIGINAL.fget(c10d._world) is not None:
+            raise InitFailedError(
+                "the default process group is already initialized; call "
+                "torch.distributed.destroy_process_group() first"
+            )
+        handle = InitHandle(backend, kwargs, limit)
+        _pending = handle
+        _set_guard(True)
+        try:
+            handle._thread.start()
+        except BaseException:
+            _pending = None
+            _set_guard(False)
+            raise
+    return handle
+
+
+@atexit.register
+def _release_at_exit() -> None:
+    """Never wait for, or crash on, a background-started group at interpreter exit.
+
+    A gloo group created in a background thread and never destroyed can abort the process
+    (SIGABRT) during interpreter teardown once a peer has exited, so a default group mccl
+    created is destroyed here if the program did not. Exit handlers must not block on the
+    guard, and a rendezvous still running has the same teardown problem, so with an init still
+    pending the process ends here with ``os._exit``: status 1 after an uncaught exception,
+    else 0 (a ``sys.exit(n)`` status is not preserved in that case).
+    """
+    global _pending
+    with _lock:
+        handle, _pending = _pending, None
+        _set_guard(False)
+    current = _ORIGINAL.fget(c10d._world)
+    if current is not None and any(current is pg for pg in _created):
+        try:
+            c10d.destroy_process_group()
+        except Exception:  # exiting anyway; the group is unusable
+            pass
+    if handle is not None and handle._thread.is_alive():
+        status = 1 if getattr(sys, "last_value", None) is not None else 0
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except (OSError, ValueError):
+                pass
+        os._exit(status)

@@ -1,0 +1,65 @@
+"""mccl's Spore hooks: the async init for `spore_init_process_group`, doctor checks, benchmarks."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import spore
+from spore.bench import Benchmark
+from spore.doctor import Report
+from spore.registry import Registry
+
+
+@spore.hookimpl
+def spore_init_process_group(backend: str | None, options: dict[str, Any]) -> Any:
+    from mccl.init import init_process_group_async
+
+    return init_process_group_async(backend, **options)
+
+
+@spore.hookimpl
+def spore_doctor(report: Report) -> None:
+    import torch.distributed as dist
+
+    if not dist.is_available():
+        report.add("mccl backends", "error", "this torch build has no torch.distributed")
+        return
+    found = {
+        name: check()
+        for name, check in (
+            ("gloo", dist.is_gloo_available),
+            ("nccl", dist.is_nccl_available),
+            ("mpi", dist.is_mpi_available),
+            ("ucc", dist.is_ucc_available),
+        )
+    }
+    available = [name for name, ok in found.items() if ok] or ["none"]
+    report.add("mccl backends", "ok" if found["gloo"] else "warn", ", ".join(available))
+    host, port = os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT")
+    if not (host and port):
+        report.add(
+            "mccl rendezvous",
+            "info",
+            "MASTER_ADDR/MASTER_PORT not set: pass init_method= or store=, or launch with torchrun",
+        )
+        return
+    from mccl.init import _reachability
+
+    hint = _reachability(f"env://{host}:{port}")
+    reachable = "accepts connections" in hint
+    report.add(
+        "mccl rendezvous",
+        "ok" if reachable else "info",
+        hint.replace(", so a peer has not joined yet", "")
+        if reachable
+        else hint + " (normal on rank 0 before it starts the store)",
+    )
+
+
+@spore.hookimpl
+def spore_register_benchmarks(registry: Registry[Benchmark]) -> None:
+    from mccl.benchmarks import benchmarks
+
+    for case in benchmarks():
+        registry.add(case)

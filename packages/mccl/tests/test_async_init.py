@@ -1,0 +1,80 @@
+"""Real gloo processes; every launch has a hard timeout so a hang fails the test."""
+
+from __future__ import annotations
+
+import pytest
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_collectives_right_after_the_async_call(ranks, world) -> None:
+    results, _ = ranks("collective", world)
+    expected_sum = float(sum(range(1, world + 1)))
+    for rank, r in enumerate(results):
+        assert r["sum"] == [expected_sum] * 4
+        assert r["gathered"] == [float(i) for i in range(world)]
+        assert r["rank"] == rank
+        assert r["guard_removed"]
+        assert r["is_initialized"]
+    assert any(r["pending_at_call"] for r in results), "no rank issued its collective early"
+
+
+def test_devicemesh_dtensor_and_fsdp2_before_init_completes(ranks) -> None:
+    results, _ = ranks("fsdp", 2)
+    for r in results:
+        assert r["full"] == [0.0, 1.0, 2.0, 3.0]
+        assert r["loss"] == pytest.approx(r["ref_loss"], rel=1e-6)
+        assert r["grad_close"]
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_a_rank_that_never_joins_times_out_everywhere(ranks, world) -> None:
+    timeout = 4.0
+    results, _ = ranks("absent_peer", world, ranks=list(range(world - 1)), timeout=timeout)
+    for rank, r in enumerate(results):
+        assert r["error"] == "InitTimeoutError"
+        assert timeout - 0.5 <= r["after"] <= timeout + 2
+        message = r["message"]
+        assert f"rank {rank} of world size {world}" in message
+        assert "backend gloo" in message
+        assert "rendezvous tcp://127.0.0.1:" in message
+        assert "process group not ready after" in message
+
+
+def test_unreachable_rendezvous_is_named(ranks) -> None:
+    (r,), _ = ranks("absent_peer", 2, ranks=[1], timeout=3.0)
+    assert r["error"] == "InitTimeoutError"
+    assert "is not reachable" in r["message"]
+    assert "check the address" in r["message"]
+
+
+def test_a_rank_master_waiting_for_peers_says_so(ranks) -> None:
+    (r,), _ = ranks("absent_peer", 2, ranks=[0], timeout=3.0)
+    assert "accepts connections, so a peer has not joined yet" in r["message"]
+
+
+def test_exception_inside_init_surfaces_at_wait(ranks) -> None:
+    (r,), _ = ranks("init_error", 1)
+    assert r["message"].startswith("background init_process_group failed (backend gloo")
+    assert "RuntimeError: No rendezvous handler for nosuchscheme://" in r["message"]
+    assert r["cause"] == "RuntimeError"
+    assert r["cause_traceback_has_torch"]
+    assert r["handle_exception"] == "RuntimeError"
+    assert r["is_initialized"] is False
+
+
+def test_double_init_is_a_clear_error(ranks) -> None:
+    results, _ = ranks("double_init", 2)
+    for r in results:
+        assert "already pending" in r["second"]
+        assert "already initialized" in r["third"]
+
+
+def test_destroy_while_pending(ranks) -> None:
+    results, _ = ranks("destroy_pending", 2)
+    assert results == [{"is_initialized": False, "pending": False}] * 2
+
+
+def test_process_exit_while_pending_does_not_hang(ranks) -> None:
+    (r,), elapsed = ranks("exit_pending", 2, ranks=[0], timeout=600)
+    assert r == {"exited_while_pending": True}
+    assert elapsed < 30

@@ -1,0 +1,140 @@
+"""One rank of a multi-process mccl test: ``python worker.py SCENARIO RANK WORLD PORT TIMEOUT``.
+
+Prints one JSON line with what the rank observed.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+import traceback
+
+import torch
+import torch.distributed as dist
+
+import mccl
+
+scenario, rank, world, port, timeout = sys.argv[1], *map(int, sys.argv[2:5]), float(sys.argv[5])
+ADDRESS = f"tcp://127.0.0.1:{port}"
+
+
+def start(**overrides):
+    options = {"init_method": ADDRESS, "rank": rank, "world_size": world, "init_timeout": timeout}
+    options.update(overrides)
+    return mccl.init_process_group_async("gloo", **options)
+
+
+def collective() -> dict:
+    handle = start()
+    pending_at_call = not handle.done()
+    x = torch.full((4,), float(rank + 1))
+    dist.all_reduce(x)
+    gathered = [torch.zeros(1) for _ in range(world)]
+    dist.all_gather(gathered, torch.tensor([float(rank)]))
+    return {
+        "pending_at_call": pending_at_call,
+        "sum": x.tolist(),
+        "gathered": [t.item() for t in gathered],
+        "rank": dist.get_rank(),
+        "guard_removed": not mccl.guard_installed(),
+        "is_initialized": dist.is_initialized(),
+    }
+
+
+def fsdp() -> dict:
+    """DeviceMesh, DTensor and FSDP2 issued before the init completes; loss vs a local reference."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.tensor import Shard, distribute_tensor
+
+    start()
+    mesh = init_device_mesh("cpu", (world,))
+    sharded = distribute_tensor(torch.arange(2.0 * world), mesh, [Shard(0)])
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
+    reference = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
+    reference.load_state_dict(model.state_dict())
+    fully_shard(model, mesh=mesh)
+    data = torch.randn(4 * world, 8, generator=torch.Generator().manual_seed(1))
+    loss = model(data[rank * 4 : rank * 4 + 4]).pow(2).mean()
+    loss.backward()
+    ref_loss = reference(data).pow(2).view(world, 4).mean(1)
+    ref_loss.mean().backward()
+    grad = model[0].weight.grad.full_tensor()
+    return {
+        "full": sharded.full_tensor().tolist(),
+        "loss": loss.item(),
+        "ref_loss": ref_loss[rank].item(),
+        "grad_close": bool(torch.allclose(grad, reference[0].weight.grad, atol=1e-6)),
+    }
+
+
+def absent_peer() -> dict:
+    """The waiting call must raise InitTimeoutError at the deadline.
+
+    Each rank keeps its process (and so rank 0 its store) up for 3 s after its own error, so
+    that ranks whose deadline comes a little later still see the timeout, not the failure
+    that follows when the store's host exits.
+    """
+    started = time.monotonic()
+    start()
+    try:
+        dist.all_reduce(torch.ones(1))
+    except (mccl.InitTimeoutError, mccl.InitFailedError) as exc:
+        after = time.monotonic() - started
+        time.sleep(3)
+        return {"error": type(exc).__name__, "message": str(exc), "after": after}
+    return {"error": None}
+
+
+def init_error() -> dict:
+    handle = start(init_method="nosuchscheme://x")
+    try:
+        handle.wait()
+    except mccl.InitFailedError as exc:
+        cause = exc.__cause__
+        tb = "".join(traceback.format_exception(cause)) if cause else ""
+        return {
+            "message": str(exc),
+            "cause": type(cause).__name__,
+            "cause_traceback_has_torch": "distributed_c10d.py" in tb,
+            "is_initialized": dist.is_initialized(),
+            "handle_exception": type(handle.exception()).__name__,
+        }
+    return {"message": None}
+
+
+def double_init() -> dict:
+    handle = start()
+    try:
+        start()
+    except mccl.InitPendingError as exc:
+        second = str(exc)
+    handle.wait()
+    try:
+        start()
+    except mccl.InitFailedError as exc:
+        third = str(exc)
+    dist.barrier()
+    return {"second": second, "third": third}
+
+
+def destroy_pending() -> dict:
+    start()
+    dist.destroy_process_group()
+    return {"is_initialized": dist.is_initialized(), "pending": mccl.pending() is not None}
+
+
+def exit_pending() -> dict:
+    start()
+    return {"exited_while_pending": mccl.pending() is not None}
+
+
+SCENARIOS = {
+    f.__name__: f
+    for f in (collective, fsdp, absent_peer, init_error, double_init, destroy_pending, exit_pending)
+}
+
+if __name__ == "__main__":
+    print(json.dumps(SCENARIOS[scenario]()), flush=True)

@@ -11,6 +11,7 @@ moment the init ends, so afterwards it costs nothing.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import os
 import socket
 import sys
@@ -230,15 +231,11 @@ def _release_at_exit() -> None:
         _set_guard(False)
     current = _ORIGINAL.fget(c10d._world)
     if current is not None and any(current is pg for pg in _created):
-        try:
+        with contextlib.suppress(Exception):  # exiting anyway; the group is unusable
             c10d.destroy_process_group()
-        except Exception:  # exiting anyway; the group is unusable
-            pass
     if handle is not None and handle._thread.is_alive():
         status = 1 if getattr(sys, "last_value", None) is not None else 0
         for stream in (sys.stdout, sys.stderr):
-            try:
+            with contextlib.suppress(OSError, ValueError):
                 stream.flush()
-            except (OSError, ValueError):
-                pass
         os._exit(status)

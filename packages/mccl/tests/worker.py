@@ -6,6 +6,7 @@ Prints one JSON line with what the rank observed.
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 import traceback
@@ -137,4 +138,13 @@ SCENARIOS = {
 }
 
 if __name__ == "__main__":
-    print(json.dumps(SCENARIOS[scenario]()), flush=True)
+    result = SCENARIOS[scenario]()
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    print(json.dumps(result), flush=True)
+    if scenario == "fsdp":
+        # After FSDP2 on gloo, interpreter teardown of this torch build aborts now and then
+        # ("terminate called without an active exception", no Python frame) with a plain
+        # synchronous init_process_group too: 3 in 32 runs here. Teardown is not what this
+        # scenario tests; the exit-path scenarios exit normally.
+        os._exit(0)

@@ -17,6 +17,7 @@ import socket
 import sys
 import threading
 import time
+import weakref
 from datetime import timedelta
 from typing import Any
 
@@ -27,7 +28,7 @@ DEFAULT_INIT_TIMEOUT_S = 1800.0  # torch's own default process-group timeout
 _lock = threading.Lock()
 _pending: InitHandle | None = None
 _in_init = threading.local()
-_created: list[c10d.ProcessGroup] = []  # the last default group a background init created
+_created: list[weakref.ref[c10d.ProcessGroup]] = []  # the last group a background init made
 _ORIGINAL = c10d._World.__dict__["default_pg"]
 
 
@@ -139,7 +140,7 @@ class InitHandle:
         _in_init.active = True
         try:
             c10d.init_process_group(backend=self._backend_arg, **self._kwargs)
-            _created[:] = [_ORIGINAL.fget(c10d._world)]
+            _created[:] = [weakref.ref(_ORIGINAL.fget(c10d._world))]
         except BaseException as exc:
             self._error = exc
         finally:
@@ -230,7 +231,7 @@ def _release_at_exit() -> None:
         handle, _pending = _pending, None
         _set_guard(False)
     current = _ORIGINAL.fget(c10d._world)
-    if current is not None and any(current is pg for pg in _created):
+    if current is not None and any(current is ref() for ref in _created):
         with contextlib.suppress(Exception):  # exiting anyway; the group is unusable
             c10d.destroy_process_group()
     if handle is not None and handle._thread.is_alive():

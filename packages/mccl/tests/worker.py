@@ -139,7 +139,7 @@ SCENARIOS = {
 
 if __name__ == "__main__":
     result = SCENARIOS[scenario]()
-    if dist.is_initialized():
+    if mccl.pending() is None and dist.is_initialized():  # is_initialized waits while pending
         dist.destroy_process_group()
     print(json.dumps(result), flush=True)
     if scenario == "fsdp":

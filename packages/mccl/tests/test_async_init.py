@@ -26,6 +26,11 @@ def test_devicemesh_dtensor_and_fsdp2_before_init_completes(ranks) -> None:
         assert r["grad_close"]
 
 
+def test_distributed_checkpoint_as_the_first_call(ranks) -> None:
+    results, _ = ranks("dcp", 2)
+    assert results == [{"loaded": [10.0, 11.0, 12.0], "step": 7}] * 2
+
+
 @pytest.mark.parametrize("world", [2, 4])
 def test_a_rank_that_never_joins_times_out_everywhere(ranks, world) -> None:
     timeout = 4.0

@@ -71,6 +71,21 @@ def fsdp() -> dict:
     }
 
 
+def dcp() -> dict:
+    """A distributed checkpoint saved and loaded as the first distributed call."""
+    import tempfile
+
+    import torch.distributed.checkpoint as checkpoint
+
+    start()
+    path = f"{tempfile.gettempdir()}/mccl-dcp-{port}"
+    state = {"w": torch.arange(3.0) + 10, "step": torch.tensor(7)}
+    checkpoint.save(state, checkpoint_id=path)
+    loaded = {"w": torch.zeros(3), "step": torch.tensor(0)}
+    checkpoint.load(loaded, checkpoint_id=path)
+    return {"loaded": loaded["w"].tolist(), "step": loaded["step"].item()}
+
+
 def absent_peer() -> dict:
     """The waiting call must raise InitTimeoutError at the deadline.
 
@@ -134,7 +149,16 @@ def exit_pending() -> dict:
 
 SCENARIOS = {
     f.__name__: f
-    for f in (collective, fsdp, absent_peer, init_error, double_init, destroy_pending, exit_pending)
+    for f in (
+        collective,
+        fsdp,
+        dcp,
+        absent_peer,
+        init_error,
+        double_init,
+        destroy_pending,
+        exit_pending,
+    )
 }
 
 if __name__ == "__main__":

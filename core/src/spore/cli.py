@@ -236,7 +236,21 @@ def doctor_cmd(as_json: bool, quick: bool) -> None:
 
 
 # run -----------------------------------------------------------------------------------------
-ALLOCATOR_CHOICE = click.Choice(["auto", "tuned", "system", "jemalloc", "tcmalloc"])
+def _runtime_options(allocator_help: str) -> Any:
+    """The ``--allocator`` and ``--threads`` options shared by ``run`` and ``bench``."""
+    from spore.runtime import ALLOCATORS
+
+    allocator = click.option(
+        "--allocator",
+        type=click.Choice(ALLOCATORS),
+        default="auto",
+        show_default=True,
+        help=allocator_help,
+    )
+    threads = click.option(
+        "--threads", type=click.IntRange(min=1), help="Threads (default: usable cores)."
+    )
+    return lambda command: allocator(threads(command))
 
 
 def _plan(allocator: str, threads: int | None) -> Any:
@@ -260,14 +274,7 @@ def _report_plan(plan: Any, prefix: str) -> None:
     "run",
     context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False},
 )
-@click.option(
-    "--allocator",
-    type=ALLOCATOR_CHOICE,
-    default="auto",
-    show_default=True,
-    help="auto: tcmalloc if installed, else tuned glibc malloc; system: change nothing.",
-)
-@click.option("--threads", type=click.IntRange(min=1), help="Threads (default: usable cores).")
+@_runtime_options("auto: tcmalloc if installed, else tuned glibc malloc; system: change nothing.")
 @click.option("-q", "--quiet", is_flag=True, help="Do not report the settings on stderr.")
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
 def run_cmd(allocator: str, threads: int | None, quiet: bool, command: tuple[str, ...]) -> None:
@@ -311,14 +318,7 @@ def _format_time(seconds: float | None) -> str:
 )
 @click.option("-k", "--filter", "pattern", default="", help="Only cases whose name contains this.")
 @click.option("--list", "list_only", is_flag=True, help="List the cases without running them.")
-@click.option(
-    "--allocator",
-    type=ALLOCATOR_CHOICE,
-    default="auto",
-    show_default=True,
-    help="Allocator settings both sides run under (the process re-starts itself with them).",
-)
-@click.option("--threads", type=click.IntRange(min=1), help="Threads (default: usable cores).")
+@_runtime_options("Allocator settings both sides run under (bench re-starts itself with them).")
 @click.pass_context
 def bench_cmd(
     ctx: click.Context,

@@ -136,6 +136,7 @@ def test_bench_list_filter_and_errors(run_spore) -> None:
     assert listed.stdout.splitlines() == [
         "core:allocator-mlp (vs glibc malloc defaults (child process))",
         "core:allocator-rmsnorm (vs glibc malloc defaults (child process))",
+        "core:dispatch-mode-overhead (vs 100 small eager adds, no mode)",
         "dup-a:only-a (vs nothing)",
         "dup-a:shared (vs nothing)",
         "healthy:sleep (vs sleep 20 ms)",

@@ -236,4 +236,5 @@ def test_core_builtin_plugin_is_listed_with_include_builtin(spore_manager) -> No
     assert manager.registry("benchmarks").names(owner="core") == [
         "allocator-mlp",
         "allocator-rmsnorm",
+        "dispatch-mode-overhead",
     ]

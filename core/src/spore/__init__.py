@@ -21,6 +21,9 @@ hookimpl = pluggy.HookimplMarker("spore")
 
 _LAZY = {
     "Benchmark": "spore.bench",
+    "DispatchMode": "spore.modes",
+    "OpCounter": "spore.modes",
+    "OpLogger": "spore.modes",
     "PluginError": "spore.plugins",
     "PluginManager": "spore.plugins",
     "Report": "spore.doctor",

@@ -50,8 +50,33 @@ def _side(workload: str, which: str) -> Callable[[Any], dict]:
     return lambda envs: run_workload(workload, envs[which])
 
 
+def _small_ops(_state: Any) -> None:
+    import torch
+
+    x = torch.ones(64)
+    for _ in range(100):
+        x = x + 1
+
+
+def _small_ops_counted(state: Any) -> None:
+    from spore.modes import OpCounter
+
+    with OpCounter():
+        _small_ops(state)
+
+
 @hookimpl
 def spore_register_benchmarks(registry: Registry[Benchmark]) -> None:
+    registry.add(
+        Benchmark(
+            name="dispatch-mode-overhead",
+            baseline=_small_ops,
+            candidate=_small_ops_counted,
+            baseline_label="100 small eager adds, no mode",
+            candidate_label="the same under spore.OpCounter",
+            description="per-op cost of a DispatchMode (a ratio below 1 is the slowdown)",
+        )
+    )
     for workload, what in (
         ("rmsnorm", "eager RMSNorm 8192x4096 fp32 forward"),
         ("mlp", "eager LayerNorm+MLP block 8192x256->2048 fp32 forward+backward"),

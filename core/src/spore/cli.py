@@ -207,6 +207,56 @@ def plugins_check(names: tuple[str, ...], as_json: bool) -> None:
         sys.exit(1)
 
 
+# ops -----------------------------------------------------------------------------------------
+@cli.command("ops")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+def ops_cmd(as_json: bool) -> None:
+    """List the ops plugins defined and the kernels per device, in the order they are tried.
+
+    Which kernel runs is decided per call by each kernel's supports() predicate; in Python,
+    spore.dispatch.explain(op, *args) says which would run for given arguments and why.
+    """
+    registry = get_manager().registry("ops")
+    rows = []
+    for entry in registry.entries():
+        if not hasattr(entry.value, "candidates"):
+            continue
+        op = entry.value
+        devices = sorted({device for device, _ in op.kernels})
+        rows.append(
+            {
+                "op": f"spore::{op.name}",
+                "schema": op.schema,
+                "defined_by": entry.owner,
+                "kernels": {
+                    device: [
+                        {"provider": k.provider, "priority": k.priority}
+                        for k in op.candidates(device)
+                    ]
+                    for device in devices
+                },
+            }
+        )
+    if as_json:
+        _echo_json(rows)
+        return
+    if not rows:
+        click.echo("No spore ops defined (plugins define them through spore_register_ops).")
+        return
+    from rich.table import Table
+
+    table = Table(title="spore ops (kernels in the order tried; else the reference)")
+    for column in ("op", "schema", "defined by", "kernels"):
+        table.add_column(column, overflow="fold")
+    for row in rows:
+        kernels = "; ".join(
+            f"{device}: " + ", ".join(f"{k['provider']} ({k['priority']})" for k in ks)
+            for device, ks in row["kernels"].items()
+        )
+        table.add_row(row["op"], row["schema"], row["defined_by"], kernels or "reference only")
+    _console().print(table)
+
+
 # doctor --------------------------------------------------------------------------------------
 @cli.command("doctor")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")

@@ -35,7 +35,7 @@ import pluggy
 
 from spore import hookspecs
 from spore._version import __version__
-from spore.registry import Registry
+from spore.registry import OpRegistry, Registry
 
 if TYPE_CHECKING:
     import click
@@ -235,7 +235,8 @@ class PluginManager:
         if self.selection.allow:
             self.requested |= self.selection.allow
         self.registries: dict[str, Registry[Any]] = {
-            kind: Registry(_KIND_SINGULAR[kind]) for kind in REGISTRY_HOOKS
+            kind: (OpRegistry if kind == "ops" else Registry)(_KIND_SINGULAR[kind])
+            for kind in REGISTRY_HOOKS
         }
         self._lock = threading.RLock()
         self._state = "new"

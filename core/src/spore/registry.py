@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import sys
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 T = TypeVar("T")
 
@@ -107,3 +108,51 @@ class Registry(Generic[T]):
 
     def __repr__(self) -> str:
         return f"<Registry {self.kind}: {len(self)} entries>"
+
+
+class OpRegistry(Registry[Any]):
+    """What ``spore_register_ops`` receives: define ops and add kernels, owned by the plugin.
+
+    Entries are the ops a plugin defined (by name) and its kernels (``op[device]@plugin``).
+    torch is imported on first use, not when the registry is created.
+    """
+
+    def define(self, name: str, schema: str, **kwargs: Any) -> Any:
+        """:func:`spore.dispatch.define`, recorded as registered by the calling plugin."""
+        from spore import dispatch
+
+        op = dispatch.define(name, schema, **kwargs)
+        self.add(op, name=name)
+        return op
+
+    def kernel(
+        self,
+        op: Any,
+        device: str,
+        fn: Callable[..., Any],
+        *,
+        priority: int = 0,
+        supports: Callable[..., bool] | None = None,
+        override: bool = False,
+    ) -> Any:
+        """:func:`spore.dispatch.register_kernel` with the calling plugin as provider."""
+        from spore import dispatch
+
+        kernel = dispatch.register_kernel(
+            op,
+            device,
+            fn,
+            provider=self._owner,
+            priority=priority,
+            supports=supports,
+            override=override,
+        )
+        self.add(kernel, name=f"{kernel.op}[{device}]@{self._owner}", override=True)
+        return kernel
+
+    def remove_owner(self, owner: str) -> None:
+        """Forget ``owner``'s entries and withdraw its kernels from dispatch."""
+        super().remove_owner(owner)
+        dispatch = sys.modules.get("spore.dispatch")
+        if dispatch is not None:
+            dispatch.unregister_provider(owner)

@@ -1,0 +1,294 @@
+"""Ops defined once, with per-device kernels chosen per call, on top of ``torch.library``.
+
+``define`` creates ``torch.ops.spore.<name>`` from a schema and a plain-torch reference (the
+oracle), with a fake implementation (default: the reference) so ``torch.compile`` traces it as
+one opaque op, and an autograd formula (default: the gradient of the reference, recomputed in
+backward). Providers add kernels per device type with a priority and a ``supports`` predicate;
+each call runs the highest-priority kernel whose predicate accepts the arguments, else the
+reference. ``explain`` says which would run and why the others would not.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from spore.registry import DuplicateRegistrationError
+
+NAMESPACE = "spore"
+REFERENCE = "reference"
+
+_lock = threading.RLock()
+_ops: dict[str, Op] = {}
+_library: torch.library.Library | None = None
+
+
+@dataclass(frozen=True)
+class Kernel:
+    """One provider's implementation of an op for one device type."""
+
+    op: str
+    device: str
+    provider: str
+    fn: Callable[..., Any]
+    priority: int = 0
+    supports: Callable[..., bool] | None = None
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A kernel considered for a call, and the verdict."""
+
+    provider: str
+    priority: int
+    chosen: bool
+    reason: str
+
+
+@dataclass(frozen=True)
+class Explanation:
+    """What :func:`explain` found: the device, the kernel that would run, every candidate."""
+
+    op: str
+    device: str
+    chosen: str
+    candidates: list[Candidate]
+
+    def __str__(self) -> str:
+        lines = [f"spore::{self.op} on {self.device}: runs {self.chosen}"]
+        lines += [
+            f"  {'*' if c.chosen else '-'} {c.provider} (priority {c.priority}): {c.reason}"
+            for c in self.candidates
+        ]
+        return "\n".join(lines)
+
+
+def _device_of(args: Sequence[Any], kwargs: dict[str, Any]) -> str:
+    for value in (*args, *kwargs.values()):
+        if isinstance(value, torch.Tensor):
+            return value.device.type
+        if isinstance(value, (list, tuple)):
+            for item in value:
+                if isinstance(item, torch.Tensor):
+                    return item.device.type
+    return "cpu"
+
+
+@dataclass
+class Op:
+    """An op defined through Spore: schema, reference, fake, autograd, kernels per device."""
+
+    name: str
+    schema: str
+    reference: Callable[..., Any]
+    kernels: dict[tuple[str, str], Kernel] = field(default_factory=dict)
+
+    @property
+    def qualname(self) -> str:
+        return f"{NAMESPACE}::{self.name}"
+
+    @property
+    def packet(self) -> Any:
+        """``torch.ops.spore.<name>``."""
+        return getattr(getattr(torch.ops, NAMESPACE), self.name)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.packet(*args, **kwargs)
+
+    def candidates(self, device: str) -> list[Kernel]:
+        """Kernels for ``device``, highest priority first (ties: provider name)."""
+        found = [k for (dev, _), k in self.kernels.items() if dev == device]
+        return sorted(found, key=lambda k: (-k.priority, k.provider))
+
+    def select(self, args: Sequence[Any], kwargs: dict[str, Any]) -> tuple[Kernel | None, str]:
+        """The kernel that runs for these arguments (``None``: the reference) and the device."""
+        device = _device_of(args, kwargs)
+        for kernel in self.candidates(device):
+            if _accepts(kernel, args, kwargs)[0]:
+                return kernel, device
+        return None, device
+
+    def _route(self, *args: Any, **kwargs: Any) -> Any:
+        kernel, _ = self.select(args, kwargs)
+        return (kernel.fn if kernel else self.reference)(*args, **kwargs)
+
+
+def _accepts(kernel: Kernel, args: Sequence[Any], kwargs: dict[str, Any]) -> tuple[bool, str]:
+    if kernel.supports is None:
+        return True, "no supports() predicate"
+    try:
+        ok = bool(kernel.supports(*args, **kwargs))
+    except Exception as exc:
+        return False, f"supports() raised {type(exc).__name__}: {exc}"
+    return ok, "supports() accepted the arguments" if ok else "supports() returned False"
+
+
+def _lib() -> torch.library.Library:
+    global _library
+    if _library is None:
+        _library = torch.library.Library(NAMESPACE, "FRAGMENT")
+    return _library
+
+
+def _reference_backward(op: Op) -> tuple[Callable[..., Any], Callable[..., Any]]:
+    """An autograd formula that differentiates the reference (recomputed in backward)."""
+
+    def setup_context(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
+        ctx.tensor_at = [i for i, v in enumerate(inputs) if isinstance(v, torch.Tensor)]
+        ctx.others = [None if isinstance(v, torch.Tensor) else v for v in inputs]
+        ctx.save_for_backward(*[inputs[i] for i in ctx.tensor_at])
+
+    def backward(ctx: Any, *grads: Any) -> tuple[Any, ...]:
+        inputs = list(ctx.others)
+        wrt = []
+        for i, saved in zip(ctx.tensor_at, ctx.saved_tensors, strict=True):
+            inputs[i] = saved.detach().requires_grad_(saved.is_floating_point())
+            if saved.is_floating_point():
+                wrt.append(i)
+        with torch.enable_grad():
+            out = op.reference(*inputs)
+        outs = out if isinstance(out, (tuple, list)) else (out,)
+        pairs = [(o, g) for o, g in zip(outs, grads, strict=True) if g is not None]
+        found = torch.autograd.grad(
+            [o for o, _ in pairs],
+            [inputs[i] for i in wrt],
+            [g for _, g in pairs],
+            allow_unused=True,
+        )
+        result: list[Any] = [None] * len(inputs)
+        for i, g in zip(wrt, found, strict=True):
+            result[i] = g
+        return tuple(result)
+
+    return backward, setup_context
+
+
+def define(
+    name: str,
+    schema: str,
+    *,
+    reference: Callable[..., Any],
+    fake: Callable[..., Any] | None = None,
+    backward: Callable[..., Any] | None = None,
+    setup_context: Callable[..., Any] | None = None,
+) -> Op:
+    """Define ``torch.ops.spore.<name>`` once per process and return its :class:`Op`.
+
+    ``schema`` is the argument part, e.g. ``"(Tensor x, Tensor w, float eps) -> Tensor"``.
+    Defining the same name again with the same schema returns the existing op (so a plugin can
+    be loaded twice); a different schema is an error.
+    """
+    if not name.isidentifier():
+        raise ValueError(f"op name must be a Python identifier, got {name!r}")
+    if (backward is None) != (setup_context is None):
+        raise ValueError(f"op {name!r}: give both backward and setup_context, or neither")
+    with _lock:
+        existing = _ops.get(name)
+        if existing is not None:
+            if existing.schema != schema:
+                raise DuplicateRegistrationError(
+                    f"op spore::{name} is already defined with schema {existing.schema!r}; "
+                    f"cannot redefine it as {schema!r}"
+                )
+            return existing
+        op = Op(name, schema, reference)
+        lib = _lib()
+        lib.define(f"{name}{schema}")
+        lib.impl(name, op._route, "CompositeExplicitAutograd")
+        torch.library.register_fake(op.qualname, fake or reference, lib=lib)
+        if backward is None:
+            backward, setup_context = _reference_backward(op)
+        torch.library.register_autograd(op.qualname, backward, setup_context=setup_context, lib=lib)
+        _ops[name] = op
+        return op
+
+
+def get(name: str) -> Op:
+    """The op defined as ``name``; ``KeyError`` lists the defined ones."""
+    try:
+        return _ops[name.removeprefix(f"{NAMESPACE}::")]
+    except KeyError:
+        known = ", ".join(sorted(_ops)) or "none"
+        raise KeyError(f"no spore op named {name!r} (defined: {known})") from None
+
+
+def defined() -> list[Op]:
+    """Every op defined in this process, by name."""
+    return [_ops[n] for n in sorted(_ops)]
+
+
+def _as_op(op: Op | str | Any) -> Op:
+    if isinstance(op, Op):
+        return op
+    if isinstance(op, str):
+        return get(op)
+    name = getattr(op, "__name__", None) or getattr(op, "_qualified_op_name", "")
+    return get(str(name).split(".")[0])
+
+
+def register_kernel(
+    op: Op | str,
+    device: str,
+    fn: Callable[..., Any],
+    *,
+    provider: str,
+    priority: int = 0,
+    supports: Callable[..., bool] | None = None,
+    override: bool = False,
+) -> Kernel:
+    """Add ``provider``'s kernel for ``device`` (a device type: cpu, cuda, npu, ...).
+
+    The same (op, device, provider) twice is an error naming the provider, unless ``override``
+    or it is the very same function (a plugin loaded twice).
+    """
+    target = _as_op(op)
+    if not device or device != device.lower():
+        raise ValueError(f"device must be a lower-case device type like 'cpu', got {device!r}")
+    kernel = Kernel(target.name, device, provider, fn, priority, supports)
+    with _lock:
+        old = target.kernels.get((device, provider))
+        if old is not None and old.fn is not fn and not override:
+            raise DuplicateRegistrationError(
+                f"{provider!r} already registered a {device} kernel for spore::{target.name}; "
+                f"pass override=True to replace it"
+            )
+        target.kernels[(device, provider)] = kernel
+    return kernel
+
+
+def unregister_provider(provider: str) -> None:
+    """Remove every kernel ``provider`` registered (ops stay defined)."""
+    with _lock:
+        for op in _ops.values():
+            for key in [k for k in op.kernels if k[1] == provider]:
+                del op.kernels[key]
+
+
+def explain(op: Op | str | Any, *args: Any, **kwargs: Any) -> Explanation:
+    """Which kernel would run for these arguments, and why each other one would not."""
+    target = _as_op(op)
+    device = _device_of(args, kwargs)
+    chosen: Kernel | None = None
+    candidates = []
+    for kernel in target.candidates(device):
+        if chosen is not None:
+            reason = f"{chosen.provider} has a higher priority and accepts the arguments"
+            candidates.append(Candidate(kernel.provider, kernel.priority, False, reason))
+            continue
+        ok, reason = _accepts(kernel, args, kwargs)
+        if ok:
+            chosen = kernel
+        candidates.append(Candidate(kernel.provider, kernel.priority, ok, reason))
+    if not candidates:
+        others = sorted({dev for dev, _ in target.kernels})
+        note = f"no kernel for {device}" + (
+            f" (kernels for: {', '.join(others)})" if others else ""
+        )
+        candidates.append(Candidate(REFERENCE, 0, True, note))
+    elif chosen is None:
+        candidates.append(Candidate(REFERENCE, 0, True, "no kernel accepted the arguments"))
+    return Explanation(target.name, device, chosen.provider if chosen else REFERENCE, candidates)

@@ -1,0 +1,192 @@
+from __future__ import annotations
+
+import itertools
+import json
+import sys
+
+import pytest
+import torch
+
+from spore import dispatch
+from spore.registry import DuplicateRegistrationError
+
+_names = itertools.count()
+
+
+def _rms(x, w, eps):
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w
+
+
+def _define(**kwargs):
+    name = f"t_rms_{next(_names)}"
+    return dispatch.define(
+        name, "(Tensor x, Tensor w, float eps) -> Tensor", reference=_rms, **kwargs
+    )
+
+
+def _inputs(dtype=torch.float32, requires_grad=False):
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(4, 8, generator=g, dtype=dtype).requires_grad_(requires_grad)
+    w = torch.randn(8, generator=g, dtype=dtype).requires_grad_(requires_grad)
+    return x, w
+
+
+def test_reference_runs_without_kernels_and_gradcheck_passes() -> None:
+    op = _define()
+    x, w = _inputs(torch.float64, requires_grad=True)
+    torch.testing.assert_close(op(x, w, 1e-6), _rms(x, w, 1e-6))
+    assert getattr(torch.ops.spore, op.name) is op.packet
+    assert torch.autograd.gradcheck(lambda a, b: op(a, b, 1e-6), (x, w))
+
+
+def test_custom_autograd_formula_is_used() -> None:
+    seen = []
+
+    def setup_context(ctx, inputs, output):
+        ctx.save_for_backward(inputs[0])
+
+    def backward(ctx, grad):
+        seen.append(True)
+        return grad * 0 + 7, None, None
+
+    op = _define(backward=backward, setup_context=setup_context)
+    x, w = _inputs(requires_grad=True)
+    op(x, w, 1e-6).sum().backward()
+    assert seen == [True]
+    assert torch.equal(x.grad, torch.full_like(x, 7.0))
+
+
+def test_best_supported_kernel_runs_and_explain_says_why() -> None:
+    op = _define()
+    calls = []
+
+    def kernel(tag):
+        def run(x, w, eps):
+            calls.append(tag)
+            return _rms(x, w, eps)
+
+        return run
+
+    dispatch.register_kernel(op, "cpu", kernel("low"), provider="low", priority=1)
+    dispatch.register_kernel(
+        op,
+        "cpu",
+        kernel("high"),
+        provider="high",
+        priority=9,
+        supports=lambda x, w, eps: x.dtype == torch.float32,
+    )
+    dispatch.register_kernel(
+        op,
+        "cpu",
+        kernel("broken"),
+        provider="broken",
+        priority=20,
+        supports=lambda x, w, eps: 1 / 0,
+    )
+    x, w = _inputs()
+    op(x, w, 1e-6)
+    op(x.double(), w.double(), 1e-6)
+    assert calls == ["high", "low"]
+    report = dispatch.explain(op, x, w, 1e-6)
+    assert report.chosen == "high"
+    assert [(c.provider, c.chosen) for c in report.candidates] == [
+        ("broken", False),
+        ("high", True),
+        ("low", False),
+    ]
+    assert report.candidates[0].reason == "supports() raised ZeroDivisionError: division by zero"
+    assert "higher priority" in report.candidates[2].reason
+    assert "runs high" in str(report)
+    assert dispatch.explain(op, x.double(), w.double(), 1e-6).chosen == "low"
+
+
+def test_no_kernel_for_the_device_falls_back_to_the_reference() -> None:
+    op = _define()
+    dispatch.register_kernel(op, "cuda", lambda *a: 1 / 0, provider="gpu")
+    x, w = _inputs()
+    torch.testing.assert_close(op(x, w, 1e-6), _rms(x, w, 1e-6))
+    report = dispatch.explain(op.name, x, w, 1e-6)
+    assert report.chosen == "reference"
+    assert report.candidates[0].reason == "no kernel for cpu (kernels for: cuda)"
+
+
+def test_duplicates_redefinition_and_bad_input() -> None:
+    op = _define()
+    fn = lambda x, w, eps: _rms(x, w, eps)  # noqa: E731
+    dispatch.register_kernel(op, "cpu", fn, provider="p")
+    dispatch.register_kernel(op, "cpu", fn, provider="p")  # the same function: a reload
+    with pytest.raises(DuplicateRegistrationError, match="'p' already registered a cpu kernel"):
+        dispatch.register_kernel(op, "cpu", lambda *a: None, provider="p")
+    dispatch.register_kernel(op, "cpu", _rms, provider="p", override=True)
+    assert op.kernels[("cpu", "p")].fn is _rms
+    assert dispatch.define(op.name, op.schema, reference=_rms) is op
+    with pytest.raises(DuplicateRegistrationError, match="cannot redefine"):
+        dispatch.define(op.name, "(Tensor x) -> Tensor", reference=_rms)
+    with pytest.raises(ValueError, match="Python identifier"):
+        dispatch.define("bad-name", "(Tensor x) -> Tensor", reference=_rms)
+    with pytest.raises(ValueError, match="both backward and setup_context"):
+        dispatch.define("half", "(Tensor x) -> Tensor", reference=_rms, backward=_rms)
+    with pytest.raises(ValueError, match="lower-case device type"):
+        dispatch.register_kernel(op, "CPU", _rms, provider="q")
+    with pytest.raises(KeyError, match="no spore op named 'nope'"):
+        dispatch.get("nope")
+
+
+def test_compiles_fullgraph_and_picks_the_kernel_at_run_time() -> None:
+    op = _define()
+    calls = []
+
+    def fast(x, w, eps):
+        calls.append(1)
+        return _rms(x, w, eps)
+
+    dispatch.register_kernel(op, "cpu", fast, provider="fast")
+    compiled = torch.compile(lambda x, w: op(x, w, 1e-6) * 2, fullgraph=True)
+    x, w = _inputs(requires_grad=True)
+    out = compiled(x, w)
+    out.sum().backward()
+    xr, wr = (t.detach().requires_grad_() for t in (x, w))
+    expected = _rms(xr, wr, 1e-6) * 2
+    expected.sum().backward()
+    torch.testing.assert_close(out, expected)
+    torch.testing.assert_close(x.grad, xr.grad)
+    torch.testing.assert_close(w.grad, wr.grad)
+    assert calls, "the compiled graph must call the op, which picks the kernel"
+
+
+def test_plugin_ops_are_registered_owned_and_withdrawn(fixture_plugins, spore_manager) -> None:
+    fixture_plugins("ops")
+    manager = spore_manager()
+    registry = manager.registry("ops")
+    assert registry.entry("fixture_scale").owner == "ops"
+    assert "fixture_scale[cpu]@ops" in registry
+    module = sys.modules["spore_fixture_ops"]
+    x = torch.ones(3)
+    torch.ops.spore.fixture_scale(x, 2.0)
+    torch.ops.spore.fixture_scale(x.double(), 2.0)
+    assert [torch.float32] == module.CALLS
+    assert dispatch.explain("fixture_scale", x.double(), 2.0).chosen == "reference"
+    registry.remove_owner("ops")
+    assert dispatch.get("fixture_scale").kernels == {}
+
+
+def test_plugin_with_ops_keeps_the_contract(fixture_plugins, spore_plugin_contract) -> None:
+    fixture_plugins("ops")
+    info = spore_plugin_contract("ops")
+    assert info.registered["ops"] == ["fixture_scale", "fixture_scale[cpu]@ops"]
+
+
+def test_spore_ops_cli(run_spore) -> None:
+    out = run_spore("ops", "--json", plugins=("ops",))
+    assert out.returncode == 0, out.stderr
+    (row,) = json.loads(out.stdout)
+    assert row == {
+        "op": "spore::fixture_scale",
+        "schema": "(Tensor x, float scale) -> Tensor",
+        "defined_by": "ops",
+        "kernels": {"cpu": [{"provider": "ops", "priority": 5}]},
+    }
+    table = run_spore("ops", plugins=("ops",))
+    assert "cpu: ops (5)" in table.stdout
+    assert "No spore ops defined" in run_spore("ops").stdout

@@ -1,0 +1,67 @@
+from __future__ import annotations
+
+import logging
+
+import torch
+
+import spore
+from spore.modes import DispatchMode
+
+
+def test_counter_counts_every_aten_op() -> None:
+    x = torch.randn(4, 4)
+    with spore.OpCounter() as counter:
+        torch.mm(x, x).relu().sum()
+    assert counter.counts == {"aten.mm.default": 1, "aten.relu.default": 1, "aten.sum.default": 1}
+    assert counter.total == 3
+
+
+def test_nesting_innermost_first_outer_resumes() -> None:
+    x = torch.randn(2)
+    with spore.OpCounter() as outer:
+        x.neg()
+        with spore.OpCounter() as inner:
+            x.exp()
+        x.abs()
+    assert inner.counts == {"aten.exp.default": 1}
+    assert outer.counts == {"aten.neg.default": 1, "aten.exp.default": 1, "aten.abs.default": 1}
+
+
+def test_innermost_mode_wins() -> None:
+    class Replace(DispatchMode):
+        def __init__(self, value: float) -> None:
+            super().__init__()
+            self.value = value
+
+        def __spore_dispatch__(self, func, args, kwargs):
+            out = func(*args, **kwargs)
+            return out.fill_(self.value) if func is torch.ops.aten.add.Tensor else out
+
+    zeros = torch.zeros(2)
+    with Replace(1.0), Replace(2.0):  # the inner mode post-processes what the outer returned
+        assert (zeros + 5).tolist() == [2.0, 2.0]
+    with Replace(3.0):
+        assert (torch.zeros(2) + 5).tolist() == [3.0, 3.0]
+    assert (torch.zeros(2) + 5).tolist() == [5.0, 5.0]
+
+
+def test_decorator_and_autograd() -> None:
+    counter = spore.OpCounter()
+
+    @counter
+    def step(w):
+        (w * w).sum().backward()
+
+    w = torch.ones(3, requires_grad=True)
+    step(w)
+    step(w)
+    assert counter.counts["aten.mul.Tensor"] >= 4  # forward and backward, twice
+    assert w.grad.tolist() == [4.0, 4.0, 4.0]
+
+
+def test_logger_logs_shapes(caplog) -> None:
+    a, b = torch.ones(2, 3), torch.ones(3, 4)
+    with caplog.at_level(logging.INFO, logger="spore.ops"), spore.OpLogger() as log:
+        torch.mm(a, b)
+    assert log.total == 1
+    assert caplog.messages == ["aten.mm.default(float32[2, 3]@cpu, float32[3, 4]@cpu)"]

@@ -137,6 +137,7 @@ def test_bench_list_filter_and_errors(run_spore) -> None:
         "core:allocator-mlp (vs glibc malloc defaults (child process))",
         "core:allocator-rmsnorm (vs glibc malloc defaults (child process))",
         "core:dispatch-mode-overhead (vs 100 small eager adds, no mode)",
+        "core:fallback-tensor-overhead (vs 100 small eager adds on a plain tensor)",
         "dup-a:only-a (vs nothing)",
         "dup-a:shared (vs nothing)",
         "healthy:sleep (vs sleep 20 ms)",

@@ -22,6 +22,7 @@ hookimpl = pluggy.HookimplMarker("spore")
 _LAZY = {
     "Benchmark": "spore.bench",
     "DispatchMode": "spore.modes",
+    "FallbackTensor": "spore.fallback",
     "OpCounter": "spore.modes",
     "OpLogger": "spore.modes",
     "PluginError": "spore.plugins",

@@ -65,8 +65,32 @@ def _small_ops_counted(state: Any) -> None:
         _small_ops(state)
 
 
+def _wrapped_ops(state: Any) -> None:
+    x = state
+    for _ in range(100):
+        x = x + 1
+
+
+def _fallback_input(_state: Any = None) -> Any:
+    import torch
+
+    from spore.fallback import FallbackTensor
+
+    return FallbackTensor(torch.ones(64))
+
+
 @hookimpl
 def spore_register_benchmarks(registry: Registry[Benchmark]) -> None:
+    registry.add(
+        Benchmark(
+            name="fallback-tensor-overhead",
+            baseline=_small_ops,
+            candidate=lambda _state: _wrapped_ops(_fallback_input()),
+            baseline_label="100 small eager adds on a plain tensor",
+            candidate_label="the same on a spore.FallbackTensor (default fallback)",
+            description="per-op cost of the __fallback__ hook (a ratio below 1 is the slowdown)",
+        )
+    )
     registry.add(
         Benchmark(
             name="dispatch-mode-overhead",

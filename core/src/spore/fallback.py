@@ -1,0 +1,172 @@
+"""``spore.FallbackTensor``: a wrapper tensor whose class sees every op it meets.
+
+A subclass overrides ``__fallback__(cls, func, args, kwargs)`` (the default unwraps every
+``FallbackTensor`` argument, runs ``func`` on the plain tensors and wraps the tensor results
+again, carrying the metadata of the first wrapped argument) and may register per-op handlers
+that win over it::
+
+    class Tagged(spore.FallbackTensor):
+        @classmethod
+        def __fallback__(cls, func, args, kwargs):
+            return super().__fallback__(func, args, kwargs)
+
+    @Tagged.register(torch.ops.aten.mm.default)
+    def _mm(cls, func, args, kwargs): ...
+
+In-place ops return the wrapper they modified; view ops return a new wrapper around the view.
+Autograd runs above the wrapper (gradients are wrappers too). ``torch.save`` stores the plain
+data and the metadata; ``torch.load`` needs ``weights_only=False`` (or the subclass added to
+``torch.serialization.add_safe_globals``). ``torch.compile`` traces wrappers through
+``__tensor_flatten__``/``__tensor_unflatten__``: the metadata must be picklable constants and
+handlers must be traceable (no data-dependent Python control flow).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, ClassVar
+
+import torch
+
+Handler = Callable[[type, Any, tuple[Any, ...], dict[str, Any]], Any]
+
+
+class FallbackTensor(torch.Tensor):
+    """Wrapper tensor subclass with the ``__fallback__`` op hook (see the module docstring)."""
+
+    _spore_handlers: ClassVar[dict[Any, Handler]] = {}
+    _spore_data: torch.Tensor
+    _spore_meta: dict[str, Any]
+
+    @staticmethod
+    def __new__(cls, data: torch.Tensor, meta: dict[str, Any] | None = None) -> FallbackTensor:
+        if not isinstance(data, torch.Tensor):
+            raise TypeError(f"{cls.__name__} wraps a torch.Tensor, got {type(data).__name__}")
+        if isinstance(data, FallbackTensor):
+            data = data._spore_data
+        out = torch.Tensor._make_wrapper_subclass(
+            cls,
+            data.shape,
+            strides=data.stride(),
+            storage_offset=data.storage_offset(),
+            dtype=data.dtype,
+            device=data.device,
+            layout=data.layout,
+            requires_grad=data.requires_grad,
+        )
+        out._spore_data = data.detach() if data.requires_grad else data
+        out._spore_meta = dict(meta or {})
+        return out
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        cls._spore_handlers = {}
+
+    # the user-facing surface ------------------------------------------------------------------
+    @property
+    def meta(self) -> dict[str, Any]:
+        """The metadata this wrapper carries (propagated by the default fallback)."""
+        return self._spore_meta
+
+    def unwrap(self) -> torch.Tensor:
+        """The plain tensor inside."""
+        return self._spore_data
+
+    @classmethod
+    def register(cls, op: Any) -> Callable[[Handler], Handler]:
+        """Decorator: ``handler(cls, func, args, kwargs)`` runs for ``op`` instead of the fallback.
+
+        ``op`` is an overload (``torch.ops.aten.mm.default``) or a packet (``torch.ops.aten.mm``,
+        all overloads).
+        """
+
+        def decorate(handler: Handler) -> Handler:
+            cls._spore_handlers[op] = handler
+            return handler
+
+        return decorate
+
+    @classmethod
+    def __fallback__(cls, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """Default: unwrap, run ``func``, wrap tensor results with the first argument's meta."""
+        first = _first_wrapper(args, kwargs)
+        meta = first._spore_meta if first is not None else {}
+        out = func(*_map(_unwrap, args), **_map(_unwrap, kwargs))
+        if _is_inplace(func) and first is not None:
+            return args[0]
+        return _map(lambda t: cls(t, meta) if isinstance(t, torch.Tensor) else t, out)
+
+    # torch integration ------------------------------------------------------------------------
+    @classmethod
+    def __torch_dispatch__(
+        cls, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: dict | None = None
+    ) -> Any:
+        kwargs = kwargs or {}
+        for klass in cls.__mro__:
+            handlers = klass.__dict__.get("_spore_handlers", {})
+            handler = handlers.get(func) or handlers.get(getattr(func, "overloadpacket", None))
+            if handler is not None:
+                return handler(cls, func, args, kwargs)
+        return cls.__fallback__(func, args, kwargs)
+
+    def __repr__(self) -> str:  # type: ignore[override]
+        return f"{type(self).__name__}({self._spore_data!r}, meta={self._spore_meta!r})"
+
+    def __tensor_flatten__(self) -> tuple[list[str], dict[str, Any]]:
+        return ["_spore_data"], dict(self._spore_meta)
+
+    @classmethod
+    def __tensor_unflatten__(
+        cls,
+        inner: dict[str, torch.Tensor],
+        meta: dict[str, Any],
+        outer_size: Any,
+        outer_stride: Any,
+    ) -> FallbackTensor:
+        return cls(inner["_spore_data"], meta)
+
+    def __reduce_ex__(self, protocol: int) -> tuple[Any, ...]:
+        return (_rebuild, (type(self), self._spore_data, self._spore_meta))
+
+
+def _rebuild(cls: type[FallbackTensor], data: torch.Tensor, meta: dict[str, Any]) -> Any:
+    return cls(data, meta)
+
+
+def _map(fn: Callable[[Any], Any], value: Any) -> Any:
+    """``fn`` over the leaves of nested tuples, lists and dicts (op arguments and results)."""
+    if isinstance(value, tuple):
+        return tuple(_map(fn, v) for v in value)
+    if isinstance(value, list):
+        return [_map(fn, v) for v in value]
+    if isinstance(value, dict):
+        return {k: _map(fn, v) for k, v in value.items()}
+    return fn(value)
+
+
+def _unwrap(value: Any) -> Any:
+    return value._spore_data if isinstance(value, FallbackTensor) else value
+
+
+def _first_wrapper(args: tuple[Any, ...], kwargs: dict[str, Any]) -> FallbackTensor | None:
+    for value in (*args, *kwargs.values()):
+        if isinstance(value, FallbackTensor):
+            return value
+        if isinstance(value, (list, tuple)):
+            for item in value:
+                if isinstance(item, FallbackTensor):
+                    return item
+    return None
+
+
+_INPLACE: dict[Any, bool] = {}
+
+
+def _is_inplace(func: Any) -> bool:
+    """Whether ``func`` writes its first argument in place (cached per op overload)."""
+    known = _INPLACE.get(func)
+    if known is None:
+        schema = getattr(func, "_schema", None)
+        alias = schema.arguments[0].alias_info if schema and schema.arguments else None
+        known = _INPLACE[func] = bool(alias is not None and alias.is_write)
+    return known

@@ -1,0 +1,119 @@
+from __future__ import annotations
+
+import io
+from typing import ClassVar
+
+import pytest
+import torch
+
+import spore
+from spore.fallback import FallbackTensor
+
+
+class Sharded(FallbackTensor):
+    """A tensor carrying a sharding annotation: 'shard0' (rows split) or 'replicate'."""
+
+
+def _placement(t) -> str:
+    return t.meta["placement"] if isinstance(t, Sharded) else "replicate"
+
+
+@Sharded.register(torch.ops.aten.mm.default)
+def _mm(cls, func, args, kwargs):
+    a, b = args
+    out = func(*(t.unwrap() if isinstance(t, Sharded) else t for t in args))
+    rows_split = _placement(a) == "shard0" and _placement(b) == "replicate"
+    return cls(out, {"placement": "shard0" if rows_split else "replicate", "via": "mm"})
+
+
+class Counting(FallbackTensor):
+    seen: ClassVar[list[str]] = []
+
+    @classmethod
+    def __fallback__(cls, func, args, kwargs):
+        cls.seen.append(str(func))
+        return super().__fallback__(func, args, kwargs)
+
+
+def test_annotation_propagates_through_matmul_and_elementwise() -> None:
+    x = Sharded(torch.randn(4, 3), {"placement": "shard0"})
+    w = torch.randn(3, 2)
+    y = torch.relu(torch.mm(x, w) * 2 + 1)
+    assert isinstance(y, Sharded)
+    assert y.meta == {"placement": "shard0", "via": "mm"}
+    torch.testing.assert_close(y.unwrap(), torch.relu(x.unwrap() @ w * 2 + 1))
+    r = torch.mm(w.t(), Sharded(torch.randn(3, 5), {"placement": "shard0"}))
+    assert r.meta["placement"] == "replicate"
+
+
+def test_handlers_win_over_the_fallback_and_the_fallback_sees_the_rest() -> None:
+    Counting.seen.clear()
+    t = Counting(torch.ones(2, 2))
+    (t.exp() + t).sum()
+    assert Counting.seen == ["aten.exp.default", "aten.add.Tensor", "aten.sum.default"]
+
+    @Counting.register(torch.ops.aten.exp)
+    def _exp(cls, func, args, kwargs):
+        return cls(torch.zeros_like(args[0].unwrap()))
+
+    Counting.seen.clear()
+    assert t.exp().unwrap().sum().item() == 0.0
+    assert Counting.seen == []
+    del Counting._spore_handlers[torch.ops.aten.exp]
+
+
+def test_autograd_through_subclass_ops_matches_plain() -> None:
+    base = torch.randn(4, 3)
+    w = torch.randn(3, 2, requires_grad=True)
+    x = Sharded(base.clone().requires_grad_(), {"placement": "shard0"})
+    (torch.mm(x, w).tanh() ** 2).sum().backward()
+    w_plain = w.detach().clone().requires_grad_()
+    x_plain = base.clone().requires_grad_()
+    (torch.mm(x_plain, w_plain).tanh() ** 2).sum().backward()
+    torch.testing.assert_close(_plain(w.grad), w_plain.grad)
+    torch.testing.assert_close(_plain(x.grad), x_plain.grad)
+
+
+def _plain(t):
+    return t.unwrap() if isinstance(t, FallbackTensor) else t
+
+
+def test_inplace_and_views() -> None:
+    t = Sharded(torch.zeros(4), {"placement": "replicate"})
+    same = t.add_(1)
+    assert same is t
+    assert t.unwrap().tolist() == [1.0] * 4
+    view = t[1:3]
+    assert isinstance(view, Sharded)
+    assert view.meta == {"placement": "replicate"}
+    view.mul_(5)
+    assert t.unwrap().tolist() == [1.0, 5.0, 5.0, 1.0]
+
+
+def test_save_and_load_keep_data_and_meta() -> None:
+    t = Sharded(torch.arange(3.0), {"placement": "shard0"})
+    buf = io.BytesIO()
+    torch.save(t, buf)
+    buf.seek(0)
+    loaded = torch.load(buf, weights_only=False)
+    assert type(loaded) is Sharded
+    assert loaded.meta == {"placement": "shard0"}
+    assert loaded.unwrap().tolist() == [0.0, 1.0, 2.0]
+
+
+def test_compiles_with_aot_autograd() -> None:
+    x = Sharded(torch.randn(4, 3), {"placement": "shard0"})
+    compiled = torch.compile(lambda a: (a * 2).sin(), backend="aot_eager", fullgraph=True)
+    out = compiled(x)
+    assert type(out) is Sharded
+    assert out.meta == {"placement": "shard0"}
+    torch.testing.assert_close(out.unwrap(), (x.unwrap() * 2).sin())
+
+
+def test_bad_input() -> None:
+    with pytest.raises(TypeError, match=r"wraps a torch\.Tensor, got list"):
+        Sharded([1, 2])  # type: ignore[arg-type]
+
+
+def test_exported_from_spore() -> None:
+    assert spore.FallbackTensor is FallbackTensor

@@ -70,7 +70,7 @@ def core(session: nox.Session) -> None:
 
 
 @nox.session
-@nox.parametrize("package", sorted(PACKAGES))
+@nox.parametrize("package", sorted(PACKAGES), ids=sorted(PACKAGES))
 def tests(session: nox.Session, package: str) -> None:
     """One plugin package alone: only spore-core, the package and its declared dependencies."""
     entry = PACKAGES[package]

@@ -138,6 +138,7 @@ def test_bench_list_filter_and_errors(run_spore) -> None:
         "core:allocator-rmsnorm (vs glibc malloc defaults (child process))",
         "core:dispatch-mode-overhead (vs 100 small eager adds, no mode)",
         "core:fallback-tensor-overhead (vs 100 small eager adds on a plain tensor)",
+        "core:offload-disk-mlp-step (vs MLP block 8192x256->2048 fwd+bwd, activations in memory)",
         "dup-a:only-a (vs nothing)",
         "dup-a:shared (vs nothing)",
         "healthy:sleep (vs sleep 20 ms)",

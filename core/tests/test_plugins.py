@@ -238,4 +238,5 @@ def test_core_builtin_plugin_is_listed_with_include_builtin(spore_manager) -> No
         "allocator-rmsnorm",
         "dispatch-mode-overhead",
         "fallback-tensor-overhead",
+        "offload-disk-mlp-step",
     ]

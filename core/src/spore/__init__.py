@@ -29,6 +29,7 @@ _LAZY = {
     "PluginManager": "spore.plugins",
     "Report": "spore.doctor",
     "get_manager": "spore.plugins",
+    "saved_tensors_hooks": "spore.hooks",
 }
 
 

@@ -28,17 +28,24 @@ def _rmsnorm() -> Callable[[], object]:
     return lambda: x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * w
 
 
+def _mlp_block() -> object:
+    """LayerNorm + Linear(256, 2048) + GELU + Linear(2048, 256): on 8192 tokens the 8192 x 2048
+    activations are 64 MiB each."""
+    import torch
+
+    return torch.nn.Sequential(
+        torch.nn.LayerNorm(256),
+        torch.nn.Linear(256, 2048),
+        torch.nn.GELU(),
+        torch.nn.Linear(2048, 256),
+    )
+
+
 def _mlp() -> Callable[[], object]:
     import torch
 
-    tokens, hidden, ffn = 8192, 256, 2048  # the 8192 x 2048 activations are 64 MiB each
-    block = torch.nn.Sequential(
-        torch.nn.LayerNorm(hidden),
-        torch.nn.Linear(hidden, ffn),
-        torch.nn.GELU(),
-        torch.nn.Linear(ffn, hidden),
-    )
-    x = torch.randn(tokens, hidden, requires_grad=True)
+    block = _mlp_block()
+    x = torch.randn(8192, 256, requires_grad=True)
 
     def step() -> None:
         block(x).sum().backward()
@@ -59,6 +66,39 @@ def _reused() -> Callable[[], object]:
     x = torch.randn(ROWS, HIDDEN)
     out = torch.empty_like(x)
     return lambda: out.copy_(x)
+
+
+def _rss_mib() -> float:
+    with open("/proc/self/statm") as statm:
+        return int(statm.read().split()[1]) * resource.getpagesize() / 2**20
+
+
+def saved_rss(offload: bool) -> dict[str, float]:
+    """One MLP-block step: resident memory when backward starts, with or without offload."""
+    import torch
+
+    from spore import hooks
+
+    torch.manual_seed(0)
+    block = _mlp_block()
+    x = torch.randn(8192, 256, requires_grad=True)
+    seen: dict[str, float] = {}
+    base = _rss_mib()
+    start = time.perf_counter()
+    if offload:
+        with hooks.offload("disk", min_bytes=1 << 20) as stats:
+            out = block(x)
+    else:
+        out = block(x)
+    out.register_hook(lambda grad: seen.update(rss=_rss_mib()))
+    out.sum().backward()
+    grad = x.grad
+    return {
+        "seconds": time.perf_counter() - start,
+        "rss_at_backward_mib": seen["rss"] - base,
+        "offloaded_mib": stats.offloaded_bytes / 2**20 if offload else 0.0,
+        "grad_checksum": float(grad.double().abs().sum()),
+    }
 
 
 WORKLOADS: dict[str, Callable[[], Callable[[], object]]] = {
@@ -92,10 +132,13 @@ def measure(name: str, iters: int, warmup: int = 12) -> dict[str, float]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("workload", choices=sorted(WORKLOADS))
+    parser.add_argument("workload", choices=sorted([*WORKLOADS, "saved-rss", "saved-rss-offload"]))
     parser.add_argument("--iters", type=int, default=5)
     args = parser.parse_args(argv)
-    print(json.dumps(measure(args.workload, args.iters)))
+    if args.workload.startswith("saved-rss"):
+        print(json.dumps(saved_rss(offload=args.workload.endswith("offload"))))
+    else:
+        print(json.dumps(measure(args.workload, args.iters)))
     return 0
 
 

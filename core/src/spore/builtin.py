@@ -79,8 +79,42 @@ def _fallback_input(_state: Any = None) -> Any:
     return FallbackTensor(torch.ones(64))
 
 
+def _mlp_inputs() -> Any:
+    import torch
+
+    from spore._workloads import _mlp_block
+
+    torch.manual_seed(0)
+    return _mlp_block(), torch.randn(8192, 256, requires_grad=True)
+
+
+def _mlp_step(state: Any) -> None:
+    block, x = state
+    block(x).sum().backward()
+
+
+def _mlp_step_offloaded(state: Any) -> None:
+    from spore.hooks import offload
+
+    block, x = state
+    with offload("disk"):
+        out = block(x)
+    out.sum().backward()
+
+
 @hookimpl
 def spore_register_benchmarks(registry: Registry[Benchmark]) -> None:
+    registry.add(
+        Benchmark(
+            name="offload-disk-mlp-step",
+            baseline=_mlp_step,
+            candidate=_mlp_step_offloaded,
+            baseline_label="MLP block 8192x256->2048 fwd+bwd, activations in memory",
+            candidate_label="the same with spore.hooks.offload('disk')",
+            setup=_mlp_inputs,
+            description="step-time cost of spilling saved activations to disk (below 1: slower)",
+        )
+    )
     registry.add(
         Benchmark(
             name="fallback-tensor-overhead",

@@ -1,0 +1,280 @@
+"""Composable saved-tensor hooks and the built-ins ``track()`` and ``offload()``.
+
+``torch.autograd.graph.saved_tensors_hooks`` keeps only the innermost pair active. Spore's
+:func:`saved_tensors_hooks` composes them: a tensor autograd saves goes through every active
+``pack``, outermost first (so an inner hook receives what the outer ones packed), and back
+through the ``unpack`` functions in the reverse order.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import threading
+import uuid
+import weakref
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, suppress
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch.overrides import TorchFunctionMode
+
+Pack = Callable[[Any], Any]
+Unpack = Callable[[Any], Any]
+
+_local = threading.local()
+
+
+def _stack() -> list[tuple[Pack, Unpack]]:
+    if not hasattr(_local, "stack"):
+        _local.stack = []
+    return _local.stack
+
+
+@contextmanager
+def saved_tensors_hooks(pack: Pack, unpack: Unpack) -> Iterator[None]:
+    """Add a (pack, unpack) pair on top of the active ones for the block (see module doc)."""
+    stack = _stack()
+    stack.append((pack, unpack))
+    chain = list(stack)
+
+    def pack_all(value: Any) -> Any:
+        for p, _ in chain:
+            value = p(value)
+        return value
+
+    def unpack_all(value: Any) -> Any:
+        for _, u in reversed(chain):
+            value = u(value)
+        return value
+
+    try:
+        with torch.autograd.graph.saved_tensors_hooks(pack_all, unpack_all):
+            yield
+    finally:
+        stack.pop()
+
+
+def _nbytes(t: torch.Tensor) -> int:
+    return t.numel() * t.element_size()
+
+
+# track -----------------------------------------------------------------------------------------
+@dataclass
+class OpSaved:
+    """Saved tensors attributed to one torch function."""
+
+    count: int = 0
+    bytes: int = 0
+
+
+@dataclass
+class SavedTensorTracker:
+    """What :func:`track` counted: tensors autograd saved, their bytes, per op and at peak.
+
+    ``live_bytes`` falls again as autograd frees what it saved (after backward);
+    ``peak_bytes`` is its maximum. Values that are not tensors (already packed by an outer
+    hook, e.g. offloaded to disk) count in ``count`` and ``packed_elsewhere`` but not in bytes.
+    """
+
+    count: int = 0
+    bytes: int = 0
+    live_bytes: int = 0
+    peak_bytes: int = 0
+    packed_elsewhere: int = 0
+    by_op: dict[str, OpSaved] = field(default_factory=dict)
+
+    def _add(self, op: str, nbytes: int) -> None:
+        entry = self.by_op.setdefault(op, OpSaved())
+        entry.count += 1
+        entry.bytes += nbytes
+        self.count += 1
+        self.bytes += nbytes
+        self.live_bytes += nbytes
+        self.peak_bytes = max(self.peak_bytes, self.live_bytes)
+
+    def _release(self, nbytes: int) -> None:
+        self.live_bytes -= nbytes
+
+
+class _CurrentOp(TorchFunctionMode):
+    """Names the torch function running, so a pack can be attributed to it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.names: list[str] = []
+
+    def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        self.names.append(getattr(func, "__name__", str(func)))
+        try:
+            return func(*args, **(kwargs or {}))
+        finally:
+            self.names.pop()
+
+
+class _Held:
+    """What track() packs: the tensor, so its release can be observed."""
+
+    __slots__ = ("__weakref__", "value")
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
+
+
+@contextmanager
+def track() -> Iterator[SavedTensorTracker]:
+    """Count the tensors autograd saves inside the block, per torch function and at peak."""
+    tracker = SavedTensorTracker()
+    current = _CurrentOp()
+
+    def pack(value: Any) -> Any:
+        op = current.names[-1] if current.names else "<autograd>"
+        if not isinstance(value, torch.Tensor):
+            tracker.count += 1
+            tracker.packed_elsewhere += 1
+            return value
+        held = _Held(value)
+        nbytes = _nbytes(value)
+        tracker._add(op, nbytes)
+        weakref.finalize(held, tracker._release, nbytes)
+        return held
+
+    def unpack(value: Any) -> Any:
+        return value.value if isinstance(value, _Held) else value
+
+    with saved_tensors_hooks(pack, unpack), current:
+        yield tracker
+
+
+# offload ---------------------------------------------------------------------------------------
+@dataclass
+class OffloadStats:
+    """What :func:`offload` moved: tensors and bytes, and how many it kept in memory."""
+
+    offloaded: int = 0
+    offloaded_bytes: int = 0
+    kept: int = 0
+
+
+class _OnDisk:
+    """A saved tensor spilled to a file; the file is removed when autograd drops the handle."""
+
+    __slots__ = ("__weakref__", "dtype", "numel", "path", "shape")
+
+    def __init__(self, tensor: torch.Tensor, directory: str) -> None:
+        self.path = os.path.join(directory, f"spore-saved-{uuid.uuid4().hex}.bin")
+        self.shape, self.dtype, self.numel = tensor.shape, tensor.dtype, tensor.numel()
+        mapped = torch.from_file(self.path, shared=True, size=self.numel, dtype=self.dtype)
+        mapped.copy_(tensor.reshape(-1))
+        del mapped  # unmapped: the pages now belong to the page cache, not to this process
+        weakref.finalize(self, _unlink, self.path)
+
+    def load(self) -> torch.Tensor:
+        data = torch.from_file(self.path, shared=False, size=self.numel, dtype=self.dtype)
+        return data.view(self.shape)
+
+
+def _unlink(path: str) -> None:
+    with suppress(FileNotFoundError):
+        os.unlink(path)
+
+
+class _OnHost:
+    """A CUDA tensor copied to pinned host memory on a side stream."""
+
+    def __init__(self, tensor: torch.Tensor, stream: Any) -> None:
+        self.device = tensor.device
+        self.host = torch.empty(
+            tensor.shape, dtype=tensor.dtype, layout=tensor.layout, pin_memory=True
+        )
+        stream.wait_stream(torch.cuda.current_stream(tensor.device))
+        with torch.cuda.stream(stream):
+            self.host.copy_(tensor, non_blocking=True)
+            self.copied = torch.cuda.Event()
+            self.copied.record(stream)
+        tensor.record_stream(stream)
+        self.back: torch.Tensor | None = None
+        self.index = 0
+
+    def prefetch(self, stream: Any) -> None:
+        if self.back is None:
+            with torch.cuda.stream(stream):
+                stream.wait_event(self.copied)
+                self.back = self.host.to(self.device, non_blocking=True)
+                self.ready = torch.cuda.Event()
+                self.ready.record(stream)
+
+    def load(self, stream: Any) -> torch.Tensor:
+        self.prefetch(stream)
+        torch.cuda.current_stream(self.device).wait_event(self.ready)
+        assert self.back is not None
+        return self.back
+
+
+def _offloadable(value: Any, device_type: str, min_bytes: int) -> bool:
+    return (
+        isinstance(value, torch.Tensor)
+        and value.device.type == device_type
+        and value.layout == torch.strided
+        and _nbytes(value) >= min_bytes
+        and not (value.is_leaf and value.requires_grad)  # parameters stay resident anyway
+    )
+
+
+@contextmanager
+def offload(
+    target: str = "auto",
+    *,
+    min_bytes: int = 1 << 20,
+    directory: str | None = None,
+    prefetch: int = 2,
+) -> Iterator[OffloadStats]:
+    """Move saved activations of at least ``min_bytes`` out of memory until backward needs them.
+
+    ``target="disk"``: CPU tensors are written to files in ``directory`` (default: the temp
+    dir) and mapped back on demand in backward, so they stop counting in resident memory.
+    ``target="host"``: CUDA tensors are copied to pinned host memory on a side stream; in
+    backward each one and the next ``prefetch`` are copied back ahead of use.
+    ``"auto"``: ``host`` when CUDA is available, else ``disk``. Parameters are never moved.
+    """
+    if target == "auto":
+        target = "host" if torch.cuda.is_available() else "disk"
+    if target not in ("disk", "host"):
+        raise ValueError(f"offload target must be 'disk', 'host' or 'auto', got {target!r}")
+    if target == "host" and not torch.cuda.is_available():
+        raise RuntimeError("offload(target='host') needs CUDA; use target='disk' on CPU")
+    if min_bytes < 0:
+        raise ValueError(f"min_bytes must be >= 0, got {min_bytes}")
+    stats = OffloadStats()
+    folder = directory or tempfile.gettempdir()
+    if target == "disk" and not os.access(folder, os.W_OK):
+        raise PermissionError(f"offload directory {folder!r} is not writable")
+    stream = torch.cuda.Stream() if target == "host" else None
+    order: list[_OnHost] = []
+
+    def pack(value: Any) -> Any:
+        if not _offloadable(value, "cpu" if target == "disk" else "cuda", min_bytes):
+            stats.kept += 1
+            return value
+        stats.offloaded += 1
+        stats.offloaded_bytes += _nbytes(value)
+        if target == "disk":
+            return _OnDisk(value, folder)
+        handle = _OnHost(value, stream)
+        handle.index = len(order)
+        order.append(handle)
+        return handle
+
+    def unpack(value: Any) -> Any:
+        if isinstance(value, _OnDisk):
+            return value.load()
+        if isinstance(value, _OnHost):
+            for earlier in order[max(0, value.index - prefetch) : value.index]:
+                earlier.prefetch(stream)
+            return value.load(stream)
+        return value
+
+    with saved_tensors_hooks(pack, unpack):
+        yield stats

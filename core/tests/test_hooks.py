@@ -74,7 +74,8 @@ def test_hooks_compose_outer_first_and_unpack_in_reverse() -> None:
         "unpack outer",  # the outer last
     ]
     plain = x.detach().clone().requires_grad_()
-    (plain.exp().sum() + plain.exp().sin().sum()).backward()
+    plain_y = plain.exp()
+    (plain_y.sum() + plain_y.sin().sum()).backward()
     assert torch.equal(x.grad, plain.grad)
 
 

@@ -29,6 +29,7 @@ _LAZY = {
     "PluginManager": "spore.plugins",
     "Report": "spore.doctor",
     "get_manager": "spore.plugins",
+    "register_custom_backend": "spore.backends",
     "saved_tensors_hooks": "spore.hooks",
 }
 

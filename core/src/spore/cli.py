@@ -257,6 +257,39 @@ def ops_cmd(as_json: bool) -> None:
     _console().print(table)
 
 
+# backends ------------------------------------------------------------------------------------
+@cli.command("backends")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+def backends_cmd(as_json: bool) -> None:
+    """List the torch.compile backends registered through Spore, and by whom."""
+    registry = get_manager().registry("backends")
+    rows = [
+        {
+            "name": e.name,
+            "registered_by": e.owner,
+            "fallback": e.value.fallback,
+            "description": e.value.description,
+        }
+        for e in registry.entries()
+    ]
+    if as_json:
+        _echo_json(rows)
+        return
+    if not rows:
+        click.echo(
+            "No backends registered through Spore (torch's own: torch._dynamo.list_backends())."
+        )
+        return
+    from rich.table import Table
+
+    table = Table(title="spore backends (torch.compile(model, backend=NAME))")
+    for column in ("name", "registered by", "fallback to eager", "description"):
+        table.add_column(column, overflow="fold")
+    for row in rows:
+        table.add_row(row["name"], row["registered_by"], str(row["fallback"]), row["description"])
+    _console().print(table)
+
+
 # doctor --------------------------------------------------------------------------------------
 @cli.command("doctor")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")

@@ -35,6 +35,7 @@ import pluggy
 
 from spore import hookspecs
 from spore._version import __version__
+from spore.backends import BackendRegistry
 from spore.registry import OpRegistry, Registry
 
 if TYPE_CHECKING:
@@ -234,9 +235,9 @@ class PluginManager:
         self.requested: set[str] = {normalize(n) for n in requested}
         if self.selection.allow:
             self.requested |= self.selection.allow
+        special = {"ops": OpRegistry, "backends": BackendRegistry}
         self.registries: dict[str, Registry[Any]] = {
-            kind: (OpRegistry if kind == "ops" else Registry)(_KIND_SINGULAR[kind])
-            for kind in REGISTRY_HOOKS
+            kind: special.get(kind, Registry)(_KIND_SINGULAR[kind]) for kind in REGISTRY_HOOKS
         }
         self._lock = threading.RLock()
         self._state = "new"

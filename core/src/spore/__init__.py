@@ -23,6 +23,8 @@ _LAZY = {
     "Benchmark": "spore.bench",
     "DispatchMode": "spore.modes",
     "FallbackTensor": "spore.fallback",
+    "GraphPass": "spore.passes",
+    "PatternToPatternPass": "spore.passes",
     "OpCounter": "spore.modes",
     "OpLogger": "spore.modes",
     "PluginError": "spore.plugins",
@@ -30,6 +32,7 @@ _LAZY = {
     "Report": "spore.doctor",
     "get_manager": "spore.plugins",
     "register_custom_backend": "spore.backends",
+    "register_custom_pass": "spore.passes",
     "saved_tensors_hooks": "spore.hooks",
 }
 

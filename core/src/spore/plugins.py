@@ -36,6 +36,7 @@ import pluggy
 from spore import hookspecs
 from spore._version import __version__
 from spore.backends import BackendRegistry
+from spore.passes import PassRegistry
 from spore.registry import OpRegistry, Registry
 
 if TYPE_CHECKING:
@@ -235,7 +236,7 @@ class PluginManager:
         self.requested: set[str] = {normalize(n) for n in requested}
         if self.selection.allow:
             self.requested |= self.selection.allow
-        special = {"ops": OpRegistry, "backends": BackendRegistry}
+        special = {"ops": OpRegistry, "passes": PassRegistry, "backends": BackendRegistry}
         self.registries: dict[str, Registry[Any]] = {
             kind: special.get(kind, Registry)(_KIND_SINGULAR[kind]) for kind in REGISTRY_HOOKS
         }

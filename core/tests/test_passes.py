@@ -1,0 +1,143 @@
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+from torch.fx.experimental.proxy_tensor import make_fx
+
+import spore
+from spore import passes
+
+
+class TimesThree(spore.PatternToPatternPass):
+    name = "times-three"
+
+    def pattern(self, x):
+        return x * 2 + x
+
+    def replacement(self, x):
+        return x * 3
+
+    def example_inputs(self):
+        return [torch.randn(8)]
+
+
+class Record(spore.GraphPass):
+    name = "record"
+
+    def __init__(self) -> None:
+        self.seen: list[list[str]] = []
+
+    def __call__(self, gm) -> int:
+        self.seen.append(sorted({str(n.target) for n in gm.graph.nodes if n.op == "call_function"}))
+        return 0
+
+
+def _f(x):
+    return (x * 2 + x).sin()
+
+
+def test_pattern_rewrites_a_compiled_function(spore_manager) -> None:
+    spore_manager()
+    record = Record()
+    spore.register_custom_pass(TimesThree(), priority=10)
+    spore.register_custom_pass(record, priority=0)
+    torch._dynamo.reset()
+    x = torch.randn(16)
+    with torch._inductor.config.patch(fx_graph_cache=False):  # a cached graph runs no pass
+        torch.testing.assert_close(torch.compile(_f)(x), (x * 3).sin())
+    assert passes.stats()["times-three"] == 1
+    assert record.seen[-1] == ["aten.mul.Tensor", "aten.sin.default"]  # the add is gone
+
+
+def test_apply_without_compiling_is_idempotent(spore_manager) -> None:
+    spore_manager()
+    spore.register_custom_pass(TimesThree())
+    gm = make_fx(_f)(torch.randn(8))
+    assert passes.apply(gm) == {"times-three": 1}
+    assert passes.apply(gm) == {"times-three": 0}
+    x = torch.randn(8)
+    torch.testing.assert_close(gm(x), (x * 3).sin())
+
+
+def test_device_filter_skips_other_devices(spore_manager) -> None:
+    spore_manager()
+    spore.register_custom_pass(TimesThree(), device="cuda")
+    gm = make_fx(_f)(torch.randn(8))
+    assert passes.apply(gm) == {}
+
+
+def test_bad_registrations(spore_manager) -> None:
+    spore_manager()
+    with pytest.raises(ValueError, match="unknown pass stage 'late'"):
+        spore.register_custom_pass(TimesThree(), stage="late")
+    with pytest.raises(ValueError, match="only 'inductor'"):
+        spore.register_custom_pass(TimesThree(), backend="tvm")
+    with pytest.raises(TypeError, match="must be callable"):
+        spore.register_custom_pass(42)
+
+
+CACHE_SCRIPT = textwrap.dedent(
+    """
+    import json, torch, spore
+    from torch._dynamo.utils import counters
+    from torch._inductor import config
+    from torch._inductor.custom_graph_pass import CustomGraphPass
+
+    class UserPass(CustomGraphPass):
+        runs = 0
+        def __call__(self, graph):
+            UserPass.runs += 1
+        def uuid(self):
+            return "user-pass-v1"
+
+    config.post_grad_custom_post_pass = UserPass()
+
+    class Count(spore.GraphPass):
+        def __init__(self, name):
+            self.name, self.runs = name, 0
+        def __call__(self, gm):
+            self.runs += 1
+            return 0
+
+    def f(x):
+        return (x * 2 + 1).sin()
+
+    def compile_once():
+        torch._dynamo.reset()
+        torch.compile(f)(torch.randn(8))
+        return dict(hit=counters["inductor"]["fxgraph_cache_hit"],
+                    miss=counters["inductor"]["fxgraph_cache_miss"])
+
+    first = Count("first")
+    spore.register_custom_pass(first)
+    a = compile_once()
+    b = compile_once()
+    second = Count("second")
+    spore.register_custom_pass(second)
+    c = compile_once()
+    print(json.dumps(dict(a=a, b=b, c=c, first=first.runs, second=second.runs,
+                          user=UserPass.runs)))
+    """
+)
+
+
+def test_fx_graph_cache_hits_when_unchanged_and_misses_after_a_new_pass(tmp_path) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SPORE_")}
+    env.update(TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "inductor"), TORCHINDUCTOR_FX_GRAPH_CACHE="1")
+    out = subprocess.run(
+        [sys.executable, "-c", CACHE_SCRIPT], capture_output=True, text=True, env=env, timeout=600
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    r = json.loads(out.stdout.splitlines()[-1])
+    assert r["a"] == {"hit": 0, "miss": 1}
+    assert r["b"] == {"hit": 1, "miss": 1}, "an unchanged setup must hit the FX graph cache"
+    assert r["c"] == {"hit": 1, "miss": 2}, "a new pass must change the cache key"
+    assert r["first"] == 2  # compiled twice (a, c); the cache hit ran no pass
+    assert r["second"] == 1
+    assert r["user"] == 2, "the pass the user had in the slot keeps running"

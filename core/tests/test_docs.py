@@ -15,7 +15,7 @@ PAGES = sorted(DOCS.glob("*.md"))
 
 
 def test_every_core_mechanism_has_a_page() -> None:
-    assert {p.stem for p in PAGES} >= {"dispatch", "fallback", "hooks", "backends"}
+    assert {p.stem for p in PAGES} >= {"dispatch", "fallback", "hooks", "backends", "passes"}
 
 
 @pytest.mark.parametrize("page", PAGES, ids=lambda p: p.stem)

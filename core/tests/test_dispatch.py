@@ -175,6 +175,7 @@ def test_plugin_with_ops_keeps_the_contract(fixture_plugins, spore_plugin_contra
     fixture_plugins("ops")
     info = spore_plugin_contract("ops")
     assert info.registered["ops"] == ["fixture_scale", "fixture_scale[cpu]@ops"]
+    assert info.registered["passes"] == ["fixture-count-nodes"]
 
 
 def test_spore_ops_cli(run_spore) -> None:
@@ -190,3 +191,15 @@ def test_spore_ops_cli(run_spore) -> None:
     table = run_spore("ops", plugins=("ops",))
     assert "cpu: ops (5)" in table.stdout
     assert "No spore ops defined" in run_spore("ops").stdout
+    passes = run_spore("passes", "--json", plugins=("ops",))
+    assert json.loads(passes.stdout) == [
+        {
+            "name": "fixture-count-nodes",
+            "stage": "post_grad",
+            "priority": 3,
+            "device": None,
+            "version": "2",
+            "registered_by": "ops",
+        }
+    ]
+    assert "No graph passes registered" in run_spore("passes").stdout

@@ -257,6 +257,46 @@ def ops_cmd(as_json: bool) -> None:
     _console().print(table)
 
 
+# passes --------------------------------------------------------------------------------------
+@cli.command("passes")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+def passes_cmd(as_json: bool) -> None:
+    """List the graph passes registered through Spore: stage, priority, device, owner."""
+    registry = get_manager().registry("passes")
+    rows = [
+        {
+            "name": e.name,
+            "stage": e.value.stage,
+            "priority": e.value.priority,
+            "device": e.value.device,
+            "version": e.value.version,
+            "registered_by": e.owner,
+        }
+        for e in sorted(registry.entries(), key=lambda e: (e.value.stage, -e.value.priority))
+    ]
+    if as_json:
+        _echo_json(rows)
+        return
+    if not rows:
+        click.echo("No graph passes registered (see docs/core/passes.md).")
+        return
+    from rich.table import Table
+
+    table = Table(title="spore passes (per stage, in the order they run)")
+    for column in ("stage", "name", "priority", "device", "version", "registered by"):
+        table.add_column(column, overflow="fold")
+    for row in rows:
+        table.add_row(
+            row["stage"],
+            row["name"],
+            str(row["priority"]),
+            row["device"] or "any",
+            row["version"],
+            row["registered_by"],
+        )
+    _console().print(table)
+
+
 # backends ------------------------------------------------------------------------------------
 @cli.command("backends")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")

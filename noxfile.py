@@ -87,6 +87,16 @@ def integration(session: nox.Session) -> None:
 
 
 @nox.session(default=False)
+def mindspore(session: nox.Session) -> None:
+    """The MindSpore frontend against MindSpore 2.10 (CPU wheel, ~3 GB; not run by default).
+
+    MindSpore needs numpy<2, which constraints.txt does not allow, so torch is pinned here.
+    """
+    session.install("torch==2.13.0", "mindspore==2.10.0", "numpy<2", "./core[test]")
+    session.run("pytest", "core/tests_mindspore", *session.posargs)
+
+
+@nox.session(default=False)
 def bench(session: nox.Session) -> None:
     """Every registered benchmark (not run by default): `nox -s bench -- [PLUGIN...] [--json]`."""
     session.install(*CONSTRAINTS, "./core", *_all_packages())

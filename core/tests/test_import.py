@@ -27,3 +27,17 @@ def test_import_spore_imports_no_plugin_and_no_torch(fixtures_dir) -> None:
     )
     assert out.returncode == 0, out.stderr
     assert json.loads(out.stdout) == {"torch": False, "heavy": [], "plugins": []}
+
+
+def test_mindspore_frontend_says_what_is_missing() -> None:
+    import importlib.util
+
+    import pytest
+
+    if importlib.util.find_spec("mindspore") is not None:
+        import spore.frontends.mindspore as frontend
+
+        assert hasattr(frontend, "DispatchMode")
+        return
+    with pytest.raises(ImportError, match="needs MindSpore: pip install mindspore"):
+        import spore.frontends.mindspore  # noqa: F401

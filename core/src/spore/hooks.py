@@ -33,12 +33,8 @@ def _stack() -> list[tuple[Pack, Unpack]]:
     return _local.stack
 
 
-@contextmanager
-def saved_tensors_hooks(pack: Pack, unpack: Unpack) -> Iterator[None]:
-    """Add a (pack, unpack) pair on top of the active ones for the block (see module doc)."""
-    stack = _stack()
-    stack.append((pack, unpack))
-    chain = list(stack)
+def compose(chain: list[tuple[Pack, Unpack]]) -> tuple[Pack, Unpack]:
+    """One (pack, unpack) pair running ``chain`` outermost-first, and back in reverse."""
 
     def pack_all(value: Any) -> Any:
         for p, _ in chain:
@@ -50,11 +46,28 @@ def saved_tensors_hooks(pack: Pack, unpack: Unpack) -> Iterator[None]:
             value = u(value)
         return value
 
+    return pack_all, unpack_all
+
+
+@contextmanager
+def stacked(
+    stack: list[tuple[Pack, Unpack]],
+    pack: Pack,
+    unpack: Unpack,
+    install: Callable[[Pack, Unpack], Any],
+) -> Iterator[None]:
+    """Push (pack, unpack) on ``stack`` and install the composed pair with ``install``."""
+    stack.append((pack, unpack))
     try:
-        with torch.autograd.graph.saved_tensors_hooks(pack_all, unpack_all):
+        with install(*compose(list(stack))):
             yield
     finally:
         stack.pop()
+
+
+def saved_tensors_hooks(pack: Pack, unpack: Unpack) -> Any:
+    """Add a (pack, unpack) pair on top of the active ones for the block (see module doc)."""
+    return stacked(_stack(), pack, unpack, torch.autograd.graph.saved_tensors_hooks)
 
 
 def _nbytes(t: torch.Tensor) -> int:

@@ -1,0 +1,1 @@
+"""Frontends other than torch. ``spore.frontends.mindspore`` needs MindSpore installed."""

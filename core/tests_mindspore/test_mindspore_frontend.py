@@ -1,0 +1,52 @@
+"""Run by `nox -s mindspore` only (MindSpore is ~3 GB installed)."""
+
+from __future__ import annotations
+
+import mindspore
+import numpy as np
+import pytest
+from mindspore import Tensor, ops
+
+from spore.frontends import mindspore as frontend
+
+
+def test_dispatch_mode_counts_and_nests() -> None:
+    x = Tensor(np.array([1.0, 2.0, 3.0], np.float32))
+    with frontend.OpCounter() as outer:
+        _ = x * 2
+        with frontend.OpCounter() as inner:
+            y = x + x
+        _ = x - x
+    assert y.asnumpy().tolist() == [2.0, 4.0, 6.0]
+    assert sum(inner.counts.values()) == 1
+    assert sum(outer.counts.values()) >= 2
+
+
+def test_saved_tensor_hooks_compose_and_keep_gradients() -> None:
+    events = []
+
+    def fn(x):
+        outer = frontend.saved_tensors_hooks(lambda t: ("outer", t), lambda p: p[1])
+        inner = frontend.saved_tensors_hooks(lambda p: events.append(p[0]) or p, lambda p: p)
+        with outer, inner:
+            return (ops.sin(x) * x).sum()
+
+    x = Tensor(np.array([1.0, 2.0, 3.0], np.float32))
+    hooked = mindspore.grad(fn)(x).asnumpy()
+    plain = mindspore.grad(lambda v: (ops.sin(v) * v).sum())(x).asnumpy()
+    assert events
+    assert set(events) == {"outer"}
+    np.testing.assert_array_equal(hooked, plain)
+
+
+def test_plugin_forwarding_errors(tmp_path) -> None:
+    with pytest.raises(ValueError, match="does not exist"):
+        frontend.register_custom_pass("p", str(tmp_path / "missing.so"))
+    with pytest.raises(ValueError, match="device must be"):
+        frontend.register_custom_pass("p", str(tmp_path / "missing.so"), device="tpu")
+    not_a_library = tmp_path / "empty.so"
+    not_a_library.write_bytes(b"")
+    with pytest.raises(RuntimeError, match="MindSpore refused pass 'p'"):
+        frontend.register_custom_pass("p", str(not_a_library))
+    with pytest.raises(RuntimeError, match="MindSpore refused backend 'b'"):
+        frontend.register_custom_backend("b", str(not_a_library))

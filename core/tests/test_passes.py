@@ -141,3 +141,20 @@ def test_fx_graph_cache_hits_when_unchanged_and_misses_after_a_new_pass(tmp_path
     assert r["first"] == 2  # compiled twice (a, c); the cache hit ran no pass
     assert r["second"] == 1
     assert r["user"] == 2, "the pass the user had in the slot keeps running"
+
+
+def test_uuid_follows_the_registered_set_and_versions(spore_manager) -> None:
+    from torch._inductor import config
+
+    spore_manager()
+    first = Record()
+    spore.register_custom_pass(first, name="uuid-probe")
+    multiplexer = config.post_grad_custom_post_pass
+    assert type(multiplexer).__name__ == "SporePassMultiplexer"
+    before = multiplexer.uuid()
+    assert multiplexer.uuid() == before  # stable while nothing changes
+    first.version = "2"
+    bumped = multiplexer.uuid()
+    assert bumped != before
+    spore.register_custom_pass(Record(), name="uuid-probe-2")
+    assert multiplexer.uuid() not in (before, bumped)

@@ -50,3 +50,17 @@ def test_plugin_forwarding_errors(tmp_path) -> None:
         frontend.register_custom_pass("p", str(not_a_library))
     with pytest.raises(RuntimeError, match="MindSpore refused backend 'b'"):
         frontend.register_custom_backend("b", str(not_a_library))
+
+
+def test_the_documented_example_runs(tmp_path) -> None:
+    import re
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    page = Path(__file__).resolve().parents[2] / "docs" / "core" / "mindspore.md"
+    (block,) = re.findall(r"```python\n(.*?)```", page.read_text(), re.S)
+    script = tmp_path / "example.py"
+    script.write_text(block)
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]

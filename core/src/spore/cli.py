@@ -6,6 +6,7 @@ import json
 import platform
 import subprocess
 import sys
+from collections.abc import Callable
 from typing import Any
 
 import click
@@ -39,6 +40,31 @@ def _styled(status: str) -> str:
 
 def _echo_json(data: Any) -> None:
     click.echo(json.dumps(data, indent=2, sort_keys=False))
+
+
+def _emit_rows(
+    rows: list[dict[str, Any]],
+    *,
+    as_json: bool,
+    empty: str,
+    title: str,
+    columns: list[tuple[str, Callable[[dict[str, Any]], str]]],
+) -> None:
+    """Print a listing: JSON for machines, else a rich table (or ``empty`` when no rows)."""
+    if as_json:
+        _echo_json(rows)
+        return
+    if not rows:
+        click.echo(empty)
+        return
+    from rich.table import Table
+
+    table = Table(title=title)
+    for header, _ in columns:
+        table.add_column(header, overflow="fold")
+    for row in rows:
+        table.add_row(*(cell(row) for _, cell in columns))
+    _console().print(table)
 
 
 class SporeGroup(click.Group):
@@ -237,24 +263,26 @@ def ops_cmd(as_json: bool) -> None:
                 },
             }
         )
-    if as_json:
-        _echo_json(rows)
-        return
-    if not rows:
-        click.echo("No spore ops defined (plugins define them through spore_register_ops).")
-        return
-    from rich.table import Table
+    _emit_rows(
+        rows,
+        as_json=as_json,
+        empty="No spore ops defined (plugins define them through spore_register_ops).",
+        title="spore ops (kernels in the order tried; else the reference)",
+        columns=[
+            ("op", lambda r: r["op"]),
+            ("schema", lambda r: r["schema"]),
+            ("defined by", lambda r: r["defined_by"]),
+            ("kernels", _kernels_cell),
+        ],
+    )
 
-    table = Table(title="spore ops (kernels in the order tried; else the reference)")
-    for column in ("op", "schema", "defined by", "kernels"):
-        table.add_column(column, overflow="fold")
-    for row in rows:
-        kernels = "; ".join(
-            f"{device}: " + ", ".join(f"{k['provider']} ({k['priority']})" for k in ks)
-            for device, ks in row["kernels"].items()
-        )
-        table.add_row(row["op"], row["schema"], row["defined_by"], kernels or "reference only")
-    _console().print(table)
+
+def _kernels_cell(row: dict[str, Any]) -> str:
+    cells = [
+        f"{device}: " + ", ".join(f"{k['provider']} ({k['priority']})" for k in kernels)
+        for device, kernels in row["kernels"].items()
+    ]
+    return "; ".join(cells) or "reference only"
 
 
 # passes --------------------------------------------------------------------------------------
@@ -274,27 +302,20 @@ def passes_cmd(as_json: bool) -> None:
         }
         for e in sorted(registry.entries(), key=lambda e: (e.value.stage, -e.value.priority))
     ]
-    if as_json:
-        _echo_json(rows)
-        return
-    if not rows:
-        click.echo("No graph passes registered (see docs/core/passes.md).")
-        return
-    from rich.table import Table
-
-    table = Table(title="spore passes (per stage, in the order they run)")
-    for column in ("stage", "name", "priority", "device", "version", "registered by"):
-        table.add_column(column, overflow="fold")
-    for row in rows:
-        table.add_row(
-            row["stage"],
-            row["name"],
-            str(row["priority"]),
-            row["device"] or "any",
-            row["version"],
-            row["registered_by"],
-        )
-    _console().print(table)
+    _emit_rows(
+        rows,
+        as_json=as_json,
+        empty="No graph passes registered (see docs/core/passes.md).",
+        title="spore passes (per stage, in the order they run)",
+        columns=[
+            ("stage", lambda r: r["stage"]),
+            ("name", lambda r: r["name"]),
+            ("priority", lambda r: str(r["priority"])),
+            ("device", lambda r: r["device"] or "any"),
+            ("version", lambda r: r["version"]),
+            ("registered by", lambda r: r["registered_by"]),
+        ],
+    )
 
 
 # backends ------------------------------------------------------------------------------------
@@ -312,22 +333,18 @@ def backends_cmd(as_json: bool) -> None:
         }
         for e in registry.entries()
     ]
-    if as_json:
-        _echo_json(rows)
-        return
-    if not rows:
-        click.echo(
-            "No backends registered through Spore (torch's own: torch._dynamo.list_backends())."
-        )
-        return
-    from rich.table import Table
-
-    table = Table(title="spore backends (torch.compile(model, backend=NAME))")
-    for column in ("name", "registered by", "fallback to eager", "description"):
-        table.add_column(column, overflow="fold")
-    for row in rows:
-        table.add_row(row["name"], row["registered_by"], str(row["fallback"]), row["description"])
-    _console().print(table)
+    _emit_rows(
+        rows,
+        as_json=as_json,
+        empty="No backends registered through Spore (torch's own: torch._dynamo.list_backends()).",
+        title="spore backends (torch.compile(model, backend=NAME))",
+        columns=[
+            ("name", lambda r: r["name"]),
+            ("registered by", lambda r: r["registered_by"]),
+            ("fallback to eager", lambda r: str(r["fallback"])),
+            ("description", lambda r: r["description"]),
+        ],
+    )
 
 
 # doctor --------------------------------------------------------------------------------------

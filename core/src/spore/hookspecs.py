@@ -33,7 +33,10 @@ def spore_addhooks(pluginmanager: pluggy.PluginManager) -> None:
 
 @hookspec
 def spore_register_ops(registry: Registry[Any]) -> None:
-    """Register ops and per-device kernels with ``registry.add(...)``.
+    """Define ops and add per-device kernels (a :class:`spore.registry.OpRegistry`).
+
+    ``registry.define(name, schema, reference=...)`` creates ``torch.ops.spore.<name>``;
+    ``registry.kernel(op, device, fn, priority=0, supports=None)`` adds this plugin's kernel.
 
     .. versionadded:: 0.1.0
     """
@@ -41,7 +44,7 @@ def spore_register_ops(registry: Registry[Any]) -> None:
 
 @hookspec
 def spore_register_passes(registry: Registry[Any]) -> None:
-    """Register graph passes with ``registry.add(...)``.
+    """Register graph passes: ``registry.add(pass_, stage="post_grad", priority=0, device=None)``.
 
     .. versionadded:: 0.1.0
     """
@@ -49,7 +52,7 @@ def spore_register_passes(registry: Registry[Any]) -> None:
 
 @hookspec
 def spore_register_backends(registry: Registry[Any]) -> None:
-    """Register compile backends with ``registry.add(...)``.
+    """Register compile backends: ``registry.add(spore.backends.Backend(name, compiler_fn))``.
 
     .. versionadded:: 0.1.0
     """

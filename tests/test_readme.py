@@ -53,4 +53,5 @@ def test_setup_command_works_in_a_fresh_venv(tmp_path) -> None:
     assert "spore doctor" in out.stdout
     assert "2.13.0" in out.stdout
     assert "mccl" in out.stdout
+    assert "spore-kernels" in out.stdout
     assert (checkout / ".venv/bin/spore").exists()

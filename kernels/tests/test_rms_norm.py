@@ -1,0 +1,124 @@
+"""rms_norm: the C++ CPU kernel against the plain-torch reference, and the op's contract."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import spore
+from spore import dispatch
+from spore_kernels import cpu, reference
+
+TOL = {torch.float32: 1e-5, torch.bfloat16: 1e-2, torch.float16: 2e-3}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def ops_loaded():
+    spore.get_registry("ops")
+
+
+def _pair(rows: int, cols: int, dtype: torch.dtype, seed: int):
+    g = torch.Generator().manual_seed(seed)
+    x = (torch.randn(rows, cols, generator=g) * 3).to(dtype)
+    w = torch.randn(cols, generator=g).to(dtype)
+    return x, w
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    rows=st.integers(0, 9),
+    cols=st.sampled_from([1, 2, 3, 7, 8, 15, 16, 17, 64, 129, 1000]),
+    dtype=st.sampled_from(list(TOL)),
+    seed=st.integers(0, 2**16),
+    eps=st.sampled_from([1e-6, 1e-5, 0.1]),
+)
+def test_kernel_matches_reference(rows, cols, dtype, seed, eps) -> None:
+    x, w = _pair(rows, cols, dtype, seed)
+    assert cpu.rms_norm_supports(x, w, eps)
+    out = torch.ops.spore.rms_norm(x, w, eps)
+    expected = reference.rms_norm(x, w, eps)
+    assert out.dtype == dtype
+    assert out.shape == x.shape
+    torch.testing.assert_close(out, expected, rtol=TOL[dtype], atol=TOL[dtype])
+
+
+def test_large_hidden_size_and_batch_dims() -> None:
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(2, 3, 13824, generator=g)
+    w = torch.randn(13824, generator=g)
+    torch.testing.assert_close(torch.ops.spore.rms_norm(x, w, 1e-6), reference.rms_norm(x, w, 1e-6))
+    assert dispatch.explain("rms_norm", x, w, 1e-6).chosen == "kernels"
+
+
+def test_bf16_rounds_to_nearest_even_once() -> None:
+    """Computed in fp32 and rounded once: equal to the fp32 result rounded to bf16."""
+    x, w = _pair(64, 256, torch.bfloat16, 3)
+    out = torch.ops.spore.rms_norm(x, w, 1e-6)
+    exact = reference.rms_norm(x.float(), w.float(), 1e-6).to(torch.bfloat16)
+    mismatches = (out != exact).sum().item()
+    assert mismatches <= out.numel() * 0.001, f"{mismatches} values differ from one rounding"
+
+
+def test_non_contiguous_and_mixed_dtypes_use_the_reference() -> None:
+    x, w = _pair(8, 32, torch.float32, 4)
+    strided = x.t().contiguous().t()
+    assert not strided.is_contiguous()
+    report = dispatch.explain("rms_norm", strided, w, 1e-6)
+    assert report.chosen == "reference"
+    torch.testing.assert_close(
+        torch.ops.spore.rms_norm(strided, w, 1e-6), reference.rms_norm(strided, w, 1e-6)
+    )
+    assert dispatch.explain("rms_norm", x.double(), w.double(), 1e-6).chosen == "reference"
+    assert dispatch.explain("rms_norm", x, w.half(), 1e-6).chosen == "reference"
+
+
+@pytest.mark.parametrize(
+    ("x", "w", "error", "message"),
+    [
+        (torch.ones(2, 4, dtype=torch.int64), torch.ones(4), TypeError, "floating-point"),
+        (torch.ones(2, 4), torch.ones(3), ValueError, r"weight must have shape \(4,\)"),
+        (torch.ones(2, 4), torch.ones(2, 4), ValueError, "weight must have shape"),
+        (torch.ones(()), torch.ones(()), ValueError, "at least one dimension"),
+    ],
+)
+def test_bad_input_is_a_clear_error(x, w, error, message) -> None:
+    with pytest.raises(error, match=message):
+        torch.ops.spore.rms_norm(x, w, 1e-6)
+
+
+def test_gradients_match_autograd_of_the_reference_in_float64() -> None:
+    x, w = _pair(4, 16, torch.float64, 5)
+    x.requires_grad_()
+    w.requires_grad_()
+    assert torch.autograd.gradcheck(lambda a, b: torch.ops.spore.rms_norm(a, b, 1e-6), (x, w))
+    x32, w32 = (t.detach().float().requires_grad_() for t in (x, w))
+    torch.ops.spore.rms_norm(x32, w32, 1e-6).sum().backward()
+    xr, wr = (t.detach().requires_grad_() for t in (x, w))
+    reference.rms_norm(xr, wr, 1e-6).sum().backward()
+    torch.testing.assert_close(x32.grad.double(), xr.grad, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(w32.grad.double(), wr.grad, rtol=1e-4, atol=1e-4)
+
+
+def test_compiles_fullgraph() -> None:
+    x, w = _pair(8, 64, torch.float32, 6)
+    compiled = torch.compile(lambda a, b: torch.ops.spore.rms_norm(a, b, 1e-6) * 2, fullgraph=True)
+    torch.testing.assert_close(compiled(x, w), reference.rms_norm(x, w, 1e-6) * 2)
+
+
+def test_the_library_refuses_bad_arguments() -> None:
+    from spore_kernels._lib import KernelError, check, library
+
+    lib = library()
+    assert lib.spore_rms_norm(None, None, None, 1, 1, 1e-6, 0, 1) == 1
+    x = torch.ones(4)
+    assert lib.spore_rms_norm(x.data_ptr(), x.data_ptr(), x.data_ptr(), 1, 4, 1e-6, 9, 1) == 2
+    with pytest.raises(KernelError, match="unsupported dtype"):
+        check(2, "spore_rms_norm")
+
+
+def test_plugin_contract(spore_plugin_contract) -> None:
+    info = spore_plugin_contract("kernels")
+    assert "rms_norm" in info.registered["ops"]
+    assert "rms_norm[cpu]@kernels" in info.registered["ops"]

@@ -40,34 +40,31 @@ def _spore(s: dict[str, Any]) -> torch.Tensor:
     return torch.ops.spore.rms_norm(s["x"], s["w"], EPS)
 
 
+BASELINES: list[tuple[str, str, Any]] = [
+    ("eager", "eager composite", lambda s: _composite(s["x"], s["w"])),
+    (
+        "F.rms_norm",
+        "torch.nn.functional.rms_norm",
+        lambda s: torch.nn.functional.rms_norm(s["x"], (COLS,), s["w"], EPS),
+    ),
+    (
+        "compile",
+        "torch.compile of the composite (Inductor)",
+        lambda s: s["compiled"](s["x"], s["w"]),
+    ),
+]
+
+
 def benchmarks() -> list[Benchmark]:
-    cases = []
-    for dtype, tag in ((torch.float32, "fp32"), (torch.bfloat16, "bf16")):
-        shape = f"{ROWS}x{COLS} {tag}"
-        cases += [
-            Benchmark(
-                name=f"rms_norm-fwd-{tag}-vs-eager",
-                baseline=lambda s: _composite(s["x"], s["w"]),
-                candidate=_spore,
-                baseline_label=f"eager composite, {shape}",
-                setup=_inputs(dtype),
-                check=_close,
-            ),
-            Benchmark(
-                name=f"rms_norm-fwd-{tag}-vs-F.rms_norm",
-                baseline=lambda s: torch.nn.functional.rms_norm(s["x"], (COLS,), s["w"], EPS),
-                candidate=_spore,
-                baseline_label=f"torch.nn.functional.rms_norm, {shape}",
-                setup=_inputs(dtype),
-                check=_close,
-            ),
-            Benchmark(
-                name=f"rms_norm-fwd-{tag}-vs-compile",
-                baseline=lambda s: s["compiled"](s["x"], s["w"]),
-                candidate=_spore,
-                baseline_label=f"torch.compile of the composite (Inductor), {shape}",
-                setup=_inputs(dtype),
-                check=_close,
-            ),
-        ]
-    return cases
+    return [
+        Benchmark(
+            name=f"rms_norm-fwd-{tag}-vs-{short}",
+            baseline=baseline,
+            candidate=_spore,
+            baseline_label=f"{label}, {ROWS}x{COLS} {tag}",
+            setup=_inputs(dtype),
+            check=_close,
+        )
+        for dtype, tag in ((torch.float32, "fp32"), (torch.bfloat16, "bf16"))
+        for short, label, baseline in BASELINES
+    ]

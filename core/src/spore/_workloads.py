@@ -10,6 +10,7 @@ import argparse
 import json
 import resource
 import statistics
+import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -128,6 +129,21 @@ def measure(name: str, iters: int, warmup: int = 12) -> dict[str, float]:
         "faults_per_iter": (_faults() - faults) / iters,
         "rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
     }
+
+
+def run_workload(workload: str, env: dict[str, str], iters: int = 5) -> dict[str, float]:
+    """Run ``workload`` in a child process with environment ``env``; its JSON figures."""
+    out = subprocess.run(
+        [sys.executable, "-m", "spore._workloads", workload, "--iters", str(iters)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    if out.returncode != 0:
+        raise RuntimeError(f"workload {workload!r} exited {out.returncode}: {out.stderr[-1500:]}")
+    return json.loads(out.stdout.splitlines()[-1])
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -5,40 +5,21 @@ It contributes the core's doctor checks and the allocator benchmarks (``spore be
 
 from __future__ import annotations
 
-import json
 import os
-import subprocess
-import sys
 from collections.abc import Callable
 from typing import Any
 
 from spore import hookimpl
+from spore._workloads import run_workload
 from spore.bench import Benchmark
 from spore.doctor import Report, core_checks
 from spore.registry import Registry
 from spore.runtime import system_env
 
-WORKLOAD_ITERS = 5
-
 
 @hookimpl
 def spore_doctor(report: Report) -> None:
     core_checks(report)
-
-
-def run_workload(workload: str, env: dict[str, str], iters: int = WORKLOAD_ITERS) -> dict:
-    """Run ``spore._workloads`` in a child with ``env``; its JSON figures."""
-    out = subprocess.run(
-        [sys.executable, "-m", "spore._workloads", workload, "--iters", str(iters)],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=False,
-    )
-    if out.returncode != 0:
-        raise RuntimeError(f"workload {workload!r} exited {out.returncode}: {out.stderr[-1500:]}")
-    return json.loads(out.stdout.splitlines()[-1])
 
 
 def _envs() -> dict[str, dict[str, str]]:

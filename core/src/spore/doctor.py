@@ -251,8 +251,7 @@ def check_plugins(report: Report, infos: list[PluginInfo]) -> None:
 
 def check_allocator(report: Report) -> None:
     """Measure the fresh-allocation penalty here, and what ``spore run`` would gain."""
-    from spore._workloads import measure
-    from spore.builtin import run_workload
+    from spore._workloads import measure, run_workload
     from spore.runtime import RuntimeConfigError, allocator_in_use, cpu_plan
 
     fresh = measure("fresh", iters=5)["seconds"]

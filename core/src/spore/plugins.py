@@ -345,6 +345,13 @@ class PluginManager:
                 self._fail(info, "implements an unknown hook", exc)
                 break
 
+    def _impls(self, hookname: str) -> list[Any]:
+        """Implementations of ``hookname``: the core's first, then by plugin name."""
+        return sorted(
+            getattr(self.pm.hook, hookname).get_hookimpls(),
+            key=lambda i: (i.plugin_name != CORE_PLUGIN, i.plugin_name),
+        )
+
     def _call_each(
         self,
         hookname: str,
@@ -352,11 +359,7 @@ class PluginManager:
         **kwargs: Any,
     ) -> None:
         """Call ``hookname`` on each live plugin separately, core first, then by name."""
-        caller = getattr(self.pm.hook, hookname)
-        impls = sorted(
-            caller.get_hookimpls(),
-            key=lambda i: (i.plugin_name != CORE_PLUGIN, i.plugin_name),
-        )
+        impls = self._impls(hookname)
         for impl in impls:
             info = self._infos[impl.plugin_name]
             if info.status not in (None, Status.ACTIVE):
@@ -460,11 +463,7 @@ class PluginManager:
         caller's to handle: such hooks act for the caller (e.g. starting a process group).
         """
         self.load()
-        caller = getattr(self.pm.hook, hookname)
-        impls = sorted(
-            caller.get_hookimpls(),
-            key=lambda i: (i.plugin_name != CORE_PLUGIN, i.plugin_name),
-        )
+        impls = self._impls(hookname)
         for impl in impls:
             if self._infos[impl.plugin_name].status is not Status.ACTIVE:
                 continue

@@ -1,15 +1,45 @@
-"""Builds the CPU kernels as a plain shared library (C ABI, loaded with ctypes; no torch)."""
+"""Builds the CPU kernels as plain shared libraries (C ABI, loaded with ctypes; no torch).
+
+On x86-64 the sources are compiled three times — for x86-64-v4 (AVX-512), x86-64-v3 (AVX2,
+FMA, F16C) and the baseline — and ``spore_kernels._lib`` loads the best one this CPU runs.
+Elsewhere there is one baseline build.
+"""
+
+import os
+import platform
+from glob import glob
 
 from setuptools import Extension, setup
+from setuptools.command.build_ext import build_ext
 
-setup(
-    ext_modules=[
-        Extension(
-            "spore_kernels._cpu",
-            sources=["csrc/cpu_kernels.cpp"],
-            language="c++",
-            extra_compile_args=["-O3", "-std=c++17", "-fopenmp", "-fno-math-errno"],
-            extra_link_args=["-fopenmp"],
-        )
-    ]
-)
+SOURCES = sorted(glob("csrc/*.cpp"))
+FLAGS = ["-O3", "-std=c++17", "-fopenmp", "-fno-math-errno", "-fvisibility=hidden"]
+X86 = platform.machine().lower() in {"x86_64", "amd64"}
+ISAS = {"v4": ["-march=x86-64-v4", "-mprefer-vector-width=512"], "v3": ["-march=x86-64-v3"]}
+
+
+def extension(isa: str, arch: list[str]) -> Extension:
+    return Extension(
+        f"spore_kernels._cpu_{isa}",
+        sources=SOURCES,
+        depends=glob("csrc/*.h"),
+        language="c++",
+        extra_compile_args=[*FLAGS, *arch, f'-DSPORE_ISA="{isa}"'],
+        extra_link_args=["-fopenmp"],
+    )
+
+
+class PerExtensionTemp(build_ext):
+    """Each ISA compiles the same sources: give each its own object directory."""
+
+    def build_extension(self, ext: Extension) -> None:
+        base = self.build_temp
+        self.build_temp = os.path.join(base, ext.name)
+        try:
+            super().build_extension(ext)
+        finally:
+            self.build_temp = base
+
+
+builds = [extension(isa, arch) for isa, arch in ISAS.items()] if X86 else []
+setup(ext_modules=[*builds, extension("base", [])], cmdclass={"build_ext": PerExtensionTemp})

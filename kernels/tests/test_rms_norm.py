@@ -9,7 +9,8 @@ from hypothesis import strategies as st
 
 import spore
 from spore import dispatch
-from spore_kernels import cpu, reference
+from spore_kernels import _lib
+from spore_kernels.ops import rms_norm as op
 
 TOL = {torch.float32: 1e-5, torch.bfloat16: 1e-2, torch.float16: 2e-3}
 
@@ -36,9 +37,9 @@ def _pair(rows: int, cols: int, dtype: torch.dtype, seed: int):
 )
 def test_kernel_matches_reference(rows, cols, dtype, seed, eps) -> None:
     x, w = _pair(rows, cols, dtype, seed)
-    assert cpu.rms_norm_supports(x, w, eps)
+    assert op.supports(x, w, eps)
     out = torch.ops.spore.rms_norm(x, w, eps)
-    expected = reference.rms_norm(x, w, eps)
+    expected = op.reference(x, w, eps)
     assert out.dtype == dtype
     assert out.shape == x.shape
     torch.testing.assert_close(out, expected, rtol=TOL[dtype], atol=TOL[dtype])
@@ -48,7 +49,7 @@ def test_large_hidden_size_and_batch_dims() -> None:
     g = torch.Generator().manual_seed(1)
     x = torch.randn(2, 3, 13824, generator=g)
     w = torch.randn(13824, generator=g)
-    torch.testing.assert_close(torch.ops.spore.rms_norm(x, w, 1e-6), reference.rms_norm(x, w, 1e-6))
+    torch.testing.assert_close(torch.ops.spore.rms_norm(x, w, 1e-6), op.reference(x, w, 1e-6))
     assert dispatch.explain("rms_norm", x, w, 1e-6).chosen == "kernels"
 
 
@@ -56,7 +57,7 @@ def test_bf16_rounds_to_nearest_even_once() -> None:
     """Computed in fp32 and rounded once: equal to the fp32 result rounded to bf16."""
     x, w = _pair(64, 256, torch.bfloat16, 3)
     out = torch.ops.spore.rms_norm(x, w, 1e-6)
-    exact = reference.rms_norm(x.float(), w.float(), 1e-6).to(torch.bfloat16)
+    exact = op.reference(x.float(), w.float(), 1e-6).to(torch.bfloat16)
     mismatches = (out != exact).sum().item()
     assert mismatches <= out.numel() * 0.001, f"{mismatches} values differ from one rounding"
 
@@ -68,7 +69,7 @@ def test_non_contiguous_and_mixed_dtypes_use_the_reference() -> None:
     report = dispatch.explain("rms_norm", strided, w, 1e-6)
     assert report.chosen == "reference"
     torch.testing.assert_close(
-        torch.ops.spore.rms_norm(strided, w, 1e-6), reference.rms_norm(strided, w, 1e-6)
+        torch.ops.spore.rms_norm(strided, w, 1e-6), op.reference(strided, w, 1e-6)
     )
     assert dispatch.explain("rms_norm", x.double(), w.double(), 1e-6).chosen == "reference"
     assert dispatch.explain("rms_norm", x, w.half(), 1e-6).chosen == "reference"
@@ -96,7 +97,7 @@ def test_gradients_match_autograd_of_the_reference_in_float64() -> None:
     x32, w32 = (t.detach().float().requires_grad_() for t in (x, w))
     torch.ops.spore.rms_norm(x32, w32, 1e-6).sum().backward()
     xr, wr = (t.detach().requires_grad_() for t in (x, w))
-    reference.rms_norm(xr, wr, 1e-6).sum().backward()
+    op.reference(xr, wr, 1e-6).sum().backward()
     torch.testing.assert_close(x32.grad.double(), xr.grad, rtol=1e-4, atol=1e-4)
     torch.testing.assert_close(w32.grad.double(), wr.grad, rtol=1e-4, atol=1e-4)
 
@@ -104,18 +105,37 @@ def test_gradients_match_autograd_of_the_reference_in_float64() -> None:
 def test_compiles_fullgraph() -> None:
     x, w = _pair(8, 64, torch.float32, 6)
     compiled = torch.compile(lambda a, b: torch.ops.spore.rms_norm(a, b, 1e-6) * 2, fullgraph=True)
-    torch.testing.assert_close(compiled(x, w), reference.rms_norm(x, w, 1e-6) * 2)
+    torch.testing.assert_close(compiled(x, w), op.reference(x, w, 1e-6) * 2)
+
+
+@pytest.mark.parametrize("isa", _lib.available())
+def test_every_installed_build_computes_the_same(isa) -> None:
+    """The v4/v3/base builds of the library (whichever this CPU runs) agree with the reference."""
+    fn = _lib.function("spore_rms_norm", op._FWD, _lib.load(isa))
+    for dtype in TOL:
+        x, w = _pair(5, 301, dtype, 7)
+        y = torch.empty_like(x)
+        assert (
+            fn(x.data_ptr(), w.data_ptr(), y.data_ptr(), 5, 301, 1e-6, _lib.dtype_code(x), 2) == 0
+        )
+        torch.testing.assert_close(y, op.reference(x, w, 1e-6), rtol=TOL[dtype], atol=TOL[dtype])
 
 
 def test_the_library_refuses_bad_arguments() -> None:
-    from spore_kernels._lib import KernelError, check, library
-
-    lib = library()
-    assert lib.spore_rms_norm(None, None, None, 1, 1, 1e-6, 0, 1) == 1
+    fwd = _lib.function("spore_rms_norm", op._FWD)
+    assert fwd(None, None, None, 1, 1, 1e-6, 0, 1) == 1
     x = torch.ones(4)
-    assert lib.spore_rms_norm(x.data_ptr(), x.data_ptr(), x.data_ptr(), 1, 4, 1e-6, 9, 1) == 2
-    with pytest.raises(KernelError, match="unsupported dtype"):
-        check(2, "spore_rms_norm")
+    assert fwd(x.data_ptr(), x.data_ptr(), x.data_ptr(), 1, 4, 1e-6, 9, 1) == 2
+    assert fwd(x.data_ptr(), x.data_ptr(), x.data_ptr(), 1, 4, 1e-6, 0, 0) == 1
+    with pytest.raises(_lib.KernelError, match="unsupported dtype"):
+        _lib.call(
+            "spore_rms_norm", op._FWD, x.data_ptr(), x.data_ptr(), x.data_ptr(), 1, 4, 1e-6, 9, 1
+        )
+
+
+def test_a_forced_build_that_does_not_exist_is_a_clear_error(monkeypatch) -> None:
+    with pytest.raises(ImportError, match="choose one of v4, v3, base"):
+        _lib.load("avx9")
 
 
 def test_plugin_contract(spore_plugin_contract) -> None:

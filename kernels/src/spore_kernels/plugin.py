@@ -1,4 +1,4 @@
-"""spore-kernels' Spore hooks: the ops with their CPU kernels, and the benchmarks."""
+"""spore-kernels' Spore hooks: the ops with their kernels, and the benchmarks."""
 
 from __future__ import annotations
 
@@ -8,12 +8,10 @@ from spore.registry import OpRegistry, Registry
 
 @spore.hookimpl
 def spore_register_ops(registry: OpRegistry) -> None:
-    from spore_kernels import cpu, reference
+    from spore_kernels.ops import FAMILIES
 
-    op = registry.define(
-        "rms_norm", "(Tensor x, Tensor weight, float eps) -> Tensor", reference=reference.rms_norm
-    )
-    registry.kernel(op, "cpu", cpu.rms_norm, priority=10, supports=cpu.rms_norm_supports)
+    for family in FAMILIES:
+        family.register(registry)
 
 
 @spore.hookimpl

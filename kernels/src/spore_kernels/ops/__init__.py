@@ -1,0 +1,6 @@
+"""One module per op family: its checks, reference (the oracle), CPU kernel wrappers, autograd
+and ``register(registry)``. ``FAMILIES`` is the list the plugin registers, in order."""
+
+from spore_kernels.ops import rms_norm
+
+FAMILIES = [rms_norm]

@@ -1,0 +1,84 @@
+"""``spore bench hyperparallel``: the default run's step time under ``spore train`` (FSDP2 over
+local ranks, one core each) against a plain single-process loop on the same model and global
+batch using all the cores. Both sides run as child processes under the same allocator."""
+
+from __future__ import annotations
+
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from spore.bench import Benchmark
+from spore.runtime import usable_cores
+
+STEPS, WARMUP = 25, 5
+
+
+def _run(cmd: list[str]) -> str:
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=900, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd[:4])} failed ({done.returncode}): {done.stderr[-2000:]}")
+    return done.stdout
+
+
+def _plain(nproc: int) -> dict[str, float]:
+    out = _run(
+        [
+            sys.executable,
+            "-m",
+            "hyperparallel.plain_loop",
+            "--set",
+            f"parallel.nproc={nproc}",
+            "--steps",
+            str(STEPS),
+            "--warmup",
+            str(WARMUP),
+        ]
+    )
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def _spore_train(nproc: int) -> dict[str, float]:
+    with tempfile.TemporaryDirectory(prefix="spore-bench-train-") as tmp:
+        _run(
+            [
+                sys.executable,
+                "-m",
+                "hyperparallel",
+                "--nproc",
+                str(nproc),
+                "--output",
+                tmp,
+                "--set",
+                f"run.steps={STEPS + WARMUP}",
+                "--set",
+                "checkpoint.every=0",
+                "--set",
+                "checkpoint.export=false",
+            ]
+        )
+        lines = (Path(tmp) / "metrics.jsonl").read_text().splitlines()
+    records = [json.loads(line) for line in lines][WARMUP:]
+    step = statistics.median(r["step_time_s"] for r in records)
+    return {"seconds": step, "tokens_per_s": statistics.median(r["tokens_per_s"] for r in records)}
+
+
+def benchmarks() -> list[Benchmark]:
+    nproc = max(1, min(2, len(usable_cores())))
+    return [
+        Benchmark(
+            name=f"train-default-step-{nproc}ranks",
+            baseline=lambda _: _plain(nproc),
+            candidate=lambda _: _spore_train(nproc),
+            baseline_label=(
+                f"plain single-process PyTorch loop, same model and global batch, "
+                f"{len(usable_cores())} threads"
+            ),
+            candidate_label=f"spore train, FSDP2 over {nproc} ranks",
+            description="per-step time of the embedded default run",
+            self_timed=True,
+        )
+    ]

@@ -1,0 +1,155 @@
+"""Checkpoints with torch.distributed.checkpoint, written so a crash never costs the last one.
+
+Layout under ``<output>/checkpoints``: ``step_00000100/`` is complete (DCP shards of model and
+optimizer, ``trainer.pt`` with step, scheduler, data position and per-rank RNG states, and
+``meta.json``); every rank writes into ``.tmp-step_00000100/`` first and rank 0 renames it into
+place after all ranks finished, so a directory named ``step_*`` is always whole. Stale temporary
+directories (a killed save) are removed by the next save; the oldest complete ones beyond
+``keep`` are deleted after a successful save.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.distributed.checkpoint.stateful import Stateful
+
+STEP_DIR = re.compile(r"^step_(\d{8})$")
+
+
+class TrainState(Stateful):
+    """Model and optimizer as DCP sees them (sharded, resharded on load)."""
+
+    def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
+        self.model = model
+        self.optimizer = optimizer
+
+    def state_dict(self) -> dict[str, Any]:
+        model_sd, optim_sd = get_state_dict(self.model, self.optimizer)
+        return {"model": model_sd, "optim": optim_sd}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        set_state_dict(
+            self.model,
+            self.optimizer,
+            model_state_dict=state["model"],
+            optim_state_dict=state["optim"],
+        )
+
+
+def directory(output: str | Path) -> Path:
+    return Path(output) / "checkpoints"
+
+
+def complete(output: str | Path) -> list[Path]:
+    """Complete checkpoints, oldest first."""
+    root = directory(output)
+    if not root.is_dir():
+        return []
+    found = [p for p in root.iterdir() if STEP_DIR.match(p.name) and (p / "meta.json").is_file()]
+    return sorted(found, key=lambda p: p.name)
+
+
+def find(path: str | Path) -> Path:
+    """The checkpoint to resume from: ``path`` itself, or the newest complete one under it."""
+    given = Path(path)
+    if STEP_DIR.match(given.name) and (given / "meta.json").is_file():
+        return given
+    for output in (given, given.parent):
+        found = complete(output)
+        if found:
+            return found[-1]
+    raise FileNotFoundError(
+        f"no complete checkpoint in {given} (looked for {directory(given)}/step_*/meta.json); "
+        f"train without --resume first, or point --resume at a checkpoint directory"
+    )
+
+
+def _rng_state() -> dict[str, Any]:
+    state = {"cpu": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state()
+    return state
+
+
+def save(
+    output: str | Path,
+    step: int,
+    state: TrainState,
+    extra: dict[str, Any],
+    *,
+    keep: int,
+) -> Path:
+    """Write checkpoint ``step`` collectively (every rank calls this); returns its directory."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    root = directory(output)
+    final = root / f"step_{step:08d}"
+    tmp = root / f".tmp-{final.name}"
+    if rank == 0:
+        for stale in root.glob(".tmp-step_*"):
+            shutil.rmtree(stale, ignore_errors=True)
+        tmp.mkdir(parents=True)
+    dist.barrier()
+    dcp.save({"train": state}, checkpoint_id=str(tmp))
+    torch.save({"rng": _rng_state()}, tmp / f"rng_rank{rank:05d}.pt")
+    if rank == 0:
+        torch.save(extra, tmp / "trainer.pt")
+    dist.barrier()
+    if rank == 0:
+        meta = {"step": step, "world_size": world, "time": time.time()}
+        (tmp / "meta.json").write_text(json.dumps(meta))
+        if final.exists():
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+        for old in complete(output)[:-keep]:
+            shutil.rmtree(old, ignore_errors=True)
+    dist.barrier()
+    return final
+
+
+def load(path: Path, state: TrainState) -> dict[str, Any]:
+    """Restore model, optimizer and this rank's RNG from ``path``; returns the trainer extras."""
+    rank = dist.get_rank()
+    meta = json.loads((path / "meta.json").read_text())
+    dcp.load({"train": state}, checkpoint_id=str(path))
+    rng_file = path / f"rng_rank{rank:05d}.pt"
+    if meta["world_size"] == dist.get_world_size() and rng_file.is_file():
+        rng = torch.load(rng_file, weights_only=True)["rng"]
+        torch.set_rng_state(rng["cpu"])
+        if "cuda" in rng and torch.cuda.is_available():
+            torch.cuda.set_rng_state(rng["cuda"])
+    return torch.load(path / "trainer.pt", weights_only=False)
+
+
+def export(model: torch.nn.Module, output: str | Path) -> Path | None:
+    """Gather full weights and write ``<output>/final`` with ``save_pretrained`` (rank 0)."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    full = get_model_state_dict(model, options=options)
+    if dist.get_rank() != 0:
+        return None
+    from transformers import AutoModelForCausalLM
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    target = Path(output) / "final"
+    tmp = Path(output) / ".tmp-final"
+    shutil.rmtree(tmp, ignore_errors=True)
+    plain = AutoModelForCausalLM.from_config(model.config, dtype=torch.float32)
+    plain.load_state_dict(full)
+    plain.save_pretrained(tmp)
+    if target.exists():
+        shutil.rmtree(target)
+    os.replace(tmp, target)
+    return target

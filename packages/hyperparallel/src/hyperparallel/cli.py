@@ -1,0 +1,69 @@
+"""``spore train``: the command line over :mod:`hyperparallel.config` and :mod:`.launch`."""
+
+from __future__ import annotations
+
+import click
+
+HELP = """Train a Hugging Face causal LM with FSDP2, configured by YAML.
+
+With no CONFIG it runs the embedded default: a small Llama-style model on a generated corpus
+that learns visibly in about a minute on two CPU cores. Outputs go to run.output (--output):
+checkpoints/, metrics.jsonl, loss.png, config.yaml and final/ (save_pretrained).
+
+\b
+Examples:
+  spore train
+  spore train run.yaml --nproc 2 --set optim.lr=1e-3 --set run.steps=1000
+  spore train run.yaml --resume                 # newest complete checkpoint in run.output
+  spore train --print-config > run.yaml         # start a config from the defaults
+  torchrun --nnodes 2 --nproc-per-node 8 ... -m hyperparallel run.yaml   # multi-node
+"""
+
+
+@click.command(name="train", help=HELP)
+@click.argument("config", required=False, type=click.Path(dir_okay=False))
+@click.option(
+    "--set",
+    "overrides",
+    multiple=True,
+    metavar="KEY.PATH=VALUE",
+    help="Override one setting (repeatable), e.g. --set optim.lr=1e-3.",
+)
+@click.option("--nproc", type=click.IntRange(min=1), help="Local processes (parallel.nproc).")
+@click.option(
+    "--resume",
+    is_flag=False,
+    flag_value="latest",
+    default=None,
+    metavar="[PATH]",
+    help="Continue from the newest complete checkpoint in run.output, or from PATH.",
+)
+@click.option("--output", type=click.Path(file_okay=False), help="Output directory (run.output).")
+@click.option("--print-config", is_flag=True, help="Print the resolved config as YAML and exit.")
+def train(
+    config: str | None,
+    overrides: tuple[str, ...],
+    nproc: int | None,
+    resume: str | None,
+    output: str | None,
+    print_config: bool,
+) -> None:
+    from hyperparallel import launch, preflight
+    from hyperparallel.config import ConfigError
+
+    extra = list(overrides)
+    if nproc is not None:
+        extra.append(f"parallel.nproc={nproc}")
+    if output is not None:
+        extra.append(f"run.output={output}")
+    try:
+        cfg = preflight.resolve(config, extra, resume)
+    except ConfigError as exc:
+        raise click.ClickException(str(exc)) from None
+    if print_config:
+        click.echo(cfg.to_yaml(), nl=False)
+        return
+    try:
+        launch.launch(cfg, resume, echo=lambda line: click.echo(line, err=True))
+    except launch.TrainingFailed as exc:
+        raise click.ClickException(str(exc)) from None

@@ -1,0 +1,73 @@
+"""Start the ranks: join a ``torchrun`` job when started by one, else start ``nproc`` local
+processes with torch's elastic launcher, under the CPU runtime plan (allocator, threads)."""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import uuid
+from typing import Any
+
+from hyperparallel.config import Config
+
+TORCHRUN_VARIABLES = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+
+
+class TrainingFailed(RuntimeError):
+    """A rank exited with an error (its traceback was printed by that rank)."""
+
+
+def under_torchrun(env: dict[str, str] | os._Environ[str] = os.environ) -> bool:
+    """True when this process is a rank of a job started by torchrun (or its env contract)."""
+    return "TORCHELASTIC_RUN_ID" in env or all(k in env for k in TORCHRUN_VARIABLES)
+
+
+def _apply_cpu_plan(nproc: int) -> list[str]:
+    """Allocator and per-rank thread settings for the children, unless already planned."""
+    from spore.runtime import APPLIED_MARKER, RuntimeConfigError, cpu_plan
+
+    if APPLIED_MARKER in os.environ:
+        return []
+    try:
+        plan = cpu_plan(ranks=nproc)
+    except RuntimeConfigError as exc:
+        return [f"CPU runtime plan not applied: {exc}"]
+    os.environ.update(plan.set)
+    os.environ[APPLIED_MARKER] = plan.allocator
+    return plan.describe()
+
+
+def launch(config: Config, resume: str | None = None, *, echo: Any = print) -> None:
+    """Run the training described by ``config``; raises :class:`TrainingFailed` on failure."""
+    from hyperparallel.train import device_type, worker
+
+    settings = config.to_dict()
+    if under_torchrun():
+        worker(settings, resume)
+        return
+    nproc = config.parallel.nproc
+    if device_type(config.parallel) == "cpu":
+        for line in _apply_cpu_plan(nproc):
+            echo(f"runtime: {line}")
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+    logging.getLogger("torch.distributed.elastic").setLevel(logging.WARNING)
+    launch_config = LaunchConfig(
+        min_nodes=1,
+        max_nodes=1,
+        nproc_per_node=nproc,
+        run_id=f"spore-train-{uuid.uuid4().hex[:8]}",
+        rdzv_backend="c10d",
+        rdzv_endpoint="127.0.0.1:0",
+        max_restarts=0,
+        monitor_interval=0.1,
+        start_method="spawn",
+    )
+    sys.stdout.flush()
+    try:
+        elastic_launch(launch_config, worker)(settings, resume)
+    except ChildFailedError as exc:
+        ranks = ", ".join(str(r) for r in sorted(exc.failures)) or "?"
+        raise TrainingFailed(f"training failed on rank(s) {ranks}; see the error above") from None

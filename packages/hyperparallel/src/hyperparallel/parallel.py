@@ -1,0 +1,49 @@
+"""Device mesh and FSDP2 sharding: ``fully_shard`` per decoder layer and at the root, over a
+1-D (FSDP) or 2-D replicate x shard (HSDP) mesh, with optional mixed precision and per-layer
+activation checkpointing."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+from hyperparallel.model import decoder_layers
+
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def mesh(device_type: str, world: int, replicate: int) -> DeviceMesh:
+    """``("shard",)`` for plain FSDP, ``("replicate", "shard")`` for HSDP."""
+    if replicate < 1 or world % replicate:
+        raise ValueError(
+            f"parallel.replicate={replicate} does not divide the world size {world}; "
+            f"HSDP needs world = replicate x shard"
+        )
+    if replicate == 1:
+        return init_device_mesh(device_type, (world,), mesh_dim_names=("shard",))
+    return init_device_mesh(
+        device_type, (replicate, world // replicate), mesh_dim_names=("replicate", "shard")
+    )
+
+
+def policy(mixed_precision: str) -> MixedPrecisionPolicy:
+    """Parameters (and gradients) cast to the chosen dtype for compute; reductions in fp32."""
+    if mixed_precision == "none":
+        return MixedPrecisionPolicy()
+    return MixedPrecisionPolicy(param_dtype=DTYPES[mixed_precision], reduce_dtype=torch.float32)
+
+
+def shard(model: torch.nn.Module, device_mesh: DeviceMesh, parallel: Any) -> torch.nn.Module:
+    """Apply activation checkpointing (if asked) and FSDP2 to each decoder layer, then the root."""
+    mp = policy(parallel.mixed_precision)
+    for layer in decoder_layers(model):
+        if parallel.activation_checkpointing:
+            from torch.distributed._composable import checkpoint
+
+            checkpoint(layer)
+        fully_shard(layer, mesh=device_mesh, mp_policy=mp)
+    fully_shard(model, mesh=device_mesh, mp_policy=mp)
+    return model

@@ -1,0 +1,127 @@
+"""What rank 0 shows and writes: a rich progress bar (or plain lines when not a terminal), the
+metrics JSONL, the loss-curve PNG and the final summary table."""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
+from rich.table import Table
+
+
+def write_atomic(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` through a temporary file and a rename."""
+    tmp = path.with_name(f".tmp-{path.name}")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+class Metrics:
+    """``metrics.jsonl``: one line per step; on resume, lines past the checkpoint are dropped."""
+
+    def __init__(self, path: Path, resume_step: int) -> None:
+        self.path = path
+        kept = [r for r in read_metrics(path) if r["step"] <= resume_step] if resume_step else []
+        write_atomic(path, "".join(json.dumps(r) + "\n" for r in kept))
+        self._file = path.open("a")
+
+    def write(self, record: dict[str, Any]) -> None:
+        self._file.write(json.dumps(record) + "\n")
+        self._file.flush()
+
+    def close(self) -> None:
+        self._file.close()
+
+
+def read_metrics(path: Path) -> list[dict[str, Any]]:
+    if not path.is_file():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def plot(metrics: list[dict[str, Any]], path: Path, title: str) -> None:
+    """The loss curve (per step, and a 20-step moving average) as a PNG."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    steps = [m["step"] for m in metrics]
+    losses = [m["loss"] for m in metrics]
+    window = 20
+    smooth = [statistics.fmean(losses[max(0, i - window + 1) : i + 1]) for i in range(len(losses))]
+    fig, ax = plt.subplots(figsize=(7, 4), dpi=100)
+    ax.plot(steps, losses, lw=0.8, alpha=0.4, label="loss")
+    ax.plot(steps, smooth, lw=1.8, label=f"{window}-step mean")
+    ax.set_xlabel("step")
+    ax.set_ylabel("training loss")
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    tmp = path.with_name(f".tmp-{path.name}")
+    fig.savefig(tmp, format="png")
+    plt.close(fig)
+    os.replace(tmp, path)
+
+
+class ProgressDisplay:
+    """Rank 0's progress: a live bar on a terminal, else a plain line every ``log_every`` steps."""
+
+    def __init__(self, name: str, total: int, start: int, log_every: int) -> None:
+        self.console = Console(stderr=False)
+        self.live = self.console.is_terminal
+        self.log_every = log_every
+        self.total = total
+        if self.live:
+            self.progress = Progress(
+                TextColumn(f"[bold]{name}"),
+                BarColumn(),
+                TextColumn("step {task.completed}/{task.total}"),
+                TextColumn("loss {task.fields[loss]}"),
+                TextColumn("{task.fields[tps]} tok/s"),
+                TextColumn("{task.fields[dt]} s/step"),
+                TextColumn("ETA"),
+                TimeRemainingColumn(),
+                console=self.console,
+            )
+            self.task = self.progress.add_task(
+                name, total=total, completed=start, loss="-", tps="-", dt="-"
+            )
+            self.progress.start()
+
+    def update(self, step: int, loss: float, tokens_per_s: float, step_s: float) -> None:
+        if self.live:
+            self.progress.update(
+                self.task,
+                completed=step,
+                loss=f"{loss:.4f}",
+                tps=f"{tokens_per_s:,.0f}",
+                dt=f"{step_s:.3f}",
+            )
+        elif step % self.log_every == 0 or step == self.total:
+            remaining = (self.total - step) * step_s
+            self.console.print(
+                f"step {step}/{self.total}  loss {loss:.4f}  {tokens_per_s:,.0f} tok/s  "
+                f"{step_s:.3f} s/step  ETA {remaining:.0f} s",
+                highlight=False,
+            )
+
+    def close(self) -> None:
+        if self.live:
+            self.progress.stop()
+
+
+def summary(rows: list[tuple[str, str]]) -> None:
+    """The end-of-run table."""
+    table = Table(title="spore train: summary", show_header=False)
+    table.add_column("what", style="bold")
+    table.add_column("value")
+    for key, value in rows:
+        table.add_row(key, value)
+    Console().print(table)

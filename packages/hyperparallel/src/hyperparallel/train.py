@@ -1,0 +1,235 @@
+"""The training worker: one process per rank, started by :mod:`hyperparallel.launch`.
+
+Each rank starts the process group through ``spore.distributed.init_process_group`` (mccl's
+background init when installed, overlapping data and model building), shards the model with
+FSDP2, trains with gradient accumulation and clipping, and checkpoints collectively. Rank 0
+shows progress and writes the metrics, plot, resolved config and summary.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import statistics
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from hyperparallel import checkpoint, data, parallel, registries, report
+from hyperparallel import config as config_mod
+from hyperparallel import model as model_mod
+from hyperparallel.corpus import default_corpus, default_corpus_info
+
+
+@dataclass
+class Outcome:
+    """What a run did (rank 0's view)."""
+
+    steps_done: int
+    losses: list[float] = field(default_factory=list)
+    step_times: list[float] = field(default_factory=list)
+    tokens_per_step: int = 0
+    checkpoint: Path | None = None
+    export: Path | None = None
+
+
+def device_type(parallel_cfg: Any) -> str:
+    if parallel_cfg.device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return parallel_cfg.device
+
+
+def backend_for(parallel_cfg: Any, device: str) -> str:
+    if parallel_cfg.backend != "auto":
+        return parallel_cfg.backend
+    return "nccl" if device == "cuda" else "gloo"
+
+
+def documents(data_cfg: Any) -> tuple[list[str], str]:
+    """The training documents and a one-line description of where they came from."""
+    if data_cfg.path is None:
+        return default_corpus(), default_corpus_info()
+    docs = data.load_documents(data_cfg.path, data_cfg.text_key)
+    return docs, f"{len(docs)} documents from {data_cfg.path}"
+
+
+def _set_threads(device: str, threads: int | None) -> None:
+    """parallel.threads, else this host's usable cores divided between its local ranks."""
+    if device != "cpu":
+        return
+    from spore.runtime import cpu_plan
+
+    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    plan = cpu_plan(ranks=local_world, rank=local_rank, threads=threads)
+    torch.set_num_threads(plan.threads)
+
+
+def worker(settings: dict[str, Any], resume: str | None) -> None:
+    """One rank's whole run (the elastic launcher's entry point; also runs under torchrun)."""
+    import spore.distributed
+
+    cfg = config_mod.build(settings)
+    device = device_type(cfg.parallel)
+    _set_threads(device, cfg.parallel.threads)
+    rank = int(os.environ.get("RANK", "0"))
+    options: dict[str, Any] = {"timeout": datetime.timedelta(seconds=cfg.parallel.init_timeout)}
+    if device == "cuda":
+        local = int(os.environ.get("LOCAL_RANK", "0"))
+        torch.cuda.set_device(local)
+        options["device_id"] = torch.device("cuda", local)
+    handle = spore.distributed.init_process_group(backend_for(cfg.parallel, device), **options)
+    # Built while the rendezvous completes (mccl starts the process group in the background).
+    tokenizer = data.ByteTokenizer()
+    docs, source = documents(cfg.data)
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    blocks = data.PackedBlocks(docs, tokenizer, cfg.data.seq_len, world=world)
+    model = model_mod.build(cfg.model, tokenizer.vocab_size, cfg.run.seed)
+    handle.wait()
+    try:
+        outcome = train(cfg, model, blocks, device, resume, source)
+        if rank == 0:
+            _summary(cfg, model, outcome, source, world)
+    finally:
+        dist.destroy_process_group()
+
+
+def train(
+    cfg: Any,
+    model: torch.nn.Module,
+    blocks: data.PackedBlocks,
+    device: str,
+    resume: str | None,
+    source: str = "",
+) -> Outcome:
+    """The training loop on an initialised process group; returns rank 0's :class:`Outcome`."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    output = Path(cfg.run.output)
+    mesh = parallel.mesh(device, world, cfg.parallel.replicate)
+    model.to(device)
+    parallel.shard(model, mesh, cfg.parallel)
+    optimizer = registries.optimizers.get(cfg.optim.name)(model, cfg.optim)
+    scheduler = registries.schedules.get(cfg.schedule.name)(cfg.schedule, cfg.run.steps)(optimizer)
+    sampler = data.ShardedSampler(len(blocks), cfg.data.batch_size, rank, world, cfg.run.seed)
+    state = checkpoint.TrainState(model, optimizer)
+    step = 0
+    if resume is not None:
+        path = checkpoint.find(output if resume == "latest" else resume)
+        extra = checkpoint.load(path, state)
+        step = extra["step"]
+        scheduler.load_state_dict(extra["scheduler"])
+        sampler.load_state_dict(extra["sampler"])
+    end = cfg.run.steps if cfg.run.stop_at is None else min(cfg.run.steps, cfg.run.stop_at)
+    accum = cfg.optim.grad_accum
+    tokens = cfg.data.batch_size * cfg.data.seq_len * accum * world
+    outcome = Outcome(steps_done=step, tokens_per_step=tokens)
+    metrics = display = None
+    if rank == 0:
+        output.mkdir(parents=True, exist_ok=True)
+        report.write_atomic(output / "config.yaml", cfg.to_yaml())
+        metrics = report.Metrics(output / "metrics.jsonl", step)
+        display = report.ProgressDisplay(cfg.run.name, cfg.run.steps, step, cfg.run.log_every)
+    started = time.perf_counter()
+    try:
+        while step < end:
+            t0 = time.perf_counter()
+            loss_sum = torch.zeros((), device=device)
+            for micro in range(accum):
+                ids, labels = data.batch(blocks, sampler.next_indices())
+                model.set_requires_gradient_sync(micro == accum - 1)
+                logits = model(input_ids=ids.to(device)).logits
+                loss = F.cross_entropy(logits.float().flatten(0, 1), labels.to(device).flatten())
+                (loss / accum).backward()
+                loss_sum += loss.detach()
+            grad_norm = _clip(model, cfg.optim.grad_clip)
+            optimizer.step()
+            scheduler.step()
+            optimizer.zero_grad(set_to_none=True)
+            dist.all_reduce(loss_sum)
+            mean_loss = loss_sum.item() / (accum * world)
+            step += 1
+            dt = time.perf_counter() - t0
+            outcome.losses.append(mean_loss)
+            outcome.step_times.append(dt)
+            if rank == 0:
+                metrics.write(
+                    {
+                        "step": step,
+                        "loss": mean_loss,
+                        "lr": scheduler.get_last_lr()[0],
+                        "grad_norm": grad_norm,
+                        "step_time_s": dt,
+                        "tokens_per_s": tokens / dt,
+                        "elapsed_s": time.perf_counter() - started,
+                    }
+                )
+                display.update(step, mean_loss, tokens / dt, dt)
+            every = cfg.checkpoint.every
+            if (every and step % every == 0) or step == end:
+                extra = {
+                    "step": step,
+                    "scheduler": scheduler.state_dict(),
+                    "sampler": sampler.state_dict(),
+                }
+                outcome.checkpoint = checkpoint.save(
+                    output, step, state, extra, keep=cfg.checkpoint.keep
+                )
+    finally:
+        if rank == 0:
+            display.close()
+            metrics.close()
+    outcome.steps_done = step
+    if step == cfg.run.steps and cfg.checkpoint.export:
+        outcome.export = checkpoint.export(model, output)
+    if rank == 0:
+        history = report.read_metrics(output / "metrics.jsonl")
+        if history:
+            report.plot(history, output / "loss.png", f"{cfg.run.name}: training loss")
+    return outcome
+
+
+def _clip(model: torch.nn.Module, max_norm: float) -> float | None:
+    if max_norm <= 0:
+        return None
+    norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+    if hasattr(norm, "full_tensor"):
+        norm = norm.full_tensor()
+    return float(norm)
+
+
+def _summary(cfg: Any, model: torch.nn.Module, outcome: Outcome, source: str, world: int) -> None:
+    output = Path(cfg.run.output)
+    losses, times = outcome.losses, outcome.step_times
+    head = statistics.fmean(losses[:10]) if losses else float("nan")
+    tail = statistics.fmean(losses[-10:]) if losses else float("nan")
+    step_s = statistics.median(times) if times else float("nan")
+    layout = f"{world} rank(s)" + (
+        f", HSDP {cfg.parallel.replicate} x {world // cfg.parallel.replicate}"
+        if cfg.parallel.replicate > 1
+        else ", FSDP2"
+    )
+    rows = [
+        (
+            "model",
+            f"{cfg.model.pretrained or cfg.model.type}, "
+            f"{model_mod.parameter_count(model) / 1e6:.2f} M parameters",
+        ),
+        ("data", source),
+        ("parallel", layout),
+        ("steps", f"{outcome.steps_done} / {cfg.run.steps} (this invocation: {len(losses)})"),
+        ("loss", f"{head:.4f} (first 10) -> {tail:.4f} (last 10)"),
+        (
+            "throughput",
+            f"{outcome.tokens_per_step / step_s:,.0f} tokens/s (median step {step_s:.3f} s)",
+        ),
+        ("metrics", str(output / "metrics.jsonl")),
+        ("loss curve", str(output / "loss.png")),
+        ("checkpoint", str(outcome.checkpoint or "-")),
+        ("export", str(outcome.export or "-")),
+    ]
+    report.summary(rows)

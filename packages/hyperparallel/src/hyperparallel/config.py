@@ -57,7 +57,8 @@ class ModelSection:
             "max_position_embeddings": 512,
             "tie_word_embeddings": True,
         },
-        "overrides of the architecture's config (vocab_size comes from the tokenizer)",
+        "overrides of the architecture's config, merged over these defaults (a key set to null "
+        "is dropped); vocab_size comes from the tokenizer",
     )
 
 
@@ -304,6 +305,9 @@ def _build_section(
             options = ", ".join(map(str, choices))
             problems.append(f"{at}: {path}: {converted!r} is not one of {options}")
             continue
+        if isinstance(converted, dict):
+            default = fields[key].default_factory()  # mappings merge over their defaults
+            converted = {k: v for k, v in {**default, **converted}.items() if v is not None}
         kwargs[key] = converted
     return cls(**kwargs)
 

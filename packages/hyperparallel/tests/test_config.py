@@ -1,0 +1,161 @@
+"""Config errors are caught before any process starts, naming the key and its YAML line."""
+
+from __future__ import annotations
+
+import subprocess
+import time
+
+import pytest
+from click.testing import CliRunner
+
+from hyperparallel import config, preflight
+from hyperparallel.cli import train
+
+from train_helpers import spore_command
+
+
+def _write(tmp_path, text: str):
+    path = tmp_path / "run.yaml"
+    path.write_text(text)
+    return path
+
+
+def test_defaults_are_valid_and_round_trip_through_yaml(tmp_path) -> None:
+    cfg = config.load()
+    assert cfg.model.type == "llama"
+    assert cfg.optim.name == "adamw"
+    again = config.load(_write(tmp_path, cfg.to_yaml()))
+    assert again.to_dict() == cfg.to_dict()
+
+
+def test_unknown_key_names_the_line_and_suggests(tmp_path) -> None:
+    path = _write(tmp_path, "run:\n  steps: 10\noptim:\n  lr: 0.01\n  weight_decy: 0.1\n")
+    with pytest.raises(config.ConfigError) as info:
+        config.load(path)
+    assert f"{path}:5: unknown key optim.weight_decy; did you mean 'weight_decay'?" in str(
+        info.value
+    )
+
+
+def test_unknown_section_suggests(tmp_path) -> None:
+    path = _write(tmp_path, "optimizer:\n  lr: 0.01\n")
+    with pytest.raises(
+        config.ConfigError, match=r"run.yaml:1: unknown section 'optimizer'; did you mean 'optim'"
+    ):
+        config.load(path)
+
+
+def test_wrong_types_are_reported_together_with_their_lines(tmp_path) -> None:
+    path = _write(
+        tmp_path,
+        "run:\n  steps: many\nparallel:\n  activation_checkpointing: 3\n  mixed_precision: fp8\n",
+    )
+    with pytest.raises(config.ConfigError) as info:
+        config.load(path)
+    message = str(info.value)
+    assert "3 problems" in message
+    assert f"{path}:2: run.steps: expected an integer, got 'many'" in message
+    assert f"{path}:4: parallel.activation_checkpointing: expected true/false, got 3" in message
+    assert f"{path}:5: parallel.mixed_precision: 'fp8' is not one of none, bf16, fp16" in message
+
+
+def test_impossible_combination_names_both_keys(tmp_path) -> None:
+    path = _write(tmp_path, "parallel:\n  nproc: 4\n  replicate: 3\n")
+    with pytest.raises(config.ConfigError) as info:
+        config.load(path)
+    assert f"{path}:3: parallel.replicate=3 does not divide parallel.nproc=4 ({path}:2)" in str(
+        info.value
+    )
+
+
+def test_set_overrides_take_precedence_and_are_named_in_errors(tmp_path) -> None:
+    path = _write(tmp_path, "optim:\n  lr: 0.01\n")
+    cfg = config.load(path, ["optim.lr=0.5", "model.config.hidden_size=32"])
+    assert cfg.optim.lr == 0.5
+    assert cfg.model.config["hidden_size"] == 32
+    assert cfg.model.config["num_hidden_layers"] == 4  # the rest of the mapping keeps defaults
+    with pytest.raises(config.ConfigError, match=r"--set optim.lr=-1: optim.lr must be > 0"):
+        config.load(path, ["optim.lr=-1"])
+    with pytest.raises(config.ConfigError, match="expected key.path=value"):
+        config.load(path, ["optim.lr"])
+
+
+def test_integers_are_accepted_as_floats_but_not_booleans() -> None:
+    assert config.load(None, ["optim.lr=1"]).optim.lr == 1.0
+    with pytest.raises(config.ConfigError, match="optim.lr: expected a number, got True"):
+        config.load(None, ["optim.lr=true"])
+
+
+def test_yaml_syntax_errors_name_the_line(tmp_path) -> None:
+    path = _write(tmp_path, "run:\n  steps: 10\n  name: [unclosed\n")
+    with pytest.raises(config.ConfigError, match=r"run.yaml:\d+: not valid YAML"):
+        config.load(path)
+
+
+def test_unknown_registry_names_suggest(tmp_path) -> None:
+    path = _write(tmp_path, "optim:\n  name: adamm\nschedule:\n  name: cosin\n")
+    with pytest.raises(config.ConfigError) as info:
+        config.load(path)
+    assert f"{path}:2: optim.name: unknown 'adamm'; did you mean 'adamw'?" in str(info.value)
+    assert f"{path}:4: schedule.name: unknown 'cosin'; did you mean 'cosine'?" in str(info.value)
+
+
+def test_preflight_checks_model_data_and_resume(tmp_path) -> None:
+    path = _write(
+        tmp_path,
+        "model:\n  config:\n    hiden_size: 8\ndata:\n  path: nowhere/*.txt\n",
+    )
+    with pytest.raises(config.ConfigError) as info:
+        preflight.resolve(str(path), [f"run.output={tmp_path / 'out'}"], resume="latest")
+    message = str(info.value)
+    assert "llama has no setting hiden_size (did you mean 'hidden_size'?)" in message
+    assert f"{path}:5: data.path: no file matches 'nowhere/*.txt'" in message
+    assert "--resume: no complete checkpoint in" in message
+    with pytest.raises(config.ConfigError, match="transformers has no model type 'lama'"):
+        preflight.resolve(None, ["model.type=lama"])
+
+
+def test_a_bad_config_fails_fast_with_one_message_and_starts_nothing(tmp_path) -> None:
+    path = _write(tmp_path, "parallel:\n  nproc: 2\n  replicate: 3\n")
+    output = tmp_path / "out"
+    started = time.monotonic()
+    done = subprocess.run(
+        spore_command(str(path), "--output", str(output)),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 1
+    assert "parallel.replicate=3 does not divide parallel.nproc=2" in done.stderr
+    assert "Traceback" not in done.stderr
+    assert not output.exists()
+    assert time.monotonic() - started < 60
+
+
+def test_help_lists_every_option() -> None:
+    result = CliRunner().invoke(train, ["--help"])
+    assert result.exit_code == 0
+    for option in ("--set", "--nproc", "--resume", "--output", "--print-config", "torchrun"):
+        assert option in result.output
+
+
+def test_print_config_is_the_resolved_yaml() -> None:
+    result = CliRunner().invoke(train, ["--print-config", "--set", "run.steps=7", "--nproc", "2"])
+    assert result.exit_code == 0, result.output
+    assert "steps: 7" in result.output
+    assert "nproc: 2" in result.output
+
+
+def test_reference_documents_every_key() -> None:
+    text = config.reference()
+    for name, cls in config.SECTIONS.items():
+        assert f"### `{name}`" in text
+        for field in cls.__dataclass_fields__:
+            assert f"| `{field}` |" in text
+
+
+def test_mapping_settings_merge_over_defaults_and_null_drops_a_key() -> None:
+    cfg = config.load(None, ["model.config.tie_word_embeddings=null"])
+    assert "tie_word_embeddings" not in cfg.model.config
+    assert cfg.model.config["hidden_size"] == 128

@@ -1,0 +1,136 @@
+"""Real ``spore train`` runs: gloo ranks in child processes, each with a hard timeout."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import statistics
+import subprocess
+import time
+
+from hyperparallel import checkpoint
+from train_helpers import losses, run_train, small_args, spore_command
+
+
+def test_two_ranks_learn_and_write_every_output(tmp_path) -> None:
+    out = tmp_path / "run"
+    done = run_train(
+        "--nproc", "2", "--output", str(out), *small_args("run.steps=60", "optim.lr=0.01")
+    )
+    curve = losses(out)
+    assert sorted(curve) == list(range(1, 61))
+    first, last = (
+        statistics.fmean(curve[s] for s in range(1, 6)),
+        statistics.fmean(curve[s] for s in range(56, 61)),
+    )
+    assert last < 0.6 * first, f"loss did not fall clearly: {first:.3f} -> {last:.3f}"
+    assert (out / "loss.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "steps: 60" in (out / "config.yaml").read_text()
+    assert [p.name for p in checkpoint.complete(out)] == ["step_00000060"]
+    assert (out / "final" / "config.json").is_file()
+    assert "spore train: summary" in done.stdout
+    assert "2 rank(s), FSDP2" in done.stdout
+    assert done.stdout.count("spore train: summary") == 1  # rank 0 only
+
+
+def test_two_ranks_match_one_process_on_the_same_global_batch(tmp_path) -> None:
+    """The oracle: FSDP2 over 2 ranks (uneven shards) = 1 rank with the whole global batch."""
+    one, two = tmp_path / "one", tmp_path / "two"
+    common = ("run.steps=6", "checkpoint.export=false", "checkpoint.every=0")
+    run_train("--nproc", "1", "--output", str(one), *small_args(*common, "data.batch_size=8"))
+    run_train("--nproc", "2", "--output", str(two), *small_args(*common, "data.batch_size=4"))
+    a, b = losses(one), losses(two)
+    assert a.keys() == b.keys()
+    for step in a:
+        assert abs(a[step] - b[step]) < 1e-4, (step, a[step], b[step])
+    assert 171 % 2 == 1 and 259 % 2 == 1  # intermediate_size and vocab rows split unevenly
+
+
+def test_resume_continues_bitwise(tmp_path) -> None:
+    full, part = tmp_path / "full", tmp_path / "part"
+    common = ("run.steps=10", "checkpoint.every=3", "checkpoint.export=false")
+    run_train("--nproc", "2", "--output", str(full), *small_args(*common))
+    run_train("--nproc", "2", "--output", str(part), *small_args(*common, "run.stop_at=5"))
+    assert [p.name for p in checkpoint.complete(part)] == ["step_00000003", "step_00000005"]
+    assert max(losses(part)) == 5
+    run_train("--nproc", "2", "--output", str(part), "--resume", *small_args(*common))
+    a, b = losses(full), losses(part)
+    assert sorted(b) == list(range(1, 11))
+    assert [b[s] for s in range(6, 11)] == [a[s] for s in range(6, 11)]  # bitwise
+
+
+def test_a_kill_while_writing_a_checkpoint_leaves_the_previous_one_resumable(tmp_path) -> None:
+    out = tmp_path / "run"
+    args = small_args("run.steps=40", "checkpoint.every=1", "checkpoint.keep=2")
+    caught = None
+    for _ in range(5):
+        proc = subprocess.Popen(
+            spore_command("--nproc", "2", "--output", str(out), *args),
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+        deadline = time.monotonic() + 180
+        try:
+            while time.monotonic() < deadline and proc.poll() is None:
+                pending = list((out / "checkpoints").glob(".tmp-step_*/*.distcp"))
+                if pending and checkpoint.complete(out):
+                    os.killpg(proc.pid, signal.SIGKILL)  # the launcher and both ranks
+                    caught = pending[0].parent.name
+                    break
+                time.sleep(0.001)
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=30)
+        if caught and (out / "checkpoints" / caught).exists():
+            break  # killed while that checkpoint was being written
+        caught = None
+    assert caught, "never caught a checkpoint mid-write in 5 attempts"
+    survivors = checkpoint.complete(out)
+    assert survivors, "the previous complete checkpoint is gone"
+    newest = survivors[-1]
+    assert json.loads((newest / "meta.json").read_text())["step"] < int(caught.split("_")[1])
+    run_train("--nproc", "2", "--output", str(out), "--resume", *args)
+    assert max(losses(out)) == 40
+    assert not list((out / "checkpoints").glob(".tmp-*"))
+
+
+def test_hsdp_runs_and_matches_fsdp(tmp_path) -> None:
+    hsdp, fsdp = tmp_path / "hsdp", tmp_path / "fsdp"
+    common = ("run.steps=4", "checkpoint.export=false", "checkpoint.every=0", "data.batch_size=2")
+    done = run_train(
+        "--nproc", "4", "--output", str(hsdp), *small_args(*common, "parallel.replicate=2")
+    )
+    assert "HSDP 2 x 2" in done.stdout
+    run_train("--nproc", "4", "--output", str(fsdp), *small_args(*common))
+    a, b = losses(hsdp), losses(fsdp)
+    for step in a:
+        assert abs(a[step] - b[step]) < 1e-4, (step, a[step], b[step])
+
+
+def test_export_is_a_pretrained_directory_that_trains_on(tmp_path) -> None:
+    first, second = tmp_path / "first", tmp_path / "second"
+    run_train("--output", str(first), *small_args("run.steps=40", "optim.lr=0.01"))
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(first / "final", local_files_only=True)
+    assert model.config.vocab_size == 259
+    assert model.config.intermediate_size == 171
+    start = losses(first)
+    run_train(
+        "--output",
+        str(second),
+        *small_args(
+            "run.steps=2", "schedule.warmup_steps=0", f"model.pretrained={first / 'final'}"
+        ),
+    )
+    again = losses(second)
+    assert again[1] < start[1] * 0.7, "the exported weights did not carry the training"
+    assert abs(again[1] - start[40]) < 0.5
+
+
+def test_plugin_contract(spore_plugin_contract) -> None:
+    info = spore_plugin_contract("hyperparallel")
+    assert "train" in info.registered["commands"]

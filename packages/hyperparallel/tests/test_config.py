@@ -7,11 +7,10 @@ import time
 
 import pytest
 from click.testing import CliRunner
+from train_helpers import spore_command
 
 from hyperparallel import config, preflight
 from hyperparallel.cli import train
-
-from train_helpers import spore_command
 
 
 def _write(tmp_path, text: str):
@@ -76,13 +75,13 @@ def test_set_overrides_take_precedence_and_are_named_in_errors(tmp_path) -> None
     assert cfg.model.config["num_hidden_layers"] == 4  # the rest of the mapping keeps defaults
     with pytest.raises(config.ConfigError, match=r"--set optim.lr=-1: optim.lr must be > 0"):
         config.load(path, ["optim.lr=-1"])
-    with pytest.raises(config.ConfigError, match="expected key.path=value"):
+    with pytest.raises(config.ConfigError, match=r"expected key\.path=value"):
         config.load(path, ["optim.lr"])
 
 
 def test_integers_are_accepted_as_floats_but_not_booleans() -> None:
     assert config.load(None, ["optim.lr=1"]).optim.lr == 1.0
-    with pytest.raises(config.ConfigError, match="optim.lr: expected a number, got True"):
+    with pytest.raises(config.ConfigError, match=r"optim\.lr: expected a number, got True"):
         config.load(None, ["optim.lr=true"])
 
 

@@ -312,8 +312,8 @@ def _build_section(
     return cls(**kwargs)
 
 
-def _check(config: Config, problems: list[str]) -> None:
-    """Cross-field rules: ranges and combinations that cannot run."""
+def _check(config: Config, problems: list[str], world: int | None) -> None:
+    """Cross-field rules: ranges and combinations that cannot run (``world``: under torchrun)."""
     from hyperparallel import registries
 
     def at(path: str) -> str:
@@ -356,7 +356,12 @@ def _check(config: Config, problems: list[str]) -> None:
     if len(config.optim.betas) != 2:
         problems.append(f"{at('optim.betas')}: optim.betas needs two numbers, e.g. [0.9, 0.95]")
     nproc, replicate = config.parallel.nproc, config.parallel.replicate
-    if nproc > 0 and replicate > 0 and nproc % replicate:
+    if world is not None and replicate > 0 and world % replicate:
+        problems.append(
+            f"{at('parallel.replicate')}: parallel.replicate={replicate} does not divide "
+            f"torchrun's world size {world}; HSDP needs world = replicate x shard"
+        )
+    elif world is None and nproc > 0 and replicate > 0 and nproc % replicate:
         problems.append(
             f"{at('parallel.replicate')}: parallel.replicate={replicate} does not divide "
             f"parallel.nproc={nproc} ({at('parallel.nproc')}); HSDP needs nproc = replicate x "
@@ -390,8 +395,13 @@ def build(
     *,
     origins: Mapping[str, str] | None = None,
     overrides: Sequence[str] = (),
+    world: int | None = None,
 ) -> Config:
-    """Validate ``data`` (parsed YAML) plus ``--set`` overrides into a :class:`Config`."""
+    """Validate ``data`` (parsed YAML) plus ``--set`` overrides into a :class:`Config`.
+
+    ``world`` is the job's world size when an outside launcher (torchrun) set it; otherwise
+    ``parallel.nproc`` is.
+    """
     raw = {k: (dict(v) if isinstance(v, dict) else v) for k, v in dict(data or {}).items()}
     where = dict(origins or {})
     problems: list[str] = []
@@ -406,23 +416,25 @@ def build(
         sections[name] = _build_section(name, cls, raw.get(name), where, problems)
     config = Config(sections, where)
     if not problems:
-        _check(config, problems)
+        _check(config, problems, world)
     if problems:
         raise ConfigError(problems)
     return config
 
 
-def load(path: str | Path | None = None, overrides: Sequence[str] = ()) -> Config:
+def load(
+    path: str | Path | None = None, overrides: Sequence[str] = (), world: int | None = None
+) -> Config:
     """Read a YAML file (``None``: the embedded defaults) and apply ``key.path=value`` overrides."""
     if path is None:
-        return build(overrides=overrides)
+        return build(overrides=overrides, world=world)
     source = Path(path)
     try:
         text = source.read_text()
     except OSError as exc:
         raise ConfigError([f"{path}: cannot read the config file: {exc.strerror}"]) from None
     data, origins = _parse_yaml(text, str(path))
-    return build(data, origins=origins, overrides=overrides)
+    return build(data, origins=origins, overrides=overrides, world=world)
 
 
 def reference() -> str:

@@ -3,18 +3,20 @@ can build it), the data paths, and the checkpoint to resume from."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from glob import glob
 from pathlib import Path
 
-from hyperparallel import checkpoint, model
+from hyperparallel import checkpoint, launch, model
 from hyperparallel.config import Config, ConfigError, load
 from hyperparallel.data import ByteTokenizer
 
 
 def resolve(path: str | None, overrides: Sequence[str], resume: str | None = None) -> Config:
     """The validated config; :class:`ConfigError` lists every problem with its origin."""
-    cfg = load(path, overrides)
+    world = int(os.environ["WORLD_SIZE"]) if launch.under_torchrun() else None
+    cfg = load(path, overrides, world)
     problems: list[str] = []
 
     def at(key: str) -> str:

@@ -74,7 +74,7 @@ def worker(settings: dict[str, Any], resume: str | None) -> None:
     """One rank's whole run (the elastic launcher's entry point; also runs under torchrun)."""
     import spore.distributed
 
-    cfg = config_mod.build(settings)
+    cfg = config_mod.build(settings, world=int(os.environ.get("WORLD_SIZE", "1")))
     device = device_type(cfg.parallel)
     _set_threads(device, cfg.parallel.threads)
     rank = int(os.environ.get("RANK", "0"))

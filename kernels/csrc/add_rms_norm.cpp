@@ -1,0 +1,123 @@
+// add_rms_norm forward and backward: the residual sum is rounded to the dtype first (it is an
+// output), the norm is computed from that rounded sum in fp32, one rounding per output.
+#include <omp.h>
+
+#include "common.h"
+
+namespace spore {
+namespace {
+
+// One pass per row: s = round(x + r) is written and its sum of squares accumulated; the row of
+// s is then read back (from cache) for y = s * rstd * w.
+template <typename T>
+void add_rms_norm_fwd(const void* xp, const void* rp, const void* wp, void* yp, void* sp,
+                      int64_t rows, int64_t cols, float eps, int32_t threads) {
+    const auto* x = in<T>(xp);
+    const auto* res = in<T>(rp);
+    const auto* w = in<T>(wp);
+    auto* y = out<T>(yp);
+    auto* s = out<T>(sp);
+#pragma omp parallel for num_threads(threads) schedule(static)
+    for (int64_t r = 0; r < rows; ++r) {
+        const auto* xr = x + r * cols;
+        const auto* rr = res + r * cols;
+        auto* sr = s + r * cols;
+        auto* yr = y + r * cols;
+        float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+        for (int64_t c = 0; c < cols; ++c) {
+            const auto rounded = T::store(T::load(xr[c]) + T::load(rr[c]));
+            sr[c] = rounded;
+            const float v = T::load(rounded);
+            sum += v * v;
+        }
+        const float rstd = 1.0f / std::sqrt(sum / static_cast<float>(cols) + eps);
+#pragma omp simd
+        for (int64_t c = 0; c < cols; ++c) yr[c] = T::store(T::load(sr[c]) * rstd * T::load(w[c]));
+    }
+}
+
+// ds = rstd * (g*w - shat * mean(g*w*shat)) + gs,  dw = sum over rows of g * shat,
+// shat = s * rstd; gs (the gradient flowing into the sum output) may be absent (zero).
+template <typename T, bool HasGs>
+void add_rms_norm_bwd(const void* gp, const void* gsp, const void* sp, const void* wp, void* dsp,
+                      void* dwp, int64_t rows, int64_t cols, float eps, int32_t threads) {
+    const auto* g = in<T>(gp);
+    const auto* gs = in<T>(gsp);
+    const auto* s = in<T>(sp);
+    const auto* w = in<T>(wp);
+    auto* ds = out<T>(dsp);
+    std::vector<float> partial(static_cast<size_t>(threads) * cols, 0.0f);
+#pragma omp parallel num_threads(threads)
+    {
+        float* acc = partial.data() + static_cast<int64_t>(omp_get_thread_num()) * cols;
+#pragma omp for schedule(static)
+        for (int64_t r = 0; r < rows; ++r) {
+            const auto* gr = g + r * cols;
+            const auto* sr = s + r * cols;
+            auto* dsr = ds + r * cols;
+            float sum = 0.0f, dot = 0.0f;
+#pragma omp simd reduction(+ : sum, dot)
+            for (int64_t c = 0; c < cols; ++c) {
+                const float sv = T::load(sr[c]);
+                sum += sv * sv;
+                dot += T::load(gr[c]) * T::load(w[c]) * sv;
+            }
+            const float n = static_cast<float>(cols);
+            const float rstd = 1.0f / std::sqrt(sum / n + eps);
+            const float k = rstd * rstd * rstd * dot / n;
+            const auto* gsr = HasGs ? gs + r * cols : nullptr;
+#pragma omp simd
+            for (int64_t c = 0; c < cols; ++c) {
+                const float sv = T::load(sr[c]);
+                const float gv = T::load(gr[c]);
+                float d = rstd * gv * T::load(w[c]) - k * sv;
+                if constexpr (HasGs) d += T::load(gsr[c]);
+                dsr[c] = T::store(d);
+                acc[c] += gv * sv * rstd;
+            }
+        }
+    }
+    auto* dw = out<T>(dwp);
+#pragma omp parallel for num_threads(threads) schedule(static)
+    for (int64_t c = 0; c < cols; ++c) {
+        float total = 0.0f;
+        for (int32_t t = 0; t < threads; ++t) total += partial[static_cast<int64_t>(t) * cols + c];
+        dw[c] = T::store(total);
+    }
+}
+
+}  // namespace
+}  // namespace spore
+
+// s = x + r rounded to the dtype; y = s / sqrt(mean(s^2) + eps) * w in fp32, rounded once.
+// x, r, y, s: contiguous [rows, cols]; w: contiguous [cols]; all of `dtype`.
+SPORE_EXPORT int32_t spore_add_rms_norm(const void* x, const void* r, const void* w, void* y,
+                                        void* s, int64_t rows, int64_t cols, float eps,
+                                        int32_t dtype, int32_t threads) {
+    if (!x || !r || !w || !y || !s || rows < 0 || cols <= 0 || threads < 1) {
+        return spore::BAD_ARGUMENT;
+    }
+    return spore::with_dtype(dtype, [&](auto t) {
+        spore::add_rms_norm_fwd<decltype(t)>(x, r, w, y, s, rows, cols, eps, threads);
+    });
+}
+
+// Gradients of spore_add_rms_norm for upstream g (of y) and gs (of s; null means zero): ds, the
+// gradient of both x and r, [rows, cols], and dw [cols]; all of `dtype`.
+SPORE_EXPORT int32_t spore_add_rms_norm_backward(const void* g, const void* gs, const void* s,
+                                                 const void* w, void* ds, void* dw, int64_t rows,
+                                                 int64_t cols, float eps, int32_t dtype,
+                                                 int32_t threads) {
+    if (!g || !s || !w || !ds || !dw || rows < 0 || cols <= 0 || threads < 1) {
+        return spore::BAD_ARGUMENT;
+    }
+    return spore::with_dtype(dtype, [&](auto t) {
+        using T = decltype(t);
+        if (gs) {
+            spore::add_rms_norm_bwd<T, true>(g, gs, s, w, ds, dw, rows, cols, eps, threads);
+        } else {
+            spore::add_rms_norm_bwd<T, false>(g, gs, s, w, ds, dw, rows, cols, eps, threads);
+        }
+    });
+}

@@ -1,0 +1,217 @@
+// layer_norm over the last dimension, forward and backward. Statistics are fp32 and two-pass
+// per row (mean, then the sum of squared deviations from it; the row is in cache for the second
+// pass); one rounding per output. weight and bias are optional (null: 1 and 0).
+#include <omp.h>
+
+#include <type_traits>
+
+#include "common.h"
+
+namespace spore {
+namespace {
+
+// Independent partial sums per row reduction (64: four AVX-512 vectors; the tail goes into the
+// first lanes), so the sums are bound by loads, not by the latency of one accumulator; folded
+// pairwise at the end.
+#if defined(__AVX512F__)
+constexpr int64_t LANES = 64;
+#else
+constexpr int64_t LANES = 32;
+#endif
+
+inline float fold(float* acc) {
+    for (int64_t w = LANES / 2; w >= 1; w /= 2) {
+#pragma omp simd
+        for (int64_t l = 0; l < w; ++l) acc[l] += acc[l + w];
+    }
+    return acc[0];
+}
+
+template <typename T>
+inline float row_mean(const typename T::storage* xr, int64_t cols) {
+    float acc[LANES] = {};
+    int64_t c0 = 0;
+    for (; c0 + LANES <= cols; c0 += LANES) {
+#pragma omp simd
+        for (int64_t l = 0; l < LANES; ++l) acc[l] += T::load(xr[c0 + l]);
+    }
+    for (int64_t c = c0; c < cols; ++c) acc[c - c0] += T::load(xr[c]);
+    return fold(acc) / static_cast<float>(cols);
+}
+
+struct RowStats {
+    float mean;
+    float rstd;
+};
+
+template <typename T>
+inline RowStats row_stats(const typename T::storage* xr, int64_t cols, float eps) {
+    const float mean = row_mean<T>(xr, cols);
+    float acc[LANES] = {};
+    int64_t c0 = 0;
+    for (; c0 + LANES <= cols; c0 += LANES) {
+#pragma omp simd
+        for (int64_t l = 0; l < LANES; ++l) {
+            const float d = T::load(xr[c0 + l]) - mean;
+            acc[l] += d * d;
+        }
+    }
+    for (int64_t c = c0; c < cols; ++c) {
+        const float d = T::load(xr[c]) - mean;
+        acc[c - c0] += d * d;
+    }
+    const float var = fold(acc) / static_cast<float>(cols);
+    return {mean, 1.0f / std::sqrt(var + eps)};
+}
+
+template <typename T, bool HasW, bool HasB>
+void layer_norm_fwd(const void* xp, const void* wp, const void* bp, void* yp, int64_t rows,
+                    int64_t cols, float eps, int32_t threads) {
+    const auto* x = in<T>(xp);
+    const auto* w = in<T>(wp);
+    const auto* b = in<T>(bp);
+    auto* y = out<T>(yp);
+#pragma omp parallel for num_threads(threads) schedule(static)
+    for (int64_t r = 0; r < rows; ++r) {
+        const auto* xr = x + r * cols;
+        auto* yr = y + r * cols;
+        const RowStats st = row_stats<T>(xr, cols, eps);
+#pragma omp simd
+        for (int64_t c = 0; c < cols; ++c) {
+            float v = (T::load(xr[c]) - st.mean) * st.rstd;
+            if constexpr (HasW) v *= T::load(w[c]);
+            if constexpr (HasB) v += T::load(b[c]);
+            yr[c] = T::store(v);
+        }
+    }
+}
+
+// xhat = (x - mean) * rstd, gw = g * w:
+// dx = rstd * (gw - mean(gw) - xhat * mean(gw * xhat)),  dw = sum of g * xhat,  db = sum of g.
+// Three passes per row (mean; variance with the two sums; outputs), the row in cache.
+template <typename T, bool HasW, bool NeedDw, bool NeedDb>
+void layer_norm_bwd(const void* gp, const void* xp, const void* wp, void* dxp, void* dwp,
+                    void* dbp, int64_t rows, int64_t cols, float eps, int32_t threads) {
+    const auto* g = in<T>(gp);
+    const auto* x = in<T>(xp);
+    const auto* w = in<T>(wp);
+    auto* dx = out<T>(dxp);
+    const int64_t slots = (NeedDw ? cols : 0) + (NeedDb ? cols : 0);
+    std::vector<float> partial(static_cast<size_t>(threads) * slots, 0.0f);
+    const float n = static_cast<float>(cols);
+#pragma omp parallel num_threads(threads)
+    {
+        float* acc_w = partial.data() + static_cast<int64_t>(omp_get_thread_num()) * slots;
+        float* acc_b = acc_w + (NeedDw ? cols : 0);
+#pragma omp for schedule(static)
+        for (int64_t r = 0; r < rows; ++r) {
+            const auto* gr = g + r * cols;
+            const auto* xr = x + r * cols;
+            auto* dxr = dx + r * cols;
+            const float mean = row_mean<T>(xr, cols);
+            float sq[LANES] = {}, sum_gw[LANES] = {}, dot[LANES] = {};
+            int64_t c0 = 0;
+            for (; c0 + LANES <= cols; c0 += LANES) {
+#pragma omp simd
+                for (int64_t l = 0; l < LANES; ++l) {
+                    const float d = T::load(xr[c0 + l]) - mean;
+                    float gw = T::load(gr[c0 + l]);
+                    if constexpr (HasW) gw *= T::load(w[c0 + l]);
+                    sq[l] += d * d;
+                    sum_gw[l] += gw;
+                    dot[l] += gw * d;
+                }
+            }
+            for (int64_t c = c0; c < cols; ++c) {
+                const float d = T::load(xr[c]) - mean;
+                float gw = T::load(gr[c]);
+                if constexpr (HasW) gw *= T::load(w[c]);
+                sq[c - c0] += d * d;
+                sum_gw[c - c0] += gw;
+                dot[c - c0] += gw * d;
+            }
+            const float rstd = 1.0f / std::sqrt(fold(sq) / n + eps);
+            const float mean_gw = fold(sum_gw) / n;
+            const float k = fold(dot) * rstd / n;  // mean(gw * xhat)
+#pragma omp simd
+            for (int64_t c = 0; c < cols; ++c) {
+                const float gv = T::load(gr[c]);
+                const float xhat = (T::load(xr[c]) - mean) * rstd;
+                float gw = gv;
+                if constexpr (HasW) gw *= T::load(w[c]);
+                dxr[c] = T::store(rstd * (gw - mean_gw - xhat * k));
+                if constexpr (NeedDw) acc_w[c] += gv * xhat;
+                if constexpr (NeedDb) acc_b[c] += gv;
+            }
+        }
+    }
+    if (slots == 0) return;
+    auto* dw = out<T>(dwp);
+    auto* db = out<T>(dbp);
+#pragma omp parallel for num_threads(threads) schedule(static)
+    for (int64_t c = 0; c < cols; ++c) {
+        float total_w = 0.0f, total_b = 0.0f;
+        for (int32_t t = 0; t < threads; ++t) {
+            const float* acc = partial.data() + static_cast<int64_t>(t) * slots;
+            if constexpr (NeedDw) total_w += acc[c];
+            if constexpr (NeedDb) total_b += acc[(NeedDw ? cols : 0) + c];
+        }
+        if constexpr (NeedDw) dw[c] = T::store(total_w);
+        if constexpr (NeedDb) db[c] = T::store(total_b);
+    }
+}
+
+// Calls fn(std::bool_constant<a>{}, std::bool_constant<b>{}) for runtime flags a and b.
+template <typename Fn>
+void with_flags(bool a, bool b, Fn&& fn) {
+    if (a && b) {
+        fn(std::true_type{}, std::true_type{});
+    } else if (a) {
+        fn(std::true_type{}, std::false_type{});
+    } else if (b) {
+        fn(std::false_type{}, std::true_type{});
+    } else {
+        fn(std::false_type{}, std::false_type{});
+    }
+}
+
+}  // namespace
+}  // namespace spore
+
+// y[r, :] = (x[r, :] - mean) / sqrt(var + eps) * w + b (biased variance), fp32, rounded once.
+// x, y: contiguous [rows, cols]; w, b: contiguous [cols] or null (no weight / no bias); all of
+// `dtype`.
+SPORE_EXPORT int32_t spore_layer_norm(const void* x, const void* w, const void* b, void* y,
+                                      int64_t rows, int64_t cols, float eps, int32_t dtype,
+                                      int32_t threads) {
+    if (!x || !y || rows < 0 || cols <= 0 || threads < 1) return spore::BAD_ARGUMENT;
+    return spore::with_dtype(dtype, [&](auto t) {
+        spore::with_flags(w != nullptr, b != nullptr, [&](auto has_w, auto has_b) {
+            spore::layer_norm_fwd<decltype(t), has_w(), has_b()>(x, w, b, y, rows, cols, eps,
+                                                                 threads);
+        });
+    });
+}
+
+// Gradients of spore_layer_norm for upstream g: dx [rows, cols]; dw [cols] when dw is not null
+// (needs w); db [cols] when db is not null. w null means no weight (1). All of `dtype`.
+SPORE_EXPORT int32_t spore_layer_norm_backward(const void* g, const void* x, const void* w,
+                                               void* dx, void* dw, void* db, int64_t rows,
+                                               int64_t cols, float eps, int32_t dtype,
+                                               int32_t threads) {
+    if (!g || !x || !dx || (dw && !w) || rows < 0 || cols <= 0 || threads < 1) {
+        return spore::BAD_ARGUMENT;
+    }
+    return spore::with_dtype(dtype, [&](auto t) {
+        using T = decltype(t);
+        spore::with_flags(dw != nullptr, db != nullptr, [&](auto need_dw, auto need_db) {
+            if (w) {
+                spore::layer_norm_bwd<T, true, need_dw(), need_db()>(g, x, w, dx, dw, db, rows,
+                                                                     cols, eps, threads);
+            } else {
+                spore::layer_norm_bwd<T, false, false, need_db()>(g, x, w, dx, dw, db, rows,
+                                                                  cols, eps, threads);
+            }
+        });
+    });
+}

@@ -1,0 +1,381 @@
+// mean_var: mean and variance over one dimension of x viewed as [outer, n, inner], forward and
+// backward. Forward is one-pass Welford in fp32: independent Welford states (SIMD lanes over n
+// when inner == 1, one per column otherwise) of at most STEPS values each, combined with the
+// parallel merge of Chan et al. — pairwise across segments, then across the per-thread parts of
+// n when there are fewer work units than threads; one rounding per output. Backward recomputes
+// the mean (fp32 sums within segments, double across them); forward saves only x.
+#include <omp.h>
+
+#include <algorithm>
+#include <limits>
+
+#include "common.h"
+
+namespace spore {
+namespace {
+
+#if defined(__AVX512F__)
+constexpr int64_t LANES = 64;  // Welford states per contiguous row (inner == 1)
+#else
+constexpr int64_t LANES = 32;
+#endif
+constexpr int64_t STEPS = 128;  // Welford steps per state before a pairwise merge
+constexpr int64_t ROW_SEGMENT = LANES * STEPS;
+constexpr int64_t BLOCK = 4096;      // columns per work unit when inner > 1 (rows read whole)
+constexpr int64_t MIN_PART = 16384;  // fewest elements worth a task of their own
+
+// Chan et al.: fold the moments (mean_b, m2_b) of nb values into (mean_a, m2_a) of na values,
+// for width columns.
+inline void merge(float* mean_a, float* m2_a, int64_t na, const float* mean_b, const float* m2_b,
+                  int64_t nb, int64_t width) {
+    if (nb == 0) return;
+    const float fb = static_cast<float>(static_cast<double>(nb) / static_cast<double>(na + nb));
+    const float fab = static_cast<float>(na) * fb;
+#pragma omp simd
+    for (int64_t j = 0; j < width; ++j) {
+        const float d = mean_b[j] - mean_a[j];
+        mean_a[j] += d * fb;
+        m2_a[j] += m2_b[j] + d * d * fab;
+    }
+}
+
+// Merges the moments of consecutive segments pairwise (a binary counter of equal-count partial
+// results), so long reductions do not drift the way one running Welford state does.
+class Cascade {
+   public:
+    explicit Cascade(int64_t width) : width_(width) {}
+
+    // Folds in the moments of count values per column (mean and m2 are overwritten).
+    void push(int64_t count, float* mean, float* m2) {
+        while (!counts_.empty() && counts_.back() == count) {
+            const size_t top = (counts_.size() - 1) * width_;
+            merge(mean, m2, count, &means_[top], &m2s_[top], count, width_);
+            count *= 2;
+            pop();
+        }
+        counts_.push_back(count);
+        means_.insert(means_.end(), mean, mean + width_);
+        m2s_.insert(m2s_.end(), m2, m2 + width_);
+    }
+
+    // The moments of everything pushed, into mean and m2.
+    void finish(float* mean, float* m2) {
+        std::fill(mean, mean + width_, 0.0f);
+        std::fill(m2, m2 + width_, 0.0f);
+        int64_t total = 0;
+        while (!counts_.empty()) {
+            const size_t top = (counts_.size() - 1) * width_;
+            merge(mean, m2, total, &means_[top], &m2s_[top], counts_.back(), width_);
+            total += counts_.back();
+            pop();
+        }
+    }
+
+   private:
+    void pop() {
+        counts_.pop_back();
+        means_.resize(counts_.size() * width_);
+        m2s_.resize(counts_.size() * width_);
+    }
+
+    int64_t width_;
+    std::vector<int64_t> counts_;
+    std::vector<float> means_, m2s_;
+};
+
+// Moments of at most ROW_SEGMENT contiguous values: LANES Welford states (one SIMD step per
+// LANES values, all lanes sharing the count), merged pairwise, then the tail.
+template <typename T>
+void row_segment(const typename T::storage* x, int64_t len, float* mean_out, float* m2_out) {
+    float mean[LANES] = {}, m2[LANES] = {};
+    const int64_t chunks = len / LANES;
+    for (int64_t k = 0; k < chunks; ++k) {
+        const float inv = 1.0f / static_cast<float>(k + 1);
+        const auto* xk = x + k * LANES;
+#pragma omp simd
+        for (int64_t l = 0; l < LANES; ++l) {
+            const float v = T::load(xk[l]);
+            const float d = v - mean[l];
+            mean[l] += d * inv;
+            m2[l] += d * (v - mean[l]);
+        }
+    }
+    int64_t count = chunks;
+    for (int64_t width = LANES / 2; width >= 1; width /= 2) {
+        merge(mean, m2, count, mean + width, m2 + width, count, width);
+        count *= 2;
+    }
+    float tail_mean = 0.0f, tail_m2 = 0.0f;
+    const int64_t done = chunks * LANES;
+    for (int64_t i = done; i < len; ++i) {
+        const float v = T::load(x[i]);
+        const float d = v - tail_mean;
+        tail_mean += d / static_cast<float>(i - done + 1);
+        tail_m2 += d * (v - tail_mean);
+    }
+    merge(mean, m2, done, &tail_mean, &tail_m2, len - done, 1);
+    *mean_out = mean[0];
+    *m2_out = m2[0];
+}
+
+// Moments of len contiguous values: segments of ROW_SEGMENT, merged pairwise.
+template <typename T>
+void row_moments(const typename T::storage* x, int64_t len, float* mean, float* m2) {
+    if (len <= ROW_SEGMENT) {
+        row_segment<T>(x, len, mean, m2);
+        return;
+    }
+    Cascade cascade(1);
+    for (int64_t i = 0; i < len; i += ROW_SEGMENT) {
+        const int64_t count = std::min(ROW_SEGMENT, len - i);
+        row_segment<T>(x + i, count, mean, m2);
+        cascade.push(count, mean, m2);
+    }
+    cascade.finish(mean, m2);
+}
+
+// Moments of at most STEPS rows of width columns (rows stride apart): a Welford state per column.
+template <typename T>
+void block_segment(const typename T::storage* x, int64_t len, int64_t stride, int64_t width,
+                   float* mean, float* m2) {
+    std::fill(mean, mean + width, 0.0f);
+    std::fill(m2, m2 + width, 0.0f);
+    for (int64_t i = 0; i < len; ++i) {
+        const float inv = 1.0f / static_cast<float>(i + 1);
+        const auto* xi = x + i * stride;
+#pragma omp simd
+        for (int64_t j = 0; j < width; ++j) {
+            const float v = T::load(xi[j]);
+            const float d = v - mean[j];
+            mean[j] += d * inv;
+            m2[j] += d * (v - mean[j]);
+        }
+    }
+}
+
+// Moments of len rows of width columns (rows stride apart): segments of STEPS rows, merged
+// pairwise.
+template <typename T>
+void block_moments(const typename T::storage* x, int64_t len, int64_t stride, int64_t width,
+                   float* mean, float* m2) {
+    if (len <= STEPS) {
+        block_segment<T>(x, len, stride, width, mean, m2);
+        return;
+    }
+    Cascade cascade(width);
+    for (int64_t i = 0; i < len; i += STEPS) {
+        const int64_t count = std::min(STEPS, len - i);
+        block_segment<T>(x + i * stride, count, stride, width, mean, m2);
+        cascade.push(count, mean, m2);
+    }
+    cascade.finish(mean, m2);
+}
+
+// How the work is cut: units of (outer index, block of up to BLOCK columns), each split into
+// parts along n when there are fewer units than threads (about four tasks per thread then).
+struct Plan {
+    int64_t n, block, blocks, units, parts;
+
+    Plan(int64_t outer, int64_t n_, int64_t inner, int32_t threads) : n(n_) {
+        block = std::min(BLOCK, inner);
+        blocks = (inner + block - 1) / block;
+        units = outer * blocks;
+        const int64_t busy = std::max<int64_t>(units, 1);
+        const int64_t wanted = units >= threads ? 1 : (4 * threads + busy - 1) / busy;
+        parts = std::max<int64_t>(1, std::min(wanted, n * block / MIN_PART));
+    }
+
+    int64_t begin(int64_t part) const { return part * n / parts; }
+    int64_t length(int64_t part) const { return begin(part + 1) - begin(part); }
+    int64_t outer_of(int64_t unit) const { return unit / blocks; }
+    int64_t column_of(int64_t unit) const { return (unit % blocks) * block; }
+};
+
+template <typename T>
+void mean_var_fwd(const void* xp, void* meanp, void* varp, int64_t outer, int64_t n,
+                  int64_t inner, int64_t correction, int32_t threads) {
+    const auto* x = in<T>(xp);
+    const Plan plan(outer, n, inner, threads);
+    const int64_t parts = plan.parts;
+    // Moments of part p of x[o, :, j] at (o * parts + p) * inner + j.
+    std::vector<float> pmean(static_cast<size_t>(outer * parts * inner));
+    std::vector<float> pm2(pmean.size());
+#pragma omp parallel for num_threads(threads) schedule(static)
+    for (int64_t task = 0; task < plan.units * parts; ++task) {
+        const int64_t unit = task / parts, p = task % parts;
+        const int64_t o = plan.outer_of(unit), j0 = plan.column_of(unit);
+        const auto* base = x + (o * n + plan.begin(p)) * inner + j0;
+        const int64_t at = (o * parts + p) * inner + j0;
+        if (inner == 1) {
+            row_moments<T>(base, plan.length(p), &pmean[at], &pm2[at]);
+        } else {
+            const int64_t width = std::min(plan.block, inner - j0);
+            block_moments<T>(base, plan.length(p), inner, width, &pmean[at], &pm2[at]);
+        }
+    }
+    auto* mean_out = out<T>(meanp);
+    auto* var_out = out<T>(varp);
+    const float divisor = static_cast<float>(std::max<int64_t>(n - correction, 0));
+    const float nan = std::numeric_limits<float>::quiet_NaN();
+#pragma omp parallel for num_threads(threads) schedule(static)
+    for (int64_t o = 0; o < outer; ++o) {
+        float* mean = &pmean[o * parts * inner];
+        float* m2 = &pm2[o * parts * inner];
+        int64_t count = plan.length(0);
+        for (int64_t p = 1; p < parts; ++p) {
+            merge(mean, m2, count, mean + p * inner, m2 + p * inner, plan.length(p), inner);
+            count += plan.length(p);
+        }
+        for (int64_t j = 0; j < inner; ++j) {
+            mean_out[o * inner + j] = T::store(n > 0 ? mean[j] : nan);
+            var_out[o * inner + j] = T::store(n > 0 ? m2[j] / divisor : nan);
+        }
+    }
+}
+
+// Column sums of len rows of width columns (rows stride apart), added into sum: fp32 within
+// segments (ROW_SEGMENT values, or STEPS rows), double across them.
+template <typename T>
+void block_sums(const typename T::storage* x, int64_t len, int64_t stride, int64_t width,
+                double* sum, float* scratch) {
+    if (stride == 1) {  // inner == 1: one contiguous column
+        for (int64_t i0 = 0; i0 < len; i0 += ROW_SEGMENT) {
+            const int64_t i1 = std::min(len, i0 + ROW_SEGMENT);
+            float s = 0.0f;
+#pragma omp simd reduction(+ : s)
+            for (int64_t i = i0; i < i1; ++i) s += T::load(x[i]);
+            sum[0] += s;
+        }
+        return;
+    }
+    for (int64_t i0 = 0; i0 < len; i0 += STEPS) {
+        std::fill(scratch, scratch + width, 0.0f);
+        for (int64_t i = i0; i < std::min(len, i0 + STEPS); ++i) {
+            const auto* xi = x + i * stride;
+#pragma omp simd
+            for (int64_t j = 0; j < width; ++j) scratch[j] += T::load(xi[j]);
+        }
+        for (int64_t j = 0; j < width; ++j) sum[j] += scratch[j];
+    }
+}
+
+// dx = a + b * (x - mean) over len rows of width columns, a, b and mean per column.
+template <typename T>
+void block_grads(const typename T::storage* x, typename T::storage* dx, int64_t len,
+                 int64_t stride, int64_t width, const float* a, const float* b,
+                 const float* mean) {
+    if (stride == 1) {  // inner == 1: one contiguous column
+        const float a0 = a[0], b0 = b[0], m0 = mean[0];
+#pragma omp simd
+        for (int64_t i = 0; i < len; ++i) dx[i] = T::store(a0 + b0 * (T::load(x[i]) - m0));
+        return;
+    }
+    for (int64_t i = 0; i < len; ++i) {
+        const auto* xi = x + i * stride;
+        auto* di = dx + i * stride;
+#pragma omp simd
+        for (int64_t j = 0; j < width; ++j) {
+            di[j] = T::store(a[j] + b[j] * (T::load(xi[j]) - mean[j]));
+        }
+    }
+}
+
+// dx = gm / n + gv * 2 (x - mean) / (n - correction); gm or gv null means zero. With one part
+// per unit each unit's sums and gradients run back to back (a row is still in cache); otherwise
+// all partial sums first, then the gradients.
+template <typename T>
+void mean_var_bwd(const void* gmp, const void* gvp, const void* xp, void* dxp, int64_t outer,
+                  int64_t n, int64_t inner, int64_t correction, int32_t threads) {
+    const auto* gm = in<T>(gmp);
+    const auto* gv = in<T>(gvp);
+    const auto* x = in<T>(xp);
+    auto* dx = out<T>(dxp);
+    const Plan plan(outer, n, inner, threads);
+    const int64_t parts = plan.parts;
+    std::vector<double> psum(parts > 1 ? static_cast<size_t>(outer * parts * inner) : 0, 0.0);
+    const float inv_n = 1.0f / static_cast<float>(n);
+    const float twice_inv_dof = 2.0f / static_cast<float>(n - correction);
+    auto sums = [&](int64_t unit, int64_t p, double* sum, float* scratch) {
+        const int64_t o = plan.outer_of(unit), j0 = plan.column_of(unit);
+        const auto* base = x + (o * n + plan.begin(p)) * inner + j0;
+        block_sums<T>(base, plan.length(p), inner, std::min(plan.block, inner - j0), sum, scratch);
+    };
+    // scratch: 3 * block floats for a, b and the mean.
+    auto grads = [&](int64_t unit, int64_t p, const double* sum, float* scratch) {
+        const int64_t o = plan.outer_of(unit), j0 = plan.column_of(unit);
+        const int64_t width = std::min(plan.block, inner - j0);
+        float* a = scratch;
+        float* b = scratch + plan.block;
+        float* mean = scratch + 2 * plan.block;
+        for (int64_t j = 0; j < width; ++j) {
+            const int64_t k = o * inner + j0 + j;
+            mean[j] = static_cast<float>(sum[j] / static_cast<double>(n));
+            a[j] = gm ? T::load(gm[k]) * inv_n : 0.0f;
+            b[j] = gv ? T::load(gv[k]) * twice_inv_dof : 0.0f;
+        }
+        const int64_t at = (o * n + plan.begin(p)) * inner + j0;
+        block_grads<T>(x + at, dx + at, plan.length(p), inner, width, a, b, mean);
+    };
+#pragma omp parallel num_threads(threads)
+    {
+        std::vector<double> sum(plan.block);
+        std::vector<float> scratch(3 * plan.block);
+        if (parts == 1) {
+#pragma omp for schedule(static)
+            for (int64_t unit = 0; unit < plan.units; ++unit) {
+                std::fill(sum.begin(), sum.end(), 0.0);
+                sums(unit, 0, sum.data(), scratch.data());
+                grads(unit, 0, sum.data(), scratch.data());
+            }
+        } else {
+#pragma omp for schedule(static)
+            for (int64_t task = 0; task < plan.units * parts; ++task) {
+                const int64_t unit = task / parts, p = task % parts;
+                const int64_t at = (plan.outer_of(unit) * parts + p) * inner + plan.column_of(unit);
+                sums(unit, p, &psum[at], scratch.data());
+            }
+#pragma omp for schedule(static)
+            for (int64_t task = 0; task < plan.units * parts; ++task) {
+                const int64_t unit = task / parts, p = task % parts;
+                const int64_t o = plan.outer_of(unit), j0 = plan.column_of(unit);
+                const int64_t width = std::min(plan.block, inner - j0);
+                std::fill(sum.begin(), sum.end(), 0.0);
+                for (int64_t q = 0; q < parts; ++q) {
+                    const double* part = &psum[(o * parts + q) * inner + j0];
+                    for (int64_t j = 0; j < width; ++j) sum[j] += part[j];
+                }
+                grads(unit, p, sum.data(), scratch.data());
+            }
+        }
+    }
+}
+
+}  // namespace
+}  // namespace spore
+
+// mean[o, j] and var[o, j] (divisor max(n - correction, 0)) of x[o, :, j] for x contiguous
+// [outer, n, inner]; mean and var contiguous [outer, inner]; all of `dtype`. n == 0 gives NaN.
+SPORE_EXPORT int32_t spore_mean_var(const void* x, void* mean, void* var, int64_t outer,
+                                    int64_t n, int64_t inner, int64_t correction, int32_t dtype,
+                                    int32_t threads) {
+    if (!x || !mean || !var || outer < 0 || n < 0 || inner < 1 || correction < 0 ||
+        threads < 1) {
+        return spore::BAD_ARGUMENT;
+    }
+    return spore::with_dtype(dtype, [&](auto t) {
+        spore::mean_var_fwd<decltype(t)>(x, mean, var, outer, n, inner, correction, threads);
+    });
+}
+
+// Gradient of spore_mean_var for upstream gm (of mean) and gv (of var), [outer, inner], either
+// null for zero: dx [outer, n, inner] = gm / n + gv * 2 (x - mean) / (n - correction).
+SPORE_EXPORT int32_t spore_mean_var_backward(const void* gm, const void* gv, const void* x,
+                                             void* dx, int64_t outer, int64_t n, int64_t inner,
+                                             int64_t correction, int32_t dtype, int32_t threads) {
+    if (!x || !dx || outer < 0 || n < 1 || inner < 1 || correction < 0 || threads < 1) {
+        return spore::BAD_ARGUMENT;
+    }
+    return spore::with_dtype(dtype, [&](auto t) {
+        spore::mean_var_bwd<decltype(t)>(gm, gv, x, dx, outer, n, inner, correction, threads);
+    });
+}

@@ -1,0 +1,213 @@
+"""layer_norm: the C++ CPU kernels against the plain-torch reference and F.layer_norm."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import spore
+from spore import dispatch
+from spore_kernels import _lib
+from spore_kernels.ops import layer_norm as op
+
+TOL = {torch.float32: 1e-5, torch.bfloat16: 1e-2, torch.float16: 2e-3}
+COLS = [1, 2, 3, 7, 8, 15, 16, 17, 63, 64, 65, 129, 1000]
+AFFINE = [(True, True), (True, False), (False, True), (False, False)]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def ops_loaded():
+    spore.get_registry("ops")
+
+
+def _inputs(rows: int, cols: int, dtype: torch.dtype, seed: int, affine=(True, True)):
+    g = torch.Generator().manual_seed(seed)
+    x = (torch.randn(rows, cols, generator=g) * 3 + 1).to(dtype)
+    w = torch.randn(cols, generator=g).to(dtype) if affine[0] else None
+    b = torch.randn(cols, generator=g).to(dtype) if affine[1] else None
+    return x, w, b
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    rows=st.integers(0, 9),
+    cols=st.sampled_from(COLS),
+    dtype=st.sampled_from(list(TOL)),
+    seed=st.integers(0, 2**16),
+    eps=st.sampled_from([1e-5, 1e-6, 0.1]),
+    affine=st.sampled_from(AFFINE),
+)
+def test_kernel_matches_reference_and_f_layer_norm(rows, cols, dtype, seed, eps, affine) -> None:
+    x, w, b = _inputs(rows, cols, dtype, seed, affine)
+    assert op.supports(x, w, b, eps)
+    out = torch.ops.spore.layer_norm(x, w, b, eps)
+    assert out.dtype == dtype
+    assert out.shape == x.shape
+    torch.testing.assert_close(out, op.reference(x, w, b, eps), rtol=TOL[dtype], atol=TOL[dtype])
+    torch.testing.assert_close(
+        out, F.layer_norm(x, (cols,), w, b, eps), rtol=TOL[dtype], atol=TOL[dtype]
+    )
+
+
+def test_rounds_once_in_bf16() -> None:
+    """Computed in fp32 and rounded once: equal to the fp32 result rounded to bf16."""
+    x, w, b = _inputs(64, 256, torch.bfloat16, 1)
+    out = torch.ops.spore.layer_norm(x, w, b, 1e-5)
+    exact = op.reference(x.float(), w.float(), b.float(), 1e-5).bfloat16()
+    mismatches = (out != exact).sum().item()
+    assert mismatches <= out.numel() * 0.001, f"{mismatches} values differ from one rounding"
+
+
+def test_large_hidden_size_batch_dims_and_a_large_mean() -> None:
+    g = torch.Generator().manual_seed(2)
+    x = torch.randn(2, 3, 13824, generator=g) + 1000.0  # two-pass statistics: no cancellation
+    w, b = torch.randn(13824, generator=g), torch.randn(13824, generator=g)
+    assert dispatch.explain("layer_norm", x, w, b, 1e-5).chosen == "kernels"
+    out = torch.ops.spore.layer_norm(x, w, b, 1e-5)
+    exact = op.reference(x.double(), w.double(), b.double(), 1e-5)
+    # x - mean loses ~ulp(1000) = 6e-5 in fp32 whatever the method; E[x^2] - E[x]^2 would lose ~0.1.
+    torch.testing.assert_close(out.double(), exact, rtol=1e-3, atol=1e-3)
+    torch_error = (F.layer_norm(x, (13824,), w, b, 1e-5).double() - exact).abs().max()
+    assert (out.double() - exact).abs().max() <= 2 * torch_error
+
+
+def test_non_contiguous_and_mixed_dtypes_use_the_reference() -> None:
+    x, w, b = _inputs(8, 32, torch.float32, 3)
+    strided = x.t().contiguous().t()
+    assert dispatch.explain("layer_norm", strided, w, b, 1e-5).chosen == "reference"
+    torch.testing.assert_close(
+        torch.ops.spore.layer_norm(strided, w, b, 1e-5), op.reference(x, w, b, 1e-5)
+    )
+    assert dispatch.explain("layer_norm", x.double(), None, None, 1e-5).chosen == "reference"
+    assert dispatch.explain("layer_norm", x, w, b.half(), 1e-5).chosen == "reference"
+    torch.testing.assert_close(
+        torch.ops.spore.layer_norm(x.bfloat16(), w, b, 1e-5),
+        F.layer_norm(x.bfloat16().float(), (32,), w, b, 1e-5).bfloat16(),
+    )
+
+
+@pytest.mark.parametrize(
+    ("x", "w", "b", "error", "message"),
+    [
+        (torch.ones(2, 4, dtype=torch.int32), None, None, TypeError, "x must be a floating"),
+        (torch.ones(2, 4), torch.ones(4, dtype=torch.int64), None, TypeError, "weight must"),
+        (torch.ones(2, 4), torch.ones(3), None, ValueError, r"weight must have shape \(4,\)"),
+        (torch.ones(2, 4), None, torch.ones(2, 4), ValueError, r"bias must have shape \(4,\)"),
+        (torch.ones(()), None, None, ValueError, "at least one dimension"),
+    ],
+)
+def test_bad_input_is_a_clear_error(x, w, b, error, message) -> None:
+    with pytest.raises(error, match=message):
+        torch.ops.spore.layer_norm(x, w, b, 1e-5)
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    rows=st.integers(0, 9),
+    cols=st.sampled_from(COLS),
+    dtype=st.sampled_from(list(TOL)),
+    seed=st.integers(0, 2**16),
+    affine=st.sampled_from(AFFINE),
+)
+def test_backward_kernel_matches_the_closed_form(rows, cols, dtype, seed, affine) -> None:
+    x, w, b = _inputs(rows, cols, dtype, seed, affine)
+    grad = torch.randn(rows, cols, generator=torch.Generator().manual_seed(seed + 1)).to(dtype)
+    args = (grad, x, w, b, 1e-5)
+    assert dispatch.explain("layer_norm_backward", *args).chosen == "kernels"
+    got = torch.ops.spore.layer_norm_backward(*args)
+    expected = op.reference_backward(*args)
+    tol = TOL[dtype] * 4
+    for name, a, e in zip(("dx", "dweight", "dbias"), got, expected, strict=True):
+        if e is None:
+            assert a is None, f"{name} must be None without its input"
+            continue
+        torch.testing.assert_close(a, e, rtol=tol, atol=tol * (1 if name == "dx" else max(rows, 1)))
+
+
+@pytest.mark.parametrize("affine", AFFINE)
+def test_gradients_match_autograd_of_the_reference_in_float64(affine) -> None:
+    x, w, b = _inputs(4, 16, torch.float64, 4, affine)
+    present = [t is not None for t in (x, w, b)]
+
+    def args(*leaves):
+        it = iter(leaves)
+        return [next(it) if here else None for here in present]
+
+    leaves = [t.requires_grad_() for t in (x, w, b) if t is not None]
+    assert torch.autograd.gradcheck(
+        lambda *ts: torch.ops.spore.layer_norm(*args(*ts), 1e-5), leaves
+    )
+    ours = [t.detach().float().requires_grad_() for t in leaves]
+    torch.ops.spore.layer_norm(*args(*ours), 1e-5).pow(2).sum().backward()
+    theirs = [t.detach().requires_grad_() for t in leaves]
+    a, c, d = args(*theirs)
+    F.layer_norm(a, (16,), c, d, 1e-5).pow(2).sum().backward()
+    for mine, expected in zip(ours, theirs, strict=True):
+        torch.testing.assert_close(mine.grad.double(), expected.grad, rtol=1e-4, atol=1e-4)
+
+
+def test_compiles_fullgraph_forward_and_backward() -> None:
+    x, w, b = _inputs(8, 64, torch.float32, 5)
+
+    def fn(a, c, d):
+        return torch.ops.spore.layer_norm(a, c, d, 1e-5) * 2
+
+    compiled = torch.compile(fn, fullgraph=True)
+    leaves = [t.clone().requires_grad_() for t in (x, w, b)]
+    compiled(*leaves).sum().backward()
+    eager = [t.clone().requires_grad_() for t in (x, w, b)]
+    (F.layer_norm(eager[0], (64,), eager[1], eager[2], 1e-5) * 2).sum().backward()
+    for a, e in zip(leaves, eager, strict=True):
+        torch.testing.assert_close(a.grad, e.grad, rtol=1e-4, atol=1e-4)
+    no_affine = torch.compile(
+        lambda a: torch.ops.spore.layer_norm(a, None, None, 1e-5), fullgraph=True
+    )
+    torch.testing.assert_close(no_affine(x), F.layer_norm(x, (64,), eps=1e-5))
+
+
+@pytest.mark.parametrize("isa", _lib.available())
+def test_every_installed_build_computes_the_same(isa) -> None:
+    fwd = _lib.function("spore_layer_norm", op._FWD, _lib.load(isa))
+    bwd = _lib.function("spore_layer_norm_backward", op._BWD, _lib.load(isa))
+    for dtype in TOL:
+        x, w, b = _inputs(5, 301, dtype, 6)
+        y = torch.empty_like(x)
+        code = _lib.dtype_code(x)
+        assert (
+            fwd(x.data_ptr(), w.data_ptr(), b.data_ptr(), y.data_ptr(), 5, 301, 1e-5, code, 2) == 0
+        )
+        torch.testing.assert_close(y, op.reference(x, w, b, 1e-5), rtol=TOL[dtype], atol=TOL[dtype])
+        g, dx, dw, db = (
+            torch.ones_like(x),
+            torch.empty_like(x),
+            torch.empty_like(w),
+            torch.empty_like(b),
+        )
+        ptrs = (g, x, w, dx, dw, db)
+        assert bwd(*(t.data_ptr() for t in ptrs), 5, 301, 1e-5, code, 2) == 0
+        tol = TOL[dtype] * 4
+        for a, e in zip((dx, dw, db), op.reference_backward(g, x, w, b, 1e-5), strict=True):
+            torch.testing.assert_close(a, e, rtol=tol, atol=tol * 5)
+
+
+def test_the_library_refuses_bad_arguments() -> None:
+    fwd = _lib.function("spore_layer_norm", op._FWD)
+    bwd = _lib.function("spore_layer_norm_backward", op._BWD)
+    p = torch.ones(4).data_ptr()
+    assert fwd(None, None, None, p, 1, 4, 1e-5, 0, 1) == 1
+    assert fwd(p, None, None, p, 1, 0, 1e-5, 0, 1) == 1
+    assert fwd(p, None, None, p, 1, 4, 1e-5, 5, 1) == 2
+    assert fwd(p, None, None, p, 1, 4, 1e-5, 0, 0) == 1
+    assert bwd(p, p, None, p, p, None, 1, 4, 1e-5, 0, 1) == 1  # dweight without a weight
+    assert bwd(p, None, None, p, None, None, 1, 4, 1e-5, 0, 1) == 1
+    assert bwd(p, p, None, p, None, None, 1, 4, 1e-5, 9, 1) == 2
+
+
+def test_plugin_contract(spore_plugin_contract) -> None:
+    info = spore_plugin_contract("kernels")
+    for name in ("layer_norm", "layer_norm_backward"):
+        assert name in info.registered["ops"]
+        assert f"{name}[cpu]@kernels" in info.registered["ops"]

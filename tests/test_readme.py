@@ -55,3 +55,5 @@ def test_setup_command_works_in_a_fresh_venv(tmp_path) -> None:
     assert "mccl" in out.stdout
     assert "spore-kernels" in out.stdout
     assert (checkout / ".venv/bin/spore").exists()
+    assert "spore train: summary" in out.stdout
+    assert (checkout / "runs/default/final/model.safetensors").is_file()

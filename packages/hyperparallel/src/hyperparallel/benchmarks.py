@@ -66,19 +66,21 @@ def _spore_train(nproc: int) -> dict[str, float]:
     return {"seconds": step, "tokens_per_s": statistics.median(r["tokens_per_s"] for r in records)}
 
 
+def _case(nproc: int) -> Benchmark:
+    cores = len(usable_cores())
+    return Benchmark(
+        name=f"train-default-step-{nproc}rank{'s' if nproc > 1 else ''}",
+        baseline=lambda _: _plain(nproc),
+        candidate=lambda _: _spore_train(nproc),
+        baseline_label=(
+            f"plain single-process PyTorch loop, same model and global batch, {cores} threads"
+        ),
+        candidate_label=f"spore train, FSDP2 over {nproc} rank(s)",
+        description="per-step time of the embedded default run",
+        self_timed=True,
+    )
+
+
 def benchmarks() -> list[Benchmark]:
-    nproc = max(1, min(2, len(usable_cores())))
-    return [
-        Benchmark(
-            name=f"train-default-step-{nproc}ranks",
-            baseline=lambda _: _plain(nproc),
-            candidate=lambda _: _spore_train(nproc),
-            baseline_label=(
-                f"plain single-process PyTorch loop, same model and global batch, "
-                f"{len(usable_cores())} threads"
-            ),
-            candidate_label=f"spore train, FSDP2 over {nproc} ranks",
-            description="per-step time of the embedded default run",
-            self_timed=True,
-        )
-    ]
+    """The default run as is (1 rank), and over 2 ranks sharing the cores (when there are 2)."""
+    return [_case(n) for n in sorted({1, max(1, min(2, len(usable_cores())))})]

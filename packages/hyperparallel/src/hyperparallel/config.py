@@ -38,7 +38,9 @@ class RunSection:
     stop_at: int | None = setting(
         None, "end this invocation after this step (checkpointed); continue with --resume"
     )
-    log_every: int = setting(10, "write a metrics line every N steps")
+    log_every: int = setting(
+        10, "print a progress line every N steps when output is not a terminal"
+    )
 
 
 @dataclass
@@ -455,3 +457,7 @@ def reference() -> str:
             out.append(f"| `{f.name}` | {_type_name(hints[f.name])} | `{shown}` | {doc} |")
         out.append("")
     return "\n".join(out)
+
+
+if __name__ == "__main__":
+    print(reference(), end="")

@@ -1,0 +1,27 @@
+"""Triton kernels for CUDA devices, one module per family of ops, each with a ``KERNELS`` table
+``{op name: (launcher, supports)}``. Importing this package imports triton; the plugin does it
+only when triton imports and a CUDA device is present. The launchers take tensors on any device,
+so under Triton's interpreter (``TRITON_INTERPRET=1``) they run on CPU tensors."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from spore_kernels.cuda import norms, stats
+
+FAMILIES = [norms, stats]
+
+
+def kernels() -> dict[str, tuple[Callable[..., Any], Callable[..., bool]]]:
+    """Every Triton kernel by op name: its launcher and ``supports`` predicate."""
+    table: dict[str, tuple[Callable[..., Any], Callable[..., bool]]] = {}
+    for family in FAMILIES:
+        table.update(family.KERNELS)
+    return table
+
+
+def register(registry: Any) -> None:
+    """Add each launcher as the op's ``cuda`` kernel (the ops must already be defined)."""
+    for name, (launcher, supports) in kernels().items():
+        registry.kernel(name, "cuda", launcher, priority=10, supports=supports)

@@ -1,0 +1,392 @@
+"""The Triton kernels (``spore_kernels.cuda``) against the ops' references.
+
+Without a CUDA device the launchers run under Triton's interpreter on CPU tensors, which checks
+the kernels' logic; with one, the same comparisons run through ``torch.ops.spore`` on CUDA
+tensors (and dispatch must choose the kernel). Either way every kernel is also compiled ahead of
+time for sm_90 (to PTX and cubin, no GPU needed), which the interpreter does not do.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import inspect
+import json
+import os
+import subprocess
+import sys
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+if importlib.util.find_spec("triton") is None:
+    pytest.skip("triton is not installed (the 'triton' extra)", allow_module_level=True)
+
+CUDA = torch.cuda.is_available()
+if not CUDA:
+    # Triton decides at import (of triton itself and of each @triton.jit) whether to interpret.
+    if "triton" in sys.modules and os.environ.get("TRITON_INTERPRET") != "1":
+        raise RuntimeError(
+            "triton was imported before test_triton.py could select its interpreter; "
+            "run the tests with TRITON_INTERPRET=1 set"
+        )
+    os.environ["TRITON_INTERPRET"] = "1"
+
+import triton.language as tl  # noqa: E402
+
+import spore  # noqa: E402
+from spore import dispatch  # noqa: E402
+from spore_kernels import cuda, plugin  # noqa: E402
+from spore_kernels.cuda import _common  # noqa: E402
+
+TOL = {torch.float32: 1e-5, torch.bfloat16: 1e-2, torch.float16: 2e-3}
+DTYPES = list(TOL)
+FAST = settings(max_examples=12, deadline=None)
+
+
+def ieee(test: Any) -> Any:
+    """Silence the warnings for inf and NaN that a test produces on purpose (the interpreter
+    computes with numpy, which warns on 0/0 and on exp overflowing to inf)."""
+    for message in ("invalid value encountered", "divide by zero", "overflow encountered"):
+        test = pytest.mark.filterwarnings(f"ignore:{message}:RuntimeWarning")(test)
+    return test
+
+
+@pytest.fixture(scope="module", autouse=True)
+def ops_loaded():
+    spore.get_registry("ops")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def interpreter_rounds_like_the_gpu():
+    """Triton's interpreter truncates fp32 -> bf16 where the GPU rounds to nearest even (the
+    ``cvt.rn.bf16.f32`` that ``test_kernels_compile_for_sm90`` finds in the PTX): round like the
+    GPU so that bf16 results are compared at the GPU's rounding."""
+    if CUDA:
+        yield
+        return
+    from triton.runtime import interpreter
+
+    builder = interpreter.InterpreterBuilder
+    original = builder.create_fp_trunc
+
+    def fp_trunc(self: Any, src: Any, dst_type: Any) -> Any:
+        if src.dtype.scalar == tl.float32 and dst_type.scalar == tl.bfloat16:
+            wide = torch.from_numpy(np.ascontiguousarray(src.data))
+            bits = wide.to(torch.bfloat16).view(torch.int16).numpy().view(np.uint16)
+            return interpreter.TensorHandle(bits, tl.bfloat16)
+        return original(self, src, dst_type)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(builder, "create_fp_trunc", fp_trunc)
+        yield
+
+
+def _tree(value: Any, fn: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        return fn(value)
+    if isinstance(value, (tuple, list)):
+        return type(value)(_tree(v, fn) for v in value)
+    return value
+
+
+def run(op: str, *args: Any) -> Any:
+    """The Triton kernel's result for ``op`` on ``args`` (CPU tensors), returned on the CPU."""
+    launcher, supports = cuda.kernels()[op]
+    if CUDA:
+        moved = _tree(args, lambda t: t.cuda())
+        assert dispatch.explain(op, *moved).chosen == "kernels"
+        return _tree(getattr(torch.ops.spore, op)(*moved), lambda t: t.cpu())
+    assert supports(*args)
+    return launcher(*args)
+
+
+def reference(op: str, *args: Any) -> Any:
+    return dispatch.get(op).reference(*args)
+
+
+def assert_matches(out: Any, expected: Any, dtype: torch.dtype, scale: float = 1.0) -> None:
+    outs = out if isinstance(out, tuple) else (out,)
+    wanted = expected if isinstance(expected, tuple) else (expected,)
+    assert len(outs) == len(wanted)
+    for o, e in zip(outs, wanted, strict=True):
+        if e is None:
+            assert o is None
+            continue
+        assert o.dtype == e.dtype
+        assert o.shape == e.shape
+        tol = TOL[dtype] * scale
+        torch.testing.assert_close(o, e, rtol=tol, atol=tol, equal_nan=True)
+
+
+def randn(g: torch.Generator, *shape: int, dtype: torch.dtype, scale: float = 1.0):
+    return (torch.randn(*shape, generator=g) * scale).to(dtype)
+
+
+COLS = [1, 2, 7, 64, 129, 1000, _common.MAX_BLOCK + 3]
+
+
+@FAST
+@given(
+    rows=st.integers(0, 4),
+    cols=st.sampled_from(COLS),
+    dtype=st.sampled_from(DTYPES),
+    seed=st.integers(0, 2**16),
+    eps=st.sampled_from([1e-6, 0.1]),
+)
+def test_rms_norm_and_backward(rows, cols, dtype, seed, eps) -> None:
+    g = torch.Generator().manual_seed(seed)
+    x, w = randn(g, rows, cols, dtype=dtype, scale=3), randn(g, cols, dtype=dtype)
+    grad = randn(g, rows, cols, dtype=dtype)
+    assert_matches(run("rms_norm", x, w, eps), reference("rms_norm", x, w, eps), dtype)
+    expected = reference("rms_norm_backward", grad, x, w, eps)
+    assert_matches(run("rms_norm_backward", grad, x, w, eps), expected, dtype, scale=10)
+
+
+def test_rms_norm_backward_sums_dweight_over_row_groups() -> None:
+    """More rows than one row group of the dweight kernel: the partial sums must add up."""
+    g = torch.Generator().manual_seed(7)
+    x, w = randn(g, 70, 3, dtype=torch.float32), randn(g, 3, dtype=torch.float32)
+    grad = randn(g, 70, 3, dtype=torch.float32)
+    expected = reference("rms_norm_backward", grad, x, w, 1e-6)
+    assert_matches(run("rms_norm_backward", grad, x, w, 1e-6), expected, torch.float32, scale=10)
+
+
+@FAST
+@given(
+    rows=st.integers(0, 4),
+    cols=st.sampled_from(COLS),
+    dtype=st.sampled_from(DTYPES),
+    seed=st.integers(0, 2**16),
+    with_grad_sum=st.booleans(),
+)
+def test_add_rms_norm_and_backward(rows, cols, dtype, seed, with_grad_sum) -> None:
+    g = torch.Generator().manual_seed(seed)
+    x, res = randn(g, rows, cols, dtype=dtype), randn(g, rows, cols, dtype=dtype)
+    w = randn(g, cols, dtype=dtype)
+    y, total = run("add_rms_norm", x, res, w, 1e-6)
+    assert torch.equal(total, x + res)  # the residual stream: exactly torch's x + residual
+    assert_matches((y, total), reference("add_rms_norm", x, res, w, 1e-6), dtype)
+    grad = randn(g, rows, cols, dtype=dtype)
+    grad_sum = randn(g, rows, cols, dtype=dtype) if with_grad_sum else None
+    args = (grad, grad_sum, total, w, 1e-6)
+    expected = reference("add_rms_norm_backward", *args)
+    assert_matches(run("add_rms_norm_backward", *args), expected, dtype, scale=10)
+
+
+@FAST
+@given(
+    rows=st.integers(0, 4),
+    cols=st.sampled_from(COLS),
+    dtype=st.sampled_from(DTYPES),
+    seed=st.integers(0, 2**16),
+    params=st.sampled_from(["both", "weight", "bias", "none"]),
+)
+def test_layer_norm(rows, cols, dtype, seed, params) -> None:
+    g = torch.Generator().manual_seed(seed)
+    x = randn(g, rows, cols, dtype=dtype, scale=2) + 5  # an offset the mean must remove
+    w = randn(g, cols, dtype=dtype) if params in ("both", "weight") else None
+    b = randn(g, cols, dtype=dtype) if params in ("both", "bias") else None
+    assert_matches(run("layer_norm", x, w, b, 1e-5), reference("layer_norm", x, w, b, 1e-5), dtype)
+
+
+MEAN_VAR_CASES = [
+    ((5, 7), -1),
+    ((5, 7), 0),
+    ((3, 5, 6), 1),
+    ((2, 300, 3), 1),
+    ((3, _common.MAX_BLOCK + 3), 1),
+    ((4, 200), 0),
+    ((7,), 0),
+    ((2, 0, 3), 1),
+    ((1, 4), 0),
+]
+
+
+@pytest.mark.parametrize("correction", [0, 1, 2])
+@pytest.mark.filterwarnings("ignore:var_mean... degrees of freedom is <= 0:UserWarning")
+@ieee
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize(("shape", "dim"), MEAN_VAR_CASES, ids=str)
+def test_mean_var(shape, dim, dtype, correction) -> None:
+    """Including an empty dimension (NaN) and n - correction <= 0 (inf or NaN, like torch)."""
+    g = torch.Generator().manual_seed(sum(shape) + dim)
+    x = randn(g, *shape, dtype=dtype, scale=2) + 3
+    expected = reference("mean_var", x, dim, correction)
+    assert_matches(run("mean_var", x, dim, correction), expected, dtype)
+
+
+def _refused() -> list[tuple[str, tuple[Any, ...]]]:
+    x, w = torch.randn(4, 8), torch.randn(8)
+    return [
+        ("rms_norm", (x.t(), torch.randn(4), 1e-6)),
+        ("rms_norm", (x, w.half(), 1e-6)),
+        ("rms_norm", (x.double(), w.double(), 1e-6)),
+        ("rms_norm", (x, torch.randn(5), 1e-6)),
+        ("rms_norm", (x[:, :0], w[:0], 1e-6)),
+        ("rms_norm_backward", (x.t().contiguous().t(), x, w, 1e-6)),
+        ("add_rms_norm", (x, x[:1], w, 1e-6)),
+        ("add_rms_norm_backward", (x, x[:1], x, w, 1e-6)),
+        ("layer_norm", (x, None, torch.randn(3), 1e-5)),
+        ("mean_var", (x, 2, 1)),
+        ("mean_var", (x, 0, -1)),
+        ("mean_var", (torch.tensor(1.0), 0, 1)),
+        ("mean_var", (torch.randn(1, 128 * 65536), 0, 1)),
+    ]
+
+
+@pytest.mark.parametrize(("op", "args"), _refused(), ids=lambda v: v if isinstance(v, str) else "")
+def test_what_a_kernel_cannot_take_is_refused(op, args) -> None:
+    assert not cuda.kernels()[op][1](*args)
+
+
+def _schema_names(schema: str) -> list[str]:
+    arguments = schema[schema.index("(") + 1 : schema.index(") ->")]
+    return [part.split()[-1].split("=")[0] for part in arguments.split(",")]
+
+
+def test_every_kernel_matches_its_op_schema() -> None:
+    for op, (launcher, supports) in cuda.kernels().items():
+        names = _schema_names(dispatch.get(op).schema)
+        assert list(inspect.signature(launcher).parameters) == names, op
+        assert list(inspect.signature(supports).parameters) == names, op
+
+
+def test_registration_follows_the_device() -> None:
+    """Registered (by the plugin, at load) exactly when a CUDA device is present."""
+    for op in cuda.kernels():
+        providers = [k.provider for k in dispatch.get(op).candidates("cuda")]
+        assert providers == (["kernels"] if CUDA else []), op
+
+
+class Recorder:
+    """An OpRegistry stand-in that records ``kernel`` calls instead of touching dispatch."""
+
+    def __init__(self) -> None:
+        self.kernels: dict[str, tuple[Any, ...]] = {}
+
+    def kernel(self, op: str, device: str, fn: Any, *, priority: int, supports: Any) -> None:
+        self.kernels[op] = (device, fn, priority, supports)
+
+
+def test_plugin_registers_every_kernel_when_cuda_is_there(monkeypatch) -> None:
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    recorder = Recorder()
+    assert plugin.register_cuda(recorder) is True
+    assert recorder.kernels == {
+        op: ("cuda", fn, 10, supports) for op, (fn, supports) in cuda.kernels().items()
+    }
+
+
+def test_plugin_skips_cuda_without_a_device_or_without_triton(monkeypatch) -> None:
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert plugin.register_cuda(recorder := Recorder()) is False
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setitem(sys.modules, "triton", None)  # import triton raises ImportError
+    assert plugin.register_cuda(recorder) is False
+    assert recorder.kernels == {}
+
+
+def test_plugin_survives_a_failing_registration(monkeypatch, caplog) -> None:
+    def broken(registry: Any) -> None:
+        raise RuntimeError("no kernel image for this device")
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(cuda, "register", broken)
+    assert plugin.register_cuda(Recorder()) is False
+    assert "CUDA kernels not registered: RuntimeError: no kernel image" in caplog.text
+
+
+# Each kernel's argument types for an ahead-of-time compile ("T": the dtype under test).
+COMPILE = {
+    "norms._rms_norm_fwd": ({"X": "*T", "W": "*T", "Y": "*T", "cols": "i32", "eps": "fp32"}, {}),
+    "norms._rms_norm_bwd_dx": (
+        {"G": "*T", "GS": "*T", "X": "*T", "W": "*T", "DX": "*T", "RSTD": "*fp32"}
+        | {"cols": "i32", "eps": "fp32"},
+        {"HAS_GS": True},
+    ),
+    "norms._rms_norm_bwd_dw": (
+        {"G": "*T", "X": "*T", "RSTD": "*fp32", "PARTIAL": "*fp32"}
+        | {"rows": "i32", "cols": "i32", "rows_per_group": "i32"},
+        {"BM": 32, "BN": 64},
+    ),
+    "norms._add_rms_norm_fwd": (
+        {"X": "*T", "R": "*T", "W": "*T", "Y": "*T", "S": "*T", "cols": "i32", "eps": "fp32"},
+        {},
+    ),
+    "norms._layer_norm_fwd": (
+        {"X": "*T", "W": "*T", "B": "*T", "Y": "*T", "cols": "i32", "eps": "fp32"},
+        {"HAS_W": True, "HAS_B": True},
+    ),
+    "stats._mean_var": (
+        {"X": "*T", "MEAN": "*T", "VAR": "*T", "n": "i32", "inner": "i32", "divisor": "fp32"},
+        {"BN": 16, "BI": 128},
+    ),
+}
+HELPERS: set[str] = set()  # jitted functions compiled inside the kernels that call them
+TRITON_DTYPE = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
+
+
+_COMPILER = """
+import importlib, json, re, sys
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+table, dtypes = json.loads(sys.argv[1])
+found = {}
+for kernel, (types, constexprs) in table.items():
+    module, name = kernel.split(".")
+    fn = getattr(importlib.import_module("spore_kernels.cuda." + module), name)
+    constexprs = constexprs | ({"BLOCK": 1024} if "BLOCK" in fn.arg_names else {})
+    for dtype in dtypes:
+        signature = {
+            p: "constexpr" if p in constexprs else types[p].replace("T", dtype)
+            for p in fn.arg_names
+        }
+        source = ASTSource(fn=fn, signature=signature, constexprs=constexprs)
+        compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32))
+        converts = sorted(set(re.findall(r"cvt\\.[a-z0-9.]+", compiled.asm["ptx"])))
+        found[kernel + ":" + dtype] = {"cubin": len(compiled.asm["cubin"]), "cvt": converts}
+print(json.dumps(found))
+"""
+
+
+@pytest.fixture(scope="module")
+def compiled(tmp_path_factory) -> dict[str, Any]:
+    """Every kernel in ``COMPILE`` compiled for sm_90 by a fresh process (no interpreter there;
+    an empty compile cache), per dtype: the cubin size and the PTX conversions."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["TRITON_CACHE_DIR"] = str(tmp_path_factory.mktemp("triton-cache"))
+    spec = json.dumps([COMPILE, list(TRITON_DTYPE.values())])
+    done = subprocess.run(
+        [sys.executable, "-c", _COMPILER, spec], env=env, capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr[-4000:]
+    return json.loads(done.stdout.splitlines()[-1])
+
+
+def test_compile_table_covers_every_kernel() -> None:
+    found = {
+        f"{family.__name__.rsplit('.', 1)[1]}.{name}"
+        for family in cuda.FAMILIES
+        for name, value in vars(family).items()
+        if name.startswith("_") and hasattr(value, "fn") and hasattr(value, "arg_names")
+    }
+    assert found == set(COMPILE) | HELPERS
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("kernel", sorted(COMPILE))
+def test_kernels_compile_for_sm90(compiled, kernel, dtype) -> None:
+    """A cubin for an H100-class GPU; outputs narrower than fp32 round to nearest even
+    (``cvt.rn``), and nothing rounds toward zero."""
+    result = compiled[f"{kernel}:{TRITON_DTYPE[dtype]}"]
+    assert result["cubin"] > 0
+    narrow = {torch.bfloat16: "cvt.rn.bf16.f32", torch.float16: "cvt.rn.f16.f32"}
+    if dtype in narrow and "PARTIAL" not in COMPILE[kernel][0]:
+        assert narrow[dtype] in result["cvt"]
+    assert not [c for c in result["cvt"] if c.startswith("cvt.rz")]

@@ -1,0 +1,437 @@
+// Activations, forward and backward: gelu (erf and tanh forms) and silu(a) * b (silu_mul, and
+// swiglu, its two halves of one tensor). Elementwise, fp32 arithmetic, one rounding per output.
+//
+// The loops call no libm function so that they vectorise: exp is a range reduction
+// (x = n ln2 + r) and a polynomial, and erfc comes from the scaled complementary error function
+// erfcx(t) = exp(t^2) erfc(t), a polynomial in u = (t - 3) / (t + 3). The polynomials were
+// fitted for this file (minimax relative error, coefficients rounded to fp32 one at a time):
+// exp's is within 4e-9 of exp(r) on |r| <= ln2/2, erfcx's within 8e-9 for t in [0, 16/sqrt2].
+#include <omp.h>
+
+#include <algorithm>
+
+#include "common.h"
+
+// The math below must inline into the loops for them to vectorise.
+#define SPORE_MATH inline __attribute__((always_inline))
+
+namespace spore {
+namespace {
+
+// a * b + c, fused (one rounding) where the build targets FMA hardware.
+SPORE_MATH float fmadd(float a, float b, float c) {
+#ifdef __FMA__
+    return std::fma(a, b, c);
+#else
+    return a * b + c;
+#endif
+}
+
+SPORE_MATH float as_float(int32_t bits) {
+    float out;
+    std::memcpy(&out, &bits, sizeof(out));
+    return out;
+}
+
+SPORE_MATH int32_t as_int(float v) {
+    int32_t out;
+    std::memcpy(&out, &v, sizeof(out));
+    return out;
+}
+
+// 2^n for n in [-126, 127].
+SPORE_MATH float pow2(int32_t n) { return as_float((n + 127) << 23); }
+
+constexpr float kLog2e = 1.44269504f;
+constexpr float kLn2Hi = 0.693359375f;  // ln 2 = kLn2Hi + kLn2Lo; nf * kLn2Hi is exact
+constexpr float kLn2Lo = -2.12194440e-4f;
+constexpr float kRound = 12582912.0f;  // 1.5 * 2^23: adding it rounds to an integer
+
+// Writes a = n ln2 + r with n an integer and |r| <= ln2 / 2 (for |a| < 2^21).
+SPORE_MATH void reduce(float a, float& r, int32_t& n) {
+    const float shifted = fmadd(a, kLog2e, kRound);
+    const float nf = shifted - kRound;
+    n = as_int(shifted) - as_int(kRound);
+    r = fmadd(nf, -kLn2Lo, fmadd(nf, -kLn2Hi, a));
+}
+
+// exp(r) - 1 for |r| <= ln2 / 2, within 4e-9 of exp(r).
+SPORE_MATH float expm1_reduced(float r) {
+    float p = 1.38204684e-3f;
+    p = fmadd(p, r, 8.36925115e-3f);
+    p = fmadd(p, r, 4.16682847e-2f);
+    p = fmadd(p, r, 1.66665167e-1f);
+    p = fmadd(p, r, 4.99999940e-1f);
+    return fmadd(p, r * r, r);
+}
+
+// exp(a) for a <= 0, underflowing to 0 (a NaN gives a finite value: callers multiply by the
+// input, which carries the NaN).
+SPORE_MATH float exp_nonpositive(float a) {
+    a = a > -104.0f ? a : -104.0f;
+    float r;
+    int32_t n;
+    reduce(a, r, n);
+    const int32_t half = n >> 1;  // two scalings keep each power of two normal
+    const float scale = pow2(half);
+    return fmadd(expm1_reduced(r), scale, scale) * pow2(n - half);
+}
+
+// 0.5 (t + 3) erfcx(t) as a polynomial in w = 1 / (t + 3) - 1/6 for t in [0, 16 / sqrt 2]
+// (w in fp32 is exact: the subtraction is exact for 1 / (t + 3) in [1/12, 1/3]).
+SPORE_MATH float erfcx_poly(float w) {
+    float p = 1809.79297f;
+    p = fmadd(p, w, -453.893921f);
+    p = fmadd(p, w, -432.350403f);
+    p = fmadd(p, w, -27.5066566f);
+    p = fmadd(p, w, 104.334969f);
+    p = fmadd(p, w, 77.4463882f);
+    p = fmadd(p, w, 33.5304680f);
+    p = fmadd(p, w, 10.6241322f);
+    p = fmadd(p, w, 2.65018344f);
+    return fmadd(p, w, 0.537003458f);
+}
+
+// 1 + (d log(erfcx_poly(w) / (w + 1/6)) / d log(w + 1/6)), within 0.03: turns a relative error
+// rho of 1 / (t + 3) into the relative error of the erfc it gives.
+SPORE_MATH float erfcx_rho_gain(float w) {
+    return fmadd(fmadd(12.3936349f, w, 7.36107221f), w, 1.83942716f);
+}
+
+// The exact product xa * xa = hi + lo.
+SPORE_MATH void square(float xa, float& hi, float& lo) {
+#ifdef __FMA__
+    hi = xa * xa;
+    lo = std::fma(xa, xa, -hi);
+#else
+    const double sq = static_cast<double>(xa) * xa;
+    hi = static_cast<float>(sq);
+    lo = static_cast<float>(sq - hi);
+#endif
+}
+
+constexpr float kGeluBound = 16.0f;  // beyond: gelu(x) = x (x > 0) or -0 (x < 0) in fp32
+constexpr float kGeluSmall = 0.75f;  // below (in magnitude): the erf series form
+constexpr float kInvTwo64 = 5.42101086e-20f;  // 2^-64
+constexpr float kRsqrt2Hi = 0.707106769f;  // 1 / sqrt 2 = hi + lo
+constexpr float kRsqrt2Lo = 1.21016175e-8f;
+constexpr float kInvSqrt2PiHi = 0.398942292f;  // 1 / sqrt(2 pi) = hi + lo
+constexpr float kInvSqrt2PiLo = -1.13351701e-8f;
+
+// What the erf form needs of x, with xa = min(|x|, 16) and t = xa / sqrt 2:
+// x^2 = sq + sq_lo exactly; inv = 1 / (t + 3) rounded and w = inv - 1/6; and
+// 0.5 erfc(t) = erfcx_poly(w) inv (1 + q) (1 + e) 2^n, where exp(-x^2 / 2) = (1 + q) 2^n and e
+// is the relative correction for the rounding of inv; 2^n is carried as
+// scale = 2^(n + 64) (normal for every xa; the caller's final multiply by 2^-64 rounds once).
+struct GeluParts {
+    float sq, sq_lo, q, e, scale, inv, w;
+};
+
+// Fills p for xa = min(|x|, 16) (by reference: a returned struct stops GCC vectorising the
+// caller's loop).
+SPORE_MATH void gelu_parts(float xa, GeluParts& p) {
+    square(xa, p.sq, p.sq_lo);
+    // -x^2 / 2 = nf ln2 + r: nf ln2_hi is exact and so is its subtraction; one rounding in r.
+    const float a = -0.5f * p.sq;
+    const float shifted = fmadd(a, kLog2e, kRound);
+    const float nf = shifted - kRound;
+    const int32_t n = as_int(shifted) - as_int(kRound);  // n >= -185
+    const float r_hi = fmadd(nf, -kLn2Hi, a) + fmadd(nf, -kLn2Lo, -0.5f * p.sq_lo);
+    p.q = expm1_reduced(r_hi);
+    p.scale = pow2(n + 64);
+    // t = xa / sqrt 2 = t_hi + t_lo, t + 3 = d + d_lo; 1 / (t + 3) = inv (1 + rho) to first order.
+    const float t = xa * kRsqrt2Hi;
+    const float t_lo = fmadd(xa, kRsqrt2Lo, fmadd(xa, kRsqrt2Hi, -t));
+    const float d = t + 3.0f;
+    const float d_lo = (t < 3.0f ? t : 3.0f) - (d - (t > 3.0f ? t : 3.0f)) + t_lo;
+    p.inv = 1.0f / d;
+    p.w = p.inv - 0.166666672f;
+    const float rho = fmadd(-p.inv, d_lo, fmadd(-p.inv, d, 1.0f));
+    p.e = rho * erfcx_rho_gain(p.w);
+}
+
+// 0.5 erf(x / sqrt 2) / x - 1 / sqrt(2 pi), divided by y = x^2, for y <= 0.5625 (within 3e-9).
+SPORE_MATH float erf_series_rest(float y) {
+    float p = 1.03305203e-4f;
+    p = fmadd(p, y, -1.18173903e-3f);
+    p = fmadd(p, y, 9.97253507e-3f);
+    return fmadd(p, y, -6.64903224e-2f);
+}
+
+// Clamped to [-16, 16] (NaN stays NaN): beyond, gelu(x) rounds to x or -0 in fp32.
+SPORE_MATH float gelu_clamp(float x) {
+    const float low = x < -kGeluBound ? -kGeluBound : x;
+    return low > kGeluBound ? kGeluBound : low;
+}
+
+// gelu(x) = x Phi(x). Small |x|: 0.5 x + x^2 G(x^2) with G(y) = 1 / sqrt(2 pi) + y rest(y),
+// given x's sign (so that gelu(-0) = -0). Otherwise, with m = x 0.5 erfc(|x| / sqrt 2) (carried
+// as m_hi + m_lo): gelu = m (x <= 0) or x - m (x > 0).
+SPORE_MATH float gelu_erf(float x) {
+    const float xc = gelu_clamp(x);
+    GeluParts p;
+    gelu_parts(std::fabs(xc), p);
+    const float rest = fmadd(p.sq, erf_series_rest(p.sq), kInvSqrt2PiLo);
+    const float small = std::copysign(
+        fmadd(p.sq, kInvSqrt2PiHi, fmadd(p.sq, rest, fmadd(p.sq_lo, kInvSqrt2PiHi, 0.5f * x))), x);
+    const float xi = xc * p.inv;
+    const float xi_lo = fmadd(xc, p.inv, -xi);
+    const float poly = erfcx_poly(p.w);
+    const float m = xi * poly;
+    const float m_lo = fmadd(xi_lo, poly, fmadd(xi, poly, -m));
+    const float me = m * p.e;
+    const float xh = ((m + fmadd(m, p.q, fmadd(me, p.q, fmadd(m, p.e, m_lo)))) * p.scale) * kInvTwo64;
+    const float large = x <= 0.0f ? xh : x - xh;
+    return std::fabs(x) < kGeluSmall ? small : large;
+}
+
+// gelu'(x) = Phi(x) + x phi(x), phi(x) = exp(-x^2 / 2) / sqrt(2 pi); with h = Phi(-|x|) and
+// e = exp(-x^2 / 2), both times 2^64 / 2^n: Phi(x) = h (x <= 0) or 1 - h (x > 0).
+SPORE_MATH float gelu_erf_grad(float x) {
+    const float xc = gelu_clamp(x);
+    GeluParts p;
+    gelu_parts(std::fabs(xc), p);
+    const float a = erfcx_poly(p.w) * p.inv;
+    const float h = fmadd(a, fmadd(p.e, p.q, p.e + p.q), a) * p.scale;
+    const float e = fmadd(p.q, p.scale, p.scale);
+    const float xphi = xc * kInvSqrt2PiHi;
+    const float neg = fmadd(xphi, e, h) * kInvTwo64;
+    const float pos = fmadd(fmadd(xphi, e, -h), kInvTwo64, 1.0f);
+    return x <= 0.0f ? neg : pos;
+}
+
+constexpr float kTanhK0 = 0.797884561f;  // sqrt(2 / pi)
+constexpr float kTanhK1 = 0.0356774081f;  // sqrt(2 / pi) * 0.044715
+
+// sigmoid(v) = num / (1 + z) with z = exp(-|v|) in (0, 1] and num = 1 (v >= 0) or z (v < 0):
+// no overflow and no cancellation for either sign; 1 - sigmoid(v) = (1 + z - num) / (1 + z).
+SPORE_MATH void sigmoid_parts(float v, float& num, float& inv, float& z) {
+    z = exp_nonpositive(-std::fabs(v));
+    num = v >= 0.0f ? 1.0f : z;
+    inv = 1.0f / (1.0f + z);
+}
+
+// 0.5 x (1 + tanh(y)) = x sigmoid(2y), y = sqrt(2/pi) (x + 0.044715 x^3).
+SPORE_MATH float gelu_tanh(float x) {
+    float num, inv, z;
+    sigmoid_parts(2.0f * x * fmadd(kTanhK1, x * x, kTanhK0), num, inv, z);
+    const float out = x * num * inv;
+    return x < -kGeluBound ? -0.0f : (x > kGeluBound ? x : out);
+}
+
+// With s = sigmoid(2y): d/dx = s + 2 x y' s (1 - s), y' = sqrt(2/pi) (1 + 3 * 0.044715 x^2),
+// and s (1 - s) = z / (1 + z)^2.
+SPORE_MATH float gelu_tanh_grad(float x) {
+    const float x2 = x * x;
+    float num, inv, z;
+    sigmoid_parts(2.0f * x * fmadd(kTanhK1, x2, kTanhK0), num, inv, z);
+    const float slope = 2.0f * x * fmadd(3.0f * kTanhK1, x2, kTanhK0);
+    const float d = fmadd(slope * z * inv, inv, num * inv);
+    return x < -kGeluBound ? 0.0f : (x > kGeluBound ? 1.0f : d);
+}
+
+// Splits [0, n) into one contiguous range per thread (a multiple of 64 long) and runs
+// body(begin, end) on each; small n runs on fewer threads.
+template <typename Body>
+void parallel_ranges(int64_t n, int32_t threads, Body&& body) {
+    constexpr int64_t grain = 1 << 14;
+    const int64_t useful = std::min<int64_t>(threads, (n + grain - 1) / grain);
+    if (useful <= 1) {
+        body(int64_t{0}, n);
+        return;
+    }
+#pragma omp parallel num_threads(static_cast<int>(useful))
+    {
+        const int64_t nt = omp_get_num_threads();
+        const int64_t chunk = ((n + nt - 1) / nt + 63) / 64 * 64;
+        const int64_t begin = std::min(n, omp_get_thread_num() * chunk);
+        const int64_t end = std::min(n, begin + chunk);
+        if (begin < end) body(begin, end);
+    }
+}
+
+// Runs body(row, c0, c1) over the [rows, cols] index space split evenly between threads.
+template <typename Body>
+void parallel_rows(int64_t rows, int64_t cols, int32_t threads, Body&& body) {
+    parallel_ranges(rows * cols, threads, [&](int64_t begin, int64_t end) {
+        int64_t row = begin / cols, col = begin % cols;
+        while (begin < end) {
+            const int64_t stop = std::min(cols, col + (end - begin));
+            body(row, col, stop);
+            begin += stop - col;
+            ++row;
+            col = 0;
+        }
+    });
+}
+
+template <typename T, bool Tanh>
+void gelu_fwd(const void* xp, void* yp, int64_t n, int32_t threads) {
+    const auto* x = in<T>(xp);
+    auto* y = out<T>(yp);
+    parallel_ranges(n, threads, [&](int64_t begin, int64_t end) {
+#pragma omp simd
+        for (int64_t i = begin; i < end; ++i) {
+            const float v = T::load(x[i]);
+            y[i] = T::store(Tanh ? gelu_tanh(v) : gelu_erf(v));
+        }
+    });
+}
+
+template <typename T, bool Tanh>
+void gelu_bwd(const void* gp, const void* xp, void* dxp, int64_t n, int32_t threads) {
+    const auto* g = in<T>(gp);
+    const auto* x = in<T>(xp);
+    auto* dx = out<T>(dxp);
+    parallel_ranges(n, threads, [&](int64_t begin, int64_t end) {
+#pragma omp simd
+        for (int64_t i = begin; i < end; ++i) {
+            const float v = T::load(x[i]);
+            dx[i] = T::store(T::load(g[i]) * (Tanh ? gelu_tanh_grad(v) : gelu_erf_grad(v)));
+        }
+    });
+}
+
+// A [rows, cols] operand: element (r, c) at data[r * stride + c].
+template <typename S>
+struct Rows {
+    S* data;
+    int64_t stride;
+    S* row(int64_t r) const { return data + r * stride; }
+};
+
+// out = silu(a) * b = a sigmoid(a) b.
+template <typename T>
+void silu_mul_fwd(Rows<const typename T::storage> a, Rows<const typename T::storage> b,
+                  Rows<typename T::storage> y, int64_t rows, int64_t cols, int32_t threads) {
+    parallel_rows(rows, cols, threads, [&](int64_t r, int64_t c0, int64_t c1) {
+        const auto* ar = a.row(r);
+        const auto* br = b.row(r);
+        auto* yr = y.row(r);
+#pragma omp simd
+        for (int64_t c = c0; c < c1; ++c) {
+            const float av = T::load(ar[c]);
+            float num, inv, z;
+            sigmoid_parts(av, num, inv, z);
+            yr[c] = T::store(av * num * inv * T::load(br[c]));
+        }
+    });
+}
+
+// da = g b (s + a s (1 - s)), db = g a s, with s = sigmoid(a).
+template <typename T>
+void silu_mul_bwd(Rows<const typename T::storage> g, Rows<const typename T::storage> a,
+                  Rows<const typename T::storage> b, Rows<typename T::storage> da,
+                  Rows<typename T::storage> db, int64_t rows, int64_t cols, int32_t threads) {
+    parallel_rows(rows, cols, threads, [&](int64_t r, int64_t c0, int64_t c1) {
+        const auto* gr = g.row(r);
+        const auto* ar = a.row(r);
+        const auto* br = b.row(r);
+        auto* dar = da.row(r);
+        auto* dbr = db.row(r);
+#pragma omp simd
+        for (int64_t c = c0; c < c1; ++c) {
+            const float av = T::load(ar[c]);
+            const float gv = T::load(gr[c]);
+            float num, inv, z;
+            sigmoid_parts(av, num, inv, z);
+            const float s = num * inv;
+            dar[c] = T::store(gv * T::load(br[c]) * fmadd(av * z * inv, inv, s));
+            dbr[c] = T::store(gv * av * s);
+        }
+    });
+}
+
+bool valid(int64_t n, int32_t threads) { return n >= 0 && threads >= 1; }
+
+}  // namespace
+}  // namespace spore
+
+using spore::Rows;
+
+// y = gelu(x) over n contiguous elements; approximate 0: exact (erf), 1: tanh form.
+SPORE_EXPORT int32_t spore_gelu(const void* x, void* y, int64_t n, int32_t approximate,
+                                int32_t dtype, int32_t threads) {
+    if (!x || !y || !spore::valid(n, threads) || approximate < 0 || approximate > 1) {
+        return spore::BAD_ARGUMENT;
+    }
+    return spore::with_dtype(dtype, [&](auto t) {
+        using T = decltype(t);
+        if (approximate) {
+            spore::gelu_fwd<T, true>(x, y, n, threads);
+        } else {
+            spore::gelu_fwd<T, false>(x, y, n, threads);
+        }
+    });
+}
+
+// dx = g * gelu'(x) over n contiguous elements.
+SPORE_EXPORT int32_t spore_gelu_backward(const void* g, const void* x, void* dx, int64_t n,
+                                         int32_t approximate, int32_t dtype, int32_t threads) {
+    if (!g || !x || !dx || !spore::valid(n, threads) || approximate < 0 || approximate > 1) {
+        return spore::BAD_ARGUMENT;
+    }
+    return spore::with_dtype(dtype, [&](auto t) {
+        using T = decltype(t);
+        if (approximate) {
+            spore::gelu_bwd<T, true>(g, x, dx, n, threads);
+        } else {
+            spore::gelu_bwd<T, false>(g, x, dx, n, threads);
+        }
+    });
+}
+
+// y = silu(a) * b over n contiguous elements (a, b, y of one shape).
+SPORE_EXPORT int32_t spore_silu_mul(const void* a, const void* b, void* y, int64_t n,
+                                    int32_t dtype, int32_t threads) {
+    if (!a || !b || !y || !spore::valid(n, threads)) return spore::BAD_ARGUMENT;
+    return spore::with_dtype(dtype, [&](auto t) {
+        using T = decltype(t);
+        using S = typename T::storage;
+        spore::silu_mul_fwd<T>(Rows<const S>{spore::in<T>(a), n}, Rows<const S>{spore::in<T>(b), n},
+                               Rows<S>{spore::out<T>(y), n}, 1, n, threads);
+    });
+}
+
+// da, db of silu(a) * b for upstream g, all n contiguous elements.
+SPORE_EXPORT int32_t spore_silu_mul_backward(const void* g, const void* a, const void* b,
+                                             void* da, void* db, int64_t n, int32_t dtype,
+                                             int32_t threads) {
+    if (!g || !a || !b || !da || !db || !spore::valid(n, threads)) return spore::BAD_ARGUMENT;
+    return spore::with_dtype(dtype, [&](auto t) {
+        using T = decltype(t);
+        using S = typename T::storage;
+        spore::silu_mul_bwd<T>(Rows<const S>{spore::in<T>(g), n}, Rows<const S>{spore::in<T>(a), n},
+                               Rows<const S>{spore::in<T>(b), n}, Rows<S>{spore::out<T>(da), n},
+                               Rows<S>{spore::out<T>(db), n}, 1, n, threads);
+    });
+}
+
+// x: contiguous [rows, 2 * half]; y: contiguous [rows, half] = silu(x[:, :half]) * x[:, half:].
+SPORE_EXPORT int32_t spore_swiglu(const void* x, void* y, int64_t rows, int64_t half,
+                                  int32_t dtype, int32_t threads) {
+    if (!x || !y || rows < 0 || half <= 0 || threads < 1) return spore::BAD_ARGUMENT;
+    return spore::with_dtype(dtype, [&](auto t) {
+        using T = decltype(t);
+        using S = typename T::storage;
+        const S* xs = spore::in<T>(x);
+        spore::silu_mul_fwd<T>(Rows<const S>{xs, 2 * half}, Rows<const S>{xs + half, 2 * half},
+                               Rows<S>{spore::out<T>(y), half}, rows, half, threads);
+    });
+}
+
+// dx [rows, 2 * half] of spore_swiglu for upstream g [rows, half]; all contiguous.
+SPORE_EXPORT int32_t spore_swiglu_backward(const void* g, const void* x, void* dx, int64_t rows,
+                                           int64_t half, int32_t dtype, int32_t threads) {
+    if (!g || !x || !dx || rows < 0 || half <= 0 || threads < 1) return spore::BAD_ARGUMENT;
+    return spore::with_dtype(dtype, [&](auto t) {
+        using T = decltype(t);
+        using S = typename T::storage;
+        const S* xs = spore::in<T>(x);
+        S* dxs = spore::out<T>(dx);
+        const int64_t w = 2 * half;
+        spore::silu_mul_bwd<T>(Rows<const S>{spore::in<T>(g), half}, Rows<const S>{xs, w},
+                               Rows<const S>{xs + half, w}, Rows<S>{dxs, w},
+                               Rows<S>{dxs + half, w}, rows, half, threads);
+    });
+}

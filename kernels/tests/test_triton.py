@@ -12,6 +12,7 @@ import importlib.util
 import inspect
 import json
 import os
+import pkgutil
 import subprocess
 import sys
 from typing import Any
@@ -146,13 +147,14 @@ def test_rms_norm_and_backward(rows, cols, dtype, seed, eps) -> None:
     assert_matches(run("rms_norm_backward", grad, x, w, eps), expected, dtype, scale=10)
 
 
-def test_rms_norm_backward_sums_dweight_over_row_groups() -> None:
-    """More rows than one row group of the dweight kernel: the partial sums must add up."""
+@pytest.mark.parametrize("op", ["rms_norm_backward", "layer_norm_backward"])
+def test_weight_grads_sum_over_row_groups(op) -> None:
+    """More rows than one row group of the weight/bias kernel: the partial sums must add up."""
     g = torch.Generator().manual_seed(7)
     x, w = randn(g, 70, 3, dtype=torch.float32), randn(g, 3, dtype=torch.float32)
     grad = randn(g, 70, 3, dtype=torch.float32)
-    expected = reference("rms_norm_backward", grad, x, w, 1e-6)
-    assert_matches(run("rms_norm_backward", grad, x, w, 1e-6), expected, torch.float32, scale=10)
+    args = (grad, x, w, 1e-6) if op == "rms_norm_backward" else (grad, x, w, w + 1, 1e-6)
+    assert_matches(run(op, *args), reference(op, *args), torch.float32, scale=10)
 
 
 @FAST
@@ -191,6 +193,9 @@ def test_layer_norm(rows, cols, dtype, seed, params) -> None:
     w = randn(g, cols, dtype=dtype) if params in ("both", "weight") else None
     b = randn(g, cols, dtype=dtype) if params in ("both", "bias") else None
     assert_matches(run("layer_norm", x, w, b, 1e-5), reference("layer_norm", x, w, b, 1e-5), dtype)
+    grad = randn(g, rows, cols, dtype=dtype)
+    expected = reference("layer_norm_backward", grad, x, w, b, 1e-5)
+    assert_matches(run("layer_norm_backward", grad, x, w, b, 1e-5), expected, dtype, scale=10)
 
 
 MEAN_VAR_CASES = [
@@ -216,7 +221,82 @@ def test_mean_var(shape, dim, dtype, correction) -> None:
     g = torch.Generator().manual_seed(sum(shape) + dim)
     x = randn(g, *shape, dtype=dtype, scale=2) + 3
     expected = reference("mean_var", x, dim, correction)
-    assert_matches(run("mean_var", x, dim, correction), expected, dtype)
+    mean, var = run("mean_var", x, dim, correction)
+    assert_matches((mean, var), expected, dtype)
+    for grad_mean, grad_var in [(mean, var), (None, var), (mean, None), (None, None)]:
+        args = (grad_mean, grad_var, x, dim, correction)
+        expected = reference("mean_var_backward", *args)
+        assert_matches(run("mean_var_backward", *args), expected, dtype, scale=10)
+
+
+@ieee
+@FAST
+@given(
+    shape=st.sampled_from([(0, 3), (1,), (7, 5), (3, 1031), (2, 3, 40)]),
+    dtype=st.sampled_from(DTYPES),
+    seed=st.integers(0, 2**16),
+    approximate=st.sampled_from(["none", "tanh"]),
+)
+def test_gelu_and_backward(shape, dtype, seed, approximate) -> None:
+    g = torch.Generator().manual_seed(seed)
+    x, grad = randn(g, *shape, dtype=dtype, scale=4), randn(g, *shape, dtype=dtype)
+    assert_matches(run("gelu", x, approximate), reference("gelu", x, approximate), dtype)
+    expected = reference("gelu_backward", grad, x, approximate)
+    assert_matches(run("gelu_backward", grad, x, approximate), expected, dtype)
+
+
+@ieee
+def test_gelu_saturates_without_overflow() -> None:
+    x = torch.tensor([-1e30, -100.0, -10.0, 0.0, 10.0, 100.0, 1e30])
+    for approximate in ("none", "tanh"):
+        out = run("gelu", x, approximate)
+        assert torch.isfinite(out).all()
+        assert_matches(out, reference("gelu", x, approximate), torch.float32)
+
+
+@FAST
+@given(
+    shape=st.sampled_from([(0, 4), (1, 2), (7, 10), (3, 2062), (2, 3, 40)]),
+    dtype=st.sampled_from(DTYPES),
+    seed=st.integers(0, 2**16),
+)
+def test_silu_mul_swiglu_and_backward(shape, dtype, seed) -> None:
+    g = torch.Generator().manual_seed(seed)
+    a, b = randn(g, *shape, dtype=dtype, scale=3), randn(g, *shape, dtype=dtype)
+    grad = randn(g, *shape, dtype=dtype)
+    assert_matches(run("silu_mul", a, b), reference("silu_mul", a, b), dtype)
+    expected = reference("silu_mul_backward", grad, a, b)
+    assert_matches(run("silu_mul_backward", grad, a, b), expected, dtype)
+    assert_matches(run("swiglu", a), reference("swiglu", a), dtype)
+    half_grad = grad[..., : shape[-1] // 2].contiguous()
+    expected = reference("swiglu_backward", half_grad, a)
+    assert_matches(run("swiglu_backward", half_grad, a), expected, dtype)
+
+
+# x's shape and its cos/sin table's (D = x's last dimension; a table of D/2 is one angle a pair).
+ROPE_LAYOUTS = [
+    ((2, 5, 3, 8), (5, 1, 8)),  # [B, S, H, D] with [S, 1, D]
+    ((2, 3, 5, 8), (2, 1, 5, 8)),  # [B, H, S, D] with [B, 1, S, D]
+    ((2, 3, 5, 8), (5, 8)),  # [B, H, S, D] with [S, D]
+    ((2, 3, 5, 8), (5, 4)),  # half tables
+    ((4, 6), (4, 3)),
+    ((3, 2), (1, 2)),
+    ((0, 4), (1, 4)),
+    ((1, 2, 1, 3, 2 * _common.MAX_BLOCK + 6), (2, 1, 1, 2 * _common.MAX_BLOCK + 6)),
+]
+
+
+@pytest.mark.parametrize("mode", ["half", "interleaved"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize(("x_shape", "table_shape"), ROPE_LAYOUTS, ids=str)
+def test_rope_and_backward(x_shape, table_shape, dtype, mode) -> None:
+    g = torch.Generator().manual_seed(sum(x_shape))
+    x, grad = randn(g, *x_shape, dtype=dtype), randn(g, *x_shape, dtype=dtype)
+    angles = torch.rand(*table_shape, generator=g) * 6
+    for tables in [(angles.cos().to(dtype), angles.sin().to(dtype)), (angles.cos(), angles.sin())]:
+        assert_matches(run("rope", x, *tables, mode), reference("rope", x, *tables, mode), dtype)
+        expected = reference("rope_backward", grad, *tables, mode)
+        assert_matches(run("rope_backward", grad, *tables, mode), expected, dtype)
 
 
 def _refused() -> list[tuple[str, tuple[Any, ...]]]:
@@ -231,10 +311,39 @@ def _refused() -> list[tuple[str, tuple[Any, ...]]]:
         ("add_rms_norm", (x, x[:1], w, 1e-6)),
         ("add_rms_norm_backward", (x, x[:1], x, w, 1e-6)),
         ("layer_norm", (x, None, torch.randn(3), 1e-5)),
+        ("layer_norm_backward", (x[:1], x, w, None, 1e-5)),
+        ("layer_norm_backward", (x, x, None, w.half(), 1e-5)),
         ("mean_var", (x, 2, 1)),
         ("mean_var", (x, 0, -1)),
         ("mean_var", (torch.tensor(1.0), 0, 1)),
         ("mean_var", (torch.randn(1, 128 * 65536), 0, 1)),
+        ("mean_var_backward", (torch.randn(4), None, x, 0, 1)),
+        ("mean_var_backward", (None, torch.randn(4).half(), x, 1, 1)),
+        ("gelu", (x, "sigmoid")),
+        ("gelu", (x.to(torch.int32), "none")),
+        ("gelu_backward", (x[:1], x, "none")),
+        ("silu_mul", (x, x[:1])),
+        ("silu_mul_backward", (x, x, x[:1])),
+        ("swiglu", (torch.randn(4, 7),)),
+        ("swiglu", (torch.randn(4, 0),)),
+        ("swiglu_backward", (x, x)),
+        ("rope", (x, x.cos(), x.sin(), "neox")),
+        ("rope", (torch.randn(4, 7), torch.randn(4, 7), torch.randn(4, 7), "half")),
+        ("rope", (x, torch.randn(4, 5), torch.randn(4, 5), "half")),
+        ("rope", (x, torch.randn(3, 8), torch.randn(3, 8), "half")),
+        ("rope", (x, torch.randn(4, 8), torch.randn(4, 4), "half")),
+        ("rope", (x.half(), torch.randn(4, 8).double(), torch.randn(4, 8).double(), "half")),
+        ("rope", (x.half(), torch.randn(4, 8).bfloat16(), torch.randn(4, 8).bfloat16(), "half")),
+        (
+            "rope",
+            (
+                torch.randn(2, 3, 4, 5, 8),
+                torch.randn(2, 1, 4, 1, 8),
+                torch.randn(2, 1, 4, 1, 8),
+                "half",
+            ),
+        ),
+        ("rope_backward", (x.t(), torch.randn(8, 4), torch.randn(8, 4), "half")),
     ]
 
 
@@ -302,31 +411,59 @@ def test_plugin_survives_a_failing_registration(monkeypatch, caplog) -> None:
 
 # Each kernel's argument types for an ahead-of-time compile ("T": the dtype under test).
 COMPILE = {
-    "norms._rms_norm_fwd": ({"X": "*T", "W": "*T", "Y": "*T", "cols": "i32", "eps": "fp32"}, {}),
-    "norms._rms_norm_bwd_dx": (
+    "rms_norm._rms_norm_fwd": (
+        {"X": "*T", "W": "*T", "Y": "*T", "cols": "i32", "eps": "fp32"},
+        {},
+    ),
+    "rms_norm._add_rms_norm_fwd": (
+        {"X": "*T", "R": "*T", "W": "*T", "Y": "*T", "S": "*T", "cols": "i32", "eps": "fp32"},
+        {},
+    ),
+    "rms_norm._rms_norm_bwd_dx": (
         {"G": "*T", "GS": "*T", "X": "*T", "W": "*T", "DX": "*T", "RSTD": "*fp32"}
         | {"cols": "i32", "eps": "fp32"},
         {"HAS_GS": True},
     ),
-    "norms._rms_norm_bwd_dw": (
-        {"G": "*T", "X": "*T", "RSTD": "*fp32", "PARTIAL": "*fp32"}
-        | {"rows": "i32", "cols": "i32", "rows_per_group": "i32"},
-        {"BM": 32, "BN": 64},
-    ),
-    "norms._add_rms_norm_fwd": (
-        {"X": "*T", "R": "*T", "W": "*T", "Y": "*T", "S": "*T", "cols": "i32", "eps": "fp32"},
-        {},
-    ),
-    "norms._layer_norm_fwd": (
+    "layer_norm._layer_norm_fwd": (
         {"X": "*T", "W": "*T", "B": "*T", "Y": "*T", "cols": "i32", "eps": "fp32"},
         {"HAS_W": True, "HAS_B": True},
     ),
-    "stats._mean_var": (
+    "layer_norm._layer_norm_bwd_dx": (
+        {"G": "*T", "X": "*T", "W": "*T", "DX": "*T", "MEAN": "*fp32", "RSTD": "*fp32"}
+        | {"cols": "i32", "eps": "fp32"},
+        {"HAS_W": True},
+    ),
+    "_param_grads._param_grads": (
+        {"G": "*T", "X": "*T", "MEAN": "*fp32", "RSTD": "*fp32", "DW": "*fp32", "DB": "*fp32"}
+        | {"rows": "i32", "cols": "i32", "rows_per_group": "i32"},
+        {"CENTRED": True, "HAS_DW": True, "HAS_DB": True, "BM": 32, "BN": 64},
+    ),
+    "mean_var._mean_var": (
         {"X": "*T", "MEAN": "*T", "VAR": "*T", "n": "i32", "inner": "i32", "divisor": "fp32"},
         {"BN": 16, "BI": 128},
     ),
+    "mean_var._mean_var_bwd": (
+        {"GM": "*T", "GV": "*T", "X": "*T", "DX": "*T", "n": "i32", "inner": "i32"}
+        | {"scale": "fp32"},
+        {"HAS_GM": True, "HAS_GV": True, "BN": 16, "BI": 128},
+    ),
+    "gelu._gelu_fwd": ({"X": "*T", "Y": "*T", "n": "i32"}, {"TANH": True}),
+    "gelu._gelu_bwd": ({"G": "*T", "X": "*T", "DX": "*T", "n": "i32"}, {"TANH": False}),
+    "glu._silu_mul_fwd": ({"A": "*T", "B": "*T", "Y": "*T", "n": "i32"}, {}),
+    "glu._silu_mul_bwd": (
+        {"G": "*T", "A": "*T", "B": "*T", "DA": "*T", "DB": "*T", "n": "i32"},
+        {},
+    ),
+    "glu._swiglu_fwd": ({"X": "*T", "Y": "*T", "half": "i32"}, {}),
+    "glu._swiglu_bwd": ({"G": "*T", "X": "*T", "DX": "*T", "half": "i32"}, {}),
+    "rope._rope": (
+        {"X": "*T", "COS": "*fp32", "SIN": "*fp32", "Y": "*T"}
+        | {p: "i32" for p in ("mid", "inner", "step_o", "step_m", "step_i", "dim", "table_cols")},
+        {"INTERLEAVED": True, "HALF_TABLE": True, "TRANSPOSE": True},
+    ),
 }
-HELPERS: set[str] = set()  # jitted functions compiled inside the kernels that call them
+FP32_OUT = {"_param_grads._param_grads"}  # kernels that store only fp32 partial sums
+HELPERS = {"layer_norm._row_mean"}  # jitted functions compiled inside the kernels that call them
 TRITON_DTYPE = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
 
 
@@ -370,12 +507,14 @@ def compiled(tmp_path_factory) -> dict[str, Any]:
 
 
 def test_compile_table_covers_every_kernel() -> None:
-    found = {
-        f"{family.__name__.rsplit('.', 1)[1]}.{name}"
-        for family in cuda.FAMILIES
-        for name, value in vars(family).items()
-        if name.startswith("_") and hasattr(value, "fn") and hasattr(value, "arg_names")
-    }
+    found = set()
+    for info in pkgutil.iter_modules(cuda.__path__):
+        module = importlib.import_module(f"spore_kernels.cuda.{info.name}")
+        found |= {
+            f"{info.name}.{name}"
+            for name, value in vars(module).items()
+            if hasattr(value, "fn") and hasattr(value, "arg_names")
+        }
     assert found == set(COMPILE) | HELPERS
 
 
@@ -387,6 +526,6 @@ def test_kernels_compile_for_sm90(compiled, kernel, dtype) -> None:
     result = compiled[f"{kernel}:{TRITON_DTYPE[dtype]}"]
     assert result["cubin"] > 0
     narrow = {torch.bfloat16: "cvt.rn.bf16.f32", torch.float16: "cvt.rn.f16.f32"}
-    if dtype in narrow and "PARTIAL" not in COMPILE[kernel][0]:
+    if dtype in narrow and kernel not in FP32_OUT:
         assert narrow[dtype] in result["cvt"]
     assert not [c for c in result["cvt"] if c.startswith("cvt.rz")]

@@ -1,6 +1,6 @@
-"""Triton kernels for CUDA devices, one module per family of ops, each with a ``KERNELS`` table
+"""Triton kernels for CUDA devices, one module per op family, each with a ``KERNELS`` table
 ``{op name: (launcher, supports)}``. Importing this package imports triton; the plugin does it
-only when triton imports and a CUDA device is present. The launchers take tensors on any device,
+only when a CUDA device is present and triton imports. The launchers take tensors on any device,
 so under Triton's interpreter (``TRITON_INTERPRET=1``) they run on CPU tensors."""
 
 from __future__ import annotations
@@ -8,9 +8,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from spore_kernels.cuda import norms, stats
+from spore_kernels.cuda import gelu, glu, layer_norm, mean_var, rms_norm, rope
 
-FAMILIES = [norms, stats]
+FAMILIES = [rms_norm, layer_norm, mean_var, gelu, glu, rope]
 
 
 def kernels() -> dict[str, tuple[Callable[..., Any], Callable[..., bool]]]:

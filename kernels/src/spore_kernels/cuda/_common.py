@@ -1,14 +1,17 @@
-"""What the Triton launchers share: the dtypes they take, the ``supports`` building block and
-block sizes. Nothing here touches a device, so the launchers also run under Triton's interpreter
-(``TRITON_INTERPRET=1``) on CPU tensors."""
+"""What the Triton launchers share: the dtypes they take, the ``supports`` building blocks,
+block sizes and the row launch. Nothing here touches a device, so the launchers also run under
+Triton's interpreter (``TRITON_INTERPRET=1``) on CPU tensors."""
 
 from __future__ import annotations
+
+from typing import Any
 
 import torch
 import triton
 
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 MAX_BLOCK = 4096  # columns one program holds at a time; longer rows loop over chunks
+MAX_GRID_Y = 65535  # CUDA's limit on the second grid dimension
 
 
 def ready(*tensors: torch.Tensor) -> bool:
@@ -34,3 +37,25 @@ def rows_cols(x: torch.Tensor) -> tuple[int, int]:
     """``x`` viewed as [rows, last dimension]."""
     cols = x.shape[-1]
     return (x.numel() // cols if cols else 0), cols
+
+
+def row_launch(kernel: Any, x: torch.Tensor, *args: Any, **named: Any) -> None:
+    """Launch a row kernel ``kernel(*args, cols, **named, BLOCK)``, one program per row of
+    ``x`` viewed as [rows, cols] (nothing to launch for no rows)."""
+    rows, cols = rows_cols(x)
+    if rows == 0:
+        return
+    size = block(cols)
+    kernel[(rows,)](*args, cols, **named, BLOCK=size, num_warps=warps(size))
+
+
+def row_params(x: torch.Tensor, *params: torch.Tensor | None) -> bool:
+    """``ready`` x with a non-empty last dimension, each given parameter of shape
+    [x.shape[-1]] and ready with it."""
+    given = [p for p in params if p is not None]
+    return (
+        x.dim() >= 1
+        and x.shape[-1] > 0
+        and all(p.shape == x.shape[-1:] for p in given)
+        and ready(x, *given)
+    )

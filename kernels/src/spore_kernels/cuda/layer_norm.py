@@ -1,0 +1,138 @@
+"""layer_norm over the last dimension, forward and backward, with optional weight and bias.
+One program per row; two-pass fp32 statistics (the mean, then the mean squared deviation from
+it, biased); one rounding per output, as the reference."""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from spore_kernels.cuda import _common
+from spore_kernels.cuda._param_grads import param_grads
+
+
+@triton.jit
+def _row_mean(X, row, cols, BLOCK: tl.constexpr):
+    acc = tl.zeros([BLOCK], dtype=tl.float32)
+    for start in range(0, cols, BLOCK):
+        offs = start + tl.arange(0, BLOCK)
+        acc += tl.load(X + row + offs, mask=offs < cols, other=0.0).to(tl.float32)
+    return tl.sum(acc, axis=0) / cols
+
+
+@triton.jit
+def _layer_norm_fwd(
+    X, W, B, Y, cols, eps, HAS_W: tl.constexpr, HAS_B: tl.constexpr, BLOCK: tl.constexpr
+):
+    row = tl.program_id(0).to(tl.int64) * cols
+    mean = _row_mean(X, row, cols, BLOCK)
+    acc = tl.zeros([BLOCK], dtype=tl.float32)
+    for start in range(0, cols, BLOCK):
+        offs = start + tl.arange(0, BLOCK)
+        mask = offs < cols
+        x = tl.load(X + row + offs, mask=mask, other=0.0).to(tl.float32)
+        d = tl.where(mask, x - mean, 0.0)
+        acc += d * d
+    rstd = tl.math.rsqrt(tl.sum(acc, axis=0) / cols + eps)
+    for start in range(0, cols, BLOCK):
+        offs = start + tl.arange(0, BLOCK)
+        mask = offs < cols
+        y = (tl.load(X + row + offs, mask=mask, other=0.0).to(tl.float32) - mean) * rstd
+        if HAS_W:
+            y = y * tl.load(W + offs, mask=mask, other=0.0).to(tl.float32)
+        if HAS_B:
+            y = y + tl.load(B + offs, mask=mask, other=0.0).to(tl.float32)
+        tl.store(Y + row + offs, y.to(Y.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _layer_norm_bwd_dx(
+    G, X, W, DX, MEAN, RSTD, cols, eps, HAS_W: tl.constexpr, BLOCK: tl.constexpr
+):
+    # dx = rstd * (gw - mean(gw) - xhat * mean(gw * xhat)), gw = g * w, xhat = (x - mean) * rstd;
+    # mean and rstd are kept for the weight/bias kernel.
+    r = tl.program_id(0).to(tl.int64)
+    row = r * cols
+    mean = _row_mean(X, row, cols, BLOCK)
+    sq = tl.zeros([BLOCK], dtype=tl.float32)
+    sum_gw = tl.zeros([BLOCK], dtype=tl.float32)
+    sum_gwd = tl.zeros([BLOCK], dtype=tl.float32)
+    for start in range(0, cols, BLOCK):
+        offs = start + tl.arange(0, BLOCK)
+        mask = offs < cols
+        d = tl.where(mask, tl.load(X + row + offs, mask=mask, other=0.0).to(tl.float32) - mean, 0.0)
+        gw = tl.load(G + row + offs, mask=mask, other=0.0).to(tl.float32)
+        if HAS_W:
+            gw = gw * tl.load(W + offs, mask=mask, other=0.0).to(tl.float32)
+        sq += d * d
+        sum_gw += gw
+        sum_gwd += gw * d
+    rstd = tl.math.rsqrt(tl.sum(sq, axis=0) / cols + eps)
+    mean_gw = tl.sum(sum_gw, axis=0) / cols
+    mean_gwx = rstd * tl.sum(sum_gwd, axis=0) / cols
+    tl.store(MEAN + r, mean)
+    tl.store(RSTD + r, rstd)
+    for start in range(0, cols, BLOCK):
+        offs = start + tl.arange(0, BLOCK)
+        mask = offs < cols
+        xhat = (tl.load(X + row + offs, mask=mask, other=0.0).to(tl.float32) - mean) * rstd
+        gw = tl.load(G + row + offs, mask=mask, other=0.0).to(tl.float32)
+        if HAS_W:
+            gw = gw * tl.load(W + offs, mask=mask, other=0.0).to(tl.float32)
+        dx = rstd * (gw - mean_gw - xhat * mean_gwx)
+        tl.store(DX + row + offs, dx.to(DX.dtype.element_ty), mask=mask)
+
+
+def layer_norm(
+    x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None, eps: float
+) -> torch.Tensor:
+    y = torch.empty_like(x)
+    w = x if weight is None else weight  # unread placeholder pointers when absent
+    b = x if bias is None else bias
+    flags = {"HAS_W": weight is not None, "HAS_B": bias is not None}
+    _common.row_launch(_layer_norm_fwd, x, x, w, b, y, eps=float(eps), **flags)
+    return y
+
+
+def layer_norm_backward(
+    grad: torch.Tensor,
+    x: torch.Tensor,
+    weight: torch.Tensor | None,
+    bias: torch.Tensor | None,
+    eps: float,
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+    """dx row by row (saving mean and rstd), then dweight and dbias from the column sums."""
+    rows, _ = _common.rows_cols(x)
+    dx = torch.empty_like(x)
+    mean = torch.empty(rows, dtype=torch.float32, device=x.device)
+    rstd = torch.empty_like(mean)
+    w = x if weight is None else weight
+    args = (grad, x, w, dx, mean, rstd)
+    _common.row_launch(_layer_norm_bwd_dx, x, *args, eps=float(eps), HAS_W=weight is not None)
+    if weight is None and bias is None:
+        return dx, None, None
+    dw, db = param_grads(grad, x, mean, rstd, weight, bias)
+    return dx, dw, db
+
+
+def supports_layer_norm(
+    x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None, eps: float
+) -> bool:
+    return _common.row_params(x, weight, bias)
+
+
+def supports_layer_norm_backward(
+    grad: torch.Tensor,
+    x: torch.Tensor,
+    weight: torch.Tensor | None,
+    bias: torch.Tensor | None,
+    eps: float,
+) -> bool:
+    return _common.row_params(x, weight, bias) and _common.ready(grad, x) and grad.shape == x.shape
+
+
+KERNELS = {
+    "layer_norm": (layer_norm, supports_layer_norm),
+    "layer_norm_backward": (layer_norm_backward, supports_layer_norm_backward),
+}

@@ -84,3 +84,23 @@ inline typename T::storage* out(void* p) {
 }  // namespace spore
 
 #define SPORE_EXPORT extern "C" __attribute__((visibility("default")))
+
+#include <type_traits>
+
+namespace spore {
+
+// n per-column values (a weight, a bias) as fp32: p itself for F32, else converted once into
+// buf, so that row loops load fp32 instead of converting the same values again for every row.
+template <typename T>
+inline const float* as_f32(const void* p, int64_t n, std::vector<float>& buf) {
+    if constexpr (std::is_same_v<T, F32>) {
+        return static_cast<const float*>(p);
+    } else {
+        buf.resize(static_cast<size_t>(n));
+        const auto* src = in<T>(p);
+        for (int64_t i = 0; i < n; ++i) buf[i] = T::load(src[i]);
+        return buf.data();
+    }
+}
+
+}  // namespace spore

@@ -3,6 +3,7 @@
 // pass); one rounding per output. weight and bias are optional (null: 1 and 0).
 #include <omp.h>
 
+#include <algorithm>
 #include <type_traits>
 
 #include "common.h"
@@ -68,8 +69,9 @@ template <typename T, bool HasW, bool HasB>
 void layer_norm_fwd(const void* xp, const void* wp, const void* bp, void* yp, int64_t rows,
                     int64_t cols, float eps, int32_t threads) {
     const auto* x = in<T>(xp);
-    const auto* w = in<T>(wp);
-    const auto* b = in<T>(bp);
+    std::vector<float> wbuf, bbuf;
+    const float* w = HasW ? as_f32<T>(wp, cols, wbuf) : nullptr;
+    const float* b = HasB ? as_f32<T>(bp, cols, bbuf) : nullptr;
     auto* y = out<T>(yp);
 #pragma omp parallel for num_threads(threads) schedule(static)
     for (int64_t r = 0; r < rows; ++r) {
@@ -79,69 +81,109 @@ void layer_norm_fwd(const void* xp, const void* wp, const void* bp, void* yp, in
 #pragma omp simd
         for (int64_t c = 0; c < cols; ++c) {
             float v = (T::load(xr[c]) - st.mean) * st.rstd;
-            if constexpr (HasW) v *= T::load(w[c]);
-            if constexpr (HasB) v += T::load(b[c]);
+            if constexpr (HasW) v *= w[c];
+            if constexpr (HasB) v += b[c];
             yr[c] = T::store(v);
         }
     }
 }
 
-// xhat = (x - mean) * rstd, gw = g * w:
-// dx = rstd * (gw - mean(gw) - xhat * mean(gw * xhat)),  dw = sum of g * xhat,  db = sum of g.
-// Three passes per row (mean; variance with the two sums; outputs), the row in cache.
+// Per-row quantities of the backward: xhat = (x - mean) * rstd, gw = g * w,
+// dx = rstd * (gw - mean_gw - xhat * k) with k = mean(gw * xhat).
+struct RowGrad {
+    float mean, rstd, mean_gw, k;
+};
+
+template <typename T, bool HasW>
+inline RowGrad row_grad(const typename T::storage* gr, const typename T::storage* xr,
+                        const float* w, int64_t cols, float eps) {
+    const float n = static_cast<float>(cols);
+    const float mean = row_mean<T>(xr, cols);
+    float sq[LANES] = {}, sum_gw[LANES] = {}, dot[LANES] = {};
+    int64_t c0 = 0;
+    for (; c0 + LANES <= cols; c0 += LANES) {
+#pragma omp simd
+        for (int64_t l = 0; l < LANES; ++l) {
+            const float d = T::load(xr[c0 + l]) - mean;
+            float gw = T::load(gr[c0 + l]);
+            if constexpr (HasW) gw *= w[c0 + l];
+            sq[l] += d * d;
+            sum_gw[l] += gw;
+            dot[l] += gw * d;
+        }
+    }
+    for (int64_t c = c0; c < cols; ++c) {
+        const float d = T::load(xr[c]) - mean;
+        float gw = T::load(gr[c]);
+        if constexpr (HasW) gw *= w[c];
+        sq[c - c0] += d * d;
+        sum_gw[c - c0] += gw;
+        dot[c - c0] += gw * d;
+    }
+    const float rstd = 1.0f / std::sqrt(fold(sq) / n + eps);
+    return {mean, rstd, fold(sum_gw) / n, fold(dot) * rstd / n};
+}
+
+// dx for N consecutive rows (their statistics in st) in one pass over the columns, with their
+// dw and db contributions summed before they are added to the accumulators (fewer loads and
+// stores of acc_w and acc_b per row).
+template <typename T, bool HasW, bool NeedDw, bool NeedDb, int N>
+inline void grad_rows(const typename T::storage* g, const typename T::storage* x,
+                      typename T::storage* dx, const float* w, const RowGrad* st, float* acc_w,
+                      float* acc_b, int64_t cols) {
+#pragma omp simd
+    for (int64_t c = 0; c < cols; ++c) {
+        float sum_w = 0.0f, sum_b = 0.0f;
+        for (int i = 0; i < N; ++i) {
+            const float gv = T::load(g[i * cols + c]);
+            const float xhat = (T::load(x[i * cols + c]) - st[i].mean) * st[i].rstd;
+            float gw = gv;
+            if constexpr (HasW) gw *= w[c];
+            dx[i * cols + c] = T::store(st[i].rstd * (gw - st[i].mean_gw - xhat * st[i].k));
+            sum_w += gv * xhat;
+            sum_b += gv;
+        }
+        if constexpr (NeedDw) acc_w[c] += sum_w;
+        if constexpr (NeedDb) acc_b[c] += sum_b;
+    }
+}
+
+constexpr int64_t GROUP = 4;  // rows per fused gradient pass (their rows stay in L2)
+
+// dw = sum of g * xhat, db = sum of g; per-thread column partials, summed at the end.
 template <typename T, bool HasW, bool NeedDw, bool NeedDb>
 void layer_norm_bwd(const void* gp, const void* xp, const void* wp, void* dxp, void* dwp,
                     void* dbp, int64_t rows, int64_t cols, float eps, int32_t threads) {
     const auto* g = in<T>(gp);
     const auto* x = in<T>(xp);
-    const auto* w = in<T>(wp);
+    std::vector<float> wbuf;
+    const float* w = HasW ? as_f32<T>(wp, cols, wbuf) : nullptr;
     auto* dx = out<T>(dxp);
     const int64_t slots = (NeedDw ? cols : 0) + (NeedDb ? cols : 0);
     std::vector<float> partial(static_cast<size_t>(threads) * slots, 0.0f);
-    const float n = static_cast<float>(cols);
+    const int64_t groups = (rows + GROUP - 1) / GROUP;
 #pragma omp parallel num_threads(threads)
     {
         float* acc_w = partial.data() + static_cast<int64_t>(omp_get_thread_num()) * slots;
         float* acc_b = acc_w + (NeedDw ? cols : 0);
 #pragma omp for schedule(static)
-        for (int64_t r = 0; r < rows; ++r) {
-            const auto* gr = g + r * cols;
-            const auto* xr = x + r * cols;
-            auto* dxr = dx + r * cols;
-            const float mean = row_mean<T>(xr, cols);
-            float sq[LANES] = {}, sum_gw[LANES] = {}, dot[LANES] = {};
-            int64_t c0 = 0;
-            for (; c0 + LANES <= cols; c0 += LANES) {
-#pragma omp simd
-                for (int64_t l = 0; l < LANES; ++l) {
-                    const float d = T::load(xr[c0 + l]) - mean;
-                    float gw = T::load(gr[c0 + l]);
-                    if constexpr (HasW) gw *= T::load(w[c0 + l]);
-                    sq[l] += d * d;
-                    sum_gw[l] += gw;
-                    dot[l] += gw * d;
+        for (int64_t group = 0; group < groups; ++group) {
+            const int64_t r0 = group * GROUP, count = std::min(GROUP, rows - r0);
+            RowGrad st[GROUP];
+            for (int64_t i = 0; i < count; ++i) {
+                const int64_t at = (r0 + i) * cols;
+                st[i] = row_grad<T, HasW>(g + at, x + at, w, cols, eps);
+            }
+            const int64_t at = r0 * cols;
+            if (count == GROUP) {
+                grad_rows<T, HasW, NeedDw, NeedDb, GROUP>(g + at, x + at, dx + at, w, st, acc_w,
+                                                          acc_b, cols);
+            } else {
+                for (int64_t i = 0; i < count; ++i) {
+                    const int64_t ai = at + i * cols;
+                    grad_rows<T, HasW, NeedDw, NeedDb, 1>(g + ai, x + ai, dx + ai, w, st + i,
+                                                          acc_w, acc_b, cols);
                 }
-            }
-            for (int64_t c = c0; c < cols; ++c) {
-                const float d = T::load(xr[c]) - mean;
-                float gw = T::load(gr[c]);
-                if constexpr (HasW) gw *= T::load(w[c]);
-                sq[c - c0] += d * d;
-                sum_gw[c - c0] += gw;
-                dot[c - c0] += gw * d;
-            }
-            const float rstd = 1.0f / std::sqrt(fold(sq) / n + eps);
-            const float mean_gw = fold(sum_gw) / n;
-            const float k = fold(dot) * rstd / n;  // mean(gw * xhat)
-#pragma omp simd
-            for (int64_t c = 0; c < cols; ++c) {
-                const float gv = T::load(gr[c]);
-                const float xhat = (T::load(xr[c]) - mean) * rstd;
-                float gw = gv;
-                if constexpr (HasW) gw *= T::load(w[c]);
-                dxr[c] = T::store(rstd * (gw - mean_gw - xhat * k));
-                if constexpr (NeedDw) acc_w[c] += gv * xhat;
-                if constexpr (NeedDb) acc_b[c] += gv;
             }
         }
     }

@@ -479,15 +479,19 @@ for kernel, (types, constexprs) in table.items():
     module, name = kernel.split(".")
     fn = getattr(importlib.import_module("spore_kernels.cuda." + module), name)
     constexprs = constexprs | ({"BLOCK": 1024} if "BLOCK" in fn.arg_names else {})
+    flipped = {k: not v if isinstance(v, bool) else v for k, v in constexprs.items()}
+    variants = [constexprs] + ([flipped] if flipped != constexprs else [])
     for dtype in dtypes:
-        signature = {
-            p: "constexpr" if p in constexprs else types[p].replace("T", dtype)
-            for p in fn.arg_names
-        }
-        source = ASTSource(fn=fn, signature=signature, constexprs=constexprs)
-        compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32))
-        converts = sorted(set(re.findall(r"cvt\\.[a-z0-9.]+", compiled.asm["ptx"])))
-        found[kernel + ":" + dtype] = {"cubin": len(compiled.asm["cubin"]), "cvt": converts}
+        found[kernel + ":" + dtype] = results = []
+        for flags in variants:
+            signature = {
+                p: "constexpr" if p in flags else types[p].replace("T", dtype)
+                for p in fn.arg_names
+            }
+            source = ASTSource(fn=fn, signature=signature, constexprs=flags)
+            compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32))
+            converts = sorted(set(re.findall(r"cvt\\.[a-z0-9.]+", compiled.asm["ptx"])))
+            results.append({"cubin": len(compiled.asm["cubin"]), "cvt": converts})
 print(json.dumps(found))
 """
 
@@ -495,7 +499,8 @@ print(json.dumps(found))
 @pytest.fixture(scope="module")
 def compiled(tmp_path_factory) -> dict[str, Any]:
     """Every kernel in ``COMPILE`` compiled for sm_90 by a fresh process (no interpreter there;
-    an empty compile cache), per dtype: the cubin size and the PTX conversions."""
+    an empty compile cache), per dtype, with its flags as given and all flipped: the cubin size
+    and the PTX conversions of each."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["TRITON_CACHE_DIR"] = str(tmp_path_factory.mktemp("triton-cache"))
     spec = json.dumps([COMPILE, list(TRITON_DTYPE.values())])
@@ -521,11 +526,14 @@ def test_compile_table_covers_every_kernel() -> None:
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("kernel", sorted(COMPILE))
 def test_kernels_compile_for_sm90(compiled, kernel, dtype) -> None:
-    """A cubin for an H100-class GPU; outputs narrower than fp32 round to nearest even
-    (``cvt.rn``), and nothing rounds toward zero."""
-    result = compiled[f"{kernel}:{TRITON_DTYPE[dtype]}"]
-    assert result["cubin"] > 0
+    """A cubin for an H100-class GPU for each flag setting; with the flags as given, outputs
+    narrower than fp32 round to nearest even (``cvt.rn``; flipped, a kernel may store only
+    constant zeros); nothing rounds toward zero."""
     narrow = {torch.bfloat16: "cvt.rn.bf16.f32", torch.float16: "cvt.rn.f16.f32"}
+    results = compiled[f"{kernel}:{TRITON_DTYPE[dtype]}"]
+    flags = [v for v in COMPILE[kernel][1].values() if isinstance(v, bool)]
+    assert len(results) == (2 if flags else 1)
+    assert all(result["cubin"] > 0 for result in results)
     if dtype in narrow and kernel not in FP32_OUT:
-        assert narrow[dtype] in result["cvt"]
-    assert not [c for c in result["cvt"] if c.startswith("cvt.rz")]
+        assert narrow[dtype] in results[0]["cvt"]
+    assert not [c for result in results for c in result["cvt"] if c.startswith("cvt.rz")]

@@ -19,9 +19,11 @@ custom ops list, PyTorch 6.0/7.0 docs) and the op-plugin tests (gitcode.com/Asce
 - ``npu_rotary_mul(input, r1, r2, rotary_mode='half') -> Tensor``:
   ``r1 * x + r2 * cat(-x2, x1)`` with ``x1, x2 = chunk(x, 2, -1)``; 4-D input, last dimension
   even and below 896; r1/r2 4-D and broadcast to the input. ``rotary_mode`` (with an
-  'interleave' mode) appears in the 7.0 docs only, so the call leaves it at 'half' and spore's
-  "interleaved" mode, like tables of D/2 columns, runs the reference.
-- ``npu_gelu(input, approximate='none') -> Tensor``: approximate "none" (erf) or "tanh".
+  'interleave' mode) appears from the 7.0 docs on (the 6.0 signature has none), so the call
+  leaves it at 'half' and spore's "interleaved" mode, like tables of D/2 columns, runs the
+  reference.
+- ``npu_gelu(input, approximate='none') -> Tensor``: approximate "none" (erf) or "tanh" (the
+  7.2 docs note that torch's own gelu on NPU ignores ``approximate`` and computes tanh).
 """
 
 from __future__ import annotations

@@ -24,7 +24,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 if importlib.util.find_spec("triton") is None:
-    pytest.skip("triton is not installed (the 'triton' extra)", allow_module_level=True)
+    pytest.skip("triton is not installed (pip install triton)", allow_module_level=True)
 
 CUDA = torch.cuda.is_available()
 if not CUDA:

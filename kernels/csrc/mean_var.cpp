@@ -134,13 +134,32 @@ void row_moments(const typename T::storage* x, int64_t len, float* mean, float* 
     cascade.finish(mean, m2);
 }
 
-// Moments of at most STEPS rows of width columns (rows stride apart): a Welford state per column.
+// Moments of at most STEPS rows of width columns (rows stride apart): a Welford state per column,
+// updated by four rows at a time in registers (one load and store of the state per four rows).
 template <typename T>
 void block_segment(const typename T::storage* x, int64_t len, int64_t stride, int64_t width,
                    float* mean, float* m2) {
     std::fill(mean, mean + width, 0.0f);
     std::fill(m2, m2 + width, 0.0f);
-    for (int64_t i = 0; i < len; ++i) {
+    int64_t i = 0;
+    for (; i + 4 <= len; i += 4) {
+        float inv[4];
+        for (int64_t k = 0; k < 4; ++k) inv[k] = 1.0f / static_cast<float>(i + k + 1);
+        const auto* xi = x + i * stride;
+#pragma omp simd
+        for (int64_t j = 0; j < width; ++j) {
+            float m = mean[j], q = m2[j];
+            for (int64_t k = 0; k < 4; ++k) {
+                const float v = T::load(xi[k * stride + j]);
+                const float d = v - m;
+                m += d * inv[k];
+                q += d * (v - m);
+            }
+            mean[j] = m;
+            m2[j] = q;
+        }
+    }
+    for (; i < len; ++i) {
         const float inv = 1.0f / static_cast<float>(i + 1);
         const auto* xi = x + i * stride;
 #pragma omp simd
@@ -249,8 +268,18 @@ void block_sums(const typename T::storage* x, int64_t len, int64_t stride, int64
         return;
     }
     for (int64_t i0 = 0; i0 < len; i0 += STEPS) {
+        const int64_t i1 = std::min(len, i0 + STEPS);
         std::fill(scratch, scratch + width, 0.0f);
-        for (int64_t i = i0; i < std::min(len, i0 + STEPS); ++i) {
+        int64_t i = i0;
+        for (; i + 4 <= i1; i += 4) {  // four rows per load and store of the partial sums
+            const auto* xi = x + i * stride;
+#pragma omp simd
+            for (int64_t j = 0; j < width; ++j) {
+                scratch[j] += (T::load(xi[j]) + T::load(xi[stride + j])) +
+                              (T::load(xi[2 * stride + j]) + T::load(xi[3 * stride + j]));
+            }
+        }
+        for (; i < i1; ++i) {
             const auto* xi = x + i * stride;
 #pragma omp simd
             for (int64_t j = 0; j < width; ++j) scratch[j] += T::load(xi[j]);

@@ -166,6 +166,15 @@ def test_compiles_fullgraph_forward_and_backward() -> None:
         lambda a: torch.ops.spore.layer_norm(a, None, None, 1e-5), fullgraph=True
     )
     torch.testing.assert_close(no_affine(x), F.layer_norm(x, (64,), eps=1e-5))
+    bias_only = torch.compile(
+        lambda a, d: torch.ops.spore.layer_norm(a, None, d, 1e-5), fullgraph=True
+    )
+    leaves = [t.clone().requires_grad_() for t in (x, b)]
+    bias_only(*leaves).pow(2).sum().backward()
+    eager = [t.clone().requires_grad_() for t in (x, b)]
+    F.layer_norm(eager[0], (64,), None, eager[1], 1e-5).pow(2).sum().backward()
+    for a, e in zip(leaves, eager, strict=True):
+        torch.testing.assert_close(a.grad, e.grad, rtol=1e-4, atol=1e-4)
 
 
 @pytest.mark.parametrize("isa", _lib.available())

@@ -3,13 +3,17 @@
 Like ``torch.var_mean(x, dim, correction=correction)`` with the outputs swapped: the reduced
 dimension is removed, outputs have x's dtype, the divisor is ``max(n - correction, 0)`` (so
 ``n - correction <= 0`` gives inf or NaN like torch) and an empty dimension gives NaN.
-Numerics contract: float32 whatever the input dtype (float64 stays float64); the kernel is
-one-pass Welford (independent Welford states per SIMD lane or per column, segments of the
-dimension per thread, combined with the parallel merge of Chan et al.), each output rounded
-once to x's dtype.
+Numerics contract: float32 whatever the input dtype (float64 stays float64), each output
+rounded once to x's dtype. The kernel is one-pass Welford: independent Welford states (per SIMD
+lane over the dimension when it is the last one, per column otherwise) of at most 128 steps,
+combined with the parallel merge of Chan et al. — pairwise across segments, then across the
+parts of the dimension that threads share when there are fewer rows than threads; about one
+float32 rounding of error even for millions of values.
 Backward: ``mean_var_backward(grad_mean, grad_var, x, dim, correction) -> dx`` with
 ``dx = grad_mean / n + grad_var * 2 (x - mean) / (n - correction)``, the mean recomputed from x
-in float32 (forward saves only x); a missing upstream gradient counts as zero.
+(float32 sums per segment, float64 across segments; forward saves only x); a missing upstream
+gradient counts as zero. Over the last dimension each row is read once from memory (the second
+pass hits cache); over another dimension x is read twice (sums, then gradients).
 """
 
 from __future__ import annotations

@@ -117,6 +117,19 @@ def test_zero_divisor_and_empty_dimension_match_torch() -> None:
     assert torch.equal(mean, torch.ones(2))
 
 
+def test_non_finite_inputs_match_var_mean() -> None:
+    """Welford turns an infinite value into a NaN mean, as torch.var_mean does (x.mean() would
+    give inf); NaN propagates to both outputs."""
+    inf, nan = float("inf"), float("nan")
+    x = torch.tensor([[inf, 1.0, 2.0], [1.0, nan, 3.0], [-inf, -inf, 0.0], [1.0, 2.0, 4.0]])
+    mean, var = torch.ops.spore.mean_var(x, -1)
+    torch_var, torch_mean = torch.var_mean(x, -1)
+    torch.testing.assert_close(mean, torch_mean, equal_nan=True)
+    torch.testing.assert_close(var, torch_var, equal_nan=True)
+    assert torch.isnan(mean[:3]).all()
+    assert torch.isfinite(mean[3])
+
+
 def test_scalar_input_uses_the_reference() -> None:
     x = torch.tensor(3.0)
     assert dispatch.explain("mean_var", x, 0, 0).chosen == "reference"

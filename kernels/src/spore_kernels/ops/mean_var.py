@@ -2,7 +2,8 @@
 
 Like ``torch.var_mean(x, dim, correction=correction)`` with the outputs swapped: the reduced
 dimension is removed, outputs have x's dtype, the divisor is ``max(n - correction, 0)`` (so
-``n - correction <= 0`` gives inf or NaN like torch) and an empty dimension gives NaN.
+``n - correction <= 0`` gives inf or NaN like torch), an empty dimension gives NaN, and an
+infinite value gives a NaN mean and variance (Welford; torch.var_mean does the same).
 Numerics contract: float32 whatever the input dtype (float64 stays float64), each output
 rounded once to x's dtype. The kernel is one-pass Welford: independent Welford states (per SIMD
 lane over the dimension when it is the last one, per column otherwise) of at most 128 steps,

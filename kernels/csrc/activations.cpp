@@ -3,12 +3,16 @@
 //
 // The loops call no libm function so that they vectorise: exp is a range reduction
 // (x = n ln2 + r) and a polynomial, and erfc comes from the scaled complementary error function
-// erfcx(t) = exp(t^2) erfc(t), a polynomial in u = (t - 3) / (t + 3). The polynomials were
-// fitted for this file (minimax relative error, coefficients rounded to fp32 one at a time):
-// exp's is within 4e-9 of exp(r) on |r| <= ln2/2, erfcx's within 8e-9 for t in [0, 16/sqrt2].
+// erfcx(t) = exp(t^2) erfc(t), a polynomial in w = 1 / (t + 3) - 1/6. The polynomials were
+// fitted for this file (minimax relative error, coefficients rounded to fp32 one at a time).
+// The float32 exact gelu carries the rounding errors of x^2, t + 3 and 1 / (t + 3) and of its
+// products (within 2.5 ulp of the true value); bfloat16 output, 8 bits, takes shorter
+// polynomials and no compensation terms (relative error below 1e-6 before the rounding).
 #include <omp.h>
 
 #include <algorithm>
+#include <array>
+#include <type_traits>
 
 #include "common.h"
 
@@ -65,6 +69,15 @@ SPORE_MATH float expm1_reduced(float r) {
     return fmadd(p, r * r, r);
 }
 
+// exp(r) - 1 for |r| <= ln2 / 2, within 1.2e-7 of exp(r).
+SPORE_MATH float expm1_reduced_short(float r) {
+    float p = 8.31202976e-3f;
+    p = fmadd(p, r, 4.18945551e-2f);
+    p = fmadd(p, r, 1.66671336e-1f);
+    p = fmadd(p, r, 4.99992013e-1f);
+    return fmadd(p, r * r, r);
+}
+
 // exp(a) for a <= 0, underflowing to 0 (a NaN gives a finite value: callers multiply by the
 // input, which carries the NaN).
 SPORE_MATH float exp_nonpositive(float a) {
@@ -77,8 +90,8 @@ SPORE_MATH float exp_nonpositive(float a) {
     return fmadd(expm1_reduced(r), scale, scale) * pow2(n - half);
 }
 
-// 0.5 (t + 3) erfcx(t) as a polynomial in w = 1 / (t + 3) - 1/6 for t in [0, 16 / sqrt 2]
-// (w in fp32 is exact: the subtraction is exact for 1 / (t + 3) in [1/12, 1/3]).
+// 0.5 (t + 3) erfcx(t) as a polynomial in w = 1 / (t + 3) - 1/6 for t in [0, 16 / sqrt 2],
+// within 1.7e-8 (w in fp32 is exact for t <= 9: then 1 / (t + 3) is within [1/12, 1/3]).
 SPORE_MATH float erfcx_poly(float w) {
     float p = 1809.79297f;
     p = fmadd(p, w, -453.893921f);
@@ -90,6 +103,18 @@ SPORE_MATH float erfcx_poly(float w) {
     p = fmadd(p, w, 10.6241322f);
     p = fmadd(p, w, 2.65018344f);
     return fmadd(p, w, 0.537003458f);
+}
+
+// As erfcx_poly, within 1.4e-7.
+SPORE_MATH float erfcx_poly_short(float w) {
+    float p = -411.097809f;
+    p = fmadd(p, w, -37.8334732f);
+    p = fmadd(p, w, 104.360306f);
+    p = fmadd(p, w, 77.5228729f);
+    p = fmadd(p, w, 33.5298882f);
+    p = fmadd(p, w, 10.6239471f);
+    p = fmadd(p, w, 2.65018392f);
+    return fmadd(p, w, 0.537003517f);
 }
 
 // 1 + (d log(erfcx_poly(w) / (w + 1/6)) / d log(w + 1/6)), within 0.03: turns a relative error
@@ -111,24 +136,29 @@ SPORE_MATH void square(float xa, float& hi, float& lo) {
 }
 
 constexpr float kGeluBound = 16.0f;  // beyond: gelu(x) = x (x > 0) or -0 (x < 0) in fp32
-constexpr float kGeluSmall = 0.75f;  // below (in magnitude): the erf series form
 constexpr float kInvTwo64 = 5.42101086e-20f;  // 2^-64
 constexpr float kRsqrt2Hi = 0.707106769f;  // 1 / sqrt 2 = hi + lo
 constexpr float kRsqrt2Lo = 1.21016175e-8f;
-constexpr float kInvSqrt2PiHi = 0.398942292f;  // 1 / sqrt(2 pi) = hi + lo
-constexpr float kInvSqrt2PiLo = -1.13351701e-8f;
+constexpr float kInvSqrt2Pi = 0.398942292f;  // 1 / sqrt(2 pi)
+constexpr float kSixth = 0.166666672f;
 
-// What the erf form needs of x, with xa = min(|x|, 16) and t = xa / sqrt 2:
-// x^2 = sq + sq_lo exactly; inv = 1 / (t + 3) rounded and w = inv - 1/6; and
-// 0.5 erfc(t) = erfcx_poly(w) inv (1 + q) (1 + e) 2^n, where exp(-x^2 / 2) = (1 + q) 2^n and e
-// is the relative correction for the rounding of inv; 2^n is carried as
-// scale = 2^(n + 64) (normal for every xa; the caller's final multiply by 2^-64 rounds once).
+// min(|x|, 16), NaN giving 16: non-negative floats order like their bit patterns.
+SPORE_MATH float gelu_abs_clamp(float x) {
+    const int32_t bits = as_int(std::fabs(x));
+    return as_float(bits < as_int(kGeluBound) ? bits : as_int(kGeluBound));
+}
+
+// What the erf form needs of xa = min(|x|, 16), with t = xa / sqrt 2: x^2 = sq + sq_lo exactly;
+// inv = 1 / (t + 3) rounded and w = inv - 1/6; 0.5 erfc(t) = erfcx_poly(w) inv (1 + q) (1 + e)
+// 2^n, where exp(-x^2 / 2) = (1 + q) 2^n and e corrects for the roundings of t, t + 3 and
+// 1 / (t + 3) (Short: e = 0 and the short polynomials). 2^n is carried as scale = 2^(n + 64),
+// normal for every xa; the caller's final multiply by 2^-64 rounds once.
 struct GeluParts {
-    float sq, sq_lo, q, e, scale, inv, w;
+    float sq, sq_lo, q, e, scale, inv, w, poly;
 };
 
-// Fills p for xa = min(|x|, 16) (by reference: a returned struct stops GCC vectorising the
-// caller's loop).
+// Fills p (by reference: a returned struct stops GCC vectorising the caller's loop).
+template <bool Short>
 SPORE_MATH void gelu_parts(float xa, GeluParts& p) {
     square(xa, p.sq, p.sq_lo);
     // -x^2 / 2 = nf ln2 + r: nf ln2_hi is exact and so is its subtraction; one rounding in r.
@@ -136,68 +166,63 @@ SPORE_MATH void gelu_parts(float xa, GeluParts& p) {
     const float shifted = fmadd(a, kLog2e, kRound);
     const float nf = shifted - kRound;
     const int32_t n = as_int(shifted) - as_int(kRound);  // n >= -185
-    const float r_hi = fmadd(nf, -kLn2Hi, a) + fmadd(nf, -kLn2Lo, -0.5f * p.sq_lo);
-    p.q = expm1_reduced(r_hi);
+    const float r = fmadd(nf, -kLn2Hi, a) + fmadd(nf, -kLn2Lo, -0.5f * p.sq_lo);
+    p.q = Short ? expm1_reduced_short(r) : expm1_reduced(r);
     p.scale = pow2(n + 64);
-    // t = xa / sqrt 2 = t_hi + t_lo, t + 3 = d + d_lo; 1 / (t + 3) = inv (1 + rho) to first order.
     const float t = xa * kRsqrt2Hi;
-    const float t_lo = fmadd(xa, kRsqrt2Lo, fmadd(xa, kRsqrt2Hi, -t));
     const float d = t + 3.0f;
-    const float d_lo = (t < 3.0f ? t : 3.0f) - (d - (t > 3.0f ? t : 3.0f)) + t_lo;
     p.inv = 1.0f / d;
-    p.w = p.inv - 0.166666672f;
-    const float rho = fmadd(-p.inv, d_lo, fmadd(-p.inv, d, 1.0f));
-    p.e = rho * erfcx_rho_gain(p.w);
+    p.w = p.inv - kSixth;
+    if constexpr (Short) {
+        p.e = 0.0f;
+        p.poly = erfcx_poly_short(p.w);
+    } else {
+        // t + 3 = d + d_lo; then 1 / (t + 3) = inv (1 + rho) to first order.
+        const float t_lo = fmadd(xa, kRsqrt2Lo, fmadd(xa, kRsqrt2Hi, -t));
+        const float d_lo = (t < 3.0f ? t : 3.0f) - (d - (t > 3.0f ? t : 3.0f)) + t_lo;
+        const float rho = fmadd(-p.inv, d_lo, fmadd(-p.inv, d, 1.0f));
+        p.e = rho * erfcx_rho_gain(p.w);
+        p.poly = erfcx_poly(p.w);
+    }
 }
 
-// 0.5 erf(x / sqrt 2) / x - 1 / sqrt(2 pi), divided by y = x^2, for y <= 0.5625 (within 3e-9).
-SPORE_MATH float erf_series_rest(float y) {
-    float p = 1.03305203e-4f;
-    p = fmadd(p, y, -1.18173903e-3f);
-    p = fmadd(p, y, 9.97253507e-3f);
-    return fmadd(p, y, -6.64903224e-2f);
-}
-
-// Clamped to [-16, 16] (NaN stays NaN): beyond, gelu(x) rounds to x or -0 in fp32.
-SPORE_MATH float gelu_clamp(float x) {
-    const float low = x < -kGeluBound ? -kGeluBound : x;
-    return low > kGeluBound ? kGeluBound : low;
-}
-
-// gelu(x) = x Phi(x). Small |x|: 0.5 x + x^2 G(x^2) with G(y) = 1 / sqrt(2 pi) + y rest(y),
-// given x's sign (so that gelu(-0) = -0). Otherwise, with m = x 0.5 erfc(|x| / sqrt 2) (carried
-// as m_hi + m_lo): gelu = m (x <= 0) or x - m (x > 0).
+// gelu(x) = x Phi(x); with m = x 0.5 erfc(|x| / sqrt 2) (so m = x Phi(-|x|)): gelu = m for
+// x <= 0 and x - m for x > 0. Not Short: m is carried as m_hi + m_lo through its products.
+template <bool Short>
 SPORE_MATH float gelu_erf(float x) {
-    const float xc = gelu_clamp(x);
+    const float xa = gelu_abs_clamp(x);
+    const float xc = std::copysign(xa, x);
     GeluParts p;
-    gelu_parts(std::fabs(xc), p);
-    const float rest = fmadd(p.sq, erf_series_rest(p.sq), kInvSqrt2PiLo);
-    const float small = std::copysign(
-        fmadd(p.sq, kInvSqrt2PiHi, fmadd(p.sq, rest, fmadd(p.sq_lo, kInvSqrt2PiHi, 0.5f * x))), x);
+    gelu_parts<Short>(xa, p);
     const float xi = xc * p.inv;
-    const float xi_lo = fmadd(xc, p.inv, -xi);
-    const float poly = erfcx_poly(p.w);
-    const float m = xi * poly;
-    const float m_lo = fmadd(xi_lo, poly, fmadd(xi, poly, -m));
-    const float me = m * p.e;
-    const float xh = ((m + fmadd(m, p.q, fmadd(me, p.q, fmadd(m, p.e, m_lo)))) * p.scale) * kInvTwo64;
-    const float large = x <= 0.0f ? xh : x - xh;
-    return std::fabs(x) < kGeluSmall ? small : large;
+    const float m = xi * p.poly;
+    float scaled;
+    if constexpr (Short) {
+        scaled = fmadd(m, p.q, m);
+    } else {
+        const float xi_lo = fmadd(xc, p.inv, -xi);
+        const float m_lo = fmadd(xi_lo, p.poly, fmadd(xi, p.poly, -m));
+        scaled = m + fmadd(m, p.q, fmadd(m * p.e, p.q, fmadd(m, p.e, m_lo)));
+    }
+    const float xh = (scaled * p.scale) * kInvTwo64;
+    return x <= 0.0f ? std::copysign(xh, x) : x - xh;
 }
 
 // gelu'(x) = Phi(x) + x phi(x), phi(x) = exp(-x^2 / 2) / sqrt(2 pi); with h = Phi(-|x|) and
 // e = exp(-x^2 / 2), both times 2^64 / 2^n: Phi(x) = h (x <= 0) or 1 - h (x > 0).
+template <bool Short>
 SPORE_MATH float gelu_erf_grad(float x) {
-    const float xc = gelu_clamp(x);
+    const float xa = gelu_abs_clamp(x);
     GeluParts p;
-    gelu_parts(std::fabs(xc), p);
-    const float a = erfcx_poly(p.w) * p.inv;
+    gelu_parts<Short>(xa, p);
+    const float a = p.poly * p.inv;
     const float h = fmadd(a, fmadd(p.e, p.q, p.e + p.q), a) * p.scale;
     const float e = fmadd(p.q, p.scale, p.scale);
-    const float xphi = xc * kInvSqrt2PiHi;
+    const float xphi = std::copysign(xa, x) * kInvSqrt2Pi;
     const float neg = fmadd(xphi, e, h) * kInvTwo64;
     const float pos = fmadd(fmadd(xphi, e, -h), kInvTwo64, 1.0f);
-    return x <= 0.0f ? neg : pos;
+    const float d = x <= 0.0f ? neg : pos;
+    return x != x ? x : d;
 }
 
 constexpr float kTanhK0 = 0.797884561f;  // sqrt(2 / pi)
@@ -265,16 +290,57 @@ void parallel_rows(int64_t rows, int64_t cols, int32_t threads, Body&& body) {
     });
 }
 
+// Runs body(in, out, m), a loop over fp32 arrays of m elements, on n elements of the NI input
+// and NO output operands: float32 operands directly, others through fp32 blocks, so that the
+// arithmetic loop vectorises on its own and the conversions are simple loops of their own.
+template <typename T, size_t NI, size_t NO, typename Body>
+void in_fp32(const std::array<const typename T::storage*, NI>& src,
+             const std::array<typename T::storage*, NO>& dst, int64_t n, Body&& body) {
+    if constexpr (std::is_same_v<T, F32>) {
+        body(src.data(), dst.data(), n);
+    } else {
+        constexpr int64_t block = 256;
+        alignas(64) float ib[NI][block];
+        alignas(64) float ob[NO][block];
+        std::array<const float*, NI> ip;
+        std::array<float*, NO> op;
+        for (size_t k = 0; k < NI; ++k) ip[k] = ib[k];
+        for (size_t k = 0; k < NO; ++k) op[k] = ob[k];
+        for (int64_t b = 0; b < n; b += block) {
+            const int64_t m = std::min(block, n - b);
+            for (size_t k = 0; k < NI; ++k) {
+                const auto* s = src[k] + b;
+#pragma omp simd
+                for (int64_t i = 0; i < m; ++i) ib[k][i] = T::load(s[i]);
+            }
+            body(ip.data(), op.data(), m);
+            for (size_t k = 0; k < NO; ++k) {
+                auto* d = dst[k] + b;
+#pragma omp simd
+                for (int64_t i = 0; i < m; ++i) d[i] = T::store(ob[k][i]);
+            }
+        }
+    }
+}
+
+// bfloat16 results (8 bits) take the short polynomials.
+template <typename T>
+constexpr bool kShort = std::is_same_v<T, BF16>;
+
 template <typename T, bool Tanh>
 void gelu_fwd(const void* xp, void* yp, int64_t n, int32_t threads) {
     const auto* x = in<T>(xp);
     auto* y = out<T>(yp);
     parallel_ranges(n, threads, [&](int64_t begin, int64_t end) {
+        in_fp32<T, 1, 1>({x + begin}, {y + begin}, end - begin,
+                         [](const float* const* in, float* const* out, int64_t m) {
+                             const float* xv = in[0];
+                             float* yv = out[0];
 #pragma omp simd
-        for (int64_t i = begin; i < end; ++i) {
-            const float v = T::load(x[i]);
-            y[i] = T::store(Tanh ? gelu_tanh(v) : gelu_erf(v));
-        }
+                             for (int64_t i = 0; i < m; ++i) {
+                                 yv[i] = Tanh ? gelu_tanh(xv[i]) : gelu_erf<kShort<T>>(xv[i]);
+                             }
+                         });
     });
 }
 
@@ -284,11 +350,18 @@ void gelu_bwd(const void* gp, const void* xp, void* dxp, int64_t n, int32_t thre
     const auto* x = in<T>(xp);
     auto* dx = out<T>(dxp);
     parallel_ranges(n, threads, [&](int64_t begin, int64_t end) {
+        in_fp32<T, 2, 1>({g + begin, x + begin}, {dx + begin}, end - begin,
+                         [](const float* const* in, float* const* out, int64_t m) {
+                             const float* gv = in[0];
+                             const float* xv = in[1];
+                             float* dv = out[0];
 #pragma omp simd
-        for (int64_t i = begin; i < end; ++i) {
-            const float v = T::load(x[i]);
-            dx[i] = T::store(T::load(g[i]) * (Tanh ? gelu_tanh_grad(v) : gelu_erf_grad(v)));
-        }
+                             for (int64_t i = 0; i < m; ++i) {
+                                 const float v = xv[i];
+                                 dv[i] = gv[i] * (Tanh ? gelu_tanh_grad(v)
+                                                       : gelu_erf_grad<kShort<T>>(v));
+                             }
+                         });
     });
 }
 
@@ -305,16 +378,18 @@ template <typename T>
 void silu_mul_fwd(Rows<const typename T::storage> a, Rows<const typename T::storage> b,
                   Rows<typename T::storage> y, int64_t rows, int64_t cols, int32_t threads) {
     parallel_rows(rows, cols, threads, [&](int64_t r, int64_t c0, int64_t c1) {
-        const auto* ar = a.row(r);
-        const auto* br = b.row(r);
-        auto* yr = y.row(r);
+        in_fp32<T, 2, 1>({a.row(r) + c0, b.row(r) + c0}, {y.row(r) + c0}, c1 - c0,
+                         [](const float* const* in, float* const* out, int64_t m) {
+                             const float* av = in[0];
+                             const float* bv = in[1];
+                             float* yv = out[0];
 #pragma omp simd
-        for (int64_t c = c0; c < c1; ++c) {
-            const float av = T::load(ar[c]);
-            float num, inv, z;
-            sigmoid_parts(av, num, inv, z);
-            yr[c] = T::store(av * num * inv * T::load(br[c]));
-        }
+                             for (int64_t i = 0; i < m; ++i) {
+                                 float num, inv, z;
+                                 sigmoid_parts(av[i], num, inv, z);
+                                 yv[i] = av[i] * num * inv * bv[i];
+                             }
+                         });
     });
 }
 
@@ -324,21 +399,23 @@ void silu_mul_bwd(Rows<const typename T::storage> g, Rows<const typename T::stor
                   Rows<const typename T::storage> b, Rows<typename T::storage> da,
                   Rows<typename T::storage> db, int64_t rows, int64_t cols, int32_t threads) {
     parallel_rows(rows, cols, threads, [&](int64_t r, int64_t c0, int64_t c1) {
-        const auto* gr = g.row(r);
-        const auto* ar = a.row(r);
-        const auto* br = b.row(r);
-        auto* dar = da.row(r);
-        auto* dbr = db.row(r);
+        in_fp32<T, 3, 2>({g.row(r) + c0, a.row(r) + c0, b.row(r) + c0},
+                         {da.row(r) + c0, db.row(r) + c0}, c1 - c0,
+                         [](const float* const* in, float* const* out, int64_t m) {
+                             const float* gv = in[0];
+                             const float* av = in[1];
+                             const float* bv = in[2];
+                             float* dav = out[0];
+                             float* dbv = out[1];
 #pragma omp simd
-        for (int64_t c = c0; c < c1; ++c) {
-            const float av = T::load(ar[c]);
-            const float gv = T::load(gr[c]);
-            float num, inv, z;
-            sigmoid_parts(av, num, inv, z);
-            const float s = num * inv;
-            dar[c] = T::store(gv * T::load(br[c]) * fmadd(av * z * inv, inv, s));
-            dbr[c] = T::store(gv * av * s);
-        }
+                             for (int64_t i = 0; i < m; ++i) {
+                                 float num, inv, z;
+                                 sigmoid_parts(av[i], num, inv, z);
+                                 const float s = num * inv;
+                                 dav[i] = gv[i] * bv[i] * fmadd(av[i] * z * inv, inv, s);
+                                 dbv[i] = gv[i] * av[i] * s;
+                             }
+                         });
     });
 }
 

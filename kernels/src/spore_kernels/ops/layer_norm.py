@@ -221,5 +221,11 @@ def benchmarks() -> list[Any]:
                 ),
             },
             differentiable=(0, 1, 2),
+            inexact={
+                ("F.layer_norm", "fwdbwd-bf16"): (
+                    "not checked: torch's CPU bf16 layer_norm backward sums the weight and bias "
+                    "gradients in bf16 (dbias 512 instead of 8192 for ones)"
+                )
+            },
         )
     ]

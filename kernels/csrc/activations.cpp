@@ -6,13 +6,14 @@
 // erfcx(t) = exp(t^2) erfc(t), a polynomial in w = 1 / (t + 3) - 1/6. The polynomials were
 // fitted for this file (minimax relative error, coefficients rounded to fp32 one at a time).
 // The float32 exact gelu carries the rounding errors of x^2, t + 3 and 1 / (t + 3) and of its
-// products (within 2.5 ulp of the true value); bfloat16 output, 8 bits, takes shorter
-// polynomials and no compensation terms (relative error below 1e-6 before the rounding).
+// products (within 2.5 ulp of the true value); the backward takes shorter polynomials. 16-bit
+// gelu forwards look their result up in a table of all 65536 inputs, built by the fp32 code.
 #include <omp.h>
 
 #include <algorithm>
 #include <array>
 #include <type_traits>
+#include <vector>
 
 #include "common.h"
 
@@ -117,8 +118,8 @@ SPORE_MATH float erfcx_poly_short(float w) {
     return fmadd(p, w, 0.537003517f);
 }
 
-// 1 + (d log(erfcx_poly(w) / (w + 1/6)) / d log(w + 1/6)), within 0.03: turns a relative error
-// rho of 1 / (t + 3) into the relative error of the erfc it gives.
+// d log(inv erfcx_poly(inv - 1/6)) / d log(inv) at w = inv - 1/6, within 0.03: turns a relative
+// error rho of inv = 1 / (t + 3) into the relative error of the erfc it gives.
 SPORE_MATH float erfcx_rho_gain(float w) {
     return fmadd(fmadd(12.3936349f, w, 7.36107221f), w, 1.83942716f);
 }
@@ -154,6 +155,7 @@ SPORE_MATH float gelu_abs_clamp(float x) {
 // w = inv - 1/6 and 0.5 erfcx(t) = erfcx_poly(w) inv (1 + e), e correcting for the roundings
 // of t + 3, 1 / (t + 3) and w. So 0.5 erfc(t) = poly inv (1 + q) (1 + e) 2^n. 2^n is carried as
 // scale = 2^(n + 64), normal for every xa; the caller's final multiply by 2^-64 rounds once.
+// Short (the backward's): shorter polynomials and e = 0.
 struct GeluParts {
     float q, e, scale, inv, poly;
 };
@@ -196,38 +198,31 @@ SPORE_MATH void gelu_parts(float xa, GeluParts& p) {
 }
 
 // gelu(x) = x Phi(x); with m = x 0.5 erfc(|x| / sqrt 2) (so m = x Phi(-|x|)): gelu = m for
-// x <= 0 and x - m for x > 0. Not Short: m is carried as m_hi + m_lo through its products.
-template <bool Short>
+// x <= 0 and x - m for x > 0. m is carried as m_hi + m_lo through its products.
 SPORE_MATH float gelu_erf(float x) {
     const float xa = gelu_abs_clamp(x);
     const float xc = std::copysign(xa, x);
     GeluParts p;
-    gelu_parts<Short>(xa, p);
+    gelu_parts<false>(xa, p);
     const float xi = xc * p.inv;
+    const float xi_lo = fmadd(xc, p.inv, -xi);
     const float m = xi * p.poly;
-    float scaled;
-    if constexpr (Short) {
-        scaled = fmadd(m, p.q, m);
-    } else {
-        const float xi_lo = fmadd(xc, p.inv, -xi);
-        const float m_lo = fmadd(xi_lo, p.poly, fmadd(xi, p.poly, -m));
-        scaled = m + fmadd(m, p.q, fmadd(m, fmadd(p.e, p.q, p.e), m_lo));
-    }
+    const float m_lo = fmadd(xi_lo, p.poly, fmadd(xi, p.poly, -m));
+    const float scaled = m + fmadd(m, p.q, fmadd(m, fmadd(p.e, p.q, p.e), m_lo));
     const float xh = (scaled * p.scale) * kInvTwo64;
     return x <= 0.0f ? std::copysign(xh, x) : x - xh;
 }
 
 // gelu'(x) = Phi(x) + x phi(x), phi(x) = exp(-x^2 / 2) / sqrt(2 pi); with h = Phi(-|x|) and
-// e = exp(-x^2 / 2), both times 2^64 / 2^n: Phi(x) = h (x <= 0) or 1 - h (x > 0). The backward
-// takes the short form for every dtype: within 3e-7 of the true derivative (whose zero near
-// x = -0.75 bounds any relative accuracy anyway).
-template <bool Short>
+// e = exp(-x^2 / 2), both times 2^64 / 2^n: Phi(x) = h (x <= 0) or 1 - h (x > 0). Short
+// polynomials for every dtype: within 3e-7 of the true derivative (whose zero near x = -0.75
+// bounds any relative accuracy anyway).
 SPORE_MATH float gelu_erf_grad(float x) {
     const float xa = gelu_abs_clamp(x);
     GeluParts p;
-    gelu_parts<Short>(xa, p);
+    gelu_parts<true>(xa, p);
     const float a = p.poly * p.inv;
-    const float h = fmadd(a, fmadd(p.e, p.q, p.e + p.q), a) * p.scale;
+    const float h = fmadd(a, p.q, a) * p.scale;
     const float e = fmadd(p.q, p.scale, p.scale);
     const float xphi = std::copysign(xa, x) * kInvSqrt2Pi;
     const float neg = fmadd(xphi, e, h) * kInvTwo64;
@@ -334,25 +329,37 @@ void in_fp32(const std::array<const typename T::storage*, NI>& src,
     }
 }
 
-// bfloat16 results (8 bits) take the short polynomials.
-template <typename T>
-constexpr bool kShort = std::is_same_v<T, BF16>;
+// gelu of every 16-bit value, computed once by the float32 code and rounded: a lookup gives
+// exactly what computing would (65536 entries per dtype and form, built on first use).
+template <typename T, bool Tanh>
+const uint16_t* gelu_table() {
+    static const std::vector<uint16_t> table = [] {
+        std::vector<uint16_t> t(1 << 16);
+#pragma omp simd
+        for (int32_t i = 0; i < (1 << 16); ++i) {
+            const float v = T::load(static_cast<uint16_t>(i));
+            t[i] = T::store(Tanh ? gelu_tanh(v) : gelu_erf(v));
+        }
+        return t;
+    }();
+    return table.data();
+}
 
 template <typename T, bool Tanh>
 void gelu_fwd(const void* xp, void* yp, int64_t n, int32_t threads) {
     const auto* x = in<T>(xp);
     auto* y = out<T>(yp);
-    parallel_ranges(n, threads, [&](int64_t begin, int64_t end) {
-        in_fp32<T, 1, 1>({x + begin}, {y + begin}, end - begin,
-                         [](const float* const* in, float* const* out, int64_t m) {
-                             const float* xv = in[0];
-                             float* yv = out[0];
+    if constexpr (std::is_same_v<T, F32>) {
+        parallel_ranges(n, threads, [&](int64_t begin, int64_t end) {
 #pragma omp simd
-                             for (int64_t i = 0; i < m; ++i) {
-                                 yv[i] = Tanh ? gelu_tanh(xv[i]) : gelu_erf<kShort<T>>(xv[i]);
-                             }
-                         });
-    });
+            for (int64_t i = begin; i < end; ++i) y[i] = Tanh ? gelu_tanh(x[i]) : gelu_erf(x[i]);
+        });
+    } else {
+        const uint16_t* table = gelu_table<T, Tanh>();
+        parallel_ranges(n, threads, [&](int64_t begin, int64_t end) {
+            for (int64_t i = begin; i < end; ++i) y[i] = table[x[i]];
+        });
+    }
 }
 
 template <typename T, bool Tanh>
@@ -369,7 +376,7 @@ void gelu_bwd(const void* gp, const void* xp, void* dxp, int64_t n, int32_t thre
 #pragma omp simd
                              for (int64_t i = 0; i < m; ++i) {
                                  const float v = xv[i];
-                                 dv[i] = gv[i] * (Tanh ? gelu_tanh_grad(v) : gelu_erf_grad<true>(v));
+                                 dv[i] = gv[i] * (Tanh ? gelu_tanh_grad(v) : gelu_erf_grad(v));
                              }
                          });
     });

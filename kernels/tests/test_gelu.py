@@ -153,6 +153,17 @@ def test_bf16_rounds_to_nearest_even_once(mode) -> None:
     assert mismatches <= x.numel() * 0.001, f"{mismatches} values differ from one rounding"
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("mode", MODES)
+def test_16_bit_results_are_the_float32_kernel_rounded_once(dtype, mode) -> None:
+    """Every one of the 65536 inputs: bitwise the float32 kernel's result, rounded."""
+    x = torch.arange(-(2**15), 2**15, dtype=torch.int32).to(torch.int16).view(dtype)
+    out = torch.ops.spore.gelu(x, mode)
+    expected = torch.ops.spore.gelu(x.float(), mode).to(dtype)
+    same = (out.view(torch.int16) == expected.view(torch.int16)) | (out.isnan() & expected.isnan())
+    assert same.all()
+
+
 def test_threads_do_not_change_the_result() -> None:
     x = _x((1 << 17,), torch.float32, 4)
     outs = []

@@ -38,18 +38,47 @@ struct BF16 {
     }
 };
 
+// IEEE binary16 <-> binary32 in integer arithmetic with selects instead of branches, so loops
+// over fp16 data vectorise (GCC 12 keeps _Float16 conversions scalar). Exact for every input:
+// normals, subnormals, zeros, infinities; NaN stays NaN. Stores round to nearest even.
 struct F16 {
     using storage = uint16_t;
-    static inline float load(uint16_t v) {
-        _Float16 h;
-        std::memcpy(&h, &v, sizeof(h));
-        return static_cast<float>(h);
+    static inline float bits_to_float(uint32_t u) {
+        float f;
+        std::memcpy(&f, &u, sizeof(f));
+        return f;
     }
-    static inline uint16_t store(float v) {  // IEEE conversion: round to nearest even
-        const _Float16 h = static_cast<_Float16>(v);
-        uint16_t out;
-        std::memcpy(&out, &h, sizeof(out));
-        return out;
+    static inline uint32_t float_to_bits(float f) {
+        uint32_t u;
+        std::memcpy(&u, &f, sizeof(u));
+        return u;
+    }
+    static inline float load(uint16_t v) {
+        const uint32_t h = v;
+        const uint32_t magnitude = (h & 0x7fffu) << 13;  // exponent and mantissa, float-aligned
+        const uint32_t exponent = magnitude & 0x0f800000u;
+        const uint32_t rebased = magnitude + 0x38000000u;  // exponent bias 15 -> 127
+        const uint32_t special = rebased + 0x38000000u;    // inf/NaN: all-ones exponent
+        // Subnormal (and zero): value = mantissa * 2^-24, computed exactly in float.
+        const float sub = bits_to_float(rebased + 0x00800000u) - bits_to_float(0x38800000u);
+        const uint32_t body = exponent == 0x0f800000u ? special
+                              : exponent == 0 ? float_to_bits(sub)
+                                              : rebased;
+        return bits_to_float(body | ((h & 0x8000u) << 16));
+    }
+    static inline uint16_t store(float value) {
+        const uint32_t u = float_to_bits(value);
+        const uint32_t sign = (u >> 16) & 0x8000u;
+        const uint32_t a = u & 0x7fffffffu;
+        // >= 65520 rounds to inf; NaN keeps a quiet NaN.
+        const uint32_t overflow = a > 0x7f800000u ? 0x7e00u : 0x7c00u;
+        // Below 2^-14 the result is subnormal: adding 0.5 makes the FPU round the mantissa
+        // (to nearest even) into the low bits of the sum.
+        const uint32_t sub = float_to_bits(bits_to_float(a) + 0.5f) - 0x3f000000u;
+        // Normal: rebias, then round to nearest even at bit 13.
+        const uint32_t normal = (a - 0x38000000u + 0x0fffu + ((a >> 13) & 1u)) >> 13;
+        const uint32_t out = a >= 0x477ff000u ? overflow : a < 0x38800000u ? sub : normal;
+        return static_cast<uint16_t>(out | sign);
     }
 };
 

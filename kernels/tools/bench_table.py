@@ -21,7 +21,7 @@ def _cell(result: dict) -> str:
     if result.get("error"):
         return "error"
     ratio = result["ratio"]
-    return f"{ratio:.2f}×" if result["name"].split("-vs-")[1] != "copy" else f"{ratio:.0%}"
+    return f"{ratio:.2f}x" if result["name"].split("-vs-")[1] != "copy" else f"{ratio:.0%}"
 
 
 def table(results: list[dict]) -> str:
@@ -58,5 +58,6 @@ def table(results: list[dict]) -> str:
 
 
 if __name__ == "__main__":
-    data = json.load(open(sys.argv[1]))
+    with open(sys.argv[1]) as f:
+        data = json.load(f)
     print(table(data["results"]))

@@ -158,3 +158,13 @@ def test_mapping_settings_merge_over_defaults_and_null_drops_a_key() -> None:
     cfg = config.load(None, ["model.config.tie_word_embeddings=null"])
     assert "tie_word_embeddings" not in cfg.model.config
     assert cfg.model.config["hidden_size"] == 128
+
+
+def test_an_output_with_checkpoints_needs_resume_or_another_output(tmp_path) -> None:
+    done = tmp_path / "out" / "checkpoints" / "step_00000010"
+    done.mkdir(parents=True)
+    (done / "meta.json").write_text('{"step": 10}')
+    with pytest.raises(config.ConfigError, match="already holds checkpoints of an earlier run"):
+        preflight.resolve(None, [f"run.output={tmp_path / 'out'}"])
+    assert preflight.resolve(None, [f"run.output={tmp_path / 'out'}"], resume="latest")
+    assert done.is_dir()

@@ -65,10 +65,10 @@ def test_resume_continues_bitwise(tmp_path) -> None:
 
 
 def test_a_kill_while_writing_a_checkpoint_leaves_the_previous_one_resumable(tmp_path) -> None:
-    out = tmp_path / "run"
     args = small_args("run.steps=40", "checkpoint.every=1", "checkpoint.keep=2")
     caught = None
-    for _ in range(5):
+    for attempt in range(5):
+        out = tmp_path / f"run{attempt}"  # a fresh output each attempt
         proc = subprocess.Popen(
             spore_command("--nproc", "2", "--output", str(out), *args),
             stdout=subprocess.DEVNULL,

@@ -36,6 +36,12 @@ def resolve(path: str | None, overrides: Sequence[str], resume: str | None = Non
             checkpoint.find(cfg.run.output if resume == "latest" else resume)
         except FileNotFoundError as exc:
             problems.append(f"--resume: {exc}")
+    elif earlier := checkpoint.complete(cfg.run.output):
+        problems.append(
+            f"{at('run.output')}: run.output {cfg.run.output} already holds checkpoints of an "
+            f"earlier run (newest {earlier[-1].name}); continue it with --resume, or choose "
+            f"another --output (nothing there is overwritten)"
+        )
     if problems:
         raise ConfigError(problems)
     return cfg

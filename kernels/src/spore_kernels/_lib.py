@@ -75,7 +75,7 @@ def library() -> ctypes.CDLL:
     forced = os.environ.get("SPORE_KERNELS_ISA", "").strip()
     if forced:
         return load(forced)
-    return load(available()[0] if available() else "base")
+    return load(available()[0])  # base is always among them (else _cpu_level raised)
 
 
 def isa() -> str:

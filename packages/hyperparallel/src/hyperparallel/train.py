@@ -66,7 +66,8 @@ def _set_threads(device: str, threads: int | None) -> None:
 
     local_world = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-    plan = cpu_plan(ranks=local_world, rank=local_rank, threads=threads)
+    # The launcher already applied the allocator; "system" skips looking it up again per rank.
+    plan = cpu_plan(allocator="system", ranks=local_world, rank=local_rank, threads=threads)
     torch.set_num_threads(plan.threads)
 
 

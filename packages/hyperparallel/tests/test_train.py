@@ -204,3 +204,27 @@ def test_bf16_mixed_precision_trains_close_to_fp32(tmp_path) -> None:
     assert a != b  # bf16 compute really ran
     assert abs(a[20] - b[20]) < 0.1 * a[20]
     assert b[20] < 0.7 * b[1]
+
+
+def test_failures_in_a_rank_are_reported_once_and_plainly(tmp_path) -> None:
+    data_file = tmp_path / "data.jsonl"
+    data_file.write_text('{"text": "fine"}\nnot json\n')
+    bad_data = run_train(
+        "--nproc",
+        "2",
+        "--output",
+        str(tmp_path / "a"),
+        "--set",
+        f"data.path={data_file}",
+        check=False,
+    )
+    assert bad_data.returncode == 1
+    assert f"error: {data_file}:2: invalid JSON" in bad_data.stderr
+    assert "Traceback" not in bad_data.stderr
+    assert "training failed on rank(s) 0" in bad_data.stderr
+    unexpected = run_train(
+        "--output", str(tmp_path / "b"), "--set", "optim.options.foo=1", check=False
+    )
+    assert unexpected.returncode == 1
+    assert unexpected.stderr.count("Traceback") == 1  # the rank's own, not the launcher's copy
+    assert "unexpected keyword argument 'foo'" in unexpected.stderr

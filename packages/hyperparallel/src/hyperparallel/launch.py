@@ -53,7 +53,8 @@ def launch(config: Config, resume: str | None = None, *, echo: Any = print) -> N
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
-    logging.getLogger("torch.distributed.elastic").setLevel(logging.WARNING)
+    # Each rank prints its own error; the elastic agent's log would repeat it as a traceback.
+    logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)
     launch_config = LaunchConfig(
         min_nodes=1,
         max_nodes=1,

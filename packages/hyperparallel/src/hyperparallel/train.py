@@ -11,7 +11,9 @@ from __future__ import annotations
 import datetime
 import os
 import statistics
+import sys
 import time
+import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -72,7 +74,20 @@ def _set_threads(device: str, threads: int | None) -> None:
 
 
 def worker(settings: dict[str, Any], resume: str | None) -> None:
-    """One rank's whole run (the elastic launcher's entry point; also runs under torchrun)."""
+    """One rank's whole run (the elastic launcher's entry point; also runs under torchrun).
+
+    A failure prints its own message (a traceback for anything unexpected) and exits with
+    status 1; the launcher then names the failed ranks.
+    """
+    try:
+        _run(settings, resume)
+    except Exception:
+        traceback.print_exc()
+        sys.stderr.flush()
+        raise SystemExit(1) from None
+
+
+def _run(settings: dict[str, Any], resume: str | None) -> None:
     import spore.distributed
 
     cfg = config_mod.build(settings, world=int(os.environ.get("WORLD_SIZE", "1")))
@@ -86,14 +101,20 @@ def worker(settings: dict[str, Any], resume: str | None) -> None:
         options["device_id"] = torch.device("cuda", local)
     handle = spore.distributed.init_process_group(backend_for(cfg.parallel, device), **options)
     # Built while the rendezvous completes (mccl starts the process group in the background).
-    tokenizer = data.ByteTokenizer()
-    docs, source = documents(cfg.data)
     world = int(os.environ.get("WORLD_SIZE", "1"))
-    blocks = data.PackedBlocks(docs, tokenizer, cfg.data.seq_len, world=world)
-    model = model_mod.build(cfg.model, tokenizer.vocab_size, cfg.run.seed)
+    try:
+        tokenizer = data.ByteTokenizer()
+        docs, source = documents(cfg.data)
+        blocks = data.PackedBlocks(docs, tokenizer, cfg.data.seq_len, world=world)
+        sampler = data.ShardedSampler(len(blocks), cfg.data.batch_size, rank, world, cfg.run.seed)
+        model = model_mod.build(cfg.model, tokenizer.vocab_size, cfg.run.seed)
+    except (ValueError, OSError) as exc:  # the user's data or model: one clear line, no traceback
+        if rank == 0:
+            print(f"error: {exc}", file=sys.stderr, flush=True)
+        raise SystemExit(1) from None
     handle.wait()
     try:
-        outcome = train(cfg, model, blocks, device, resume, source)
+        outcome = train(cfg, model, blocks, sampler, device, resume, source)
         if rank == 0:
             _summary(cfg, model, outcome, source, world)
     finally:
@@ -104,6 +125,7 @@ def train(
     cfg: Any,
     model: torch.nn.Module,
     blocks: data.PackedBlocks,
+    sampler: data.ShardedSampler,
     device: str,
     resume: str | None,
     source: str = "",
@@ -116,7 +138,6 @@ def train(
     parallel.shard(model, mesh, cfg.parallel)
     optimizer = registries.optimizers.get(cfg.optim.name)(model, cfg.optim)
     scheduler = registries.schedules.get(cfg.schedule.name)(cfg.schedule, cfg.run.steps)(optimizer)
-    sampler = data.ShardedSampler(len(blocks), cfg.data.batch_size, rank, world, cfg.run.seed)
     state = checkpoint.TrainState(model, optimizer)
     step = 0
     if resume is not None:

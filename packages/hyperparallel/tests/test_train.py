@@ -219,9 +219,9 @@ def test_failures_in_a_rank_are_reported_once_and_plainly(tmp_path) -> None:
         check=False,
     )
     assert bad_data.returncode == 1
-    assert f"error: {data_file}:2: invalid JSON" in bad_data.stderr
+    assert bad_data.stderr.count(f"error: {data_file}:2: invalid JSON") == 1  # both ranks hit it
     assert "Traceback" not in bad_data.stderr
-    assert "training failed on rank(s) 0" in bad_data.stderr
+    assert "training failed on rank(s) " in bad_data.stderr
     unexpected = run_train(
         "--output", str(tmp_path / "b"), "--set", "optim.options.foo=1", check=False
     )

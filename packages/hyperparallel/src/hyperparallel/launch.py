@@ -15,7 +15,7 @@ TORCHRUN_VARIABLES = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 
 
 class TrainingFailed(RuntimeError):
-    """A rank exited with an error (its traceback was printed by that rank)."""
+    """A rank exited with an error (already printed: its one-line message or its traceback)."""
 
 
 def under_torchrun(env: dict[str, str] | os._Environ[str] = os.environ) -> bool:
@@ -68,7 +68,10 @@ def launch(config: Config, resume: str | None = None, *, echo: Any = print) -> N
     )
     sys.stdout.flush()
     try:
-        elastic_launch(launch_config, worker)(settings, resume)
+        elastic_launch(launch_config, worker)(settings, resume, True)
     except ChildFailedError as exc:
+        reported = {f.message for f in exc.failures.values() if isinstance(f.message, str)}
+        for line in sorted(m for m in reported if m.startswith("error: ")):
+            print(line, file=sys.stderr, flush=True)
         ranks = ", ".join(str(r) for r in sorted(exc.failures)) or "?"
         raise TrainingFailed(f"training failed on rank(s) {ranks}; see the error above") from None

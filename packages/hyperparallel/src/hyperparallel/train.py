@@ -9,6 +9,7 @@ shows progress and writes the metrics, plot, resolved config and summary.
 from __future__ import annotations
 
 import datetime
+import json
 import os
 import statistics
 import sys
@@ -73,14 +74,29 @@ def _set_threads(device: str, threads: int | None) -> None:
     torch.set_num_threads(plan.threads)
 
 
-def worker(settings: dict[str, Any], resume: str | None) -> None:
+class InputError(Exception):
+    """The user's data or model cannot be used; reported as one line, without a traceback."""
+
+
+def worker(settings: dict[str, Any], resume: str | None, report_to_launcher: bool = False) -> None:
     """One rank's whole run (the elastic launcher's entry point; also runs under torchrun).
 
-    A failure prints its own message (a traceback for anything unexpected) and exits with
-    status 1; the launcher then names the failed ranks.
+    A failure exits with status 1. An :class:`InputError` is one line: handed to the launcher
+    through the elastic error file when ``report_to_launcher`` (it prints each distinct line
+    once), else printed by rank 0. Anything else prints this rank's traceback.
     """
     try:
         _run(settings, resume)
+    except InputError as exc:
+        line = f"error: {exc}"
+        error_file = os.environ.get("TORCHELASTIC_ERROR_FILE")
+        if report_to_launcher and error_file:
+            Path(error_file).write_text(
+                json.dumps({"message": line, "timestamp": int(time.time())})
+            )
+        elif int(os.environ.get("RANK", "0")) == 0:
+            print(line, file=sys.stderr, flush=True)
+        raise SystemExit(1) from None
     except Exception:
         traceback.print_exc()
         sys.stderr.flush()
@@ -108,10 +124,8 @@ def _run(settings: dict[str, Any], resume: str | None) -> None:
         blocks = data.PackedBlocks(docs, tokenizer, cfg.data.seq_len, world=world)
         sampler = data.ShardedSampler(len(blocks), cfg.data.batch_size, rank, world, cfg.run.seed)
         model = model_mod.build(cfg.model, tokenizer.vocab_size, cfg.run.seed)
-    except (ValueError, OSError) as exc:  # the user's data or model: one clear line, no traceback
-        if rank == 0:
-            print(f"error: {exc}", file=sys.stderr, flush=True)
-        raise SystemExit(1) from None
+    except (ValueError, OSError) as exc:  # the user's data or model
+        raise InputError(exc) from None
     handle.wait()
     try:
         outcome = train(cfg, model, blocks, sampler, device, resume, source)

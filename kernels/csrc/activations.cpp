@@ -5,9 +5,9 @@
 // (x = n ln2 + r) and a polynomial, and erfc comes from the scaled complementary error function
 // erfcx(t) = exp(t^2) erfc(t), a polynomial in w = 1 / (t + 3) - 1/6. The polynomials were
 // fitted for this file (minimax relative error, coefficients rounded to fp32 one at a time).
-// The float32 exact gelu carries the rounding errors of x^2, t + 3 and 1 / (t + 3) and of its
-// products (within 2.5 ulp of the true value); the backward takes shorter polynomials. 16-bit
-// gelu forwards look their result up in a table of all 65536 inputs, built by the fp32 code.
+// The float32 exact gelu carries the rounding errors of x^2, t + 3 and 1 / (t + 3) (within 4 ulp
+// of the true value); the backward takes shorter polynomials. 16-bit gelu forwards look their
+// result up in a table of all 65536 inputs, built by the fp32 code.
 #include <omp.h>
 
 #include <algorithm>
@@ -153,7 +153,7 @@ SPORE_MATH float gelu_abs_clamp(float x) {
 // The accurate erf form, for xa = min(|x|, 16) and t = xa / sqrt 2 (carried exactly enough):
 // x^2 / 2 = s + s_lo exactly and exp(-x^2 / 2) = (1 + q) 2^n; inv = 1 / (t + 3) rounded,
 // w = inv - 1/6 and 0.5 erfcx(t) = erfcx_poly(w) inv (1 + e), e correcting for the roundings
-// of t + 3, 1 / (t + 3) and w. So 0.5 erfc(t) = poly inv (1 + q) (1 + e) 2^n. 2^n is carried as
+// of t + 3 and 1 / (t + 3). So 0.5 erfc(t) = poly inv (1 + q) (1 + e) 2^n. 2^n is carried as
 // scale = 2^(n + 64), normal for every xa; the caller's final multiply by 2^-64 rounds once.
 // Short (the backward's): shorter polynomials and e = 0.
 struct GeluParts {
@@ -191,24 +191,20 @@ SPORE_MATH void gelu_parts(float xa, GeluParts& p) {
         const float d_lo = (t < 3.0f ? t : 3.0f) - (d - (t > 3.0f ? t : 3.0f));
 #endif
         const float rho = fmadd(-p.inv, d_lo, fmadd(-p.inv, d, 1.0f));  // 1/(t+3) = inv (1+rho)
-        const float w_lo = p.inv - (w + kSixth);  // w's rounding (nonzero only for t > 9)
-        p.e = fmadd(w_lo, d, rho) * erfcx_rho_gain(w);
+        p.e = rho * erfcx_rho_gain(w);
         p.poly = erfcx_poly(w);
     }
 }
 
 // gelu(x) = x Phi(x); with m = x 0.5 erfc(|x| / sqrt 2) (so m = x Phi(-|x|)): gelu = m for
-// x <= 0 and x - m for x > 0. m is carried as m_hi + m_lo through its products.
+// x <= 0 and x - m for x > 0. (1 + q) (1 + e) is taken as 1 + q + e: q e is below 2^-24.
 SPORE_MATH float gelu_erf(float x) {
     const float xa = gelu_abs_clamp(x);
     const float xc = std::copysign(xa, x);
     GeluParts p;
     gelu_parts<false>(xa, p);
-    const float xi = xc * p.inv;
-    const float xi_lo = fmadd(xc, p.inv, -xi);
-    const float m = xi * p.poly;
-    const float m_lo = fmadd(xi_lo, p.poly, fmadd(xi, p.poly, -m));
-    const float scaled = m + fmadd(m, p.q, fmadd(m, fmadd(p.e, p.q, p.e), m_lo));
+    const float m = xc * p.inv * p.poly;
+    const float scaled = fmadd(m, p.q + p.e, m);
     const float xh = (scaled * p.scale) * kInvTwo64;
     return x <= 0.0f ? std::copysign(xh, x) : x - xh;
 }

@@ -78,8 +78,8 @@ def test_kernel_matches_reference(shape, dtype, mode, seed) -> None:
 
 
 @pytest.mark.parametrize("isa", _lib.available())
-def test_exact_gelu_is_within_2_5_ulp_of_float64_everywhere(isa) -> None:
-    """Every 97th float32 in [-20, 20] against erfc in float64: 2.5 ulp with FMA (v3, v4), 7 in
+def test_exact_gelu_is_within_4_ulp_of_float64_everywhere(isa) -> None:
+    """Every 97th float32 in [-20, 20] against erfc in float64: 4 ulp with FMA (v3, v4), 7 in
     the baseline build. torch's float32 F.gelu loses all digits below -4, where 1 + erf
     cancels; it is shown for contrast."""
     x = _all_floats(20.0, 97)
@@ -88,7 +88,7 @@ def test_exact_gelu_is_within_2_5_ulp_of_float64_everywhere(isa) -> None:
     fwd = _lib.function("spore_gelu", op._FWD, _lib.load(isa))
     assert fwd(x.data_ptr(), got.data_ptr(), x.numel(), 0, 0, 2) == 0
     normal = exact.abs() >= FLT_MIN
-    assert _ulps(got, exact)[normal].max() <= (2.5 if isa in ("v3", "v4") else 7)
+    assert _ulps(got, exact)[normal].max() <= (4 if isa in ("v3", "v4") else 7)
     assert (got.double() - exact)[~normal].abs().max() <= 2.0**-146
     torch_ulps = _ulps(F.gelu(x), exact)[normal & (x < -4)]
     assert torch_ulps.max() > 1e6
@@ -97,7 +97,7 @@ def test_exact_gelu_is_within_2_5_ulp_of_float64_everywhere(isa) -> None:
 def test_exact_gelu_agrees_with_torch_float64_gelu_where_that_is_accurate() -> None:
     x = _all_floats(20.0, 997)
     x = x[x > -4]
-    assert _ulps(torch.ops.spore.gelu(x, "none"), F.gelu(x.double())).max() <= 2.5
+    assert _ulps(torch.ops.spore.gelu(x, "none"), F.gelu(x.double())).max() <= 4
 
 
 def test_tanh_gelu_accuracy() -> None:

@@ -4,16 +4,16 @@
 ``0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))``, both as ``torch.nn.functional.gelu``.
 
 Numerics contract: computed in float32 whatever the input dtype (float64 stays float64) and
-rounded once to x's dtype. The C++ kernel evaluates erfc with its own vectorised polynomials
-and carries the small terms, so its float32 exact gelu is within 2.5 ulp of the true value over
-all of float32 in the FMA builds (v3, v4; 7 ulp in the baseline build); torch's float32 F.gelu
-is within 5 ulp for x > -1 but loses every digit below x = -4, where ``1 + erf`` cancels. It
-writes the tanh form as ``x * sigmoid(2y)``: no cancellation; within 3.5 ulp for x > -1, and a
-relative error below ``(2 |2y| + 8) 2^-23`` (1e-5 at x = -10) in the negative tail, where
-``exp(-2y)`` amplifies the rounding of 2y. For bfloat16 and float16 the kernel looks each result
-up in a table of all 65536 inputs built once by the float32 code: bitwise the float32 result
-rounded once. Limits: gelu(+inf) = +inf and gelu(-inf) = -0 (torch's float32 F.gelu gives NaN
-at -inf, and at +inf in the exact form); NaN stays NaN.
+rounded once to x's dtype. The C++ kernel evaluates erfc with its own vectorised polynomials and
+carries the rounding errors of its argument, so its float32 exact gelu is within 4 ulp of the
+true value over all of float32 in the FMA builds (v3, v4; 7 ulp in the baseline build); torch's
+float32 F.gelu is within 5 ulp for x > -1 but loses every digit below x = -4, where ``1 + erf``
+cancels. It writes the tanh form as ``x * sigmoid(2y)``: no cancellation; within 3.5 ulp for x >
+-1, and a relative error below ``(2 |2y| + 8) 2^-23`` (1e-5 at x = -10) in the negative tail,
+where ``exp(-2y)`` amplifies the rounding of 2y. For bfloat16 and float16 the kernel looks each
+result up in a table of all 65536 inputs built once by the float32 code: bitwise the float32
+result rounded once. Limits: gelu(+inf) = +inf and gelu(-inf) = -0 (torch's float32 F.gelu gives
+NaN at -inf, and at +inf in the exact form); NaN stays NaN.
 Backward: ``gelu_backward(grad, x, approximate) -> dx`` in closed form; the kernel's exact-form
 derivative is within 3e-7 of the true one (short polynomials for every dtype).
 """

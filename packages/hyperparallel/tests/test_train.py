@@ -64,6 +64,17 @@ def test_resume_continues_bitwise(tmp_path) -> None:
     assert [b[s] for s in range(6, 11)] == [a[s] for s in range(6, 11)]  # bitwise
 
 
+def test_one_rank_trains_unsharded_and_resumes_bitwise(tmp_path) -> None:
+    full, part = tmp_path / "full", tmp_path / "part"
+    common = ("run.steps=6", "checkpoint.every=3", "checkpoint.export=false")
+    done = run_train("--output", str(full), *small_args(*common))
+    assert "1 rank, unsharded" in done.stdout
+    run_train("--output", str(part), *small_args(*common, "run.stop_at=3"))
+    run_train("--output", str(part), "--resume", *small_args(*common))
+    a, b = losses(full), losses(part)
+    assert [b[s] for s in range(4, 7)] == [a[s] for s in range(4, 7)]  # bitwise
+
+
 def test_a_kill_while_writing_a_checkpoint_leaves_the_previous_one_resumable(tmp_path) -> None:
     args = small_args("run.steps=40", "checkpoint.every=1", "checkpoint.keep=2")
     caught = None

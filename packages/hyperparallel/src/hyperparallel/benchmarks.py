@@ -75,7 +75,9 @@ def _case(nproc: int) -> Benchmark:
         baseline_label=(
             f"plain single-process PyTorch loop, same model and global batch, {cores} threads"
         ),
-        candidate_label=f"spore train, FSDP2 over {nproc} rank(s)",
+        candidate_label=(
+            f"spore train, FSDP2 over {nproc} ranks" if nproc > 1 else "spore train, 1 rank"
+        ),
         description="per-step time of the embedded default run",
         self_timed=True,
     )

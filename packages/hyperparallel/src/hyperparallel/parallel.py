@@ -1,6 +1,6 @@
 """Device mesh and FSDP2 sharding: ``fully_shard`` per decoder layer and at the root, over a
 1-D (FSDP) or 2-D replicate x shard (HSDP) mesh, with optional mixed precision and per-layer
-activation checkpointing."""
+activation checkpointing. One rank without mixed precision trains the plain module."""
 
 from __future__ import annotations
 
@@ -36,14 +36,24 @@ def policy(mixed_precision: str) -> MixedPrecisionPolicy:
     return MixedPrecisionPolicy(param_dtype=DTYPES[mixed_precision], reduce_dtype=torch.float32)
 
 
+def uses_fsdp(world: int, parallel: Any) -> bool:
+    """False for one rank without mixed precision: FSDP2 would shard nothing and cast nothing,
+    only add per-layer copies, so the model trains unwrapped (checkpoints load either way)."""
+    return world > 1 or parallel.mixed_precision != "none"
+
+
 def shard(model: torch.nn.Module, device_mesh: DeviceMesh, parallel: Any) -> torch.nn.Module:
-    """Apply activation checkpointing (if asked) and FSDP2 to each decoder layer, then the root."""
+    """Apply activation checkpointing (if asked) and FSDP2 (if :func:`uses_fsdp`) to each
+    decoder layer, then the root."""
     mp = policy(parallel.mixed_precision)
+    fsdp = uses_fsdp(device_mesh.size(), parallel)
     for layer in decoder_layers(model):
         if parallel.activation_checkpointing:
             from torch.distributed._composable import checkpoint
 
             checkpoint(layer)
-        fully_shard(layer, mesh=device_mesh, mp_policy=mp)
-    fully_shard(model, mesh=device_mesh, mp_policy=mp)
+        if fsdp:
+            fully_shard(layer, mesh=device_mesh, mp_policy=mp)
+    if fsdp:
+        fully_shard(model, mesh=device_mesh, mp_policy=mp)
     return model

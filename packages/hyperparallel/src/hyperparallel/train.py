@@ -150,6 +150,7 @@ def train(
     mesh = parallel.mesh(device, world, cfg.parallel.replicate)
     model.to(device)
     parallel.shard(model, mesh, cfg.parallel)
+    fsdp = parallel.uses_fsdp(world, cfg.parallel)
     optimizer = registries.optimizers.get(cfg.optim.name)(model, cfg.optim)
     scheduler = registries.schedules.get(cfg.schedule.name)(cfg.schedule, cfg.run.steps)(optimizer)
     state = checkpoint.TrainState(model, optimizer)
@@ -177,7 +178,8 @@ def train(
             loss_sum = torch.zeros((), device=device)
             for micro in range(accum):
                 ids, labels = data.batch(blocks, sampler.next_indices())
-                model.set_requires_gradient_sync(micro == accum - 1)
+                if fsdp:
+                    model.set_requires_gradient_sync(micro == accum - 1)
                 logits = model(input_ids=ids.to(device)).logits
                 loss = F.cross_entropy(logits.float().flatten(0, 1), labels.to(device).flatten())
                 (loss / accum).backward()
@@ -186,7 +188,8 @@ def train(
             optimizer.step()
             scheduler.step()
             optimizer.zero_grad(set_to_none=True)
-            dist.all_reduce(loss_sum)
+            if world > 1:
+                dist.all_reduce(loss_sum)
             mean_loss = loss_sum.item() / (accum * world)
             step += 1
             dt = time.perf_counter() - t0
@@ -244,11 +247,12 @@ def _summary(cfg: Any, model: torch.nn.Module, outcome: Outcome, source: str, wo
     head = statistics.fmean(losses[:10]) if losses else float("nan")
     tail = statistics.fmean(losses[-10:]) if losses else float("nan")
     step_s = statistics.median(times) if times else float("nan")
-    layout = f"{world} rank(s)" + (
-        f", HSDP {cfg.parallel.replicate} x {world // cfg.parallel.replicate}"
-        if cfg.parallel.replicate > 1
-        else ", FSDP2"
-    )
+    if cfg.parallel.replicate > 1:
+        layout = f"{world} ranks, HSDP {cfg.parallel.replicate} x {world // cfg.parallel.replicate}"
+    elif parallel.uses_fsdp(world, cfg.parallel):
+        layout = f"{world} rank(s), FSDP2"
+    else:
+        layout = "1 rank, unsharded (FSDP2 from 2 ranks or with mixed precision)"
     rows = [
         (
             "model",

@@ -183,21 +183,26 @@ def test_joins_a_torchrun_job(tmp_path) -> None:
     assert "HSDP 2 x 1" in done.stdout
 
 
-def test_activation_checkpointing_and_accumulation_match_the_plain_run(tmp_path) -> None:
-    """Recomputing each layer changes nothing; 2 micro-batches of 4 = 1 batch of 8."""
-    plain, ac, accum = tmp_path / "plain", tmp_path / "ac", tmp_path / "accum"
-    common = ("run.steps=5", "checkpoint.export=false", "checkpoint.every=0")
-    run_train("--output", str(plain), *small_args(*common))
-    run_train("--output", str(ac), *small_args(*common, "parallel.activation_checkpointing=true"))
-    run_train(
-        "--output",
-        str(accum),
-        *small_args(*common, "data.batch_size=4", "optim.grad_accum=2"),
-    )
-    a, b, c = losses(plain), losses(ac), losses(accum)
-    assert b == a  # bitwise: the recomputed forward is the same computation
-    for step in a:
-        assert abs(c[step] - a[step]) < 1e-4, (step, a[step], c[step])
+def test_activation_checkpointing_resharding_and_accumulation_match_the_plain_run(
+    tmp_path,
+) -> None:
+    """Over FSDP2 (2 ranks): recomputing each layer, or keeping its gathered parameters for
+    backward, changes nothing; 2 micro-batches of 2 = 1 batch of 4 per rank."""
+    runs = {
+        "plain": (),
+        "ac": ("parallel.activation_checkpointing=true",),
+        "kept": ("parallel.reshard_after_forward=false",),
+        "accum": ("data.batch_size=2", "optim.grad_accum=2"),
+    }
+    common = ("run.steps=5", "checkpoint.export=false", "checkpoint.every=0", "data.batch_size=4")
+    for name, extra in runs.items():
+        out = tmp_path / name
+        run_train("--nproc", "2", "--output", str(out), *small_args(*common, *extra))
+    got = {name: losses(tmp_path / name) for name in runs}
+    assert got["ac"] == got["plain"]  # bitwise: the recomputed forward is the same computation
+    assert got["kept"] == got["plain"]  # bitwise: the same parameters, gathered once
+    for step, loss in got["plain"].items():
+        assert abs(got["accum"][step] - loss) < 1e-4, (step, loss, got["accum"][step])
 
 
 def test_bf16_mixed_precision_trains_close_to_fp32(tmp_path) -> None:

@@ -86,6 +86,11 @@ class ParallelSection:
         "none", "FSDP2 compute/communication dtype (reductions stay fp32)", ("none", "bf16", "fp16")
     )
     activation_checkpointing: bool = setting(False, "recompute each decoder layer in backward")
+    reshard_after_forward: bool = setting(
+        True,
+        "free each layer's gathered parameters after forward (false: keep them for backward, "
+        "one all-gather less per layer and step for more memory)",
+    )
     device: str = setting("auto", "auto: cuda when available, else cpu", ("auto", "cpu", "cuda"))
     backend: str = setting(
         "auto", "process-group backend; auto: nccl on cuda, gloo on cpu", ("auto", "gloo", "nccl")

@@ -53,7 +53,12 @@ def shard(model: torch.nn.Module, device_mesh: DeviceMesh, parallel: Any) -> tor
 
             checkpoint(layer)
         if fsdp:
-            fully_shard(layer, mesh=device_mesh, mp_policy=mp)
+            fully_shard(
+                layer,
+                mesh=device_mesh,
+                mp_policy=mp,
+                reshard_after_forward=parallel.reshard_after_forward,
+            )
     if fsdp:
         fully_shard(model, mesh=device_mesh, mp_policy=mp)
     return model

@@ -9,6 +9,7 @@ import statistics
 import subprocess
 import time
 
+import pytest
 from train_helpers import losses, run_train, small_args, spore_command
 
 from hyperparallel import checkpoint
@@ -110,6 +111,39 @@ def test_a_kill_while_writing_a_checkpoint_leaves_the_previous_one_resumable(tmp
     run_train("--nproc", "2", "--output", str(out), "--resume", *args)
     assert max(losses(out)) == 40
     assert not list((out / "checkpoints").glob(".tmp-*"))
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_an_interrupt_stops_every_rank_and_names_the_checkpoint_to_resume(tmp_path, sig) -> None:
+    """Ctrl-C (SIGINT to the whole process group) or SIGTERM to the launcher alone."""
+    out = tmp_path / "run"
+    args = small_args("run.steps=100000", "checkpoint.every=2", "checkpoint.export=false")
+    proc = subprocess.Popen(
+        spore_command("--nproc", "2", "--output", str(out), *args),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        deadline = time.monotonic() + 180
+        while not checkpoint.complete(out) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert checkpoint.complete(out), "no checkpoint within 180 s"
+        if sig == signal.SIGINT:
+            os.killpg(proc.pid, sig)
+        else:
+            proc.send_signal(sig)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=30)
+    assert proc.returncode == 128 + sig
+    assert "Traceback" not in err
+    newest = checkpoint.complete(out)[-1]
+    assert f"interrupted by {sig.name}; the ranks were stopped" in err
+    assert f"Newest complete checkpoint: {newest} (continue with --resume)" in err
 
 
 def test_hsdp_runs_and_matches_fsdp(tmp_path) -> None:

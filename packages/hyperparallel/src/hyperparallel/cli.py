@@ -67,3 +67,15 @@ def train(
         launch.launch(cfg, resume, echo=lambda line: click.echo(line, err=True))
     except launch.TrainingFailed as exc:
         raise click.ClickException(str(exc)) from None
+    except launch.TrainingInterrupted as exc:
+        click.echo(f"spore train: {exc}. {_resume_hint(cfg.run.output)}", err=True)
+        raise SystemExit(128 + exc.signum) from None
+
+
+def _resume_hint(output: str) -> str:
+    from hyperparallel import checkpoint
+
+    done = checkpoint.complete(output)
+    if not done:
+        return "No checkpoint was complete yet."
+    return f"Newest complete checkpoint: {done[-1]} (continue with --resume)."

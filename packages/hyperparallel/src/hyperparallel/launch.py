@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import sys
 import uuid
 from typing import Any
@@ -16,6 +17,14 @@ TORCHRUN_VARIABLES = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 
 class TrainingFailed(RuntimeError):
     """A rank exited with an error (already printed: its one-line message or its traceback)."""
+
+
+class TrainingInterrupted(RuntimeError):
+    """The launcher got SIGINT (Ctrl-C) or SIGTERM and stopped the ranks."""
+
+    def __init__(self, signum: int) -> None:
+        self.signum = signum
+        super().__init__(f"interrupted by {signal.Signals(signum).name}; the ranks were stopped")
 
 
 def under_torchrun(env: dict[str, str] | os._Environ[str] = os.environ) -> bool:
@@ -50,11 +59,15 @@ def launch(config: Config, resume: str | None = None, *, echo: Any = print) -> N
     if device_type(config.parallel) == "cpu":
         for line in _apply_cpu_plan(nproc):
             echo(f"runtime: {line}")
+    from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
-    # Each rank prints its own error; the elastic agent's log would repeat it as a traceback.
-    logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)
+    # Failures and interrupts are reported by spore train; the elastic agent's own log lines
+    # would repeat them as tracebacks and warnings (its loggers each set their own level).
+    for name in ["torch.distributed.elastic", *logging.root.manager.loggerDict]:
+        if name.startswith("torch.distributed.elastic"):
+            logging.getLogger(name).setLevel(logging.CRITICAL)
     launch_config = LaunchConfig(
         min_nodes=1,
         max_nodes=1,
@@ -75,3 +88,7 @@ def launch(config: Config, resume: str | None = None, *, echo: Any = print) -> N
             print(line, file=sys.stderr, flush=True)
         ranks = ", ".join(str(r) for r in sorted(exc.failures)) or "?"
         raise TrainingFailed(f"training failed on rank(s) {ranks}; see the error above") from None
+    except SignalException as exc:
+        raise TrainingInterrupted(exc.sigval) from None
+    except KeyboardInterrupt:
+        raise TrainingInterrupted(signal.SIGINT) from None

@@ -11,6 +11,7 @@ from __future__ import annotations
 import datetime
 import json
 import os
+import signal
 import statistics
 import sys
 import time
@@ -87,6 +88,8 @@ def worker(settings: dict[str, Any], resume: str | None, report_to_launcher: boo
     """
     try:
         _run(settings, resume)
+    except KeyboardInterrupt:  # Ctrl-C reaches every rank; the launcher reports it once
+        raise SystemExit(128 + signal.SIGINT) from None
     except InputError as exc:
         line = f"error: {exc}"
         error_file = os.environ.get("TORCHELASTIC_ERROR_FILE")

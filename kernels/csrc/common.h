@@ -27,14 +27,13 @@ struct BF16 {
         std::memcpy(&out, &bits, sizeof(out));
         return out;
     }
-    // Round to nearest, ties to even; NaN stays a (quiet) NaN. Branch-free so loops vectorise.
+    // Round to nearest, ties to even; any NaN becomes the quiet NaN 0x7fc0. Branch-free so
+    // loops vectorise.
     static inline uint16_t store(float v) {
         uint32_t bits;
         std::memcpy(&bits, &v, sizeof(bits));
         const uint32_t rounded = (bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16;
-        const uint32_t quiet_nan = (bits >> 16) | 0x40u;
-        const bool is_nan = (bits & 0x7fffffffu) > 0x7f800000u;
-        return static_cast<uint16_t>(is_nan ? quiet_nan : rounded);
+        return static_cast<uint16_t>(v != v ? 0x7fc0u : rounded);
     }
 };
 

@@ -38,7 +38,7 @@ def policy(mixed_precision: str) -> MixedPrecisionPolicy:
 
 def uses_fsdp(world: int, parallel: Any) -> bool:
     """False for one rank without mixed precision: FSDP2 would shard nothing and cast nothing,
-    only add per-layer copies, so the model trains unwrapped (checkpoints load either way)."""
+    only add per-layer copies, so the model trains unwrapped (checkpoints keep one format)."""
     return world > 1 or parallel.mixed_precision != "none"
 
 

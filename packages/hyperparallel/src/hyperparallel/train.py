@@ -86,6 +86,7 @@ def worker(settings: dict[str, Any], resume: str | None, report_to_launcher: boo
     through the elastic error file when ``report_to_launcher`` (it prints each distinct line
     once), else printed by rank 0. Anything else prints this rank's traceback.
     """
+    signal.signal(signal.SIGINT, _interrupt_once)
     try:
         _run(settings, resume)
     except KeyboardInterrupt:  # Ctrl-C reaches every rank; the launcher reports it once
@@ -101,9 +102,30 @@ def worker(settings: dict[str, Any], resume: str | None, report_to_launcher: boo
             print(line, file=sys.stderr, flush=True)
         raise SystemExit(1) from None
     except Exception:
+        if _interrupted(wait=1.0):  # an error from a peer that stopped on Ctrl-C first
+            raise SystemExit(128 + signal.SIGINT) from None
         traceback.print_exc()
         sys.stderr.flush()
         raise SystemExit(1) from None
+
+
+def _interrupt_once(signum: int, frame: Any) -> None:
+    """SIGINT handler: interrupt once, then ignore SIGINT (Ctrl-C reaches every rank and the
+    launcher sends its own), so that a second one cannot break the rank's exit."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    raise KeyboardInterrupt
+
+
+def _interrupted(wait: float) -> bool:
+    """True when this rank got SIGINT, now or within ``wait`` seconds (Ctrl-C reaches every
+    rank, but a peer that stopped first can break a collective here before it arrives)."""
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        return True
+    try:
+        time.sleep(wait)
+    except KeyboardInterrupt:
+        return True
+    return False
 
 
 def _run(settings: dict[str, Any], resume: str | None) -> None:

@@ -23,6 +23,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+from torch.distributed.checkpoint.api import CheckpointException
 
 from hyperparallel import checkpoint, data, parallel, registries, report
 from hyperparallel import config as config_mod
@@ -101,7 +102,7 @@ def worker(settings: dict[str, Any], resume: str | None, report_to_launcher: boo
         elif int(os.environ.get("RANK", "0")) == 0:
             print(line, file=sys.stderr, flush=True)
         raise SystemExit(1) from None
-    except Exception:
+    except (Exception, CheckpointException):  # DCP's CheckpointException is a BaseException
         if _interrupted(wait=1.0):  # an error from a peer that stopped on Ctrl-C first
             raise SystemExit(128 + signal.SIGINT) from None
         traceback.print_exc()

@@ -32,17 +32,10 @@ SPORE_MATH float fmadd(float a, float b, float c) {
 #endif
 }
 
-SPORE_MATH float as_float(int32_t bits) {
-    float out;
-    std::memcpy(&out, &bits, sizeof(out));
-    return out;
-}
+// Signed views of the bits (exponent arithmetic below is in int32).
+SPORE_MATH float as_float(int32_t bits) { return bits_to_float(static_cast<uint32_t>(bits)); }
 
-SPORE_MATH int32_t as_int(float v) {
-    int32_t out;
-    std::memcpy(&out, &v, sizeof(out));
-    return out;
-}
+SPORE_MATH int32_t as_int(float v) { return static_cast<int32_t>(float_to_bits(v)); }
 
 // 2^n for n in [-126, 127].
 SPORE_MATH float pow2(int32_t n) { return as_float((n + 127) << 23); }

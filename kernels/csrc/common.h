@@ -13,6 +13,19 @@ namespace spore {
 enum Status : int32_t { OK = 0, BAD_ARGUMENT = 1, BAD_DTYPE = 2 };
 enum DType : int32_t { DT_F32 = 0, DT_BF16 = 1, DT_F16 = 2 };
 
+// The bits of a float and back (memcpy: the defined way; compiles to nothing).
+inline float bits_to_float(uint32_t u) {
+    float f;
+    std::memcpy(&f, &u, sizeof(f));
+    return f;
+}
+
+inline uint32_t float_to_bits(float f) {
+    uint32_t u;
+    std::memcpy(&u, &f, sizeof(u));
+    return u;
+}
+
 struct F32 {
     using storage = float;
     static inline float load(float v) { return v; }
@@ -21,17 +34,11 @@ struct F32 {
 
 struct BF16 {
     using storage = uint16_t;
-    static inline float load(uint16_t v) {
-        const uint32_t bits = static_cast<uint32_t>(v) << 16;
-        float out;
-        std::memcpy(&out, &bits, sizeof(out));
-        return out;
-    }
+    static inline float load(uint16_t v) { return bits_to_float(static_cast<uint32_t>(v) << 16); }
     // Round to nearest, ties to even; any NaN becomes the quiet NaN 0x7fc0. Branch-free so
     // loops vectorise.
     static inline uint16_t store(float v) {
-        uint32_t bits;
-        std::memcpy(&bits, &v, sizeof(bits));
+        const uint32_t bits = float_to_bits(v);
         const uint32_t rounded = (bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16;
         return static_cast<uint16_t>(v != v ? 0x7fc0u : rounded);
     }
@@ -42,16 +49,6 @@ struct BF16 {
 // normals, subnormals, zeros, infinities; NaN stays NaN. Stores round to nearest even.
 struct F16 {
     using storage = uint16_t;
-    static inline float bits_to_float(uint32_t u) {
-        float f;
-        std::memcpy(&f, &u, sizeof(f));
-        return f;
-    }
-    static inline uint32_t float_to_bits(float f) {
-        uint32_t u;
-        std::memcpy(&u, &f, sizeof(u));
-        return u;
-    }
     static inline float load(uint16_t v) {
         const uint32_t h = v;
         const uint32_t magnitude = (h & 0x7fffu) << 13;  // exponent and mantissa, float-aligned

@@ -17,11 +17,10 @@ from collections import defaultdict
 COLUMNS = ("eager", "builtin", "compile", "copy")
 
 
-def _cell(result: dict) -> str:
+def _cell(result: dict, percent: bool) -> str:
     if result.get("error"):
         return "error"
-    ratio = result["ratio"]
-    return f"{ratio:.2f}x" if result["name"].split("-vs-")[1] != "copy" else f"{ratio:.0%}"
+    return f"{result['ratio']:.0%}" if percent else f"{result['ratio']:.2f}x"
 
 
 def table(results: list[dict]) -> str:
@@ -35,7 +34,7 @@ def table(results: list[dict]) -> str:
         column = baseline if baseline in ("eager", "compile", "copy") else "builtin"
         if column == "builtin":
             builtin_name[key] = baseline
-        rows[key][column] = _cell(result)
+        rows[key][column] = _cell(result, percent=column == "copy")
         if result.get("candidate_s"):
             kernel_ms[key] = result["candidate_s"] * 1e3
     lines = [

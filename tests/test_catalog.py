@@ -18,6 +18,7 @@ version = "0.1.0"
 core = ">=0.1,<0.2"
 summary = "A demo plugin"
 session = "tests(demo)"
+smoke = "spore plugins check demo"
 """
 
 
@@ -82,6 +83,7 @@ def test_disagreements_are_all_reported(tmp_path: Path) -> None:
         (lambda t: t.replace('version = "0.1.0"\n', ""), "missing ['version']"),
         (lambda t: t + 'color = "red"\n', "unknown keys ['color']"),
         (lambda t: t.replace('"tests(demo)"', '"demo"'), "session must be 'tests(demo)'"),
+        (lambda t: t.replace('"spore plugins check demo"', '" "'), "smoke must be a command"),
         (lambda t: t.replace('name = "demo"', 'name = "Demo!"'), "name must be lower-case"),
         (lambda t: t.replace('version = "0.1.0"', "version = 1"), "must be strings"),
         (lambda t: t + t, "plugin name 'demo' appears twice"),

@@ -53,7 +53,7 @@ def test_the_real_catalog_is_valid_and_agrees_with_the_packages() -> None:
     folders = sorted(p.name for p in (catalog.ROOT / "packages").iterdir() if p.is_dir())
     in_packages = [e for e in entries if e.path.startswith("packages/")]
     assert sorted(Path(e.path).name for e in in_packages) == folders
-    for e in entries:  # kernels/ lives at the top level (DESIGN §1)
+    for e in entries:  # kernels/ lives at the top level (docs/architecture.md, Layout)
         assert (catalog.ROOT / e.path / "pyproject.toml").exists(), e.path
 
 

@@ -6,6 +6,7 @@ import subprocess
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -39,23 +40,15 @@ def fixtures_dir() -> Path:
 
 
 @pytest.fixture
-def run_spore() -> Callable[..., subprocess.CompletedProcess[str]]:
-    """Run ``python -m spore ARGS`` in a child with only the given fixture plugins installed."""
+def run_spore(run_spore: Callable[..., subprocess.CompletedProcess[str]]) -> Callable[..., Any]:
+    """spore.testing's ``run_spore``, with only the fixture plugins named in ``plugins=``."""
 
     def run(
         *args: str, plugins: tuple[str, ...] = (), env: dict[str, str] | None = None
     ) -> subprocess.CompletedProcess[str]:
-        child_env = {k: v for k, v in os.environ.items() if not k.startswith("SPORE_")}
-        child_env["PYTHONPATH"] = os.pathsep.join(str(FIXTURES / p) for p in plugins)
+        child_env = {"PYTHONPATH": os.pathsep.join(str(FIXTURES / p) for p in plugins)}
         child_env["COLUMNS"] = "200"
         child_env.update(env or {})
-        return subprocess.run(
-            [sys.executable, "-m", "spore", *args],
-            capture_output=True,
-            text=True,
-            env=child_env,
-            timeout=240,
-            check=False,
-        )
+        return run_spore(*args, env=child_env, timeout=240)
 
     return run

@@ -1,9 +1,12 @@
 from __future__ import annotations
 
+import sys
+
 import pytest
 
+from spore import childproc
 from spore.plugins import PluginError, Status, get_manager
-from spore.testing import check_plugin_contract
+from spore.testing import check_plugin_contract, clean_environ
 
 
 def test_contract_passes_for_a_healthy_plugin(fixture_plugins) -> None:
@@ -37,4 +40,40 @@ def test_spore_manager_fixture_isolates_the_global_manager(
     monkeypatch.setenv("SPORE_NO_PLUGINS", "1")
     manager = spore_manager()
     assert get_manager() is manager
-    assert [i.status for i in manager.plugins()] == [Status.ACTIVE]
+    assert {i.name: i.status for i in manager.plugins()}["healthy"] is Status.ACTIVE
+
+
+RUN_SPORE_TESTS = """
+import json
+import os
+import sys
+
+
+def test_strips_spore_variables_and_adds_env(run_spore, monkeypatch):
+    monkeypatch.setenv("SPORE_NO_PLUGINS", "1")
+    path = os.pathsep.join([os.environ["FIXTURE_HEALTHY"], os.environ.get("PYTHONPATH", "")])
+    out = run_spore("plugins", "--json", env={"PYTHONPATH": path})
+    assert out.returncode == 0, out.stderr
+    assert {r["name"]: r["status"] for r in json.loads(out.stdout)}["healthy"] == "active"
+
+
+def test_runs_in_a_fresh_directory_unless_told(run_spore, monkeypatch, tmp_path):
+    monkeypatch.chdir(tmp_path)
+    cwd = ("run", "-q", "--", sys.executable, "-c", "import os; print(os.getcwd())")
+    fresh = run_spore(*cwd).stdout.strip()
+    assert fresh != str(tmp_path) and os.path.isdir(fresh) and not os.listdir(fresh)
+    assert run_spore(*cwd, cwd=tmp_path).stdout.strip() == str(tmp_path)
+
+
+def test_a_timeout_fails_the_test_naming_the_command(run_spore):
+    run_spore("doctor", timeout=0.01)
+"""
+
+
+def test_run_spore_fixture(tmp_path, fixtures_dir) -> None:
+    (tmp_path / "test_uses_run_spore.py").write_text(RUN_SPORE_TESTS)
+    env = clean_environ({"FIXTURE_HEALTHY": str(fixtures_dir / "healthy")})
+    command = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--rootdir", tmp_path]
+    done = childproc.run([*map(str, command), str(tmp_path)], env=env, timeout=600, check=False)
+    assert "2 passed, 1 failed" in done.stdout or "1 failed, 2 passed" in done.stdout, done.stdout
+    assert "-m spore doctor` did not finish within 0.01s (killed)" in done.stdout

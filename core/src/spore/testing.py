@@ -8,18 +8,28 @@ Fixtures:
     the process-wide manager for the rest of the test.
 ``spore_plugin_contract``
     :func:`check_plugin_contract`, for ``spore_plugin_contract("myplugin")``.
+``run_spore``
+    ``run_spore(*args, env=None, timeout=120, cwd=None) -> CompletedProcess[str]``: the ``spore``
+    command line in a child process (``python -m spore ARGS``) with captured text output. The
+    child's environment is this one without ``SPORE_*`` variables, updated with ``env``; its
+    working directory is a fresh temporary one unless ``cwd`` is given. A child that runs past
+    ``timeout`` seconds is killed and fails the test, showing the command and its output.
 """
 
 from __future__ import annotations
 
 import importlib.metadata as metadata
 import os
+import subprocess
+import sys
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import ExitStack
+from pathlib import Path
 from typing import Any, Protocol
 
 import pytest
 
+from spore import childproc
 from spore.plugins import (
     ENTRY_POINT_GROUP,
     PluginInfo,
@@ -30,6 +40,13 @@ from spore.plugins import (
 )
 
 
+def clean_environ(env: Mapping[str, str] | None = None) -> dict[str, str]:
+    """``os.environ`` without ``SPORE_*`` variables, updated with ``env``."""
+    base = {k: v for k, v in os.environ.items() if not k.startswith("SPORE_")}
+    base.update(env or {})
+    return base
+
+
 def isolated_manager(
     env: Mapping[str, str] | None = None,
     *,
@@ -37,9 +54,7 @@ def isolated_manager(
     strict: bool | None = None,
 ) -> PluginManager:
     """A new manager over ``os.environ`` without ``SPORE_*`` variables, updated with ``env``."""
-    base = {k: v for k, v in os.environ.items() if not k.startswith("SPORE_")}
-    base.update(env or {})
-    return PluginManager(base, requested=requested, strict=strict)
+    return PluginManager(clean_environ(env), requested=requested, strict=strict)
 
 
 def _load_alone(name: str) -> PluginInfo:
@@ -115,3 +130,40 @@ def spore_manager() -> Iterator[ManagerFactory]:
 def spore_plugin_contract() -> Any:
     """:func:`check_plugin_contract`, as a fixture."""
     return check_plugin_contract
+
+
+class SporeRunner(Protocol):
+    def __call__(
+        self,
+        *args: str,
+        env: Mapping[str, str] | None = ...,
+        timeout: float = ...,
+        cwd: os.PathLike[str] | str | None = ...,
+    ) -> subprocess.CompletedProcess[str]: ...
+
+
+@pytest.fixture
+def run_spore(tmp_path_factory: pytest.TempPathFactory) -> SporeRunner:
+    """Runs the ``spore`` command line in a child process (see the module docstring)."""
+    default_cwd: Path | None = None
+
+    def run(
+        *args: str,
+        env: Mapping[str, str] | None = None,
+        timeout: float = 120,
+        cwd: os.PathLike[str] | str | None = None,
+    ) -> subprocess.CompletedProcess[str]:
+        nonlocal default_cwd
+        if cwd is None:
+            default_cwd = default_cwd or tmp_path_factory.mktemp("spore-cwd")
+            cwd = default_cwd
+        command = [sys.executable, "-m", "spore", *args]
+        try:
+            return childproc.run(
+                command, env=clean_environ(env), timeout=timeout, cwd=cwd, check=False
+            )
+        except childproc.ChildError as exc:
+            failure = str(exc)
+        pytest.fail(failure, pytrace=False)
+
+    return run

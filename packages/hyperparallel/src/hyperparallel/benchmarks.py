@@ -6,26 +6,20 @@ from __future__ import annotations
 
 import json
 import statistics
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
+from spore import childproc
 from spore.bench import Benchmark
 from spore.runtime import usable_cores
 
 STEPS, WARMUP = 25, 5
-
-
-def _run(cmd: list[str]) -> str:
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=900, check=False)
-    if done.returncode != 0:
-        raise RuntimeError(f"{' '.join(cmd[:4])} failed ({done.returncode}): {done.stderr[-2000:]}")
-    return done.stdout
+CHILD_TIMEOUT_S = 900
 
 
 def _plain(nproc: int) -> dict[str, float]:
-    out = _run(
+    return childproc.run_json(
         [
             sys.executable,
             "-m",
@@ -36,14 +30,14 @@ def _plain(nproc: int) -> dict[str, float]:
             str(STEPS),
             "--warmup",
             str(WARMUP),
-        ]
+        ],
+        timeout=CHILD_TIMEOUT_S,
     )
-    return json.loads(out.strip().splitlines()[-1])
 
 
 def _spore_train(nproc: int) -> dict[str, float]:
     with tempfile.TemporaryDirectory(prefix="spore-bench-train-") as tmp:
-        _run(
+        childproc.run(
             [
                 sys.executable,
                 "-m",
@@ -58,7 +52,8 @@ def _spore_train(nproc: int) -> dict[str, float]:
                 "checkpoint.every=0",
                 "--set",
                 "checkpoint.export=false",
-            ]
+            ],
+            timeout=CHILD_TIMEOUT_S,
         )
         lines = (Path(tmp) / "metrics.jsonl").read_text().splitlines()
     records = [json.loads(line) for line in lines][WARMUP:]

@@ -10,10 +10,11 @@ import argparse
 import json
 import resource
 import statistics
-import subprocess
 import sys
 import time
 from collections.abc import Callable
+
+from spore import childproc
 
 ROWS, HIDDEN = 8192, 4096  # 8192 x 4096 fp32: 128 MiB per tensor
 
@@ -133,17 +134,8 @@ def measure(name: str, iters: int, warmup: int = 12) -> dict[str, float]:
 
 def run_workload(workload: str, env: dict[str, str], iters: int = 5) -> dict[str, float]:
     """Run ``workload`` in a child process with environment ``env``; its JSON figures."""
-    out = subprocess.run(
-        [sys.executable, "-m", "spore._workloads", workload, "--iters", str(iters)],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=False,
-    )
-    if out.returncode != 0:
-        raise RuntimeError(f"workload {workload!r} exited {out.returncode}: {out.stderr[-1500:]}")
-    return json.loads(out.stdout.splitlines()[-1])
+    command = [sys.executable, "-m", "spore._workloads", workload, "--iters", str(iters)]
+    return childproc.run_json(command, env=env, timeout=600)
 
 
 def main(argv: list[str] | None = None) -> int:

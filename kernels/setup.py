@@ -24,7 +24,7 @@ def extension(isa: str, arch: list[str]) -> Extension:
         sources=SOURCES,
         depends=glob("csrc/*.h"),
         language="c++",
-        extra_compile_args=[*FLAGS, *arch, f'-DSPORE_ISA="{isa}"'],
+        extra_compile_args=[*FLAGS, *arch],
         extra_link_args=["-fopenmp"],
     )
 

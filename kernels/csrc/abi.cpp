@@ -1,13 +1,7 @@
-// Library identity: the ABI version the Python side checks, and the ISA this copy was built for.
+// Library identity: the ABI version the Python side checks, and the CPU level that picks a build.
 #include "common.h"
 
-#ifndef SPORE_ISA
-#define SPORE_ISA "base"
-#endif
-
 SPORE_EXPORT int32_t spore_abi_version() { return 2; }
-
-SPORE_EXPORT const char* spore_isa() { return SPORE_ISA; }
 
 // 4 when this CPU runs x86-64-v4 code (AVX-512), 3 for x86-64-v3 (AVX2, FMA, F16C), else 1.
 SPORE_EXPORT int32_t spore_cpu_level() {

@@ -7,7 +7,6 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import spore
 from spore import dispatch
 from spore_kernels import _lib
 from spore_kernels.ops import add_rms_norm as op
@@ -15,11 +14,6 @@ from spore_kernels.ops import rms_norm
 
 TOL = {torch.float32: 1e-5, torch.bfloat16: 1e-2, torch.float16: 2e-3}
 COLS = [1, 2, 3, 7, 8, 15, 16, 17, 64, 129, 1000]
-
-
-@pytest.fixture(scope="module", autouse=True)
-def ops_loaded():
-    spore.get_registry("ops")
 
 
 def _inputs(rows: int, cols: int, dtype: torch.dtype, seed: int):
@@ -214,10 +208,3 @@ def test_the_library_refuses_bad_arguments() -> None:
     assert bwd(p, None, None, p, p, p, 1, 4, 1e-6, 0, 1) == 1
     assert bwd(p, None, p, p, p, p, -1, 4, 1e-6, 0, 1) == 1
     assert bwd(p, None, p, p, p, p, 1, 4, 1e-6, 3, 1) == 2
-
-
-def test_plugin_contract(spore_plugin_contract) -> None:
-    info = spore_plugin_contract("kernels")
-    for name in ("add_rms_norm", "add_rms_norm_backward"):
-        assert name in info.registered["ops"]
-        assert f"{name}[cpu]@kernels" in info.registered["ops"]

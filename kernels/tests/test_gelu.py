@@ -11,7 +11,6 @@ import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import spore
 from spore import dispatch
 from spore_kernels import _lib
 from spore_kernels.ops import gelu as op
@@ -19,11 +18,6 @@ from spore_kernels.ops import gelu as op
 TOL = {torch.float32: 1e-5, torch.bfloat16: 1e-2, torch.float16: 2e-3}
 MODES = list(op.APPROXIMATIONS)
 FLT_MIN = 2.0**-126
-
-
-@pytest.fixture(scope="module", autouse=True)
-def ops_loaded():
-    spore.get_registry("ops")
 
 
 def _x(shape: tuple[int, ...], dtype: torch.dtype, seed: int, scale: float = 3.0) -> torch.Tensor:
@@ -250,8 +244,3 @@ def test_the_library_refuses_bad_arguments() -> None:
     assert fwd(x.data_ptr(), x.data_ptr(), 4, 0, 7, 1) == 2
     bwd = _lib.function("spore_gelu_backward", op._BWD)
     assert bwd(x.data_ptr(), None, x.data_ptr(), 4, 0, 0, 1) == 1
-
-
-def test_plugin_contract(spore_plugin_contract) -> None:
-    info = spore_plugin_contract("kernels")
-    assert {"gelu", "gelu_backward", "gelu[cpu]@kernels"} <= set(info.registered["ops"])

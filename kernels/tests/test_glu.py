@@ -11,18 +11,12 @@ import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import spore
 from spore import dispatch
 from spore_kernels import _lib
 from spore_kernels.ops import glu as op
 
 TOL = {torch.float32: 1e-5, torch.bfloat16: 1e-2, torch.float16: 2e-3}
 SHAPES = [(0,), (1,), (3, 0), (7,), (17,), (2, 33), (3, 5, 64), (13824,)]
-
-
-@pytest.fixture(scope="module", autouse=True)
-def ops_loaded():
-    spore.get_registry("ops")
 
 
 def _t(shape: tuple[int, ...], dtype: torch.dtype, seed: int, scale: float = 3.0) -> torch.Tensor:
@@ -229,9 +223,3 @@ def test_the_library_refuses_bad_arguments() -> None:
     assert swiglu(x.data_ptr(), x.data_ptr(), 1, 4, 0, 0) == 1
     bwd = _lib.function("spore_silu_mul_backward", op._SILU_MUL_BWD)
     assert bwd(*(x.data_ptr(),) * 4, None, 8, 0, 1) == 1
-
-
-def test_plugin_contract(spore_plugin_contract) -> None:
-    info = spore_plugin_contract("kernels")
-    names = set(info.registered["ops"])
-    assert {"silu_mul", "swiglu", "silu_mul[cpu]@kernels", "swiglu[cpu]@kernels"} <= names

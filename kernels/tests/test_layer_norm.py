@@ -8,7 +8,6 @@ import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import spore
 from spore import dispatch
 from spore_kernels import _lib
 from spore_kernels.ops import layer_norm as op
@@ -16,11 +15,6 @@ from spore_kernels.ops import layer_norm as op
 TOL = {torch.float32: 1e-5, torch.bfloat16: 1e-2, torch.float16: 2e-3}
 COLS = [1, 2, 3, 7, 8, 15, 16, 17, 63, 64, 65, 129, 1000]
 AFFINE = [(True, True), (True, False), (False, True), (False, False)]
-
-
-@pytest.fixture(scope="module", autouse=True)
-def ops_loaded():
-    spore.get_registry("ops")
 
 
 def _inputs(rows: int, cols: int, dtype: torch.dtype, seed: int, affine=(True, True)):
@@ -213,10 +207,3 @@ def test_the_library_refuses_bad_arguments() -> None:
     assert bwd(p, p, None, p, p, None, 1, 4, 1e-5, 0, 1) == 1  # dweight without a weight
     assert bwd(p, None, None, p, None, None, 1, 4, 1e-5, 0, 1) == 1
     assert bwd(p, p, None, p, None, None, 1, 4, 1e-5, 9, 1) == 2
-
-
-def test_plugin_contract(spore_plugin_contract) -> None:
-    info = spore_plugin_contract("kernels")
-    for name in ("layer_norm", "layer_norm_backward"):
-        assert name in info.registered["ops"]
-        assert f"{name}[cpu]@kernels" in info.registered["ops"]

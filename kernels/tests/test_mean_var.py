@@ -9,18 +9,12 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import spore
 from spore import dispatch
 from spore_kernels import _lib
 from spore_kernels.ops import mean_var as op
 
 TOL = {torch.float32: 1e-5, torch.bfloat16: 1e-2, torch.float16: 2e-3}
 SIZES = st.sampled_from([0, 1, 2, 3, 5, 8, 17, 33, 64, 65, 130])
-
-
-@pytest.fixture(scope="module", autouse=True)
-def ops_loaded():
-    spore.get_registry("ops")
 
 
 def _x(shape, dtype: torch.dtype, seed: int, offset: float = 1.0) -> torch.Tensor:
@@ -265,10 +259,3 @@ def test_the_library_refuses_bad_arguments() -> None:
     assert bwd(None, None, None, p, 1, 4, 1, 1, 0, 1) == 1
     assert bwd(None, None, p, p, 1, 0, 1, 1, 0, 1) == 1  # n < 1
     assert bwd(None, None, p, p, 1, 4, 1, 1, 3, 1) == 2
-
-
-def test_plugin_contract(spore_plugin_contract) -> None:
-    info = spore_plugin_contract("kernels")
-    for name in ("mean_var", "mean_var_backward"):
-        assert name in info.registered["ops"]
-        assert f"{name}[cpu]@kernels" in info.registered["ops"]

@@ -13,19 +13,13 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import spore
 from spore import dispatch
-from spore_kernels import npu, plugin
+from spore_kernels import _checks, npu, registration
 
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def ops_loaded():
-    spore.get_registry("ops")
-
-
-def _fake_torch_npu(without: tuple[str, ...] = ()) -> types.SimpleNamespace:
+def _fake_torch_npu(without: tuple[str, ...] = ()) -> types.ModuleType:
     """torch_npu's documented fused ops (names, parameter names, output tuples) in plain torch,
     computing in float32 and rounding once; each call is recorded in ``calls``."""
     calls: list[tuple[str, dict[str, Any]]] = []
@@ -67,7 +61,12 @@ def _fake_torch_npu(without: tuple[str, ...] = ()) -> types.SimpleNamespace:
         "npu_rotary_mul": npu_rotary_mul,
         "npu_gelu": npu_gelu,
     }
-    return types.SimpleNamespace(calls=calls, **{k: v for k, v in ops.items() if k not in without})
+    module = types.ModuleType("torch_npu")
+    module.calls = calls
+    for name, fn in ops.items():
+        if name not in without:
+            setattr(module, name, fn)
+    return module
 
 
 class _Recorder:
@@ -209,7 +208,11 @@ def test_register_adds_an_npu_kernel_per_mapping() -> None:
     assert added == [m.op for m in npu.MAPPINGS]
     for m in npu.MAPPINGS:
         entry = recorder.kernels[m.op]
-        assert (entry["device"], entry["priority"], entry["supports"]) == ("npu", 10, m.supports)
+        assert (entry["device"], entry["priority"], entry["supports"]) == (
+            "npu",
+            _checks.PRIORITY,
+            m.supports,
+        )
         _close(
             entry["fn"](*_inputs(m.op, torch.float32)),
             m.adapter(_fake_torch_npu())(*_inputs(m.op, torch.float32)),
@@ -226,7 +229,7 @@ def test_a_fused_op_torch_npu_lacks_is_left_to_the_reference() -> None:
 def test_plugin_registers_nothing_for_npu_without_torch_npu(monkeypatch) -> None:
     monkeypatch.setitem(sys.modules, "torch_npu", None)  # import torch_npu raises ImportError
     recorder = _Recorder()
-    assert plugin.register_npu(recorder) is False
+    assert registration.register_npu(recorder) is False
     assert recorder.kernels == {}
 
 
@@ -240,12 +243,12 @@ def test_plugin_survives_a_torch_npu_that_fails_on_import(monkeypatch) -> None:
     monkeypatch.delitem(sys.modules, "torch_npu", raising=False)
     monkeypatch.setattr(sys, "meta_path", [_Broken(), *sys.meta_path])
     recorder = _Recorder()
-    assert plugin.register_npu(recorder) is False
+    assert registration.register_npu(recorder) is False
     assert recorder.kernels == {}
 
 
 def test_plugin_registers_the_mapping_when_torch_npu_imports(monkeypatch) -> None:
     monkeypatch.setitem(sys.modules, "torch_npu", _fake_torch_npu())
     recorder = _Recorder()
-    assert plugin.register_npu(recorder) is True
+    assert registration.register_npu(recorder) is True
     assert sorted(recorder.kernels) == sorted(m.op for m in npu.MAPPINGS)

@@ -7,17 +7,11 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import spore
 from spore import dispatch
 from spore_kernels import _lib
 from spore_kernels.ops import rms_norm as op
 
 TOL = {torch.float32: 1e-5, torch.bfloat16: 1e-2, torch.float16: 2e-3}
-
-
-@pytest.fixture(scope="module", autouse=True)
-def ops_loaded():
-    spore.get_registry("ops")
 
 
 def _pair(rows: int, cols: int, dtype: torch.dtype, seed: int):
@@ -136,12 +130,6 @@ def test_the_library_refuses_bad_arguments() -> None:
 def test_a_forced_build_that_does_not_exist_is_a_clear_error(monkeypatch) -> None:
     with pytest.raises(ImportError, match="choose one of v4, v3, base"):
         _lib.load("avx9")
-
-
-def test_plugin_contract(spore_plugin_contract) -> None:
-    info = spore_plugin_contract("kernels")
-    assert "rms_norm" in info.registered["ops"]
-    assert "rms_norm[cpu]@kernels" in info.registered["ops"]
 
 
 @settings(max_examples=60, deadline=None)

@@ -8,7 +8,6 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import spore
 from spore import dispatch
 from spore_kernels import _lib
 from spore_kernels.ops import rope as op
@@ -31,11 +30,6 @@ LAYOUTS = [
     ((), ()),
     ((1, S, 1), (S, 1)),
 ]
-
-
-@pytest.fixture(scope="module", autouse=True)
-def ops_loaded():
-    spore.get_registry("ops")
 
 
 def _angles(shape: tuple[int, ...], pairs: int, seed: int) -> torch.Tensor:
@@ -256,8 +250,3 @@ def test_the_library_refuses_bad_arguments() -> None:
     assert fn(*p, *ok[:-1], 0) == 1  # no threads
     assert fn(*p, *ok[:11], 9, *ok[12:]) == 2  # unknown dtype
     assert fn(*p, *ok[:11], 1, 2, 1) == 2  # a float16 table for bfloat16 x
-
-
-def test_plugin_contract(spore_plugin_contract) -> None:
-    info = spore_plugin_contract("kernels")
-    assert {"rope", "rope_backward", "rope[cpu]@kernels"} <= set(info.registered["ops"])

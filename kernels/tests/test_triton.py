@@ -38,9 +38,8 @@ if not CUDA:
 
 import triton.language as tl  # noqa: E402
 
-import spore  # noqa: E402
 from spore import dispatch  # noqa: E402
-from spore_kernels import cuda, plugin  # noqa: E402
+from spore_kernels import _checks, cuda, registration  # noqa: E402
 from spore_kernels.cuda import _common  # noqa: E402
 
 TOL = {torch.float32: 1e-5, torch.bfloat16: 1e-2, torch.float16: 2e-3}
@@ -54,11 +53,6 @@ def ieee(test: Any) -> Any:
     for message in ("invalid value encountered", "divide by zero", "overflow encountered"):
         test = pytest.mark.filterwarnings(f"ignore:{message}:RuntimeWarning")(test)
     return test
-
-
-@pytest.fixture(scope="module", autouse=True)
-def ops_loaded():
-    spore.get_registry("ops")
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -384,18 +378,19 @@ class Recorder:
 def test_plugin_registers_every_kernel_when_cuda_is_there(monkeypatch) -> None:
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     recorder = Recorder()
-    assert plugin.register_cuda(recorder) is True
+    assert registration.register_cuda(recorder) is True
     assert recorder.kernels == {
-        op: ("cuda", fn, 10, supports) for op, (fn, supports) in cuda.kernels().items()
+        op: ("cuda", fn, _checks.PRIORITY, supports)
+        for op, (fn, supports) in cuda.kernels().items()
     }
 
 
 def test_plugin_skips_cuda_without_a_device_or_without_triton(monkeypatch) -> None:
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    assert plugin.register_cuda(recorder := Recorder()) is False
+    assert registration.register_cuda(recorder := Recorder()) is False
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setitem(sys.modules, "triton", None)  # import triton raises ImportError
-    assert plugin.register_cuda(recorder) is False
+    assert registration.register_cuda(recorder) is False
     assert recorder.kernels == {}
 
 
@@ -405,7 +400,7 @@ def test_plugin_survives_a_failing_registration(monkeypatch, caplog) -> None:
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(cuda, "register", broken)
-    assert plugin.register_cuda(Recorder()) is False
+    assert registration.register_cuda(Recorder()) is False
     assert "CUDA kernels not registered: RuntimeError: no kernel image" in caplog.text
 
 

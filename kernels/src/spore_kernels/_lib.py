@@ -47,7 +47,6 @@ def load(isa: str) -> ctypes.CDLL:
         raise ImportError(f"spore-kernels' {isa} build needs an x86-64-{isa} CPU; this one is not")
     lib = ctypes.CDLL(path)
     lib.spore_abi_version.restype = i32
-    lib.spore_isa.restype = ctypes.c_char_p
     if lib.spore_abi_version() != ABI_VERSION:
         raise ImportError(f"{path} has ABI {lib.spore_abi_version()}, need {ABI_VERSION}")
     return lib
@@ -76,11 +75,6 @@ def library() -> ctypes.CDLL:
     if forced:
         return load(forced)
     return load(available()[0])  # base is always among them (else _cpu_level raised)
-
-
-def isa() -> str:
-    """Which build is loaded: ``v4``, ``v3`` or ``base``."""
-    return library().spore_isa().decode()
 
 
 @cache

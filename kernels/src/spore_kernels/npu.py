@@ -31,13 +31,15 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import cache
 from typing import Any
 
 import torch
 
+from spore_kernels import _checks
+
 log = logging.getLogger("spore_kernels.npu")
 
-DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 MAX_DIMS = 8  # torch_npu's fused ops take tensors of at most 8 dimensions
 ROTARY_MAX_DIM = 896  # npu_rotary_mul: the last dimension must be below this
 
@@ -57,15 +59,9 @@ class Mapping:
 
 
 def _ready(*tensors: torch.Tensor) -> bool:
-    """Non-empty, contiguous tensors of one fused-op dtype on one device, at most 8-D."""
-    first = tensors[0]
-    return first.dtype in DTYPES and all(
-        t.dtype == first.dtype
-        and t.device == first.device
-        and t.is_contiguous()
-        and t.numel() > 0
-        and 1 <= t.dim() <= MAX_DIMS
-        for t in tensors
+    """:func:`spore_kernels._checks.ready` tensors that are also non-empty and at most 8-D."""
+    return _checks.ready(*tensors) and all(
+        t.numel() > 0 and 1 <= t.dim() <= MAX_DIMS for t in tensors
     )
 
 
@@ -154,6 +150,12 @@ MAPPINGS = [
 ]
 
 
+@cache
+def kernel(mapping: Mapping, torch_npu: Any) -> Callable[..., Any]:
+    """``mapping``'s kernel on ``torch_npu``: built once, so registering it again is a no-op."""
+    return mapping.adapter(torch_npu)
+
+
 def register(registry: Any, torch_npu: Any) -> list[str]:
     """Add an ``npu`` kernel for each mapping whose fused op ``torch_npu`` has; the op names."""
     added = []
@@ -161,6 +163,8 @@ def register(registry: Any, torch_npu: Any) -> list[str]:
         if not hasattr(torch_npu, m.fused):
             log.info("spore-kernels: torch_npu has no %s; %s runs its reference", m.fused, m.op)
             continue
-        registry.kernel(m.op, "npu", m.adapter(torch_npu), priority=10, supports=m.supports)
+        registry.kernel(
+            m.op, "npu", kernel(m, torch_npu), priority=_checks.PRIORITY, supports=m.supports
+        )
         added.append(m.op)
     return added

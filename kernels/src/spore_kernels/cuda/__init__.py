@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from spore_kernels._checks import PRIORITY
 from spore_kernels.cuda import gelu, glu, layer_norm, mean_var, rms_norm, rope
 
 FAMILIES = [rms_norm, layer_norm, mean_var, gelu, glu, rope]
@@ -24,4 +25,4 @@ def kernels() -> dict[str, tuple[Callable[..., Any], Callable[..., bool]]]:
 def register(registry: Any) -> None:
     """Add each launcher as the op's ``cuda`` kernel (the ops must already be defined)."""
     for name, (launcher, supports) in kernels().items():
-        registry.kernel(name, "cuda", launcher, priority=10, supports=supports)
+        registry.kernel(name, "cuda", launcher, priority=PRIORITY, supports=supports)

@@ -1,6 +1,7 @@
-"""What the Triton launchers share: the dtypes they take, the ``supports`` building blocks,
-block sizes and the row launch. Nothing here touches a device, so the launchers also run under
-Triton's interpreter (``TRITON_INTERPRET=1``) on CPU tensors."""
+"""What the Triton launchers share: block sizes, the row launch and the ``supports`` building
+block for row norms (on the package's one readiness check, :func:`spore_kernels._checks.ready`).
+Nothing here touches a device, so the launchers also run under Triton's interpreter
+(``TRITON_INTERPRET=1``) on CPU tensors."""
 
 from __future__ import annotations
 
@@ -9,17 +10,10 @@ from typing import Any
 import torch
 import triton
 
-DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+from spore_kernels._checks import ready, rows_cols
+
 MAX_BLOCK = 4096  # columns one program holds at a time; longer rows loop over chunks
 MAX_GRID_Y = 65535  # CUDA's limit on the second grid dimension
-
-
-def ready(*tensors: torch.Tensor) -> bool:
-    """Contiguous tensors of one kernel dtype on one device."""
-    first = tensors[0]
-    return first.dtype in DTYPES and all(
-        t.dtype == first.dtype and t.device == first.device and t.is_contiguous() for t in tensors
-    )
 
 
 def block(cols: int) -> int:
@@ -31,12 +25,6 @@ def warps(block_size: int) -> int:
     """Warps for a block of ``block_size`` elements (a GPU launch hint; the interpreter ignores
     it)."""
     return 4 if block_size <= 1024 else 8 if block_size <= 4096 else 16
-
-
-def rows_cols(x: torch.Tensor) -> tuple[int, int]:
-    """``x`` viewed as [rows, last dimension]."""
-    cols = x.shape[-1]
-    return (x.numel() // cols if cols else 0), cols
 
 
 def row_launch(kernel: Any, x: torch.Tensor, *args: Any, **named: Any) -> None:

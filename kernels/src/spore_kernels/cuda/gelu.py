@@ -12,7 +12,7 @@ import torch
 import triton
 import triton.language as tl
 
-from spore_kernels.cuda import _common
+from spore_kernels import _checks
 
 BLOCK = 1024
 SQRT_HALF = tl.constexpr(0.7071067811865476)
@@ -69,11 +69,11 @@ def gelu_backward(grad: torch.Tensor, x: torch.Tensor, approximate: str = "none"
 
 
 def supports_gelu(x: torch.Tensor, approximate: str = "none") -> bool:
-    return approximate in ("none", "tanh") and _common.ready(x)
+    return approximate in ("none", "tanh") and _checks.ready(x)
 
 
 def supports_gelu_backward(grad: torch.Tensor, x: torch.Tensor, approximate: str = "none") -> bool:
-    return supports_gelu(x, approximate) and _common.ready(grad, x) and grad.shape == x.shape
+    return supports_gelu(x, approximate) and _checks.ready(grad, x) and grad.shape == x.shape
 
 
 KERNELS = {

@@ -9,6 +9,7 @@ import torch
 import triton
 import triton.language as tl
 
+from spore_kernels import _checks
 from spore_kernels.cuda import _common
 
 BLOCK = 1024
@@ -80,7 +81,7 @@ def silu_mul_backward(
 
 def _half_grid(x: torch.Tensor) -> tuple[int, int, int]:
     """(rows, half, block) for x's last dimension split in two halves."""
-    rows, cols = _common.rows_cols(x)
+    rows, cols = _checks.rows_cols(x)
     half = cols // 2
     return rows, half, min(triton.next_power_of_2(max(half, 1)), BLOCK)
 
@@ -102,11 +103,11 @@ def swiglu_backward(grad: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
 
 
 def supports_silu_mul(a: torch.Tensor, b: torch.Tensor) -> bool:
-    return a.shape == b.shape and _common.ready(a, b)
+    return a.shape == b.shape and _checks.ready(a, b)
 
 
 def supports_silu_mul_backward(grad: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> bool:
-    return grad.shape == a.shape == b.shape and _common.ready(grad, a, b)
+    return grad.shape == a.shape == b.shape and _checks.ready(grad, a, b)
 
 
 def supports_swiglu(x: torch.Tensor) -> bool:
@@ -116,7 +117,7 @@ def supports_swiglu(x: torch.Tensor) -> bool:
         and x.shape[-1] > 0
         and x.shape[-1] % 2 == 0
         and triton.cdiv(x.shape[-1] // 2, BLOCK) <= _common.MAX_GRID_Y
-        and _common.ready(x)
+        and _checks.ready(x)
     )
 
 
@@ -124,7 +125,7 @@ def supports_swiglu_backward(grad: torch.Tensor, x: torch.Tensor) -> bool:
     return (
         supports_swiglu(x)
         and grad.shape == (*x.shape[:-1], x.shape[-1] // 2)
-        and _common.ready(grad, x)
+        and _checks.ready(grad, x)
     )
 
 

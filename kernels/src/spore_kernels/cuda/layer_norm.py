@@ -8,6 +8,7 @@ import torch
 import triton
 import triton.language as tl
 
+from spore_kernels import _checks
 from spore_kernels.cuda import _common
 from spore_kernels.cuda._param_grads import param_grads
 
@@ -103,7 +104,7 @@ def layer_norm_backward(
     eps: float,
 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
     """dx row by row (saving mean and rstd), then dweight and dbias from the column sums."""
-    rows, _ = _common.rows_cols(x)
+    rows, _ = _checks.rows_cols(x)
     dx = torch.empty_like(x)
     mean = torch.empty(rows, dtype=torch.float32, device=x.device)
     rstd = torch.empty_like(mean)
@@ -129,7 +130,7 @@ def supports_layer_norm_backward(
     bias: torch.Tensor | None,
     eps: float,
 ) -> bool:
-    return _common.row_params(x, weight, bias) and _common.ready(grad, x) and grad.shape == x.shape
+    return _common.row_params(x, weight, bias) and _checks.ready(grad, x) and grad.shape == x.shape
 
 
 KERNELS = {

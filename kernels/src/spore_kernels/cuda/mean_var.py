@@ -12,6 +12,7 @@ import torch
 import triton
 import triton.language as tl
 
+from spore_kernels import _checks
 from spore_kernels.cuda import _common
 
 TILE = 2048  # elements one program loads per step
@@ -138,7 +139,7 @@ def mean_var_backward(
 def supports_mean_var(x: torch.Tensor, dim: int, correction: int = 1) -> bool:
     """x of a kernel dtype with at least one dimension, a valid dim, correction >= 0, and few
     enough inner column blocks for the grid."""
-    if not (_common.ready(x) and x.dim() >= 1 and -x.dim() <= dim < x.dim() and correction >= 0):
+    if not (_checks.ready(x) and x.dim() >= 1 and -x.dim() <= dim < x.dim() and correction >= 0):
         return False
     inner = _split(x, dim)[2]
     return triton.cdiv(inner, MAX_INNER_BLOCK) <= _common.MAX_GRID_Y
@@ -155,7 +156,7 @@ def supports_mean_var_backward(
         return False
     upstream = [g for g in (grad_mean, grad_var) if g is not None]
     shape = _split(x, dim)[3]
-    return _common.ready(x, *upstream) and all(list(g.shape) == shape for g in upstream)
+    return _checks.ready(x, *upstream) and all(list(g.shape) == shape for g in upstream)
 
 
 KERNELS = {

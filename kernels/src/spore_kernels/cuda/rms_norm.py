@@ -8,6 +8,7 @@ import torch
 import triton
 import triton.language as tl
 
+from spore_kernels import _checks
 from spore_kernels.cuda import _common
 from spore_kernels.cuda._param_grads import param_grads
 
@@ -108,7 +109,7 @@ def _backward(
     eps: float,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """dx row by row (saving rstd), then dweight from the column sums."""
-    rows, _ = _common.rows_cols(x)
+    rows, _ = _checks.rows_cols(x)
     dx = torch.empty_like(x)
     rstd = torch.empty(rows, dtype=torch.float32, device=x.device)
     gs = grad if grad_sum is None else grad_sum  # an unread placeholder pointer when absent
@@ -142,14 +143,14 @@ def supports_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> bool
 def supports_rms_norm_backward(
     grad: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, eps: float
 ) -> bool:
-    return _common.row_params(x, weight) and _common.ready(grad, x) and grad.shape == x.shape
+    return _common.row_params(x, weight) and _checks.ready(grad, x) and grad.shape == x.shape
 
 
 def supports_add_rms_norm(
     x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
 ) -> bool:
     return (
-        _common.row_params(x, weight) and _common.ready(x, residual) and residual.shape == x.shape
+        _common.row_params(x, weight) and _checks.ready(x, residual) and residual.shape == x.shape
     )
 
 
@@ -163,7 +164,7 @@ def supports_add_rms_norm_backward(
     upstream = [grad] if grad_sum is None else [grad, grad_sum]
     return (
         _common.row_params(sum, weight)
-        and _common.ready(sum, *upstream)
+        and _checks.ready(sum, *upstream)
         and all(g.shape == sum.shape for g in upstream)
     )
 

@@ -13,6 +13,7 @@ import torch
 import triton
 import triton.language as tl
 
+from spore_kernels import _checks
 from spore_kernels.cuda import _common
 from spore_kernels.ops.rope import MODES, layout
 
@@ -76,7 +77,7 @@ def _run(
     x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mode: str, transpose: bool
 ) -> torch.Tensor:
     y = torch.empty_like(x)
-    rows, dim = _common.rows_cols(x)
+    rows, dim = _checks.rows_cols(x)
     if rows == 0 or dim == 0:
         return y
     _, mid, inner, step_o, step_m, step_i = layout(x.shape, cos.shape)
@@ -123,7 +124,7 @@ def _broadcasts(table: torch.Size, batch: torch.Size) -> bool:
 def supports_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mode: str) -> bool:
     """x with an even last dimension D; cos and sin of one shape, D or D/2 columns, leading
     dimensions broadcasting to x's in a layout of at most three groups, of x's dtype or fp32."""
-    if mode not in MODES or not _common.ready(x) or x.dim() < 1:
+    if mode not in MODES or not _checks.ready(x) or x.dim() < 1:
         return False
     dim = x.shape[-1]
     return (
@@ -132,7 +133,7 @@ def supports_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mode: s
         and cos.dim() >= 1
         and cos.shape[-1] in (dim, dim // 2)
         and cos.dtype in (x.dtype, torch.float32)
-        and _common.ready(cos, sin)
+        and _checks.ready(cos, sin)
         and cos.device == x.device
         and _broadcasts(cos.shape[:-1], x.shape[:-1])
         and layout(x.shape, cos.shape) is not None

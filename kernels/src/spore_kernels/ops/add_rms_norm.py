@@ -15,8 +15,8 @@ from typing import Any
 
 import torch
 
-from spore_kernels import _lib
-from spore_kernels.ops import _checks, rms_norm
+from spore_kernels import _checks, _lib
+from spore_kernels.ops import rms_norm
 
 SCHEMA = "(Tensor x, Tensor residual, Tensor weight, float eps) -> (Tensor, Tensor)"
 BACKWARD_SCHEMA = (
@@ -62,23 +62,18 @@ def reference_backward(
     weight: torch.Tensor,
     eps: float,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The closed form: ds = rstd * (g*w - shat * mean(g*w*shat)) + grad_sum, dw = sum g*shat."""
-    compute = _checks.compute_dtype(s)
-    sf, gf, wf = s.to(compute), grad.to(compute), weight.to(compute)
-    rstd = torch.rsqrt(sf.pow(2).mean(-1, keepdim=True) + eps)
-    shat = sf * rstd
-    gw = gf * wf
-    ds = rstd * (gw - shat * (gw * shat).mean(-1, keepdim=True))
+    """rms_norm's gradients at ``s`` (:func:`rms_norm.gradients`), plus grad_sum to ds before
+    its one rounding."""
+    ds, dw = rms_norm.gradients(grad, s, weight, eps)
     if grad_sum is not None:
-        ds = ds + grad_sum.to(compute)
-    dw = (gf * shat).reshape(-1, s.shape[-1]).sum(0)
+        ds = ds + grad_sum.to(ds.dtype)
     return ds.to(s.dtype), dw.to(weight.dtype)
 
 
 def supports(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float) -> bool:
     """Contiguous CPU tensors of one kernel dtype, residual shaped like x, weight like its rows."""
     return (
-        _checks.kernel_ready(x, residual, weight)
+        _checks.ready(x, residual, weight, device_type="cpu")
         and x.dim() >= 1
         and residual.shape == x.shape
         and weight.shape == x.shape[-1:]
@@ -95,7 +90,7 @@ def supports_backward(
 ) -> bool:
     upstream = [grad] if grad_sum is None else [grad, grad_sum]
     return (
-        _checks.kernel_ready(s, weight, *upstream)
+        _checks.ready(s, weight, *upstream, device_type="cpu")
         and s.dim() >= 1
         and weight.shape == s.shape[-1:]
         and s.shape[-1] > 0
@@ -168,7 +163,7 @@ def register(registry: Any) -> None:
     bwd = registry.define(
         "add_rms_norm_backward", BACKWARD_SCHEMA, reference=reference_backward, fake=_fake_backward
     )
-    registry.kernel(bwd, "cpu", cpu_backward, priority=10, supports=supports_backward)
+    registry.kernel(bwd, "cpu", cpu_backward, priority=_checks.PRIORITY, supports=supports_backward)
     fwd = registry.define(
         "add_rms_norm",
         SCHEMA,
@@ -176,7 +171,7 @@ def register(registry: Any) -> None:
         backward=_backward,
         setup_context=_setup_context,
     )
-    registry.kernel(fwd, "cpu", cpu, priority=10, supports=supports)
+    registry.kernel(fwd, "cpu", cpu, priority=_checks.PRIORITY, supports=supports)
 
 
 EPS = rms_norm.EPS

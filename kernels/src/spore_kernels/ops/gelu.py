@@ -26,8 +26,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from spore_kernels import _lib
-from spore_kernels.ops import _checks
+from spore_kernels import _checks, _lib
 
 SCHEMA = '(Tensor x, str approximate="none") -> Tensor'
 BACKWARD_SCHEMA = '(Tensor grad, Tensor x, str approximate="none") -> Tensor'
@@ -71,11 +70,15 @@ def reference_backward(
 
 def supports(x: torch.Tensor, approximate: str = "none") -> bool:
     """Contiguous CPU x of one kernel dtype and a known approximation."""
-    return approximate in APPROXIMATIONS and _checks.kernel_ready(x)
+    return approximate in APPROXIMATIONS and _checks.ready(x, device_type="cpu")
 
 
 def supports_backward(grad: torch.Tensor, x: torch.Tensor, approximate: str = "none") -> bool:
-    return supports(x, approximate) and _checks.kernel_ready(grad, x) and grad.shape == x.shape
+    return (
+        supports(x, approximate)
+        and _checks.ready(grad, x, device_type="cpu")
+        and grad.shape == x.shape
+    )
 
 
 _FWD = (_lib.ptr, _lib.ptr, _lib.i64, _lib.i32, _lib.i32, _lib.i32)
@@ -115,11 +118,11 @@ def _backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
 def register(registry: Any) -> None:
     """Define the forward and backward ops with their reference and CPU kernels."""
     bwd = registry.define("gelu_backward", BACKWARD_SCHEMA, reference=reference_backward)
-    registry.kernel(bwd, "cpu", cpu_backward, priority=10, supports=supports_backward)
+    registry.kernel(bwd, "cpu", cpu_backward, priority=_checks.PRIORITY, supports=supports_backward)
     fwd = registry.define(
         "gelu", SCHEMA, reference=reference, backward=_backward, setup_context=_setup_context
     )
-    registry.kernel(fwd, "cpu", cpu, priority=10, supports=supports)
+    registry.kernel(fwd, "cpu", cpu, priority=_checks.PRIORITY, supports=supports)
 
 
 def composite(x: torch.Tensor) -> torch.Tensor:

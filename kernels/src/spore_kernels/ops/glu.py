@@ -18,8 +18,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from spore_kernels import _lib
-from spore_kernels.ops import _checks
+from spore_kernels import _checks, _lib
 
 SILU_MUL_SCHEMA = "(Tensor a, Tensor b) -> Tensor"
 SILU_MUL_BACKWARD_SCHEMA = "(Tensor grad, Tensor a, Tensor b) -> (Tensor, Tensor)"
@@ -94,23 +93,28 @@ def reference_swiglu_backward(grad: torch.Tensor, x: torch.Tensor) -> torch.Tens
 
 def supports_silu_mul(a: torch.Tensor, b: torch.Tensor) -> bool:
     """Contiguous CPU a and b of one kernel dtype and one shape."""
-    return a.shape == b.shape and _checks.kernel_ready(a, b)
+    return a.shape == b.shape and _checks.ready(a, b, device_type="cpu")
 
 
 def supports_silu_mul_backward(grad: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> bool:
-    return grad.shape == a.shape == b.shape and _checks.kernel_ready(grad, a, b)
+    return grad.shape == a.shape == b.shape and _checks.ready(grad, a, b, device_type="cpu")
 
 
 def supports_swiglu(x: torch.Tensor) -> bool:
     """Contiguous CPU x of a kernel dtype with an even, non-zero last dimension."""
-    return x.dim() >= 1 and x.shape[-1] > 0 and x.shape[-1] % 2 == 0 and _checks.kernel_ready(x)
+    return (
+        x.dim() >= 1
+        and x.shape[-1] > 0
+        and x.shape[-1] % 2 == 0
+        and _checks.ready(x, device_type="cpu")
+    )
 
 
 def supports_swiglu_backward(grad: torch.Tensor, x: torch.Tensor) -> bool:
     return (
         supports_swiglu(x)
         and grad.shape == (*x.shape[:-1], x.shape[-1] // 2)
-        and _checks.kernel_ready(grad, x)
+        and _checks.ready(grad, x, device_type="cpu")
     )
 
 
@@ -182,7 +186,11 @@ def register(registry: Any) -> None:
         "silu_mul_backward", SILU_MUL_BACKWARD_SCHEMA, reference=reference_silu_mul_backward
     )
     registry.kernel(
-        bwd, "cpu", cpu_silu_mul_backward, priority=10, supports=supports_silu_mul_backward
+        bwd,
+        "cpu",
+        cpu_silu_mul_backward,
+        priority=_checks.PRIORITY,
+        supports=supports_silu_mul_backward,
     )
     fwd = registry.define(
         "silu_mul",
@@ -191,11 +199,17 @@ def register(registry: Any) -> None:
         backward=_backward_silu_mul,
         setup_context=_setup_silu_mul,
     )
-    registry.kernel(fwd, "cpu", cpu_silu_mul, priority=10, supports=supports_silu_mul)
+    registry.kernel(fwd, "cpu", cpu_silu_mul, priority=_checks.PRIORITY, supports=supports_silu_mul)
     bwd = registry.define(
         "swiglu_backward", SWIGLU_BACKWARD_SCHEMA, reference=reference_swiglu_backward
     )
-    registry.kernel(bwd, "cpu", cpu_swiglu_backward, priority=10, supports=supports_swiglu_backward)
+    registry.kernel(
+        bwd,
+        "cpu",
+        cpu_swiglu_backward,
+        priority=_checks.PRIORITY,
+        supports=supports_swiglu_backward,
+    )
     fwd = registry.define(
         "swiglu",
         SWIGLU_SCHEMA,
@@ -203,7 +217,7 @@ def register(registry: Any) -> None:
         backward=_backward_swiglu,
         setup_context=_setup_swiglu,
     )
-    registry.kernel(fwd, "cpu", cpu_swiglu, priority=10, supports=supports_swiglu)
+    registry.kernel(fwd, "cpu", cpu_swiglu, priority=_checks.PRIORITY, supports=supports_swiglu)
 
 
 def composite_silu_mul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:

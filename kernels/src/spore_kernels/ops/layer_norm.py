@@ -16,8 +16,7 @@ from typing import Any
 
 import torch
 
-from spore_kernels import _lib
-from spore_kernels.ops import _checks
+from spore_kernels import _checks, _lib
 
 SCHEMA = "(Tensor x, Tensor? weight, Tensor? bias, float eps) -> Tensor"
 BACKWARD_SCHEMA = (
@@ -91,7 +90,7 @@ def supports(
     """Contiguous CPU tensors of one kernel dtype, weight and bias (if any) like x's rows."""
     params = list(_present(weight, bias).values())
     return (
-        _checks.kernel_ready(x, *params)
+        _checks.ready(x, *params, device_type="cpu")
         and x.dim() >= 1
         and x.shape[-1] > 0
         and all(t.shape == x.shape[-1:] for t in params)
@@ -106,7 +105,9 @@ def supports_backward(
     eps: float,
 ) -> bool:
     return (
-        supports(x, weight, bias, eps) and _checks.kernel_ready(grad, x) and grad.shape == x.shape
+        supports(x, weight, bias, eps)
+        and _checks.ready(grad, x, device_type="cpu")
+        and grad.shape == x.shape
     )
 
 
@@ -180,11 +181,11 @@ def register(registry: Any) -> None:
     bwd = registry.define(
         "layer_norm_backward", BACKWARD_SCHEMA, reference=reference_backward, fake=_fake_backward
     )
-    registry.kernel(bwd, "cpu", cpu_backward, priority=10, supports=supports_backward)
+    registry.kernel(bwd, "cpu", cpu_backward, priority=_checks.PRIORITY, supports=supports_backward)
     fwd = registry.define(
         "layer_norm", SCHEMA, reference=reference, backward=_backward, setup_context=_setup_context
     )
-    registry.kernel(fwd, "cpu", cpu, priority=10, supports=supports)
+    registry.kernel(fwd, "cpu", cpu, priority=_checks.PRIORITY, supports=supports)
 
 
 EPS = 1e-5

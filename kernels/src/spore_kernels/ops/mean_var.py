@@ -24,8 +24,7 @@ from typing import Any
 
 import torch
 
-from spore_kernels import _lib
-from spore_kernels.ops import _checks
+from spore_kernels import _checks, _lib
 
 SCHEMA = "(Tensor x, int dim, int correction=1) -> (Tensor, Tensor)"
 BACKWARD_SCHEMA = (
@@ -91,7 +90,10 @@ def reference_backward(
 def supports(x: torch.Tensor, dim: int, correction: int = 1) -> bool:
     """Contiguous CPU x of a kernel dtype, at least 1-D, with a valid dim and correction."""
     return (
-        _checks.kernel_ready(x) and x.dim() >= 1 and -x.dim() <= dim < x.dim() and correction >= 0
+        _checks.ready(x, device_type="cpu")
+        and x.dim() >= 1
+        and -x.dim() <= dim < x.dim()
+        and correction >= 0
     )
 
 
@@ -106,7 +108,9 @@ def supports_backward(
         return False
     upstream = [g for g in (grad_mean, grad_var) if g is not None]
     shape = _split(x.shape, dim)[3]
-    return _checks.kernel_ready(x, *upstream) and all(list(g.shape) == shape for g in upstream)
+    return _checks.ready(x, *upstream, device_type="cpu") and all(
+        list(g.shape) == shape for g in upstream
+    )
 
 
 _FWD = (*(_lib.ptr,) * 3, *(_lib.i64,) * 4, _lib.i32, _lib.i32)
@@ -176,11 +180,11 @@ def register(registry: Any) -> None:
     bwd = registry.define(
         "mean_var_backward", BACKWARD_SCHEMA, reference=reference_backward, fake=_fake_backward
     )
-    registry.kernel(bwd, "cpu", cpu_backward, priority=10, supports=supports_backward)
+    registry.kernel(bwd, "cpu", cpu_backward, priority=_checks.PRIORITY, supports=supports_backward)
     fwd = registry.define(
         "mean_var", SCHEMA, reference=reference, backward=_backward, setup_context=_setup_context
     )
-    registry.kernel(fwd, "cpu", cpu, priority=10, supports=supports)
+    registry.kernel(fwd, "cpu", cpu, priority=_checks.PRIORITY, supports=supports)
 
 
 def composite(x: torch.Tensor, dim: int = -1, correction: int = 1) -> tuple[torch.Tensor, ...]:

@@ -14,8 +14,7 @@ from typing import Any
 
 import torch
 
-from spore_kernels import _lib
-from spore_kernels.ops import _checks
+from spore_kernels import _checks, _lib
 
 SCHEMA = "(Tensor x, Tensor weight, float eps) -> Tensor"
 BACKWARD_SCHEMA = "(Tensor grad, Tensor x, Tensor weight, float eps) -> (Tensor, Tensor)"
@@ -41,10 +40,11 @@ def reference(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor
     return out.to(x.dtype)
 
 
-def reference_backward(
+def gradients(
     grad: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, eps: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The closed form: dx = rstd * (g*w - xhat * mean(g*w*xhat)), dw = sum of g*xhat."""
+    """The closed form, unrounded (in x's compute dtype): dx = rstd * (g*w - xhat *
+    mean(g*w*xhat)) and dw = the sum over rows of g*xhat, with xhat = x * rstd."""
     compute = _checks.compute_dtype(x)
     xf, gf, wf = x.to(compute), grad.to(compute), weight.to(compute)
     rstd = torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
@@ -52,13 +52,21 @@ def reference_backward(
     gw = gf * wf
     dx = rstd * (gw - xhat * (gw * xhat).mean(-1, keepdim=True))
     dw = (gf * xhat).reshape(-1, x.shape[-1]).sum(0)
+    return dx, dw
+
+
+def reference_backward(
+    grad: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`gradients`, each rounded once."""
+    dx, dw = gradients(grad, x, weight, eps)
     return dx.to(x.dtype), dw.to(weight.dtype)
 
 
 def supports(x: torch.Tensor, weight: torch.Tensor, eps: float) -> bool:
     """Contiguous CPU x and weight of one kernel dtype, weight matching x's last dimension."""
     return (
-        _checks.kernel_ready(x, weight)
+        _checks.ready(x, weight, device_type="cpu")
         and x.dim() >= 1
         and weight.shape == x.shape[-1:]
         and x.shape[-1] > 0
@@ -68,7 +76,11 @@ def supports(x: torch.Tensor, weight: torch.Tensor, eps: float) -> bool:
 def supports_backward(
     grad: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, eps: float
 ) -> bool:
-    return supports(x, weight, eps) and _checks.kernel_ready(grad, x) and grad.shape == x.shape
+    return (
+        supports(x, weight, eps)
+        and _checks.ready(grad, x, device_type="cpu")
+        and grad.shape == x.shape
+    )
 
 
 _FWD = (_lib.ptr, _lib.ptr, _lib.ptr, _lib.i64, _lib.i64, _lib.f32, _lib.i32, _lib.i32)
@@ -122,11 +134,11 @@ def register(registry: Any) -> None:
     bwd = registry.define(
         "rms_norm_backward", BACKWARD_SCHEMA, reference=reference_backward, fake=_fake_backward
     )
-    registry.kernel(bwd, "cpu", cpu_backward, priority=10, supports=supports_backward)
+    registry.kernel(bwd, "cpu", cpu_backward, priority=_checks.PRIORITY, supports=supports_backward)
     fwd = registry.define(
         "rms_norm", SCHEMA, reference=reference, backward=_backward, setup_context=_setup_context
     )
-    registry.kernel(fwd, "cpu", cpu, priority=10, supports=supports)
+    registry.kernel(fwd, "cpu", cpu, priority=_checks.PRIORITY, supports=supports)
 
 
 EPS = 1e-6

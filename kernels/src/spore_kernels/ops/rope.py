@@ -32,8 +32,7 @@ from typing import Any
 
 import torch
 
-from spore_kernels import _lib
-from spore_kernels.ops import _checks
+from spore_kernels import _checks, _lib
 
 SCHEMA = "(Tensor x, Tensor cos, Tensor sin, str mode) -> Tensor"
 BACKWARD_SCHEMA = "(Tensor grad, Tensor cos, Tensor sin, str mode) -> Tensor"
@@ -145,14 +144,14 @@ def layout(x_shape: torch.Size, table_shape: torch.Size) -> tuple[int, ...] | No
 
 def supports(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mode: str) -> bool:
     """Contiguous CPU x and tables (x's dtype or float32) in a layout the kernel indexes."""
-    if mode not in MODES or not _checks.kernel_ready(x) or x.dim() < 1:
+    if mode not in MODES or not _checks.ready(x, device_type="cpu") or x.dim() < 1:
         return False
     dim = x.shape[-1]
     return (
         dim > 0
         and dim % 2 == 0
         and cos.dtype in (x.dtype, torch.float32)
-        and _checks.kernel_ready(cos, sin)
+        and _checks.ready(cos, sin, device_type="cpu")
         and cos.shape == sin.shape
         and cos.dim() >= 1
         and cos.shape[-1] in (dim, dim // 2)
@@ -209,11 +208,11 @@ def _backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
 def register(registry: Any) -> None:
     """Define the forward and backward ops with their reference and CPU kernels."""
     bwd = registry.define("rope_backward", BACKWARD_SCHEMA, reference=reference_backward)
-    registry.kernel(bwd, "cpu", cpu_backward, priority=10, supports=supports_backward)
+    registry.kernel(bwd, "cpu", cpu_backward, priority=_checks.PRIORITY, supports=supports_backward)
     fwd = registry.define(
         "rope", SCHEMA, reference=reference, backward=_backward, setup_context=_setup_context
     )
-    registry.kernel(fwd, "cpu", cpu, priority=10, supports=supports)
+    registry.kernel(fwd, "cpu", cpu, priority=_checks.PRIORITY, supports=supports)
 
 
 def rotate_half(x: torch.Tensor) -> torch.Tensor:

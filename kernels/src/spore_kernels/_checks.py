@@ -1,9 +1,13 @@
-"""Input checks shared by the ops: clear errors for what an op cannot take, and the predicates
-that decide whether a C++ CPU kernel takes a call (anything else runs the reference)."""
+"""What the ops and every kernel layer (C++ CPU, Triton CUDA, torch_npu) share: the input errors
+references raise, the readiness check a kernel's ``supports`` predicate starts from, and the
+priority every kernel is registered with."""
 
 from __future__ import annotations
 
 import torch
+
+PRIORITY = 10
+"""The priority of every spore-kernels kernel (above a provider's default of 0)."""
 
 FLOATS = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
 KERNEL_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -33,11 +37,17 @@ def compute_dtype(t: torch.Tensor) -> torch.dtype:
     return torch.float64 if t.dtype == torch.float64 else torch.float32
 
 
-def kernel_ready(*tensors: torch.Tensor) -> bool:
-    """CPU, contiguous, and all of one kernel dtype."""
-    dtype = tensors[0].dtype
-    return dtype in KERNEL_DTYPES and all(
-        t.device.type == "cpu" and t.dtype == dtype and t.is_contiguous() for t in tensors
+def ready(*tensors: torch.Tensor, device_type: str | None = None) -> bool:
+    """Contiguous tensors of one kernel dtype (float32, bfloat16, float16) on one device, of
+    type ``device_type`` when given."""
+    first = tensors[0]
+    device = first.device
+    return (
+        first.dtype in KERNEL_DTYPES
+        and (device_type is None or device.type == device_type)
+        and all(
+            t.dtype == first.dtype and t.device == device and t.is_contiguous() for t in tensors
+        )
     )
 
 

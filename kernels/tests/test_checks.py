@@ -1,0 +1,39 @@
+"""The checks every layer shares: the readiness check kernels start from, and the clear error
+for tensors on two devices."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import spore_kernels  # noqa: F401  (defines torch.ops.spore.*)
+from spore_kernels import _checks
+
+
+def test_ready_takes_contiguous_tensors_of_one_kernel_dtype_on_one_device() -> None:
+    x, w = torch.randn(4, 8), torch.randn(8)
+    assert _checks.ready(x, w)
+    assert _checks.ready(x, w, device_type="cpu")
+    assert _checks.ready(x.bfloat16(), w.bfloat16())
+    assert _checks.ready(x.half())
+    assert not _checks.ready(x, w, device_type="cuda")
+    assert not _checks.ready(x.double())  # float64 runs the reference
+    assert not _checks.ready(x, w.bfloat16())  # mixed dtypes
+    assert not _checks.ready(x.t())  # not contiguous
+    assert not _checks.ready(x, w.to("meta"))  # two devices
+    assert not _checks.ready(x.to(torch.int32))
+
+
+def test_tensors_on_different_devices_are_a_clear_error() -> None:
+    x, cs = torch.randn(4, 8), torch.randn(4, 8)
+    meta_row, meta_x = torch.randn(8, device="meta"), torch.randn(4, 8, device="meta")
+    calls = {
+        "rms_norm": lambda: torch.ops.spore.rms_norm(x, meta_row, 1e-6),
+        "add_rms_norm": lambda: torch.ops.spore.add_rms_norm(x, meta_x, torch.ones(8), 1e-6),
+        "layer_norm": lambda: torch.ops.spore.layer_norm(x, meta_row, None, 1e-6),
+        "rope": lambda: torch.ops.spore.rope(x, cs.to("meta"), cs, "half"),
+        "silu_mul": lambda: torch.ops.spore.silu_mul(x, meta_x),
+    }
+    for name, call in calls.items():
+        with pytest.raises(ValueError, match=rf"{name}: .* is on cpu but .* is on meta"):
+            call()

@@ -3,17 +3,18 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
+import socket
 import sys
 
 import pytest
 import torch.distributed as dist
 
 import mccl
+from mccl import plugin, rendezvous
 from mccl.benchmarks import free_port
-from mccl.init import _address, _reachability
+from spore import childproc
 from spore.distributed import init_process_group
+from spore.doctor import Check, Report
 
 
 def test_contract(spore_plugin_contract) -> None:
@@ -23,9 +24,8 @@ def test_contract(spore_plugin_contract) -> None:
 
 
 def test_loading_the_plugin_does_not_import_torch() -> None:
-    code = "import sys, mccl.plugin; print('torch' in sys.modules)"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
-    assert out.stdout.strip() == "False"
+    code = "import json, sys, mccl.plugin; print(json.dumps({'torch': 'torch' in sys.modules}))"
+    assert childproc.run_json([sys.executable, "-c", code], timeout=60) == {"torch": False}
 
 
 def test_spore_init_process_group_goes_through_mccl(spore_manager) -> None:
@@ -63,33 +63,64 @@ def test_bad_init_timeout() -> None:
     assert not mccl.guard_installed()
 
 
-def test_address_and_reachability_hints(monkeypatch) -> None:
-    assert _address({"init_method": "tcp://10.0.0.1:29500"}) == "tcp://10.0.0.1:29500"
+def test_rendezvous_address_and_probe(monkeypatch) -> None:
+    assert rendezvous.address({"init_method": "tcp://10.0.0.1:29500"}) == "tcp://10.0.0.1:29500"
     monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
     monkeypatch.setenv("MASTER_PORT", "1234")
-    assert _address({}) == "env://127.0.0.1:1234"
+    assert rendezvous.address({}) == "env://127.0.0.1:1234"
     port = free_port()
-    assert "is not reachable" in _reachability(f"tcp://127.0.0.1:{port}")
-    assert _reachability("file:///tmp/x") == ""
+    closed = rendezvous.probe(f"tcp://127.0.0.1:{port}")
+    assert closed is not None
+    assert not closed.reachable
+    assert (closed.host, closed.port) == ("127.0.0.1", port)
+    assert closed.error
+    assert "is not reachable" in closed.hint()
+    assert rendezvous.probe("file:///tmp/x") is None
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        open_port = server.getsockname()[1]
+        found = rendezvous.probe(f"env://127.0.0.1:{open_port}")
+    assert found == rendezvous.Probe("127.0.0.1", open_port, None)
+    assert found.hint().endswith("accepts connections, so a peer has not joined yet")
 
 
-def _spore(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    full = {k: v for k, v in os.environ.items() if not k.startswith("SPORE_")} | (env or {})
-    return subprocess.run(
-        [sys.executable, "-m", "spore", *args],
-        capture_output=True,
-        text=True,
-        env=full,
-        timeout=600,
-    )
+def _mccl_checks(monkeypatch, addr: str | None, port: str | None) -> dict[str, Check]:
+    for name, value in (("MASTER_ADDR", addr), ("MASTER_PORT", port)):
+        if value is None:
+            monkeypatch.delenv(name, raising=False)
+        else:
+            monkeypatch.setenv(name, value)
+    report = Report(quick=True)
+    with report.source("mccl"):
+        plugin.spore_doctor(report)
+    return {c.name: c for c in report.checks}
 
 
-def test_doctor_reports_backends_and_rendezvous() -> None:
-    out = _spore(
+def test_doctor_rendezvous_check_for_each_state(monkeypatch) -> None:
+    checks = _mccl_checks(monkeypatch, None, None)
+    assert checks["mccl backends"].status == "ok"
+    assert "gloo" in checks["mccl backends"].detail
+    assert checks["mccl rendezvous"].status == "info"
+    assert "MASTER_ADDR/MASTER_PORT not set" in checks["mccl rendezvous"].detail
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        port = str(server.getsockname()[1])
+        listening = _mccl_checks(monkeypatch, "127.0.0.1", port)["mccl rendezvous"]
+    assert (listening.status, listening.detail) == ("ok", f"127.0.0.1:{port} accepts connections")
+    closed = _mccl_checks(monkeypatch, "127.0.0.1", str(free_port()))["mccl rendezvous"]
+    assert closed.status == "info"
+    assert "is not reachable" in closed.detail
+    assert "normal on rank 0 before it starts the store" in closed.detail
+    garbled = _mccl_checks(monkeypatch, "127.0.0.1", "port")["mccl rendezvous"]
+    assert garbled.status == "warn"
+    assert "do not name a host and a port number" in garbled.detail
+
+
+def test_doctor_reports_backends_and_rendezvous(run_spore) -> None:
+    out = run_spore(
         "doctor",
         "--json",
         "--quick",
         env={"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())},
+        timeout=600,
     )
     checks = {c["name"]: c for c in json.loads(out.stdout)["checks"] if c["source"] == "mccl"}
     assert checks["mccl backends"]["status"] == "ok"
@@ -97,8 +128,8 @@ def test_doctor_reports_backends_and_rendezvous() -> None:
     assert "is not reachable" in checks["mccl rendezvous"]["detail"]
 
 
-def test_benchmarks_produce_ratios() -> None:
-    out = _spore("bench", "mccl", "--json", "--repeat", "1")
+def test_benchmarks_produce_ratios(run_spore) -> None:
+    out = run_spore("bench", "mccl", "--json", "--repeat", "1", timeout=600)
     assert out.returncode == 0, out.stderr
     results = {r["name"]: r for r in json.loads(out.stdout)["results"]}
     startup = results["startup-late-peer"]

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import json
 import socket
-import subprocess
 import sys
 from collections.abc import Callable
 from typing import Any
 
+from spore import childproc
 from spore.bench import Benchmark
 
 CHILD_TIMEOUT_S = 300
@@ -22,38 +21,14 @@ def free_port() -> int:
 
 
 def run_ranks(what: str, mode: str, ranks: int, *extra: str) -> dict[str, float]:
-    """Start ``ranks`` child processes of ``mccl._startup``; return rank 0's figures."""
+    """Start ``ranks`` child processes of ``mccl._startup`` at once; return rank 0's figures."""
     port = str(free_port())
-    procs = [
-        subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "mccl._startup",
-                what,
-                "--mode",
-                mode,
-                "--rank",
-                str(rank),
-                "--port",
-                port,
-                *extra,
-            ],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for rank in range(ranks)
-    ]
-    try:
-        outputs = [p.communicate(timeout=CHILD_TIMEOUT_S) for p in procs]
-    finally:
-        for p in procs:
-            p.kill()
-    for rank, (p, (_, err)) in enumerate(zip(procs, outputs, strict=True)):
-        if p.returncode != 0:
-            raise RuntimeError(f"{what} rank {rank} exited {p.returncode}: {err[-1500:]}")
-    return json.loads(outputs[0][0].splitlines()[-1])
+    command = [sys.executable, "-m", "mccl._startup", what, "--mode", mode, "--port", port]
+    results = childproc.run_json_all(
+        [[*command, "--rank", str(rank), *extra] for rank in range(ranks)],
+        timeout=CHILD_TIMEOUT_S,
+    )
+    return results[0]
 
 
 def _side(what: str, mode: str, ranks: int) -> Callable[[Any], dict[str, float]]:

@@ -13,7 +13,6 @@ from __future__ import annotations
 import atexit
 import contextlib
 import os
-import socket
 import sys
 import threading
 import time
@@ -22,6 +21,8 @@ from datetime import timedelta
 from typing import Any
 
 from torch.distributed import distributed_c10d as c10d
+
+from mccl import rendezvous
 
 DEFAULT_INIT_TIMEOUT_S = 1800.0  # torch's own default process-group timeout
 
@@ -50,31 +51,6 @@ def _seconds(value: float | timedelta | None) -> float | None:
     return value.total_seconds() if isinstance(value, timedelta) else float(value)
 
 
-def _address(kwargs: dict[str, Any]) -> str:
-    store = kwargs.get("store")
-    if store is not None:
-        host, port = getattr(store, "host", None), getattr(store, "port", None)
-        return f"store {host}:{port}" if host else f"store {type(store).__name__}"
-    init_method = kwargs.get("init_method")
-    if init_method and init_method != "env://":
-        return init_method
-    host, port = os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT")
-    return f"env://{host}:{port}" if host and port else "env:// (MASTER_ADDR/MASTER_PORT unset)"
-
-
-def _reachability(address: str) -> str:
-    """A hint on whether the TCP rendezvous in ``address`` accepts connections."""
-    hostport = address.split("//", 1)[-1].split(" ", 1)[-1].split("?", 1)[0]
-    host, _, port = hostport.rpartition(":")
-    if not host or not port.isdigit():
-        return ""
-    try:
-        with socket.create_connection((host, int(port)), timeout=0.5):
-            return f"{host}:{port} accepts connections, so a peer has not joined yet"
-    except OSError as exc:
-        return f"{host}:{port} is not reachable ({exc.strerror or exc}): check the address"
-
-
 class InitHandle:
     """A pending (or finished) background ``init_process_group``."""
 
@@ -82,7 +58,7 @@ class InitHandle:
         self.backend = backend or "default"
         self.rank = kwargs.get("rank", int(os.environ.get("RANK", -1)))
         self.world_size = kwargs.get("world_size", int(os.environ.get("WORLD_SIZE", -1)))
-        self.address = _address(kwargs)
+        self.address = rendezvous.address(kwargs)
         self.init_timeout = init_timeout
         self.started = time.monotonic()
         self._backend_arg = backend
@@ -129,7 +105,8 @@ class InitHandle:
 
     def _timeout_message(self) -> str:
         waited = time.monotonic() - self.started
-        hint = _reachability(self.address)
+        found = rendezvous.probe(self.address)
+        hint = found.hint() if found else ""
         return (
             f"process group not ready after {waited:.1f}s (init timeout "
             f"{self.init_timeout:.1f}s; {self._where()})" + (f": {hint}" if hint else "")

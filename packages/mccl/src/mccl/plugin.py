@@ -6,6 +6,7 @@ import os
 from typing import Any
 
 import spore
+from mccl import rendezvous
 from spore.bench import Benchmark
 from spore.doctor import Report
 from spore.registry import Registry
@@ -44,17 +45,22 @@ def spore_doctor(report: Report) -> None:
             "MASTER_ADDR/MASTER_PORT not set: pass init_method= or store=, or launch with torchrun",
         )
         return
-    from mccl.init import _reachability
-
-    hint = _reachability(f"env://{host}:{port}")
-    reachable = "accepts connections" in hint
-    report.add(
-        "mccl rendezvous",
-        "ok" if reachable else "info",
-        hint.replace(", so a peer has not joined yet", "")
-        if reachable
-        else hint + " (normal on rank 0 before it starts the store)",
-    )
+    found = rendezvous.probe(f"env://{host}:{port}")
+    if found is None:
+        report.add(
+            "mccl rendezvous",
+            "warn",
+            f"MASTER_ADDR/MASTER_PORT ({host}:{port}) do not name a host and a port number",
+        )
+    elif found.reachable:
+        report.add("mccl rendezvous", "ok", f"{found.host}:{found.port} accepts connections")
+    else:
+        report.add(
+            "mccl rendezvous",
+            "info",
+            f"{found.host}:{found.port} is not reachable ({found.error}): normal on rank 0 "
+            "before it starts the store, else check the address",
+        )
 
 
 @spore.hookimpl

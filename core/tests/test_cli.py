@@ -1,11 +1,15 @@
 from __future__ import annotations
 
+import io
 import json
 import os
 import subprocess
 import sys
 
+from rich.console import Console
+
 import spore
+from spore.cli.render import Column, table
 
 
 def test_version(run_spore) -> None:
@@ -182,3 +186,55 @@ def test_doctor_explains_torch_npu_autoload(run_spore) -> None:
     assert checks["torch"]["status"] == "ok"
     assert checks["torch_npu"]["status"] == "info"
     assert "autoload is off" in checks["torch_npu"]["detail"]
+
+
+def _lines_holding(text: str, *words: str) -> None:
+    lines = text.splitlines()
+    for word in words:
+        assert any(word in line for line in lines), f"{word!r} is not whole on one line:\n{text}"
+    assert max(map(len, lines)) <= 80, text
+
+
+def _render(columns: list[Column], rows: list[dict[str, str]], width: int) -> str:
+    out = io.StringIO()
+    rendered = table("t", columns, rows, width=width)
+    Console(width=width, file=out, highlight=False).print(rendered, crop=False)
+    return out.getvalue()
+
+
+def test_table_keeps_names_whole_at_80_columns() -> None:
+    names = [f"plugin-name-{i}" for i in range(3)]
+    reason = "import failed: ImportError: libsomething_quite_long.so: cannot open shared object"
+    rows = [{"name": n, "dist": f"spore-fixture-{n}", "reason": reason} for n in names]
+    columns = [
+        Column("name", lambda r: r["name"], "name"),
+        Column("distribution", lambda r: r["dist"], "name"),
+        Column("status", lambda r: "[yellow]incompatible[/yellow]", "name"),
+        Column("registered", lambda r: "ops: 3, benchmarks: 140, commands: 1"),
+        Column("reason", lambda r: r["reason"], "note"),
+    ]
+    text = _render(columns, rows, 80)
+    _lines_holding(text, *names, *(r["dist"] for r in rows), "incompatible", *reason.split())
+    _lines_holding(text, "ops:", "3,", "benchmarks:", "140,", "commands:")
+    wide = _render(columns[:3], [{"name": "n" * 50, "dist": "d" * 50}], 80)
+    assert "n" * 50 in wide
+    assert "d" * 50 in wide
+    assert "incompatible" in wide
+    assert len(wide.splitlines()[1]) > 80
+
+
+def test_listings_keep_names_whole_at_80_columns(run_spore) -> None:
+    narrow = {"COLUMNS": "80"}
+    listed = run_spore("plugins", plugins=("healthy", "broken", "future"), env=narrow)
+    assert listed.returncode == 0, listed.stderr
+    _lines_holding(
+        listed.stdout,
+        "spore-fixture-healthy",
+        "spore-fixture-future",
+        "incompatible",
+        "libspore_fixture.so:",
+    )
+    ops = run_spore("ops", plugins=("ops",), env=narrow)
+    _lines_holding(ops.stdout, "spore::fixture_scale", "cpu: ops (5)")
+    doctor = run_spore("doctor", "--quick", plugins=("future",), env=narrow)
+    _lines_holding(doctor.stdout, "plugin future", "incompatible")

@@ -1,7 +1,8 @@
 """Child process behind ``spore plugins``: loads the plugins and prints their status as JSON.
 
 The listing process itself never imports a plugin; a plugin that crashes the interpreter on
-import takes down only this child.
+import takes down only this child. A plugin error in strict mode is reported in the JSON line
+(``{"error": ..., "cause": ...}``); the exit status is 0 whenever that line is printed.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ def main() -> int:
     except PluginError as exc:
         cause = exc.__cause__
         print(json.dumps({"error": str(exc), "cause": repr(cause) if cause else None}))
-        return 1
+        return 0
     print(json.dumps({"plugins": [i.to_dict() for i in infos]}))
     return 0
 

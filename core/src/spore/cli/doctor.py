@@ -1,0 +1,38 @@
+"""``spore doctor``: check the environment, the plugins included."""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+from spore.cli.render import Column, echo_json, print_table, styled
+from spore.plugins import get_manager
+
+COLUMNS = [
+    Column("from", lambda c: c.source, "name"),
+    Column("check", lambda c: c.name),
+    Column("status", lambda c: styled(c.status), "name"),
+    Column("detail", lambda c: c.detail),
+    Column("fix", lambda c: c.fix or "", "note"),
+]
+
+
+@click.command("doctor")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@click.option("--quick", is_flag=True, help="Skip checks that measure (the allocator penalty).")
+def doctor_cmd(as_json: bool, quick: bool) -> None:
+    """Check the environment: python, torch build, devices, compilers, allocator, plugins.
+
+    Measures the fresh-allocation penalty and what `spore run` would gain here (a few seconds;
+    --quick skips it). Exits 1 when any check reports an error.
+    """
+    from spore import doctor
+
+    report = doctor.run(get_manager(), quick=quick)
+    if as_json:
+        echo_json(report.to_dict())
+    else:
+        print_table("spore doctor", COLUMNS, report.checks, label="check")
+    if report.worst == "error":
+        sys.exit(1)

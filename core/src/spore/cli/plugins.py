@@ -1,0 +1,108 @@
+"""``spore plugins`` and ``spore plugins check``: which plugins load, and what each registered."""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import click
+
+from spore import childproc
+from spore.cli.render import Column, console, echo_json, emit, print_table, styled
+from spore.plugins import PluginError, get_manager
+
+PROBE_TIMEOUT_S = 300
+
+
+def probe_plugins() -> list[dict[str, Any]]:
+    """Load the plugins in a child process and return their status (see spore._probe)."""
+    try:
+        data = childproc.run_json([sys.executable, "-m", "spore._probe"], timeout=PROBE_TIMEOUT_S)
+    except childproc.ChildError as exc:
+        if exc.timed_out:
+            raise click.ClickException(
+                f"loading the plugins took more than {PROBE_TIMEOUT_S}s; run `spore plugins "
+                f"check` to see which one hangs"
+            ) from exc
+        raise click.ClickException(
+            f"the plugin probe printed no status (a plugin may crash the interpreter on "
+            f"import): {exc}"
+        ) from exc
+    if "error" in data:
+        raise click.ClickException(f"{data['error']} (cause: {data['cause']})")
+    return data["plugins"]
+
+
+def _registered(row: dict[str, Any]) -> str:
+    registered = row.get("registered", {})
+    return ", ".join(f"{k}: {len(v)}" for k, v in registered.items() if v) or "-"
+
+
+COLUMNS = [
+    Column("name", lambda r: r["name"], "name"),
+    Column("distribution", lambda r: r["distribution"], "name"),
+    Column("version", lambda r: r["version"], "name"),
+    Column("status", lambda r: styled(r["status"] or "-"), "name"),
+    Column("registered", _registered),
+    Column("reason", lambda r: r.get("reason") or "", "note"),
+]
+
+
+@click.group("plugins", invoke_without_command=True)
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@click.option("--all", "show_all", is_flag=True, help="Include spore-core's built-in plugin.")
+@click.pass_context
+def plugins_cmd(ctx: click.Context, as_json: bool, show_all: bool) -> None:
+    """List installed plugins: status, reason and what each registered.
+
+    The plugins are loaded in a child process; this process imports none of them.
+    """
+    if ctx.invoked_subcommand is not None:
+        return
+    rows = [r for r in probe_plugins() if show_all or not r["builtin"]]
+    emit(
+        rows,
+        as_json=as_json,
+        title="spore plugins",
+        columns=COLUMNS,
+        empty="No spore plugins installed (see docs/writing-a-plugin.md).",
+    )
+
+
+@plugins_cmd.command("check")
+@click.argument("names", nargs=-1)
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@click.pass_context
+def plugins_check(ctx: click.Context, names: tuple[str, ...], as_json: bool) -> None:
+    """Load plugins here and exit non-zero unless each is active.
+
+    With NAMES: those plugins must be installed and active. Without: every installed plugin
+    that is not disabled must be active.
+    """
+    from spore.plugins import normalize
+
+    manager = get_manager()
+    try:
+        manager.add_commands(ctx.find_root().command)
+        rows = [i.to_dict() for i in manager.plugins()]
+    except PluginError as exc:
+        cause = f" (cause: {exc.__cause__!r})" if exc.__cause__ else ""
+        raise click.ClickException(f"{exc}{cause}") from exc
+    wanted = [normalize(n) for n in names]
+    known = {r["name"] for r in rows}
+    problems = [f"{n}: not installed" for n in wanted if n not in known]
+    for row in rows:
+        required = row["name"] in wanted if wanted else row["status"] != "disabled"
+        if required and row["status"] != "active":
+            problems.append(f"{row['name']}: {row['status']} ({row['reason']})")
+    if as_json:
+        echo_json({"ok": not problems, "problems": problems, "plugins": rows})
+    else:
+        if rows:
+            print_table("spore plugins check", COLUMNS, rows)
+        for line in problems:
+            console(stderr=True).print(f"[red]not active[/red] {line}")
+        if not problems:
+            click.echo("All required plugins are active.")
+    if problems:
+        sys.exit(1)

@@ -1,0 +1,139 @@
+"""The one way the ``spore`` command line prints: JSON for machines, else a rich table.
+
+Tables fit the console (80 columns in a pipe unless ``COLUMNS`` says otherwise): names never
+wrap, other cells wrap at word boundaries, and long prose is printed under the table.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal
+
+import click
+
+if TYPE_CHECKING:  # rich is imported when something is printed
+    from rich.console import Console, RenderableType
+
+TEXT_MIN = 16  # a text column is at least as wide as its longest word, up to this
+
+STATUS_STYLE = {
+    "active": "green",
+    "ok": "green",
+    "info": "cyan",
+    "disabled": "dim",
+    "warn": "yellow",
+    "incompatible": "yellow",
+    "failed": "red",
+    "error": "red",
+}
+
+
+@dataclass(frozen=True)
+class Column:
+    """A table column: its header, how a row's cell is written (rich markup), and its kind.
+
+    ``name``: never wraps (names, statuses, figures); ``text``: wraps at word boundaries;
+    ``note``: long prose, printed under the table as ``LABEL  TEXT`` for the rows that have one.
+    """
+
+    header: str
+    cell: Callable[[Any], str]
+    kind: Literal["name", "text", "note"] = "text"
+
+
+def console(stderr: bool = False) -> Console:
+    """A rich console without automatic highlighting (its width: the terminal's, else 80)."""
+    from rich.console import Console
+
+    return Console(stderr=stderr, highlight=False)
+
+
+def styled(status: str) -> str:
+    """``status`` in its colour (rich markup)."""
+    style = STATUS_STYLE.get(status, "")
+    return f"[{style}]{status}[/{style}]" if style else status
+
+
+def echo_json(data: Any) -> None:
+    click.echo(json.dumps(data, indent=2, sort_keys=False))
+
+
+def _min_width(column: Column, cells: list[str]) -> int:
+    from rich.text import Text
+
+    texts = [Text.from_markup(cell) for cell in cells]
+    if column.kind == "name":
+        return max([0, *(t.cell_len for t in texts)])
+    return min(TEXT_MIN, max([0, *(len(word) for t in texts for word in t.plain.split())]))
+
+
+def table(
+    title: str,
+    columns: Sequence[Column],
+    rows: Sequence[Any],
+    *,
+    label: str | None = None,
+    width: int = 80,
+) -> RenderableType:
+    """``rows`` as a table ``width`` columns wide at most, then the note columns (each note
+    labelled with the row's cell in column ``label``, default the first).
+
+    A name column is as wide as its longest cell, a text column as its longest word (up to
+    ``TEXT_MIN``); a table whose columns cannot fit that way is wider than ``width``.
+    """
+    from rich.console import Group
+    from rich.padding import Padding
+    from rich.table import Table
+    from rich.text import Text
+
+    shown = [c for c in columns if c.kind != "note"]
+    key = next(c for c in columns if c.header == label) if label else shown[0]
+    cells = [[column.cell(row) for column in shown] for row in rows]
+    minimums = [_min_width(column, [row[i] for row in cells]) for i, column in enumerate(shown)]
+    needed = sum(minimums) + 3 * len(shown) + 1  # a cell pads 1 either side; a border each
+    out = Table(title=title, width=needed if needed > width else None)
+    for column, least in zip(shown, minimums, strict=True):
+        out.add_column(
+            column.header, no_wrap=column.kind == "name", overflow="fold", min_width=least
+        )
+    for row in cells:
+        out.add_row(*row)
+    parts: list[RenderableType] = [out]
+    for note in (c for c in columns if c.kind == "note"):
+        lines = [(key.cell(row), note.cell(row)) for row in rows if note.cell(row)]
+        if not lines:
+            continue
+        grid = Table.grid(padding=(0, 2))
+        grid.add_column(no_wrap=True)
+        grid.add_column(overflow="fold")
+        for line in lines:
+            grid.add_row(*line)
+        parts += [Text(f"{note.header}:"), Padding(grid, (0, 0, 0, 2))]
+    return Group(*parts)
+
+
+def print_table(
+    title: str, columns: Sequence[Column], rows: Sequence[Any], *, label: str | None = None
+) -> None:
+    """Print :func:`table` on stdout at the console's width (never cropped)."""
+    out = console()
+    out.print(table(title, columns, rows, label=label, width=out.width), crop=False)
+
+
+def emit(
+    rows: Sequence[dict[str, Any]],
+    *,
+    as_json: bool,
+    title: str,
+    columns: Sequence[Column],
+    empty: str,
+) -> None:
+    """Print a listing: the rows as JSON, else a table (``empty`` when there are no rows)."""
+    if as_json:
+        echo_json(rows)
+    elif not rows:
+        click.echo(empty)
+    else:
+        print_table(title, columns, rows)

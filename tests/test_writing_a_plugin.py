@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import json
-import os
 import re
-import subprocess
 import sys
 from pathlib import Path
 
 import catalog
+
+from spore import childproc
+from spore.testing import clean_environ
 
 
 def _blocks(language: str) -> list[str]:
@@ -19,13 +20,7 @@ def _blocks(language: str) -> list[str]:
     ]
 
 
-def _run(*args: str, env: dict[str, str], cwd: Path | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        args, capture_output=True, text=True, env=env, cwd=cwd, timeout=600, check=False
-    )
-
-
-def test_the_documented_plugin_installs_tests_and_runs(tmp_path: Path) -> None:
+def test_the_documented_plugin_installs_tests_and_runs(tmp_path: Path, run_spore) -> None:
     (pyproject,) = _blocks("toml")
     version, plugin, tests = _blocks("python")
     package = tmp_path / "hello"
@@ -37,45 +32,23 @@ def test_the_documented_plugin_installs_tests_and_runs(tmp_path: Path) -> None:
     (package / "src/spore_hello/plugin.py").write_text(plugin)
     (package / "tests/test_plugin.py").write_text(tests)
     site = tmp_path / "site"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SPORE_")}
-    install = _run(
-        sys.executable,
-        "-m",
-        "pip",
-        "install",
-        "--no-deps",
-        "--target",
-        str(site),
-        str(package),
-        env=env,
-    )
-    assert install.returncode == 0, install.stderr
-    env["PYTHONPATH"] = str(site)
+    pip = [sys.executable, "-m", "pip", "install", "--no-deps", "--target", str(site)]
+    childproc.run([*pip, str(package)], env=clean_environ(), timeout=600)
+    env = {"PYTHONPATH": str(site)}
 
-    tested = _run(
-        sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", env=env, cwd=package
-    )
+    pytest = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"]
+    tested = childproc.run(pytest, env=clean_environ(env), cwd=package, timeout=600, check=False)
     assert tested.returncode == 0, tested.stdout + tested.stderr
     assert "2 passed" in tested.stdout
 
-    listed = _run(sys.executable, "-m", "spore", "plugins", "--json", env=env)
+    listed = run_spore("plugins", "--json", env=env, timeout=600)
     row = {r["name"]: r for r in json.loads(listed.stdout)}["hello"]
     assert row["status"] == "active"
     assert row["registered"] == {"benchmarks": ["square"], "commands": ["hello"]}
 
-    assert _run(sys.executable, "-m", "spore", "hello", "ada", env=env).stdout == "hello, ada\n"
-    bench = _run(
-        sys.executable,
-        "-m",
-        "spore",
-        "bench",
-        "hello",
-        "--json",
-        "--repeat",
-        "1",
-        "--min-time",
-        "0",
-        env=env,
+    assert run_spore("hello", "ada", env=env).stdout == "hello, ada\n"
+    bench = run_spore(
+        "bench", "hello", "--json", "--repeat", "1", "--min-time", "0", env=env, timeout=600
     )
     assert bench.returncode == 0, bench.stderr
     (result,) = json.loads(bench.stdout)["results"]

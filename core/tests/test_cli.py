@@ -2,14 +2,14 @@ from __future__ import annotations
 
 import io
 import json
-import os
-import subprocess
 import sys
 
 from rich.console import Console
 
 import spore
+from spore import childproc
 from spore.cli.render import Column, table
+from spore.testing import clean_environ
 
 
 def test_version(run_spore) -> None:
@@ -61,20 +61,15 @@ def test_plugins_all_includes_core_and_table_renders(run_spore) -> None:
 
 def test_plugins_listing_process_imports_no_plugin(tmp_path, fixtures_dir) -> None:
     log = tmp_path / "imports.log"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SPORE_")}
-    env.update(PYTHONPATH=str(fixtures_dir / "healthy"), SPORE_FIXTURE_IMPORT_LOG=str(log))
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "spore", "plugins", "--json"],
-        env=env,
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    stdout, _ = proc.communicate(timeout=240)
-    assert proc.returncode == 0
-    assert json.loads(stdout)[0]["status"] == "active"
+    env = clean_environ({"PYTHONPATH": str(fixtures_dir / "healthy")})
+    env["SPORE_FIXTURE_IMPORT_LOG"] = str(log)
+    command = [sys.executable, "-m", "spore", "plugins", "--json"]
+    with childproc.Child(command, env=env, cwd=tmp_path) as listing:
+        done = listing.wait(240)
+    assert json.loads(done.stdout)[0]["status"] == "active"
     importers = log.read_text().split()
     assert len(importers) == 1
-    assert importers != [str(proc.pid)]
+    assert importers != [str(listing.pid)]
 
 
 def test_strict_env_turns_listing_into_an_error(run_spore) -> None:

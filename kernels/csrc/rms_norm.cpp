@@ -1,7 +1,11 @@
-// rms_norm forward and backward: fp32 accumulation, one rounding per output.
+// rms_norm forward and backward: fp32 accumulation, one rounding per output. The backward
+// (rms_norm_backward, declared in rms_norm.h) also serves add_rms_norm.
 #include <omp.h>
 
+#include <algorithm>
+
 #include "common.h"
+#include "rms_norm.h"
 
 namespace spore {
 namespace {
@@ -28,40 +32,106 @@ void rms_norm_fwd(const void* xp, const void* wp, void* yp, int64_t rows, int64_
     }
 }
 
-// dx = rstd * (g*w - xhat * mean(g*w*xhat)),  dw = sum over rows of g * xhat,  xhat = x * rstd.
-// rstd is recomputed from x in the same pass as the dot product (nothing saved by forward).
+#if defined(__AVX512F__)
+constexpr int64_t LANES = 64;  // independent partial sums of the backward's row reductions
+#else
+constexpr int64_t LANES = 32;
+#endif
+constexpr int64_t GROUP = 4;  // rows per fused gradient pass (their rows stay in L2)
+
+inline float fold(float* acc) {
+    for (int64_t w = LANES / 2; w >= 1; w /= 2) {
+#pragma omp simd
+        for (int64_t l = 0; l < w; ++l) acc[l] += acc[l + w];
+    }
+    return acc[0];
+}
+
+// rstd and k = rstd^3 * mean(g*w*s) of one row.
+struct RowGrad {
+    float rstd, k;
+};
+
 template <typename T>
-void rms_norm_bwd(const void* gp, const void* xp, const void* wp, void* dxp, void* dwp,
-                  int64_t rows, int64_t cols, float eps, int32_t threads) {
+inline RowGrad row_grad(const typename T::storage* gr, const typename T::storage* sr,
+                        const float* w, int64_t cols, float eps) {
+    float sum[LANES] = {}, dot[LANES] = {};
+    int64_t c0 = 0;
+    for (; c0 + LANES <= cols; c0 += LANES) {
+#pragma omp simd
+        for (int64_t l = 0; l < LANES; ++l) {
+            const float sv = T::load(sr[c0 + l]);
+            sum[l] += sv * sv;
+            dot[l] += T::load(gr[c0 + l]) * w[c0 + l] * sv;
+        }
+    }
+    for (int64_t c = c0; c < cols; ++c) {
+        const float sv = T::load(sr[c]);
+        sum[c - c0] += sv * sv;
+        dot[c - c0] += T::load(gr[c]) * w[c] * sv;
+    }
+    const float n = static_cast<float>(cols);
+    const float rstd = 1.0f / std::sqrt(fold(sum) / n + eps);
+    return {rstd, rstd * rstd * rstd * fold(dot) / n};
+}
+
+// ds for N consecutive rows in one pass over the columns; their dw contributions are summed
+// before they are added to the accumulator.
+template <typename T, bool HasGs, int N>
+inline void grad_rows(const typename T::storage* g, const typename T::storage* gs,
+                      const typename T::storage* s, typename T::storage* ds, const float* w,
+                      const RowGrad* st, float* acc, int64_t cols) {
+#pragma omp simd
+    for (int64_t c = 0; c < cols; ++c) {
+        float sum_w = 0.0f;
+        for (int i = 0; i < N; ++i) {
+            const float sv = T::load(s[i * cols + c]);
+            const float gv = T::load(g[i * cols + c]);
+            float d = st[i].rstd * gv * w[c] - st[i].k * sv;
+            if constexpr (HasGs) d += T::load(gs[i * cols + c]);
+            ds[i * cols + c] = T::store(d);
+            sum_w += gv * sv * st[i].rstd;
+        }
+        acc[c] += sum_w;
+    }
+}
+
+// The one RMS backward (rms_norm's, and add_rms_norm's at its sum s with gs):
+// ds = rstd * (g*w - shat * mean(g*w*shat)) + gs,  dw = sum over rows of g * shat,
+// shat = s * rstd, rstd recomputed from s; gs (the gradient flowing into add_rms_norm's sum
+// output) may be absent (zero). Per-thread dw partials, summed at the end.
+template <typename T, bool HasGs>
+void rms_norm_bwd(const void* gp, const void* gsp, const void* sp, const void* wp, void* dsp,
+                      void* dwp, int64_t rows, int64_t cols, float eps, int32_t threads) {
     const auto* g = in<T>(gp);
-    const auto* x = in<T>(xp);
-    const auto* w = in<T>(wp);
-    auto* dx = out<T>(dxp);
+    const auto* gs = in<T>(gsp);
+    const auto* s = in<T>(sp);
+    std::vector<float> wbuf;
+    const float* w = as_f32<T>(wp, cols, wbuf);
+    auto* ds = out<T>(dsp);
     std::vector<float> partial(static_cast<size_t>(threads) * cols, 0.0f);
+    const int64_t groups = (rows + GROUP - 1) / GROUP;
 #pragma omp parallel num_threads(threads)
     {
         float* acc = partial.data() + static_cast<int64_t>(omp_get_thread_num()) * cols;
 #pragma omp for schedule(static)
-        for (int64_t r = 0; r < rows; ++r) {
-            const auto* gr = g + r * cols;
-            const auto* xr = x + r * cols;
-            auto* dxr = dx + r * cols;
-            float sum = 0.0f, dot = 0.0f;
-#pragma omp simd reduction(+ : sum, dot)
-            for (int64_t c = 0; c < cols; ++c) {
-                const float xv = T::load(xr[c]);
-                sum += xv * xv;
-                dot += T::load(gr[c]) * T::load(w[c]) * xv;
+        for (int64_t group = 0; group < groups; ++group) {
+            const int64_t r0 = group * GROUP, count = std::min(GROUP, rows - r0);
+            RowGrad st[GROUP];
+            for (int64_t i = 0; i < count; ++i) {
+                const int64_t at = (r0 + i) * cols;
+                st[i] = row_grad<T>(g + at, s + at, w, cols, eps);
             }
-            const float n = static_cast<float>(cols);
-            const float rstd = 1.0f / std::sqrt(sum / n + eps);
-            const float k = rstd * rstd * rstd * dot / n;
-#pragma omp simd
-            for (int64_t c = 0; c < cols; ++c) {
-                const float xv = T::load(xr[c]);
-                const float gv = T::load(gr[c]);
-                dxr[c] = T::store(rstd * gv * T::load(w[c]) - k * xv);
-                acc[c] += gv * xv * rstd;
+            const int64_t at = r0 * cols;
+            const auto* gs_at = HasGs ? gs + at : nullptr;
+            if (count == GROUP) {
+                grad_rows<T, HasGs, GROUP>(g + at, gs_at, s + at, ds + at, w, st, acc, cols);
+            } else {
+                for (int64_t i = 0; i < count; ++i) {
+                    const int64_t ai = at + i * cols;
+                    const auto* gs_ai = HasGs ? gs + ai : nullptr;
+                    grad_rows<T, HasGs, 1>(g + ai, gs_ai, s + ai, ds + ai, w, st + i, acc, cols);
+                }
             }
         }
     }
@@ -75,6 +145,20 @@ void rms_norm_bwd(const void* gp, const void* xp, const void* wp, void* dxp, voi
 }
 
 }  // namespace
+
+int32_t rms_norm_backward(const void* g, const void* gs, const void* s, const void* w, void* ds,
+                          void* dw, int64_t rows, int64_t cols, float eps, int32_t dtype,
+                          int32_t threads) {
+    return with_dtype(dtype, [&](auto t) {
+        using T = decltype(t);
+        if (gs) {
+            rms_norm_bwd<T, true>(g, gs, s, w, ds, dw, rows, cols, eps, threads);
+        } else {
+            rms_norm_bwd<T, false>(g, gs, s, w, ds, dw, rows, cols, eps, threads);
+        }
+    });
+}
+
 }  // namespace spore
 
 // y[r, :] = x[r, :] / sqrt(mean(x[r, :]^2) + eps) * w, in fp32, rounded once to the dtype.
@@ -94,7 +178,5 @@ SPORE_EXPORT int32_t spore_rms_norm_backward(const void* g, const void* x, const
     if (!g || !x || !w || !dx || !dw || rows < 0 || cols <= 0 || threads < 1) {
         return spore::BAD_ARGUMENT;
     }
-    return spore::with_dtype(dtype, [&](auto t) {
-        spore::rms_norm_bwd<decltype(t)>(g, x, w, dx, dw, rows, cols, eps, threads);
-    });
+    return spore::rms_norm_backward(g, nullptr, x, w, dx, dw, rows, cols, eps, dtype, threads);
 }

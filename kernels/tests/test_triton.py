@@ -410,7 +410,7 @@ COMPILE = {
         {"X": "*T", "W": "*T", "Y": "*T", "cols": "i32", "eps": "fp32"},
         {},
     ),
-    "rms_norm._add_rms_norm_fwd": (
+    "add_rms_norm._add_rms_norm_fwd": (
         {"X": "*T", "R": "*T", "W": "*T", "Y": "*T", "S": "*T", "cols": "i32", "eps": "fp32"},
         {},
     ),

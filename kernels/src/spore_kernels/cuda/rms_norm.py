@@ -1,6 +1,7 @@
-"""rms_norm and add_rms_norm over the last dimension, forward and backward. One program per
-row; rows longer than a block loop over column chunks (the row is re-read from cache).
-Statistics in fp32, one rounding per output, as the references."""
+"""rms_norm over the last dimension, forward and backward (the backward, :func:`backward`, also
+serves add_rms_norm). One program per row; rows longer than a block loop over column chunks
+(the row is re-read from cache). Statistics in fp32, one rounding per output, as the
+references."""
 
 from __future__ import annotations
 
@@ -28,32 +29,6 @@ def _rms_norm_fwd(X, W, Y, cols, eps, BLOCK: tl.constexpr):
         x = tl.load(X + row + offs, mask=mask, other=0.0).to(tl.float32)
         w = tl.load(W + offs, mask=mask, other=0.0).to(tl.float32)
         tl.store(Y + row + offs, (x * rstd * w).to(Y.dtype.element_ty), mask=mask)
-
-
-@triton.jit
-def _add_rms_norm_fwd(X, R, W, Y, S, cols, eps, BLOCK: tl.constexpr):
-    # s = round(x + r) is an output; the norm is of that rounded s (recomputed in the second
-    # pass rather than read back from S).
-    row = tl.program_id(0).to(tl.int64) * cols
-    acc = tl.zeros([BLOCK], dtype=tl.float32)
-    for start in range(0, cols, BLOCK):
-        offs = start + tl.arange(0, BLOCK)
-        mask = offs < cols
-        x = tl.load(X + row + offs, mask=mask, other=0.0).to(tl.float32)
-        r = tl.load(R + row + offs, mask=mask, other=0.0).to(tl.float32)
-        s = (x + r).to(S.dtype.element_ty)
-        tl.store(S + row + offs, s, mask=mask)
-        sf = s.to(tl.float32)
-        acc += sf * sf
-    rstd = tl.math.rsqrt(tl.sum(acc, axis=0) / cols + eps)
-    for start in range(0, cols, BLOCK):
-        offs = start + tl.arange(0, BLOCK)
-        mask = offs < cols
-        x = tl.load(X + row + offs, mask=mask, other=0.0).to(tl.float32)
-        r = tl.load(R + row + offs, mask=mask, other=0.0).to(tl.float32)
-        s = (x + r).to(S.dtype.element_ty).to(tl.float32)
-        w = tl.load(W + offs, mask=mask, other=0.0).to(tl.float32)
-        tl.store(Y + row + offs, (s * rstd * w).to(Y.dtype.element_ty), mask=mask)
 
 
 @triton.jit
@@ -93,22 +68,15 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return y
 
 
-def add_rms_norm(
-    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
-) -> tuple[torch.Tensor, torch.Tensor]:
-    y, s = torch.empty_like(x), torch.empty_like(x)
-    _common.row_launch(_add_rms_norm_fwd, x, x, residual, weight, y, s, eps=float(eps))
-    return y, s
-
-
-def _backward(
+def backward(
     grad: torch.Tensor,
     grad_sum: torch.Tensor | None,
     x: torch.Tensor,
     weight: torch.Tensor,
     eps: float,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """dx row by row (saving rstd), then dweight from the column sums."""
+    """dx row by row (saving rstd), then dweight from the column sums; ``grad_sum`` (add_rms_norm's
+    gradient of its sum output, if any) is added to dx before its rounding."""
     rows, _ = _checks.rows_cols(x)
     dx = torch.empty_like(x)
     rstd = torch.empty(rows, dtype=torch.float32, device=x.device)
@@ -122,18 +90,7 @@ def _backward(
 def rms_norm_backward(
     grad: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, eps: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    return _backward(grad, None, x, weight, eps)
-
-
-def add_rms_norm_backward(
-    grad: torch.Tensor,
-    grad_sum: torch.Tensor | None,
-    sum: torch.Tensor,
-    weight: torch.Tensor,
-    eps: float,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """``sum`` is add_rms_norm's output s (the schema's name)."""
-    return _backward(grad, grad_sum, sum, weight, eps)
+    return backward(grad, None, x, weight, eps)
 
 
 def supports_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> bool:
@@ -146,32 +103,7 @@ def supports_rms_norm_backward(
     return _common.row_params(x, weight) and _checks.ready(grad, x) and grad.shape == x.shape
 
 
-def supports_add_rms_norm(
-    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
-) -> bool:
-    return (
-        _common.row_params(x, weight) and _checks.ready(x, residual) and residual.shape == x.shape
-    )
-
-
-def supports_add_rms_norm_backward(
-    grad: torch.Tensor,
-    grad_sum: torch.Tensor | None,
-    sum: torch.Tensor,
-    weight: torch.Tensor,
-    eps: float,
-) -> bool:
-    upstream = [grad] if grad_sum is None else [grad, grad_sum]
-    return (
-        _common.row_params(sum, weight)
-        and _checks.ready(sum, *upstream)
-        and all(g.shape == sum.shape for g in upstream)
-    )
-
-
 KERNELS = {
     "rms_norm": (rms_norm, supports_rms_norm),
     "rms_norm_backward": (rms_norm_backward, supports_rms_norm_backward),
-    "add_rms_norm": (add_rms_norm, supports_add_rms_norm),
-    "add_rms_norm_backward": (add_rms_norm_backward, supports_add_rms_norm_backward),
 }

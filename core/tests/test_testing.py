@@ -16,6 +16,14 @@ def test_contract_passes_for_a_healthy_plugin(fixture_plugins) -> None:
     assert info.registered["benchmarks"] == ["sleep"]
 
 
+def test_contract_fails_for_a_plugin_that_conflicts_with_another(fixture_plugins) -> None:
+    fixture_plugins("dup_a")
+    assert check_plugin_contract("dup-a").status is Status.ACTIVE
+    fixture_plugins("dup_b")
+    with pytest.raises(AssertionError, match=r"'dup-b' is failed beside the other installed"):
+        check_plugin_contract("dup-b")
+
+
 def test_contract_fails_for_a_plugin_that_does_not_load(fixture_plugins) -> None:
     fixture_plugins("broken")
     with pytest.raises(PluginError, match=r"libspore_fixture\.so"):

@@ -19,9 +19,11 @@ Fixtures:
 from __future__ import annotations
 
 import importlib.metadata as metadata
+import json
 import os
 import subprocess
 import sys
+import tempfile
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import ExitStack
 from pathlib import Path
@@ -38,6 +40,8 @@ from spore.plugins import (
     normalize,
     use_manager,
 )
+
+LISTING_TIMEOUT_S = 300
 
 
 def clean_environ(env: Mapping[str, str] | None = None) -> dict[str, str]:
@@ -67,13 +71,28 @@ def _load_alone(name: str) -> PluginInfo:
     return infos[normalize(name)]
 
 
+def _listed(name: str) -> dict[str, Any]:
+    """Plugin ``name``'s row in ``spore plugins --json`` run by a fresh interpreter that sees
+    this one's ``sys.path`` (every plugin installed here loads beside it)."""
+    path = os.pathsep.join(p for p in sys.path if p)
+    command = [sys.executable, "-m", "spore", "plugins", "--json"]
+    with tempfile.TemporaryDirectory(prefix="spore-contract-") as cwd:
+        done = childproc.run(
+            command, env=clean_environ({"PYTHONPATH": path}), cwd=cwd, timeout=LISTING_TIMEOUT_S
+        )
+    rows = {row["name"]: row for row in json.loads(done.stdout)}
+    assert normalize(name) in rows, f"`spore plugins --json` does not list {name!r}: {list(rows)}"
+    return rows[normalize(name)]
+
+
 def check_plugin_contract(name: str) -> PluginInfo:
     """Assert that plugin ``name`` keeps the Spore plugin contract; return its info.
 
     The plugin must be discoverable through a ``spore.plugins`` entry point, declare a
     ``spore-core`` range that the running core satisfies, load alone and become active,
-    register something (an op, pass, backend, benchmark or command, or a doctor check), and
-    load again in a second manager with the same result.
+    register something (an op, pass, backend, benchmark or command, or a doctor check), load
+    again in a second manager with the same result, and be listed active by ``spore plugins``
+    in a fresh interpreter beside every other installed plugin, registering the same names.
     """
     key = normalize(name)
     eps = [ep for ep in metadata.entry_points(group=ENTRY_POINT_GROUP) if normalize(ep.name) == key]
@@ -94,6 +113,15 @@ def check_plugin_contract(name: str) -> PluginInfo:
     assert second.registered == first.registered, (
         f"plugin {name!r} registered {second.registered} the second time, {first.registered} "
         f"the first"
+    )
+    listed, alone = _listed(name), first.to_dict()["registered"]
+    assert listed["status"] == Status.ACTIVE.value, (
+        f"plugin {name!r} is {listed['status']} beside the other installed plugins: "
+        f"{listed['reason']}"
+    )
+    assert listed["registered"] == alone, (
+        f"plugin {name!r} registered {listed['registered']} beside the other installed plugins, "
+        f"{alone} alone"
     )
     return first
 

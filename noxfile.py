@@ -1,11 +1,17 @@
-"""Spore's test sessions: lint, core, tests(<package>) per catalog entry, integration, bench.
+"""Spore's sessions: lint, core, tests(<package>) per catalog entry, integration; and, not run
+by default, mindspore, bench and build (the release artifacts).
 
 Every install uses `-c constraints.txt`, so torch resolves to the 2.13.0 CPU build.
 """
 
 from __future__ import annotations
 
+import json
+import os
+import shutil
+import subprocess
 import sys
+import tarfile
 import tomllib
 from pathlib import Path
 
@@ -17,9 +23,11 @@ import catalog  # noqa: E402
 
 PACKAGES = {e.name: e for e in catalog.load()}
 CONSTRAINTS = ("-c", "constraints.txt")
-LOCAL = {"spore-core": "core", "spore-kernels": "kernels"} | {
+CORE = "core"
+LOCAL = {tomllib.loads((ROOT / CORE / "pyproject.toml").read_text())["project"]["name"]: CORE} | {
     e.distribution: e.path for e in PACKAGES.values()
 }
+DIST = ROOT / "dist"
 
 nox.options.error_on_missing_interpreters = True
 
@@ -101,3 +109,86 @@ def bench(session: nox.Session) -> None:
     """Every registered benchmark (not run by default): `nox -s bench -- [PLUGIN...] [--json]`."""
     session.install(*CONSTRAINTS, "./core", *_all_packages())
     session.run("spore", "bench", *session.posargs)
+
+
+def _tracked_sources(path: str) -> list[str]:
+    """The files git tracks under ``path``'s src/ and csrc/: what its sdist must carry."""
+    listed = subprocess.run(
+        ["git", "ls-files", "-z", "--", f"{path}/src", f"{path}/csrc"],
+        cwd=ROOT,
+        capture_output=True,
+        check=True,
+    ).stdout
+    return [Path(name).relative_to(path).as_posix() for name in listed.decode().split("\0") if name]
+
+
+def _build_package(session: nox.Session, path: str, out: Path) -> Path:
+    """Build ``path``'s sdist, then its wheel from that sdist, into ``out``; return the wheel.
+
+    Fails when the sdist lacks a tracked source file (C++ sources and headers included).
+    """
+    shutil.rmtree(out, ignore_errors=True)
+    session.run("python", "-m", "build", "--outdir", str(out), path)  # the wheel from the sdist
+    (sdist,) = out.glob("*.tar.gz")
+    (wheel,) = out.glob("*.whl")
+    with tarfile.open(sdist) as archive:
+        carried = {name.split("/", 1)[1] for name in archive.getnames() if "/" in name}
+    missing = [name for name in _tracked_sources(path) if name not in carried]
+    if missing:
+        session.error(
+            f"{sdist.name} lacks {missing}: add them to {path}'s package data/MANIFEST.in"
+        )
+    for artifact in (sdist, wheel):
+        shutil.copy2(artifact, DIST / artifact.name)
+    return DIST / wheel.name
+
+
+def _smoke_test(session: nox.Session, entry: catalog.Entry, wheels: dict[str, Path]) -> None:
+    """Install ``entry``'s wheel and its local dependencies' in a clean venv, run its smoke."""
+    tmp = Path(session.create_tmp())
+    venv, work = tmp / "venv" / entry.name, tmp / "smoke" / entry.name
+    for folder in (venv, work):
+        shutil.rmtree(folder, ignore_errors=True)
+    session.run("python", "-m", "venv", str(venv))
+    python = str(venv / "bin" / "python")
+    ours = [wheels[p.removeprefix("./")] for p in _local_closure(entry.path)]
+    session.run(python, "-m", "pip", "install", "-q", *CONSTRAINTS, *map(str, ours), external=True)
+    listed = session.run(python, "-m", "pip", "list", "--format=json", silent=True, external=True)
+    local = {row["name"] for row in json.loads(listed) if row["name"] in LOCAL}
+    expected = {name for name, p in LOCAL.items() if f"./{p}" in _local_closure(entry.path)}
+    if local != expected:
+        session.error(f"{entry.name}'s venv holds {sorted(local)}, expected {sorted(expected)}")
+    work.mkdir(parents=True)
+    with session.chdir(work):
+        _in_venv(session, venv, "bash", "-euo", "pipefail", "-c", entry.smoke)
+        found = json.loads(_in_venv(session, venv, "spore", "plugins", "--json", silent=True))
+    plugins = {e.name for e in PACKAGES.values() if f"./{e.path}" in _local_closure(entry.path)}
+    if {row["name"] for row in found} != plugins:
+        session.error(f"{entry.name}'s venv loads plugins {found}, expected only {plugins}")
+
+
+def _in_venv(session: nox.Session, venv: Path, *args: str, silent: bool = False) -> str:
+    """Run ``args`` with only ``venv`` on PATH and none of this shell's variables (env -i)."""
+    keep = [f"{k}={os.environ[k]}" for k in ("HOME", "LANG", "TMPDIR") if k in os.environ]
+    path = f"PATH={venv / 'bin'}:{os.defpath}"
+    command = ("env", "-i", path, f"VIRTUAL_ENV={venv}", *keep, *args)
+    return session.run(*command, silent=silent, external=True) or ""
+
+
+@nox.session(default=False)
+def build(session: nox.Session) -> None:
+    """Release artifacts (not run by default): an sdist and a wheel per package in dist/.
+
+    Each wheel is built from its sdist; twine checks the metadata; then each catalog plugin is
+    installed from its own wheels (and spore-core's, and those of the local packages it
+    declares) in a clean venv, and its catalog smoke command proves it works alone.
+    """
+    session.install(*CONSTRAINTS, "build", "twine")
+    shutil.rmtree(DIST, ignore_errors=True)
+    DIST.mkdir()
+    out = Path(session.create_tmp()) / "dist"
+    paths = [CORE] + [p.removeprefix("./") for p in _all_packages() if p != f"./{CORE}"]
+    wheels = {path: _build_package(session, path, out / path) for path in paths}
+    session.run("twine", "check", "--strict", *sorted(map(str, DIST.iterdir())))
+    for entry in PACKAGES.values():
+        _smoke_test(session, entry, wheels)

@@ -67,9 +67,6 @@ def _nbytes(values: Any) -> int:
 
 def _setup(spec: OpBench, dtype: torch.dtype, backward: bool, compile_eager: bool) -> Callable:
     def setup() -> dict[str, Any]:
-        import spore_kernels
-
-        spore_kernels.load()
         args = spec.make(dtype, torch.Generator().manual_seed(0))
         if backward:
             args = tuple(

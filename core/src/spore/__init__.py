@@ -33,7 +33,7 @@ _LAZY = {
     "get_manager": "spore.plugins",
     "register_custom_backend": "spore.backends",
     "register_custom_pass": "spore.passes",
-    "saved_tensors_hooks": "spore.hooks",
+    "saved_tensors_hooks": "spore.memory",
 }
 
 

@@ -79,7 +79,7 @@ def saved_rss(offload: bool) -> dict[str, float]:
     """One MLP-block step: resident memory when backward starts, with or without offload."""
     import torch
 
-    from spore import hooks
+    from spore import memory
 
     torch.manual_seed(0)
     block = _mlp_block()
@@ -88,7 +88,7 @@ def saved_rss(offload: bool) -> dict[str, float]:
     base = _rss_mib()
     start = time.perf_counter()
     if offload:
-        with hooks.offload("disk", min_bytes=1 << 20) as stats:
+        with memory.offload("disk", min_bytes=1 << 20) as stats:
             out = block(x)
     else:
         out = block(x)

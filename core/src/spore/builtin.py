@@ -75,7 +75,7 @@ def _mlp_step(state: Any) -> None:
 
 
 def _mlp_step_offloaded(state: Any) -> None:
-    from spore.hooks import offload
+    from spore.memory import offload
 
     block, x = state
     with offload("disk"):
@@ -91,7 +91,7 @@ def spore_register_benchmarks(registry: Registry[Benchmark]) -> None:
             baseline=_mlp_step,
             candidate=_mlp_step_offloaded,
             baseline_label="MLP block 8192x256->2048 fwd+bwd, activations in memory",
-            candidate_label="the same with spore.hooks.offload('disk')",
+            candidate_label="the same with spore.memory.offload('disk')",
             setup=_mlp_inputs,
             description="step-time cost of spilling saved activations to disk (below 1: slower)",
         )

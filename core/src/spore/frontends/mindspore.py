@@ -26,7 +26,7 @@ except ImportError as exc:  # pragma: no cover - exercised by the core session's
         "(2.6 or newer; it needs numpy<2)"
     ) from exc
 
-from spore.hooks import Pack, Unpack, stacked
+from spore.memory import Pack, Unpack, stacked
 
 _local = threading.local()
 

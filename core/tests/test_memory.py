@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import spore
-from spore import hooks
+from spore import memory
 from spore.runtime import system_env
 
 
@@ -82,12 +82,12 @@ def test_hooks_compose_outer_first_and_unpack_in_reverse() -> None:
 def test_gradients_are_bitwise_identical_with_hooks() -> None:
     plain = _grads()
     assert _bitwise_equal(plain, _grads(spore.saved_tensors_hooks(lambda t: t, lambda t: t)))
-    assert _bitwise_equal(plain, _grads(hooks.offload("disk", min_bytes=0)))
+    assert _bitwise_equal(plain, _grads(memory.offload("disk", min_bytes=0)))
 
 
 def test_track_counts_bytes_per_op_and_peak() -> None:
     x, w1, w2 = _params()
-    with hooks.track() as tracked:
+    with memory.track() as tracked:
         loss = _step(x, w1, w2)
     assert tracked.count > 0
     assert tracked.by_op["gelu"].bytes == 64 * 128 * 4
@@ -102,7 +102,7 @@ def test_track_counts_bytes_per_op_and_peak() -> None:
 
 def test_offload_spills_to_files_and_cleans_up(tmp_path) -> None:
     x, w1, w2 = _params(n=2048)
-    with hooks.offload("disk", min_bytes=1 << 20, directory=str(tmp_path)) as stats:
+    with memory.offload("disk", min_bytes=1 << 20, directory=str(tmp_path)) as stats:
         loss = _step(x, w1, w2)
     files = list(tmp_path.iterdir())
     assert stats.offloaded == len(files) > 0
@@ -115,25 +115,25 @@ def test_offload_spills_to_files_and_cleans_up(tmp_path) -> None:
 
 def test_offload_outer_and_track_inner_compose() -> None:
     x, w1, w2 = _params(n=2048)
-    with hooks.offload("disk", min_bytes=1 << 20) as stats, hooks.track() as tracked:
+    with memory.offload("disk", min_bytes=1 << 20) as stats, memory.track() as tracked:
         _step(x, w1, w2).backward()
     assert tracked.packed_elsewhere == stats.offloaded > 0
 
 
 def test_offload_bad_arguments(tmp_path) -> None:
-    with pytest.raises(ValueError, match="offload target must be"), hooks.offload("tape"):
+    with pytest.raises(ValueError, match="offload target must be"), memory.offload("tape"):
         pass
-    with pytest.raises(ValueError, match="min_bytes must be >= 0"), hooks.offload(min_bytes=-1):
+    with pytest.raises(ValueError, match="min_bytes must be >= 0"), memory.offload(min_bytes=-1):
         pass
     if not torch.cuda.is_available():
-        with pytest.raises(RuntimeError, match="needs CUDA"), hooks.offload("host"):
+        with pytest.raises(RuntimeError, match="needs CUDA"), memory.offload("host"):
             pass
     locked = tmp_path / "locked"
     locked.mkdir(mode=0o500)
     if not os.access(locked, os.W_OK):  # root can write anyway
         with (
             pytest.raises(PermissionError, match="not writable"),
-            hooks.offload("disk", directory=str(locked)),
+            memory.offload("disk", directory=str(locked)),
         ):
             pass
 

@@ -1,4 +1,5 @@
-"""Composable saved-tensor hooks and the built-ins ``track()`` and ``offload()``.
+"""Saved-tensor memory: composable saved-tensor hooks and the built-ins ``track()`` and
+``offload()``.
 
 ``torch.autograd.graph.saved_tensors_hooks`` keeps only the innermost pair active. Spore's
 :func:`saved_tensors_hooks` composes them: a tensor autograd saves goes through every active

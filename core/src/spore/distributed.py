@@ -14,8 +14,6 @@ from spore.plugins import get_manager
 class ReadyHandle:
     """The handle of a group that was started synchronously: already done."""
 
-    started_by = "spore-core"
-
     def done(self) -> bool:
         return True
 

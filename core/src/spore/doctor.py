@@ -6,11 +6,13 @@ import importlib.metadata as metadata
 import importlib.util
 import os
 import platform
+import resource
 import shutil
 import subprocess
 import sys
+import time
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
@@ -25,6 +27,16 @@ AUTOLOAD_FIX = (
     "torch imports every installed device extension at start-up; set "
     "TORCH_DEVICE_BACKEND_AUTOLOAD=0 to skip them, or install the vendor runtime "
     "(for torch_npu: Ascend CANN, then `source set_env.sh`)"
+)
+WARMUP_CLONES = 8
+"""How many 128 MiB clones the allocator check's warm-up measurement makes in a new process."""
+WARMUP_FAULTS = 1000
+"""A clone after the first with more page faults than this took new pages (a 128 MiB clone of
+new pages takes 32768)."""
+WARMUP_FIX = (
+    "start CPU jobs with `spore run --allocator tuned -- CMD`, or add "
+    "glibc.malloc.tcache_max=0 to GLIBC_TUNABLES (PyTorch's aligned allocations otherwise leave "
+    "slivers in glibc's tcache that keep freed blocks from merging)"
 )
 
 
@@ -249,8 +261,59 @@ def check_plugins(report: Report, infos: list[PluginInfo]) -> None:
         )
 
 
+def clone_warmup(clones: int = WARMUP_CLONES, mib: int = 128) -> dict[str, list[float]]:
+    """Minor page faults and milliseconds of each of ``clones`` clones of a ``mib`` MiB tensor,
+    measured in this process (each clone freed before the next)."""
+    import torch
+
+    source = torch.ones(mib << 18)
+    faults: list[float] = []
+    millis: list[float] = []
+    for _ in range(clones):
+        before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+        start = time.perf_counter()
+        copy = source.clone()
+        millis.append(round((time.perf_counter() - start) * 1e3, 1))
+        faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+        del copy
+    return {"faults": faults, "ms": millis}
+
+
+def measure_warmup(env: Mapping[str, str]) -> dict[str, list[float]]:
+    """:func:`clone_warmup` in a new child process with environment ``env``."""
+    from spore import childproc
+
+    code = "import json; from spore.doctor import clone_warmup; print(json.dumps(clone_warmup()))"
+    return childproc.run_json([sys.executable, "-c", code], env=env, timeout=300)
+
+
+def describe_warmup(warmup: Mapping[str, list[float]]) -> tuple[str, bool]:
+    """A sentence on a :func:`clone_warmup` measurement; true when clones 2.. took no new
+    pages."""
+    faults, millis = warmup["faults"], warmup["ms"]
+    last = len(faults)
+    faulted = [i + 1 for i, count in enumerate(faults) if i and count > WARMUP_FAULTS]
+    first = (
+        f"in a new process the first of {last} clones of a 128 MiB tensor page-faults "
+        f"{faults[0]:.0f} times ({millis[0]:.0f} ms)"
+    )
+    if not faulted:
+        return (
+            f"{first}, clones 2-{last} take no new pages ({max(faults[1:]):.0f} faults, "
+            f"at most {max(millis[1:]):.0f} ms each)",
+            True,
+        )
+    return (
+        f"{first}, and {len(faulted)} of clones 2-{last} take new pages too (the last: clone "
+        f"{faulted[-1]}; at most {max(millis[1:]):.0f} ms each): freed blocks are not reused "
+        f"at once",
+        False,
+    )
+
+
 def check_allocator(report: Report) -> None:
-    """Measure the fresh-allocation penalty here, and what ``spore run`` would gain."""
+    """Measure the fresh-allocation penalty here, what ``spore run`` would gain, and whether a
+    new process under those settings reuses freed blocks from its second allocation on."""
     from spore._workloads import measure, run_workload
     from spore.runtime import RuntimeConfigError, allocator_in_use, cpu_plan
 
@@ -263,11 +326,22 @@ def check_allocator(report: Report) -> None:
         f"reused buffer {reused * 1e3:.1f} ms ({penalty:.1f}x)"
     )
     if penalty < 2:
-        report.add("allocator", "ok", detail)
+        try:
+            warmup, settled = describe_warmup(measure_warmup(os.environ))
+        except RuntimeError as exc:
+            report.add("allocator", "warn", f"{detail}; could not measure a new process: {exc}")
+            return
+        report.add(
+            "allocator",
+            "ok" if settled else "warn",
+            f"{detail}; {warmup}",
+            fix=None if settled else WARMUP_FIX,
+        )
         return
     try:
         plan = cpu_plan(allocator="auto")
         tuned = run_workload("fresh", plan.env)["seconds"]
+        warmup, settled = describe_warmup(measure_warmup(plan.env))
     except (RuntimeConfigError, RuntimeError, OSError) as exc:
         report.add("allocator", "warn", f"{detail}; could not measure a tuned child: {exc}")
         return
@@ -276,7 +350,7 @@ def check_allocator(report: Report) -> None:
         "allocator",
         "warn",
         f"{detail}; under `spore run` (allocator {plan.allocator}) the fresh tensor costs "
-        f"{tuned * 1e3:.1f} ms here ({fresh / tuned:.1f}x faster). Trade-off: freed memory is "
-        f"kept for reuse, so resident memory stays higher",
+        f"{tuned * 1e3:.1f} ms here ({fresh / tuned:.1f}x faster) and {warmup}. Trade-off: "
+        f"freed memory is kept for reuse, so resident memory stays higher",
         fix=f"start CPU jobs with `spore run -- CMD`, or export {exports}",
     )

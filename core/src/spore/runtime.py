@@ -4,6 +4,10 @@ On glibc, every allocation above the mmap threshold (dynamic, at most 32 MiB) is
 ``mmap`` that page-faults on first touch and is unmapped on free, so eager PyTorch on large
 tensors pays the page faults on every op. The ``tuned`` allocator keeps such blocks in the heap
 for reuse (glibc's own tunables, no extra library): resident memory stays higher in exchange.
+It also keeps glibc's per-thread cache (tcache) to the smallest chunks: PyTorch allocates with
+``posix_memalign``, whose alignment slivers would otherwise sit in the tcache between a freed
+block and its neighbours, so about seven freed blocks were stranded before they merged and were
+reused (the first clones of a 128 MiB tensor each page-faulted 32768 times).
 
 ``cpu_plan``/``cpu_env`` compute the environment; ``spore run``, ``spore bench`` and launchers
 apply it. Variables the user already set are never overwritten: they are kept and reported.
@@ -16,7 +20,7 @@ import subprocess
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-RUNTIME_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "LD_PRELOAD")
+RUNTIME_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "LD_PRELOAD", "GLIBC_TUNABLES")
 APPLIED_MARKER = "SPORE_RUNTIME"
 """Set in a planned child to the allocator chosen, so a launcher does not apply a plan twice."""
 
@@ -25,6 +29,9 @@ GLIBC_TUNED = {
     "MALLOC_TRIM_THRESHOLD_": str(16 << 30),
     "MALLOC_TOP_PAD_": str(512 << 20),
 }
+TUNED_TUNABLES = {"glibc.malloc.tcache_max": "0"}
+"""Entries the tuned allocator adds to ``GLIBC_TUNABLES``: the tcache keeps only chunks of
+requests up to 24 bytes, so ``posix_memalign``'s slivers (48 bytes and up) merge at once."""
 JEMALLOC_CONF = "oversize_threshold:1,background_thread:true,dirty_decay_ms:-1,muzzy_decay_ms:-1"
 ALLOCATORS = ("auto", "tuned", "system", "jemalloc", "tcmalloc")
 _LIBRARIES = {"jemalloc": "libjemalloc.so", "tcmalloc": "libtcmalloc.so"}
@@ -48,6 +55,16 @@ def runtime_environment(env: Mapping[str, str] | None = None) -> dict[str, str]:
     }
 
 
+def parse_tunables(value: str) -> dict[str, str]:
+    """``GLIBC_TUNABLES``' ``name=value:name=value`` list as a dict, in order."""
+    return dict(item.partition("=")[::2] for item in value.split(":") if item)
+
+
+def join_tunables(tunables: Mapping[str, str]) -> str:
+    """The ``GLIBC_TUNABLES`` value for ``tunables``."""
+    return ":".join(f"{name}={value}" for name, value in tunables.items())
+
+
 def allocator_in_use(env: Mapping[str, str] | None = None) -> str:
     """Which allocator settings ``env`` carries: tuned, jemalloc, tcmalloc, custom or system."""
     env = os.environ if env is None else env
@@ -55,9 +72,14 @@ def allocator_in_use(env: Mapping[str, str] | None = None) -> str:
     for name, lib in _LIBRARIES.items():
         if lib in preload:
             return name
-    if all(env.get(k) == v for k, v in GLIBC_TUNED.items()):
+    tunables = parse_tunables(env.get("GLIBC_TUNABLES", ""))
+    if all(env.get(k) == v for k, v in GLIBC_TUNED.items()) and all(
+        tunables.get(k) == v for k, v in TUNED_TUNABLES.items()
+    ):
         return "tuned"
-    if any(k.startswith("MALLOC_") for k in env):
+    if any(k.startswith("MALLOC_") for k in env) or any(
+        k.startswith("glibc.malloc.") for k in tunables
+    ):
         return "custom"
     return "system"
 
@@ -115,8 +137,8 @@ def cpu_plan(
     """Plan the environment of a CPU process, one of ``ranks`` local ranks.
 
     ``allocator``: ``auto`` (tcmalloc when the dynamic linker has it, else ``tuned``),
-    ``tuned`` (glibc tunables), ``jemalloc``/``tcmalloc`` (preloaded; an error when missing)
-    or ``system`` (nothing changed).
+    ``tuned`` (glibc tunables; :data:`TUNED_TUNABLES` join the user's ``GLIBC_TUNABLES``),
+    ``jemalloc``/``tcmalloc`` (preloaded; an error when missing) or ``system`` (nothing changed).
 
     ``threads`` defaults to this process's usable cores divided between the ranks (at least 1);
     ``affinity`` pins rank ``rank`` to its own slice of cores through OpenMP places.
@@ -143,6 +165,10 @@ def cpu_plan(
         path = find_library(allocator)
     if allocator == "tuned":
         wanted |= GLIBC_TUNED
+        theirs = parse_tunables(base.get("GLIBC_TUNABLES", ""))
+        wanted["GLIBC_TUNABLES"] = join_tunables(theirs | TUNED_TUNABLES)
+        if not theirs.keys() & TUNED_TUNABLES.keys():
+            base.pop("GLIBC_TUNABLES", None)
     elif allocator in _LIBRARIES:
         if path is None:
             raise RuntimeConfigError(
@@ -190,10 +216,17 @@ def cpu_env(
 
 
 def system_env(base_env: Mapping[str, str] | None = None) -> dict[str, str]:
-    """``base_env`` back on glibc's malloc defaults: no ``MALLOC_*`` tunables, no preloaded
-    jemalloc/tcmalloc."""
+    """``base_env`` back on glibc's malloc defaults: no ``MALLOC_*`` variables or
+    ``glibc.malloc.*`` tunables, no preloaded jemalloc/tcmalloc."""
     base = os.environ if base_env is None else base_env
     env = {k: v for k, v in base.items() if not k.startswith("MALLOC_") and k != APPLIED_MARKER}
+    tunables = {
+        k: v
+        for k, v in parse_tunables(env.pop("GLIBC_TUNABLES", "")).items()
+        if not k.startswith("glibc.malloc.")
+    }
+    if tunables:
+        env["GLIBC_TUNABLES"] = join_tunables(tunables)
     preload = [
         p
         for p in env.pop("LD_PRELOAD", "").split(":")

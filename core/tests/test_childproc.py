@@ -47,6 +47,19 @@ def test_a_child_past_its_timeout_is_killed_with_its_output_shown() -> None:
     assert "partial" in str(info.value)
 
 
+def test_a_timeout_also_kills_the_childs_children() -> None:
+    # The grandchild holds the stdout pipe: killing only the child would leave it open.
+    code = (
+        "import subprocess, sys, time\n"
+        "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)'])\n"
+        "time.sleep(120)\n"
+    )
+    start = time.monotonic()
+    with pytest.raises(childproc.ChildError, match="did not finish within 1s"):
+        childproc.run(_python(code), timeout=1)
+    assert time.monotonic() - start < 30
+
+
 def test_run_without_check_returns_the_failed_process() -> None:
     done = childproc.run(_python("print('out'); raise SystemExit(4)"), timeout=60, check=False)
     assert (done.returncode, done.stdout) == (4, "out\n")

@@ -5,6 +5,7 @@ child processes that print one JSON object as their last line of output. :func:`
 one; :func:`start_json` starts one to collect later and :func:`run_json_all` runs several at once
 (the ranks of a process group). A child that exits non-zero, runs past its timeout or prints no
 JSON object raises :class:`ChildError`, which names the command and ends with its stderr.
+Each child leads its own process group, so a timeout or a kill also stops what it started.
 """
 
 from __future__ import annotations
@@ -12,9 +13,11 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import signal
 import subprocess
 import time
 from collections.abc import Mapping, Sequence
+from contextlib import suppress
 from types import TracebackType
 from typing import Any
 
@@ -80,6 +83,7 @@ class Child:
             text=True,
             env=None if env is None else dict(env),
             cwd=cwd,
+            start_new_session=True,  # its own process group: a kill reaches its children too
         )
 
     @property
@@ -95,8 +99,7 @@ class Child:
         try:
             out, err = self._proc.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:
-            self._proc.kill()
-            out, err = self._proc.communicate()
+            out, err = self._kill()
             raise ChildError(
                 self.args,
                 f"did not finish within {timeout:g}s (killed)",
@@ -132,10 +135,14 @@ class Child:
         return value
 
     def kill(self) -> None:
-        """Kill the child if it still runs, and reap it."""
+        """Kill the child and its process group if it still runs, and reap it."""
         if self._proc.poll() is None:
-            self._proc.kill()
-            self._proc.communicate()
+            self._kill()
+
+    def _kill(self) -> tuple[str, str]:
+        with suppress(ProcessLookupError):
+            os.killpg(self._proc.pid, signal.SIGKILL)
+        return self._proc.communicate()
 
     def __enter__(self) -> Child:
         return self

@@ -160,6 +160,7 @@ def test_plugin_ops_are_registered_owned_and_withdrawn(fixture_plugins, spore_ma
     manager = spore_manager()
     registry = manager.registry("ops")
     assert registry.entry("fixture_scale").owner == "ops"
+    assert registry.entry("fixture_scale").owner_version == "1.0.0"  # the distribution's
     assert "fixture_scale[cpu]@ops" in registry
     module = sys.modules["spore_fixture_ops"]
     x = torch.ones(3)

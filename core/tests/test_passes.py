@@ -42,17 +42,108 @@ def _f(x):
     return (x * 2 + x).sin()
 
 
-def test_pattern_rewrites_a_compiled_function(spore_manager) -> None:
+@pytest.fixture
+def inductor_slots():
+    """Inductor's three custom-pass slots, restored after the test (enable() changes them)."""
+    from torch._inductor import config
+
+    saved = {slot: getattr(config, slot) for slot in passes.STAGES.values()}
+    yield config
+    for slot, value in saved.items():
+        setattr(config, slot, value)
+
+
+def _g(x):
+    return (x * 2 + x).cos()
+
+
+def test_backend_spore_runs_the_passes_for_its_compile_only(spore_manager, inductor_slots) -> None:
     spore_manager()
     record = Record()
     spore.register_custom_pass(TimesThree(), priority=10)
     spore.register_custom_pass(record, priority=0)
     torch._dynamo.reset()
     x = torch.randn(16)
-    with torch._inductor.config.patch(fx_graph_cache=False):  # a cached graph runs no pass
-        torch.testing.assert_close(torch.compile(_f)(x), (x * 3).sin())
+    before = {slot: getattr(inductor_slots, slot) for slot in passes.STAGES.values()}
+    # a cached graph runs no pass
+    compiled = torch.compile(_f, backend="spore", options={"fx_graph_cache": False})
+    torch.testing.assert_close(compiled(x), (x * 3).sin())
     assert passes.stats()["times-three"] == 1
     assert record.seen[-1] == ["aten.mul.Tensor", "aten.sin.default"]  # the add is gone
+    assert {slot: getattr(inductor_slots, slot) for slot in passes.STAGES.values()} == before
+    runs = len(record.seen)
+    with inductor_slots.patch(fx_graph_cache=False):
+        torch.testing.assert_close(torch.compile(_g)(x), _g(x))
+    assert len(record.seen) == runs, "a plain torch.compile must run no Spore pass"
+
+
+def test_registering_alone_runs_nothing(spore_manager, inductor_slots) -> None:
+    spore_manager()
+    record = Record()
+    spore.register_custom_pass(record)
+    torch._dynamo.reset()
+    with inductor_slots.patch(fx_graph_cache=False):
+        torch.compile(_f)(torch.randn(8))
+    assert record.seen == []
+    assert inductor_slots.post_grad_custom_post_pass is None
+
+
+def test_enable_is_idempotent_chains_the_users_pass_and_sees_later_passes(
+    spore_manager, inductor_slots
+) -> None:
+    from torch._inductor.custom_graph_pass import CustomGraphPass
+
+    class UserPass(CustomGraphPass):
+        runs = 0
+
+        def __call__(self, graph) -> None:
+            UserPass.runs += 1
+
+        def uuid(self) -> str:
+            return "user-pass-v1"
+
+    spore_manager()
+    user = UserPass()
+    inductor_slots.post_grad_custom_post_pass = user
+    passes.enable()
+    multiplexer = inductor_slots.post_grad_custom_post_pass
+    passes.enable()
+    assert inductor_slots.post_grad_custom_post_pass is multiplexer
+    assert multiplexer.previous is user
+    assert type(inductor_slots.pre_grad_custom_pass).__name__ == "SporePassMultiplexer"
+    record = Record()
+    spore.register_custom_pass(record)  # registered after enable(): runs too
+    torch._dynamo.reset()
+    with inductor_slots.patch(fx_graph_cache=False):
+        torch.compile(_f)(torch.randn(8))
+    assert len(record.seen) == 1
+    assert UserPass.runs == 1
+
+
+def test_backend_spore_applies_mode_and_options(spore_manager) -> None:
+    from torch._inductor import config
+
+    seen: list[tuple[bool, bool]] = []
+
+    def probe(gm) -> int:
+        seen.append((config.epilogue_fusion, config.max_autotune))
+        return 0
+
+    spore_manager()
+    spore.register_custom_pass(probe, name="config-probe")
+    x = torch.randn(8)
+    for kwargs in (
+        {"options": {"epilogue_fusion": False}},
+        {"mode": "max-autotune-no-cudagraphs"},
+    ):
+        torch._dynamo.reset()
+        with config.patch(fx_graph_cache=False):
+            torch.testing.assert_close(torch.compile(_g, backend="spore", **kwargs)(x), _g(x))
+    assert seen == [(False, False), (config.epilogue_fusion, True)]
+    torch._dynamo.reset()
+    with pytest.raises(Exception, match="unknown Inductor option 'epilogue_fusio'") as info:
+        torch.compile(_g, backend="spore", options={"epilogue_fusio": False})(x)
+    assert "did you mean 'epilogue_fusion'?" in str(info.value)
 
 
 def test_apply_without_compiling_is_idempotent(spore_manager) -> None:
@@ -84,7 +175,7 @@ def test_bad_registrations(spore_manager) -> None:
 
 CACHE_SCRIPT = textwrap.dedent(
     """
-    import json, torch, spore
+    import json, torch, spore, spore.passes
     from torch._dynamo.utils import counters
     from torch._inductor import config
     from torch._inductor.custom_graph_pass import CustomGraphPass
@@ -116,6 +207,7 @@ CACHE_SCRIPT = textwrap.dedent(
 
     first = Count("first")
     spore.register_custom_pass(first)
+    spore.passes.enable()
     a = compile_once()
     b = compile_once()
     second = Count("second")
@@ -128,10 +220,16 @@ CACHE_SCRIPT = textwrap.dedent(
 
 
 def test_fx_graph_cache_hits_when_unchanged_and_misses_after_a_new_pass(tmp_path) -> None:
+    """After enable(), in one process: a new pass changes the key; the user's pass still runs."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("SPORE_")}
     env.update(TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "inductor"), TORCHINDUCTOR_FX_GRAPH_CACHE="1")
     out = subprocess.run(
-        [sys.executable, "-c", CACHE_SCRIPT], capture_output=True, text=True, env=env, timeout=600
+        [sys.executable, "-c", CACHE_SCRIPT],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+        cwd=tmp_path,
     )
     assert out.returncode == 0, out.stderr[-3000:]
     r = json.loads(out.stdout.splitlines()[-1])
@@ -143,13 +241,12 @@ def test_fx_graph_cache_hits_when_unchanged_and_misses_after_a_new_pass(tmp_path
     assert r["user"] == 2, "the pass the user had in the slot keeps running"
 
 
-def test_uuid_follows_the_registered_set_and_versions(spore_manager) -> None:
-    from torch._inductor import config
-
+def test_uuid_follows_the_registered_set_and_versions(spore_manager, inductor_slots) -> None:
     spore_manager()
     first = Record()
     spore.register_custom_pass(first, name="uuid-probe")
-    multiplexer = config.post_grad_custom_post_pass
+    passes.enable()
+    multiplexer = inductor_slots.post_grad_custom_post_pass
     assert type(multiplexer).__name__ == "SporePassMultiplexer"
     before = multiplexer.uuid()
     assert multiplexer.uuid() == before  # stable while nothing changes

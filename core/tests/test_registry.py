@@ -4,7 +4,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from spore.registry import USER, DuplicateRegistrationError, Registry
+from spore.registry import USER, DuplicateRegistrationError, Registry, make_registries
 
 
 @dataclass
@@ -60,3 +60,24 @@ def test_bad_names_are_clear_errors() -> None:
         reg.add(object(), name="")
     with pytest.raises(KeyError, match=r"no op named 'missing' \(registered: none\)"):
         reg.get("missing")
+
+
+def test_the_owner_version_is_recorded_with_the_owner() -> None:
+    reg: Registry[Thing] = Registry("thing")
+    with reg.owned_by("alpha", "1.2.3"):
+        reg.add(Thing("a"))
+    reg.add(Thing("b"))
+    assert (reg.entry("a").owner, reg.entry("a").owner_version) == ("alpha", "1.2.3")
+    assert (reg.entry("b").owner, reg.entry("b").owner_version) == (USER, "")
+
+
+def test_every_kind_has_its_registry_class_from_one_module() -> None:
+    registries = make_registries()
+    assert {kind: type(r).__name__ for kind, r in registries.items()} == {
+        "ops": "OpRegistry",
+        "passes": "PassRegistry",
+        "backends": "BackendRegistry",
+        "benchmarks": "Registry",
+    }
+    assert {type(r).__module__ for r in registries.values()} == {"spore.registry"}
+    assert make_registries()["ops"] is not registries["ops"]

@@ -1,11 +1,13 @@
-"""Custom ``torch.compile`` backends: ``spore.register_custom_backend`` and the registry.
+"""Custom ``torch.compile`` backends: the :class:`Backend` type and its entries in dynamo.
 
-A backend registered here is registered with ``torch._dynamo`` under its name, so
-``torch.compile(model, backend=name)`` works. Dynamo keeps a thin entry that calls whatever
-Spore holds for that name at compile time, so ``override=True`` takes effect and registering
-the same backend again (a plugin loaded twice) is harmless. With ``fallback=True`` a compiler
-that raises is reported as a warning and the graph runs eagerly; otherwise the error
-propagates (dynamo reports it as ``BackendCompilerFailed`` with the cause chained).
+This is the mechanism behind :class:`spore.registry.BackendRegistry` (what plugins fill) and
+``spore.register_custom_backend`` (user code): each backend added there is handed to
+:func:`register_with_dynamo`, so ``torch.compile(model, backend=name)`` works. Dynamo keeps a
+thin entry that calls whatever Spore holds for that name at compile time, so ``override=True``
+takes effect and registering the same backend again (a plugin loaded twice) is harmless. With
+``fallback=True`` a compiler that raises is reported as a warning and the graph runs eagerly;
+otherwise the error propagates (dynamo reports it as ``BackendCompilerFailed`` with the cause
+chained).
 
 Plugins may also declare dynamo's own ``torch_dynamo_backends`` entry point, so the backend is
 found by ``torch.compile`` without importing Spore first.
@@ -19,7 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from spore.registry import DuplicateRegistrationError, Registry
+from spore.errors import DuplicateRegistrationError
 
 CompilerFn = Callable[..., Any]
 
@@ -71,7 +73,11 @@ def _entry(name: str) -> CompilerFn:
     return compile_graph
 
 
-def _register_with_dynamo(backend: Backend) -> None:
+def register_with_dynamo(backend: Backend) -> None:
+    """Make ``backend`` what ``torch.compile(..., backend=backend.name)`` calls.
+
+    The same name again replaces Spore's backend; a name dynamo has from elsewhere is refused.
+    """
     import torch._dynamo
 
     with _lock:
@@ -87,34 +93,11 @@ def _register_with_dynamo(backend: Backend) -> None:
         torch._dynamo.register_backend(_entry(backend.name), name=backend.name)
 
 
-class BackendRegistry(Registry[Backend]):
-    """What ``spore_register_backends`` receives: ``registry.add(Backend(...))``."""
-
-    def add(self, value: Backend, *, name: str | None = None, override: bool = False) -> Backend:
-        if not isinstance(value, Backend):
-            raise TypeError(f"register a spore.backends.Backend, got {type(value).__name__}")
-        if name not in (None, value.name):
-            raise ValueError(f"backend {value.name!r} cannot be registered as {name!r}")
-        super().add(value, override=override)
-        _register_with_dynamo(value)
-        return value
-
-    def remove_owner(self, owner: str) -> None:
-        """Forget ``owner``'s backends; dynamo's entries then fail with a clear message."""
-        for name in self.names(owner=owner):
+def withdraw(names: list[str]) -> None:
+    """Forget these backends; dynamo's entries for them then fail with a clear message."""
+    with _lock:
+        for name in names:
             _active.pop(name, None)
-        super().remove_owner(owner)
-
-
-def register_custom_backend(
-    name: str, compiler_fn: CompilerFn, *, fallback: bool = False, override: bool = False
-) -> Backend:
-    """Register ``compiler_fn`` as ``torch.compile(..., backend=name)`` (owner: ``user``)."""
-    from spore.plugins import get_manager
-
-    backend = Backend(name, compiler_fn, fallback)
-    get_manager().registry("backends").add(backend, override=override)
-    return backend
 
 
 def active() -> dict[str, Backend]:

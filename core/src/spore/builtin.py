@@ -9,10 +9,10 @@ import os
 from collections.abc import Callable
 from typing import Any
 
-from spore import hookimpl
 from spore._workloads import run_workload
 from spore.bench import Benchmark
 from spore.doctor import Report, core_checks
+from spore.hookspecs import hookimpl
 from spore.registry import Registry
 from spore.runtime import system_env
 

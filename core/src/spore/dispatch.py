@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from spore.registry import DuplicateRegistrationError
+from spore.errors import DuplicateRegistrationError
 
 NAMESPACE = "spore"
 REFERENCE = "reference"

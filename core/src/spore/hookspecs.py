@@ -1,6 +1,7 @@
 """Every hook a Spore plugin can implement.
 
-Plugins mark their implementations with :data:`spore.hookimpl`. Each hook hands the plugin an
+Plugins mark their implementations with :data:`spore.hookimpl` (defined here, beside
+:data:`hookspec`, and re-exported by the package). Each hook hands the plugin an
 object to call (a registry, the CLI group, the doctor report); plugins never touch globals.
 Arguments are only ever added; a hook newer than a plugin's ``spore-core`` floor must be
 implemented with ``@hookimpl(optionalhook=True)``.
@@ -19,6 +20,9 @@ if TYPE_CHECKING:
     from spore.registry import Registry
 
 hookspec = pluggy.HookspecMarker("spore")
+
+hookimpl = pluggy.HookimplMarker("spore")
+"""Marker for plugin hook implementations: ``@spore.hookimpl def spore_doctor(report): ...``."""
 
 
 @hookspec(historic=True)
@@ -45,6 +49,9 @@ def spore_register_ops(registry: Registry[Any]) -> None:
 @hookspec
 def spore_register_passes(registry: Registry[Any]) -> None:
     """Register graph passes: ``registry.add(pass_, stage="post_grad", priority=0, device=None)``.
+
+    A :class:`spore.registry.PassRegistry`. The passes run in ``torch.compile(...,
+    backend="spore")`` and after :func:`spore.passes.enable`, not in a plain compile.
 
     .. versionadded:: 0.1.0
     """

@@ -1,219 +1,57 @@
-"""Plugin discovery, loading and status (entry-point group ``spore.plugins``).
+"""Loading plugins, isolating their failures, and the process-wide manager.
 
-Discovery reads entry-point metadata only; the allow/deny environment and the ``spore-core``
-range check are applied before anything is imported. Loading happens once, the first time a
-registry is used, and every plugin import and hook call is isolated: a failure marks that plugin
-``failed`` (its registrations are withdrawn) and the host goes on, unless strict mode is on or
-the user asked for that plugin by name.
-
-Environment, highest precedence first:
-
-``SPORE_NO_PLUGINS=1``
-    no third-party plugin is loaded.
-``SPORE_PLUGINS=a,b``
-    allow-list: only these are loaded (set but empty: none); each is *requested*.
-``SPORE_DISABLE_PLUGINS=a,b``
-    deny-list.
-``SPORE_STRICT_PLUGINS=1``
-    any plugin failure raises :class:`PluginError` instead of a warning.
+:mod:`spore.discovery` says which plugins may load (environment and entry points, nothing
+imported). The :class:`PluginManager` loads them once, the first time a registry is used, and
+isolates every plugin import and hook call: a failure marks that plugin ``failed`` (its
+registrations are withdrawn) and the host goes on, unless strict mode is on or the user asked
+for that plugin by name. The manager fills the registries of :mod:`spore.registry`; the
+mechanisms that use them (dispatch, passes, backends, bench) receive a registry and never
+import this module.
 """
 
 from __future__ import annotations
 
 import difflib
-import enum
-import importlib.metadata as metadata
 import logging
 import os
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import AbstractContextManager, contextmanager
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import pluggy
 
 from spore import hookspecs
 from spore._version import __version__
-from spore.backends import BackendRegistry
-from spore.passes import PassRegistry
-from spore.registry import OpRegistry, Registry
+from spore.discovery import (
+    CORE_DISTRIBUTION,
+    CORE_PLUGIN,
+    ENTRY_POINT_GROUP,
+    PluginInfo,
+    Selection,
+    Status,
+    discover_entry_points,
+    normalize,
+)
+from spore.registry import Registry, make_registries
 
 if TYPE_CHECKING:
     import click
 
     from spore.doctor import Report
 
-ENTRY_POINT_GROUP = "spore.plugins"
-CORE_PLUGIN = "core"
-CORE_DISTRIBUTION = "spore-core"
 REGISTRY_HOOKS = {
     "ops": "spore_register_ops",
     "passes": "spore_register_passes",
     "backends": "spore_register_backends",
     "benchmarks": "spore_register_benchmarks",
 }
-_KIND_SINGULAR = {"ops": "op", "passes": "pass", "backends": "backend", "benchmarks": "benchmark"}
 
 log = logging.getLogger("spore.plugins")
 
 
-class Status(enum.StrEnum):
-    """Where a plugin stands after discovery and loading."""
-
-    ACTIVE = "active"
-    DISABLED = "disabled"
-    FAILED = "failed"
-    INCOMPATIBLE = "incompatible"
-
-
 class PluginError(RuntimeError):
     """A plugin failed in strict mode, or a plugin asked for by name is not active."""
-
-
-@dataclass
-class PluginInfo:
-    """One discovered plugin: where it comes from, its status and what it registered."""
-
-    name: str
-    distribution: str
-    version: str
-    value: str
-    status: Status | None = None
-    reason: str = ""
-    core_requirement: str | None = None
-    builtin: bool = False
-    hooks: list[str] = field(default_factory=list)
-    registered: dict[str, list[str]] = field(default_factory=dict)
-    entry_point: metadata.EntryPoint | None = field(default=None, repr=False, compare=False)
-
-    def to_dict(self) -> dict[str, Any]:
-        """A JSON-ready view (what ``spore plugins --json`` prints)."""
-        return {
-            "name": self.name,
-            "distribution": self.distribution,
-            "version": self.version,
-            "module": self.value,
-            "status": self.status.value if self.status else None,
-            "reason": self.reason,
-            "core_requirement": self.core_requirement,
-            "builtin": self.builtin,
-            "hooks": list(self.hooks),
-            "registered": {k: list(v) for k, v in self.registered.items() if v},
-        }
-
-
-def normalize(name: str) -> str:
-    """Plugin names compare case-insensitively with ``-`` and ``_`` equal."""
-    return name.strip().lower().replace("_", "-")
-
-
-def _truthy(value: str | None) -> bool:
-    return (value or "").strip().lower() in {"1", "true", "yes", "on"}
-
-
-def _names(value: str) -> list[str]:
-    return [normalize(n) for n in value.split(",") if n.strip()]
-
-
-@dataclass(frozen=True)
-class Selection:
-    """Which plugins the environment lets load (see the module docstring for precedence)."""
-
-    no_plugins: bool = False
-    allow: frozenset[str] | None = None
-    deny: frozenset[str] = frozenset()
-
-    @classmethod
-    def from_env(cls, env: Mapping[str, str]) -> Selection:
-        if _truthy(env.get("SPORE_NO_PLUGINS")):
-            return cls(no_plugins=True)
-        if "SPORE_PLUGINS" in env:
-            return cls(allow=frozenset(_names(env["SPORE_PLUGINS"])))
-        return cls(deny=frozenset(_names(env.get("SPORE_DISABLE_PLUGINS", ""))))
-
-    def why_disabled(self, name: str) -> str | None:
-        """The reason ``name`` may not load, or ``None`` when it may."""
-        key = normalize(name)
-        if self.no_plugins:
-            return "SPORE_NO_PLUGINS is set"
-        if self.allow is not None and key not in self.allow:
-            return "not listed in SPORE_PLUGINS"
-        if key in self.deny:
-            return "listed in SPORE_DISABLE_PLUGINS"
-        return None
-
-
-def _core_requirement(dist: metadata.Distribution | None) -> str | None:
-    from packaging.requirements import Requirement
-    from packaging.utils import canonicalize_name
-
-    for line in (dist.requires or []) if dist else []:
-        req = Requirement(line)
-        if canonicalize_name(req.name) != CORE_DISTRIBUTION:
-            continue
-        if req.marker is None or req.marker.evaluate({"extra": ""}):
-            return str(req.specifier)
-    return None
-
-
-def _incompatibility(info: PluginInfo) -> str | None:
-    from packaging.specifiers import SpecifierSet
-
-    if info.core_requirement is None:
-        return None
-    spec = SpecifierSet(info.core_requirement)
-    if spec.contains(__version__, prereleases=True):
-        return None
-    return (
-        f"requires spore-core{spec} but spore-core {__version__} is running; install "
-        f"'spore-core{spec}' or a release of {info.distribution} that supports {__version__}"
-    )
-
-
-def discover_entry_points(selection: Selection) -> list[PluginInfo]:
-    """Read the ``spore.plugins`` entry points (metadata only, nothing is imported).
-
-    De-duplicated by (distribution, name), sorted by name; disabled and incompatible plugins
-    get their status here.
-    """
-    from packaging.utils import canonicalize_name
-
-    found: dict[str, PluginInfo] = {}
-    seen: set[tuple[str, str]] = set()
-    eps = metadata.entry_points(group=ENTRY_POINT_GROUP)
-    for ep in sorted(eps, key=lambda e: (normalize(e.name), e.dist.name if e.dist else "")):
-        dist_name = ep.dist.name if ep.dist else "unknown"
-        key = (canonicalize_name(dist_name), normalize(ep.name))
-        if key in seen:
-            continue
-        seen.add(key)
-        info = PluginInfo(
-            name=normalize(ep.name),
-            distribution=dist_name,
-            version=ep.dist.version if ep.dist else "unknown",
-            value=ep.value,
-            core_requirement=_core_requirement(ep.dist),
-            entry_point=ep,
-        )
-        other = found.get(info.name)
-        if info.name == CORE_PLUGIN:
-            info.status = Status.FAILED
-            info.reason = f"the plugin name {CORE_PLUGIN!r} is reserved for spore-core"
-        elif other is not None:
-            info.status = Status.FAILED
-            info.reason = (
-                f"plugin name {info.name!r} is also provided by {other.distribution} "
-                f"{other.version}; uninstall one of the two distributions"
-            )
-            found[f"{info.name}@{dist_name}"] = info
-            continue
-        elif (why := selection.why_disabled(info.name)) is not None:
-            info.status, info.reason = Status.DISABLED, why
-        elif (why := _incompatibility(info)) is not None:
-            info.status, info.reason = Status.INCOMPATIBLE, why
-        found[info.name] = info
-    return list(found.values())
 
 
 class PluginManager:
@@ -232,14 +70,11 @@ class PluginManager:
     ) -> None:
         env = dict(os.environ if env is None else env)
         self.selection = Selection.from_env(env)
-        self.strict = _truthy(env.get("SPORE_STRICT_PLUGINS")) if strict is None else strict
+        self.strict = self.selection.strict if strict is None else strict
         self.requested: set[str] = {normalize(n) for n in requested}
         if self.selection.allow:
             self.requested |= self.selection.allow
-        special = {"ops": OpRegistry, "passes": PassRegistry, "backends": BackendRegistry}
-        self.registries: dict[str, Registry[Any]] = {
-            kind: special.get(kind, Registry)(_KIND_SINGULAR[kind]) for kind in REGISTRY_HOOKS
-        }
+        self.registries: dict[str, Registry[Any]] = make_registries()
         self._lock = threading.RLock()
         self._state = "new"
         self._error: PluginError | None = None
@@ -308,7 +143,11 @@ class PluginManager:
         self._check_unknown_hooks()
         for kind, hookname in REGISTRY_HOOKS.items():
             registry = self.registries[kind]
-            self._call_each(hookname, lambda name, r=registry: r.owned_by(name), registry=registry)
+            self._call_each(
+                hookname,
+                lambda name, r=registry: r.owned_by(name, self._infos[name].version),
+                registry=registry,
+            )
         for info in self._infos.values():
             if info.status is None:
                 info.status = Status.ACTIVE
@@ -509,8 +348,10 @@ def use_manager(manager: PluginManager) -> Iterator[PluginManager]:
 
 
 __all__ = [
+    "CORE_DISTRIBUTION",
     "CORE_PLUGIN",
     "ENTRY_POINT_GROUP",
+    "REGISTRY_HOOKS",
     "DuplicateCommandError",
     "PluginError",
     "PluginInfo",
@@ -519,5 +360,6 @@ __all__ = [
     "Status",
     "discover_entry_points",
     "get_manager",
+    "normalize",
     "use_manager",
 ]

@@ -1,4 +1,14 @@
-"""Named registries that remember which plugin registered each entry."""
+"""Every registry: named tables that remember which plugin registered each entry.
+
+The rule: every registry class lives here. :class:`Registry` is the table; a kind whose
+entries act on something else has a subclass here that hands each entry to its mechanism
+(:class:`OpRegistry` → :mod:`spore.dispatch`, :class:`PassRegistry` → the entry types of
+:mod:`spore.graph_passes`, :class:`BackendRegistry` → :mod:`spore.backends`). Mechanisms define
+their entry types and receive a registry (or its entries) as an argument; they never import
+this module's subclasses, the plugin manager or the ``spore`` package. The plugin manager
+(:mod:`spore.plugins`) creates one registry per kind with :func:`make_registries` and fills
+them through the plugins' hooks.
+"""
 
 from __future__ import annotations
 
@@ -8,23 +18,23 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
+from spore import backends, graph_passes
+from spore.errors import DuplicateRegistrationError
+
 T = TypeVar("T")
 
 USER = "user"
 """Owner recorded for entries registered directly by user code, outside any plugin hook."""
 
 
-class DuplicateRegistrationError(ValueError):
-    """A name was registered twice without ``override=True``."""
-
-
 @dataclass(frozen=True)
 class Entry(Generic[T]):
-    """One registered value and the plugin that registered it."""
+    """One registered value, the plugin that registered it and that plugin's version."""
 
     name: str
     value: T
     owner: str
+    owner_version: str = ""
 
 
 class Registry(Generic[T]):
@@ -38,6 +48,7 @@ class Registry(Generic[T]):
         self.kind = kind
         self._entries: dict[str, Entry[T]] = {}
         self._owner = USER
+        self._owner_version = ""
 
     def add(self, value: T, *, name: str | None = None, override: bool = False) -> T:
         """Register ``value`` under ``name`` (default: ``value.name``) and return it.
@@ -60,7 +71,7 @@ class Registry(Generic[T]):
                 f"{self.kind} {name!r} is registered by both {old.owner!r} and "
                 f"{self._owner!r}; rename one, disable one plugin, or pass override=True"
             )
-        self._entries[name] = Entry(name, value, self._owner)
+        self._entries[name] = Entry(name, value, self._owner, self._owner_version)
         return value
 
     def get(self, name: str) -> T:
@@ -89,13 +100,14 @@ class Registry(Generic[T]):
         self._entries = {n: e for n, e in self._entries.items() if e.owner != owner}
 
     @contextmanager
-    def owned_by(self, owner: str) -> Iterator[None]:
-        """Attribute registrations made inside the block to ``owner``."""
-        previous, self._owner = self._owner, owner
+    def owned_by(self, owner: str, version: str = "") -> Iterator[None]:
+        """Attribute registrations made inside the block to ``owner`` (at ``version``)."""
+        previous = self._owner, self._owner_version
+        self._owner, self._owner_version = owner, version
         try:
             yield
         finally:
-            self._owner = previous
+            self._owner, self._owner_version = previous
 
     def __contains__(self, name: object) -> bool:
         return name in self._entries
@@ -114,7 +126,8 @@ class OpRegistry(Registry[Any]):
     """What ``spore_register_ops`` receives: define ops and add kernels, owned by the plugin.
 
     Entries are the ops a plugin defined (by name) and its kernels (``op[device]@plugin``).
-    torch is imported on first use, not when the registry is created.
+    :mod:`spore.dispatch` (which imports torch) is imported on first use, not when the registry
+    is created.
     """
 
     def define(self, name: str, schema: str, **kwargs: Any) -> Any:
@@ -156,3 +169,78 @@ class OpRegistry(Registry[Any]):
         dispatch = sys.modules.get("spore.dispatch")
         if dispatch is not None:
             dispatch.unregister_provider(owner)
+
+
+class PassRegistry(Registry[graph_passes.PassEntry]):
+    """What ``spore_register_passes`` receives: ``registry.add(pass_, stage=..., priority=...)``.
+
+    Registering runs nothing: the passes run in ``torch.compile(..., backend="spore")`` and,
+    after :func:`spore.passes.enable`, in every Inductor compile (see :mod:`spore.passes`).
+    """
+
+    def add(  # type: ignore[override]
+        self,
+        value: Any,
+        *,
+        name: str | None = None,
+        override: bool = False,
+        stage: str = "post_grad",
+        priority: int = 0,
+        device: str | None = None,
+    ) -> graph_passes.PassEntry:
+        graph_passes.check_stage(stage)
+        if not callable(value):
+            raise TypeError(f"a pass must be callable (gm) -> int, got {type(value).__name__}")
+        name = name or getattr(value, "name", "") or type(value).__name__
+        entry = graph_passes.PassEntry(name, value, stage, priority, device)
+        super().add(entry, name=name, override=override)
+        return entry
+
+    def for_stage(self, stage: str) -> list[graph_passes.PassEntry]:
+        """The passes registered for ``stage``, by name."""
+        return [e.value for e in self.entries() if e.value.stage == stage]
+
+
+class BackendRegistry(Registry[backends.Backend]):
+    """What ``spore_register_backends`` receives: ``registry.add(Backend(...))``.
+
+    Each backend added is registered with ``torch._dynamo`` by :mod:`spore.backends`.
+    """
+
+    def add(
+        self, value: backends.Backend, *, name: str | None = None, override: bool = False
+    ) -> backends.Backend:
+        if not isinstance(value, backends.Backend):
+            raise TypeError(f"register a spore.backends.Backend, got {type(value).__name__}")
+        if name not in (None, value.name):
+            raise ValueError(f"backend {value.name!r} cannot be registered as {name!r}")
+        super().add(value, override=override)
+        backends.register_with_dynamo(value)
+        return value
+
+    def remove_owner(self, owner: str) -> None:
+        """Forget ``owner``'s backends; dynamo's entries then fail with a clear message."""
+        backends.withdraw(self.names(owner=owner))
+        super().remove_owner(owner)
+
+
+def make_registries() -> dict[str, Registry[Any]]:
+    """A new, empty registry of each kind: ``ops``, ``passes``, ``backends``, ``benchmarks``."""
+    return {
+        "ops": OpRegistry("op"),
+        "passes": PassRegistry("pass"),
+        "backends": BackendRegistry("backend"),
+        "benchmarks": Registry("benchmark"),
+    }
+
+
+__all__ = [
+    "USER",
+    "BackendRegistry",
+    "DuplicateRegistrationError",
+    "Entry",
+    "OpRegistry",
+    "PassRegistry",
+    "Registry",
+    "make_registries",
+]

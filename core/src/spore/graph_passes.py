@@ -1,0 +1,278 @@
+"""Graph passes and how they run inside Inductor: pass types, one multiplexer per slot.
+
+This is the mechanism; :mod:`spore.passes` turns it on for users. Stages map to Inductor's
+config slots: ``pre_grad`` → ``pre_grad_custom_pass``, ``joint`` → ``joint_custom_post_pass``,
+``post_grad`` → ``post_grad_custom_post_pass``. A multiplexer is built for a pass registry (it
+receives the registry and reads it at each compile) and runs whatever the slot held before (a
+user's pass is chained, never overwritten), then the registry's passes for its stage in
+priority order (highest first), skipping those whose ``device`` filter does not match the
+graph. Its ``uuid()`` combines the stage, every pass's name, version, priority, device, owner
+and owner version, and the chained pass's uuid, so Inductor's FX graph cache is neither
+bypassed nor stale. Passes must be idempotent (joint passes can run twice).
+
+A multiplexer goes into Inductor's config in one of two ways: for one compile, as config
+patches given to ``compile_fx`` (:func:`compile_fx`, behind ``backend="spore"``), or for every
+later compile in the process (:func:`install`).
+"""
+
+from __future__ import annotations
+
+import difflib
+import functools
+import hashlib
+import threading
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from spore.registry import PassRegistry
+
+STAGES = {
+    "pre_grad": "pre_grad_custom_pass",
+    "joint": "joint_custom_post_pass",
+    "post_grad": "post_grad_custom_post_pass",
+}
+
+_lock = threading.Lock()
+_stats: dict[str, int] = {}
+
+
+def check_stage(stage: str) -> None:
+    """Raise ``ValueError`` naming the stages when ``stage`` is not one of them."""
+    if stage not in STAGES:
+        raise ValueError(f"unknown pass stage {stage!r}; choose one of {', '.join(STAGES)}")
+
+
+class GraphPass:
+    """A whole-graph pass: ``__call__(gm) -> int`` (the number of rewrites it made)."""
+
+    name: str = ""
+    version: str = "1"
+
+    def __call__(self, gm: Any) -> int:
+        raise NotImplementedError
+
+
+class PatternToPatternPass(GraphPass):
+    """Rewrite every match of ``pattern`` into ``replacement`` (aten-level: post_grad, joint).
+
+    Subclasses define ``pattern(*args)``, ``replacement(*args)`` (plain torch functions with
+    the same arguments), ``example_inputs()`` (tensors to trace both with) and optionally
+    ``extra_check(match) -> bool`` (a dtype/shape/numerics guard; the match's node args hold
+    fake tensors in ``.meta["val"]``).
+    """
+
+    def pattern(self, *args: Any) -> Any:
+        raise NotImplementedError
+
+    def replacement(self, *args: Any) -> Any:
+        raise NotImplementedError
+
+    def example_inputs(self) -> list[Any]:
+        raise NotImplementedError
+
+    def extra_check(self, match: Any) -> bool:
+        return True
+
+    def _matcher(self) -> Any:
+        matcher = self.__dict__.get("_spore_matcher")
+        if matcher is None:
+            from torch._inductor.pattern_matcher import (
+                PatternMatcherPass,
+                fwd_only,
+                register_replacement,
+            )
+
+            matcher = PatternMatcherPass(pass_name=self.name or type(self).__name__)
+            register_replacement(
+                self.pattern,
+                self.replacement,
+                self.example_inputs(),
+                fwd_only,
+                matcher,
+                extra_check=self.extra_check,
+            )
+            self.__dict__["_spore_matcher"] = matcher
+        return matcher
+
+    def __call__(self, gm: Any) -> int:
+        return int(self._matcher().apply(gm.graph) or 0)
+
+
+@dataclass(frozen=True)
+class PassEntry:
+    """A registered pass and where it runs."""
+
+    name: str
+    pass_: GraphPass | Callable[[Any], int | None]
+    stage: str
+    priority: int = 0
+    device: str | None = None
+
+    @property
+    def version(self) -> str:
+        return str(getattr(self.pass_, "version", "1"))
+
+
+def _graph_device(gm: Any) -> str | None:
+    for node in gm.graph.nodes:
+        value = node.meta.get("val")
+        device = getattr(value, "device", None)
+        if node.op == "placeholder" and device is not None:
+            return device.type
+    return None
+
+
+def run_passes(gm: Any, entries: list[PassEntry]) -> dict[str, int]:
+    """Run ``entries`` on ``gm`` in priority order; rewrites per pass name."""
+    device = _graph_device(gm)
+    counts: dict[str, int] = {}
+    for entry in sorted(entries, key=lambda e: (-e.priority, e.name)):
+        if entry.device is not None and device is not None and entry.device != device:
+            continue
+        counts[entry.name] = int(entry.pass_(gm) or 0)
+        if counts[entry.name]:
+            gm.graph.lint()
+            gm.recompile()
+    with _lock:
+        _stats.update(counts)
+    return counts
+
+
+def apply(gm: Any, registry: PassRegistry, stage: str = "post_grad") -> dict[str, int]:
+    """Run ``registry``'s passes for ``stage`` on any FX GraphModule (no compile)."""
+    check_stage(stage)
+    return run_passes(gm, registry.for_stage(stage))
+
+
+def stats() -> dict[str, int]:
+    """Rewrites per pass in its most recent run (a compile or :func:`apply`)."""
+    with _lock:
+        return dict(_stats)
+
+
+@functools.cache
+def _multiplexer_class() -> type:
+    from torch._inductor.custom_graph_pass import CustomGraphPass, get_custom_graph_passes
+
+    class SporePassMultiplexer(CustomGraphPass):
+        """Spore's pass for one Inductor slot: the slot's previous pass, then a registry's."""
+
+        def __init__(self, stage: str, registry: PassRegistry, previous: Any) -> None:
+            self.stage = stage
+            self.registry = registry
+            self.previous = previous
+
+        def __call__(self, graph: Any) -> None:
+            for earlier in get_custom_graph_passes(self.previous):
+                earlier(graph)
+            run_passes(graph.owning_module, self.registry.for_stage(self.stage))
+
+        def uuid(self) -> Any:
+            parts = [f"stage={self.stage}"]
+            for e in self.registry.entries():
+                p = e.value
+                if p.stage == self.stage:
+                    parts.append(
+                        f"{p.name}:{p.version}:{p.priority}:{p.device}:{e.owner}:{e.owner_version}"
+                    )
+            for earlier in get_custom_graph_passes(self.previous):
+                chained = earlier.uuid() if isinstance(earlier, CustomGraphPass) else None
+                parts.append(f"chained={chained!r}")
+            return hashlib.sha256("\n".join(parts).encode()).hexdigest()
+
+    return SporePassMultiplexer
+
+
+def slot_values(registry: PassRegistry, current: Mapping[str, Any]) -> dict[str, Any]:
+    """Inductor slot → the multiplexer for ``registry`` that chains what ``current`` holds.
+
+    A slot that already holds this registry's multiplexer keeps it; one that holds a
+    multiplexer of another registry gets a new one chaining what that one chained.
+    """
+    cls = _multiplexer_class()
+    values: dict[str, Any] = {}
+    for stage, slot in STAGES.items():
+        held = current.get(slot)
+        if isinstance(held, cls):
+            if held.registry is registry:
+                values[slot] = held
+                continue
+            held = held.previous
+        values[slot] = cls(stage, registry, held)
+    return values
+
+
+def _config_now() -> dict[str, Any]:
+    from torch._inductor import config
+
+    return {slot: getattr(config, slot) for slot in STAGES.values()}
+
+
+def install(registry: PassRegistry) -> None:
+    """Put ``registry``'s multiplexers in Inductor's slots for every later compile (idempotent)."""
+    from torch._inductor import config
+
+    for slot, value in slot_values(registry, _config_now()).items():
+        setattr(config, slot, value)
+
+
+def inductor_options(mode: str | None, options: Mapping[str, Any] | None) -> dict[str, Any]:
+    """Inductor config patches for ``torch.compile``'s ``mode=`` or ``options=``.
+
+    Raises ``ValueError`` for an unknown option and ``RuntimeError`` (Inductor's) for an
+    unknown mode.
+    """
+    from torch._inductor import config, list_mode_options
+
+    patches = dict(list_mode_options(mode)) if mode and mode != "default" else {}
+    known = config.get_config_copy()
+    for key, value in (options or {}).items():
+        name = key.replace("-", "_")
+        if name not in known:
+            close = difflib.get_close_matches(name, known, n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise ValueError(
+                f"backend='spore' got the unknown Inductor option {key!r}{hint}; "
+                f"torch._inductor.list_options() lists the valid ones"
+            )
+        patches[name] = value
+    return patches
+
+
+def compile_fx(
+    gm: Any,
+    example_inputs: Any,
+    registry: PassRegistry,
+    *,
+    mode: str | None = None,
+    options: Mapping[str, Any] | None = None,
+) -> Any:
+    """Inductor's ``compile_fx`` with ``registry``'s passes in its slots for this compile only.
+
+    ``mode``/``options`` are ``torch.compile``'s, applied as Inductor config patches; a pass
+    given in ``options`` for a slot is chained like one set in Inductor's config.
+    """
+    from torch._inductor.compile_fx import compile_fx as inductor_compile_fx
+
+    patches = inductor_options(mode, options)
+    held = {**_config_now(), **{s: patches[s] for s in STAGES.values() if s in patches}}
+    patches.update(slot_values(registry, held))
+    return inductor_compile_fx(gm, example_inputs, config_patches=patches)
+
+
+__all__ = [
+    "STAGES",
+    "GraphPass",
+    "PassEntry",
+    "PatternToPatternPass",
+    "apply",
+    "check_stage",
+    "compile_fx",
+    "inductor_options",
+    "install",
+    "run_passes",
+    "slot_values",
+    "stats",
+]

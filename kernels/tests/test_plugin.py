@@ -21,7 +21,6 @@ from spore_kernels.registration import PROVIDER
 
 OPS = ["add_rms_norm", "gelu", "layer_norm", "mean_var", "rms_norm", "rope", "silu_mul", "swiglu"]
 ALL_OPS = sorted(OPS + [f"{op}_backward" for op in OPS])
-PLUGIN_MODULES = ("spore.plugins", "spore.builtin", "hyperparallel", "mccl", "spore_sentinel")
 
 
 @pytest.fixture(scope="module")
@@ -60,9 +59,15 @@ def _child(code: str, sentinel: Path, tmp_path: Path, **env: str) -> dict[str, A
 
 IMPORT_ONLY = """
     import json, sys
+    from importlib.metadata import entry_points
+
     import torch
     import spore_kernels
     from spore import dispatch
+
+    MANAGER = {"spore.plugins", "spore.discovery", "spore.builtin"}
+    PLUGINS = {ep.value.split(":")[0] for ep in entry_points(group="spore.plugins")}
+    assert {"spore_kernels.plugin", "spore_sentinel"} <= PLUGINS, PLUGINS
 
     x, w = torch.randn(4, 64), torch.randn(64)
     y = torch.ops.spore.rms_norm(x, w, 1e-6)
@@ -73,8 +78,8 @@ IMPORT_ONLY = """
         "runs": dispatch.explain("rms_norm", x, w, 1e-6).chosen,
         "close": bool(torch.allclose(y, ref, atol=1e-5)),
         "plugin_modules": sorted(
-            m for m in sys.modules if m.split(".")[0] in {"hyperparallel", "mccl", "spore_sentinel"}
-            or m in ("spore.plugins", "spore.builtin")
+            m for m in sys.modules
+            if m in MANAGER or m in PLUGINS or m.split(".")[0] in {"hyperparallel", "mccl"}
         ),
     }))
 """
@@ -82,11 +87,10 @@ IMPORT_ONLY = """
 LOADED = """
     import json
     import spore, spore_kernels
-    from spore.plugins import get_manager
 
     ops = spore.get_registry("ops")
     print(json.dumps({
-        "status": {i.name: str(i.status) for i in get_manager().plugins()},
+        "status": {i.name: str(i.status) for i in spore.get_manager().plugins()},
         "owned": ops.names(owner="kernels"),
     }))
 """

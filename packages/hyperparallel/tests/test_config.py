@@ -139,18 +139,28 @@ def test_help_lists_every_option() -> None:
         assert option in result.output
 
 
-def test_print_config_is_the_resolved_yaml() -> None:
-    result = CliRunner().invoke(train, ["--print-config", "--set", "run.steps=7", "--nproc", "2"])
+def test_print_config_is_the_resolved_yaml(tmp_path, monkeypatch) -> None:
+    """Whatever run.output holds (here an earlier run's checkpoint), and without creating it."""
+    monkeypatch.chdir(tmp_path)
+    earlier = tmp_path / "runs" / "default" / "checkpoints" / "step_00000010"
+    earlier.mkdir(parents=True)
+    (earlier / "meta.json").write_text('{"step": 10}')
+    args = ["--print-config", "--set", "run.steps=7", "--nproc", "2"]
+    result = CliRunner().invoke(train, args)
     assert result.exit_code == 0, result.output
     assert "steps: 7" in result.output
     assert "nproc: 2" in result.output
+    assert "output: runs/default" in result.output
+    result = CliRunner().invoke(train, [*args, "--output", str(tmp_path / "new")])
+    assert result.exit_code == 0, result.output
+    assert not (tmp_path / "new").exists()
 
 
 def test_reference_documents_every_key() -> None:
     text = config.reference()
     for name, cls in config.SECTIONS.items():
         assert f"### `{name}`" in text
-        for field in cls.__dataclass_fields__:
+        for field in cls.model_fields:
             assert f"| `{field}` |" in text
 
 
@@ -168,3 +178,64 @@ def test_an_output_with_checkpoints_needs_resume_or_another_output(tmp_path) -> 
         preflight.resolve(None, [f"run.output={tmp_path / 'out'}"])
     assert preflight.resolve(None, [f"run.output={tmp_path / 'out'}"], resume="latest")
     assert done.is_dir()
+
+
+def test_ranges_and_lengths_are_checked_with_every_other_problem(tmp_path) -> None:
+    path = _write(
+        tmp_path,
+        "schedule:\n  min_lr_ratio: 1.5\noptim:\n  betas: [0.9]\nparallel:\n  threads: 0\nrun: 3\n",
+    )
+    with pytest.raises(config.ConfigError) as info:
+        config.load(path, ["checkpoint.every=-1"])
+    message = str(info.value)
+    assert "5 problems" in message
+    assert f"{path}:2: schedule.min_lr_ratio must be in [0, 1], got 1.5" in message
+    assert f"{path}:4: optim.betas: needs two numbers, e.g. [0.9, 0.95], got [0.9]" in message
+    assert f"{path}:6: parallel.threads must be > 0, got 0" in message
+    assert f"{path}:7: run: expected a mapping of settings, got 3" in message
+    assert "--set checkpoint.every=-1: checkpoint.every must be >= 0, got -1" in message
+
+
+def test_sections_are_typed_models_and_read_only() -> None:
+    cfg = config.load(None, ["optim.lr=1"])
+    assert isinstance(cfg.optim, config.OptimSection)
+    assert isinstance(cfg.optim.lr, float)
+    assert cfg.section(config.ParallelSection) is cfg.parallel
+    with pytest.raises(ValueError, match="frozen"):
+        cfg.optim.lr = 0.5
+
+
+class _SwapSection(config.Section):
+    """Swap saved activations to host memory."""
+
+    enabled: bool = config.Field(False, description="swap saved activations")
+    min_bytes: int = config.Field(1024, gt=0, description="smallest tensor swapped")
+
+
+def test_a_registered_section_is_validated_documented_and_typed(tmp_path, monkeypatch) -> None:
+    monkeypatch.setattr(config, "SECTIONS", dict(config.SECTIONS))
+    config.register_section("swap", _SwapSection)
+    path = _write(tmp_path, "swap:\n  enabled: true\n")
+    cfg = config.load(path, ["swap.min_bytes=64"])
+    swap = cfg.section(_SwapSection)
+    assert (swap.enabled, swap.min_bytes) == (True, 64)
+    assert cfg.to_dict()["swap"] == {"enabled": True, "min_bytes": 64}
+    assert config.load(None).section(_SwapSection) == _SwapSection()
+    bad = _write(tmp_path, "swap:\n  enabld: true\n  min_bytes: 0\n")
+    with pytest.raises(config.ConfigError) as info:
+        config.load(bad)
+    assert f"{bad}:2: unknown key swap.enabld; did you mean 'enabled'?" in str(info.value)
+    assert f"{bad}:3: swap.min_bytes must be > 0, got 0" in str(info.value)
+    text = config.reference()
+    assert "### `swap`\n\nSwap saved activations to host memory." in text
+    assert "| `min_bytes` | an integer (> 0) | `1024` | smallest tensor swapped |" in text
+
+
+def test_register_section_refuses_what_it_cannot_use(monkeypatch) -> None:
+    monkeypatch.setattr(config, "SECTIONS", dict(config.SECTIONS))
+    with pytest.raises(ValueError, match="'optim' is already registered"):
+        config.register_section("optim", _SwapSection)
+    with pytest.raises(TypeError, match=r"must be a hyperparallel\.config\.Section subclass"):
+        config.register_section("plain", dict)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="cannot name a config section"):
+        config.register_section("model_dump", _SwapSection)

@@ -39,7 +39,11 @@ Examples:
     help="Continue from the newest complete checkpoint in run.output, or from PATH.",
 )
 @click.option("--output", type=click.Path(file_okay=False), help="Output directory (run.output).")
-@click.option("--print-config", is_flag=True, help="Print the resolved config as YAML and exit.")
+@click.option(
+    "--print-config",
+    is_flag=True,
+    help="Print the resolved config as YAML and exit (run.output is not looked at).",
+)
 def train(
     config: str | None,
     overrides: tuple[str, ...],
@@ -57,7 +61,7 @@ def train(
     if output is not None:
         extra.append(f"run.output={output}")
     try:
-        cfg = preflight.resolve(config, extra, resume)
+        cfg = preflight.resolve(config, extra, resume, outputs=not print_config)
     except ConfigError as exc:
         raise click.ClickException(str(exc)) from None
     if print_config:

@@ -1,174 +1,293 @@
-"""The training configuration: YAML sections validated against dataclasses, before any process
+"""The training configuration: YAML sections validated by pydantic models before any process
 starts.
 
 Every error names the key and where its value came from (``file.yaml:LINE``, ``--set``), with a
-did-you-mean for unknown keys; all problems are reported together in one :class:`ConfigError`.
-New capabilities add a section with :func:`register_section` instead of editing this module.
+did-you-mean for unknown keys and names; all problems are reported together in one
+:class:`ConfigError`. A capability adds its own section with :func:`register_section` instead of
+editing this module; ``python -m hyperparallel.config`` prints the Markdown reference.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import difflib
+import functools
 import types
 import typing
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, TypeVar
 
+import annotated_types
 import yaml
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    ValidationError,
+    create_model,
+    field_validator,
+)
+from pydantic.fields import FieldInfo
+
+from hyperparallel import registries
 
 
-def setting(default: Any, doc: str, choices: Sequence[Any] | None = None, **kw: Any) -> Any:
-    meta = {"doc": doc, "choices": tuple(choices) if choices else None}
-    if isinstance(default, (dict, list)):
-        return field(default_factory=lambda: type(default)(default), metadata=meta, **kw)
-    return field(default=default, metadata=meta, **kw)
+class Section(BaseModel):
+    """Base of every config section: strict types (an integer is accepted as a number, nothing
+    else converts), no unknown keys, read-only after validation. Each field documents itself
+    with ``Field(description=...)``; the reference is generated from them."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
 
 
-@dataclass
-class RunSection:
+def merged(default: Mapping[str, Any], given: Mapping[str, Any]) -> dict[str, Any]:
+    """A mapping setting given in part: ``given`` over ``default``; a key set to null is dropped."""
+    return {k: v for k, v in {**default, **given}.items() if v is not None}
+
+
+def _suggest(key: str, known: Sequence[str]) -> str:
+    close = difflib.get_close_matches(key, list(known), n=1, cutoff=0.6)
+    return f"; did you mean {close[0]!r}?" if close else f"; known: {', '.join(known)}"
+
+
+def _registered(registry: registries.Registry, name: str) -> str:
+    if name not in registry:
+        raise ValueError(f"unknown {name!r}{_suggest(name, registry.names())}")
+    return name
+
+
+class RunSection(Section):
     """What to run and where its outputs go."""
 
-    name: str = setting("default", "run name, shown in the progress bar and the summary")
-    output: str = setting("runs/default", "output directory (checkpoints, metrics, plot, config)")
-    seed: int = setting(0, "seed for model initialisation and data order")
-    steps: int = setting(300, "optimizer steps to train for (the schedule spans them)")
-    stop_at: int | None = setting(
-        None, "end this invocation after this step (checkpointed); continue with --resume"
+    name: str = Field("default", description="run name, shown in the progress bar and the summary")
+    output: str = Field(
+        "runs/default", description="output directory (checkpoints, metrics, plot, config)"
     )
-    log_every: int = setting(
-        10, "print a progress line every N steps when output is not a terminal"
+    seed: int = Field(0, description="seed for model initialisation and data order")
+    steps: int = Field(
+        300, gt=0, description="optimizer steps to train for (the schedule spans them)"
     )
-
-
-@dataclass
-class ModelSection:
-    """The model: a transformers architecture built from a config, or a saved directory."""
-
-    type: str = setting("llama", "transformers model type, e.g. llama, qwen2, mistral")
-    pretrained: str | None = setting(None, "local save_pretrained directory to start from instead")
-    config: dict[str, Any] = setting(
-        {
-            "hidden_size": 128,
-            "intermediate_size": 352,
-            "num_hidden_layers": 4,
-            "num_attention_heads": 4,
-            "num_key_value_heads": 2,
-            "max_position_embeddings": 512,
-            "tie_word_embeddings": True,
-        },
-        "overrides of the architecture's config, merged over these defaults (a key set to null "
-        "is dropped); vocab_size comes from the tokenizer",
+    stop_at: int | None = Field(
+        None,
+        gt=0,
+        description="end this invocation after this step (checkpointed); continue with --resume",
+    )
+    log_every: int = Field(
+        10, gt=0, description="print a progress line every N steps when output is not a terminal"
     )
 
 
-@dataclass
-class DataSection:
-    """Training text: files or the embedded default corpus, packed into fixed-length blocks."""
-
-    path: str | list[str] | None = setting(
-        None, "glob(s) of .txt (one document per file) / .jsonl files; null: embedded corpus"
-    )
-    text_key: str = setting("text", "the field holding the text in .jsonl lines")
-    seq_len: int = setting(128, "tokens per training sequence (blocks are packed across documents)")
-    batch_size: int = setting(16, "sequences per micro-batch on each data-parallel rank")
-
-
-@dataclass
-class ParallelSection:
-    """Processes, sharding and precision."""
-
-    nproc: int = setting(1, "local processes to start (--nproc); ignored under torchrun")
-    replicate: int = setting(1, "HSDP replicate degree: world = replicate x shard; 1 = plain FSDP2")
-    mixed_precision: str = setting(
-        "none", "FSDP2 compute/communication dtype (reductions stay fp32)", ("none", "bf16", "fp16")
-    )
-    activation_checkpointing: bool = setting(False, "recompute each decoder layer in backward")
-    reshard_after_forward: bool = setting(
-        True,
-        "free each layer's gathered parameters after forward (false: keep them for backward, "
-        "one all-gather less per layer and step for more memory)",
-    )
-    device: str = setting("auto", "auto: cuda when available, else cpu", ("auto", "cpu", "cuda"))
-    backend: str = setting(
-        "auto", "process-group backend; auto: nccl on cuda, gloo on cpu", ("auto", "gloo", "nccl")
-    )
-    threads: int | None = setting(None, "CPU threads per rank; null: usable cores / local ranks")
-    init_timeout: float = setting(300.0, "seconds to wait for all ranks to join")
-
-
-@dataclass
-class OptimSection:
-    """Optimizer (from the optimizer registry), clipping and accumulation."""
-
-    name: str = setting("adamw", "optimizer name in hyperparallel.registries.optimizers")
-    lr: float = setting(3e-3, "peak learning rate")
-    weight_decay: float = setting(0.1, "decoupled weight decay (not applied to norms and biases)")
-    betas: list[float] = setting([0.9, 0.95], "Adam betas")
-    eps: float = setting(1e-8, "Adam epsilon")
-    grad_clip: float = setting(1.0, "clip the global gradient norm to this; 0 disables")
-    grad_accum: int = setting(1, "micro-batches per optimizer step")
-    options: dict[str, Any] = setting({}, "extra keyword arguments for the optimizer")
-
-
-@dataclass
-class ScheduleSection:
-    """Learning-rate schedule (from the schedule registry)."""
-
-    name: str = setting("cosine", "schedule name in hyperparallel.registries.schedules")
-    warmup_steps: int = setting(20, "linear warm-up steps from 0 to optim.lr")
-    min_lr_ratio: float = setting(0.1, "final learning rate as a fraction of optim.lr")
-
-
-@dataclass
-class CheckpointSection:
-    """torch.distributed.checkpoint snapshots and the final export."""
-
-    every: int = setting(100, "save every N steps (and at the end); 0: only at the end")
-    keep: int = setting(2, "complete checkpoints kept (oldest removed first)")
-    export: bool = setting(True, "write the final weights as a save_pretrained directory")
-
-
-SECTIONS: dict[str, type] = {
-    "run": RunSection,
-    "model": ModelSection,
-    "data": DataSection,
-    "parallel": ParallelSection,
-    "optim": OptimSection,
-    "schedule": ScheduleSection,
-    "checkpoint": CheckpointSection,
+MODEL_CONFIG: dict[str, Any] = {
+    "hidden_size": 128,
+    "intermediate_size": 352,
+    "num_hidden_layers": 4,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "max_position_embeddings": 512,
+    "tie_word_embeddings": True,
 }
 
 
-def register_section(name: str, cls: type) -> None:
-    """Add a config section (a dataclass with ``_f``-style documented fields)."""
-    if name in SECTIONS and SECTIONS[name] is not cls:
-        raise ValueError(f"config section {name!r} is already registered")
-    if not dataclasses.is_dataclass(cls):
-        raise TypeError(f"config section {name!r} must be a dataclass, got {cls!r}")
-    SECTIONS[name] = cls
+class ModelSection(Section):
+    """The model: a transformers architecture built from a config, or a saved directory."""
+
+    type: str = Field("llama", description="transformers model type, e.g. llama, qwen2, mistral")
+    pretrained: str | None = Field(
+        None, description="local save_pretrained directory to start from instead"
+    )
+    config: dict[str, Any] = Field(
+        default_factory=lambda: dict(MODEL_CONFIG),
+        description="overrides of the architecture's config, merged over these defaults (a key "
+        "set to null is dropped); vocab_size comes from the tokenizer",
+    )
+
+    @field_validator("config")
+    @classmethod
+    def _merge_config(cls, value: dict[str, Any]) -> dict[str, Any]:
+        return merged(MODEL_CONFIG, value)
 
 
-class Config:
-    """The validated configuration: one attribute per section (``config.optim.lr``)."""
+class DataSection(Section):
+    """Training text: files or the embedded default corpus, packed into fixed-length blocks."""
 
-    def __init__(self, sections: dict[str, Any], origins: dict[str, str]) -> None:
-        self._sections = sections
-        self.origins = origins
+    path: str | list[str] | None = Field(
+        None,
+        description="glob(s) of .txt (one document per file) / .jsonl files; null: embedded corpus",
+    )
+    text_key: str = Field("text", description="the field holding the text in .jsonl lines")
+    seq_len: int = Field(
+        128, gt=0, description="tokens per training sequence (blocks are packed across documents)"
+    )
+    batch_size: int = Field(
+        16, gt=0, description="sequences per micro-batch on each data-parallel rank"
+    )
 
-    def __getattr__(self, name: str) -> Any:
-        try:
-            return self.__dict__["_sections"][name]
-        except KeyError:
-            raise AttributeError(f"no config section {name!r}") from None
+
+class ParallelSection(Section):
+    """Processes, sharding and precision."""
+
+    nproc: int = Field(
+        1, gt=0, description="local processes to start (--nproc); ignored under torchrun"
+    )
+    replicate: int = Field(
+        1, gt=0, description="HSDP replicate degree: world = replicate x shard; 1 = plain FSDP2"
+    )
+    mixed_precision: Literal["none", "bf16", "fp16"] = Field(
+        "none", description="FSDP2 compute/communication dtype (reductions stay fp32)"
+    )
+    activation_checkpointing: bool = Field(
+        False, description="recompute each decoder layer in backward"
+    )
+    reshard_after_forward: bool = Field(
+        True,
+        description="free each layer's gathered parameters after forward (false: keep them for "
+        "backward, one all-gather less per layer and step for more memory)",
+    )
+    device: Literal["auto", "cpu", "cuda"] = Field(
+        "auto", description="auto: cuda when available, else cpu"
+    )
+    backend: Literal["auto", "gloo", "nccl"] = Field(
+        "auto", description="process-group backend; auto: nccl on cuda, gloo on cpu"
+    )
+    threads: int | None = Field(
+        None, gt=0, description="CPU threads per rank; null: usable cores / local ranks"
+    )
+    init_timeout: float = Field(300.0, gt=0, description="seconds to wait for all ranks to join")
+
+
+class OptimSection(Section):
+    """Optimizer (from the optimizer registry), clipping and accumulation."""
+
+    name: str = Field("adamw", description="optimizer name in hyperparallel.registries.optimizers")
+    lr: float = Field(3e-3, gt=0, description="peak learning rate")
+    weight_decay: float = Field(
+        0.1, ge=0, description="decoupled weight decay (not applied to norms and biases)"
+    )
+    betas: list[float] = Field(default_factory=lambda: [0.9, 0.95], description="Adam betas")
+    eps: float = Field(1e-8, description="Adam epsilon")
+    grad_clip: float = Field(
+        1.0, ge=0, description="clip the global gradient norm to this; 0 disables"
+    )
+    grad_accum: int = Field(1, gt=0, description="micro-batches per optimizer step")
+    options: dict[str, Any] = Field(
+        default_factory=dict, description="extra keyword arguments for the optimizer"
+    )
+
+    @field_validator("name")
+    @classmethod
+    def _known_optimizer(cls, value: str) -> str:
+        return _registered(registries.optimizers, value)
+
+    @field_validator("betas")
+    @classmethod
+    def _two_betas(cls, value: list[float]) -> list[float]:
+        if len(value) != 2:
+            raise ValueError(f"needs two numbers, e.g. [0.9, 0.95], got {value}")
+        return value
+
+    @field_validator("options")
+    @classmethod
+    def _merge_options(cls, value: dict[str, Any]) -> dict[str, Any]:
+        return merged({}, value)
+
+
+class ScheduleSection(Section):
+    """Learning-rate schedule (from the schedule registry)."""
+
+    name: str = Field("cosine", description="schedule name in hyperparallel.registries.schedules")
+    warmup_steps: int = Field(
+        20, ge=0, description="linear warm-up steps from 0 to optim.lr (transformers' convention)"
+    )
+    min_lr_ratio: float = Field(
+        0.1, ge=0, le=1, description="final learning rate as a fraction of optim.lr"
+    )
+
+    @field_validator("name")
+    @classmethod
+    def _known_schedule(cls, value: str) -> str:
+        return _registered(registries.schedules, value)
+
+
+class CheckpointSection(Section):
+    """torch.distributed.checkpoint snapshots and the final export."""
+
+    every: int = Field(
+        100, ge=0, description="save every N steps (and at the end); 0: only at the end"
+    )
+    keep: int = Field(2, gt=0, description="complete checkpoints kept (oldest removed first)")
+    export: bool = Field(True, description="write the final weights as a save_pretrained directory")
+
+
+S = TypeVar("S", bound=Section)
+
+
+class Config(BaseModel):
+    """The validated configuration: one typed section per attribute (``config.optim.lr``);
+    sections added with :func:`register_section` are attributes too (see :meth:`section`)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+    run: RunSection = Field(default_factory=RunSection)
+    model: ModelSection = Field(default_factory=ModelSection)
+    data: DataSection = Field(default_factory=DataSection)
+    parallel: ParallelSection = Field(default_factory=ParallelSection)
+    optim: OptimSection = Field(default_factory=OptimSection)
+    schedule: ScheduleSection = Field(default_factory=ScheduleSection)
+    checkpoint: CheckpointSection = Field(default_factory=CheckpointSection)
+
+    _origins: dict[str, str] = PrivateAttr(default_factory=dict)
+
+    @property
+    def origins(self) -> dict[str, str]:
+        """``dotted.key -> "file.yaml:LINE"`` or ``"--set KEY=VALUE"`` for every key given."""
+        return self._origins
+
+    def section(self, model: type[S]) -> S:
+        """The section validated by ``model``: typed access to a registered section."""
+        for name, cls in SECTIONS.items():
+            if cls is model:
+                return typing.cast(S, getattr(self, name))
+        raise KeyError(f"no config section is validated by {model.__name__}")
 
     def to_dict(self) -> dict[str, dict[str, Any]]:
-        return {name: dataclasses.asdict(s) for name, s in self._sections.items()}
+        return self.model_dump()
 
     def to_yaml(self) -> str:
         return yaml.safe_dump(self.to_dict(), sort_keys=False)
+
+
+SECTIONS: dict[str, type[Section]] = {
+    name: typing.cast(type[Section], field.annotation)
+    for name, field in Config.model_fields.items()
+}
+
+
+def register_section(name: str, model: type[Section]) -> None:
+    """Add the config section ``name``, validated by ``model`` (a :class:`Section` subclass whose
+    fields carry ``Field(description=...)``). It is read from the YAML and ``--set``, checked
+    like the built-in sections, listed by :func:`reference`, and read back with
+    ``config.section(model)``."""
+    if not (isinstance(model, type) and issubclass(model, Section)):
+        raise TypeError(f"config section {name!r} must be a hyperparallel.config.Section subclass")
+    if name in SECTIONS and SECTIONS[name] is not model:
+        raise ValueError(f"config section {name!r} is already registered")
+    if not name.isidentifier() or name.startswith("_") or hasattr(BaseModel, name):
+        raise ValueError(f"{name!r} cannot name a config section (not a plain attribute name)")
+    SECTIONS[name] = model
+
+
+@functools.cache
+def _schema(sections: tuple[tuple[str, type[Section]], ...]) -> type[Config]:
+    """:class:`Config`, extended with the registered sections it does not declare."""
+    added = {
+        name: (model, Field(default_factory=model))
+        for name, model in sections
+        if name not in Config.model_fields
+    }
+    if not added:
+        return Config
+    return typing.cast(type[Config], create_model("Config", __base__=Config, **added))  # type: ignore[call-overload]
 
 
 class ConfigError(ValueError):
@@ -237,138 +356,91 @@ def _apply_set(data: dict[str, Any], origins: dict[str, str], item: str) -> list
 
 def _type_name(tp: Any) -> str:
     names = {int: "an integer", float: "a number", bool: "true/false", str: "a string"}
-    args = typing.get_args(tp)
-    if typing.get_origin(tp) in (typing.Union, types.UnionType):
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin in (typing.Union, types.UnionType):
         return " or ".join(_type_name(a) for a in args)
+    if origin is Literal:
+        return _type_name(type(args[0]))
     if tp is type(None):
         return "null"
-    if typing.get_origin(tp) is list:
+    if origin is list:
         return f"a list of {_type_name(args[0]).removeprefix('a ').removeprefix('an ')}s"
-    if typing.get_origin(tp) is dict:
+    if origin is dict or (isinstance(tp, type) and issubclass(tp, BaseModel)):
         return "a mapping"
     return names.get(tp, str(tp))
 
 
-def _coerce(value: Any, tp: Any) -> tuple[bool, Any]:
-    """(ok, value converted to ``tp``): ints are accepted as floats, nothing else converts."""
-    origin, args = typing.get_origin(tp), typing.get_args(tp)
-    if origin in (typing.Union, types.UnionType):
-        for arg in args:
-            ok, out = _coerce(value, arg)
-            if ok:
-                return True, out
-        return False, value
-    if tp is type(None):
-        return value is None, value
-    if tp is bool:
-        return isinstance(value, bool), value
-    if tp is int:
-        return isinstance(value, int) and not isinstance(value, bool), value
-    if tp is float:
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return True, float(value)
-        return False, value
-    if tp is str:
-        return isinstance(value, str), value
-    if origin is list:
-        if not isinstance(value, list):
-            return False, value
-        items = [_coerce(v, args[0]) for v in value]
-        return all(ok for ok, _ in items), [v for _, v in items]
-    if origin is dict:
-        return isinstance(value, dict), value
-    return isinstance(value, tp), value
+def _choices(field: FieldInfo) -> tuple[Any, ...]:
+    """The allowed values of a ``Literal[...]`` setting (empty for any other)."""
+    tp = field.annotation
+    return typing.get_args(tp) if typing.get_origin(tp) is Literal else ()
 
 
-def _suggest(key: str, known: Sequence[str]) -> str:
-    close = difflib.get_close_matches(key, list(known), n=1, cutoff=0.6)
-    return f"; did you mean {close[0]!r}?" if close else f"; known: {', '.join(known)}"
+def _range(field: FieldInfo) -> str:
+    """The numeric bounds of a setting, as ``> 0`` or ``in [0, 1]`` (empty when unbounded)."""
+    bounds = {}
+    for item in field.metadata:
+        for attr, sign in (("gt", ">"), ("ge", ">="), ("lt", "<"), ("le", "<=")):
+            if isinstance(item, getattr(annotated_types, attr.capitalize())):
+                bounds[sign] = getattr(item, attr)
+    if ">=" in bounds and "<=" in bounds:
+        return f"in [{bounds['>=']}, {bounds['<=']}]"
+    return ", ".join(f"{sign} {value}" for sign, value in bounds.items())
 
 
-def _build_section(
-    name: str, cls: type, values: Any, origins: dict[str, str], problems: list[str]
-) -> Any:
-    where = origins.get(name, "config")
-    if values is None:
-        values = {}
-    if not isinstance(values, dict):
-        problems.append(f"{where}: {name}: expected a mapping of settings, got {values!r}")
-        return cls()
-    hints = typing.get_type_hints(cls)
-    fields = {f.name: f for f in dataclasses.fields(cls)}
-    kwargs: dict[str, Any] = {}
-    for key, value in values.items():
-        path = f"{name}.{key}"
-        at = origins.get(path, where)
-        if key not in fields:
-            problems.append(f"{at}: unknown key {path}{_suggest(str(key), list(fields))}")
-            continue
-        ok, converted = _coerce(value, hints[key])
-        if not ok:
-            problems.append(f"{at}: {path}: expected {_type_name(hints[key])}, got {value!r}")
-            continue
-        choices = fields[key].metadata.get("choices")
-        if choices and converted not in choices:
-            options = ", ".join(map(str, choices))
-            problems.append(f"{at}: {path}: {converted!r} is not one of {options}")
-            continue
-        if isinstance(converted, dict):
-            default = fields[key].default_factory()  # mappings merge over their defaults
-            converted = {k: v for k, v in {**default, **converted}.items() if v is not None}
-        kwargs[key] = converted
-    return cls(**kwargs)
+def _describe(error: Any, schema: type[BaseModel], data: Mapping[str, Any]) -> tuple[str, str]:
+    """``(dotted key, problem)`` for one pydantic error, worded like the config reference."""
+    loc = [str(part) for part in error["loc"]]
+    model: Any = schema
+    field: FieldInfo | None = None
+    value: Any = data
+    keys: list[str] = []
+    for part in loc:
+        if not (isinstance(model, type) and issubclass(model, BaseModel)):
+            break
+        if part not in model.model_fields:
+            break
+        keys.append(part)
+        field = model.model_fields[part]
+        value = value.get(part) if isinstance(value, Mapping) else None
+        model = field.annotation
+    path = ".".join(keys)
+    kind = error["type"]
+    if kind == "extra_forbidden":
+        unknown = loc[len(keys)]
+        known = list(model.model_fields)
+        if not keys:
+            return unknown, f"unknown section {unknown!r}{_suggest(unknown, known)}"
+        key = f"{path}.{unknown}"
+        return key, f"unknown key {key}{_suggest(unknown, known)}"
+    if field is None:
+        return path, f"{path}: {error['msg']}"
+    if isinstance(field.annotation, type) and issubclass(field.annotation, BaseModel):
+        return path, f"{path}: expected a mapping of settings, got {value!r}"
+    if kind == "literal_error":
+        options = ", ".join(map(str, _choices(field)))
+        return path, f"{path}: {value!r} is not one of {options}"
+    if kind in ("greater_than", "greater_than_equal", "less_than", "less_than_equal"):
+        return path, f"{path} must be {_range(field)}, got {value}"
+    if kind == "value_error":
+        return path, f"{path}: {error['ctx']['error']}"
+    return path, f"{path}: expected {_type_name(field.annotation)}, got {value!r}"
 
 
-def _check(config: Config, problems: list[str], world: int | None) -> None:
-    """Cross-field rules: ranges and combinations that cannot run (``world``: under torchrun)."""
-    from hyperparallel import registries
+def _check(config: Config, world: int | None) -> list[str]:
+    """Rules across settings: combinations that cannot run (``world``: under torchrun)."""
+    problems = []
 
     def at(path: str) -> str:
         return config.origins.get(path, "default")
 
-    positive = [
-        ("run.steps", config.run.steps),
-        ("run.log_every", config.run.log_every),
-        ("data.seq_len", config.data.seq_len),
-        ("data.batch_size", config.data.batch_size),
-        ("parallel.nproc", config.parallel.nproc),
-        ("parallel.replicate", config.parallel.replicate),
-        ("optim.grad_accum", config.optim.grad_accum),
-        ("checkpoint.keep", config.checkpoint.keep),
-        ("parallel.init_timeout", config.parallel.init_timeout),
-        ("optim.lr", config.optim.lr),
-    ]
-    for path, value in positive:
-        if value <= 0:
-            problems.append(f"{at(path)}: {path} must be > 0, got {value}")
-    for path, value in [
-        ("checkpoint.every", config.checkpoint.every),
-        ("optim.grad_clip", config.optim.grad_clip),
-        ("optim.weight_decay", config.optim.weight_decay),
-        ("schedule.warmup_steps", config.schedule.warmup_steps),
-    ]:
-        if value < 0:
-            problems.append(f"{at(path)}: {path} must be >= 0, got {value}")
-    if config.parallel.threads is not None and config.parallel.threads <= 0:
-        problems.append(
-            f"{at('parallel.threads')}: parallel.threads must be > 0, got {config.parallel.threads}"
-        )
-    if config.run.stop_at is not None and config.run.stop_at <= 0:
-        problems.append(f"{at('run.stop_at')}: run.stop_at must be > 0, got {config.run.stop_at}")
-    if not 0 <= config.schedule.min_lr_ratio <= 1:
-        problems.append(
-            f"{at('schedule.min_lr_ratio')}: schedule.min_lr_ratio must be in [0, 1], "
-            f"got {config.schedule.min_lr_ratio}"
-        )
-    if len(config.optim.betas) != 2:
-        problems.append(f"{at('optim.betas')}: optim.betas needs two numbers, e.g. [0.9, 0.95]")
     nproc, replicate = config.parallel.nproc, config.parallel.replicate
-    if world is not None and replicate > 0 and world % replicate:
+    if world is not None and world % replicate:
         problems.append(
             f"{at('parallel.replicate')}: parallel.replicate={replicate} does not divide "
             f"torchrun's world size {world}; HSDP needs world = replicate x shard"
         )
-    elif world is None and nproc > 0 and replicate > 0 and nproc % replicate:
+    elif world is None and nproc % replicate:
         problems.append(
             f"{at('parallel.replicate')}: parallel.replicate={replicate} does not divide "
             f"parallel.nproc={nproc} ({at('parallel.nproc')}); HSDP needs nproc = replicate x "
@@ -379,22 +451,13 @@ def _check(config: Config, problems: list[str], world: int | None) -> None:
             f"{at('parallel.backend')}: parallel.backend=nccl needs parallel.device cuda "
             f"(gloo runs on cpu)"
         )
-    for path, registry in (
-        ("optim.name", registries.optimizers),
-        ("schedule.name", registries.schedules),
-    ):
-        section, key = path.split(".")
-        name = getattr(getattr(config, section), key)
-        if name not in registry:
-            problems.append(
-                f"{at(path)}: {path}: unknown {name!r}{_suggest(name, registry.names())}"
-            )
     max_pos = config.model.config.get("max_position_embeddings")
     if isinstance(max_pos, int) and config.data.seq_len > max_pos:
         problems.append(
             f"{at('data.seq_len')}: data.seq_len={config.data.seq_len} exceeds "
             f"model.config.max_position_embeddings={max_pos}"
         )
+    return problems
 
 
 def build(
@@ -409,21 +472,26 @@ def build(
     ``world`` is the job's world size when an outside launcher (torchrun) set it; otherwise
     ``parallel.nproc`` is.
     """
-    raw = {k: (dict(v) if isinstance(v, dict) else v) for k, v in dict(data or {}).items()}
+    raw = {k: ({} if v is None else v) for k, v in dict(data or {}).items()}
+    raw = {k: (dict(v) if isinstance(v, dict) else v) for k, v in raw.items()}
     where = dict(origins or {})
     problems: list[str] = []
     for item in overrides:
         problems += _apply_set(raw, where, item)
-    sections: dict[str, Any] = {}
-    for name in raw:
-        if name not in SECTIONS:
-            at = where.get(str(name), "config")
-            problems.append(f"{at}: unknown section {name!r}{_suggest(str(name), list(SECTIONS))}")
-    for name, cls in SECTIONS.items():
-        sections[name] = _build_section(name, cls, raw.get(name), where, problems)
-    config = Config(sections, where)
-    if not problems:
-        _check(config, problems, world)
+    schema = _schema(tuple(SECTIONS.items()))
+    try:
+        config = schema.model_validate(raw)
+    except ValidationError as exc:
+        described: dict[str, str] = {}
+        for error in exc.errors():
+            key, problem = _describe(error, schema, raw)
+            described.setdefault(key, problem)  # a union reports once per member: keep one
+        for key, problem in described.items():
+            section = key.split(".", 1)[0]
+            problems.append(f"{where.get(key, where.get(section, 'config'))}: {problem}")
+    else:
+        config._origins = where
+        problems += _check(config, world)
     if problems:
         raise ConfigError(problems)
     return config
@@ -444,22 +512,25 @@ def load(
     return build(data, origins=origins, overrides=overrides, world=world)
 
 
+def _shown(field: FieldInfo) -> str:
+    default = field.get_default(call_default_factory=True)
+    return yaml.safe_dump(default, default_flow_style=True).strip().removesuffix("\n...")
+
+
 def reference() -> str:
     """The config reference as Markdown: every section and key with type, default and meaning."""
     out: list[str] = []
-    for name, cls in SECTIONS.items():
-        out.append(f"### `{name}`\n\n{(cls.__doc__ or '').strip()}\n")
+    for name, model in SECTIONS.items():
+        out.append(f"### `{name}`\n\n{(model.__doc__ or '').strip()}\n")
         out.append("| key | type | default | meaning |\n|---|---|---|---|")
-        hints = typing.get_type_hints(cls)
-        for f in dataclasses.fields(cls):
-            default = (
-                f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
-            )
-            shown = yaml.safe_dump(default, default_flow_style=True).strip().removesuffix("\n...")
-            doc = f.metadata.get("doc", "")
-            if f.metadata.get("choices"):
-                doc += " (" + " / ".join(map(str, f.metadata["choices"])) + ")"
-            out.append(f"| `{f.name}` | {_type_name(hints[f.name])} | `{shown}` | {doc} |")
+        for key, field in model.model_fields.items():
+            kind = _type_name(field.annotation)
+            if bounds := _range(field):
+                kind += f" ({bounds})"
+            doc = field.description or ""
+            if choices := _choices(field):
+                doc += " (" + " / ".join(map(str, choices)) + ")"
+            out.append(f"| `{key}` | {kind} | `{_shown(field)}` | {doc} |")
         out.append("")
     return "\n".join(out)
 

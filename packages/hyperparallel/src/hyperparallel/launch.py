@@ -64,9 +64,11 @@ def launch(config: Config, resume: str | None = None, *, echo: Any = print) -> N
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
     # Failures and interrupts are reported by spore train; the elastic agent's own log lines
-    # would repeat them as tracebacks and warnings (its loggers each set their own level).
-    for name in ["torch.distributed.elastic", *logging.root.manager.loggerDict]:
-        if name.startswith("torch.distributed.elastic"):
+    # would repeat them as tracebacks and warnings (its loggers each set their own level), and
+    # torch.multiprocessing's would announce that it stops the surviving ranks.
+    quiet = ("torch.distributed.elastic", "torch.multiprocessing")
+    for name in [*quiet, *logging.root.manager.loggerDict]:
+        if name.startswith(quiet):
             logging.getLogger(name).setLevel(logging.CRITICAL)
     launch_config = LaunchConfig(
         min_nodes=1,

@@ -9,12 +9,14 @@ from typing import Any
 
 import torch
 
+from hyperparallel.config import ModelSection
+
 
 class ModelConfigError(ValueError):
     """The model section names something transformers cannot build."""
 
 
-def hf_config(model: Any, vocab_size: int) -> Any:
+def hf_config(model: ModelSection, vocab_size: int) -> Any:
     """The transformers config for the model section (checked: type and override keys exist)."""
     from transformers import AutoConfig
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING
@@ -53,7 +55,7 @@ def hf_config(model: Any, vocab_size: int) -> Any:
     return AutoConfig.for_model(model.type, **{**model.config, "vocab_size": vocab_size})
 
 
-def build(model: Any, vocab_size: int, seed: int) -> torch.nn.Module:
+def build(model: ModelSection, vocab_size: int, seed: int) -> torch.nn.Module:
     """The causal LM, in float32 on CPU, initialised from ``seed`` (same on every rank)."""
     from transformers import AutoModelForCausalLM
 

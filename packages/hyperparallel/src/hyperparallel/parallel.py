@@ -4,12 +4,11 @@ activation checkpointing. One rank without mixed precision trains the plain modu
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
+from hyperparallel.config import ParallelSection
 from hyperparallel.model import decoder_layers
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
@@ -36,13 +35,15 @@ def policy(mixed_precision: str) -> MixedPrecisionPolicy:
     return MixedPrecisionPolicy(param_dtype=DTYPES[mixed_precision], reduce_dtype=torch.float32)
 
 
-def uses_fsdp(world: int, parallel: Any) -> bool:
+def uses_fsdp(world: int, parallel: ParallelSection) -> bool:
     """False for one rank without mixed precision: FSDP2 would shard nothing and cast nothing,
     only add per-layer copies, so the model trains unwrapped (checkpoints keep one format)."""
     return world > 1 or parallel.mixed_precision != "none"
 
 
-def shard(model: torch.nn.Module, device_mesh: DeviceMesh, parallel: Any) -> torch.nn.Module:
+def shard(
+    model: torch.nn.Module, device_mesh: DeviceMesh, parallel: ParallelSection
+) -> torch.nn.Module:
     """Apply activation checkpointing (if asked) and FSDP2 (if :func:`uses_fsdp`) to each
     decoder layer, then the root."""
     mp = policy(parallel.mixed_precision)

@@ -1,5 +1,5 @@
 """Everything checked before a process starts: the config, the model section (transformers
-can build it), the data paths, and the checkpoint to resume from."""
+can build it), the data paths, the checkpoint to resume from and the output directory."""
 
 from __future__ import annotations
 
@@ -13,8 +13,18 @@ from hyperparallel.config import Config, ConfigError, load
 from hyperparallel.data import ByteTokenizer
 
 
-def resolve(path: str | None, overrides: Sequence[str], resume: str | None = None) -> Config:
-    """The validated config; :class:`ConfigError` lists every problem with its origin."""
+def resolve(
+    path: str | None,
+    overrides: Sequence[str],
+    resume: str | None = None,
+    *,
+    outputs: bool = True,
+) -> Config:
+    """The validated config; :class:`ConfigError` lists every problem with its origin.
+
+    ``outputs=False`` leaves the file system alone: neither the ``resume`` target nor what
+    ``run.output`` already holds is checked (``--print-config``).
+    """
     world = int(os.environ["WORLD_SIZE"]) if launch.under_torchrun() else None
     cfg = load(path, overrides, world)
     problems: list[str] = []
@@ -31,17 +41,26 @@ def resolve(path: str | None, overrides: Sequence[str], resume: str | None = Non
     for pattern in patterns:
         if not glob(str(Path(pattern).expanduser())):
             problems.append(f"{at('data.path')}: data.path: no file matches {pattern!r}")
+    if outputs:
+        problems += _output_problems(cfg, resume)
+    if problems:
+        raise ConfigError(problems)
+    return cfg
+
+
+def _output_problems(cfg: Config, resume: str | None) -> list[str]:
+    """The checkpoint to resume from exists; a new run finds no earlier run's checkpoints."""
     if resume is not None:
         try:
             checkpoint.find(cfg.run.output if resume == "latest" else resume)
         except FileNotFoundError as exc:
-            problems.append(f"--resume: {exc}")
-    elif earlier := checkpoint.complete(cfg.run.output):
-        problems.append(
-            f"{at('run.output')}: run.output {cfg.run.output} already holds checkpoints of an "
-            f"earlier run (newest {earlier[-1].name}); continue it with --resume, or choose "
-            f"another --output (nothing there is overwritten)"
-        )
-    if problems:
-        raise ConfigError(problems)
-    return cfg
+            return [f"--resume: {exc}"]
+        return []
+    if earlier := checkpoint.complete(cfg.run.output):
+        at = cfg.origins.get("run.output", "default")
+        return [
+            f"{at}: run.output {cfg.run.output} already holds checkpoints of an earlier run "
+            f"(newest {earlier[-1].name}); continue it with --resume, or choose another "
+            f"--output (nothing there is overwritten)"
+        ]
+    return []

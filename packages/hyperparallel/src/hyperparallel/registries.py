@@ -5,22 +5,33 @@ Later capabilities add entries (e.g. an optimizer) with ``optimizers.register("n
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 import torch
+from torch.optim.lr_scheduler import LRScheduler
+
+if TYPE_CHECKING:
+    from hyperparallel.config import OptimSection, ScheduleSection
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+OptimizerBuilder = Callable[[torch.nn.Module, "OptimSection"], torch.optim.Optimizer]
+"""``(model, optim section) -> optimizer`` over the model's parameters."""
+
+ScheduleBuilder = Callable[[torch.optim.Optimizer, "ScheduleSection", int], LRScheduler]
+"""``(optimizer, schedule section, run.steps) -> scheduler``, stepped once per optimizer step."""
 
 
-class Registry:
+class Registry(Generic[F]):
     """A small name -> builder mapping with clear errors."""
 
     def __init__(self, kind: str) -> None:
         self.kind = kind
-        self._items: dict[str, Callable[..., Any]] = {}
+        self._items: dict[str, F] = {}
 
-    def register(self, name: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-        def add(fn: Callable[..., Any]) -> Callable[..., Any]:
+    def register(self, name: str) -> Callable[[F], F]:
+        def add(fn: F) -> F:
             if name in self._items and self._items[name] is not fn:
                 raise ValueError(f"{self.kind} {name!r} is already registered")
             self._items[name] = fn
@@ -34,7 +45,7 @@ class Registry:
     def names(self) -> list[str]:
         return sorted(self._items)
 
-    def get(self, name: str) -> Callable[..., Any]:
+    def get(self, name: str) -> F:
         try:
             return self._items[name]
         except KeyError:
@@ -43,8 +54,8 @@ class Registry:
             ) from None
 
 
-optimizers = Registry("optimizer")
-schedules = Registry("schedule")
+optimizers: Registry[OptimizerBuilder] = Registry("optimizer")
+schedules: Registry[ScheduleBuilder] = Registry("schedule")
 
 
 def _decay_groups(model: torch.nn.Module, weight_decay: float) -> list[dict[str, Any]]:
@@ -57,51 +68,55 @@ def _decay_groups(model: torch.nn.Module, weight_decay: float) -> list[dict[str,
 
 
 @optimizers.register("adamw")
-def adamw(model: torch.nn.Module, optim: Any) -> torch.optim.Optimizer:
+def adamw(model: torch.nn.Module, optim: OptimSection) -> torch.optim.Optimizer:
     """torch.optim.AdamW over the model's parameters (foreach; decay on matrices only)."""
+    beta1, beta2 = optim.betas
     return torch.optim.AdamW(
         _decay_groups(model, optim.weight_decay),
         lr=optim.lr,
-        betas=tuple(optim.betas),
+        betas=(beta1, beta2),
         eps=optim.eps,
         **optim.options,
     )
 
 
-def _lambda(fn: Callable[[int], float]) -> Callable[[torch.optim.Optimizer], Any]:
-    return lambda opt: torch.optim.lr_scheduler.LambdaLR(opt, fn)
+# The schedules are transformers' (as its Trainer uses them): the warm-up rises linearly from 0
+# at step 0 to the peak at step warmup_steps; the decay reaches min_lr_ratio at step run.steps.
 
 
 @schedules.register("constant")
-def constant(schedule: Any, steps: int) -> Callable[[torch.optim.Optimizer], Any]:
+def constant(
+    optimizer: torch.optim.Optimizer, schedule: ScheduleSection, steps: int
+) -> LRScheduler:
     """Linear warm-up, then the peak rate."""
-    warm = schedule.warmup_steps
-    return _lambda(lambda s: min(1.0, (s + 1) / warm) if warm else 1.0)
+    from transformers import get_constant_schedule_with_warmup
+
+    return get_constant_schedule_with_warmup(optimizer, schedule.warmup_steps)
 
 
 @schedules.register("cosine")
-def cosine(schedule: Any, steps: int) -> Callable[[torch.optim.Optimizer], Any]:
+def cosine(optimizer: torch.optim.Optimizer, schedule: ScheduleSection, steps: int) -> LRScheduler:
     """Linear warm-up, then cosine decay to ``min_lr_ratio`` of the peak at the last step."""
-    warm, floor = schedule.warmup_steps, schedule.min_lr_ratio
+    from transformers import get_cosine_with_min_lr_schedule_with_warmup
 
-    def factor(step: int) -> float:
-        if step < warm:
-            return (step + 1) / warm
-        progress = min(1.0, (step - warm) / max(1, steps - warm))
-        return floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * progress))
-
-    return _lambda(factor)
+    return get_cosine_with_min_lr_schedule_with_warmup(
+        optimizer, schedule.warmup_steps, steps, min_lr_rate=schedule.min_lr_ratio
+    )
 
 
 @schedules.register("linear")
-def linear(schedule: Any, steps: int) -> Callable[[torch.optim.Optimizer], Any]:
-    """Linear warm-up, then linear decay to ``min_lr_ratio`` of the peak at the last step."""
-    warm, floor = schedule.warmup_steps, schedule.min_lr_ratio
+def linear(optimizer: torch.optim.Optimizer, schedule: ScheduleSection, steps: int) -> LRScheduler:
+    """Linear warm-up, then linear decay to ``min_lr_ratio`` of the peak at the last step
+    (transformers' polynomial decay of power 1 down to that rate)."""
+    from transformers import get_polynomial_decay_schedule_with_warmup
 
-    def factor(step: int) -> float:
-        if step < warm:
-            return (step + 1) / warm
-        progress = min(1.0, (step - warm) / max(1, steps - warm))
-        return 1 - (1 - floor) * progress
-
-    return _lambda(factor)
+    if schedule.min_lr_ratio == 1:  # no decay; transformers wants a final rate below the peak
+        return constant(optimizer, schedule, steps)
+    peak = optimizer.defaults["lr"]
+    return get_polynomial_decay_schedule_with_warmup(
+        optimizer,
+        schedule.warmup_steps,
+        max(steps, schedule.warmup_steps + 1),  # decay over at least one step
+        lr_end=schedule.min_lr_ratio * peak,
+        power=1.0,
+    )

@@ -28,6 +28,7 @@ from torch.distributed.checkpoint.api import CheckpointException
 from hyperparallel import checkpoint, data, parallel, registries, report
 from hyperparallel import config as config_mod
 from hyperparallel import model as model_mod
+from hyperparallel.config import Config, DataSection, ParallelSection
 from hyperparallel.corpus import default_corpus, default_corpus_info
 
 
@@ -43,19 +44,19 @@ class Outcome:
     export: Path | None = None
 
 
-def device_type(parallel_cfg: Any) -> str:
+def device_type(parallel_cfg: ParallelSection) -> str:
     if parallel_cfg.device == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
     return parallel_cfg.device
 
 
-def backend_for(parallel_cfg: Any, device: str) -> str:
+def backend_for(parallel_cfg: ParallelSection, device: str) -> str:
     if parallel_cfg.backend != "auto":
         return parallel_cfg.backend
     return "nccl" if device == "cuda" else "gloo"
 
 
-def documents(data_cfg: Any) -> tuple[list[str], str]:
+def documents(data_cfg: DataSection) -> tuple[list[str], str]:
     """The training documents and a one-line description of where they came from."""
     if data_cfg.path is None:
         return default_corpus(), default_corpus_info()
@@ -152,7 +153,8 @@ def _run(settings: dict[str, Any], resume: str | None) -> None:
         model = model_mod.build(cfg.model, tokenizer.vocab_size, cfg.run.seed)
     except (ValueError, OSError) as exc:  # the user's data or model
         raise InputError(exc) from None
-    handle.wait()
+    finally:  # also before reporting an error: a rank never exits mid-rendezvous
+        handle.wait()
     try:
         outcome = train(cfg, model, blocks, sampler, device, resume, source)
         if rank == 0:
@@ -162,7 +164,7 @@ def _run(settings: dict[str, Any], resume: str | None) -> None:
 
 
 def train(
-    cfg: Any,
+    cfg: Config,
     model: torch.nn.Module,
     blocks: data.PackedBlocks,
     sampler: data.ShardedSampler,
@@ -178,7 +180,7 @@ def train(
     parallel.shard(model, mesh, cfg.parallel)
     fsdp = parallel.uses_fsdp(world, cfg.parallel)
     optimizer = registries.optimizers.get(cfg.optim.name)(model, cfg.optim)
-    scheduler = registries.schedules.get(cfg.schedule.name)(cfg.schedule, cfg.run.steps)(optimizer)
+    scheduler = registries.schedules.get(cfg.schedule.name)(optimizer, cfg.schedule, cfg.run.steps)
     state = checkpoint.TrainState(model, optimizer)
     step = 0
     if resume is not None:
@@ -267,7 +269,9 @@ def _clip(model: torch.nn.Module, max_norm: float) -> float | None:
     return float(norm)
 
 
-def _summary(cfg: Any, model: torch.nn.Module, outcome: Outcome, source: str, world: int) -> None:
+def _summary(
+    cfg: Config, model: torch.nn.Module, outcome: Outcome, source: str, world: int
+) -> None:
     output = Path(cfg.run.output)
     losses, times = outcome.losses, outcome.step_times
     head = statistics.fmean(losses[:10]) if losses else float("nan")

@@ -120,6 +120,20 @@ def test_enable_is_idempotent_chains_the_users_pass_and_sees_later_passes(
     assert UserPass.runs == 1
 
 
+def test_enable_under_a_new_manager_replaces_the_old_registrys_multiplexer(
+    spore_manager, inductor_slots
+) -> None:
+    spore_manager()
+    passes.enable()
+    old = inductor_slots.joint_custom_post_pass
+    second = spore_manager()
+    passes.enable()
+    new = inductor_slots.joint_custom_post_pass
+    assert new is not old
+    assert new.registry is second.registry("passes")
+    assert new.previous is None, "the old registry's multiplexer is replaced, not chained"
+
+
 def test_backend_spore_applies_mode_and_options(spore_manager) -> None:
     from torch._inductor import config
 

@@ -44,6 +44,11 @@ def read_metrics(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
+def slowdown(before: list[float], after: list[float]) -> float:
+    """Median step time after a checkpoint over the median before it."""
+    return statistics.median(after) / statistics.median(before)
+
+
 def plot(metrics: list[dict[str, Any]], path: Path, title: str) -> None:
     """The loss curve (per step, and a 20-step moving average) as a PNG."""
     import matplotlib

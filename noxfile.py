@@ -145,7 +145,7 @@ def _build_package(session: nox.Session, path: str, out: Path) -> Path:
 
 def _smoke_test(session: nox.Session, entry: catalog.Entry, wheels: dict[str, Path]) -> None:
     """Install ``entry``'s wheel and its local dependencies' in a clean venv, run its smoke."""
-    tmp = Path(session.create_tmp())
+    tmp = Path(session.create_tmp()).resolve()  # absolute: the smoke runs in another folder
     venv, work = tmp / "venv" / entry.name, tmp / "smoke" / entry.name
     for folder in (venv, work):
         shutil.rmtree(folder, ignore_errors=True)

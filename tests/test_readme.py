@@ -9,6 +9,7 @@ import subprocess
 from pathlib import Path
 
 import catalog
+import pytest
 
 
 def _block_after(marker: str) -> str:
@@ -58,15 +59,21 @@ def test_setup_command_works_in_a_fresh_venv(tmp_path) -> None:
     _fresh_clone(checkout)
     env = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "PYTHONPATH")}
     env["COLUMNS"] = "160"
-    out = subprocess.run(
-        ["bash", "-euo", "pipefail", "-c", command],
-        cwd=checkout,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=1800,  # installs and compiles every package: 15+ minutes on a busy 2-core machine
-        check=False,
-    )
+    try:
+        out = subprocess.run(
+            ["bash", "-euo", "pipefail", "-c", command],
+            cwd=checkout,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=1800,  # installs and compiles every package: 15+ min on a busy 2-core machine
+            check=False,
+        )
+    except subprocess.TimeoutExpired as exc:
+        tail = (exc.output or b"")[-3000:].decode(errors="replace")
+        pytest.fail(
+            f"the set-up command still ran after {exc.timeout:.0f} s; its output ends:\n{tail}"
+        )
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     assert "spore doctor" in out.stdout
     assert "2.13.0" in out.stdout

@@ -1,14 +1,14 @@
 // add_rms_norm forward and backward: the residual sum is rounded to the dtype first (it is an
-// output), the norm is computed from that rounded sum in fp32, one rounding per output. The
-// backward is rms_norm's (rms_norm.h) at that sum, plus the gradient of the sum.
+// output), then normalised by rms_norm's own row routine (rms_norm.h), so y is bitwise
+// rms_norm(s). The backward is rms_norm's at that sum, plus the gradient of the sum.
 #include "common.h"
 #include "rms_norm.h"
 
 namespace spore {
 namespace {
 
-// One pass per row: s = round(x + r) is written and its sum of squares accumulated; the row of
-// s is then read back (from cache) for y = s * rstd * w.
+// Per row: s = round(x + r) is written, then normalised by rms_norm's row routine (the row of s
+// is read back from cache).
 template <typename T>
 void add_rms_norm_fwd(const void* xp, const void* rp, const void* wp, void* yp, void* sp,
                       int64_t rows, int64_t cols, float eps, int32_t threads) {
@@ -23,18 +23,9 @@ void add_rms_norm_fwd(const void* xp, const void* rp, const void* wp, void* yp, 
         const auto* xr = x + r * cols;
         const auto* rr = res + r * cols;
         auto* sr = s + r * cols;
-        auto* yr = y + r * cols;
-        float sum = 0.0f;
-#pragma omp simd reduction(+ : sum)
-        for (int64_t c = 0; c < cols; ++c) {
-            const auto rounded = T::store(T::load(xr[c]) + T::load(rr[c]));
-            sr[c] = rounded;
-            const float v = T::load(rounded);
-            sum += v * v;
-        }
-        const float rstd = 1.0f / std::sqrt(sum / static_cast<float>(cols) + eps);
 #pragma omp simd
-        for (int64_t c = 0; c < cols; ++c) yr[c] = T::store(T::load(sr[c]) * rstd * w[c]);
+        for (int64_t c = 0; c < cols; ++c) sr[c] = T::store(T::load(xr[c]) + T::load(rr[c]));
+        rms_norm_row<T>(sr, w, y + r * cols, cols, eps);
     }
 }
 

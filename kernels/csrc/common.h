@@ -106,6 +106,23 @@ inline typename T::storage* out(void* p) {
     return static_cast<typename T::storage*>(p);
 }
 
+// Independent partial sums of a row reduction (four vectors of the build's width; a row's tail
+// goes into the first lanes), so sums are bound by loads, not by one accumulator's latency.
+#if defined(__AVX512F__)
+constexpr int64_t LANES = 64;
+#else
+constexpr int64_t LANES = 32;
+#endif
+
+// The total of LANES partial sums, folded pairwise (acc is overwritten).
+inline float fold(float* acc) {
+    for (int64_t w = LANES / 2; w >= 1; w /= 2) {
+#pragma omp simd
+        for (int64_t l = 0; l < w; ++l) acc[l] += acc[l + w];
+    }
+    return acc[0];
+}
+
 }  // namespace spore
 
 #define SPORE_EXPORT extern "C" __attribute__((visibility("default")))

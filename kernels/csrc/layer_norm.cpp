@@ -1,6 +1,7 @@
 // layer_norm over the last dimension, forward and backward. Statistics are fp32 and two-pass
 // per row (mean, then the sum of squared deviations from it; the row is in cache for the second
-// pass); one rounding per output. weight and bias are optional (null: 1 and 0).
+// pass), the mean kept as the row's first value plus the mean of the deviations from it (see
+// Centre); one rounding per output. weight and bias are optional (null: 1 and 0).
 #include <omp.h>
 
 #include <algorithm>
@@ -11,58 +12,52 @@
 namespace spore {
 namespace {
 
-// Independent partial sums per row reduction (64: four AVX-512 vectors; the tail goes into the
-// first lanes), so the sums are bound by loads, not by the latency of one accumulator; folded
-// pairwise at the end.
-#if defined(__AVX512F__)
-constexpr int64_t LANES = 64;
-#else
-constexpr int64_t LANES = 32;
-#endif
-
-inline float fold(float* acc) {
-    for (int64_t w = LANES / 2; w >= 1; w /= 2) {
-#pragma omp simd
-        for (int64_t l = 0; l < w; ++l) acc[l] += acc[l + w];
-    }
-    return acc[0];
-}
+// A row's mean as shift + offset: shift is the row's first value, offset the mean of x - shift.
+// When the mean is large against the spread, x - shift is small and exact, so neither the sum
+// (whose rounding grows with the magnitude of its terms) nor x - mean (whose fp32 mean would be
+// off by up to half an ulp of its magnitude) loses the mean's magnitude: x is centred as
+// (x - shift) - offset.
+struct Centre {
+    float shift, offset;
+    float of(float v) const { return (v - shift) - offset; }
+};
 
 template <typename T>
-inline float row_mean(const typename T::storage* xr, int64_t cols) {
+inline Centre row_centre(const typename T::storage* xr, int64_t cols) {
+    const float shift = T::load(xr[0]);
     float acc[LANES] = {};
     int64_t c0 = 0;
     for (; c0 + LANES <= cols; c0 += LANES) {
 #pragma omp simd
-        for (int64_t l = 0; l < LANES; ++l) acc[l] += T::load(xr[c0 + l]);
+        for (int64_t l = 0; l < LANES; ++l) acc[l] += T::load(xr[c0 + l]) - shift;
     }
-    for (int64_t c = c0; c < cols; ++c) acc[c - c0] += T::load(xr[c]);
-    return fold(acc) / static_cast<float>(cols);
+    for (int64_t c = c0; c < cols; ++c) acc[c - c0] += T::load(xr[c]) - shift;
+    return {shift, fold(acc) / static_cast<float>(cols)};
 }
 
 struct RowStats {
-    float mean;
+    Centre centre;
     float rstd;
 };
 
 template <typename T>
 inline RowStats row_stats(const typename T::storage* xr, int64_t cols, float eps) {
-    const float mean = row_mean<T>(xr, cols);
+    const Centre centre = row_centre<T>(xr, cols);
     float acc[LANES] = {};
     int64_t c0 = 0;
     for (; c0 + LANES <= cols; c0 += LANES) {
 #pragma omp simd
         for (int64_t l = 0; l < LANES; ++l) {
-            const float d = T::load(xr[c0 + l]) - mean;
+            const float d = centre.of(T::load(xr[c0 + l]));
             acc[l] += d * d;
         }
     }
     for (int64_t c = c0; c < cols; ++c) {
-        const float d = T::load(xr[c]) - mean;
+        const float d = centre.of(T::load(xr[c]));
         acc[c - c0] += d * d;
     }
     const float var = fold(acc) / static_cast<float>(cols);
-    return {mean, 1.0f / std::sqrt(var + eps)};
+    return {centre, 1.0f / std::sqrt(var + eps)};
 }
 
 template <typename T, bool HasW, bool HasB>
@@ -80,7 +75,7 @@ void layer_norm_fwd(const void* xp, const void* wp, const void* bp, void* yp, in
         const RowStats st = row_stats<T>(xr, cols, eps);
 #pragma omp simd
         for (int64_t c = 0; c < cols; ++c) {
-            float v = (T::load(xr[c]) - st.mean) * st.rstd;
+            float v = st.centre.of(T::load(xr[c])) * st.rstd;
             if constexpr (HasW) v *= w[c];
             if constexpr (HasB) v += b[c];
             yr[c] = T::store(v);
@@ -91,20 +86,21 @@ void layer_norm_fwd(const void* xp, const void* wp, const void* bp, void* yp, in
 // Per-row quantities of the backward: xhat = (x - mean) * rstd, gw = g * w,
 // dx = rstd * (gw - mean_gw - xhat * k) with k = mean(gw * xhat).
 struct RowGrad {
-    float mean, rstd, mean_gw, k;
+    Centre centre;
+    float rstd, mean_gw, k;
 };
 
 template <typename T, bool HasW>
 inline RowGrad row_grad(const typename T::storage* gr, const typename T::storage* xr,
                         const float* w, int64_t cols, float eps) {
     const float n = static_cast<float>(cols);
-    const float mean = row_mean<T>(xr, cols);
+    const Centre centre = row_centre<T>(xr, cols);
     float sq[LANES] = {}, sum_gw[LANES] = {}, dot[LANES] = {};
     int64_t c0 = 0;
     for (; c0 + LANES <= cols; c0 += LANES) {
 #pragma omp simd
         for (int64_t l = 0; l < LANES; ++l) {
-            const float d = T::load(xr[c0 + l]) - mean;
+            const float d = centre.of(T::load(xr[c0 + l]));
             float gw = T::load(gr[c0 + l]);
             if constexpr (HasW) gw *= w[c0 + l];
             sq[l] += d * d;
@@ -113,7 +109,7 @@ inline RowGrad row_grad(const typename T::storage* gr, const typename T::storage
         }
     }
     for (int64_t c = c0; c < cols; ++c) {
-        const float d = T::load(xr[c]) - mean;
+        const float d = centre.of(T::load(xr[c]));
         float gw = T::load(gr[c]);
         if constexpr (HasW) gw *= w[c];
         sq[c - c0] += d * d;
@@ -121,7 +117,7 @@ inline RowGrad row_grad(const typename T::storage* gr, const typename T::storage
         dot[c - c0] += gw * d;
     }
     const float rstd = 1.0f / std::sqrt(fold(sq) / n + eps);
-    return {mean, rstd, fold(sum_gw) / n, fold(dot) * rstd / n};
+    return {centre, rstd, fold(sum_gw) / n, fold(dot) * rstd / n};
 }
 
 // dx for N consecutive rows (their statistics in st) in one pass over the columns, with their
@@ -136,7 +132,7 @@ inline void grad_rows(const typename T::storage* g, const typename T::storage* x
         float sum_w = 0.0f, sum_b = 0.0f;
         for (int i = 0; i < N; ++i) {
             const float gv = T::load(g[i * cols + c]);
-            const float xhat = (T::load(x[i * cols + c]) - st[i].mean) * st[i].rstd;
+            const float xhat = st[i].centre.of(T::load(x[i * cols + c])) * st[i].rstd;
             float gw = gv;
             if constexpr (HasW) gw *= w[c];
             dx[i * cols + c] = T::store(st[i].rstd * (gw - st[i].mean_gw - xhat * st[i].k));

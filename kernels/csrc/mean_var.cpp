@@ -14,12 +14,7 @@
 namespace spore {
 namespace {
 
-#if defined(__AVX512F__)
-constexpr int64_t LANES = 64;  // Welford states per contiguous row (inner == 1)
-#else
-constexpr int64_t LANES = 32;
-#endif
-constexpr int64_t STEPS = 128;  // Welford steps per state before a pairwise merge
+constexpr int64_t STEPS = 128;  // Welford steps per state (LANES states per contiguous row)
 constexpr int64_t ROW_SEGMENT = LANES * STEPS;
 constexpr int64_t BLOCK = 4096;      // columns per work unit when inner > 1 (rows read whole)
 constexpr int64_t MIN_PART = 16384;  // fewest elements worth a task of their own

@@ -1,5 +1,6 @@
-// rms_norm forward and backward: fp32 accumulation, one rounding per output. The backward
-// (rms_norm_backward, declared in rms_norm.h) also serves add_rms_norm.
+// rms_norm forward and backward: fp32 accumulation, one rounding per output. The forward's row
+// routine (rms_norm_row) and the backward (rms_norm_backward), declared in rms_norm.h, also
+// serve add_rms_norm.
 #include <omp.h>
 
 #include <algorithm>
@@ -8,44 +9,47 @@
 #include "rms_norm.h"
 
 namespace spore {
+
+// Not inlined: both exports run this one compiled routine, whatever their surrounding loops.
+template <typename T>
+__attribute__((noinline)) void rms_norm_row(const typename T::storage* x, const float* w,
+                                            typename T::storage* y, int64_t cols, float eps) {
+    float sum[LANES] = {};
+    int64_t c0 = 0;
+    for (; c0 + LANES <= cols; c0 += LANES) {
+#pragma omp simd
+        for (int64_t l = 0; l < LANES; ++l) {
+            const float v = T::load(x[c0 + l]);
+            sum[l] += v * v;
+        }
+    }
+    for (int64_t c = c0; c < cols; ++c) {
+        const float v = T::load(x[c]);
+        sum[c - c0] += v * v;
+    }
+    const float rstd = 1.0f / std::sqrt(fold(sum) / static_cast<float>(cols) + eps);
+#pragma omp simd
+    for (int64_t c = 0; c < cols; ++c) y[c] = T::store(T::load(x[c]) * rstd * w[c]);
+}
+
+template void rms_norm_row<F32>(const float*, const float*, float*, int64_t, float);
+template void rms_norm_row<BF16>(const uint16_t*, const float*, uint16_t*, int64_t, float);
+template void rms_norm_row<F16>(const uint16_t*, const float*, uint16_t*, int64_t, float);
+
 namespace {
 
 template <typename T>
 void rms_norm_fwd(const void* xp, const void* wp, void* yp, int64_t rows, int64_t cols, float eps,
                   int32_t threads) {
     const auto* x = in<T>(xp);
-    const auto* w = in<T>(wp);
+    std::vector<float> wbuf;
+    const float* w = as_f32<T>(wp, cols, wbuf);
     auto* y = out<T>(yp);
 #pragma omp parallel for num_threads(threads) schedule(static)
-    for (int64_t r = 0; r < rows; ++r) {
-        const auto* xr = x + r * cols;
-        auto* yr = y + r * cols;
-        float sum = 0.0f;
-#pragma omp simd reduction(+ : sum)
-        for (int64_t c = 0; c < cols; ++c) {
-            const float v = T::load(xr[c]);
-            sum += v * v;
-        }
-        const float rstd = 1.0f / std::sqrt(sum / static_cast<float>(cols) + eps);
-#pragma omp simd
-        for (int64_t c = 0; c < cols; ++c) yr[c] = T::store(T::load(xr[c]) * rstd * T::load(w[c]));
-    }
+    for (int64_t r = 0; r < rows; ++r) rms_norm_row<T>(x + r * cols, w, y + r * cols, cols, eps);
 }
 
-#if defined(__AVX512F__)
-constexpr int64_t LANES = 64;  // independent partial sums of the backward's row reductions
-#else
-constexpr int64_t LANES = 32;
-#endif
 constexpr int64_t GROUP = 4;  // rows per fused gradient pass (their rows stay in L2)
-
-inline float fold(float* acc) {
-    for (int64_t w = LANES / 2; w >= 1; w /= 2) {
-#pragma omp simd
-        for (int64_t l = 0; l < w; ++l) acc[l] += acc[l + w];
-    }
-    return acc[0];
-}
 
 // rstd and k = rstd^3 * mean(g*w*s) of one row.
 struct RowGrad {

@@ -196,6 +196,27 @@ def test_every_installed_build_computes_the_same(isa) -> None:
         assert torch.equal(s, expected_s)
 
 
+@pytest.mark.parametrize("isa", _lib.available())
+def test_every_installed_build_keeps_the_contract(isa) -> None:
+    """Each build's y is bitwise that build's rms_norm of s, whatever its vector width."""
+    lib = _lib.load(isa)
+    fused = _lib.function("spore_add_rms_norm", op._FWD, lib)
+    plain = _lib.function("spore_rms_norm", rms_norm._FWD, lib)
+    for dtype in TOL:
+        for cols in COLS:
+            x, r, w = _inputs(9, cols, dtype, cols)
+            y, s, expected_y = torch.empty_like(x), torch.empty_like(x), torch.empty_like(x)
+            code = _lib.dtype_code(x)
+            ptrs = (x.data_ptr(), r.data_ptr(), w.data_ptr(), y.data_ptr(), s.data_ptr())
+            assert fused(*ptrs, 9, cols, 1e-6, code, 2) == 0
+            assert (
+                plain(s.data_ptr(), w.data_ptr(), expected_y.data_ptr(), 9, cols, 1e-6, code, 2)
+                == 0
+            )
+            assert torch.equal(s, x + r)
+            assert torch.equal(y, expected_y)
+
+
 def test_the_library_refuses_bad_arguments() -> None:
     fwd = _lib.function("spore_add_rms_norm", op._FWD)
     bwd = _lib.function("spore_add_rms_norm_backward", op._BWD)

@@ -1,79 +1,165 @@
-"""Real ``spore train`` runs: gloo ranks in child processes, each with a hard timeout."""
+"""Real ``spore train`` runs: gloo ranks in child processes, each with a hard timeout.
+
+Most tests compare against one shared reference run (2 ranks, FSDP2): a variant stops early
+with ``run.stop_at`` so that it keeps the reference's learning-rate schedule.
+"""
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import statistics
 import subprocess
+import sys
 import time
+from pathlib import Path
 
 import pytest
-from train_helpers import losses, run_train, small_args, spore_command
+from train_helpers import Run, losses, run_train, small_args, spore_command, train_run
 
 from hyperparallel import checkpoint
+from spore import childproc
+from spore.testing import clean_environ
+
+STEPS = 30
+COMMON = (f"run.steps={STEPS}", "optim.lr=0.01", "checkpoint.every=0")
+"""Settings every run compared with the reference shares (its schedule spans STEPS)."""
 
 
-def test_two_ranks_learn_and_write_every_output(tmp_path) -> None:
-    out = tmp_path / "run"
-    done = run_train(
-        "--nproc", "2", "--output", str(out), *small_args("run.steps=60", "optim.lr=0.01")
+def _close(a: dict[int, float], b: dict[int, float], steps: range) -> None:
+    for step in steps:
+        assert abs(a[step] - b[step]) < 1e-4, (step, a[step], b[step])
+
+
+@pytest.fixture(scope="module")
+def two_ranks(tmp_path_factory: pytest.TempPathFactory) -> Run:
+    """The reference: FSDP2 over 2 ranks, 8 sequences each, checkpoint and export at the end."""
+    return train_run(tmp_path_factory.mktemp("two_ranks"), "--nproc", "2", *small_args(*COMMON))
+
+
+@pytest.fixture(scope="module")
+def one_rank(tmp_path_factory: pytest.TempPathFactory) -> Run:
+    """One process with the reference's global batch (16 sequences), stopped at step 6."""
+    return train_run(
+        tmp_path_factory.mktemp("one_rank"),
+        *small_args(*COMMON, "data.batch_size=16", "run.stop_at=6", "checkpoint.export=false"),
     )
-    curve = losses(out)
-    assert sorted(curve) == list(range(1, 61))
-    first, last = (
-        statistics.fmean(curve[s] for s in range(1, 6)),
-        statistics.fmean(curve[s] for s in range(56, 61)),
-    )
+
+
+def test_two_ranks_learn_and_write_every_output(two_ranks: Run) -> None:
+    curve, out = two_ranks.losses, two_ranks.output
+    assert sorted(curve) == list(range(1, STEPS + 1))
+    first = statistics.fmean(curve[s] for s in range(1, 6))
+    last = statistics.fmean(curve[s] for s in range(STEPS - 4, STEPS + 1))
     assert last < 0.6 * first, f"loss did not fall clearly: {first:.3f} -> {last:.3f}"
     assert (out / "loss.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert "steps: 60" in (out / "config.yaml").read_text()
-    assert [p.name for p in checkpoint.complete(out)] == ["step_00000060"]
+    assert f"steps: {STEPS}" in (out / "config.yaml").read_text()
+    assert [p.name for p in checkpoint.complete(out)] == [f"step_{STEPS:08d}"]
     assert (out / "final" / "config.json").is_file()
-    assert "spore train: summary" in done.stdout
-    assert "2 rank(s), FSDP2" in done.stdout
-    assert done.stdout.count("spore train: summary") == 1  # rank 0 only
+    assert "2 rank(s), FSDP2" in two_ranks.done.stdout
+    assert two_ranks.done.stdout.count("spore train: summary") == 1  # rank 0 only
 
 
-def test_two_ranks_match_one_process_on_the_same_global_batch(tmp_path) -> None:
+def test_two_ranks_match_one_process_on_the_same_global_batch(two_ranks: Run, one_rank) -> None:
     """The oracle: FSDP2 over 2 ranks = 1 rank with the whole global batch.
 
     The small model's vocabulary (259 rows) and intermediate size (171) are odd, so FSDP2
     shards those parameters unevenly over the 2 ranks.
     """
-    one, two = tmp_path / "one", tmp_path / "two"
-    common = ("run.steps=6", "checkpoint.export=false", "checkpoint.every=0")
-    run_train("--nproc", "1", "--output", str(one), *small_args(*common, "data.batch_size=8"))
-    run_train("--nproc", "2", "--output", str(two), *small_args(*common, "data.batch_size=4"))
-    a, b = losses(one), losses(two)
-    assert a.keys() == b.keys()
-    for step in a:
-        assert abs(a[step] - b[step]) < 1e-4, (step, a[step], b[step])
+    assert "1 rank, unsharded" in one_rank.done.stdout
+    assert sorted(one_rank.losses) == list(range(1, 7))
+    _close(one_rank.losses, two_ranks.losses, range(1, 7))
 
 
-def test_resume_continues_bitwise(tmp_path) -> None:
-    full, part = tmp_path / "full", tmp_path / "part"
-    common = ("run.steps=10", "checkpoint.every=3", "checkpoint.export=false")
-    run_train("--nproc", "2", "--output", str(full), *small_args(*common))
-    run_train("--nproc", "2", "--output", str(part), *small_args(*common, "run.stop_at=5"))
+def test_two_ranks_resume_bitwise(two_ranks: Run, tmp_path) -> None:
+    part = tmp_path / "part"
+    args = ("checkpoint.every=3", "checkpoint.export=false")
+    run_train("--nproc", "2", "--output", str(part), *small_args(*COMMON, *args, "run.stop_at=5"))
     assert [p.name for p in checkpoint.complete(part)] == ["step_00000003", "step_00000005"]
     assert max(losses(part)) == 5
-    run_train("--nproc", "2", "--output", str(part), "--resume", *small_args(*common))
-    a, b = losses(full), losses(part)
-    assert sorted(b) == list(range(1, 11))
-    assert [b[s] for s in range(6, 11)] == [a[s] for s in range(6, 11)]  # bitwise
+    resumed = small_args(*COMMON, *args, "run.stop_at=10")
+    run_train("--nproc", "2", "--output", str(part), "--resume", *resumed)
+    got, want = losses(part), two_ranks.losses
+    assert sorted(got) == list(range(1, 11))
+    assert [got[s] for s in range(6, 11)] == [want[s] for s in range(6, 11)]  # bitwise
 
 
-def test_one_rank_trains_unsharded_and_resumes_bitwise(tmp_path) -> None:
-    full, part = tmp_path / "full", tmp_path / "part"
-    common = ("run.steps=6", "checkpoint.every=3", "checkpoint.export=false")
-    done = run_train("--output", str(full), *small_args(*common))
-    assert "1 rank, unsharded" in done.stdout
-    run_train("--output", str(part), *small_args(*common, "run.stop_at=3"))
-    run_train("--output", str(part), "--resume", *small_args(*common))
-    a, b = losses(full), losses(part)
-    assert [b[s] for s in range(4, 7)] == [a[s] for s in range(4, 7)]  # bitwise
+def test_one_rank_trains_unsharded_and_resumes_bitwise(one_rank: Run, tmp_path) -> None:
+    part = tmp_path / "part"
+    args = ("data.batch_size=16", "checkpoint.every=3", "checkpoint.export=false")
+    run_train("--output", str(part), *small_args(*COMMON, *args, "run.stop_at=3"))
+    run_train("--output", str(part), "--resume", *small_args(*COMMON, *args, "run.stop_at=6"))
+    got, want = losses(part), one_rank.losses
+    assert [got[s] for s in range(4, 7)] == [want[s] for s in range(4, 7)]  # bitwise
+
+
+def test_activation_checkpointing_and_kept_parameters_change_nothing(
+    two_ranks: Run, tmp_path
+) -> None:
+    """Over FSDP2 (2 ranks), recomputing each layer and keeping its gathered parameters for
+    backward give bitwise the reference's losses: the same computation on the same values."""
+    extra = ("parallel.activation_checkpointing=true", "parallel.reshard_after_forward=false")
+    args = small_args(*COMMON, *extra, "run.stop_at=5", "checkpoint.export=false")
+    run = train_run(tmp_path / "run", "--nproc", "2", *args)
+    assert [run.losses[s] for s in range(1, 6)] == [two_ranks.losses[s] for s in range(1, 6)]
+
+
+def test_gradient_accumulation_matches_one_large_batch(two_ranks: Run, tmp_path) -> None:
+    """2 micro-batches of 4 = the reference's 1 batch of 8 per rank."""
+    extra = ("data.batch_size=4", "optim.grad_accum=2", "run.stop_at=5", "checkpoint.export=false")
+    run = train_run(tmp_path / "run", "--nproc", "2", *small_args(*COMMON, *extra))
+    _close(run.losses, two_ranks.losses, range(1, 6))
+
+
+def test_hsdp_runs_and_matches_fsdp(two_ranks: Run, tmp_path) -> None:
+    """HSDP 2 x 2 over 4 ranks with 4 sequences each: the reference's global batch."""
+    extra = ("parallel.replicate=2", "data.batch_size=4", "run.stop_at=4")
+    args = small_args(*COMMON, *extra, "checkpoint.export=false")
+    run = train_run(tmp_path / "run", "--nproc", "4", *args)
+    assert "HSDP 2 x 2" in run.done.stdout
+    _close(run.losses, two_ranks.losses, range(1, 5))
+
+
+def test_bf16_mixed_precision_trains_close_to_fp32(two_ranks: Run, tmp_path) -> None:
+    extra = ("parallel.mixed_precision=bf16", "run.stop_at=12", "checkpoint.export=false")
+    got = train_run(tmp_path / "run", "--nproc", "2", *small_args(*COMMON, *extra)).losses
+    want = two_ranks.losses
+    assert [got[s] for s in range(1, 13)] != [want[s] for s in range(1, 13)]  # bf16 really ran
+    assert abs(got[12] - want[12]) < 0.1 * want[12]
+    assert got[12] < 0.7 * got[1]
+
+
+def test_export_is_a_pretrained_directory_that_trains_on(two_ranks: Run, tmp_path) -> None:
+    from transformers import AutoModelForCausalLM
+
+    final = two_ranks.output / "final"
+    model = AutoModelForCausalLM.from_pretrained(final, local_files_only=True)
+    assert model.config.vocab_size == 259
+    assert model.config.intermediate_size == 171
+    extra = ("run.steps=2", "schedule.warmup_steps=0", f"model.pretrained={final}")
+    again = train_run(tmp_path / "again", *small_args(*extra))
+    start = two_ranks.losses
+    assert again.losses[1] < start[1] * 0.7, "the exported weights did not carry the training"
+    assert abs(again.losses[1] - start[STEPS]) < 0.5
+
+
+def test_joins_a_torchrun_job(two_ranks: Run, tmp_path) -> None:
+    """Started by torchrun, each process is one rank of that job (multi-node runs work alike);
+    2 ranks of 8 sequences as HSDP 2 x 1 train as the reference does."""
+    torchrun = shutil.which("torchrun", path=str(Path(sys.executable).parent))
+    assert torchrun, "torch installs the torchrun script next to the interpreter"
+    out = tmp_path / "run"
+    args = small_args(*COMMON, "run.stop_at=3", "checkpoint.export=false", "parallel.replicate=2")
+    command = [torchrun, "--standalone", "--nproc-per-node", "2", "-m", "hyperparallel"]
+    done = childproc.run(
+        [*command, "--output", str(out), *args], timeout=300, env=clean_environ(), check=False
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert sorted(losses(out)) == [1, 2, 3]
+    assert "HSDP 2 x 1" in done.stdout
+    _close(losses(out), two_ranks.losses, range(1, 4))
 
 
 def test_a_kill_while_writing_a_checkpoint_leaves_the_previous_one_resumable(tmp_path) -> None:
@@ -85,6 +171,7 @@ def test_a_kill_while_writing_a_checkpoint_leaves_the_previous_one_resumable(tmp
             spore_command("--nproc", "2", "--output", str(out), *args),
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
+            env=clean_environ(),
             start_new_session=True,
         )
         deadline = time.monotonic() + 180
@@ -106,10 +193,12 @@ def test_a_kill_while_writing_a_checkpoint_leaves_the_previous_one_resumable(tmp
     assert caught, "never caught a checkpoint mid-write in 5 attempts"
     survivors = checkpoint.complete(out)
     assert survivors, "the previous complete checkpoint is gone"
-    newest = survivors[-1]
-    assert json.loads((newest / "meta.json").read_text())["step"] < int(caught.split("_")[1])
-    run_train("--nproc", "2", "--output", str(out), "--resume", *args)
-    assert max(losses(out)) == 40
+    newest = json.loads((survivors[-1] / "meta.json").read_text())["step"]
+    assert newest < int(caught.split("_")[1])
+    stop = min(40, newest + 2)
+    resumed = [*args, "--set", f"run.stop_at={stop}"]
+    run_train("--nproc", "2", "--output", str(out), "--resume", *resumed)
+    assert max(losses(out)) == stop
     assert not list((out / "checkpoints").glob(".tmp-*"))
 
 
@@ -123,6 +212,7 @@ def test_an_interrupt_stops_every_rank_and_names_the_checkpoint_to_resume(tmp_pa
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         text=True,
+        env=clean_environ(),
         start_new_session=True,
     )
     try:
@@ -144,116 +234,6 @@ def test_an_interrupt_stops_every_rank_and_names_the_checkpoint_to_resume(tmp_pa
     newest = checkpoint.complete(out)[-1]
     assert f"interrupted by {sig.name}; the ranks were stopped" in err
     assert f"Newest complete checkpoint: {newest} (continue with --resume)" in err
-
-
-def test_hsdp_runs_and_matches_fsdp(tmp_path) -> None:
-    hsdp, fsdp = tmp_path / "hsdp", tmp_path / "fsdp"
-    common = ("run.steps=4", "checkpoint.export=false", "checkpoint.every=0", "data.batch_size=2")
-    done = run_train(
-        "--nproc", "4", "--output", str(hsdp), *small_args(*common, "parallel.replicate=2")
-    )
-    assert "HSDP 2 x 2" in done.stdout
-    run_train("--nproc", "4", "--output", str(fsdp), *small_args(*common))
-    a, b = losses(hsdp), losses(fsdp)
-    for step in a:
-        assert abs(a[step] - b[step]) < 1e-4, (step, a[step], b[step])
-
-
-def test_export_is_a_pretrained_directory_that_trains_on(tmp_path) -> None:
-    first, second = tmp_path / "first", tmp_path / "second"
-    run_train("--output", str(first), *small_args("run.steps=40", "optim.lr=0.01"))
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(first / "final", local_files_only=True)
-    assert model.config.vocab_size == 259
-    assert model.config.intermediate_size == 171
-    start = losses(first)
-    run_train(
-        "--output",
-        str(second),
-        *small_args(
-            "run.steps=2", "schedule.warmup_steps=0", f"model.pretrained={first / 'final'}"
-        ),
-    )
-    again = losses(second)
-    assert again[1] < start[1] * 0.7, "the exported weights did not carry the training"
-    assert abs(again[1] - start[40]) < 0.5
-
-
-def test_plugin_contract(spore_plugin_contract) -> None:
-    info = spore_plugin_contract("hyperparallel")
-    assert "train" in info.registered["commands"]
-
-
-def test_joins_a_torchrun_job(tmp_path) -> None:
-    """Started by torchrun, each process is one rank of that job (multi-node runs work alike)."""
-    import shutil
-    import sys
-    from pathlib import Path
-
-    torchrun = shutil.which("torchrun", path=str(Path(sys.executable).parent))
-    assert torchrun, "torch installs the torchrun script next to the interpreter"
-    out = tmp_path / "run"
-    args = small_args("run.steps=3", "checkpoint.export=false", "parallel.replicate=2")
-    done = subprocess.run(
-        [
-            torchrun,
-            "--standalone",
-            "--nproc-per-node",
-            "2",
-            "-m",
-            "hyperparallel",
-            "--output",
-            str(out),
-            *args,
-        ],
-        capture_output=True,
-        text=True,
-        timeout=240,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert sorted(losses(out)) == [1, 2, 3]
-    assert "HSDP 2 x 1" in done.stdout
-
-
-def test_activation_checkpointing_resharding_and_accumulation_match_the_plain_run(
-    tmp_path,
-) -> None:
-    """Over FSDP2 (2 ranks): recomputing each layer, or keeping its gathered parameters for
-    backward, changes nothing; 2 micro-batches of 2 = 1 batch of 4 per rank."""
-    runs = {
-        "plain": (),
-        "ac": ("parallel.activation_checkpointing=true",),
-        "kept": ("parallel.reshard_after_forward=false",),
-        "accum": ("data.batch_size=2", "optim.grad_accum=2"),
-    }
-    common = ("run.steps=5", "checkpoint.export=false", "checkpoint.every=0", "data.batch_size=4")
-    for name, extra in runs.items():
-        out = tmp_path / name
-        run_train("--nproc", "2", "--output", str(out), *small_args(*common, *extra))
-    got = {name: losses(tmp_path / name) for name in runs}
-    assert got["ac"] == got["plain"]  # bitwise: the recomputed forward is the same computation
-    assert got["kept"] == got["plain"]  # bitwise: the same parameters, gathered once
-    for step, loss in got["plain"].items():
-        assert abs(got["accum"][step] - loss) < 1e-4, (step, loss, got["accum"][step])
-
-
-def test_bf16_mixed_precision_trains_close_to_fp32(tmp_path) -> None:
-    fp32, bf16 = tmp_path / "fp32", tmp_path / "bf16"
-    common = ("run.steps=20", "checkpoint.export=false", "checkpoint.every=0", "optim.lr=0.01")
-    run_train("--nproc", "2", "--output", str(fp32), *small_args(*common))
-    run_train(
-        "--nproc",
-        "2",
-        "--output",
-        str(bf16),
-        *small_args(*common, "parallel.mixed_precision=bf16"),
-    )
-    a, b = losses(fp32), losses(bf16)
-    assert a != b  # bf16 compute really ran
-    assert abs(a[20] - b[20]) < 0.1 * a[20]
-    assert b[20] < 0.7 * b[1]
 
 
 def test_failures_in_a_rank_are_reported_once_and_plainly(tmp_path) -> None:

@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 import json
-import os
-import signal
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-TIMEOUT_S = 240
+from spore import childproc
+from spore.testing import clean_environ
+
+TIMEOUT_S = 300
 
 SMALL = [
     "model.config.hidden_size=64",
@@ -22,6 +24,7 @@ SMALL = [
     "data.seq_len=64",
     "data.batch_size=8",
     "schedule.warmup_steps=5",
+    "parallel.threads=1",  # OpenMP teams of 2 spin-wait for minutes per step on a busy machine
 ]
 
 
@@ -39,28 +42,42 @@ def small_args(*extra: str) -> list[str]:
 def run_train(
     *args: str, timeout: float = TIMEOUT_S, check: bool = True
 ) -> subprocess.CompletedProcess[str]:
-    """``spore train ARGS`` in a child process group, killed whole on timeout."""
-    env = dict(os.environ, COLUMNS="120")
-    proc = subprocess.Popen(
-        spore_command(*args),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=env,
-        start_new_session=True,
-    )
+    """``spore train ARGS`` through :mod:`spore.childproc` (its process group killed whole on
+    timeout), without the caller's ``SPORE_*`` variables. Unlike the ``run_spore`` fixture it
+    also serves module-scoped fixtures: runs that several tests share."""
     try:
-        out, err = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, err = proc.communicate()
-        pytest.fail(f"spore train timed out after {timeout} s:\n{out[-3000:]}\n{err[-3000:]}")
-    done = subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+        done = childproc.run(
+            spore_command(*args),
+            timeout=timeout,
+            env=clean_environ({"COLUMNS": "120"}),
+            check=False,
+        )
+    except childproc.ChildError as exc:
+        pytest.fail(str(exc), pytrace=False)
     if check and done.returncode != 0:
-        pytest.fail(f"spore train failed ({done.returncode}):\n{out[-3000:]}\n{err[-5000:]}")
+        pytest.fail(
+            f"spore train failed ({done.returncode}):\n{done.stdout[-3000:]}\n{done.stderr[-5000:]}"
+        )
     return done
 
 
 def losses(output: Path) -> dict[int, float]:
     lines = (output / "metrics.jsonl").read_text().splitlines()
     return {r["step"]: r["loss"] for r in map(json.loads, lines)}
+
+
+@dataclass(frozen=True)
+class Run:
+    """A finished ``spore train`` run: its output directory and its captured output."""
+
+    output: Path
+    done: subprocess.CompletedProcess[str]
+
+    @property
+    def losses(self) -> dict[int, float]:
+        return losses(self.output)
+
+
+def train_run(output: Path, *args: str) -> Run:
+    """Run ``spore train --output OUTPUT ARGS`` and keep what it left."""
+    return Run(output, run_train("--output", str(output), *args))

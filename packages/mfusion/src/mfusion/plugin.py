@@ -1,0 +1,21 @@
+"""mfusion's Spore hooks: its passes for the post-grad stage."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import spore
+from mfusion.selection import PREFIX, Switched
+
+
+@spore.hookimpl
+def spore_register_passes(registry: Any) -> None:
+    from mfusion.passes import all_passes
+
+    for pass_ in all_passes():
+        registry.add(
+            Switched(pass_),
+            name=PREFIX + pass_.name,
+            stage=getattr(pass_, "stage", "post_grad"),
+            priority=pass_.priority,
+        )

@@ -1,5 +1,5 @@
 """Spore's sessions: lint, core, tests(<package>) per catalog entry, integration; and, not run
-by default, mindspore, bench and build (the release artifacts).
+by default, mfusion_full, mindspore, bench and build (the release artifacts).
 
 Every install uses `-c constraints.txt`, so torch resolves to the 2.13.0 CPU build.
 """
@@ -85,6 +85,15 @@ def tests(session: nox.Session, package: str) -> None:
     *deps, target = _local_closure(entry.path)
     session.install(*CONSTRAINTS, *deps, f"{target}[test]")
     session.run("pytest", f"{entry.path}/tests", *session.posargs)
+
+
+@nox.session(default=False)
+def mfusion_full(session: nox.Session) -> None:
+    """mfusion's long model matrix (every model x forward/backward x fp32/bf16; not default)."""
+    entry = PACKAGES["mfusion"]
+    *deps, target = _local_closure(entry.path)
+    session.install(*CONSTRAINTS, *deps, f"{target}[test]")
+    session.run("pytest", f"{entry.path}/tests", "-m", "slow", *session.posargs)
 
 
 @nox.session

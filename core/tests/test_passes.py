@@ -269,3 +269,33 @@ def test_uuid_follows_the_registered_set_and_versions(spore_manager, inductor_sl
     assert bumped != before
     spore.register_custom_pass(Record(), name="uuid-probe-2")
     assert multiplexer.uuid() not in (before, bumped)
+
+
+COUNTING_SCRIPT = """
+import sys, torch, spore
+class Muls(spore.GraphPass):
+    name = "count-muls"
+    def __call__(self, gm):
+        return sum(n.target == torch.ops.aten.mul.Tensor for n in gm.graph.nodes)
+spore.register_custom_pass(Muls())
+print("ran with", sys.argv[1:])
+torch.compile(lambda x: x * 2 * x)(torch.randn(4))
+if sys.argv[1:] == ["fail"]:
+    raise RuntimeError("boom")
+"""
+
+
+def test_spore_passes_run_lists_the_rewrites_a_script_caused(run_spore, tmp_path) -> None:
+    script = tmp_path / "model.py"
+    script.write_text(COUNTING_SCRIPT)
+    out = run_spore("passes", "--json", "--run", str(script), "--flag")
+    assert out.returncode == 0, out.stderr
+    assert "ran with ['--flag']" in out.stderr  # the script's stdout keeps --json clean
+    (row,) = json.loads(out.stdout)
+    assert (row["name"], row["registered_by"], row["matches"]) == ("count-muls", "user", 2)
+    failed = run_spore("passes", "--run", str(script), "fail")
+    assert failed.returncode == 1
+    assert "model.py raised RuntimeError: boom" in failed.stderr
+    stray = run_spore("passes", "extra")
+    assert stray.returncode == 2
+    assert "use --run SCRIPT ARGS" in stray.stderr

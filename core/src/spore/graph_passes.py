@@ -17,6 +17,7 @@ later compile in the process (:func:`install`).
 
 from __future__ import annotations
 
+import collections
 import difflib
 import functools
 import hashlib
@@ -36,6 +37,7 @@ STAGES = {
 
 _lock = threading.Lock()
 _stats: dict[str, int] = {}
+_totals: collections.Counter[str] = collections.Counter()
 
 
 def check_stage(stage: str) -> None:
@@ -137,6 +139,7 @@ def run_passes(gm: Any, entries: list[PassEntry]) -> dict[str, int]:
             gm.recompile()
     with _lock:
         _stats.update(counts)
+        _totals.update(counts)
     return counts
 
 
@@ -150,6 +153,12 @@ def stats() -> dict[str, int]:
     """Rewrites per pass in its most recent run (a compile or :func:`apply`)."""
     with _lock:
         return dict(_stats)
+
+
+def totals() -> dict[str, int]:
+    """Rewrites per pass summed over every run in this process."""
+    with _lock:
+        return dict(_totals)
 
 
 @functools.cache
@@ -275,4 +284,5 @@ __all__ = [
     "run_passes",
     "slot_values",
     "stats",
+    "totals",
 ]

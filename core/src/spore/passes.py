@@ -20,7 +20,14 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from spore import graph_passes
-from spore.graph_passes import STAGES, GraphPass, PassEntry, PatternToPatternPass, stats
+from spore.graph_passes import (
+    STAGES,
+    GraphPass,
+    PassEntry,
+    PatternToPatternPass,
+    stats,
+    totals,
+)
 
 if TYPE_CHECKING:
     from spore.registry import PassRegistry
@@ -93,4 +100,5 @@ __all__ = [
     "inductor_backend",
     "register_custom_pass",
     "stats",
+    "totals",
 ]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 import click
@@ -63,10 +64,54 @@ def ops_cmd(as_json: bool) -> None:
     )
 
 
-@click.command("passes")
+def _run_script(script: str, args: tuple[str, ...]) -> dict[str, int]:
+    """Run ``script`` as ``__main__`` with the passes enabled and Inductor's caches off (so every
+    compile runs them); its stdout goes to stderr. Returns the rewrites per pass it caused."""
+    import contextlib
+    import runpy
+
+    from torch._inductor import config
+
+    from spore import passes
+
+    before = passes.totals()
+    passes.enable()
+    config.fx_graph_cache = False
+    config.autotune_local_cache = False
+    saved_argv = sys.argv
+    sys.argv = [script, *args]
+    try:
+        with contextlib.redirect_stdout(sys.stderr):
+            runpy.run_path(script, run_name="__main__")
+    except SystemExit as exc:
+        if exc.code not in (None, 0):
+            raise click.ClickException(f"{script} exited with status {exc.code}") from exc
+    except Exception as exc:
+        raise click.ClickException(f"{script} raised {type(exc).__name__}: {exc}") from exc
+    finally:
+        sys.argv = saved_argv
+    after = passes.totals()
+    return {name: after[name] - before.get(name, 0) for name in after}
+
+
+@click.command("passes", context_settings={"ignore_unknown_options": True})
 @JSON_OPTION
-def passes_cmd(as_json: bool) -> None:
-    """List the graph passes registered through Spore: stage, priority, device, owner."""
+@click.option(
+    "--run",
+    "script",
+    type=click.Path(exists=True, dir_okay=False),
+    help="Run this Python script (the arguments after it are its own) with the passes enabled "
+    "in every Inductor compile and the FX graph cache off, then list the rewrites per pass.",
+)
+@click.argument("script_args", nargs=-1, type=click.UNPROCESSED)
+def passes_cmd(as_json: bool, script: str | None, script_args: tuple[str, ...]) -> None:
+    """List the graph passes registered through Spore: stage, priority, device, owner.
+
+    With --run SCRIPT, also the number of rewrites each pass made while SCRIPT ran.
+    """
+    if script_args and script is None:
+        raise click.UsageError(f"unexpected arguments {list(script_args)}: use --run SCRIPT ARGS")
+    matches = _run_script(script, script_args) if script else None
     registry = get_manager().registry("passes")
     rows = [
         {
@@ -76,22 +121,26 @@ def passes_cmd(as_json: bool) -> None:
             "device": e.value.device,
             "version": e.value.version,
             "registered_by": e.owner,
+            **({} if matches is None else {"matches": matches.get(e.name, 0)}),
         }
         for e in sorted(registry.entries(), key=lambda e: (e.value.stage, -e.value.priority))
     ]
+    columns = [
+        Column("stage", lambda r: r["stage"], "name"),
+        Column("name", lambda r: r["name"], "name"),
+        Column("priority", lambda r: str(r["priority"])),
+        Column("device", lambda r: r["device"] or "any"),
+        Column("version", lambda r: r["version"]),
+        Column("registered by", lambda r: r["registered_by"], "name"),
+    ]
+    if matches is not None:
+        columns.append(Column("matches", lambda r: str(r["matches"])))
     emit(
         rows,
         as_json=as_json,
         empty="No graph passes registered (see docs/core/passes.md).",
         title="spore passes (per stage, in the order they run)",
-        columns=[
-            Column("stage", lambda r: r["stage"], "name"),
-            Column("name", lambda r: r["name"], "name"),
-            Column("priority", lambda r: str(r["priority"])),
-            Column("device", lambda r: r["device"] or "any"),
-            Column("version", lambda r: r["version"]),
-            Column("registered by", lambda r: r["registered_by"], "name"),
-        ],
+        columns=columns,
     )
 
 

@@ -1,4 +1,4 @@
-"""mfusion's Spore hooks: its passes for the post-grad stage."""
+"""mfusion's Spore hooks: its passes for the post-grad stage, and the hooks it publishes."""
 
 from __future__ import annotations
 
@@ -6,6 +6,13 @@ from typing import Any
 
 import spore
 from mfusion.selection import PREFIX, Switched
+
+
+@spore.hookimpl
+def spore_addhooks(pluginmanager: Any) -> None:
+    from mfusion import hookspecs
+
+    pluginmanager.add_hookspecs(hookspecs)
 
 
 @spore.hookimpl

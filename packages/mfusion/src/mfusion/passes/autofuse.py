@@ -1,0 +1,43 @@
+"""Automatic fusion as a post-grad pass: the long tail goes to the active region compilers.
+
+It runs last among mfusion's passes (lowest priority), on what the hand-written passes left.
+With no region compiler active it changes nothing. Its version names the active compilers
+(and this process, since compiled regions live only in it), so Inductor's FX graph cache
+never serves a graph outlined for other compilers or by another process.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import uuid
+from typing import Any
+
+from spore.graph_passes import GraphPass
+
+BASE_VERSION = "1"
+_PROCESS = uuid.uuid4().hex
+
+
+class AutoFuse(GraphPass):
+    name = "autofuse"
+    priority = -1000
+    summary = "Outline regions a registered region compiler supports into one custom op each."
+
+    @property
+    def version(self) -> str:  # type: ignore[override]
+        from mfusion.autofuse.registry import identity, region_compilers
+
+        compilers = region_compilers()
+        if not compilers:
+            return BASE_VERSION
+        names = "\n".join([_PROCESS, *(identity(c) for c in compilers)])
+        return f"{BASE_VERSION}+{hashlib.sha256(names.encode()).hexdigest()[:12]}"
+
+    def __call__(self, gm: Any) -> int:
+        from mfusion.autofuse import fuse, region_compilers
+
+        compilers = region_compilers()
+        return fuse(gm, compilers) if compilers else 0
+
+
+PASSES = (AutoFuse(),)

@@ -1,0 +1,285 @@
+"""Outlining regions into custom ops on ``make_fx`` graphs, run on real inputs: equality with the
+original graph, idempotence, the compile cache, failure isolation, the output contract, the
+Python registration API and the pass with no compiler."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+import torch
+from mfusion.autofuse import fuse, region_compilers, register_region_compiler
+from mfusion.autofuse.eager import EagerRegionCompiler
+from mfusion.passes.autofuse import AutoFuse
+from torch.fx.experimental.proxy_tensor import make_fx
+
+REGION = "mfusion_regions."
+
+
+def trace(fn: Callable[..., Any], *args: torch.Tensor) -> torch.fx.GraphModule:
+    return make_fx(fn, tracing_mode="fake")(*args)
+
+
+def targets(gm: torch.fx.GraphModule) -> list[str]:
+    return [str(n.target) for n in gm.graph.nodes if n.op == "call_function"]
+
+
+def region_calls(gm: torch.fx.GraphModule) -> list[str]:
+    return [t for t in targets(gm) if t.startswith(REGION)]
+
+
+def branches(x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    a = x * 2 + 1
+    s = torch.mm(a, y)  # a leaves the region here
+    return s, a.exp() - 1
+
+
+def crossing(p: torch.Tensor, q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    a = p.exp()
+    b = q.exp()
+    x = a.cos()
+    y = b.cos()
+    return b * x, a * y  # {a, a*y} needs y (from b), {b, b*x} needs x (from a)
+
+
+@pytest.fixture
+def warnings(caplog: pytest.LogCaptureFixture) -> Iterator[pytest.LogCaptureFixture]:
+    with caplog.at_level(logging.WARNING, logger="mfusion.autofuse"):
+        yield caplog
+
+
+@pytest.fixture
+def no_plugins(spore_manager: Any) -> Any:
+    """A plugin manager with mfusion only: no plugin provides a region compiler."""
+    return spore_manager({"SPORE_PLUGINS": "mfusion"})
+
+
+def test_outlined_graph_equals_the_original() -> None:
+    x, y = torch.randn(4, 4), torch.randn(4, 4)
+    gm = trace(branches, x, y)
+    compiler = EagerRegionCompiler()
+    assert fuse(gm, [compiler]) == 1
+    (call,) = region_calls(gm)
+    getitem = "<built-in function getitem>"
+    assert targets(gm) == [call, getitem, getitem, "aten.mm.default"]
+    (region,) = compiler.compiled
+    assert [str(n.target) for n in region.graph.nodes if n.op == "call_function"] == [
+        "aten.mul.Tensor",
+        "aten.add.Tensor",
+        "aten.exp.default",
+        "aten.sub.Tensor",
+    ]
+    for _ in range(3):
+        x, y = torch.randn(4, 4), torch.randn(4, 4)
+        torch.testing.assert_close(gm(x, y), branches(x, y), rtol=0, atol=0)
+
+
+def test_regions_that_cross_through_outside_nodes_are_placed_one_by_one() -> None:
+    p, q = torch.randn(5), torch.randn(5)
+    gm = trace(crossing, p, q)
+    compiler = EagerRegionCompiler()
+    # both pairs merge (each is convex), but {exp, mul_1} has no place: its op would have to
+    # follow cos_1 (mul_1 reads it) and precede cos (which reads exp); {exp_1, mul} has one
+    assert fuse(gm, [compiler]) == 1
+    (region,) = compiler.compiled
+    assert [str(n.target) for n in region.graph.nodes if n.op == "call_function"] == [
+        "aten.exp.default",
+        "aten.mul.Tensor",
+    ]
+    gm.graph.lint()
+    torch.testing.assert_close(gm(p, q), crossing(p, q), rtol=0, atol=0)
+
+
+def test_a_second_run_rewrites_nothing() -> None:
+    x, y = torch.randn(4, 4), torch.randn(4, 4)
+    gm = trace(branches, x, y)
+    compiler = EagerRegionCompiler()
+    assert fuse(gm, [compiler]) == 1
+    code = gm.code
+    assert fuse(gm, [compiler]) == 0
+    assert gm.code == code
+    assert len(compiler.compiled) == 1
+
+
+def test_identical_regions_share_one_compile_and_one_op() -> None:
+    def twice(x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return (x * 2 + 1).relu(), (y * 2 + 1).relu()
+
+    x, y = torch.randn(3, 5), torch.randn(3, 5)
+    gm = trace(twice, x, y)
+    compiler = EagerRegionCompiler()
+    assert fuse(gm, [compiler]) == 2
+    calls = region_calls(gm)
+    assert len(calls) == 2
+    assert calls[0] == calls[1]
+    assert len(compiler.compiled) == 1
+    other = trace(twice, torch.randn(3, 6), torch.randn(3, 6))  # other shapes: another op
+    assert fuse(other, [compiler]) == 2
+    assert region_calls(other)[0] != calls[0]
+    assert len(compiler.compiled) == 2
+    torch.testing.assert_close(gm(x, y), twice(x, y), rtol=0, atol=0)
+
+
+def test_each_compiler_gets_the_nodes_left() -> None:
+    x, y = torch.randn(4, 4), torch.randn(4, 4)
+    gm = trace(branches, x, y)
+    first = EagerRegionCompiler("muls", ops=[torch.ops.aten.mul, torch.ops.aten.add])
+    second = EagerRegionCompiler("rest")
+    assert fuse(gm, [first, second]) == 2
+    assert len(first.compiled) == 1
+    assert len(second.compiled) == 1
+    assert [str(n.target) for n in second.compiled[0].graph.nodes if n.op == "call_function"] == [
+        "aten.exp.default",
+        "aten.sub.Tensor",
+    ]
+    torch.testing.assert_close(gm(x, y), branches(x, y), rtol=0, atol=0)
+
+
+class Failing(EagerRegionCompiler):
+    def __init__(self) -> None:
+        super().__init__("failing")
+        self.calls = 0
+
+    def compile(
+        self, region_graph: torch.fx.GraphModule, example_inputs: list[torch.Tensor]
+    ) -> Any:
+        self.calls += 1
+        raise RuntimeError("no kernel for this region")
+
+
+def test_a_compile_that_raises_leaves_the_region_with_a_warning(
+    warnings: pytest.LogCaptureFixture,
+) -> None:
+    x, y = torch.randn(4, 4), torch.randn(4, 4)
+    gm = trace(branches, x, y)
+    code = gm.code
+    compiler = Failing()
+    assert fuse(gm, [compiler]) == 0
+    assert gm.code == code
+    (record,) = warnings.records
+    assert "region compiler 'failing' failed on a region of 4 nodes" in record.getMessage()
+    assert "RuntimeError: no kernel for this region" in record.getMessage()
+    assert fuse(gm, [compiler]) == 0
+    assert compiler.calls == 1  # the failure is cached: no second attempt, no second warning
+    assert len(warnings.records) == 1
+
+
+def test_a_compile_with_wrong_values_is_rejected(warnings: pytest.LogCaptureFixture) -> None:
+    class OffByOne(EagerRegionCompiler):
+        def compile(self, region_graph: torch.fx.GraphModule, example_inputs: Any) -> Any:
+            return lambda *inputs: tuple(t + 1 for t in region_graph(*inputs))
+
+    gm = trace(branches, torch.randn(4, 4), torch.randn(4, 4))
+    assert fuse(gm, [OffByOne("off-by-one")]) == 0
+    assert region_calls(gm) == []
+    (record,) = warnings.records
+    assert "AssertionError: output 0: Tensor-likes are not close" in record.getMessage()
+
+
+def test_a_compile_with_the_wrong_output_count_is_rejected(
+    warnings: pytest.LogCaptureFixture,
+) -> None:
+    class FirstOnly(EagerRegionCompiler):
+        def compile(self, region_graph: torch.fx.GraphModule, example_inputs: Any) -> Any:
+            return lambda *inputs: region_graph(*inputs)[0]
+
+    gm = trace(branches, torch.randn(4, 4), torch.randn(4, 4))
+    assert fuse(gm, [FirstOnly("first-only")]) == 0
+    assert "the callable returned 1 outputs, the region has 2" in warnings.records[0].getMessage()
+
+
+def test_a_supports_that_raises_counts_as_unsupported(warnings: pytest.LogCaptureFixture) -> None:
+    class Picky(EagerRegionCompiler):
+        def supports(self, node: torch.fx.Node) -> bool:
+            if node.target is torch.ops.aten.exp.default:
+                raise KeyError("exp")
+            return super().supports(node)
+
+    x, y = torch.randn(4, 4), torch.randn(4, 4)
+    gm = trace(branches, x, y)
+    compiler = Picky("picky")
+    assert fuse(gm, [compiler]) == 1
+    assert [str(n.target) for n in compiler.compiled[0].graph.nodes if n.op == "call_function"] == [
+        "aten.mul.Tensor",
+        "aten.add.Tensor",
+    ]
+    (record,) = warnings.records
+    assert "supports(aten.exp.default) raised KeyError" in record.getMessage()
+    torch.testing.assert_close(gm(x, y), branches(x, y), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize(
+    "returned",
+    [lambda x: x, lambda x: x.t().contiguous().t()],
+    ids=["aliases-the-input", "other-strides"],
+)
+def test_the_op_returns_fresh_tensors_with_the_promised_strides(returned: Callable) -> None:
+    class Identity(EagerRegionCompiler):
+        def compile(self, region_graph: torch.fx.GraphModule, example_inputs: Any) -> Any:
+            return returned
+
+    gm = trace(lambda x: x * 1 + 0, torch.randn(4, 6))
+    assert fuse(gm, [Identity("identity")]) == 1
+    (call,) = (n for n in gm.graph.nodes if str(n.target).startswith(REGION))
+    x = torch.randn(4, 6)
+    out = call.target(x)
+    assert out.stride() == (6, 1)
+    assert out.untyped_storage().data_ptr() != x.untyped_storage().data_ptr()
+    torch.testing.assert_close(out, x, rtol=0, atol=0)
+
+
+def test_without_a_compiler_the_pass_changes_nothing(no_plugins: Any) -> None:
+    from spore import passes
+
+    gm = trace(branches, torch.randn(4, 4), torch.randn(4, 4))
+    code = gm.code
+    assert region_compilers() == []
+    assert fuse(gm, []) == 0
+    assert AutoFuse()(gm) == 0
+    assert passes.apply(gm)["mfusion.autofuse"] == 0
+    assert gm.code == code
+    assert AutoFuse().version == "1"
+
+
+def test_the_pass_version_names_the_compilers(no_plugins: Any) -> None:
+    with register_region_compiler(EagerRegionCompiler("a")):
+        first = AutoFuse().version
+        assert first.startswith("1+")
+        assert AutoFuse().version == first
+    with register_region_compiler(EagerRegionCompiler("a")):  # same name, another object
+        assert AutoFuse().version not in (first, "1")
+    assert AutoFuse().version == "1"
+
+
+def test_the_pass_outlines_with_a_registered_compiler(no_plugins: Any) -> None:
+    x, y = torch.randn(4, 4), torch.randn(4, 4)
+    gm = trace(branches, x, y)
+    with register_region_compiler(EagerRegionCompiler("registered")) as compiler:
+        assert region_compilers() == [compiler]
+        assert AutoFuse()(gm) == 1
+    assert region_compilers() == []
+    torch.testing.assert_close(gm(x, y), branches(x, y), rtol=0, atol=0)
+
+
+def test_registration_checks_the_protocol() -> None:
+    class NoCompile:
+        name = "half"
+
+        def supports(self, node: torch.fx.Node) -> bool:
+            return True
+
+    with pytest.raises(TypeError, match=r"'half' \(NoCompile\) lacks the method\(s\) compile"):
+        register_region_compiler(NoCompile())  # type: ignore[arg-type]
+    nameless = EagerRegionCompiler("")
+    with pytest.raises(TypeError, match="non-empty string attribute 'name'"):
+        register_region_compiler(nameless)
+    registration = register_region_compiler(EagerRegionCompiler("taken"))
+    try:
+        with pytest.raises(ValueError, match="'taken' is already registered"):
+            register_region_compiler(EagerRegionCompiler("taken"))
+    finally:
+        registration.remove()
+    registration.remove()  # a second remove does nothing
+    register_region_compiler(EagerRegionCompiler("taken")).remove()

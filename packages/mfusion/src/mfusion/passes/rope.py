@@ -1,0 +1,93 @@
+"""Rotary position embedding: rotate-half and interleaved forms → ``spore.rope``.
+
+Matched where the post-grad graph computes ``x * cos + rot(x) * sin`` with
+
+- rotate-half (Hugging Face's ``apply_rotary_pos_emb``, Llama and its kin): ``rot(x) =
+  cat(-x[..., D/2:], x[..., :D/2])``;
+- interleaved (GPT-J's ``rotate_every_two``): ``rot(x) = stack(-x[..., 1::2], x[..., ::2],
+  -1).flatten(-2)``;
+
+and cos/sin of one shape whose last dimension is D and whose leading dimensions broadcast to
+x's (the op's layout contract, checked with the op's own ``check``); the result must have x's
+shape and dtype (tables of another dtype that promote the result are left alone). Tables of D
+columns are passed as they are, so the rewrite uses exactly the model's values.
+
+Numerics: spore.rope computes in float32 and rounds once to x's dtype; eager bfloat16 rounds
+each product and the sum, Inductor's own fused code rounds once, like the op.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from mfusion.passes._forms import Form, FormsPass, floating, output_value, value
+
+EXAMPLE_X = (2, 3, 4, 8)
+EXAMPLE_TABLE = (1, 3, 1, 8)
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def _rotate_interleaved(x: torch.Tensor) -> torch.Tensor:
+    return torch.stack((-x[..., 1::2], x[..., ::2]), dim=-1).flatten(-2)
+
+
+def _half(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    return x * cos + _rotate_half(x) * sin
+
+
+def _interleaved(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    return x * cos + _rotate_interleaved(x) * sin
+
+
+def _replacement(mode: str) -> Any:
+    def replacement(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        return torch.ops.spore.rope(x, cos, sin, mode)
+
+    return replacement
+
+
+def _check(mode: str) -> Any:
+    def check(match: Any) -> bool:
+        from spore_kernels.ops.rope import check as contract
+
+        x, cos, sin = (value(match, n) for n in ("x", "cos", "sin"))
+        out = output_value(match)
+        if not (floating(x, out) and floating(cos, sin)) or out.shape != x.shape:
+            return False
+        if x.dim() < 1 or cos.dim() < 1 or cos.shape[-1] != x.shape[-1]:
+            return False
+        try:
+            contract(x, cos, sin, mode)
+        except (TypeError, ValueError):
+            return False
+        return True
+
+    return check
+
+
+def _examples() -> list[torch.Tensor]:
+    return [torch.empty(EXAMPLE_X), torch.empty(EXAMPLE_TABLE), torch.empty(EXAMPLE_TABLE)]
+
+
+class RopePass(FormsPass):
+    """``x * cos + rot(x) * sin`` → ``spore.rope(x, cos, sin, "half" | "interleaved")``."""
+
+    name = "rope"
+    version = "1"
+    priority = 50
+    summary = "RoPE: rotate-half (HF apply_rotary_pos_emb) and interleaved (GPT-J) -> spore.rope"
+
+    def forms(self) -> list[Form]:
+        return [
+            Form(_half, _replacement("half"), _examples, _check("half")),
+            Form(_interleaved, _replacement("interleaved"), _examples, _check("interleaved")),
+        ]
+
+
+PASSES = (RopePass(),)

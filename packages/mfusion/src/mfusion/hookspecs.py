@@ -27,7 +27,8 @@ def mfusion_register_region_compilers(registry: RegionCompilerRegistry) -> None:
 
     A compiler follows :class:`mfusion.autofuse.RegionCompiler`. The hook is called once per
     plugin manager, at the first compile that runs the ``autofuse`` pass; a plugin whose hook
-    raises is logged and skipped.
+    raises is logged and skipped (an error under ``SPORE_STRICT_PLUGINS=1`` or when the plugin
+    was asked for by name).
 
     .. versionadded:: 0.1.0
     """

@@ -2,8 +2,9 @@
 
 Plugins provide compilers through the ``mfusion_register_region_compilers`` hook (see
 :mod:`mfusion.hookspecs`), called once per Spore plugin manager, at the first compile that
-needs them; a plugin whose hook raises is logged and skipped (``SPORE_STRICT_PLUGINS=1``
-makes it an error). Users and tests add compilers with :func:`register_region_compiler`.
+needs them; a plugin whose hook raises is logged and skipped, unless it was asked for by
+name (``SPORE_PLUGINS``) or ``SPORE_STRICT_PLUGINS=1`` is set: then it is a ``PluginError``,
+as for the core's hooks. Users and tests add compilers with :func:`register_region_compiler`.
 """
 
 from __future__ import annotations
@@ -106,7 +107,7 @@ def _collect(manager: Any) -> list[RegionCompiler]:
             impl.function(**{name: registry for name in impl.argnames})
         except Exception as exc:
             message = f"spore plugin {impl.plugin_name!r}: hook {HOOK} raised"
-            if manager.strict:
+            if manager.strict or impl.plugin_name in manager.requested:
                 raise PluginError(f"{message}: {exc}") from exc
             log.warning(
                 "%s: %s: %s; its region compilers are skipped", message, type(exc).__name__, exc

@@ -1,0 +1,346 @@
+"""Matmul rewrites on post-grad aten graphs: bias, reshape+bias, transpose, batch-1/broadcast BMM,
+K = 1 and cast absorption.
+
+Each pass is a :class:`spore.GraphPass` that walks the graph, checks the fake tensors in
+``node.meta["val"]`` (dtypes, shapes, strides) and rewrites only the forms where the result is the
+same function of the inputs: the values differ at most by the floating-point summation order of
+the GEMM (BLAS blocking), never by an extra or a missing rounding in a narrower dtype. Each is
+registered only where it measured at least as fast as plain Inductor on CPU; see ``PASSES`` and
+the package README for the figures. Running a pass twice changes nothing more.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, ClassVar
+
+import torch
+from torch.fx import Graph, GraphModule, Node
+
+import spore
+
+aten = torch.ops.aten
+prims = torch.ops.prims
+
+NARROW_FLOATS = (torch.bfloat16, torch.float16)
+
+
+def _val(node: Any) -> torch.Tensor | None:
+    """The (fake) tensor a node produces, or ``None`` for non-tensors and nodes without one."""
+    if not isinstance(node, Node):
+        return None
+    value = node.meta.get("val")
+    return value if isinstance(value, torch.Tensor) else None
+
+
+def _is_call(node: Any, *targets: Any) -> bool:
+    return isinstance(node, Node) and node.op == "call_function" and node.target in targets
+
+
+def _only_user(node: Node, user: Node) -> bool:
+    return list(node.users) == [user]
+
+
+def _new_node(graph: Graph, target: Any, args: Sequence[Any], kwargs: dict | None = None) -> Node:
+    """``target(*args)`` as a node, with ``meta["val"]`` computed on the arguments' fake tensors."""
+    from torch._guards import detect_fake_mode
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    kwargs = kwargs or {}
+    values = [_val(a) for a in args if isinstance(a, Node)]
+    mode = detect_fake_mode(values) or FakeTensorMode(allow_non_fake_inputs=True)
+
+    def fake(a: Any) -> Any:
+        if not isinstance(a, Node):
+            return a
+        value = _val(a)
+        if value is None:
+            raise ValueError(f"mfusion matmul: node {a.name} has no tensor meta['val']")
+        return value if isinstance(value, torch._subclasses.FakeTensor) else mode.from_tensor(value)
+
+    node = graph.call_function(target, tuple(args), kwargs)
+    with mode:
+        node.meta["val"] = target(*[fake(a) for a in args], **kwargs)
+    return node
+
+
+def _prune(graph: Graph, nodes: Sequence[Node]) -> None:
+    """Erase those of ``nodes`` (consumers first) that have lost every user."""
+    for node in nodes:
+        if not node._erased and not node.users:
+            graph.erase_node(node)
+
+
+def _replace(graph: Graph, old: Node, new: Node, matched: Sequence[Node] = ()) -> None:
+    """Point ``old``'s users at ``new``; erase ``old`` and the ``matched`` nodes left unused."""
+    old.replace_all_uses_with(new)
+    new.meta.setdefault("stack_trace", old.meta.get("stack_trace"))
+    _prune(graph, [old, *matched])
+
+
+def _row_bias(bias: Any, out: torch.Tensor) -> bool:
+    """Whether ``bias`` is a 1-D tensor of the output's column count and dtype (added per row)."""
+    value = _val(bias)
+    return (
+        value is not None
+        and value.dim() == 1
+        and value.shape[0] == out.shape[-1]
+        and value.dtype == out.dtype
+        and value.device == out.device
+    )
+
+
+def _plain_add(node: Node) -> bool:
+    """``aten.add.Tensor(a, b)`` without ``alpha``."""
+    return (
+        _is_call(node, aten.add.Tensor) and node.kwargs.get("alpha", 1) == 1 and len(node.args) == 2
+    )
+
+
+def _split_add(add: Node, wanted: Any) -> tuple[Node, Any] | None:
+    """``(producer, other)`` when one operand of ``add`` is a node that ``wanted(node)`` accepts."""
+    for side in (0, 1):
+        candidate, other = add.args[side], add.args[1 - side]
+        if isinstance(candidate, Node) and wanted(candidate):
+            return candidate, other
+    return None
+
+
+class _MatmulPass(spore.GraphPass):
+    """Shared walk: :meth:`rewrite` is tried on every node; the count of rewrites is returned."""
+
+    priority = 0
+    summary = ""
+
+    def rewrite(self, graph: Graph, node: Node) -> bool:
+        raise NotImplementedError
+
+    def __call__(self, gm: GraphModule) -> int:
+        graph = gm.graph
+        count = 0
+        for node in list(graph.nodes):
+            if not node._erased and node.op == "call_function" and self.rewrite(graph, node):
+                count += 1
+        return count
+
+
+class MmReshapeBias(_MatmulPass):
+    """``view(mm(a, b), shape) + bias`` → ``view(addmm(bias, a, b), shape)``.
+
+    What ``x @ w + b`` on an N-D ``x`` becomes post-grad; the view must keep the last dimension.
+    Inductor itself turns the 2-D ``mm + bias`` into ``addmm`` (bias, operands and result of one
+    dtype); this pass extends that to the reshaped form under the same dtype rule, so the result
+    is what Inductor gives for the 2-D form and what eager ``F.linear`` computes.
+    """
+
+    name = "mm_reshape_bias"
+    version = "1"
+    priority = 20
+    summary = "view(mm) + 1-D bias → view(addmm) (x @ w + b on N-D x)"
+
+    def rewrite(self, graph: Graph, node: Node) -> bool:
+        if not _plain_add(node):
+            return False
+
+        def reshaped_mm(n: Node) -> bool:
+            return (
+                _is_call(n, aten.view.default, aten.reshape.default)
+                and _only_user(n, node)
+                and _is_call(n.args[0], aten.mm.default)
+                and _only_user(n.args[0], n)
+            )
+
+        found = _split_add(node, reshaped_mm)
+        if found is None:
+            return False
+        view, bias = found
+        mm = view.args[0]
+        out, view_out, mm_out = _val(node), _val(view), _val(mm)
+        if out is None or view_out is None or mm_out is None:
+            return False
+        if not mm_out.dtype.is_floating_point or not _row_bias(bias, mm_out):
+            return False
+        if view_out.shape[-1] != mm_out.shape[-1] or out.dtype != mm_out.dtype:
+            return False
+        if tuple(out.shape) != tuple(view_out.shape):
+            return False
+        with graph.inserting_before(node):
+            addmm = _new_node(graph, aten.addmm.default, (bias, *mm.args))
+            reshaped = _new_node(graph, view.target, (addmm, *view.args[1:]))
+        _replace(graph, node, reshaped, [view, mm])
+        return True
+
+
+def _materialised_transpose(node: Any, user: Node, dims: list[int]) -> Node | None:
+    """The ``permute`` under ``clone(permute(x, dims))`` when ``user`` is the clone's only user."""
+    if not (_is_call(node, aten.clone.default) and _only_user(node, user)):
+        return None
+    if node.kwargs.get("memory_format", torch.contiguous_format) != torch.contiguous_format:
+        return None
+    permute = node.args[0]
+    if not _is_call(permute, aten.permute.default) or list(permute.args[1]) != dims:
+        return None
+    value = _val(permute)
+    # GEMM reads an operand in place when one of its two inner strides is 1
+    if value is None or 1 not in value.stride()[-2:]:
+        return None
+    return permute
+
+
+class MmTranspose(_MatmulPass):
+    """``mm(clone(permute(x, [1, 0])), ...)`` → ``mm(permute(x, [1, 0]), ...)`` (either operand;
+    also ``addmm`` and ``bmm`` with ``[0, 2, 1]``): BLAS reads a transposed operand as it is."""
+
+    name = "mm_transpose"
+    version = "1"
+    priority = 25
+    summary = "drop a contiguous copy of a transpose that only feeds mm/addmm/bmm"
+
+    OPERANDS: ClassVar[dict[Any, tuple[tuple[int, int], list[int]]]] = {
+        aten.mm.default: ((0, 1), [1, 0]),
+        aten.addmm.default: ((1, 2), [1, 0]),
+        aten.bmm.default: ((0, 1), [0, 2, 1]),
+    }
+
+    def rewrite(self, graph: Graph, node: Node) -> bool:
+        if node.target not in self.OPERANDS:
+            return False
+        positions, dims = self.OPERANDS[node.target]
+        args = list(node.args)
+        dropped = []
+        for i in positions:
+            permute = _materialised_transpose(args[i], node, dims)
+            if permute is not None:
+                dropped.append(args[i])
+                args[i] = permute
+        if not dropped:
+            return False
+        node.args = tuple(args)
+        _prune(graph, dropped)
+        return True
+
+
+def _batch_view(graph: Graph, node: Node, value: torch.Tensor) -> Node | None:
+    """``node`` ([B, R, C]) as ``[B * R, C]`` when that is a view, else ``None``."""
+    batch, rows, cols = value.shape
+    if batch > 1 and rows > 1 and value.stride(0) != rows * value.stride(1):
+        return None
+    return _new_node(graph, aten.view.default, (node, [batch * rows, cols]))
+
+
+class BmmToMm(_MatmulPass):
+    """``bmm(a, b)`` where ``b`` is one matrix for every batch (batch 1, or an expand over the
+    batch) and ``a`` folds to 2-D by a view → ``view(mm(view(a), b[0]))``."""
+
+    name = "bmm_to_mm"
+    version = "1"
+    priority = 40
+    summary = "bmm of batch 1 or with a batch-broadcast right operand → one mm with views"
+
+    def rewrite(self, graph: Graph, node: Node) -> bool:
+        if not _is_call(node, aten.bmm.default):
+            return False
+        left, right = node.args
+        a, b, out = _val(left), _val(right), _val(node)
+        if a is None or b is None or out is None:
+            return False
+        batch = a.shape[0]
+        if batch != 1 and b.stride(0) != 0:
+            return False
+        if not out.is_contiguous():
+            return False
+        with graph.inserting_before(node):
+            folded = _batch_view(graph, left, a)
+            if folded is None:
+                return False
+            matrix = _new_node(graph, aten.select.int, (right, 0, 0))
+            mm = _new_node(graph, aten.mm.default, (folded, matrix))
+            unfolded = _new_node(graph, aten.view.default, (mm, list(out.shape)))
+        _replace(graph, node, unfolded)
+        return True
+
+
+class MmK1(_MatmulPass):
+    """``mm(a, b)`` with inner dimension 1 → ``a * b`` ([M, 1] · [1, N] broadcast): one product
+    per element, so the values are the same; Inductor itself does this only up to 32 elements."""
+
+    name = "mm_k1"
+    version = "1"
+    priority = 35
+    summary = "mm with K = 1 → broadcast multiply"
+
+    def rewrite(self, graph: Graph, node: Node) -> bool:
+        if not _is_call(node, aten.mm.default):
+            return False
+        a, b, out = _val(node.args[0]), _val(node.args[1]), _val(node)
+        if a is None or b is None or out is None or a.shape[1] != 1 or a.dtype != b.dtype:
+            return False
+        if not a.dtype.is_floating_point:
+            return False
+        with graph.inserting_before(node):
+            mul = _new_node(graph, aten.mul.Tensor, tuple(node.args))
+        _replace(graph, node, mul)
+        return True
+
+
+def _narrow_operand(node: Any, user: Node, dtype: torch.dtype) -> list[Node] | None:
+    """The chain ``[convert, x]`` or ``[permute, convert, x]`` under an mm operand that is
+    ``convert(x, fp32)`` or ``permute(convert(x, fp32), [1, 0])`` (each link used only by the
+    next, ``x`` of ``dtype``), else ``None``."""
+    chain = []
+    if _is_call(node, aten.permute.default) and _only_user(node, user):
+        chain.append(node)
+        node, user = node.args[0], node
+    if not (_is_call(node, prims.convert_element_type.default) and _only_user(node, user)):
+        return None
+    source, wide = node.args
+    value = _val(source)
+    if wide != torch.float32 or value is None or value.dtype != dtype:
+        return None
+    return [*chain, node, source]
+
+
+class MmCast(_MatmulPass):
+    """``mm(a.to(fp32), b.to(fp32)).to(dt)`` with ``a``, ``b`` already ``dt`` (bf16/fp16; a
+    transpose may follow a cast) → ``mm(a, b)`` in ``dt``: the GEMM multiplies the same ``dt``
+    values, accumulates in fp32 and rounds to ``dt`` once either way. Not in ``PASSES``: on CPUs
+    without native bf16/fp16 GEMM the narrow GEMM is slower; register it yourself where it wins."""
+
+    name = "mm_cast"
+    version = "1"
+    priority = 30
+    summary = "bf16/fp16 → fp32 mm → bf16/fp16 becomes the narrow mm (unregistered: slower)"
+
+    def rewrite(self, graph: Graph, node: Node) -> bool:
+        if not _is_call(node, prims.convert_element_type.default):
+            return False
+        mm, dtype = node.args
+        if dtype not in NARROW_FLOATS or not _is_call(mm, aten.mm.default):
+            return False
+        if not _only_user(mm, node) or mm.args[0] is mm.args[1]:
+            return False
+        chains = [_narrow_operand(arg, mm, dtype) for arg in mm.args]
+        if chains[0] is None or chains[1] is None:
+            return False
+        operands = []
+        with graph.inserting_before(node):
+            for chain in chains:
+                source = chain[-1]
+                if chain[0].target is aten.permute.default:
+                    source = _new_node(graph, aten.permute.default, (source, chain[0].args[1]))
+                operands.append(source)
+            narrow = _new_node(graph, aten.mm.default, tuple(operands))
+        _replace(graph, node, narrow, [mm, *chains[0][:-1], *chains[1][:-1]])
+        return True
+
+
+PASSES = (MmReshapeBias(), MmTranspose(), BmmToMm(), MmK1())
+
+__all__ = [
+    "PASSES",
+    "BmmToMm",
+    "MmCast",
+    "MmK1",
+    "MmReshapeBias",
+    "MmTranspose",
+]

@@ -5,6 +5,7 @@ Python registration API and the pass with no compiler."""
 from __future__ import annotations
 
 import logging
+import sys
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -14,6 +15,9 @@ from mfusion.autofuse import fuse, region_compilers, register_region_compiler
 from mfusion.autofuse.eager import EagerRegionCompiler
 from mfusion.passes.autofuse import AutoFuse
 from torch.fx.experimental.proxy_tensor import make_fx
+
+from spore import childproc
+from spore.testing import clean_environ
 
 REGION = "mfusion_regions."
 
@@ -90,6 +94,24 @@ def test_regions_that_cross_through_outside_nodes_are_placed_one_by_one() -> Non
     ]
     gm.graph.lint()
     torch.testing.assert_close(gm(p, q), crossing(p, q), rtol=0, atol=0)
+
+
+def test_no_region_moves_a_read_across_a_mutation() -> None:
+    def mutating(x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        a = x * 2  # reads x before the mutation; the op of {mul, add} would go after cos
+        x.add_(1)
+        return a + y.cos(), x
+
+    def pure(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return x * 2 + y.cos()
+
+    x, y = torch.randn(5), torch.randn(5)
+    gm = trace(mutating, x.clone(), y)
+    assert fuse(gm, [EagerRegionCompiler()]) == 0
+    torch.testing.assert_close(gm(x.clone(), y), mutating(x.clone(), y), rtol=0, atol=0)
+    control = trace(pure, x, y)
+    assert fuse(control, [EagerRegionCompiler()]) == 1
+    torch.testing.assert_close(control(x, y), pure(x, y), rtol=0, atol=0)
 
 
 def test_a_second_run_rewrites_nothing() -> None:
@@ -251,6 +273,22 @@ def test_the_pass_version_names_the_compilers(no_plugins: Any) -> None:
     with register_region_compiler(EagerRegionCompiler("a")):  # same name, another object
         assert AutoFuse().version not in (first, "1")
     assert AutoFuse().version == "1"
+
+
+def test_the_pass_version_differs_in_another_process(no_plugins: Any, tmp_path: Any) -> None:
+    code = (
+        "from mfusion.autofuse import register_region_compiler\n"
+        "from mfusion.autofuse.eager import EagerRegionCompiler\n"
+        "from mfusion.passes.autofuse import AutoFuse\n"
+        "register_region_compiler(EagerRegionCompiler('a'))\n"
+        "print(AutoFuse().version)\n"
+    )
+    env = clean_environ({"SPORE_PLUGINS": "mfusion"})
+    run = [sys.executable, "-c", code]
+    first, second = (childproc.run(run, env=env, cwd=tmp_path, timeout=120) for _ in range(2))
+    # a compiled region lives in its process: the FX graph cache must not hand it to another
+    assert first.stdout.startswith("1+")
+    assert first.stdout != second.stdout
 
 
 def test_the_pass_outlines_with_a_registered_compiler(no_plugins: Any) -> None:

@@ -14,6 +14,8 @@ from mfusion.autofuse.eager import EagerRegionCompiler
 from mfusion.autofuse.placement import has_insertion_point, positions, split
 from torch.fx.experimental.proxy_tensor import make_fx
 
+aten = torch.ops.aten
+
 
 def trace(fn: Callable[..., object], *shapes: tuple[int, ...]) -> torch.fx.GraphModule:
     return make_fx(fn, tracing_mode="fake")(*(torch.randn(s) for s in shapes))
@@ -54,6 +56,14 @@ def test_candidates_are_the_supported_safe_nodes() -> None:
     ops = {str(n.target) for n in candidate_nodes(gm.graph, EagerRegionCompiler())}
     # mm and sin are not in the compiler's op set; bernoulli_ mutates and is random
     assert ops == {"aten.add.Tensor"}
+
+
+def test_views_are_no_candidates() -> None:
+    gm = trace(lambda x: (x * 2).permute(1, 0) + 1, (3, 4))
+    compiler = EagerRegionCompiler(ops=[aten.mul, aten.permute, aten.add])
+    ops = sorted(str(n.target) for n in candidate_nodes(gm.graph, compiler))
+    # the op of a region returns new tensors: a view among its outputs would lose its aliasing
+    assert ops == ["aten.add.Tensor", "aten.mul.Tensor"]
 
 
 def test_candidates_follow_dtypes() -> None:

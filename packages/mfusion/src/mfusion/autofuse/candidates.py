@@ -21,12 +21,22 @@ def static_tensor(value: Any) -> bool:
     return all(isinstance(s, int) for s in (*value.shape, *value.stride()))
 
 
+def is_barrier(node: torch.fx.Node) -> bool:
+    """Whether ``node`` has side effects (a mutation, say): no region spans it or moves past it."""
+    return node.op in ("call_function", "call_method", "call_module") and node.is_impure(
+        impure_random=False
+    )
+
+
 def _eligible(node: torch.fx.Node) -> bool:
-    """Pure aten-level op on static tensors that reads at least one tensor; not one of ours."""
+    """Pure aten-level op returning a new static tensor from at least one; not one of ours."""
     target = node.target
     if node.op != "call_function" or not isinstance(target, torch._ops.OpOverload):
         return False
-    if target.namespace == REGION_NAMESPACE or target._schema.is_mutable:
+    schema = target._schema
+    if target.namespace == REGION_NAMESPACE or schema.is_mutable:
+        return False
+    if any(r.alias_info is not None for r in schema.returns):  # a view: the op would copy it
         return False
     if torch.Tag.nondeterministic_seeded in target.tags or node.is_impure():
         return False
@@ -55,9 +65,10 @@ def _supports(compiler: RegionCompiler, node: torch.fx.Node, failed: set[Any]) -
 def candidate_nodes(graph: torch.fx.Graph, compiler: RegionCompiler) -> set[torch.fx.Node]:
     """The nodes of ``graph`` that are safe to outline and that ``compiler`` supports.
 
-    Safe: an ``OpOverload`` that mutates nothing, is not random (``nondeterministic_seeded``)
-    or impure, reads at least one tensor, and whose inputs and output are tensors of static
-    shape. A ``supports`` that raises counts as ``False`` (logged once per op).
+    Safe: an ``OpOverload`` that mutates nothing, returns no view, is not random
+    (``nondeterministic_seeded``) or impure, reads at least one tensor, and whose inputs and
+    output are tensors of static shape. A ``supports`` that raises counts as ``False`` (logged
+    once per op).
     """
     failed: set[Any] = set()
     return {n for n in graph.nodes if _eligible(n) and _supports(compiler, n, failed)}

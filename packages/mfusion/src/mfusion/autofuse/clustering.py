@@ -1,6 +1,8 @@
 """Union-find clustering of candidate nodes along producer→consumer edges, with a cycle check.
 
-Two clusters merge only if the merged one stays convex: no path leaves it and comes back
+Only nodes between the same two side-effect nodes (:func:`~mfusion.autofuse.candidates.is_barrier`)
+merge, so no region moves a read across a mutation. Two clusters merge only if the merged one
+stays convex: no path leaves it and comes back
 (such a region could not run as one op). With ``desc``/``anc`` the descendants/ancestors of
 a cluster as bit sets over graph positions, the merged cluster ``M`` is convex exactly when
 ``desc(M) & anc(M)`` lies inside ``M``.
@@ -11,6 +13,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 import torch
+
+from mfusion.autofuse.candidates import is_barrier
 
 
 def reachability(nodes: list[torch.fx.Node]) -> tuple[list[int], list[int]]:
@@ -73,15 +77,20 @@ class Clusters:
 
 def cluster(graph: torch.fx.Graph, candidates: set[torch.fx.Node]) -> list[list[torch.fx.Node]]:
     """Regions of two or more candidates, merged along producer→consumer edges in graph order
-    while convex; each region in graph order, regions by first node."""
+    while convex and between the same side-effect nodes; each region in graph order, regions by
+    first node."""
     nodes = list(graph.nodes)
     clusters = Clusters(nodes)
     index = {n: i for i, n in enumerate(nodes)}
+    segment: dict[torch.fx.Node, int] = {}
+    barriers = 0
     for node in nodes:
+        barriers += is_barrier(node)
+        segment[node] = barriers
         if node not in candidates:
             continue
         for producer in node.all_input_nodes:
-            if producer in candidates:
+            if producer in candidates and segment[producer] == barriers:
                 clusters.convex_union(index[producer], index[node])
     groups = clusters.groups(index[n] for n in candidates)
     return [[nodes[i] for i in g] for g in groups if len(g) >= 2]

@@ -7,6 +7,7 @@ from collections.abc import Sequence
 
 import torch
 
+from mfusion.autofuse.candidates import is_barrier
 from mfusion.autofuse.placement import bounds, positions
 from mfusion.autofuse.protocol import RegionCompiler
 from mfusion.autofuse.region import Region
@@ -16,9 +17,10 @@ from mfusion.autofuse.region_ops import region_op
 def outline(
     gm: torch.fx.GraphModule, nodes: Sequence[torch.fx.Node], compiler: RegionCompiler
 ) -> bool:
-    """Replace ``nodes`` (graph order, with an insertion point) by one op ``compiler``
-    compiled; the op goes right after the last node it reads, its outputs are read through
-    ``getitem``. ``False`` (graph unchanged) when the compile failed."""
+    """Replace ``nodes`` (graph order, with an insertion point, no side effect among them) by
+    one op ``compiler`` compiled; the op goes right after the last node it reads (or the last
+    side effect before the region), its outputs are read through ``getitem``. ``False``
+    (graph unchanged) when the compile failed."""
     graph = gm.graph
     order = list(graph.nodes)
     pos = positions(graph)
@@ -29,7 +31,11 @@ def outline(
     op = region_op(compiler, region)
     if op is None:
         return False
-    anchor = max([last, *(i for i, n in enumerate(order) if n.op == "placeholder")])
+    # after its inputs, the placeholders and the last side effect before the region
+    start = pos[nodes[0]]
+    anchor = max(
+        [last, *(i for i, n in enumerate(order[:start]) if n.op == "placeholder" or is_barrier(n))]
+    )
     values = [n.meta["val"] for n in region.outputs]
     with graph.inserting_after(order[anchor]):
         call = graph.call_function(op, tuple(region.inputs))

@@ -162,3 +162,27 @@ def test_fuse_outlines_the_resplit_runs() -> None:
     left = [str(n.target) for n in gm.graph.nodes if n.op == "call_function"]
     assert left.count("aten.add.Tensor") == 1  # add_1, alone after the split
     torch.testing.assert_close(gm(*args), interleaved(*args), rtol=0, atol=0)
+
+
+def test_a_long_zigzag_region_is_cut_at_every_interleaving() -> None:
+    steps = 100
+
+    def zigzag(x: torch.Tensor, y: torch.Tensor) -> list[torch.Tensor]:
+        outs = []
+        for _ in range(steps):
+            b = x.exp() * 2
+            outs.append(b.cos())  # reads b before y's next cos, which the add below needs
+            y = y.cos()
+            x = b + y
+        return [*outs, x]
+
+    gm = trace(zigzag, (4,), (4,))
+    (region,) = cluster(gm.graph, candidate_nodes(gm.graph, EagerRegionCompiler()))
+    assert len(region) == 3 * steps
+    runs = split(region, positions(gm.graph))
+    assert [len(r) for r in runs] == [2] + [3] * (steps - 1) + [1]
+    assert [str(n.target) for n in runs[1]] == [
+        "aten.add.Tensor",
+        "aten.exp.default",
+        "aten.mul.Tensor",
+    ]

@@ -36,12 +36,22 @@ def has_insertion_point(nodes: Sequence[torch.fx.Node], pos: dict[torch.fx.Node,
     return last < first
 
 
-def _valid_runs(nodes: Sequence[torch.fx.Node], pos: dict[torch.fx.Node, int]) -> list[list[bool]]:
-    """``ok[j][k]``: the run ``nodes[j:k+1]`` has an insertion point; one sweep per start."""
-    ok = [[False] * len(nodes) for _ in nodes]
+def split(
+    nodes: Sequence[torch.fx.Node], pos: dict[torch.fx.Node, int]
+) -> list[list[torch.fx.Node]]:
+    """Cut ``nodes`` (graph order) into the fewest contiguous runs that each have an insertion
+    point; among equally few, the one leaving fewest nodes alone in a run of one.
+
+    ``best[k]`` is the best cut of ``nodes[:k]``, final once every shorter prefix has been
+    extended; a run from ``j`` stops growing once a node outside the region reads it before
+    the last input it needs is produced (no longer run from ``j`` can have a place then).
+    """
+    region = set(nodes)
+    best: list[tuple[int, int, int] | None] = [(0, 0, -1)] + [None] * len(nodes)
     for j in range(len(nodes)):
+        runs, alone, _ = best[j]  # type: ignore[misc]
         inside: set[int] = set()
-        last = -1
+        last, outside_first = -1, math.inf
         consumers: list[int] = []  # a heap; members that joined later are dropped lazily
         for k in range(j, len(nodes)):
             node = nodes[k]
@@ -51,27 +61,21 @@ def _valid_runs(nodes: Sequence[torch.fx.Node], pos: dict[torch.fx.Node, int]) -
                     last = max(last, pos[producer])
             for user in node.users:
                 heapq.heappush(consumers, pos[user])
+                if user not in region:
+                    outside_first = min(outside_first, pos[user])
+            if last >= outside_first:
+                break
             while consumers and consumers[0] in inside:
                 heapq.heappop(consumers)
-            ok[j][k] = last < (consumers[0] if consumers else math.inf)
-    return ok
-
-
-def split(
-    nodes: Sequence[torch.fx.Node], pos: dict[torch.fx.Node, int]
-) -> list[list[torch.fx.Node]]:
-    """Cut ``nodes`` (graph order) into the fewest contiguous runs that each have an insertion
-    point; among equally few, the one leaving fewest nodes alone in a run of one."""
-    ok = _valid_runs(nodes, pos)
-    best: list[tuple[int, int, int]] = [(0, 0, -1)]  # (runs, nodes left alone, start of last)
-    for k in range(len(nodes)):
-        best.append(
-            min((best[j][0] + 1, best[j][1] + (j == k), j) for j in range(k + 1) if ok[j][k])
-        )
-    runs: list[list[torch.fx.Node]] = []
+            if last < (consumers[0] if consumers else math.inf):
+                candidate = (runs + 1, alone + (k == j), j)
+                held = best[k + 1]
+                if held is None or candidate[:2] < held[:2]:
+                    best[k + 1] = candidate
+    cut: list[list[torch.fx.Node]] = []
     k = len(nodes)
     while k > 0:
-        j = best[k][2]
-        runs.append(list(nodes[j:k]))
+        j = best[k][2]  # type: ignore[index]
+        cut.append(list(nodes[j:k]))
         k = j
-    return runs[::-1]
+    return cut[::-1]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import cached_property
 
 import torch
 from torch.fx.node import map_arg
@@ -36,6 +37,7 @@ class Region:
         outputs = tuple(n for n in nodes if any(u not in members for u in n.users))
         return cls(tuple(nodes), tuple(inputs), outputs)
 
+    @cached_property
     def graph_module(self) -> torch.fx.GraphModule:
         """The region as a GraphModule: placeholders ``in0, in1, ...`` (its inputs), nodes
         ``v0, v1, ...`` carrying the original ``meta["val"]``, a tuple of its outputs."""
@@ -59,7 +61,7 @@ class Region:
 
     def structural_hash(self) -> str:
         """Equal for regions with the same ops, constants, wiring and input/output tensors."""
-        digest = hashlib.sha256(self.graph_module().code.encode())
+        digest = hashlib.sha256(self.graph_module.code.encode())
         for node in (*self.inputs, *self.outputs):
             digest.update(repr(tensor_spec(node.meta["val"])).encode())
         return digest.hexdigest()

@@ -58,7 +58,7 @@ def example_input(value: torch.Tensor, generator: torch.Generator) -> torch.Tens
 
 def _verified(compiler: RegionCompiler, region: Region) -> Callable[..., Any]:
     """``compiler.compile`` of ``region``, checked against the region run eagerly."""
-    gm = region.graph_module()
+    gm = region.graph_module
     with unset_fake_temporarily(), torch.no_grad():
         generator = torch.Generator().manual_seed(0)
         inputs = [example_input(n.meta["val"], generator) for n in region.inputs]

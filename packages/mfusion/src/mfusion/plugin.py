@@ -1,4 +1,5 @@
-"""mfusion's Spore hooks: its passes for the post-grad stage, and the hooks it publishes."""
+"""mfusion's Spore hooks: its passes for the post-grad stage, the hooks it publishes, its
+benchmark cases."""
 
 from __future__ import annotations
 
@@ -26,3 +27,11 @@ def spore_register_passes(registry: Any) -> None:
             stage=getattr(pass_, "stage", "post_grad"),
             priority=pass_.priority,
         )
+
+
+@spore.hookimpl
+def spore_register_benchmarks(registry: Any) -> None:
+    from mfusion.benchmarks import benchmarks
+
+    for case in benchmarks():
+        registry.add(case)

@@ -1,10 +1,10 @@
 """Union-find clustering of candidate nodes along producer→consumer edges, with a cycle check.
 
-Only nodes between the same two side-effect nodes (:func:`~mfusion.autofuse.candidates.is_barrier`)
-merge, so no region moves a read across a mutation. Two clusters merge only if the merged one
-stays convex: no path leaves it and comes back
-(such a region could not run as one op). With ``desc``/``anc`` the descendants/ancestors of
-a cluster as bit sets over graph positions, the merged cluster ``M`` is convex exactly when
+Only nodes between the same two side-effect nodes (see
+:func:`~mfusion.autofuse.candidates.is_barrier`) merge, so no region moves a read across a
+mutation. Two clusters merge only if the merged one stays convex: no path leaves it and comes
+back (such a region could not run as one op). With ``desc``/``anc`` the descendants/ancestors
+of a cluster as bit sets over graph positions, the merged cluster ``M`` is convex exactly when
 ``desc(M) & anc(M)`` lies inside ``M``.
 """
 
@@ -61,7 +61,7 @@ class Clusters:
         up = self.up[ra] | self.up[rb]
         if down & up & ~members:
             return False
-        if bin(self.members[ra]).count("1") < bin(self.members[rb]).count("1"):
+        if self.members[ra].bit_count() < self.members[rb].bit_count():
             ra, rb = rb, ra
         self.parent[rb] = ra
         self.members[ra], self.down[ra], self.up[ra] = members, down, up

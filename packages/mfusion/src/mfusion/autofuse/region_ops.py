@@ -62,10 +62,10 @@ def _verified(compiler: RegionCompiler, region: Region) -> Callable[..., Any]:
     with unset_fake_temporarily(), torch.no_grad():
         generator = torch.Generator().manual_seed(0)
         inputs = [example_input(n.meta["val"], generator) for n in region.inputs]
+        expected = as_tuple(gm(*inputs))  # before the compiler may touch the graph
         compiled = compiler.compile(gm, inputs)
         if not callable(compiled):
             raise TypeError(f"compile() returned {type(compiled).__name__}, not a callable")
-        expected = as_tuple(gm(*inputs))
         got = as_tuple(compiled(*inputs))
         if len(got) != len(expected):
             raise ValueError(

@@ -135,11 +135,15 @@ def region_compilers() -> list[RegionCompiler]:
     already has is left out."""
     with _lock:
         chosen = list(_registered)
-    names = {c.name for c in chosen}
+    registered = {c.name for c in chosen}
+    names = set(registered)
     for compiler in plugin_compilers():
         if compiler.name in names:
-            log.info(
-                "region compiler %r from a plugin is shadowed by a registered one", compiler.name
+            level = logging.INFO if compiler.name in registered else logging.WARNING
+            log.log(
+                level,
+                "region compiler %r from a plugin is left out: an earlier one has its name",
+                compiler.name,
             )
             continue
         names.add(compiler.name)

@@ -241,6 +241,23 @@ def test_mm_with_inner_dimension_two_is_left_alone() -> None:
     _unchanged(matmul.MmK1(), lambda a, b: torch.relu(a @ b), a, b)
 
 
+def _scaled_and_max(y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    return y * 2, y.amax()
+
+
+@pytest.mark.parametrize(
+    "fn",
+    [
+        pytest.param(lambda a, b: a @ b, id="graph output"),
+        pytest.param(lambda a, b: (a @ b).sum(0), id="reduction user"),
+        pytest.param(lambda a, b: _scaled_and_max(a @ b), id="one user not pointwise"),
+    ],
+)
+def test_k1_mm_without_only_pointwise_users_is_left_alone(fn: Callable[..., Any]) -> None:
+    a, b = _randn(torch.float32, 64, 1), _randn(torch.float32, 1, 32)
+    _unchanged(matmul.MmK1(), fn, a, b)
+
+
 # --- cast absorption (not registered) ----------------------------------------------------------
 
 

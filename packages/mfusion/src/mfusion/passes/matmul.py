@@ -260,17 +260,28 @@ class BmmToMm(_MatmulPass):
         return True
 
 
+def _feeds_only_pointwise(node: Node) -> bool:
+    """Whether every user of ``node`` is a pointwise aten op (so Inductor fuses it in)."""
+    return bool(node.users) and all(
+        user.op == "call_function" and torch.Tag.pointwise in getattr(user.target, "tags", ())
+        for user in node.users
+    )
+
+
 class MmK1(_MatmulPass):
-    """``mm(a, b)`` with inner dimension 1 → ``a * b`` ([M, 1] · [1, N] broadcast): one product
-    per element, so the values are the same; Inductor itself does this only up to 32 elements."""
+    """``mm(a, b)`` with inner dimension 1 → ``a * b`` ([M, 1] · [1, N] broadcast) when every
+    user is pointwise: one product per element, so the values are bitwise the same, and Inductor
+    fuses the multiply into its users' kernel. A lone ``mm`` stays (BLAS writes the [M, N] outer
+    product faster than Inductor's loop; see README), as does Inductor's own rule, which turns
+    it into a multiply only up to 32 elements."""
 
     name = "mm_k1"
     version = "1"
     priority = 35
-    summary = "mm with K = 1 → broadcast multiply"
+    summary = "mm with K = 1 feeding pointwise ops → broadcast multiply fused into them"
 
     def rewrite(self, graph: Graph, node: Node) -> bool:
-        if not _is_call(node, aten.mm.default):
+        if not _is_call(node, aten.mm.default) or not _feeds_only_pointwise(node):
             return False
         a, b, out = _val(node.args[0]), _val(node.args[1]), _val(node)
         if a is None or b is None or out is None or a.shape[1] != 1 or a.dtype != b.dtype:

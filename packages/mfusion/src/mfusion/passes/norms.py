@@ -1,0 +1,573 @@
+"""RMSNorm, Add+RMSNorm, LayerNorm and Mean+Var: their post-grad forms rewritten into spore ops.
+
+The passes walk the graph themselves (no traced patterns): a norm has many spellings (with or
+without the float32 upcast, either operand order of every product, ``pow(x, 2)`` or ``x * x``,
+the weight as given, upcast, or as Gemma's ``1 + w``, any epsilon), and a walk from the
+``rsqrt`` node checks them all while reading epsilon as whatever float the model uses.
+
+What is rewritten, and why it keeps the numerics:
+
+- RMSNorm: ``x * rsqrt(mean(x*x, -1, keepdim) + eps)`` with the statistics and the product in
+  float32 (float64 for float64 x), optionally times a weight of x's last-dimension shape, then
+  rounded once to x's dtype (Gemma's order, and every float32 model) → ``spore.rms_norm``.
+  Hugging Face Llama/Qwen2/Mistral/T5 round the normalised x to bfloat16/float16 before the
+  weight product; Inductor compiles that cast as no rounding unless
+  ``torch._inductor.config.emulate_precision_casts`` is set, so plain ``torch.compile``
+  already computes the op's one-rounding result (measured: the same bits but for ulp-level
+  reduction-order differences). The pass rewrites that form only while the flag is off and
+  leaves it to Inductor when it is on (the exact alternative ``w * rms_norm(x, ones)`` was
+  2x slower than Inductor's fused kernel). A bfloat16 Gemma norm (``(1 + w)`` in float32,
+  which x's dtype cannot hold) is left alone: the CPU kernel needs the weight in x's dtype and
+  the mixed-dtype reference was 6x slower than Inductor.
+- Add+RMSNorm: the same norm of ``a + b`` (same shape and dtype) → ``spore.add_rms_norm``,
+  whose second output replaces the sum wherever else it is used (the residual stream).
+- LayerNorm: ``(x - mean) * rsqrt(var + eps)`` from one biased ``var_mean`` over the last
+  dimension in float32, optionally ``* weight`` then ``+ bias`` in float32, rounded once →
+  ``spore.layer_norm`` (the op's contract, and what ``F.layer_norm`` decomposes to).
+- Mean+Var: ``var_mean`` over one dimension, or ``mean`` and ``var`` of the same tensor over
+  the same dimension → ``spore.mean_var`` (unsqueezed back for ``keepdim``).
+
+A form is left alone when an intermediate is used outside it (a training forward saves
+``rsqrt`` for the backward), when dtypes, shapes or the reduced dimension differ from what the
+op computes, or when a low-precision form computes its statistics without the upcast.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch.fx import Graph, GraphModule, Node
+from torch.fx.node import map_arg
+
+import spore
+
+aten = torch.ops.aten
+prims = torch.ops.prims
+
+FLOATS = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
+WIDER = {
+    torch.bfloat16: (torch.float32, torch.float64),
+    torch.float16: (torch.float32, torch.float64),
+    torch.float32: (torch.float64,),
+}
+_ADD = (aten.add.Tensor, aten.add.Scalar)
+_MUL = (aten.mul.Tensor,)
+_CONVERT = (prims.convert_element_type.default,)
+
+
+# Graph reading ---------------------------------------------------------------------------
+
+
+def _val(node: Any) -> Any:
+    """The fake tensor a node computes (``meta["val"]``), or None."""
+    return node.meta.get("val") if isinstance(node, Node) else None
+
+
+def _is(node: Any, *targets: Any) -> bool:
+    return isinstance(node, Node) and node.op == "call_function" and node.target in targets
+
+
+def _arg(node: Node, index: int, name: str, default: Any = None) -> Any:
+    """An argument given by position or by keyword."""
+    if len(node.args) > index:
+        return node.args[index]
+    return node.kwargs.get(name, default)
+
+
+def _dtype(node: Any) -> torch.dtype | None:
+    value = _val(node)
+    return value.dtype if isinstance(value, torch.Tensor) else None
+
+
+def _shape(node: Any) -> tuple[int, ...] | None:
+    value = _val(node)
+    return tuple(value.shape) if isinstance(value, torch.Tensor) else None
+
+
+def compute_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype the spore norm ops compute in for inputs of ``dtype``."""
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def source(node: Any) -> Any:
+    """``node`` with exact upcasts (``convert_element_type`` to a wider float) stripped."""
+    while _is(node, *_CONVERT) and _dtype(node) in WIDER.get(_dtype(node.args[0]), ()):
+        node = node.args[0]
+    return node
+
+
+def _scalar(value: Any) -> float | None:
+    """A Python number as float (not a bool, not a node), else None."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    return None
+
+
+def _tensor_and_scalar(node: Node) -> tuple[Node, float] | None:
+    """``(t, c)`` for ``t + c`` or ``c + t`` with a constant ``c`` (alpha 1 only)."""
+    if not _is(node, *_ADD) or node.kwargs.get("alpha", 1) != 1 or len(node.args) != 2:
+        return None
+    a, b = node.args
+    if isinstance(a, Node) and _scalar(b) is not None:
+        return a, _scalar(b)  # type: ignore[return-value]
+    if isinstance(b, Node) and _scalar(a) is not None:
+        return b, _scalar(a)  # type: ignore[return-value]
+    return None
+
+
+def _other(node: Node, one: Node) -> Any:
+    """The other operand of a binary node that has ``one`` as an operand."""
+    a, b = node.args[:2]
+    return b if a is one else a
+
+
+def _only_user(node: Node) -> Node | None:
+    users = list(node.users)
+    return users[0] if len(users) == 1 else None
+
+
+def _single_last_dim(dims: Any, rank: int) -> bool:
+    return isinstance(dims, (list, tuple)) and len(dims) == 1 and dims[0] in (-1, rank - 1)
+
+
+def _rank(node: Any) -> int:
+    shape = _shape(node)
+    return -1 if shape is None else len(shape)
+
+
+def _is_row_vector(node: Any, width: int, dtype: torch.dtype) -> bool:
+    """A tensor of shape ``(width,)`` and ``dtype``."""
+    return _shape(node) == (width,) and _dtype(node) == dtype
+
+
+def _follow_mul(node: Node, width: int) -> tuple[Node, Node] | None:
+    """``(product, other)`` when ``node``'s only user is ``node * other`` with ``other`` of
+    shape ``(width,)`` and the product shaped like ``node``."""
+    user = _only_user(node)
+    if user is None or not _is(user, *_MUL) or len(user.args) != 2:
+        return None
+    other = _other(user, node)
+    if _shape(other) != (width,) or _shape(user) != _shape(node):
+        return None
+    return user, other
+
+
+def _follow_add(node: Node, width: int) -> tuple[Node, Node] | None:
+    """Like :func:`_follow_mul` for ``node + other`` (alpha 1)."""
+    user = _only_user(node)
+    if user is None or not _is(user, aten.add.Tensor) or user.kwargs.get("alpha", 1) != 1:
+        return None
+    other = _other(user, node)
+    if _shape(other) != (width,) or _shape(user) != _shape(node):
+        return None
+    return user, other
+
+
+def _multiplied(node: Node) -> bool:
+    """Whether ``node``'s only user multiplies it by a tensor (a weight the op cannot take)."""
+    user = _only_user(node)
+    return _is(user, *_MUL) and isinstance(_other(user, node), Node)
+
+
+def _follow_convert(node: Node, dtype: torch.dtype) -> Node | None:
+    """``node``'s only user when it casts ``node`` to ``dtype``."""
+    user = _only_user(node)
+    if _is(user, *_CONVERT) and _dtype(user) == dtype:
+        return user
+    return None
+
+
+# Graph writing ---------------------------------------------------------------------------
+
+
+def _emit(graph: Graph, target: Callable[..., Any], *args: Any, **kwargs: Any) -> Node:
+    """A new call node with its fake value computed from its inputs' fake values."""
+    from torch._guards import detect_fake_mode
+
+    node = graph.call_function(target, args, kwargs)
+    values = [v for v in (_val(a) for a in node.all_input_nodes) if v is not None]
+    fake_mode = detect_fake_mode(values)
+    if fake_mode is not None and len(values) == len(node.all_input_nodes):
+        with fake_mode:
+            node.meta["val"] = target(*map_arg(args, _val), **map_arg(kwargs, _val))
+    return node
+
+
+def _ones(graph: Graph, like: Node) -> Node:
+    """A ``(last dimension,)`` tensor of ones in ``like``'s dtype and device."""
+    value = _val(like)
+    return _emit(
+        graph,
+        aten.full.default,
+        [value.shape[-1]],
+        1.0,
+        dtype=value.dtype,
+        layout=torch.strided,
+        device=value.device,
+        pin_memory=False,
+    )
+
+
+def _erase_dead(graph: Graph, nodes: Iterable[Node]) -> None:
+    """Erase those of ``nodes`` (and then their dead inputs among them) left without users."""
+    pending = [n for n in dict.fromkeys(nodes) if n.graph is graph]
+    changed = True
+    while changed:
+        changed = False
+        for node in list(pending):
+            if not node.users:
+                graph.erase_node(node)
+                pending.remove(node)
+                changed = True
+
+
+def _position(graph: Graph) -> dict[Node, int]:
+    return {node: i for i, node in enumerate(graph.nodes)}
+
+
+# RMSNorm ---------------------------------------------------------------------------------
+
+
+@dataclass
+class RMSNormMatch:
+    """One RMSNorm found in a graph: what the op needs and which nodes it replaces."""
+
+    x: Node
+    weight: Node | None
+    eps: float
+    out: Node
+    upcast: Node
+    inner: list[Node] = field(default_factory=list)
+
+
+def _emulates_casts() -> bool:
+    from torch._inductor import config
+
+    return bool(config.emulate_precision_casts)
+
+
+def match_rms_norm(rsqrt: Node) -> RMSNormMatch | None:
+    """The RMSNorm whose ``rsqrt`` node is ``rsqrt``, if the op computes it (module doc)."""
+    if not _is(rsqrt, aten.rsqrt.default):
+        return None
+    found = _tensor_and_scalar(rsqrt.args[0])
+    if found is None:
+        return None
+    mean, eps = found
+    if not _is(mean, aten.mean.dim) or mean.kwargs.get("dtype") is not None:
+        return None
+    squared = mean.args[0]
+    if not _arg(mean, 2, "keepdim", False) or not _single_last_dim(mean.args[1], _rank(squared)):
+        return None
+    if not _is_square(squared):
+        return None
+    xf = squared.args[0]
+    x = source(xf)
+    dtype = _dtype(x)
+    if dtype not in FLOATS or _dtype(xf) != compute_dtype(dtype):
+        return None
+    chain = [squared, mean, rsqrt.args[0], rsqrt]
+    if any(_only_user(n) is None for n in chain[:-1]):
+        return None
+    normed = _only_user(rsqrt)
+    if normed is None or not _is(normed, *_MUL) or len(normed.args) != 2:
+        return None
+    if source(_other(normed, rsqrt)) is not x or _dtype(normed) != _dtype(xf):
+        return None
+    if _shape(normed) != _shape(x):
+        return None
+    return _rms_tail(x, xf, normed, eps, [*chain, normed])
+
+
+def _is_square(node: Node) -> bool:
+    """``pow(t, 2)`` or ``t * t``."""
+    if _is(node, aten.pow.Tensor_Scalar):
+        return _scalar(node.args[1]) == 2.0
+    return _is(node, *_MUL) and node.args[0] is node.args[1]
+
+
+def _rms_tail(
+    x: Node, xf: Node, normed: Node, eps: float, inner: list[Node]
+) -> RMSNormMatch | None:
+    """The weight product and final cast after the normalised x (module doc for the forms)."""
+    dtype, width = _dtype(x), _shape(x)[-1]  # type: ignore[index]
+    end, weight = normed, None
+    scaled = _follow_mul(normed, width)
+    if scaled is not None and _dtype(scaled[0]) == _dtype(normed):
+        weight = source(scaled[1])
+        if _dtype(weight) != dtype:
+            return None  # e.g. Gemma's float32 (1 + w) for bfloat16 x: left alone
+        end = scaled[0]
+        inner.append(end)
+    if dtype == compute_dtype(dtype):
+        if weight is None and _multiplied(end):
+            return None  # a weight of another shape: the op cannot take it
+        return RMSNormMatch(x, weight, eps, end, xf, inner)
+    cast = _follow_convert(end, dtype)
+    if cast is None:
+        return None
+    if weight is not None:
+        return RMSNormMatch(x, weight, eps, cast, xf, [*inner, cast])
+    llama = _follow_mul(cast, width)
+    if llama is not None and _dtype(llama[0]) == dtype:
+        if _dtype(llama[1]) != dtype or _emulates_casts():
+            return None
+        return RMSNormMatch(x, llama[1], eps, llama[0], xf, [*inner, cast, llama[0]])
+    if _multiplied(cast) or _multiplied(end):
+        return None
+    return RMSNormMatch(x, None, eps, cast, xf, [*inner, cast])
+
+
+def _rms_norms(gm: GraphModule) -> list[RMSNormMatch]:
+    return [m for n in list(gm.graph.nodes) if (m := match_rms_norm(n)) is not None]
+
+
+def _replace(graph: Graph, old: Node, new: Node, inner: Sequence[Node]) -> None:
+    old.replace_all_uses_with(new)
+    new.meta.setdefault("stack_trace", old.meta.get("stack_trace"))
+    _erase_dead(graph, reversed(list(inner)))
+
+
+class AddRMSNormPass(spore.GraphPass):
+    """``rms_norm(a + b)`` → ``spore.add_rms_norm(a, b, w, eps)``; its sum feeds other users."""
+
+    name = "add_rms_norm"
+    version = "1"
+    priority = 30
+    summary = "residual add + RMSNorm → spore.add_rms_norm (the sum stays available)"
+
+    def __call__(self, gm: GraphModule) -> int:
+        graph, count = gm.graph, 0
+        for match in _rms_norms(gm):
+            added = match.x
+            if not self._is_plain_add(added):
+                continue
+            position = _position(graph)
+            anchor = added
+            if match.weight is not None and position[match.weight] > position[added]:
+                if any(position[u] < position[match.weight] for u in added.users):
+                    continue  # the sum is used before the weight exists: no place for the op
+                anchor = match.weight
+            with graph.inserting_before(anchor.next):
+                weight = match.weight if match.weight is not None else _ones(graph, added)
+                a, b = added.args[:2]
+                fused = _emit(graph, torch.ops.spore.add_rms_norm.default, a, b, weight, match.eps)
+                normed = _emit(graph, operator.getitem, fused, 0)
+                total = _emit(graph, operator.getitem, fused, 1)
+            _replace(graph, match.out, normed, match.inner)
+            added.replace_all_uses_with(total)
+            _erase_dead(graph, [match.upcast, added])
+            count += 1
+        return count
+
+    @staticmethod
+    def _is_plain_add(node: Node) -> bool:
+        if not _is(node, aten.add.Tensor) or node.kwargs.get("alpha", 1) != 1:
+            return False
+        a, b = node.args[:2]
+        shape, dtype = _shape(node), _dtype(node)
+        return all(
+            isinstance(t, Node) and _shape(t) == shape and _dtype(t) == dtype for t in (a, b)
+        )
+
+
+class RMSNormPass(spore.GraphPass):
+    """Every RMSNorm form the op computes → ``spore.rms_norm(x, w, eps)``."""
+
+    name = "rms_norm"
+    version = "1"
+    priority = 25
+    summary = "RMSNorm (Llama/Qwen2/Mistral/T5/Gemma forms, any eps) → spore.rms_norm"
+
+    def __call__(self, gm: GraphModule) -> int:
+        graph = gm.graph
+        matches = _rms_norms(gm)
+        for match in matches:
+            with graph.inserting_before(match.out):
+                weight = match.weight if match.weight is not None else _ones(graph, match.x)
+                new = _emit(graph, torch.ops.spore.rms_norm.default, match.x, weight, match.eps)
+            _replace(graph, match.out, new, [*match.inner, match.upcast])
+        return len(matches)
+
+
+# LayerNorm -------------------------------------------------------------------------------
+
+
+def _var_mean_parts(node: Node) -> tuple[Node, Node] | None:
+    """``(var, mean)`` getitem nodes of a ``var_mean`` used only through both of them."""
+    items = {u.args[1]: u for u in node.users if _is(u, operator.getitem)}
+    if len(items) != 2 or len(node.users) != 2:
+        return None
+    return items[0], items[1]
+
+
+class LayerNormPass(spore.GraphPass):
+    """``F.layer_norm`` over the last dimension (weight and bias optional) → spore.layer_norm."""
+
+    name = "layer_norm"
+    version = "1"
+    priority = 25
+    summary = "LayerNorm (decomposed F.layer_norm, weight/bias optional) → spore.layer_norm"
+
+    def __call__(self, gm: GraphModule) -> int:
+        graph, count = gm.graph, 0
+        for node in list(graph.nodes):
+            found = self.match(node)
+            if found is None:
+                continue
+            x, weight, bias, eps, out, inner = found
+            with graph.inserting_before(out):
+                new = _emit(graph, torch.ops.spore.layer_norm.default, x, weight, bias, eps)
+            _replace(graph, out, new, inner)
+            count += 1
+        return count
+
+    @staticmethod
+    def match(rsqrt: Node) -> tuple[Node, Node | None, Node | None, float, Node, list] | None:
+        """``(x, weight, bias, eps, out, inner nodes)`` of the LayerNorm at ``rsqrt``."""
+        if not _is(rsqrt, aten.rsqrt.default) or _only_user(rsqrt.args[0]) is None:
+            return None
+        found = _tensor_and_scalar(rsqrt.args[0])
+        if found is None or not _is(found[0], operator.getitem):
+            return None
+        var, eps = found
+        stats = var.args[0]
+        if not _is(stats, aten.var_mean.correction):
+            return None
+        parts = _var_mean_parts(stats)
+        xf = stats.args[0]
+        x, rank = source(xf), _rank(xf)
+        dtype = _dtype(x)
+        if parts is None or parts[0] is not var or dtype not in FLOATS:
+            return None
+        if _dtype(xf) != compute_dtype(dtype) or _only_user(var) is None:
+            return None
+        if not _single_last_dim(_arg(stats, 1, "dim"), rank):
+            return None
+        if stats.kwargs.get("correction", 1) != 0 or not stats.kwargs.get("keepdim", False):
+            return None
+        centred = _only_user(parts[1])
+        normed = _only_user(rsqrt)
+        if not _is(centred, aten.sub.Tensor) or centred.kwargs.get("alpha", 1) != 1:
+            return None
+        if centred.args[1] is not parts[1] or source(centred.args[0]) is not x:
+            return None
+        if _only_user(centred) is not normed or not _is(normed, *_MUL):
+            return None
+        if set(normed.args[:2]) != {centred, rsqrt} or _dtype(normed) != _dtype(xf):
+            return None
+        inner = [stats, var, parts[1], rsqrt.args[0], rsqrt, centred, normed, xf]
+        end, width, params = normed, _shape(x)[-1], {}  # type: ignore[index]
+        for name, follow in (("weight", _follow_mul), ("bias", _follow_add)):
+            step = follow(end, width)
+            if step is not None and _dtype(step[0]) == _dtype(xf):
+                params[name] = source(step[1])
+                if _dtype(params[name]) != dtype:
+                    return None
+                end = step[0]
+                inner.append(end)
+        if dtype != compute_dtype(dtype):
+            end = _follow_convert(end, dtype)
+            if end is None:
+                return None
+            inner.append(end)
+        return x, params.get("weight"), params.get("bias"), eps, end, inner
+
+
+# Mean+Var --------------------------------------------------------------------------------
+
+
+def _one_dim(dims: Any, rank: int) -> int | None:
+    """The single reduced dimension, made non-negative, or None."""
+    if not isinstance(dims, (list, tuple)) or len(dims) != 1 or not isinstance(dims[0], int):
+        return None
+    return dims[0] % rank if -rank <= dims[0] < rank else None
+
+
+def _correction(node: Node) -> int | None:
+    """A ``var``/``var_mean`` node's correction as a non-negative int (None means 1)."""
+    value = node.kwargs.get("correction", 1)
+    value = 1 if value is None else _scalar(value)
+    if value is None or value < 0 or value != int(value):
+        return None
+    return int(value)
+
+
+class MeanVarPass(spore.GraphPass):
+    """``var_mean`` or ``mean`` + ``var`` of one tensor over one dimension → spore.mean_var."""
+
+    name = "mean_var"
+    version = "1"
+    priority = 5
+    summary = "var_mean, or mean and var of one tensor over one dim → spore.mean_var"
+
+    def __call__(self, gm: GraphModule) -> int:
+        graph, count = gm.graph, 0
+        for node in list(graph.nodes):
+            if node.graph is not graph:
+                continue
+            if _is(node, aten.var_mean.correction):
+                count += self._var_mean(graph, node)
+            elif _is(node, aten.var.correction):
+                count += self._two_pass(graph, node)
+        return count
+
+    @staticmethod
+    def _spec(node: Node) -> tuple[Node, int, int, bool] | None:
+        """``(x, dim, correction, keepdim)`` of a var/var_mean node the op computes."""
+        x = node.args[0]
+        rank, dtype = _rank(x), _dtype(x)
+        dim = _one_dim(_arg(node, 1, "dim"), rank)
+        correction = _correction(node)
+        if dtype not in FLOATS or dim is None or correction is None:
+            return None
+        return x, dim, correction, bool(node.kwargs.get("keepdim", False))
+
+    def _emit_pair(
+        self, graph: Graph, before: Node, spec: tuple[Node, int, int, bool]
+    ) -> tuple[Node, Node]:
+        x, dim, correction, keepdim = spec
+        with graph.inserting_before(before):
+            fused = _emit(graph, torch.ops.spore.mean_var.default, x, dim, correction)
+            pair = [_emit(graph, operator.getitem, fused, i) for i in (0, 1)]
+            if keepdim:
+                pair = [_emit(graph, aten.unsqueeze.default, p, dim) for p in pair]
+        return pair[0], pair[1]
+
+    def _var_mean(self, graph: Graph, node: Node) -> int:
+        spec = self._spec(node)
+        if spec is None or any(not _is(u, operator.getitem) for u in node.users):
+            return 0
+        mean, var = self._emit_pair(graph, node, spec)
+        for item in list(node.users):
+            item.replace_all_uses_with(var if item.args[1] == 0 else mean)
+            graph.erase_node(item)
+        graph.erase_node(node)
+        return 1
+
+    def _two_pass(self, graph: Graph, var: Node) -> int:
+        spec = self._spec(var)
+        if spec is None:
+            return 0
+        x, dim, _, keepdim = spec
+        for mean in x.users:
+            if not _is(mean, aten.mean.dim) or mean.kwargs.get("dtype") is not None:
+                continue
+            if _dtype(mean) != _dtype(x) or _one_dim(mean.args[1], _rank(x)) != dim:
+                continue
+            if bool(_arg(mean, 2, "keepdim", False)) != keepdim:
+                continue
+            position = _position(graph)
+            first = min(mean, var, key=position.__getitem__)
+            new_mean, new_var = self._emit_pair(graph, first, spec)
+            _replace(graph, mean, new_mean, [mean])
+            _replace(graph, var, new_var, [var])
+            return 1
+        return 0
+
+
+PASSES = (AddRMSNormPass(), RMSNormPass(), LayerNormPass(), MeanVarPass())

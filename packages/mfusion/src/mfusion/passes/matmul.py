@@ -33,6 +33,16 @@ def _val(node: Any) -> torch.Tensor | None:
     return value if isinstance(value, torch.Tensor) else None
 
 
+def _same(a: Any, b: Any) -> bool:
+    """Whether two sizes/strides (ints or SymInts) or tuples of them are known equal; never
+    guards (a post-grad pass cannot add guards)."""
+    from torch.fx.experimental.symbolic_shapes import statically_known_true
+
+    if isinstance(a, (tuple, list, torch.Size)):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b, strict=True))
+    return bool(statically_known_true(a == b))
+
+
 def _is_call(node: Any, *targets: Any) -> bool:
     return isinstance(node, Node) and node.op == "call_function" and node.target in targets
 
@@ -41,26 +51,26 @@ def _only_user(node: Node, user: Node) -> bool:
     return list(node.users) == [user]
 
 
-def _new_node(graph: Graph, target: Any, args: Sequence[Any], kwargs: dict | None = None) -> Node:
-    """``target(*args)`` as a node, with ``meta["val"]`` computed on the arguments' fake tensors."""
+def _new_node(graph: Graph, target: Any, args: Sequence[Any]) -> Node:
+    """``target(*args)`` as a node, with ``meta["val"]`` computed on the arguments' fake values
+    (tensors and, in dynamic-shape graphs, the SymInts of size nodes)."""
     from torch._guards import detect_fake_mode
-    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 
-    kwargs = kwargs or {}
     values = [_val(a) for a in args if isinstance(a, Node)]
     mode = detect_fake_mode(values) or FakeTensorMode(allow_non_fake_inputs=True)
 
-    def fake(a: Any) -> Any:
-        if not isinstance(a, Node):
-            return a
-        value = _val(a)
-        if value is None:
-            raise ValueError(f"mfusion matmul: node {a.name} has no tensor meta['val']")
-        return value if isinstance(value, torch._subclasses.FakeTensor) else mode.from_tensor(value)
+    def fake(a: Node) -> Any:
+        if "val" not in a.meta:
+            raise ValueError(f"mfusion matmul: node {a.name} has no meta['val'] to rewrite with")
+        value = a.meta["val"]
+        if isinstance(value, torch.Tensor) and not isinstance(value, FakeTensor):
+            return mode.from_tensor(value)
+        return value
 
-    node = graph.call_function(target, tuple(args), kwargs)
+    node = graph.call_function(target, tuple(args))
     with mode:
-        node.meta["val"] = target(*[fake(a) for a in args], **kwargs)
+        node.meta["val"] = target(*torch.fx.node.map_arg(tuple(args), fake))
     return node
 
 
@@ -84,7 +94,7 @@ def _row_bias(bias: Any, out: torch.Tensor) -> bool:
     return (
         value is not None
         and value.dim() == 1
-        and value.shape[0] == out.shape[-1]
+        and _same(value.shape[0], out.shape[-1])
         and value.dtype == out.dtype
         and value.device == out.device
     )
@@ -160,9 +170,9 @@ class MmReshapeBias(_MatmulPass):
             return False
         if not mm_out.dtype.is_floating_point or not _row_bias(bias, mm_out):
             return False
-        if view_out.shape[-1] != mm_out.shape[-1] or out.dtype != mm_out.dtype:
+        if not _same(view_out.shape[-1], mm_out.shape[-1]) or out.dtype != mm_out.dtype:
             return False
-        if tuple(out.shape) != tuple(view_out.shape):
+        if not _same(out.shape, view_out.shape):
             return False
         with graph.inserting_before(node):
             addmm = _new_node(graph, aten.addmm.default, (bias, *mm.args))
@@ -182,7 +192,7 @@ def _materialised_transpose(node: Any, user: Node, dims: list[int]) -> Node | No
         return None
     value = _val(permute)
     # GEMM reads an operand in place when one of its two inner strides is 1
-    if value is None or 1 not in value.stride()[-2:]:
+    if value is None or not any(_same(stride, 1) for stride in value.stride()[-2:]):
         return None
     return permute
 
@@ -220,17 +230,15 @@ class MmTranspose(_MatmulPass):
         return True
 
 
-def _batch_view(graph: Graph, node: Node, value: torch.Tensor) -> Node | None:
-    """``node`` ([B, R, C]) as ``[B * R, C]`` when that is a view, else ``None``."""
-    batch, rows, cols = value.shape
-    if batch > 1 and rows > 1 and value.stride(0) != rows * value.stride(1):
-        return None
-    return _new_node(graph, aten.view.default, (node, [batch * rows, cols]))
+def _static(*sizes: Any) -> bool:
+    return all(isinstance(size, int) for size in sizes)
 
 
 class BmmToMm(_MatmulPass):
-    """``bmm(a, b)`` where ``b`` is one matrix for every batch (batch 1, or an expand over the
-    batch) and ``a`` folds to 2-D by a view → ``view(mm(view(a), b[0]))``."""
+    """``bmm(a, b)`` where ``b`` is one matrix for every batch → one ``mm``: batch 1 becomes
+    ``unsqueeze(mm(squeeze(a), squeeze(b)))``; a right operand expanded over the batch (stride
+    0) becomes ``view(mm(view(a, [B * M, K]), b[0]), [B, M, N])`` when ``a`` folds by a view
+    (static shapes only: the views need fixed sizes)."""
 
     name = "bmm_to_mm"
     version = "1"
@@ -244,20 +252,29 @@ class BmmToMm(_MatmulPass):
         a, b, out = _val(left), _val(right), _val(node)
         if a is None or b is None or out is None:
             return False
-        batch = a.shape[0]
-        if batch != 1 and b.stride(0) != 0:
+        if _same(a.shape[0], 1):
+            with graph.inserting_before(node):
+                squeezed = [_new_node(graph, aten.squeeze.dim, (x, 0)) for x in (left, right)]
+                mm = _new_node(graph, aten.mm.default, tuple(squeezed))
+                result = _new_node(graph, aten.unsqueeze.default, (mm, 0))
+        elif self._broadcast_right(a, b):
+            batch, rows, cols = a.shape
+            with graph.inserting_before(node):
+                folded = _new_node(graph, aten.view.default, (left, [batch * rows, cols]))
+                matrix = _new_node(graph, aten.select.int, (right, 0, 0))
+                mm = _new_node(graph, aten.mm.default, (folded, matrix))
+                result = _new_node(graph, aten.view.default, (mm, list(out.shape)))
+        else:
             return False
-        if not out.is_contiguous():
-            return False
-        with graph.inserting_before(node):
-            folded = _batch_view(graph, left, a)
-            if folded is None:
-                return False
-            matrix = _new_node(graph, aten.select.int, (right, 0, 0))
-            mm = _new_node(graph, aten.mm.default, (folded, matrix))
-            unfolded = _new_node(graph, aten.view.default, (mm, list(out.shape)))
-        _replace(graph, node, unfolded)
+        _replace(graph, node, result)
         return True
+
+    @staticmethod
+    def _broadcast_right(a: torch.Tensor, b: torch.Tensor) -> bool:
+        """``b`` is stride 0 over the batch and ``a`` ([B, M, K]) folds to [B * M, K] by a view."""
+        if not (_static(*a.shape, *a.stride(), *b.shape) and b.stride(0) == 0):
+            return False
+        return a.shape[1] == 1 or a.stride(0) == a.shape[1] * a.stride(1)
 
 
 def _feeds_only_pointwise(node: Node) -> bool:
@@ -284,7 +301,7 @@ class MmK1(_MatmulPass):
         if not _is_call(node, aten.mm.default) or not _feeds_only_pointwise(node):
             return False
         a, b, out = _val(node.args[0]), _val(node.args[1]), _val(node)
-        if a is None or b is None or out is None or a.shape[1] != 1 or a.dtype != b.dtype:
+        if a is None or b is None or out is None or not _same(a.shape[1], 1) or a.dtype != b.dtype:
             return False
         if not a.dtype.is_floating_point:
             return False

@@ -1,12 +1,28 @@
-"""Matmul rewrites on post-grad aten graphs: bias, reshape+bias, transpose, batch-1/broadcast BMM,
-K = 1 and cast absorption.
+"""Matmul rewrites on post-grad aten graphs: reshape+bias, transpose, batch-1/broadcast BMM, K = 1
+and cast absorption.
 
 Each pass is a :class:`spore.GraphPass` that walks the graph, checks the fake tensors in
-``node.meta["val"]`` (dtypes, shapes, strides) and rewrites only the forms where the result is the
-same function of the inputs: the values differ at most by the floating-point summation order of
-the GEMM (BLAS blocking), never by an extra or a missing rounding in a narrower dtype. Each is
-registered only where it measured at least as fast as plain Inductor on CPU; see ``PASSES`` and
-the package README for the figures. Running a pass twice changes nothing more.
+``node.meta["val"]`` (dtypes, shapes, strides; sizes only where statically known, so no pass
+adds a guard) and rewrites only forms that compute the same function: the values may differ by
+the GEMM's summation order, and ``mm_reshape_bias`` adds the bias inside the GEMM (one rounding
+in bf16/fp16 instead of two, as Inductor's own 2-D ``mm + bias → addmm`` and eager ``F.linear``
+do). Running a pass twice changes nothing more.
+
+Which are registered (``PASSES``) follows a side-by-side measurement against plain Inductor on
+the 2-core AVX2 CPU, [2048, 1024] x [1024, 1024] fp32 ([512, 1024] x [1024, 1024] bf16: bf16
+GEMMs take 0.5-40 s at M = 2048 there), median speed-up over 15 (fp32) / 9 (bf16) interleaved
+rounds, under load (an unchanged graph timed against itself spans 0.87-1.48):
+
+- ``mm_reshape_bias``: fp32 1.01, bf16 0.99 (same GEMM; the bias pass over the output goes);
+- ``mm_transpose``: fp32 1.05 / 1.07 (right / left operand), bf16 1.00 (one copy less);
+- ``bmm_to_mm``: fp32 1.08 (batch 1) / 1.05 (broadcast), bf16 0.96 / 1.03 (same GEMM);
+- ``mm_k1``: with a pointwise user fp32 1.30, bf16 5.0; a lone K = 1 ``mm`` is faster in BLAS
+  (the multiply measured 0.33), so the pass rewrites only an ``mm`` whose users are pointwise;
+- ``mm_cast``: 0.45 fp32→bf16 (no native bf16 GEMM on AVX2): not registered.
+
+A plain ``mm + 1-D bias`` needs no pass: Inductor's post-grad ``addmm`` pattern already makes it
+one ``addmm`` on CPU (any dtype, when bias and operands share it), and turning an ``addmm`` with
+a pointwise user back into ``mm + add`` for fusion measured 0.94 fp32, 1.09 bf16: not built.
 """
 
 from __future__ import annotations
@@ -289,7 +305,7 @@ class MmK1(_MatmulPass):
     """``mm(a, b)`` with inner dimension 1 → ``a * b`` ([M, 1] · [1, N] broadcast) when every
     user is pointwise: one product per element, so the values are bitwise the same, and Inductor
     fuses the multiply into its users' kernel. A lone ``mm`` stays (BLAS writes the [M, N] outer
-    product faster than Inductor's loop; see README), as does Inductor's own rule, which turns
+    product faster than Inductor's loop), as does Inductor's own rule, which turns
     it into a multiply only up to 32 elements."""
 
     name = "mm_k1"
@@ -332,7 +348,8 @@ class MmCast(_MatmulPass):
     """``mm(a.to(fp32), b.to(fp32)).to(dt)`` with ``a``, ``b`` already ``dt`` (bf16/fp16; a
     transpose may follow a cast) → ``mm(a, b)`` in ``dt``: the GEMM multiplies the same ``dt``
     values, accumulates in fp32 and rounds to ``dt`` once either way. Not in ``PASSES``: on CPUs
-    without native bf16/fp16 GEMM the narrow GEMM is slower; register it yourself where it wins."""
+    without native bf16/fp16 GEMM the narrow GEMM is slower (0.45x on AVX2); register it with
+    ``spore.register_custom_pass`` where it wins."""
 
     name = "mm_cast"
     version = "1"

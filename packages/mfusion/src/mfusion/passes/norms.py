@@ -25,7 +25,9 @@ What is rewritten, and why it keeps the numerics:
   dimension in float32, optionally ``* weight`` then ``+ bias`` in float32, rounded once →
   ``spore.layer_norm`` (the op's contract, and what ``F.layer_norm`` decomposes to).
 - Mean+Var: ``var_mean`` over one dimension, or ``mean`` and ``var`` of the same tensor over
-  the same dimension → ``spore.mean_var`` (unsqueezed back for ``keepdim``).
+  the same dimension → ``spore.mean_var`` (unsqueezed back for ``keepdim``); a ``var_mean``
+  whose variance feeds ``rsqrt(var + eps)`` (a LayerNorm the LayerNorm pass could not take,
+  e.g. in a training forward) stays with Inductor, which fuses it with the normalisation.
 
 A form is left alone when an intermediate is used outside it (a training forward saves
 ``rsqrt`` for the backward), when dtypes, shapes or the reduced dimension differ from what the
@@ -197,6 +199,13 @@ def _emit(graph: Graph, target: Callable[..., Any], *args: Any, **kwargs: Any) -
     return node
 
 
+def _spore(name: str) -> Any:
+    """``torch.ops.spore.<name>.default`` (importing spore_kernels defines the ops)."""
+    import spore_kernels  # noqa: F401
+
+    return getattr(torch.ops.spore, name).default
+
+
 def _ones(graph: Graph, like: Node) -> Node:
     """A ``(last dimension,)`` tensor of ones in ``like``'s dtype and device."""
     value = _val(like)
@@ -355,7 +364,7 @@ class AddRMSNormPass(spore.GraphPass):
             with graph.inserting_before(anchor.next):
                 weight = match.weight if match.weight is not None else _ones(graph, added)
                 a, b = added.args[:2]
-                fused = _emit(graph, torch.ops.spore.add_rms_norm.default, a, b, weight, match.eps)
+                fused = _emit(graph, _spore("add_rms_norm"), a, b, weight, match.eps)
                 normed = _emit(graph, operator.getitem, fused, 0)
                 total = _emit(graph, operator.getitem, fused, 1)
             _replace(graph, match.out, normed, match.inner)
@@ -389,7 +398,7 @@ class RMSNormPass(spore.GraphPass):
         for match in matches:
             with graph.inserting_before(match.out):
                 weight = match.weight if match.weight is not None else _ones(graph, match.x)
-                new = _emit(graph, torch.ops.spore.rms_norm.default, match.x, weight, match.eps)
+                new = _emit(graph, _spore("rms_norm"), match.x, weight, match.eps)
             _replace(graph, match.out, new, [*match.inner, match.upcast])
         return len(matches)
 
@@ -421,7 +430,7 @@ class LayerNormPass(spore.GraphPass):
                 continue
             x, weight, bias, eps, out, inner = found
             with graph.inserting_before(out):
-                new = _emit(graph, torch.ops.spore.layer_norm.default, x, weight, bias, eps)
+                new = _emit(graph, _spore("layer_norm"), x, weight, bias, eps)
             _replace(graph, out, new, inner)
             count += 1
         return count
@@ -497,6 +506,14 @@ def _correction(node: Node) -> int | None:
     return int(value)
 
 
+def _feeds_rsqrt(var: Node) -> bool:
+    """Whether ``var`` is used as ``rsqrt(var + eps)``."""
+    return any(
+        _tensor_and_scalar(u) is not None and any(_is(r, aten.rsqrt.default) for r in u.users)
+        for u in var.users
+    )
+
+
 class MeanVarPass(spore.GraphPass):
     """``var_mean`` or ``mean`` + ``var`` of one tensor over one dimension → spore.mean_var."""
 
@@ -532,7 +549,7 @@ class MeanVarPass(spore.GraphPass):
     ) -> tuple[Node, Node]:
         x, dim, correction, keepdim = spec
         with graph.inserting_before(before):
-            fused = _emit(graph, torch.ops.spore.mean_var.default, x, dim, correction)
+            fused = _emit(graph, _spore("mean_var"), x, dim, correction)
             pair = [_emit(graph, operator.getitem, fused, i) for i in (0, 1)]
             if keepdim:
                 pair = [_emit(graph, aten.unsqueeze.default, p, dim) for p in pair]
@@ -542,6 +559,8 @@ class MeanVarPass(spore.GraphPass):
         spec = self._spec(node)
         if spec is None or any(not _is(u, operator.getitem) for u in node.users):
             return 0
+        if any(_feeds_rsqrt(u) for u in node.users if u.args[1] == 0):
+            return 0  # a LayerNorm's statistics: Inductor fuses them with the normalisation
         mean, var = self._emit_pair(graph, node, spec)
         for item in list(node.users):
             item.replace_all_uses_with(var if item.args[1] == 0 else mean)

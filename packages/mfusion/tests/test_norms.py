@@ -1,0 +1,432 @@
+"""mfusion's norm passes on real graphs: Hugging Face norm classes compiled with
+``backend="spore"`` (inference and training, float32 and bfloat16) and traced post-grad graphs
+for the forms, the refusals, idempotence and the switches.
+
+Tolerances against eager: float32 1e-5 (reduction order), bfloat16 2**-6 relative (the spore
+ops round once where eager Llama rounds twice: at most one bfloat16 step apart, see
+``test_llama_bfloat16_cast_order`` for the exact claim).
+"""
+
+from __future__ import annotations
+
+import collections
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import torch
+import torch.nn as nn
+from mfusion.passes.norms import AddRMSNormPass, LayerNormPass, MeanVarPass, RMSNormPass
+from torch.fx.experimental.proxy_tensor import make_fx
+from transformers.models.gemma.modeling_gemma import GemmaRMSNorm
+from transformers.models.llama.modeling_llama import LlamaRMSNorm
+from transformers.models.qwen2.modeling_qwen2 import Qwen2RMSNorm
+from transformers.models.t5.modeling_t5 import T5LayerNorm
+
+H = 32
+BF16 = torch.bfloat16
+TOL = {
+    torch.float64: {"atol": 1e-12, "rtol": 1e-12},
+    torch.float32: {"atol": 1e-5, "rtol": 1e-5},
+    BF16: {"atol": 2**-6, "rtol": 2**-6},
+}
+RMS, ADD_RMS = "spore.rms_norm.default", "spore.add_rms_norm.default"
+LN, MEAN_VAR = "spore.layer_norm.default", "spore.mean_var.default"
+
+
+def _randomised(module: nn.Module, dtype: torch.dtype) -> nn.Module:
+    """``module`` in ``dtype`` with random parameters (HF initialises norms to ones/zeros)."""
+    module = module.to(dtype)
+    with torch.no_grad():
+        for p in module.parameters():
+            p.normal_(0.0, 0.5)
+    return module
+
+
+def _close(got: Any, want: Any, dtype: torch.dtype) -> None:
+    for g, w in zip(
+        torch.utils._pytree.tree_leaves(got), torch.utils._pytree.tree_leaves(want), strict=True
+    ):
+        assert g.dtype == w.dtype
+        torch.testing.assert_close(g, w, **TOL[dtype])
+
+
+class Bundle(nn.Module):
+    """Every norm the passes take, as Hugging Face and torch write them, on separate inputs."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.llama, self.qwen2 = LlamaRMSNorm(H, eps=1e-6), Qwen2RMSNorm(H, eps=1e-5)
+        self.gemma, self.t5 = GemmaRMSNorm(H, eps=1e-6), T5LayerNorm(H, eps=1e-6)
+        self.ln, self.ln_no_bias = nn.LayerNorm(H), nn.LayerNorm(H, eps=1e-6, bias=False)
+        self.ln_plain = nn.LayerNorm(H, elementwise_affine=False)
+        self.post = LlamaRMSNorm(H)
+
+    def forward(self, xs: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        rms = [m(xs[i]) for i, m in enumerate((self.llama, self.qwen2, self.gemma, self.t5))]
+        lns = [m(xs[4 + i]) for i, m in enumerate((self.ln, self.ln_no_bias, self.ln_plain))]
+        stream = xs[7] + residual
+        var, mean = torch.var_mean(xs[8], -1)
+        last = xs[9]
+        two_pass = (last.mean(-1, keepdim=True), last.var(-1, keepdim=True))
+        plain = torch.nn.functional.rms_norm(xs[10], (H,), None, 1e-5)
+        return (*rms, *lns, self.post(stream), stream * 2, var, mean, *two_pass, plain)
+
+
+def _bundle_inputs(dtype: torch.dtype, grad: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(0)
+    xs = torch.randn(11, 2, 3, H, generator=g).to(dtype).requires_grad_(grad)
+    return xs, torch.randn(2, 3, H, generator=g).to(dtype).requires_grad_(grad)
+
+
+@pytest.mark.parametrize(
+    ("dtype", "rms_norms"),
+    [(torch.float32, 5), (BF16, 4)],  # bfloat16 Gemma's float32 (1 + w) is left alone
+)
+def test_hf_norms_inference(mfusion_compile: Any, dtype: torch.dtype, rms_norms: int) -> None:
+    model = _randomised(Bundle(), dtype)
+    args = _bundle_inputs(dtype)
+    with torch.no_grad():
+        compiled = mfusion_compile(model, *args)
+        _close(compiled.outputs, model(*args), dtype)
+    assert len(compiled.graphs) == 1
+    assert compiled.spore_ops() == {RMS: rms_norms, ADD_RMS: 1, LN: 3, MEAN_VAR: 2}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, BF16])
+def test_hf_norms_training(mfusion_compile: Any, dtype: torch.dtype) -> None:
+    """The forward saves rsqrt (and LayerNorm's mean) for the backward, so those norms stay
+    with Inductor; var_mean and the two-pass statistics still fuse; the backward holds only
+    decomposed formulas. Gradients equal eager's."""
+    model = _randomised(Bundle(), dtype)
+    args = _bundle_inputs(dtype, grad=True)
+    eager_args = [a.detach().clone().requires_grad_() for a in args]
+    compiled = mfusion_compile(model, *args)
+    torch.autograd.backward(compiled.outputs, [torch.ones_like(o) for o in compiled.outputs])
+    want = model(*eager_args)
+    torch.autograd.backward(want, [torch.ones_like(o) for o in want])
+    _close(compiled.outputs, want, dtype)
+    for a, e in zip(args, eager_args, strict=True):
+        torch.testing.assert_close(a.grad, e.grad, **TOL[dtype])
+    assert len(compiled.graphs) == 2
+    assert compiled.spore_ops(graph=0) == {MEAN_VAR: 2}
+    assert compiled.spore_ops(graph=1) == {}
+
+
+def test_llama_bfloat16_cast_order(mfusion_compile: Any) -> None:
+    """HF Llama rounds the normalised x to bfloat16, then multiplies by the weight. Inductor
+    compiles that cast without rounding (``emulate_precision_casts`` off), i.e. one rounding:
+    spore.rms_norm's contract. So the rewrite gives plain torch.compile's result (bits differ
+    only through the float32 reduction order: at most one bfloat16 step, on under 1% of the
+    values) and is never more than one bfloat16 step from eager's double rounding."""
+    model = _randomised(LlamaRMSNorm(256), BF16)
+    x = torch.randn(64, 256, generator=torch.Generator().manual_seed(1)).to(BF16)
+    with torch.no_grad():
+        compiled = mfusion_compile(model, x)
+        torch._dynamo.reset()
+        inductor = torch.compile(model)(x)
+        eager = model(x)
+    assert compiled.count(RMS) == 1
+    got = compiled.outputs.float()
+    step = _bf16_step(torch.maximum(got.abs(), eager.float().abs()))
+    assert ((got - eager.float()).abs() <= step).all()
+    differs = got != inductor.float()
+    assert differs.float().mean() < 0.01
+    assert ((got - inductor.float()).abs() <= step)[differs].all()
+
+
+def _bf16_step(magnitude: torch.Tensor) -> torch.Tensor:
+    """The spacing of bfloat16 values at ``magnitude`` (2**(exponent - 7))."""
+    return torch.exp2(torch.floor(torch.log2(magnitude.clamp_min(2**-126))) - 7)
+
+
+def test_disabled_by_name(mfusion_compile: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MFUSION_DISABLE", "rms_norm")
+    model = _randomised(LlamaRMSNorm(H), torch.float32)
+    x = torch.randn(2, 3, H)
+    with torch.no_grad():
+        compiled = mfusion_compile(model, x)
+        _close(compiled.outputs, model(x), torch.float32)
+    assert compiled.spore_ops() == {}
+    assert compiled.count("aten.rsqrt.default") == 1
+
+
+# Traced post-grad graphs -------------------------------------------------------------------
+
+
+def _trace(fn: Callable[..., Any], *args: torch.Tensor) -> torch.fx.GraphModule:
+    """``fn`` as the post-grad stage holds it: aten with Inductor's decompositions, fake
+    values in ``meta["val"]``."""
+    from torch._dispatch.python import enable_python_dispatcher
+    from torch._inductor.decomposition import select_decomp_table
+    from torch._inductor.fx_passes.post_grad import remove_noop_ops
+
+    with enable_python_dispatcher():
+        decomposed = make_fx(fn, select_decomp_table(), tracing_mode="fake")(*args)
+        functional = torch.func.functionalize(decomposed, remove="mutations")
+        gm = make_fx(functional, tracing_mode="fake")(*args)
+    remove_noop_ops(gm.graph)
+    gm.graph.eliminate_dead_code()
+    gm.recompile()
+    return gm
+
+
+def _ops(gm: torch.fx.GraphModule) -> dict[str, int]:
+    return dict(
+        collections.Counter(
+            str(n.target) for n in gm.graph.nodes if str(n.target).startswith("spore.")
+        )
+    )
+
+
+def _rewritten(pass_: Any, fn: Callable[..., Any], *args: torch.Tensor) -> torch.fx.GraphModule:
+    """``fn`` traced and rewritten by ``pass_``, checked against eager on ``args``."""
+    gm = _trace(fn, *args)
+    pass_(gm)
+    gm.graph.lint()
+    gm.recompile()
+    dtype = args[0].dtype if args[0].is_floating_point() else torch.float32
+    _close(gm(*args), fn(*args), dtype)
+    return gm
+
+
+def _rms(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    xf = x.float()
+    return xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+
+
+def _llama(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    return w * _rms(x).to(x.dtype)
+
+
+def _gemma(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    return (_rms(x) * (1.0 + w.float())).type_as(x)
+
+
+def _squares_by_mul(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """Another spelling: ``x * x``, an integer eps added on the left, ``rsqrt * x``."""
+    xf = x.float()
+    return (torch.rsqrt(1 + (xf * xf).mean(dim=-1, keepdim=True)) * xf * w.float()).to(x.dtype)
+
+
+def _weightless(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    return torch.nn.functional.rms_norm(x, (x.shape[-1],), None, 1e-5)
+
+
+def _x_w(dtype: torch.dtype, width: int = H) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(2)
+    return torch.randn(4, 5, width, generator=g).to(dtype), torch.randn(width, generator=g).to(
+        dtype
+    )
+
+
+@pytest.mark.parametrize("fn", [_llama, _gemma, _squares_by_mul, _weightless])
+@pytest.mark.parametrize("dtype", [torch.float32, BF16])
+def test_rms_norm_forms(fn: Callable[..., Any], dtype: torch.dtype) -> None:
+    gm = _rewritten(RMSNormPass(), fn, *_x_w(dtype))
+    expected = 0 if (fn is _gemma and dtype == BF16) else 1
+    assert _ops(gm) == ({RMS: 1} if expected else {})
+    if expected:
+        (op,) = [n for n in gm.graph.nodes if str(n.target) == RMS]
+        assert op.args[0].op == "placeholder"
+        eps = {_squares_by_mul: 1.0, _weightless: 1e-5}.get(fn, 1e-6)
+        assert op.args[2] == pytest.approx(eps, rel=1e-7)  # F.rms_norm rounds eps to float32
+
+
+def test_float64_computes_in_float64() -> None:
+    def fn(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        return w * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6))
+
+    gm = _rewritten(RMSNormPass(), fn, *_x_w(torch.float64))
+    (op,) = [n for n in gm.graph.nodes if str(n.target) == RMS]
+    assert op.args[0].op == "placeholder"
+
+
+def _weighted_with(eps: float) -> Callable[..., torch.Tensor]:
+    return lambda x, w: w * _rms(x, eps)
+
+
+def test_eps_is_read_as_given() -> None:
+    for eps in (1e-6, 1e-5, 3.25e-3):
+        gm = _rewritten(RMSNormPass(), _weighted_with(eps), *_x_w(torch.float32))
+        (op,) = [n for n in gm.graph.nodes if str(n.target) == RMS]
+        assert op.args[2] == eps
+
+
+def _bf16_without_upcast(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    return w * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6))
+
+
+def _over_dim0(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    xf = x.float()
+    return w * (xf * torch.rsqrt(xf.pow(2).mean(0, keepdim=True) + 1e-6)).to(x.dtype)
+
+
+def _row_weight(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    return w.reshape(1, -1) * _rms(x).to(x.dtype)  # (1, H): broadcasts, but not (H,)
+
+
+def _column_weight(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    return w[: x.shape[-2]].reshape(-1, 1) * _rms(x).to(x.dtype)
+
+
+def _rsqrt_also_returned(x: torch.Tensor, w: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    xf = x.float()
+    r = torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + 1e-6)
+    return w * (xf * r).to(x.dtype), r
+
+
+def _fp16_weight(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    return w.half() * _rms(x).to(x.dtype)
+
+
+@pytest.mark.parametrize(
+    ("fn", "dtype"),
+    [
+        (_bf16_without_upcast, BF16),
+        *[
+            (fn, dtype)
+            for fn in (_over_dim0, _row_weight, _column_weight, _rsqrt_also_returned)
+            for dtype in (torch.float32, BF16)
+        ],
+    ],
+)
+def test_rms_norm_left_alone(fn: Callable[..., Any], dtype: torch.dtype) -> None:
+    gm = _rewritten(RMSNormPass(), fn, *_x_w(dtype))
+    assert _ops(gm) == {}
+
+
+def test_weight_of_another_dtype_left_alone() -> None:
+    gm = _rewritten(RMSNormPass(), _fp16_weight, *_x_w(BF16))
+    assert _ops(gm) == {}
+
+
+def test_llama_order_left_alone_when_inductor_emulates_casts() -> None:
+    from torch._inductor import config
+
+    with config.patch(emulate_precision_casts=True):
+        assert _ops(_rewritten(RMSNormPass(), _llama, *_x_w(BF16))) == {}
+        assert _ops(_rewritten(RMSNormPass(), _gemma, *_x_w(torch.float32))) == {RMS: 1}
+
+
+def test_integer_x_reaches_the_op_as_float() -> None:
+    """An integer x is normalised after ``.float()``: the op takes the float32 tensor."""
+    x = torch.randint(-5, 5, (4, 5, H), dtype=torch.int32)
+    w = torch.randn(H)
+    gm = _rewritten(RMSNormPass(), lambda x, w: w * _rms(x), x, w)
+    (op,) = [n for n in gm.graph.nodes if str(n.target) == RMS]
+    assert op.args[0].meta["val"].dtype == torch.float32
+
+
+def _add_norm(x: torch.Tensor, r: torch.Tensor, w: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    s = x + r
+    return _llama(s, w), s.sum(-1)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, BF16])
+def test_add_rms_norm_keeps_the_sum(dtype: torch.dtype) -> None:
+    x, w = _x_w(dtype)
+    gm = _trace(_add_norm, x, x.flip(0), w)
+    assert (AddRMSNormPass()(gm), RMSNormPass()(gm)) == (1, 0)
+    gm.recompile()
+    _close(gm(x, x.flip(0), w), _add_norm(x, x.flip(0), w), dtype)
+    assert _ops(gm) == {ADD_RMS: 1}
+    assert not any(str(n.target) == "aten.add.Tensor" for n in gm.graph.nodes)
+
+
+def test_add_of_broadcast_left_to_rms_norm() -> None:
+    x, w = _x_w(torch.float32)
+    fn = lambda x, b, w: _llama(x + b, w)  # noqa: E731
+    gm = _trace(fn, x, w, w)
+    assert (AddRMSNormPass()(gm), RMSNormPass()(gm)) == (0, 1)
+
+
+def _layer_norm(weight: bool, bias: bool) -> Callable[..., torch.Tensor]:
+    def fn(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.layer_norm(
+            x, x.shape[-1:], w if weight else None, w.flip(0) if bias else None, 1e-5
+        )
+
+    return fn
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, BF16])
+@pytest.mark.parametrize(("weight", "bias"), [(True, True), (True, False), (False, False)])
+def test_layer_norm_forms(dtype: torch.dtype, weight: bool, bias: bool) -> None:
+    gm = _rewritten(LayerNormPass(), _layer_norm(weight, bias), *_x_w(dtype))
+    assert _ops(gm) == {LN: 1}
+    (op,) = [n for n in gm.graph.nodes if str(n.target) == LN]
+    assert [a is not None for a in op.args[1:3]] == [weight, bias]
+    assert op.args[3] == 1e-5
+
+
+def _unbiased_layer_norm(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    var, mean = torch.var_mean(x, -1, keepdim=True, correction=1)
+    return (x - mean) * torch.rsqrt(var + 1e-5) * w
+
+
+def _layer_norm_over_dim0(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    var, mean = torch.var_mean(x, 0, keepdim=True, correction=0)
+    return (x - mean) * torch.rsqrt(var + 1e-5)
+
+
+def _layer_norm_saving_mean(x: torch.Tensor, w: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    var, mean = torch.var_mean(x, -1, keepdim=True, correction=0)
+    return (x - mean) * torch.rsqrt(var + 1e-5) * w, mean
+
+
+@pytest.mark.parametrize(
+    "fn", [_unbiased_layer_norm, _layer_norm_over_dim0, _layer_norm_saving_mean]
+)
+def test_layer_norm_left_alone(fn: Callable[..., Any]) -> None:
+    gm = _rewritten(LayerNormPass(), fn, *_x_w(torch.float32))
+    assert _ops(gm) == {}
+    assert MeanVarPass()(gm) == 0  # LayerNorm statistics stay with Inductor's fused kernel
+
+
+@pytest.mark.parametrize(
+    "fn",
+    [
+        lambda x: torch.var_mean(x, -1),
+        lambda x: torch.var_mean(x, 1, keepdim=True, correction=0),
+        lambda x: torch.var_mean(x, dim=0, correction=2),
+        lambda x: (x.mean(-1, keepdim=True), x.var(-1, keepdim=True, unbiased=False)),
+        lambda x: (x.mean(1), x.var(1).sqrt()),
+    ],
+)
+@pytest.mark.parametrize("dtype", [torch.float32, BF16])
+def test_mean_var_forms(fn: Callable[..., Any], dtype: torch.dtype) -> None:
+    gm = _rewritten(MeanVarPass(), fn, _x_w(dtype)[0])
+    assert _ops(gm) == {MEAN_VAR: 1}
+
+
+@pytest.mark.parametrize(
+    "fn",
+    [
+        lambda x: torch.var_mean(x, [0, 1]),  # two dimensions
+        lambda x: (x.mean(-1), x.var(0)),  # other dimensions
+        lambda x: (x.mean(-1, keepdim=True), x.var(-1)),  # keepdim differs
+        lambda x: (x.mean(-1), x.flip(0).var(-1)),  # other tensors
+        lambda x: torch.var_mean(x, -1, correction=0.5),  # a fractional correction
+        lambda x: (x.mean(1), x.std(1)),  # bfloat16 std: the var of an upcast x
+    ],
+)
+def test_mean_var_left_alone(fn: Callable[..., Any]) -> None:
+    gm = _rewritten(MeanVarPass(), fn, _x_w(BF16)[0])
+    assert _ops(gm) == {}
+
+
+def test_every_pass_is_idempotent() -> None:
+    model = _randomised(Bundle(), torch.float32)
+    params = dict(model.named_parameters())
+    args = _bundle_inputs(torch.float32)
+    gm = _trace(lambda p, xs, r: torch.func.functional_call(model, p, (xs, r)), params, *args)
+    passes = (AddRMSNormPass(), RMSNormPass(), LayerNormPass(), MeanVarPass())
+    assert [p(gm) for p in passes] == [1, 5, 3, 2]
+    gm.recompile()
+    code = gm.code
+    assert [p(gm) for p in passes] == [0, 0, 0, 0]
+    gm.recompile()
+    assert gm.code == code
+    with torch.no_grad():
+        _close(gm(params, *args), model(*args), torch.float32)

@@ -1,11 +1,13 @@
-"""The RoPE pass on real Hugging Face attention layers, compiled with mfusion vs eager.
+"""The RoPE pass on real Hugging Face attention code, compiled with mfusion vs eager.
 
 Llama's attention (rotate-half, tables from ``LlamaRotaryEmbedding``, x ``[B, H, S, D]``) and
 GPT-J's (interleaved, tables from ``GPTJRotaryEmbedding`` repeated per pair, partial rotary:
-x is the first ``rotary_dim`` columns of ``[B, S, H, D]``). Each rotates q and k: two
-``spore.rope`` per forward graph. In a forward+backward compile the forward graph matches too
-(RoPE saves only its output for the attention's backward); the backward graph holds the
-transposed rotation (``grad * cos - rot(grad * sin)``), which is not this pattern.
+x is the first ``rotary_dim`` columns of ``[B, S, H, D]``) each rotate q and k: two
+``spore.rope`` per forward graph. Forward+backward runs on the two models'
+``apply_rotary_pos_emb`` (the attention's own backward would only add compile time): the
+forward graph matches too, as RoPE saves nothing of its own for backward (the tables are
+inputs); the backward graph holds the transposed rotation (``grad * cos - rot(grad * sin)``),
+which is not this pattern.
 
 Tolerance (largest absolute difference over the largest absolute eager value): float32 1e-5;
 bfloat16 2e-2 (spore.rope and Inductor's fused code round once from float32, eager bfloat16
@@ -21,15 +23,18 @@ import torch
 from mfusion.passes.rope import PASSES
 from transformers import GPTJConfig, LlamaConfig
 from transformers.models.gptj.modeling_gptj import GPTJAttention, GPTJRotaryEmbedding
+from transformers.models.gptj.modeling_gptj import apply_rotary_pos_emb as gptj_rope
 from transformers.models.llama.modeling_llama import (
     LlamaAttention,
     LlamaRotaryEmbedding,
     rotate_half,
 )
+from transformers.models.llama.modeling_llama import apply_rotary_pos_emb as llama_rope
 
 BATCH, SEQ, HIDDEN, HEADS = 2, 6, 32, 4
 TOLERANCE = {torch.float32: 1e-5, torch.bfloat16: 2e-2}
 ROPE = "spore.rope.default"
+ROTARY = 4  # GPT-J rotates the first ROTARY columns of each head (head dim 8)
 ATTENTION = "sdpa"  # what a model's config picks on CPU; a layer alone must be told
 
 
@@ -68,44 +73,45 @@ def _llama() -> torch.nn.Module:
 
 
 def _gptj() -> torch.nn.Module:
-    config = GPTJConfig(n_embd=HIDDEN, n_head=HEADS, rotary_dim=4, n_positions=16)
+    config = GPTJConfig(n_embd=HIDDEN, n_head=HEADS, rotary_dim=ROTARY, n_positions=16)
     config._attn_implementation = ATTENTION
     return Attention(GPTJAttention(config, layer_idx=0), GPTJRotaryEmbedding(config))
 
 
 @pytest.mark.parametrize(
-    ("build", "dtype", "train"),
+    ("build", "dtype"),
     [
-        pytest.param(_llama, torch.float32, True, id="llama-half-fp32-train"),
-        pytest.param(_llama, torch.bfloat16, False, id="llama-half-bf16-forward"),
-        pytest.param(_gptj, torch.float32, False, id="gptj-interleaved-fp32-forward"),
-        pytest.param(_gptj, torch.bfloat16, True, id="gptj-interleaved-bf16-train"),
+        pytest.param(_llama, torch.float32, id="llama-half-fp32"),
+        pytest.param(_gptj, torch.bfloat16, id="gptj-interleaved-bf16"),
     ],
 )
-def test_attention_rotates_q_and_k_with_two_spore_ropes(
-    mfusion_compile, build, dtype, train
-) -> None:
+def test_attention_rotates_q_and_k_with_two_spore_ropes(mfusion_compile, build, dtype) -> None:
     module = build().to(dtype).eval()
-    eager = copy.deepcopy(module)
     hidden = _randn(dtype, BATCH, SEQ, HIDDEN)
-    if not train:
-        with torch.no_grad():
-            compiled = mfusion_compile(module, hidden)
-            _close(compiled.outputs, eager(hidden), "output")
-        assert compiled.count(ROPE) == 2
-        return
-    h_c, h_e = hidden.clone().requires_grad_(), hidden.clone().requires_grad_()
-    compiled = mfusion_compile(module, h_c)
-    want = eager(h_e)
-    _close(compiled.outputs, want, "output")
-    upstream = _randn(dtype, *want.shape, seed=1)
-    compiled.outputs.backward(upstream)
-    want.backward(upstream)
-    _close(h_c.grad, h_e.grad, "grad of hidden")
-    for (name, p_c), p_e in zip(module.named_parameters(), eager.parameters(), strict=True):
-        _close(p_c.grad, p_e.grad, f"grad of {name}")
+    with torch.no_grad():
+        compiled = mfusion_compile(module, hidden)
+        _close(compiled.outputs, copy.deepcopy(module)(hidden), "output")
+    assert len(compiled.graphs) == 1
+    assert compiled.count(ROPE) == 2
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_training_forward_matches_and_grads_equal_eager(mfusion_compile, dtype) -> None:
+    """Llama's q/k and GPT-J's rotation: 3 ropes in the forward graph, none in the backward."""
+    inputs = _both_modes_inputs(dtype, SEQ)
+    leaves = {n: t.requires_grad_() for n, t in inputs.items() if n in ("q", "k", "x")}
+    compiled = mfusion_compile(_both_modes, *inputs.values())
+    eager_leaves = {n: t.detach().clone().requires_grad_() for n, t in leaves.items()}
+    wanted = _both_modes(**{**inputs, **eager_leaves})
+    upstreams = [_randn(dtype, *w.shape, seed=7 + i) for i, w in enumerate(wanted)]
+    torch.autograd.backward(compiled.outputs, upstreams)
+    torch.autograd.backward(wanted, upstreams)
+    for got, want in zip(compiled.outputs, wanted, strict=True):
+        _close(got, want, "output")
+    for name, leaf in leaves.items():
+        _close(leaf.grad, eager_leaves[name].grad, f"grad of {name}")
     assert len(compiled.graphs) == 2
-    assert compiled.count(ROPE, graph=0) == 2
+    assert compiled.count(ROPE, graph=0) == 3
     assert compiled.count(ROPE, graph=1) == 0
 
 
@@ -153,6 +159,37 @@ def test_what_the_op_cannot_take_is_left_alone(mfusion_compile) -> None:
         torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6, msg=name)
 
 
+def _tables(dtype: torch.dtype, seq: int) -> dict[str, torch.Tensor]:
+    """Llama's (cos, sin) ``[1, S, 8]``, GPT-J's (sin, cos) ``[1, S, ROTARY / 2]``."""
+    positions = torch.arange(seq)[None]
+    hidden = torch.empty(1, seq, HIDDEN, dtype=dtype)
+    cos, sin = _llama().rotary(hidden, positions)
+    sin_j, cos_j = _gptj().rotary(hidden, positions)
+    return {"cos": cos, "sin": sin, "sin_j": sin_j, "cos_j": cos_j}
+
+
+def _both_modes(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    x: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    sin_j: torch.Tensor,
+    cos_j: torch.Tensor,
+) -> tuple[torch.Tensor, ...]:
+    """Llama's q/k rotation ``[B, H, S, D]`` and GPT-J's ``[B, S, H, D]`` (3 ropes)."""
+    return (*llama_rope(q, k, cos, sin), gptj_rope(x, sin_j, cos_j))
+
+
+def _both_modes_inputs(dtype: torch.dtype, seq: int) -> dict[str, torch.Tensor]:
+    return {
+        "q": _randn(dtype, BATCH, HEADS, seq, 8),
+        "k": _randn(dtype, BATCH, 2, seq, 8, seed=1),
+        "x": _randn(dtype, BATCH, seq, HEADS, ROTARY, seed=2),
+        **_tables(dtype, seq),
+    }
+
+
 def test_pass_is_idempotent_on_a_real_graph(spore_manager) -> None:
     """A second run on the compiled post-grad graph finds nothing and changes nothing."""
     reruns = []
@@ -165,18 +202,43 @@ def test_pass_is_idempotent_on_a_real_graph(spore_manager) -> None:
         return 0
 
     spore_manager().registry("passes").add(rerun, name="test.rerun", stage="post_grad", priority=1)
-    module = _llama().eval()
     with torch.no_grad():
-        torch.compile(module, backend="spore")(_randn(torch.float32, BATCH, SEQ, HIDDEN))
-    assert reruns == [([0], 2, True)]
+        torch.compile(_both_modes, backend="spore")(**_both_modes_inputs(torch.float32, SEQ))
+    assert reruns == [([0], 3, True)]
+
+
+def test_dynamic_sequence_length_still_matches(mfusion_compile) -> None:
+    """One compile with the sequence dimension symbolic serves two lengths."""
+    first = _both_modes_inputs(torch.float32, SEQ)
+    second = _both_modes_inputs(torch.float32, SEQ + 3)
+    for inputs in (first, second):
+        for name, dim in {
+            "q": 2,
+            "k": 2,
+            "x": 1,
+            "cos": 1,
+            "sin": 1,
+            "sin_j": 1,
+            "cos_j": 1,
+        }.items():
+            torch._dynamo.mark_dynamic(inputs[name], dim)
+    with torch.no_grad():
+        compiled = mfusion_compile(_both_modes, *first.values())
+        again = torch.compile(_both_modes, backend="spore")(*second.values())
+    assert len(compiled.graphs) == 1
+    assert compiled.count(ROPE) == 3
+    for got, want in zip(
+        (*compiled.outputs, *again), (*_both_modes(**first), *_both_modes(**second)), strict=True
+    ):
+        _close(got, want, "output")
 
 
 def test_mfusion_disable_rope_leaves_rope(mfusion_compile, monkeypatch) -> None:
     monkeypatch.setenv("MFUSION_DISABLE", "rope")
-    module = _llama().eval()
-    hidden = _randn(torch.float32, BATCH, SEQ, HIDDEN)
+    inputs = _both_modes_inputs(torch.float32, SEQ)
     with torch.no_grad():
-        compiled = mfusion_compile(module, hidden)
-        _close(compiled.outputs, copy.deepcopy(module)(hidden), "output")
+        compiled = mfusion_compile(_both_modes, *inputs.values())
     assert compiled.count(ROPE) == 0
-    assert compiled.count("aten.cat.default") == 2
+    assert compiled.count("aten.cat.default") == 3
+    for got, want in zip(compiled.outputs, _both_modes(**inputs), strict=True):
+        torch.testing.assert_close(got, want, rtol=0, atol=0)

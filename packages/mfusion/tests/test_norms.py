@@ -93,12 +93,26 @@ def test_hf_norms_inference(mfusion_compile: Any, dtype: torch.dtype, rms_norms:
     assert compiled.spore_ops() == {RMS: rms_norms, ADD_RMS: 1, LN: 3, MEAN_VAR: 2}
 
 
+class Block(nn.Module):
+    """A pre-norm residual block's norms and statistics, for training."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.input_norm, self.post_norm, self.ln = LlamaRMSNorm(H), LlamaRMSNorm(H), nn.LayerNorm(H)
+
+    def forward(self, xs: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        stream = self.input_norm(xs[0]) + residual
+        var, mean = torch.var_mean(xs[1], -1)
+        two_pass = (xs[2].mean(-1), xs[2].var(-1))
+        return self.post_norm(stream), stream, self.ln(xs[3]), var, mean, *two_pass
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, BF16])
 def test_hf_norms_training(mfusion_compile: Any, dtype: torch.dtype) -> None:
     """The forward saves rsqrt (and LayerNorm's mean) for the backward, so those norms stay
     with Inductor; var_mean and the two-pass statistics still fuse; the backward holds only
     decomposed formulas. Gradients equal eager's."""
-    model = _randomised(Bundle(), dtype)
+    model = _randomised(Block(), dtype)
     args = _bundle_inputs(dtype, grad=True)
     eager_args = [a.detach().clone().requires_grad_() for a in args]
     compiled = mfusion_compile(model, *args)

@@ -315,6 +315,37 @@ def test_registered_passes_are_the_ones_that_measured_at_least_as_fast() -> None
         assert isinstance(pass_.priority, int)
 
 
+def test_spore_passes_apply_runs_the_matmul_passes_in_order(spore_manager) -> None:
+    """Through the registry: bmm_to_mm (priority 40) turns the batch-1 bmm into an unsqueezed
+    mm that mm_reshape_bias (20) then gives its bias; mm_transpose drops the weight copy."""
+    from spore import passes
+
+    spore_manager({"SPORE_PLUGINS": "mfusion"})
+
+    def fn(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return torch.bmm(x, w.unsqueeze(0)) + b, x[0] @ w.t().contiguous()
+
+    x, w, b = (
+        _randn(torch.float32, 1, 6, 16),
+        _randn(torch.float32, 16, 16),
+        _randn(torch.float32, 16),
+    )
+    gm = _trace(fn, x, w, b)
+    counts = passes.apply(gm)
+    mine = {f"mfusion.{p.name}" for p in matmul.PASSES}
+    assert {k: v for k, v in counts.items() if k in mine} == {
+        "mfusion.bmm_to_mm": 1,
+        "mfusion.mm_k1": 0,
+        "mfusion.mm_reshape_bias": 1,
+        "mfusion.mm_transpose": 1,
+    }
+    ops = _ops(gm)
+    assert (ops[BMM], ops[MM], ops[ADD], ops[CLONE], ops[ADDMM]) == (0, 1, 0, 0, 1)
+    for got, want in zip(gm(x, w, b), fn(x, w, b), strict=True):
+        _close(got, want)
+    assert not any(passes.apply(gm).values())
+
+
 # --- real compiles (backend="spore") ------------------------------------------------------------
 
 

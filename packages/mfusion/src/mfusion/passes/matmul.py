@@ -39,6 +39,8 @@ aten = torch.ops.aten
 prims = torch.ops.prims
 
 NARROW_FLOATS = (torch.bfloat16, torch.float16)
+#: ops that reshape an ``mm`` result without moving its elements (what ``matmul`` leaves around it)
+RESHAPES = (aten.view.default, aten.reshape.default, aten.unsqueeze.default)
 
 
 def _val(node: Any) -> torch.Tensor | None:
@@ -151,7 +153,8 @@ class _MatmulPass(spore.GraphPass):
 
 
 class MmReshapeBias(_MatmulPass):
-    """``view(mm(a, b), shape) + bias`` → ``view(addmm(bias, a, b), shape)``.
+    """``view(mm(a, b), shape) + bias`` → ``view(addmm(bias, a, b), shape)`` (also ``reshape``,
+    and ``unsqueeze`` as ``bmm_to_mm`` leaves it).
 
     What ``x @ w + b`` on an N-D ``x`` becomes post-grad; the view must keep the last dimension.
     Inductor itself turns the 2-D ``mm + bias`` into ``addmm`` (bias, operands and result of one
@@ -160,7 +163,7 @@ class MmReshapeBias(_MatmulPass):
     """
 
     name = "mm_reshape_bias"
-    version = "1"
+    version = "2"
     priority = 20
     summary = "view(mm) + 1-D bias → view(addmm) (x @ w + b on N-D x)"
 
@@ -170,7 +173,7 @@ class MmReshapeBias(_MatmulPass):
 
         def reshaped_mm(n: Node) -> bool:
             return (
-                _is_call(n, aten.view.default, aten.reshape.default)
+                _is_call(n, *RESHAPES)
                 and _only_user(n, node)
                 and _is_call(n.args[0], aten.mm.default)
                 and _only_user(n.args[0], n)

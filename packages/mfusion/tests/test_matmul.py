@@ -159,6 +159,15 @@ def test_transpose_feeding_addmm_and_bmm_is_dropped() -> None:
     assert (count, after[CLONE], after[BMM]) == (1, 0, 1)
 
 
+def test_one_transpose_copy_as_both_operands_is_dropped_once() -> None:
+    def square(x: torch.Tensor) -> torch.Tensor:
+        xt = x.t().contiguous()
+        return xt @ xt
+
+    count, before, after = rewrite(matmul.MmTranspose(), square, _randn(torch.float32, 12, 12))
+    assert (count, before[CLONE], after[CLONE], after[MM]) == (1, 1, 0, 1)
+
+
 def test_transpose_copy_used_elsewhere_is_left_alone() -> None:
     x, w = _randn(torch.float32, 4, 16), _randn(torch.float32, 8, 16)
 

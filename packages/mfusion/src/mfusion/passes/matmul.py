@@ -93,9 +93,9 @@ def _new_node(graph: Graph, target: Any, args: Sequence[Any]) -> Node:
 
 
 def _prune(graph: Graph, nodes: Sequence[Node]) -> None:
-    """Erase those of ``nodes`` (consumers first) that have lost every user."""
-    for node in nodes:
-        if not node._erased and not node.users:
+    """Erase those of ``nodes`` (consumers first; repeats count once) that lost every user."""
+    for node in dict.fromkeys(nodes):
+        if not node.users:
             graph.erase_node(node)
 
 
@@ -135,7 +135,8 @@ def _split_add(add: Node, wanted: Any) -> tuple[Node, Any] | None:
 
 
 class _MatmulPass(spore.GraphPass):
-    """Shared walk: :meth:`rewrite` is tried on every node; the count of rewrites is returned."""
+    """Shared walk: :meth:`rewrite` is tried on every node in order; it may erase only that node
+    and nodes before it. Returns the count of rewrites."""
 
     priority = 0
     summary = ""
@@ -147,7 +148,7 @@ class _MatmulPass(spore.GraphPass):
         graph = gm.graph
         count = 0
         for node in list(graph.nodes):
-            if not node._erased and node.op == "call_function" and self.rewrite(graph, node):
+            if node.op == "call_function" and self.rewrite(graph, node):
                 count += 1
         return count
 
@@ -201,10 +202,9 @@ class MmReshapeBias(_MatmulPass):
 
 
 def _materialised_transpose(node: Any, user: Node, dims: list[int]) -> Node | None:
-    """The ``permute`` under ``clone(permute(x, dims))`` when ``user`` is the clone's only user."""
+    """The ``permute`` under ``clone(permute(x, dims))`` when ``user`` is the clone's only user
+    (any memory format: the copy holds the same values)."""
     if not (_is_call(node, aten.clone.default) and _only_user(node, user)):
-        return None
-    if node.kwargs.get("memory_format", torch.contiguous_format) != torch.contiguous_format:
         return None
     permute = node.args[0]
     if not _is_call(permute, aten.permute.default) or list(permute.args[1]) != dims:
@@ -221,7 +221,7 @@ class MmTranspose(_MatmulPass):
     also ``addmm`` and ``bmm`` with ``[0, 2, 1]``): BLAS reads a transposed operand as it is."""
 
     name = "mm_transpose"
-    version = "1"
+    version = "2"
     priority = 25
     summary = "drop a contiguous copy of a transpose that only feeds mm/addmm/bmm"
 
@@ -308,8 +308,8 @@ class MmK1(_MatmulPass):
     """``mm(a, b)`` with inner dimension 1 → ``a * b`` ([M, 1] · [1, N] broadcast) when every
     user is pointwise: one product per element, so the values are bitwise the same, and Inductor
     fuses the multiply into its users' kernel. A lone ``mm`` stays (BLAS writes the [M, N] outer
-    product faster than Inductor's loop), as does Inductor's own rule, which turns
-    it into a multiply only up to 32 elements."""
+    product faster than Inductor's loop); Inductor's own rule makes a multiply of it only up to
+    32 elements."""
 
     name = "mm_k1"
     version = "1"

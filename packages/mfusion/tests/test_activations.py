@@ -171,6 +171,23 @@ def _traced_with_passes(fn: Callable[..., Any], *args: torch.Tensor) -> torch.fx
     return gm
 
 
+@pytest.mark.parametrize(
+    ("fn", "nargs", "op"),
+    [
+        pytest.param(F.gelu, 1, GELU, id="gelu"),
+        pytest.param(lambda a, b: F.silu(a) * b, 2, SILU_MUL, id="silu_mul"),
+    ],
+)
+def test_bf16_upcast_and_downcast_are_absorbed(fn, nargs, op) -> None:
+    """F.gelu/F.silu on bf16 decompose between casts to fp32 and back; the op takes bf16 as
+    it is (it computes in fp32 and rounds once: the same result)."""
+    args = [_inputs(torch.bfloat16, 4, FFN) for _ in range(nargs)]
+    gm = _traced_with_passes(fn, *args)
+    targets = [str(n.target) for n in gm.graph.nodes if n.op == "call_function"]
+    assert targets == [op]
+    _close(gm(*args), fn(*args), "output")
+
+
 def _gelu_tanh_other_constant(x: torch.Tensor) -> torch.Tensor:
     return 0.5 * x * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (x + 0.0447 * x.pow(3.0))))
 

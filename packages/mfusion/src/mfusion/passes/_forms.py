@@ -45,6 +45,8 @@ class FormsPass(spore.GraphPass):
         if matcher is None:
             from torch._inductor.pattern_matcher import PatternMatcherPass, register_replacement
 
+            import spore_kernels  # noqa: F401  (defines torch.ops.spore.*, which replacements call)
+
             matcher = PatternMatcherPass(pass_name=self.name)
             for form in self.forms():
                 register_replacement(

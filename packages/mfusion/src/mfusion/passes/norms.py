@@ -186,14 +186,18 @@ def _follow_convert(node: Node, dtype: torch.dtype) -> Node | None:
 # Graph writing ---------------------------------------------------------------------------
 
 
-def _emit(graph: Graph, target: Callable[..., Any], *args: Any, **kwargs: Any) -> Node:
-    """A new call node with its fake value computed from its inputs' fake values."""
+def _emit(
+    graph: Graph, target: Callable[..., Any], *args: Any, like: Node | None = None, **kwargs: Any
+) -> Node:
+    """A new call node with its fake value computed from its inputs' fake values (in the fake
+    mode of ``like``'s value for a node without inputs)."""
     from torch._guards import detect_fake_mode
 
     node = graph.call_function(target, args, kwargs)
-    values = [v for v in (_val(a) for a in node.all_input_nodes) if v is not None]
+    inputs = node.all_input_nodes or ([like] if like is not None else [])
+    values = [v for v in (_val(a) for a in inputs) if v is not None]
     fake_mode = detect_fake_mode(values)
-    if fake_mode is not None and len(values) == len(node.all_input_nodes):
+    if fake_mode is not None and len(values) == len(inputs):
         with fake_mode:
             node.meta["val"] = target(*map_arg(args, _val), **map_arg(kwargs, _val))
     return node
@@ -218,6 +222,7 @@ def _ones(graph: Graph, like: Node) -> Node:
         layout=torch.strided,
         device=value.device,
         pin_memory=False,
+        like=like,
     )
 
 

@@ -141,11 +141,6 @@ def _rank(node: Any) -> int:
     return -1 if shape is None else len(shape)
 
 
-def _is_row_vector(node: Any, width: int, dtype: torch.dtype) -> bool:
-    """A tensor of shape ``(width,)`` and ``dtype``."""
-    return _shape(node) == (width,) and _dtype(node) == dtype
-
-
 def _follow_mul(node: Node, width: int) -> tuple[Node, Node] | None:
     """``(product, other)`` when ``node``'s only user is ``node * other`` with ``other`` of
     shape ``(width,)`` and the product shaped like ``node``."""

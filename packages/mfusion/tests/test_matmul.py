@@ -136,14 +136,19 @@ def test_mm_result_used_elsewhere_is_left_alone() -> None:
 # --- transpose absorption ----------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
-def test_materialised_transposes_feeding_mm_are_dropped(dtype: torch.dtype) -> None:
-    a, w = _randn(dtype, 16, 6), _randn(dtype, 8, 16, seed=1)
+def test_materialised_transposes_feeding_mm_are_dropped() -> None:
+    a, w = _randn(torch.float32, 16, 6), _randn(torch.float32, 8, 16, seed=1)
     count, before, after = rewrite(
         matmul.MmTranspose(), lambda a, w: a.t().contiguous() @ w.t().contiguous(), a, w
     )
     assert count == 1
     assert (before[CLONE], after[CLONE], after[MM], after["aten.permute.default"]) == (2, 0, 1, 2)
+
+
+def test_transposes_in_bf16_are_left_alone() -> None:
+    """Without native bf16 GEMM the CPU's speed depends on the operands' layout (up to 8x)."""
+    a, w = _randn(torch.bfloat16, 16, 6), _randn(torch.bfloat16, 8, 16, seed=1)
+    _unchanged(matmul.MmTranspose(), lambda a, w: a.t().contiguous() @ w.t().contiguous(), a, w)
 
 
 def test_transpose_feeding_addmm_and_bmm_is_dropped() -> None:
@@ -189,11 +194,11 @@ def test_copy_of_another_permutation_is_left_alone() -> None:
 # --- 2-D BMM → MM ------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
-def test_bmm_of_batch_one_becomes_mm(dtype: torch.dtype) -> None:
+@pytest.mark.parametrize(("dtype", "rewrites"), [(torch.float32, 1), (torch.bfloat16, 0)])
+def test_bmm_of_batch_one_becomes_mm_in_fp32(dtype: torch.dtype, rewrites: int) -> None:
     a, b = _randn(dtype, 1, 6, 16), _randn(dtype, 1, 16, 8, seed=1)
     count, _, after = rewrite(matmul.BmmToMm(), torch.bmm, a, b)
-    assert (count, after[BMM], after[MM]) == (1, 0, 1)
+    assert (count, after[BMM], after[MM]) == (rewrites, 1 - rewrites, rewrites)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -396,10 +401,12 @@ def test_compiled_matmuls_are_rewritten(mfusion_compile, dtype: torch.dtype) -> 
         compiled = mfusion_compile(model, *args)
         for got, want in zip(compiled.outputs, model(*args), strict=True):
             _close(got, want)
+    # bf16 keeps the transpose copy and the batch-1 bmm (layout-sensitive GEMM speed)
+    wide = int(dtype == torch.float32)
     assert len(compiled.graphs) == 1
-    assert compiled.count(CLONE) == 0
-    assert compiled.count(BMM) == 0
-    assert compiled.count(MM) == 3
+    assert compiled.count(CLONE) == 1 - wide
+    assert compiled.count(BMM) == 1 - wide
+    assert compiled.count(MM) == 2 + wide
     assert compiled.count(MUL) == 1
 
 

@@ -8,21 +8,25 @@ the GEMM's summation order, and ``mm_reshape_bias`` adds the bias inside the GEM
 in bf16/fp16 instead of two, as Inductor's own 2-D ``mm + bias → addmm`` and eager ``F.linear``
 do). Running a pass twice changes nothing more.
 
-Which are registered (``PASSES``) follows a side-by-side measurement against plain Inductor on
-the 2-core AVX2 CPU, [2048, 1024] x [1024, 1024] fp32 ([512, 1024] x [1024, 1024] bf16: bf16
-GEMMs take 0.5-40 s at M = 2048 there), median speed-up over 15 (fp32) / 9 (bf16) interleaved
-rounds, under load (an unchanged graph timed against itself spans 0.87-1.48):
+Which are registered (``PASSES``), and where, follows a side-by-side measurement against plain
+Inductor on the 2-core AVX2 CPU under load: [2048, 1024] x [1024, 1024] fp32 and [512, 1024] x
+[1024, 1024] bf16 (bf16 GEMMs take up to 40 s at M = 2048 there), median speed-up of 15 (fp32)
+or 9 (bf16) interleaved rounds, two runs each; a graph timed against itself spans 0.80-2.1:
 
-- ``mm_reshape_bias``: fp32 1.01, bf16 0.99 (same GEMM; the bias pass over the output goes);
-- ``mm_transpose``: fp32 1.05 / 1.07 (right / left operand), bf16 1.00 (one copy less);
-- ``bmm_to_mm``: fp32 1.08 (batch 1) / 1.05 (broadcast), bf16 0.96 / 1.03 (same GEMM);
-- ``mm_k1``: with a pointwise user fp32 1.30, bf16 5.0; a lone K = 1 ``mm`` is faster in BLAS
-  (the multiply measured 0.33), so the pass rewrites only an ``mm`` whose users are pointwise;
-- ``mm_cast``: 0.45 fp32→bf16 (no native bf16 GEMM on AVX2): not registered.
+- ``mm_reshape_bias``: fp32 1.01 / 1.12, bf16 0.99 / 1.01 (same GEMM, the bias pass goes);
+- ``mm_transpose``: fp32 1.05 / 1.06 (right operand), 1.07 / 1.04 (left); bf16 1.00 / 1.00
+  and 1.00 / 0.95: fp32/fp64 only;
+- ``bmm_to_mm``: batch 1 fp32 1.08 / 1.04 / 0.995, bf16 0.96 / 0.98 (fp32/fp64 only);
+  broadcast fp32 1.05 / 0.93 / 1.00 (the 0.93 run beside a compile), bf16 1.03 / 1.12: the
+  same GEMM, kept as a step that lets ``mm_reshape_bias`` and Inductor's mm rules see it;
+- ``mm_k1`` with a pointwise user: fp32 1.30 / 1.09, bf16 5.0 / 1.30; a lone K = 1 ``mm`` is
+  faster in BLAS (the multiply measured 0.33), so only an ``mm`` whose users are pointwise;
+- ``mm_cast``: 0.45 / 0.45 (bf16 GEMM vs fp32 GEMM on AVX2): not registered.
 
 A plain ``mm + 1-D bias`` needs no pass: Inductor's post-grad ``addmm`` pattern already makes it
 one ``addmm`` on CPU (any dtype, when bias and operands share it), and turning an ``addmm`` with
-a pointwise user back into ``mm + add`` for fusion measured 0.94 fp32, 1.09 bf16: not built.
+a pointwise user back into ``mm + add`` for fusion measured fp32 0.94 / 1.01, bf16 1.09 / 1.06
+(noise-level): not built.
 """
 
 from __future__ import annotations
@@ -39,6 +43,11 @@ aten = torch.ops.aten
 prims = torch.ops.prims
 
 NARROW_FLOATS = (torch.bfloat16, torch.float16)
+#: dtypes whose CPU GEMM speed does not hinge on the operands' layout. Without native bf16/fp16
+#: GEMM, [512, 1024] x [1024, 1024] bf16 takes 0.1 s to 2.3 s by layout alone, so passes that
+#: change an operand's layout or the GEMM entry point (mm_transpose, batch-1 bmm_to_mm) keep to
+#: these, where they measured at least as fast.
+LAYOUT_SAFE = (torch.float32, torch.float64)
 #: ops that reshape an ``mm`` result without moving its elements (what ``matmul`` leaves around it)
 RESHAPES = (aten.view.default, aten.reshape.default, aten.unsqueeze.default)
 
@@ -218,10 +227,11 @@ def _materialised_transpose(node: Any, user: Node, dims: list[int]) -> Node | No
 
 class MmTranspose(_MatmulPass):
     """``mm(clone(permute(x, [1, 0])), ...)`` → ``mm(permute(x, [1, 0]), ...)`` (either operand;
-    also ``addmm`` and ``bmm`` with ``[0, 2, 1]``): BLAS reads a transposed operand as it is."""
+    also ``addmm`` and ``bmm`` with ``[0, 2, 1]``): BLAS reads a transposed operand as it is.
+    fp32/fp64 only (see ``LAYOUT_SAFE``)."""
 
     name = "mm_transpose"
-    version = "2"
+    version = "3"
     priority = 25
     summary = "drop a contiguous copy of a transpose that only feeds mm/addmm/bmm"
 
@@ -232,7 +242,8 @@ class MmTranspose(_MatmulPass):
     }
 
     def rewrite(self, graph: Graph, node: Node) -> bool:
-        if node.target not in self.OPERANDS:
+        out = _val(node)
+        if node.target not in self.OPERANDS or out is None or out.dtype not in LAYOUT_SAFE:
             return False
         positions, dims = self.OPERANDS[node.target]
         args = list(node.args)
@@ -255,12 +266,14 @@ def _static(*sizes: Any) -> bool:
 
 class BmmToMm(_MatmulPass):
     """``bmm(a, b)`` where ``b`` is one matrix for every batch → one ``mm``: batch 1 becomes
-    ``unsqueeze(mm(squeeze(a), squeeze(b)))``; a right operand expanded over the batch (stride
-    0) becomes ``view(mm(view(a, [B * M, K]), b[0]), [B, M, N])`` when ``a`` folds by a view
-    (static shapes only: the views need fixed sizes)."""
+    ``unsqueeze(mm(squeeze(a), squeeze(b)))`` (fp32/fp64 only, see ``LAYOUT_SAFE``: the same
+    GEMM through another entry point); a right operand expanded over the batch (stride 0)
+    becomes ``view(mm(view(a, [B * M, K]), b[0]), [B, M, N])`` in any float dtype when ``a``
+    folds by a view (static shapes only: the views need fixed sizes): B small GEMMs become one
+    tall one."""
 
     name = "bmm_to_mm"
-    version = "1"
+    version = "2"
     priority = 40
     summary = "bmm of batch 1 or with a batch-broadcast right operand → one mm with views"
 
@@ -271,7 +284,7 @@ class BmmToMm(_MatmulPass):
         a, b, out = _val(left), _val(right), _val(node)
         if a is None or b is None or out is None:
             return False
-        if _same(a.shape[0], 1):
+        if _same(a.shape[0], 1) and out.dtype in LAYOUT_SAFE:
             with graph.inserting_before(node):
                 squeezed = [_new_node(graph, aten.squeeze.dim, (x, 0)) for x in (left, right)]
                 mm = _new_node(graph, aten.mm.default, tuple(squeezed))

@@ -23,17 +23,22 @@ from mfusion.benchmarks import DTYPES, MODELS, ModelSpec, Size
 SIZE = Size(batch=2, seq=16, vocab=128, hidden=64, heads=4, ffn=128, layers=2, image=32, patch=8)
 
 # Compiled against eager: the largest absolute difference allowed, as a fraction of the largest
-# absolute value of the eager tensor. fp32: Inductor reorders sums (and the spore kernels
-# vectorise theirs). bf16: Inductor keeps fused intermediates in fp32 where eager rounds each
-# op to bf16 (2**-8 relative each), and the spore ops round once.
+# absolute value of the eager tensor (for gradients: of the model's largest gradient). fp32:
+# Inductor reorders sums (and the spore kernels vectorise theirs). bf16: Inductor keeps fused
+# intermediates in fp32 where eager rounds each op to bf16 (2**-8 relative each), and the spore
+# ops round once; measured: outputs within 1e-2, and T5's gradients 5.8e-2 from eager with
+# plain Inductor and with mfusion alike (mfusion rewrites nothing there).
 TOLERANCE = {torch.float32: 1e-4, torch.bfloat16: 5e-2}
+GRAD_TOLERANCE = {torch.float32: 1e-4, torch.bfloat16: 1e-1}
 
 TRAINING_NOTE = (
-    "In a forward+backward compile the forward graph also returns what the backward needs. "
-    "A pattern with an intermediate among those saved values cannot be replaced (the "
-    "matcher refuses a match whose inner node has users outside it): RMSNorm and LayerNorm "
-    "save their rsqrt/variance, GELU its input only (so it matches). The backward graph holds "
-    "the decomposed backward formulas, which no pass rewrites."
+    "In a forward+backward compile the forward graph also returns what the backward needs, "
+    "and a pattern whose intermediate is among those saved values is not rewritten (the "
+    "matcher refuses a match with an inner node used outside it): RMSNorm saves its rsqrt, "
+    "LayerNorm its mean and rstd, so neither is fused in training. RoPE, SiLU·mul and GELU "
+    "save only their inputs or output and are fused. The backward graph holds the decomposed "
+    "backward formulas; the one fused there is fp32 silu(gate) * grad (the up projection's "
+    "gradient), a SiLU·mul."
 )
 
 
@@ -41,9 +46,8 @@ Graphs = list[dict[str, int]]
 
 
 def _counts(**per_op: int) -> dict[str, int]:
-    """``spore.<op>.default`` → count, for the ops whose pass (of the same name) exists."""
-    landed = mfusion.pass_names()
-    return {f"spore.{op}.default": n for op, n in per_op.items() if n and op in landed}
+    """``spore.<op>.default`` → count (ops that occur)."""
+    return {f"spore.{op}.default": n for op, n in per_op.items() if n}
 
 
 def _decoder(train: bool, dtype: torch.dtype, act: str) -> Graphs:
@@ -55,12 +59,14 @@ def _decoder(train: bool, dtype: torch.dtype, act: str) -> Graphs:
     ``(1 + w)`` norm: in fp32 each is an RMSNorm (the add_rms_norm pass does not take that
     form), in bf16 none is rewritten (see mfusion.passes.norms).
     Training: the forward keeps RoPE and the activation (they save only their inputs or
-    output), not the norms (their rsqrt is saved); the backward graph recomputes
-    ``silu(gate) * grad`` for the up projection's gradient, a SiLU·mul of its own.
+    output), not the norms (their rsqrt is saved); in fp32 the backward graph recomputes
+    ``silu(gate) * grad`` for the up projection's gradient, a SiLU·mul of its own (in bf16
+    that recomputation is written with casts no silu_mul form covers).
     """
     layers = SIZE.layers
     if train:
-        backward = _counts(silu_mul=layers) if act == "silu_mul" else {}
+        fused = act == "silu_mul" and dtype == torch.float32
+        backward = _counts(silu_mul=layers) if fused else {}
         return [_counts(rope=2 * layers, **{act: layers}), backward]
     if act == "gelu":  # Gemma
         norms = 2 * layers + 1 if dtype == torch.float32 else 0
@@ -105,15 +111,19 @@ def _largest(tensors: Any) -> float:
 
 
 def assert_close(
-    actual: torch.Tensor, expected: torch.Tensor, what: str, scale: float | None = None
+    actual: torch.Tensor,
+    expected: torch.Tensor,
+    what: str,
+    scale: float | None = None,
+    tolerance: dict[torch.dtype, float] = TOLERANCE,
 ) -> None:
-    """``actual`` within :data:`TOLERANCE` of ``expected``, relative to ``scale`` (default:
+    """``actual`` within ``tolerance`` of ``expected``, relative to ``scale`` (default:
     ``expected``'s largest absolute value)."""
     assert actual.dtype == expected.dtype, what
     assert actual.shape == expected.shape, what
     scale = _largest([expected]) if scale is None else scale
     error = (actual.detach().float() - expected.detach().float()).abs().max()
-    limit = TOLERANCE[expected.dtype] * scale
+    limit = tolerance[expected.dtype] * scale
     assert error <= limit, f"{what}: max |compiled - eager| = {error:.3g} > {limit:.3g}"
 
 
@@ -146,7 +156,7 @@ def check(model: ModelSpec, dtype: torch.dtype, train: bool, mfusion_compile: An
                 f"{model.name}: {name} has a gradient on one side"
             )
             if want is not None:
-                assert_close(got, want, f"{model.name} grad of {name}", scale)
+                assert_close(got, want, f"{model.name} grad of {name}", scale, GRAD_TOLERANCE)
     found = [compiled.spore_ops(i) for i in range(len(compiled.graphs))]
     assert found == EXPECTED[model.name](train, dtype), TRAINING_NOTE if train else ""
 

@@ -271,6 +271,28 @@ def test_uuid_follows_the_registered_set_and_versions(spore_manager, inductor_sl
     assert multiplexer.uuid() not in (before, bumped)
 
 
+def test_a_chained_pass_without_uuid_turns_the_fx_graph_cache_off(
+    spore_manager, inductor_slots
+) -> None:
+    from torch._inductor.custom_graph_pass import CustomGraphPass
+
+    class Keyed(CustomGraphPass):
+        def __call__(self, graph) -> None:
+            pass
+
+        def uuid(self) -> str:
+            return "keyed-1"
+
+    spore_manager()
+    inductor_slots.post_grad_custom_post_pass = Keyed()
+    passes.enable()
+    keyed = inductor_slots.post_grad_custom_post_pass.uuid()
+    assert isinstance(keyed, str)
+    inductor_slots.post_grad_custom_post_pass = lambda graph: None  # a plain function: no uuid
+    passes.enable()
+    assert inductor_slots.post_grad_custom_post_pass.uuid() is None  # Inductor then bypasses
+
+
 COUNTING_SCRIPT = """
 import sys, torch, spore
 class Muls(spore.GraphPass):

@@ -8,7 +8,9 @@ user's pass is chained, never overwritten), then the registry's passes for its s
 priority order (highest first), skipping those whose ``device`` filter does not match the
 graph. Its ``uuid()`` combines the stage, every pass's name, version, priority, device, owner
 and owner version, and the chained pass's uuid, so Inductor's FX graph cache is neither
-bypassed nor stale. Passes must be idempotent (joint passes can run twice).
+bypassed nor stale; a chained pass without a uuid (a plain function) makes it ``None``, so
+Inductor bypasses the cache as it would without Spore. Passes must be idempotent (joint
+passes can run twice).
 
 A multiplexer goes into Inductor's config in one of two ways: for one compile, as config
 patches given to ``compile_fx`` (:func:`compile_fx`, behind ``backend="spore"``), or for every
@@ -179,6 +181,14 @@ def _multiplexer_class() -> type:
             run_passes(graph.owning_module, self.registry.for_stage(self.stage))
 
         def uuid(self) -> Any:
+            """The cache key; ``None`` (Inductor bypasses its FX graph cache) when a chained pass
+            has no uuid, since a cache hit would silently skip that pass."""
+            chained = [
+                earlier.uuid() if isinstance(earlier, CustomGraphPass) else None
+                for earlier in get_custom_graph_passes(self.previous)
+            ]
+            if None in chained:
+                return None
             parts = [f"stage={self.stage}"]
             for e in self.registry.entries():
                 p = e.value
@@ -186,9 +196,7 @@ def _multiplexer_class() -> type:
                     parts.append(
                         f"{p.name}:{p.version}:{p.priority}:{p.device}:{e.owner}:{e.owner_version}"
                     )
-            for earlier in get_custom_graph_passes(self.previous):
-                chained = earlier.uuid() if isinstance(earlier, CustomGraphPass) else None
-                parts.append(f"chained={chained!r}")
+            parts += [f"chained={c!r}" for c in chained]
             return hashlib.sha256("\n".join(parts).encode()).hexdigest()
 
     return SporePassMultiplexer

@@ -23,13 +23,14 @@ from typing import Any
 import pytest
 import torch
 import torch.nn.functional as F
-from mfusion.passes.activations import PASSES
 from transformers import BertConfig, GPT2Config, LlamaConfig, Phi3Config
 from transformers.activations import FastGELUActivation, NewGELUActivation
 from transformers.models.bert.modeling_bert import BertIntermediate
 from transformers.models.gpt2.modeling_gpt2 import GPT2MLP
 from transformers.models.llama.modeling_llama import LlamaMLP
 from transformers.models.phi3.modeling_phi3 import Phi3MLP
+
+from mfusion.passes.activations import PASSES
 
 HIDDEN, FFN = 32, 64
 TOLERANCE = {torch.float32: 1e-5, torch.bfloat16: 2e-2}

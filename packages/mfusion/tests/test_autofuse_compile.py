@@ -13,13 +13,13 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-import mfusion
 import pytest
 import torch
+
+import mfusion
 from mfusion.autofuse import region_compilers, register_region_compiler
 from mfusion.autofuse.eager import EagerRegionCompiler
 from mfusion.selection import reset
-
 from spore.plugins import ENTRY_POINT_GROUP, PluginError
 
 REGION = "mfusion_regions."

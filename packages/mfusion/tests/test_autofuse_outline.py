@@ -11,11 +11,11 @@ from typing import Any
 
 import pytest
 import torch
+from torch.fx.experimental.proxy_tensor import make_fx
+
 from mfusion.autofuse import fuse, region_compilers, register_region_compiler
 from mfusion.autofuse.eager import EagerRegionCompiler
 from mfusion.passes.autofuse import AutoFuse
-from torch.fx.experimental.proxy_tensor import make_fx
-
 from spore import childproc
 from spore.testing import clean_environ
 

@@ -7,12 +7,13 @@ import itertools
 from collections.abc import Callable
 
 import torch
+from torch.fx.experimental.proxy_tensor import make_fx
+
 from mfusion.autofuse import fuse
 from mfusion.autofuse.candidates import candidate_nodes
 from mfusion.autofuse.clustering import Clusters, cluster
 from mfusion.autofuse.eager import EagerRegionCompiler
 from mfusion.autofuse.placement import has_insertion_point, positions, split
-from torch.fx.experimental.proxy_tensor import make_fx
 
 aten = torch.ops.aten
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+
 from mfusion import benchmarks
 from mfusion.benchmarks import BASELINES, BENCH_MODELS, DTYPES, PHASES, Size
-
 from spore import bench
 
 SMALL = Size(batch=2, seq=16, vocab=128, hidden=64, heads=4, ffn=128, layers=2, image=32, patch=8)

@@ -12,15 +12,15 @@ import textwrap
 from collections.abc import Iterator
 from typing import Any
 
-import mfusion
 import pytest
 import torch
 import torch.nn.functional as F
-from mfusion import selection
 from torch._dynamo.utils import counters
 from torch._inductor.custom_graph_pass import CustomGraphPass
 
+import mfusion
 import spore
+from mfusion import selection
 from spore import childproc, passes
 from spore.testing import clean_environ
 

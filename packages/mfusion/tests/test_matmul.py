@@ -17,9 +17,10 @@ from typing import Any
 
 import pytest
 import torch
-from mfusion.passes import all_passes, matmul
 from torch._inductor.decomposition import select_decomp_table
 from torch.fx.experimental.proxy_tensor import make_fx
+
+from mfusion.passes import all_passes, matmul
 
 TOLERANCE = {torch.float32: 1e-5, torch.bfloat16: 2e-2, torch.float16: 2e-3}
 DTYPES = [pytest.param(torch.float32, id="fp32"), pytest.param(torch.bfloat16, id="bf16")]

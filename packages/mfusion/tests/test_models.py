@@ -15,9 +15,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-import mfusion
 import pytest
 import torch
+
+import mfusion
 from mfusion.benchmarks import DTYPES, MODELS, ModelSpec, Size
 
 SIZE = Size(batch=2, seq=16, vocab=128, hidden=64, heads=4, ffn=128, layers=2, image=32, patch=8)

@@ -16,12 +16,13 @@ from typing import Any
 import pytest
 import torch
 import torch.nn as nn
-from mfusion.passes.norms import AddRMSNormPass, LayerNormPass, MeanVarPass, RMSNormPass
 from torch.fx.experimental.proxy_tensor import make_fx
 from transformers.models.gemma.modeling_gemma import GemmaRMSNorm
 from transformers.models.llama.modeling_llama import LlamaRMSNorm
 from transformers.models.qwen2.modeling_qwen2 import Qwen2RMSNorm
 from transformers.models.t5.modeling_t5 import T5LayerNorm
+
+from mfusion.passes.norms import AddRMSNormPass, LayerNormPass, MeanVarPass, RMSNormPass
 
 H = 32
 BF16 = torch.bfloat16

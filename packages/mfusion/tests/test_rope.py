@@ -20,7 +20,6 @@ import copy
 
 import pytest
 import torch
-from mfusion.passes.rope import PASSES
 from transformers import GPTJConfig, LlamaConfig
 from transformers.models.gptj.modeling_gptj import GPTJAttention, GPTJRotaryEmbedding
 from transformers.models.gptj.modeling_gptj import apply_rotary_pos_emb as gptj_rope
@@ -30,6 +29,8 @@ from transformers.models.llama.modeling_llama import (
     rotate_half,
 )
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb as llama_rope
+
+from mfusion.passes.rope import PASSES
 
 BATCH, SEQ, HIDDEN, HEADS = 2, 6, 32, 4
 TOLERANCE = {torch.float32: 1e-5, torch.bfloat16: 2e-2}

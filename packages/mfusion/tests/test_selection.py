@@ -5,8 +5,9 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterator
 
-import mfusion
 import pytest
+
+import mfusion
 from mfusion import selection
 from mfusion.passes import all_passes
 

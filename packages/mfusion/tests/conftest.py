@@ -90,3 +90,14 @@ def mfusion_compile(spore_manager: Any) -> Callable[..., Compiled]:
         return result
 
     return run
+
+
+@pytest.fixture
+def only_autofuse() -> Iterator[None]:
+    """mfusion's hand-written passes off, so the graphs show automatic fusion alone."""
+    import mfusion
+    from mfusion.selection import reset
+
+    mfusion.disable_passes(*(n for n in mfusion.pass_names() if n != "autofuse"))
+    yield
+    reset()

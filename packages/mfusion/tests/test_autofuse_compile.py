@@ -16,13 +16,12 @@ from typing import Any
 import pytest
 import torch
 
-import mfusion
 from mfusion.autofuse import region_compilers, register_region_compiler
 from mfusion.autofuse.eager import EagerRegionCompiler
-from mfusion.selection import reset
 from spore.plugins import ENTRY_POINT_GROUP, PluginError
 
-REGION = "mfusion_regions."
+REGION = "mfusion_regions."  # the namespace of outlined region ops
+
 MODULE = "spore_autofuse_fixture"
 
 PLUGIN_SOURCE = textwrap.dedent(
@@ -91,14 +90,6 @@ def region_plugins(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[
     _forget_modules()
     yield
     _forget_modules()
-
-
-@pytest.fixture
-def only_autofuse() -> Iterator[None]:
-    """mfusion's hand-written passes off, so the graphs show automatic fusion alone."""
-    mfusion.disable_passes(*(n for n in mfusion.pass_names() if n != "autofuse"))
-    yield
-    reset()
 
 
 @pytest.fixture

@@ -161,7 +161,7 @@ def test_backend_spore_applies_mode_and_options(spore_manager) -> None:
 
 
 def test_apply_without_compiling_is_idempotent(spore_manager) -> None:
-    spore_manager()
+    spore_manager({"SPORE_NO_PLUGINS": "1"})  # only this test's pass
     spore.register_custom_pass(TimesThree())
     gm = make_fx(_f)(torch.randn(8))
     assert passes.apply(gm) == {"times-three": 1}
@@ -171,7 +171,7 @@ def test_apply_without_compiling_is_idempotent(spore_manager) -> None:
 
 
 def test_device_filter_skips_other_devices(spore_manager) -> None:
-    spore_manager()
+    spore_manager({"SPORE_NO_PLUGINS": "1"})  # only this test's pass
     spore.register_custom_pass(TimesThree(), device="cuda")
     gm = make_fx(_f)(torch.randn(8))
     assert passes.apply(gm) == {}
@@ -310,7 +310,8 @@ if sys.argv[1:] == ["fail"]:
 def test_spore_passes_run_lists_the_rewrites_a_script_caused(run_spore, tmp_path) -> None:
     script = tmp_path / "model.py"
     script.write_text(COUNTING_SCRIPT)
-    out = run_spore("passes", "--json", "--run", str(script), "--flag")
+    only_user = {"SPORE_NO_PLUGINS": "1"}  # installed plugins' passes stay out of the listing
+    out = run_spore("passes", "--json", "--run", str(script), "--flag", env=only_user)
     assert out.returncode == 0, out.stderr
     assert "ran with ['--flag']" in out.stderr  # the script's stdout keeps --json clean
     (row,) = json.loads(out.stdout)

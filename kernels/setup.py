@@ -13,7 +13,16 @@ from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
 
 SOURCES = sorted(glob("csrc/*.cpp"))
-FLAGS = ["-O3", "-std=c++17", "-fopenmp", "-fno-math-errno", "-fvisibility=hidden"]
+# -fno-trapping-math: without it GCC will not if-convert a select whose arms can raise a
+# floating-point exception (``v >= 0 ? a : a * z``), and the elementwise loops stay scalar.
+FLAGS = [
+    "-O3",
+    "-std=c++17",
+    "-fopenmp",
+    "-fno-math-errno",
+    "-fno-trapping-math",
+    "-fvisibility=hidden",
+]
 X86 = platform.machine().lower() in {"x86_64", "amd64"}
 ISAS = {"v4": ["-march=x86-64-v4", "-mprefer-vector-width=512"], "v3": ["-march=x86-64-v3"]}
 
@@ -30,7 +39,15 @@ def extension(isa: str, arch: list[str]) -> Extension:
 
 
 class PerExtensionTemp(build_ext):
-    """Each ISA compiles the same sources: give each its own object directory."""
+    """Each ISA compiles the same sources: give each its own object directory.
+
+    Extensions build one after another even under ``-j``: the per-extension directory is set on
+    the shared command object, so parallel builds would mix one ISA's objects into another's.
+    """
+
+    def build_extensions(self) -> None:
+        self.parallel = None
+        super().build_extensions()
 
     def build_extension(self, ext: Extension) -> None:
         base = self.build_temp

@@ -1,0 +1,1 @@
+"""dvm's Spore hooks."""

@@ -141,7 +141,8 @@ class Program:
             else:
                 written.add(ins.dst)
         if sorted(stored) != list(range(self.n_outputs)):
-            problems.append(f"outputs stored {sorted(stored)}, need each of 0..{self.n_outputs - 1} once")
+            need = f"each of 0..{self.n_outputs - 1} once"
+            problems.append(f"outputs stored {sorted(stored)}, need {need}")
         if problems:
             raise ValueError("invalid dvm program: " + "; ".join(problems))
 

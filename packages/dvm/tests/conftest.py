@@ -1,0 +1,36 @@
+"""Shared test settings: the ``slow`` marker, and a private Inductor cache for every test."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+import torch
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers", "slow: long cases; deselected unless a -m expression is given (-m slow)"
+    )
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Without ``-m``, deselect the ``slow`` tests (``-m slow`` runs them)."""
+    if config.option.markexpr:
+        return
+    slow = [item for item in items if item.get_closest_marker("slow")]
+    if slow:
+        config.hook.pytest_deselected(items=slow)
+        items[:] = [item for item in items if not item.get_closest_marker("slow")]
+
+
+@pytest.fixture(autouse=True)
+def inductor_cache(
+    tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[str]:
+    """Every test compiles into an Inductor cache folder of its own, from a reset dynamo."""
+    folder = str(tmp_path_factory.mktemp("inductor-cache"))
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", folder)
+    torch._dynamo.reset()
+    yield folder
+    torch._dynamo.reset()

@@ -6,6 +6,7 @@ Every install uses `-c constraints.txt`, so torch resolves to the 2.13.0 CPU bui
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -28,6 +29,7 @@ LOCAL = {tomllib.loads((ROOT / CORE / "pyproject.toml").read_text())["project"][
     e.distribution: e.path for e in PACKAGES.values()
 }
 DIST = ROOT / "dist"
+WHEELHOUSE = ROOT / ".nox" / "wheelhouse"
 
 nox.options.error_on_missing_interpreters = True
 
@@ -51,6 +53,43 @@ def _local_closure(path: str) -> list[str]:
 
     visit(path)
     return [f"./{p}" for p in order]
+
+
+def _fingerprint(path: str) -> str:
+    """A digest of the files a build of ``path`` reads: those git tracks or would track."""
+    listed = subprocess.run(
+        ["git", "ls-files", "-z", "-co", "--exclude-standard", "--", path],
+        cwd=ROOT,
+        capture_output=True,
+        check=True,
+    ).stdout
+    digest = hashlib.sha256()
+    for name in sorted(n for n in listed.decode().split("\0") if n):
+        file = ROOT / name
+        if file.is_file():
+            digest.update(name.encode() + b"\0" + file.read_bytes())
+    return digest.hexdigest()[:16]
+
+
+def _wheel(session: nox.Session, path: str) -> str:
+    """``path``'s wheel, built once per content of its files and shared by later sessions
+    (the C++ packages take minutes to build)."""
+    out = WHEELHOUSE / f"{Path(path).name}-{_fingerprint(path)}"
+    if not any(out.glob("*.whl")):
+        partial = out.with_name(out.name + ".partial")
+        shutil.rmtree(partial, ignore_errors=True)
+        wheel = ("python", "-m", "pip", "wheel", "-q", "--no-deps", *CONSTRAINTS)
+        session.run(*wheel, "-w", str(partial), path)
+        partial.rename(out)
+    (wheel,) = out.glob("*.whl")
+    return str(wheel)
+
+
+def _install(session: nox.Session, *paths: str, test: str | None = None) -> None:
+    """Install the local packages ``paths`` from their shared wheels; ``test`` (one of them)
+    with its ``[test]`` extra."""
+    wheels = [_wheel(session, p) + ("[test]" if p == test else "") for p in paths]
+    session.install(*CONSTRAINTS, *wheels)
 
 
 def _all_packages() -> list[str]:
@@ -82,8 +121,7 @@ def core(session: nox.Session) -> None:
 def tests(session: nox.Session, package: str) -> None:
     """One plugin package alone: only spore-core, the package and its declared dependencies."""
     entry = PACKAGES[package]
-    *deps, target = _local_closure(entry.path)
-    session.install(*CONSTRAINTS, *deps, f"{target}[test]")
+    _install(session, *_local_closure(entry.path), test=f"./{entry.path}")
     session.run("pytest", f"{entry.path}/tests", *session.posargs)
 
 
@@ -91,15 +129,14 @@ def tests(session: nox.Session, package: str) -> None:
 def mfusion_full(session: nox.Session) -> None:
     """mfusion's long model matrix (every model x forward/backward x fp32/bf16; not default)."""
     entry = PACKAGES["mfusion"]
-    *deps, target = _local_closure(entry.path)
-    session.install(*CONSTRAINTS, *deps, f"{target}[test]")
+    _install(session, *_local_closure(entry.path), test=f"./{entry.path}")
     session.run("pytest", f"{entry.path}/tests", "-m", "slow", *session.posargs)
 
 
 @nox.session
 def integration(session: nox.Session) -> None:
     """Everything installed together: catalog, docs, README commands and CLI end to end."""
-    session.install(*CONSTRAINTS, "./core[test]", *_all_packages())
+    _install(session, *_all_packages(), test=f"./{CORE}")
     session.run("pytest", "tests", *session.posargs)
 
 
@@ -116,7 +153,7 @@ def mindspore(session: nox.Session) -> None:
 @nox.session(default=False)
 def bench(session: nox.Session) -> None:
     """Every registered benchmark (not run by default): `nox -s bench -- [PLUGIN...] [--json]`."""
-    session.install(*CONSTRAINTS, "./core", *_all_packages())
+    _install(session, *_all_packages())
     session.run("spore", "bench", *session.posargs)
 
 

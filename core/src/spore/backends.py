@@ -73,10 +73,25 @@ def _entry(name: str) -> CompilerFn:
     return compile_graph
 
 
+def _declared_by_entry_point(backend: Backend) -> bool:
+    """Whether dynamo's ``torch_dynamo_backends`` entry point of this name loads
+    ``backend.compiler_fn`` itself (a plugin declaring its backend both ways)."""
+    from importlib.metadata import entry_points
+
+    for ep in entry_points(group="torch_dynamo_backends", name=backend.name):
+        try:
+            if ep.load() is backend.compiler_fn:
+                return True
+        except Exception:
+            continue
+    return False
+
+
 def register_with_dynamo(backend: Backend) -> None:
     """Make ``backend`` what ``torch.compile(..., backend=backend.name)`` calls.
 
-    The same name again replaces Spore's backend; a name dynamo has from elsewhere is refused.
+    The same name again replaces Spore's backend; a name dynamo has from elsewhere is refused,
+    unless it is a ``torch_dynamo_backends`` entry point loading this very compiler function.
     """
     import torch._dynamo
 
@@ -85,6 +100,9 @@ def register_with_dynamo(backend: Backend) -> None:
             _active[backend.name] = backend
             return
         if backend.name in torch._dynamo.list_backends(exclude_tags=()):
+            if _declared_by_entry_point(backend):
+                _active[backend.name] = backend  # dynamo loads the same function itself
+                return
             raise DuplicateRegistrationError(
                 f"torch._dynamo already has a backend named {backend.name!r} that Spore did "
                 f"not register; choose another name"

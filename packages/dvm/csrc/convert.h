@@ -1,0 +1,104 @@
+// Storage dtypes <-> the VM's fp32 registers, a run of n elements at a time. 16-bit stores
+// round to nearest even and keep NaN a NaN; bool loads give 0/1 and bool stores write v != 0
+// (so NaN is true, as torch's .bool()). fp16 uses the F16C instructions where the build has
+// them (x86-64-v3 and up), else exact integer code written with selects.
+#pragma once
+
+#include <cstdint>
+
+#include "vmath.h"
+
+#if defined(__F16C__)
+#include <immintrin.h>
+#endif
+
+namespace dvm {
+
+inline float bf16_to_f32(uint16_t h) { return as_float(static_cast<uint32_t>(h) << 16); }
+
+inline uint16_t f32_to_bf16(float v) {
+    const uint32_t u = as_bits(v);
+    const uint32_t lsb = (u >> 16) & 1u;
+    const uint32_t rounded = (u + 0x7fffu + lsb) >> 16;
+    return static_cast<uint16_t>(v == v ? rounded : (u >> 16) | 0x40u);  // NaN: quiet, sign kept
+}
+
+// binary16 -> binary32: shifting the exponent and mantissa into a float's places and
+// multiplying by 2^112 rebases the exponent (exact, subnormals included); inf/NaN keep their
+// mantissa under an all-ones exponent.
+inline float f16_to_f32(uint16_t h) {
+    const uint32_t body = static_cast<uint32_t>(h & 0x7fffu);
+    const uint32_t scaled = as_bits(as_float(body << 13) * 5.192296858534828e33f);  // 2^112
+    const uint32_t mag = body >= 0x7c00u ? (body << 13) | 0x7f800000u : scaled;
+    return as_float(mag | (static_cast<uint32_t>(h & 0x8000u) << 16));
+}
+
+// binary32 -> binary16, round to nearest even: below 2^-14 the FPU rounds |v| + 0.5 to the
+// subnormal's mantissa; above, the exponent is rebased and bit 13 rounded; >= 65520 is inf.
+inline uint16_t f32_to_f16(float v) {
+    const uint32_t u = as_bits(v);
+    const uint32_t a = u & 0x7fffffffu;
+    const uint32_t sub = as_bits(as_float(a) + 0.5f) - 0x3f000000u;
+    const uint32_t norm = ((a - 0x38000000u) + 0x0fffu + ((a >> 13) & 1u)) >> 13;
+    uint32_t h = a < 0x38800000u ? sub : norm;
+    h = a >= 0x477ff000u ? 0x7c00u : h;
+    h = a > 0x7f800000u ? (0x7e00u | ((a >> 13) & 0x3ffu)) : h;
+    return static_cast<uint16_t>(h | ((u >> 16) & 0x8000u));
+}
+
+inline void widen_f32(const float* s, float* d, int64_t n) {
+    for (int64_t i = 0; i < n; ++i) d[i] = s[i];
+}
+inline void widen_bf16(const uint16_t* s, float* d, int64_t n) {
+    for (int64_t i = 0; i < n; ++i) d[i] = bf16_to_f32(s[i]);
+}
+inline void widen_bool(const uint8_t* s, float* d, int64_t n) {
+    for (int64_t i = 0; i < n; ++i) d[i] = s[i] != 0 ? 1.0f : 0.0f;
+}
+inline void widen_f16(const uint16_t* s, float* d, int64_t n) {
+    int64_t i = 0;
+#if defined(__F16C__)
+    for (; i + 8 <= n; i += 8) {
+        const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i));
+        _mm256_storeu_ps(d + i, _mm256_cvtph_ps(h));
+    }
+#endif
+    for (; i < n; ++i) d[i] = f16_to_f32(s[i]);
+}
+
+inline void narrow_f32(const float* s, float* d, int64_t n) {
+    for (int64_t i = 0; i < n; ++i) d[i] = s[i];
+}
+inline void narrow_bf16(const float* s, uint16_t* d, int64_t n) {
+    for (int64_t i = 0; i < n; ++i) d[i] = f32_to_bf16(s[i]);
+}
+inline void narrow_bool(const float* s, uint8_t* d, int64_t n) {
+    for (int64_t i = 0; i < n; ++i) d[i] = s[i] != 0.0f;
+}
+inline void narrow_f16(const float* s, uint16_t* d, int64_t n) {
+    int64_t i = 0;
+#if defined(__F16C__)
+    for (; i + 8 <= n; i += 8) {
+        const __m128i h = _mm256_cvtps_ph(_mm256_loadu_ps(s + i), _MM_FROUND_TO_NEAREST_INT);
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(d + i), h);
+    }
+#endif
+    for (; i < n; ++i) d[i] = f32_to_f16(s[i]);
+}
+
+// v rounded to bf16 / fp16 precision, staying fp32 (the CAST_* instructions).
+inline void round_bf16(const float* s, float* d, int64_t n) {
+    for (int64_t i = 0; i < n; ++i) d[i] = bf16_to_f32(f32_to_bf16(s[i]));
+}
+inline void round_f16(const float* s, float* d, int64_t n) {
+    int64_t i = 0;
+#if defined(__F16C__)
+    for (; i + 8 <= n; i += 8) {
+        const __m128i h = _mm256_cvtps_ph(_mm256_loadu_ps(s + i), _MM_FROUND_TO_NEAREST_INT);
+        _mm256_storeu_ps(d + i, _mm256_cvtph_ps(h));
+    }
+#endif
+    for (; i < n; ++i) d[i] = f16_to_f32(f32_to_f16(s[i]));
+}
+
+}  // namespace dvm

@@ -1,0 +1,356 @@
+// dvm's VM: validates a program and its operands, coalesces the domain, and runs the program
+// tile by tile (OpenMP over tiles), one pre-compiled loop per instruction and tile.
+//
+// A tile is a run of consecutive domain elements (row-major). Without reductions a tile is up
+// to TILE elements and may span rows; with reductions it holds whole rows (one row, or as many
+// as fit in TILE), so REDUCE_* see complete rows and the results do not depend on threads.
+#include <omp.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <new>
+
+#include "ops.h"
+
+namespace dvm {
+namespace {
+
+constexpr int32_t MAX_OPERANDS = MAX_INPUTS + MAX_OUTPUTS;
+
+int32_t kind(int32_t op) {  // number of register operands read, -1 when unknown
+    if (op == LOAD || op == CONST) return 0;
+    if (op == STORE) return 1;
+    if (op >= NEG && op <= CAST_F16) return 1;
+    if (op >= ADD && op <= OR) return 2;
+    if (op == WHERE) return 3;
+    if (op >= REDUCE_SUM && op <= REDUCE_MEAN) return 1;
+    return -1;
+}
+
+int32_t check_program(const int32_t* code, int32_t n_instr, int32_t n_regs, int32_t n_inputs,
+                      int32_t n_outputs, bool& has_reduce) {
+    if (code == nullptr || n_instr < 1 || n_instr > MAX_INSTRS || n_regs < 1 ||
+        n_regs > MAX_REGS || n_inputs < 0 || n_inputs > MAX_INPUTS || n_outputs < 1 ||
+        n_outputs > MAX_OUTPUTS)
+        return BAD_PROGRAM;
+    uint32_t written = 0, stored = 0;
+    has_reduce = false;
+    for (int32_t k = 0; k < n_instr; ++k) {
+        const int32_t* ins = code + 5 * k;
+        const int32_t op = ins[0], reads = kind(op);
+        if (reads < 0) return BAD_PROGRAM;
+        if (op == STORE) {
+            if (ins[2] < 0 || ins[2] >= n_outputs || (stored >> ins[2]) & 1u) return BAD_PROGRAM;
+            if (ins[3] < 0 || ins[3] >= n_regs || !((written >> ins[3]) & 1u)) return BAD_PROGRAM;
+            stored |= 1u << ins[2];
+            continue;
+        }
+        if (op == LOAD && (ins[2] < 0 || ins[2] >= n_inputs)) return BAD_PROGRAM;
+        for (int32_t j = 0; j < reads; ++j) {
+            const int32_t r = ins[2 + j];
+            if (r < 0 || r >= n_regs || !((written >> r) & 1u)) return BAD_PROGRAM;
+        }
+        if (ins[1] < 0 || ins[1] >= n_regs) return BAD_PROGRAM;
+        written |= 1u << ins[1];
+        has_reduce = has_reduce || op >= REDUCE_SUM;
+    }
+    return stored == (1u << n_outputs) - 1 ? OK : BAD_PROGRAM;
+}
+
+struct Operand {
+    const char* base;
+    int32_t dtype;
+    int64_t stride[MAX_DIMS];
+};
+
+// The domain after dropping size-1 dimensions and merging dimensions that every operand walks
+// as one (with reductions the row, the last dimension, is kept as it is).
+struct Plan {
+    int32_t ndim = 0;
+    int64_t size[MAX_DIMS];
+    int32_t n_ops = 0;
+    Operand ops[MAX_OPERANDS];
+    int64_t inner = 1, total = 1;
+};
+
+void coalesce(Plan& p, const int64_t* domain, int32_t ndim, bool keep_last) {
+    const int32_t last = ndim - 1;
+    p.ndim = 0;
+    for (int32_t d = 0; d < ndim; ++d) {
+        const bool is_row = keep_last && d == last;
+        if (domain[d] == 1 && !is_row) continue;
+        const int32_t prev = p.ndim - 1;
+        bool merge = prev >= 0 && !is_row;
+        for (int32_t o = 0; merge && o < p.n_ops; ++o)
+            merge = p.ops[o].stride[prev] == p.ops[o].stride[d] * domain[d];
+        if (merge) {
+            p.size[prev] *= domain[d];
+            for (int32_t o = 0; o < p.n_ops; ++o) p.ops[o].stride[prev] = p.ops[o].stride[d];
+            continue;
+        }
+        p.size[p.ndim] = domain[d];
+        for (int32_t o = 0; o < p.n_ops; ++o) p.ops[o].stride[p.ndim] = p.ops[o].stride[d];
+        ++p.ndim;
+    }
+    if (p.ndim == 0) {  // a single element
+        p.size[0] = 1;
+        for (int32_t o = 0; o < p.n_ops; ++o) p.ops[o].stride[0] = 0;
+        p.ndim = 1;
+    }
+    p.inner = p.size[p.ndim - 1];
+}
+
+int32_t elem_size(int32_t dtype) { return dtype == F32 ? 4 : dtype == BOOL ? 1 : 2; }
+
+// Calls fn(offset, column, length, position) for each row piece of the tile [start, start+n):
+// offset in elements of the operand with `stride`, column within the row, position in the tile.
+template <typename Fn>
+void for_pieces(const Plan& p, const int64_t* stride, int64_t start, int64_t n, Fn&& fn) {
+    const int32_t outer = p.ndim - 1;
+    int64_t idx[MAX_DIMS];
+    int64_t row = start / p.inner, col = start % p.inner, off = 0;
+    for (int32_t d = outer - 1; d >= 0; --d) {
+        idx[d] = row % p.size[d];
+        row /= p.size[d];
+        off += idx[d] * stride[d];
+    }
+    for (int64_t pos = 0; pos < n;) {
+        const int64_t len = std::min(p.inner - col, n - pos);
+        fn(off + col * stride[outer], col, len, pos);
+        pos += len;
+        col = 0;
+        for (int32_t d = outer - 1; d >= 0; --d) {
+            off += stride[d];
+            if (++idx[d] < p.size[d]) break;
+            off -= p.size[d] * stride[d];
+            idx[d] = 0;
+        }
+    }
+}
+
+template <typename T>
+void load_piece(const T* src, int64_t step, float* d, int64_t n, void (*widen)(const T*, float*, int64_t)) {
+    if (step == 1) return widen(src, d, n);
+    float v;
+    if (step == 0) {
+        widen(src, &v, 1);
+        return fill(d, v, n);
+    }
+    for (int64_t i = 0; i < n; ++i) {
+        widen(src + i * step, &v, 1);
+        d[i] = v;
+    }
+}
+
+template <typename T>
+void store_piece(const float* s, T* dst, int64_t step, int64_t col, int64_t n,
+                 void (*narrow)(const float*, T*, int64_t)) {
+    if (step == 1) return narrow(s, dst, n);
+    if (step == 0) {  // a reduced row: its first value
+        if (col == 0) narrow(s, dst, 1);
+        return;
+    }
+    for (int64_t i = 0; i < n; ++i) narrow(s + i, dst + i * step, 1);
+}
+
+// The registers of one thread: `own` buffers, and `cur`, where each register's values are
+// (its own buffer, or straight in an fp32 input when a load needs no conversion).
+struct Registers {
+    float* own[MAX_REGS];
+    const float* cur[MAX_REGS];
+};
+
+struct Buffer {
+    float* data = nullptr;
+    size_t floats = 0;
+    ~Buffer() { std::free(data); }
+    bool reserve(size_t n) {
+        if (n <= floats) return true;
+        std::free(data);
+        data = static_cast<float*>(std::aligned_alloc(64, ((n * 4 + 63) / 64) * 64));
+        floats = data ? n : 0;
+        return data != nullptr;
+    }
+};
+
+thread_local Buffer thread_buffer;
+
+struct Program {
+    const int32_t* code;
+    const float* imm;
+    int32_t n_instr, n_regs, n_inputs;
+    bool reduce;    // rows are whole within a tile
+    int64_t width;  // register length
+};
+
+void load(const Plan& p, const Operand& o, int64_t start, int64_t n, Registers& r, int32_t dst) {
+    if (o.dtype == F32 && p.inner - start % p.inner >= n && o.stride[p.ndim - 1] == 1) {
+        int64_t at = 0;  // one contiguous piece: the register reads the input in place
+        for_pieces(p, o.stride, start, n, [&](int64_t off, int64_t, int64_t, int64_t) { at = off; });
+        r.cur[dst] = reinterpret_cast<const float*>(o.base) + at;
+        return;
+    }
+    float* d = r.own[dst];
+    const int64_t step = o.stride[p.ndim - 1];
+    for_pieces(p, o.stride, start, n, [&](int64_t off, int64_t, int64_t len, int64_t pos) {
+        switch (o.dtype) {
+            case F32:
+                return load_piece(reinterpret_cast<const float*>(o.base) + off, step, d + pos, len, widen_f32);
+            case BF16:
+                return load_piece(reinterpret_cast<const uint16_t*>(o.base) + off, step, d + pos, len, widen_bf16);
+            case F16:
+                return load_piece(reinterpret_cast<const uint16_t*>(o.base) + off, step, d + pos, len, widen_f16);
+            default:
+                return load_piece(reinterpret_cast<const uint8_t*>(o.base) + off, step, d + pos, len, widen_bool);
+        }
+    });
+    r.cur[dst] = d;
+}
+
+void store(const Plan& p, const Operand& o, int64_t start, int64_t n, const float* s) {
+    const int64_t step = o.stride[p.ndim - 1];
+    char* base = const_cast<char*>(o.base);
+    for_pieces(p, o.stride, start, n, [&](int64_t off, int64_t col, int64_t len, int64_t pos) {
+        switch (o.dtype) {
+            case F32:
+                return store_piece(s + pos, reinterpret_cast<float*>(base) + off, step, col, len, narrow_f32);
+            case BF16:
+                return store_piece(s + pos, reinterpret_cast<uint16_t*>(base) + off, step, col, len, narrow_bf16);
+            case F16:
+                return store_piece(s + pos, reinterpret_cast<uint16_t*>(base) + off, step, col, len, narrow_f16);
+            default:
+                return store_piece(s + pos, reinterpret_cast<uint8_t*>(base) + off, step, col, len, narrow_bool);
+        }
+    });
+}
+
+void run_tile(const Program& g, const Plan& p, int64_t start, int64_t n, Registers& r) {
+    for (int32_t k = 0; k < g.n_instr; ++k) {
+        const int32_t* ins = g.code + 5 * k;
+        const int32_t op = ins[0], dst = ins[1], a = ins[2], b = ins[3], c = ins[4];
+        switch (kind(op)) {
+            case 0:
+                if (op == LOAD) {
+                    load(p, p.ops[a], start, n, r, dst);
+                    continue;
+                }
+                fill(r.own[dst], g.imm[k], n);
+                break;
+            case 1:
+                if (op == STORE) {
+                    store(p, p.ops[g.n_inputs + a], start, n, r.cur[b]);
+                    continue;
+                }
+                if (op >= REDUCE_SUM) {
+                    if (g.reduce) {
+                        reduce(op, r.own[dst], r.cur[a], n, p.inner);
+                    } else if (r.own[dst] != r.cur[a]) {  // rows of one element
+                        widen_f32(r.cur[a], r.own[dst], n);
+                    }
+                    break;
+                }
+                unary(op, r.own[dst], r.cur[a], n);
+                break;
+            case 2:
+                binary(op, r.own[dst], r.cur[a], r.cur[b], n);
+                break;
+            default:
+                where(r.own[dst], r.cur[a], r.cur[b], r.cur[c], n);
+                break;
+        }
+        r.cur[dst] = r.own[dst];
+    }
+}
+
+// Runs tiles [first, last) on the calling thread; false when its registers cannot be had.
+bool run_tiles(const Program& g, const Plan& p, int64_t tile, int64_t first, int64_t last) {
+    Buffer& buf = thread_buffer;
+    if (!buf.reserve(static_cast<size_t>(g.n_regs) * static_cast<size_t>(g.width))) return false;
+    Registers r;
+    for (int32_t i = 0; i < g.n_regs; ++i) {
+        r.own[i] = buf.data + i * g.width;
+        r.cur[i] = r.own[i];
+    }
+    for (int64_t t = first; t < last; ++t) {
+        const int64_t start = t * tile;
+        run_tile(g, p, start, std::min(tile, p.total - start), r);
+    }
+    return true;
+}
+
+}  // namespace
+}  // namespace dvm
+
+using namespace dvm;
+
+DVM_EXPORT int32_t dvm_run(const int32_t* code, const float* imm, int32_t n_instr, int32_t n_regs,
+                           int32_t n_inputs, const void* const* in_ptrs, const int32_t* in_dtypes,
+                           const int64_t* in_strides, int32_t n_outputs, void* const* out_ptrs,
+                           const int32_t* out_dtypes, const int64_t* out_strides,
+                           const int64_t* domain, int32_t ndim, int32_t threads) {
+    bool has_reduce = false;
+    const int32_t status = check_program(code, n_instr, n_regs, n_inputs, n_outputs, has_reduce);
+    if (status != OK) return status;
+    if (imm == nullptr || domain == nullptr || ndim < 1 || ndim > MAX_DIMS) return BAD_ARGUMENT;
+    if (n_inputs > 0 && (in_ptrs == nullptr || in_dtypes == nullptr || in_strides == nullptr))
+        return BAD_ARGUMENT;
+    if (out_ptrs == nullptr || out_dtypes == nullptr || out_strides == nullptr) return BAD_ARGUMENT;
+    int64_t total = 1;
+    for (int32_t d = 0; d < ndim; ++d) {
+        if (domain[d] < 0 || domain[d] > (int64_t{1} << 40)) return BAD_ARGUMENT;
+        if (domain[d] == 0) total = 0;
+        else if (total > 0 && total > (int64_t{1} << 48) / domain[d]) return BAD_ARGUMENT;
+        else total *= domain[d];
+    }
+    Plan plan;
+    plan.n_ops = n_inputs + n_outputs;
+    for (int32_t o = 0; o < plan.n_ops; ++o) {
+        const bool out = o >= n_inputs;
+        const int32_t i = out ? o - n_inputs : o;
+        Operand& op = plan.ops[o];
+        op.dtype = out ? out_dtypes[i] : in_dtypes[i];
+        op.base = static_cast<const char*>(out ? out_ptrs[i] : in_ptrs[i]);
+        if (op.dtype < F32 || op.dtype > BOOL) return BAD_DTYPE;
+        if (op.base == nullptr && total > 0) return BAD_ARGUMENT;
+        const int64_t* s = (out ? out_strides : in_strides) + static_cast<int64_t>(i) * ndim;
+        for (int32_t d = 0; d < ndim; ++d) {
+            // an output may repeat elements only along the row (a reduced row)
+            if (out && s[d] == 0 && domain[d] > 1 && d != ndim - 1) return BAD_ARGUMENT;
+            op.stride[d] = s[d];
+        }
+    }
+    const bool reduce = has_reduce && domain[ndim - 1] > 1;
+    if (reduce && domain[ndim - 1] > MAX_ROW) return ROW_TOO_LONG;
+    if (total == 0) return OK;
+
+    coalesce(plan, domain, ndim, reduce);
+    plan.total = total;
+    const int64_t tile = reduce ? std::max<int64_t>(1, TILE / plan.inner) * plan.inner : TILE;
+    const Program g{code, imm, n_instr, n_regs, n_inputs, reduce, tile};
+    const int64_t n_tiles = (total + tile - 1) / tile;
+    // Small calls stay on the calling thread: starting a team costs more than they take.
+    int64_t team = std::min<int64_t>(std::max(threads, 1), n_tiles);
+    if (total < 32768) team = 1;
+    if (team == 1) return run_tiles(g, plan, tile, 0, n_tiles) ? OK : NO_MEMORY;
+    bool ok = true;
+#pragma omp parallel num_threads(static_cast<int>(team)) reduction(&& : ok)
+    {
+        const int64_t t = omp_get_thread_num(), nt = omp_get_num_threads();
+        ok = run_tiles(g, plan, tile, n_tiles * t / nt, n_tiles * (t + 1) / nt);
+    }
+    return ok ? OK : NO_MEMORY;
+}
+
+DVM_EXPORT int32_t dvm_abi_version() { return DVM_ABI_VERSION; }
+
+DVM_EXPORT int64_t dvm_max_row() { return MAX_ROW; }
+
+// 4 when this CPU runs x86-64-v4 code (AVX-512), 3 for x86-64-v3 (AVX2, FMA, F16C), else 1.
+DVM_EXPORT int32_t dvm_cpu_level() {
+#if defined(__x86_64__) && defined(__GNUC__)
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("x86-64-v4")) return 4;
+    if (__builtin_cpu_supports("x86-64-v3")) return 3;
+#endif
+    return 1;
+}

@@ -1,0 +1,60 @@
+"""Builds dvm's VM (csrc/) as plain shared libraries: C ABI, no torch headers, loaded with
+ctypes by ``dvm._lib``.
+
+x86-64 gets one build per ISA level — ``dvm._vm_v4`` (AVX-512), ``dvm._vm_v3`` (AVX2, FMA,
+F16C) and ``dvm._vm_base`` — and the loader picks the best this CPU runs; other machines get
+the base build only.
+"""
+
+import os
+import platform
+from glob import glob
+
+from setuptools import Extension, setup
+from setuptools.command.build_ext import build_ext
+
+COMMON = [
+    "-O3",
+    "-std=c++17",
+    "-fopenmp",
+    "-fno-math-errno",  # sqrt and friends without errno: vectorisable
+    "-fno-trapping-math",  # lets GCC if-convert selects whose arms may raise FP flags
+    "-ffp-contract=fast",  # fused multiply-adds in the polynomials where the ISA has them
+    "-fvisibility=hidden",
+]
+LEVELS = {"v4": ["-march=x86-64-v4", "-mprefer-vector-width=512"], "v3": ["-march=x86-64-v3"]}
+if platform.machine().lower() not in {"x86_64", "amd64"}:
+    LEVELS = {}
+LEVELS["base"] = []
+
+
+class IsaBuildExt(build_ext):
+    """The ISA builds share sources: each gets its own object directory, one after another."""
+
+    def build_extensions(self) -> None:
+        self.parallel = None
+        super().build_extensions()
+
+    def build_extension(self, ext: Extension) -> None:
+        shared_temp = self.build_temp
+        self.build_temp = os.path.join(shared_temp, ext.name.rpartition(".")[2])
+        try:
+            super().build_extension(ext)
+        finally:
+            self.build_temp = shared_temp
+
+
+setup(
+    ext_modules=[
+        Extension(
+            f"dvm._vm_{level}",
+            sources=["csrc/vm.cpp"],
+            depends=sorted(glob("csrc/*.h")),
+            language="c++",
+            extra_compile_args=COMMON + flags,
+            extra_link_args=["-fopenmp"],
+        )
+        for level, flags in LEVELS.items()
+    ],
+    cmdclass={"build_ext": IsaBuildExt},
+)

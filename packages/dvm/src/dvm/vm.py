@@ -1,0 +1,171 @@
+"""Runs :class:`~dvm.program.Program` s on the C++ VM, with the semantics of
+:func:`dvm.program.run_reference`.
+
+``run(program, inputs, domain, out_dtypes)`` is the one-shot form; :class:`Kernel` encodes a
+program once and is then called per batch of inputs, which keeps the per-call cost to
+checking the inputs, allocating the outputs and one ctypes call. Inputs are read in place
+through their strides over the domain (broadcast and strided views need no copies).
+"""
+
+from __future__ import annotations
+
+import ctypes
+from collections.abc import Sequence
+
+import torch
+
+from dvm import _lib
+from dvm.program import DTYPE_CODES, MAX_DIMS, Program, output_shape
+
+__all__ = ["Kernel", "VMError", "run"]
+
+
+class VMError(RuntimeError):
+    """The VM refused a call it cannot run (a limit it has, or a status from the C++ side)."""
+
+
+_STATUS = {
+    1: "the encoded program is invalid",
+    2: "invalid domain, strides or data pointers",
+    3: "an operand has a dtype the VM does not take",
+    4: "a reducing program's rows are too long",
+    5: "no memory for the VM's registers",
+}
+_I32, _I64, _F32, _PTR = ctypes.c_int32, ctypes.c_int64, ctypes.c_float, ctypes.c_void_p
+_DTYPES = ", ".join(str(d).removeprefix("torch.") for d in DTYPE_CODES)
+
+
+def _dtype_code(dtype: torch.dtype, what: str) -> int:
+    if dtype not in DTYPE_CODES:
+        raise TypeError(f"{what} has dtype {dtype}; the VM takes {_DTYPES}: cast it first")
+    return DTYPE_CODES[dtype]
+
+
+def _strides(t: torch.Tensor, domain: tuple[int, ...], k: int) -> list[int]:
+    """``t``'s element strides over ``domain`` (0 along broadcast dimensions)."""
+    pad = len(domain) - t.dim()
+    if pad < 0:
+        raise ValueError(f"input {k} has {t.dim()} dims, more than the domain {domain}")
+    out = [0] * pad
+    for size, stride, want in zip(t.shape, t.stride(), domain[pad:], strict=True):
+        if size != want and size != 1:
+            raise ValueError(
+                f"input {k} of shape {tuple(t.shape)} does not broadcast to the domain {domain}"
+            )
+        out.append(stride if size == want and size != 1 else 0)
+    return out
+
+
+def _domain(domain: Sequence[int]) -> tuple[int, ...]:
+    try:
+        dims = tuple(int(d) for d in domain)
+    except (TypeError, ValueError):
+        raise TypeError(f"domain must be a sequence of ints, got {domain!r}") from None
+    if not 1 <= len(dims) <= MAX_DIMS or min(dims) < 0:
+        raise ValueError(f"domain {dims}: need 1 to {MAX_DIMS} non-negative sizes")
+    return dims
+
+
+class Kernel:
+    """``program`` encoded for the VM once, producing outputs of ``out_dtypes`` (row-reduced
+    where ``reduced`` says so); call it with inputs and a domain."""
+
+    def __init__(
+        self,
+        program: Program,
+        out_dtypes: Sequence[torch.dtype],
+        reduced: Sequence[bool] | None = None,
+    ) -> None:
+        if not isinstance(program, Program):
+            raise TypeError(f"program must be a dvm.program.Program, got {type(program).__name__}")
+        n_out = program.n_outputs
+        reduced = [False] * n_out if reduced is None else [bool(r) for r in reduced]
+        if len(out_dtypes) != n_out or len(reduced) != n_out:
+            raise ValueError(
+                f"the program has {n_out} outputs: give {n_out} out_dtypes and reduced flags "
+                f"(got {len(out_dtypes)} and {len(reduced)})"
+            )
+        codes, imms = program.encode()
+        self.program = program
+        self.out_dtypes = tuple(out_dtypes)
+        self.reduced = tuple(reduced)
+        self._out_codes = (_I32 * n_out)(
+            *(_dtype_code(d, f"output {k}") for k, d in enumerate(out_dtypes))
+        )
+        self._code = (_I32 * len(codes))(*codes)
+        self._imm = (_F32 * len(imms))(*imms)
+        self._lib, self.isa = _lib.library()
+
+    def __call__(
+        self, inputs: Sequence[torch.Tensor], domain: Sequence[int], *, threads: int | None = None
+    ) -> list[torch.Tensor]:
+        """The program's outputs over ``domain`` for ``inputs`` (CPU tensors broadcastable to
+        it), on ``threads`` threads (default ``torch.get_num_threads()``)."""
+        prog = self.program
+        dims = _domain(domain)
+        if len(inputs) != prog.n_inputs:
+            raise ValueError(f"the program takes {prog.n_inputs} inputs, got {len(inputs)}")
+        if prog.has_reduction and dims[-1] > self._lib.dvm_max_row():
+            raise VMError(
+                f"rows of {dims[-1]} elements: the VM reduces rows of at most "
+                f"{self._lib.dvm_max_row()} (run this region eagerly)"
+            )
+        threads = torch.get_num_threads() if threads is None else int(threads)
+        if threads < 1:
+            raise ValueError(f"threads must be at least 1, got {threads}")
+        in_strides: list[int] = []
+        in_codes = []
+        for k, t in enumerate(inputs):
+            if not isinstance(t, torch.Tensor):
+                raise TypeError(f"input {k} is a {type(t).__name__}, not a torch.Tensor")
+            if t.device.type != "cpu" or t.layout != torch.strided:
+                raise ValueError(
+                    f"input {k} is a {t.device.type} {t.layout} tensor; the VM runs on dense "
+                    f"CPU tensors (move it with .cpu())"
+                )
+            in_codes.append(_dtype_code(t.dtype, f"input {k}"))
+            in_strides += _strides(t, dims, k)
+        outs = []
+        out_strides: list[int] = []
+        for dtype, red in zip(self.out_dtypes, self.reduced, strict=True):
+            out = torch.empty(output_shape(dims, red), dtype=dtype)
+            strides = list(out.stride())
+            if red:
+                strides[-1] = 0  # every column of a row maps to the row's one element
+            outs.append(out)
+            out_strides += strides
+        n_in, n_out, nd = prog.n_inputs, prog.n_outputs, len(dims)
+        status = self._lib.dvm_run(
+            self._code,
+            self._imm,
+            len(prog.instrs),
+            prog.n_regs,
+            n_in,
+            (_PTR * max(n_in, 1))(*(t.data_ptr() for t in inputs)),
+            (_I32 * max(n_in, 1))(*in_codes),
+            (_I64 * max(n_in * nd, 1))(*in_strides),
+            n_out,
+            (_PTR * n_out)(*(o.data_ptr() for o in outs)),
+            self._out_codes,
+            (_I64 * (n_out * nd))(*out_strides),
+            (_I64 * nd)(*dims),
+            nd,
+            threads,
+        )
+        if status != 0:
+            raise VMError(f"dvm_run refused the call: {_STATUS.get(status, f'status {status}')}")
+        return outs
+
+
+def run(
+    program: Program,
+    inputs: Sequence[torch.Tensor],
+    domain: Sequence[int],
+    out_dtypes: Sequence[torch.dtype],
+    reduced: Sequence[bool] | None = None,
+    *,
+    threads: int | None = None,
+) -> list[torch.Tensor]:
+    """``program``'s outputs over ``domain``, as :func:`dvm.program.run_reference` computes
+    them, on the C++ VM (``threads`` default ``torch.get_num_threads()``)."""
+    return Kernel(program, out_dtypes, reduced)(inputs, domain, threads=threads)

@@ -1,0 +1,454 @@
+"""``spore bench dvm``: compile latency, runtime of fused chains, and a tiny Llama training step.
+
+Three groups of cases, every side in this process under the allocator and thread settings
+``spore bench`` applies to both:
+
+- ``compile-<chain>``: dvm's compile (:func:`dvm.compile.compile_graph`) of a chain's aten
+  graph against Inductor's cold compile of the same graph (``compile_fx`` in a fresh cache
+  folder, FX graph cache off). Notes: the graph's dvm regions and the compile time per region.
+- ``<chain>-<dtype>-<rows>x<cols>-vs-<baseline>``: ``torch.compile(fn, backend=dvm)`` against
+  eager, ``torch.compile`` with Inductor, and ``copy``: a pre-allocated ``out.copy_(src)`` of
+  as many bytes as the chain reads and writes (that ratio is the fraction of copy bandwidth).
+  The shape is :data:`DEFAULT_SHAPE` unless ``DVM_BENCH_SHAPE`` gives another, e.g.
+  ``DVM_BENCH_SHAPE=8192x4096 spore bench dvm`` for the issue's shape (minutes more).
+- ``llama-train-<dtype>-vs-<baseline>``: a training step (forward, loss, backward, SGD) of a
+  tiny Hugging Face Llama with ``backend=dvm`` against eager and Inductor. Notes: each side's
+  compile time (its first step less a steady step; Inductor cold), the total time of
+  :data:`AMORTISE_STEPS` steps including it, and ``crossover_steps``: the step count where
+  the two sides' cumulative times meet (0 when they never do: one side leads throughout).
+
+Before any timing the dvm side's output is checked against eager (the Llama case: its first
+loss and gradients, from the same weights).
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import math
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from spore.bench import Benchmark
+
+SHAPE_ENV = "DVM_BENCH_SHAPE"
+DEFAULT_SHAPE = (1024, 4096)
+COMPILE_SHAPE = (64, 256)  # compile latency does not depend on the sizes
+SAMPLE_S = 0.2  # a dvm compile sample, and each Llama sample, runs at least this long
+AMORTISE_STEPS = 100
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+TOLERANCE = {torch.float32: 1e-3, torch.bfloat16: 5e-2}
+RUNTIME_BASELINES = {
+    "eager": "eager PyTorch",
+    "inductor": "torch.compile (Inductor)",
+    "copy": "out.copy_(src) of the bytes the chain reads and writes",
+}
+TRAIN_BASELINES = {"eager": "eager PyTorch", "inductor": "torch.compile (Inductor, cold)"}
+DVM_LABEL = "torch.compile(backend='dvm')"
+EPS = 1e-6
+
+
+def _silu(x: torch.Tensor) -> torch.Tensor:
+    return x * torch.sigmoid(x)
+
+
+def _gelu_tanh(x: torch.Tensor) -> torch.Tensor:
+    return 0.5 * x * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x.pow(3.0))))
+
+
+def _silu_mul(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    return x * torch.sigmoid(x) * y
+
+
+def _softmax(x: torch.Tensor) -> torch.Tensor:
+    return torch.softmax(x, dim=-1)
+
+
+def _rms_norm(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    h = x.float()
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + EPS)
+    return w * h.to(x.dtype)
+
+
+def _bias_gelu(x: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    return torch.nn.functional.gelu(x + b)
+
+
+@dataclass(frozen=True)
+class Chain:
+    """A fusible chain: ``fn`` over a ``[rows, cols]`` ``x`` and, per ``extra`` letter, a
+    second ``[rows, cols]`` tensor (``m``) or a ``[cols]`` vector (``v``)."""
+
+    name: str
+    fn: Callable[..., torch.Tensor]
+    extra: str
+    what: str
+
+    def inputs(
+        self, shape: tuple[int, int], dtype: torch.dtype, seed: int = 0
+    ) -> tuple[torch.Tensor, ...]:
+        g = torch.Generator().manual_seed(seed)
+        sizes = [shape] + [shape if kind == "m" else shape[-1:] for kind in self.extra]
+        return tuple(torch.randn(s, generator=g).to(dtype) for s in sizes)
+
+
+CHAINS = {
+    c.name: c
+    for c in (
+        Chain("silu", _silu, "", "x*sigmoid(x)"),
+        Chain("gelu_tanh", _gelu_tanh, "", "GELU, tanh approximation, written out"),
+        Chain("silu_mul", _silu_mul, "m", "x*sigmoid(x)*y"),
+        Chain("softmax", _softmax, "", "torch.softmax over the last dim"),
+        Chain("rms_norm", _rms_norm, "v", "RMSNorm as in HF Llama (fp32 statistics)"),
+        Chain("bias_gelu", _bias_gelu, "v", "gelu(x + bias), erf GELU"),
+    )
+}
+
+
+def bench_shape() -> tuple[int, int]:
+    """The runtime cases' shape: ``DVM_BENCH_SHAPE`` (``ROWSxCOLS``) or :data:`DEFAULT_SHAPE`."""
+    raw = os.environ.get(SHAPE_ENV, "").strip()
+    if not raw:
+        return DEFAULT_SHAPE
+    parts = raw.lower().split("x")
+    if len(parts) != 2 or not all(p.isdigit() and int(p) > 0 for p in parts):
+        raise ValueError(
+            f"{SHAPE_ENV}={raw!r}: give two positive sizes as ROWSxCOLS, e.g. 8192x4096"
+        )
+    return int(parts[0]), int(parts[1])
+
+
+def _dvm_backend() -> Callable[..., Any]:
+    from dvm.backend import dvm_backend
+
+    return dvm_backend
+
+
+def _nbytes(*tensors: torch.Tensor) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
+def _close(name: str, expected: torch.Tensor, actual: torch.Tensor) -> None:
+    tol = TOLERANCE[expected.dtype]
+    torch.testing.assert_close(
+        actual.float(), expected.float(), rtol=tol, atol=tol, msg=lambda m: f"{name}: {m}"
+    )
+
+
+# ---- compile latency -------------------------------------------------------------------
+
+
+@functools.lru_cache(maxsize=1)
+def _aten_graph(chain: str) -> tuple[torch.fx.GraphModule, list[torch.Tensor]]:
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    inputs = list(CHAINS[chain].inputs(COMPILE_SHAPE, torch.float32))
+    return make_fx(CHAINS[chain].fn)(*inputs), inputs
+
+
+def _dvm_regions(compiled: Any) -> int:
+    return len(compiled.regions)
+
+
+def _compile_dvm(chain: str) -> Callable[[Any], dict[str, float]]:
+    def timed(_: Any) -> dict[str, float]:
+        from dvm.compile import compile_graph
+
+        gm, inputs = _aten_graph(chain)
+        spent, count, regions = 0.0, 0, 0
+        while spent < SAMPLE_S:
+            graph = copy.deepcopy(gm)  # the compile may rewrite its graph; copies are not timed
+            start = time.perf_counter()
+            compiled = compile_graph(graph, inputs)
+            spent += time.perf_counter() - start
+            count += 1
+            regions = _dvm_regions(compiled)
+        _close(f"compile-{chain}", CHAINS[chain].fn(*inputs), _first(compiled(*inputs)))
+        seconds = spent / count
+        return _compile_figures(seconds, regions)
+
+    return timed
+
+
+def _compile_figures(seconds: float, regions: int) -> dict[str, float]:
+    """A compile sample: seconds, the graph's dvm regions and microseconds per region."""
+    return {
+        "seconds": seconds,
+        "regions": regions,
+        "us_per_region": 1e6 * seconds / max(regions, 1),
+    }
+
+
+def _first(result: Any) -> torch.Tensor:
+    return result[0] if isinstance(result, (tuple, list)) else result
+
+
+def _compile_inductor(chain: str) -> Callable[[Any], dict[str, float]]:
+    def timed(_: Any) -> dict[str, float]:
+        from torch._inductor.compile_fx import compile_fx
+        from torch._inductor.utils import fresh_cache
+
+        from dvm.compile import compile_graph
+
+        gm, inputs = _aten_graph(chain)
+        regions = _dvm_regions(compile_graph(copy.deepcopy(gm), inputs))
+        graph = copy.deepcopy(gm)
+        with fresh_cache(), torch._inductor.config.patch(fx_graph_cache=False):
+            start = time.perf_counter()
+            compiled = compile_fx(graph, inputs)
+            seconds = time.perf_counter() - start
+        _close(f"compile-{chain} (Inductor)", CHAINS[chain].fn(*inputs), _first(compiled(*inputs)))
+        return _compile_figures(seconds, regions)
+
+    return timed
+
+
+def compile_cases() -> list[Benchmark]:
+    """dvm's compile of each chain's aten graph against Inductor's cold compile of it."""
+    rows, cols = COMPILE_SHAPE
+    return [
+        Benchmark(
+            name=f"compile-{chain.name}",
+            baseline=_compile_inductor(chain.name),
+            candidate=_compile_dvm(chain.name),
+            baseline_label=f"Inductor cold compile (fresh cache, FX graph cache off), {chain.what}",
+            candidate_label="dvm.compile.compile_graph",
+            description=f"compile latency of the aten graph of {chain.what} at {rows}x{cols} "
+            "fp32; notes: dvm regions in the graph, microseconds per region",
+            self_timed=True,
+        )
+        for chain in CHAINS.values()
+    ]
+
+
+# ---- runtime of fused chains -----------------------------------------------------------
+
+
+@functools.lru_cache(maxsize=1)
+def _runtime_state(chain: str, dtype: str, shape: tuple[int, int]) -> dict[str, Any]:
+    """The chain's inputs, its three compiled/eager sides (compiled and run once) and the copy
+    buffers (the last key's state is kept: the cases of one chain and dtype share it)."""
+    spec = CHAINS[chain]
+    args = spec.inputs(shape, DTYPES[dtype])
+    torch._dynamo.reset()
+    sides = {
+        "eager": spec.fn,
+        "inductor": torch.compile(spec.fn, dynamic=False),
+        "dvm": torch.compile(spec.fn, backend=_dvm_backend(), dynamic=False),
+    }
+    with torch.no_grad():
+        outs = {side: fn(*args) for side, fn in sides.items()}
+    half = (_nbytes(*args) + _nbytes(outs["eager"])) // 2
+    return {
+        "args": args,
+        **sides,
+        "copy_src": torch.ones(half, dtype=torch.uint8),
+        "copy_dst": torch.empty(half, dtype=torch.uint8),
+    }
+
+
+def _call(side: str) -> Callable[[dict[str, Any]], Any]:
+    def call(state: dict[str, Any]) -> Any:
+        with torch.no_grad():
+            return state[side](*state["args"])
+
+    return call
+
+
+def _copy(state: dict[str, Any]) -> None:
+    state["copy_dst"].copy_(state["copy_src"])
+
+
+def _checker(name: str) -> Callable[[Any, Any], None]:
+    def check(expected: torch.Tensor, actual: torch.Tensor) -> None:
+        _close(name, expected, actual)
+
+    return check
+
+
+def runtime_cases(shape: tuple[int, int] | None = None) -> list[Benchmark]:
+    """Each chain x dtype against eager, Inductor and a copy of the same bytes."""
+    rows, cols = shape or bench_shape()
+    out = []
+    for chain in CHAINS.values():
+        for tag in DTYPES:
+            for baseline, label in RUNTIME_BASELINES.items():
+                name = f"{chain.name}-{tag}-{rows}x{cols}-vs-{baseline}"
+                out.append(
+                    Benchmark(
+                        name=name,
+                        baseline=_copy if baseline == "copy" else _call(baseline),
+                        candidate=_call("dvm"),
+                        baseline_label=f"{label}, {chain.what}, {rows}x{cols} {tag}",
+                        candidate_label=DVM_LABEL,
+                        setup=functools.partial(_runtime_state, chain.name, tag, (rows, cols)),
+                        check=None if baseline == "copy" else _checker(name),
+                        description=f"{chain.what} on [{rows}, {cols}] {tag}, inference",
+                    )
+                )
+    return out
+
+
+# ---- tiny Llama training step ----------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class LlamaSize:
+    """The tiny Llama's dimensions and batch."""
+
+    batch: int
+    seq: int
+    vocab: int
+    hidden: int
+    heads: int
+    ffn: int
+    layers: int
+
+
+LLAMA = LlamaSize(batch=2, seq=128, vocab=1024, hidden=256, heads=4, ffn=688, layers=2)
+
+
+def _llama(size: LlamaSize) -> torch.nn.Module:
+    import transformers
+
+    config = transformers.LlamaConfig(
+        vocab_size=size.vocab,
+        hidden_size=size.hidden,
+        intermediate_size=size.ffn,
+        num_hidden_layers=size.layers,
+        num_attention_heads=size.heads,
+        num_key_value_heads=size.heads // 2,
+        max_position_embeddings=2 * size.seq,
+    )
+    return transformers.LlamaForCausalLM(config)
+
+
+@dataclass
+class _Trainer:
+    """One side: a model copy, its (compiled) forward, an optimizer and its measured times."""
+
+    model: torch.nn.Module
+    forward: Callable[..., Any]
+    optimizer: torch.optim.Optimizer
+    batch: dict[str, torch.Tensor]
+    compile_s: float = 0.0
+    loops: int = 1
+
+    def step(self) -> torch.Tensor:
+        self.optimizer.zero_grad(set_to_none=True)
+        loss = self.forward(**self.batch).loss
+        loss.backward()
+        self.optimizer.step()
+        return loss
+
+    def first_step(self) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """Loss and gradients of the first step (before the update)."""
+        self.optimizer.zero_grad(set_to_none=True)
+        loss = self.forward(**self.batch).loss
+        loss.backward()
+        grads = [p.grad.detach().clone() for p in self.model.parameters()]
+        self.optimizer.step()
+        return loss.detach(), grads
+
+
+def _steady(trainer: _Trainer, loops: int) -> float:
+    start = time.perf_counter()
+    for _ in range(loops):
+        trainer.step()
+    return (time.perf_counter() - start) / loops
+
+
+@functools.lru_cache(maxsize=1)
+def _train_state(dtype: str) -> dict[str, _Trainer]:
+    """The three sides from the same weights, each compiled by its first step (timed), checked
+    against eager, warmed up and with a loop count per sample."""
+    from torch._inductor.utils import fresh_cache
+
+    torch.manual_seed(0)
+    base = _llama(LLAMA).to(DTYPES[dtype])
+    g = torch.Generator().manual_seed(1)
+    ids = torch.randint(0, LLAMA.vocab, (LLAMA.batch, LLAMA.seq), generator=g)
+    batch = {"input_ids": ids, "labels": ids}
+    backends: dict[str, Any] = {"eager": None, "inductor": "inductor", "dvm": _dvm_backend()}
+    torch._dynamo.reset()
+    sides: dict[str, _Trainer] = {}
+    firsts = {}
+    for side, backend in backends.items():
+        model = copy.deepcopy(base).train()
+        forward = model if backend is None else torch.compile(model, backend=backend)
+        trainer = _Trainer(model, forward, torch.optim.SGD(model.parameters(), lr=1e-3), batch)
+        with fresh_cache(), torch._inductor.config.patch(fx_graph_cache=False):
+            start = time.perf_counter()
+            firsts[side] = trainer.first_step()
+            first_s = time.perf_counter() - start
+        step_s = _steady(trainer, 2)
+        trainer.compile_s = max(0.0, first_s - step_s)
+        trainer.loops = max(1, math.ceil(SAMPLE_S / max(step_s, 1e-9)))
+        sides[side] = trainer
+    (loss_e, grads_e), (loss_d, grads_d) = firsts["eager"], firsts["dvm"]
+    _close(f"llama-train-{dtype} loss", loss_e, loss_d)
+    scale = max(float(g.abs().max()) for g in grads_e)  # gradients relative to the largest
+    for i, (ge, gd) in enumerate(zip(grads_e, grads_d, strict=True)):
+        _close(f"llama-train-{dtype} gradient {i}", ge / scale, gd / scale)
+    return sides
+
+
+def _crossover(cand: tuple[float, float], base: tuple[float, float]) -> float:
+    """Steps at which cumulative times ``compile + n * step`` meet; 0 if they never do."""
+    (c_compile, c_step), (b_compile, b_step) = cand, base
+    if c_step == b_step:
+        return 0.0
+    n = (c_compile - b_compile) / (b_step - c_step)
+    return n if n > 0 else 0.0
+
+
+def _train_side(dtype: str, side: str, baseline: str) -> Callable[[Any], dict[str, float]]:
+    def timed(_: Any) -> dict[str, float]:
+        sides = _train_state(dtype)
+        own = sides[side]
+        seconds = _steady(own, own.loops)
+        other = sides["dvm" if side == baseline else baseline]
+        other_s = _steady(other, 1)
+        pair = ((own.compile_s, seconds), (other.compile_s, other_s))
+        cand, base = pair if side == "dvm" else pair[::-1]
+        return {
+            "seconds": seconds,
+            "compile_s": own.compile_s,
+            f"total_s_{AMORTISE_STEPS}_steps": own.compile_s + AMORTISE_STEPS * seconds,
+            "crossover_steps": _crossover(cand, base),
+        }
+
+    return timed
+
+
+def train_cases() -> list[Benchmark]:
+    """The tiny Llama's training step with dvm against eager and Inductor, per dtype."""
+    s = LLAMA
+    what = (
+        f"tiny Llama train step (fwd, loss, bwd, SGD): batch {s.batch}, seq {s.seq}, hidden "
+        f"{s.hidden}, {s.layers} layers"
+    )
+    return [
+        Benchmark(
+            name=f"llama-train-{tag}-vs-{baseline}",
+            baseline=_train_side(tag, baseline, baseline),
+            candidate=_train_side(tag, "dvm", baseline),
+            baseline_label=f"{label}, {what} {tag}",
+            candidate_label=DVM_LABEL,
+            description=f"{what} {tag}; notes: compile seconds, total seconds of "
+            f"{AMORTISE_STEPS} steps with the compile, steps where cumulative times meet",
+            self_timed=True,
+        )
+        for tag in DTYPES
+        for baseline, label in TRAIN_BASELINES.items()
+    ]
+
+
+def benchmarks() -> list[Benchmark]:
+    """Every case: compile latency, runtime of the chains, the Llama training step."""
+    return [*compile_cases(), *runtime_cases(), *train_cases()]

@@ -1,0 +1,49 @@
+"""The ``dvm`` torch.compile backend: AOT autograd with dvm's decompositions; the forward and
+backward graphs both go through :func:`dvm.compile.compile_graph`."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+from dvm.compile import CompiledGraph, compile_graph
+from dvm.lower import decomposition_table
+
+
+def make_backend(
+    on_compile: Callable[[str, CompiledGraph], None] | None = None,
+) -> Callable[[torch.fx.GraphModule, Sequence[Any]], Callable[..., Any]]:
+    """A ``dvm`` backend; ``on_compile(kind, compiled)`` sees every graph it compiles, with
+    ``kind`` ``"forward"``, ``"backward"`` or ``"inference"``."""
+    from functorch.compile import make_boxed_func
+    from torch._dynamo.backends.common import aot_autograd
+
+    def compiler(kind: str):
+        def compile_fn(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]):
+            compiled = compile_graph(gm, example_inputs)
+            if on_compile is not None:
+                on_compile(kind, compiled)
+            return make_boxed_func(compiled)
+
+        return compile_fn
+
+    return aot_autograd(
+        fw_compiler=compiler("forward"),
+        bw_compiler=compiler("backward"),
+        inference_compiler=compiler("inference"),
+        decompositions=decomposition_table(),
+    )
+
+
+_DEFAULT: Callable[..., Any] | None = None
+
+
+def dvm_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Callable[..., Any]:
+    """``torch.compile(model, backend="dvm")``: regions on the VM, the rest eager aten,
+    training included (AOT autograd)."""
+    global _DEFAULT
+    if _DEFAULT is None:
+        _DEFAULT = make_backend()
+    return _DEFAULT(gm, example_inputs)

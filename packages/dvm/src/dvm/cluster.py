@@ -1,0 +1,431 @@
+"""Cluster: group VM-able nodes of an aten FX graph into regions; Split: cut a region where
+the VM's limits are hit.
+
+Every value in a region is a tensor broadcastable to the region's *domain* (its last dim the
+row). A node's *domain shape* is its shape as the region sees it: its own shape, except after
+a reduction without keepdim or a squeeze, where the dropped dims stay as size 1 (``(B, R)``
+summed over the row is ``(B,)``, seen as ``(B, 1)``). An operand is *aligned* when both agree;
+an op that would mix a non-aligned operand with other tensors is cut from it (the edge
+becomes a region boundary and the value is loaded with its real shape).
+
+Regions grow by merging along producer->consumer edges when the union: has one domain that
+some member already spans (no outer-product blow-up), stores only full or row-reduced
+outputs, keeps within MAX_INPUTS/MAX_OUTPUTS/MAX_INSTRS, and leaves no path that goes out
+of the union and comes back (cycle check). Side-effecting nodes are barriers no region
+crosses. A region whose program still exceeds a limit (registers) is split into consecutive
+runs in graph order, each a valid region.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+from torch.fx import GraphModule, Node
+
+from dvm.lower import (
+    CONST,
+    EXPAND,
+    POINTWISE,
+    REDUCE,
+    RULES,
+    Emitter,
+    LimitError,
+    reduced_dims,
+    unsupported_reason,
+)
+from dvm.program import MAX_INPUTS, MAX_INSTRS, MAX_OUTPUTS, Op, Program
+
+Shape = tuple[int, ...]
+
+
+@dataclass
+class Region:
+    """One VM region: its nodes (graph order), the values it reads (``inputs``, each loaded
+    as ``input_views[i]`` of ``input_nodes[i]``) and writes (``outputs``), its domain and
+    program; ``reduced[i]`` when output ``i`` is row-reduced; ``build_us`` the time lowering
+    and building the program took."""
+
+    nodes: list[Node]
+    input_nodes: list[Node]
+    input_views: list[Shape]
+    outputs: list[Node]
+    domain: Shape
+    program: Program
+    out_dtypes: list[torch.dtype]
+    reduced: list[bool]
+    build_us: float
+
+    @property
+    def ops(self) -> list[str]:
+        return [_op_name(n) for n in self.nodes]
+
+    @property
+    def unique_inputs(self) -> list[Node]:
+        return list(dict.fromkeys(self.input_nodes))
+
+
+@dataclass
+class Clustering:
+    """The regions of a graph, the nodes left to eager with why, and the time it took."""
+
+    regions: list[Region]
+    fallbacks: list[tuple[Node, str]]
+    cluster_us: float = 0.0
+    notes: list[str] = field(default_factory=list)
+
+
+def _op_name(n: Node) -> str:
+    t = n.target
+    return getattr(t, "__name__", str(t)) if not isinstance(t, torch._ops.OpOverload) else str(t)
+
+
+def _pad(shape: Shape, rank: int) -> Shape:
+    return (1,) * (rank - len(shape)) + tuple(shape)
+
+
+def _same(a: Shape, b: Shape) -> bool:
+    rank = max(len(a), len(b))
+    return _pad(a, rank) == _pad(b, rank)
+
+
+def broadcast(a: Shape, b: Shape) -> Shape | None:
+    """Broadcast of two shapes, ``None`` when they do not broadcast."""
+    rank = max(len(a), len(b))
+    out = []
+    for x, y in zip(_pad(a, rank), _pad(b, rank), strict=True):
+        if x == y or y == 1:
+            out.append(x)
+        elif x == 1:
+            out.append(y)
+        else:
+            return None
+    return tuple(out)
+
+
+def _numel(shape: Shape) -> int:
+    n = 1
+    for s in shape:
+        n *= s
+    return n
+
+
+def _real(n: Node) -> Shape:
+    return tuple(n.meta["val"].shape)
+
+
+def _tensor_args(n: Node) -> list[Node]:
+    out = []
+    for a in (*n.args, *n.kwargs.values()):
+        for x in a if isinstance(a, (list, tuple)) else (a,):
+            if isinstance(x, Node):
+                out.append(x)
+    return list(dict.fromkeys(out))
+
+
+class _Analysis:
+    """Per-node facts: domain shapes, cut edges, footprints (shape each node spans)."""
+
+    def __init__(self, nodes: list[Node]) -> None:
+        self.index = {n: i for i, n in enumerate(nodes)}
+        self.fallbacks: list[tuple[Node, str]] = []
+        self.dshape: dict[Node, Shape] = {}
+        self.cut: dict[Node, set[Node]] = {}
+        self.footprint: dict[Node, Shape] = {}
+        self.cost: dict[Node, int] = {}
+        self.segment: dict[Node, int] = {}
+        seg = 0
+        for n in nodes:
+            if n.op == "call_function" and n.is_impure():
+                seg += 1
+                self.segment[n] = seg
+                seg += 1
+                continue
+            self.segment[n] = seg
+            if n.op != "call_function":
+                continue
+            reason = unsupported_reason(n)
+            if reason is not None:
+                self.fallbacks.append((n, reason))
+                continue
+            self._analyse(n)
+
+    def view_of(self, p: Node, reader: Node) -> Shape:
+        """The shape ``reader`` sees its operand ``p`` with."""
+        if p in self.dshape and p not in self.cut[reader]:
+            return self.dshape[p]
+        return _real(p)
+
+    def _aligned(self, p: Node) -> bool:
+        return p not in self.dshape or _same(self.dshape[p], _real(p))
+
+    def _analyse(self, n: Node) -> None:
+        rule = RULES[n.target]
+        ops = _tensor_args(n)
+        cut: set[Node] = set()
+        self.cut[n] = cut
+        kind = rule.kind
+        if kind == POINTWISE:
+            big = [p for p in ops if _numel(_real(p)) > 1]
+            if all(self._aligned(p) for p in big):
+                shape = _real(n)
+            elif (
+                len({(_pad(_real(p), 8), _pad(self.dshape.get(p, _real(p)), 8)) for p in big}) == 1
+            ):
+                shape = self.dshape[big[0]]
+            else:
+                cut.update(p for p in big if not self._aligned(p))
+                shape = _real(n)
+        elif kind == REDUCE:
+            x = n.args[0]
+            if not self._aligned(x) and _numel(_real(x)) > 1:
+                cut.add(x)
+            dims = set(reduced_dims(n))
+            shape = tuple(1 if d in dims else s for d, s in enumerate(_real(x)))
+        elif kind == EXPAND:
+            x = n.args[0]
+            if not self._aligned(x):
+                cut.add(x)
+            shape = _real(n)
+        elif kind == CONST:
+            shape = _real(n)
+        else:  # VIEW: same values
+            shape = self.view_of(n.args[0], n)
+        self.dshape[n] = shape
+        foot = shape
+        for p in ops:
+            foot = broadcast(foot, self.view_of(p, n)) or foot
+        self.footprint[n] = foot
+        scalars = sum(1 for a in (*n.args, *n.kwargs.values()) if isinstance(a, (int, float, bool)))
+        self.cost[n] = rule.cost + scalars
+
+
+class _Group:
+    __slots__ = (
+        "big",
+        "cost",
+        "domain",
+        "ext",
+        "hi",
+        "inputs",
+        "lo",
+        "members",
+        "mset",
+        "outputs",
+        "partners",
+        "seg",
+    )
+
+    def __init__(self, n: Node, a: _Analysis) -> None:
+        self.members = [n]
+        self.mset = {n}
+        self.inputs = set(_tensor_args(n))
+        self.outputs = {n}
+        self.ext = set(n.users)
+        self.domain = a.footprint[n]
+        self.big = _numel(self.domain)
+        self.cost = a.cost[n]
+        self.lo = self.hi = a.index[n]
+        self.seg = a.segment[n]
+        self.partners = set(a.cut[n])
+
+
+def _storable(shape: Shape, domain: Shape) -> bool | None:
+    """``False`` when an output of domain shape ``shape`` is stored full, ``True`` when
+    row-reduced, ``None`` when the VM cannot store it over ``domain``."""
+    padded = _pad(shape, len(domain))
+    if padded == domain:
+        return False
+    if padded == (*domain[:-1], 1):
+        return True
+    return None
+
+
+class _Clusterer:
+    def __init__(self, gm: GraphModule) -> None:
+        self.nodes = list(gm.graph.nodes)
+        self.a = _Analysis(self.nodes)
+        self.group: dict[Node, _Group] = {n: _Group(n, self.a) for n in self.a.dshape}
+        for g in self.group.values():
+            for n in g.members:
+                for c in n.users:
+                    if n in self.a.cut.get(c, ()):
+                        g.partners.add(c)
+
+    def run(self) -> list[list[Node]]:
+        for c in self.nodes:
+            if c not in self.group:
+                continue
+            for p in _tensor_args(c):
+                if p in self.group and p not in self.a.cut[c]:
+                    gp, gc = self.group[p], self.group[c]
+                    if gp is not gc:
+                        self._try_merge(gp, gc)
+        seen: dict[int, _Group] = {}
+        for g in self.group.values():
+            seen.setdefault(id(g), g)
+        return [sorted(g.members, key=self.a.index.__getitem__) for g in seen.values()]
+
+    def _try_merge(self, x: _Group, y: _Group) -> bool:
+        if x.seg != y.seg:
+            return False
+        if x.partners & y.mset or y.partners & x.mset:
+            return False
+        domain = broadcast(x.domain, y.domain)
+        if domain is None or _numel(domain) != max(x.big, y.big):
+            return False
+        union = x.mset | y.mset
+        inputs = (x.inputs | y.inputs) - union
+        if len(inputs) > MAX_INPUTS:
+            return False
+        outputs = {o for o in x.outputs | y.outputs if any(u not in union for u in o.users)}
+        if len(outputs) > MAX_OUTPUTS:
+            return False
+        if any(_storable(self.a.dshape[o], domain) is None for o in outputs):
+            return False
+        cost = x.cost + y.cost + len(inputs) + len(outputs)
+        if cost > MAX_INSTRS:
+            return False
+        if self._reaches(x, y, union) or self._reaches(y, x, union):
+            return False
+        big, small = (x, y) if len(x.members) >= len(y.members) else (y, x)
+        big.members.extend(small.members)
+        big.mset = union
+        big.inputs = inputs
+        big.outputs = outputs
+        big.ext = (x.ext | y.ext) - union
+        big.domain = domain
+        big.big = _numel(domain)
+        big.cost = x.cost + y.cost
+        big.lo, big.hi = min(x.lo, y.lo), max(x.hi, y.hi)
+        big.partners = x.partners | y.partners
+        for n in small.members:
+            self.group[n] = big
+        return True
+
+    def _reaches(self, src: _Group, dst: _Group, union: set[Node]) -> bool:
+        """Whether a path leaves ``src`` through a node outside ``union`` and enters ``dst``."""
+        index = self.a.index
+        stack = [u for u in src.ext if u not in union]
+        seen: set[Node] = set()
+        while stack:
+            x = stack.pop()
+            if x in seen or index[x] > dst.hi:
+                continue
+            seen.add(x)
+            for u in x.users:
+                if u in dst.mset:
+                    return True
+                if u not in union:
+                    stack.append(u)
+        return False
+
+
+def build_region(members: list[Node], a: _Analysis) -> Region:
+    """Lower ``members`` (graph order) to one region; ``ValueError`` (a :class:`LimitError`
+    for the VM's limits) when they do not make one."""
+    t0 = time.perf_counter()
+    mset = set(members)
+    domain: Shape = ()
+    big = 1
+    for n in members:
+        foot = a.footprint[n]
+        domain = broadcast(domain, foot)
+        if domain is None:
+            raise ValueError("members do not broadcast to one domain")
+        big = max(big, _numel(foot))
+    if _numel(domain) != big:
+        raise ValueError(f"domain {domain} spans more than any member (an outer product)")
+    em = Emitter()
+    env: dict[Node, int] = {}
+    slots: dict[tuple[Node, Shape], int] = {}
+    outputs: list[Node] = []
+    reduced: list[bool] = []
+    for n in members:
+
+        def resolve(x, n=n):
+            if isinstance(x, Node):
+                if x in mset:
+                    return env[x]
+                view = a.view_of(x, n)
+                return em.load(slots.setdefault((x, view), len(slots)))
+            return em.const(x)
+
+        env[n] = RULES[n.target].emit(em, n, resolve)
+        if any(u not in mset for u in n.users):
+            red = _storable(a.dshape[n], domain)
+            if red is None:
+                raise ValueError(
+                    f"output {n.name} {a.dshape[n]} is neither {domain} nor row-reduced"
+                )
+            em.store(env[n])
+            outputs.append(n)
+            reduced.append(red)
+    if not outputs:
+        raise ValueError("no output")
+    if len(slots) > MAX_INPUTS:
+        raise LimitError(f"{len(slots)} inputs (the VM takes {MAX_INPUTS})")
+    if len(outputs) > MAX_OUTPUTS:
+        raise LimitError(f"{len(outputs)} outputs (the VM takes {MAX_OUTPUTS})")
+    if len(em.code) > MAX_INSTRS:
+        raise LimitError(f"{len(em.code)} instructions (the VM takes {MAX_INSTRS})")
+    program = em.program(len(slots))
+    return Region(
+        nodes=list(members),
+        input_nodes=[k[0] for k in slots],
+        input_views=[k[1] for k in slots],
+        outputs=outputs,
+        domain=domain,
+        program=program,
+        out_dtypes=[o.meta["val"].dtype for o in outputs],
+        reduced=reduced,
+        build_us=(time.perf_counter() - t0) * 1e6,
+    )
+
+
+def _computes(program: Program) -> bool:
+    return any(i.op not in (Op.LOAD, Op.CONST, Op.STORE) for i in program.instrs)
+
+
+def _split(members: list[Node], a: _Analysis) -> tuple[list[Region], list[tuple[Node, str]]]:
+    """Consecutive runs of ``members`` (graph order), each as long as still builds."""
+    regions: list[Region] = []
+    dropped: list[tuple[Node, str]] = []
+    rest = list(members)
+    while rest:
+        best: Region | None = None
+        lo, hi = 1, len(rest)
+        while lo <= hi:  # longest prefix that builds (binary search, then shrink)
+            mid = (lo + hi) // 2
+            try:
+                best, lo = build_region(rest[:mid], a), mid + 1
+            except ValueError:
+                hi = mid - 1
+        if best is None:
+            dropped.append((rest[0], "cannot form a region alone"))
+            rest = rest[1:]
+            continue
+        regions.append(best)
+        rest = rest[len(best.nodes) :]
+    return regions, dropped
+
+
+def cluster(gm: GraphModule) -> Clustering:
+    """Regions of ``gm`` (nodes need ``meta["val"]``) and the call nodes left to eager with
+    the reason."""
+    t0 = time.perf_counter()
+    c = _Clusterer(gm)
+    groups = c.run()
+    regions: list[Region] = []
+    fallbacks = list(c.a.fallbacks)
+    notes: list[str] = []
+    for members in sorted(groups, key=lambda m: c.a.index[m[0]]):
+        try:
+            parts = [build_region(members, c.a)]
+        except ValueError as e:
+            notes.append(f"split {len(members)} nodes from {members[0].name}: {e}")
+            parts, dropped = _split(members, c.a)
+            fallbacks.extend(dropped)
+        regions.extend(r for r in parts if _computes(r.program))
+    return Clustering(regions, fallbacks, (time.perf_counter() - t0) * 1e6, notes)

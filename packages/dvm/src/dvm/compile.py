@@ -1,0 +1,249 @@
+"""``compile_graph``: an aten FX graph with each region replaced by one VM call, the rest eager.
+
+A region's runner checks its guards (each input's shape, dtype and device as compiled; no
+input needing grad while grad mode is on) and runs the program on the VM; when a guard fails
+or the VM raises, it runs the region's own aten nodes eagerly instead and records why — the
+result is never wrong and the call never crashes for lack of VM support.
+"""
+
+from __future__ import annotations
+
+import heapq
+import operator
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch.fx import Graph, GraphModule, Node
+from torch.fx.node import map_arg
+
+from dvm.cluster import Clustering, Region, cluster
+from dvm.program import Program, run_reference
+
+Prepared = Callable[[list[torch.Tensor], tuple[int, ...]], list[torch.Tensor]]
+
+
+def _reference(program: Program, out_dtypes: list[torch.dtype], reduced: list[bool]) -> Prepared:
+    def run(inputs: list[torch.Tensor], domain: tuple[int, ...]) -> list[torch.Tensor]:
+        return run_reference(program, inputs, domain, out_dtypes, reduced)
+
+    return run
+
+
+def _select_executor() -> tuple[Callable[..., Prepared], str]:
+    """The C++ VM (``dvm.vm.Kernel``, a program encoded once) when it is built, else the
+    reference executor."""
+    try:
+        from dvm import _lib, vm
+
+        _lib.library()  # raises ImportError when no build fits this machine
+    except (ImportError, OSError):
+        return _reference, "reference"
+    return vm.Kernel, "vm"
+
+
+PREPARE, EXECUTOR = _select_executor()
+
+
+class RegionRunner:
+    """Callable standing in for one region in the rewritten graph: inputs are the region's
+    distinct input values, the result is the tuple of its outputs."""
+
+    def __init__(self, region: Region, number: int) -> None:
+        self.region = region
+        self.__name__ = self.__qualname__ = f"dvm_region_{number}"
+        inputs = region.unique_inputs
+        self._inputs = inputs
+        position = {n: i for i, n in enumerate(inputs)}
+        self._slots = [
+            (position[n], view if tuple(n.meta["val"].shape) != view else None)
+            for n, view in zip(region.input_nodes, region.input_views, strict=True)
+        ]
+        self._guards = [(torch.Size(n.meta["val"].shape), n.meta["val"].dtype) for n in inputs]
+        self._out_shapes = [torch.Size(o.meta["val"].shape) for o in region.outputs]
+        t0 = time.perf_counter()
+        self._kernel = PREPARE(region.program, region.out_dtypes, region.reduced)
+        self.prepare_us = (time.perf_counter() - t0) * 1e6
+        self.vm_calls = 0
+        self.eager_calls = 0
+        self.fallback_reasons: dict[str, int] = {}
+
+    @property
+    def compile_us(self) -> float:
+        """Lowering, building and preparing this region's program, in µs."""
+        return self.region.build_us + self.prepare_us
+
+    def guard(self, args: Sequence[Any]) -> str | None:
+        """Why ``args`` cannot run on the compiled program, ``None`` when they can."""
+        grad = torch.is_grad_enabled()
+        for i, (t, (shape, dtype)) in enumerate(zip(args, self._guards, strict=True)):
+            if not isinstance(t, torch.Tensor):
+                return f"input {i} is {type(t).__name__}, not a tensor"
+            if t.shape != shape:
+                return f"input {i} has shape {tuple(t.shape)}, compiled for {tuple(shape)}"
+            if t.dtype != dtype:
+                return f"input {i} has dtype {t.dtype}, compiled for {dtype}"
+            if t.device.type != "cpu":
+                return f"input {i} is on {t.device}; the VM runs on CPU"
+            if grad and t.requires_grad:
+                return f"input {i} requires grad under grad mode (the VM has no autograd)"
+        return None
+
+    def __call__(self, *args: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        reason = self.guard(args)
+        if reason is None:
+            operands = [args[i] if view is None else args[i].view(view) for i, view in self._slots]
+            try:
+                outs = self._kernel(operands, self.region.domain)
+            except Exception as e:
+                reason = f"VM raised {type(e).__name__}: {e}"
+            else:
+                self.vm_calls += 1
+                return tuple(
+                    o if o.shape == s else o.view(s)
+                    for o, s in zip(outs, self._out_shapes, strict=True)
+                )
+        self.eager_calls += 1
+        self.fallback_reasons[reason] = self.fallback_reasons.get(reason, 0) + 1
+        return self.eager(*args)
+
+    def eager(self, *args: Any) -> tuple[Any, ...]:
+        """The region's aten nodes run one by one (the fallback)."""
+        env: dict[Node, Any] = dict(zip(self._inputs, args, strict=True))
+        for n in self.region.nodes:
+            a = map_arg(n.args, env.__getitem__)
+            k = map_arg(n.kwargs, env.__getitem__)
+            env[n] = n.target(*a, **k)
+        return tuple(env[o] for o in self.region.outputs)
+
+
+@dataclass
+class CompiledGraph:
+    """A compiled graph: call it like the original ``GraphModule``. ``regions`` run on the
+    VM; ``fallbacks`` are the call nodes left to eager with the reason; times in µs."""
+
+    graph_module: GraphModule
+    runners: list[RegionRunner]
+    clustering: Clustering
+    total_us: float
+    rewrite_us: float
+    executor: str = field(default=EXECUTOR)
+
+    def __call__(self, *args: Any) -> Any:
+        return self.graph_module(*args)
+
+    @property
+    def regions(self) -> list[Region]:
+        return [r.region for r in self.runners]
+
+    @property
+    def fallbacks(self) -> list[tuple[Node, str]]:
+        return self.clustering.fallbacks
+
+    @property
+    def vm_calls(self) -> int:
+        return sum(r.vm_calls for r in self.runners)
+
+    @property
+    def eager_calls(self) -> int:
+        return sum(r.eager_calls for r in self.runners)
+
+
+def _ensure_meta(gm: GraphModule, example_inputs: Sequence[Any]) -> None:
+    if all("val" in n.meta for n in gm.graph.nodes if n.op in ("placeholder", "call_function")):
+        return
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.passes.fake_tensor_prop import FakeTensorProp
+
+    mode = FakeTensorMode(allow_non_fake_inputs=True)
+    fakes = [mode.from_tensor(t) if isinstance(t, torch.Tensor) else t for t in example_inputs]
+    FakeTensorProp(gm, mode).propagate_dont_convert_inputs(*fakes)
+
+
+def _rewrite(gm: GraphModule, runners: list[RegionRunner]) -> GraphModule:
+    """A new graph: every region one call of its runner, other nodes copied, in an order that
+    respects data dependencies and keeps side effects where they were."""
+    nodes = list(gm.graph.nodes)
+    index = {n: i for i, n in enumerate(nodes)}
+    owner: dict[Node, int] = {}
+    for k, runner in enumerate(runners):
+        for n in runner.region.nodes:
+            owner[n] = k
+    units: list[Any] = []  # a Node, or a region number
+    unit_of: dict[Node, int] = {}
+    region_unit: dict[int, int] = {}
+    for n in nodes:
+        if n in owner:
+            k = owner[n]
+            if k not in region_unit:
+                region_unit[k] = len(units)
+                units.append(k)
+            unit_of[n] = region_unit[k]
+        else:
+            unit_of[n] = len(units)
+            units.append(n)
+    members = [units[u] if isinstance(units[u], Node) else None for u in range(len(units))]
+    deps: list[set[int]] = [set() for _ in units]
+    key = [0] * len(units)
+    last_barrier_unit = -1
+    since_barrier: list[int] = []
+    for u, unit in enumerate(units):
+        group = [unit] if isinstance(unit, Node) else runners[unit].region.nodes
+        key[u] = min(index[n] for n in group)
+        for n in group:
+            for p in n.all_input_nodes:
+                if unit_of[p] != u:
+                    deps[u].add(unit_of[p])
+        impure = (
+            members[u] is not None and members[u].op == "call_function" and (members[u].is_impure())
+        )
+        if impure or (members[u] is not None and members[u].op == "output"):
+            deps[u].update(since_barrier)
+            last_barrier_unit = u
+            since_barrier = []
+        else:
+            if last_barrier_unit >= 0:
+                deps[u].add(last_barrier_unit)
+            since_barrier.append(u)
+    users: list[list[int]] = [[] for _ in units]
+    for u, ds in enumerate(deps):
+        for d in ds:
+            users[d].append(u)
+    waiting = [len(ds) for ds in deps]
+    heap = [(key[u], u) for u in range(len(units)) if waiting[u] == 0]
+    heapq.heapify(heap)
+    graph = Graph()
+    env: dict[Node, Node] = {}
+    while heap:
+        _, u = heapq.heappop(heap)
+        unit = units[u]
+        if isinstance(unit, Node):
+            env[unit] = graph.node_copy(unit, env.__getitem__)
+        else:
+            runner = runners[unit]
+            call = graph.call_function(runner, tuple(env[n] for n in runner._inputs))
+            for i, o in enumerate(runner.region.outputs):
+                item = graph.call_function(operator.getitem, (call, i))
+                item.meta["val"] = o.meta.get("val")
+                env[o] = item
+        for v in users[u]:
+            waiting[v] -= 1
+            if waiting[v] == 0:
+                heapq.heappush(heap, (key[v], v))
+    if len(env) < len([n for n in nodes if n not in owner]):
+        raise RuntimeError("dvm: the rewritten graph lost nodes (a dependency cycle)")
+    return GraphModule(gm, graph)
+
+
+def compile_graph(gm: GraphModule, example_inputs: Sequence[Any]) -> CompiledGraph:
+    """``gm`` with its VM-able regions running on the VM and the rest as eager aten."""
+    t0 = time.perf_counter()
+    _ensure_meta(gm, example_inputs)
+    clustering = cluster(gm)
+    runners = [RegionRunner(r, k) for k, r in enumerate(clustering.regions)]
+    t1 = time.perf_counter()
+    new = _rewrite(gm, runners) if runners else gm
+    t2 = time.perf_counter()
+    return CompiledGraph(new, runners, clustering, (t2 - t0) * 1e6, (t2 - t1) * 1e6)

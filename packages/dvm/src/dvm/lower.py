@@ -1,0 +1,555 @@
+"""Lowering aten nodes (post-AOT-autograd, decompositions applied) to VM instructions.
+
+Each supported op has a :class:`Rule`: its *kind* (what it does to shapes, which the
+clusterer needs), an optional node-local check and an emitter that appends instructions to an
+:class:`Emitter` in SSA form. :meth:`Emitter.program` allocates physical registers (a dead
+value's register is reused) and builds the :class:`~dvm.program.Program`.
+
+Registers hold fp32 values over the domain: 16-bit and bool values widen on load and round on
+store; only explicit casts (``_to_copy``/``convert_element_type``) round in between, like a
+fused kernel that computes in fp32.
+"""
+
+from __future__ import annotations
+
+import operator
+import struct
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch.fx import Node
+
+from dvm.program import DTYPE_CODES, MAX_DIMS, MAX_REGS, Instr, Op, Program
+
+aten = torch.ops.aten
+prims = torch.ops.prims
+
+POINTWISE = "pointwise"
+REDUCE = "reduce"
+VIEW = "view"  # same values, only size-1 dimensions added or removed (or none)
+EXPAND = "expand"
+CONST = "const"
+
+Resolve = Callable[[Any], int]
+
+
+class LimitError(ValueError):
+    """A program exceeds one of the VM's limits (registers, instructions, inputs, outputs)."""
+
+
+class Emitter:
+    """Builds one program: SSA values ``v0, v1, ...`` mapped to physical registers at the end."""
+
+    def __init__(self) -> None:
+        self.code: list[tuple[Op, int, int, int, int, float]] = []
+        self._n = 0
+        self._consts: dict[bytes, int] = {}
+        self._loads: dict[int, int] = {}
+        self.n_outputs = 0
+
+    def _new(self, op: Op, a: int = -1, b: int = -1, c: int = -1, imm: float = 0.0) -> int:
+        v = self._n
+        self._n += 1
+        self.code.append((op, v, a, b, c, imm))
+        return v
+
+    def load(self, index: int) -> int:
+        if index not in self._loads:
+            self._loads[index] = self._new(Op.LOAD, index)
+        return self._loads[index]
+
+    def const(self, value: float) -> int:
+        key = struct.pack("<d", float(value))  # tells -0.0 from 0.0, NaN equals NaN
+        if key not in self._consts:
+            self._consts[key] = self._new(Op.CONST, imm=float(value))
+        return self._consts[key]
+
+    def unary(self, op: Op, a: int) -> int:
+        return self._new(op, a)
+
+    def binary(self, op: Op, a: int, b: int) -> int:
+        return self._new(op, a, b)
+
+    def where(self, cond: int, a: int, b: int) -> int:
+        return self._new(Op.WHERE, cond, a, b)
+
+    def reduce(self, op: Op, a: int) -> int:
+        return self._new(op, a)
+
+    def store(self, value: int) -> int:
+        """Store ``value`` as the next output; its index."""
+        self.code.append((Op.STORE, -1, self.n_outputs, value, -1, 0.0))
+        self.n_outputs += 1
+        return self.n_outputs - 1
+
+    def program(self, n_inputs: int) -> Program:
+        """Allocate registers (reusing dead ones) and build the program; :class:`LimitError`
+        when it needs more than ``MAX_REGS`` registers."""
+        last: dict[int, int] = {}
+        for k, (op, _dst, a, b, c, _imm) in enumerate(self.code):
+            for v in _operands(op, a, b, c):
+                last[v] = k
+        free: list[int] = []
+        phys: dict[int, int] = {}
+        n_regs = 0
+        instrs = []
+        for k, (op, dst, a, b, c, imm) in enumerate(self.code):
+            operands = _operands(op, a, b, c)
+            mapped = [phys[v] for v in operands]
+            if op is Op.STORE:
+                instrs.append(Instr(op, -1, a, mapped[0]))
+            else:
+                if free:
+                    reg = free.pop()
+                else:
+                    reg = n_regs
+                    n_regs += 1
+                phys[dst] = reg
+                if op in (Op.LOAD, Op.CONST):
+                    instrs.append(Instr(op, reg, a, imm=imm))
+                else:
+                    instrs.append(Instr(op, reg, *mapped, *([-1] * (3 - len(mapped)))))
+                if dst not in last:  # never read: free at once
+                    free.append(reg)
+            for v in dict.fromkeys(operands):
+                if last[v] == k:
+                    free.append(phys[v])
+        if n_regs > MAX_REGS:
+            raise LimitError(f"needs {n_regs} registers (the VM has {MAX_REGS})")
+        return Program(tuple(instrs), n_inputs, self.n_outputs, max(n_regs, 1))
+
+
+def _operands(op: Op, a: int, b: int, c: int) -> tuple[int, ...]:
+    if op in (Op.LOAD, Op.CONST):
+        return ()
+    if op is Op.STORE:
+        return (b,)
+    return tuple(x for x in (a, b, c) if x >= 0)
+
+
+@dataclass(frozen=True)
+class Rule:
+    """How one aten overload lowers: ``kind`` (shape behaviour), ``emit(em, node, r)`` giving
+    the result's value (``r`` resolves a node argument to a value), ``check(node)`` a reason
+    it cannot lower (``None`` when it can), ``cost`` an upper bound on its instructions."""
+
+    kind: str
+    emit: Callable[[Emitter, Node, Resolve], int]
+    check: Callable[[Node], str | None] | None = None
+    cost: int = 1
+
+
+RULES: dict[Any, Rule] = {}
+
+
+def _rule(targets: Sequence[Any], kind: str, check=None, cost: int = 1):
+    def register(emit):
+        for t in targets:
+            RULES[t] = Rule(kind, emit, check, cost)
+        return emit
+
+    return register
+
+
+# ---- pointwise -------------------------------------------------------------------------------
+
+_UNARY = {
+    aten.neg.default: Op.NEG,
+    aten.abs.default: Op.ABS,
+    aten.exp.default: Op.EXP,
+    aten.log.default: Op.LOG,
+    aten.log1p.default: Op.LOG1P,
+    aten.sqrt.default: Op.SQRT,
+    aten.rsqrt.default: Op.RSQRT,
+    aten.reciprocal.default: Op.RECIPROCAL,
+    aten.tanh.default: Op.TANH,
+    aten.sigmoid.default: Op.SIGMOID,
+    aten.erf.default: Op.ERF,
+    aten.sin.default: Op.SIN,
+    aten.cos.default: Op.COS,
+    aten.logical_not.default: Op.NOT,
+}
+for _t, _op in _UNARY.items():
+    RULES[_t] = Rule(POINTWISE, lambda em, n, r, _op=_op: em.unary(_op, r(n.args[0])))
+
+_BINARY = {
+    aten.mul.Tensor: Op.MUL,
+    aten.mul.Scalar: Op.MUL,
+    aten.div.Tensor: Op.DIV,
+    aten.div.Scalar: Op.DIV,
+    aten.true_divide.Tensor: Op.DIV,
+    aten.maximum.default: Op.MAX,
+    aten.minimum.default: Op.MIN,
+    aten.eq.Tensor: Op.EQ,
+    aten.eq.Scalar: Op.EQ,
+    aten.ne.Tensor: Op.NE,
+    aten.ne.Scalar: Op.NE,
+    aten.lt.Tensor: Op.LT,
+    aten.lt.Scalar: Op.LT,
+    aten.le.Tensor: Op.LE,
+    aten.le.Scalar: Op.LE,
+    aten.gt.Tensor: Op.GT,
+    aten.gt.Scalar: Op.GT,
+    aten.ge.Tensor: Op.GE,
+    aten.ge.Scalar: Op.GE,
+    aten.logical_and.default: Op.AND,
+    aten.logical_or.default: Op.OR,
+}
+for _t, _op in _BINARY.items():
+    RULES[_t] = Rule(
+        POINTWISE, lambda em, n, r, _op=_op: em.binary(_op, r(n.args[0]), r(n.args[1]))
+    )
+
+
+@_rule([aten.logical_xor.default], POINTWISE, cost=3)
+def _xor(em: Emitter, n: Node, r: Resolve) -> int:
+    zero = em.const(0.0)
+    a = em.binary(Op.NE, r(n.args[0]), zero)
+    return em.binary(Op.NE, a, em.binary(Op.NE, r(n.args[1]), zero))
+
+
+def _scaled(em: Emitter, value: int, alpha: Any) -> int:
+    return value if alpha == 1 else em.binary(Op.MUL, value, em.const(alpha))
+
+
+@_rule([aten.add.Tensor, aten.add.Scalar], POINTWISE, cost=2)
+def _add(em: Emitter, n: Node, r: Resolve) -> int:
+    other = _scaled(em, r(n.args[1]), n.kwargs.get("alpha", 1))
+    return em.binary(Op.ADD, r(n.args[0]), other)
+
+
+@_rule([aten.sub.Tensor, aten.sub.Scalar], POINTWISE, cost=2)
+def _sub(em: Emitter, n: Node, r: Resolve) -> int:
+    other = _scaled(em, r(n.args[1]), n.kwargs.get("alpha", 1))
+    return em.binary(Op.SUB, r(n.args[0]), other)
+
+
+@_rule([aten.rsub.Scalar, aten.rsub.Tensor], POINTWISE, cost=2)
+def _rsub(em: Emitter, n: Node, r: Resolve) -> int:
+    alpha = n.kwargs.get("alpha", n.args[2] if len(n.args) > 2 else 1)
+    return em.binary(Op.SUB, r(n.args[1]), _scaled(em, r(n.args[0]), alpha))
+
+
+def _check_div_mode(node: Node) -> str | None:
+    mode = node.kwargs.get("rounding_mode")
+    return None if mode is None else f"division with rounding_mode={mode!r}"
+
+
+@_rule([aten.div.Tensor_mode], POINTWISE, check=_check_div_mode)
+def _div_mode(em: Emitter, n: Node, r: Resolve) -> int:
+    return em.binary(Op.DIV, r(n.args[0]), r(n.args[1]))
+
+
+_POW_SPECIAL = {0.5: Op.SQRT, -0.5: Op.RSQRT, -1.0: Op.RECIPROCAL}
+
+
+@_rule([aten.pow.Tensor_Scalar, aten.pow.Tensor_Tensor, aten.pow.Scalar], POINTWISE, cost=2)
+def _pow(em: Emitter, n: Node, r: Resolve) -> int:
+    base, exponent = n.args[0], n.args[1]
+    if isinstance(exponent, (int, float)) and isinstance(base, Node):
+        x = r(base)
+        e = float(exponent)
+        if e == 1.0:
+            return x
+        if e == 2.0:
+            return em.binary(Op.MUL, x, x)
+        if e == 3.0:
+            return em.binary(Op.MUL, em.binary(Op.MUL, x, x), x)
+        if e in _POW_SPECIAL:
+            return em.unary(_POW_SPECIAL[e], x)
+    return em.binary(Op.POW, r(base), r(exponent))
+
+
+@_rule([aten.square.default], POINTWISE)
+def _square(em: Emitter, n: Node, r: Resolve) -> int:
+    x = r(n.args[0])
+    return em.binary(Op.MUL, x, x)
+
+
+@_rule([aten.relu.default], POINTWISE)
+def _relu(em: Emitter, n: Node, r: Resolve) -> int:
+    return em.binary(Op.MAX, r(n.args[0]), em.const(0.0))
+
+
+def _clamp_bounds(n: Node) -> tuple[Any, Any]:
+    lo = n.args[1] if len(n.args) > 1 else n.kwargs.get("min")
+    hi = n.args[2] if len(n.args) > 2 else n.kwargs.get("max")
+    return lo, hi
+
+
+@_rule([aten.clamp.default, aten.clamp.Tensor], POINTWISE, cost=2)
+def _clamp(em: Emitter, n: Node, r: Resolve) -> int:
+    x = r(n.args[0])
+    lo, hi = _clamp_bounds(n)
+    if lo is not None:
+        x = em.binary(Op.MAX, x, r(lo))
+    if hi is not None:
+        x = em.binary(Op.MIN, x, r(hi))
+    return x
+
+
+@_rule([aten.clamp_min.default, aten.clamp_min.Tensor], POINTWISE)
+def _clamp_min(em: Emitter, n: Node, r: Resolve) -> int:
+    return em.binary(Op.MAX, r(n.args[0]), r(n.args[1]))
+
+
+@_rule([aten.clamp_max.default, aten.clamp_max.Tensor], POINTWISE)
+def _clamp_max(em: Emitter, n: Node, r: Resolve) -> int:
+    return em.binary(Op.MIN, r(n.args[0]), r(n.args[1]))
+
+
+@_rule(
+    [aten.where.self, aten.where.ScalarSelf, aten.where.ScalarOther, aten.where.Scalar],
+    POINTWISE,
+)
+def _where(em: Emitter, n: Node, r: Resolve) -> int:
+    return em.where(r(n.args[0]), r(n.args[1]), r(n.args[2]))
+
+
+# ---- casts and views -------------------------------------------------------------------------
+
+
+def _cast(em: Emitter, value: int, dtype: torch.dtype) -> int:
+    if dtype == torch.bfloat16:
+        return em.unary(Op.CAST_BF16, value)
+    if dtype == torch.float16:
+        return em.unary(Op.CAST_F16, value)
+    if dtype == torch.bool:
+        return em.binary(Op.NE, value, em.const(0.0))
+    return value
+
+
+def _check_to_copy(node: Node) -> str | None:
+    device = node.kwargs.get("device")
+    if device is not None and torch.device(device).type != "cpu":
+        return f"copy to device {device}"
+    return None
+
+
+@_rule([aten._to_copy.default], VIEW, check=_check_to_copy, cost=2)
+def _to_copy(em: Emitter, n: Node, r: Resolve) -> int:
+    return _cast(em, r(n.args[0]), n.meta["val"].dtype)
+
+
+@_rule([prims.convert_element_type.default], VIEW, cost=2)
+def _convert(em: Emitter, n: Node, r: Resolve) -> int:
+    return _cast(em, r(n.args[0]), n.args[1])
+
+
+def _check_view(node: Node) -> str | None:
+    x = node.args[0]
+    if not isinstance(x, Node) or not isinstance(x.meta.get("val"), torch.Tensor):
+        return "view of a non-tensor"
+    src = [s for s in x.meta["val"].shape if s != 1]
+    dst = [s for s in node.meta["val"].shape if s != 1]
+    if src != dst:
+        return "view that changes the layout (not only size-1 dimensions)"
+    return None
+
+
+@_rule(
+    [
+        aten.alias.default,
+        aten.clone.default,
+        aten.view.default,
+        aten._unsafe_view.default,
+        aten.reshape.default,
+        aten.unsqueeze.default,
+        aten.squeeze.default,
+        aten.squeeze.dim,
+        aten.squeeze.dims,
+    ],
+    VIEW,
+    check=_check_view,
+    cost=0,
+)
+def _identity(em: Emitter, n: Node, r: Resolve) -> int:
+    return r(n.args[0])
+
+
+@_rule([aten.expand.default], EXPAND, cost=0)
+def _expand(em: Emitter, n: Node, r: Resolve) -> int:
+    return r(n.args[0])
+
+
+@_rule([aten.full.default], CONST)
+def _full(em: Emitter, n: Node, r: Resolve) -> int:
+    return em.const(n.args[1])
+
+
+@_rule([aten.scalar_tensor.default], CONST)
+def _scalar_tensor(em: Emitter, n: Node, r: Resolve) -> int:
+    return em.const(n.args[0])
+
+
+# ---- row reductions --------------------------------------------------------------------------
+
+
+def reduced_dims(node: Node) -> list[int]:
+    """The dimensions ``node`` (a reduction) reduces, normalised to ``0..rank-1``."""
+    rank = node.args[0].meta["val"].dim()
+    dims = node.args[1] if len(node.args) > 1 else node.kwargs.get("dim")
+    if dims is None or (isinstance(dims, (list, tuple)) and len(dims) == 0):
+        return list(range(rank))
+    if isinstance(dims, int):
+        dims = [dims]
+    return sorted({d % max(rank, 1) for d in dims})
+
+
+def keepdim(node: Node) -> bool:
+    return bool(node.args[2] if len(node.args) > 2 else node.kwargs.get("keepdim", False))
+
+
+def row_reduction(node: Node) -> bool:
+    """Whether ``node`` reduces a row of more than one element (else it is the identity)."""
+    shape = node.args[0].meta["val"].shape
+    return len(shape) > 0 and (len(shape) - 1) in reduced_dims(node) and shape[-1] != 1
+
+
+def _check_reduce(node: Node) -> str | None:
+    if node.kwargs.get("dtype") is not None:
+        return "reduction with a dtype argument"
+    shape = node.args[0].meta["val"].shape
+    for d in reduced_dims(node):
+        if d != len(shape) - 1 and shape[d] != 1:
+            return f"reduction over dim {d} (size {shape[d]}): the VM reduces only the last dim"
+    return None
+
+
+def _reduction(op: Op):
+    def emit(em: Emitter, n: Node, r: Resolve) -> int:
+        x = r(n.args[0])
+        return em.reduce(op, x) if row_reduction(n) else x
+
+    return emit
+
+
+RULES[aten.sum.dim_IntList] = Rule(REDUCE, _reduction(Op.REDUCE_SUM), _check_reduce)
+RULES[aten.sum.default] = Rule(REDUCE, _reduction(Op.REDUCE_SUM), _check_reduce)
+RULES[aten.mean.dim] = Rule(REDUCE, _reduction(Op.REDUCE_MEAN), _check_reduce)
+RULES[aten.mean.default] = Rule(REDUCE, _reduction(Op.REDUCE_MEAN), _check_reduce)
+RULES[aten.amax.default] = Rule(REDUCE, _reduction(Op.REDUCE_MAX), _check_reduce)
+
+
+@_rule([aten.amin.default], REDUCE, check=_check_reduce, cost=3)
+def _amin(em: Emitter, n: Node, r: Resolve) -> int:
+    x = r(n.args[0])
+    if not row_reduction(n):
+        return x
+    return em.unary(Op.NEG, em.reduce(Op.REDUCE_MAX, em.unary(Op.NEG, x)))
+
+
+# ---- what the VM takes -----------------------------------------------------------------------
+
+
+def _tensor_vals(node: Node) -> list[torch.Tensor]:
+    vals = []
+    for a in (*node.args, *node.kwargs.values()):
+        for x in a if isinstance(a, (list, tuple)) else (a,):
+            if isinstance(x, Node):
+                v = x.meta.get("val")
+                vals.append(v)
+    return vals
+
+
+def unsupported_reason(node: Node) -> str | None:
+    """Why ``node`` cannot run on the VM (op, dtype, reduction dim, dynamic shape, device...),
+    or ``None`` when it can; needs the fake value ``node.meta["val"]`` of it and its inputs."""
+    if node.op != "call_function":
+        return f"{node.op} node"
+    if node.target is operator.getitem:
+        return "getitem of a multi-output op"
+    rule = RULES.get(node.target)
+    if rule is None:
+        return f"op {_name(node.target)} has no VM lowering"
+    val = node.meta.get("val")
+    if not isinstance(val, torch.Tensor):
+        return "no tensor value in node.meta['val'] (run FakeTensorProp first)"
+    for v in (val, *_tensor_vals(node)):
+        if not isinstance(v, torch.Tensor):
+            return "an argument has no tensor value in meta['val']"
+        if v.dtype not in DTYPE_CODES:
+            return f"dtype {v.dtype}: the VM takes float32, bfloat16, float16 and bool"
+        if v.device.type != "cpu":
+            return f"device {v.device}: the VM runs on CPU"
+        if any(not isinstance(s, int) for s in v.shape):
+            return f"dynamic shape {tuple(v.shape)}"
+        if v.dim() > MAX_DIMS:
+            return f"{v.dim()} dims (the VM takes {MAX_DIMS})"
+        if v.numel() == 0:
+            return "empty tensor"
+    if val.dtype == torch.bool and rule.kind == POINTWISE and node.target not in _BOOL_OUT:
+        return f"op {_name(node.target)} with a bool result"
+    for a in (*node.args, *node.kwargs.values()):
+        if isinstance(a, complex):
+            return "complex scalar argument"
+    if rule.check is not None:
+        return rule.check(node)
+    return None
+
+
+_BOOL_OUT = {
+    t
+    for t, op in _BINARY.items()
+    if op in (Op.EQ, Op.NE, Op.LT, Op.LE, Op.GT, Op.GE, Op.AND, Op.OR)
+} | {
+    aten.logical_not.default,
+    aten.logical_xor.default,
+    aten.where.self,
+    aten.where.ScalarSelf,
+    aten.where.ScalarOther,
+    aten.where.Scalar,
+}
+
+
+def _name(target: Any) -> str:
+    return (
+        str(target)
+        if isinstance(target, torch._ops.OpOverload)
+        else getattr(target, "__name__", str(target))
+    )
+
+
+# ---- decompositions --------------------------------------------------------------------------
+
+
+def _var_mean(x: torch.Tensor, dim=None, *, correction=None, keepdim: bool = False):
+    dims = list(range(x.dim())) if dim is None else list(dim)
+    n = 1
+    for d in dims:
+        n *= x.shape[d]
+    mean = torch.mean(x, dims, keepdim=True)
+    centred = x - mean
+    var = torch.sum(centred * centred, dims, keepdim=keepdim) / max(
+        n - (1 if correction is None else correction), 0
+    )
+    return var, (mean if keepdim else torch.squeeze(mean, dims))
+
+
+def decomposition_table() -> dict[Any, Callable[..., Any]]:
+    """Core aten decompositions plus the composites that become VM-able when decomposed
+    (softmax, log-softmax, GELU, LayerNorm forward/backward, variance)."""
+    from torch._decomp import core_aten_decompositions, get_decompositions
+
+    table = dict(core_aten_decompositions())
+    table.update(
+        get_decompositions(
+            [
+                aten.gelu,
+                aten.gelu_backward,
+                aten._softmax,
+                aten._log_softmax,
+                aten._softmax_backward_data,
+                aten._log_softmax_backward_data,
+                aten.native_layer_norm,
+                aten.native_layer_norm_backward,
+                aten.hardtanh,
+                aten.leaky_relu,
+                aten.elu,
+            ]
+        )
+    )
+    table[aten.var_mean.correction] = _var_mean
+    return table

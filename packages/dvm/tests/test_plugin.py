@@ -48,7 +48,7 @@ def test_spore_backends_lists_dvm(run_spore: Any) -> None:
 
 
 def test_spore_plugins_check_dvm(run_spore: Any) -> None:
-    out = run_spore("plugins", "check", "dvm", "--json", timeout=300)
+    out = run_spore("plugins", "check", "dvm", "--json", env={"SPORE_PLUGINS": "dvm"}, timeout=300)
     assert out.returncode == 0, out.stdout + out.stderr
     report = json.loads(out.stdout)
     assert report["ok"], report["problems"]

@@ -72,8 +72,10 @@ def _rms_norm(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
 
 
 def _softmax_and_sum(x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    s = x + y
-    return torch.softmax(s, dim=-1), s * 0.5
+    s = x + y  # softmax as Inductor's decomposition leaves it (fp32 inside) in post-grad graphs
+    f = s.float()
+    e = torch.exp(f - f.amax(-1, keepdim=True))
+    return (e / e.sum(-1, keepdim=True)).to(s.dtype), s * 0.5
 
 
 def _gelu_tanh(x: torch.Tensor, b: torch.Tensor) -> torch.Tensor:

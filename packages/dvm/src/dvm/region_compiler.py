@@ -41,10 +41,20 @@ class DvmRegionCompiler:
     def compile(
         self, region_graph: torch.fx.GraphModule, example_inputs: list[torch.Tensor]
     ) -> Callable[..., Any]:
-        """A callable running ``region_graph`` on the VM (see :func:`dvm.compile.compile_graph`)."""
+        """A callable running ``region_graph`` on the VM (see :func:`dvm.compile.compile_graph`).
+
+        ``ValueError`` when dvm would leave any of the region's ops to eager aten (mfusion then
+        leaves the region to Inductor, which fuses it, and logs this message).
+        """
         from dvm.compile import compile_graph
 
         compiled = compile_graph(region_graph, example_inputs)
+        if compiled.fallbacks or not compiled.regions:
+            left = "; ".join(f"{n.target}: {why}" for n, why in compiled.fallbacks)
+            raise ValueError(
+                f"dvm leaves {len(compiled.fallbacks)} of the region's ops to eager aten "
+                f"({left or 'no VM region formed'})"
+            )
         self.compiled += 1
         return compiled
 

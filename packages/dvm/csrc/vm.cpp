@@ -100,8 +100,6 @@ void coalesce(Plan& p, const int64_t* domain, int32_t ndim, bool keep_last) {
     p.inner = p.size[p.ndim - 1];
 }
 
-int32_t elem_size(int32_t dtype) { return dtype == F32 ? 4 : dtype == BOOL ? 1 : 2; }
-
 // Calls fn(offset, column, length, position) for each row piece of the tile [start, start+n):
 // offset in elements of the operand with `stride`, column within the row, position in the tile.
 template <typename Fn>

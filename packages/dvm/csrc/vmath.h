@@ -242,7 +242,8 @@ inline double log_d(float x) {
     R = R * z;
     const double hfsq = 0.5 * f * f;
     const double l = static_cast<double>(e) * 0.69314718055994530942 + (f - (hfsq - s * (hfsq + R)));
-    return x == 0.0f ? -static_cast<double>(INF) : x == INF ? static_cast<double>(INF) : l;
+    const double special = x == 0.0f ? -static_cast<double>(INF) : static_cast<double>(x);
+    return (x == 0.0f || x == INF || x != x) ? special : l;
 }
 
 // e^z rounded to float, z in double: Taylor to r^11 on |r| <= ln2/2, 2^n from its bits.
@@ -276,7 +277,7 @@ inline float pow_f(float a, float b) {
     const float half = 0.5f * b;
     const bool b_odd = b_int && fabs_(b) < 16777216.0f && half != round_even(half);
     r = (as_bits(a) >> 31) && b_odd ? -r : r;
-    r = a < 0.0f && !b_int ? QNAN : r;
+    r = a < 0.0f && a != -INF && !b_int ? QNAN : r;
     r = (a == -1.0f && fabs_(b) == INF) ? 1.0f : r;
     return (a == 1.0f || b == 0.0f) ? 1.0f : r;
 }

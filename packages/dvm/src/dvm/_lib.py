@@ -37,21 +37,26 @@ def builds() -> list[str]:
 
 
 @cache
-def library() -> tuple[ctypes.CDLL, str]:
-    """The library in use and its build name (``DVM_ISA``, else the best of :func:`builds`)."""
+def load(level: str) -> ctypes.CDLL:
+    """The ``level`` build (``v4``, ``v3`` or ``base``), ABI-checked."""
     usable = builds()
-    level = os.environ.get("DVM_ISA", "").strip() or usable[0]
     if level not in usable:
         raise ImportError(
-            f"DVM_ISA={level!r} is not usable here: choose one of {', '.join(usable)} "
-            f"(builds present that this CPU runs), or unset it"
+            f"dvm build {level!r} is not usable here: choose one of {', '.join(usable)} "
+            f"(the builds present that this CPU runs)"
         )
     lib = ctypes.CDLL(_built(level))
     lib.dvm_abi_version.restype = ctypes.c_int32
     if lib.dvm_abi_version() != ABI_VERSION:
         raise ImportError(f"dvm's {level} build has ABI {lib.dvm_abi_version()}: {_REBUILD}")
-    p, i32, i64 = ctypes.c_void_p, ctypes.c_int32, ctypes.c_int64
-    lib.dvm_run.restype = i32
-    lib.dvm_run.argtypes = [p, p, i32, i32, i32, p, p, p, i32, p, p, p, p, i32, i32]
-    lib.dvm_max_row.restype = i64
-    return lib, level
+    # dvm_run gets no argtypes: vm.py passes ctypes arrays and int32-range ints only, and
+    # ctypes' per-argument conversion would add ~1 us per argument to every call.
+    lib.dvm_run.restype = ctypes.c_int32
+    lib.dvm_max_row.restype = ctypes.c_int64
+    return lib
+
+
+def library() -> tuple[ctypes.CDLL, str]:
+    """The library in use and its build: ``DVM_ISA`` if set, else the best of :func:`builds`."""
+    level = os.environ.get("DVM_ISA", "").strip() or builds()[0]
+    return load(level), level

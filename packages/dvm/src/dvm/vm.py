@@ -57,8 +57,10 @@ def _strides(t: torch.Tensor, domain: tuple[int, ...], k: int) -> list[int]:
 
 
 def _domain(domain: Sequence[int]) -> tuple[int, ...]:
+    if type(domain) is torch.Size and 1 <= len(domain) <= MAX_DIMS:
+        return domain
     try:
-        dims = tuple(int(d) for d in domain)
+        dims = tuple(map(int, domain))
     except (TypeError, ValueError):
         raise TypeError(f"domain must be a sequence of ints, got {domain!r}") from None
     if not 1 <= len(dims) <= MAX_DIMS or min(dims) < 0:
@@ -68,13 +70,16 @@ def _domain(domain: Sequence[int]) -> tuple[int, ...]:
 
 class Kernel:
     """``program`` encoded for the VM once, producing outputs of ``out_dtypes`` (row-reduced
-    where ``reduced`` says so); call it with inputs and a domain."""
+    where ``reduced`` says so); call it with inputs and a domain. ``isa`` picks a build
+    (``v4``, ``v3``, ``base``) instead of ``DVM_ISA`` or the best one."""
 
     def __init__(
         self,
         program: Program,
         out_dtypes: Sequence[torch.dtype],
         reduced: Sequence[bool] | None = None,
+        *,
+        isa: str | None = None,
     ) -> None:
         if not isinstance(program, Program):
             raise TypeError(f"program must be a dvm.program.Program, got {type(program).__name__}")
@@ -89,66 +94,78 @@ class Kernel:
         self.program = program
         self.out_dtypes = tuple(out_dtypes)
         self.reduced = tuple(reduced)
-        self._out_codes = (_I32 * n_out)(
-            *(_dtype_code(d, f"output {k}") for k, d in enumerate(out_dtypes))
+        out_codes = [_dtype_code(d, f"output {k}") for k, d in enumerate(out_dtypes)]
+        if isa is None:
+            self._lib, self.isa = _lib.library()
+        else:
+            self._lib, self.isa = _lib.load(isa), isa
+        self._max_row = self._lib.dvm_max_row() if program.has_reduction else None
+        n_in = program.n_inputs
+        # the call's fixed arguments; the per-call arrays' types, made once
+        self._head = (
+            (_I32 * len(codes))(*codes),
+            (_F32 * len(imms))(*imms),
+            len(codes) // 5,
+            program.n_regs,
+            n_in,
         )
-        self._code = (_I32 * len(codes))(*codes)
-        self._imm = (_F32 * len(imms))(*imms)
-        self._lib, self.isa = _lib.library()
+        self._out_codes = (_I32 * n_out)(*out_codes)
+        self._ptrs = _PTR * (n_in + n_out)
+        self._in_codes = _I32 * max(n_in, 1)
 
     def __call__(
         self, inputs: Sequence[torch.Tensor], domain: Sequence[int], *, threads: int | None = None
     ) -> list[torch.Tensor]:
         """The program's outputs over ``domain`` for ``inputs`` (CPU tensors broadcastable to
         it), on ``threads`` threads (default ``torch.get_num_threads()``)."""
-        prog = self.program
         dims = _domain(domain)
-        if len(inputs) != prog.n_inputs:
-            raise ValueError(f"the program takes {prog.n_inputs} inputs, got {len(inputs)}")
-        if prog.has_reduction and dims[-1] > self._lib.dvm_max_row():
+        n_in, n_out = self._head[4], len(self.out_dtypes)
+        if len(inputs) != n_in:
+            raise ValueError(f"the program takes {n_in} inputs, got {len(inputs)}")
+        if self._max_row is not None and dims[-1] > self._max_row:
             raise VMError(
                 f"rows of {dims[-1]} elements: the VM reduces rows of at most "
-                f"{self._lib.dvm_max_row()} (run this region eagerly)"
+                f"{self._max_row} (run this region eagerly)"
             )
         threads = torch.get_num_threads() if threads is None else int(threads)
         if threads < 1:
             raise ValueError(f"threads must be at least 1, got {threads}")
-        in_strides: list[int] = []
         in_codes = []
+        longs: list[int] = []  # input strides, output strides, the domain: one int64 array
         for k, t in enumerate(inputs):
             if not isinstance(t, torch.Tensor):
                 raise TypeError(f"input {k} is a {type(t).__name__}, not a torch.Tensor")
-            if t.device.type != "cpu" or t.layout != torch.strided:
+            if not t.is_cpu or t.layout is not torch.strided:
                 raise ValueError(
                     f"input {k} is a {t.device.type} {t.layout} tensor; the VM runs on dense "
                     f"CPU tensors (move it with .cpu())"
                 )
-            in_codes.append(_dtype_code(t.dtype, f"input {k}"))
-            in_strides += _strides(t, dims, k)
+            code = DTYPE_CODES.get(t.dtype)
+            if code is None:
+                _dtype_code(t.dtype, f"input {k}")
+            in_codes.append(code)
+            longs += t.stride() if t.shape == dims else _strides(t, dims, k)
         outs = []
-        out_strides: list[int] = []
         for dtype, red in zip(self.out_dtypes, self.reduced, strict=True):
             out = torch.empty(output_shape(dims, red), dtype=dtype)
-            strides = list(out.stride())
+            longs += out.stride()
             if red:
-                strides[-1] = 0  # every column of a row maps to the row's one element
+                longs[-1] = 0  # every column of a row maps to the row's one element
             outs.append(out)
-            out_strides += strides
-        n_in, n_out, nd = prog.n_inputs, prog.n_outputs, len(dims)
+        nd = len(dims)
+        longs += dims
+        ints = (_I64 * len(longs))(*longs)
+        ptrs = self._ptrs(*[t.data_ptr() for t in inputs], *[o.data_ptr() for o in outs])
         status = self._lib.dvm_run(
-            self._code,
-            self._imm,
-            len(prog.instrs),
-            prog.n_regs,
-            n_in,
-            (_PTR * max(n_in, 1))(*(t.data_ptr() for t in inputs)),
-            (_I32 * max(n_in, 1))(*in_codes),
-            (_I64 * max(n_in * nd, 1))(*in_strides),
+            *self._head,
+            ptrs,
+            self._in_codes(*in_codes),
+            ints,
             n_out,
-            (_PTR * n_out)(*(o.data_ptr() for o in outs)),
+            ctypes.byref(ptrs, 8 * n_in),
             self._out_codes,
-            (_I64 * (n_out * nd))(*out_strides),
-            (_I64 * nd)(*dims),
+            ctypes.byref(ints, 8 * n_in * nd),
+            ctypes.byref(ints, 8 * (n_in + n_out) * nd),
             nd,
             threads,
         )

@@ -38,6 +38,7 @@ from dvm.lower import (
 from dvm.program import MAX_INPUTS, MAX_INSTRS, MAX_OUTPUTS, Op, Program
 
 Shape = tuple[int, ...]
+aten = torch.ops.aten
 
 
 @dataclass
@@ -51,6 +52,7 @@ class Region:
     input_nodes: list[Node]
     input_views: list[Shape]
     outputs: list[Node]
+    output_slots: list[int]
     domain: Shape
     program: Program
     out_dtypes: list[torch.dtype]
@@ -262,6 +264,12 @@ class _Clusterer:
                     gp, gc = self.group[p], self.group[c]
                     if gp is not gc:
                         self._try_merge(gp, gc)
+        for p in self.nodes:  # siblings: regions reading one value load it once
+            readers = [u for u in p.users if u in self.group]
+            for u in readers[1:]:
+                first, other = self.group[readers[0]], self.group[u]
+                if first is not other:
+                    self._try_merge(first, other)
         seen: dict[int, _Group] = {}
         for g in self.group.values():
             seen.setdefault(id(g), g)
@@ -280,7 +288,8 @@ class _Clusterer:
         if len(inputs) > MAX_INPUTS:
             return False
         outputs = {o for o in x.outputs | y.outputs if any(u not in union for u in o.users)}
-        if len(outputs) > MAX_OUTPUTS:
+        stores = sum(1 for o in outputs if not (o.target in _ALIASING and o.args[0] in union))
+        if stores > MAX_OUTPUTS:
             return False
         if any(_storable(self.a.dshape[o], domain) is None for o in outputs):
             return False
@@ -341,6 +350,9 @@ def build_region(members: list[Node], a: _Analysis) -> Region:
     env: dict[Node, int] = {}
     slots: dict[tuple[Node, Shape], int] = {}
     outputs: list[Node] = []
+    slots_out: list[int] = []
+    stored: dict[tuple[int, torch.dtype, bool], int] = {}
+    out_dtypes: list[torch.dtype] = []
     reduced: list[bool] = []
     for n in members:
 
@@ -359,15 +371,19 @@ def build_region(members: list[Node], a: _Analysis) -> Region:
                 raise ValueError(
                     f"output {n.name} {a.dshape[n]} is neither {domain} nor row-reduced"
                 )
-            em.store(env[n])
+            key = (env[n], n.meta["val"].dtype, red)
+            if key not in stored or n.target not in _ALIASING:
+                stored[key] = em.store(env[n])
+                out_dtypes.append(key[1])
+                reduced.append(red)
             outputs.append(n)
-            reduced.append(red)
+            slots_out.append(stored[key])
     if not outputs:
         raise ValueError("no output")
     if len(slots) > MAX_INPUTS:
         raise LimitError(f"{len(slots)} inputs (the VM takes {MAX_INPUTS})")
-    if len(outputs) > MAX_OUTPUTS:
-        raise LimitError(f"{len(outputs)} outputs (the VM takes {MAX_OUTPUTS})")
+    if em.n_outputs > MAX_OUTPUTS:
+        raise LimitError(f"{em.n_outputs} outputs (the VM takes {MAX_OUTPUTS})")
     if len(em.code) > MAX_INSTRS:
         raise LimitError(f"{len(em.code)} instructions (the VM takes {MAX_INSTRS})")
     program = em.program(len(slots))
@@ -376,12 +392,26 @@ def build_region(members: list[Node], a: _Analysis) -> Region:
         input_nodes=[k[0] for k in slots],
         input_views=[k[1] for k in slots],
         outputs=outputs,
+        output_slots=slots_out,
         domain=domain,
         program=program,
-        out_dtypes=[o.meta["val"].dtype for o in outputs],
+        out_dtypes=out_dtypes,
         reduced=reduced,
         build_us=(time.perf_counter() - t0) * 1e6,
     )
+
+
+_ALIASING = {
+    aten.alias.default,
+    aten.view.default,
+    aten._unsafe_view.default,
+    aten.reshape.default,
+    aten.unsqueeze.default,
+    aten.squeeze.default,
+    aten.squeeze.dim,
+    aten.squeeze.dims,
+    aten.expand.default,
+}
 
 
 def _computes(program: Program) -> bool:

@@ -102,8 +102,8 @@ class RegionRunner:
             else:
                 self.vm_calls += 1
                 return tuple(
-                    o if o.shape == s else o.view(s)
-                    for o, s in zip(outs, self._out_shapes, strict=True)
+                    outs[k] if outs[k].shape == s else outs[k].view(s)
+                    for k, s in zip(self.region.output_slots, self._out_shapes, strict=True)
                 )
         self.eager_calls += 1
         self.fallback_reasons[reason] = self.fallback_reasons.get(reason, 0) + 1

@@ -210,6 +210,24 @@ def _xor(em: Emitter, n: Node, r: Resolve) -> int:
     return em.binary(Op.NE, a, em.binary(Op.NE, r(n.args[1]), zero))
 
 
+def _check_bitwise(node: Node) -> str | None:
+    if any(v.dtype != torch.bool for v in _tensor_vals(node)):
+        return "bitwise op on non-bool tensors"
+    return None
+
+
+for _t, _op in {
+    aten.bitwise_and.Tensor: Op.AND,
+    aten.bitwise_or.Tensor: Op.OR,
+    aten.bitwise_xor.Tensor: Op.NE,
+}.items():
+    RULES[_t] = Rule(
+        POINTWISE,
+        lambda em, n, r, _op=_op: em.binary(_op, r(n.args[0]), r(n.args[1])),
+        _check_bitwise,
+    )
+
+
 def _scaled(em: Emitter, value: int, alpha: Any) -> int:
     return value if alpha == 1 else em.binary(Op.MUL, value, em.const(alpha))
 
@@ -497,6 +515,9 @@ _BOOL_OUT = {
 } | {
     aten.logical_not.default,
     aten.logical_xor.default,
+    aten.bitwise_and.Tensor,
+    aten.bitwise_or.Tensor,
+    aten.bitwise_xor.Tensor,
     aten.where.self,
     aten.where.ScalarSelf,
     aten.where.ScalarOther,

@@ -1,0 +1,130 @@
+"""``dvm.explain(fn, *inputs)``: the regions dvm finds in ``fn``'s graphs, their programs and
+why anything was left to eager."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from dvm.compile import CompiledGraph
+
+
+@dataclass
+class RegionInfo:
+    """One region: the graph it is in, its aten ops, domain, inputs and outputs (node names),
+    program disassembly and compile time (µs)."""
+
+    graph: str
+    ops: list[str]
+    domain: tuple[int, ...]
+    inputs: list[str]
+    outputs: list[str]
+    program: str
+    compile_us: float
+
+
+@dataclass
+class Fallback:
+    """A node left to eager aten: its graph, name, op and the reason."""
+
+    graph: str
+    node: str
+    op: str
+    reason: str
+
+
+@dataclass
+class Explanation:
+    """What ``torch.compile(fn, backend="dvm")`` does with ``fn``: regions, fallbacks and
+    compile times (µs) of each graph (forward, and backward when a result needs grad)."""
+
+    regions: list[RegionInfo] = field(default_factory=list)
+    fallbacks: list[Fallback] = field(default_factory=list)
+    graphs: dict[str, float] = field(default_factory=dict)  # graph -> compile µs
+    executor: str = ""
+
+    @property
+    def compile_us(self) -> float:
+        return sum(self.graphs.values())
+
+    def __str__(self) -> str:
+        lines = [
+            f"dvm: {len(self.regions)} region(s), {len(self.fallbacks)} node(s) left to eager, "
+            f"{len(self.graphs)} graph(s) compiled in {self.compile_us:.0f} µs "
+            f"(executor: {self.executor})"
+        ]
+        for k, r in enumerate(self.regions):
+            lines.append(
+                f"region {k} [{r.graph}] domain {r.domain}, {len(r.ops)} ops, "
+                f"compiled in {r.compile_us:.0f} µs"
+            )
+            lines.append(f"  ops: {', '.join(r.ops)}")
+            lines.append(f"  inputs: {', '.join(r.inputs)}")
+            lines.append(f"  outputs: {', '.join(r.outputs)}")
+            lines.extend("    " + line for line in r.program.splitlines())
+        if self.fallbacks:
+            lines.append("left to eager:")
+            lines.extend(f"  [{f.graph}] {f.node} ({f.op}): {f.reason}" for f in self.fallbacks)
+        return "\n".join(lines)
+
+
+def _record(explanation: Explanation, name: str, compiled: CompiledGraph) -> None:
+    explanation.graphs[name] = compiled.total_us
+    explanation.executor = compiled.executor
+    for runner in compiled.runners:
+        r = runner.region
+        explanation.regions.append(
+            RegionInfo(
+                graph=name,
+                ops=r.ops,
+                domain=r.domain,
+                inputs=[n.name for n in r.unique_inputs],
+                outputs=[n.name for n in r.outputs],
+                program=r.program.disassemble(),
+                compile_us=runner.compile_us,
+            )
+        )
+    for node, reason in compiled.fallbacks:
+        op = str(node.target)
+        explanation.fallbacks.append(Fallback(name, node.name, op, reason))
+
+
+def explain(fn: Callable[..., Any], *inputs: Any) -> Explanation:
+    """Compile ``fn`` with the dvm backend, run it on ``inputs`` (and its backward when a
+    result needs grad, without touching any ``.grad``) and say what dvm did."""
+    from dvm.backend import make_backend
+
+    explanation = Explanation()
+    counts: dict[str, int] = {}
+
+    def on_compile(kind: str, compiled: CompiledGraph) -> None:
+        counts[kind] = counts.get(kind, 0) + 1
+        name = kind if counts[kind] == 1 else f"{kind} {counts[kind]}"
+        _record(explanation, name, compiled)
+
+    compiled_fn = torch.compile(fn, backend=make_backend(on_compile))
+    out = compiled_fn(*inputs)
+    results = [t for t in _tensors(out) if t.requires_grad]
+    if results:
+        leaves = [t for t in _tensors(inputs) if t.requires_grad]
+        if isinstance(fn, torch.nn.Module):
+            leaves += [p for p in fn.parameters() if p.requires_grad]
+        if leaves:
+            total = sum(t.float().sum() for t in results)
+            torch.autograd.grad(total, leaves, allow_unused=True)
+    return explanation
+
+
+def _tensors(value: Any) -> list[torch.Tensor]:
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, (list, tuple)):
+        return [t for v in value for t in _tensors(v)]
+    if isinstance(value, dict):
+        return [t for v in value.values() for t in _tensors(v)]
+    if hasattr(value, "to_tuple"):  # transformers' ModelOutput
+        return _tensors(value.to_tuple())
+    return []

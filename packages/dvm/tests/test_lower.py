@@ -1,0 +1,224 @@
+"""Lowering: each aten op alone, traced to an aten graph and run on the VM, equals eager."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from dvm.compile import compile_graph
+from dvm.lower import Emitter, LimitError, unsupported_reason
+from dvm.program import MAX_REGS, Op
+from torch.fx.experimental.proxy_tensor import make_fx
+
+aten = torch.ops.aten
+
+
+def _compile(fn, *args, mode="fake"):
+    gm = make_fx(fn, tracing_mode=mode)(*args)
+    return gm, compile_graph(gm, list(args))
+
+
+def _x(*shape, dtype=torch.float32, lo=-2.0, hi=2.0, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return (torch.rand(*shape, generator=g) * (hi - lo) + lo).to(dtype)
+
+
+POS = {"lo": 0.1, "hi": 3.0}
+UNARY = [
+    (aten.neg.default, {}),
+    (aten.abs.default, {}),
+    (aten.exp.default, {}),
+    (aten.log.default, POS),
+    (aten.log1p.default, POS),
+    (aten.sqrt.default, POS),
+    (aten.rsqrt.default, POS),
+    (aten.reciprocal.default, POS),
+    (aten.tanh.default, {}),
+    (aten.sigmoid.default, {}),
+    (aten.erf.default, {}),
+    (aten.sin.default, {}),
+    (aten.cos.default, {}),
+    (aten.relu.default, {}),
+    (aten.square.default, {}),
+]
+
+
+def _check(fn, args, atol=1e-5, rtol=1e-5, regions=1):
+    _, compiled = _compile(fn, *args)
+    assert compiled.executor == "vm"
+    assert len(compiled.regions) == regions, compiled.fallbacks
+    got = compiled(*args)
+    want = fn(*args)
+    for g, w in zip(
+        got if isinstance(got, (tuple, list)) else [got],
+        want if isinstance(want, (tuple, list)) else [want],
+        strict=True,
+    ):
+        assert g.dtype == w.dtype
+        assert g.shape == w.shape
+        torch.testing.assert_close(g, w, atol=atol, rtol=rtol, equal_nan=True)
+    assert compiled.vm_calls == regions
+    assert compiled.eager_calls == 0
+    return compiled
+
+
+@pytest.mark.parametrize(("op", "rng"), UNARY, ids=[str(op) for op, _ in UNARY])
+def test_unary(op, rng):
+    x = _x(5, 7, **rng)
+    _check(lambda t: op(t), [x])
+
+
+BINARY = [
+    aten.add.Tensor,
+    aten.sub.Tensor,
+    aten.mul.Tensor,
+    aten.div.Tensor,
+    aten.maximum.default,
+    aten.minimum.default,
+    aten.eq.Tensor,
+    aten.ne.Tensor,
+    aten.lt.Tensor,
+    aten.le.Tensor,
+    aten.gt.Tensor,
+    aten.ge.Tensor,
+]
+
+
+@pytest.mark.parametrize("op", BINARY, ids=str)
+def test_binary_broadcast(op):
+    a = _x(3, 4, 9, seed=1)
+    b = _x(4, 1, seed=2).round()  # equal values occur, for the comparisons
+    _check(lambda x, y: op(x, y), [a.round(), b])
+
+
+@pytest.mark.parametrize(
+    "fn",
+    [
+        lambda x: aten.add.Tensor(x, 2.5, alpha=3),
+        lambda x: aten.sub.Tensor(x, x * 2, alpha=0.5),
+        lambda x: aten.rsub.Scalar(x, 1.5),
+        lambda x: aten.mul.Tensor(x, -0.0),
+        lambda x: aten.div.Tensor(x, 3),
+        lambda x: aten.pow.Tensor_Scalar(x, 2),
+        lambda x: aten.pow.Tensor_Scalar(x, 3),
+        lambda x: aten.pow.Tensor_Scalar(x.abs() + 0.1, 0.5),
+        lambda x: aten.pow.Tensor_Scalar(x.abs() + 0.1, -0.5),
+        lambda x: aten.pow.Tensor_Scalar(x.abs() + 0.1, 1.7),
+        lambda x: aten.pow.Tensor_Tensor(x.abs() + 0.1, x),
+        lambda x: aten.pow.Scalar(2.0, x),
+        lambda x: aten.clamp.default(x, -0.5, 0.7),
+        lambda x: aten.clamp.default(x, None, 0.7),
+        lambda x: aten.clamp_min.default(x, 0.1),
+        lambda x: aten.where.self(x > 0, x, x * 3),
+        lambda x: aten.where.ScalarOther(x > 0, x, -1.0),
+        lambda x: aten.logical_and.default(x > 0, x < 1),
+        lambda x: aten.logical_or.default(x > 1, x < -1),
+        lambda x: aten.logical_not.default(x > 0),
+        lambda x: aten.logical_xor.default(x > 0, x > 1),
+        lambda x: aten.gt.Scalar(x, 0.25),
+        lambda x: aten.div.Tensor_mode(x, 7.0, rounding_mode=None),
+    ],
+)
+def test_scalar_args_and_composites(fn):
+    _check(fn, [_x(6, 5, seed=3)])
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_casts_round_like_eager(dtype):
+    x = _x(4, 33, seed=4)
+
+    def fn(t):
+        return (
+            aten._to_copy.default(aten._to_copy.default(t * 1.37, dtype=dtype), dtype=torch.float32)
+            + 1
+        )
+
+    _check(fn, [x], atol=0, rtol=0)
+    h = x.to(dtype)
+    _check(
+        lambda t: (aten._to_copy.default(t, dtype=torch.float32) * 3).to(dtype), [h], atol=0, rtol=0
+    )
+
+
+@pytest.mark.parametrize(
+    "fn",
+    [
+        lambda x: x.sum(-1, keepdim=True),
+        lambda x: x.sum(-1),
+        lambda x: x.amax(-1, keepdim=True),
+        lambda x: x.amin(-1),
+        lambda x: x.mean(-1, keepdim=True),
+        lambda x: x - x.amax(-1, keepdim=True),
+        lambda x: x * x.mean(2, keepdim=True),
+    ],
+)
+def test_row_reductions(fn):
+    _check(fn, [_x(3, 2, 37, seed=5)])
+
+
+def test_reduction_over_size_one_dims_is_identity():
+    x = _x(1, 6, 1, seed=6)
+    _check(lambda t: (t * 2).sum([0, 2], keepdim=True) + 1, [x])
+
+
+def test_views_and_expand_inside_a_region():
+    x = _x(4, 6, seed=7)
+    w = _x(6, seed=8)
+    _check(lambda t, v: (t.sum(-1).unsqueeze(-1) * v.view(1, 6).expand(4, 6)).exp(), [x, w])
+
+
+def test_constants():
+    x = _x(4, 6, seed=9)
+    _check(lambda t: torch.where(t > 0, t, torch.full((1,), 0.5)) * torch.scalar_tensor(2.0), [x])
+
+
+def test_bool_inputs_and_outputs():
+    x = _x(4, 6, seed=10)
+    m = x > 0.3
+    _check(lambda t, k: (torch.where(k, t, -t), k & (t < 1), k ^ (t > 0)), [x, m])
+
+
+def test_reasons():
+    def reason(fn, *args, target):
+        gm = make_fx(fn, tracing_mode="fake")(*args)
+        (node,) = [n for n in gm.graph.nodes if n.target == target]
+        return unsupported_reason(node)
+
+    x = _x(4, 6)
+    assert "float64" in reason(lambda t: t.double() * 2, x, target=aten.mul.Tensor)
+    assert "dim 0" in reason(lambda t: t.sum(0), x, target=aten.sum.dim_IntList)
+    assert "rounding_mode" in reason(
+        lambda t: aten.div.Tensor_mode(t, 2.0, rounding_mode="floor"),
+        x,
+        target=aten.div.Tensor_mode,
+    )
+    assert "no VM lowering" in reason(lambda t: t.cumsum(-1), x, target=aten.cumsum.default)
+    assert "layout" in reason(lambda t: t.view(24), x, target=aten.view.default)
+    assert "int64" in reason(lambda t: t.argmax(-1) + 1, x, target=aten.add.Tensor)
+    gm = make_fx(lambda t: t * 2, tracing_mode="symbolic")(x)
+    (mul,) = [n for n in gm.graph.nodes if n.target == aten.mul.Tensor]
+    assert "dynamic shape" in unsupported_reason(mul)
+    (ph,) = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    assert "placeholder" in unsupported_reason(ph)
+
+
+def test_register_reuse_and_limit():
+    em = Emitter()
+    v = em.load(0)
+    for _ in range(200):  # a long chain needs two registers, not 200
+        v = em.unary(Op.EXP, v)
+    em.store(v)
+    assert em.program(1).n_regs == 2
+    em = Emitter()
+    live = [em.binary(Op.ADD, em.load(0), em.const(float(k))) for k in range(MAX_REGS)]
+    total = live[0]
+    for v in live[1:]:
+        total = em.binary(Op.ADD, total, v)
+    em.store(total)
+    with pytest.raises(LimitError, match="registers"):
+        em.program(1)
+
+
+def test_constants_keep_the_sign_of_zero():
+    em = Emitter()
+    assert em.const(0.0) != em.const(-0.0)
+    assert em.const(float("nan")) == em.const(float("nan"))

@@ -1,0 +1,508 @@
+"""The C++ VM against dvm.program.run_reference (plain PyTorch) and against torch in float64.
+
+Tolerances: ops that only move, compare, select or round (loads, stores, casts, neg, abs,
+add/sub/mul/div, max/min, comparisons, where, not/and/or) must equal the reference exactly.
+Transcendentals are the VM's own code (and its sqrt is correctly rounded, torch's CPU sqrt
+not always): fp32 outputs within 4e-7 relative + 1e-7 absolute of the reference (a few
+ulp), 16-bit outputs within one ulp of their dtype (a few fp32 ulp can flip a rounding).
+Row reductions sum in another order than torch: ROW_TOL. The ulp bounds themselves are checked
+against float64 torch in ``test_math_accuracy``.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import math
+
+import pytest
+import torch
+from dvm import _lib, vm
+from dvm.program import BINARY, UNARY, Instr, Op, Program, run_reference
+
+EXACT = {
+    Op.NEG, Op.ABS, Op.NOT, Op.CAST_BF16, Op.CAST_F16, Op.ADD, Op.SUB, Op.MUL, Op.DIV,
+    Op.MAX, Op.MIN, Op.EQ, Op.NE, Op.LT, Op.LE, Op.GT, Op.GE, Op.AND, Op.OR,
+}  # fmt: skip
+TOL = {  # output dtype -> (rtol, atol) for the VM's own transcendentals
+    torch.float32: (4e-7, 1e-7),
+    torch.bfloat16: (2**-7, 1e-7),
+    torch.float16: (2**-10, 1e-7),
+}
+SPECIALS = [0.0, -0.0, 1.0, -1.0, 0.5, -2.5, 3.0, math.inf, -math.inf, math.nan, 1e-40, -1e-30,
+            1e-7, 88.0, 89.5, -88.0, -104.0, 1e4, -1e4, 3e38, 65504.0, 70000.0]  # fmt: skip
+DTYPES = [torch.float32, torch.bfloat16, torch.float16]
+
+
+def program(*instrs: Instr, n_inputs: int, n_outputs: int = 1) -> Program:
+    n_regs = 1 + max(i.dst for i in instrs)
+    return Program(tuple(instrs), n_inputs, n_outputs, n_regs)
+
+
+def unary(op: Op) -> Program:
+    return program(Instr(Op.LOAD, 0, 0), Instr(op, 1, 0), Instr(Op.STORE, -1, 0, 1), n_inputs=1)
+
+
+def binary(op: Op) -> Program:
+    return program(
+        Instr(Op.LOAD, 0, 0),
+        Instr(Op.LOAD, 1, 1),
+        Instr(op, 2, 0, 1),
+        Instr(Op.STORE, -1, 0, 2),
+        n_inputs=2,
+    )
+
+
+def values(n: int, seed: int, scale: float = 4.0) -> torch.Tensor:
+    """n fp32 values: the special ones, then normal random ones."""
+    g = torch.Generator().manual_seed(seed)
+    rand = torch.randn(max(n - len(SPECIALS), 0), generator=g) * scale
+    return torch.cat([torch.tensor(SPECIALS), rand])[:n]
+
+
+def check(program: Program, inputs, domain, out_dtypes, reduced=None, exact=False, tol=TOL):
+    got = vm.run(program, inputs, domain, out_dtypes, reduced)
+    want = run_reference(program, inputs, domain, out_dtypes, reduced)
+    assert len(got) == len(want)
+    for g, w in zip(got, want, strict=True):
+        assert (g.shape, g.dtype) == (w.shape, w.dtype)
+        assert g.is_contiguous()
+        if exact or g.dtype == torch.bool:
+            torch.testing.assert_close(g, w, rtol=0, atol=0, equal_nan=True)
+        else:
+            rtol, atol = tol[g.dtype]
+            torch.testing.assert_close(g, w, rtol=rtol, atol=atol, equal_nan=True)
+    return got
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("op", sorted(UNARY), ids=lambda op: op.name)
+def test_unary(op: Op, dtype: torch.dtype) -> None:
+    x = values(3001, seed=int(op)).to(dtype)
+    if op in (Op.LOG, Op.LOG1P, Op.SQRT, Op.RSQRT):
+        x = torch.cat([x, x.abs()])  # mostly inside the domain too
+    check(unary(op), [x], x.shape, [dtype], exact=op in EXACT)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("op", sorted(BINARY), ids=lambda op: op.name)
+def test_binary(op: Op, dtype: torch.dtype) -> None:
+    a = values(2000, seed=int(op)).to(dtype)
+    b = values(2000, seed=int(op) + 1000).to(dtype)[torch.randperm(2000)]
+    if op is Op.POW:
+        b = torch.cat([b[:1000], b[1000:].round()])  # integral exponents, negative bases
+    else:
+        b[::7] = a[::7]  # equal pairs for the comparisons
+    check(binary(op), [a, b], a.shape, [dtype], exact=op in EXACT)
+
+
+def test_pow_special_cases_match_c99() -> None:
+    sp = torch.tensor([0.0, -0.0, 1.0, -1.0, 2.0, -2.0, 0.5, -0.5, 3.0, -3.0, math.inf,
+                       -math.inf, math.nan, 1e-40, 100.0, 1e10, -1e10, 2.5])  # fmt: skip
+    a, b = sp.repeat_interleave(len(sp)), sp.repeat(len(sp))
+    got = vm.run(binary(Op.POW), [a, b], a.shape, [torch.float32])[0]
+    want = torch.pow(a, b)
+    torch.testing.assert_close(got, want, rtol=4e-7, atol=0, equal_nan=True)
+    assert torch.equal(got.signbit(), want.signbit()) or bool(
+        (got.isnan() | ~got.signbit().ne(want.signbit())).all()
+    )
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16, torch.bool])
+def test_where_and_logic_with_bool_inputs(dtype: torch.dtype) -> None:
+    g = torch.Generator().manual_seed(0)
+    cond = torch.rand(513, generator=g) > 0.5
+    a, b = values(513, 1).to(dtype) if dtype != torch.bool else cond.flip(0), values(513, 2)
+    p = program(
+        Instr(Op.LOAD, 0, 0),
+        Instr(Op.LOAD, 1, 1),
+        Instr(Op.LOAD, 2, 2),
+        Instr(Op.WHERE, 3, 0, 1, 2),
+        Instr(Op.AND, 4, 0, 1),
+        Instr(Op.OR, 5, 0, 2),
+        Instr(Op.NOT, 6, 0),
+        Instr(Op.LT, 7, 1, 2),
+        Instr(Op.STORE, -1, 0, 3),
+        Instr(Op.STORE, -1, 1, 4),
+        Instr(Op.STORE, -1, 2, 5),
+        Instr(Op.STORE, -1, 3, 6),
+        Instr(Op.STORE, -1, 4, 7),
+        n_inputs=3,
+        n_outputs=5,
+    )
+    outs = [torch.float32, torch.bool, torch.bool, torch.bool, torch.bfloat16]
+    got = check(p, [cond, a, b], cond.shape, outs, exact=True)
+    torch.testing.assert_close(got[0], torch.where(cond, a.float(), b), equal_nan=True)
+    assert torch.equal(got[4], (a.float() < b).bfloat16())
+
+
+# (domain, input shapes): scalars, size-1 dims, row and column broadcast, odd sizes
+BROADCASTS = [
+    ((1,), [(1,), ()]),
+    ((3,), [(3,), (1,)]),
+    ((7, 5), [(7, 5), (5,)]),
+    ((7, 5), [(7, 1), (1, 5)]),
+    ((4, 1, 6), [(4, 1, 6), ()]),
+    ((2, 3, 4, 5), [(3, 1, 5), (2, 1, 4, 1)]),
+    ((1, 1, 1000), [(1000,), (1, 1, 1)]),
+    ((2, 1, 3, 1, 2, 257), [(1, 3, 1, 1, 257), (2, 1, 1, 1, 2, 1)]),
+    ((3000, 3), [(3000, 3), (3,)]),
+    ((3, 3000), [(3, 1), (3000,)]),
+]
+
+
+@pytest.mark.parametrize(("domain", "shapes"), BROADCASTS, ids=str)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_broadcast_patterns(domain, shapes, dtype: torch.dtype) -> None:
+    g = torch.Generator().manual_seed(len(domain))
+    a, b = (torch.randn(s, generator=g).to(dtype) for s in shapes)
+    p = program(
+        Instr(Op.LOAD, 0, 0),
+        Instr(Op.LOAD, 1, 1),
+        Instr(Op.MUL, 2, 0, 1),
+        Instr(Op.CONST, 3, imm=0.5),
+        Instr(Op.ADD, 2, 2, 3),
+        Instr(Op.STORE, -1, 0, 2),
+        Instr(Op.STORE, -1, 1, 1),
+        n_inputs=2,
+        n_outputs=2,
+    )
+    check(p, [a, b], domain, [dtype, torch.float32], exact=True)
+
+
+def test_non_contiguous_inputs() -> None:
+    g = torch.Generator().manual_seed(3)
+    base = torch.randn(64, 96, generator=g)
+    views = {
+        "transposed": base[:, :80].t(),  # (80, 64), strides (1, 96)
+        "sliced": base[::3, 1::2][:, :40].t().contiguous().t(),  # (22, 40), column-major copy
+        "stepped": base[1::2, ::3][:, :16].reshape(32, 16)[:, :16],
+        "expanded": base[:1, :64].expand(80, 64),
+    }
+    for name, x in views.items():
+        y = torch.randn(x.shape, generator=g).bfloat16()
+        p = binary(Op.SUB)
+        got = check(p, [x, y], x.shape, [torch.float32], exact=True)[0]
+        assert torch.equal(got, x - y.float()), name
+
+
+@pytest.mark.parametrize("n", [1, 3, 1023, 1025, 1_000_003])
+def test_odd_sizes(n: int) -> None:
+    x = values(n, seed=n)
+    p = program(
+        Instr(Op.LOAD, 0, 0),
+        Instr(Op.SIGMOID, 1, 0),
+        Instr(Op.MUL, 1, 0, 1),
+        Instr(Op.STORE, -1, 0, 1),
+        n_inputs=1,
+    )
+    check(p, [x], (n,), [torch.float32])
+    check(p, [x.reshape(1, n, 1)], (1, n, 1), [torch.bfloat16])
+
+
+def softmax() -> Program:
+    return program(
+        Instr(Op.LOAD, 0, 0),
+        Instr(Op.REDUCE_MAX, 1, 0),
+        Instr(Op.SUB, 0, 0, 1),
+        Instr(Op.EXP, 0, 0),
+        Instr(Op.REDUCE_SUM, 1, 0),
+        Instr(Op.DIV, 0, 0, 1),
+        Instr(Op.STORE, -1, 0, 0),
+        n_inputs=1,
+    )
+
+
+def rms_norm(eps: float) -> Program:
+    return program(
+        Instr(Op.LOAD, 0, 0),
+        Instr(Op.MUL, 1, 0, 0),
+        Instr(Op.REDUCE_MEAN, 1, 1),
+        Instr(Op.CONST, 2, imm=eps),
+        Instr(Op.ADD, 1, 1, 2),
+        Instr(Op.RSQRT, 1, 1),
+        Instr(Op.MUL, 0, 0, 1),
+        Instr(Op.LOAD, 2, 1),
+        Instr(Op.MUL, 0, 0, 2),
+        Instr(Op.STORE, -1, 0, 0),
+        Instr(Op.STORE, -1, 1, 1),  # the row's 1/rms, reduced
+        n_inputs=2,
+        n_outputs=2,
+    )
+
+
+def layer_norm(eps: float) -> Program:
+    return program(
+        Instr(Op.LOAD, 0, 0),
+        Instr(Op.REDUCE_MEAN, 1, 0),
+        Instr(Op.SUB, 0, 0, 1),
+        Instr(Op.MUL, 2, 0, 0),
+        Instr(Op.REDUCE_MEAN, 2, 2),
+        Instr(Op.CONST, 3, imm=eps),
+        Instr(Op.ADD, 2, 2, 3),
+        Instr(Op.RSQRT, 2, 2),
+        Instr(Op.MUL, 0, 0, 2),
+        Instr(Op.LOAD, 3, 1),
+        Instr(Op.MUL, 0, 0, 3),
+        Instr(Op.LOAD, 3, 2),
+        Instr(Op.ADD, 0, 0, 3),
+        Instr(Op.STORE, -1, 0, 0),
+        Instr(Op.STORE, -1, 1, 1),  # the row's mean, reduced
+        n_inputs=3,
+        n_outputs=2,
+    )
+
+
+ROWS = [(1, 1), (5, 1), (4, 3), (3, 2, 37), (33, 1000), (3, 5000), (2, 65536)]
+ROW_TOL = {
+    torch.float32: (2e-6, 1e-6),
+    torch.bfloat16: (2**-7, 1e-3),
+    torch.float16: (2**-10, 1e-4),
+}
+
+
+@pytest.mark.parametrize("shape", ROWS, ids=str)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_reductions_softmax_norms(shape, dtype: torch.dtype) -> None:
+    g = torch.Generator().manual_seed(sum(shape))
+    x = (torch.randn(shape, generator=g) * 3).to(dtype)
+    w = torch.randn(shape[-1], generator=g).to(dtype)
+    b = torch.randn(shape[-1], generator=g).to(dtype)
+    rtol, atol = ROW_TOL[dtype]
+    xf = x.float()
+
+    (sm,) = vm.run(softmax(), [x], shape, [dtype])
+    torch.testing.assert_close(sm, torch.softmax(xf, -1).to(dtype), rtol=rtol, atol=atol)
+
+    y, inv = vm.run(rms_norm(1e-6), [x, w], shape, [dtype, torch.float32], [False, True])
+    want_inv = torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + 1e-6)
+    torch.testing.assert_close(inv, want_inv, rtol=2e-6, atol=0)
+    torch.testing.assert_close(y, (xf * want_inv * w.float()).to(dtype), rtol=rtol, atol=atol)
+
+    y, mean = vm.run(layer_norm(1e-5), [x, w, b], shape, [dtype, torch.float32], [False, True])
+    want = torch.nn.functional.layer_norm(xf, shape[-1:], w.float(), b.float(), 1e-5)
+    torch.testing.assert_close(y, want.to(dtype), rtol=rtol, atol=max(atol, 1e-5))
+    torch.testing.assert_close(mean, xf.mean(-1, keepdim=True), rtol=2e-6, atol=1e-6)
+    for p, ins, red in [(softmax(), [x], None), (rms_norm(1e-6), [x, w], [False, True])]:
+        outs = [dtype] + [torch.float32] * (p.n_outputs - 1)
+        check(p, ins, shape, outs, red, tol=ROW_TOL)
+
+
+def test_reduce_special_values_and_max_nan() -> None:
+    x = torch.tensor([[1.0, math.nan, 3.0], [math.inf, -math.inf, 0.0], [-5.0, -1.0, -2.0]])
+    p = program(
+        Instr(Op.LOAD, 0, 0),
+        Instr(Op.REDUCE_MAX, 1, 0),
+        Instr(Op.REDUCE_SUM, 2, 0),
+        Instr(Op.REDUCE_MEAN, 3, 0),
+        Instr(Op.STORE, -1, 0, 1),
+        Instr(Op.STORE, -1, 1, 2),
+        Instr(Op.STORE, -1, 2, 3),
+        n_inputs=1,
+        n_outputs=3,
+    )
+    mx, sm, mn = check(p, [x], x.shape, [torch.float32] * 3, [True] * 3, exact=True)
+    assert mx.flatten().tolist()[1:] == [math.inf, -1.0]
+    assert math.isnan(mx[0, 0])
+    assert math.isnan(sm[1, 0])
+    assert mn[2, 0] == pytest.approx(-8 / 3)
+
+
+def test_reduced_output_without_reductions_takes_the_rows_first_value() -> None:
+    x = torch.randn(6, 2, 2000)
+    p = program(
+        Instr(Op.LOAD, 0, 0),
+        Instr(Op.EXP, 1, 0),
+        Instr(Op.STORE, -1, 0, 1),
+        Instr(Op.STORE, -1, 1, 0),
+        n_inputs=1,
+        n_outputs=2,
+    )
+    _, first = check(p, [x], x.shape, [torch.float32, torch.float16], [False, True])
+    assert first.shape == (6, 2, 1)
+    assert torch.equal(first, x[..., :1].half())
+
+
+def test_threads_do_not_change_results() -> None:
+    x = torch.randn(300, 3000)
+    w = torch.randn(3000)
+    for p, ins, outs, red in [
+        (rms_norm(1e-6), [x, w], [torch.float32, torch.float32], [False, True]),
+        (binary(Op.POW), [x.abs(), w], [torch.bfloat16], None),
+        (unary(Op.SIN), [x * 100], [torch.float32], None),
+    ]:
+        one = vm.run(p, ins, x.shape, outs, red, threads=1)
+        two = vm.run(p, ins, x.shape, outs, red, threads=2)
+        for a, b in zip(one, two, strict=True):
+            assert torch.equal(a, b)
+
+
+def test_zero_size_domain() -> None:
+    x = torch.randn(0, 5)
+    (y,) = vm.run(softmax(), [x], (0, 5), [torch.float32])
+    assert y.shape == (0, 5)
+
+
+def test_isa_builds_agree() -> None:
+    x = values(5000, seed=9)
+    results = {}
+    for isa in _lib.builds():
+        k = vm.Kernel(unary(Op.TANH), [torch.float16], isa=isa)
+        results[isa] = k([x], x.shape)[0]
+        want = torch.tanh(x).half()
+        torch.testing.assert_close(results[isa], want, rtol=2**-10, atol=1e-7, equal_nan=True)
+    assert "base" in results
+
+
+def ulp_error(got: torch.Tensor, want64: torch.Tensor) -> float:
+    want = want64.float()
+    finite = torch.isfinite(want)
+    spacing = (torch.nextafter(want.abs(), torch.tensor(math.inf)) - want.abs()).double()
+    assert torch.equal(got[~finite].nan_to_num(), want[~finite].nan_to_num())  # inf, NaN agree
+    return ((got.double() - want64).abs() / spacing)[finite].max().item()
+
+
+def test_math_accuracy() -> None:
+    """The bounds vmath.h states, against float64 torch rounded to fp32."""
+    g = torch.Generator().manual_seed(11)
+    bits = torch.randint(-(2**31), 2**31, (100_000,), generator=g, dtype=torch.int64)
+    wide = bits.to(torch.int32).view(torch.float32)
+    wide = torch.cat(
+        [wide[torch.isfinite(wide)], torch.tensor(SPECIALS), torch.randn(50_000, generator=g) * 8]
+    )
+    bounds = {
+        Op.SQRT: 0.5,
+        Op.EXP: 1,
+        Op.LOG: 1,
+        Op.LOG1P: 2,
+        Op.SIGMOID: 3,
+        Op.TANH: 3,
+        Op.RSQRT: 1.5,
+    }
+    torch_fns = {Op.SQRT: torch.sqrt, Op.EXP: torch.exp, Op.LOG: torch.log, Op.LOG1P: torch.log1p,
+                 Op.SIGMOID: torch.sigmoid, Op.TANH: torch.tanh, Op.RSQRT: torch.rsqrt,
+                 Op.SIN: torch.sin, Op.COS: torch.cos}  # fmt: skip
+    for op, bound in bounds.items():
+        got = vm.run(unary(op), [wide], wide.shape, [torch.float32])[0]
+        assert ulp_error(got, torch_fns[op](wide.double())) <= bound, op.name
+    moderate = wide[wide.abs() <= 1e6]
+    for op in (Op.SIN, Op.COS):
+        got = vm.run(unary(op), [moderate], moderate.shape, [torch.float32])[0]
+        assert ulp_error(got, torch_fns[op](moderate.double())) <= 1, op.name
+        big = torch.tensor([1e7, -3e9, 1e30, 3e38, math.inf])  # the C library's path
+        got = vm.run(unary(op), [big], big.shape, [torch.float32])[0]
+        torch.testing.assert_close(got, torch_fns[op](big), rtol=1e-6, atol=1e-7, equal_nan=True)
+    got = vm.run(unary(Op.ERF), [wide], wide.shape, [torch.float32])[0]
+    assert (got.double() - torch.erf(wide.double())).abs().nan_to_num().max() <= 5e-7
+    assert torch.equal(got.isnan(), wide.isnan())
+    a, b = wide.abs()[: len(wide) // 2] % 100, (torch.randn(len(wide) // 2, generator=g) * 10)
+    got = vm.run(binary(Op.POW), [a, b], a.shape, [torch.float32])[0]
+    want = torch.pow(a.double(), b.double())
+    ok = (want.float() != 0) & torch.isfinite(want.float())
+    assert ulp_error(got[ok], want[ok]) <= 1
+
+
+def test_16bit_stores_round_to_nearest_even() -> None:
+    bits = torch.arange(0, 2**16, dtype=torch.int32).to(torch.int16)
+    for dtype in (torch.bfloat16, torch.float16):
+        exact = bits.view(dtype).float()  # every 16-bit value, widened
+        mid = torch.nextafter(exact, torch.tensor(math.inf))  # and just above each
+        x = torch.cat([exact, mid, exact * 1.0000001, exact * (1 + 2**-9)])
+        (got,) = vm.run(unary(Op.ABS), [x], x.shape, [dtype])
+        want = x.abs().to(dtype)
+        assert torch.equal(got.isnan(), want.isnan())
+        ok = ~want.isnan()
+        assert torch.equal(got[ok].view(torch.int16), want[ok].view(torch.int16))
+        assert torch.equal(vm.run(unary(Op.ABS), [x.to(dtype)], x.shape, [torch.float32])[0]
+                           .nan_to_num(), x.to(dtype).float().abs().nan_to_num())  # fmt: skip
+
+
+# --- bad input: Python exceptions, and statuses (never crashes) from the C ABI itself
+
+
+def test_bad_arguments_raise_clear_errors() -> None:
+    p = binary(Op.ADD)
+    x = torch.randn(4, 5)
+    with pytest.raises(ValueError, match="takes 2 inputs"):
+        vm.run(p, [x], x.shape, [torch.float32])
+    with pytest.raises(TypeError, match="float64"):
+        vm.run(p, [x, x.double()], x.shape, [torch.float32])
+    with pytest.raises(TypeError, match="int32"):
+        vm.run(p, [x, x], x.shape, [torch.int32])
+    with pytest.raises(ValueError, match="does not broadcast"):
+        vm.run(p, [x, torch.randn(3)], x.shape, [torch.float32])
+    with pytest.raises(ValueError, match="more than the domain"):
+        vm.run(p, [x, torch.randn(1, 4, 5)], x.shape, [torch.float32])
+    with pytest.raises(ValueError, match="meta"):
+        vm.run(p, [x, torch.empty(4, 5, device="meta")], x.shape, [torch.float32])
+    with pytest.raises(TypeError, match=r"not a torch\.Tensor"):
+        vm.run(p, [x, 1.0], x.shape, [torch.float32])
+    with pytest.raises(ValueError, match="non-negative"):
+        vm.run(p, [x, x], (4, -5), [torch.float32])
+    with pytest.raises(ValueError, match="1 to 6"):
+        vm.run(p, [x, x], (1,) * 7, [torch.float32])
+    with pytest.raises(TypeError, match="sequence of ints"):
+        vm.run(p, [x, x], "ab", [torch.float32])
+    with pytest.raises(ValueError, match="give 1 out_dtypes"):
+        vm.run(p, [x, x], x.shape, [torch.float32, torch.float32])
+    with pytest.raises(ValueError, match="threads"):
+        vm.run(p, [x, x], x.shape, [torch.float32], threads=0)
+    with pytest.raises(TypeError, match="Program"):
+        vm.Kernel("r0 = load in0", [torch.float32])  # type: ignore[arg-type]
+    with pytest.raises(vm.VMError, match="at most 65536"):
+        vm.run(softmax(), [torch.zeros(1, 65537)], (1, 65537), [torch.float32])
+
+
+def raw_call(code, n_regs=2, n_inputs=1, n_outputs=1, domain=(4, 5), in_dtype=0, out_dtype=0,
+             out_strides=(5, 1), in_ptr=True, imm=True):  # fmt: skip
+    lib, _ = _lib.library()
+    x, y = torch.randn(4, 5), torch.empty(4, 5)
+    i32, i64, ptr = ctypes.c_int32, ctypes.c_int64, ctypes.c_void_p
+    n = len(code) // 5
+    nd = len(domain)
+    return lib.dvm_run(
+        (i32 * len(code))(*code),
+        (ctypes.c_float * max(n, 1))() if imm else None,
+        n,
+        n_regs,
+        n_inputs,
+        (ptr * 1)(x.data_ptr() if in_ptr else 0),
+        (i32 * 1)(in_dtype),
+        (i64 * max(nd, 1))(*([5, 1] if nd == 2 else [0] * max(nd, 1))),
+        n_outputs,
+        (ptr * 1)(y.data_ptr()),
+        (i32 * 1)(out_dtype),
+        (i64 * max(nd, 1))(*(out_strides if nd == 2 else [0] * max(nd, 1))),
+        (i64 * max(nd, 1))(*domain or [0]),
+        nd,
+        2,
+    )
+
+
+def test_c_abi_validates_instead_of_crashing() -> None:
+    ok = [0, 0, 0, -1, -1, 2, -1, 0, 0, -1]  # r0 = load in0; out0 = store r0
+    assert raw_call(ok) == 0
+    bad_programs = {
+        "unknown opcode": [0, 0, 0, -1, -1, 99, 1, 0, -1, -1, 2, -1, 0, 0, -1],
+        "register past n_regs": [0, 5, 0, -1, -1, 2, -1, 0, 5, -1],
+        "read before write": [0, 0, 0, -1, -1, 12, 1, 1, -1, -1, 2, -1, 0, 1, -1],
+        "missing input": [0, 0, 3, -1, -1, 2, -1, 0, 0, -1],
+        "no store": [0, 0, 0, -1, -1],
+        "stored twice": [0, 0, 0, -1, -1, 2, -1, 0, 0, -1, 2, -1, 0, 0, -1],
+        "missing output": [0, 0, 0, -1, -1, 2, -1, 1, 0, -1],
+        "negative register": [0, -1, 0, -1, -1, 2, -1, 0, 0, -1],
+        "empty": [],
+    }
+    for what, code in bad_programs.items():
+        assert raw_call(code) == 1, what
+    assert raw_call(ok, n_regs=33) == 1
+    assert raw_call(ok, n_inputs=17) == 1
+    assert raw_call(ok, domain=()) == 2
+    assert raw_call(ok, domain=(1,) * 7) == 2
+    assert raw_call(ok, domain=(4, -5)) == 2
+    assert raw_call(ok, imm=False) == 2
+    assert raw_call(ok, in_ptr=False) == 2
+    assert raw_call(ok, out_strides=(0, 1)) == 2  # outputs repeat only along the row
+    assert raw_call(ok, in_dtype=7) == 3
+    assert raw_call(ok, out_dtype=-1) == 3
+    red = [0, 0, 0, -1, -1, 70, 1, 0, -1, -1, 2, -1, 0, 1, -1]
+    assert raw_call(red, domain=(1, 1 << 17)) == 4

@@ -126,6 +126,18 @@ def _tensor_args(n: Node) -> list[Node]:
     return list(dict.fromkeys(out))
 
 
+_IMPURE: dict[object, bool] = {}
+
+
+def is_barrier(n: Node) -> bool:
+    """Whether ``n`` has a side effect (no region spans it; it keeps its place)."""
+    if n.op != "call_function":
+        return False
+    if n.target not in _IMPURE:
+        _IMPURE[n.target] = n.is_impure()
+    return _IMPURE[n.target]
+
+
 class _Analysis:
     """Per-node facts: domain shapes, cut edges, footprints (shape each node spans)."""
 
@@ -139,7 +151,7 @@ class _Analysis:
         self.segment: dict[Node, int] = {}
         seg = 0
         for n in nodes:
-            if n.op == "call_function" and n.is_impure():
+            if is_barrier(n):
                 seg += 1
                 self.segment[n] = seg
                 seg += 1

@@ -19,7 +19,7 @@ import torch
 from torch.fx import Graph, GraphModule, Node
 from torch.fx.node import map_arg
 
-from dvm.cluster import Clustering, Region, cluster
+from dvm.cluster import Clustering, Region, cluster, is_barrier
 from dvm.program import Program, run_reference
 
 Prepared = Callable[[list[torch.Tensor], tuple[int, ...]], list[torch.Tensor]]
@@ -196,9 +196,7 @@ def _rewrite(gm: GraphModule, runners: list[RegionRunner]) -> GraphModule:
             for p in n.all_input_nodes:
                 if unit_of[p] != u:
                     deps[u].add(unit_of[p])
-        impure = (
-            members[u] is not None and members[u].op == "call_function" and (members[u].is_impure())
-        )
+        impure = members[u] is not None and is_barrier(members[u])
         if impure or (members[u] is not None and members[u].op == "output"):
             deps[u].update(since_barrier)
             last_barrier_unit = u

@@ -88,15 +88,18 @@ class Emitter:
         """Allocate registers (reusing dead ones) and build the program; :class:`LimitError`
         when it needs more than ``MAX_REGS`` registers."""
         last: dict[int, int] = {}
+        reads = []
         for k, (op, _dst, a, b, c, _imm) in enumerate(self.code):
-            for v in _operands(op, a, b, c):
+            operands = _operands(op, a, b, c)
+            reads.append(operands)
+            for v in operands:
                 last[v] = k
         free: list[int] = []
         phys: dict[int, int] = {}
         n_regs = 0
         instrs = []
-        for k, (op, dst, a, b, c, imm) in enumerate(self.code):
-            operands = _operands(op, a, b, c)
+        for k, (op, dst, a, _b, _c, imm) in enumerate(self.code):
+            operands = reads[k]
             mapped = [phys[v] for v in operands]
             if op is Op.STORE:
                 instrs.append(Instr(op, -1, a, mapped[0]))
@@ -107,13 +110,13 @@ class Emitter:
                     reg = n_regs
                     n_regs += 1
                 phys[dst] = reg
-                if op in (Op.LOAD, Op.CONST):
+                if not operands:  # LOAD, CONST
                     instrs.append(Instr(op, reg, a, imm=imm))
                 else:
-                    instrs.append(Instr(op, reg, *mapped, *([-1] * (3 - len(mapped)))))
+                    instrs.append(Instr(op, reg, *mapped))
                 if dst not in last:  # never read: free at once
                     free.append(reg)
-            for v in dict.fromkeys(operands):
+            for v in set(operands):
                 if last[v] == k:
                     free.append(phys[v])
         if n_regs > MAX_REGS:
@@ -121,12 +124,17 @@ class Emitter:
         return Program(tuple(instrs), n_inputs, self.n_outputs, max(n_regs, 1))
 
 
+_NO_OPERANDS = (int(Op.LOAD), int(Op.CONST))
+
+
 def _operands(op: Op, a: int, b: int, c: int) -> tuple[int, ...]:
-    if op in (Op.LOAD, Op.CONST):
+    if op in _NO_OPERANDS:
         return ()
     if op is Op.STORE:
         return (b,)
-    return tuple(x for x in (a, b, c) if x >= 0)
+    if c >= 0:
+        return (a, b, c)
+    return (a, b) if b >= 0 else (a,)
 
 
 @dataclass(frozen=True)

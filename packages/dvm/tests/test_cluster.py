@@ -1,0 +1,164 @@
+"""Cluster and Split on small aten graphs: merging, cycle avoidance, limits, reduction and
+domain boundaries; every compiled graph still equals eager."""
+
+from __future__ import annotations
+
+import torch
+from dvm.cluster import cluster
+from dvm.compile import compile_graph
+from dvm.program import MAX_INPUTS, MAX_OUTPUTS, MAX_REGS
+from torch.fx.experimental.proxy_tensor import make_fx
+
+aten = torch.ops.aten
+
+
+def _compiled(fn, *args):
+    gm = make_fx(fn, tracing_mode="fake")(*args)
+    compiled = compile_graph(gm, list(args))
+    got, want = compiled(*args), fn(*args)
+    for g, w in zip(_seq(got), _seq(want), strict=True):
+        torch.testing.assert_close(g, w, atol=1e-5, rtol=1e-5)
+    assert compiled.vm_calls == len(compiled.regions)
+    return compiled
+
+
+def _seq(v):
+    return list(v) if isinstance(v, (list, tuple)) else [v]
+
+
+def _names(region):
+    return [n.target for n in region.nodes]
+
+
+def _x(*shape, seed=0):
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed))
+
+
+def test_a_chain_is_one_region():
+    c = _compiled(lambda x, w: torch.sigmoid(x * w + 1).exp() - x, _x(5, 9), _x(9, seed=1))
+    (region,) = c.regions
+    assert len(region.nodes) == 5
+    assert region.domain == (5, 9)
+    assert len(region.unique_inputs) == 2
+    assert len(region.outputs) == 1
+
+
+def test_softmax_with_its_reductions_is_one_region():
+    def softmax(x):
+        e = (x - x.amax(-1, keepdim=True)).exp()
+        return e / e.sum(-1, keepdim=True)
+
+    c = _compiled(softmax, _x(4, 3, 17))
+    (region,) = c.regions
+    assert aten.amax.default in _names(region)
+    assert aten.sum.dim_IntList in _names(region)
+
+
+def test_no_cycle_through_an_eager_node():
+    # y -> sum over dim 0 (eager) -> w, and y -> w: y and w in one region would need the eager
+    # sum both before (it reads y) and after (w reads it) the region
+    def fn(x):
+        y = x.exp()
+        z = y.sum(0, keepdim=True)
+        return y * z
+
+    c = _compiled(fn, _x(6, 7))
+    assert len(c.regions) == 2
+    assert [n.target for n, _ in c.fallbacks] == [aten.sum.dim_IntList]
+    first, second = c.regions
+    assert aten.exp.default in _names(first)
+    assert aten.mul.Tensor in _names(second)
+
+
+def test_split_at_the_output_limit():
+    def fn(x):
+        return tuple((x * k).sin() for k in range(MAX_OUTPUTS + 3))
+
+    c = _compiled(fn, _x(3, 5))
+    assert len(c.regions) >= 2
+    assert all(r.program.n_outputs <= MAX_OUTPUTS for r in c.regions)
+    assert sum(len(r.outputs) for r in c.regions) == MAX_OUTPUTS + 3
+
+
+def test_split_at_the_input_limit():
+    n = MAX_INPUTS + 4
+    xs = [_x(2, 6, seed=k) for k in range(n)]
+
+    def fn(*ts):
+        total = ts[0].exp()
+        for t in ts[1:]:
+            total = total + t
+        return total
+
+    c = _compiled(fn, *xs)
+    assert len(c.regions) >= 2
+    assert all(r.program.n_inputs <= MAX_INPUTS for r in c.regions)
+
+
+def test_split_when_registers_run_out():
+    def fn(x):
+        live = [(x + k).sin() for k in range(MAX_REGS + 4)]  # all live at once
+        total = live[-1]
+        for v in reversed(live[:-1]):
+            total = total * v
+        return total
+
+    gm = make_fx(fn, tracing_mode="fake")(_x(3, 4))
+    clustering = cluster(gm)
+    assert any("registers" in note for note in clustering.notes)
+    assert len(clustering.regions) >= 2
+    assert all(r.program.n_regs <= MAX_REGS for r in clustering.regions)
+    _compiled(fn, _x(3, 4))
+
+
+def test_reduction_without_keepdim_is_a_boundary_for_real_shapes():
+    # s has shape (B,) but lives as (B, 1) in x's domain; s + y (y of shape (B,)) cannot be
+    # expressed in that domain, so the add starts a region of its own
+    def fn(x, y):
+        s = x.sum(-1)
+        return (s + y).exp(), (s * 2).sigmoid()
+
+    c = _compiled(fn, _x(5, 8), _x(5, seed=1))
+    add_region = next(r for r in c.regions if aten.add.Tensor in _names(r))
+    assert aten.sum.dim_IntList not in _names(add_region)
+    assert add_region.domain == (5,)
+    sum_region = next(r for r in c.regions if aten.sum.dim_IntList in _names(r))
+    assert aten.sigmoid.default in _names(sum_region)  # s * 2 alone is fine (a scalar)
+    assert sum_region.reduced == [True] * len(sum_region.reduced)
+
+
+def test_no_outer_product_domain_from_siblings():
+    def fn(a, b, s):
+        return (a * s).exp(), (b * s).exp()
+
+    c = _compiled(fn, _x(6, 1), _x(1, 7, seed=1), _x(1, 1, seed=2))
+    assert sorted(r.domain for r in c.regions) == [(1, 7), (6, 1)]
+
+
+def test_siblings_reading_one_input_share_a_region():
+    c = _compiled(lambda x: (x.exp(), x.sin(), x.cos()), _x(4, 4))
+    (region,) = c.regions
+    assert region.program.n_inputs == 1
+    assert region.program.n_outputs == 3
+
+
+def test_an_output_narrower_than_the_domain_stays_out():
+    # w * 2 (shape (1, R)) is a graph output: a region over (B, R) cannot store it
+    def fn(x, w):
+        w2 = w * 2
+        return x * w2, w2
+
+    c = _compiled(fn, _x(5, 6), _x(1, 6, seed=1))
+    mul_w = next(r for r in c.regions if len(r.nodes) == 1 and r.domain == (1, 6))
+    assert mul_w.outputs[0].name.startswith("mul")
+
+
+def test_fallback_nodes_are_listed_with_reasons():
+    def fn(x):
+        return (x.exp().cumsum(-1) * 2).double().sin()
+
+    c = _compiled(fn, _x(3, 4))
+    reasons = {str(n.target): why for n, why in c.fallbacks}
+    assert "no VM lowering" in reasons["aten.cumsum.default"]
+    assert "float64" in reasons["aten.sin.default"]
+    assert len(c.regions) == 2  # exp, and the mul (+ the cast to float64 stays eager)

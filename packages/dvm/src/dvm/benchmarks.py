@@ -4,8 +4,10 @@ Three groups of cases, every side in this process under the allocator and thread
 ``spore bench`` applies to both:
 
 - ``compile-<chain>``: dvm's compile (:func:`dvm.compile.compile_graph`) of a chain's aten
-  graph against Inductor's cold compile of the same graph (``compile_fx`` in a fresh cache
-  folder, FX graph cache off). Notes: the graph's dvm regions and the compile time per region.
+  graph (traced with dvm's decompositions, as its backend sees it) against Inductor's cold
+  compile of the same graph (``compile_fx`` in a fresh cache folder, FX graph cache off; the
+  process's first Inductor compile, of another graph, is left out). Notes: the graph's dvm
+  regions and the compile time per region.
 - ``<chain>-<dtype>-<rows>x<cols>-vs-<baseline>``: ``torch.compile(fn, backend=dvm)`` against
   eager, ``torch.compile`` with Inductor, and ``copy``: a pre-allocated ``out.copy_(src)`` of
   as many bytes as the chain reads and writes (that ratio is the fraction of copy bandwidth).
@@ -143,12 +145,36 @@ def _close(name: str, expected: torch.Tensor, actual: torch.Tensor) -> None:
 # ---- compile latency -------------------------------------------------------------------
 
 
-@functools.lru_cache(maxsize=1)
-def _aten_graph(chain: str) -> tuple[torch.fx.GraphModule, list[torch.Tensor]]:
+def _trace(fn: Callable[..., Any], inputs: list[torch.Tensor]) -> torch.fx.GraphModule:
+    """``fn``'s aten graph with dvm's decompositions: the graph dvm's backend compiles."""
     from torch.fx.experimental.proxy_tensor import make_fx
 
+    from dvm.lower import decomposition_table
+
+    return make_fx(fn, decomposition_table=decomposition_table())(*inputs)
+
+
+@functools.lru_cache(maxsize=1)
+def _warm() -> None:
+    """One compile of another graph by each side: the process's first compile pays imports
+    and Inductor's one-time set-up, which no graph's compile time should include."""
+    from torch._inductor.compile_fx import compile_fx
+    from torch._inductor.utils import fresh_cache
+
+    from dvm.compile import compile_graph
+
+    inputs = [torch.randn(4, 8)]
+    gm = _trace(lambda x: (x + 1) * x, inputs)
+    compile_graph(copy.deepcopy(gm), inputs)
+    with fresh_cache(), torch._inductor.config.patch(fx_graph_cache=False):
+        compile_fx(gm, inputs)
+
+
+@functools.lru_cache(maxsize=1)
+def _aten_graph(chain: str) -> tuple[torch.fx.GraphModule, list[torch.Tensor]]:
+    _warm()
     inputs = list(CHAINS[chain].inputs(COMPILE_SHAPE, torch.float32))
-    return make_fx(CHAINS[chain].fn)(*inputs), inputs
+    return _trace(CHAINS[chain].fn, inputs), inputs
 
 
 def _dvm_regions(compiled: Any) -> int:
@@ -235,7 +261,6 @@ def _runtime_state(chain: str, dtype: str, shape: tuple[int, int]) -> dict[str, 
     buffers (the last key's state is kept: the cases of one chain and dtype share it)."""
     spec = CHAINS[chain]
     args = spec.inputs(shape, DTYPES[dtype])
-    torch._dynamo.reset()
     sides = {
         "eager": spec.fn,
         "inductor": torch.compile(spec.fn, dynamic=False),
@@ -330,14 +355,16 @@ def _llama(size: LlamaSize) -> torch.nn.Module:
 
 @dataclass
 class _Trainer:
-    """One side: a model copy, its (compiled) forward, an optimizer and its measured times."""
+    """One side: a model, its (compiled) forward, an optimizer, a batch and measured times."""
 
     model: torch.nn.Module
     forward: Callable[..., Any]
     optimizer: torch.optim.Optimizer
     batch: dict[str, torch.Tensor]
     compile_s: float = 0.0
+    step_s: float = 0.0  # the latest steady step time
     loops: int = 1
+    first: tuple[torch.Tensor, list[torch.Tensor]] | None = None  # first loss, gradients
 
     def step(self) -> torch.Tensor:
         self.optimizer.zero_grad(set_to_none=True)
@@ -346,81 +373,82 @@ class _Trainer:
         self.optimizer.step()
         return loss
 
-    def first_step(self) -> tuple[torch.Tensor, list[torch.Tensor]]:
-        """Loss and gradients of the first step (before the update)."""
+    def first_step(self) -> None:
+        """The first step, keeping its loss and gradients (before the update)."""
         self.optimizer.zero_grad(set_to_none=True)
         loss = self.forward(**self.batch).loss
         loss.backward()
-        grads = [p.grad.detach().clone() for p in self.model.parameters()]
+        self.first = (loss.detach(), [p.grad.detach().clone() for p in self.model.parameters()])
         self.optimizer.step()
-        return loss.detach(), grads
+
+    def steady(self, loops: int) -> float:
+        """Seconds per step over ``loops`` steps (kept as :attr:`step_s`)."""
+        start = time.perf_counter()
+        for _ in range(loops):
+            self.step()
+        self.step_s = (time.perf_counter() - start) / loops
+        return self.step_s
 
 
-def _steady(trainer: _Trainer, loops: int) -> float:
-    start = time.perf_counter()
-    for _ in range(loops):
-        trainer.step()
-    return (time.perf_counter() - start) / loops
+def _check_first_step(dtype: str, eager: _Trainer, dvm: _Trainer) -> None:
+    if eager.first is None or dvm.first is None:
+        raise RuntimeError("the first step of each side runs before the check")
+    (loss_e, grads_e), (loss_d, grads_d) = eager.first, dvm.first
+    _close(f"llama-train-{dtype} loss", loss_e, loss_d)
+    scale = max(float(g.abs().max()) for g in grads_e)  # gradients relative to the largest
+    names = [n for n, _ in eager.model.named_parameters()]
+    for name, ge, gd in zip(names, grads_e, grads_d, strict=True):
+        _close(f"llama-train-{dtype} gradient of {name}", ge / scale, gd / scale)
 
 
-@functools.lru_cache(maxsize=1)
-def _train_state(dtype: str) -> dict[str, _Trainer]:
-    """The three sides from the same weights, each compiled by its first step (timed), checked
-    against eager, warmed up and with a loop count per sample."""
+@functools.cache
+def _trainer(dtype: str, side: str) -> _Trainer:
+    """One side from the tiny Llama's seeded weights, compiled by its first step (timed; for
+    Inductor cold), dvm's first loss and gradients checked against eager's, then warmed up."""
     from torch._inductor.utils import fresh_cache
 
     torch.manual_seed(0)
-    base = _llama(LLAMA).to(DTYPES[dtype])
+    model = _llama(LLAMA).to(DTYPES[dtype]).train()
     g = torch.Generator().manual_seed(1)
     ids = torch.randint(0, LLAMA.vocab, (LLAMA.batch, LLAMA.seq), generator=g)
-    batch = {"input_ids": ids, "labels": ids}
-    backends: dict[str, Any] = {"eager": None, "inductor": "inductor", "dvm": _dvm_backend()}
-    torch._dynamo.reset()
-    sides: dict[str, _Trainer] = {}
-    firsts = {}
-    for side, backend in backends.items():
-        model = copy.deepcopy(base).train()
-        forward = model if backend is None else torch.compile(model, backend=backend)
-        trainer = _Trainer(model, forward, torch.optim.SGD(model.parameters(), lr=1e-3), batch)
-        with fresh_cache(), torch._inductor.config.patch(fx_graph_cache=False):
-            start = time.perf_counter()
-            firsts[side] = trainer.first_step()
-            first_s = time.perf_counter() - start
-        step_s = _steady(trainer, 2)
-        trainer.compile_s = max(0.0, first_s - step_s)
-        trainer.loops = max(1, math.ceil(SAMPLE_S / max(step_s, 1e-9)))
-        sides[side] = trainer
-    (loss_e, grads_e), (loss_d, grads_d) = firsts["eager"], firsts["dvm"]
-    _close(f"llama-train-{dtype} loss", loss_e, loss_d)
-    scale = max(float(g.abs().max()) for g in grads_e)  # gradients relative to the largest
-    for i, (ge, gd) in enumerate(zip(grads_e, grads_d, strict=True)):
-        _close(f"llama-train-{dtype} gradient {i}", ge / scale, gd / scale)
-    return sides
+    backend = {"eager": None, "inductor": "inductor", "dvm": _dvm_backend()}[side]
+    forward = model if backend is None else torch.compile(model, backend=backend)
+    optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
+    trainer = _Trainer(model, forward, optimizer, {"input_ids": ids, "labels": ids})
+    with fresh_cache(), torch._inductor.config.patch(fx_graph_cache=False):
+        start = time.perf_counter()
+        trainer.first_step()
+        first_s = time.perf_counter() - start
+    if side == "dvm":
+        _check_first_step(dtype, _trainer(dtype, "eager"), trainer)
+    step_s = trainer.steady(2)
+    trainer.compile_s = max(0.0, first_s - step_s)
+    trainer.loops = max(1, math.ceil(SAMPLE_S / max(step_s, 1e-9)))
+    return trainer
 
 
-def _crossover(cand: tuple[float, float], base: tuple[float, float]) -> float:
-    """Steps at which cumulative times ``compile + n * step`` meet; 0 if they never do."""
+def crossover(cand: tuple[float, float], base: tuple[float, float]) -> float:
+    """The step count where cumulative times ``compile + n * step`` of the candidate and the
+    baseline (each ``(compile, step)``) meet; 0 when they never do (for n > 0)."""
     (c_compile, c_step), (b_compile, b_step) = cand, base
     if c_step == b_step:
         return 0.0
     n = (c_compile - b_compile) / (b_step - c_step)
-    return n if n > 0 else 0.0
+    return max(n, 0.0)
 
 
 def _train_side(dtype: str, side: str, baseline: str) -> Callable[[Any], dict[str, float]]:
     def timed(_: Any) -> dict[str, float]:
-        sides = _train_state(dtype)
-        own = sides[side]
-        seconds = _steady(own, own.loops)
-        other = sides["dvm" if side == baseline else baseline]
-        other_s = _steady(other, 1)
-        pair = ((own.compile_s, seconds), (other.compile_s, other_s))
+        own = _trainer(dtype, side)
+        other = _trainer(dtype, "dvm" if side == baseline else baseline)
+        seconds = own.steady(own.loops)
+        pair = ((own.compile_s, seconds), (other.compile_s, other.step_s))
         cand, base = pair if side == "dvm" else pair[::-1]
         return {
             "seconds": seconds,
             "compile_s": own.compile_s,
             f"total_s_{AMORTISE_STEPS}_steps": own.compile_s + AMORTISE_STEPS * seconds,
-            "crossover_steps": _crossover(cand, base),
+            "crossover_steps": crossover(cand, base),
         }
 
     return timed

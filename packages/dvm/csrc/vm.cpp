@@ -262,11 +262,15 @@ void run_tile(const Program& g, const Plan& p, int64_t start, int64_t n, Registe
 
 // Runs tiles [first, last) on the calling thread; false when its registers cannot be had.
 bool run_tiles(const Program& g, const Plan& p, int64_t tile, int64_t first, int64_t last) {
+    // Registers 4 KiB apart would alias in the load/store unit (a load after a store to the
+    // same address modulo 4096 waits for it): space them by 32 extra floats, a cache line
+    // pair, so consecutive registers fall on different offsets.
+    const int64_t pitch = g.width + 32;
     Buffer& buf = thread_buffer;
-    if (!buf.reserve(static_cast<size_t>(g.n_regs) * static_cast<size_t>(g.width))) return false;
+    if (!buf.reserve(static_cast<size_t>(g.n_regs) * static_cast<size_t>(pitch))) return false;
     Registers r;
     for (int32_t i = 0; i < g.n_regs; ++i) {
-        r.own[i] = buf.data + i * g.width;
+        r.own[i] = buf.data + i * pitch;
         r.cur[i] = r.own[i];
     }
     for (int64_t t = first; t < last; ++t) {

@@ -56,7 +56,9 @@ def load(level: str) -> ctypes.CDLL:
     return lib
 
 
+@cache
 def library() -> tuple[ctypes.CDLL, str]:
-    """The library in use and its build: ``DVM_ISA`` if set, else the best of :func:`builds`."""
+    """The library in use and its build: ``DVM_ISA`` (read once) if set, else the best of
+    :func:`builds`."""
     level = os.environ.get("DVM_ISA", "").strip() or builds()[0]
     return load(level), level

@@ -1,6 +1,7 @@
 """mfusion's norm passes on real graphs: Hugging Face norm classes compiled with
-``backend="spore"`` (inference and training, float32 and bfloat16) and traced post-grad graphs
-for the forms, the refusals, idempotence and the switches.
+``backend="spore"`` (inference and training, float32 and bfloat16), traced post-grad graphs
+and dynamo's graphs (the training passes' pre-grad stage) for the forms, the refusals,
+idempotence and the switches.
 
 Tolerances against eager: float32 1e-5 (reduction order), bfloat16 2**-6 relative (the spore
 ops round once where eager Llama rounds twice: at most one bfloat16 step apart, see
@@ -23,6 +24,7 @@ from transformers.models.qwen2.modeling_qwen2 import Qwen2RMSNorm
 from transformers.models.t5.modeling_t5 import T5LayerNorm
 
 from mfusion.passes.norms import AddRMSNormPass, LayerNormPass, MeanVarPass, RMSNormPass
+from mfusion.passes.norms_train import AddRMSNormTrainPass, LayerNormTrainPass, RMSNormTrainPass
 
 H = 32
 BF16 = torch.bfloat16
@@ -31,6 +33,8 @@ TOL = {
     torch.float32: {"atol": 1e-5, "rtol": 1e-5},
     BF16: {"atol": 2**-6, "rtol": 2**-6},
 }
+# weight gradients sum over rows: eager in bfloat16 steps, the spore ops in float32 rounded once
+GRAD_TOL = {**TOL, BF16: {"atol": 2**-4, "rtol": 2**-4}}
 RMS, ADD_RMS = "spore.rms_norm.default", "spore.add_rms_norm.default"
 LN, MEAN_VAR = "spore.layer_norm.default", "spore.mean_var.default"
 
@@ -108,11 +112,15 @@ class Block(nn.Module):
         return self.post_norm(stream), stream, self.ln(xs[3]), var, mean, *two_pass
 
 
+RMS_BWD, ADD_RMS_BWD = "spore.rms_norm_backward.default", "spore.add_rms_norm_backward.default"
+LN_BWD = "spore.layer_norm_backward.default"
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, BF16])
 def test_hf_norms_training(mfusion_compile: Any, dtype: torch.dtype) -> None:
-    """The forward saves rsqrt (and LayerNorm's mean) for the backward, so those norms stay
-    with Inductor; var_mean and the two-pass statistics still fuse; the backward holds only
-    decomposed formulas. Gradients equal eager's."""
+    """In training the norms are rewritten before autograd (the ``*_train`` pre-grad passes):
+    the forward graph holds the ops, the backward graph their backward ops; var_mean and the
+    two-pass statistics fuse after autograd as in inference. Gradients equal eager's."""
     model = _randomised(Block(), dtype)
     args = _bundle_inputs(dtype, grad=True)
     eager_args = [a.detach().clone().requires_grad_() for a in args]
@@ -124,8 +132,21 @@ def test_hf_norms_training(mfusion_compile: Any, dtype: torch.dtype) -> None:
     for a, e in zip(args, eager_args, strict=True):
         torch.testing.assert_close(a.grad, e.grad, **TOL[dtype])
     assert len(compiled.graphs) == 2
-    assert compiled.spore_ops(graph=0) == {MEAN_VAR: 2}
-    assert compiled.spore_ops(graph=1) == {}
+    assert compiled.spore_ops(graph=0) == {RMS: 1, ADD_RMS: 1, LN: 1, MEAN_VAR: 2}
+    assert compiled.spore_ops(graph=1) == {RMS_BWD: 1, ADD_RMS_BWD: 1, LN_BWD: 1}
+
+
+def test_training_pass_disabled_by_name(
+    mfusion_compile: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``MFUSION_DISABLE=rms_norm_train`` leaves training RMSNorms decomposed (the post-grad
+    pass cannot take them there); the other training passes still run."""
+    monkeypatch.setenv("MFUSION_DISABLE", "rms_norm_train")
+    model = _randomised(Block(), torch.float32)
+    args = _bundle_inputs(torch.float32, grad=True)
+    compiled = mfusion_compile(model, *args)
+    _close(compiled.outputs, model(*args), torch.float32)
+    assert compiled.spore_ops(graph=0) == {ADD_RMS: 1, LN: 1, MEAN_VAR: 2}
 
 
 def test_llama_bfloat16_cast_order(mfusion_compile: Any) -> None:
@@ -445,3 +466,116 @@ def test_every_pass_is_idempotent() -> None:
     assert gm.code == code
     with torch.no_grad():
         _close(gm(params, *args), model(*args), torch.float32)
+
+
+# Dynamo graphs (the pre-grad stage) ---------------------------------------------------------
+
+
+def _dynamo_graph(fn: Callable[..., Any], *args: Any) -> tuple[torch.fx.GraphModule, list]:
+    """``fn``'s graph as dynamo hands it to a backend (Inductor's pre-grad stage sees it so),
+    and the real tensors it takes (parameters included)."""
+    captured = []
+
+    def backend(gm: torch.fx.GraphModule, example_inputs: list) -> Any:
+        captured.append((gm, list(example_inputs)))
+        return gm.forward
+
+    torch._dynamo.reset()
+    torch.compile(fn, backend=backend, fullgraph=True)(*args)
+    ((gm, inputs),) = captured
+    return gm, inputs
+
+
+TRAIN_PASSES = (AddRMSNormTrainPass(), RMSNormTrainPass(), LayerNormTrainPass())
+
+
+class Training(nn.Module):
+    """The norms the training passes take, on separate inputs, and a residual stream."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.llama, self.qwen2 = LlamaRMSNorm(H, eps=1e-6), Qwen2RMSNorm(H, eps=1e-5)
+        self.gemma, self.t5 = GemmaRMSNorm(H, eps=1e-6), T5LayerNorm(H, eps=1e-6)
+        self.ln, self.ln_plain = nn.LayerNorm(H), nn.LayerNorm(H, elementwise_affine=False)
+        self.rms, self.post = nn.RMSNorm(H, eps=1e-5), LlamaRMSNorm(H)
+
+    def forward(self, xs: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        norms = (self.llama, self.qwen2, self.gemma, self.t5, self.ln, self.ln_plain, self.rms)
+        stream = self.llama(xs[7]) + residual
+        return (*(m(xs[i]) for i, m in enumerate(norms)), self.post(stream), stream * 2)
+
+
+def _grads(outputs: Any, wrt: list[torch.Tensor]) -> tuple[torch.Tensor, ...]:
+    outputs = torch.utils._pytree.tree_leaves(outputs)
+    weights = [torch.randn(o.shape, generator=torch.Generator().manual_seed(3)) for o in outputs]
+    total = sum((o.float() * w).sum() for o, w in zip(outputs, weights, strict=True))
+    return torch.autograd.grad(total, wrt)
+
+
+@pytest.mark.parametrize(
+    ("dtype", "rms_norms"),
+    [(torch.float32, 6), (BF16, 5)],  # bfloat16 Gemma's float32 (1 + w) is left alone
+)
+def test_training_passes_on_dynamo_graph(dtype: torch.dtype, rms_norms: int) -> None:
+    """Every form → its op in dynamo's graph; run eagerly, the rewritten graph's outputs and
+    gradients (through the ops' registered backward) equal the module's."""
+    model = _randomised(Training(), dtype)
+    args = _bundle_inputs(dtype, grad=True)
+    gm, inputs = _dynamo_graph(model, *args)
+    assert [p(gm) for p in TRAIN_PASSES] == [1, rms_norms, 2]
+    gm.graph.lint()
+    gm.recompile()
+    assert _ops(gm) == {ADD_RMS: 1, RMS: rms_norms, LN: 2}
+    wrt = [t for t in inputs if t.requires_grad]
+    got, want = gm(*inputs), model(*args)
+    _close(got, want, dtype)
+    for g, e in zip(_grads(got, wrt), _grads(want, wrt), strict=True):
+        torch.testing.assert_close(g, e, **GRAD_TOL[dtype])
+    code = gm.code
+    assert [p(gm) for p in TRAIN_PASSES] == [0, 0, 0]
+    gm.recompile()
+    assert gm.code == code
+
+
+def test_training_passes_leave_inference_alone() -> None:
+    """Without grad the graph is left to the post-grad passes."""
+    model = _randomised(Training(), torch.float32)
+    with torch.no_grad():
+        gm, _ = _dynamo_graph(model, *_bundle_inputs(torch.float32))
+    assert [p(gm) for p in TRAIN_PASSES] == [0, 0, 0]
+
+
+def _mutated_between(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """T5's form with its x changed in place between the statistics and the product."""
+    h = x * 1.0
+    variance = h.pow(2).mean(-1, keepdim=True)
+    h.mul_(2.0)
+    return w * (h * torch.rsqrt(variance + 1e-6))
+
+
+def _layer_norm_two_dims(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    return torch.nn.functional.layer_norm(x, x.shape[-2:])
+
+
+def _rms_norm_default_eps(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    return torch.nn.functional.rms_norm(x, (x.shape[-1],), w)
+
+
+def _layer_norm_fp32_weight(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    return torch.nn.functional.layer_norm(x, (x.shape[-1],), w.float())
+
+
+@pytest.mark.parametrize(
+    ("fn", "dtype"),
+    [
+        (_mutated_between, torch.float32),
+        (_layer_norm_two_dims, torch.float32),
+        (_rms_norm_default_eps, torch.float32),
+        (_layer_norm_fp32_weight, BF16),
+    ],
+)
+def test_training_forms_left_alone(fn: Callable[..., Any], dtype: torch.dtype) -> None:
+    x, w = (t.requires_grad_() for t in _x_w(dtype))
+    gm, inputs = _dynamo_graph(fn, x, w)
+    assert [p(gm) for p in TRAIN_PASSES] == [0, 0, 0]
+    _close(gm(*inputs), fn(x, w), dtype)

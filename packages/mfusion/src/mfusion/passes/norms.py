@@ -39,7 +39,7 @@ attribute (HF's ``variance_epsilon``) as a tensor input, and such an RMSNorm is 
 from __future__ import annotations
 
 import operator
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -48,6 +48,7 @@ from torch.fx import Graph, GraphModule, Node
 from torch.fx.node import map_arg
 
 import spore
+from mfusion.passes._torch_ir import value
 
 aten = torch.ops.aten
 prims = torch.ops.prims
@@ -61,14 +62,13 @@ WIDER = {
 _ADD = (aten.add.Tensor, aten.add.Scalar)
 _MUL = (aten.mul.Tensor,)
 _CONVERT = (prims.convert_element_type.default,)
+_BIAS = (aten.add.Tensor,)
 
 
 # Graph reading ---------------------------------------------------------------------------
 
 
-def _val(node: Any) -> Any:
-    """The fake tensor a node computes (``meta["val"]``), or None."""
-    return node.meta.get("val") if isinstance(node, Node) else None
+_val = value  # the fake tensor a node computes (meta "val" or dynamo's "example_value")
 
 
 def _is(node: Any, *targets: Any) -> bool:
@@ -143,22 +143,14 @@ def _rank(node: Any) -> int:
     return -1 if shape is None else len(shape)
 
 
-def _follow_mul(node: Node, width: int) -> tuple[Node, Node] | None:
-    """``(product, other)`` when ``node``'s only user is ``node * other`` with ``other`` of
-    shape ``(width,)`` and the product shaped like ``node``."""
+def _follow(node: Node, width: int, targets: tuple[Any, ...]) -> tuple[Node, Node] | None:
+    """``(result, other)`` when ``node``'s only user is ``node <op> other`` for an op among
+    ``targets`` (alpha 1), with ``other`` of shape ``(width,)`` and the result shaped like
+    ``node``: a weight product (``_MUL``) or a bias sum (``_BIAS``)."""
     user = _only_user(node)
-    if user is None or not _is(user, *_MUL) or len(user.args) != 2:
+    if user is None or not _is(user, *targets) or len(user.args) != 2:
         return None
-    other = _other(user, node)
-    if _shape(other) != (width,) or _shape(user) != _shape(node):
-        return None
-    return user, other
-
-
-def _follow_add(node: Node, width: int) -> tuple[Node, Node] | None:
-    """Like :func:`_follow_mul` for ``node + other`` (alpha 1)."""
-    user = _only_user(node)
-    if user is None or not _is(user, aten.add.Tensor) or user.kwargs.get("alpha", 1) != 1:
+    if user.kwargs.get("alpha", 1) != 1:
         return None
     other = _other(user, node)
     if _shape(other) != (width,) or _shape(user) != _shape(node):
@@ -183,34 +175,40 @@ def _follow_convert(node: Node, dtype: torch.dtype) -> Node | None:
 # Graph writing ---------------------------------------------------------------------------
 
 
-def _emit(
+def emit(
     graph: Graph, target: Callable[..., Any], *args: Any, like: Node | None = None, **kwargs: Any
 ) -> Node:
     """A new call node with its fake value computed from its inputs' fake values (in the fake
-    mode of ``like``'s value for a node without inputs)."""
-    from torch._guards import detect_fake_mode
+    mode of ``like``'s value for a node without inputs); none when they are not all fake
+    tensors of one mode. It goes where the graph keeps values: ``meta["val"]``, or
+    ``meta["example_value"]`` in dynamo's (pre-grad) graph."""
+    from torch._subclasses.fake_tensor import FakeTensor
+    from torch.utils._pytree import tree_leaves
 
     node = graph.call_function(target, args, kwargs)
     inputs = node.all_input_nodes or ([like] if like is not None else [])
-    values = [v for v in (_val(a) for a in inputs) if v is not None]
-    fake_mode = detect_fake_mode(values)
-    if fake_mode is not None and len(values) == len(inputs):
-        with fake_mode:
-            node.meta["val"] = target(*map_arg(args, _val), **map_arg(kwargs, _val))
+    values = [_val(a) for a in inputs]
+    leaves = [v for v in tree_leaves(values) if isinstance(v, torch.Tensor)]
+    modes = {v.fake_mode for v in leaves if isinstance(v, FakeTensor)}
+    if None not in values and len(modes) == 1 and all(isinstance(v, FakeTensor) for v in leaves):
+        dynamo = all("val" not in a.meta for a in inputs)
+        with modes.pop():
+            result = target(*map_arg(args, _val), **map_arg(kwargs, _val))
+        node.meta["example_value" if dynamo else "val"] = result
     return node
 
 
-def _spore(name: str) -> Any:
+def spore_op(name: str) -> Any:
     """``torch.ops.spore.<name>.default`` (importing spore_kernels defines the ops)."""
     import spore_kernels  # noqa: F401
 
     return getattr(torch.ops.spore, name).default
 
 
-def _ones(graph: Graph, like: Node) -> Node:
+def ones(graph: Graph, like: Node) -> Node:
     """A ``(last dimension,)`` tensor of ones in ``like``'s dtype and device."""
     value = _val(like)
-    return _emit(
+    return emit(
         graph,
         aten.full.default,
         [value.shape[-1]],
@@ -255,7 +253,7 @@ class RMSNormMatch:
     inner: list[Node] = field(default_factory=list)
 
 
-def _emulates_casts() -> bool:
+def emulates_casts() -> bool:
     from torch._inductor import config
 
     return bool(config.emulate_precision_casts)
@@ -307,7 +305,7 @@ def _rms_tail(
     """The weight product and final cast after the normalised x (module doc for the forms)."""
     dtype, width = _dtype(x), _shape(x)[-1]  # type: ignore[index]
     end, weight = normed, None
-    scaled = _follow_mul(normed, width)
+    scaled = _follow(normed, width, _MUL)
     if scaled is not None and _dtype(scaled[0]) == _dtype(normed):
         weight = source(scaled[1])
         if _dtype(weight) != dtype:
@@ -323,9 +321,9 @@ def _rms_tail(
         return None
     if weight is not None:
         return RMSNormMatch(x, weight, eps, cast, xf, [*inner, cast])
-    llama = _follow_mul(cast, width)
+    llama = _follow(cast, width, _MUL)
     if llama is not None and _dtype(llama[0]) == dtype:
-        if _dtype(llama[1]) != dtype or _emulates_casts():
+        if _dtype(llama[1]) != dtype or emulates_casts():
             return None
         return RMSNormMatch(x, llama[1], eps, llama[0], xf, [*inner, cast, llama[0]])
     if _multiplied(cast) or _multiplied(end):
@@ -333,14 +331,69 @@ def _rms_tail(
     return RMSNormMatch(x, None, eps, cast, xf, [*inner, cast])
 
 
-def _rms_norms(gm: GraphModule) -> list[RMSNormMatch]:
-    return [m for n in list(gm.graph.nodes) if (m := match_rms_norm(n)) is not None]
+def rms_norms(graph: Graph) -> Iterator[RMSNormMatch]:
+    """The RMSNorms of ``graph``, each matched when reached: a rewrite of one before it (whose
+    output may be its x) is seen."""
+    for node in list(graph.nodes):
+        match = match_rms_norm(node)
+        if match is not None:
+            yield match
 
 
-def _replace(graph: Graph, old: Node, new: Node, inner: Sequence[Node]) -> None:
+def replace(graph: Graph, old: Node, new: Node, inner: Sequence[Node]) -> None:
+    """``new`` takes ``old``'s users; then ``inner`` nodes left without users are erased."""
     old.replace_all_uses_with(new)
     new.meta.setdefault("stack_trace", old.meta.get("stack_trace"))
     _erase_dead(graph, reversed(list(inner)))
+
+
+def plain_add(node: Node) -> bool:
+    """Whether ``node`` is ``a + b`` (alpha 1) of two tensors of its shape and dtype."""
+    if not _is(node, aten.add.Tensor) or node.kwargs.get("alpha", 1) != 1:
+        return False
+    shape, dtype = _shape(node), _dtype(node)
+    return all(
+        isinstance(t, Node) and _shape(t) == shape and _dtype(t) == dtype for t in node.args[:2]
+    )
+
+
+def add_rms_norm_anchor(graph: Graph, match: RMSNormMatch) -> Node | None:
+    """The node after which ``spore.add_rms_norm`` of ``match`` (whose x is the sum) goes: the
+    sum, or the weight when that comes later; None when the sum is used before the weight."""
+    added, weight = match.x, match.weight
+    position = _position(graph)
+    if weight is None or position[weight] < position[added]:
+        return added
+    if any(position[u] < position[weight] for u in added.users):
+        return None
+    return weight
+
+
+def rewrite_add_rms_norm(graph: Graph, match: RMSNormMatch, anchor: Node) -> dict[Node, Node]:
+    """Replace ``match`` (the RMSNorm of a plain ``a + b``) by ``spore.add_rms_norm`` after
+    ``anchor``; the op's sum replaces ``a + b`` wherever else it is used. Returns the nodes
+    replaced → their replacements."""
+    added = match.x
+    with graph.inserting_before(anchor.next):
+        weight = match.weight if match.weight is not None else ones(graph, added)
+        a, b = added.args[:2]
+        fused = emit(graph, spore_op("add_rms_norm"), a, b, weight, match.eps)
+        normed = emit(graph, operator.getitem, fused, 0)
+        total = emit(graph, operator.getitem, fused, 1)
+    replace(graph, match.out, normed, match.inner)
+    added.replace_all_uses_with(total)
+    _erase_dead(graph, [match.upcast, added])
+    return {match.out: normed, added: total}
+
+
+def rewrite_rms_norm(graph: Graph, match: RMSNormMatch) -> dict[Node, Node]:
+    """Replace ``match`` by ``spore.rms_norm`` (a weight of ones when it has none); returns
+    ``{match.out: the op's node}``."""
+    with graph.inserting_before(match.out):
+        weight = match.weight if match.weight is not None else ones(graph, match.x)
+        new = emit(graph, spore_op("rms_norm"), match.x, weight, match.eps)
+    replace(graph, match.out, new, [*match.inner, match.upcast])
+    return {match.out: new}
 
 
 class AddRMSNormPass(spore.GraphPass):
@@ -353,37 +406,12 @@ class AddRMSNormPass(spore.GraphPass):
 
     def __call__(self, gm: GraphModule) -> int:
         graph, count = gm.graph, 0
-        for match in _rms_norms(gm):
-            added = match.x
-            if not self._is_plain_add(added):
-                continue
-            position = _position(graph)
-            anchor = added
-            if match.weight is not None and position[match.weight] > position[added]:
-                if any(position[u] < position[match.weight] for u in added.users):
-                    continue  # the sum is used before the weight exists: no place for the op
-                anchor = match.weight
-            with graph.inserting_before(anchor.next):
-                weight = match.weight if match.weight is not None else _ones(graph, added)
-                a, b = added.args[:2]
-                fused = _emit(graph, _spore("add_rms_norm"), a, b, weight, match.eps)
-                normed = _emit(graph, operator.getitem, fused, 0)
-                total = _emit(graph, operator.getitem, fused, 1)
-            _replace(graph, match.out, normed, match.inner)
-            added.replace_all_uses_with(total)
-            _erase_dead(graph, [match.upcast, added])
-            count += 1
+        for match in rms_norms(graph):
+            anchor = add_rms_norm_anchor(graph, match) if plain_add(match.x) else None
+            if anchor is not None:
+                rewrite_add_rms_norm(graph, match, anchor)
+                count += 1
         return count
-
-    @staticmethod
-    def _is_plain_add(node: Node) -> bool:
-        if not _is(node, aten.add.Tensor) or node.kwargs.get("alpha", 1) != 1:
-            return False
-        a, b = node.args[:2]
-        shape, dtype = _shape(node), _dtype(node)
-        return all(
-            isinstance(t, Node) and _shape(t) == shape and _dtype(t) == dtype for t in (a, b)
-        )
 
 
 class RMSNormPass(spore.GraphPass):
@@ -395,14 +423,11 @@ class RMSNormPass(spore.GraphPass):
     summary = "RMSNorm (Llama/Qwen2/Mistral/T5/Gemma forms, any eps) → spore.rms_norm"
 
     def __call__(self, gm: GraphModule) -> int:
-        graph = gm.graph
-        matches = _rms_norms(gm)
-        for match in matches:
-            with graph.inserting_before(match.out):
-                weight = match.weight if match.weight is not None else _ones(graph, match.x)
-                new = _emit(graph, _spore("rms_norm"), match.x, weight, match.eps)
-            _replace(graph, match.out, new, [*match.inner, match.upcast])
-        return len(matches)
+        count = 0
+        for match in rms_norms(gm.graph):
+            rewrite_rms_norm(gm.graph, match)
+            count += 1
+        return count
 
 
 # LayerNorm -------------------------------------------------------------------------------
@@ -432,8 +457,8 @@ class LayerNormPass(spore.GraphPass):
                 continue
             x, weight, bias, eps, out, inner = found
             with graph.inserting_before(out):
-                new = _emit(graph, _spore("layer_norm"), x, weight, bias, eps)
-            _replace(graph, out, new, inner)
+                new = emit(graph, spore_op("layer_norm"), x, weight, bias, eps)
+            replace(graph, out, new, inner)
             count += 1
         return count
 
@@ -473,8 +498,8 @@ class LayerNormPass(spore.GraphPass):
             return None
         inner = [stats, var, parts[1], rsqrt.args[0], rsqrt, centred, normed, xf]
         end, width, params = normed, _shape(x)[-1], {}  # type: ignore[index]
-        for name, follow in (("weight", _follow_mul), ("bias", _follow_add)):
-            step = follow(end, width)
+        for name, targets in (("weight", _MUL), ("bias", _BIAS)):
+            step = _follow(end, width, targets)
             if step is not None and _dtype(step[0]) == _dtype(xf):
                 params[name] = source(step[1])
                 if _dtype(params[name]) != dtype:
@@ -551,10 +576,10 @@ class MeanVarPass(spore.GraphPass):
     ) -> tuple[Node, Node]:
         x, dim, correction, keepdim = spec
         with graph.inserting_before(before):
-            fused = _emit(graph, _spore("mean_var"), x, dim, correction)
-            pair = [_emit(graph, operator.getitem, fused, i) for i in (0, 1)]
+            fused = emit(graph, spore_op("mean_var"), x, dim, correction)
+            pair = [emit(graph, operator.getitem, fused, i) for i in (0, 1)]
             if keepdim:
-                pair = [_emit(graph, aten.unsqueeze.default, p, dim) for p in pair]
+                pair = [emit(graph, aten.unsqueeze.default, p, dim) for p in pair]
         return pair[0], pair[1]
 
     def _var_mean(self, graph: Graph, node: Node) -> int:
@@ -585,8 +610,8 @@ class MeanVarPass(spore.GraphPass):
             position = _position(graph)
             first = min(mean, var, key=position.__getitem__)
             new_mean, new_var = self._emit_pair(graph, first, spec)
-            _replace(graph, mean, new_mean, [mean])
-            _replace(graph, var, new_var, [var])
+            replace(graph, mean, new_mean, [mean])
+            replace(graph, var, new_var, [var])
             return 1
         return 0
 

@@ -1,0 +1,206 @@
+"""RMSNorm, Add+RMSNorm and LayerNorm in training: rewritten before autograd (pre-grad stage).
+
+In a forward+backward compile AOT autograd partitions the traced graph, and the forward saves
+what the decomposed backward needs (RMSNorm's ``rsqrt``, LayerNorm's mean and rstd); the
+post-grad passes of :mod:`mfusion.passes.norms` then refuse those forms, whose intermediates
+have users outside them. These passes run on dynamo's graph instead, before autograd, and put
+``spore.rms_norm``, ``spore.add_rms_norm`` and ``spore.layer_norm`` there: AOT autograd keeps
+each as one op in the forward graph and differentiates it with the op's registered backward
+(``spore.*_backward``, one op in the backward graph, which saves only the op's inputs).
+
+The RMSNorm forms, and what is left alone, are the post-grad passes' (the same matcher walks
+:func:`mfusion.passes._torch_ir.aten_view` of the graph, with the same numerics decisions);
+``F.layer_norm`` and ``F.rms_norm`` (also ``torch.layer_norm``/``torch.rms_norm``) over the
+last dimension, with weight (and bias) of x's dtype or none and an explicit eps, are one call
+each in dynamo's graph and computed as the ops compute them (float32, one rounding: measured
+bit-equal for bfloat16 ``F.rms_norm`` on CPU). Only a norm whose result requires grad is rewritten:
+inference graphs stay with the post-grad passes. A form with an in-place op between its nodes
+(dynamo's graph is not functional) is left alone.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch.fx import Graph, GraphModule, Node
+
+import spore
+from mfusion.passes import norms
+from mfusion.passes._torch_ir import AtenView, aten_view, value
+
+
+def _trains(node: Node) -> bool:
+    """Whether ``node``'s value requires grad (dynamo traced it with autograd on)."""
+    found = value(node)
+    return isinstance(found, torch.Tensor) and found.requires_grad
+
+
+def _mutation_free(graph: Graph, nodes: list[Node]) -> bool:
+    """No in-place op between the first and the last of ``nodes`` in ``graph``'s order."""
+    from torch._inductor.pattern_matcher import is_mutation_op
+
+    wanted, inside = set(nodes), False
+    for node in graph.nodes:
+        if node in wanted:
+            wanted.discard(node)
+            inside = bool(wanted)
+            if not inside:
+                return True
+        elif inside and is_mutation_op(node):
+            return False
+    return not wanted
+
+
+class _Renamed:
+    """The original nodes of a view's matches, through the replacements made so far."""
+
+    def __init__(self, view: AtenView) -> None:
+        self.view = view
+        self.replaced: dict[Node, Node] = {}
+
+    def __call__(self, node: Any) -> Any:
+        node = self.view.original(node)
+        while node in self.replaced:
+            node = self.replaced[node]
+        return node
+
+    def match(self, found: norms.RMSNormMatch) -> norms.RMSNormMatch:
+        """``found`` (a match in the view) in the original graph's nodes; its inner nodes
+        include the no-op casts of x that only it uses."""
+        inner = self.view.originals(found.inner)
+        own = set(inner)
+        casts = [c for c in self.view.origin[found.upcast][1:] if c.users and set(c.users) <= own]
+        return norms.RMSNormMatch(
+            x=self(found.x),
+            weight=self(found.weight),
+            eps=found.eps,
+            out=self(found.out),
+            upcast=self(found.upcast),
+            inner=[*casts, *inner],
+        )
+
+
+def _training_rms_norms(gm: GraphModule) -> Iterator[tuple[norms.RMSNormMatch, bool, _Renamed]]:
+    """``(match in gm's nodes, whether x is a plain sum, renaming)`` for every RMSNorm whose
+    result requires grad, with no in-place op inside; record rewrites in the renaming."""
+    view = aten_view(gm)
+    renamed = _Renamed(view)
+    for found in [m for n in list(view.graph.nodes) if (m := norms.match_rms_norm(n))]:
+        match = renamed.match(found)
+        if not _trains(match.out):
+            continue
+        if not _mutation_free(gm.graph, [match.x, *match.inner, match.out]):
+            continue
+        yield match, norms.plain_add(found.x), renamed
+
+
+class _TrainingPass(spore.GraphPass):
+    stage = "pre_grad"
+    version = "1"
+
+
+class AddRMSNormTrainPass(_TrainingPass):
+    """In training, ``rms_norm(a + b)`` → ``spore.add_rms_norm`` before autograd."""
+
+    name = "add_rms_norm_train"
+    priority = 30
+    summary = "training: residual add + RMSNorm → spore.add_rms_norm (pre-grad, op's backward)"
+
+    def __call__(self, gm: GraphModule) -> int:
+        count = 0
+        for match, plain, renamed in _training_rms_norms(gm):
+            anchor = norms.add_rms_norm_anchor(gm.graph, match) if plain else None
+            if anchor is not None:
+                renamed.replaced.update(norms.rewrite_add_rms_norm(gm.graph, match, anchor))
+                count += 1
+        return count
+
+
+class RMSNormTrainPass(_TrainingPass):
+    """In training, every RMSNorm form the op computes (and ``F.rms_norm``) → spore.rms_norm."""
+
+    name = "rms_norm_train"
+    priority = 25
+    summary = "training: RMSNorm forms and F.rms_norm → spore.rms_norm (pre-grad, op's backward)"
+
+    def __call__(self, gm: GraphModule) -> int:
+        count = 0
+        for match, _, renamed in _training_rms_norms(gm):
+            renamed.replaced.update(norms.rewrite_rms_norm(gm.graph, match))
+            count += 1
+        return count + _rewrite_functional(gm.graph, F.rms_norm, "rms_norm")
+
+
+class LayerNormTrainPass(_TrainingPass):
+    """In training, ``F.layer_norm`` over the last dimension → spore.layer_norm."""
+
+    name = "layer_norm_train"
+    priority = 25
+    summary = "training: F.layer_norm → spore.layer_norm (pre-grad, op's backward)"
+
+    def __call__(self, gm: GraphModule) -> int:
+        return _rewrite_functional(gm.graph, F.layer_norm, "layer_norm")
+
+
+_TORCH = {F.rms_norm: torch.rms_norm, F.layer_norm: torch.layer_norm}
+
+
+def _functional_args(node: Node, function: Callable[..., Any]) -> dict[str, Any] | None:
+    """``node``'s arguments by ``function``'s parameter names when it calls ``function``
+    (or its ``torch.*`` twin), else None."""
+    if node.op != "call_function" or node.target not in (function, _TORCH[function]):
+        return None
+    try:
+        bound = inspect.signature(function).bind(*node.args, **node.kwargs)
+    except TypeError:
+        return None
+    bound.apply_defaults()
+    return dict(bound.arguments)
+
+
+def _functional_norm(node: Node, function: Callable[..., Any]) -> tuple[Any, ...] | None:
+    """The spore op's arguments for a ``function`` call (module doc) it computes, else None."""
+    args = _functional_args(node, function)
+    if args is None or not _trains(node):
+        return None
+    x, eps = args["input"], args["eps"]
+    x_value = value(x)
+    if not isinstance(x_value, torch.Tensor) or x_value.dtype not in norms.FLOATS:
+        return None
+    if x_value.dim() < 1 or not isinstance(eps, float):
+        return None
+    if list(args["normalized_shape"]) != [x_value.shape[-1]]:
+        return None
+    params = [args["weight"], args.get("bias")]
+    for param in params:
+        if param is not None and (
+            not isinstance(param, Node)
+            or tuple(value(param).shape) != (x_value.shape[-1],)
+            or value(param).dtype != x_value.dtype
+        ):
+            return None
+    if function is F.layer_norm:
+        return x, *params, eps
+    return x, params[0], eps
+
+
+def _rewrite_functional(graph: Graph, function: Callable[..., Any], op: str) -> int:
+    count = 0
+    for node in list(graph.nodes):
+        args = _functional_norm(node, function)
+        if args is None:
+            continue
+        with graph.inserting_before(node):
+            if op == "rms_norm" and args[1] is None:
+                args = (args[0], norms.ones(graph, args[0]), args[2])
+            new = norms.emit(graph, norms.spore_op(op), *args)
+        norms.replace(graph, node, new, [node])
+        count += 1
+    return count
+
+
+PASSES = (AddRMSNormTrainPass(), RMSNormTrainPass(), LayerNormTrainPass())

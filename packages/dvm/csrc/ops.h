@@ -96,9 +96,13 @@ inline void binary(int32_t op, float* d, const float* a, const float* b, int64_t
     }
 }
 
+// A bit select (no blend instruction needed, so SSE2 builds vectorise it too).
 inline void where(float* d, const float* c, const float* a, const float* b, int64_t n) {
 #pragma omp simd
-    for (int64_t i = 0; i < n; ++i) d[i] = c[i] != 0.0f ? a[i] : b[i];
+    for (int64_t i = 0; i < n; ++i) {
+        const uint32_t take_a = 0u - static_cast<uint32_t>(c[i] != 0.0f);
+        d[i] = as_float((as_bits(a[i]) & take_a) | (as_bits(b[i]) & ~take_a));
+    }
 }
 
 // A row's sum (LANES independent partial sums, folded pairwise: a fixed order, so results do

@@ -342,15 +342,29 @@ def test_zero_size_domain() -> None:
     assert y.shape == (0, 5)
 
 
-def test_isa_builds_agree() -> None:
-    x = values(5000, seed=9)
-    results = {}
-    for isa in _lib.builds():
-        k = vm.Kernel(unary(Op.TANH), [torch.float16], isa=isa)
-        results[isa] = k([x], x.shape)[0]
-        want = torch.tanh(x).half()
-        torch.testing.assert_close(results[isa], want, rtol=2**-10, atol=1e-7, equal_nan=True)
-    assert "base" in results
+@pytest.mark.parametrize("isa", _lib.builds())
+def test_every_isa_build(isa: str) -> None:
+    """Each build this CPU runs (base = SSE2 code without F16C) against the reference."""
+    x = values(3000, seed=9)
+    y = values(3000, seed=10)[torch.randperm(3000)]
+    for op in sorted(UNARY):
+        for dtype in DTYPES:
+            k = vm.Kernel(unary(op), [dtype], isa=isa)
+            (got,) = k([x.to(dtype)], x.shape)
+            (want,) = run_reference(unary(op), [x.to(dtype)], x.shape, [dtype])
+            rtol, atol = (0, 0) if op in EXACT else TOL[dtype]
+            torch.testing.assert_close(got, want, rtol=rtol, atol=atol, equal_nan=True)
+    for op in sorted(BINARY):
+        (got,) = vm.Kernel(binary(op), [torch.float32], isa=isa)([x, y], x.shape)
+        (want,) = run_reference(binary(op), [x, y], x.shape, [torch.float32])
+        rtol, atol = (0, 0) if op in EXACT else TOL[torch.float32]
+        torch.testing.assert_close(got, want, rtol=rtol, atol=atol, equal_nan=True)
+    (got,) = vm.Kernel(softmax(), [torch.bfloat16], isa=isa)([x.reshape(3, 1000)], (3, 1000))
+    want = torch.softmax(x.reshape(3, 1000).nan_to_num(), -1)
+    assert torch.equal(got.isnan().any(-1), x.reshape(3, 1000).isnan().any(-1))
+    ok = ~x.reshape(3, 1000).isnan().any(-1)
+    torch.testing.assert_close(got[ok], want[ok].bfloat16(), rtol=2**-7, atol=1e-3)
+    assert "base" in _lib.builds()
 
 
 def ulp_error(got: torch.Tensor, want64: torch.Tensor) -> float:

@@ -20,7 +20,8 @@ Three groups of cases, every side in this process under the allocator and thread
   the two sides' cumulative times meet (0 when they never do: one side leads throughout).
 
 Before any timing the dvm side's output is checked against eager (the Llama case: its first
-loss and gradients, from the same weights).
+loss and gradients, from the same weights), and a chain case fails unless dvm ran the chain's
+regions on the VM.
 """
 
 from __future__ import annotations
@@ -259,15 +260,25 @@ def compile_cases() -> list[Benchmark]:
 def _runtime_state(chain: str, dtype: str, shape: tuple[int, int]) -> dict[str, Any]:
     """The chain's inputs, its three compiled/eager sides (compiled and run once) and the copy
     buffers (the last key's state is kept: the cases of one chain and dtype share it)."""
+    from dvm.backend import make_backend
+
     spec = CHAINS[chain]
     args = spec.inputs(shape, DTYPES[dtype])
+    graphs: list[Any] = []
+    backend = make_backend(lambda _kind, compiled: graphs.append(compiled))
     sides = {
         "eager": spec.fn,
         "inductor": torch.compile(spec.fn, dynamic=False),
-        "dvm": torch.compile(spec.fn, backend=_dvm_backend(), dynamic=False),
+        "dvm": torch.compile(spec.fn, backend=backend, dynamic=False),
     }
     with torch.no_grad():
         outs = {side: fn(*args) for side, fn in sides.items()}
+    if not any(g.regions for g in graphs) or any(g.eager_calls for g in graphs):
+        left = [f"{n.target}: {why}" for g in graphs for n, why in g.fallbacks]
+        raise RuntimeError(
+            f"{chain}: dvm ran no region on the VM, or a region fell back to eager; the "
+            f"figure would time eager aten (ops left to eager: {left})"
+        )
     half = (_nbytes(*args) + _nbytes(outs["eager"])) // 2
     return {
         "args": args,

@@ -463,6 +463,9 @@ def cluster(gm: GraphModule) -> Clustering:
     fallbacks = list(c.a.fallbacks)
     notes: list[str] = []
     for members in sorted(groups, key=lambda m: c.a.index[m[0]]):
+        mset = set(members)
+        if not any(u not in mset for n in members for u in n.users):
+            continue  # dead code: left as it is
         try:
             parts = [build_region(members, c.a)]
         except ValueError as e:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import heapq
 import operator
 import time
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -239,9 +240,16 @@ def compile_graph(gm: GraphModule, example_inputs: Sequence[Any]) -> CompiledGra
     """``gm`` with its VM-able regions running on the VM and the rest as eager aten."""
     t0 = time.perf_counter()
     _ensure_meta(gm, example_inputs)
-    clustering = cluster(gm)
-    runners = [RegionRunner(r, k) for k, r in enumerate(clustering.regions)]
-    t1 = time.perf_counter()
-    new = _rewrite(gm, runners) if runners else gm
+    try:
+        clustering = cluster(gm)
+        runners = [RegionRunner(r, k) for k, r in enumerate(clustering.regions)]
+        t1 = time.perf_counter()
+        new = _rewrite(gm, runners) if runners else gm
+    except Exception as e:  # a compiler bug must not break the user's program: run eagerly
+        why = f"dvm could not compile this graph ({type(e).__name__}: {e}); it runs eagerly"
+        warnings.warn(why, RuntimeWarning, stacklevel=2)
+        calls = [n for n in gm.graph.nodes if n.op == "call_function"]
+        clustering = Clustering([], [(n, why) for n in calls], 0.0, [why])
+        runners, new, t1 = [], gm, time.perf_counter()
     t2 = time.perf_counter()
     return CompiledGraph(new, runners, clustering, (t2 - t0) * 1e6, (t2 - t1) * 1e6)

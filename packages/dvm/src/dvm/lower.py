@@ -416,12 +416,14 @@ def _scalar_tensor(em: Emitter, n: Node, r: Resolve) -> int:
 def reduced_dims(node: Node) -> list[int]:
     """The dimensions ``node`` (a reduction) reduces, normalised to ``0..rank-1``."""
     rank = node.args[0].meta["val"].dim()
+    if rank == 0:
+        return []
     dims = node.args[1] if len(node.args) > 1 else node.kwargs.get("dim")
     if dims is None or (isinstance(dims, (list, tuple)) and len(dims) == 0):
         return list(range(rank))
     if isinstance(dims, int):
         dims = [dims]
-    return sorted({d % max(rank, 1) for d in dims})
+    return sorted({d % rank for d in dims})
 
 
 def keepdim(node: Node) -> bool:

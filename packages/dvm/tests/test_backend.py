@@ -1,0 +1,101 @@
+"""The ``dvm`` torch.compile backend: found by name, trains (forward and backward graphs both
+clustered), falls back with reasons, and guards recompiles per shape."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from dvm.backend import dvm_backend, make_backend
+
+
+def test_backend_is_found_by_name():
+    assert "dvm" in torch._dynamo.list_backends()
+    fn = torch.compile(lambda x: F.silu(x) * 2, backend="dvm")
+    x = torch.randn(5, 7)
+    torch.testing.assert_close(fn(x), F.silu(x) * 2)
+
+
+def test_dvm_backend_function_compiles():
+    x = torch.randn(3, 9)
+    fn = torch.compile(lambda t: torch.softmax(t, -1), backend=dvm_backend)
+    torch.testing.assert_close(fn(x), torch.softmax(x, -1))
+
+
+def _record():
+    graphs = []
+    return graphs, make_backend(lambda kind, c: graphs.append((kind, c)))
+
+
+def test_training_step_forward_and_backward_on_the_vm():
+    graphs, backend = _record()
+
+    def loss_fn(x, w, b):
+        h = F.gelu(x * w + b, approximate="tanh")
+        return (torch.log_softmax(h, -1) * h).sum()
+
+    x, w, b = (torch.randn(*s, requires_grad=True) for s in [(4, 6, 11), (11,), (11,)])
+    want = loss_fn(x, w, b)
+    want_grads = torch.autograd.grad(want, [x, w, b])
+    got = torch.compile(loss_fn, backend=backend)(x, w, b)
+    got_grads = torch.autograd.grad(got, [x, w, b])
+    torch.testing.assert_close(got, want)
+    for g, e in zip(got_grads, want_grads, strict=True):
+        torch.testing.assert_close(g, e, atol=1e-5, rtol=1e-5)
+    kinds = [k for k, _ in graphs]
+    assert kinds == ["forward", "backward"]
+    for _, c in graphs:
+        assert c.vm_calls == len(c.regions) >= 1
+    # the sum over every dim (the loss) and the bias/weight grads over dims 0, 1 stay eager
+    (_, bw) = graphs[1]
+    assert any("dim 0" in why for _, why in bw.fallbacks)
+
+
+def test_inference_graph_under_no_grad():
+    graphs, backend = _record()
+    x = torch.randn(4, 8)
+    with torch.no_grad():
+        out = torch.compile(lambda t: torch.tanh(t) * t.mean(-1, keepdim=True), backend=backend)(x)
+    torch.testing.assert_close(out, torch.tanh(x) * x.mean(-1, keepdim=True))
+    assert [k for k, _ in graphs] == ["inference"]
+    assert graphs[0][1].vm_calls == 1
+
+
+def test_fallbacks_counted_and_explained():
+    graphs, backend = _record()
+
+    def fn(x):
+        a = x.double().exp()  # float64: eager
+        b = x.cumsum(-1)  # no VM lowering: eager
+        c = x.sum(0)  # a reduction over dim 0: eager
+        return a.float() + b, c.sigmoid()
+
+    x = torch.randn(3, 5)
+    got = torch.compile(fn, backend=backend)(x)
+    for g, e in zip(got, fn(x), strict=True):
+        torch.testing.assert_close(g, e)
+    ((_, c),) = graphs
+    reasons = [why for _, why in c.fallbacks]
+    assert sum("float64" in r for r in reasons) >= 2
+    assert sum("no VM lowering" in r for r in reasons) == 1
+    assert sum("dim 0" in r for r in reasons) == 1
+    assert c.vm_calls == len(c.regions) >= 1
+
+
+def test_new_shape_recompiles_and_stays_correct():
+    graphs, backend = _record()
+    fn = torch.compile(lambda t: torch.sigmoid(t) * t, backend=backend, dynamic=False)
+    for shape in [(4, 6), (2, 3, 5)]:
+        x = torch.randn(*shape)
+        torch.testing.assert_close(fn(x), torch.sigmoid(x) * x)
+    assert len(graphs) == 2
+    assert all(c.vm_calls == 1 for _, c in graphs)
+
+
+def test_dynamic_shapes_fall_back_with_a_reason():
+    graphs, backend = _record()
+    fn = torch.compile(lambda t: torch.sigmoid(t) * t, backend=backend, dynamic=True)
+    x = torch.randn(4, 6)
+    torch.testing.assert_close(fn(x), torch.sigmoid(x) * x)
+    ((_, c),) = graphs
+    assert c.regions == []
+    assert all("dynamic shape" in why for _, why in c.fallbacks)

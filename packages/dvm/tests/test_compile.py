@@ -1,0 +1,153 @@
+"""compile_graph: regions run on the VM; guards and VM errors fall back to eager with a
+recorded reason; graphs without fake values, side effects and compile times."""
+
+from __future__ import annotations
+
+import operator
+
+import dvm.compile as dc
+import pytest
+import torch
+from dvm.compile import compile_graph
+from torch.fx.experimental.proxy_tensor import make_fx
+
+aten = torch.ops.aten
+
+
+def _fn(x, w):
+    return torch.sigmoid(x * w).exp() + x.amax(-1, keepdim=True)
+
+
+def _inputs():
+    g = torch.Generator().manual_seed(0)
+    return torch.randn(6, 10, generator=g), torch.randn(10, generator=g)
+
+
+def test_regions_run_on_the_vm_not_the_reference():
+    assert dc.EXECUTOR == "vm"
+    from dvm import vm
+
+    assert dc.PREPARE is vm.Kernel
+    x, w = _inputs()
+    c = compile_graph(make_fx(_fn, tracing_mode="fake")(x, w), [x, w])
+    assert isinstance(c.runners[0]._kernel, vm.Kernel)
+    torch.testing.assert_close(c(x, w)[0] if isinstance(c(x, w), tuple) else c(x, w), _fn(x, w))
+    assert c.vm_calls == 2
+    # the graph calls the region runner, not the original aten ops
+    targets = [n.target for n in c.graph_module.graph.nodes if n.op == "call_function"]
+    assert c.runners[0] in targets
+    assert aten.exp.default not in targets
+
+
+def test_graph_without_fake_values_gets_them():
+    x, w = _inputs()
+    gm = make_fx(_fn, tracing_mode="fake")(x, w)
+    for n in gm.graph.nodes:
+        n.meta.pop("val", None)
+    c = compile_graph(gm, [x, w])
+    assert len(c.regions) == 1
+    torch.testing.assert_close(c(x, w), _fn(x, w))
+    assert c.vm_calls == 1
+
+
+def _one_region():
+    x, w = _inputs()
+    c = compile_graph(make_fx(_fn, tracing_mode="fake")(x, w), [x, w])
+    (runner,) = c.runners
+    return c, runner, x, w
+
+
+def test_guard_shape_dtype_and_grad_fall_back_with_reasons():
+    _, runner, x, w = _one_region()
+    want = (runner.eager(x, w),)
+    cases = [
+        ((torch.randn(3, 10), w), "shape"),
+        ((x.double(), w.double()), "dtype"),
+        ((x.requires_grad_(), w), "requires grad"),
+    ]
+    for args, what in cases:
+        out = runner(*args)
+        assert what in next(reversed(runner.fallback_reasons)), runner.fallback_reasons
+        ref = runner.eager(*args)
+        torch.testing.assert_close(out[0], ref[0])
+    assert runner.eager_calls == 3
+    assert runner.vm_calls == 0
+    x.requires_grad_(False)
+    torch.testing.assert_close(runner(x, w)[0], want[0][0])
+    assert runner.vm_calls == 1
+
+
+def test_vm_error_falls_back_to_eager(monkeypatch):
+    c, runner, x, w = _one_region()
+
+    def broken(inputs, domain):
+        raise RuntimeError("simulated VM failure")
+
+    monkeypatch.setattr(runner, "_kernel", broken)
+    torch.testing.assert_close(c(x, w), _fn(x, w))
+    assert runner.eager_calls == 1
+    (reason,) = runner.fallback_reasons
+    assert "simulated VM failure" in reason
+
+
+def test_long_rows_beyond_the_vm_fall_back():
+    from dvm import _lib
+
+    lib, _ = _lib.library()
+    row = lib.dvm_max_row() + 1
+    x = torch.randn(2, row)
+    fn = lambda t: torch.softmax(t, -1)  # noqa: E731
+    gm = make_fx(fn, tracing_mode="fake", decomposition_table=_decomps())(x)
+    c = compile_graph(gm, [x])
+    torch.testing.assert_close(c(x), fn(x))
+    assert c.eager_calls == 1
+    assert "rows" in next(iter(c.runners[0].fallback_reasons))
+
+
+def _decomps():
+    from dvm.lower import decomposition_table
+
+    return decomposition_table()
+
+
+def test_side_effects_keep_their_place():
+    x = torch.randn(4, 5)
+    g = torch.fx.Graph()
+    a = g.placeholder("a")
+    buf = g.placeholder("buf")
+    y = g.call_function(aten.exp.default, (a,))
+    g.call_function(aten.copy_.default, (buf, y))  # buf <- exp(a)
+    z = g.call_function(aten.mul.Tensor, (buf, 2.0))  # reads buf after the copy
+    w = g.call_function(aten.add.Tensor, (z, y))
+    g.output((w,))
+    gm = torch.fx.GraphModule(torch.nn.Module(), g)
+    buf_e, buf_c = torch.zeros(4, 5), torch.zeros(4, 5)
+    want = gm(x, buf_e)[0]
+    c = compile_graph(gm, [x, buf_c])
+    got = c(x, buf_c)[0]
+    torch.testing.assert_close(got, want)
+    torch.testing.assert_close(buf_c, buf_e)
+    assert len(c.regions) == 2  # exp before the copy, mul+add after it
+    order = [n for n in c.graph_module.graph.nodes if n.op == "call_function"]
+    copy = next(i for i, n in enumerate(order) if n.target is aten.copy_.default)
+    runners = [i for i, n in enumerate(order) if isinstance(n.target, dc.RegionRunner)]
+    assert runners[0] < copy < runners[1]
+    assert all(n.target is not operator.add for n in order)
+
+
+def test_compile_times_are_recorded():
+    c, runner, _, _ = _one_region()
+    assert runner.region.build_us > 0
+    assert runner.compile_us >= runner.region.build_us
+    assert c.total_us >= c.clustering.cluster_us > 0
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_16_bit_outputs_and_inputs(dtype):
+    x, w = (t.to(dtype) for t in _inputs())
+    fn = lambda a, b: (a.float() * b.float()).sigmoid().to(dtype)  # noqa: E731
+    c = compile_graph(make_fx(fn, tracing_mode="fake")(x, w), [x, w])
+    got = c(x, w)
+    assert got.dtype == dtype
+    torch.testing.assert_close(got, fn(x, w), atol=0, rtol=0)
+    assert c.vm_calls == 1

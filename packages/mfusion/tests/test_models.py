@@ -4,7 +4,8 @@ Each model is built from a small config with random weights on CPU (no download)
 compiles it with ``backend="spore"``, compares the outputs (and, for forward+backward, the
 gradient of every parameter) with eager on the same inputs, and asserts exactly which
 ``torch.ops.spore.*`` ops the post-grad graphs hold: counts derived from the config's number of
-layers, for inference and for training separately (see :data:`TRAINING_NOTE`).
+layers, for inference and for training (forward and backward graph, see
+:data:`TRAINING_NOTE`).
 
 The default run covers every model's bf16 forward and Llama's fp32 forward+backward; ``-m slow``
 (``nox -s mfusion_full``) runs the rest of the matrix.
@@ -33,13 +34,12 @@ TOLERANCE = {torch.float32: 1e-4, torch.bfloat16: 5e-2}
 GRAD_TOLERANCE = {torch.float32: 1e-4, torch.bfloat16: 1e-1}
 
 TRAINING_NOTE = (
-    "In a forward+backward compile the forward graph also returns what the backward needs, "
-    "and a pattern whose intermediate is among those saved values is not rewritten (the "
-    "matcher refuses a match with an inner node used outside it): RMSNorm saves its rsqrt, "
-    "LayerNorm its mean and rstd, so neither is fused in training. RoPE, SiLU·mul and GELU "
-    "save only their inputs or output and are fused. The backward graph holds the decomposed "
-    "backward formulas; the one fused there is fp32 silu(gate) * grad (the up projection's "
-    "gradient), a SiLU·mul."
+    "In a forward+backward compile the norms are rewritten before autograd (mfusion's *_train "
+    "pre-grad passes), so the forward graph holds spore.rms_norm/add_rms_norm/layer_norm and "
+    "the backward graph their spore.*_backward ops, one per norm. RoPE, SiLU·mul and GELU "
+    "are fused after autograd in the forward (they save only their inputs or output); the "
+    "backward graph holds their decomposed backward formulas, of which fp32 "
+    "silu(gate) * grad (the up projection's gradient) is a SiLU·mul."
 )
 
 
@@ -51,46 +51,53 @@ def _counts(**per_op: int) -> dict[str, int]:
     return {f"spore.{op}.default": n for op, n in per_op.items() if n}
 
 
+def _norms(train: bool, **per_op: int) -> tuple[dict[str, int], dict[str, int]]:
+    """The norm ops (``rms_norm=2`` ...) of a forward graph and, when training, the backward
+    op of each in the backward graph."""
+    backward = {f"{op}_backward": n for op, n in per_op.items()} if train else {}
+    return per_op, backward
+
+
 def _decoder(train: bool, dtype: torch.dtype, act: str) -> Graphs:
     """A Llama-style decoder: RMSNorm before attention and before the MLP, RoPE on q and k,
     a gated MLP (``act(gate) * up``).
 
-    Inference: the first norm reads the embeddings (RMSNorm); every later one, the final norm
-    included, reads a residual sum that is also used afterwards (Add+RMSNorm). Gemma's
-    ``(1 + w)`` norm: in fp32 each is an RMSNorm (the add_rms_norm pass does not take that
-    form), in bf16 none is rewritten (see mfusion.passes.norms).
-    Training: the forward keeps RoPE and the activation (they save only their inputs or
-    output), not the norms (their rsqrt is saved); in fp32 the backward graph recomputes
-    ``silu(gate) * grad`` for the up projection's gradient, a SiLU·mul of its own (in bf16
-    that recomputation is written with casts no silu_mul form covers).
+    The first norm reads the embeddings (RMSNorm); every later one, the final norm included,
+    reads a residual sum that is also used afterwards (Add+RMSNorm), in inference and in
+    training alike. Gemma's ``(1 + w)`` norm: in fp32 each is an RMSNorm (the add_rms_norm
+    passes do not take that form), in bf16 none is rewritten (see mfusion.passes.norms).
+    Training: the forward also keeps RoPE and the activation; the backward holds each norm's
+    backward op and, in fp32, recomputes ``silu(gate) * grad`` for the up projection's
+    gradient, a SiLU·mul of its own (in bf16 that recomputation is written with casts no
+    silu_mul form covers).
     """
     layers = SIZE.layers
-    if train:
-        fused = act == "silu_mul" and dtype == torch.float32
-        backward = _counts(silu_mul=layers) if fused else {}
-        return [_counts(rope=2 * layers, **{act: layers}), backward]
     if act == "gelu":  # Gemma
-        norms = 2 * layers + 1 if dtype == torch.float32 else 0
-        return [_counts(rms_norm=norms, rope=2 * layers, gelu=layers)]
-    return [_counts(rms_norm=1, add_rms_norm=2 * layers, rope=2 * layers, silu_mul=layers)]
+        count = 2 * layers + 1 if dtype == torch.float32 else 0
+        forward, backward = _norms(train, rms_norm=count)
+        backward_act = {}
+    else:
+        forward, backward = _norms(train, rms_norm=1, add_rms_norm=2 * layers)
+        backward_act = {act: layers} if dtype == torch.float32 else {}
+    graphs = [_counts(**forward, rope=2 * layers, **{act: layers})]
+    return [*graphs, _counts(**backward, **backward_act)] if train else graphs
 
 
 def _layer_norm_model(train: bool, dtype: torch.dtype) -> Graphs:
     """GPT-2, BERT, ViT: two LayerNorms per layer plus one (the final one, or BERT's after the
-    embeddings) and a GELU MLP per layer; in training the LayerNorms save mean and rstd."""
-    if train:
-        return [_counts(gelu=SIZE.layers), {}]
-    return [_counts(layer_norm=2 * SIZE.layers + 1, gelu=SIZE.layers)]
+    embeddings) and a GELU MLP per layer; in training each LayerNorm's backward op."""
+    forward, backward = _norms(train, layer_norm=2 * SIZE.layers + 1)
+    graphs = [_counts(**forward, gelu=SIZE.layers)]
+    return [*graphs, _counts(**backward)] if train else graphs
 
 
 def _t5(train: bool, dtype: torch.dtype) -> Graphs:
     """T5: RMSNorm before each sub-layer (2 per encoder layer, 3 per decoder layer) and after
     each stack. The first norm of each stack reads the embeddings, every other one a residual
     sum (Add+RMSNorm). The feed-forward is ReLU (no fused op)."""
-    if train:
-        return [{}, {}]
     layers = SIZE.layers
-    return [_counts(rms_norm=2, add_rms_norm=(2 * layers) + (3 * layers))]
+    forward, backward = _norms(train, rms_norm=2, add_rms_norm=(2 * layers) + (3 * layers))
+    return [_counts(**forward), _counts(**backward)] if train else [_counts(**forward)]
 
 
 EXPECTED: dict[str, Callable[[bool, torch.dtype], Graphs]] = {

@@ -269,6 +269,12 @@ def test_rms_norm_forms(fn: Callable[..., Any], dtype: torch.dtype) -> None:
         assert op.args[2] == pytest.approx(eps, rel=1e-7)  # F.rms_norm rounds eps to float32
 
 
+def test_norm_of_a_norm() -> None:
+    """The second norm reads the first one's output, which the first rewrite replaces."""
+    gm = _rewritten(RMSNormPass(), lambda x, w: _llama(_llama(x, w), w), *_x_w(torch.float32))
+    assert _ops(gm) == {RMS: 2}
+
+
 def test_float64_computes_in_float64() -> None:
     def fn(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         return w * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6))

@@ -1,0 +1,59 @@
+"""dvm.explain: regions with their ops, programs and domains; fallbacks with reasons; forward
+and backward graphs; the user's gradients untouched."""
+
+from __future__ import annotations
+
+import dvm
+import torch
+import torch.nn.functional as F
+
+
+def test_forward_regions_and_fallbacks():
+    def fn(x, w):
+        y = torch.softmax(x * w, -1)
+        return y.sum(0), F.silu(x)
+
+    x, w = torch.randn(4, 8), torch.randn(8)
+    e = dvm.explain(fn, x, w)
+    assert list(e.graphs) == ["inference"]
+    assert e.executor == "vm"
+    assert len(e.regions) == 1
+    (region,) = e.regions
+    assert region.domain == (4, 8)
+    assert "aten.amax.default" in region.ops
+    assert "aten.sigmoid.default" in region.ops
+    assert "reduce_max" in region.program
+    assert "reduce_sum" in region.program
+    assert region.compile_us > 0
+    (fb,) = e.fallbacks
+    assert fb.op == "aten.sum.dim_IntList"
+    assert "dim 0" in fb.reason
+    text = str(e)
+    assert "region 0 [inference] domain (4, 8)" in text
+    assert "reduce_max" in text
+    assert "left to eager" in text
+    assert fb.reason in text
+
+
+def test_backward_is_explained_and_grads_untouched():
+    w = torch.randn(6, requires_grad=True)
+    x = torch.randn(3, 6, requires_grad=True)
+    e = dvm.explain(lambda a: F.gelu(a * w, approximate="tanh").double(), x)
+    assert list(e.graphs) == ["forward", "backward"]
+    kinds = {r.graph for r in e.regions}
+    assert kinds == {"forward", "backward"}
+    assert any("float64" in f.reason for f in e.fallbacks)
+    assert x.grad is None
+    assert w.grad is None
+
+
+def test_module_parameters_get_a_backward():
+    block = torch.nn.LayerNorm(10)
+    e = dvm.explain(block, torch.randn(2, 10))
+    assert "backward" in e.graphs
+    assert all(p.grad is None for p in block.parameters())
+    assert any(r.graph == "backward" for r in e.regions)
+    # the input needs no grad: the backward is the weight and bias grads, summed over dim 0
+    sums = [f for f in e.fallbacks if f.graph == "backward"]
+    assert [f.op for f in sums] == ["aten.sum.dim_IntList"] * 2
+    assert all("dim 0" in f.reason for f in sums)

@@ -331,7 +331,9 @@ DVM_EXPORT int32_t dvm_run(const int32_t* code, const float* imm, int32_t n_inst
     const Program g{code, imm, n_instr, n_regs, n_inputs, reduce, tile};
     const int64_t n_tiles = (total + tile - 1) / tile;
     // Small calls stay on the calling thread: starting a team costs more than they take.
-    int64_t team = std::min<int64_t>(std::max(threads, 1), n_tiles);
+    // Results do not depend on the team size; more threads than 4 per processor only cost.
+    const int64_t most = std::min<int64_t>(n_tiles, 4 * int64_t{omp_get_num_procs()});
+    int64_t team = std::min<int64_t>(std::max(threads, 1), most);
     if (total < 32768) team = 1;
     if (team == 1) return run_tiles(g, plan, tile, 0, n_tiles) ? OK : NO_MEMORY;
     bool ok = true;

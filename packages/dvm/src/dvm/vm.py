@@ -167,7 +167,7 @@ class Kernel:
             ctypes.byref(ints, 8 * n_in * nd),
             ctypes.byref(ints, 8 * (n_in + n_out) * nd),
             nd,
-            threads,
+            min(threads, 2**31 - 1),
         )
         if status != 0:
             raise VMError(f"dvm_run refused the call: {_STATUS.get(status, f'status {status}')}")

@@ -426,8 +426,11 @@ _ALIASING = {
 }
 
 
+_MOVES = frozenset({Op.LOAD, Op.CONST, Op.STORE})
+
+
 def _computes(program: Program) -> bool:
-    return any(i.op not in (Op.LOAD, Op.CONST, Op.STORE) for i in program.instrs)
+    return any(i.op not in _MOVES for i in program.instrs)
 
 
 def _split(members: list[Node], a: _Analysis) -> tuple[list[Region], list[tuple[Node, str]]]:

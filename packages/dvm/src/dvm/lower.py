@@ -39,6 +39,10 @@ class LimitError(ValueError):
     """A program exceeds one of the VM's limits (registers, instructions, inputs, outputs)."""
 
 
+_LOAD, _CONST, _STORE, _WHERE = Op.LOAD, Op.CONST, Op.STORE, Op.WHERE
+_NO_OPERANDS = (_LOAD, _CONST)
+
+
 class Emitter:
     """Builds one program: SSA values ``v0, v1, ...`` mapped to physical registers at the end."""
 
@@ -57,13 +61,13 @@ class Emitter:
 
     def load(self, index: int) -> int:
         if index not in self._loads:
-            self._loads[index] = self._new(Op.LOAD, index)
+            self._loads[index] = self._new(_LOAD, index)
         return self._loads[index]
 
     def const(self, value: float) -> int:
         key = struct.pack("<d", float(value))  # tells -0.0 from 0.0, NaN equals NaN
         if key not in self._consts:
-            self._consts[key] = self._new(Op.CONST, imm=float(value))
+            self._consts[key] = self._new(_CONST, imm=float(value))
         return self._consts[key]
 
     def unary(self, op: Op, a: int) -> int:
@@ -73,14 +77,14 @@ class Emitter:
         return self._new(op, a, b)
 
     def where(self, cond: int, a: int, b: int) -> int:
-        return self._new(Op.WHERE, cond, a, b)
+        return self._new(_WHERE, cond, a, b)
 
     def reduce(self, op: Op, a: int) -> int:
         return self._new(op, a)
 
     def store(self, value: int) -> int:
         """Store ``value`` as the next output; its index."""
-        self.code.append((Op.STORE, -1, self.n_outputs, value, -1, 0.0))
+        self.code.append((_STORE, -1, self.n_outputs, value, -1, 0.0))
         self.n_outputs += 1
         return self.n_outputs - 1
 
@@ -101,7 +105,7 @@ class Emitter:
         for k, (op, dst, a, _b, _c, imm) in enumerate(self.code):
             operands = reads[k]
             mapped = [phys[v] for v in operands]
-            if op is Op.STORE:
+            if op is _STORE:
                 instrs.append(Instr(op, -1, a, mapped[0]))
             else:
                 if free:
@@ -124,13 +128,10 @@ class Emitter:
         return Program(tuple(instrs), n_inputs, self.n_outputs, max(n_regs, 1))
 
 
-_NO_OPERANDS = (int(Op.LOAD), int(Op.CONST))
-
-
 def _operands(op: Op, a: int, b: int, c: int) -> tuple[int, ...]:
     if op in _NO_OPERANDS:
         return ()
-    if op is Op.STORE:
+    if op is _STORE:
         return (b,)
     if c >= 0:
         return (a, b, c)

@@ -170,6 +170,90 @@ def test_apply_without_compiling_is_idempotent(spore_manager) -> None:
     torch.testing.assert_close(gm(x), (x * 3).sin())
 
 
+def _examples() -> list[torch.Tensor]:
+    return [torch.randn(8)]
+
+
+class TimesThreeForms(spore.PatternToPatternPass):
+    """Two forms sharing the pass's replacement, one refused by its own check, one with its own
+    replacement."""
+
+    name = "times-three-forms"
+
+    def replacement(self, x):
+        return x * 3
+
+    def search_forms(self):
+        return [
+            spore.SearchForm(lambda x: x * 2 + x, _examples),
+            spore.SearchForm(lambda x: x + x * 2, _examples),
+            spore.SearchForm(lambda x: x * 2 + x * 2, _examples, extra_check=lambda match: False),
+            spore.SearchForm(lambda x: x * 2 - x, _examples, replacement=lambda x: x.neg().neg()),
+        ]
+
+
+def _forms(x):
+    return (x * 2 + x).sin() + (x + x * 2).cos() + (x * 2 + x * 2).exp() + (x * 2 - x).tanh()
+
+
+def _targets(gm) -> list[str]:
+    return sorted(str(n.target) for n in gm.graph.nodes if n.op == "call_function")
+
+
+def test_search_forms_share_the_replacement_or_bring_their_own(spore_manager) -> None:
+    spore_manager({"SPORE_NO_PLUGINS": "1"})  # only this test's pass
+    spore.register_custom_pass(TimesThreeForms())
+    x = torch.randn(8)
+    gm = make_fx(_forms)(x)
+    assert passes.apply(gm) == {"times-three-forms": 3}
+    assert passes.apply(gm) == {"times-three-forms": 0}
+    # x * 3 twice, x.neg().neg(); the refused x * 2 + x * 2 and the three outer sums stay
+    assert _targets(gm) == sorted(
+        ["aten.mul.Tensor"] * 4
+        + ["aten.add.Tensor"] * 4
+        + ["aten.neg.default"] * 2
+        + ["aten.sin.default", "aten.cos.default", "aten.exp.default", "aten.tanh.default"]
+    )
+    torch.testing.assert_close(gm(x), _forms(x))
+
+
+class FlatTimesTwo(spore.PatternToPatternPass):
+    """A pattern with a view: ``x.view(-1) * 2``."""
+
+    name = "flat-times-two"
+
+    def pattern(self, x):
+        return x.view(-1) * 2
+
+    def replacement(self, x):
+        return x.view(-1) + x.view(-1)
+
+    def example_inputs(self):
+        return [torch.randn(2, 4)]
+
+
+class FlatTimesTwoReshaped(FlatTimesTwo):
+    name = "flat-times-two-reshaped"
+    reshape_views = True
+
+
+def _flat(x):
+    return (x.view(-1) * 2).sin()
+
+
+def test_a_post_grad_pattern_with_a_view_matches_with_reshape_views(spore_manager) -> None:
+    """Inductor hands post_grad passes graphs whose views are reshapes."""
+    spore_manager({"SPORE_NO_PLUGINS": "1"})  # only this test's passes
+    spore.register_custom_pass(FlatTimesTwo(), priority=1)
+    spore.register_custom_pass(FlatTimesTwoReshaped())
+    torch._dynamo.reset()
+    x = torch.randn(2, 4)
+    compiled = torch.compile(_flat, backend="spore", options={"fx_graph_cache": False})
+    torch.testing.assert_close(compiled(x), _flat(x))
+    stats = passes.stats()
+    assert (stats["flat-times-two"], stats["flat-times-two-reshaped"]) == (0, 1)
+
+
 def test_device_filter_skips_other_devices(spore_manager) -> None:
     spore_manager({"SPORE_NO_PLUGINS": "1"})  # only this test's pass
     spore.register_custom_pass(TimesThree(), device="cuda")

@@ -32,6 +32,7 @@ _LAZY = {
     "PluginError": "spore.plugins",
     "PluginManager": "spore.plugins",
     "Report": "spore.doctor",
+    "SearchForm": "spore.graph_passes",
     "get_manager": "spore.plugins",
     "register_custom_pass": "spore.passes",
     "saved_tensors_hooks": "spore.memory",

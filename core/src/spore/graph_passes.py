@@ -24,7 +24,7 @@ import difflib
 import functools
 import hashlib
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -58,14 +58,44 @@ class GraphPass:
         raise NotImplementedError
 
 
+@dataclass(frozen=True)
+class SearchForm:
+    """One form of what a :class:`PatternToPatternPass` rewrites.
+
+    ``pattern`` is a plain torch function, traced on ``example_inputs()`` into the aten graph
+    to search for; ``replacement`` and ``extra_check`` take the pass's own methods when
+    ``None``. The example inputs' dtypes choose the trace: ``F.gelu`` on bfloat16 traces with
+    the casts to float32 and back that a bfloat16 graph holds, so each dtype is a form.
+
+    .. versionadded:: 0.1.0
+    """
+
+    pattern: Callable[..., Any]
+    example_inputs: Callable[[], list[Any]]
+    replacement: Callable[..., Any] | None = None
+    extra_check: Callable[[Any], bool] | None = None
+
+
 class PatternToPatternPass(GraphPass):
     """Rewrite every match of ``pattern`` into ``replacement`` (aten-level: post_grad, joint).
 
     Subclasses define ``pattern(*args)``, ``replacement(*args)`` (plain torch functions with
     the same arguments), ``example_inputs()`` (tensors to trace both with) and optionally
     ``extra_check(match) -> bool`` (a dtype/shape/numerics guard; the match's node args hold
-    fake tensors in ``.meta["val"]``).
+    fake tensors in ``.meta["val"]``). A pass that rewrites several forms of one computation
+    (operand orders, dtypes, hand-written variants) overrides :meth:`search_forms` instead of
+    ``pattern``; its forms share ``replacement`` and ``extra_check`` or bring their own.
+
+    ``reshape_views = True`` traces every view in the forms (and replacements) as a reshape,
+    which is how a post_grad graph holds them: Inductor turns each view into a reshape before
+    its post-grad passes, so a post_grad pattern with a view matches only with it on. Leave it
+    off for a joint pass (the joint graph keeps its views).
+
+    .. versionadded:: 0.1.0
+       :meth:`search_forms` (several forms in one pass) and ``reshape_views``.
     """
+
+    reshape_views: bool = False
 
     def pattern(self, *args: Any) -> Any:
         raise NotImplementedError
@@ -79,6 +109,15 @@ class PatternToPatternPass(GraphPass):
     def extra_check(self, match: Any) -> bool:
         return True
 
+    def search_forms(self) -> Sequence[SearchForm]:
+        """The forms to rewrite; at each node (last node first) they are tried in this order.
+
+        The default is the one form ``pattern`` on ``example_inputs()``.
+
+        .. versionadded:: 0.1.0
+        """
+        return (SearchForm(self.pattern, self.example_inputs),)
+
     def _matcher(self) -> Any:
         matcher = self.__dict__.get("_spore_matcher")
         if matcher is None:
@@ -88,20 +127,32 @@ class PatternToPatternPass(GraphPass):
                 register_replacement,
             )
 
+            trace = _trace_with_reshapes if self.reshape_views else fwd_only
             matcher = PatternMatcherPass(pass_name=self.name or type(self).__name__)
-            register_replacement(
-                self.pattern,
-                self.replacement,
-                self.example_inputs(),
-                fwd_only,
-                matcher,
-                extra_check=self.extra_check,
-            )
+            for form in self.search_forms():
+                register_replacement(
+                    form.pattern,
+                    self.replacement if form.replacement is None else form.replacement,
+                    form.example_inputs(),
+                    trace,
+                    matcher,
+                    extra_check=self.extra_check if form.extra_check is None else form.extra_check,
+                )
             self.__dict__["_spore_matcher"] = matcher
         return matcher
 
     def __call__(self, gm: Any) -> int:
         return int(self._matcher().apply(gm.graph) or 0)
+
+
+def _trace_with_reshapes(fn: Callable[..., Any], args: Sequence[Any], **kwargs: Any) -> Any:
+    """``fn`` as an aten graph (Inductor's ``fwd_only``) with its views written as reshapes."""
+    from torch._inductor.fx_passes.post_grad import view_to_reshape
+    from torch._inductor.pattern_matcher import fwd_only
+
+    gm = fwd_only(fn, args, **kwargs)
+    view_to_reshape(gm)
+    return gm
 
 
 @dataclass(frozen=True)
@@ -284,6 +335,7 @@ __all__ = [
     "GraphPass",
     "PassEntry",
     "PatternToPatternPass",
+    "SearchForm",
     "apply",
     "check_stage",
     "compile_fx",

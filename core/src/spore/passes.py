@@ -25,6 +25,7 @@ from spore.graph_passes import (
     GraphPass,
     PassEntry,
     PatternToPatternPass,
+    SearchForm,
     stats,
     totals,
 )
@@ -95,6 +96,7 @@ __all__ = [
     "GraphPass",
     "PassEntry",
     "PatternToPatternPass",
+    "SearchForm",
     "apply",
     "enable",
     "inductor_backend",

@@ -349,12 +349,13 @@ DVM_EXPORT int32_t dvm_abi_version() { return DVM_ABI_VERSION; }
 
 DVM_EXPORT int64_t dvm_max_row() { return MAX_ROW; }
 
-// 4 when this CPU runs x86-64-v4 code (AVX-512), 3 for x86-64-v3 (AVX2, FMA, F16C), else 1.
+// The best x86-64 level this CPU runs, which picks the build: 4 (AVX-512), 3 (AVX2, FMA, F16C)
+// or 1 (anything else, and other architectures).
 DVM_EXPORT int32_t dvm_cpu_level() {
+    int32_t level = 1;
 #if defined(__x86_64__) && defined(__GNUC__)
     __builtin_cpu_init();
-    if (__builtin_cpu_supports("x86-64-v4")) return 4;
-    if (__builtin_cpu_supports("x86-64-v3")) return 3;
+    level = __builtin_cpu_supports("x86-64-v4") ? 4 : __builtin_cpu_supports("x86-64-v3") ? 3 : 1;
 #endif
-    return 1;
+    return level;
 }

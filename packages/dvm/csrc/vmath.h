@@ -58,6 +58,16 @@ inline float round_even(float x) {
     return fabs_(x) < 8388608.0f ? r : x;
 }
 
+// c0 + x (c1 + x (c2 + ...)): Horner's scheme, coefficients from the constant term up.
+template <typename T, typename... Cs>
+inline T poly(T x, T c0, Cs... cs) {
+    if constexpr (sizeof...(cs) == 0) {
+        return c0;
+    } else {
+        return c0 + x * poly(x, static_cast<T>(cs)...);
+    }
+}
+
 // 2^n for integer n in [-126, 127] as a float built from its exponent bits.
 inline float pow2i(int32_t n) { return as_float(static_cast<uint32_t>(n + 127) << 23); }
 
@@ -70,14 +80,8 @@ inline float exp_f(float x) {
     const float n = t - shifter;
     const int32_t k = static_cast<int32_t>(as_bits(t) - as_bits(shifter));
     const float r = (x - n * LN2_HI) - n * LN2_LO;
-    float p = 1.0f / 5040;
-    p = p * r + 1.0f / 720;
-    p = p * r + 1.0f / 120;
-    p = p * r + 1.0f / 24;
-    p = p * r + 1.0f / 6;
-    p = p * r + 0.5f;
-    p = p * r + 1.0f;
-    p = p * r + 1.0f;
+    const float p = poly(r, 1.0f, 1.0f, 0.5f, 1.0f / 6, 1.0f / 24, 1.0f / 120, 1.0f / 720,
+                         1.0f / 5040);
     const int32_t half = k >> 1;
     return p * pow2i(half) * pow2i(k - half);
 }
@@ -92,13 +96,7 @@ inline float log_core(float x, float& f_out) {
     const float f = as_float((u & 0x007fffffu) + 0x3f3504f3u) - 1.0f;
     const float s = f / (2.0f + f);
     const float z = s * s;
-    float R = 2.0f / 13;
-    R = R * z + 2.0f / 11;
-    R = R * z + 2.0f / 9;
-    R = R * z + 2.0f / 7;
-    R = R * z + 2.0f / 5;
-    R = R * z + 2.0f / 3;
-    R = R * z;
+    const float R = z * poly(z, 2.0f / 3, 2.0f / 5, 2.0f / 7, 2.0f / 9, 2.0f / 11, 2.0f / 13);
     const float hfsq = 0.5f * f * f;
     const float ef = static_cast<float>(e);
     f_out = f;
@@ -132,13 +130,8 @@ inline float expm1_pos(float x) {
     const float n = t - shifter;
     const int32_t k = static_cast<int32_t>(as_bits(t) - as_bits(shifter));
     const float r = (x - n * LN2_HI) - n * LN2_LO;
-    float p = 1.0f / 40320;
-    p = p * r + 1.0f / 5040;
-    p = p * r + 1.0f / 720;
-    p = p * r + 1.0f / 120;
-    p = p * r + 1.0f / 24;
-    p = p * r + 1.0f / 6;
-    p = p * r + 0.5f;
+    const float p = poly(r, 0.5f, 1.0f / 6, 1.0f / 24, 1.0f / 120, 1.0f / 720, 1.0f / 5040,
+                         1.0f / 40320);
     const float em1 = r + r * r * p;
     const float two_k = pow2i(k);
     return two_k * em1 + (two_k - 1.0f);
@@ -163,25 +156,14 @@ inline float erf_f(float x) {
     const float a = fabs_(x);
     const float z = x * x;
     // sum_k (-1)^k z^k / (k! (2k+1)), k = 0..11, times 2/sqrt(pi)
-    float s = -1.0f / (39916800.0f * 23.0f);
-    s = s * z + 1.0f / (3628800.0f * 21.0f);
-    s = s * z - 1.0f / (362880.0f * 19.0f);
-    s = s * z + 1.0f / (40320.0f * 17.0f);
-    s = s * z - 1.0f / (5040.0f * 15.0f);
-    s = s * z + 1.0f / (720.0f * 13.0f);
-    s = s * z - 1.0f / (120.0f * 11.0f);
-    s = s * z + 1.0f / (24.0f * 9.0f);
-    s = s * z - 1.0f / (6.0f * 7.0f);
-    s = s * z + 1.0f / (2.0f * 5.0f);
-    s = s * z - 1.0f / 3.0f;
-    s = s * z + 1.0f;
+    const float s = poly(z, 1.0f, -1.0f / 3, 1.0f / (2 * 5), -1.0f / (6 * 7), 1.0f / (24 * 9),
+                         -1.0f / (120 * 11), 1.0f / (720 * 13), -1.0f / (5040 * 15),
+                         1.0f / (40320 * 17), -1.0f / (362880.0f * 19), 1.0f / (3628800.0f * 21),
+                         -1.0f / (39916800.0f * 23));
     const float small = 1.12837916709551257f * x * s;
     const float t = 1.0f / (1.0f + 0.3275911f * a);
-    float p = 1.061405429f;
-    p = p * t - 1.453152027f;
-    p = p * t + 1.421413741f;
-    p = p * t - 0.284496736f;
-    p = p * t + 0.254829592f;
+    const float p =
+        poly(t, 0.254829592f, -0.284496736f, 1.421413741f, -1.453152027f, 1.061405429f);
     const float large = with_sign_of(1.0f - p * t * exp_f(-z), x);
     return a < 1.0f ? small : large;
 }
@@ -192,23 +174,13 @@ constexpr float SIN_COS_LIMIT = 1.0e6f;
 
 inline double sin_poly(double r) {
     const double z = r * r;
-    double p = -1.0 / 39916800;
-    p = p * z + 1.0 / 362880;
-    p = p * z - 1.0 / 5040;
-    p = p * z + 1.0 / 120;
-    p = p * z - 1.0 / 6;
-    return r + r * z * p;
+    return r + r * z * poly(z, -1.0 / 6, 1.0 / 120, -1.0 / 5040, 1.0 / 362880, -1.0 / 39916800);
 }
 
 inline double cos_poly(double r) {
     const double z = r * r;
-    double p = 1.0 / 479001600;
-    p = p * z - 1.0 / 3628800;
-    p = p * z + 1.0 / 40320;
-    p = p * z - 1.0 / 720;
-    p = p * z + 1.0 / 24;
-    p = p * z - 0.5;
-    return 1.0 + z * p;
+    return 1.0 + z * poly(z, -0.5, 1.0 / 24, -1.0 / 720, 1.0 / 40320, -1.0 / 3628800,
+                          1.0 / 479001600);
 }
 
 // sin(x) (quarter = 0) or cos(x) (quarter = 1, since cos x = sin(x + pi/2)).
@@ -233,15 +205,8 @@ inline double log_d(float x) {
     const double f = static_cast<double>(as_float((u & 0x007fffffu) + 0x3f3504f3u)) - 1.0;
     const double s = f / (2.0 + f);
     const double z = s * s;
-    double R = 2.0 / 17;
-    R = R * z + 2.0 / 15;
-    R = R * z + 2.0 / 13;
-    R = R * z + 2.0 / 11;
-    R = R * z + 2.0 / 9;
-    R = R * z + 2.0 / 7;
-    R = R * z + 2.0 / 5;
-    R = R * z + 2.0 / 3;
-    R = R * z;
+    const double R = z * poly(z, 2.0 / 3, 2.0 / 5, 2.0 / 7, 2.0 / 9, 2.0 / 11, 2.0 / 13, 2.0 / 15,
+                              2.0 / 17);
     const double hfsq = 0.5 * f * f;
     const double l = static_cast<double>(e) * 0.69314718055994530942 + (f - (hfsq - s * (hfsq + R)));
     const double special = x == 0.0f ? -static_cast<double>(INF) : static_cast<double>(x);
@@ -256,18 +221,8 @@ inline float exp_d(double z) {
     const double t = z * 1.44269504088896340736 + shifter;
     const double n = t - shifter;
     const double r = (z - n * 6.93147180369123816490e-01) - n * 1.90821492927058770002e-10;
-    double p = 1.0 / 39916800;
-    p = p * r + 1.0 / 3628800;
-    p = p * r + 1.0 / 362880;
-    p = p * r + 1.0 / 40320;
-    p = p * r + 1.0 / 5040;
-    p = p * r + 1.0 / 720;
-    p = p * r + 1.0 / 120;
-    p = p * r + 1.0 / 24;
-    p = p * r + 1.0 / 6;
-    p = p * r + 0.5;
-    p = p * r + 1.0;
-    p = p * r + 1.0;
+    const double p = poly(r, 1.0, 1.0, 0.5, 1.0 / 6, 1.0 / 24, 1.0 / 120, 1.0 / 720, 1.0 / 5040,
+                          1.0 / 40320, 1.0 / 362880, 1.0 / 3628800, 1.0 / 39916800);
     const uint64_t k = as_bits64(t) - as_bits64(shifter);
     return static_cast<float>(p * as_double((k + 1023u) << 52));
 }

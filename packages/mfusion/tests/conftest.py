@@ -1,16 +1,21 @@
-"""Shared fixtures: a private Inductor cache, and compiling with mfusion while recording graphs."""
+"""Shared fixtures: a private Inductor cache, compiling with mfusion while recording graphs (and
+rerunning passes inside the compile), and the relative-tolerance comparison with eager."""
 
 from __future__ import annotations
 
 import collections
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import pytest
 import torch
 
 RECORDER_PRIORITY = -(10**9)  # after every other pass, autofusion included
+RERUN_PRIORITY = 1  # after every hand-written pass (the lowest is 5), before autofusion (-1000)
+#: largest absolute difference allowed, over the largest absolute expected value; each test
+#: module's docstring says why its dtypes' bounds hold
+TOLERANCE = {torch.float32: 1e-5, torch.bfloat16: 2e-2, torch.float16: 2e-3}
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -41,12 +46,22 @@ def inductor_cache(
     torch._dynamo.reset()
 
 
+class Rerun(NamedTuple):
+    """What running passes a second time did to one compiled post-grad graph."""
+
+    rewrites: list[int]  # per pass, in the order given
+    spore_ops: dict[str, int]  # the graph's spore ops after the second run
+    unchanged: bool  # the graph's node targets are the same as before it
+
+
 @dataclass
 class Compiled:
-    """What a compile with mfusion produced: outputs and each post-grad graph's op counts."""
+    """What a compile with mfusion produced: outputs, each post-grad graph's op counts and,
+    when passes were rerun, what the second run did to each graph."""
 
     outputs: Any
     graphs: list[collections.Counter[str]] = field(default_factory=list)
+    reruns: list[Rerun] = field(default_factory=list)
 
     def count(self, op: str, graph: int | None = None) -> int:
         """How often ``op`` (e.g. ``"spore.rms_norm.default"``) occurs in one graph or all."""
@@ -58,7 +73,7 @@ class Compiled:
         chosen = self.graphs if graph is None else [self.graphs[graph]]
         total: collections.Counter[str] = collections.Counter()
         for counts in chosen:
-            total.update({k: v for k, v in counts.items() if k.startswith("spore.")})
+            total.update(_spore_ops(counts))
         return dict(total)
 
 
@@ -68,28 +83,64 @@ def _op_counts(gm: torch.fx.GraphModule) -> collections.Counter[str]:
     )
 
 
+def _spore_ops(counts: collections.Counter[str]) -> dict[str, int]:
+    return {k: v for k, v in counts.items() if k.startswith("spore.")}
+
+
 @pytest.fixture
 def mfusion_compile(spore_manager: Any) -> Callable[..., Compiled]:
-    """``mfusion_compile(fn, *args, env=None)``: ``torch.compile(fn, backend="spore")`` in a
-    fresh plugin manager, called on ``args``; records every post-grad graph after the passes
-    (forward first, then backward when the caller runs one)."""
+    """``mfusion_compile(fn, *args, env=None, rerun=())``: ``torch.compile(fn, backend="spore")``
+    in a fresh plugin manager, called on ``args``; records every post-grad graph after the passes
+    (forward first, then backward when the caller runs one). The manager loads mfusion alone
+    unless ``env`` (``SPORE_*`` variables) says otherwise, so another installed plugin (dvm's
+    region compiler, say) does not change what the tests count. With ``rerun`` (passes), each
+    post-grad graph goes through them again after every hand-written pass, and ``reruns`` says
+    what that second run did (idempotence inside a real compile)."""
 
-    def run(fn: Callable[..., Any], *args: Any, env: dict[str, str] | None = None) -> Compiled:
-        manager = spore_manager(env)
+    def run(
+        fn: Callable[..., Any],
+        *args: Any,
+        env: dict[str, str] | None = None,
+        rerun: Sequence[Callable[[torch.fx.GraphModule], int]] = (),
+    ) -> Compiled:
+        manager = spore_manager({"SPORE_PLUGINS": "mfusion"} if env is None else env)
         result = Compiled(outputs=None)
 
         def record(gm: torch.fx.GraphModule) -> int:
             result.graphs.append(_op_counts(gm))
             return 0
 
-        manager.registry("passes").add(
-            record, name="test.recorder", stage="post_grad", priority=RECORDER_PRIORITY
-        )
+        def again(gm: torch.fx.GraphModule) -> int:
+            before = [str(n.target) for n in gm.graph.nodes]
+            rewrites = [int(pass_(gm) or 0) for pass_ in rerun]
+            after = [str(n.target) for n in gm.graph.nodes]
+            result.reruns.append(Rerun(rewrites, _spore_ops(_op_counts(gm)), after == before))
+            return 0
+
+        passes = manager.registry("passes")
+        passes.add(record, name="test.recorder", stage="post_grad", priority=RECORDER_PRIORITY)
+        if rerun:
+            passes.add(again, name="test.rerun", stage="post_grad", priority=RERUN_PRIORITY)
         torch._dynamo.reset()
         result.outputs = torch.compile(fn, backend="spore")(*args)
         return result
 
     return run
+
+
+def _assert_rel_close(got: torch.Tensor, want: torch.Tensor, what: str = "output") -> None:
+    assert got.dtype == want.dtype, what
+    assert got.shape == want.shape, what
+    tol = TOLERANCE[want.dtype] * want.abs().max().item()
+    err = (got.float() - want.float()).abs().max().item()
+    assert err <= tol, f"{what}: max abs error {err:.3g} > {tol:.3g}"
+
+
+@pytest.fixture
+def assert_rel_close() -> Callable[..., None]:
+    """``assert_rel_close(got, want, what="output")``: the same dtype and shape, and the largest
+    absolute difference at most ``TOLERANCE[dtype]`` times the largest absolute ``want``."""
+    return _assert_rel_close
 
 
 @pytest.fixture

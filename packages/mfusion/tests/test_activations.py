@@ -33,18 +33,9 @@ from transformers.models.phi3.modeling_phi3 import Phi3MLP
 from mfusion.passes.activations import PASSES
 
 HIDDEN, FFN = 32, 64
-TOLERANCE = {torch.float32: 1e-5, torch.bfloat16: 2e-2}
 GELU = "spore.gelu.default"
 SILU_MUL = "spore.silu_mul.default"
 SWIGLU = "spore.swiglu.default"
-
-
-def _close(got: torch.Tensor, want: torch.Tensor, what: str) -> None:
-    assert got.dtype == want.dtype, what
-    assert got.shape == want.shape, what
-    tol = TOLERANCE[want.dtype] * want.abs().max().item()
-    err = (got.float() - want.float()).abs().max().item()
-    assert err <= tol, f"{what}: max abs error {err:.3g} > {tol:.3g}"
 
 
 def _inputs(dtype: torch.dtype, *shape: int) -> torch.Tensor:
@@ -52,31 +43,34 @@ def _inputs(dtype: torch.dtype, *shape: int) -> torch.Tensor:
     return (torch.randn(*shape, generator=g) * 2).to(dtype)
 
 
+@pytest.fixture
 def check_against_eager(
-    mfusion_compile: Callable[..., Any],
-    module: torch.nn.Module,
-    x: torch.Tensor,
-    train: bool,
-) -> Any:
-    """Compile ``module`` with mfusion, compare output (and grads of x and every parameter
-    for a random upstream gradient when ``train``) with eager; return the compile record."""
-    eager = copy.deepcopy(module)
-    if not train:
-        with torch.no_grad():
-            compiled = mfusion_compile(module, x)
-            _close(compiled.outputs, eager(x), "output")
+    mfusion_compile: Callable[..., Any], assert_rel_close: Callable[..., None]
+) -> Callable[..., Any]:
+    """``check_against_eager(module, x, train)``: compile ``module`` with mfusion, compare output
+    (and grads of x and every parameter for a random upstream gradient when ``train``) with
+    eager; return the compile record."""
+
+    def check(module: torch.nn.Module, x: torch.Tensor, train: bool) -> Any:
+        eager = copy.deepcopy(module)
+        if not train:
+            with torch.no_grad():
+                compiled = mfusion_compile(module, x)
+                assert_rel_close(compiled.outputs, eager(x), "output")
+            return compiled
+        x_c, x_e = x.clone().requires_grad_(), x.clone().requires_grad_()
+        compiled = mfusion_compile(module, x_c)
+        want = eager(x_e)
+        assert_rel_close(compiled.outputs, want, "output")
+        upstream = _inputs(want.dtype, *want.shape)
+        compiled.outputs.backward(upstream)
+        want.backward(upstream)
+        assert_rel_close(x_c.grad, x_e.grad, "grad of x")
+        for (name, p_c), p_e in zip(module.named_parameters(), eager.parameters(), strict=True):
+            assert_rel_close(p_c.grad, p_e.grad, f"grad of {name}")
         return compiled
-    x_c, x_e = x.clone().requires_grad_(), x.clone().requires_grad_()
-    compiled = mfusion_compile(module, x_c)
-    want = eager(x_e)
-    _close(compiled.outputs, want, "output")
-    upstream = _inputs(want.dtype, *want.shape)
-    compiled.outputs.backward(upstream)
-    want.backward(upstream)
-    _close(x_c.grad, x_e.grad, "grad of x")
-    for (name, p_c), p_e in zip(module.named_parameters(), eager.parameters(), strict=True):
-        _close(p_c.grad, p_e.grad, f"grad of {name}")
-    return compiled
+
+    return check
 
 
 @pytest.mark.parametrize(
@@ -86,24 +80,24 @@ def check_against_eager(
         pytest.param(torch.bfloat16, True, 0, id="bf16-train"),
     ],
 )
-def test_llama_mlp_gate_is_one_silu_mul(mfusion_compile, dtype, train, backward_count) -> None:
+def test_llama_mlp_gate_is_one_silu_mul(check_against_eager, dtype, train, backward_count) -> None:
     """Backward: float32 grad_up = g * silu(gate) is a SiLU·mul of the saved gate; in bfloat16
     the recomputed silu's float32 upcast of gate also feeds the derivative, so it stays."""
     mlp = LlamaMLP(LlamaConfig(hidden_size=HIDDEN, intermediate_size=FFN)).to(dtype)
-    compiled = check_against_eager(mfusion_compile, mlp, _inputs(dtype, 2, 5, HIDDEN), train)
+    compiled = check_against_eager(mlp, _inputs(dtype, 2, 5, HIDDEN), train)
     assert len(compiled.graphs) == 2
     assert compiled.spore_ops(graph=0) == {SILU_MUL: 1}
     assert compiled.spore_ops(graph=1) == ({SILU_MUL: backward_count} if backward_count else {})
 
 
-def test_phi3_fused_gate_up_is_one_swiglu(mfusion_compile) -> None:
+def test_phi3_fused_gate_up_is_one_swiglu(check_against_eager) -> None:
     dtype = torch.bfloat16
     mlp = Phi3MLP(Phi3Config(hidden_size=HIDDEN, intermediate_size=FFN)).to(dtype)
-    compiled = check_against_eager(mfusion_compile, mlp, _inputs(dtype, 2, 5, HIDDEN), False)
+    compiled = check_against_eager(mlp, _inputs(dtype, 2, 5, HIDDEN), False)
     assert compiled.spore_ops(graph=0) == {SWIGLU: 1}
 
 
-def test_swiglu_gated_by_the_second_half_is_not_swiglu() -> None:
+def test_swiglu_gated_by_the_second_half_is_not_swiglu(assert_rel_close) -> None:
     """spore.swiglu gates with the first half; gating with the second is a silu_mul."""
 
     def second_half_gates(x: torch.Tensor) -> torch.Tensor:
@@ -113,7 +107,7 @@ def test_swiglu_gated_by_the_second_half_is_not_swiglu() -> None:
     x = _inputs(torch.float32, 4, 2 * FFN)
     gm = _traced_with_passes(second_half_gates, x)
     assert _spore_targets(gm) == [SILU_MUL]
-    _close(gm(x), second_half_gates(x), "output")
+    assert_rel_close(gm(x), second_half_gates(x), "output")
 
 
 def _gpt2_mlp() -> torch.nn.Module:
@@ -134,21 +128,21 @@ def _bert_intermediate() -> torch.nn.Module:
         pytest.param(_bert_intermediate, torch.bfloat16, True, id="bert-exact-bf16-train"),
     ],
 )
-def test_gelu_of_a_real_mlp_is_one_spore_gelu(mfusion_compile, build, dtype, train) -> None:
+def test_gelu_of_a_real_mlp_is_one_spore_gelu(check_against_eager, build, dtype, train) -> None:
     """GELU saves only its input for backward, so the training forward graph matches too."""
     module = build().to(dtype).eval()
-    compiled = check_against_eager(mfusion_compile, module, _inputs(dtype, 2, 5, HIDDEN), train)
+    compiled = check_against_eager(module, _inputs(dtype, 2, 5, HIDDEN), train)
     assert compiled.spore_ops() == {GELU: 1}
 
 
-def test_gelu_approximations_map_to_the_op_modes(mfusion_compile) -> None:
+def test_gelu_approximations_map_to_the_op_modes(mfusion_compile, assert_rel_close) -> None:
     def both(x: torch.Tensor) -> torch.Tensor:
         return F.gelu(x) + F.gelu(x.sin(), approximate="tanh")
 
     x = _inputs(torch.float32, 4, FFN)
     with torch.no_grad():
         compiled = mfusion_compile(both, x)
-    _close(compiled.outputs, both(x), "output")
+    assert_rel_close(compiled.outputs, both(x), "output")
     assert compiled.spore_ops() == {GELU: 2}
     gelus = [n for n in _traced_with_passes(both, x).graph.nodes if str(n.target) == GELU]
     modes = sorted(n.args[1] if len(n.args) > 1 else "none" for n in gelus)  # "none": default
@@ -179,14 +173,14 @@ def _traced_with_passes(fn: Callable[..., Any], *args: torch.Tensor) -> torch.fx
         pytest.param(lambda a, b: F.silu(a) * b, 2, SILU_MUL, id="silu_mul"),
     ],
 )
-def test_bf16_upcast_and_downcast_are_absorbed(fn, nargs, op) -> None:
+def test_bf16_upcast_and_downcast_are_absorbed(assert_rel_close, fn, nargs, op) -> None:
     """F.gelu/F.silu on bf16 decompose between casts to fp32 and back; the op takes bf16 as
     it is (it computes in fp32 and rounds once: the same result)."""
     args = [_inputs(torch.bfloat16, 4, FFN) for _ in range(nargs)]
     gm = _traced_with_passes(fn, *args)
     targets = [str(n.target) for n in gm.graph.nodes if n.op == "call_function"]
     assert targets == [op]
-    _close(gm(*args), fn(*args), "output")
+    assert_rel_close(gm(*args), fn(*args), "output")
 
 
 def _gelu_tanh_other_constant(x: torch.Tensor) -> torch.Tensor:
@@ -218,7 +212,7 @@ def test_integer_input_is_left_alone() -> None:
     torch.testing.assert_close(gm(x), gelu(x), rtol=0, atol=0)
 
 
-def test_passes_are_idempotent_on_real_graphs(spore_manager) -> None:
+def test_passes_are_idempotent_on_real_graphs(mfusion_compile) -> None:
     """A second run of every activation pass on the compiled post-grad graph changes nothing."""
     llama = LlamaMLP(LlamaConfig(hidden_size=HIDDEN, intermediate_size=FFN))
     phi3 = Phi3MLP(Phi3Config(hidden_size=HIDDEN, intermediate_size=FFN))
@@ -226,28 +220,16 @@ def test_passes_are_idempotent_on_real_graphs(spore_manager) -> None:
     def mlp_and_gelu(x: torch.Tensor) -> torch.Tensor:
         return llama(NewGELUActivation()(x)) + phi3(x)
 
-    reruns = []
-
-    def rerun(gm: torch.fx.GraphModule) -> int:
-        before = [str(n.target) for n in gm.graph.nodes]
-        counts = [pass_(gm) for pass_ in PASSES]
-        reruns.append(
-            (counts, _spore_targets(gm), [str(n.target) for n in gm.graph.nodes] == before)
-        )
-        return 0
-
-    registry = spore_manager().registry("passes")
-    registry.add(rerun, name="test.rerun", stage="post_grad", priority=1)
     x = _inputs(torch.float32, 2, 5, HIDDEN)
     with torch.no_grad():
-        torch.compile(mlp_and_gelu, backend="spore")(x)
-    assert reruns == [([0, 0, 0], [GELU, SILU_MUL, SWIGLU], True)]
+        compiled = mfusion_compile(mlp_and_gelu, x, rerun=PASSES)
+    assert compiled.reruns == [([0, 0, 0], {GELU: 1, SILU_MUL: 1, SWIGLU: 1}, True)]
 
 
-def test_mfusion_disable_gelu_leaves_gelu(mfusion_compile, monkeypatch) -> None:
+def test_mfusion_disable_gelu_leaves_gelu(check_against_eager, monkeypatch) -> None:
     monkeypatch.setenv("MFUSION_DISABLE", "gelu")
     module = _gpt2_mlp().eval()
     x = _inputs(torch.float32, 2, 5, HIDDEN)
-    compiled = check_against_eager(mfusion_compile, module, x, train=False)
+    compiled = check_against_eager(module, x, train=False)
     assert compiled.spore_ops() == {}
     assert compiled.count("aten.tanh.default") == 1

@@ -314,10 +314,17 @@ class _State:
     tally: dict[str, int]
 
 
-def _loops(step: Callable[[], Any]) -> int:
+def _seconds(step: Callable[[], Any], loops: int) -> float:
+    """Mean seconds per call over ``loops`` back-to-back calls of ``step``."""
     start = time.perf_counter()
-    step()
-    return max(1, math.ceil(SAMPLE_S / max(time.perf_counter() - start, 1e-9)))
+    for _ in range(loops):
+        step()
+    return (time.perf_counter() - start) / loops
+
+
+def _loops(step: Callable[[], Any]) -> int:
+    """How many calls of ``step`` fill one sample of :data:`SAMPLE_S` (one call timed)."""
+    return max(1, math.ceil(SAMPLE_S / max(_seconds(step, 1), 1e-9)))
 
 
 @functools.lru_cache(maxsize=1)
@@ -357,11 +364,7 @@ def _state(model: str, phase: str, dtype: str) -> _State:
 def _side(model: str, phase: str, dtype: str, side: str) -> Callable[[Any], dict[str, float]]:
     def timed(_: Any) -> dict[str, float]:
         state = _state(model, phase, dtype)
-        step, loops = state.steps[side], state.loops[side]
-        start = time.perf_counter()
-        for _ in range(loops):
-            step()
-        seconds = (time.perf_counter() - start) / loops
+        seconds = _seconds(state.steps[side], state.loops[side])
         fused = side == "mfusion"
         passes = {k: v for k, v in state.tally.items() if not k.startswith("nodes_") and v}
         return {

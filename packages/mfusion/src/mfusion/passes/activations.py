@@ -21,7 +21,12 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from mfusion.passes._forms import Form, FormsPass, floating, output_value, value
+import spore
+
+# defines torch.ops.spore.*: the replacements call them, and so does a compiled graph the FX graph
+# cache serves in a fresh process, where no pass runs (mfusion registers its passes from here)
+import spore_kernels  # noqa: F401
+from mfusion.passes._match import floating, output_value, value
 
 SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
 TANH_CUBIC = 0.044715
@@ -65,34 +70,34 @@ def _gelu_tanh_pow(x: torch.Tensor) -> torch.Tensor:
     return 0.5 * x * (1.0 + torch.tanh(SQRT_2_OVER_PI * (x + TANH_CUBIC * torch.pow(x, 3.0))))
 
 
-def _gelu_check(match: Any) -> bool:
-    return _same_shape_and_dtype(value(match, "x"), output_value(match))
-
-
 def _gelu_forms(
     formulas: Sequence[tuple[Callable[[torch.Tensor], torch.Tensor], torch.dtype]],
     approximate: str,
-) -> list[Form]:
+) -> list[spore.SearchForm]:
     """Each formula traced in its dtype (``F.gelu`` in bfloat16 traces with casts)."""
 
     def replacement(x: torch.Tensor) -> torch.Tensor:
         return torch.ops.spore.gelu(x, approximate)
 
     return [
-        Form(formula, replacement, _examples((8, 16), dtype=dtype), _gelu_check)
+        spore.SearchForm(formula, _examples((8, 16), dtype=dtype), replacement)
         for formula, dtype in formulas
     ]
 
 
-class GeluPass(FormsPass):
+class GeluPass(spore.PatternToPatternPass):
     """Exact and tanh GELU, as ``F.gelu`` decomposes or as Hugging Face writes them."""
 
     name = "gelu"
     version = "1"
     priority = 50
     summary = "GELU (exact erf form; tanh form incl. GPT-2's hand-written one) -> spore.gelu"
+    reshape_views = True
 
-    def forms(self) -> list[Form]:
+    def extra_check(self, match: Any) -> bool:
+        return _same_shape_and_dtype(value(match, "x"), output_value(match))
+
+    def search_forms(self) -> list[spore.SearchForm]:
         return [
             *_gelu_forms(_traced_in_both(_gelu_erf, _gelu_erf_python), "none"),
             *_gelu_forms(_traced_in_both(_gelu_tanh, _gelu_tanh_pow), "tanh"),
@@ -113,6 +118,18 @@ def _silu_sigmoid(a: torch.Tensor) -> torch.Tensor:
 _SILUS = _traced_in_both(_silu, _silu_sigmoid)
 
 
+def _gated_forms(
+    products: Callable[[Callable[[torch.Tensor], torch.Tensor]], list[Callable[..., Any]]],
+    *shapes: tuple[int, ...],
+) -> list[spore.SearchForm]:
+    """``products(silu)`` (gate first, gate last) for each SiLU form, traced in its dtype."""
+    return [
+        spore.SearchForm(product, _examples(*shapes, dtype=dtype))
+        for silu, dtype in _SILUS
+        for product in products(silu)
+    ]
+
+
 def _silu_mul_patterns(
     silu: Callable[[torch.Tensor], torch.Tensor],
 ) -> list[Callable[[torch.Tensor, torch.Tensor], torch.Tensor]]:
@@ -125,32 +142,26 @@ def _silu_mul_patterns(
     return [gate_first, gate_last]
 
 
-def _silu_mul_replacement(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    return torch.ops.spore.silu_mul(a, b)
-
-
-def _silu_mul_check(match: Any) -> bool:
-    a, b, out = value(match, "a"), value(match, "b"), output_value(match)
-    if not (floating(a, b, out) and b.dim() <= a.dim()):
-        return False
-    return torch.broadcast_shapes(a.shape, b.shape) == a.shape == out.shape
-
-
-class SiluMulPass(FormsPass):
+class SiluMulPass(spore.PatternToPatternPass):
     """``silu(a) * b`` (Llama's MLP gate): ``spore.silu_mul(a, b)``, b broadcasting to a."""
 
     name = "silu_mul"
     version = "1"
     priority = 40
     summary = "silu(a) * b (Llama MLP gate; F.silu or a * sigmoid(a)) -> spore.silu_mul"
+    reshape_views = True
 
-    def forms(self) -> list[Form]:
-        examples = {d: _examples((8, 16), (8, 16), dtype=d) for _, d in _SILUS}
-        return [
-            Form(pattern, _silu_mul_replacement, examples[dtype], _silu_mul_check)
-            for silu, dtype in _SILUS
-            for pattern in _silu_mul_patterns(silu)
-        ]
+    def replacement(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        return torch.ops.spore.silu_mul(a, b)
+
+    def extra_check(self, match: Any) -> bool:
+        a, b, out = value(match, "a"), value(match, "b"), output_value(match)
+        if not (floating(a, b, out) and b.dim() <= a.dim()):
+            return False
+        return torch.broadcast_shapes(a.shape, b.shape) == a.shape == out.shape
+
+    def search_forms(self) -> list[spore.SearchForm]:
+        return _gated_forms(_silu_mul_patterns, (8, 16), (8, 16))
 
 
 def _swiglu_patterns(
@@ -167,21 +178,7 @@ def _swiglu_patterns(
     return [gate_first, gate_last]
 
 
-def _swiglu_replacement(x: torch.Tensor) -> torch.Tensor:
-    return torch.ops.spore.swiglu(x)
-
-
-def _swiglu_check(match: Any) -> bool:
-    x, out = value(match, "x"), output_value(match)
-    return (
-        floating(x, out)
-        and x.dim() >= 1
-        and x.shape[-1] % 2 == 0
-        and out.shape == (*x.shape[:-1], x.shape[-1] // 2)
-    )
-
-
-class SwigluPass(FormsPass):
+class SwigluPass(spore.PatternToPatternPass):
     """A fused gate/up projection's halves: ``silu(first) * second`` → ``spore.swiglu(x)``.
 
     spore's swiglu gates with the FIRST half of x's last dimension (Phi-3's
@@ -193,13 +190,22 @@ class SwigluPass(FormsPass):
     version = "1"
     priority = 45
     summary = "chunk(2, -1) then silu(gate) * up (fused gate_up projection) -> spore.swiglu"
+    reshape_views = True
 
-    def forms(self) -> list[Form]:
-        return [
-            Form(pattern, _swiglu_replacement, _examples((8, 16), dtype=dtype), _swiglu_check)
-            for silu, dtype in _SILUS
-            for pattern in _swiglu_patterns(silu)
-        ]
+    def replacement(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.ops.spore.swiglu(x)
+
+    def extra_check(self, match: Any) -> bool:
+        x, out = value(match, "x"), output_value(match)
+        return (
+            floating(x, out)
+            and x.dim() >= 1
+            and x.shape[-1] % 2 == 0
+            and out.shape == (*x.shape[:-1], x.shape[-1] // 2)
+        )
+
+    def search_forms(self) -> list[spore.SearchForm]:
+        return _gated_forms(_swiglu_patterns, (8, 16))
 
 
 PASSES = (GeluPass(), SwigluPass(), SiluMulPass())

@@ -127,13 +127,6 @@ def _row_bias(bias: Any, out: torch.Tensor) -> bool:
     )
 
 
-def _plain_add(node: Node) -> bool:
-    """``aten.add.Tensor(a, b)`` without ``alpha``."""
-    return (
-        _is_call(node, aten.add.Tensor) and node.kwargs.get("alpha", 1) == 1 and len(node.args) == 2
-    )
-
-
 def _split_add(add: Node, wanted: Any) -> tuple[Node, Any] | None:
     """``(producer, other)`` when one operand of ``add`` is a node that ``wanted(node)`` accepts."""
     for side in (0, 1):
@@ -144,11 +137,12 @@ def _split_add(add: Node, wanted: Any) -> tuple[Node, Any] | None:
 
 
 class _MatmulPass(spore.GraphPass):
-    """Shared walk: :meth:`rewrite` is tried on every node in order; it may erase only that node
-    and nodes before it. Returns the count of rewrites."""
+    """Shared walk: :meth:`rewrite` is tried on every call of one of ``targets``, in graph order;
+    it may erase only that node and nodes before it. Returns the count of rewrites."""
 
     priority = 0
     summary = ""
+    targets: ClassVar[tuple[Any, ...]] = ()
 
     def rewrite(self, graph: Graph, node: Node) -> bool:
         raise NotImplementedError
@@ -157,7 +151,7 @@ class _MatmulPass(spore.GraphPass):
         graph = gm.graph
         count = 0
         for node in list(graph.nodes):
-            if node.op == "call_function" and self.rewrite(graph, node):
+            if _is_call(node, *self.targets) and self.rewrite(graph, node):
                 count += 1
         return count
 
@@ -176,9 +170,10 @@ class MmReshapeBias(_MatmulPass):
     version = "2"
     priority = 20
     summary = "view(mm) + 1-D bias → view(addmm) (x @ w + b on N-D x)"
+    targets = (aten.add.Tensor,)
 
     def rewrite(self, graph: Graph, node: Node) -> bool:
-        if not _plain_add(node):
+        if node.kwargs.get("alpha", 1) != 1 or len(node.args) != 2:  # not a plain a + b
             return False
 
         def reshaped_mm(n: Node) -> bool:
@@ -240,10 +235,11 @@ class MmTranspose(_MatmulPass):
         aten.addmm.default: ((1, 2), [1, 0]),
         aten.bmm.default: ((0, 1), [0, 2, 1]),
     }
+    targets = tuple(OPERANDS)
 
     def rewrite(self, graph: Graph, node: Node) -> bool:
         out = _val(node)
-        if node.target not in self.OPERANDS or out is None or out.dtype not in LAYOUT_SAFE:
+        if out is None or out.dtype not in LAYOUT_SAFE:
             return False
         positions, dims = self.OPERANDS[node.target]
         args = list(node.args)
@@ -276,10 +272,9 @@ class BmmToMm(_MatmulPass):
     version = "2"
     priority = 40
     summary = "bmm of batch 1 or with a batch-broadcast right operand → one mm with views"
+    targets = (aten.bmm.default,)
 
     def rewrite(self, graph: Graph, node: Node) -> bool:
-        if not _is_call(node, aten.bmm.default):
-            return False
         left, right = node.args
         a, b, out = _val(left), _val(right), _val(node)
         if a is None or b is None or out is None:
@@ -328,9 +323,10 @@ class MmK1(_MatmulPass):
     version = "1"
     priority = 35
     summary = "mm with K = 1 feeding pointwise ops → broadcast multiply fused into them"
+    targets = (aten.mm.default,)
 
     def rewrite(self, graph: Graph, node: Node) -> bool:
-        if not _is_call(node, aten.mm.default) or not _feeds_only_pointwise(node):
+        if not _feeds_only_pointwise(node):
             return False
         a, b, out = _val(node.args[0]), _val(node.args[1]), _val(node)
         if a is None or b is None or out is None or not _same(a.shape[1], 1) or a.dtype != b.dtype:
@@ -371,10 +367,9 @@ class MmCast(_MatmulPass):
     version = "1"
     priority = 30
     summary = "bf16/fp16 → fp32 mm → bf16/fp16 becomes the narrow mm (unregistered: slower)"
+    targets = (prims.convert_element_type.default,)
 
     def rewrite(self, graph: Graph, node: Node) -> bool:
-        if not _is_call(node, prims.convert_element_type.default):
-            return False
         mm, dtype = node.args
         if dtype not in NARROW_FLOATS or not _is_call(mm, aten.mm.default):
             return False

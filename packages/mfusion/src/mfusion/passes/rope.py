@@ -22,7 +22,9 @@ from typing import Any
 
 import torch
 
-from mfusion.passes._forms import Form, FormsPass, floating, output_value, value
+import spore
+from mfusion.passes._match import floating, output_value, value
+from spore_kernels.ops.rope import check as contract  # importing it defines torch.ops.spore.*
 
 EXAMPLE_X = (2, 3, 4, 8)
 EXAMPLE_TABLE = (1, 3, 1, 8)
@@ -54,8 +56,6 @@ def _replacement(mode: str) -> Any:
 
 def _check(mode: str) -> Any:
     def check(match: Any) -> bool:
-        from spore_kernels.ops.rope import check as contract
-
         x, cos, sin = (value(match, n) for n in ("x", "cos", "sin"))
         out = output_value(match)
         if not (floating(x, out) and floating(cos, sin)) or out.shape != x.shape:
@@ -75,18 +75,21 @@ def _examples() -> list[torch.Tensor]:
     return [torch.empty(EXAMPLE_X), torch.empty(EXAMPLE_TABLE), torch.empty(EXAMPLE_TABLE)]
 
 
-class RopePass(FormsPass):
+class RopePass(spore.PatternToPatternPass):
     """``x * cos + rot(x) * sin`` → ``spore.rope(x, cos, sin, "half" | "interleaved")``."""
 
     name = "rope"
     version = "1"
     priority = 50
     summary = "RoPE: rotate-half (HF apply_rotary_pos_emb) and interleaved (GPT-J) -> spore.rope"
+    reshape_views = True  # the interleaved form's flatten
 
-    def forms(self) -> list[Form]:
+    def search_forms(self) -> list[spore.SearchForm]:
         return [
-            Form(_half, _replacement("half"), _examples, _check("half")),
-            Form(_interleaved, _replacement("interleaved"), _examples, _check("interleaved")),
+            spore.SearchForm(_half, _examples, _replacement("half"), _check("half")),
+            spore.SearchForm(
+                _interleaved, _examples, _replacement("interleaved"), _check("interleaved")
+            ),
         ]
 
 

@@ -127,7 +127,12 @@ void for_pieces(const Plan& p, const int64_t* stride, int64_t start, int64_t n, 
 }
 
 template <typename T>
-void load_piece(const T* src, int64_t step, float* d, int64_t n, void (*widen)(const T*, float*, int64_t)) {
+using Widen = void (*)(const T*, float*, int64_t);
+template <typename T>
+using Narrow = void (*)(const float*, T*, int64_t);
+
+template <typename T>
+void load_piece(const T* src, int64_t step, float* d, int64_t n, Widen<T> widen) {
     if (step == 1) return widen(src, d, n);
     float v;
     if (step == 0) {
@@ -141,8 +146,7 @@ void load_piece(const T* src, int64_t step, float* d, int64_t n, void (*widen)(c
 }
 
 template <typename T>
-void store_piece(const float* s, T* dst, int64_t step, int64_t col, int64_t n,
-                 void (*narrow)(const float*, T*, int64_t)) {
+void store_piece(const float* s, T* dst, int64_t step, int64_t col, int64_t n, Narrow<T> narrow) {
     if (step == 1) return narrow(s, dst, n);
     if (step == 0) {  // a reduced row: its first value
         if (col == 0) narrow(s, dst, 1);
@@ -184,22 +188,22 @@ struct Program {
 void load(const Plan& p, const Operand& o, int64_t start, int64_t n, Registers& r, int32_t dst) {
     if (o.dtype == F32 && p.inner - start % p.inner >= n && o.stride[p.ndim - 1] == 1) {
         int64_t at = 0;  // one contiguous piece: the register reads the input in place
-        for_pieces(p, o.stride, start, n, [&](int64_t off, int64_t, int64_t, int64_t) { at = off; });
+        auto first = [&](int64_t off, int64_t, int64_t, int64_t) { at = off; };
+        for_pieces(p, o.stride, start, n, first);
         r.cur[dst] = reinterpret_cast<const float*>(o.base) + at;
         return;
     }
     float* d = r.own[dst];
     const int64_t step = o.stride[p.ndim - 1];
+    const auto* f32 = reinterpret_cast<const float*>(o.base);
+    const auto* u16 = reinterpret_cast<const uint16_t*>(o.base);
+    const auto* u8 = reinterpret_cast<const uint8_t*>(o.base);
     for_pieces(p, o.stride, start, n, [&](int64_t off, int64_t, int64_t len, int64_t pos) {
         switch (o.dtype) {
-            case F32:
-                return load_piece(reinterpret_cast<const float*>(o.base) + off, step, d + pos, len, widen_f32);
-            case BF16:
-                return load_piece(reinterpret_cast<const uint16_t*>(o.base) + off, step, d + pos, len, widen_bf16);
-            case F16:
-                return load_piece(reinterpret_cast<const uint16_t*>(o.base) + off, step, d + pos, len, widen_f16);
-            default:
-                return load_piece(reinterpret_cast<const uint8_t*>(o.base) + off, step, d + pos, len, widen_bool);
+            case F32: return load_piece(f32 + off, step, d + pos, len, widen_f32);
+            case BF16: return load_piece(u16 + off, step, d + pos, len, widen_bf16);
+            case F16: return load_piece(u16 + off, step, d + pos, len, widen_f16);
+            default: return load_piece(u8 + off, step, d + pos, len, widen_bool);
         }
     });
     r.cur[dst] = d;
@@ -207,17 +211,16 @@ void load(const Plan& p, const Operand& o, int64_t start, int64_t n, Registers& 
 
 void store(const Plan& p, const Operand& o, int64_t start, int64_t n, const float* s) {
     const int64_t step = o.stride[p.ndim - 1];
-    char* base = const_cast<char*>(o.base);
+    char* base = const_cast<char*>(o.base);  // an output's base: dvm_run got it writable
+    auto* f32 = reinterpret_cast<float*>(base);
+    auto* u16 = reinterpret_cast<uint16_t*>(base);
+    auto* u8 = reinterpret_cast<uint8_t*>(base);
     for_pieces(p, o.stride, start, n, [&](int64_t off, int64_t col, int64_t len, int64_t pos) {
         switch (o.dtype) {
-            case F32:
-                return store_piece(s + pos, reinterpret_cast<float*>(base) + off, step, col, len, narrow_f32);
-            case BF16:
-                return store_piece(s + pos, reinterpret_cast<uint16_t*>(base) + off, step, col, len, narrow_bf16);
-            case F16:
-                return store_piece(s + pos, reinterpret_cast<uint16_t*>(base) + off, step, col, len, narrow_f16);
-            default:
-                return store_piece(s + pos, reinterpret_cast<uint8_t*>(base) + off, step, col, len, narrow_bool);
+            case F32: return store_piece(s + pos, f32 + off, step, col, len, narrow_f32);
+            case BF16: return store_piece(s + pos, u16 + off, step, col, len, narrow_bf16);
+            case F16: return store_piece(s + pos, u16 + off, step, col, len, narrow_f16);
+            default: return store_piece(s + pos, u8 + off, step, col, len, narrow_bool);
         }
     });
 }

@@ -208,7 +208,8 @@ inline double log_d(float x) {
     const double R = z * poly(z, 2.0 / 3, 2.0 / 5, 2.0 / 7, 2.0 / 9, 2.0 / 11, 2.0 / 13, 2.0 / 15,
                               2.0 / 17);
     const double hfsq = 0.5 * f * f;
-    const double l = static_cast<double>(e) * 0.69314718055994530942 + (f - (hfsq - s * (hfsq + R)));
+    const double ln2 = 0.69314718055994530942;
+    const double l = static_cast<double>(e) * ln2 + (f - (hfsq - s * (hfsq + R)));
     const double special = x == 0.0f ? -static_cast<double>(INF) : static_cast<double>(x);
     return (x == 0.0f || x == INF || x != x) ? special : l;
 }

@@ -30,7 +30,8 @@ What is rewritten, and why it keeps the numerics:
   e.g. in a training forward) stays with Inductor, which fuses it with the normalisation.
 
 A form is left alone when an intermediate is used outside it (a training forward saves
-``rsqrt`` for the backward), when dtypes, shapes or the reduced dimension differ from what the
+``rsqrt`` for the backward; :mod:`mfusion.passes.norms_train` rewrites those norms before
+autograd with this module's matcher), when dtypes, shapes or the reduced dimension differ from what the
 op computes, or when a low-precision form computes its statistics without the upcast. Epsilon
 must be a constant: under ``torch.compile(dynamic=True)`` dynamo passes a module's float
 attribute (HF's ``variance_epsilon``) as a tensor input, and such an RMSNorm is left alone.

@@ -103,36 +103,46 @@ class _TrainingPass(spore.GraphPass):
     version = "1"
 
 
-class AddRMSNormTrainPass(_TrainingPass):
+class _TrainingRMSNormPass(_TrainingPass):
+    """Rewrites each training RMSNorm :meth:`rewrite` takes, recording the replacements."""
+
+    def rewrite(self, graph: Graph, match: norms.RMSNormMatch, plain: bool) -> dict | None:
+        raise NotImplementedError
+
+    def __call__(self, gm: GraphModule) -> int:
+        count = 0
+        for match, plain, renamed in _training_rms_norms(gm):
+            replaced = self.rewrite(gm.graph, match, plain)
+            if replaced is not None:
+                renamed.replaced.update(replaced)
+                count += 1
+        return count
+
+
+class AddRMSNormTrainPass(_TrainingRMSNormPass):
     """In training, ``rms_norm(a + b)`` → ``spore.add_rms_norm`` before autograd."""
 
     name = "add_rms_norm_train"
     priority = 30
     summary = "training: residual add + RMSNorm → spore.add_rms_norm (pre-grad, op's backward)"
 
-    def __call__(self, gm: GraphModule) -> int:
-        count = 0
-        for match, plain, renamed in _training_rms_norms(gm):
-            anchor = norms.add_rms_norm_anchor(gm.graph, match) if plain else None
-            if anchor is not None:
-                renamed.replaced.update(norms.rewrite_add_rms_norm(gm.graph, match, anchor))
-                count += 1
-        return count
+    def rewrite(self, graph: Graph, match: norms.RMSNormMatch, plain: bool) -> dict | None:
+        anchor = norms.add_rms_norm_anchor(graph, match) if plain else None
+        return None if anchor is None else norms.rewrite_add_rms_norm(graph, match, anchor)
 
 
-class RMSNormTrainPass(_TrainingPass):
+class RMSNormTrainPass(_TrainingRMSNormPass):
     """In training, every RMSNorm form the op computes (and ``F.rms_norm``) → spore.rms_norm."""
 
     name = "rms_norm_train"
     priority = 25
     summary = "training: RMSNorm forms and F.rms_norm → spore.rms_norm (pre-grad, op's backward)"
 
+    def rewrite(self, graph: Graph, match: norms.RMSNormMatch, plain: bool) -> dict | None:
+        return norms.rewrite_rms_norm(graph, match)
+
     def __call__(self, gm: GraphModule) -> int:
-        count = 0
-        for match, _, renamed in _training_rms_norms(gm):
-            renamed.replaced.update(norms.rewrite_rms_norm(gm.graph, match))
-            count += 1
-        return count + _rewrite_functional(gm.graph, F.rms_norm, "rms_norm")
+        return super().__call__(gm) + _rewrite_functional(gm.graph, F.rms_norm, "rms_norm")
 
 
 class LayerNormTrainPass(_TrainingPass):
@@ -177,10 +187,11 @@ def _functional_norm(node: Node, function: Callable[..., Any]) -> tuple[Any, ...
         return None
     params = [args["weight"], args.get("bias")]
     for param in params:
-        if param is not None and (
-            not isinstance(param, Node)
-            or tuple(value(param).shape) != (x_value.shape[-1],)
-            or value(param).dtype != x_value.dtype
+        found = value(param)
+        if param is not None and not (
+            isinstance(found, torch.Tensor)
+            and tuple(found.shape) == (x_value.shape[-1],)
+            and found.dtype == x_value.dtype
         ):
             return None
     if function is F.layer_norm:

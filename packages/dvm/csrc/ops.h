@@ -1,10 +1,16 @@
-// The VM's op loops: one pre-compiled loop per instruction over a run of n fp32 register
+// The VM's op loops: one pre-compiled loop per instruction over a run of fp32 register
 // elements (d may equal a source: every loop is elementwise). The dispatch in vm.cpp happens
 // once per tile, so its cost is spread over up to TILE elements.
+//
+// A binary or ternary op's operand is a register's values (Vec) or a broadcast one (Row: one
+// value per row of the run, or with step 0 one value for the whole run): a row-scalar or
+// scalar register is read where it lies, never filled out to the run's length.
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 
 #include "convert.h"
 #include "vm.h"
@@ -12,16 +18,54 @@
 
 namespace dvm {
 
+struct Vec {
+    const float* p;
+    int64_t pitch;  // elements from one row to the next
+    const float* row(int64_t k) const { return p + k * pitch; }
+};
+
+struct Row {
+    const float* p;
+    int64_t step;  // 1: one value per row; 0: one value for all
+    float row(int64_t k) const { return p[k * step]; }
+};
+
+inline float at(const float* p, int64_t i) { return p[i]; }
+inline float at(float v, int64_t) { return v; }
+
+// An operand as vm.cpp hands it over: its values (full) or a broadcast value per row / run.
+struct Arg {
+    const float* p;
+    int64_t step;
+    bool full;
+};
+
+// Whether the operand reads the same way however the rows are cut: values, or one value.
+inline bool flat(Arg x) { return x.full || x.step == 0; }
+
+// fn(Vec or Row), the operand's access for rows of `len` elements.
+template <typename Fn>
+inline void access(Arg x, int64_t len, Fn&& fn) {
+    if (x.full) return fn(Vec{x.p, len});
+    fn(Row{x.p, x.step});
+}
+
 template <typename F>
 inline void map1(float* d, const float* a, int64_t n, F f) {
 #pragma omp simd
     for (int64_t i = 0; i < n; ++i) d[i] = f(a[i]);
 }
 
-template <typename F>
-inline void map2(float* d, const float* a, const float* b, int64_t n, F f) {
+// d[k * len + i] <- f(a, b) over `rows` rows of `len` elements.
+template <typename A, typename B, typename F>
+inline void map2(float* d, A a, B b, int64_t rows, int64_t len, F f) {
+    for (int64_t k = 0; k < rows; ++k) {
+        const auto x = a.row(k);
+        const auto y = b.row(k);
+        float* dk = d + k * len;
 #pragma omp simd
-    for (int64_t i = 0; i < n; ++i) d[i] = f(a[i], b[i]);
+        for (int64_t i = 0; i < len; ++i) dk[i] = f(at(x, i), at(y, i));
+    }
 }
 
 inline void fill(float* d, float v, int64_t n) {
@@ -73,36 +117,101 @@ inline void unary(int32_t op, float* d, const float* a, int64_t n) {
 
 inline float truth(bool v) { return v ? 1.0f : 0.0f; }
 
-inline void binary(int32_t op, float* d, const float* a, const float* b, int64_t n) {
+// A run's values from column c on: in place, or a broadcast value filled into `buf`.
+inline const float* chunk(const float* p, int64_t c, int64_t, float*) { return p + c; }
+inline const float* chunk(float v, int64_t, int64_t m, float* buf) {
+    fill(buf, v, m);
+    return buf;
+}
+
+// pow with a broadcast operand: GCC hoists pow_f's tests on the invariant out of the loop
+// into forms it then cannot vectorise, so the value is filled out, a chunk at a time.
+template <typename A, typename B>
+inline void pow_chunks(float* d, A a, B b, int64_t rows, int64_t len) {
+    constexpr int64_t CHUNK = 256;
+    float fa[CHUNK], fb[CHUNK];
+    for (int64_t k = 0; k < rows; ++k) {
+        const auto x = a.row(k);
+        const auto y = b.row(k);
+        for (int64_t c = 0; c < len; c += CHUNK) {
+            const int64_t m = std::min(CHUNK, len - c);
+            const Vec xs{chunk(x, c, m, fa), 0}, ys{chunk(y, c, m, fb), 0};
+            map2(d + k * len + c, xs, ys, 1, m, pow_f);
+        }
+    }
+}
+
+template <typename A, typename B>
+inline void binary_as(int32_t op, float* d, A a, B b, int64_t rows, int64_t len) {
+    const auto go = [&](auto f) { map2(d, a, b, rows, len, f); };
+    constexpr bool broadcast = !std::is_same_v<A, Vec> || !std::is_same_v<B, Vec>;
+    if constexpr (broadcast) {
+        if (op == POW) return pow_chunks(d, a, b, rows, len);
+    }
     switch (op) {
-        case ADD: return map2(d, a, b, n, [](float x, float y) { return x + y; });
-        case SUB: return map2(d, a, b, n, [](float x, float y) { return x - y; });
-        case MUL: return map2(d, a, b, n, [](float x, float y) { return x * y; });
-        case DIV: return map2(d, a, b, n, [](float x, float y) { return x / y; });
-        case POW: return map2(d, a, b, n, pow_f);
-        case MAX: return map2(d, a, b, n, max_f);
-        case MIN: return map2(d, a, b, n, min_f);
-        case EQ: return map2(d, a, b, n, [](float x, float y) { return truth(x == y); });
-        case NE: return map2(d, a, b, n, [](float x, float y) { return truth(x != y); });
-        case LT: return map2(d, a, b, n, [](float x, float y) { return truth(x < y); });
-        case LE: return map2(d, a, b, n, [](float x, float y) { return truth(x <= y); });
-        case GT: return map2(d, a, b, n, [](float x, float y) { return truth(x > y); });
-        case GE: return map2(d, a, b, n, [](float x, float y) { return truth(x >= y); });
-        case AND:
-            return map2(d, a, b, n, [](float x, float y) { return truth(x != 0.0f && y != 0.0f); });
-        case OR:
-            return map2(d, a, b, n, [](float x, float y) { return truth(x != 0.0f || y != 0.0f); });
+        case ADD: return go([](float x, float y) { return x + y; });
+        case SUB: return go([](float x, float y) { return x - y; });
+        case MUL: return go([](float x, float y) { return x * y; });
+        case DIV: return go([](float x, float y) { return x / y; });
+        case POW: return go(pow_f);
+        case MAX: return go(max_f);
+        case MIN: return go(min_f);
+        case EQ: return go([](float x, float y) { return truth(x == y); });
+        case NE: return go([](float x, float y) { return truth(x != y); });
+        case LT: return go([](float x, float y) { return truth(x < y); });
+        case LE: return go([](float x, float y) { return truth(x <= y); });
+        case GT: return go([](float x, float y) { return truth(x > y); });
+        case GE: return go([](float x, float y) { return truth(x >= y); });
+        case AND: return go([](float x, float y) { return truth(x != 0.0f && y != 0.0f); });
+        case OR: return go([](float x, float y) { return truth(x != 0.0f || y != 0.0f); });
         default: return;
     }
 }
 
-// A bit select (no blend instruction needed, so SSE2 builds vectorise it too).
-inline void where(float* d, const float* c, const float* a, const float* b, int64_t n) {
-#pragma omp simd
-    for (int64_t i = 0; i < n; ++i) {
-        const uint32_t take_a = 0u - static_cast<uint32_t>(c[i] != 0.0f);
-        d[i] = as_float((as_bits(a[i]) & take_a) | (as_bits(b[i]) & ~take_a));
+// dst <- op(a, b) over `rows` rows of `len` elements; at least one operand full (so is the
+// result).
+inline void binary(int32_t op, float* d, Arg a, Arg b, int64_t rows, int64_t len) {
+    if (a.full && b.full) return binary_as(op, d, Vec{a.p, 0}, Vec{b.p, 0}, 1, rows * len);
+    if (flat(a) && flat(b)) {
+        len *= rows;
+        rows = 1;
     }
+    if (a.full) return binary_as(op, d, Vec{a.p, len}, Row{b.p, b.step}, rows, len);
+    binary_as(op, d, Row{a.p, a.step}, Vec{b.p, len}, rows, len);
+}
+
+// A bit select (no blend instruction needed, so SSE2 builds vectorise it too).
+template <typename C, typename A, typename B>
+inline void where_as(float* d, C c, A a, B b, int64_t rows, int64_t len) {
+    for (int64_t k = 0; k < rows; ++k) {
+        const auto ck = c.row(k);
+        const auto ak = a.row(k);
+        const auto bk = b.row(k);
+        float* dk = d + k * len;
+#pragma omp simd
+        for (int64_t i = 0; i < len; ++i) {
+            const uint32_t take_a = 0u - static_cast<uint32_t>(at(ck, i) != 0.0f);
+            dk[i] = as_float((as_bits(at(ak, i)) & take_a) | (as_bits(at(bk, i)) & ~take_a));
+        }
+    }
+}
+
+// dst <- a where c != 0 else b; at least one operand full (so is the result).
+inline void where(float* d, Arg c, Arg a, Arg b, int64_t rows, int64_t len) {
+    if (c.full && a.full && b.full)
+        return where_as(d, Vec{c.p, 0}, Vec{a.p, 0}, Vec{b.p, 0}, 1, rows * len);
+    if (flat(c) && flat(a) && flat(b)) {
+        len *= rows;
+        rows = 1;
+    }
+    access(c, len, [&](auto x) {
+        access(a, len, [&](auto y) {
+            if constexpr (std::is_same_v<decltype(x), Row> && std::is_same_v<decltype(y), Row>)
+                where_as(d, x, y, Vec{b.p, len}, rows, len);  // the full one
+            else
+                access(b, len, [&](auto z) { where_as(d, x, y, z, rows, len); });
+        });
+    });
 }
 
 // A row's sum (LANES independent partial sums, folded pairwise: a fixed order, so results do
@@ -138,13 +247,17 @@ inline float row_max(const float* a, int64_t n) {
     return m;
 }
 
-// dst <- the reduction of each row of `row` elements, broadcast back along it.
-inline void reduce(int32_t op, float* d, const float* a, int64_t n, int64_t row) {
-    for (int64_t s = 0; s < n; s += row) {
-        float v = op == REDUCE_MAX ? row_max(a + s, row) : row_sum(a + s, row);
-        v = op == REDUCE_MEAN ? v / static_cast<float>(row) : v;
-        fill(d + s, v, row);
+// d[k] <- the reduction of row k of a (`rows` rows of `row` elements): a row-scalar.
+inline void reduce(int32_t op, float* d, const float* a, int64_t rows, int64_t row) {
+    for (int64_t k = 0; k < rows; ++k) {
+        const float v = op == REDUCE_MAX ? row_max(a + k * row, row) : row_sum(a + k * row, row);
+        d[k] = op == REDUCE_MEAN ? v / static_cast<float>(row) : v;
     }
+}
+
+// The reduction of a row of `row` elements all equal to v (the exact value, rounded once).
+inline float reduce_constant(int32_t op, float v, int64_t row) {
+    return op == REDUCE_SUM ? v * static_cast<float>(row) : v;
 }
 
 }  // namespace dvm

@@ -4,6 +4,11 @@
 // A tile is a run of consecutive domain elements (row-major). Without reductions a tile is up
 // to TILE elements and may span rows; with reductions it holds whole rows (one row, or as many
 // as fit in TILE), so REDUCE_* see complete rows and the results do not depend on threads.
+//
+// A register holds a value per element of the tile, or (its shape) one per row of the tile
+// (a row-scalar: a REDUCE_* result, a load broadcast along the row) or one for the whole tile
+// (a scalar: CONST, a load broadcast everywhere). Ops on such registers compute that many
+// values; ops mixing them broadcast the few values in the op loop; stores write them out.
 #include <omp.h>
 
 #include <algorithm>
@@ -155,11 +160,33 @@ void store_piece(const float* s, T* dst, int64_t step, int64_t col, int64_t n, N
     for (int64_t i = 0; i < n; ++i) narrow(s + i, dst + i * step, 1);
 }
 
-// The registers of one thread: `own` buffers, and `cur`, where each register's values are
-// (its own buffer, or straight in an fp32 input when a load needs no conversion).
+// v stored into n elements `step` apart (step 0: a reduced row, written at its column 0).
+template <typename T>
+void store_value(float v, T* dst, int64_t step, int64_t col, int64_t n, Narrow<T> narrow) {
+    T t;
+    narrow(&v, &t, 1);
+    if (step == 0) {
+        if (col == 0) *dst = t;
+        return;
+    }
+    if (step == 1) {
+        for (int64_t i = 0; i < n; ++i) dst[i] = t;
+        return;
+    }
+    for (int64_t i = 0; i < n; ++i) dst[i * step] = t;
+}
+
+// A register's values: one per element, one per row (a row-scalar), or one for all.
+enum Shape : uint8_t { SCALAR, ROWS, FULL };
+
+// The registers of one thread: `own` buffers for full values, `few` for row-scalars and
+// scalars, and `cur`, where each register's values are (its own buffer or its few, or
+// straight in an fp32 input when a load needs no conversion).
 struct Registers {
     float* own[MAX_REGS];
+    float* few[MAX_REGS];
     const float* cur[MAX_REGS];
+    Shape shape[MAX_REGS];
 };
 
 struct Buffer {
@@ -185,7 +212,46 @@ struct Program {
     int64_t width;  // register length
 };
 
+template <typename T>
+float widen_one(const T* src, Widen<T> widen) {
+    float v;
+    widen(src, &v, 1);
+    return v;
+}
+
+float load_one(const Operand& o, int64_t off) {
+    switch (o.dtype) {
+        case F32: return reinterpret_cast<const float*>(o.base)[off];
+        case BF16: return widen_one(reinterpret_cast<const uint16_t*>(o.base) + off, widen_bf16);
+        case F16: return widen_one(reinterpret_cast<const uint16_t*>(o.base) + off, widen_f16);
+        default: return widen_one(reinterpret_cast<const uint8_t*>(o.base) + off, widen_bool);
+    }
+}
+
+// A load broadcast along the whole domain is a scalar; with whole rows per tile, one
+// broadcast along the row is a row-scalar (a value per row piece, each piece a row).
+bool load_few(const Program& g, const Plan& p, const Operand& o, int64_t start, int64_t n,
+              Registers& r, int32_t dst) {
+    const int32_t last = p.ndim - 1;
+    bool everywhere = o.stride[last] == 0;
+    for (int32_t d = 0; everywhere && d < last; ++d) everywhere = o.stride[d] == 0;
+    float* v = r.few[dst];
+    r.cur[dst] = v;
+    if (everywhere) {
+        v[0] = load_one(o, 0);
+        r.shape[dst] = SCALAR;
+        return true;
+    }
+    if (!g.reduce || o.stride[last] != 0) return false;
+    for_pieces(p, o.stride, start, n, [&](int64_t off, int64_t, int64_t, int64_t pos) {
+        v[pos / p.inner] = load_one(o, off);
+    });
+    r.shape[dst] = ROWS;
+    return true;
+}
+
 void load(const Plan& p, const Operand& o, int64_t start, int64_t n, Registers& r, int32_t dst) {
+    r.shape[dst] = FULL;
     if (o.dtype == F32 && p.inner - start % p.inner >= n && o.stride[p.ndim - 1] == 1) {
         int64_t at = 0;  // one contiguous piece: the register reads the input in place
         auto first = [&](int64_t off, int64_t, int64_t, int64_t) { at = off; };
@@ -209,6 +275,26 @@ void load(const Plan& p, const Operand& o, int64_t start, int64_t n, Registers& 
     r.cur[dst] = d;
 }
 
+// A row-scalar or scalar register (`shape`) stored: each row's value, once into a reduced
+// output, else broadcast along the row.
+void store_few(const Plan& p, const Operand& o, int64_t start, int64_t n, const float* s,
+               Shape shape) {
+    const int64_t step = o.stride[p.ndim - 1], per_row = shape == ROWS ? 1 : 0;
+    char* base = const_cast<char*>(o.base);  // an output's base: dvm_run got it writable
+    auto* f32 = reinterpret_cast<float*>(base);
+    auto* u16 = reinterpret_cast<uint16_t*>(base);
+    auto* u8 = reinterpret_cast<uint8_t*>(base);
+    for_pieces(p, o.stride, start, n, [&](int64_t off, int64_t col, int64_t len, int64_t pos) {
+        const float v = s[pos / p.inner * per_row];
+        switch (o.dtype) {
+            case F32: return store_value(v, f32 + off, step, col, len, narrow_f32);
+            case BF16: return store_value(v, u16 + off, step, col, len, narrow_bf16);
+            case F16: return store_value(v, u16 + off, step, col, len, narrow_f16);
+            default: return store_value(v, u8 + off, step, col, len, narrow_bool);
+        }
+    });
+}
+
 void store(const Plan& p, const Operand& o, int64_t start, int64_t n, const float* s) {
     const int64_t step = o.stride[p.ndim - 1];
     char* base = const_cast<char*>(o.base);  // an output's base: dvm_run got it writable
@@ -225,41 +311,71 @@ void store(const Plan& p, const Operand& o, int64_t start, int64_t n, const floa
     });
 }
 
+// The `reads` operands of an elementwise instruction as its loop takes them at `level` (the
+// widest of their shapes, the result's): values of that shape, or broadcast ones.
+Shape operands(const Registers& r, const int32_t* ins, int32_t reads, Arg* args) {
+    Shape level = SCALAR;
+    for (int32_t j = 0; j < reads; ++j) level = std::max(level, r.shape[ins[2 + j]]);
+    for (int32_t j = 0; j < reads; ++j) {
+        const int32_t x = ins[2 + j];
+        args[j] = Arg{r.cur[x], r.shape[x] == ROWS ? 1 : 0, r.shape[x] == level};
+    }
+    return level;
+}
+
 void run_tile(const Program& g, const Plan& p, int64_t start, int64_t n, Registers& r) {
+    // the tile as rows of `len` elements: whole rows with reductions, else one run
+    const int64_t rows = g.reduce ? n / p.inner : 1, len = g.reduce ? p.inner : n;
     for (int32_t k = 0; k < g.n_instr; ++k) {
         const int32_t* ins = g.code + 5 * k;
-        const int32_t op = ins[0], dst = ins[1], a = ins[2], b = ins[3], c = ins[4];
-        switch (kind(op)) {
-            case 0:
-                if (op == LOAD) {
-                    load(p, p.ops[a], start, n, r, dst);
-                    continue;
-                }
-                fill(r.own[dst], g.imm[k], n);
-                break;
-            case 1:
-                if (op == STORE) {
-                    store(p, p.ops[g.n_inputs + a], start, n, r.cur[b]);
-                    continue;
-                }
-                if (op >= REDUCE_SUM) {
-                    if (g.reduce) {
-                        reduce(op, r.own[dst], r.cur[a], n, p.inner);
-                    } else if (r.own[dst] != r.cur[a]) {  // rows of one element
-                        widen_f32(r.cur[a], r.own[dst], n);
-                    }
-                    break;
-                }
-                unary(op, r.own[dst], r.cur[a], n);
-                break;
-            case 2:
-                binary(op, r.own[dst], r.cur[a], r.cur[b], n);
-                break;
-            default:
-                where(r.own[dst], r.cur[a], r.cur[b], r.cur[c], n);
-                break;
+        const int32_t op = ins[0], dst = ins[1], a = ins[2], b = ins[3];
+        const int32_t reads = kind(op);
+        if (op == LOAD) {
+            if (!load_few(g, p, p.ops[a], start, n, r, dst)) load(p, p.ops[a], start, n, r, dst);
+            continue;
         }
-        r.cur[dst] = r.own[dst];
+        if (op == CONST) {
+            r.few[dst][0] = g.imm[k];
+            r.cur[dst] = r.few[dst];
+            r.shape[dst] = SCALAR;
+            continue;
+        }
+        if (op == STORE) {
+            const Operand& o = p.ops[g.n_inputs + a];
+            if (r.shape[b] == FULL) store(p, o, start, n, r.cur[b]);
+            else store_few(p, o, start, n, r.cur[b], r.shape[b]);
+            continue;
+        }
+        if (op >= REDUCE_SUM) {
+            const Shape from = r.shape[a];
+            if (g.reduce && from == FULL) {
+                reduce(op, r.few[dst], r.cur[a], rows, p.inner);
+                r.shape[dst] = ROWS;
+            } else if (g.reduce) {  // a row of equal values
+                for (int64_t i = 0; i < (from == ROWS ? rows : 1); ++i)
+                    r.few[dst][i] = reduce_constant(op, r.cur[a][i], p.inner);
+                r.shape[dst] = from;
+            } else if (from == FULL) {  // rows of one element
+                if (r.own[dst] != r.cur[a]) widen_f32(r.cur[a], r.own[dst], n);
+                r.shape[dst] = FULL;
+            } else {
+                r.few[dst][0] = r.cur[a][0];
+                r.shape[dst] = SCALAR;
+            }
+            r.cur[dst] = r.shape[dst] == FULL ? r.own[dst] : r.few[dst];
+            continue;
+        }
+        Arg args[3] = {};
+        const Shape level = operands(r, ins, reads, args);
+        // the loop's rows and their length for a result of this shape
+        const int64_t at_rows = level == FULL ? rows : 1;
+        const int64_t at_len = level == FULL ? len : level == ROWS ? rows : 1;
+        float* d = level == FULL ? r.own[dst] : r.few[dst];
+        if (reads == 1) unary(op, d, args[0].p, at_rows * at_len);
+        else if (reads == 2) binary(op, d, args[0], args[1], at_rows, at_len);
+        else where(d, args[0], args[1], args[2], at_rows, at_len);
+        r.cur[dst] = d;
+        r.shape[dst] = level;
     }
 }
 
@@ -269,12 +385,16 @@ bool run_tiles(const Program& g, const Plan& p, int64_t tile, int64_t first, int
     // same address modulo 4096 waits for it): space them by 32 extra floats, a cache line
     // pair, so consecutive registers fall on different offsets.
     const int64_t pitch = g.width + 32;
+    const int64_t few = ((g.reduce ? g.width / p.inner : 1) + 15) / 16 * 16;  // rows per tile
     Buffer& buf = thread_buffer;
-    if (!buf.reserve(static_cast<size_t>(g.n_regs) * static_cast<size_t>(pitch))) return false;
+    const auto floats = static_cast<size_t>(g.n_regs) * static_cast<size_t>(pitch + few);
+    if (!buf.reserve(floats)) return false;
     Registers r;
     for (int32_t i = 0; i < g.n_regs; ++i) {
         r.own[i] = buf.data + i * pitch;
+        r.few[i] = buf.data + g.n_regs * pitch + i * few;
         r.cur[i] = r.own[i];
+        r.shape[i] = FULL;
     }
     for (int64_t t = first; t < last; ++t) {
         const int64_t start = t * tile;

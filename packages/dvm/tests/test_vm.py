@@ -287,6 +287,103 @@ def test_reductions_softmax_norms(shape, dtype: torch.dtype) -> None:
         check(p, ins, shape, outs, red, tol=ROW_TOL)
 
 
+def broadcasts() -> Program:
+    """Row-scalar registers (reductions, a load broadcast along the row) and scalar ones
+    (CONST, a load broadcast everywhere) mixed with full ones in every operand position."""
+    return program(
+        Instr(Op.LOAD, 0, 0),  # full
+        Instr(Op.LOAD, 1, 1),  # one value per row
+        Instr(Op.LOAD, 2, 2),  # one value
+        Instr(Op.CONST, 3, imm=0.5),
+        Instr(Op.REDUCE_MAX, 4, 0),
+        Instr(Op.SUB, 5, 0, 4),  # full - row
+        Instr(Op.SUB, 6, 4, 0),  # row - full
+        Instr(Op.MUL, 7, 4, 3),  # row * scalar: a row
+        Instr(Op.ADD, 7, 7, 1),  # row + row
+        Instr(Op.NEG, 8, 7),  # unary on a row
+        Instr(Op.REDUCE_MAX, 8, 8),  # reduce a row
+        Instr(Op.GT, 9, 0, 1),
+        Instr(Op.WHERE, 10, 9, 4, 3),  # full condition, row / scalar values
+        Instr(Op.WHERE, 11, 1, 0, 2),  # row condition
+        Instr(Op.WHERE, 12, 3, 1, 0),  # scalar condition
+        Instr(Op.WHERE, 13, 2, 7, 3),  # all broadcast: a row
+        Instr(Op.MIN, 14, 2, 0),  # scalar, full
+        Instr(Op.STORE, -1, 0, 5),
+        Instr(Op.STORE, -1, 1, 6),
+        Instr(Op.STORE, -1, 2, 7),  # a row into a full output: broadcast
+        Instr(Op.STORE, -1, 3, 8),  # into a reduced one: once per row
+        Instr(Op.STORE, -1, 4, 10),
+        Instr(Op.STORE, -1, 5, 11),
+        Instr(Op.STORE, -1, 6, 12),
+        Instr(Op.STORE, -1, 7, 13),
+        n_inputs=3,
+        n_outputs=8,
+    )
+
+
+def broadcast_math() -> Program:
+    """The rounding ops on row-scalars and scalars: pow, exp, sums and means of equal rows."""
+    return program(
+        Instr(Op.LOAD, 0, 0),
+        Instr(Op.LOAD, 1, 1),
+        Instr(Op.CONST, 2, imm=2.0),
+        Instr(Op.REDUCE_MEAN, 3, 0),
+        Instr(Op.POW, 4, 0, 2),  # full ** scalar
+        Instr(Op.POW, 5, 3, 0),  # row ** full
+        Instr(Op.ADD, 4, 4, 5),
+        Instr(Op.EXP, 6, 3),
+        Instr(Op.REDUCE_SUM, 7, 6),  # a row's sum of equal values
+        Instr(Op.REDUCE_MEAN, 8, 1),
+        Instr(Op.REDUCE_SUM, 9, 2),  # of a scalar
+        Instr(Op.ADD, 8, 8, 9),
+        Instr(Op.STORE, -1, 0, 4),
+        Instr(Op.STORE, -1, 1, 7),
+        Instr(Op.STORE, -1, 2, 8),
+        Instr(Op.STORE, -1, 3, 9),
+        n_inputs=2,
+        n_outputs=4,
+    )
+
+
+@pytest.mark.parametrize("shape", [(5, 1), (4, 3), (3, 2, 37), (700, 5), (33, 1000), (3, 5000)],
+                         ids=str)  # fmt: skip
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_row_scalar_and_scalar_registers(shape, dtype: torch.dtype) -> None:
+    g = torch.Generator().manual_seed(sum(shape))
+    x = (torch.randn(shape, generator=g) * 3).to(dtype)
+    x.view(-1)[::5] = 0.0
+    per_row = torch.randn((*shape[:-1], 1), generator=g).to(dtype)
+    per_row.view(-1)[::3] = 0.0
+    one = torch.tensor(-0.25).to(dtype)
+    reduced = [False, False, False, True, False, False, False, True]
+    outs = [dtype, torch.float32, dtype, torch.float16, dtype, torch.bfloat16, dtype, dtype]
+    got = check(broadcasts(), [x, per_row, one], shape, outs, reduced, exact=True)
+    torch.testing.assert_close(got[2], torch.broadcast_to(got[7], shape).to(dtype), rtol=0, atol=0)
+    outs = [torch.float32, torch.float32, dtype, torch.float32]
+    math_ = check(broadcast_math(), [x.abs(), per_row], shape, outs, [False, True, True, False],
+                  tol=ROW_TOL)  # fmt: skip
+    assert math_[3].shape == shape  # a scalar stored broadcast
+    assert bool((math_[3] == 2.0 * shape[-1]).all())
+
+
+def test_constants_without_reductions() -> None:
+    p = program(
+        Instr(Op.CONST, 0, imm=-1.5),
+        Instr(Op.LOAD, 1, 0),
+        Instr(Op.WHERE, 2, 1, 0, 1),
+        Instr(Op.STORE, -1, 0, 0),
+        Instr(Op.STORE, -1, 1, 0),
+        Instr(Op.STORE, -1, 2, 2),
+        n_inputs=1,
+        n_outputs=3,
+    )
+    x = values(3000, seed=4).reshape(3, 1000)
+    got = check(p, [x], x.shape, [torch.bfloat16, torch.float32, torch.float32],
+                [False, True, False], exact=True)  # fmt: skip
+    assert bool((got[0] == -1.5).all())
+    assert got[1].shape == (3, 1)
+
+
 def test_reduce_special_values_and_max_nan() -> None:
     x = torch.tensor([[1.0, math.nan, 3.0], [math.inf, -math.inf, 0.0], [-5.0, -1.0, -2.0]])
     p = program(

@@ -3,6 +3,7 @@ clustered), falls back with reasons, and guards recompiles per shape."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 import torch.nn.functional as F
 from dvm.backend import dvm_backend, make_backend
@@ -48,6 +49,26 @@ def test_training_step_forward_and_backward_on_the_vm():
     # the sum over every dim (the loss) and the bias/weight grads over dims 0, 1 stay eager
     (_, bw) = graphs[1]
     assert any("dim 0" in why for _, why in bw.fallbacks)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_attention_stays_whole_and_its_gradients_match(dtype):
+    graphs, backend = _record()
+
+    def attend(q, k, v):
+        return F.scaled_dot_product_attention(q.sigmoid(), k, v, is_causal=True) * 2
+
+    gen = torch.Generator().manual_seed(0)
+    qkv = [torch.randn(1, 2, 8, 16, generator=gen, dtype=dtype) for _ in range(3)]
+    want_in = [t.clone().requires_grad_() for t in qkv]
+    got_in = [t.clone().requires_grad_() for t in qkv]
+    attend(*want_in).sum().backward()
+    torch.compile(attend, backend=backend)(*got_in).sum().backward()
+    for g, e in zip(got_in, want_in, strict=True):
+        torch.testing.assert_close(g.grad, e.grad)
+    ops = [str(n.target) for _, c in graphs for n, _ in c.fallbacks]
+    assert any("scaled_dot_product" in op for op in ops), ops
+    assert all(c.vm_calls >= 1 for _, c in graphs)
 
 
 def test_inference_graph_under_no_grad():

@@ -39,6 +39,25 @@ def test_regions_run_on_the_vm_not_the_reference():
     assert aten.exp.default not in targets
 
 
+@pytest.mark.parametrize("executor", ["vm", "reference"])
+def test_outputs_keep_the_traced_layout(monkeypatch, executor):
+    if executor == "reference":
+        monkeypatch.setattr(dc, "PREPARE", dc._reference)
+
+    def rope_like(q, cos):  # q is a transposed view, as after HF's .view(...).transpose(1, 2)
+        return (q * cos + q.neg()).sigmoid()
+
+    q = torch.randn(2, 6, 3, 8).transpose(1, 2)
+    cos = torch.randn(6, 8)
+    c = compile_graph(make_fx(rope_like, tracing_mode="fake")(q, cos), [q, cos])
+    got = c(q, cos)
+    got = got[0] if isinstance(got, tuple) else got
+    want = rope_like(q, cos)
+    assert c.vm_calls == 1
+    assert got.stride() == want.stride() != want.contiguous().stride()
+    torch.testing.assert_close(got, want)
+
+
 def test_graph_without_fake_values_gets_them():
     x, w = _inputs()
     gm = make_fx(_fn, tracing_mode="fake")(x, w)
@@ -80,7 +99,7 @@ def test_guard_shape_dtype_and_grad_fall_back_with_reasons():
 def test_vm_error_falls_back_to_eager(monkeypatch):
     c, runner, x, w = _one_region()
 
-    def broken(inputs, domain):
+    def broken(inputs, domain, *, out_strides=None):
         raise RuntimeError("simulated VM failure")
 
     monkeypatch.setattr(runner, "_kernel", broken)

@@ -105,7 +105,7 @@ def test_softmax_backward_fuses_with_the_forward_recompute():
     assert bw.fallbacks == []
 
 
-def _tiny_llama():
+def _tiny_llama(attention: str = "eager"):
     transformers = pytest.importorskip("transformers")
     config = transformers.LlamaConfig(
         vocab_size=128,
@@ -115,14 +115,15 @@ def _tiny_llama():
         num_attention_heads=4,
         num_key_value_heads=2,
         max_position_embeddings=64,
-        attn_implementation="eager",
+        attn_implementation=attention,
     )
     torch.manual_seed(0)
     return transformers.LlamaForCausalLM(config).eval()
 
 
-def test_tiny_llama_forward_backward():
-    model = _tiny_llama()
+@pytest.mark.parametrize("attention", ["eager", "sdpa"])
+def test_tiny_llama_forward_backward(attention):
+    model = _tiny_llama(attention)
     ids = torch.randint(0, 128, (2, 12), generator=torch.Generator().manual_seed(1))
     out = model(input_ids=ids, labels=ids)
     out.loss.backward()

@@ -185,6 +185,36 @@ def test_non_contiguous_inputs() -> None:
         assert torch.equal(got, x - y.float()), name
 
 
+def test_outputs_in_a_given_layout() -> None:
+    g = torch.Generator().manual_seed(4)
+    x, y = torch.randn(2, 5, 3, 7, generator=g), torch.randn(2, 5, 3, 7, generator=g)
+    layout = torch.empty(2, 3, 5, 7).transpose(1, 2).stride()  # (105, 7, 35, 1)
+    kernel = vm.Kernel(binary(Op.MUL), [torch.bfloat16])
+    (got,) = kernel([x, y], x.shape, out_strides=[layout])
+    assert got.stride() == layout
+    assert torch.equal(got, (x * y).bfloat16())
+    (plain,) = kernel([x, y], x.shape, out_strides=[None])
+    assert plain.is_contiguous()
+    assert torch.equal(plain, got)
+
+
+@pytest.mark.parametrize(
+    ("strides", "reduced", "match"),
+    [
+        ([(7, 1)], [False], "give 3 strides"),
+        ([(1, 1, 1)], [False], "not a dense, non-overlapping layout"),
+        ([(70, 7, 2)], [False], "not a dense, non-overlapping layout"),
+        ([(35, 7, 1)], [True], "non-reduced output"),
+        ([None, None], [False], "one entry per output"),
+    ],
+)
+def test_bad_output_layouts_raise(strides, reduced, match) -> None:
+    x = torch.randn(2, 5, 7)
+    kernel = vm.Kernel(unary(Op.EXP), [torch.float32], reduced)
+    with pytest.raises(ValueError, match=match):
+        kernel([x], x.shape, out_strides=strides)
+
+
 @pytest.mark.parametrize("n", [1, 3, 1023, 1025, 1_000_003])
 def test_odd_sizes(n: int) -> None:
     x = values(n, seed=n)

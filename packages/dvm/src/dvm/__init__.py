@@ -17,7 +17,7 @@ _LAZY = {
     "Program": "dvm.program",
     "run": "dvm.vm",
     "compile_graph": "dvm.compile",
-    "explain": "dvm.explain",
+    "explain": "dvm.explanation",
 }
 
 

@@ -23,14 +23,39 @@ from torch.fx.node import map_arg
 from dvm.cluster import Clustering, Region, cluster, is_barrier
 from dvm.program import Program, run_reference
 
-Prepared = Callable[[list[torch.Tensor], tuple[int, ...]], list[torch.Tensor]]
+Strides = tuple[int, ...]
+Prepared = Callable[..., list[torch.Tensor]]
+"""``(inputs, domain, *, out_strides=None) -> outputs``, as ``dvm.vm.Kernel.__call__``."""
 
 
 def _reference(program: Program, out_dtypes: list[torch.dtype], reduced: list[bool]) -> Prepared:
-    def run(inputs: list[torch.Tensor], domain: tuple[int, ...]) -> list[torch.Tensor]:
-        return run_reference(program, inputs, domain, out_dtypes, reduced)
+    def run(
+        inputs: list[torch.Tensor],
+        domain: tuple[int, ...],
+        *,
+        out_strides: Sequence[Strides | None] | None = None,
+    ) -> list[torch.Tensor]:
+        outs = run_reference(program, inputs, domain, out_dtypes, reduced)
+        if out_strides is None:
+            return outs
+        return [
+            o if s is None else torch.empty_strided(o.shape, s, dtype=o.dtype).copy_(o)
+            for o, s in zip(outs, out_strides, strict=True)
+        ]
 
     return run
+
+
+def _out_layouts(region: Region) -> list[Strides | None] | None:
+    """Each VM output's strides over the domain where the traced value is laid out otherwise
+    than contiguously (e.g. RoPE on a transposed query): the graph after the region may rely
+    on them (views, fused attention). ``None`` when every output is contiguous."""
+    layouts: list[Strides | None] = [None] * len(region.out_dtypes)
+    for node, k in zip(region.outputs, region.output_slots, strict=True):
+        val = node.meta["val"]
+        if not val.is_contiguous() and not region.reduced[k] and val.shape == region.domain:
+            layouts[k] = tuple(val.stride())
+    return None if all(s is None for s in layouts) else layouts
 
 
 def _select_executor() -> tuple[Callable[..., Prepared], str]:
@@ -64,6 +89,7 @@ class RegionRunner:
         ]
         self._guards = [(torch.Size(n.meta["val"].shape), n.meta["val"].dtype) for n in inputs]
         self._out_shapes = [torch.Size(o.meta["val"].shape) for o in region.outputs]
+        self._out_layouts = _out_layouts(region)
         t0 = time.perf_counter()
         self._kernel = PREPARE(region.program, region.out_dtypes, region.reduced)
         self.prepare_us = (time.perf_counter() - t0) * 1e6
@@ -97,7 +123,7 @@ class RegionRunner:
         if reason is None:
             operands = [args[i] if view is None else args[i].view(view) for i, view in self._slots]
             try:
-                outs = self._kernel(operands, self.region.domain)
+                outs = self._kernel(operands, self.region.domain, out_strides=self._out_layouts)
             except Exception as e:
                 reason = f"VM raised {type(e).__name__}: {e}"
             else:

@@ -560,6 +560,13 @@ def _var_mean(x: torch.Tensor, dim=None, *, correction=None, keepdim: bool = Fal
     return var, (mean if keepdim else torch.squeeze(mean, dims))
 
 
+_ATTENTION = (
+    aten.scaled_dot_product_attention.default,
+    aten._scaled_dot_product_attention_math.default,
+    aten._scaled_dot_product_flash_attention_for_cpu.default,
+)
+
+
 def decomposition_table() -> dict[Any, Callable[..., Any]]:
     """Core aten decompositions plus the composites that become VM-able when decomposed
     (softmax, log-softmax, GELU, LayerNorm forward/backward, variance)."""
@@ -584,4 +591,8 @@ def decomposition_table() -> dict[Any, Callable[..., Any]]:
         )
     )
     table[aten.var_mean.correction] = _var_mean
+    # The core table decomposes attention's forward while autograd keeps the fused backward,
+    # whose saved values then no longer match (wrong q/k/v gradients): attention stays whole.
+    for op in _ATTENTION:
+        table.pop(op, None)
     return table

@@ -68,6 +68,38 @@ def _domain(domain: Sequence[int]) -> tuple[int, ...]:
     return dims
 
 
+def _layouts(
+    out_strides: Sequence[Sequence[int] | None] | None,
+    dims: tuple[int, ...],
+    reduced: tuple[bool, ...],
+) -> Sequence[tuple[int, ...] | None]:
+    """Each output's strides (``None``: contiguous), checked dense and non-overlapping."""
+    if out_strides is None:
+        return (None,) * len(reduced)
+    if len(out_strides) != len(reduced):
+        raise ValueError(f"out_strides: give one entry per output ({len(reduced)})")
+    layouts = []
+    for k, (strides, red) in enumerate(zip(out_strides, reduced, strict=True)):
+        if strides is None:
+            layouts.append(None)
+            continue
+        strides = tuple(map(int, strides))
+        if red or len(strides) != len(dims):
+            raise ValueError(
+                f"out_strides[{k}] = {strides}: give {len(dims)} strides for a non-reduced "
+                "output, or None"
+            )
+        expect = 0 if 0 in dims else 1
+        for size, stride in sorted(zip(dims, strides, strict=True), key=lambda p: p[1]):
+            if size > 1 and expect and stride != expect:
+                raise ValueError(
+                    f"out_strides[{k}] = {strides} is not a dense, non-overlapping layout of {dims}"
+                )
+            expect *= size
+        layouts.append(strides)
+    return layouts
+
+
 class Kernel:
     """``program`` encoded for the VM once, producing outputs of ``out_dtypes`` (row-reduced
     where ``reduced`` says so); call it with inputs and a domain. ``isa`` picks a build
@@ -114,14 +146,22 @@ class Kernel:
         self._in_codes = _I32 * max(n_in, 1)
 
     def __call__(
-        self, inputs: Sequence[torch.Tensor], domain: Sequence[int], *, threads: int | None = None
+        self,
+        inputs: Sequence[torch.Tensor],
+        domain: Sequence[int],
+        *,
+        threads: int | None = None,
+        out_strides: Sequence[Sequence[int] | None] | None = None,
     ) -> list[torch.Tensor]:
         """The program's outputs over ``domain`` for ``inputs`` (CPU tensors broadcastable to
-        it), on ``threads`` threads (default ``torch.get_num_threads()``)."""
+        it), on ``threads`` threads (default ``torch.get_num_threads()``). Outputs are
+        contiguous unless ``out_strides[i]`` gives a non-reduced output's strides over the
+        domain (a dense, non-overlapping layout such as a permutation)."""
         dims = _domain(domain)
         n_in, n_out = self._head[4], len(self.out_dtypes)
         if len(inputs) != n_in:
             raise ValueError(f"the program takes {n_in} inputs, got {len(inputs)}")
+        layouts = _layouts(out_strides, dims, self.reduced)
         if self._max_row is not None and dims[-1] > self._max_row:
             raise VMError(
                 f"rows of {dims[-1]} elements: the VM reduces rows of at most "
@@ -146,8 +186,11 @@ class Kernel:
             in_codes.append(code)
             longs += t.stride() if t.shape == dims else _strides(t, dims, k)
         outs = []
-        for dtype, red in zip(self.out_dtypes, self.reduced, strict=True):
-            out = torch.empty(output_shape(dims, red), dtype=dtype)
+        for dtype, red, layout in zip(self.out_dtypes, self.reduced, layouts, strict=True):
+            if layout is None:
+                out = torch.empty(output_shape(dims, red), dtype=dtype)
+            else:
+                out = torch.empty_strided(dims, layout, dtype=dtype)
             longs += out.stride()
             if red:
                 longs[-1] = 0  # every column of a row maps to the row's one element

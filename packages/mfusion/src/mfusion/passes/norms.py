@@ -31,10 +31,11 @@ What is rewritten, and why it keeps the numerics:
 
 A form is left alone when an intermediate is used outside it (a training forward saves
 ``rsqrt`` for the backward; :mod:`mfusion.passes.norms_train` rewrites those norms before
-autograd with this module's matcher), when dtypes, shapes or the reduced dimension differ from what the
-op computes, or when a low-precision form computes its statistics without the upcast. Epsilon
-must be a constant: under ``torch.compile(dynamic=True)`` dynamo passes a module's float
-attribute (HF's ``variance_epsilon``) as a tensor input, and such an RMSNorm is left alone.
+autograd with this module's matcher), when dtypes, shapes or the reduced dimension differ from
+what the op computes, or when a low-precision form computes its statistics without the
+upcast. Epsilon must be a constant: under ``torch.compile(dynamic=True)`` dynamo passes a
+module's float attribute (HF's ``variance_epsilon``) as a tensor input, and such an RMSNorm is
+left alone.
 """
 
 from __future__ import annotations

@@ -3,8 +3,6 @@ why anything was left to eager."""
 
 from __future__ import annotations
 
-import sys
-import types
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -130,14 +128,3 @@ def _tensors(value: Any) -> list[torch.Tensor]:
     if hasattr(value, "to_tuple"):  # transformers' ModelOutput
         return _tensors(value.to_tuple())
     return []
-
-
-class _CallableModule(types.ModuleType):
-    """``dvm.explain`` is both this module (once imported, Python binds the package attribute
-    to it) and the function: calling the module calls :func:`explain`."""
-
-    def __call__(self, fn: Callable[..., Any], *inputs: Any) -> Explanation:
-        return explain(fn, *inputs)
-
-
-sys.modules[__name__].__class__ = _CallableModule

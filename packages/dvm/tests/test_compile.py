@@ -34,7 +34,7 @@ def test_regions_run_on_the_vm_not_the_reference():
     torch.testing.assert_close(c(x, w)[0] if isinstance(c(x, w), tuple) else c(x, w), _fn(x, w))
     assert c.vm_calls == 2
     # the graph calls the region runner, not the original aten ops
-    targets = [n.target for n in c.graph_module.graph.nodes if n.op == "call_function"]
+    targets = c.run.targets
     assert c.runners[0] in targets
     assert aten.exp.default not in targets
 
@@ -147,11 +147,11 @@ def test_side_effects_keep_their_place():
     torch.testing.assert_close(got, want)
     torch.testing.assert_close(buf_c, buf_e)
     assert len(c.regions) == 2  # exp before the copy, mul+add after it
-    order = [n for n in c.graph_module.graph.nodes if n.op == "call_function"]
-    copy = next(i for i, n in enumerate(order) if n.target is aten.copy_.default)
-    runners = [i for i, n in enumerate(order) if isinstance(n.target, dc.RegionRunner)]
+    order = c.run.targets
+    copy = order.index(aten.copy_.default)
+    runners = [i for i, fn in enumerate(order) if isinstance(fn, dc.RegionRunner)]
     assert runners[0] < copy < runners[1]
-    assert all(n.target is not operator.add for n in order)
+    assert operator.add not in order
 
 
 def test_compile_times_are_recorded():

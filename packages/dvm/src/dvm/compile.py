@@ -9,7 +9,6 @@ result is never wrong and the call never crashes for lack of VM support.
 from __future__ import annotations
 
 import heapq
-import operator
 import time
 import warnings
 from collections.abc import Callable, Sequence
@@ -17,10 +16,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from torch.fx import Graph, GraphModule, Node
+from torch.fx import GraphModule, Node
 from torch.fx.node import map_arg
 
 from dvm.cluster import Clustering, Region, cluster, is_barrier
+from dvm.executor import Executor, RegionCall
 from dvm.program import Program, run_reference
 
 Strides = tuple[int, ...]
@@ -149,17 +149,18 @@ class RegionRunner:
 @dataclass
 class CompiledGraph:
     """A compiled graph: call it like the original ``GraphModule``. ``regions`` run on the
-    VM; ``fallbacks`` are the call nodes left to eager with the reason; times in µs."""
+        VM; ``fallbacks`` are the call nodes left to eager with the reason; ``run`` runs it (the
+    original graph module when there are no regions); times in µs."""
 
-    graph_module: GraphModule
+    run: Executor | GraphModule
     runners: list[RegionRunner]
     clustering: Clustering
     total_us: float
-    rewrite_us: float
+    schedule_us: float
     executor: str = field(default=EXECUTOR)
 
     def __call__(self, *args: Any) -> Any:
-        return self.graph_module(*args)
+        return self.run(*args)
 
     @property
     def regions(self) -> list[Region]:
@@ -189,9 +190,9 @@ def _ensure_meta(gm: GraphModule, example_inputs: Sequence[Any]) -> None:
     FakeTensorProp(gm, mode).propagate_dont_convert_inputs(*fakes)
 
 
-def _rewrite(gm: GraphModule, runners: list[RegionRunner]) -> GraphModule:
-    """A new graph: every region one call of its runner, other nodes copied, in an order that
-    respects data dependencies and keeps side effects where they were."""
+def _schedule(gm: GraphModule, runners: list[RegionRunner]) -> Executor:
+    """The graph with every region one call of its runner, the other nodes as they are, in an
+    order that respects data dependencies and keeps side effects where they were."""
     nodes = list(gm.graph.nodes)
     index = {n: i for i, n in enumerate(nodes)}
     owner: dict[Node, int] = {}
@@ -239,27 +240,22 @@ def _rewrite(gm: GraphModule, runners: list[RegionRunner]) -> GraphModule:
     waiting = [len(ds) for ds in deps]
     heap = [(key[u], u) for u in range(len(units)) if waiting[u] == 0]
     heapq.heapify(heap)
-    graph = Graph()
-    env: dict[Node, Node] = {}
+    order: list[Node | RegionCall] = []
     while heap:
         _, u = heapq.heappop(heap)
         unit = units[u]
         if isinstance(unit, Node):
-            env[unit] = graph.node_copy(unit, env.__getitem__)
+            order.append(unit)
         else:
             runner = runners[unit]
-            call = graph.call_function(runner, tuple(env[n] for n in runner._inputs))
-            for i, o in enumerate(runner.region.outputs):
-                item = graph.call_function(operator.getitem, (call, i))
-                item.meta["val"] = o.meta.get("val")
-                env[o] = item
+            order.append(RegionCall(runner, runner._inputs, runner.region.outputs))
         for v in users[u]:
             waiting[v] -= 1
             if waiting[v] == 0:
                 heapq.heappush(heap, (key[v], v))
-    if len(env) < len([n for n in nodes if n not in owner]):
-        raise RuntimeError("dvm: the rewritten graph lost nodes (a dependency cycle)")
-    return GraphModule(gm, graph)
+    if len(order) < len(units):
+        raise RuntimeError("dvm: the scheduled graph lost nodes (a dependency cycle)")
+    return Executor(gm, order)
 
 
 def compile_graph(gm: GraphModule, example_inputs: Sequence[Any]) -> CompiledGraph:
@@ -270,12 +266,12 @@ def compile_graph(gm: GraphModule, example_inputs: Sequence[Any]) -> CompiledGra
         clustering = cluster(gm)
         runners = [RegionRunner(r, k) for k, r in enumerate(clustering.regions)]
         t1 = time.perf_counter()
-        new = _rewrite(gm, runners) if runners else gm
+        run = _schedule(gm, runners) if runners else gm
     except Exception as e:  # a compiler bug must not break the user's program: run eagerly
         why = f"dvm could not compile this graph ({type(e).__name__}: {e}); it runs eagerly"
         warnings.warn(why, RuntimeWarning, stacklevel=2)
         calls = [n for n in gm.graph.nodes if n.op == "call_function"]
         clustering = Clustering([], [(n, why) for n in calls], 0.0, [why])
-        runners, new, t1 = [], gm, time.perf_counter()
+        runners, run, t1 = [], gm, time.perf_counter()
     t2 = time.perf_counter()
-    return CompiledGraph(new, runners, clustering, (t2 - t0) * 1e6, (t2 - t1) * 1e6)
+    return CompiledGraph(run, runners, clustering, (t2 - t0) * 1e6, (t2 - t1) * 1e6)

@@ -323,6 +323,16 @@ Shape operands(const Registers& r, const int32_t* ins, int32_t reads, Arg* args)
     return level;
 }
 
+// Where a full register can be written straight into an output: its fp32 elements for the
+// tile when they are one contiguous piece, else nullptr.
+float* direct(const Plan& p, const Operand& o, int64_t start, int64_t n) {
+    if (o.dtype != F32 || o.stride[p.ndim - 1] != 1 || p.inner - start % p.inner < n)
+        return nullptr;
+    int64_t at = 0;
+    for_pieces(p, o.stride, start, n, [&](int64_t off, int64_t, int64_t, int64_t) { at = off; });
+    return reinterpret_cast<float*>(const_cast<char*>(o.base)) + at;
+}
+
 void run_tile(const Program& g, const Plan& p, int64_t start, int64_t n, Registers& r) {
     // the tile as rows of `len` elements: whole rows with reductions, else one run
     const int64_t rows = g.reduce ? n / p.inner : 1, len = g.reduce ? p.inner : n;
@@ -342,8 +352,8 @@ void run_tile(const Program& g, const Plan& p, int64_t start, int64_t n, Registe
         }
         if (op == STORE) {
             const Operand& o = p.ops[g.n_inputs + a];
-            if (r.shape[b] == FULL) store(p, o, start, n, r.cur[b]);
-            else store_few(p, o, start, n, r.cur[b], r.shape[b]);
+            if (r.shape[b] != FULL) store_few(p, o, start, n, r.cur[b], r.shape[b]);
+            else if (r.cur[b] != direct(p, o, start, n)) store(p, o, start, n, r.cur[b]);
             continue;
         }
         if (op >= REDUCE_SUM) {
@@ -371,11 +381,30 @@ void run_tile(const Program& g, const Plan& p, int64_t start, int64_t n, Registe
         const int64_t at_rows = level == FULL ? rows : 1;
         const int64_t at_len = level == FULL ? len : level == ROWS ? rows : 1;
         float* d = level == FULL ? r.own[dst] : r.few[dst];
+        // a result stored next goes straight into its output (which later reads then use)
+        const int32_t* next = ins + 5;
+        if (level == FULL && k + 1 < g.n_instr && next[0] == STORE && next[3] == dst) {
+            if (float* out = direct(p, p.ops[g.n_inputs + next[2]], start, n)) d = out;
+        }
         if (reads == 1) unary(op, d, args[0].p, at_rows * at_len);
         else if (reads == 2) binary(op, d, args[0], args[1], at_rows, at_len);
         else where(d, args[0], args[1], args[2], at_rows, at_len);
         r.cur[dst] = d;
         r.shape[dst] = level;
+    }
+}
+
+// Asks for the next tile's rows of each input read along the row while this tile computes:
+// the hardware prefetcher does not run ahead of a pass that reads another stream.
+void prefetch_inputs(const Program& g, const Plan& p, int64_t start, int64_t n) {
+    for (int32_t i = 0; i < g.n_inputs; ++i) {
+        const Operand& o = p.ops[i];
+        if (o.stride[p.ndim - 1] != 1) continue;
+        const int64_t size = o.dtype == F32 ? 4 : o.dtype == BOOL ? 1 : 2;
+        for_pieces(p, o.stride, start, n, [&](int64_t off, int64_t, int64_t len, int64_t) {
+            const char* at = o.base + off * size;
+            for (int64_t b = 0; b < len * size; b += 64) __builtin_prefetch(at + b, 0, 3);
+        });
     }
 }
 
@@ -398,6 +427,7 @@ bool run_tiles(const Program& g, const Plan& p, int64_t tile, int64_t first, int
     }
     for (int64_t t = first; t < last; ++t) {
         const int64_t start = t * tile;
+        if (t + 1 < last) prefetch_inputs(g, p, start + tile, std::min(tile, p.total - start - tile));
         run_tile(g, p, start, std::min(tile, p.total - start), r);
     }
     return true;

@@ -185,6 +185,26 @@ def test_non_contiguous_inputs() -> None:
         assert torch.equal(got, x - y.float()), name
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_stored_registers_read_again_and_stored_twice(dtype: torch.dtype) -> None:
+    # fp32 results go straight into their output; later instructions then read them there
+    p = program(
+        Instr(Op.LOAD, 0, 0),
+        Instr(Op.EXP, 1, 0),
+        Instr(Op.STORE, -1, 0, 1),
+        Instr(Op.MUL, 2, 1, 1),
+        Instr(Op.STORE, -1, 1, 2),
+        Instr(Op.STORE, -1, 2, 1),
+        Instr(Op.NEG, 1, 2),
+        Instr(Op.STORE, -1, 3, 1),
+        n_inputs=1,
+        n_outputs=4,
+    )
+    x = values(5000, seed=9, scale=2.0)
+    out = check(p, [x], x.shape, [dtype] * 4)
+    torch.testing.assert_close(out[0], out[2], rtol=0, atol=0, equal_nan=True)
+
+
 def test_outputs_in_a_given_layout() -> None:
     g = torch.Generator().manual_seed(4)
     x, y = torch.randn(2, 5, 3, 7, generator=g), torch.randn(2, 5, 3, 7, generator=g)

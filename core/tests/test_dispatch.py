@@ -56,6 +56,30 @@ def test_custom_autograd_formula_is_used() -> None:
     assert torch.equal(x.grad, torch.full_like(x, 7.0))
 
 
+def test_kernels_added_or_removed_after_calls_take_effect() -> None:
+    op = _define()
+    x, w = _inputs()
+    ran = []
+
+    def kernel(tag):
+        def fn(x, w, eps):
+            ran.append(tag)
+            return _rms(x, w, eps)
+
+        return fn
+
+    dispatch.register_kernel(op, "cpu", kernel("low"), provider="low_provider", priority=1)
+    op(x, w, 1e-6)
+    dispatch.register_kernel(op, "cpu", kernel("high"), provider="high_provider", priority=5)
+    op(x, w, 1e-6)
+    dispatch.unregister_provider("high_provider")
+    op(x, w, 1e-6)
+    dispatch.unregister_provider("low_provider")
+    torch.testing.assert_close(op(x, w, 1e-6), _rms(x, w, 1e-6))
+    assert ran == ["low", "high", "low"]
+    assert [k.provider for k in op.candidates("cpu")] == []
+
+
 def test_best_supported_kernel_runs_and_explain_says_why() -> None:
     op = _define()
     calls = []

@@ -67,14 +67,18 @@ class Explanation:
         return "\n".join(lines)
 
 
+def _device_type(t: torch.Tensor) -> str:
+    return "cpu" if t.is_cpu else t.device.type  # .device builds an object: a few µs a call
+
+
 def _device_of(args: Sequence[Any], kwargs: dict[str, Any]) -> str:
-    for value in (*args, *kwargs.values()):
+    for value in (*args, *kwargs.values()) if kwargs else args:
         if isinstance(value, torch.Tensor):
-            return value.device.type
+            return _device_type(value)
         if isinstance(value, (list, tuple)):
             for item in value:
                 if isinstance(item, torch.Tensor):
-                    return item.device.type
+                    return _device_type(item)
     return "cpu"
 
 
@@ -86,6 +90,7 @@ class Op:
     schema: str
     reference: Callable[..., Any]
     kernels: dict[tuple[str, str], Kernel] = field(default_factory=dict)
+    _ranked: dict[str, list[Kernel]] = field(default_factory=dict, repr=False, compare=False)
 
     @property
     def qualname(self) -> str:
@@ -101,13 +106,22 @@ class Op:
 
     def candidates(self, device: str) -> list[Kernel]:
         """Kernels for ``device``, highest priority first (ties: provider name)."""
-        found = [k for (dev, _), k in self.kernels.items() if dev == device]
-        return sorted(found, key=lambda k: (-k.priority, k.provider))
+        ranked = self._ranked.get(device)
+        if ranked is None:
+            found = [k for (dev, _), k in self.kernels.items() if dev == device]
+            ranked = sorted(found, key=lambda k: (-k.priority, k.provider))
+            self._ranked[device] = ranked
+        return list(ranked)
+
+    def _set_kernels(self, kernels: dict[tuple[str, str], Kernel]) -> None:
+        self.kernels = kernels
+        self._ranked = {}  # a new dict: a call ranking the old kernels cannot fill it
 
     def select(self, args: Sequence[Any], kwargs: dict[str, Any]) -> tuple[Kernel | None, str]:
         """The kernel that runs for these arguments (``None``: the reference) and the device."""
         device = _device_of(args, kwargs)
-        for kernel in self.candidates(device):
+        ranked = self._ranked.get(device)
+        for kernel in self.candidates(device) if ranked is None else ranked:
             if _accepts(kernel, args, kwargs)[0]:
                 return kernel, device
         return None, device
@@ -256,7 +270,7 @@ def register_kernel(
                 f"{provider!r} already registered a {device} kernel for spore::{target.name}; "
                 f"pass override=True to replace it"
             )
-        target.kernels[(device, provider)] = kernel
+        target._set_kernels({**target.kernels, (device, provider): kernel})
     return kernel
 
 
@@ -264,8 +278,7 @@ def unregister_provider(provider: str) -> None:
     """Remove every kernel ``provider`` registered (ops stay defined)."""
     with _lock:
         for op in _ops.values():
-            for key in [k for k in op.kernels if k[1] == provider]:
-                del op.kernels[key]
+            op._set_kernels({k: v for k, v in op.kernels.items() if k[1] != provider})
 
 
 def explain(op: Op | str | Any, *args: Any, **kwargs: Any) -> Explanation:

@@ -41,13 +41,15 @@ def ready(*tensors: torch.Tensor, device_type: str | None = None) -> bool:
     """Contiguous tensors of one kernel dtype (float32, bfloat16, float16) on one device, of
     type ``device_type`` when given."""
     first = tensors[0]
+    dtype = first.dtype
+    if dtype not in KERNEL_DTYPES:
+        return False
+    if device_type == "cpu" or (device_type is None and first.is_cpu):
+        # the common case, without building device objects (a few µs each)
+        return all(t.is_cpu and t.dtype == dtype and t.is_contiguous() for t in tensors)
     device = first.device
-    return (
-        first.dtype in KERNEL_DTYPES
-        and (device_type is None or device.type == device_type)
-        and all(
-            t.dtype == first.dtype and t.device == device and t.is_contiguous() for t in tensors
-        )
+    return (device_type is None or device.type == device_type) and all(
+        t.dtype == dtype and t.device == device and t.is_contiguous() for t in tensors
     )
 
 

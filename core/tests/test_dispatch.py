@@ -196,6 +196,25 @@ def test_plugin_ops_are_registered_owned_and_withdrawn(fixture_plugins, spore_ma
     assert dispatch.get("fixture_scale").kernels == {}
 
 
+def test_a_plugin_registers_kernels_under_sub_providers() -> None:
+    from spore.registry import OpRegistry
+
+    registry = OpRegistry("op")
+    op = _define()
+    x, w = _inputs()
+    with registry.owned_by("acme"):
+        registry.kernel(op, "cpu", lambda *a: _rms(*a) * 0 + 1, provider="acme:fast", priority=5)
+        registry.kernel(op, "cpu", lambda *a: _rms(*a) * 0 + 2)
+        with pytest.raises(ValueError, match="as 'acme' or 'acme':<name>"):
+            registry.kernel(op, "cpu", _rms, provider="other:fast")
+    assert sorted(op.kernels) == [("cpu", "acme"), ("cpu", "acme:fast")]
+    assert "t_rms" in dispatch.explain(op, x, w, 1e-6).op
+    assert dispatch.explain(op, x, w, 1e-6).chosen == "acme:fast"
+    assert torch.equal(op(x, w, 1e-6), torch.ones_like(x))
+    registry.remove_owner("acme")
+    assert op.kernels == {}
+
+
 def test_plugin_with_ops_keeps_the_contract(fixture_plugins, spore_plugin_contract) -> None:
     fixture_plugins("ops")
     info = spore_plugin_contract("ops")

@@ -275,10 +275,17 @@ def register_kernel(
 
 
 def unregister_provider(provider: str) -> None:
-    """Remove every kernel ``provider`` registered (ops stay defined)."""
+    """Remove every kernel ``provider`` and its sub-providers (``"<provider>:<name>"``)
+    registered (ops stay defined)."""
+    prefix = f"{provider}:"
     with _lock:
         for op in _ops.values():
-            op._set_kernels({k: v for k, v in op.kernels.items() if k[1] != provider})
+            kept = {
+                k: v
+                for k, v in op.kernels.items()
+                if k[1] != provider and not k[1].startswith(prefix)
+            }
+            op._set_kernels(kept)
 
 
 def explain(op: Op | str | Any, *args: Any, **kwargs: Any) -> Explanation:

@@ -147,20 +147,34 @@ class OpRegistry(Registry[Any]):
         priority: int = 0,
         supports: Callable[..., bool] | None = None,
         override: bool = False,
+        provider: str | None = None,
     ) -> Any:
-        """:func:`spore.dispatch.register_kernel` with the calling plugin as provider."""
+        """:func:`spore.dispatch.register_kernel` with the calling plugin as provider, or one
+        of its sub-providers ``"<plugin>:<name>"`` (several kernels of one plugin for one op
+        and device, e.g. one per attention backend).
+
+        .. versionchanged:: 0.1.0 ``provider``
+        """
         from spore import dispatch
 
+        owner = self._owner
+        if provider is None:
+            provider = owner
+        elif not provider.startswith(f"{owner}:") or provider == f"{owner}:":
+            raise ValueError(
+                f"plugin {owner!r} registers kernels as {owner!r} or {owner!r}:<name>, "
+                f"not {provider!r}"
+            )
         kernel = dispatch.register_kernel(
             op,
             device,
             fn,
-            provider=self._owner,
+            provider=provider,
             priority=priority,
             supports=supports,
             override=override,
         )
-        self.add(kernel, name=f"{kernel.op}[{device}]@{self._owner}", override=True)
+        self.add(kernel, name=f"{kernel.op}[{device}]@{provider}", override=True)
         return kernel
 
     def remove_owner(self, owner: str) -> None:

@@ -1,0 +1,213 @@
+"""Attention backend selection: one op, ``torch.ops.spore.lite_boost_attention``, with a kernel
+per backend and device, chosen per call by :mod:`spore.dispatch`.
+
+Order (highest priority first): FlashAttention-3 and FlashAttention-2 on CUDA, torch_npu's
+fused inference attention on Ascend, then PyTorch's ``scaled_dot_product_attention`` on every
+device (also the reference). A backend is registered only when its package imports; one that
+is installed but fails to import is skipped with a logged reason. ``LITE_BOOST_ATTENTION=sdpa``
+(or :func:`use_backend`) forces one backend; ``spore.dispatch.explain`` says which runs and why.
+
+Layout: ``q``, ``k``, ``v`` are ``(batch, heads, seq, head_dim)``, as for SDPA; ``k``/``v`` may
+have fewer heads than ``q`` when ``q``'s head count is a multiple of theirs (grouped queries).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import importlib
+import logging
+import os
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+log = logging.getLogger("lite_boost")
+
+OP = "lite_boost_attention"
+SCHEMA = "(Tensor q, Tensor k, Tensor v, float? scale=None) -> Tensor"
+PROVIDER = "lite-boost"
+ENV = "LITE_BOOST_ATTENTION"
+
+
+@dataclass(frozen=True)
+class Backend:
+    """One attention backend: its device, the module it needs, its priority."""
+
+    name: str
+    device: str
+    module: str | None
+    priority: int
+    dtypes: tuple[torch.dtype, ...]
+    max_head_dim: int
+
+
+BACKENDS = (
+    Backend(
+        "flash_attn_3", "cuda", "flash_attn_interface", 30, (torch.float16, torch.bfloat16), 256
+    ),
+    Backend("flash_attn_2", "cuda", "flash_attn", 20, (torch.float16, torch.bfloat16), 256),
+    Backend("torch_npu", "npu", "torch_npu", 20, (torch.float16, torch.bfloat16), 512),
+    *(
+        Backend("sdpa", device, None, 1, (torch.float32, torch.float16, torch.bfloat16), 1 << 30)
+        for device in ("cpu", "cuda", "npu")
+    ),
+)
+NAMES = tuple(dict.fromkeys(b.name for b in BACKENDS))
+
+_local = threading.local()
+
+
+def forced() -> str | None:
+    """The backend :func:`use_backend` or ``LITE_BOOST_ATTENTION`` forces, else ``None``."""
+    name = getattr(_local, "forced", None) or os.environ.get(ENV) or None
+    if name is not None and name not in NAMES:
+        raise ValueError(f"{ENV}={name!r} is not an attention backend; choose one of {NAMES}")
+    return name
+
+
+@contextlib.contextmanager
+def use_backend(name: str | None) -> Iterator[None]:
+    """Force attention backend ``name`` (``None``: automatic) inside the ``with`` block, on this
+    thread; a forced backend that cannot take a call falls back to SDPA."""
+    if name is not None and name not in NAMES:
+        raise ValueError(f"unknown attention backend {name!r}; choose one of {NAMES}")
+    previous = getattr(_local, "forced", None)
+    _local.forced = name
+    try:
+        yield
+    finally:
+        _local.forced = previous
+
+
+def reference(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | None = None
+) -> torch.Tensor:
+    """PyTorch's SDPA (grouped heads expanded), the oracle and the portable backend."""
+    _check(q, k, v)
+    groups = q.shape[1] // k.shape[1]
+    if groups > 1:
+        k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
+    return F.scaled_dot_product_attention(q, k, v, scale=scale)
+
+
+def _check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+    if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
+        raise ValueError(
+            "lite_boost attention takes (batch, heads, seq, head_dim) tensors, got shapes "
+            f"{tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}"
+        )
+    if k.shape != v.shape or q.shape[0] != k.shape[0] or q.shape[3] != k.shape[3]:
+        raise ValueError(
+            f"k {tuple(k.shape)} and v {tuple(v.shape)} must match each other and q "
+            f"{tuple(q.shape)} in batch and head_dim"
+        )
+    if k.shape[1] == 0 or q.shape[1] % k.shape[1]:
+        raise ValueError(f"q's {q.shape[1]} heads must be a multiple of k/v's {k.shape[1]}")
+
+
+def _flash(module: Any, version: int) -> Callable[..., torch.Tensor]:
+    def run(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | None = None):
+        # flash-attn takes (batch, seq, heads, head_dim) and handles grouped heads itself
+        args = (q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))
+        out = module.flash_attn_func(*args, softmax_scale=scale)
+        out = out[0] if version == 3 and isinstance(out, tuple) else out
+        return out.transpose(1, 2)
+
+    return run
+
+
+def _npu(module: Any) -> Callable[..., torch.Tensor]:
+    def run(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | None = None):
+        scale = q.shape[-1] ** -0.5 if scale is None else scale
+        out, _ = module.npu_fused_infer_attention_score(
+            q, k, v, num_heads=q.shape[1], num_key_value_heads=k.shape[1],
+            input_layout="BNSD", scale=scale,
+        )  # fmt: skip
+        return out
+
+    return run
+
+
+@functools.cache  # one function per backend: registering it again is then a no-op
+def _supports(backend: Backend) -> Callable[..., bool]:
+    def supports(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | None = None):
+        choice = forced()
+        if choice is not None:
+            return choice == backend.name
+        return (
+            q.device.type == backend.device
+            and q.dtype in backend.dtypes
+            and k.dtype == q.dtype == v.dtype
+            and q.shape[-1] <= backend.max_head_dim
+            and (backend.module is None or q.shape[-1] % 8 == 0)
+        )
+
+    return supports
+
+
+@functools.cache
+def _implementation(backend: Backend) -> Callable[..., torch.Tensor] | None:
+    """The backend's kernel, ``None`` when its package is absent or broken (logged)."""
+    if backend.module is None:
+        return reference
+    try:
+        module = importlib.import_module(backend.module)
+    except ModuleNotFoundError:
+        return None
+    except Exception as exc:  # installed but broken: say so, keep the others
+        log.warning(
+            "lite-boost: attention backend %s skipped: importing %s raised %s: %s",
+            backend.name, backend.module, type(exc).__name__, exc,
+        )  # fmt: skip
+        return None
+    if backend.name == "torch_npu":
+        return _npu(module)
+    return _flash(module, 3 if backend.name == "flash_attn_3" else 2)
+
+
+def register(registry: Any) -> Any:
+    """Define the op and register each available backend with ``registry`` (the ops registry
+    or :mod:`spore.dispatch` itself); returns the op."""
+    op = registry.define(OP, SCHEMA, reference=reference)
+    for backend in BACKENDS:
+        fn = _implementation(backend)
+        if fn is not None:
+            registry.kernel(
+                op,
+                backend.device,
+                fn,
+                priority=backend.priority,
+                supports=_supports(backend),
+                provider=f"{PROVIDER}:{backend.name}",
+            )
+    return op
+
+
+class _Dispatch:
+    """Registers straight onto :mod:`spore.dispatch` (at import, before any plugin loads)."""
+
+    def define(self, name: str, schema: str, **kwargs: Any) -> Any:
+        from spore import dispatch
+
+        return dispatch.define(name, schema, **kwargs)
+
+    def kernel(self, op: Any, device: str, fn: Callable[..., Any], **kwargs: Any) -> Any:
+        from spore import dispatch
+
+        return dispatch.register_kernel(op, device, fn, **kwargs)
+
+
+register(_Dispatch())
+
+
+def attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scale: float | None = None
+) -> torch.Tensor:
+    """Attention of ``(batch, heads, seq, head_dim)`` tensors on the best available backend."""
+    forced()  # a misspelt LITE_BOOST_ATTENTION is an error here, not a silent fallback
+    return torch.ops.spore.lite_boost_attention(q, k, v, scale)

@@ -1,0 +1,153 @@
+"""Boosters: per-model-class patches that switch a model to lite-boost's attention, RoPE and
+parallel paths in place.
+
+A booster is registered for a class name (``@register_booster("WanTransformer3DModel")`` in
+Python, or the ``lite_boost_register_boosters`` hook from another plugin) and found by the
+model's class name or the name of one of its base classes. :func:`boost` applies it.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import weakref
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from pydantic import BaseModel, ConfigDict, Field
+
+log = logging.getLogger("lite_boost")
+HOOK = "lite_boost_register_boosters"
+
+
+class BoostOptions(BaseModel):
+    """What :func:`boost` was asked for."""
+
+    model_config = ConfigDict(arbitrary_types_allowed=True, frozen=True)
+
+    sparsity: float = Field(0.0, ge=0.0, lt=1.0, description="share of KV blocks skipped")
+    block_size: int = Field(128, gt=0, description="tokens per attention block")
+    parallel: Any = Field(None, description="a lite_boost.ParallelManager, or None")
+
+
+@dataclass(frozen=True)
+class Booster:
+    """``apply(model, options)`` patches a model of class ``class_name`` in place; ``changes``
+    says what it changes, for ``spore lite-boost explain``."""
+
+    class_name: str
+    apply: Callable[[torch.nn.Module, BoostOptions], None]
+    changes: tuple[str, ...]
+    owner: str = "python"
+
+
+class BoosterRegistry:
+    """What ``lite_boost_register_boosters`` receives: ``registry.add(class_name, apply,
+    changes)``."""
+
+    def __init__(self, owner: str = "python") -> None:
+        self.owner = owner
+        self.boosters: dict[str, Booster] = {}
+
+    def add(
+        self,
+        class_name: str,
+        apply: Callable[[torch.nn.Module, BoostOptions], None],
+        changes: tuple[str, ...] | list[str] = (),
+    ) -> Booster:
+        if not class_name.isidentifier():
+            raise ValueError(f"class_name must be a class name, got {class_name!r}")
+        if class_name in self.boosters:
+            raise ValueError(f"a booster for {class_name} is already registered")
+        booster = Booster(class_name, apply, tuple(changes), self.owner)
+        self.boosters[class_name] = booster
+        return booster
+
+
+_lock = threading.RLock()
+_python = BoosterRegistry()
+_from_plugins: weakref.WeakKeyDictionary[Any, dict[str, Booster]] = weakref.WeakKeyDictionary()
+
+
+def register_booster(
+    class_name: str, *, changes: tuple[str, ...] | list[str] = ()
+) -> Callable[[Callable[[torch.nn.Module, BoostOptions], None]], Any]:
+    """Decorator: ``fn(model, options)`` boosts models of class ``class_name``."""
+
+    def decorate(fn: Callable[[torch.nn.Module, BoostOptions], None]) -> Any:
+        with _lock:
+            _python.add(class_name, fn, changes)
+        return fn
+
+    return decorate
+
+
+def _plugin_boosters() -> dict[str, Booster]:
+    from spore.plugins import PluginError, get_manager
+
+    manager = get_manager()
+    manager.load()
+    with _lock:
+        if manager in _from_plugins:
+            return _from_plugins[manager]
+        found: dict[str, Booster] = {}
+        caller = getattr(manager.pm.hook, HOOK, None)
+        impls = caller.get_hookimpls() if caller is not None else []
+        for impl in sorted(impls, key=lambda i: i.plugin_name):
+            registry = BoosterRegistry(impl.plugin_name)
+            try:
+                impl.function(**{name: registry for name in impl.argnames})
+            except Exception as exc:
+                message = f"spore plugin {impl.plugin_name!r}: hook {HOOK} raised"
+                if manager.strict or impl.plugin_name in manager.requested:
+                    raise PluginError(f"{message}: {exc}") from exc
+                log.warning(
+                    "%s: %s: %s; its boosters are skipped", message, type(exc).__name__, exc
+                )
+                continue
+            for name, booster in registry.boosters.items():
+                found.setdefault(name, booster)
+        _from_plugins[manager] = found
+        return found
+
+
+def boosters() -> dict[str, Booster]:
+    """Every known booster by class name: registered in Python first, then the plugins'."""
+    with _lock:
+        table = dict(_python.boosters)
+    for name, booster in _plugin_boosters().items():
+        table.setdefault(name, booster)
+    return table
+
+
+def find(model_or_class: torch.nn.Module | type | str) -> Booster:
+    """The booster for a model, a class or a class name (its own name first, then its bases');
+    ``LookupError`` naming the known classes when there is none."""
+    if isinstance(model_or_class, str):
+        names = [model_or_class]
+    else:
+        cls = model_or_class if isinstance(model_or_class, type) else type(model_or_class)
+        names = [c.__name__ for c in cls.__mro__]
+    table = boosters()
+    for name in names:
+        if name in table:
+            return table[name]
+    known = ", ".join(sorted(table)) or "none"
+    raise LookupError(f"no lite-boost booster for {names[0]} (boosters exist for: {known})")
+
+
+def boost(
+    model: torch.nn.Module,
+    *,
+    sparsity: float = 0.0,
+    block_size: int = 128,
+    parallel: Any = None,
+) -> torch.nn.Module:
+    """Patch ``model`` in place with its class's booster and return it."""
+    options = BoostOptions(sparsity=sparsity, block_size=block_size, parallel=parallel)
+    booster = find(model)
+    booster.apply(model, options)
+    model.lite_boost_options = options
+    return model

@@ -1,0 +1,96 @@
+"""Attention backend selection: the op against SDPA, the choice, the override, bad input."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+import torch.nn.functional as F
+from lite_boost import backends as A
+
+from spore import dispatch
+
+
+def _qkv(heads=4, kv_heads=4, seq=24, dim=16, dtype=torch.float32):
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(2, heads, seq, dim, generator=g, dtype=dtype)
+    k = torch.randn(2, kv_heads, seq + 5, dim, generator=g, dtype=dtype)
+    v = torch.randn(2, kv_heads, seq + 5, dim, generator=g, dtype=dtype)
+    return q, k, v
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_equals_sdpa_with_grouped_heads(dtype):
+    q, k, v = _qkv(heads=4, kv_heads=2, dtype=dtype)
+    want = F.scaled_dot_product_attention(
+        q, k.repeat_interleave(2, 1), v.repeat_interleave(2, 1), scale=0.3
+    )
+    torch.testing.assert_close(A.attention(q, k, v, scale=0.3), want)
+
+
+def test_cpu_runs_sdpa_and_explain_says_so():
+    q, k, v = _qkv()
+    e = dispatch.explain(A.OP, q, k, v)
+    assert e.chosen == "lite-boost:sdpa"
+    assert [c.provider for c in e.candidates] == ["lite-boost:sdpa"]
+
+
+def test_forcing_a_backend_that_cannot_run_falls_back_to_the_reference(monkeypatch):
+    q, k, v = _qkv()
+    with A.use_backend("flash_attn_2"):
+        assert dispatch.explain(A.OP, q, k, v).chosen == "reference"
+        torch.testing.assert_close(A.attention(q, k, v), F.scaled_dot_product_attention(q, k, v))
+    assert dispatch.explain(A.OP, q, k, v).chosen == "lite-boost:sdpa"
+    monkeypatch.setenv(A.ENV, "torch_npu")
+    assert dispatch.explain(A.OP, q, k, v).chosen == "reference"
+    monkeypatch.setenv(A.ENV, "sdpa")
+    assert dispatch.explain(A.OP, q, k, v).chosen == "lite-boost:sdpa"
+
+
+def test_unknown_backends_are_refused(monkeypatch):
+    with (
+        pytest.raises(ValueError, match="unknown attention backend 'flash'"),
+        A.use_backend("flash"),
+    ):
+        pass
+    monkeypatch.setenv(A.ENV, "flash")
+    q, k, v = _qkv()
+    with pytest.raises(
+        ValueError, match="LITE_BOOST_ATTENTION='flash' is not an attention backend"
+    ):
+        A.attention(q, k, v)
+
+
+@pytest.mark.parametrize(
+    ("shapes", "match"),
+    [
+        (((2, 4, 8), (2, 4, 8), (2, 4, 8)), "takes \\(batch, heads, seq, head_dim\\)"),
+        (((2, 4, 8, 16), (2, 3, 8, 16), (2, 3, 8, 16)), "multiple of k/v's 3"),
+        (((2, 4, 8, 16), (2, 4, 8, 8), (2, 4, 8, 8)), "in batch and head_dim"),
+    ],
+)
+def test_bad_shapes_raise(shapes, match):
+    with pytest.raises(ValueError, match=match):
+        A.attention(*(torch.randn(s) for s in shapes))
+
+
+def test_a_broken_backend_is_skipped_with_a_reason(monkeypatch, caplog):
+    import importlib
+
+    real = importlib.import_module
+
+    def fake(name, *args):
+        if name == "flash_attn":
+            raise OSError("libcudart.so.12: cannot open shared object file")
+        return real(name, *args)
+
+    backend = next(b for b in A.BACKENDS if b.name == "flash_attn_2")
+    monkeypatch.setattr(A.importlib, "import_module", fake)
+    A._implementation.cache_clear()
+    try:
+        with caplog.at_level(logging.WARNING, logger="lite_boost"):
+            assert A._implementation(backend) is None
+    finally:
+        A._implementation.cache_clear()
+    assert "flash_attn_2 skipped: importing flash_attn raised OSError: libcudart" in caplog.text

@@ -113,8 +113,21 @@ def _plugin_boosters() -> dict[str, Booster]:
         return found
 
 
+BUILTIN = ("lite_boost.boosters.wan",)
+"""lite-boost's own boosters, imported (and so registered) on first use."""
+
+
+def _load_builtin() -> None:
+    import importlib
+
+    for module in BUILTIN:
+        importlib.import_module(module)
+
+
 def boosters() -> dict[str, Booster]:
-    """Every known booster by class name: registered in Python first, then the plugins'."""
+    """Every known booster by class name: registered in Python first (lite-boost's own
+    included), then the plugins'."""
+    _load_builtin()
     with _lock:
         table = dict(_python.boosters)
     for name, booster in _plugin_boosters().items():

@@ -1,0 +1,204 @@
+"""block_sparse_attention: the op and its reference against dense SDPA (float64) under the
+block lists' dense mask, the block-list conventions, and the input errors."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from spore_kernels.ops import block_sparse_attention as op
+
+TOL = {torch.float32: 2e-5, torch.bfloat16: 1e-2, torch.float16: 2e-3}
+
+
+def _qkv(b, h, sq, skv, d, dtype, seed):
+    g = torch.Generator().manual_seed(seed)
+    q, k, v = (torch.randn(b, h, s, d, generator=g) for s in (sq, skv, skv))
+    return q.to(dtype), (k * 2).to(dtype), v.to(dtype)
+
+
+def _lists(b, h, sq, skv, bs, m, index_dtype, seed, garbage=True):
+    """Random distinct block lists of width m and random counts 0..m; past the count, junk."""
+    g = torch.Generator().manual_seed(seed)
+    nq, nk = op.blocks(sq, bs), op.blocks(skv, bs)
+    index = torch.rand(b, h, nq, nk, generator=g).argsort(-1)[..., :m]
+    count = torch.randint(0, m + 1, (b, h, nq), generator=g)
+    if garbage:  # entries past the count are ignored, whatever they hold
+        junk = torch.randint(-5, nk + 5, index.shape, generator=g)
+        index = torch.where(torch.arange(m) < count.unsqueeze(-1), index, junk)
+    return index.to(index_dtype), count.to(index_dtype)
+
+
+def _oracle(q, k, v, index, count, bs, scale=None):
+    """Dense SDPA in float64 under the dense mask; query rows with no key are zeros."""
+    mask = op.dense_mask(index, count, bs, q.shape[2], k.shape[2])
+    out = F.scaled_dot_product_attention(
+        q.double(), k.double(), v.double(), attn_mask=mask, scale=scale
+    )
+    return torch.where(mask.any(-1, keepdim=True), out, 0.0)
+
+
+def _close(out, expected, dtype):
+    assert out.dtype == dtype
+    assert out.shape == expected.shape
+    torch.testing.assert_close(out.double(), expected, rtol=TOL[dtype], atol=TOL[dtype])
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    b=st.integers(1, 2),
+    h=st.integers(1, 3),
+    sq=st.integers(0, 70),
+    skv=st.integers(0, 70),
+    bs=st.sampled_from([1, 3, 8, 16, 32]),
+    d=st.sampled_from([1, 4, 8, 13]),
+    dtype=st.sampled_from(list(TOL)),
+    index_dtype=st.sampled_from([torch.int32, torch.int64]),
+    width=st.floats(0, 1),
+    seed=st.integers(0, 2**16),
+)
+def test_matches_dense_sdpa_under_the_block_mask(
+    b, h, sq, skv, bs, d, dtype, index_dtype, width, seed
+) -> None:
+    m = round(width * op.blocks(skv, bs))
+    q, k, v = _qkv(b, h, sq, skv, d, dtype, seed)
+    index, count = _lists(b, h, sq, skv, bs, m, index_dtype, seed)
+    expected = _oracle(q, k, v, index, count, bs)
+    _close(torch.ops.spore.block_sparse_attention(q, k, v, index, count, bs), expected, dtype)
+    _close(op.reference(q, k, v, index, count, bs), expected, dtype)
+
+
+def test_dense_mask_matches_the_block_lists_read_one_by_one() -> None:
+    bs, sq, skv = 4, 10, 13
+    index, count = _lists(2, 2, sq, skv, bs, 3, torch.int64, 0)
+    expected = torch.zeros(2, 2, sq, skv, dtype=torch.bool)
+    for b in range(2):
+        for h in range(2):
+            for i in range(op.blocks(sq, bs)):
+                for j in index[b, h, i, : count[b, h, i]].tolist():
+                    expected[b, h, i * bs : (i + 1) * bs, j * bs : (j + 1) * bs] = True
+    assert torch.equal(op.dense_mask(index, count, bs, sq, skv), expected)
+
+
+def test_a_query_block_with_no_kv_block_gets_zeros() -> None:
+    q, k, v = _qkv(1, 2, 20, 24, 8, torch.float32, 1)
+    index, count = _lists(1, 2, 20, 24, 8, 2, torch.int32, 1, garbage=False)
+    count.fill_(2)
+    count[0, 1, 1] = 0
+    count[0, 0] = 0
+    out = torch.ops.spore.block_sparse_attention(q, k, v, index, count, 8)
+    assert torch.equal(out[0, 0], torch.zeros(20, 8))
+    assert torch.equal(out[0, 1, 8:16], torch.zeros(8, 8))
+    assert out[0, 1, :8].abs().sum() > 0
+    empty = torch.zeros(1, 2, 3, 0, dtype=torch.int32)
+    out = torch.ops.spore.block_sparse_attention(q, k, v, empty, count.zero_(), 8)
+    assert torch.equal(out, torch.zeros_like(q))
+
+
+def test_every_block_listed_is_full_attention_and_order_does_not_matter() -> None:
+    q, k, v = _qkv(2, 2, 33, 41, 16, torch.float32, 2)
+    bs = 8
+    nq, nk = op.blocks(33, bs), op.blocks(41, bs)
+    index = torch.rand(2, 2, nq, nk, generator=torch.Generator().manual_seed(2)).argsort(-1)
+    count = torch.full((2, 2, nq), nk)
+    out = torch.ops.spore.block_sparse_attention(q, k, v, index, count, bs)
+    full = F.scaled_dot_product_attention(q.double(), k.double(), v.double())
+    _close(out, full, torch.float32)
+    in_order = torch.ops.spore.block_sparse_attention(q, k, v, index.sort(-1).values, count, bs)
+    torch.testing.assert_close(in_order, out, rtol=1e-6, atol=1e-6)
+
+
+def test_scale_is_applied() -> None:
+    q, k, v = _qkv(1, 2, 19, 19, 8, torch.float32, 3)
+    index, count = _lists(1, 2, 19, 19, 4, 3, torch.int64, 3)
+    out = torch.ops.spore.block_sparse_attention(q, k, v, index, count, 4, scale=0.7)
+    _close(out, _oracle(q, k, v, index, count, 4, scale=0.7), torch.float32)
+    default = torch.ops.spore.block_sparse_attention(q, k, v, index, count, 4)
+    assert not torch.allclose(out, default)
+
+
+def test_the_reference_scores_in_chunks_with_the_same_result(monkeypatch) -> None:
+    q, k, v = _qkv(2, 2, 45, 37, 8, torch.float32, 4)
+    index, count = _lists(2, 2, 45, 37, 4, 5, torch.int64, 4)
+    whole = op.reference(q, k, v, index, count, 4)
+    monkeypatch.setattr(op, "CHUNK_ELEMENTS", 1)  # one query block at a time
+    torch.testing.assert_close(op.reference(q, k, v, index, count, 4), whole)
+    _close(whole, _oracle(q, k, v, index, count, 4), torch.float32)
+
+
+def test_gradients_are_the_references_and_match_dense_sdpa() -> None:
+    q, k, v = (t.double().requires_grad_() for t in _qkv(1, 2, 11, 13, 4, torch.float32, 5))
+    index, count = _lists(1, 2, 11, 13, 4, 2, torch.int64, 5)
+    count[0, 0, 0] = 0  # an empty query block: zero gradient, no NaN
+
+    def run(a, b, c):
+        return torch.ops.spore.block_sparse_attention(a, b, c, index, count, 4)
+
+    assert torch.autograd.gradcheck(run, (q, k, v))
+    grads = torch.autograd.grad(run(q, k, v).sum(), (q, k, v))
+    expected = torch.autograd.grad(_oracle(q, k, v, index, count, 4).sum(), (q, k, v))
+    for got, want in zip(grads, expected, strict=True):
+        torch.testing.assert_close(got, want)
+
+
+def test_compiles_fullgraph() -> None:
+    q, k, v = _qkv(1, 2, 24, 24, 8, torch.float32, 6)
+    index, count = _lists(1, 2, 24, 24, 8, 2, torch.int32, 6)
+    compiled = torch.compile(
+        lambda a, b, c: torch.ops.spore.block_sparse_attention(a, b, c, index, count, 8) * 2,
+        fullgraph=True,
+    )
+    torch.testing.assert_close(compiled(q, k, v), op.reference(q, k, v, index, count, 8) * 2)
+
+
+def _bad_cases():
+    q, k, v = _qkv(1, 2, 10, 12, 4, torch.float32, 7)
+    index, count = _lists(1, 2, 10, 12, 4, 2, torch.int64, 7, garbage=False)
+    count.fill_(2)
+    good = (q, k, v, index, count, 4)
+
+    def with_(**changes):
+        names = ("q", "k", "v", "index", "count", "bs")
+        return tuple(changes.get(n, a) for n, a in zip(names, good, strict=True))
+
+    dup = index.clone()
+    dup[0, 1, 2, 1] = dup[0, 1, 2, 0]
+    return [
+        (with_(q=q.long()), TypeError, "q must be a floating-point tensor"),
+        (with_(k=k.double()), TypeError, "one dtype"),
+        (with_(q=q[0]), ValueError, "must be 4-D"),
+        (with_(v=v[:, :, :5]), ValueError, "k and v must have shape"),
+        (with_(k=k[:, :1], v=v[:, :1]), ValueError, "expand grouped heads"),
+        (with_(q=q[..., :2]), ValueError, "with q's B, H and D"),
+        (with_(index=index.float()), TypeError, "kv_block_index must be int32 or int64"),
+        (with_(count=count.int()), TypeError, "kv_block_count must have kv_block_index's dtype"),
+        (with_(index=index[:, :, :2]), ValueError, r"ceil\(Sq / block_size\) = 3"),
+        (with_(index=index[:, :1]), ValueError, r"kv_block_index must have shape \(1, 2, 3, M\)"),
+        (with_(count=count[..., :2]), ValueError, r"kv_block_count must have shape \(1, 2, 3\)"),
+        (with_(count=count + 1), ValueError, "kv_block_count must lie in 0..2"),
+        (with_(count=count - 3), ValueError, "kv_block_count must lie in 0..2"),
+        (with_(index=index.masked_fill(index == 0, 3)), ValueError, "ids must lie in 0..2"),
+        (with_(index=index.masked_fill(index == 0, -1)), ValueError, "ids must lie in 0..2"),
+        (with_(index=dup), ValueError, r"distinct; query block \(0, 1, 2\)"),
+        (with_(bs=0), ValueError, "block_size must be a positive int"),
+    ]
+
+
+@pytest.mark.parametrize(("args", "error", "message"), _bad_cases())
+def test_bad_input_is_a_clear_error(args, error, message) -> None:
+    with pytest.raises(error, match=message):
+        torch.ops.spore.block_sparse_attention(*args)
+    with pytest.raises(error, match=message):
+        op.reference(*args)
+
+
+def test_bad_scale_and_bad_lists_for_dense_mask_are_clear_errors() -> None:
+    q, k, v = _qkv(1, 1, 8, 8, 4, torch.float32, 8)
+    index, count = _lists(1, 1, 8, 8, 4, 2, torch.int64, 8)
+    with pytest.raises(ValueError, match="scale must be finite"):
+        torch.ops.spore.block_sparse_attention(q, k, v, index, count, 4, scale=float("inf"))
+    with pytest.raises(ValueError, match="ids must lie in 0..0"):
+        op.dense_mask(index, count.fill_(2), 4, 8, 3)

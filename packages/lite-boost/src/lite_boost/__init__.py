@@ -17,6 +17,7 @@ from lite_boost._version import __version__
 _LAZY = {
     "attention": "lite_boost.backends",
     "use_backend": "lite_boost.backends",
+    "sparse_attention": "lite_boost.sparse",
     "boost": "lite_boost.boosters",
     "register_booster": "lite_boost.boosters",
     "BoostOptions": "lite_boost.boosters",

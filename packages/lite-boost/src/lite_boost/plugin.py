@@ -1,4 +1,4 @@
-"""lite-boost's Spore hooks: its hook spec, the attention op and backends, the CLI."""
+"""lite-boost's Spore hooks: its hook spec, the attention op and backends, benchmarks, the CLI."""
 
 from __future__ import annotations
 
@@ -19,6 +19,14 @@ def spore_register_ops(registry: Any) -> None:
     from lite_boost import backends
 
     backends.register(registry)
+
+
+@spore.hookimpl
+def spore_register_benchmarks(registry: Any) -> None:
+    from lite_boost.benchmarks import benchmarks
+
+    for case in benchmarks():
+        registry.add(case)
 
 
 @spore.hookimpl

@@ -1,0 +1,169 @@
+"""Sparse video attention: the reorder, the block choice, and the result against dense attention
+masked to the same blocks (the oracle), per batch element, with text before or after."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+from lite_boost import backends
+from lite_boost.sparse import reorder, select_blocks, sparse_attention, tile_shape
+
+
+def _qkv(latent_shape, text_len=0, batch=2, heads=2, dim=16, smooth=False, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    s = math.prod(latent_shape) + text_len
+    if not smooth:
+        return [torch.randn(batch, heads, s, dim, generator=g) for _ in range(3)]
+    # features varying slowly over the (f, h, w) grid and a peaked softmax, as in video models
+    f, h, w = latent_shape
+    grid = (
+        torch.stack(
+            torch.meshgrid(torch.arange(f), torch.arange(h), torch.arange(w), indexing="ij"), -1
+        )
+        .reshape(-1, 3)
+        .float()
+    )
+    freqs = torch.randn(3, dim, generator=g) * 0.2
+    base = torch.cat([torch.sin(grid @ freqs), torch.randn(text_len, dim, generator=g)])
+    out = []
+    for _ in range(3):
+        noise = torch.randn(batch, heads, s, dim, generator=g) * 0.05
+        out.append(base * 3 + noise)
+    return out
+
+
+def _oracle(q, k, v, latent_shape, text_len, sparsity, block_size, text_first):
+    """Dense SDPA over the reordered tokens, masked to the blocks select_blocks keeps."""
+    video = math.prod(latent_shape)
+    start = text_len if text_first else 0
+    order = torch.cat(
+        [
+            torch.arange(start),
+            reorder(latent_shape, block_size) + start,
+            torch.arange(start + video, q.shape[2]),
+        ]
+    )
+    qr, kr, vr = (t[:, :, order] for t in (q, k, v))
+    index, count = select_blocks(
+        qr,
+        kr,
+        video_len=video,
+        first_frame_len=latent_shape[1] * latent_shape[2],
+        text_first=text_first,
+        sparsity=sparsity,
+        block_size=block_size,
+    )
+    s = q.shape[2]
+    blocks = -(-s // block_size)
+    keep = torch.zeros(*index.shape[:2], blocks, blocks, dtype=torch.bool)
+    ranks = torch.arange(index.shape[-1])
+    keep.scatter_(-1, index, ranks < count[..., None])
+    tok = torch.arange(s) // block_size
+    mask = keep[:, :, tok][:, :, :, tok]
+    out = F.scaled_dot_product_attention(qr, kr, vr, attn_mask=mask)
+    restored = torch.empty_like(out)
+    restored[:, :, order] = out
+    return restored, count
+
+
+def test_tiles_are_compact_and_the_reorder_is_a_permutation():
+    perm = reorder((2, 16, 16), 64)
+    assert sorted(perm.tolist()) == list(range(512))
+    assert tile_shape(16, 16, 64) == (8, 8)
+    for block in perm.view(-1, 64):
+        f, r, c = block // 256, block % 256 // 16, block % 16
+        assert f.unique().numel() == 1  # one frame
+        assert r.max() - r.min() == 7  # an 8 x 8 tile
+        assert c.max() - c.min() == 7
+    ragged = reorder((3, 10, 13), 128)  # frames not a multiple of the 8 x 16 tile
+    assert sorted(ragged.tolist()) == list(range(390))
+
+
+def test_sparsity_zero_is_dense_attention_exactly():
+    q, k, v = _qkv((2, 4, 6), text_len=5)
+    got = sparse_attention(q, k, v, latent_shape=(2, 4, 6), text_len=5, sparsity=0.0)
+    assert torch.equal(got, backends.attention(q, k, v))
+
+
+@pytest.mark.parametrize("text_first", [False, True])
+@pytest.mark.parametrize(
+    ("latent_shape", "text_len", "block_size", "sparsity"),
+    [((3, 8, 8), 0, 16, 0.75), ((2, 5, 7), 9, 8, 0.5), ((4, 6, 6), 20, 32, 0.6)],
+)
+def test_equals_dense_attention_masked_to_the_kept_blocks(
+    latent_shape, text_len, block_size, sparsity, text_first
+):
+    q, k, v = _qkv(latent_shape, text_len)
+    got = sparse_attention(
+        q, k, v, latent_shape=latent_shape, text_len=text_len, sparsity=sparsity,
+        block_size=block_size, text_first=text_first,
+    )  # fmt: skip
+    want, count = _oracle(q, k, v, latent_shape, text_len, sparsity, block_size, text_first)
+    torch.testing.assert_close(got, want, atol=2e-5, rtol=1e-4)
+    blocks = count.shape[-1]
+    assert count.min() >= math.ceil((1 - sparsity) * blocks)
+    assert count.float().mean() < blocks  # some blocks were skipped
+
+
+def test_each_batch_element_chooses_its_own_blocks():
+    q, k, v = _qkv((3, 8, 8), batch=2)
+    q2, k2, v2 = _qkv((3, 8, 8), batch=1, seed=5)
+    q[1:], k[1:], v[1:] = q2, k2, v2
+    opts = {"latent_shape": (3, 8, 8), "sparsity": 0.75, "block_size": 16}
+    both = sparse_attention(q, k, v, **opts)
+    torch.testing.assert_close(both[1:], sparse_attention(q2, k2, v2, **opts))
+    torch.testing.assert_close(both[:1], sparse_attention(q[:1], k[:1], v[:1], **opts))
+
+
+def test_text_blocks_and_the_first_frame_are_always_kept():
+    latent, text = (4, 4, 8), 16  # 32 tokens a frame, blocks of 16: frame 0 is blocks 0-1
+    q, k, _ = _qkv(latent, text)
+    order = torch.cat([reorder(latent, 16), torch.arange(128, 144)])
+    index, count = select_blocks(
+        q[:, :, order], k[:, :, order], video_len=128, first_frame_len=32,
+        text_first=False, sparsity=0.9, block_size=16,
+    )  # fmt: skip
+    blocks = 9
+    for b in range(2):
+        for h in range(2):
+            for i in range(blocks):
+                kept = set(index[b, h, i, : count[b, h, i]].tolist())
+                assert {0, 1, 8, i} <= kept
+    assert (count[..., 8] == blocks).all()  # the text queries attend everywhere
+
+
+@pytest.mark.parametrize("sparsity", [0.5, 0.75])
+def test_structured_inputs_stay_close_to_dense(sparsity):
+    latent = (4, 16, 16)
+    q, k, v = _qkv(latent, smooth=True, batch=1)
+    got = sparse_attention(q, k, v, latent_shape=latent, sparsity=sparsity, block_size=64)
+    dense = backends.attention(q, k, v)
+    cosine = F.cosine_similarity(got.flatten(), dense.flatten(), dim=0)
+    assert cosine >= 0.99, cosine
+
+
+def test_grouped_kv_heads_are_expanded():
+    q, k, v = _qkv((2, 4, 4), heads=4)
+    k2, v2 = k[:, :2].contiguous(), v[:, :2].contiguous()
+    opts = {"latent_shape": (2, 4, 4), "sparsity": 0.5, "block_size": 8}
+    got = sparse_attention(q, k2, v2, **opts)
+    want = sparse_attention(q, k2.repeat_interleave(2, 1), v2.repeat_interleave(2, 1), **opts)
+    torch.testing.assert_close(got, want)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"latent_shape": (2, 4, 4), "sparsity": 1.0}, "sparsity must be in"),
+        ({"latent_shape": (2, 4, 5), "sparsity": 0.5}, "must hold 40 video tokens"),
+        ({"latent_shape": (2, 4), "sparsity": 0.5}, "latent_shape must be"),
+        ({"latent_shape": (2, 4, 4), "sparsity": 0.5, "block_size": 0}, "block_size must be"),
+    ],
+)
+def test_bad_arguments_raise(kwargs, match):
+    q, k, v = _qkv((2, 4, 4))
+    with pytest.raises(ValueError, match=match):
+        sparse_attention(q, k, v, **kwargs)

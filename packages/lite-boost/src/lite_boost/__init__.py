@@ -18,6 +18,7 @@ _LAZY = {
     "attention": "lite_boost.backends",
     "use_backend": "lite_boost.backends",
     "sparse_attention": "lite_boost.sparse",
+    "block_sparse_attention": "lite_boost.sparse",
     "boost": "lite_boost.boosters",
     "register_booster": "lite_boost.boosters",
     "BoostOptions": "lite_boost.boosters",

@@ -117,6 +117,23 @@ def select_blocks(
     return index, count
 
 
+def block_sparse_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    kv_block_index: torch.Tensor,
+    kv_block_count: torch.Tensor,
+    block_size: int,
+    *,
+    scale: float | None = None,
+) -> torch.Tensor:
+    """Each query block of each (batch, head) attends only to its listed key blocks:
+    ``torch.ops.spore.block_sparse_attention`` (see spore-kernels for the layout)."""
+    return torch.ops.spore.block_sparse_attention(
+        q, k, v, kv_block_index, kv_block_count, block_size, scale
+    )
+
+
 def sparse_attention(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -158,7 +175,7 @@ def sparse_attention(
         sparsity=sparsity,
         block_size=block_size,
     )
-    out = torch.ops.spore.block_sparse_attention(
+    out = block_sparse_attention(
         qr.contiguous(), kr.contiguous(), vr.contiguous(), index, count, block_size
     )
     restored = torch.empty_like(out)

@@ -1,0 +1,284 @@
+"""Boosters for diffusers' Wan video models: ``WanTransformer3DModel`` and ``AutoencoderKLWan``.
+
+Importing this module is cheap: diffusers and the parallel and sparse modules are imported
+only when a model is boosted or a boosted model runs.
+
+Transformer: ``model.rope`` becomes :class:`CachedWanRope` (lite_boost.rope3d's cached float32
+tables, which also carry the latent grid) and every ``WanAttention`` gets a
+:class:`WanAttnProcessor`. With ``parallel`` a ``ParallelManager`` of world > 1, every rank
+calls the model with the same inputs; the token sequence is split over the ranks before the
+first block and gathered after the last, and self-attention runs through Ulysses all-to-all.
+
+VAE: with ``parallel`` (world > 1), ``decode`` splits the latent frames over the ranks
+(``lite_boost.parallel.decode_temporal_parallel``) with an overlap of
+:func:`decoder_receptive_field` latent frames; otherwise the VAE is left unchanged.
+
+Boosting again replaces the previous boost (options included); it never stacks.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from lite_boost import backends
+from lite_boost.boosters import BoostOptions, register_booster
+from lite_boost.rope3d import apply_rope, rope_tables
+
+TRANSFORMER_CHANGES = (
+    "rope: WanRotaryPosEmbed is replaced by lite_boost.rope3d's cached float32 (cos, sin) "
+    "tables per (grid, head_dim, device) (no per-call table build); they carry the latent grid",
+    "self-attention (attn1): RoPE through torch.ops.spore.rope (interleaved pairs), attention "
+    "through lite_boost.backends.attention when sparsity is 0, else "
+    "lite_boost.sparse.sparse_attention over the (frames, height, width) latent grid "
+    "(text_len 0, the boost's sparsity and block_size)",
+    "cross-attention (attn2, text and image keys): dense attention through "
+    "lite_boost.backends.attention",
+    "parallel (a ParallelManager with world > 1): tokens are split over the ranks before the "
+    "first block and gathered after the last; self-attention runs through "
+    "lite_boost.parallel.ulysses_attention (heads must divide by the world size)",
+    "projections, norms, feed-forward, embeddings and weights are unchanged",
+)
+VAE_CHANGES = (
+    "parallel (a ParallelManager with world > 1): decode splits the latent frames over the "
+    "ranks through lite_boost.parallel.decode_temporal_parallel, each chunk with an overlap "
+    "of the decoder's causal receptive field in latent frames, and all-gathers the frames",
+    "without parallel (none, or world 1): nothing changes (a previous parallel boost is undone)",
+)
+
+
+def _manager(options: BoostOptions) -> Any:
+    """The ParallelManager to use, or None when the boost is not parallel."""
+    parallel = options.parallel
+    if parallel is None:
+        return None
+    world = getattr(parallel, "world", None)
+    if not isinstance(world, int) or getattr(parallel, "rank", None) is None:
+        raise TypeError(
+            f"parallel must be a lite_boost.parallel.ParallelManager, got {type(parallel).__name__}"
+        )
+    return parallel if world > 1 else None
+
+
+class WanRope(tuple):
+    """``(cos, sin)`` from :func:`lite_boost.rope3d.rope_tables` (this rank's tokens), with the
+    full latent ``grid`` (frames, height, width) they belong to."""
+
+    grid: tuple[int, int, int]
+
+    def __new__(cls, cos: torch.Tensor, sin: torch.Tensor, grid: tuple[int, int, int]) -> WanRope:
+        self = super().__new__(cls, (cos, sin))
+        self.grid = grid
+        return self
+
+
+class CachedWanRope(torch.nn.Module):
+    """Drop-in for ``WanRotaryPosEmbed``: ``forward(hidden_states)`` on the unpatched latents
+    ``(batch, channels, frames, height, width)`` returns a :class:`WanRope`."""
+
+    def __init__(
+        self, attention_head_dim: int, patch_size: tuple[int, int, int], theta: float = 10000.0
+    ) -> None:
+        super().__init__()
+        self.attention_head_dim = attention_head_dim
+        self.patch_size = tuple(patch_size)
+        self.theta = theta
+        self.manager: Any = None
+
+    def forward(self, hidden_states: torch.Tensor) -> WanRope:
+        _, _, frames, height, width = hidden_states.shape
+        p_t, p_h, p_w = self.patch_size
+        grid = (frames // p_t, height // p_h, width // p_w)
+        cos, sin = rope_tables(
+            grid, self.attention_head_dim, device=hidden_states.device, theta=self.theta
+        )
+        if self.manager is not None:
+            from lite_boost.parallel import shard_sequence
+
+            cos, sin = (shard_sequence(t, 0, self.manager) for t in (cos, sin))
+        return WanRope(cos, sin, grid)
+
+
+def _projections(
+    attn: Any, hidden_states: torch.Tensor, context: torch.Tensor, self_attention: bool
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    if getattr(attn, "fused_projections", False):
+        if self_attention:
+            return attn.to_qkv(hidden_states).chunk(3, dim=-1)
+        return attn.to_q(hidden_states), *attn.to_kv(context).chunk(2, dim=-1)
+    return attn.to_q(hidden_states), attn.to_k(context), attn.to_v(context)
+
+
+def _rotate(x: torch.Tensor, rotary_emb: Any) -> torch.Tensor:
+    """RoPE on ``(batch, seq, heads, head_dim)``: lite-boost's tables, or diffusers' own
+    ``(1, seq, 1, head_dim)`` tables (each pair's value twice), both interleaved."""
+    cos, sin = rotary_emb
+    if isinstance(rotary_emb, WanRope):
+        return apply_rope(x, cos, sin, seq_dim=1)
+    return torch.ops.spore.rope(x, cos, sin, "interleaved")
+
+
+class WanAttnProcessor:
+    """lite-boost's processor for diffusers' ``WanAttention`` (self- and cross-attention, the
+    I2V image keys included): same projections and norms as diffusers' ``WanAttnProcessor``,
+    lite-boost's RoPE and attention (see :data:`TRANSFORMER_CHANGES`)."""
+
+    IMAGE_TEXT_LEN = 512  # diffusers' Wan: the text context length after the image tokens
+
+    def __init__(self, options: BoostOptions) -> None:
+        self.options = options
+        self.manager = _manager(options)
+
+    def __call__(
+        self,
+        attn: Any,
+        hidden_states: torch.Tensor,
+        encoder_hidden_states: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        rotary_emb: Any = None,
+    ) -> torch.Tensor:
+        if attention_mask is not None:
+            raise ValueError(
+                "lite-boost's Wan attention takes no attention_mask (WanTransformer3DModel "
+                "never passes one); call the model without it or do not boost it"
+            )
+        image = None
+        if attn.add_k_proj is not None:
+            split = encoder_hidden_states.shape[1] - self.IMAGE_TEXT_LEN
+            image = encoder_hidden_states[:, :split]
+            encoder_hidden_states = encoder_hidden_states[:, split:]
+        self_attention = encoder_hidden_states is None
+        context = hidden_states if self_attention else encoder_hidden_states
+        q, k, v = _projections(attn, hidden_states, context, self_attention)
+        q, k = attn.norm_q(q), attn.norm_k(k)
+        q, k, v = (t.unflatten(2, (attn.heads, -1)) for t in (q, k, v))
+        if rotary_emb is not None:
+            q, k = _rotate(q, rotary_emb), _rotate(k, rotary_emb)
+        q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # (batch, heads, seq, head_dim)
+        if self_attention:
+            out = self._self_attention(q, k, v, rotary_emb)
+        else:
+            out = backends.attention(q, k, v)
+        out = out.transpose(1, 2).flatten(2).type_as(q)
+        if image is not None:
+            k_img = attn.norm_added_k(attn.add_k_proj(image)).unflatten(2, (attn.heads, -1))
+            v_img = attn.add_v_proj(image).unflatten(2, (attn.heads, -1))
+            out_img = backends.attention(q, k_img.transpose(1, 2), v_img.transpose(1, 2))
+            out = out + out_img.transpose(1, 2).flatten(2).type_as(q)
+        return attn.to_out[1](attn.to_out[0](out))
+
+    def _self_attention(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rotary_emb: Any
+    ) -> torch.Tensor:
+        attend: Callable[..., torch.Tensor] = backends.attention
+        if self.options.sparsity > 0:
+            grid = getattr(rotary_emb, "grid", None)
+            if grid is None:
+                raise ValueError(
+                    "sparse Wan attention needs the latent grid, which lite-boost's rope "
+                    "provides: boost the whole WanTransformer3DModel with lite_boost.boost"
+                )
+            from lite_boost.sparse import sparse_attention
+
+            attend = functools.partial(
+                sparse_attention,
+                latent_shape=grid,
+                text_len=0,
+                sparsity=self.options.sparsity,
+                block_size=self.options.block_size,
+            )
+        if self.manager is None:
+            return attend(q, k, v)
+        from lite_boost.parallel import ulysses_attention
+
+        return ulysses_attention(attend, q, k, v, manager=self.manager)
+
+
+def _sequence_hooks(model: torch.nn.Module, manager: Any) -> list[Any]:
+    """Split the tokens (and per-token timestep embeddings) over the ranks before the blocks,
+    gather them after the last block."""
+    from lite_boost.parallel import gather_sequence, shard_sequence
+
+    def split_tokens(block: torch.nn.Module, args: tuple[Any, ...]) -> tuple[Any, ...]:
+        return (shard_sequence(args[0], 1, manager), *args[1:])
+
+    def split_timesteps(block: torch.nn.Module, args: tuple[Any, ...]) -> tuple[Any, ...]:
+        temb = args[2]
+        if temb.dim() != 4:  # (batch, 6, dim): one embedding for every token
+            return args
+        return (*args[:2], shard_sequence(temb, 1, manager), *args[3:])
+
+    def gather_tokens(block: torch.nn.Module, args: Any, output: torch.Tensor) -> torch.Tensor:
+        return gather_sequence(output, 1, manager)
+
+    blocks = model.blocks
+    handles = [blocks[0].register_forward_pre_hook(split_tokens)]
+    # Wan 2.2 TI2V: (batch, tokens, 6, dim) timestep embeddings, split like the tokens
+    handles += [block.register_forward_pre_hook(split_timesteps) for block in blocks]
+    handles.append(blocks[-1].register_forward_hook(gather_tokens))
+    return handles
+
+
+@register_booster("WanTransformer3DModel", changes=TRANSFORMER_CHANGES)
+def boost_transformer(model: torch.nn.Module, options: BoostOptions) -> None:
+    """Patch a diffusers ``WanTransformer3DModel`` in place (see :data:`TRANSFORMER_CHANGES`)."""
+    from diffusers.models.transformers.transformer_wan import WanAttention
+
+    manager = _manager(options)
+    attentions = [m for m in model.modules() if isinstance(m, WanAttention)]
+    if manager is not None:
+        for attn in attentions:
+            if attn.heads % manager.world:
+                raise ValueError(
+                    f"Ulysses parallel splits heads over ranks: the model's {attn.heads} "
+                    f"attention heads do not divide by world size {manager.world}"
+                )
+    for handle in getattr(model, "_lite_boost_handles", ()):
+        handle.remove()
+    model._lite_boost_handles = []
+    if not isinstance(model.rope, CachedWanRope):
+        rope = model.rope
+        model.rope = CachedWanRope(rope.attention_head_dim, rope.patch_size)
+    model.rope.manager = manager
+    for attn in attentions:
+        attn.set_processor(WanAttnProcessor(options))
+    if manager is not None:
+        model._lite_boost_handles = _sequence_hooks(model, manager)
+
+
+def decoder_receptive_field(vae: torch.nn.Module) -> int:
+    """Latent frames before a frame that can change its decoded output: a bound, the sum of
+    ``kernel_frames - 1`` over the decoder's causal 3-D convolutions (each looks back that many
+    frames at its rate, and a rate is at least one frame per latent frame)."""
+    return sum(
+        max(module.kernel_size[0] - 1, 0)
+        for module in vae.decoder.modules()
+        if type(module).__name__ == "WanCausalConv3d"
+    )
+
+
+@register_booster("AutoencoderKLWan", changes=VAE_CHANGES)
+def boost_vae(vae: torch.nn.Module, options: BoostOptions) -> None:
+    """Patch a diffusers ``AutoencoderKLWan`` in place (see :data:`VAE_CHANGES`)."""
+    manager = _manager(options)
+    vae.__dict__.pop("decode", None)  # undo a previous boost
+    if manager is None:
+        return
+    from diffusers.models.autoencoders.vae import DecoderOutput
+
+    from lite_boost.parallel import decode_temporal_parallel
+
+    full_decode = type(vae).decode.__get__(vae)
+    overlap = decoder_receptive_field(vae)
+
+    def decode_frames(z: torch.Tensor) -> torch.Tensor:
+        return full_decode(z, return_dict=False)[0]
+
+    def decode(z: torch.Tensor, return_dict: bool = True) -> Any:
+        frames = decode_temporal_parallel(decode_frames, z, manager=manager, overlap=overlap)
+        return DecoderOutput(sample=frames) if return_dict else (frames,)
+
+    vae.decode = decode

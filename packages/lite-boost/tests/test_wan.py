@@ -1,0 +1,177 @@
+"""Wan boosters on diffusers' own models from tiny configs (random weights, CPU, float32)."""
+
+from __future__ import annotations
+
+import copy
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+from lite_boost import rope3d
+from lite_boost.boosters import BoostOptions, boost, find
+from lite_boost.boosters import wan as W
+
+transformer_wan = pytest.importorskip("diffusers.models.transformers.transformer_wan")
+
+TINY = {
+    "patch_size": (1, 2, 2),
+    "num_attention_heads": 2,
+    "attention_head_dim": 12,
+    "in_channels": 4,
+    "out_channels": 4,
+    "text_dim": 16,
+    "freq_dim": 16,
+    "ffn_dim": 32,
+    "num_layers": 2,
+    "rope_max_seq_len": 32,
+}
+# float32 tolerance of the whole tiny model: the boosted path differs from diffusers' only in
+# float32 rounding (RoPE as x*cos + rot(x)*sin through one op, SDPA on another layout)
+ATOL = RTOL = 1e-5
+
+
+def _model(seed=0, **config):
+    torch.manual_seed(seed)
+    return transformer_wan.WanTransformer3DModel(**{**TINY, **config}).eval()
+
+
+def _inputs(frames=3, height=8, width=8, batch=2, smooth=False, seed=1):
+    g = torch.Generator().manual_seed(seed)
+    shape = (batch, TINY["in_channels"], frames, height, width)
+    if smooth:  # a structured video: low-frequency waves in time and space, per channel
+        t, y, x = torch.meshgrid(
+            torch.linspace(0, 1, frames),
+            torch.linspace(0, 1, height),
+            torch.linspace(0, 1, width),
+            indexing="ij",
+        )
+        phase = torch.rand(batch, shape[1], 3, generator=g) * 2 * math.pi
+        latents = (
+            torch.sin(2 * math.pi * x + phase[..., 0, None, None, None])
+            + torch.cos(2 * math.pi * y + phase[..., 1, None, None, None])
+            + 0.5 * torch.sin(math.pi * t + phase[..., 2, None, None, None])
+        )
+    else:
+        latents = torch.randn(shape, generator=g)
+    text = torch.randn(batch, 5, TINY["text_dim"], generator=g)
+    return latents, torch.tensor([500] * batch), text
+
+
+def _run(model, latents, timestep, text):
+    with torch.no_grad():
+        return model(latents, timestep, text, return_dict=False)[0]
+
+
+def test_sparsity_zero_equals_the_original():
+    model = _model()
+    inputs = _inputs()
+    want = _run(model, *inputs)
+    boosted = boost(copy.deepcopy(model), sparsity=0.0)
+    assert isinstance(boosted.rope, W.CachedWanRope)
+    processors = [m.processor for m in boosted.modules() if hasattr(m, "set_processor")]
+    assert len(processors) == 2 * TINY["num_layers"]
+    assert all(isinstance(p, W.WanAttnProcessor) for p in processors)
+    got = _run(boosted, *inputs)
+    assert got.shape == want.shape
+    torch.testing.assert_close(got, want, atol=ATOL, rtol=RTOL)
+
+
+def test_boosted_runs_the_lite_boost_paths(monkeypatch):
+    """The boosted model really uses lite-boost's attention and cached RoPE tables."""
+    calls = []
+    real = W.backends.attention
+
+    def counting(q, k, v, **kwargs):
+        calls.append(q.shape)
+        return real(q, k, v, **kwargs)
+
+    monkeypatch.setattr(W.backends, "attention", counting)
+    rope3d.cache_clear()
+    model = boost(_model(), sparsity=0.0)
+    _run(model, *_inputs())
+    _run(model, *_inputs(seed=2))
+    assert len(calls) == 2 * 2 * TINY["num_layers"]  # self + cross, two runs
+    info = rope3d.cache_info()
+    assert (info.misses, info.hits) == (1, 1)
+
+
+def test_boosting_twice_is_one_boost():
+    model = _model()
+    inputs = _inputs(frames=2, height=6, width=10)
+    want = _run(model, *inputs)
+    boosted = boost(boost(copy.deepcopy(model), sparsity=0.0), sparsity=0.0)
+    assert isinstance(boosted.rope, W.CachedWanRope)
+    assert not boosted._lite_boost_handles
+    attn = boosted.blocks[0].attn1
+    assert isinstance(attn.processor, W.WanAttnProcessor)
+    torch.testing.assert_close(_run(boosted, *inputs), want, atol=ATOL, rtol=RTOL)
+
+
+def test_fused_projections_and_diffusers_tables_in_the_processor():
+    """The processor also takes fused q/k/v projections and diffusers' own RoPE tables."""
+    model = _model()
+    inputs = _inputs(batch=1)
+    want = _run(model, *inputs)
+    boosted = copy.deepcopy(model)
+    W.boost_transformer(boosted, BoostOptions())
+    boosted.rope = model.rope  # diffusers' (1, seq, 1, head_dim) tables
+    boosted.fuse_qkv_projections()
+    torch.testing.assert_close(_run(boosted, *inputs), want, atol=ATOL, rtol=RTOL)
+
+
+def test_registry_finds_the_boosters_by_class_name():
+    assert find("WanTransformer3DModel").apply is W.boost_transformer
+    assert find(transformer_wan.WanTransformer3DModel).changes == W.TRANSFORMER_CHANGES
+    assert find("AutoencoderKLWan").apply is W.boost_vae
+
+
+def test_explain_shows_the_changes(run_spore):
+    result = run_spore("lite-boost", "explain", "WanTransformer3DModel")
+    assert result.returncode == 0, result.stderr
+    assert "WanTransformer3DModel: booster from python" in result.stdout
+    for change in W.TRANSFORMER_CHANGES:
+        assert f"  - {change}" in result.stdout
+
+
+def test_bad_inputs_give_clear_errors():
+    model = boost(_model(), sparsity=0.0)
+    with pytest.raises(TypeError, match="ParallelManager"):
+        boost(model, parallel=object())
+    attn = model.blocks[0].attn1
+    x = torch.zeros(1, 8, 24)
+    with pytest.raises(ValueError, match="no attention_mask"):
+        attn(x, attention_mask=torch.ones(1, 8, 8, dtype=torch.bool))
+    # sparse attention without lite-boost's rope (which carries the latent grid)
+    sparse = W.WanAttnProcessor(BoostOptions(sparsity=0.5))
+    with pytest.raises(ValueError, match="latent grid"):
+        sparse(attn, x, rotary_emb=None)
+
+
+def test_vae_without_parallel_is_unchanged():
+    vae_module = pytest.importorskip("diffusers.models.autoencoders.autoencoder_kl_wan")
+    torch.manual_seed(0)
+    vae = vae_module.AutoencoderKLWan(
+        base_dim=8, z_dim=4, dim_mult=[1, 2], num_res_blocks=1, temperal_downsample=[True]
+    ).eval()
+    z = torch.randn(1, 4, 3, 4, 4, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        want = vae.decode(z).sample
+        boost(vae)
+        got = vae.decode(z).sample
+    assert "decode" not in vae.__dict__
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+    # every causal conv of the decoder looks back 2 frames (kernel 3)
+    convs = [m for m in vae.decoder.modules() if type(m).__name__ == "WanCausalConv3d"]
+    assert W.decoder_receptive_field(vae) == sum(m.kernel_size[0] - 1 for m in convs) > 0
+
+
+def test_sparsity_half_stays_close_on_a_smooth_video():
+    model = _model()
+    inputs = _inputs(frames=4, height=16, width=16, batch=1, smooth=True)
+    want = _run(model, *inputs)
+    boosted = boost(copy.deepcopy(model), sparsity=0.5, block_size=16)
+    got = _run(boosted, *inputs)
+    cosine = F.cosine_similarity(got.flatten(), want.flatten(), dim=0).item()
+    assert cosine >= 0.99, cosine
+    assert not torch.allclose(got, want, atol=1e-4)  # blocks were really skipped

@@ -10,8 +10,10 @@ calls the model with the same inputs; the token sequence is split over the ranks
 first block and gathered after the last, and self-attention runs through Ulysses all-to-all.
 
 VAE: with ``parallel`` (world > 1), ``decode`` splits the latent frames over the ranks
-(``lite_boost.parallel.decode_temporal_parallel``) with an overlap of
-:func:`decoder_receptive_field` latent frames; otherwise the VAE is left unchanged.
+(``lite_boost.parallel.decode_temporal_parallel``) with an overlap of the decoder's whole
+causal receptive field (``lite_boost.parallel.wan_decoder_overlap``), so the frames equal a
+one-process decode; otherwise the VAE is left unchanged. That receptive field is 38 latent
+frames for the Wan 2.1 VAE: a video of fewer latent frames decodes on one rank.
 
 Boosting again replaces the previous boost (options included); it never stacks.
 """
@@ -44,8 +46,9 @@ TRANSFORMER_CHANGES = (
 )
 VAE_CHANGES = (
     "parallel (a ParallelManager with world > 1): decode splits the latent frames over the "
-    "ranks through lite_boost.parallel.decode_temporal_parallel, each chunk with an overlap "
-    "of the decoder's causal receptive field in latent frames, and all-gathers the frames",
+    "ranks through lite_boost.parallel.decode_temporal_parallel, each chunk starting the "
+    "decoder's causal receptive field early (lite_boost.parallel.wan_decoder_overlap: exact, "
+    "38 latent frames for Wan 2.1), and all-gathers the frames",
     "without parallel (none, or world 1): nothing changes (a previous parallel boost is undone)",
 )
 
@@ -234,7 +237,8 @@ def boost_transformer(model: torch.nn.Module, options: BoostOptions) -> None:
             if attn.heads % manager.world:
                 raise ValueError(
                     f"Ulysses parallel splits heads over ranks: the model's {attn.heads} "
-                    f"attention heads do not divide by world size {manager.world}"
+                    f"attention heads do not divide by world size {manager.world}; use a "
+                    f"ParallelManager over a group whose size divides {attn.heads}"
                 )
     for handle in getattr(model, "_lite_boost_handles", ()):
         handle.remove()
@@ -249,17 +253,6 @@ def boost_transformer(model: torch.nn.Module, options: BoostOptions) -> None:
         model._lite_boost_handles = _sequence_hooks(model, manager)
 
 
-def decoder_receptive_field(vae: torch.nn.Module) -> int:
-    """Latent frames before a frame that can change its decoded output: a bound, the sum of
-    ``kernel_frames - 1`` over the decoder's causal 3-D convolutions (each looks back that many
-    frames at its rate, and a rate is at least one frame per latent frame)."""
-    return sum(
-        max(module.kernel_size[0] - 1, 0)
-        for module in vae.decoder.modules()
-        if type(module).__name__ == "WanCausalConv3d"
-    )
-
-
 @register_booster("AutoencoderKLWan", changes=VAE_CHANGES)
 def boost_vae(vae: torch.nn.Module, options: BoostOptions) -> None:
     """Patch a diffusers ``AutoencoderKLWan`` in place (see :data:`VAE_CHANGES`)."""
@@ -269,10 +262,10 @@ def boost_vae(vae: torch.nn.Module, options: BoostOptions) -> None:
         return
     from diffusers.models.autoencoders.vae import DecoderOutput
 
-    from lite_boost.parallel import decode_temporal_parallel
+    from lite_boost.parallel import decode_temporal_parallel, wan_decoder_overlap
 
     full_decode = type(vae).decode.__get__(vae)
-    overlap = decoder_receptive_field(vae)
+    overlap = wan_decoder_overlap(vae)
 
     def decode_frames(z: torch.Tensor) -> torch.Tensor:
         return full_decode(z, return_dict=False)[0]

@@ -1,5 +1,6 @@
-"""block_sparse_attention: the op and its reference against dense SDPA (float64) under the
-block lists' dense mask, the block-list conventions, and the input errors."""
+"""block_sparse_attention: the op (its C++ CPU kernel) and its reference against dense SDPA
+(float64) under the block lists' dense mask, the kernel against the reference, the block-list
+conventions, the input errors, and the library refusing what would read out of bounds."""
 
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from spore import dispatch
+from spore_kernels import _lib
 from spore_kernels.ops import block_sparse_attention as op
 
 TOL = {torch.float32: 2e-5, torch.bfloat16: 1e-2, torch.float16: 2e-3}
@@ -44,7 +47,8 @@ def _oracle(q, k, v, index, count, bs, scale=None):
 def _close(out, expected, dtype):
     assert out.dtype == dtype
     assert out.shape == expected.shape
-    torch.testing.assert_close(out.double(), expected, rtol=TOL[dtype], atol=TOL[dtype])
+    tol = TOL.get(dtype, 1e-9)  # float64: the reference, in float64
+    torch.testing.assert_close(out.double(), expected, rtol=tol, atol=tol)
 
 
 @settings(max_examples=80, deadline=None)
@@ -202,3 +206,135 @@ def test_bad_scale_and_bad_lists_for_dense_mask_are_clear_errors() -> None:
         torch.ops.spore.block_sparse_attention(q, k, v, index, count, 4, scale=float("inf"))
     with pytest.raises(ValueError, match=r"ids must lie in 0\.\.0"):
         op.dense_mask(index, count.fill_(2), 4, 8, 3)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    sq=st.integers(1, 80),
+    skv=st.integers(1, 80),
+    bs=st.sampled_from([1, 4, 16, 17, 64]),
+    d=st.sampled_from([1, 8, 13, 16, 33, 64]),
+    dtype=st.sampled_from(list(TOL)),
+    index_dtype=st.sampled_from([torch.int32, torch.int64]),
+    seed=st.integers(0, 2**16),
+)
+def test_kernel_matches_the_reference(sq, skv, bs, d, dtype, index_dtype, seed) -> None:
+    """Widths across the kernel's tiles (4 rows, 16 columns) and ragged last blocks."""
+    q, k, v = _qkv(2, 2, sq, skv, d, dtype, seed)
+    index, count = _lists(2, 2, sq, skv, bs, op.blocks(skv, bs), index_dtype, seed)
+    args = (q, k, v, index, count, bs)
+    assert dispatch.explain("block_sparse_attention", *args).chosen == "kernels"
+    out = op.cpu(*args)
+    expected = op.reference(*args)
+    assert out.dtype == dtype
+    torch.testing.assert_close(out, expected, rtol=TOL[dtype], atol=TOL[dtype])
+
+
+def test_bf16_output_is_the_fp32_result_rounded_once() -> None:
+    """Within half a bf16 step (one rounding) of the fp32 result, plus fp32 summation noise."""
+    q, k, v = _qkv(1, 4, 128, 128, 64, torch.bfloat16, 9)
+    index, count = _lists(1, 4, 128, 128, 32, 3, torch.int64, 9, garbage=False)
+    out = op.cpu(q, k, v, index, count, 32).float()
+    exact = op.reference(q.float(), k.float(), v.float(), index, count, 32)
+    step = torch.exp2(torch.floor(torch.log2(exact.abs().clamp_min(1e-30))) - 7)
+    assert bool(((out - exact).abs() <= step / 2 + 1e-6).all())
+
+
+def test_inputs_the_kernel_does_not_take_run_the_reference() -> None:
+    q, k, v = _qkv(1, 2, 16, 16, 8, torch.float32, 10)
+    index, count = _lists(1, 2, 16, 16, 4, 2, torch.int64, 10)
+    strided = k.transpose(2, 3).contiguous().transpose(2, 3)
+    assert not strided.is_contiguous()
+    for args in (
+        (q, strided, v, index, count, 4),
+        (q.double(), k.double(), v.double(), index, count, 4),
+    ):
+        assert dispatch.explain("block_sparse_attention", *args).chosen == "reference"
+        _close(torch.ops.spore.block_sparse_attention(*args), _oracle(*args), args[0].dtype)
+
+
+def test_the_kernel_takes_non_contiguous_block_lists() -> None:
+    q, k, v = _qkv(2, 2, 16, 16, 8, torch.float32, 10)
+    index, count = _lists(2, 2, 16, 16, 4, 2, torch.int64, 10)
+    index = torch.cat([index, torch.zeros_like(index)], -1)[..., :2]
+    count = count.transpose(0, 1).contiguous().transpose(0, 1)
+    assert not index.is_contiguous()
+    assert not count.is_contiguous()
+    args = (q, k, v, index, count, 4)
+    assert dispatch.explain("block_sparse_attention", *args).chosen == "kernels"
+    _close(torch.ops.spore.block_sparse_attention(*args), _oracle(*args), torch.float32)
+
+
+def _c_args(dtype=torch.float32, index_dtype=torch.int64):
+    q, k, v = _qkv(1, 2, 10, 12, 8, dtype, 11)
+    index, count = _lists(1, 2, 10, 12, 4, 3, index_dtype, 11, garbage=False)
+    return q, k, v, index.contiguous(), count, torch.empty_like(q)
+
+
+def _call(fn, q, k, v, index, count, out, *, sizes=None, code=None, n=2):
+    """The library on these tensors (None: a null pointer), as ``spore_kernels`` would call it."""
+    ptrs = [t if t is None else t.data_ptr() for t in (q, k, v, index, count, out)]
+    shape = sizes or (2, q.shape[2], k.shape[2], q.shape[3], index.shape[-1], 4)
+    wide = int(index is None or index.dtype == torch.int64)
+    code = _lib.dtype_code(out) if code is None else code
+    return fn(*ptrs, *shape, 0.5, wide, code, n)
+
+
+@pytest.mark.parametrize("isa", _lib.available())
+def test_every_installed_build_computes_the_same(isa) -> None:
+    fn = _lib.function("spore_block_sparse_attention", op._ARGS, _lib.load(isa))
+    for dtype in TOL:
+        for index_dtype in (torch.int32, torch.int64):
+            q, k, v, index, count, out = _c_args(dtype, index_dtype)
+            assert _call(fn, q, k, v, index, count, out) == 0
+            expected = op.reference(q, k, v, index, count, 4, scale=0.5)
+            torch.testing.assert_close(out, expected, rtol=TOL[dtype], atol=TOL[dtype])
+
+
+def test_the_library_refuses_what_would_read_out_of_bounds() -> None:
+    """Status 1 (bad argument) or 2 (dtype), and the output left untouched."""
+    fn = _lib.function("spore_block_sparse_attention", op._ARGS)
+    q, k, v, index, count, out = _c_args()
+    sizes = (2, 10, 12, 8, 3, 4)
+    out.fill_(7.0)
+    too_many = count.clone()
+    too_many[0, 1, 2] = 4
+    negative = count.clone()
+    negative[0, 0, 0] = -1
+    past = index.clone()
+    past[0, 1, 1, 0] = 3  # 12 keys / 4 = blocks 0..2
+    below = index.clone()
+    below[0, 0, 2, 0] = -1
+    count.fill_(3)
+    for bad in (
+        dict(count=too_many),
+        dict(count=negative),
+        dict(index=past),
+        dict(index=below),
+        dict(q=None),
+        dict(k=None),
+        dict(count=None),
+        dict(index=None),
+        dict(sizes=(2, 10, 12, 8, 3, 0)),
+        dict(sizes=(2, -1, 12, 8, 3, 4)),
+        dict(sizes=(2, 10, 12, 8, 3, 4), n=0),
+    ):
+        args = dict(q=q, k=k, v=v, index=index, count=count, out=out) | bad
+        extra = {key: args.pop(key) for key in ("sizes", "n") if key in args}
+        assert _call(fn, *args.values(), **({"sizes": sizes} | extra)) == 1, bad
+    assert _call(fn, q, k, v, index, count, out, sizes=sizes, code=9) == 2
+    assert bool((out == 7.0).all())
+    with pytest.raises(_lib.KernelError, match="bad argument"):
+        _lib.call(
+            "spore_block_sparse_attention", op._ARGS, *[0] * 6, 1, 1, 1, 1, 1, 0, 1.0, 0, 0, 1
+        )
+    assert _call(fn, q, k, v, index, count, out, sizes=sizes) == 0
+    torch.testing.assert_close(out, op.reference(q, k, v, index, count, 4, scale=0.5))
+
+
+def test_the_kernel_checks_the_lists_before_calling_the_library() -> None:
+    q, k, v, index, count, _ = _c_args()
+    count.fill_(3)
+    index[0, 0, 0, 0] = 99
+    with pytest.raises(ValueError, match=r"ids must lie in 0\.\.2"):
+        op.cpu(q, k, v, index, count, 4)

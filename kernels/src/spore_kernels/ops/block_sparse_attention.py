@@ -15,6 +15,11 @@ once to q's dtype. A query block that lists no KV block gets zeros.
 Bad input (non-float or mixed dtypes, wrong index dtype or shape, a count outside 0..M, an id
 outside 0..ceil(Skv/bs)-1 or listed twice) raises TypeError/ValueError before any kernel runs.
 
+The C++ CPU kernel takes contiguous CPU q, k, v of one dtype (float32, bfloat16, float16) and
+CPU block lists (copied when not contiguous): per (batch x head, query block), an online
+softmax over the listed blocks in register tiles, fp32 accumulation. Anything else runs the
+reference.
+
 Backward: none of its own; autograd differentiates the reference (``spore.dispatch``'s
 default, recomputed in backward), for q, k and v.
 """
@@ -26,7 +31,7 @@ from typing import Any
 
 import torch
 
-from spore_kernels import _checks
+from spore_kernels import _checks, _lib
 
 SCHEMA = (
     "(Tensor q, Tensor k, Tensor v, Tensor kv_block_index, Tensor kv_block_count, "
@@ -261,9 +266,69 @@ def _fake(
     return torch.empty_like(q, memory_format=torch.contiguous_format)
 
 
+def supports(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    kv_block_index: torch.Tensor,
+    kv_block_count: torch.Tensor,
+    block_size: int,
+    scale: float | None = None,
+) -> bool:
+    """Contiguous CPU q, k, v of one kernel dtype and CPU block lists of valid dtypes and
+    shapes (the lists' values are checked by :func:`cpu`, which makes them contiguous)."""
+    if not (
+        _checks.ready(q, k, v, device_type="cpu")
+        and kv_block_index.is_cpu
+        and kv_block_count.is_cpu
+    ):
+        return False
+    try:
+        check_meta(q, k, v, kv_block_index, kv_block_count, block_size, scale)
+    except (TypeError, ValueError):
+        return False
+    return True
+
+
+_ARGS = (*(_lib.ptr,) * 6, *(_lib.i64,) * 6, _lib.f32, *(_lib.i32,) * 3)
+
+
+def cpu(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    kv_block_index: torch.Tensor,
+    kv_block_count: torch.Tensor,
+    block_size: int,
+    scale: float | None = None,
+) -> torch.Tensor:
+    """The C++ kernel, after the same checks as the reference (the lists' values included).
+
+    Inputs are made contiguous (for q, k, v a no-op when :func:`supports` accepted them): the
+    library reads them as dense arrays."""
+    check(q, k, v, kv_block_index, kv_block_count, block_size, scale)
+    if not q.is_cpu or q.dtype not in _checks.KERNEL_DTYPES:
+        raise ValueError(
+            f"{OP}: the CPU kernel takes float32/bfloat16/float16 CPU tensors, got {q.dtype} on "
+            f"{q.device}; call torch.ops.spore.{OP}, which picks a kernel or the reference"
+        )
+    b, h, sq, d = q.shape
+    out = torch.empty(b, h, sq, d, dtype=q.dtype)
+    if out.numel() == 0:
+        return out
+    ptrs = (*(t.contiguous() for t in (q, k, v, kv_block_index, kv_block_count)), out)
+    sizes = (b * h, sq, k.shape[2], d, kv_block_index.shape[-1], block_size)
+    wide = int(kv_block_index.dtype == torch.int64)
+    codes = (wide, _lib.dtype_code(q), _lib.threads())
+    args = (*(t.data_ptr() for t in ptrs), *sizes, _default_scale(q, scale), *codes)
+    _lib.call("spore_block_sparse_attention", _ARGS, *args)
+    return out
+
+
 def register(registry: Any) -> None:
-    """Define the op with its reference (autograd: the reference's gradient)."""
-    registry.define(OP, SCHEMA, reference=reference, fake=_fake)
+    """Define the op with its reference (autograd: the reference's gradient) and CPU kernel."""
+    fwd = registry.define(OP, SCHEMA, reference=reference, fake=_fake)
+    registry.kernel(fwd, "cpu", cpu, priority=_checks.PRIORITY, supports=supports)
 
 
 def benchmarks() -> list[Any]:

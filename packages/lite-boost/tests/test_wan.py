@@ -140,6 +140,34 @@ def test_fused_projections_and_diffusers_tables_in_the_processor():
     torch.testing.assert_close(_run(boosted, *inputs), want, atol=ATOL, rtol=RTOL)
 
 
+def test_image_to_video_model_equals_the_original():
+    """I2V: the image keys (added k/v projections) attend densely next to the text."""
+    model = _model(image_dim=8, added_kv_proj_dim=2 * TINY["attention_head_dim"])
+    g = torch.Generator().manual_seed(5)
+    latents = torch.randn(1, 4, 2, 8, 8, generator=g)
+    text = torch.randn(1, 512, TINY["text_dim"], generator=g)  # diffusers' Wan: 512 text tokens
+    image = torch.randn(1, 3, 8, generator=g)
+
+    def run(m):
+        with torch.no_grad():
+            return m(latents, torch.tensor([300]), text, image, return_dict=False)[0]
+
+    want = run(model)
+    torch.testing.assert_close(run(boost(copy.deepcopy(model))), want, atol=ATOL, rtol=RTOL)
+
+
+def test_bfloat16_is_as_close_as_diffusers_own_bfloat16():
+    """In bf16 the boosted model strays from the float32 original no more than diffusers'."""
+    model = _model()
+    latents, timestep, text = _inputs()
+    want = _run(model, latents, timestep, text)
+    low = copy.deepcopy(model).to(torch.bfloat16)
+    args = (latents.bfloat16(), timestep, text.bfloat16())
+    theirs = (_run(low, *args).float() - want).abs().max().item()
+    ours = (_run(boost(low), *args).float() - want).abs().max().item()
+    assert ours <= 1.5 * theirs, (ours, theirs)
+
+
 def test_registry_finds_the_boosters_by_class_name():
     assert find("WanTransformer3DModel").apply is W.boost_transformer
     assert find(transformer_wan.WanTransformer3DModel).changes == W.TRANSFORMER_CHANGES

@@ -20,7 +20,7 @@ import pytest
 from spore_kernels.registration import PROVIDER
 
 OPS = ["add_rms_norm", "gelu", "layer_norm", "mean_var", "rms_norm", "rope", "silu_mul", "swiglu"]
-ALL_OPS = sorted(OPS + [f"{op}_backward" for op in OPS])
+ALL_OPS = sorted(OPS + [f"{op}_backward" for op in OPS] + ["block_sparse_attention"])
 
 
 @pytest.fixture(scope="module")

@@ -41,19 +41,21 @@ def _reference(q, k, v):
     return F.scaled_dot_product_attention(q, k, v)
 
 
-def _ulysses_case(m, cuts, heads=4, kv_heads=4, batch=2, dim=8, grad=False):
+def _ulysses_case(m, cuts, heads=4, kv_heads=4, batch=2, dim=8, grad=False, dtype=torch.float32):
     """Shards of one random sequence cut at ``cuts`` (one length per rank) vs the full SDPA."""
     g = torch.Generator().manual_seed(sum(cuts) * 31 + heads * 7 + kv_heads)
     total = sum(cuts)
-    q = torch.randn(batch, heads, total, dim, generator=g)
-    k = torch.randn(batch, kv_heads, total, dim, generator=g)
-    v = torch.randn(batch, kv_heads, total, dim, generator=g)
+    q, k, v = (
+        torch.randn(batch, h, total, dim, generator=g).to(dtype)
+        for h in (heads, kv_heads, kv_heads)
+    )
     lo = sum(cuts[: m.rank])
     local = [t[:, :, lo : lo + cuts[m.rank]].clone().requires_grad_(grad) for t in (q, k, v)]
     full = [t.clone().requires_grad_(grad) for t in (q, k, v)]
     out = ulysses_attention(backends.attention, *local, manager=m)
     want = _reference(*full)
     result = {
+        "dtype": str(out.dtype),
         "shape": list(out.shape),
         "want_shape": list(want[:, :, lo : lo + cuts[m.rank]].shape),
         "max_diff": _max_diff(out, want[:, :, lo : lo + cuts[m.rank]]),
@@ -77,9 +79,15 @@ def ulysses(m: ParallelManager) -> dict:
         "uneven": _ulysses_case(m, [7, 4]),
         "empty_shard": _ulysses_case(m, [5, 0]),
         "gqa": _ulysses_case(m, [6, 9], heads=4, kv_heads=2),
+        "bf16": _ulysses_case(m, [6, 5], dtype=torch.bfloat16),
         "grad": _ulysses_case(m, [5, 3], grad=True),
         "heads_error": _error(lambda: _ulysses_case(m, [4, 4], heads=3, kv_heads=3)),
         "kv_heads_error": _error(lambda: _ulysses_case(m, [4, 4], heads=4, kv_heads=1)),
+        "no_manager": _error(
+            lambda: ulysses_attention(
+                backends.attention, x[None, None], x[None, None], x[None, None], manager=None
+            )
+        ),
         "shard": shard_sequence(x, 0, m).tolist(),
         "round_trip": gather_sequence(shard_sequence(x, -2, m), 0, m).equal(x),
         "gather_uneven": gather_sequence(x[: 3 if r == 0 else 0], 0, m).tolist(),

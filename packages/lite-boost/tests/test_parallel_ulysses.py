@@ -1,7 +1,7 @@
 """Ulysses attention and sequence shard/gather on 2 real gloo ranks vs single-process SDPA.
 
 One 2-rank run (``parallel_worker.py ulysses``) computes every case; each rank compares its own
-output slice with plain SDPA over the whole sequence. Tolerance: fp32, atol 1e-6 (the same
+output slice with plain SDPA over the whole sequence. Tolerance: fp32 atol 1e-6, bf16 1e-2 (the same
 per-head SDPA runs either way, so the difference is 0 in practice).
 """
 
@@ -10,6 +10,7 @@ from __future__ import annotations
 import pytest
 
 ATOL = 1e-6
+BF16_ATOL = 1e-2  # bf16 inputs, both sides bf16 SDPA
 
 
 @pytest.fixture(scope="module")
@@ -23,6 +24,12 @@ def test_equals_sdpa_over_the_whole_sequence(ranks, case):
         got = rank[case]
         assert got["shape"] == got["want_shape"]
         assert got["max_diff"] <= ATOL
+
+
+def test_bf16_is_kept_and_equals_sdpa(ranks):
+    for rank in ranks:
+        assert rank["bf16"]["dtype"] == "torch.bfloat16"
+        assert rank["bf16"]["max_diff"] <= BF16_ATOL
 
 
 def test_uneven_shards_keep_their_own_lengths(ranks):
@@ -42,6 +49,7 @@ def test_heads_not_divisible_by_world_name_both_numbers(ranks):
         assert "3 heads" in rank["heads_error"]
         assert "world size 2" in rank["heads_error"]
         assert "k/v has 1 heads" in rank["kv_heads_error"]
+        assert rank["no_manager"].startswith("TypeError: ulysses_attention needs manager=")
 
 
 def test_shard_and_gather_sequence(ranks):

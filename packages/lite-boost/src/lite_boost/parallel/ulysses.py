@@ -37,6 +37,10 @@ def ulysses_attention(
     multiples of the world size. ``attn(q, k, v)`` gets ``(batch, heads / world, seq, head_dim)``
     (e.g. :func:`lite_boost.backends.attention`). Returns ``(batch, heads, seq_r, head_dim)``.
     """
+    if not all(hasattr(manager, a) for a in ("group", "rank", "world")):
+        raise TypeError(
+            f"ulysses_attention needs manager=ParallelManager(...), got {type(manager).__name__}"
+        )
     _check(q, k, v, manager.world)
     world = manager.world
     if world == 1:

@@ -1,0 +1,162 @@
+"""The booster registry: Python registration, lookup by class name and base classes, options,
+boosters from another plugin's hook (and one whose hook raises), the CLI."""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import sys
+import textwrap
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pydantic
+import pytest
+import torch
+from click.testing import CliRunner
+from lite_boost import boosters
+from lite_boost.cli import group
+
+MODULE = "lite_boost_fixture"
+PLUGIN = textwrap.dedent(
+    """
+    import spore
+
+    def boost_toy(model, options):
+        model.boosted_by = "aplugin"
+
+    @spore.hookimpl(optionalhook=True)
+    def lite_boost_register_boosters(registry):
+        registry.add("PluginToy", boost_toy, ["tags the model"])
+
+    @spore.hookimpl
+    def spore_doctor(report):
+        pass
+    """
+)
+BROKEN = textwrap.dedent(
+    """
+    import spore
+
+    @spore.hookimpl(optionalhook=True)
+    def lite_boost_register_boosters(registry):
+        raise RuntimeError("no video model here")
+
+    @spore.hookimpl
+    def spore_doctor(report):
+        pass
+    """
+)
+
+
+class ToyBase(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x
+
+
+class ToyChild(ToyBase):
+    pass
+
+
+class PluginToy(torch.nn.Module):
+    pass
+
+
+@pytest.fixture
+def toy_booster() -> Iterator[list]:
+    seen: list = []
+
+    @boosters.register_booster("ToyBase", changes=["records the options"])
+    def boost_toy(model: torch.nn.Module, options: boosters.BoostOptions) -> None:
+        seen.append((type(model).__name__, options.sparsity, options.block_size))
+
+    yield seen
+    del boosters._python.boosters["ToyBase"]
+
+
+def test_boost_finds_the_booster_of_a_base_class_and_passes_the_options(toy_booster):
+    model = ToyChild()
+    assert boosters.boost(model, sparsity=0.5, block_size=64) is model
+    assert toy_booster == [("ToyChild", 0.5, 64)]
+    assert model.lite_boost_options.sparsity == 0.5
+    assert boosters.find("ToyBase").changes == ("records the options",)
+
+
+def test_bad_options_and_unknown_models_are_refused(toy_booster):
+    with pytest.raises(pydantic.ValidationError, match="sparsity"):
+        boosters.boost(ToyChild(), sparsity=1.0)
+    with pytest.raises(pydantic.ValidationError, match="block_size"):
+        boosters.boost(ToyChild(), block_size=0)
+    with pytest.raises(LookupError, match=r"no lite-boost booster for Linear \(boosters exist"):
+        boosters.boost(torch.nn.Linear(2, 2))
+    with pytest.raises(ValueError, match="already registered"):
+        boosters.register_booster("ToyBase")(lambda m, o: None)
+
+
+def _write_distribution(root: Path, name: str, source: str) -> None:
+    module = f"{MODULE}_{name}"
+    (root / f"{module}.py").write_text(source)
+    info = root / f"{name}-0.1.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(
+        f"Metadata-Version: 2.1\nName: {name}\nVersion: 0.1.0\n"
+        "Requires-Dist: spore-core>=0.1,<0.2\n"
+    )
+    (info / "entry_points.txt").write_text(f"[spore.plugins]\n{name} = {module}\n")
+
+
+@pytest.fixture
+def booster_plugins(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    for name, source in {"aplugin": PLUGIN, "zbroken": BROKEN}.items():
+        _write_distribution(tmp_path, name, source)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    importlib.invalidate_caches()
+    yield
+    for name in [m for m in sys.modules if m.startswith(MODULE)]:
+        del sys.modules[name]
+
+
+def _only(*keep: str) -> dict[str, str]:
+    """Every installed plugin but ``keep`` disabled (none of them asked for by name)."""
+    from importlib import metadata
+
+    from spore.plugins import ENTRY_POINT_GROUP
+
+    names = {ep.name for ep in metadata.entry_points(group=ENTRY_POINT_GROUP)}
+    return {"SPORE_DISABLE_PLUGINS": ",".join(sorted(names - set(keep)))}
+
+
+def test_a_plugin_provides_boosters_and_a_broken_hook_is_skipped(
+    booster_plugins: None, spore_manager: Callable[..., Any], caplog: pytest.LogCaptureFixture
+) -> None:
+    spore_manager(_only("lite-boost", "kernels", "aplugin", "zbroken"))
+    with caplog.at_level(logging.WARNING, logger="lite_boost"):
+        model = boosters.boost(PluginToy())
+    assert model.boosted_by == "aplugin"
+    assert boosters.find("PluginToy").owner == "aplugin"
+    assert (
+        "spore plugin 'zbroken': hook lite_boost_register_boosters raised: RuntimeError: "
+        "no video model here; its boosters are skipped"
+    ) in caplog.text
+
+
+def test_a_broken_hook_is_an_error_when_asked_for_by_name(
+    booster_plugins: None, spore_manager: Callable[..., Any]
+) -> None:
+    from spore.plugins import PluginError
+
+    spore_manager({"SPORE_PLUGINS": "lite-boost,kernels,zbroken"})
+    with pytest.raises(PluginError, match="'zbroken': hook lite_boost_register_boosters raised"):
+        boosters.boosters()
+
+
+def test_cli_explains_a_booster_and_refuses_an_unknown_class(toy_booster):
+    result = CliRunner().invoke(group, ["explain", "ToyBase"])
+    assert result.exit_code == 0, result.output
+    assert result.output == "ToyBase: booster from python\n  - records the options\n"
+    result = CliRunner().invoke(group, ["explain", "NoSuchModel"])
+    assert result.exit_code == 1
+    assert "no lite-boost booster for NoSuchModel" in result.output
+    listed = CliRunner().invoke(group, ["boosters"])
+    assert "ToyBase  (python)" in listed.output

@@ -22,6 +22,9 @@ _LAZY = {
     "boost": "lite_boost.boosters",
     "register_booster": "lite_boost.boosters",
     "BoostOptions": "lite_boost.boosters",
+    "ParallelManager": "lite_boost.parallel",
+    "ulysses_attention": "lite_boost.parallel",
+    "decode_temporal_parallel": "lite_boost.parallel",
 }
 
 

@@ -13,8 +13,14 @@
 namespace spore {
 namespace {
 
-constexpr int64_t RT = 4;   // query rows per tile
-constexpr int64_t VT = 16;  // key (scores) or value-dimension (output) columns per tile
+// Query rows by key (scores) or value (output) columns per register tile: 8 accumulator
+// vectors (two per row) with AVX2 or AVX-512, 16 with the baseline's SSE2.
+constexpr int64_t RT = 4;
+#if defined(__AVX512F__)
+constexpr int64_t VT = 32;
+#else
+constexpr int64_t VT = 16;
+#endif
 
 inline int64_t round_up(int64_t n, int64_t to) { return (n + to - 1) / to * to; }
 
@@ -40,40 +46,67 @@ bool lists_valid(const void* index, const void* count, bool wide, const Shape& s
     return true;
 }
 
-// One thread's fp32 scratch, zero-padded to whole tiles.
+// One head's keys and values as fp32, packed once and read by every query block: block j's
+// keys transposed ([d][cp], zero-padded keys) and its values ([cp][dp], zero-padded columns).
+struct Packed {
+    int64_t cp, dp;
+    std::vector<float> kt, v;
+
+    explicit Packed(const Shape& s)
+        : cp(round_up(s.bs, VT)),
+          dp(round_up(s.d, VT)),
+          kt(static_cast<size_t>(s.nk * s.d * cp), 0.0f),
+          v(static_cast<size_t>(s.nk * cp * dp), 0.0f) {}
+
+    const float* keys(int64_t j, int64_t d) const { return kt.data() + j * d * cp; }
+    const float* values(int64_t j) const { return v.data() + j * cp * dp; }
+};
+
+template <typename T>
+void pack_block(const typename T::storage* k, const typename T::storage* v, int64_t j,
+                const Shape& s, Packed& pk) {
+    const int64_t d = s.d, c0 = j * s.bs, keys = std::min(s.bs, s.skv - c0);
+    float* kt = pk.kt.data() + j * d * pk.cp;
+    float* vb = pk.v.data() + j * pk.cp * pk.dp;
+    for (int64_t c = 0; c < keys; ++c) {
+        const auto* krow = k + (c0 + c) * d;
+        const auto* vrow = v + (c0 + c) * d;
+        for (int64_t e = 0; e < d; ++e) kt[e * pk.cp + c] = T::load(krow[e]);
+#pragma omp simd
+        for (int64_t e = 0; e < d; ++e) vb[c * pk.dp + e] = T::load(vrow[e]);
+    }
+}
+
+// One thread's fp32 scratch for a query block, zero-padded to whole tiles.
 struct Scratch {
-    int64_t rp, cp, dp;   // rows, keys and value columns, padded to RT, VT and VT
-    std::vector<float> q;  // [rp][d], scaled
-    std::vector<float> kt; // [d][cp], the KV block's keys transposed
-    std::vector<float> v;  // [cp][dp]
-    std::vector<float> p;  // [rp][cp], scores, then probabilities
-    std::vector<float> o;  // [rp][dp], unnormalised output
+    int64_t rp, cp, dp;                 // rows, keys and value columns, padded to RT, VT, VT
+    std::vector<float> q;               // [rp][d], scaled
+    std::vector<float> p;               // [rp][cp], scores, then probabilities
+    std::vector<float> o;               // [rp][dp], unnormalised output
     std::vector<float> mx, sum, alpha;  // per row: running max, running sum, this block's rescale
 
-    Scratch(const Shape& s)
+    explicit Scratch(const Shape& s)
         : rp(round_up(s.bs, RT)),
           cp(round_up(s.bs, VT)),
           dp(round_up(s.d, VT)),
-          q(rp * s.d),
-          kt(s.d * cp),
-          v(cp * dp),
-          p(rp * cp),
-          o(rp * dp),
-          mx(rp),
-          sum(rp),
-          alpha(rp) {}
+          q(static_cast<size_t>(rp * s.d)),
+          p(static_cast<size_t>(rp * cp)),
+          o(static_cast<size_t>(rp * dp)),
+          mx(static_cast<size_t>(rp)),
+          sum(static_cast<size_t>(rp)),
+          alpha(static_cast<size_t>(rp)) {}
 };
 
-// p[r][c] = sum_d q[r][d] kt[d][c] over every padded row and key.
-inline void scores(Scratch& w, int64_t d) {
+// p[r][c] = sum_e q[r][e] kt[e][c] over every padded row and the key tiles holding c keys.
+inline void scores(Scratch& w, const float* kt, int64_t d, int64_t c) {
     for (int64_t r0 = 0; r0 < w.rp; r0 += RT) {
-        for (int64_t c0 = 0; c0 < w.cp; c0 += VT) {
+        for (int64_t c0 = 0; c0 < c; c0 += VT) {
             float acc[RT][VT] = {};
-            for (int64_t k = 0; k < d; ++k) {
-                const float* kv = w.kt.data() + k * w.cp + c0;
-#pragma GCC unroll 4
+            for (int64_t e = 0; e < d; ++e) {
+                const float* kv = kt + e * w.cp + c0;
+#pragma GCC unroll 8
                 for (int64_t i = 0; i < RT; ++i) {
-                    const float qv = w.q[(r0 + i) * d + k];
+                    const float qv = w.q[(r0 + i) * d + e];
 #pragma omp simd
                     for (int64_t l = 0; l < VT; ++l) acc[i][l] = fmadd(qv, kv[l], acc[i][l]);
                 }
@@ -88,9 +121,10 @@ inline void scores(Scratch& w, int64_t d) {
 // scores replaced by exp(score - max), running sum updated.
 inline void softmax_step(Scratch& w, int64_t r, int64_t c) {
     float* row = w.p.data() + r * w.cp;
-    float top = w.mx[r];
-    for (int64_t j = 0; j < c; ++j) top = std::max(top, row[j]);
     const float before = w.mx[r];
+    float top = before;
+#pragma omp simd reduction(max : top)
+    for (int64_t j = 0; j < c; ++j) top = std::max(top, row[j]);
     w.alpha[r] = before == -std::numeric_limits<float>::infinity()
                      ? 0.0f
                      : exp_nonpositive(before - top);
@@ -106,7 +140,7 @@ inline void softmax_step(Scratch& w, int64_t r, int64_t c) {
 }
 
 // o[r] = alpha[r] o[r] + sum_{j < c} p[r][j] v[j] over every padded row (padded rows of p are 0).
-inline void accumulate(Scratch& w, int64_t c) {
+inline void accumulate(Scratch& w, const float* v, int64_t c) {
     for (int64_t r0 = 0; r0 < w.rp; r0 += RT) {
         for (int64_t d0 = 0; d0 < w.dp; d0 += VT) {
             float acc[RT][VT];
@@ -116,8 +150,8 @@ inline void accumulate(Scratch& w, int64_t c) {
                 for (int64_t l = 0; l < VT; ++l) acc[i][l] = orow[l] * w.alpha[r0 + i];
             }
             for (int64_t j = 0; j < c; ++j) {
-                const float* vv = w.v.data() + j * w.dp + d0;
-#pragma GCC unroll 4
+                const float* vv = v + j * w.dp + d0;
+#pragma GCC unroll 8
                 for (int64_t i = 0; i < RT; ++i) {
                     const float pv = w.p[(r0 + i) * w.cp + j];
 #pragma omp simd
@@ -131,50 +165,41 @@ inline void accumulate(Scratch& w, int64_t c) {
 }
 
 template <typename T>
-void query_block(const typename T::storage* q, const typename T::storage* k,
-                 const typename T::storage* v, typename T::storage* out, const void* index,
-                 int64_t count, bool wide, int64_t task, int64_t i, const Shape& s, float scale,
-                 Scratch& w) {
+void query_block(const typename T::storage* q, typename T::storage* out, const Packed& pk,
+                 const void* index, int64_t count, bool wide, int64_t task, int64_t i,
+                 const Shape& s, float scale, Scratch& w) {
     const int64_t d = s.d;
     const int64_t r0 = i * s.bs, rows = std::min(s.bs, s.sq - r0);
     std::fill(w.q.begin(), w.q.end(), 0.0f);
     for (int64_t r = 0; r < rows; ++r) {
         const auto* src = q + (r0 + r) * d;
-        for (int64_t c = 0; c < d; ++c) w.q[r * d + c] = T::load(src[c]) * scale;
+        for (int64_t e = 0; e < d; ++e) w.q[r * d + e] = T::load(src[e]) * scale;
     }
     std::fill(w.o.begin(), w.o.end(), 0.0f);
-    std::fill(w.p.begin(), w.p.end(), 0.0f);
+    std::fill(w.p.begin(), w.p.end(), 0.0f);  // padded rows stay zero: they add nothing
     std::fill(w.mx.begin(), w.mx.end(), -std::numeric_limits<float>::infinity());
     std::fill(w.sum.begin(), w.sum.end(), 0.0f);
     std::fill(w.alpha.begin(), w.alpha.end(), 0.0f);
     for (int64_t t = 0; t < count; ++t) {
-        const int64_t c0 = entry(index, task * s.m + t, wide) * s.bs;
-        const int64_t keys = std::min(s.bs, s.skv - c0);
-        for (int64_t j = 0; j < keys; ++j) {
-            const auto* krow = k + (c0 + j) * d;
-            const auto* vrow = v + (c0 + j) * d;
-            float* vdst = w.v.data() + j * w.dp;
-            for (int64_t c = 0; c < d; ++c) {
-                w.kt[c * w.cp + j] = T::load(krow[c]);
-                vdst[c] = T::load(vrow[c]);
-            }
-        }
-        scores(w, d);
+        const int64_t j = entry(index, task * s.m + t, wide);
+        const int64_t keys = std::min(s.bs, s.skv - j * s.bs);
+        scores(w, pk.keys(j, d), d, keys);
         for (int64_t r = 0; r < rows; ++r) softmax_step(w, r, keys);
-        for (int64_t r = rows; r < w.rp; ++r) {  // padded rows: no contribution, kept at zero
+        for (int64_t r = rows; r < w.rp; ++r) {
             std::fill(w.p.begin() + r * w.cp, w.p.begin() + (r + 1) * w.cp, 0.0f);
         }
-        accumulate(w, keys);
+        accumulate(w, pk.values(j), keys);
     }
     for (int64_t r = 0; r < rows; ++r) {
         const float inv = w.sum[r] > 0.0f ? 1.0f / w.sum[r] : 0.0f;
         const float* orow = w.o.data() + r * w.dp;
         auto* dst = out + (r0 + r) * d;
 #pragma omp simd
-        for (int64_t c = 0; c < d; ++c) dst[c] = T::store(orow[c] * inv);
+        for (int64_t e = 0; e < d; ++e) dst[e] = T::store(orow[e] * inv);
     }
 }
 
+// Head by head: the threads pack the head's keys and values, then share its query blocks.
 template <typename T>
 void block_sparse_attention(const void* qp, const void* kp, const void* vp, const void* index,
                             const void* count, void* outp, bool wide, const Shape& s, float scale,
@@ -182,17 +207,21 @@ void block_sparse_attention(const void* qp, const void* kp, const void* vp, cons
     const auto* q = in<T>(qp);
     const auto* k = in<T>(kp);
     const auto* v = in<T>(vp);
-    auto* out = spore::out<T>(outp);
-    const int64_t tasks = s.bh * s.nq;
+    auto* y = out<T>(outp);
+    Packed pk(s);
 #pragma omp parallel num_threads(threads)
     {
         Scratch w(s);
+        for (int64_t head = 0; head < s.bh; ++head) {
+            const int64_t kv = head * s.skv * s.d, at = head * s.sq * s.d;
+#pragma omp for schedule(static)
+            for (int64_t j = 0; j < s.nk; ++j) pack_block<T>(k + kv, v + kv, j, s, pk);
 #pragma omp for schedule(dynamic)
-        for (int64_t task = 0; task < tasks; ++task) {
-            const int64_t head = task / s.nq, i = task % s.nq;
-            const int64_t kv = head * s.skv * s.d;
-            query_block<T>(q + head * s.sq * s.d, k + kv, v + kv, out + head * s.sq * s.d, index,
-                           entry(count, task, wide), wide, task, i, s, scale, w);
+            for (int64_t i = 0; i < s.nq; ++i) {
+                const int64_t task = head * s.nq + i;
+                query_block<T>(q + at, y + at, pk, index, entry(count, task, wide), wide, task, i,
+                               s, scale, w);
+            }
         }
     }
 }

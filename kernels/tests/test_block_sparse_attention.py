@@ -338,3 +338,68 @@ def test_the_kernel_checks_the_lists_before_calling_the_library() -> None:
     index[0, 0, 0, 0] = 99
     with pytest.raises(ValueError, match=r"ids must lie in 0\.\.2"):
         op.cpu(q, k, v, index, count, 4)
+
+
+def _flex():
+    """The CUDA path's module, imported in the test: importing ``spore_kernels.cuda`` imports
+    triton, which test_triton.py must import first (it selects the interpreter)."""
+    from spore_kernels.cuda import block_sparse_attention as flex
+
+    return flex
+
+
+def test_the_flex_block_mask_holds_the_lists_as_full_blocks() -> None:
+    flex = _flex()
+    sq, skv, bs = 40, 37, 16
+    index, count = _lists(2, 2, sq, skv, bs, 2, torch.int32, 12)
+    mask = flex.block_mask(index, count, bs, sq, skv)
+    table = op.dense_block_table(index, count, op.blocks(skv, bs))
+    assert torch.equal(mask.to_dense().bool(), table)
+    assert torch.equal(mask.full_kv_num_blocks, count)
+    assert int(mask.kv_num_blocks.sum()) == 0  # no partial blocks
+    assert mask.seq_lengths == (sq, skv)
+    # flex_attention's eager path ignores the block lists and applies the mask_mod everywhere
+    from torch.nn.attention.flex_attention import flex_attention
+
+    q, k, v = _qkv(2, 2, sq, skv, 16, torch.float32, 12)
+    with pytest.warns(UserWarning, match="torch.compile"):
+        out = flex_attention(q, k, v, block_mask=mask)
+    _close(out, _oracle(q, k, v, index, count, bs), torch.float32)
+
+
+def test_compiled_flex_attention_visits_the_listed_blocks() -> None:
+    """Compiled on CPU (Inductor's C++ flex template) the block lists decide which blocks run,
+    as in the Triton kernel on CUDA: equal to dense SDPA under the mask, ragged Skv, empty
+    query blocks zero."""
+    flex = _flex()
+    sq, skv, bs = 256, 200, 128
+    q, k, v = _qkv(1, 2, sq, skv, 16, torch.float32, 13)
+    index, count = _lists(1, 2, sq, skv, bs, 1, torch.int64, 13, garbage=False)
+    count[0, 0, 0] = 0
+    count[0, 1] = 1
+    mask = flex.block_mask(index, count, bs, sq, skv)
+    out = flex._compiled()(q, k, v, block_mask=mask)
+    _close(out, _oracle(q, k, v, index, count, bs), torch.float32)
+    assert torch.equal(out[0, 0, :bs], torch.zeros(bs, 16))
+
+
+def test_the_flex_path_takes_only_what_its_tiles_fit() -> None:
+    flex = _flex()
+    q, k, v = _qkv(1, 1, 32, 32, 16, torch.float32, 14)
+    index, count = _lists(1, 1, 32, 32, 16, 2, torch.int64, 14)
+    assert not flex.supports(q, k, v, index, count, 16)  # CPU tensors: the C++ kernel's
+    assert [flex._tile(b) for b in (16, 48, 64, 128, 256, 384)] == [16, 16, 64, 128, 128, 128]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("dtype", list(TOL), ids=str)
+def test_cuda_runs_flex_attention_and_matches_dense_sdpa(dtype) -> None:
+    q, k, v = (t.cuda() for t in _qkv(2, 3, 300, 260, 64, dtype, 15))
+    index, count = (t.cuda() for t in _lists(2, 3, 300, 260, 64, 3, torch.int32, 15))
+    args = (q, k, v, index, count, 64)
+    assert dispatch.explain("block_sparse_attention", *args).chosen == "kernels"
+    out = torch.ops.spore.block_sparse_attention(*args)
+    expected = _oracle(*(t.cpu() for t in args[:5]), 64)
+    tol = {torch.float32: 1e-4, torch.bfloat16: 2e-2, torch.float16: 4e-3}[dtype]  # flash-style
+    assert out.dtype == dtype
+    torch.testing.assert_close(out.cpu().double(), expected, rtol=tol, atol=tol)

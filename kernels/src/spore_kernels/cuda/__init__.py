@@ -9,9 +9,18 @@ from collections.abc import Callable
 from typing import Any
 
 from spore_kernels._checks import PRIORITY
-from spore_kernels.cuda import add_rms_norm, gelu, glu, layer_norm, mean_var, rms_norm, rope
+from spore_kernels.cuda import (
+    add_rms_norm,
+    block_sparse_attention,
+    gelu,
+    glu,
+    layer_norm,
+    mean_var,
+    rms_norm,
+    rope,
+)
 
-FAMILIES = [rms_norm, add_rms_norm, layer_norm, mean_var, gelu, glu, rope]
+FAMILIES = [rms_norm, add_rms_norm, layer_norm, mean_var, gelu, glu, rope, block_sparse_attention]
 
 
 def kernels() -> dict[str, tuple[Callable[..., Any], Callable[..., bool]]]:

@@ -177,6 +177,18 @@ def check(
     check_index(kv_block_index, kv_block_count, block_size, q.shape[2], k.shape[2])
 
 
+def dense_block_table(
+    kv_block_index: torch.Tensor, kv_block_count: torch.Tensor, nk: int
+) -> torch.Tensor:
+    """The bool ``(B, H, nq, nk)`` table of the (query block, KV block) pairs listed (lists
+    already checked against ``nk`` KV blocks)."""
+    b, h, nq, m = kv_block_index.shape
+    listed = torch.arange(m, device=kv_block_index.device) < kv_block_count.unsqueeze(-1)
+    ids = torch.where(listed, kv_block_index.to(torch.int64), nk)  # unlisted: a spare column
+    table = torch.zeros(b, h, nq, nk + 1, dtype=torch.bool, device=kv_block_index.device)
+    return table.scatter_(-1, ids, True)[..., :nk]
+
+
 def dense_mask(
     kv_block_index: torch.Tensor,
     kv_block_count: torch.Tensor,
@@ -186,14 +198,8 @@ def dense_mask(
 ) -> torch.Tensor:
     """The bool ``(B, H, sq, skv)`` mask of the (query, key) pairs the block lists allow."""
     check_index(kv_block_index, kv_block_count, block_size, sq, skv)
-    b, h, nq, m = kv_block_index.shape
-    nk = blocks(skv, block_size)
-    listed = torch.arange(m, device=kv_block_index.device) < kv_block_count.unsqueeze(-1)
-    ids = torch.where(listed, kv_block_index.to(torch.int64), nk)  # unlisted: a spare column
-    allowed = torch.zeros(b, h, nq, nk + 1, dtype=torch.bool, device=kv_block_index.device)
-    allowed.scatter_(-1, ids, True)
-    allowed = allowed[..., :nk]
-    rows = allowed.repeat_interleave(block_size, dim=2)[:, :, :sq]
+    table = dense_block_table(kv_block_index, kv_block_count, blocks(skv, block_size))
+    rows = table.repeat_interleave(block_size, dim=2)[:, :, :sq]
     return rows.repeat_interleave(block_size, dim=3)[..., :skv]
 
 

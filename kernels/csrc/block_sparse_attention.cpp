@@ -118,7 +118,8 @@ inline void scores(Scratch& w, const float* kt, int64_t d, int64_t c) {
 }
 
 // The online-softmax step of one row over its c scores: new max, rescale of what came before,
-// scores replaced by exp(score - max), running sum updated.
+// scores replaced by exp(score - max), running sum updated. A NaN score stays NaN (the max
+// skips it and exp_nonpositive would make it 0), so it reaches the row's output as in torch.
 inline void softmax_step(Scratch& w, int64_t r, int64_t c) {
     float* row = w.p.data() + r * w.cp;
     const float before = w.mx[r];
@@ -132,7 +133,8 @@ inline void softmax_step(Scratch& w, int64_t r, int64_t c) {
     float total = 0.0f;
 #pragma omp simd reduction(+ : total)
     for (int64_t j = 0; j < c; ++j) {
-        const float e = exp_nonpositive(row[j] - top);
+        const float x = row[j];
+        const float e = x != x ? x : exp_nonpositive(x - top);
         row[j] = e;
         total += e;
     }

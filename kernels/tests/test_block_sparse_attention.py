@@ -240,6 +240,25 @@ def test_bf16_output_is_the_fp32_result_rounded_once() -> None:
     assert bool(((out - exact).abs() <= step / 2 + 1e-6).all())
 
 
+@pytest.mark.parametrize("dtype", list(TOL), ids=str)
+def test_a_nan_reaches_exactly_the_rows_that_attend_to_it(dtype) -> None:
+    """As in the reference; dense SDPA under the mask is no oracle here: its CPU kernel adds
+    the mask, so a NaN key turns every row of its head NaN, listed or not."""
+    q, k, v = _qkv(1, 2, 24, 24, 8, dtype, 16)
+    index, count = _lists(1, 2, 24, 24, 8, 2, torch.int64, 16, garbage=False)
+    count.fill_(2)
+    q[0, 0, 3, 1] = float("nan")  # one query row
+    k[0, 1, 20, 0] = float("nan")  # one key of KV block 2
+    args = (q, k, v, index, count, 8)
+    got = op.cpu(*args).isnan().any(-1)
+    expected = torch.zeros(1, 2, 24, dtype=torch.bool)
+    expected[0, 0, 3] = True
+    for i in range(3):
+        expected[0, 1, i * 8 : (i + 1) * 8] = 2 in index[0, 1, i].tolist()
+    assert torch.equal(got, expected)
+    assert torch.equal(op.reference(*args).isnan().any(-1), expected)
+
+
 def test_inputs_the_kernel_does_not_take_run_the_reference() -> None:
     q, k, v = _qkv(1, 2, 16, 16, 8, torch.float32, 10)
     index, count = _lists(1, 2, 16, 16, 4, 2, torch.int64, 10)

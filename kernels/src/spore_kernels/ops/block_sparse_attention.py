@@ -40,7 +40,8 @@ SCHEMA = (
 OP = "block_sparse_attention"
 INDEX_DTYPES = (torch.int32, torch.int64)
 CHUNK_ELEMENTS = 1 << 24
-"""The reference scores at most this many (query, key) pairs at once (bounded memory)."""
+"""The reference scores query blocks in chunks of at most this many (query, key) pairs (or one
+query block of every head, when that alone is more): bounded memory."""
 
 
 def blocks(n: int, block_size: int) -> int:

@@ -6,8 +6,9 @@ the key blocks most relevant to it.
    edge tiles are smaller when the frame is not a multiple of the tile). Text tokens stay
    together before or after the video.
 2. Each block is pooled to the mean of its queries and of its keys; a query block's score for a
-   key block is the pooled dot product. It keeps the ``ceil((1 - sparsity) * blocks)`` best key
-   blocks, and always its own block, the text blocks and the blocks of the first frame; text
+   key block is the pooled dot product. It keeps ``ceil((1 - sparsity) * blocks)`` key blocks:
+   always its own block, the text blocks and the blocks of the first frame, then the best
+   scoring others (when the forced blocks alone exceed that budget, it keeps just them); text
    query blocks attend to every block.
 3. ``torch.ops.spore.block_sparse_attention`` computes the exact softmax over the kept blocks;
    the output is put back in the original token order.

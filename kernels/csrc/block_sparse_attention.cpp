@@ -13,14 +13,25 @@
 namespace spore {
 namespace {
 
-// Query rows by key (scores) or value (output) columns per register tile: 8 accumulator
-// vectors (two per row) with AVX2 or AVX-512, 16 with the baseline's SSE2.
-constexpr int64_t RT = 4;
+// A vector of W fp32 lanes (GCC vector extensions: one register of the build's widest kind;
+// a * b + c becomes an FMA where the build targets FMA hardware), read and written unaligned.
 #if defined(__AVX512F__)
-constexpr int64_t VT = 32;
+constexpr int64_t W = 16;
+#elif defined(__AVX__)
+constexpr int64_t W = 8;
 #else
-constexpr int64_t VT = 16;
+constexpr int64_t W = 4;
 #endif
+using vec = float __attribute__((vector_size(W * 4)));
+using vec_u = float __attribute__((vector_size(W * 4), aligned(4), may_alias));
+
+inline vec vload(const float* p) { return *reinterpret_cast<const vec_u*>(p); }
+inline void vstore(float* p, vec x) { *reinterpret_cast<vec_u*>(p) = x; }
+
+// Register tiles of RT query rows by VT (two vectors) key or value columns: 12 accumulators,
+// two column vectors and a broadcast row value fit the 16 vector registers of SSE2 and AVX2.
+constexpr int64_t RT = 6;
+constexpr int64_t VT = 2 * W;
 
 inline int64_t round_up(int64_t n, int64_t to) { return (n + to - 1) / to * to; }
 
@@ -100,19 +111,24 @@ struct Scratch {
 // p[r][c] = sum_e q[r][e] kt[e][c] over every padded row and the key tiles holding c keys.
 inline void scores(Scratch& w, const float* kt, int64_t d, int64_t c) {
     for (int64_t r0 = 0; r0 < w.rp; r0 += RT) {
+        const float* qr = w.q.data() + r0 * d;
         for (int64_t c0 = 0; c0 < c; c0 += VT) {
-            float acc[RT][VT] = {};
+            vec a0[RT] = {}, a1[RT] = {};
             for (int64_t e = 0; e < d; ++e) {
-                const float* kv = kt + e * w.cp + c0;
+                const vec k0 = vload(kt + e * w.cp + c0), k1 = vload(kt + e * w.cp + c0 + W);
 #pragma GCC unroll 8
                 for (int64_t i = 0; i < RT; ++i) {
-                    const float qv = w.q[(r0 + i) * d + e];
-#pragma omp simd
-                    for (int64_t l = 0; l < VT; ++l) acc[i][l] = fmadd(qv, kv[l], acc[i][l]);
+                    const float qv = qr[i * d + e];
+                    a0[i] = qv * k0 + a0[i];
+                    a1[i] = qv * k1 + a1[i];
                 }
             }
-            for (int64_t i = 0; i < RT; ++i)
-                std::copy(acc[i], acc[i] + VT, w.p.data() + (r0 + i) * w.cp + c0);
+#pragma GCC unroll 8
+            for (int64_t i = 0; i < RT; ++i) {
+                float* prow = w.p.data() + (r0 + i) * w.cp + c0;
+                vstore(prow, a0[i]);
+                vstore(prow + W, a1[i]);
+            }
         }
     }
 }
@@ -144,24 +160,30 @@ inline void softmax_step(Scratch& w, int64_t r, int64_t c) {
 // o[r] = alpha[r] o[r] + sum_{j < c} p[r][j] v[j] over every padded row (padded rows of p are 0).
 inline void accumulate(Scratch& w, const float* v, int64_t c) {
     for (int64_t r0 = 0; r0 < w.rp; r0 += RT) {
+        const float* pr = w.p.data() + r0 * w.cp;
         for (int64_t d0 = 0; d0 < w.dp; d0 += VT) {
-            float acc[RT][VT];
+            vec a0[RT], a1[RT];
+#pragma GCC unroll 8
             for (int64_t i = 0; i < RT; ++i) {
                 const float* orow = w.o.data() + (r0 + i) * w.dp + d0;
-#pragma omp simd
-                for (int64_t l = 0; l < VT; ++l) acc[i][l] = orow[l] * w.alpha[r0 + i];
+                a0[i] = vload(orow) * w.alpha[r0 + i];
+                a1[i] = vload(orow + W) * w.alpha[r0 + i];
             }
             for (int64_t j = 0; j < c; ++j) {
-                const float* vv = v + j * w.dp + d0;
+                const vec v0 = vload(v + j * w.dp + d0), v1 = vload(v + j * w.dp + d0 + W);
 #pragma GCC unroll 8
                 for (int64_t i = 0; i < RT; ++i) {
-                    const float pv = w.p[(r0 + i) * w.cp + j];
-#pragma omp simd
-                    for (int64_t l = 0; l < VT; ++l) acc[i][l] = fmadd(pv, vv[l], acc[i][l]);
+                    const float pv = pr[i * w.cp + j];
+                    a0[i] = pv * v0 + a0[i];
+                    a1[i] = pv * v1 + a1[i];
                 }
             }
-            for (int64_t i = 0; i < RT; ++i)
-                std::copy(acc[i], acc[i] + VT, w.o.data() + (r0 + i) * w.dp + d0);
+#pragma GCC unroll 8
+            for (int64_t i = 0; i < RT; ++i) {
+                float* orow = w.o.data() + (r0 + i) * w.dp + d0;
+                vstore(orow, a0[i]);
+                vstore(orow + W, a1[i]);
+            }
         }
     }
 }

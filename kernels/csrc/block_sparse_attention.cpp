@@ -25,6 +25,9 @@ constexpr int64_t W = 4;
 using vec = float __attribute__((vector_size(W * 4)));
 using vec_u = float __attribute__((vector_size(W * 4), aligned(4), may_alias));
 
+using ivec = int32_t __attribute__((vector_size(W * 4)));
+
+inline vec splat(float x) { return vec{} + x; }
 inline vec vload(const float* p) { return *reinterpret_cast<const vec_u*>(p); }
 inline void vstore(float* p, vec x) { *reinterpret_cast<vec_u*>(p) = x; }
 
@@ -32,6 +35,7 @@ inline void vstore(float* p, vec x) { *reinterpret_cast<vec_u*>(p) = x; }
 // two column vectors and a broadcast row value fit the 16 vector registers of SSE2 and AVX2.
 constexpr int64_t RT = 6;
 constexpr int64_t VT = 2 * W;
+constexpr float kLn2 = 0.693147182f;
 
 inline int64_t round_up(int64_t n, int64_t to) { return (n + to - 1) / to * to; }
 
@@ -95,6 +99,7 @@ struct Scratch {
     std::vector<float> p;               // [rp][cp], scores, then probabilities
     std::vector<float> o;               // [rp][dp], unnormalised output
     std::vector<float> mx, sum, alpha;  // per row: running max, running sum, this block's rescale
+    std::vector<float> top;             // [rp][W]: lane-wise max of this block's scores per row
 
     explicit Scratch(const Shape& s)
         : rp(round_up(s.bs, RT)),
@@ -105,13 +110,18 @@ struct Scratch {
           o(static_cast<size_t>(rp * dp)),
           mx(static_cast<size_t>(rp)),
           sum(static_cast<size_t>(rp)),
-          alpha(static_cast<size_t>(rp)) {}
+          alpha(static_cast<size_t>(rp)),
+          top(static_cast<size_t>(rp * W)) {}
 };
 
-// p[r][c] = sum_e q[r][e] kt[e][c] over every padded row and the key tiles holding c keys.
+// p[r][c] = sum_e q[r][e] kt[e][c] over every padded row and the key tiles holding c keys;
+// top[r] the lane-wise max of row r's tiles (NaN scores skipped).
 inline void scores(Scratch& w, const float* kt, int64_t d, int64_t c) {
     for (int64_t r0 = 0; r0 < w.rp; r0 += RT) {
         const float* qr = w.q.data() + r0 * d;
+        for (int64_t i = 0; i < RT; ++i) {
+            vstore(w.top.data() + (r0 + i) * W, splat(-std::numeric_limits<float>::infinity()));
+        }
         for (int64_t c0 = 0; c0 < c; c0 += VT) {
             vec a0[RT] = {}, a1[RT] = {};
             for (int64_t e = 0; e < d; ++e) {
@@ -128,32 +138,72 @@ inline void scores(Scratch& w, const float* kt, int64_t d, int64_t c) {
                 float* prow = w.p.data() + (r0 + i) * w.cp + c0;
                 vstore(prow, a0[i]);
                 vstore(prow + W, a1[i]);
+                float* t = w.top.data() + (r0 + i) * W;
+                vec m = vload(t);
+                m = a0[i] > m ? a0[i] : m;  // false for a NaN score: the max skips it
+                m = a1[i] > m ? a1[i] : m;
+                vstore(t, m);
             }
         }
     }
 }
 
+// 2^a lane by lane for a <= 0 (the scores are in base 2: q was scaled by log2 e), 0 below
+// -126: a = n + r with n an integer and |r| <= 1/2, and 2^r = exp(r ln 2) by elementwise.h's
+// polynomial. A NaN lane gives a finite value (the caller keeps NaN scores itself).
+inline vec exp2_nonpositive(vec a) {
+    const vec clamped = a > -126.0f ? a : splat(-126.0f);
+    const vec shifted = clamped + kRound;
+    const vec x = (clamped - (shifted - kRound)) * kLn2;
+    vec p = splat(1.38204684e-3f);
+    p = p * x + 8.36925115e-3f;
+    p = p * x + 4.16682847e-2f;
+    p = p * x + 1.66665167e-1f;
+    p = p * x + 4.99999940e-1f;
+    const vec em1 = p * (x * x) + x;
+    const ivec n = reinterpret_cast<ivec>(shifted) - as_int(kRound);
+    const vec scale = reinterpret_cast<vec>((n + 127) << 23);
+    const vec e = em1 * scale + scale;
+    return a >= -126.0f ? e : vec{};
+}
+
+// One lane's 2^a, as exp2_nonpositive.
+inline float exp2_nonpositive(float a) { return exp2_nonpositive(splat(a))[0]; }
+
 // The online-softmax step of one row over its c scores: new max, rescale of what came before,
-// scores replaced by exp(score - max), running sum updated. A NaN score stays NaN (the max
+// scores replaced by 2^(score - max), running sum updated. A NaN score stays NaN (the max
 // skips it and exp_nonpositive would make it 0), so it reaches the row's output as in torch.
+// A whole row of padded width (c == cp) runs in vectors; a short last block lane by lane.
 inline void softmax_step(Scratch& w, int64_t r, int64_t c) {
     float* row = w.p.data() + r * w.cp;
     const float before = w.mx[r];
-    float top = before;
+    float top = before, total = 0.0f;
+    if (c == w.cp) {
+        const float* m = w.top.data() + r * W;  // the scores' lane-wise max
+        for (int64_t l = 0; l < W; ++l) top = std::max(top, m[l]);
+        vec acc = {};
+        for (int64_t j = 0; j < c; j += W) {
+            const vec x = vload(row + j);
+            const vec e = x == x ? exp2_nonpositive(x - top) : x;
+            vstore(row + j, e);
+            acc += e;
+        }
+        for (int64_t l = 0; l < W; ++l) total += acc[l];
+    } else {
 #pragma omp simd reduction(max : top)
-    for (int64_t j = 0; j < c; ++j) top = std::max(top, row[j]);
+        for (int64_t j = 0; j < c; ++j) top = std::max(top, row[j]);
+#pragma omp simd reduction(+ : total)
+        for (int64_t j = 0; j < c; ++j) {
+            const float x = row[j];
+            const float e = x != x ? x : exp2_nonpositive(x - top);
+            row[j] = e;
+            total += e;
+        }
+    }
     w.alpha[r] = before == -std::numeric_limits<float>::infinity()
                      ? 0.0f
-                     : exp_nonpositive(before - top);
+                     : exp2_nonpositive(before - top);
     w.mx[r] = top;
-    float total = 0.0f;
-#pragma omp simd reduction(+ : total)
-    for (int64_t j = 0; j < c; ++j) {
-        const float x = row[j];
-        const float e = x != x ? x : exp_nonpositive(x - top);
-        row[j] = e;
-        total += e;
-    }
     w.sum[r] = w.sum[r] * w.alpha[r] + total;
 }
 
@@ -194,10 +244,11 @@ void query_block(const typename T::storage* q, typename T::storage* out, const P
                  const Shape& s, float scale, Scratch& w) {
     const int64_t d = s.d;
     const int64_t r0 = i * s.bs, rows = std::min(s.bs, s.sq - r0);
+    const float scale2 = scale * kLog2e;  // scores in base 2
     std::fill(w.q.begin(), w.q.end(), 0.0f);
     for (int64_t r = 0; r < rows; ++r) {
         const auto* src = q + (r0 + r) * d;
-        for (int64_t e = 0; e < d; ++e) w.q[r * d + e] = T::load(src[e]) * scale;
+        for (int64_t e = 0; e < d; ++e) w.q[r * d + e] = T::load(src[e]) * scale2;
     }
     std::fill(w.o.begin(), w.o.end(), 0.0f);
     std::fill(w.p.begin(), w.p.end(), 0.0f);  // padded rows stay zero: they add nothing

@@ -61,28 +61,35 @@ bool lists_valid(const void* index, const void* count, bool wide, const Shape& s
     return true;
 }
 
-// One head's keys and values as fp32, packed once and read by every query block: block j's
-// keys transposed ([d][cp], zero-padded keys) and its values ([cp][dp], zero-padded columns).
+// Up to `heads` heads' keys and values as fp32, packed once and read by every query block: block
+// slot t (head t / nk, block t % nk) holds its keys transposed ([d][cp], zero-padded keys) and
+// its values ([cp][dp], zero-padded columns).
 struct Packed {
-    int64_t cp, dp;
+    int64_t cp, dp, heads;
     std::vector<float> kt, v;
+
+    // As many heads as fit kMaxFloats (at least one).
+    static constexpr int64_t kMaxFloats = int64_t{1} << 23;
 
     explicit Packed(const Shape& s)
         : cp(round_up(s.bs, VT)),
           dp(round_up(s.d, VT)),
-          kt(static_cast<size_t>(s.nk * s.d * cp), 0.0f),
-          v(static_cast<size_t>(s.nk * cp * dp), 0.0f) {}
+          heads(std::clamp<int64_t>(kMaxFloats / std::max<int64_t>(1, s.nk * cp * (s.d + dp)),
+                                    1, s.bh)),
+          kt(static_cast<size_t>(heads * s.nk * s.d * cp), 0.0f),
+          v(static_cast<size_t>(heads * s.nk * cp * dp), 0.0f) {}
 
-    const float* keys(int64_t j, int64_t d) const { return kt.data() + j * d * cp; }
-    const float* values(int64_t j) const { return v.data() + j * cp * dp; }
+    const float* keys(int64_t t, int64_t d) const { return kt.data() + t * d * cp; }
+    const float* values(int64_t t) const { return v.data() + t * cp * dp; }
 };
 
+// Block j of one head's k and v into slot t.
 template <typename T>
-void pack_block(const typename T::storage* k, const typename T::storage* v, int64_t j,
+void pack_block(const typename T::storage* k, const typename T::storage* v, int64_t j, int64_t t,
                 const Shape& s, Packed& pk) {
     const int64_t d = s.d, c0 = j * s.bs, keys = std::min(s.bs, s.skv - c0);
-    float* kt = pk.kt.data() + j * d * pk.cp;
-    float* vb = pk.v.data() + j * pk.cp * pk.dp;
+    float* kt = pk.kt.data() + t * d * pk.cp;
+    float* vb = pk.v.data() + t * pk.cp * pk.dp;
     for (int64_t c = 0; c < keys; ++c) {
         const auto* krow = k + (c0 + c) * d;
         const auto* vrow = v + (c0 + c) * d;
@@ -241,7 +248,7 @@ inline void accumulate(Scratch& w, const float* v, int64_t c) {
 template <typename T>
 void query_block(const typename T::storage* q, typename T::storage* out, const Packed& pk,
                  const void* index, int64_t count, bool wide, int64_t task, int64_t i,
-                 const Shape& s, float scale, Scratch& w) {
+                 int64_t slot0, const Shape& s, float scale, Scratch& w) {
     const int64_t d = s.d;
     const int64_t r0 = i * s.bs, rows = std::min(s.bs, s.sq - r0);
     const float scale2 = scale * kLog2e;  // scores in base 2
@@ -258,12 +265,12 @@ void query_block(const typename T::storage* q, typename T::storage* out, const P
     for (int64_t t = 0; t < count; ++t) {
         const int64_t j = entry(index, task * s.m + t, wide);
         const int64_t keys = std::min(s.bs, s.skv - j * s.bs);
-        scores(w, pk.keys(j, d), d, keys);
+        scores(w, pk.keys(slot0 + j, d), d, keys);
         for (int64_t r = 0; r < rows; ++r) softmax_step(w, r, keys);
         for (int64_t r = rows; r < w.rp; ++r) {
             std::fill(w.p.begin() + r * w.cp, w.p.begin() + (r + 1) * w.cp, 0.0f);
         }
-        accumulate(w, pk.values(j), keys);
+        accumulate(w, pk.values(slot0 + j), keys);
     }
     for (int64_t r = 0; r < rows; ++r) {
         const float inv = w.sum[r] > 0.0f ? 1.0f / w.sum[r] : 0.0f;
@@ -274,7 +281,8 @@ void query_block(const typename T::storage* q, typename T::storage* out, const P
     }
 }
 
-// Head by head: the threads pack the head's keys and values, then share its query blocks.
+// Group by group of heads (as many as Packed holds): the threads pack the group's keys and
+// values, then share all its query blocks (one barrier per group, not per head).
 template <typename T>
 void block_sparse_attention(const void* qp, const void* kp, const void* vp, const void* index,
                             const void* count, void* outp, bool wide, const Shape& s, float scale,
@@ -287,15 +295,19 @@ void block_sparse_attention(const void* qp, const void* kp, const void* vp, cons
 #pragma omp parallel num_threads(threads)
     {
         Scratch w(s);
-        for (int64_t head = 0; head < s.bh; ++head) {
-            const int64_t kv = head * s.skv * s.d, at = head * s.sq * s.d;
+        for (int64_t h0 = 0; h0 < s.bh; h0 += pk.heads) {
+            const int64_t hn = std::min(pk.heads, s.bh - h0);
 #pragma omp for schedule(static)
-            for (int64_t j = 0; j < s.nk; ++j) pack_block<T>(k + kv, v + kv, j, s, pk);
+            for (int64_t t = 0; t < hn * s.nk; ++t) {
+                const int64_t kv = (h0 + t / s.nk) * s.skv * s.d;
+                pack_block<T>(k + kv, v + kv, t % s.nk, t, s, pk);
+            }
 #pragma omp for schedule(dynamic)
-            for (int64_t i = 0; i < s.nq; ++i) {
-                const int64_t task = head * s.nq + i;
+            for (int64_t t = 0; t < hn * s.nq; ++t) {
+                const int64_t g = t / s.nq, i = t % s.nq, head = h0 + g;
+                const int64_t task = head * s.nq + i, at = head * s.sq * s.d;
                 query_block<T>(q + at, y + at, pk, index, entry(count, task, wide), wide, task, i,
-                               s, scale, w);
+                               g * s.nk, s, scale, w);
             }
         }
     }

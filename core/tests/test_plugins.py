@@ -1,14 +1,16 @@
 from __future__ import annotations
 
+import logging
 import sys
 import threading
 
 import click
+import pluggy
 import pytest
 from click.testing import CliRunner
 
 import spore
-from spore.plugins import PluginError, Selection, Status
+from spore.plugins import PluginError, PluginManager, Selection, Status
 
 
 def _statuses(manager) -> dict[str, tuple[Status, str]]:
@@ -240,3 +242,58 @@ def test_core_builtin_plugin_is_listed_with_include_builtin(spore_manager) -> No
         "fallback-tensor-overhead",
         "offload-disk-mlp-step",
     ]
+
+
+class _PublishedHooks:
+    hookspec = pluggy.HookspecMarker("spore")
+
+    @hookspec
+    def acme_register_widgets(self, registry):
+        """A hook a plugin publishes for others."""
+
+
+class _Widgets:
+    def __init__(self, name: str) -> None:
+        self.name, self.items = name, []
+
+
+def _manager_with(plugins: dict[str, object], **kwargs) -> PluginManager:
+    manager = PluginManager({}, **kwargs)
+    manager._state = "loaded"  # registered by hand below, not discovered from entry points
+    manager.pm.add_hookspecs(_PublishedHooks)
+    for name, plugin in plugins.items():
+        manager.pm.register(plugin, name=name)
+    return manager
+
+
+class _Good:
+    @staticmethod
+    @spore.hookimpl
+    def acme_register_widgets(registry):
+        registry.items.append("gear")
+
+
+class _Broken:
+    @staticmethod
+    @spore.hookimpl
+    def acme_register_widgets(registry):
+        raise RuntimeError("no widgets today")
+
+
+def test_collect_calls_a_published_hook_once_per_plugin(caplog) -> None:
+    manager = _manager_with({"zbroken": _Broken(), "agood": _Good()})
+    with caplog.at_level(logging.WARNING, logger="spore.plugins"):
+        found = manager.collect("acme_register_widgets", _Widgets, skipped="its widgets are lost")
+    assert [(name, w.name, w.items) for name, w in found] == [("agood", "agood", ["gear"])]
+    assert (
+        "spore plugin 'zbroken': hook acme_register_widgets raised: RuntimeError: no widgets "
+        "today; its widgets are lost"
+    ) in caplog.text
+    assert manager.collect("nobody_published_this", _Widgets, skipped="") == []
+
+
+@pytest.mark.parametrize("kwargs", [{"strict": True}, {"requested": ["zbroken"]}])
+def test_collect_raises_for_a_broken_plugin_when_strict_or_asked_for(kwargs) -> None:
+    manager = _manager_with({"zbroken": _Broken()}, **kwargs)
+    with pytest.raises(PluginError, match="'zbroken': hook acme_register_widgets raised"):
+        manager.collect("acme_register_widgets", _Widgets, skipped="")

@@ -17,7 +17,7 @@ import os
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import AbstractContextManager, contextmanager
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import pluggy
 
@@ -48,6 +48,7 @@ REGISTRY_HOOKS = {
 }
 
 log = logging.getLogger("spore.plugins")
+T = TypeVar("T")
 
 
 class PluginError(RuntimeError):
@@ -310,6 +311,39 @@ class PluginManager:
             if result is not None:
                 return impl.plugin_name, result
         return None
+
+    def collect(
+        self, hookname: str, make: Callable[[str], T], *, skipped: str
+    ) -> list[tuple[str, T]]:
+        """Call a hook a plugin published (through ``spore_addhooks``) on each live plugin, by
+        name, each with its own argument ``make(plugin_name)`` (e.g. a registry); returns the
+        ``(plugin name, argument)`` pairs of the calls that returned. A plugin whose hook raises
+        is left out with a warning ending in ``skipped`` (what it loses), or is a
+        :class:`PluginError` under strict mode or when the plugin was asked for by name. A hook
+        nobody published gives ``[]``.
+
+        .. versionadded:: 0.1.0
+        """
+        self.load()
+        caller = getattr(self.pm.hook, hookname, None)
+        if caller is None:
+            return []
+        found: list[tuple[str, T]] = []
+        for impl in sorted(caller.get_hookimpls(), key=lambda i: i.plugin_name):
+            info = self._infos.get(impl.plugin_name)
+            if info is not None and info.status not in (None, Status.ACTIVE):
+                continue
+            argument = make(impl.plugin_name)
+            try:
+                impl.function(**{name: argument for name in impl.argnames})
+            except Exception as exc:
+                message = f"spore plugin {impl.plugin_name!r}: hook {hookname} raised"
+                if self.strict or impl.plugin_name in self.requested:
+                    raise PluginError(f"{message}: {exc}") from exc
+                log.warning("%s: %s: %s; %s", message, type(exc).__name__, exc, skipped)
+                continue
+            found.append((impl.plugin_name, argument))
+        return found
 
     def run_doctor(self, report: Report) -> None:
         """Collect ``spore_doctor`` checks from the core and each live plugin."""

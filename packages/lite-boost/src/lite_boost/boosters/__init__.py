@@ -8,7 +8,6 @@ model's class name or the name of one of its base classes. :func:`boost` applies
 
 from __future__ import annotations
 
-import logging
 import threading
 import weakref
 from collections.abc import Callable
@@ -18,7 +17,6 @@ from typing import Any
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
-log = logging.getLogger("lite_boost")
 HOOK = "lite_boost_register_boosters"
 
 
@@ -85,32 +83,18 @@ def register_booster(
 
 
 def _plugin_boosters() -> dict[str, Booster]:
-    from spore.plugins import PluginError, get_manager
+    from spore.plugins import get_manager
 
     manager = get_manager()
-    manager.load()
     with _lock:
-        if manager in _from_plugins:
-            return _from_plugins[manager]
-        found: dict[str, Booster] = {}
-        caller = getattr(manager.pm.hook, HOOK, None)
-        impls = caller.get_hookimpls() if caller is not None else []
-        for impl in sorted(impls, key=lambda i: i.plugin_name):
-            registry = BoosterRegistry(impl.plugin_name)
-            try:
-                impl.function(**{name: registry for name in impl.argnames})
-            except Exception as exc:
-                message = f"spore plugin {impl.plugin_name!r}: hook {HOOK} raised"
-                if manager.strict or impl.plugin_name in manager.requested:
-                    raise PluginError(f"{message}: {exc}") from exc
-                log.warning(
-                    "%s: %s: %s; its boosters are skipped", message, type(exc).__name__, exc
-                )
-                continue
-            for name, booster in registry.boosters.items():
-                found.setdefault(name, booster)
-        _from_plugins[manager] = found
-        return found
+        if manager not in _from_plugins:
+            found: dict[str, Booster] = {}
+            calls = manager.collect(HOOK, BoosterRegistry, skipped="its boosters are skipped")
+            for _, registry in calls:
+                for name, booster in registry.boosters.items():
+                    found.setdefault(name, booster)
+            _from_plugins[manager] = found
+        return _from_plugins[manager]
 
 
 BUILTIN = ("lite_boost.boosters.wan",)

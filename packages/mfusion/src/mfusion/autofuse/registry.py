@@ -95,26 +95,10 @@ def register_region_compiler(compiler: RegionCompiler) -> Registration:
 
 
 def _collect(manager: Any) -> list[RegionCompiler]:
-    from spore.plugins import PluginError
-
-    caller = getattr(manager.pm.hook, HOOK, None)
-    if caller is None:
-        return []
-    found: list[RegionCompiler] = []
-    for impl in sorted(caller.get_hookimpls(), key=lambda i: i.plugin_name):
-        registry = RegionCompilerRegistry()
-        try:
-            impl.function(**{name: registry for name in impl.argnames})
-        except Exception as exc:
-            message = f"spore plugin {impl.plugin_name!r}: hook {HOOK} raised"
-            if manager.strict or impl.plugin_name in manager.requested:
-                raise PluginError(f"{message}: {exc}") from exc
-            log.warning(
-                "%s: %s: %s; its region compilers are skipped", message, type(exc).__name__, exc
-            )
-            continue
-        found.extend(registry)
-    return found
+    calls = manager.collect(
+        HOOK, lambda _plugin: RegionCompilerRegistry(), skipped="its region compilers are skipped"
+    )
+    return [compiler for _, registry in calls for compiler in registry]
 
 
 def plugin_compilers() -> list[RegionCompiler]:

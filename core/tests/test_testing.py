@@ -85,3 +85,16 @@ def test_run_spore_fixture(tmp_path, fixtures_dir) -> None:
     done = childproc.run([*map(str, command), str(tmp_path)], env=env, timeout=600, check=False)
     assert "2 passed, 1 failed" in done.stdout or "1 failed, 2 passed" in done.stdout, done.stdout
     assert "-m spore doctor` did not finish within 0.01s (killed)" in done.stdout
+
+
+def test_spore_plugin_source_makes_a_discoverable_plugin(spore_plugin_source, spore_manager):
+    spore_plugin_source(
+        "from-source",
+        "import spore\n\n@spore.hookimpl\ndef spore_doctor(report):\n"
+        "    report.add('x', 'ok', 'y')\n",
+    )
+    manager = spore_manager({"SPORE_PLUGINS": "from-source"})
+    (info,) = [i for i in manager.plugins() if i.name == "from-source"]
+    assert info.status.value == "active"
+    assert info.version == "0.1.0"
+    assert "spore_test_plugin_from_source" in sys.modules

@@ -8,6 +8,10 @@ Fixtures:
     the process-wide manager for the rest of the test.
 ``spore_plugin_contract``
     :func:`check_plugin_contract`, for ``spore_plugin_contract("myplugin")``.
+``spore_plugin_source``
+    ``add(name, source)``: a plugin distribution ``name`` (version 0.1.0, entry point
+    ``name = <module>``) whose module holds ``source``, put on ``sys.path`` for the test; its
+    module is forgotten afterwards. Use ``spore_manager`` after it so discovery sees it.
 ``run_spore``
     ``run_spore(*args, env=None, timeout=120, cwd=None) -> CompletedProcess[str]``: the ``spore``
     command line in a child process (``python -m spore ARGS``) with captured text output. The
@@ -152,6 +156,35 @@ def spore_manager() -> Iterator[ManagerFactory]:
             return manager
 
         yield make
+
+
+@pytest.fixture
+def spore_plugin_source(
+    tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[Any]:
+    """Writes plugin distributions from source (see the module docstring)."""
+    import importlib
+
+    root = tmp_path_factory.mktemp("spore_plugins")
+    modules: list[str] = []
+    monkeypatch.syspath_prepend(str(root))
+
+    def add(name: str, source: str) -> None:
+        module = f"spore_test_plugin_{normalize(name).replace('-', '_')}"
+        (root / f"{module}.py").write_text(source)
+        info = root / f"{name}-0.1.0.dist-info"
+        info.mkdir()
+        (info / "METADATA").write_text(
+            f"Metadata-Version: 2.1\nName: {name}\nVersion: 0.1.0\n"
+            "Requires-Dist: spore-core>=0.1,<0.2\n"
+        )
+        (info / "entry_points.txt").write_text(f"[{ENTRY_POINT_GROUP}]\n{name} = {module}\n")
+        modules.append(module)
+        importlib.invalidate_caches()
+
+    yield add
+    for module in modules:
+        sys.modules.pop(module, None)
 
 
 @pytest.fixture

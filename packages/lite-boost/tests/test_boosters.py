@@ -3,12 +3,9 @@ boosters from another plugin's hook (and one whose hook raises), the CLI."""
 
 from __future__ import annotations
 
-import importlib
 import logging
-import sys
 import textwrap
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any
 
 import pydantic
@@ -18,7 +15,6 @@ from click.testing import CliRunner
 from lite_boost import boosters
 from lite_boost.cli import group
 
-MODULE = "lite_boost_fixture"
 PLUGIN = textwrap.dedent(
     """
     import spore
@@ -94,27 +90,10 @@ def test_bad_options_and_unknown_models_are_refused(toy_booster):
         boosters.register_booster("ToyBase")(lambda m, o: None)
 
 
-def _write_distribution(root: Path, name: str, source: str) -> None:
-    module = f"{MODULE}_{name}"
-    (root / f"{module}.py").write_text(source)
-    info = root / f"{name}-0.1.0.dist-info"
-    info.mkdir()
-    (info / "METADATA").write_text(
-        f"Metadata-Version: 2.1\nName: {name}\nVersion: 0.1.0\n"
-        "Requires-Dist: spore-core>=0.1,<0.2\n"
-    )
-    (info / "entry_points.txt").write_text(f"[spore.plugins]\n{name} = {module}\n")
-
-
 @pytest.fixture
-def booster_plugins(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+def booster_plugins(spore_plugin_source: Callable[[str, str], None]) -> None:
     for name, source in {"aplugin": PLUGIN, "zbroken": BROKEN}.items():
-        _write_distribution(tmp_path, name, source)
-    monkeypatch.syspath_prepend(str(tmp_path))
-    importlib.invalidate_caches()
-    yield
-    for name in [m for m in sys.modules if m.startswith(MODULE)]:
-        del sys.modules[name]
+        spore_plugin_source(name, source)
 
 
 def _only(*keep: str) -> dict[str, str]:

@@ -4,13 +4,11 @@
 
 from __future__ import annotations
 
-import importlib
 import importlib.metadata as metadata
 import logging
 import sys
 import textwrap
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -22,7 +20,7 @@ from spore.plugins import ENTRY_POINT_GROUP, PluginError
 
 REGION = "mfusion_regions."  # the namespace of outlined region ops
 
-MODULE = "spore_autofuse_fixture"
+MODULE = "spore_test_plugin_"  # how spore_plugin_source names the plugin modules
 
 PLUGIN_SOURCE = textwrap.dedent(
     """
@@ -62,34 +60,12 @@ BROKEN_SOURCE = textwrap.dedent(
 PLUGINS = {"aregions": PLUGIN_SOURCE, "zbroken": BROKEN_SOURCE}
 
 
-def _write_distribution(root: Path, name: str, source: str) -> None:
-    module = f"{MODULE}_{name}"
-    (root / f"{module}.py").write_text(source)
-    info = root / f"{name}-0.1.0.dist-info"
-    info.mkdir()
-    (info / "METADATA").write_text(
-        f"Metadata-Version: 2.1\nName: {name}\nVersion: 0.1.0\n"
-        "Requires-Dist: spore-core>=0.1,<0.2\n"
-    )
-    (info / "entry_points.txt").write_text(f"[spore.plugins]\n{name} = {module}\n")
-
-
-def _forget_modules() -> None:
-    for name in [m for m in sys.modules if m.startswith(MODULE)]:
-        del sys.modules[name]
-
-
 @pytest.fixture
-def region_plugins(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+def region_plugins(spore_plugin_source: Callable[[str, str], None]) -> None:
     """Two plugin distributions on ``sys.path``: ``aregions`` (an eager region compiler) and
     ``zbroken`` (its hook raises)."""
     for name, source in PLUGINS.items():
-        _write_distribution(tmp_path, name, source)
-    monkeypatch.syspath_prepend(str(tmp_path))
-    importlib.invalidate_caches()
-    _forget_modules()
-    yield
-    _forget_modules()
+        spore_plugin_source(name, source)
 
 
 @pytest.fixture
@@ -106,7 +82,7 @@ def _except(*keep: str) -> str:
 
 
 def plugin_compiler() -> EagerRegionCompiler:
-    return sys.modules[f"{MODULE}_aregions"].COMPILER
+    return sys.modules[f"{MODULE}aregions"].COMPILER
 
 
 def region_ops(graph_counts: Any) -> int:

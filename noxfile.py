@@ -1,5 +1,5 @@
-"""Spore's sessions: lint, core, tests(<package>) per catalog entry, integration; and, not run
-by default, mfusion_full, mindspore, bench and build (the release artifacts).
+"""Spore's sessions: lint, core, tests(<package>) per catalog entry, integration, protenix; and,
+not run by default, mfusion_full, mindspore, bench and build (the release artifacts).
 
 Every install uses `-c constraints.txt`, so torch resolves to the 2.13.0 CPU build.
 """
@@ -148,6 +148,21 @@ def mindspore(session: nox.Session) -> None:
     """
     session.install("torch==2.13.0", "mindspore==2.10.0", "numpy<2", "./core[test]")
     session.run("pytest", "core/tests_mindspore", *session.posargs)
+
+
+@nox.session
+def protenix(session: nox.Session) -> None:
+    """sci-protenix's modules against Protenix's own with the same weights.
+
+    Protenix pins an older torch, so it is installed without its dependencies, plus the few
+    its model modules import; LAYERNORM_TYPE=torch keeps its layer norm off the CUDA extension.
+    """
+    entry = PACKAGES["sci-protenix"]
+    _install(session, *_local_closure(entry.path), test=f"./{entry.path}")
+    session.install(*CONSTRAINTS, "--no-deps", "protenix")
+    session.install(*CONSTRAINTS, "rdkit", "optree", "ml-collections", "scipy")
+    tests = f"{entry.path}/tests_protenix"
+    session.run("pytest", tests, *session.posargs, env={"LAYERNORM_TYPE": "torch"})
 
 
 @nox.session(default=False)

@@ -1,0 +1,34 @@
+"""`MemoryPlan`: how a Pairformer runs within a memory budget (chunk sizes and recompute).
+
+Made by :func:`sci_protenix.plan` from a token count and a budget, or written by hand; the
+modules read it from their ``plan`` attribute (set by :func:`sci_protenix.apply_plan`). A chunk
+size of ``None`` runs that module whole.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+ChunkSize = int | None
+
+
+class MemoryPlan(BaseModel):
+    """Chunk sizes per module kind and the recompute policy of a Pairformer/MSA stack."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    tri_mul: ChunkSize = Field(None, gt=0, description="output rows per chunk: triangle mult.")
+    tri_att: ChunkSize = Field(None, gt=0, description="rows per chunk: triangle attention")
+    transition: ChunkSize = Field(None, gt=0, description="rows per chunk: transitions")
+    pair_bias: ChunkSize = Field(None, gt=0, description="queries per chunk: pair-bias attention")
+    outer_product: ChunkSize = Field(None, gt=0, description="rows per chunk: outer product mean")
+    msa: ChunkSize = Field(None, gt=0, description="MSA rows per chunk: pair-weighted averaging")
+    recompute: Literal["none", "block", "selective"] = Field(
+        "none",
+        description="training: keep every activation ('none'), recompute each block in backward "
+        "('block'), or recompute all but the matmul outputs ('selective')",
+    )
+    blocks_per_checkpoint: int = Field(1, gt=0, description="blocks per recomputed segment")
+    inplace: bool = Field(False, description="inference only: accumulate residuals in place")

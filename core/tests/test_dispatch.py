@@ -247,3 +247,30 @@ def test_spore_ops_cli(run_spore) -> None:
         }
     ]
     assert "No graph passes registered" in run_spore("passes").stdout
+
+
+def test_registrar_defines_and_registers_under_its_provider() -> None:
+    registrar = dispatch.Registrar("reg_provider")
+    name = f"t_rms_{next(_names)}"
+    schema = "(Tensor x, Tensor w, float eps) -> Tensor"
+    op = registrar.define(name, schema, reference=_rms)
+    assert registrar.define(name, schema, reference=_rms) is op
+    x, w = _inputs()
+    ran = []
+
+    def kernel(x, w, eps):
+        ran.append(True)
+        return _rms(x, w, eps)
+
+    registrar.kernel(op, "cpu", kernel, priority=1)
+    registrar.kernel(op, "cpu", _rms, provider="reg_provider:other")
+    assert sorted(k.provider for k in op.candidates("cpu")) == [
+        "reg_provider",
+        "reg_provider:other",
+    ]
+    torch.testing.assert_close(op(x, w, 1e-6), _rms(x, w, 1e-6))
+    assert ran == [True]
+    with pytest.raises(ValueError, match="'reg_provider' or 'reg_provider':<name>"):
+        registrar.kernel(op, "cpu", _rms, provider="someone_else")
+    dispatch.unregister_provider("reg_provider")
+    assert op.candidates("cpu") == []

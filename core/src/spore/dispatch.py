@@ -274,6 +274,45 @@ def register_kernel(
     return kernel
 
 
+class Registrar:
+    """The ops registry's ``define``/``kernel`` calls, made straight onto this module under
+    ``provider``: how a package registers its ops at import, without the plugin manager.
+
+    When the plugin manager later hands the package's ``spore_register_ops`` hook the ops
+    registry, the same calls define nothing new and record the ops and kernels as the plugin's.
+
+    .. versionadded:: 0.1.0
+    """
+
+    def __init__(self, provider: str) -> None:
+        self.provider = provider
+
+    def define(self, name: str, schema: str, **kwargs: Any) -> Op:
+        """:func:`define`."""
+        return define(name, schema, **kwargs)
+
+    def kernel(
+        self,
+        op: Op | str,
+        device: str,
+        fn: Callable[..., Any],
+        *,
+        priority: int = 0,
+        supports: Callable[..., bool] | None = None,
+        provider: str | None = None,
+    ) -> Kernel:
+        """:func:`register_kernel` as ``provider`` or the given sub-provider
+        ``"<provider>:<name>"``."""
+        if provider is not None and not provider.startswith(f"{self.provider}:"):
+            raise ValueError(
+                f"registrar {self.provider!r} registers kernels as {self.provider!r} or "
+                f"{self.provider!r}:<name>, not {provider!r}"
+            )
+        return register_kernel(
+            op, device, fn, provider=provider or self.provider, priority=priority, supports=supports
+        )
+
+
 def unregister_provider(provider: str) -> None:
     """Remove every kernel ``provider`` and its sub-providers (``"<provider>:<name>"``)
     registered (ops stay defined)."""

@@ -26,6 +26,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from spore import dispatch
+
 log = logging.getLogger("lite_boost")
 
 OP = "lite_boost_attention"
@@ -188,21 +190,7 @@ def register(registry: Any) -> Any:
     return op
 
 
-class _Dispatch:
-    """Registers straight onto :mod:`spore.dispatch` (at import, before any plugin loads)."""
-
-    def define(self, name: str, schema: str, **kwargs: Any) -> Any:
-        from spore import dispatch
-
-        return dispatch.define(name, schema, **kwargs)
-
-    def kernel(self, op: Any, device: str, fn: Callable[..., Any], **kwargs: Any) -> Any:
-        from spore import dispatch
-
-        return dispatch.register_kernel(op, device, fn, **kwargs)
-
-
-register(_Dispatch())
+register(dispatch.Registrar(PROVIDER))
 
 
 def attention(

@@ -98,3 +98,21 @@ def test_spore_plugin_source_makes_a_discoverable_plugin(spore_plugin_source, sp
     assert info.status.value == "active"
     assert info.version == "0.1.0"
     assert "spore_test_plugin_from_source" in sys.modules
+
+
+def test_run_readme_example_runs_the_use_block_in_a_fresh_folder(run_readme_example, tmp_path):
+    readme = tmp_path / "README.md"
+    readme.write_text(
+        "# p\n\n## Use\n\n```python\nimport os\nprint('cwd', os.getcwd())\n```\n\n"
+        "## Other\n\n```python\nprint('other')\n```\n"
+    )
+    shown = run_readme_example(readme)
+    assert shown == f"cwd {tmp_path}\n"
+    assert run_readme_example(readme, section="Other") == "other\n"
+
+
+def test_run_readme_example_fails_without_the_block(run_readme_example, tmp_path):
+    readme = tmp_path / "README.md"
+    readme.write_text("# p\n\n## Use\n\nno code here\n")
+    with pytest.raises(pytest.fail.Exception, match="lacks the python example under ## Use"):
+        run_readme_example(readme)

@@ -12,6 +12,10 @@ Fixtures:
     ``add(name, source)``: a plugin distribution ``name`` (version 0.1.0, entry point
     ``name = <module>``) whose module holds ``source``, put on ``sys.path`` for the test; its
     module is forgotten afterwards. Use ``spore_manager`` after it so discovery sees it.
+``run_readme_example``
+    ``run(readme, section="Use") -> str``: runs the python block that opens ``## <section>`` of
+    the Markdown file ``readme`` as ``__main__`` in a fresh temporary working directory and
+    returns what it printed; fails the test when there is no such block.
 ``run_spore``
     ``run_spore(*args, env=None, timeout=120, cwd=None) -> CompletedProcess[str]``: the ``spore``
     command line in a child process (``python -m spore ARGS``) with captured text output. The
@@ -25,6 +29,8 @@ from __future__ import annotations
 import importlib.metadata as metadata
 import json
 import os
+import re
+import runpy
 import subprocess
 import sys
 import tempfile
@@ -185,6 +191,27 @@ def spore_plugin_source(
     yield add
     for module in modules:
         sys.modules.pop(module, None)
+
+
+@pytest.fixture
+def run_readme_example(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: Any
+) -> Any:
+    """Runs a README's usage example (see the module docstring)."""
+
+    def run(readme: Path, section: str = "Use") -> str:
+        pattern = rf"## {re.escape(section)}\n\n```python\n(.*?)```"
+        block = re.search(pattern, Path(readme).read_text(), re.S)
+        if block is None:
+            pytest.fail(f"{readme} lacks the python example under ## {section}")
+        script = tmp_path / "readme_example.py"
+        script.write_text(block.group(1))
+        monkeypatch.chdir(tmp_path)
+        capsys.readouterr()
+        runpy.run_path(str(script), run_name="__main__")
+        return capsys.readouterr().out
+
+    return run
 
 
 @pytest.fixture

@@ -1,0 +1,208 @@
+"""MSA modules: chunked equals whole and the direct formulas; gradients through chunks; plans;
+in-place inference; bad inputs. fp32 tolerance: rtol 1e-5, atol 1e-6 (chunking splits no sum)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from sci_protenix.chunking import apply_plan
+from sci_protenix.memory_plan import MemoryPlan
+from sci_protenix.msa import MSAPairWeightedAveraging, MSAStack, OuterProductMean
+from torch import nn
+
+TOL = {"rtol": 1e-5, "atol": 1e-6}
+
+
+def randomized(module: nn.Module, seed: int = 0) -> nn.Module:
+    """``module`` with seeded random parameters (its zero-initialised outputs made non-trivial)."""
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, param in module.named_parameters():
+            noise = torch.randn(param.shape, generator=generator)
+            if param.dim() >= 2:
+                param.copy_(noise / param.shape[-1] ** 0.5)
+            else:
+                param.copy_((1.0 if name.endswith("weight") else 0.0) + 0.1 * noise)
+    return module
+
+
+def opm_direct(opm: OuterProductMean, m: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    """Outer product mean by its definition, one (i, j) sum over sequences at a time."""
+    if mask is None:
+        mask = torch.ones(m.shape[:-1])
+    normed = opm.layer_norm(m)
+    a = opm.linear_1(normed) * mask[..., None]
+    b = opm.linear_2(normed) * mask[..., None]
+    n = m.shape[-2]
+    out = torch.empty(*m.shape[:-3], n, n, opm.c_z)
+    for i in range(n):
+        for j in range(n):
+            outer = (a[..., :, i, :, None] * b[..., :, j, None, :]).sum(-3)
+            count = (mask[..., :, i] * mask[..., :, j]).sum(-1)[..., None]
+            out[..., i, j, :] = opm.linear_out(outer.flatten(-2)) / (count + opm.eps)
+    return out
+
+
+def pwa_direct(pwa: MSAPairWeightedAveraging, m: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+    """Pair-weighted averaging by its definition: explicit softmax and sums over tokens j."""
+    normed = pwa.layernorm_m(m)
+    v = pwa.linear_no_bias_mv(normed).unflatten(-1, (pwa.n_heads, pwa.c))
+    g = torch.sigmoid(pwa.linear_no_bias_mg(normed)).unflatten(-1, (pwa.n_heads, pwa.c))
+    logits = pwa.linear_no_bias_z(pwa.layernorm_z(z))  # [*, i, j, h]
+    w = logits.exp() / logits.exp().sum(-2, keepdim=True)
+    o = (w[..., None, :, :, :, None] * v[..., :, None, :, :, :]).sum(-3)  # [*, s, i, h, c]
+    return pwa.linear_no_bias_out((g * o).flatten(-2))
+
+
+class Calls:
+    """Counts the calls of a submodule (one per chunk)."""
+
+    def __init__(self, module: nn.Module) -> None:
+        self.count = 0
+        module.register_forward_hook(self._hook)
+
+    def _hook(self, *_: object) -> None:
+        self.count += 1
+
+
+@pytest.mark.parametrize("with_mask", [False, True])
+@pytest.mark.parametrize("chunk_size", [None, 1, 3, 7, 50])
+def test_outer_product_mean_matches_direct_formula(with_mask: bool, chunk_size: int | None) -> None:
+    opm = randomized(OuterProductMean(c_m=6, c_z=5, c_hidden=3)).eval()
+    m = torch.randn(2, 4, 7, 6)
+    mask = (torch.rand(2, 4, 7) > 0.3).float() if with_mask else None
+    with torch.no_grad():
+        expected = opm_direct(opm, m, mask)
+        got = opm(m, mask, chunk_size=chunk_size)
+    assert expected.abs().max() > 1e-2  # the update is not trivially zero
+    torch.testing.assert_close(got, expected, **TOL)
+
+
+@pytest.mark.parametrize("chunk_size", [None, 1, 2, 5, 9])
+def test_pair_weighted_averaging_matches_direct_formula(chunk_size: int | None) -> None:
+    pwa = randomized(MSAPairWeightedAveraging(c_m=6, c=4, c_z=5, n_heads=3)).eval()
+    m, z = torch.randn(2, 5, 6, 6), torch.randn(2, 6, 6, 5)
+    with torch.no_grad():
+        expected = pwa_direct(pwa, m, z)
+        got = pwa(m, z, chunk_size=chunk_size)
+    assert expected.abs().max() > 1e-2
+    torch.testing.assert_close(got, expected, **TOL)
+
+
+@settings(max_examples=20, deadline=None)
+@given(
+    s=st.integers(1, 5),
+    n=st.integers(1, 8),
+    chunk=st.integers(1, 9),
+    masked=st.booleans(),
+)
+def test_outer_product_mean_chunked_equals_whole(s: int, n: int, chunk: int, masked: bool) -> None:
+    opm = randomized(OuterProductMean(c_m=4, c_z=3, c_hidden=2)).eval()
+    m = torch.randn(s, n, 4)
+    mask = (torch.rand(s, n) > 0.3).float() if masked else None
+    with torch.no_grad():
+        torch.testing.assert_close(opm(m, mask, chunk_size=chunk), opm(m, mask), **TOL)
+
+
+def test_gradients_through_chunks_equal_plain_autograd() -> None:
+    opm = randomized(OuterProductMean(c_m=6, c_z=5, c_hidden=3))
+    pwa = randomized(MSAPairWeightedAveraging(c_m=6, c=4, c_z=5, n_heads=2), seed=1)
+    m0, z0 = torch.randn(4, 7, 6), torch.randn(7, 7, 5)
+    mask = (torch.rand(4, 7) > 0.2).float()
+    grads = []
+    for chunk in (None, 2, 3):
+        m, z = m0.clone().requires_grad_(), z0.clone().requires_grad_()
+        loss = (opm(m, mask, chunk_size=chunk) * z).sum() + pwa(
+            m, z, chunk_size=chunk
+        ).square().sum()
+        params = [*opm.parameters(), *pwa.parameters()]
+        grads.append(torch.autograd.grad(loss, [m, z, *params]))
+    for chunked_grads in grads[1:]:
+        for got, expected in zip(chunked_grads, grads[0], strict=True):
+            torch.testing.assert_close(got, expected, **TOL)
+
+
+def test_plan_chunk_sizes_override_the_argument() -> None:
+    opm = randomized(OuterProductMean(c_m=4, c_z=3, c_hidden=2)).eval()
+    pwa = randomized(MSAPairWeightedAveraging(c_m=4, c=2, c_z=3, n_heads=2)).eval()
+    m, z = torch.randn(5, 7, 4), torch.randn(7, 7, 3)
+    opm_calls, pwa_calls = Calls(opm.linear_out), Calls(pwa.linear_no_bias_out)
+    with torch.no_grad():
+        whole = opm(m), pwa(m, z)
+        apply_plan(opm, MemoryPlan(outer_product=3))
+        apply_plan(pwa, MemoryPlan(msa=2))
+        planned = opm(m, chunk_size=100), pwa(m, z, chunk_size=100)
+    assert (opm_calls.count, pwa_calls.count) == (1 + math.ceil(7 / 3), 1 + math.ceil(5 / 2))
+    for got, expected in zip(planned, whole, strict=True):
+        torch.testing.assert_close(got, expected, **TOL)
+
+
+def _stack_reference(stack: MSAStack, m: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+    """MSAStack by its definition on whole tensors (eval: no dropout)."""
+    m = m + pwa_direct(stack.msa_pair_weighted_averaging, m, z)
+    return m + stack.transition_m(m)
+
+
+@pytest.mark.parametrize("msa_chunk_size", [None, 1, 2, 6])
+def test_msa_stack_chunked_equals_reference(msa_chunk_size: int | None) -> None:
+    stack = randomized(MSAStack(c_m=6, c_z=5, c=3, msa_chunk_size=msa_chunk_size)).eval()
+    m, z = torch.randn(5, 6, 6), torch.randn(6, 6, 5)
+    with torch.no_grad():
+        expected = _stack_reference(stack, m, z)
+        got = stack(m, z)
+    torch.testing.assert_close(got, expected, **TOL)
+
+
+def test_msa_stack_in_place_inference_writes_into_m() -> None:
+    stack = randomized(MSAStack(c_m=6, c_z=5, c=3, msa_chunk_size=2)).eval()
+    m, z = torch.randn(5, 6, 6), torch.randn(6, 6, 5)
+    with torch.no_grad():
+        expected = stack(m, z)
+        target = m.clone()
+        got = stack(target, z, inplace_safe=True)
+        assert got.data_ptr() == target.data_ptr()
+        planned = apply_plan(stack, MemoryPlan(msa=3, inplace=True))(m.clone(), z)
+    torch.testing.assert_close(got, expected, **TOL)
+    torch.testing.assert_close(planned, expected, **TOL)
+    needs_grad = m.clone().requires_grad_()
+    out = stack(needs_grad, z, inplace_safe=True)
+    assert out.data_ptr() != needs_grad.data_ptr()  # never in place when a gradient is needed
+
+
+def test_msa_stack_dropout_mask_is_shared_across_chunks() -> None:
+    stack = randomized(MSAStack(c_m=6, c_z=5, c=3, dropout=0.5, msa_chunk_size=None)).train()
+    m, z = torch.randn(5, 6, 6), torch.randn(6, 6, 5)
+    torch.manual_seed(3)
+    whole = stack(m, z)
+    stack.msa_chunk_size = 2
+    torch.manual_seed(3)
+    chunked = stack(m, z)
+    torch.testing.assert_close(chunked, whole, **TOL)
+    stack.eval()
+    assert not torch.allclose(whole, stack(m, z))  # dropout did act in training
+
+
+@pytest.mark.parametrize("bad", [0, -2, 1.5, True])
+def test_bad_chunk_size_is_rejected(bad: object) -> None:
+    opm = OuterProductMean(c_m=4, c_z=3, c_hidden=2)
+    with pytest.raises(ValueError, match="chunk_size must be a positive int"):
+        opm(torch.randn(2, 3, 4), chunk_size=bad)
+
+
+def test_bad_shapes_are_rejected_with_the_fix() -> None:
+    opm = OuterProductMean(c_m=4, c_z=3, c_hidden=2)
+    pwa = MSAPairWeightedAveraging(c_m=4, c=2, c_z=3, n_heads=2)
+    with pytest.raises(ValueError, match=r"m must be an MSA \[\*, S, N, c_m\] with 4 channels"):
+        opm(torch.randn(2, 3, 5))
+    with pytest.raises(ValueError, match="mask must be an MSA mask"):
+        opm(torch.randn(2, 3, 4), torch.ones(3, 2))
+    with pytest.raises(ValueError, match="z must be square"):
+        pwa(torch.randn(2, 3, 4), torch.randn(3, 4, 3))
+    with pytest.raises(ValueError, match="m has 3 tokens"):
+        pwa(torch.randn(2, 3, 4), torch.randn(5, 5, 3))
+    with pytest.raises(TypeError, match=r"m must be a torch\.Tensor"):
+        opm([[1.0]])

@@ -10,6 +10,17 @@ from spore_kernels.ops import (
     mean_var,
     rms_norm,
     rope,
+    triangle_attention,
 )
 
-FAMILIES = [rms_norm, add_rms_norm, layer_norm, mean_var, gelu, glu, rope, block_sparse_attention]
+FAMILIES = [
+    rms_norm,
+    add_rms_norm,
+    layer_norm,
+    mean_var,
+    gelu,
+    glu,
+    rope,
+    block_sparse_attention,
+    triangle_attention,
+]

@@ -1,0 +1,264 @@
+"""``triangle_attention(q, k, v, bias=None, mask=None, scale=None)`` and its backward.
+
+Layout contract: q is ``[*, I, J, H, D]`` and k, v are ``[*, I, K, H, D]`` (linear projections
+viewed as heads, not transposed; any number of leading batch dims, none included), all of one
+float dtype. ``bias`` (q's dtype) is ``[*, H, J, K]``, shared by every row i (the triangle or
+pair bias); ``mask`` is bool ``[*, I, K]``, True = attend. The output is ``[*, I, J, H, D]`` in
+q's dtype::
+
+    s[*, i, h, j, k] = scale * q[*, i, j, h] . k[*, i, k, h] + bias[*, h, j, k]
+    out[*, i, j, h] = softmax_k(s[*, i, h, j]) @ v[*, i, :, h]
+
+over the keys the mask keeps; ``scale`` defaults to ``1/sqrt(D)``. A row whose keys are all
+masked (or with no keys) gets zeros and zero gradients.
+
+Numerics contract: computed in float32 whatever the input dtype (float64 stays float64, on the
+reference) and rounded once to q's dtype.
+
+Backward: ``triangle_attention_backward(grad, q, k, v, bias, mask, out, scale) -> (dq, dk, dv,
+dbias)``, each in its input's dtype; ``dbias`` sums over I, and is an empty tensor when bias is
+None. Forward saves its inputs and ``out`` (never the probabilities).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+
+from spore_kernels import _checks
+
+OP = "triangle_attention"
+SCHEMA = (
+    "(Tensor q, Tensor k, Tensor v, Tensor? bias=None, Tensor? mask=None, float? scale=None) "
+    "-> Tensor"
+)
+BACKWARD_SCHEMA = (
+    "(Tensor grad, Tensor q, Tensor k, Tensor v, Tensor? bias, Tensor? mask, Tensor out, "
+    "float? scale) -> (Tensor, Tensor, Tensor, Tensor)"
+)
+
+
+def check(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    mask: torch.Tensor | None = None,
+    scale: float | None = None,
+) -> None:
+    """Clear errors for inputs triangle_attention cannot take (dtypes, shapes, devices, scale)."""
+    tensors = {"q": q, "k": k, "v": v} | ({} if bias is None else {"bias": bias})
+    _checks.floating(OP, **tensors)
+    if len({t.dtype for t in tensors.values()}) != 1:
+        found = ", ".join(f"{n} {t.dtype}" for n, t in tensors.items())
+        raise TypeError(f"{OP}: q, k, v and bias must have one dtype, got {found}; convert them")
+    if q.dim() < 4:
+        raise ValueError(f"{OP}: q must be [*, I, J, H, D] (4-D or more), got {tuple(q.shape)}")
+    *batch, i, j, h, d = q.shape
+    if k.shape != v.shape:
+        raise ValueError(
+            f"{OP}: k and v must have one shape [*, I, K, H, D], got {tuple(k.shape)} and "
+            f"{tuple(v.shape)}"
+        )
+    if k.dim() != q.dim() or k.shape[:-4] != q.shape[:-4] or k.shape[-4] != i:
+        raise ValueError(
+            f"{OP}: k and v must be [*, I, K, H, D] with q's batch dims and I "
+            f"({(*batch, i)}), got k {tuple(k.shape)} for q {tuple(q.shape)}"
+        )
+    if k.shape[-2] != h:
+        raise ValueError(
+            f"{OP}: k and v must have q's head count H = {h}, got {k.shape[-2]} "
+            f"(k {tuple(k.shape)}, q {tuple(q.shape)}); expand or split heads to match"
+        )
+    if k.shape[-1] != d:
+        raise ValueError(
+            f"{OP}: k and v must have q's head dim D = {d}, got {k.shape[-1]} "
+            f"(k {tuple(k.shape)}, q {tuple(q.shape)})"
+        )
+    keys = k.shape[-3]
+    if bias is not None and tuple(bias.shape) != (*batch, h, j, keys):
+        raise ValueError(
+            f"{OP}: bias must be [*, H, J, K] = {(*batch, h, j, keys)} (shared over I), got "
+            f"{tuple(bias.shape)}"
+        )
+    if mask is not None:
+        if mask.dtype != torch.bool:
+            raise TypeError(
+                f"{OP}: mask must be a bool tensor (True = attend), got {mask.dtype}; pass "
+                f"mask.bool() (or mask > 0.5 for a float 0/1 mask)"
+            )
+        if tuple(mask.shape) != (*batch, i, keys):
+            raise ValueError(
+                f"{OP}: mask must be [*, I, K] = {(*batch, i, keys)}, got {tuple(mask.shape)}"
+            )
+    if scale is not None and not math.isfinite(scale):
+        raise ValueError(f"{OP}: scale must be finite or None, got {scale}")
+    named = tensors | ({} if mask is None else {"mask": mask})
+    _checks.same_device(OP, **named)
+
+
+def default_scale(q: torch.Tensor, scale: float | None) -> float:
+    """``scale``, or ``1/sqrt(D)`` when None."""
+    return 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
+
+
+def probabilities(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    mask: torch.Tensor | None = None,
+    scale: float | None = None,
+) -> torch.Tensor:
+    """The ``[*, I, H, J, K]`` attention probabilities (no checks) in the compute dtype: einsum,
+    + bias, mask, softmax; rows with no key left are zeros."""
+    compute = _checks.compute_dtype(q)
+    s = torch.einsum("...ijhd,...ikhd->...ihjk", q.to(compute), k.to(compute))
+    s = s * default_scale(q, scale)
+    if bias is not None:
+        s = s + bias.to(compute).unsqueeze(-4)
+    if mask is None:
+        return torch.softmax(s, dim=-1)
+    keep = mask[..., None, None, :]  # [*, I, 1, 1, K]
+    # A row with no key left attends uniformly (finite gradients), then is zeroed.
+    s = s.masked_fill(~keep, float("-inf")).masked_fill(~keep.any(-1, keepdim=True), 0.0)
+    return torch.softmax(s, dim=-1) * mask.any(-1)[..., None, None, None].to(compute)
+
+
+def composite(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    mask: torch.Tensor | None = None,
+    scale: float | None = None,
+) -> torch.Tensor:
+    """The unfused composite (no checks): einsum, + bias, mask, softmax, einsum, in float32
+    (float64 stays float64). Materialises the ``[*, I, H, J, K]`` logits."""
+    p = probabilities(q, k, bias, mask, scale)
+    return torch.einsum("...ihjk,...ikhd->...ijhd", p, v.to(p.dtype)).to(q.dtype)
+
+
+def reference(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    mask: torch.Tensor | None = None,
+    scale: float | None = None,
+) -> torch.Tensor:
+    """:func:`composite` after :func:`check`, contiguous: the oracle."""
+    check(q, k, v, bias, mask, scale)
+    return composite(q, k, v, bias, mask, scale).contiguous()
+
+
+def reference_backward(
+    grad: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    bias: torch.Tensor | None,
+    mask: torch.Tensor | None,
+    out: torch.Tensor,
+    scale: float | None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The closed form in the compute dtype (``P`` the probabilities, ``dO`` = grad): dv =
+    P^T dO, dP = dO v^T, dS = P * (dP - rowsum(P * dP)), dq = scale dS k, dk = scale dS^T q,
+    dbias = dS summed over I; each rounded once."""
+    check_backward(grad, q, k, v, bias, mask, out, scale)
+    p = probabilities(q, k, bias, mask, scale)
+    qf, kf, vf, g = (t.to(p.dtype) for t in (q, k, v, grad))
+    dv = torch.einsum("...ihjk,...ijhd->...ikhd", p, g)
+    dp = torch.einsum("...ijhd,...ikhd->...ihjk", g, vf)
+    ds = p * (dp - (p * dp).sum(-1, keepdim=True))
+    c = default_scale(q, scale)
+    dq = torch.einsum("...ihjk,...ikhd->...ijhd", ds, kf) * c
+    dk = torch.einsum("...ihjk,...ijhd->...ikhd", ds, qf) * c
+    dbias = ds.sum(-4).to(bias.dtype) if bias is not None else q.new_empty(0)
+    grads = (dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), dbias)
+    return tuple(g.contiguous() for g in grads)  # type: ignore[return-value]
+
+
+def check_backward(
+    grad: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    bias: torch.Tensor | None,
+    mask: torch.Tensor | None,
+    out: torch.Tensor,
+    scale: float | None,
+) -> None:
+    """The forward's checks, and grad and out shaped like q."""
+    check(q, k, v, bias, mask, scale)
+    for name, t in (("grad", grad), ("out", out)):
+        _checks.floating(OP + "_backward", **{name: t})
+        if t.shape != q.shape:
+            raise ValueError(
+                f"{OP}_backward: {name} must have q's shape {tuple(q.shape)}, got {tuple(t.shape)}"
+            )
+    _checks.same_device(OP + "_backward", q=q, grad=grad, out=out)
+
+
+def _fake(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    mask: torch.Tensor | None = None,
+    scale: float | None = None,
+) -> torch.Tensor:
+    check(q, k, v, bias, mask, scale)
+    return torch.empty_like(q, memory_format=torch.contiguous_format)
+
+
+def _fake_backward(
+    grad: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    bias: torch.Tensor | None,
+    mask: torch.Tensor | None,
+    out: torch.Tensor,
+    scale: float | None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    check_backward(grad, q, k, v, bias, mask, out, scale)
+    dbias = q.new_empty(0) if bias is None else torch.empty_like(bias)
+    return (
+        *(torch.empty_like(t, memory_format=torch.contiguous_format) for t in (q, k, v)),
+        dbias.contiguous(),
+    )
+
+
+def _setup_context(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
+    q, k, v, bias, mask, scale = inputs
+    ctx.save_for_backward(q, k, v, bias, mask, output)
+    ctx.scale = scale
+
+
+def _backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
+    q, k, v, bias, mask, out = ctx.saved_tensors
+    dq, dk, dv, dbias = torch.ops.spore.triangle_attention_backward(
+        grad.contiguous(), q, k, v, bias, mask, out, ctx.scale
+    )
+    return dq, dk, dv, (dbias if bias is not None else None), None, None
+
+
+def register(registry: Any) -> None:
+    """Define the forward and backward ops with their reference (and kernels, once built)."""
+    registry.define(
+        OP + "_backward", BACKWARD_SCHEMA, reference=reference_backward, fake=_fake_backward
+    )
+    registry.define(
+        OP,
+        SCHEMA,
+        reference=reference,
+        fake=_fake,
+        backward=_backward,
+        setup_context=_setup_context,
+    )
+
+
+def benchmarks() -> list[Any]:
+    return []

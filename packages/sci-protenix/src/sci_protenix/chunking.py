@@ -1,0 +1,117 @@
+"""Chunked execution along an axis a module does not reduce over, and memory plans on modules.
+
+:func:`chunked` is the one chunking helper every module uses: it calls ``fn`` on consecutive
+slices of an output axis and writes each piece into one output tensor (allocated once, or the
+caller's ``out``, optionally accumulating into it for in-place residual updates in inference).
+Each piece is exact: a module chunks only an axis whose entries are computed independently, so
+chunked and whole results agree to rounding.
+
+:func:`apply_plan` hands a :class:`~sci_protenix.memory_plan.MemoryPlan` to every sci-protenix
+module inside a model; each module then takes its chunk size from the plan field of its kind.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Literal, TypeVar
+
+import torch
+from torch import nn
+
+from sci_protenix.memory_plan import MemoryPlan
+
+Kind = Literal["tri_mul", "tri_att", "transition", "pair_bias", "outer_product", "msa"]
+M = TypeVar("M", bound=nn.Module)
+
+
+def check_chunk_size(chunk_size: int | None) -> int | None:
+    """``chunk_size`` itself when None or a positive int; a ValueError naming the fix otherwise."""
+    if chunk_size is None:
+        return None
+    if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size <= 0:
+        raise ValueError(
+            f"chunk_size must be a positive int (rows per chunk) or None (no chunking), "
+            f"got {chunk_size!r}"
+        )
+    return chunk_size
+
+
+def chunked(
+    fn: Callable[[slice], torch.Tensor],
+    length: int,
+    size: int | None,
+    dim: int,
+    out: torch.Tensor | None = None,
+    accumulate: bool = False,
+) -> torch.Tensor:
+    """``fn`` over ``slice``s of ``size`` entries of an axis of ``length``, joined along ``dim``.
+
+    ``fn(sl)`` returns the output for positions ``sl`` of that axis (at ``dim`` of its result).
+    With ``out`` the pieces are written into it (``out[..., sl, ...] = piece``, or ``+=`` when
+    ``accumulate``) and ``out`` is returned; without, the first piece fixes the shape of a new
+    output tensor. ``size=None`` (or ``size >= length`` with no ``out``) calls ``fn`` once. Works
+    under autograd (the writes are differentiable slice copies).
+    """
+    check_chunk_size(size)
+    if length <= 0:
+        raise ValueError(f"the chunked axis must have at least one entry, got length {length}")
+    if out is None and (size is None or size >= length):
+        return fn(slice(0, length))
+    step = length if size is None else size
+    for start in range(0, length, step):
+        sl = slice(start, min(start + step, length))
+        piece = fn(sl)
+        if out is None:
+            shape = list(piece.shape)
+            shape[dim] = length
+            out = piece.new_empty(shape)
+        index = (slice(None),) * (dim % out.dim()) + (sl,)
+        if accumulate:
+            out[index] += piece
+        else:
+            out[index] = piece
+    return out
+
+
+def plan_chunk_size(module: nn.Module, kind: Kind, chunk_size: int | None) -> int | None:
+    """The chunk size ``module`` runs with: its plan's field ``kind`` when it has a plan, else
+    ``chunk_size`` (checked either way)."""
+    plan = getattr(module, "plan", None)
+    if plan is not None:
+        return check_chunk_size(getattr(plan, kind))
+    return check_chunk_size(chunk_size)
+
+
+def inplace_requested(module: nn.Module, inplace_safe: bool) -> bool:
+    """Whether in-place inference is asked of ``module``: ``inplace_safe`` or its plan's
+    ``inplace``."""
+    plan = getattr(module, "plan", None)
+    return bool(inplace_safe) or (plan is not None and plan.inplace)
+
+
+def grad_free(module: nn.Module, *tensors: torch.Tensor) -> bool:
+    """Whether nothing ``module`` computes from ``tensors`` is differentiated (grad mode off, or
+    no input nor parameter requires grad): only then may it overwrite an input."""
+    if not torch.is_grad_enabled():
+        return True
+    if any(t is not None and t.requires_grad for t in tensors):
+        return False
+    return not any(p.requires_grad for p in module.parameters())
+
+
+def apply_plan(module: M, plan: MemoryPlan | None) -> M:
+    """Set ``plan`` on every sci-protenix module in ``module`` (itself included); returns it.
+
+    ``None`` clears the plans (the modules then follow their ``chunk_size`` arguments).
+    """
+    if plan is not None and not isinstance(plan, MemoryPlan):
+        raise TypeError(
+            f"plan must be a sci_protenix.MemoryPlan or None, got {type(plan).__name__}; "
+            f"make one with sci_protenix.plan(tokens=..., budget=...) or MemoryPlan(...)"
+        )
+    if not isinstance(module, nn.Module):
+        raise TypeError(f"apply_plan needs an nn.Module, got {type(module).__name__}")
+    for sub in module.modules():
+        if type(sub).__module__.startswith("sci_protenix."):
+            sub.plan = plan
+    return module

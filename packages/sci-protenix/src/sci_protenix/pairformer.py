@@ -1,0 +1,243 @@
+"""`PairformerBlock` and `PairformerStack` (AF3 algorithm 17) with chunking, in-place inference
+and per-block recompute.
+
+A block updates the pair tensor z [*, N, N, c_z] by triangle multiplication (outgoing, incoming),
+triangle attention (starting, ending node) and a transition, then the single tensor s [*, N, c_s]
+by attention with pair bias and a transition. ``chunk_size`` reaches every module (each takes its
+own from its plan when one is set). In-place inference (``inplace_safe`` or ``plan.inplace``,
+with no gradient needed) adds every update into z chunk by chunk: the caller's z is overwritten.
+
+The stack's recompute comes from its plan (``recompute``: "none", "block": each segment of
+``blocks_per_checkpoint`` blocks rerun in backward, "selective": the same segments, keeping the
+outputs of matrix products and of the fused attention and recomputing the rest), else from
+Protenix's ``blocks_per_ckpt`` ("block" recompute when set); it only applies while grad is on.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.checkpoint import (
+    CheckpointPolicy,
+    checkpoint,
+    create_selective_checkpoint_contexts,
+)
+
+from sci_protenix.attention import AttentionPairBias
+from sci_protenix.chunking import grad_free, inplace_requested
+from sci_protenix.memory_plan import MemoryPlan
+from sci_protenix.primitives import check_channels
+from sci_protenix.transition import Transition
+from sci_protenix.triangle import (
+    TriangleAttention,
+    TriangleMultiplicationIncoming,
+    TriangleMultiplicationOutgoing,
+)
+
+
+def dropout_add(
+    residual: torch.Tensor, x: torch.Tensor, p: float, training: bool, shared_dim: int
+) -> torch.Tensor:
+    """``residual + x * mask`` with one dropout mask shared along ``shared_dim`` (-3: AF3's
+    row-wise dropout, -2: column-wise); plain ``residual + x`` outside training or at ``p = 0``."""
+    if not training or p == 0.0:
+        return residual + x
+    shape = list(x.shape)
+    shape[shared_dim] = 1
+    return residual + x * F.dropout(x.new_ones(shape), p=p, training=True)
+
+
+_SAVED_OPS = {"aten::mm", "aten::bmm", "aten::addmm", "aten::baddbmm", "spore::triangle_attention"}
+
+
+def _keep_products(ctx: Any, op: Any, *args: Any, **kwargs: Any) -> CheckpointPolicy:
+    """Selective recompute: keep matrix products and the fused attention, recompute the rest."""
+    if op.name() in _SAVED_OPS:
+        return CheckpointPolicy.MUST_SAVE
+    return CheckpointPolicy.PREFER_RECOMPUTE
+
+
+class PairformerBlock(nn.Module):
+    """One Pairformer block (AF3 algorithm 17, lines 2-8), Protenix's constructor and names.
+
+    ``tri_att_end`` is a ``TriangleAttention(starting=False)`` working on z's transpose view,
+    where Protenix builds a starting-node one and transposes z around it (same parameters, same
+    result, no transposed copies of z). ``hidden_scale_up`` sets ``no_heads_pair = c_z //
+    c_hidden_pair_att`` and ``c_hidden_mul = c_z`` as Protenix does.
+    """
+
+    plan: MemoryPlan | None = None
+
+    def __init__(
+        self,
+        n_heads: int = 16,
+        c_z: int = 128,
+        c_s: int = 384,
+        c_hidden_mul: int = 128,
+        c_hidden_pair_att: int = 32,
+        no_heads_pair: int = 4,
+        num_intermediate_factor: int = 4,
+        dropout: float = 0.25,
+        hidden_scale_up: bool = False,
+    ) -> None:
+        super().__init__()
+        if not 0.0 <= dropout < 1.0:
+            raise ValueError(f"dropout must be in [0, 1), got {dropout}")
+        if hidden_scale_up:
+            no_heads_pair = c_z // c_hidden_pair_att
+            c_hidden_mul = c_z
+        self.n_heads = n_heads
+        self.c_z = c_z
+        self.c_s = c_s
+        self.p_drop = dropout
+        self.tri_mul_out = TriangleMultiplicationOutgoing(c_z=c_z, c_hidden=c_hidden_mul)
+        self.tri_mul_in = TriangleMultiplicationIncoming(c_z=c_z, c_hidden=c_hidden_mul)
+        self.tri_att_start = TriangleAttention(c_z, c_hidden_pair_att, no_heads_pair)
+        self.tri_att_end = TriangleAttention(c_z, c_hidden_pair_att, no_heads_pair, starting=False)
+        self.pair_transition = Transition(c_in=c_z, n=num_intermediate_factor)
+        if c_s > 0:
+            self.attention_pair_bias = AttentionPairBias(
+                has_s=False, create_offset_ln_z=True, n_heads=n_heads, c_a=c_s, c_z=c_z
+            )
+            self.single_transition = Transition(c_in=c_s, n=4)
+
+    def forward(
+        self,
+        s: torch.Tensor | None,
+        z: torch.Tensor,
+        pair_mask: torch.Tensor | None,
+        triangle_multiplicative: str = "torch",
+        triangle_attention: str = "torch",
+        inplace_safe: bool = False,
+        chunk_size: int | None = None,
+    ) -> tuple[torch.Tensor | None, torch.Tensor]:
+        """Updated ``(s, z)`` for ``s`` [*, N, c_s] (None when ``c_s = 0``), ``z`` [*, N, N, c_z]
+        and ``pair_mask`` [*, N, N] or None. The kernel-choice strings are accepted and ignored."""
+        check_channels("z", z, self.c_z, "[*, N, N, c_z]", 3)
+        if self.c_s > 0:
+            if s is None:
+                raise ValueError(f"s [*, N, c_s={self.c_s}] is required when c_s > 0, got None")
+            check_channels("s", s, self.c_s, "[*, N, c_s]", 2)
+        mask = pair_mask
+        if inplace_requested(self, inplace_safe) and grad_free(self, s, z):
+            inplace = {"inplace_safe": True, "_add_with_inplace": True}
+            z = self.tri_mul_out(z, mask=mask, chunk_size=chunk_size, **inplace)
+            z = self.tri_mul_in(z, mask=mask, chunk_size=chunk_size, **inplace)
+            z = self.tri_att_start(z, mask=mask, chunk_size=chunk_size, **inplace)
+            z = self.tri_att_end(z, mask=mask, chunk_size=chunk_size, **inplace)
+            z = self.pair_transition(z, chunk_size=chunk_size, **inplace)
+        else:
+            p, training = self.p_drop, self.training
+            z = dropout_add(z, self.tri_mul_out(z, mask, chunk_size=chunk_size), p, training, -3)
+            z = dropout_add(z, self.tri_mul_in(z, mask, chunk_size=chunk_size), p, training, -3)
+            z = dropout_add(z, self.tri_att_start(z, mask, chunk_size), p, training, -3)
+            z = dropout_add(z, self.tri_att_end(z, mask, chunk_size), p, training, -2)
+            z = z + self.pair_transition(z, chunk_size=chunk_size)
+        if self.c_s > 0:
+            s = s + self.attention_pair_bias(a=s, s=None, z=z, chunk_size=chunk_size)
+            s = s + self.single_transition(s, chunk_size=chunk_size)
+        return s, z
+
+
+class PairformerStack(nn.Module):
+    """``n_blocks`` Pairformer blocks (AF3 algorithm 17), Protenix's constructor and names."""
+
+    plan: MemoryPlan | None = None
+
+    def __init__(
+        self,
+        n_blocks: int = 48,
+        n_heads: int = 16,
+        c_z: int = 128,
+        c_s: int = 384,
+        num_intermediate_factor: int = 4,
+        dropout: float = 0.25,
+        blocks_per_ckpt: int | None = None,
+        hidden_scale_up: bool = False,
+    ) -> None:
+        super().__init__()
+        if blocks_per_ckpt is not None and (
+            isinstance(blocks_per_ckpt, bool)
+            or not isinstance(blocks_per_ckpt, int)
+            or blocks_per_ckpt < 1
+        ):
+            raise ValueError(
+                f"blocks_per_ckpt must be a positive int (blocks per recomputed segment) or None "
+                f"(no recompute), got {blocks_per_ckpt!r}"
+            )
+        self.n_blocks = n_blocks
+        self.n_heads = n_heads
+        self.blocks_per_ckpt = blocks_per_ckpt
+        self.blocks = nn.ModuleList(
+            PairformerBlock(
+                n_heads=n_heads,
+                c_z=c_z,
+                c_s=c_s,
+                num_intermediate_factor=num_intermediate_factor,
+                dropout=dropout,
+                hidden_scale_up=hidden_scale_up,
+            )
+            for _ in range(n_blocks)
+        )
+
+    def recompute(self) -> tuple[str, int]:
+        """The recompute policy and blocks per segment this stack trains with: its plan's, else
+        "block" per ``blocks_per_ckpt`` when that is set, else "none"."""
+        if self.plan is not None:
+            return self.plan.recompute, self.plan.blocks_per_checkpoint
+        if self.blocks_per_ckpt is not None:
+            return "block", self.blocks_per_ckpt
+        return "none", 1
+
+    def forward(
+        self,
+        s: torch.Tensor | None,
+        z: torch.Tensor,
+        pair_mask: torch.Tensor | None,
+        triangle_multiplicative: str = "torch",
+        triangle_attention: str = "torch",
+        inplace_safe: bool = False,
+        chunk_size: int | None = None,
+    ) -> tuple[torch.Tensor | None, torch.Tensor]:
+        """``(s, z)`` after every block; arguments as :meth:`PairformerBlock.forward`."""
+        policy, per = self.recompute()
+        if not torch.is_grad_enabled():
+            policy = "none"
+        blocks = [
+            functools.partial(
+                block,
+                pair_mask=pair_mask,
+                inplace_safe=inplace_safe,
+                chunk_size=chunk_size,
+            )
+            for block in self.blocks
+        ]
+        if policy == "none":
+            for block in blocks:
+                s, z = block(s, z)
+            return s, z
+        context = (
+            functools.partial(create_selective_checkpoint_contexts, _keep_products)
+            if policy == "selective"
+            else None
+        )
+        for start in range(0, len(blocks), per):
+            segment = blocks[start : start + per]
+            kwargs: dict[str, Any] = {"use_reentrant": False}
+            if context is not None:
+                kwargs["context_fn"] = context
+            s, z = checkpoint(_run, segment, s, z, **kwargs)
+        return s, z
+
+
+def _run(
+    blocks: list[Any], s: torch.Tensor | None, z: torch.Tensor
+) -> tuple[torch.Tensor | None, torch.Tensor]:
+    """Blocks in turn on ``(s, z)``: one recomputed segment."""
+    for block in blocks:
+        s, z = block(s, z)
+    return s, z

@@ -1,0 +1,81 @@
+"""Linear and layer-norm layers with AlphaFold3's initialisations, and the shared input checks.
+
+:class:`Linear` is a plain :class:`torch.nn.Linear` (parameters ``weight`` and ``bias``) whose
+``init`` picks AF3's starting values: ``"default"`` (LeCun truncated normal), ``"relu"`` (He
+truncated normal), ``"gating"`` (weights 0, bias 1) or ``"final"`` (all 0) — those Protenix's
+layers use, so a module built here starts where Protenix's does. :func:`layer_norm` is
+:class:`torch.nn.LayerNorm` with Protenix's ``create_scale``/``create_offset`` switches.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Literal
+
+import torch
+from torch import nn
+
+Init = Literal["default", "relu", "gating", "final"]
+
+_TRUNC_STD = 0.87962566103423978
+"""Standard deviation of a unit normal truncated to [-2, 2]."""
+
+
+class Linear(nn.Linear):
+    """``nn.Linear`` initialised as AF3 does (see the module docstring)."""
+
+    def __init__(
+        self, in_features: int, out_features: int, bias: bool = True, init: Init = "default"
+    ):
+        super().__init__(in_features, out_features, bias=bias)
+        with torch.no_grad():
+            if init in ("default", "relu"):
+                gain = 2.0 if init == "relu" else 1.0
+                std = math.sqrt(gain / max(1, in_features)) / _TRUNC_STD
+                nn.init.trunc_normal_(self.weight, std=std, a=-2 * std, b=2 * std)
+            elif init in ("gating", "final"):
+                self.weight.zero_()
+            else:
+                raise ValueError(
+                    f"init must be 'default', 'relu', 'gating' or 'final', got {init!r}"
+                )
+            if self.bias is not None:
+                self.bias.fill_(1.0 if init == "gating" else 0.0)
+
+
+def layer_norm(c: int, create_scale: bool = True, create_offset: bool = True) -> nn.LayerNorm:
+    """Layer norm over the last ``c`` channels (eps 1e-5) with optional scale and offset."""
+    return nn.LayerNorm(c, eps=1e-5, elementwise_affine=create_scale, bias=create_offset)
+
+
+def check_channels(name: str, x: torch.Tensor, channels: int, what: str, min_dim: int) -> None:
+    """A ValueError naming ``name`` unless ``x`` has ``min_dim`` dims and ``channels`` last."""
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+    if x.dim() < min_dim or x.shape[-1] != channels:
+        raise ValueError(
+            f"{name} must be {what} with {channels} channels last, got shape {tuple(x.shape)}; "
+            f"build the module with the channel count of the input"
+        )
+
+
+def check_square(name: str, z: torch.Tensor) -> None:
+    """Raise a ValueError unless the pair tensor ``z`` is [*, N, N, c]."""
+    if z.shape[-3] != z.shape[-2]:
+        raise ValueError(f"{name} must be square [*, N, N, c], got shape {tuple(z.shape)}")
+
+
+def check_mask(mask: torch.Tensor | None, shape: torch.Size, what: str) -> None:
+    """Raise a ValueError unless ``mask`` is None or broadcasts to ``shape``."""
+    if mask is None:
+        return
+    if not isinstance(mask, torch.Tensor):
+        raise TypeError(f"mask must be a torch.Tensor or None, got {type(mask).__name__}")
+    try:
+        fits = torch.broadcast_shapes(mask.shape, shape) == shape
+    except RuntimeError:
+        fits = False
+    if not fits:
+        raise ValueError(
+            f"mask must be {what} (broadcasting to {tuple(shape)}), got shape {tuple(mask.shape)}"
+        )

@@ -1,0 +1,233 @@
+"""Triangle updates of the pair tensor z [*, N, N, c_z] (AF3 algorithms 12-15), chunked.
+
+Triangle multiplication, outgoing: ``x_ij = sum_k a_ik b_jk``; incoming: ``x_ij = sum_k a_ki
+b_kj`` (``a``, ``b``: gated, masked projections of ``layer_norm_in(z)``), then ``layer_norm_out``,
+``linear_z`` and the gate ``sigmoid(linear_g(layer_norm_in(z)))``. Chunked, the outgoing update
+is computed ``chunk_size`` output rows ``i`` at a time, each from ``a``'s rows ``i`` made for that
+chunk, while ``b`` stays whole ([*, c_hidden, N, N], itself built chunk by chunk); the incoming
+update the same on the transposed pair (output columns ``j`` per chunk, ``a`` whole). So only
+one projection ever exists at full size, and an output chunk reads nothing but its own rows of
+``z`` once the whole projection exists: in-place inference can add each chunk into ``z``.
+
+Triangle attention, starting node: row ``i`` of z attends over its keys ``k`` with the bias
+``linear(layer_norm(z))_jk`` shared by all rows; ending node: the same on the transposed pair.
+Rows are chunked; each chunk goes through ``torch.ops.spore.triangle_attention``, which never
+builds the [N, N, N] logits. The bias ([*, H, N, N]) is whole.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+import spore_kernels  # noqa: F401  (defines torch.ops.spore.triangle_attention)
+from sci_protenix.attention import GatedAttention
+from sci_protenix.chunking import (
+    check_chunk_size,
+    chunked,
+    grad_free,
+    inplace_requested,
+    plan_chunk_size,
+)
+from sci_protenix.memory_plan import MemoryPlan
+from sci_protenix.primitives import Linear, check_channels, check_mask, check_square, layer_norm
+
+
+def _pair_inputs(
+    name: str, z: torch.Tensor, c: int, mask: torch.Tensor | None, transpose: bool
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``z`` [*, N, N, c] and its mask (expanded to [*, N, N]), both transposed when asked."""
+    check_channels(name, z, c, "[*, N, N, c]", 3)
+    check_square(name, z)
+    check_mask(mask, z.shape[:-1], "[*, N, N] like the pair tensor without channels")
+    if mask is not None:
+        mask = mask.expand(z.shape[:-1])
+    if transpose:
+        z = z.transpose(-2, -3)
+        mask = None if mask is None else mask.transpose(-1, -2)
+    return z, mask
+
+
+class TriangleMultiplicativeUpdate(nn.Module):
+    """Triangle multiplication, outgoing (``_outgoing=True``, alg. 12) or incoming (alg. 13).
+
+    Parameters as Protenix's (``linear_a_p``, ``linear_a_g``, ``linear_b_p``, ``linear_b_g``,
+    ``linear_g``, ``linear_z``, ``layer_norm_in``, ``layer_norm_out``). The chunk size is the plan's
+    ``tri_mul`` when a plan is set, else ``chunk_size``, else (in-place inference only)
+    ``_inplace_chunk_size``.
+    """
+
+    plan: MemoryPlan | None = None
+
+    def __init__(self, c_z: int, c_hidden: int, _outgoing: bool = True) -> None:
+        super().__init__()
+        self.c_z = c_z
+        self.c_hidden = c_hidden
+        self._outgoing = _outgoing
+        self.linear_g = Linear(c_z, c_z, bias=False, init="gating")
+        self.linear_z = Linear(c_hidden, c_z, bias=False, init="final")
+        self.layer_norm_in = layer_norm(c_z)
+        self.layer_norm_out = layer_norm(c_hidden)
+        self.linear_a_p = Linear(c_z, c_hidden, bias=False)
+        self.linear_a_g = Linear(c_z, c_hidden, bias=False, init="gating")
+        self.linear_b_p = Linear(c_z, c_hidden, bias=False)
+        self.linear_b_g = Linear(c_z, c_hidden, bias=False, init="gating")
+
+    def _project(self, which: str, zn: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+        """Projection ``which`` ("a" or "b") of normalised pair rows ``zn``, masked by ``mask``."""
+        gate = getattr(self, f"linear_{which}_g")(zn)
+        p = torch.sigmoid(gate) * getattr(self, f"linear_{which}_p")(zn)
+        return p if mask is None else p * mask[..., None]
+
+    def forward(
+        self,
+        z: torch.Tensor,
+        mask: torch.Tensor | None = None,
+        inplace_safe: bool = False,
+        _add_with_inplace: bool = False,
+        _inplace_chunk_size: int | None = 256,
+        triangle_multiplicative: str = "torch",
+        chunk_size: int | None = None,
+    ) -> torch.Tensor:
+        """The update of ``z`` [*, N, N, c_z] under ``mask`` [*, N, N] (1/True = keep).
+
+        With in-place inference asked for (``inplace_safe`` or ``plan.inplace``) and
+        ``_add_with_inplace``, returns ``z + update`` instead, accumulated into ``z`` itself when
+        no gradient is needed (Protenix's contract). ``triangle_multiplicative`` (Protenix's
+        kernel choice) is accepted and ignored.
+        """
+        zz, mm = _pair_inputs("z", z, self.c_z, mask, transpose=not self._outgoing)
+        size = plan_chunk_size(self, "tri_mul", chunk_size)
+        requested = inplace_requested(self, inplace_safe)
+        if size is None and requested:
+            size = check_chunk_size(_inplace_chunk_size)
+        add = requested and _add_with_inplace
+        inplace = add and grad_free(self, z)
+        n = zz.shape[-3]
+        whole = self.layer_norm_in(zz) if size is None else None
+        # the projection made per chunk of output rows, and the one kept whole
+        near, far = ("a", "b") if self._outgoing else ("b", "a")
+
+        def normed(sl: slice) -> torch.Tensor:
+            rows = zz[..., sl, :, :]
+            return whole[..., sl, :, :] if whole is not None else self.layer_norm_in(rows)
+
+        def masked(sl: slice) -> torch.Tensor | None:
+            return None if mm is None else mm[..., sl, :]
+
+        def far_piece(sl: slice) -> torch.Tensor:
+            # [*, rows, K, c] -> [*, c, K, rows]: the right operand of the row products
+            return self._project(far, normed(sl), masked(sl)).movedim(-1, -3).transpose(-1, -2)
+
+        far_t = chunked(far_piece, n, size, -1)
+
+        def rows(sl: slice) -> torch.Tensor:
+            zn = normed(sl)
+            p = self._project(near, zn, masked(sl)).movedim(-1, -3)  # [*, c, rows, K]
+            x = torch.matmul(p, far_t).movedim(-3, -1)  # [*, rows, J, c]
+            x = self.linear_z(self.layer_norm_out(x))
+            return x * torch.sigmoid(self.linear_g(zn))
+
+        out = chunked(rows, n, size, -3, out=zz if inplace else None, accumulate=inplace)
+        if inplace:
+            return z
+        update = out if self._outgoing else out.transpose(-2, -3)
+        return z + update if add else update
+
+
+class TriangleMultiplicationOutgoing(TriangleMultiplicativeUpdate):
+    """Triangle multiplication using outgoing edges (AF3 algorithm 12)."""
+
+    def __init__(self, c_z: int, c_hidden: int) -> None:
+        super().__init__(c_z, c_hidden, _outgoing=True)
+
+
+class TriangleMultiplicationIncoming(TriangleMultiplicativeUpdate):
+    """Triangle multiplication using incoming edges (AF3 algorithm 13)."""
+
+    def __init__(self, c_z: int, c_hidden: int) -> None:
+        super().__init__(c_z, c_hidden, _outgoing=False)
+
+
+class TriangleAttention(nn.Module):
+    """Triangle self-attention around the starting node (``starting=True``, alg. 14) or the
+    ending node (alg. 15), ``no_heads`` heads of ``c_hidden`` channels.
+
+    Parameters as Protenix's (``layer_norm``, ``linear`` for the bias, ``mha.linear_q/k/v/g/o``).
+    The chunk size (rows of z per chunk) is the plan's ``tri_att`` when a plan is set, else
+    ``chunk_size``. ``inf`` is kept for Protenix's constructor: masking here is exact (masked
+    keys get zero weight; a row with every key masked gives a zero update where Protenix's
+    ``-inf``-bias gives the mean of its values).
+    """
+
+    plan: MemoryPlan | None = None
+
+    def __init__(
+        self, c_in: int, c_hidden: int, no_heads: int, starting: bool = True, inf: float = 1e9
+    ) -> None:
+        super().__init__()
+        self.c_in = c_in
+        self.c_hidden = c_hidden
+        self.no_heads = no_heads
+        self.starting = starting
+        self.inf = inf
+        self.layer_norm = layer_norm(c_in)
+        self.linear = Linear(c_in, no_heads, bias=False)
+        self.mha = GatedAttention(c_in, c_hidden, no_heads, q_bias=False)
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        mask: torch.Tensor | None = None,
+        chunk_size: int | None = None,
+        triangle_attention: str = "torch",
+        inplace_safe: bool = False,
+        _add_with_inplace: bool = False,
+    ) -> torch.Tensor:
+        """The update of the pair tensor ``x`` [*, I, J, c_in] under ``mask`` [*, I, J].
+
+        With in-place inference asked for (``inplace_safe`` or ``plan.inplace``) and
+        ``_add_with_inplace``, returns ``x + update``, accumulated into ``x`` itself when no
+        gradient is needed. ``triangle_attention`` (Protenix's kernel choice) is ignored.
+        """
+        xx, mm = _pair_inputs("x", x, self.c_in, mask, transpose=not self.starting)
+        size = plan_chunk_size(self, "tri_att", chunk_size)
+        add = _add_with_inplace and inplace_requested(self, inplace_safe)
+        inplace = add and grad_free(self, x)
+        n = xx.shape[-3]
+        whole = self.layer_norm(xx) if size is None else None
+
+        def normed(sl: slice) -> torch.Tensor:
+            rows = xx[..., sl, :, :]
+            return whole[..., sl, :, :] if whole is not None else self.layer_norm(rows)
+
+        # bias[*, h, j, k] = linear(x_jk)_h, shared by every row i
+        bias = chunked(lambda sl: self.linear(normed(sl)).movedim(-1, -3), n, size, -2)
+        keep = None if mm is None else mm.bool()
+
+        def rows(sl: slice) -> torch.Tensor:
+            xn = normed(sl)
+            q, k, v = self.mha.qkv(xn, xn)
+            m = None if keep is None else keep[..., sl, :]
+            o = torch.ops.spore.triangle_attention(q, k, v, bias, m)
+            return self.mha.wrap_up(o, xn)
+
+        out = chunked(rows, n, size, -3, out=xx if inplace else None, accumulate=inplace)
+        if inplace:
+            return x
+        update = out if self.starting else out.transpose(-2, -3)
+        return x + update if add else update
+
+
+class TriangleAttentionStartingNode(TriangleAttention):
+    """Triangle attention around the starting node (AF3 algorithm 14)."""
+
+    def __init__(self, c_in: int, c_hidden: int, no_heads: int, inf: float = 1e9) -> None:
+        super().__init__(c_in, c_hidden, no_heads, starting=True, inf=inf)
+
+
+class TriangleAttentionEndingNode(TriangleAttention):
+    """Triangle attention around the ending node (AF3 algorithm 15)."""
+
+    def __init__(self, c_in: int, c_hidden: int, no_heads: int, inf: float = 1e9) -> None:
+        super().__init__(c_in, c_hidden, no_heads, starting=False, inf=inf)

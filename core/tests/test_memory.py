@@ -157,3 +157,92 @@ def test_offload_reduces_resident_memory_during_backward() -> None:
     saved = plain["rss_at_backward_mib"] - spilled["rss_at_backward_mib"]
     assert saved >= 0.8 * spilled["offloaded_mib"], figures
     assert plain["grad_checksum"] == spilled["grad_checksum"]
+
+
+# peak ------------------------------------------------------------------------------------------
+MIB = 1 << 20
+
+
+def test_peak_counts_live_storages_once() -> None:
+    before = torch.zeros(MIB // 4)  # created outside: in-place results on it do not count
+    with memory.peak() as meter:
+        a = torch.empty(MIB, dtype=torch.uint8)
+        b = torch.ones(2 * MIB, dtype=torch.uint8)
+        view = b[: MIB // 2].view(torch.int16)  # shares b's storage
+        view.add_(1)
+        before.add_(1)
+        torch.mul(before, 2, out=before)
+        del a
+        c = torch.empty(MIB // 2, dtype=torch.uint8)
+    assert meter.peak_bytes == 3 * MIB  # a + b, before a was freed
+    assert meter.live_bytes == 2 * MIB + MIB // 2  # b + c
+    del b, view, c
+    assert meter.live_bytes == 0
+
+
+def test_peak_follows_what_autograd_saves_until_backward() -> None:
+    n = 1 << 16
+    x = torch.randn(n, requires_grad=True)
+    with memory.peak() as meter:
+        y = x.exp()  # exp saves its result y
+        z = y.sin()  # sin saves y too: no new storage
+        loss = z.sum()
+        forward_live = meter.live_bytes
+        loss.backward()
+        del y, z, loss
+    assert forward_live == 2 * n * 4 + 4  # y, z and the loss
+    assert meter.live_bytes == n * 4  # x.grad remains
+    # backward: sin's makes cos(y) and its product with the upstream gradient while y and z
+    # live (exp's then makes x.grad once cos(y) is freed); plus the loss and its 1-element seed
+    assert meter.peak_bytes == 4 * n * 4 + 2 * 4
+    x.grad = None
+    assert meter.live_bytes == 0
+
+
+RSS_CHILD = r"""
+import json, torch
+from spore import memory
+
+def kib(field):
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith(field + ":")) * 1024
+
+torch.set_num_threads(1)
+x = torch.randn(2048, 4096, requires_grad=True)
+
+def step():
+    h = torch.tanh(x * 2)
+    (h.exp() * x).square().sum().backward()
+    x.grad = None
+
+step()  # warm-up: first-call allocations stay out of the measurement
+base = kib("VmRSS")
+with open("/proc/self/clear_refs", "w") as f:
+    f.write("5")  # resets the peak resident size (VmHWM) to the current one
+step()
+rss = kib("VmHWM") - base
+with memory.peak() as meter:
+    step()
+print(json.dumps({"rss": rss, "meter": meter.peak_bytes}))
+"""
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/clear_refs"), reason="needs Linux /proc")
+def test_peak_agrees_with_the_peak_resident_size_of_a_child() -> None:
+    from spore.childproc import run_json
+
+    env = {**system_env(), "MALLOC_MMAP_THRESHOLD_": "65536"}  # freed tensors leave memory
+    figures = run_json([sys.executable, "-c", RSS_CHILD], timeout=120, env=env)
+    assert figures["meter"] > 150 * MIB
+    assert figures["rss"] == pytest.approx(figures["meter"], rel=0.05)
+
+
+def test_peak_counts_only_its_device() -> None:
+    with memory.peak("cpu") as meter:
+        kept = torch.empty(MIB, device="meta")
+    assert meter.peak_bytes == 0
+    assert kept.untyped_storage().nbytes() == 4 * MIB
+    with memory.peak("meta") as meter:
+        kept = torch.empty(MIB, device="meta")
+        torch.empty(MIB)
+    assert meter.peak_bytes == meter.live_bytes == 4 * MIB

@@ -1,5 +1,5 @@
 """Saved-tensor memory: composable saved-tensor hooks and the built-ins ``track()`` and
-``offload()``.
+``offload()``; ``peak()`` measures the peak memory of the tensors a block creates.
 
 ``torch.autograd.graph.saved_tensors_hooks`` keeps only the innermost pair active. Spore's
 :func:`saved_tensors_hooks` composes them: a tensor autograd saves goes through every active
@@ -21,6 +21,8 @@ from typing import Any
 
 import torch
 from torch.overrides import TorchFunctionMode
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
 
 Pack = Callable[[Any], Any]
 Unpack = Callable[[Any], Any]
@@ -292,3 +294,98 @@ def offload(
 
     with saved_tensors_hooks(pack, unpack):
         yield stats
+
+
+# peak ------------------------------------------------------------------------------------------
+@dataclass
+class PeakMemory:
+    """What :func:`peak` measured, in bytes.
+
+    ``peak_bytes``: the most memory the tensors created inside the block held at once.
+    ``live_bytes``: what they hold now (on CPU it keeps falling after the block as they are
+    freed; on CUDA it is read when the block ends).
+    """
+
+    device: str
+    peak_bytes: int = 0
+    live_bytes: int = 0
+
+
+class _StorageMeter(TorchDispatchMode):
+    """Adds each new output storage of ``device_type`` once; a finalizer subtracts it on free."""
+
+    def __init__(self, record: PeakMemory, device_type: str) -> None:
+        super().__init__()
+        self.record = record
+        self.device_type = device_type
+        self.sizes: dict[int, int] = {}
+        self.lock = threading.Lock()
+
+    def _change(self, key: int, nbytes: int) -> None:
+        with self.lock:
+            delta = nbytes - self.sizes.get(key, 0)
+            if nbytes:
+                self.sizes[key] = nbytes
+            else:
+                self.sizes.pop(key, None)
+            self.record.live_bytes += delta
+            self.record.peak_bytes = max(self.record.peak_bytes, self.record.live_bytes)
+
+    def _metered(self, tensor: Any) -> bool:
+        return (
+            isinstance(tensor, torch.Tensor)
+            and tensor.device.type == self.device_type
+            and tensor.layout == torch.strided
+        )
+
+    def _see(self, tensor: torch.Tensor, inputs: set[int]) -> None:
+        storage = tensor.untyped_storage()
+        key, nbytes = storage._cdata, storage.nbytes()
+        known = self.sizes.get(key)
+        if known is None:
+            if key in inputs:  # an in-place or ``out=`` result in memory from before the block
+                return
+            weakref.finalize(storage, self._change, key, 0)
+        if known != nbytes:  # new, or resized in place (``out=``, ``resize_``)
+            self._change(key, nbytes)
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        inputs = {
+            t.untyped_storage()._cdata for t in tree_leaves((args, kwargs)) if self._metered(t)
+        }
+        out = func(*args, **kwargs)
+        for value in tree_leaves(out):
+            if self._metered(value):
+                self._see(value, inputs)
+        return out
+
+
+@contextmanager
+def peak(device: str | torch.device = "cpu") -> Iterator[PeakMemory]:
+    """Measure the peak memory of the tensors created inside the block on ``device``.
+
+    CPU (and any device without an allocator's statistics): every op's outputs are seen by a
+    ``TorchDispatchMode``; each new storage adds its bytes once (views and in-place results
+    share it) and a finalizer subtracts them when the storage is freed, so what autograd saves
+    counts until backward releases it. Memory a kernel allocates without returning it as a
+    tensor (its scratch) is not seen. CUDA: the caching allocator's
+    ``max_memory_allocated`` above what was allocated when the block began (tensors freed
+    inside the block that were created before it can lower that base; scratch counts).
+    """
+    dev = torch.device(device)
+    record = PeakMemory(str(dev))
+    if dev.type == "cuda":
+        index = dev.index if dev.index is not None else torch.cuda.current_device()
+        torch.cuda.synchronize(index)
+        base = torch.cuda.memory_allocated(index)
+        torch.cuda.reset_peak_memory_stats(index)
+        try:
+            yield record
+        finally:
+            torch.cuda.synchronize(index)
+            record.peak_bytes = max(0, torch.cuda.max_memory_allocated(index) - base)
+            record.live_bytes = torch.cuda.memory_allocated(index) - base
+        return
+    with _StorageMeter(record, dev.type):
+        yield record

@@ -1,0 +1,106 @@
+"""Memory budgets: ``"4GiB"``, ``"512MiB"``, ``"0.5"`` (of free memory) or bytes, as bytes."""
+
+from __future__ import annotations
+
+import re
+
+import torch
+
+UNITS = {
+    "": 1,
+    "b": 1,
+    "kb": 10**3,
+    "mb": 10**6,
+    "gb": 10**9,
+    "tb": 10**12,
+    "kib": 2**10,
+    "mib": 2**20,
+    "gib": 2**30,
+    "tib": 2**40,
+}
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*([a-zA-Z]*)\s*$")
+_HINT = (
+    "write it as bytes (an int), a size such as '4GiB' or '512MiB', "
+    "or a fraction of free memory in (0, 1] such as '0.5'"
+)
+
+
+def free_memory(device: str | torch.device = "cpu") -> int:
+    """Bytes free on ``device``: ``torch.cuda.mem_get_info`` on CUDA; else MemAvailable."""
+    dev = torch.device(device)
+    if dev.type == "cuda":
+        free, _total = torch.cuda.mem_get_info(dev)
+        return int(free)
+    if dev.type != "cpu":
+        raise ValueError(
+            f"free memory of a {dev.type!r} device is unknown; give the budget in bytes"
+        )
+    try:
+        import psutil
+    except ImportError:
+        return _mem_available()
+    return int(psutil.virtual_memory().available)
+
+
+def _mem_available() -> int:
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    raise RuntimeError(
+        "free CPU memory is unknown here (no psutil, no /proc/meminfo MemAvailable); "
+        "give the budget as a size such as '4GiB'"
+    )
+
+
+def parse_budget(budget: int | float | str, *, device: str | torch.device = "cpu") -> int:
+    """A memory budget in bytes.
+
+    ``budget``: bytes (int), a size with a unit (``"4GiB"``, ``"512MiB"``, ``"2GB"``, ``"1.5 GiB"``;
+    binary and decimal units, case-insensitive) or a fraction of the memory free now on ``device``
+    in (0, 1] (``0.5`` or ``"0.5"``).
+    """
+    if isinstance(budget, bool):
+        raise TypeError(f"budget must be bytes, a size or a fraction, got {budget!r}; {_HINT}")
+    if isinstance(budget, int):
+        if budget <= 0:
+            raise ValueError(f"budget must be positive, got {budget} bytes; {_HINT}")
+        return budget
+    if isinstance(budget, float):
+        return _fraction(budget, device)
+    if not isinstance(budget, str):
+        raise TypeError(f"budget must be bytes, a size or a fraction, got {budget!r}; {_HINT}")
+    match = _SIZE.match(budget)
+    if match is None:
+        raise ValueError(f"budget {budget!r} is not a size; {_HINT}")
+    number, unit = match.groups()
+    if unit.lower() not in UNITS:
+        raise ValueError(
+            f"budget {budget!r}: unknown unit {unit!r} (known: KiB, MiB, GiB, TiB, KB, MB, GB, "
+            f"TB, or none for bytes)"
+        )
+    if not unit and "." in number:
+        return _fraction(float(number), device)
+    size = int(float(number) * UNITS[unit.lower()])
+    if size <= 0:
+        raise ValueError(f"budget {budget!r} is not positive; {_HINT}")
+    return size
+
+
+def _fraction(value: float, device: str | torch.device) -> int:
+    if not 0 < value <= 1:
+        raise ValueError(
+            f"a fractional budget must be in (0, 1] (of free memory), got {value}; {_HINT}"
+        )
+    return int(value * free_memory(device))
+
+
+def format_bytes(n: int) -> str:
+    """``n`` bytes with a binary unit, e.g. ``'1.50 GiB'``."""
+    for unit, size in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if abs(n) >= size:
+            return f"{n / size:.2f} {unit}"
+    return f"{n} B"

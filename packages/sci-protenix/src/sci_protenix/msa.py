@@ -12,12 +12,18 @@ weighted sums only ever exist for ``chunk_size`` sequences. Chunk sizes come fro
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Mapping
+from typing import Any
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from sci_protenix import pairformer
 from sci_protenix.chunking import chunked, grad_free, inplace_requested, plan_chunk_size
 from sci_protenix.memory_plan import MemoryPlan
+from sci_protenix.pairformer import PairformerBlock
 from sci_protenix.primitives import Linear, check_channels, check_mask, check_square, layer_norm
 from sci_protenix.transition import Transition
 
@@ -203,3 +209,231 @@ class MSAStack(nn.Module):
             return part + self.transition_m(part)
 
         return chunked(rows, m.shape[-3], size, -3, out=m if inplace else None)
+
+
+class MSABlock(nn.Module):
+    """One MSA-module block (AF3 algorithm 8, lines 6-13), Protenix's constructor and names.
+
+    ``z += outer_product_mean_msa(m)``; unless ``is_last_block``, ``m = msa_stack(m, z)``; then
+    ``pair_stack`` (a :class:`~sci_protenix.pairformer.PairformerBlock` without single track)
+    updates ``z``. Returns ``(m, z)``, or ``(None, z)`` for the last block, as Protenix. With
+    in-place inference asked for (``inplace_safe`` or ``plan.inplace``) and no gradient needed,
+    the caller's ``m`` and ``z`` are overwritten.
+    """
+
+    plan: MemoryPlan | None = None
+
+    def __init__(
+        self,
+        c_m: int = 64,
+        c_z: int = 128,
+        c_hidden: int = 32,
+        is_last_block: bool = False,
+        msa_dropout: float = 0.15,
+        pair_dropout: float = 0.25,
+        msa_chunk_size: int | None = 2048,
+        msa_max_size: int | None = 16384,
+        hidden_scale_up: bool = False,
+    ) -> None:
+        super().__init__()
+        self.c_m = c_m
+        self.c_z = c_z
+        self.c_hidden = c_hidden
+        self.is_last_block = is_last_block
+        self.outer_product_mean_msa = OuterProductMean(c_m=c_m, c_z=c_z, c_hidden=c_hidden)
+        if not is_last_block:
+            self.msa_stack = MSAStack(
+                c_m=c_m,
+                c_z=c_z,
+                dropout=msa_dropout,
+                msa_chunk_size=msa_chunk_size,
+                msa_max_size=msa_max_size,
+            )
+        self.pair_stack = PairformerBlock(
+            c_z=c_z, c_s=0, dropout=pair_dropout, hidden_scale_up=hidden_scale_up
+        )
+
+    def forward(
+        self,
+        m: torch.Tensor,
+        z: torch.Tensor,
+        pair_mask: torch.Tensor | None,
+        triangle_multiplicative: str = "torch",
+        triangle_attention: str = "torch",
+        inplace_safe: bool = False,
+        chunk_size: int | None = None,
+    ) -> tuple[torch.Tensor | None, torch.Tensor]:
+        """Updated ``(m, z)`` for ``m`` [*, S, N, c_m], ``z`` [*, N, N, c_z] and ``pair_mask``
+        [*, N, N] or None; the kernel-choice strings are accepted and ignored."""
+        update = self.outer_product_mean_msa(m, chunk_size=chunk_size)
+        if inplace_requested(self, inplace_safe) and grad_free(self, m, z):
+            z += update
+        else:
+            z = z + update
+        del update
+        if not self.is_last_block:
+            m = self.msa_stack(m, z, inplace_safe=inplace_safe)
+        _, z = self.pair_stack(None, z, pair_mask, inplace_safe=inplace_safe, chunk_size=chunk_size)
+        return (None if self.is_last_block else m), z
+
+
+_MSA_FEATURES = {"msa": 32, "has_deletion": 1, "deletion_value": 1}
+"""The MSA features the module embeds and their channels (the MSA one-hot over 32 classes)."""
+
+
+def sampling_configs(msa_configs: Mapping[str, Any] | None) -> dict[str, Any]:
+    """Protenix's MSA sampling settings from its data config's ``msa`` section: strategy
+    ("random" or "topk"), sample cutoffs and lower bounds for training and test."""
+    configs = dict(msa_configs or {})
+    strategy = configs.get("strategy", "random")
+    if strategy not in ("random", "topk"):
+        raise ValueError(f"msa_configs['strategy'] must be 'random' or 'topk', got {strategy!r}")
+    cutoff = configs.get("sample_cutoff", {})
+    lower = configs.get("min_size", {})
+    return {
+        "enable": configs.get("enable", False),
+        "strategy": strategy,
+        "train_cutoff": cutoff.get("train", 512),
+        "test_cutoff": cutoff.get("test", 16384),
+        "train_lowerb": lower.get("train", 1),
+        "test_lowerb": lower.get("test", 1),
+    }
+
+
+class MSAModule(nn.Module):
+    """AF3's MSA module (algorithm 8), Protenix's constructor, names and ``forward``.
+
+    Samples MSA rows as Protenix does (a uniformly drawn count between the lower bound and all
+    rows, then a random permutation or the first rows, cut at the cutoff: the same random draws,
+    so the same rows for the same seed), embeds them, runs ``n_blocks`` :class:`MSABlock` and
+    returns the updated pair tensor. The embedding gathers the rows of ``linear_no_bias_m``'s
+    weight for each MSA class instead of multiplying a one-hot tensor, so the [*, S, N, 32]
+    one-hot never exists. Recompute while training: the plan's ``recompute`` when a plan is set,
+    else "block" per ``blocks_per_ckpt`` as Protenix.
+    """
+
+    plan: MemoryPlan | None = None
+
+    def __init__(
+        self,
+        n_blocks: int = 4,
+        c_m: int = 64,
+        c_z: int = 128,
+        c_s_inputs: int = 449,
+        msa_dropout: float = 0.15,
+        pair_dropout: float = 0.25,
+        blocks_per_ckpt: int | None = 1,
+        msa_chunk_size: int | None = 2048,
+        msa_max_size: int | None = 16384,
+        msa_configs: Mapping[str, Any] | None = None,
+        hidden_scale_up: bool = False,
+    ) -> None:
+        super().__init__()
+        self.n_blocks = n_blocks
+        self.c_m = c_m
+        self.c_z = c_z
+        self.c_s_inputs = c_s_inputs
+        self.blocks_per_ckpt = blocks_per_ckpt
+        self.msa_chunk_size = msa_chunk_size
+        self.msa_configs = sampling_configs(msa_configs)
+        if msa_configs is not None and "sample_cutoff" in msa_configs:
+            msa_max_size = self.msa_configs["train_cutoff"]
+        self.msa_max_size = msa_max_size
+        self.input_feature = dict(_MSA_FEATURES)
+        self.linear_no_bias_m = Linear(sum(_MSA_FEATURES.values()), c_m, bias=False)
+        self.linear_no_bias_s = Linear(c_s_inputs, c_m, bias=False)
+        self.blocks = nn.ModuleList(
+            MSABlock(
+                c_m=c_m,
+                c_z=c_z,
+                is_last_block=i + 1 == n_blocks,
+                msa_dropout=msa_dropout,
+                pair_dropout=pair_dropout,
+                msa_chunk_size=msa_chunk_size,
+                msa_max_size=self.msa_max_size,
+                hidden_scale_up=hidden_scale_up,
+            )
+            for i in range(n_blocks)
+        )
+
+    def recompute(self) -> tuple[str, int]:
+        """The recompute policy and blocks per segment while training: the plan's, else "block"
+        per ``blocks_per_ckpt`` when set, else "none"."""
+        if self.plan is not None:
+            return self.plan.recompute, self.plan.blocks_per_checkpoint
+        if self.blocks_per_ckpt is not None:
+            return "block", self.blocks_per_ckpt
+        return "none", 1
+
+    def sample_msa(self, features: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """The sampled rows of the MSA features ``msa``, ``has_deletion``, ``deletion_value``
+        ([*, S, N] each), drawn as Protenix draws them (training or test settings by mode)."""
+        missing = [name for name in _MSA_FEATURES if name not in features]
+        if missing:
+            raise ValueError(
+                f"input_feature_dict lacks the MSA features {missing}; it needs 'msa' (class "
+                f"indices), 'has_deletion' and 'deletion_value', each [*, N_msa, N_token]"
+            )
+        mode = "train" if self.training else "test"
+        msa = features["msa"]
+        rows = msa.shape[-2]
+        lower = min(self.msa_configs[f"{mode}_lowerb"], rows)
+        count = int(torch.randint(low=lower, high=rows + 1, size=(1,)).item())
+        if self.msa_configs["strategy"] == "random":
+            index = torch.randperm(rows, device=msa.device)[:count]
+        else:
+            index = torch.arange(count, device=msa.device)
+        cutoff = self.msa_configs[f"{mode}_cutoff"]
+        if cutoff > 0:
+            index = index[:cutoff]
+        return {name: features[name].index_select(-2, index) for name in _MSA_FEATURES}
+
+    def embed_msa(
+        self, features: Mapping[str, torch.Tensor], s_inputs: torch.Tensor
+    ) -> torch.Tensor:
+        """The MSA embedding [*, S, N, c_m]: ``linear_no_bias_m`` of (one-hot MSA, has_deletion,
+        deletion_value) plus ``linear_no_bias_s(s_inputs)``, without building the one-hot."""
+        msa = features["msa"]
+        if msa.dtype.is_floating_point or msa.dtype == torch.bool:
+            raise TypeError(f"input_feature_dict['msa'] must hold class indices, got {msa.dtype}")
+        weight = self.linear_no_bias_m.weight  # [c_m, 32 + 1 + 1]
+        classes = _MSA_FEATURES["msa"]
+        m = F.embedding(msa.long(), weight[:, :classes].t())
+        for offset, name in enumerate(("has_deletion", "deletion_value")):
+            value = features[name].to(weight.dtype).reshape(msa.shape).unsqueeze(-1)
+            m = m.addcmul_(value, weight[:, classes + offset])
+        return m.add_(self.linear_no_bias_s(s_inputs))
+
+    def forward(
+        self,
+        input_feature_dict: Mapping[str, Any],
+        z: torch.Tensor,
+        s_inputs: torch.Tensor,
+        pair_mask: torch.Tensor | None,
+        triangle_multiplicative: str = "torch",
+        triangle_attention: str = "torch",
+        inplace_safe: bool = False,
+        chunk_size: int | None = None,
+    ) -> torch.Tensor:
+        """The updated pair tensor [*, N, N, c_z]; ``z`` itself when there are no blocks or no
+        MSA. ``s_inputs`` [*, N, c_s_inputs]; the kernel-choice strings are ignored."""
+        msa = input_feature_dict.get("msa")
+        if self.n_blocks < 1 or msa is None or msa.dim() < 2:
+            return z
+        check_channels("z", z, self.c_z, "a pair tensor [*, N, N, c_z]", 3)
+        check_channels("s_inputs", s_inputs, self.c_s_inputs, "[*, N, c_s_inputs]", 2)
+        if not msa.shape[-1] == z.shape[-2] == s_inputs.shape[-2]:
+            raise ValueError(
+                f"token counts differ: msa {tuple(msa.shape)}, z {tuple(z.shape)}, s_inputs "
+                f"{tuple(s_inputs.shape)}; pass the features and embeddings of one complex"
+            )
+        m = self.embed_msa(self.sample_msa(input_feature_dict), s_inputs)
+        blocks = [
+            functools.partial(
+                block, pair_mask=pair_mask, inplace_safe=inplace_safe, chunk_size=chunk_size
+            )
+            for block in self.blocks
+        ]
+        policy, per = self.recompute()
+        _, z = pairformer.run_blocks(blocks, m, z, policy, per)
+        return z

@@ -1,1 +1,27 @@
 from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+import torch
+from torch import nn
+
+
+def randomized(module: nn.Module, seed: int = 0) -> nn.Module:
+    """``module`` with seeded random parameters: AF3's zero-initialised output projections and
+    gates would make most comparisons trivial. Layer-norm scales stay near 1."""
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, param in module.named_parameters():
+            noise = torch.randn(param.shape, generator=generator, dtype=param.dtype)
+            if param.dim() >= 2:
+                param.copy_(noise / param.shape[-1] ** 0.5)
+            else:
+                param.copy_((1.0 if name.endswith("weight") else 0.0) + 0.1 * noise)
+    return module
+
+
+@pytest.fixture
+def randomize() -> Callable[..., nn.Module]:
+    """:func:`randomized`: seeded random values for every parameter of a module, in place."""
+    return randomized

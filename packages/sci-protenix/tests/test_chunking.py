@@ -1,0 +1,118 @@
+"""The chunking helper and memory plans on modules: pieces join to the whole computation (exact:
+the pieces are the same row operations), writes into ``out`` and accumulation, gradients through
+the slice writes, chunk-size checks, and apply_plan reaching every sci-protenix module."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from sci_protenix import PairformerStack
+from sci_protenix.chunking import (
+    apply_plan,
+    check_chunk_size,
+    chunked,
+    grad_free,
+    inplace_requested,
+    plan_chunk_size,
+)
+from sci_protenix.memory_plan import MemoryPlan
+from torch import nn
+
+
+def _rows_fn(x: torch.Tensor, w: torch.Tensor):
+    """A row-wise map of ``x`` [A, B, C] along axis ``dim`` = 1 (no reduction across it)."""
+    return lambda sl: torch.tanh(x[:, sl] @ w)
+
+
+@pytest.mark.parametrize("size", [None, 1, 3, 7, 50])
+def test_chunked_equals_whole(size: int | None) -> None:
+    x, w = torch.randn(2, 7, 5), torch.randn(5, 4)
+    expected = torch.tanh(x @ w)
+    calls = []
+    fn = _rows_fn(x, w)
+
+    def counted(sl: slice) -> torch.Tensor:
+        calls.append(sl)
+        return fn(sl)
+
+    got = chunked(counted, 7, size, dim=1)
+    torch.testing.assert_close(got, expected, rtol=0, atol=1e-6)
+    step = 7 if size is None else min(size, 7)
+    assert [(s.start, s.stop) for s in calls] == [(i, min(i + step, 7)) for i in range(0, 7, step)]
+
+
+def test_chunked_writes_and_accumulates_into_out() -> None:
+    x, w = torch.randn(2, 6, 5), torch.randn(5, 5)
+    base = torch.randn(2, 6, 5)
+    out = base.clone()
+    got = chunked(_rows_fn(x, w), 6, 4, dim=-2, out=out, accumulate=True)
+    assert got is out
+    torch.testing.assert_close(out, base + torch.tanh(x @ w), rtol=0, atol=1e-6)
+    out = torch.zeros(2, 6, 5)
+    chunked(_rows_fn(x, w), 6, 2, dim=1, out=out)
+    torch.testing.assert_close(out, torch.tanh(x @ w), rtol=0, atol=1e-6)
+
+
+def test_chunked_gradients_equal_plain_autograd() -> None:
+    x, w = torch.randn(3, 9, 4, requires_grad=True), torch.randn(4, 6, requires_grad=True)
+    (torch.tanh(x @ w) ** 2).sum().backward()
+    expected = (x.grad.clone(), w.grad.clone())
+    x.grad, w.grad = None, None
+    (chunked(_rows_fn(x, w), 9, 2, dim=1) ** 2).sum().backward()
+    torch.testing.assert_close((x.grad, w.grad), expected, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("bad", [0, -2, 1.5, True, "4"])
+def test_bad_chunk_sizes_are_refused(bad: object) -> None:
+    with pytest.raises(ValueError, match="chunk_size must be a positive int"):
+        check_chunk_size(bad)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="chunk_size must be a positive int"):
+        chunked(lambda sl: torch.zeros(1), 4, bad, 0)  # type: ignore[arg-type]
+
+
+def test_empty_axis_is_refused() -> None:
+    with pytest.raises(ValueError, match="at least one entry"):
+        chunked(lambda sl: torch.zeros(0), 0, 2, 0)
+
+
+def test_plan_chunk_size_prefers_the_plan() -> None:
+    module = nn.Linear(2, 2)
+    assert plan_chunk_size(module, "tri_att", 8) == 8
+    module.plan = MemoryPlan(tri_att=3)
+    assert plan_chunk_size(module, "tri_att", 8) == 3
+    assert plan_chunk_size(module, "tri_mul", 8) is None  # the plan says: run it whole
+
+
+def test_inplace_needs_a_request_and_no_gradient() -> None:
+    module = nn.Linear(2, 2)
+    x = torch.randn(2)
+    assert not inplace_requested(module, False)
+    assert inplace_requested(module, True)
+    module.plan = MemoryPlan(inplace=True)
+    assert inplace_requested(module, False)
+    assert not grad_free(module, x)  # parameters require grad, grad mode on
+    with torch.no_grad():
+        assert grad_free(module, x)
+    module.requires_grad_(False)
+    assert grad_free(module, x)
+    assert not grad_free(module, x.requires_grad_())
+
+
+def test_apply_plan_reaches_every_sci_protenix_module() -> None:
+    model = nn.Sequential(nn.Linear(2, 2), PairformerStack(n_blocks=2, n_heads=2, c_z=4, c_s=4))
+    plan = MemoryPlan(tri_mul=2, recompute="block")
+    assert apply_plan(model, plan) is model
+    ours = [m for m in model.modules() if type(m).__module__.startswith("sci_protenix.")]
+    assert len(ours) > 10
+    assert all(m.plan is plan for m in ours)
+    assert "plan" not in vars(model[0])
+    assert "plan" not in vars(model)
+    apply_plan(model, None)
+    assert all(m.plan is None for m in ours)
+
+
+def test_apply_plan_refuses_non_plans() -> None:
+    with pytest.raises(TypeError, match="MemoryPlan"):
+        apply_plan(nn.Linear(2, 2), {"tri_mul": 4})  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match=r"nn\.Module"):
+        apply_plan(object(), MemoryPlan())  # type: ignore[type-var]

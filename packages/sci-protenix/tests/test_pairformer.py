@@ -1,0 +1,214 @@
+"""PairformerBlock and PairformerStack (AF3 algorithm 17): the block equals its modules applied
+in the algorithm's order; chunked equals whole; in-place inference equals out-of-place;
+gradients with chunking and recompute ("block", "selective", Protenix's blocks_per_ckpt) equal
+plain autograd, dropout included; selective recompute keeps the matrix products; dropout masks
+shared by rows/columns; bad inputs. fp32: chunked vs whole rtol 1e-5 / atol 2e-5; gradients
+rtol 1e-4 and atol 1e-5 x the largest value of any (gradients are sums of terms up to that
+scale that may cancel: reordering them moves a small entry by ~1e-6 of it)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from sci_protenix import PairformerBlock, PairformerStack
+from sci_protenix.chunking import apply_plan
+from sci_protenix.memory_plan import MemoryPlan
+from sci_protenix.pairformer import dropout_add
+from torch.utils._python_dispatch import TorchDispatchMode
+
+CHUNK = {"rtol": 1e-5, "atol": 2e-5}
+
+
+def assert_grads_close(got: list[torch.Tensor], expected: list[torch.Tensor]) -> None:
+    """Equal within rtol 1e-4 and an atol of 1e-5 x the largest entry of any of them."""
+    scale = max(float(e.detach().abs().max()) for e in expected)
+    torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-5 * scale)
+
+
+N, CZ, CS = 8, 8, 8
+SMALL = {"n_heads": 2, "c_z": CZ, "c_s": CS, "num_intermediate_factor": 2}
+BLOCK = SMALL | {"c_hidden_mul": 6, "c_hidden_pair_att": 4, "no_heads_pair": 2}
+
+
+def _inputs(batch=(2,)):
+    mask = (torch.rand(*batch, N, N) > 0.25).float()
+    mask[..., 0] = 1.0
+    mask[..., 0, :] = 1.0
+    return torch.randn(*batch, N, CS), torch.randn(*batch, N, N, CZ), mask
+
+
+def test_block_is_algorithm_17(randomize) -> None:
+    block = randomize(PairformerBlock(**BLOCK)).eval()
+    s, z, mask = _inputs()
+    with torch.no_grad():
+        got_s, got_z = block(s, z, mask)
+        z = z + block.tri_mul_out(z, mask)
+        z = z + block.tri_mul_in(z, mask)
+        z = z + block.tri_att_start(z, mask)
+        z = z + block.tri_att_end(z, mask)
+        z = z + block.pair_transition(z)
+        s = s + block.attention_pair_bias(s, None, z)
+        s = s + block.single_transition(s)
+    torch.testing.assert_close((got_s, got_z), (s, z), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("batch", [(), (2,)])
+def test_block_chunked_equals_whole(batch, randomize) -> None:
+    block = randomize(PairformerBlock(**BLOCK)).eval()
+    s, z, mask = _inputs(batch)
+    with torch.no_grad():
+        whole = block(s, z, mask)
+        for size in (1, 3, N + 5):
+            torch.testing.assert_close(block(s, z, mask, chunk_size=size), whole, **CHUNK)
+        plan = MemoryPlan(tri_mul=3, tri_att=1, transition=5, pair_bias=2)
+        torch.testing.assert_close(apply_plan(block, plan)(s, z, mask), whole, **CHUNK)
+
+
+def test_block_without_single_track(randomize) -> None:
+    block = randomize(PairformerBlock(**(BLOCK | {"c_s": 0}))).eval()
+    _, z, mask = _inputs()
+    assert not hasattr(block, "attention_pair_bias")
+    with torch.no_grad():
+        s, got = block(None, z, mask, chunk_size=3)
+        assert s is None
+        torch.testing.assert_close(got, block(None, z, mask)[1], **CHUNK)
+
+
+@pytest.mark.parametrize("how", ["inplace_safe", "plan"])
+def test_stack_inplace_equals_out_of_place(how, randomize) -> None:
+    stack = randomize(PairformerStack(n_blocks=2, **SMALL)).eval()
+    s, z, mask = _inputs()
+    with torch.no_grad():
+        expected = stack(s, z, mask)
+        target = z.clone()
+        if how == "plan":
+            apply_plan(stack, MemoryPlan(tri_mul=3, tri_att=2, transition=4, inplace=True))
+            got_s, got_z = stack(s, target, mask)
+        else:
+            got_s, got_z = stack(s, target, mask, inplace_safe=True, chunk_size=3)
+    assert got_z.data_ptr() == target.data_ptr()  # accumulated into the caller's z
+    torch.testing.assert_close((got_s, got_z), expected, **CHUNK)
+
+
+def test_inplace_is_ignored_while_differentiating(randomize) -> None:
+    stack = randomize(PairformerStack(n_blocks=1, **SMALL)).eval()
+    s, z, mask = _inputs()
+    before = z.clone()
+    got = stack(s, z, mask, inplace_safe=True, chunk_size=3)
+    torch.testing.assert_close(z, before, rtol=0, atol=0)
+    with torch.no_grad():
+        torch.testing.assert_close(got, stack(s, before, mask), **CHUNK)
+
+
+def _train_step(stack, inputs, **kwargs):
+    stack.zero_grad()
+    s, z = (t.clone().requires_grad_() for t in inputs[:2])
+    torch.manual_seed(7)  # the same dropout masks in every run
+    out_s, out_z = stack(s, z, inputs[2], **kwargs)
+    ((out_s**2).sum() + (out_z**2).sum()).backward()
+    return [out_s, out_z, s.grad, z.grad, *(p.grad.clone() for p in stack.parameters())]
+
+
+@pytest.mark.parametrize(
+    ("plan", "chunk_size"),
+    [
+        (MemoryPlan(recompute="block"), None),
+        (MemoryPlan(recompute="block", blocks_per_checkpoint=2, tri_mul=3, tri_att=2), None),
+        (MemoryPlan(recompute="selective", transition=3, pair_bias=5), None),
+        (MemoryPlan(recompute="selective", blocks_per_checkpoint=3), None),
+        (None, 3),
+    ],
+)
+def test_training_gradients_equal_plain_autograd(plan, chunk_size, randomize) -> None:
+    stack = randomize(PairformerStack(n_blocks=3, dropout=0.25, **SMALL)).train()
+    inputs = _inputs((1,))
+    expected = _train_step(stack, inputs)
+    apply_plan(stack, plan)
+    got = _train_step(stack, inputs, chunk_size=chunk_size)
+    assert_grads_close(got, expected)
+
+
+def test_protenix_blocks_per_ckpt_recomputes(randomize) -> None:
+    stack = randomize(PairformerStack(n_blocks=2, dropout=0.25, blocks_per_ckpt=1, **SMALL))
+    assert stack.recompute() == ("block", 1)
+    inputs = _inputs((1,))
+    got = _train_step(stack.train(), inputs)
+    stack.blocks_per_ckpt = None
+    assert stack.recompute() == ("none", 1)
+    assert_grads_close(got, _train_step(stack, inputs))
+    stack.plan = MemoryPlan(recompute="selective", blocks_per_checkpoint=2)
+    assert stack.recompute() == ("selective", 2)  # the plan wins
+
+
+class _CountMatmuls(TorchDispatchMode):
+    def __init__(self) -> None:
+        super().__init__()
+        self.count = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func.name() in ("aten::mm", "aten::addmm", "aten::bmm"):
+            self.count += 1
+        return func(*args, **(kwargs or {}))
+
+
+def _backward_matmuls(stack, inputs) -> int:
+    s, z = (t.clone().requires_grad_() for t in inputs[:2])
+    out_s, out_z = stack(s, z, inputs[2])
+    loss = (out_s**2).sum() + (out_z**2).sum()
+    with _CountMatmuls() as counter:
+        loss.backward()
+    return counter.count
+
+
+def test_selective_recompute_keeps_matrix_products(randomize) -> None:
+    stack = randomize(PairformerStack(n_blocks=2, dropout=0.0, **SMALL)).train()
+    inputs = _inputs((1,))
+    plain = _backward_matmuls(stack, inputs)
+    apply_plan(stack, MemoryPlan(recompute="block"))
+    block = _backward_matmuls(stack, inputs)
+    apply_plan(stack, MemoryPlan(recompute="selective"))
+    selective = _backward_matmuls(stack, inputs)
+    assert block > plain  # block recompute reruns every product in backward
+    assert selective == plain  # selective recompute reruns none of them
+
+
+@pytest.mark.parametrize("shared_dim", [-3, -2])
+def test_dropout_mask_is_shared_along_rows_or_columns(shared_dim) -> None:
+    x = torch.ones(4, 6, 6, 3)
+    got = dropout_add(torch.zeros_like(x), x, 0.5, True, shared_dim)
+    assert set(got.unique().tolist()) <= {0.0, 2.0}
+    assert 0 < got.mean() < 2
+    reference = got.select(shared_dim, 0).unsqueeze(shared_dim)
+    torch.testing.assert_close(got, reference.expand_as(got), rtol=0, atol=0)
+    torch.testing.assert_close(dropout_add(x, x, 0.5, False, shared_dim), 2 * x)
+
+
+def test_eval_mode_has_no_dropout(randomize) -> None:
+    block = randomize(PairformerBlock(**(BLOCK | {"dropout": 0.5})))
+    inputs = _inputs()
+    with torch.no_grad():
+        evals = [block.eval()(*inputs) for _ in range(2)]
+        trains = [block.train()(*inputs) for _ in range(2)]
+    torch.testing.assert_close(evals[0], evals[1], rtol=0, atol=0)
+    assert not torch.equal(trains[0][1], trains[1][1])
+
+
+def test_hidden_scale_up_follows_c_z() -> None:
+    block = PairformerBlock(c_z=16, c_s=0, c_hidden_pair_att=4, hidden_scale_up=True)
+    assert block.tri_att_start.no_heads == 4
+    assert block.tri_mul_out.c_hidden == 16
+
+
+def test_bad_inputs() -> None:
+    block = PairformerBlock(**BLOCK)
+    s, z, mask = _inputs()
+    with pytest.raises(ValueError, match="8 channels"):
+        block(s, torch.randn(2, N, N, CZ + 1), mask)
+    with pytest.raises(ValueError, match=r"s .* is required"):
+        block(None, z, mask)
+    with pytest.raises(ValueError, match="chunk_size"):
+        block(s, z, mask, chunk_size=0)
+    with pytest.raises(ValueError, match="blocks_per_ckpt"):
+        PairformerStack(n_blocks=2, blocks_per_ckpt=0, **SMALL)
+    with pytest.raises(ValueError, match="dropout"):
+        PairformerBlock(dropout=1.0, **SMALL)

@@ -13,7 +13,7 @@ import torch
 from sci_protenix import PairformerBlock, PairformerStack
 from sci_protenix.chunking import apply_plan
 from sci_protenix.memory_plan import MemoryPlan
-from sci_protenix.pairformer import dropout_add
+from sci_protenix.pairformer import dropout_add, run_blocks
 from torch.utils._python_dispatch import TorchDispatchMode
 
 CHUNK = {"rtol": 1e-5, "atol": 2e-5}
@@ -212,3 +212,10 @@ def test_bad_inputs() -> None:
         PairformerStack(n_blocks=2, blocks_per_ckpt=0, **SMALL)
     with pytest.raises(ValueError, match="dropout"):
         PairformerBlock(dropout=1.0, **SMALL)
+
+
+def test_run_blocks_refuses_unknown_policies() -> None:
+    with pytest.raises(ValueError, match="recompute policy"):
+        run_blocks([], None, torch.zeros(1), "everything", 1)
+    with pytest.raises(ValueError, match="blocks per recomputed segment"):
+        run_blocks([], None, torch.zeros(1), "block", 0)

@@ -16,6 +16,7 @@ Protenix's ``blocks_per_ckpt`` ("block" recompute when set); it only applies whi
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -204,39 +205,45 @@ class PairformerStack(nn.Module):
         chunk_size: int | None = None,
     ) -> tuple[torch.Tensor | None, torch.Tensor]:
         """``(s, z)`` after every block; arguments as :meth:`PairformerBlock.forward`."""
-        policy, per = self.recompute()
-        if not torch.is_grad_enabled():
-            policy = "none"
         blocks = [
             functools.partial(
-                block,
-                pair_mask=pair_mask,
-                inplace_safe=inplace_safe,
-                chunk_size=chunk_size,
+                block, pair_mask=pair_mask, inplace_safe=inplace_safe, chunk_size=chunk_size
             )
             for block in self.blocks
         ]
-        if policy == "none":
-            for block in blocks:
-                s, z = block(s, z)
-            return s, z
-        context = (
-            functools.partial(create_selective_checkpoint_contexts, _keep_products)
-            if policy == "selective"
-            else None
+        return run_blocks(blocks, s, z, *self.recompute())
+
+
+Blocks = list[Callable[[Any, torch.Tensor], tuple[Any, torch.Tensor]]]
+
+
+def run_blocks(
+    blocks: Blocks, s: Any, z: torch.Tensor, policy: str, per: int
+) -> tuple[Any, torch.Tensor]:
+    """``(s, z)`` through ``blocks`` (each ``block(s, z) -> (s, z)``) in turn, recomputed by
+    ``policy`` ("none", "block" or "selective") in segments of ``per`` blocks while grad is on.
+
+    The one block runner of the Pairformer and MSA stacks: "block" reruns each segment in
+    backward (``torch.utils.checkpoint``, non-reentrant; dropout masks replayed), "selective"
+    does the same but keeps the outputs of matrix products and of the fused attention.
+    """
+    if policy not in ("none", "block", "selective"):
+        raise ValueError(f"recompute policy must be 'none', 'block' or 'selective', got {policy!r}")
+    if per < 1:
+        raise ValueError(f"blocks per recomputed segment must be >= 1, got {per}")
+    if policy == "none" or not torch.is_grad_enabled():
+        return _run(blocks, s, z)
+    kwargs: dict[str, Any] = {"use_reentrant": False}
+    if policy == "selective":
+        kwargs["context_fn"] = functools.partial(
+            create_selective_checkpoint_contexts, _keep_products
         )
-        for start in range(0, len(blocks), per):
-            segment = blocks[start : start + per]
-            kwargs: dict[str, Any] = {"use_reentrant": False}
-            if context is not None:
-                kwargs["context_fn"] = context
-            s, z = checkpoint(_run, segment, s, z, **kwargs)
-        return s, z
+    for start in range(0, len(blocks), per):
+        s, z = checkpoint(_run, blocks[start : start + per], s, z, **kwargs)
+    return s, z
 
 
-def _run(
-    blocks: list[Any], s: torch.Tensor | None, z: torch.Tensor
-) -> tuple[torch.Tensor | None, torch.Tensor]:
+def _run(blocks: Blocks, s: Any, z: torch.Tensor) -> tuple[Any, torch.Tensor]:
     """Blocks in turn on ``(s, z)``: one recomputed segment."""
     for block in blocks:
         s, z = block(s, z)

@@ -20,7 +20,11 @@ import pytest
 from spore_kernels.registration import PROVIDER
 
 OPS = ["add_rms_norm", "gelu", "layer_norm", "mean_var", "rms_norm", "rope", "silu_mul", "swiglu"]
-ALL_OPS = sorted(OPS + [f"{op}_backward" for op in OPS] + ["block_sparse_attention"])
+ALL_OPS = sorted(
+    OPS
+    + [f"{op}_backward" for op in [*OPS, "triangle_attention"]]
+    + ["block_sparse_attention", "triangle_attention"]
+)
 
 
 @pytest.fixture(scope="module")

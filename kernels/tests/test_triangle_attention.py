@@ -1,6 +1,8 @@
 """triangle_attention: the reference against a per-(batch, i, head) loop of plain softmax
-attention in float64, its backward against autograd of that loop, the op through
-``torch.ops.spore`` (eager, autograd, torch.compile) and the input errors."""
+attention in float64 and its backward against autograd of that loop; the C++ kernel (forward
+and backward, every installed build) against the float64 reference; the op through
+``torch.ops.spore`` (eager, autograd, torch.compile); input errors and the library refusing
+bad arguments."""
 
 from __future__ import annotations
 
@@ -9,6 +11,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from spore import dispatch
+from spore_kernels import _lib
 from spore_kernels.ops import triangle_attention as op
 
 TOL = {torch.float32: 2e-5, torch.bfloat16: 2e-2, torch.float16: 3e-3}
@@ -92,7 +96,7 @@ def test_reference_and_its_backward_match_a_loop_of_plain_attention(
 
 
 def test_op_gradcheck_and_compile() -> None:
-    args = _inputs((2,), 3, 5, 4, 2, 8, torch.float64, 1, mask=0.4)
+    args = _inputs((2,), 2, 3, 4, 2, 4, torch.float64, 1, mask=0.4)
     mask = args[4].clone()
     mask[0, 1] = False  # a fully masked row: zeros, zero gradients
     leaves = [t.requires_grad_() for t in args[:4]]
@@ -100,7 +104,7 @@ def test_op_gradcheck_and_compile() -> None:
     def run(q, k, v, b):
         return torch.ops.spore.triangle_attention(q, k, v, b, mask)
 
-    assert torch.autograd.gradcheck(run, leaves)
+    assert torch.autograd.gradcheck(run, leaves, fast_mode=True)
     out = run(*leaves)
     assert torch.equal(out[0, 1], torch.zeros_like(out[0, 1]))
     compiled = torch.compile(run, fullgraph=True)
@@ -140,3 +144,226 @@ def test_bad_scale_is_a_clear_error() -> None:
     q, k, v, b, m = _inputs((), 2, 3, 3, 1, 4, torch.float32, 3)
     with pytest.raises(ValueError, match="scale must be finite"):
         torch.ops.spore.triangle_attention(q, k, v, b, m, float("nan"))
+
+
+# The C++ kernel ----------------------------------------------------------------------------
+
+
+def _close(got, want, dtype):
+    """Within TOL[dtype] relative to the largest expected value (float64 oracle)."""
+    assert got.dtype == dtype
+    assert got.shape == want.shape
+    tol = TOL[dtype]
+    scale = max(float(want.detach().abs().max()), 1.0) if want.numel() else 1.0
+    torch.testing.assert_close(got.double(), want, rtol=tol, atol=tol * scale)
+
+
+def _kernel_vs_oracle(args, dtype, seed=0):
+    """Forward and backward of the C++ kernel against the float64 reference on the same
+    (rounded) inputs; gradients for q, k, v and bias."""
+    assert dispatch.explain(op.OP, *args).chosen == "kernels"
+    wide = tuple(t.double() if t is not None and t.is_floating_point() else t for t in args)
+    expected = op.reference(*wide)
+    out = torch.ops.spore.triangle_attention(*args)
+    _close(out, expected, dtype)
+    g = torch.randn(out.shape, generator=torch.Generator().manual_seed(seed)).to(dtype)
+    bwd = (g, *args, out, None)
+    assert dispatch.explain(op.OP + "_backward", *bwd).chosen == "kernels"
+    got = torch.ops.spore.triangle_attention_backward(*bwd)
+    want = op.reference_backward(g.double(), *wide, expected, None)
+    for a, w, t in zip(got, want, args[:4], strict=True):
+        if t is None:
+            assert a.numel() == 0
+        else:
+            _close(a, w, dtype)
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    shape=st.tuples(
+        st.sampled_from([(), (1,), (2,), (1, 2)]),
+        st.integers(1, 4),  # I
+        st.sampled_from([1, 2, 7, 13, 49]),  # J (49: a second 48-row tile)
+        st.sampled_from([1, 3, 16, 17, 33]),  # K
+        st.integers(1, 3),  # H
+        st.sampled_from([1, 7, 16, 32, 33]),  # D
+    ),
+    with_bias=st.booleans(),
+    mask=st.sampled_from([None, 0.0, 0.5, 0.95]),
+    dtype=st.sampled_from(list(TOL)),
+    seed=st.integers(0, 2**16),
+)
+def test_kernel_forward_and_backward_match_the_float64_reference(
+    shape, with_bias, mask, dtype, seed
+) -> None:
+    """Including rows with every key masked (mask 0.95 on few keys) and no bias."""
+    batch, i, j, keys, h, d = shape
+    _kernel_vs_oracle(_inputs(batch, i, j, keys, h, d, dtype, seed, with_bias, mask), dtype, seed)
+
+
+@pytest.mark.parametrize("dtype", list(TOL), ids=str)
+def test_kernel_across_key_tiles_with_a_skipped_tile(dtype) -> None:
+    """More than one 128-key tile (K = 300) and 48-row tile (J = 61); for some rows i the
+    whole first key tile is masked (the kernel skips it), one row i is fully masked."""
+    q, k, v, b, m = _inputs((1,), 3, 61, 300, 2, 16, dtype, 4, mask=0.2)
+    m[0, 1, :128] = False
+    m[0, 2] = False
+    _kernel_vs_oracle((q, k, v, b, m), dtype)
+    out = torch.ops.spore.triangle_attention(q, k, v, b, m)
+    assert torch.equal(out[0, 2], torch.zeros_like(out[0, 2]))
+
+
+def test_fully_masked_rows_are_zero_with_zero_gradients_in_the_kernel() -> None:
+    q, k, v, b, m = _inputs((2,), 3, 5, 6, 2, 8, torch.float32, 5)
+    m[1, 0] = False
+    leaves = [t.requires_grad_() for t in (q, k, v, b)]
+    out = torch.ops.spore.triangle_attention(*leaves, m)
+    assert torch.equal(out[1, 0], torch.zeros_like(out[1, 0]))
+    dq, dk, dv, db = torch.autograd.grad(out, leaves, torch.randn_like(out))
+    for grad in (dq[1, 0], dk[1, 0], dv[1, 0]):
+        assert torch.equal(grad, torch.zeros_like(grad))
+    assert bool(torch.isfinite(db).all())
+
+
+def test_op_gradients_through_autograd_match_float64_autograd() -> None:
+    """The op's own backward (C++ kernel) against autograd of the loop oracle in float64, and
+    gradcheck of the float64 op (reference path)."""
+    args = _inputs((1,), 4, 9, 7, 2, 16, torch.float32, 6, mask=0.3)
+    leaves = [t.requires_grad_() for t in args[:4]]
+    out = torch.ops.spore.triangle_attention(*leaves, args[4])
+    grad = torch.randn_like(out)
+    got = torch.autograd.grad(out, leaves, grad)
+    want = _grads(_loop, args, grad)
+    for g, w in zip(got, want, strict=True):
+        _close(g, w, torch.float32)
+
+
+def test_i_equal_one_is_attention_with_pair_bias() -> None:
+    """Attention over single tokens: q [B, 1, N, H, D], bias [B, H, N, N], mask [B, 1, N]."""
+    q, k, v, b, m = _inputs((2,), 1, 23, 23, 4, 16, torch.float32, 7, mask=0.1)
+    _kernel_vs_oracle((q, k, v, b, m), torch.float32)
+    sdpa = torch.nn.functional.scaled_dot_product_attention(
+        q[:, 0].transpose(1, 2).double(),
+        k[:, 0].transpose(1, 2).double(),
+        v[:, 0].transpose(1, 2).double(),
+        attn_mask=b.double().masked_fill(~m[:, :, None, :], float("-inf")),
+    )
+    _close(torch.ops.spore.triangle_attention(q, k, v, b, m)[:, 0], sdpa.transpose(1, 2), q.dtype)
+
+
+def test_scale_and_non_contiguous_inputs() -> None:
+    q, k, v, b, m = _inputs((2,), 3, 6, 5, 2, 8, torch.float32, 8)
+    kt = k.transpose(-2, -3).contiguous().transpose(-2, -3)  # same values, other strides
+    bt = b.transpose(-1, -2).contiguous().transpose(-1, -2)
+    assert not kt.is_contiguous()
+    assert not bt.is_contiguous()
+    args = (q, kt, v, bt, m, 0.3)
+    assert dispatch.explain(op.OP, *args).chosen == "kernels"
+    out = torch.ops.spore.triangle_attention(*args)
+    _close(out, _loop(q, k, v, b, m, 0.3), torch.float32)
+    assert not torch.allclose(out, torch.ops.spore.triangle_attention(q, k, v, b, m))
+
+
+def test_what_the_kernel_does_not_take_runs_the_reference() -> None:
+    q, k, v, b, m = _inputs((), 2, 4, 3, 2, 8, torch.float64, 9)
+    assert dispatch.explain(op.OP, q, k, v, b, m).chosen == "reference"
+    empty = _inputs((), 2, 4, 0, 2, 8, torch.float32, 9)
+    assert dispatch.explain(op.OP, *empty).chosen == "reference"
+    out = torch.ops.spore.triangle_attention(*empty)
+    assert torch.equal(out, torch.zeros(2, 4, 2, 8))
+
+
+def test_compiles_fullgraph_with_the_kernel() -> None:
+    q, k, v, b, m = _inputs((1,), 3, 8, 8, 2, 16, torch.float32, 10)
+    leaves = [t.requires_grad_() for t in (q, k, v, b)]
+    compiled = torch.compile(
+        lambda *a: torch.ops.spore.triangle_attention(*a, m) * 2, fullgraph=True
+    )
+    out = compiled(*leaves)
+    _close(out, _loop(q, k, v, b, m) * 2, torch.float32)
+    got = torch.autograd.grad(out.sum(), leaves)
+    want = _grads(lambda *a: _loop(*a) * 2, (q, k, v, b, m), torch.ones_like(out))
+    for g, w in zip(got, want, strict=True):
+        _close(g, w, torch.float32)
+
+
+def _c_args(dtype=torch.float32):
+    q, k, v, b, m = _inputs((2,), 3, 7, 5, 2, 8, dtype, 11)
+    out = torch.empty_like(q)
+    return q, k, v, b, m, out
+
+
+def _sizes(q, k):
+    return (q.shape[0], q.shape[1], q.shape[2], k.shape[2], q.shape[3], q.shape[4])
+
+
+@pytest.mark.parametrize("isa", _lib.available())
+def test_every_installed_build_computes_the_same(isa) -> None:
+    lib = _lib.load(isa)
+    fwd = _lib.function("spore_triangle_attention", op._FWD, lib)
+    bwd = _lib.function("spore_triangle_attention_backward", op._BWD, lib)
+    for dtype in TOL:
+        q, k, v, b, m, out = _c_args(dtype)
+        ptrs = [t.data_ptr() for t in (q, k, v, b, m, out)]
+        assert fwd(*ptrs, *_sizes(q, k), 0.5, _lib.dtype_code(q), 2) == 0
+        wide = tuple(t.double() if t.is_floating_point() else t for t in (q, k, v, b, m))
+        expected = op.reference(*wide, 0.5)
+        _close(out, expected, dtype)
+        g = torch.randn_like(out)
+        grads = [torch.empty_like(t) for t in (q, k, v, b)]
+        ptrs = [t.data_ptr() for t in (g, q, k, v, b, m, out, *grads)]
+        assert bwd(*ptrs, *_sizes(q, k), 0.5, _lib.dtype_code(q), 2) == 0
+        want = op.reference_backward(g.double(), *wide, expected, 0.5)
+        for a, w in zip(grads, want, strict=True):
+            _close(a, w, dtype)
+
+
+def test_the_library_refuses_bad_arguments_and_writes_nothing() -> None:
+    """Status 1 (bad argument) or 2 (dtype), outputs untouched; never a crash."""
+    fwd = _lib.function("spore_triangle_attention", op._FWD)
+    bwd = _lib.function("spore_triangle_attention_backward", op._BWD)
+    q, k, v, b, m, out = _c_args()
+    out.fill_(7.0)
+    good = [t.data_ptr() for t in (q, k, v, b, m, out)]
+    sizes = _sizes(q, k)
+    huge = 1 << 40
+    for ptrs, dims, code, threads in [
+        ([None, *good[1:]], sizes, 0, 2),  # null q
+        ([*good[:1], None, *good[2:]], sizes, 0, 2),  # null k
+        ([*good[:5], None], sizes, 0, 2),  # null out
+        (good, (2, -1, 7, 5, 2, 8), 0, 2),  # negative size
+        (good, sizes, 0, 0),  # no thread
+        (good, (huge, huge, 7, 5, 2, 8), 0, 2),  # element counts overflow int64
+    ]:
+        assert fwd(*ptrs, *dims, 0.5, code, threads) == 1
+    assert fwd(*good, *sizes, 0.5, 9, 2) == 2
+    assert bool((out == 7.0).all())
+    grads = [torch.full_like(t, 7.0) for t in (q, k, v, b)]
+    gptrs = [t.data_ptr() for t in grads]
+    base = [out.data_ptr(), *good[:5], out.data_ptr()]
+    for ptrs in (
+        [*base, *gptrs[:3], None],  # bias without dbias
+        [*base[:4], None, *base[5:], *gptrs],  # dbias without bias
+        [None, *base[1:], *gptrs],  # null grad
+        [*base, None, *gptrs[1:]],  # null dq
+    ):
+        assert bwd(*ptrs, *sizes, 0.5, 0, 2) == 1
+    assert bwd(*base, *gptrs, *sizes, 0.5, 9, 2) == 2
+    assert all(bool((t == 7.0).all()) for t in grads)
+    with pytest.raises(_lib.KernelError, match="bad argument"):
+        _lib.call("spore_triangle_attention", op._FWD, *[0] * 6, 1, 1, 1, 1, 1, 1, 1.0, 0, 1)
+
+
+def test_the_library_gives_zeros_when_no_row_meets_a_key() -> None:
+    """K = 0: zero output and zero dq; D = 0 with a bias: zero dbias (null pointers allowed
+    for tensors without elements)."""
+    fwd = _lib.function("spore_triangle_attention", op._FWD)
+    bwd = _lib.function("spore_triangle_attention_backward", op._BWD)
+    out = torch.full((1, 2, 3, 2, 4), 7.0)
+    assert fwd(1, None, None, None, None, out.data_ptr(), 1, 2, 3, 0, 2, 4, 1.0, 0, 2) == 0
+    assert torch.equal(out, torch.zeros_like(out))
+    db = torch.full((1, 2, 3, 5), 7.0)
+    bias = torch.randn(1, 2, 3, 5)
+    ptrs = [None, None, None, None, bias.data_ptr(), None, None, None, None, None, db.data_ptr()]
+    assert bwd(*ptrs, 1, 2, 3, 5, 2, 0, 1.0, 0, 2) == 0
+    assert torch.equal(db, torch.zeros_like(db))

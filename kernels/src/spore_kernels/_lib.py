@@ -18,7 +18,7 @@ ABI_VERSION = 2
 ISAS = ("v4", "v3", "base")
 LEVEL = {"v4": 4, "v3": 3, "base": 1}
 DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
-STATUS = {1: "bad argument", 2: "unsupported dtype"}
+STATUS = {1: "bad argument", 2: "unsupported dtype", 3: "out of memory for scratch"}
 
 ptr, i64, i32, f32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int32, ctypes.c_float
 

@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-from spore_kernels import _checks
+from spore_kernels import _checks, _lib
 
 OP = "triangle_attention"
 SCHEMA = (
@@ -245,12 +245,134 @@ def _backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
     return dq, dk, dv, (dbias if bias is not None else None), None, None
 
 
+def _kernel_ready(
+    tensors: tuple[torch.Tensor | None, ...], mask: torch.Tensor | None, device_type: str
+) -> bool:
+    """Tensors of one kernel dtype (float32, bfloat16, float16) on ``device_type``, with
+    elements; any strides (the wrappers make them contiguous)."""
+    present = [t for t in tensors if t is not None]
+    first = present[0]
+    if first.dtype not in _checks.KERNEL_DTYPES or first.device.type != device_type:
+        return False
+    if any(t.dtype != first.dtype or t.device != first.device for t in present):
+        return False
+    if mask is not None and mask.device != first.device:
+        return False
+    return all(t.numel() > 0 for t in tensors[:3])
+
+
+def supports(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    mask: torch.Tensor | None = None,
+    scale: float | None = None,
+) -> bool:
+    """CPU q, k, v (and bias) of one kernel dtype with elements, valid shapes; any strides."""
+    if not _kernel_ready((q, k, v, bias), mask, "cpu"):
+        return False
+    try:
+        check(q, k, v, bias, mask, scale)
+    except (TypeError, ValueError):
+        return False
+    return True
+
+
+def supports_backward(
+    grad: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    bias: torch.Tensor | None,
+    mask: torch.Tensor | None,
+    out: torch.Tensor,
+    scale: float | None,
+) -> bool:
+    """:func:`supports`, with grad and out of q's dtype and shape."""
+    if not _kernel_ready((q, k, v, bias, grad, out), mask, "cpu"):
+        return False
+    try:
+        check_backward(grad, q, k, v, bias, mask, out, scale)
+    except (TypeError, ValueError):
+        return False
+    return True
+
+
+def _sizes(q: torch.Tensor, k: torch.Tensor) -> tuple[int, ...]:
+    """(batch, I, J, K, H, D) with the leading dims flattened into one batch."""
+    *batch, i, j, h, d = q.shape
+    return (math.prod(batch), i, j, k.shape[-3], h, d)
+
+
+def _ptr(t: torch.Tensor | None) -> int | None:
+    return None if t is None else t.data_ptr()
+
+
+_FWD = (*(_lib.ptr,) * 6, *(_lib.i64,) * 6, _lib.f32, _lib.i32, _lib.i32)
+_BWD = (*(_lib.ptr,) * 11, *(_lib.i64,) * 6, _lib.f32, _lib.i32, _lib.i32)
+
+
+def cpu(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    mask: torch.Tensor | None = None,
+    scale: float | None = None,
+) -> torch.Tensor:
+    """The C++ forward, after the reference's checks (inputs made contiguous)."""
+    check(q, k, v, bias, mask, scale)
+    if not supports(q, k, v, bias, mask, scale):
+        raise ValueError(
+            f"{OP}: the CPU kernel takes float32/bfloat16/float16 CPU tensors with elements, "
+            f"got {q.dtype} on {q.device}; call torch.ops.spore.{OP}, which picks a kernel or "
+            f"the reference"
+        )
+    q, k, v = (t.contiguous() for t in (q, k, v))
+    bias = None if bias is None else bias.contiguous()
+    mask = None if mask is None else mask.contiguous()
+    out = torch.empty_like(q)
+    args = (*map(_ptr, (q, k, v, bias, mask, out)), *_sizes(q, k), default_scale(q, scale))
+    _lib.call("spore_triangle_attention", _FWD, *args, _lib.dtype_code(q), _lib.threads())
+    return out
+
+
+def cpu_backward(
+    grad: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    bias: torch.Tensor | None,
+    mask: torch.Tensor | None,
+    out: torch.Tensor,
+    scale: float | None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The C++ backward, after the reference's checks (inputs made contiguous)."""
+    check_backward(grad, q, k, v, bias, mask, out, scale)
+    if not supports_backward(grad, q, k, v, bias, mask, out, scale):
+        raise ValueError(
+            f"{OP}_backward: the CPU kernel takes float32/bfloat16/float16 CPU tensors with "
+            f"elements, got {q.dtype} on {q.device}; call torch.ops.spore.{OP}_backward"
+        )
+    grad, q, k, v, out = (t.contiguous() for t in (grad, q, k, v, out))
+    bias = None if bias is None else bias.contiguous()
+    mask = None if mask is None else mask.contiguous()
+    dq, dk, dv = (torch.empty_like(t) for t in (q, k, v))
+    dbias = q.new_empty(0) if bias is None else torch.empty_like(bias)
+    ptrs = (grad, q, k, v, bias, mask, out, dq, dk, dv, None if bias is None else dbias)
+    args = (*map(_ptr, ptrs), *_sizes(q, k), default_scale(q, scale))
+    _lib.call("spore_triangle_attention_backward", _BWD, *args, _lib.dtype_code(q), _lib.threads())
+    return dq, dk, dv, dbias
+
+
 def register(registry: Any) -> None:
-    """Define the forward and backward ops with their reference (and kernels, once built)."""
-    registry.define(
+    """Define the forward and backward ops with their reference and CPU kernels."""
+    bwd = registry.define(
         OP + "_backward", BACKWARD_SCHEMA, reference=reference_backward, fake=_fake_backward
     )
-    registry.define(
+    registry.kernel(bwd, "cpu", cpu_backward, priority=_checks.PRIORITY, supports=supports_backward)
+    fwd = registry.define(
         OP,
         SCHEMA,
         reference=reference,
@@ -258,6 +380,7 @@ def register(registry: Any) -> None:
         backward=_backward,
         setup_context=_setup_context,
     )
+    registry.kernel(fwd, "cpu", cpu, priority=_checks.PRIORITY, supports=supports)
 
 
 def benchmarks() -> list[Any]:

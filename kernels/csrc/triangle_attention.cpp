@@ -1,0 +1,592 @@
+// triangle_attention forward and backward: for every (batch, i, head) softmax attention of the
+// J query rows q[b, i, :, h] over the K keys k[b, i, :, h], with a bias[b, h, j, k] shared by
+// every i and a key mask[b, i, k]; a row with no key left gives zeros. fp32 compute, bf16/fp16
+// widened as read and rounded once when written. The [I, H, J, K] logits never exist: per
+// thread, tiles of TQ query rows by KT keys (forward: an online softmax over the key tiles;
+// backward: one strip of TQ rows by all K probabilities at a time).
+//
+// All products run through one register-tiled routine (gemm below) over fp32 copies padded to
+// whole vectors: scores q k^T, p v, and in backward dp = do v^T, dv += p^T do, dk += ds^T q,
+// dq += ds k. Scores are in base 2 (q scaled by scale * log2 e, bias by log2 e).
+#include <omp.h>
+
+#include <algorithm>
+#include <limits>
+#include <new>
+#include <stdexcept>
+
+#include "elementwise.h"
+
+namespace spore {
+namespace {
+
+#if defined(__AVX512F__)
+constexpr int64_t W = 16;
+#elif defined(__AVX__)
+constexpr int64_t W = 8;
+#else
+constexpr int64_t W = 4;
+#endif
+using vec = float __attribute__((vector_size(W * 4)));
+using vec_u = float __attribute__((vector_size(W * 4), aligned(4), may_alias));
+using ivec = int32_t __attribute__((vector_size(W * 4)));
+
+inline vec splat(float x) { return vec{} + x; }
+inline vec vload(const float* p) { return *reinterpret_cast<const vec_u*>(p); }
+inline void vstore(float* p, vec x) { *reinterpret_cast<vec_u*>(p) = x; }
+
+constexpr int64_t RT = 6;       // rows of a register tile (12 accumulators fit 16 registers)
+constexpr int64_t VT = 2 * W;   // columns of a register tile: two vectors
+constexpr int64_t TQ = 48;      // query rows per tile
+constexpr int64_t KT = 128;     // keys per tile (a multiple of VT on every build)
+constexpr float kInf = std::numeric_limits<float>::infinity();
+constexpr float kLn2f = 0.693147182f;
+constexpr int32_t OUT_OF_MEMORY = 3;
+
+inline int64_t round_up(int64_t n, int64_t to) { return (n + to - 1) / to * to; }
+
+// R rows of C (+)= A B over n terms: C[r][c] = sum_t A[r*ar + t*at] * B[t*ldb + c], for every
+// column c < cols (a multiple of VT). A's stride pair reads it as given (ar = row length,
+// at = 1) or transposed (ar = 1, at = row length).
+template <int R>
+inline void tile(const float* a, int64_t ar, int64_t at, const float* b, int64_t ldb, float* c,
+                 int64_t ldc, int64_t cols, int64_t n, bool accumulate) {
+    for (int64_t c0 = 0; c0 < cols; c0 += VT) {
+        vec a0[R], a1[R];
+#pragma GCC unroll 8
+        for (int i = 0; i < R; ++i) {
+            a0[i] = accumulate ? vload(c + i * ldc + c0) : vec{};
+            a1[i] = accumulate ? vload(c + i * ldc + c0 + W) : vec{};
+        }
+        for (int64_t t = 0; t < n; ++t) {
+            const vec b0 = vload(b + t * ldb + c0), b1 = vload(b + t * ldb + c0 + W);
+#pragma GCC unroll 8
+            for (int i = 0; i < R; ++i) {
+                const float x = a[i * ar + t * at];
+                a0[i] = x * b0 + a0[i];
+                a1[i] = x * b1 + a1[i];
+            }
+        }
+#pragma GCC unroll 8
+        for (int i = 0; i < R; ++i) {
+            vstore(c + i * ldc + c0, a0[i]);
+            vstore(c + i * ldc + c0 + W, a1[i]);
+        }
+    }
+}
+
+// Any number of rows: whole register tiles, then the remaining 1..RT-1 rows.
+inline void gemm(const float* a, int64_t ar, int64_t at, const float* b, int64_t ldb, float* c,
+                 int64_t ldc, int64_t rows, int64_t cols, int64_t n, bool accumulate) {
+    int64_t r = 0;
+    for (; r + RT <= rows; r += RT) {
+        tile<RT>(a + r * ar, ar, at, b, ldb, c + r * ldc, ldc, cols, n, accumulate);
+    }
+    const float* ar0 = a + r * ar;
+    float* cr = c + r * ldc;
+    switch (rows - r) {
+        case 1: tile<1>(ar0, ar, at, b, ldb, cr, ldc, cols, n, accumulate); break;
+        case 2: tile<2>(ar0, ar, at, b, ldb, cr, ldc, cols, n, accumulate); break;
+        case 3: tile<3>(ar0, ar, at, b, ldb, cr, ldc, cols, n, accumulate); break;
+        case 4: tile<4>(ar0, ar, at, b, ldb, cr, ldc, cols, n, accumulate); break;
+        case 5: tile<5>(ar0, ar, at, b, ldb, cr, ldc, cols, n, accumulate); break;
+        default: break;
+    }
+}
+
+// 2^a lane by lane for a <= 0, 0 below -126 and for a NaN lane (callers keep NaN scores
+// themselves): a = n + r, |r| <= 1/2, 2^r = exp(r ln 2) by elementwise.h's polynomial.
+inline vec exp2_nonpositive(vec a) {
+    const vec clamped = a > -126.0f ? a : splat(-126.0f);
+    const vec shifted = clamped + kRound;
+    const vec x = (clamped - (shifted - kRound)) * kLn2f;
+    vec p = splat(1.38204684e-3f);
+    p = p * x + 8.36925115e-3f;
+    p = p * x + 4.16682847e-2f;
+    p = p * x + 1.66665167e-1f;
+    p = p * x + 4.99999940e-1f;
+    const vec em1 = p * (x * x) + x;
+    const ivec n = reinterpret_cast<ivec>(shifted) - as_int(kRound);
+    const vec scale = reinterpret_cast<vec>((n + 127) << 23);
+    const vec e = em1 * scale + scale;
+    return a >= -126.0f ? e : vec{};
+}
+
+inline float exp2_nonpositive(float a) { return exp2_nonpositive(splat(a))[0]; }
+
+// The largest of n (a multiple of W) values, NaN skipped; -inf when there is none.
+inline float row_max(const float* x, int64_t n) {
+    vec m = splat(-kInf);
+    for (int64_t c = 0; c < n; c += W) {
+        const vec v = vload(x + c);
+        m = v > m ? v : m;
+    }
+    float top = -kInf;
+    for (int64_t l = 0; l < W; ++l) top = std::max(top, m[l]);
+    return top;
+}
+
+// x[c] = 2^(x[c] - top) for n (a multiple of W) values, NaN kept; returns their sum.
+inline float exp2_shift(float* x, int64_t n, float top) {
+    vec acc = {};
+    for (int64_t c = 0; c < n; c += W) {
+        const vec v = vload(x + c);
+        const vec e = v == v ? exp2_nonpositive(v - top) : v;
+        vstore(x + c, e);
+        acc += e;
+    }
+    float total = 0.0f;
+    for (int64_t l = 0; l < W; ++l) total += acc[l];
+    return total;
+}
+
+struct Dims {
+    int64_t batch, ni, nj, nk, heads, d;
+    int64_t kp, dp;  // keys padded to VT, head dim padded to VT
+
+    int64_t row(int64_t b, int64_t i) const { return b * ni + i; }
+    // Offsets of element 0 of a query row, a key row, a bias row and a mask row.
+    int64_t q_at(int64_t b, int64_t i, int64_t j, int64_t h) const {
+        return ((row(b, i) * nj + j) * heads + h) * d;
+    }
+    int64_t k_at(int64_t b, int64_t i, int64_t k, int64_t h) const {
+        return ((row(b, i) * nk + k) * heads + h) * d;
+    }
+    int64_t bias_at(int64_t b, int64_t h, int64_t j) const {
+        return ((b * heads + h) * nj + j) * nk;
+    }
+    int64_t mask_at(int64_t b, int64_t i) const { return row(b, i) * nk; }
+};
+
+// The keys of one (batch, i, head) as fp32, padded with zeros to kp keys and dp columns:
+// kt [d][kp] (transposed), kr and vr [kp][dp] (rows), vt [d][kp]; and the mask as additive
+// base-2 scores (0 or -inf, -inf for padded keys) with, per key tile, whether any key is kept.
+struct Keys {
+    float *kt, *kr, *vr, *vt, *add;
+    uint8_t* any;
+
+    template <typename T>
+    void pack(const typename T::storage* k, const typename T::storage* v, const uint8_t* mask,
+              const Dims& s, int64_t b, int64_t i, int64_t h) const {
+        const int64_t d = s.d, kp = s.kp, dp = s.dp;
+        for (int64_t c = 0; c < s.nk; ++c) {
+            const auto* krow = k + s.k_at(b, i, c, h);
+            const auto* vrow = v + s.k_at(b, i, c, h);
+            for (int64_t e = 0; e < d; ++e) {
+                const float kv = T::load(krow[e]);
+                const float vv = T::load(vrow[e]);
+                if (kt != nullptr) kt[e * kp + c] = kv;
+                if (kr != nullptr) kr[c * dp + e] = kv;
+                if (vr != nullptr) vr[c * dp + e] = vv;
+                if (vt != nullptr) vt[e * kp + c] = vv;
+            }
+        }
+        for (int64_t c = 0; c < kp; ++c) {
+            const bool kept = c < s.nk && (mask == nullptr || mask[s.mask_at(b, i) + c] != 0);
+            add[c] = kept ? 0.0f : -kInf;
+        }
+        for (int64_t t = 0; t * KT < kp; ++t) {
+            any[t] = 0;
+            for (int64_t c = t * KT; c < std::min(kp, (t + 1) * KT); ++c) any[t] |= add[c] == 0.0f;
+        }
+    }
+};
+
+// s[r][c] += log2e * bias[j0 + r][k0 + c] + add[k0 + c] over rows x kc columns (ld: s's row
+// length); columns past the real keys get -inf from add.
+template <typename T>
+void add_bias_mask(float* s, int64_t ld, const typename T::storage* bias, const float* add,
+                   int64_t rows, int64_t k0, int64_t kc, const Dims& s_) {
+    const int64_t real = std::min(kc, s_.nk - k0);
+    for (int64_t r = 0; r < rows; ++r) {
+        float* row = s + r * ld;
+        if (bias != nullptr) {
+            const auto* brow = bias + r * s_.nk + k0;
+#pragma omp simd
+            for (int64_t c = 0; c < real; ++c) row[c] += T::load(brow[c]) * kLog2e + add[k0 + c];
+        } else {
+#pragma omp simd
+            for (int64_t c = 0; c < real; ++c) row[c] += add[k0 + c];
+        }
+        for (int64_t c = real; c < kc; ++c) row[c] = -kInf;
+    }
+}
+
+// Query rows j0..j0+rows of one (batch, i, head) as fp32, scaled, padded with zeros to dp.
+template <typename T>
+void load_rows(float* dst, const typename T::storage* src, int64_t stride, int64_t rows,
+               const Dims& s, float scale) {
+    for (int64_t r = 0; r < rows; ++r) {
+        float* row = dst + r * s.dp;
+        const auto* in_row = src + r * stride;
+        for (int64_t e = 0; e < s.d; ++e) row[e] = T::load(in_row[e]) * scale;
+        for (int64_t e = s.d; e < s.dp; ++e) row[e] = 0.0f;
+    }
+}
+
+// Floats of per-thread scratch each pass needs.
+int64_t forward_scratch(const Dims& s) {
+    return s.d * s.kp + s.kp * s.dp + s.kp + s.kp / KT + 1 + TQ * s.dp * 2 + TQ * KT + 3 * TQ;
+}
+
+int64_t backward_scratch(const Dims& s) {
+    return 2 * s.d * s.kp + 3 * s.kp * s.dp + s.kp + s.kp / KT + 1 + 3 * TQ * s.dp + TQ * s.kp +
+           TQ * KT + TQ;
+}
+
+// Forward of query tiles [t0, t1) of one (batch, i, head), keys already packed.
+template <typename T>
+void forward_rows(const typename T::storage* q, const typename T::storage* bias,
+                  typename T::storage* out, const Keys& keys, float* qs, float* sc, float* o,
+                  float* mx, float* sum, float* alpha, int64_t b, int64_t i, int64_t h,
+                  int64_t t0, int64_t t1, const Dims& s, float scale) {
+    const int64_t stride = s.heads * s.d;
+    const float scale2 = scale * kLog2e;
+    for (int64_t t = t0; t < t1; ++t) {
+        const int64_t j0 = t * TQ, rows = std::min(TQ, s.nj - j0);
+        load_rows<T>(qs, q + s.q_at(b, i, j0, h), stride, rows, s, scale2);
+        std::fill(o, o + rows * s.dp, 0.0f);
+        std::fill(mx, mx + rows, -kInf);
+        std::fill(sum, sum + rows, 0.0f);
+        const auto* brow = bias == nullptr ? nullptr : bias + s.bias_at(b, h, j0);
+        for (int64_t k0 = 0, kt = 0; k0 < s.kp; k0 += KT, ++kt) {
+            if (!keys.any[kt]) continue;  // every key masked: nothing to add
+            const int64_t kc = std::min(KT, s.kp - k0);
+            gemm(qs, s.dp, 1, keys.kt + k0, s.kp, sc, KT, rows, kc, s.d, false);
+            add_bias_mask<T>(sc, KT, brow, keys.add, rows, k0, kc, s);
+            for (int64_t r = 0; r < rows; ++r) {
+                float* row = sc + r * KT;
+                const float before = mx[r];
+                const float top = std::max(before, row_max(row, kc));
+                const float total = exp2_shift(row, kc, top);
+                alpha[r] = before == -kInf ? 0.0f : exp2_nonpositive(before - top);
+                mx[r] = top;
+                sum[r] = sum[r] * alpha[r] + total;
+                float* orow = o + r * s.dp;
+                const vec a = splat(alpha[r]);
+                for (int64_t e = 0; e < s.dp; e += W) vstore(orow + e, vload(orow + e) * a);
+            }
+            gemm(sc, KT, 1, keys.vr + k0 * s.dp, s.dp, o, s.dp, rows, s.dp,
+                 std::min(kc, s.nk - k0), true);
+        }
+        for (int64_t r = 0; r < rows; ++r) {
+            const float inv = sum[r] > 0.0f ? 1.0f / sum[r] : 0.0f;
+            const float* orow = o + r * s.dp;
+            auto* dst = out + s.q_at(b, i, j0 + r, h);
+#pragma omp simd
+            for (int64_t e = 0; e < s.d; ++e) dst[e] = T::store(orow[e] * inv);
+        }
+    }
+}
+
+template <typename T>
+void forward(const void* qp, const void* kp, const void* vp, const void* biasp,
+             const uint8_t* mask, void* outp, const Dims& s, float scale, int32_t threads,
+             float* scratch, int64_t per_thread, int64_t chunks) {
+    const auto* q = in<T>(qp);
+    const auto* k = in<T>(kp);
+    const auto* v = in<T>(vp);
+    const auto* bias = biasp == nullptr ? nullptr : in<T>(biasp);
+    auto* out = spore::out<T>(outp);
+    const int64_t tiles = (s.nj + TQ - 1) / TQ;
+    const int64_t per_chunk = (tiles + chunks - 1) / chunks;
+    const int64_t tasks = s.batch * s.ni * s.heads * chunks;
+#pragma omp parallel num_threads(threads)
+    {
+        float* w = scratch + omp_get_thread_num() * per_thread;
+        Keys keys{};
+        keys.kt = w;
+        keys.vr = keys.kt + s.d * s.kp;
+        keys.add = keys.vr + s.kp * s.dp;
+        keys.any = reinterpret_cast<uint8_t*>(keys.add + s.kp);
+        float* qs = keys.add + s.kp + s.kp / KT + 1;
+        float* o = qs + TQ * s.dp;
+        float* sc = o + TQ * s.dp;
+        float* mx = sc + TQ * KT;
+        float* sum = mx + TQ;
+        float* alpha = sum + TQ;
+        std::fill(keys.kt, keys.kt + s.d * s.kp, 0.0f);  // padded keys stay zero
+        std::fill(keys.vr, keys.vr + s.kp * s.dp, 0.0f);
+#pragma omp for schedule(dynamic)
+        for (int64_t task = 0; task < tasks; ++task) {
+            const int64_t chunk = task % chunks, bih = task / chunks;
+            const int64_t h = bih % s.heads, bi = bih / s.heads;
+            const int64_t i = bi % s.ni, b = bi / s.ni;
+            const int64_t t0 = chunk * per_chunk, t1 = std::min(tiles, t0 + per_chunk);
+            if (t0 >= t1) continue;
+            keys.pack<T>(k, v, mask, s, b, i, h);
+            forward_rows<T>(q, bias, out, keys, qs, sc, o, mx, sum, alpha, b, i, h, t0, t1, s,
+                            scale);
+        }
+    }
+}
+
+// Backward of one (batch, i, head): dq for its rows, dk and dv for its keys, and its ds
+// summed into the dbias partial `part` ([J][K] of this (batch, head)).
+template <typename T>
+void backward_one(const typename T::storage* g, const typename T::storage* q,
+                  const typename T::storage* bias, const typename T::storage* out,
+                  typename T::storage* dq, typename T::storage* dk, typename T::storage* dv,
+                  float* part, const Keys& keys, float* dkacc, float* dvacc, float* qs, float* go,
+                  float* dqacc, float* strip, float* ds, float* delta, int64_t b, int64_t i,
+                  int64_t h, const Dims& s, float scale) {
+    const int64_t stride = s.heads * s.d, dp = s.dp, kp = s.kp;
+    const float scale2 = scale * kLog2e;
+    std::fill(dkacc, dkacc + kp * dp, 0.0f);
+    std::fill(dvacc, dvacc + kp * dp, 0.0f);
+    const auto* brow0 = bias == nullptr ? nullptr : bias + s.bias_at(b, h, 0);
+    for (int64_t j0 = 0; j0 < s.nj; j0 += TQ) {
+        const int64_t rows = std::min(TQ, s.nj - j0);
+        const int64_t at = s.q_at(b, i, j0, h);
+        load_rows<T>(qs, q + at, stride, rows, s, scale2);
+        load_rows<T>(go, g + at, stride, rows, s, 1.0f);
+        for (int64_t r = 0; r < rows; ++r) {
+            const auto* orow = out + at + r * stride;
+            const float* grow = go + r * dp;
+            float acc = 0.0f;
+#pragma omp simd reduction(+ : acc)
+            for (int64_t e = 0; e < s.d; ++e) acc += grow[e] * T::load(orow[e]);
+            delta[r] = acc;
+        }
+        std::fill(dqacc, dqacc + rows * dp, 0.0f);
+        // The strip of probabilities: scores tile by tile, then each row's exact softmax.
+        for (int64_t k0 = 0, kt = 0; k0 < kp; k0 += KT, ++kt) {
+            const int64_t kc = std::min(KT, kp - k0);
+            if (!keys.any[kt]) {
+                for (int64_t r = 0; r < rows; ++r) std::fill_n(strip + r * kp + k0, kc, -kInf);
+                continue;
+            }
+            gemm(qs, dp, 1, keys.kt + k0, kp, strip + k0, kp, rows, kc, s.d, false);
+            const auto* brow = brow0 == nullptr ? nullptr : brow0 + j0 * s.nk;
+            add_bias_mask<T>(strip + k0, kp, brow, keys.add, rows, k0, kc, s);
+        }
+        for (int64_t r = 0; r < rows; ++r) {
+            float* row = strip + r * kp;
+            const float total = exp2_shift(row, kp, row_max(row, kp));
+            const vec inv = splat(total > 0.0f ? 1.0f / total : 0.0f);
+            for (int64_t c = 0; c < kp; c += W) vstore(row + c, vload(row + c) * inv);
+        }
+        for (int64_t k0 = 0, kt = 0; k0 < kp; k0 += KT, ++kt) {
+            if (!keys.any[kt]) continue;  // probabilities and ds are zero there
+            const int64_t kc = std::min(KT, kp - k0), real = std::min(kc, s.nk - k0);
+            // dp = do v^T, then ds = p (dp - delta) in place
+            gemm(go, dp, 1, keys.vt + k0, kp, ds, KT, rows, kc, s.d, false);
+            for (int64_t r = 0; r < rows; ++r) {
+                float* drow = ds + r * KT;
+                const float* prow = strip + r * kp + k0;
+                const vec dl = splat(delta[r]);
+                for (int64_t c = 0; c < kc; c += W) {
+                    vstore(drow + c, vload(prow + c) * (vload(drow + c) - dl));
+                }
+                if (part != nullptr) {
+                    float* bp = part + (j0 + r) * s.nk + k0;
+#pragma omp simd
+                    for (int64_t c = 0; c < real; ++c) bp[c] += drow[c];
+                }
+            }
+            // dv += p^T do, dk += ds^T (q scale log2e), dq += ds k
+            gemm(strip + k0, 1, kp, go, dp, dvacc + k0 * dp, dp, real, dp, rows, true);
+            gemm(ds, 1, KT, qs, dp, dkacc + k0 * dp, dp, real, dp, rows, true);
+            gemm(ds, KT, 1, keys.kr + k0 * dp, dp, dqacc, dp, rows, dp, real, true);
+        }
+        for (int64_t r = 0; r < rows; ++r) {
+            auto* dst = dq + at + r * stride;
+            const float* src = dqacc + r * dp;
+#pragma omp simd
+            for (int64_t e = 0; e < s.d; ++e) dst[e] = T::store(src[e] * scale);
+        }
+    }
+    const float unscale = 1.0f / kLog2e;  // dk = scale ds^T q = ds^T (q scale log2e) / log2e
+    for (int64_t c = 0; c < s.nk; ++c) {
+        auto* kdst = dk + s.k_at(b, i, c, h);
+        auto* vdst = dv + s.k_at(b, i, c, h);
+        const float* ks = dkacc + c * dp;
+        const float* vs = dvacc + c * dp;
+#pragma omp simd
+        for (int64_t e = 0; e < s.d; ++e) {
+            kdst[e] = T::store(ks[e] * unscale);
+            vdst[e] = T::store(vs[e]);
+        }
+    }
+}
+
+// Tasks are (batch, head, chunk of I): a task owns its rows' dq, dk and dv, and sums its ds
+// into partial `chunk` of dbias; the partials are added up (fp32) after the parallel loop.
+template <typename T>
+void backward(const void* gp, const void* qp, const void* kp, const void* vp,
+              const void* biasp, const uint8_t* mask, const void* outp, void* dqp, void* dkp,
+              void* dvp, void* dbiasp, const Dims& s, float scale, int32_t threads,
+              float* scratch, int64_t per_thread, float* partials, int64_t chunks) {
+    const auto* g = in<T>(gp);
+    const auto* q = in<T>(qp);
+    const auto* k = in<T>(kp);
+    const auto* v = in<T>(vp);
+    const auto* bias = biasp == nullptr ? nullptr : in<T>(biasp);
+    const auto* out = in<T>(outp);
+    auto* dq = spore::out<T>(dqp);
+    auto* dk = spore::out<T>(dkp);
+    auto* dv = spore::out<T>(dvp);
+    const int64_t per_chunk = (s.ni + chunks - 1) / chunks;
+    const int64_t plane = s.nj * s.nk, bh = s.batch * s.heads;
+#pragma omp parallel num_threads(threads)
+    {
+        float* w = scratch + omp_get_thread_num() * per_thread;
+        Keys keys{};
+        keys.kt = w;
+        keys.vt = keys.kt + s.d * s.kp;
+        keys.kr = keys.vt + s.d * s.kp;
+        float* dkacc = keys.kr + s.kp * s.dp;
+        float* dvacc = dkacc + s.kp * s.dp;
+        keys.add = dvacc + s.kp * s.dp;
+        keys.any = reinterpret_cast<uint8_t*>(keys.add + s.kp);
+        float* qs = keys.add + s.kp + s.kp / KT + 1;
+        float* go = qs + TQ * s.dp;
+        float* dqacc = go + TQ * s.dp;
+        float* strip = dqacc + TQ * s.dp;
+        float* ds = strip + TQ * s.kp;
+        float* delta = ds + TQ * KT;
+        std::fill(keys.kt, keys.kt + 2 * s.d * s.kp + s.kp * s.dp, 0.0f);  // padding stays 0
+        if (partials != nullptr) {
+#pragma omp for schedule(static)
+            for (int64_t x = 0; x < chunks * bh * plane; ++x) partials[x] = 0.0f;
+        }
+#pragma omp for schedule(dynamic)
+        for (int64_t task = 0; task < bh * chunks; ++task) {
+            const int64_t chunk = task % chunks, bhi = task / chunks;
+            const int64_t h = bhi % s.heads, b = bhi / s.heads;
+            float* part = partials == nullptr ? nullptr : partials + (chunk * bh + bhi) * plane;
+            for (int64_t i = chunk * per_chunk; i < std::min(s.ni, (chunk + 1) * per_chunk); ++i) {
+                keys.pack<T>(k, v, mask, s, b, i, h);
+                backward_one<T>(g, q, bias, out, dq, dk, dv, part, keys, dkacc, dvacc, qs, go,
+                                dqacc, strip, ds, delta, b, i, h, s, scale);
+            }
+        }
+        if (partials != nullptr) {
+            auto* db = spore::out<T>(dbiasp);
+#pragma omp for schedule(static)
+            for (int64_t x = 0; x < bh * plane; ++x) {
+                float total = 0.0f;
+                for (int64_t c = 0; c < chunks; ++c) total += partials[c * bh * plane + x];
+                db[x] = T::store(total);
+            }
+        }
+    }
+}
+
+// a * b into *out unless it overflows int64.
+inline bool mul(int64_t a, int64_t b, int64_t* out) { return !__builtin_mul_overflow(a, b, out); }
+
+// The dims of a call with valid sizes: none negative, and no element count, offset or scratch
+// size (for `threads` threads) overflowing int64.
+bool make_dims(int64_t batch, int64_t ni, int64_t nj, int64_t nk, int64_t heads, int64_t d,
+               int32_t threads, Dims* s) {
+    if (batch < 0 || ni < 0 || nj < 0 || nk < 0 || heads < 0 || d < 0 || threads < 1) {
+        return false;
+    }
+    if (nk > (int64_t{1} << 40) || d > (int64_t{1} << 20)) return false;
+    int64_t rows, plane, scratch;
+    const bool fits = mul(batch, ni, &rows) && mul(rows, std::max(nj, nk), &rows) &&
+                      mul(rows, heads, &rows) && mul(rows, d + VT, &rows) &&
+                      mul(batch, heads, &plane) && mul(plane, nj, &plane) &&
+                      mul(plane, nk, &plane) && mul(TQ + 2 * d + 4 * VT, nk + 2 * KT, &scratch) &&
+                      mul(scratch, 4, &scratch) && mul(scratch, threads, &scratch);
+    if (!fits) return false;
+    *s = Dims{batch, ni, nj, nk, heads, d, round_up(nk, VT), round_up(d, VT)};
+    return true;
+}
+
+// n elements of a dtype's storage set to +0.
+void zero(void* p, int64_t n, int32_t dtype) {
+    if (p == nullptr || n <= 0) return;
+    std::memset(p, 0, static_cast<size_t>(n) * (dtype == DT_F32 ? 4 : 2));
+}
+
+}  // namespace
+}  // namespace spore
+
+using namespace spore;
+
+// q, out: [batch, ni, nj, heads, d]; k, v: [batch, ni, nk, heads, d]; bias: [batch, heads, nj,
+// nk] or null; mask: bool bytes [batch, ni, nk] or null (non-zero = attend). BAD_ARGUMENT for a
+// null tensor that has elements, a negative size or threads < 1 or sizes whose products
+// overflow; BAD_DTYPE for an unknown dtype code; OUT_OF_MEMORY (3) when scratch cannot be had.
+SPORE_EXPORT int32_t spore_triangle_attention(const void* q, const void* k, const void* v,
+                                              const void* bias, const void* mask, void* out,
+                                              int64_t batch, int64_t ni, int64_t nj, int64_t nk,
+                                              int64_t heads, int64_t d, float scale,
+                                              int32_t dtype, int32_t threads) {
+    Dims s{};
+    if (!make_dims(batch, ni, nj, nk, heads, d, threads, &s)) return BAD_ARGUMENT;
+    if (dtype != DT_F32 && dtype != DT_BF16 && dtype != DT_F16) return BAD_DTYPE;
+    const int64_t elements = batch * ni * nj * heads * d;
+    if (elements == 0) return OK;
+    if (q == nullptr || out == nullptr) return BAD_ARGUMENT;
+    if (nk == 0) {  // no key for any row: zeros
+        zero(out, elements, dtype);
+        return OK;
+    }
+    if (k == nullptr || v == nullptr) return BAD_ARGUMENT;
+    const int64_t tasks = batch * ni * heads;
+    const int64_t tiles = (nj + TQ - 1) / TQ;
+    const int64_t chunks = std::clamp<int64_t>((4 * threads + tasks - 1) / tasks, 1, tiles);
+    const int64_t per_thread = forward_scratch(s);
+    try {
+        std::vector<float> scratch(static_cast<size_t>(per_thread * threads));
+        return with_dtype(dtype, [&](auto t) {
+            forward<decltype(t)>(q, k, v, bias, static_cast<const uint8_t*>(mask), out, s, scale,
+                                 threads, scratch.data(), per_thread, chunks);
+        });
+    } catch (const std::bad_alloc&) {
+        return OUT_OF_MEMORY;
+    } catch (const std::length_error&) {
+        return OUT_OF_MEMORY;
+    }
+}
+
+// grad, out, dq like q; dk, dv like k; dbias like bias (both null, or both given). The same
+// statuses as the forward; BAD_ARGUMENT also when exactly one of bias and dbias is null.
+SPORE_EXPORT int32_t spore_triangle_attention_backward(
+    const void* grad, const void* q, const void* k, const void* v, const void* bias,
+    const void* mask, const void* out, void* dq, void* dk, void* dv, void* dbias, int64_t batch,
+    int64_t ni, int64_t nj, int64_t nk, int64_t heads, int64_t d, float scale, int32_t dtype,
+    int32_t threads) {
+    Dims s{};
+    if (!make_dims(batch, ni, nj, nk, heads, d, threads, &s)) return BAD_ARGUMENT;
+    if (dtype != DT_F32 && dtype != DT_BF16 && dtype != DT_F16) return BAD_DTYPE;
+    if ((bias == nullptr) != (dbias == nullptr)) return BAD_ARGUMENT;
+    const int64_t rows = batch * ni * nj * heads * d, keys = batch * ni * nk * heads * d;
+    if (rows > 0 && (grad == nullptr || q == nullptr || out == nullptr || dq == nullptr)) {
+        return BAD_ARGUMENT;
+    }
+    if (keys > 0 && (k == nullptr || v == nullptr || dk == nullptr || dv == nullptr)) {
+        return BAD_ARGUMENT;
+    }
+    if (rows == 0 || keys == 0) {  // no query row meets a key (or d = 0): every gradient is 0
+        zero(dq, rows, dtype);
+        zero(dk, keys, dtype);
+        zero(dv, keys, dtype);
+        zero(dbias, batch * heads * nj * nk, dtype);
+        return OK;
+    }
+    const int64_t bh = batch * heads, plane = nj * nk;
+    // Chunks of I: enough tasks for the threads, partials at most 2^26 floats beyond one.
+    const int64_t wanted = (4 * threads + bh - 1) / bh;
+    const int64_t room = std::max<int64_t>(1, (int64_t{1} << 26) / (bh * plane));
+    const int64_t chunks = std::clamp<int64_t>(std::min(wanted, room), 1, ni);
+    const int64_t per_thread = backward_scratch(s);
+    try {
+        std::vector<float> scratch(static_cast<size_t>(per_thread * threads));
+        std::vector<float> partials;
+        if (bias != nullptr) partials.resize(static_cast<size_t>(chunks * bh * plane));
+        return with_dtype(dtype, [&](auto t) {
+            backward<decltype(t)>(grad, q, k, v, bias, static_cast<const uint8_t*>(mask), out,
+                                  dq, dk, dv, dbias, s, scale, threads, scratch.data(),
+                                  per_thread, bias != nullptr ? partials.data() : nullptr,
+                                  chunks);
+        });
+    } catch (const std::bad_alloc&) {
+        return OUT_OF_MEMORY;
+    } catch (const std::length_error&) {
+        return OUT_OF_MEMORY;
+    }
+}

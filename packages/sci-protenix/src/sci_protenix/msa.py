@@ -20,10 +20,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from sci_protenix import pairformer
 from sci_protenix.chunking import chunked, grad_free, inplace_requested, plan_chunk_size
 from sci_protenix.memory_plan import MemoryPlan
-from sci_protenix.pairformer import PairformerBlock
+from sci_protenix.pairformer import PairformerBlock, run_blocks
 from sci_protenix.primitives import Linear, check_channels, check_mask, check_square, layer_norm
 from sci_protenix.transition import Transition
 
@@ -435,5 +434,5 @@ class MSAModule(nn.Module):
             for block in self.blocks
         ]
         policy, per = self.recompute()
-        _, z = pairformer.run_blocks(blocks, m, z, policy, per)
+        _, z = run_blocks(blocks, m, z, policy, per)
         return z

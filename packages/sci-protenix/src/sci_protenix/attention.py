@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 import spore_kernels  # noqa: F401  (defines torch.ops.spore.triangle_attention)
-from sci_protenix.chunking import chunked, plan_chunk_size
+from sci_protenix.chunking import chunk_recompute, chunked, plan_chunk_size
 from sci_protenix.memory_plan import MemoryPlan
 from sci_protenix.primitives import Linear, check_channels, layer_norm
 
@@ -160,7 +160,7 @@ class AttentionPairBias(nn.Module):
             o = torch.ops.spore.triangle_attention(q[..., sl, :, :], k, v, bias, None)
             return self.attention.wrap_up(o.squeeze(-4), a_n[..., sl, :])
 
-        out = chunked(queries, n, size, -2)
+        out = chunked(queries, n, size, -2, recompute=chunk_recompute(self, size))
         if self.has_s:
             out = torch.sigmoid(self.linear_a_last(s)) * out
         return out

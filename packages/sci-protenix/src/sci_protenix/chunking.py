@@ -17,6 +17,7 @@ from typing import Literal, TypeVar
 
 import torch
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 from sci_protenix.memory_plan import MemoryPlan
 
@@ -43,34 +44,52 @@ def chunked(
     dim: int,
     out: torch.Tensor | None = None,
     accumulate: bool = False,
+    recompute: bool = False,
 ) -> torch.Tensor:
     """``fn`` over ``slice``s of ``size`` entries of an axis of ``length``, joined along ``dim``.
 
     ``fn(sl)`` returns the output for positions ``sl`` of that axis (at ``dim`` of its result).
     With ``out`` the pieces are written into it (``out[..., sl, ...] = piece``, or ``+=`` when
-    ``accumulate``) and ``out`` is returned; without, the first piece fixes the shape of a new
-    output tensor. ``size=None`` (or ``size >= length`` with no ``out``) calls ``fn`` once. Works
-    under autograd (the writes are differentiable slice copies).
+    ``accumulate``) and ``out`` is returned. Without, under grad the pieces are concatenated
+    (whose backward only slices the gradient), else written into one tensor the first piece
+    shapes. ``size=None`` (or ``size >= length`` with no ``out``) calls ``fn`` once. With
+    ``recompute`` and grad on, each piece is a non-reentrant ``torch.utils.checkpoint``: backward
+    reruns ``fn`` for one piece at a time instead of keeping every piece's activations.
     """
     check_chunk_size(size)
     if length <= 0:
         raise ValueError(f"the chunked axis must have at least one entry, got length {length}")
+
+    def piece(sl: slice) -> torch.Tensor:
+        if recompute and torch.is_grad_enabled():
+            return checkpoint(fn, sl, use_reentrant=False)
+        return fn(sl)
+
     if out is None and (size is None or size >= length):
-        return fn(slice(0, length))
+        return piece(slice(0, length))
     step = length if size is None else size
-    for start in range(0, length, step):
-        sl = slice(start, min(start + step, length))
-        piece = fn(sl)
+    slices = [slice(start, min(start + step, length)) for start in range(0, length, step)]
+    if out is None and torch.is_grad_enabled():
+        return torch.cat([piece(sl) for sl in slices], dim)
+    for sl in slices:
+        part = piece(sl)
         if out is None:
-            shape = list(piece.shape)
+            shape = list(part.shape)
             shape[dim] = length
-            out = piece.new_empty(shape)
+            out = part.new_empty(shape)
         index = (slice(None),) * (dim % out.dim()) + (sl,)
         if accumulate:
-            out[index] += piece
+            out[index] += part
         else:
-            out[index] = piece
+            out[index] = part
     return out
+
+
+def chunk_recompute(module: nn.Module, size: int | None) -> bool:
+    """Whether ``module`` recomputes its chunks in backward: it is chunked and its plan asks for
+    "block" recompute (so a recomputed block keeps one chunk's activations at a time)."""
+    plan = getattr(module, "plan", None)
+    return size is not None and plan is not None and plan.recompute == "block"
 
 
 def plan_chunk_size(module: nn.Module, kind: Kind, chunk_size: int | None) -> int | None:

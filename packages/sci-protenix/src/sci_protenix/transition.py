@@ -7,7 +7,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from sci_protenix.chunking import chunked, grad_free, inplace_requested, plan_chunk_size
+from sci_protenix.chunking import (
+    chunk_recompute,
+    chunked,
+    grad_free,
+    inplace_requested,
+    plan_chunk_size,
+)
 from sci_protenix.memory_plan import MemoryPlan
 from sci_protenix.primitives import Linear, check_channels, layer_norm
 
@@ -57,6 +63,7 @@ class Transition(nn.Module):
             0,
             out=rows if inplace else None,
             accumulate=inplace,
+            recompute=chunk_recompute(self, size),
         ).view(x.shape)
         if add and not inplace:
             return x + update

@@ -24,6 +24,7 @@ import spore_kernels  # noqa: F401  (defines torch.ops.spore.triangle_attention)
 from sci_protenix.attention import GatedAttention
 from sci_protenix.chunking import (
     check_chunk_size,
+    chunk_recompute,
     chunked,
     grad_free,
     inplace_requested,
@@ -103,6 +104,7 @@ class TriangleMultiplicativeUpdate(nn.Module):
             size = check_chunk_size(_inplace_chunk_size)
         add = requested and _add_with_inplace
         inplace = add and grad_free(self, z)
+        again = chunk_recompute(self, size)
         n = zz.shape[-3]
         whole = self.layer_norm_in(zz) if size is None else None
         # the projection made per chunk of output rows, and the one kept whole
@@ -119,7 +121,7 @@ class TriangleMultiplicativeUpdate(nn.Module):
             # [*, rows, K, c] -> [*, c, K, rows]: the right operand of the row products
             return self._project(far, normed(sl), masked(sl)).movedim(-1, -3).transpose(-1, -2)
 
-        far_t = chunked(far_piece, n, size, -1)
+        far_t = chunked(far_piece, n, size, -1, recompute=again)
 
         def rows(sl: slice) -> torch.Tensor:
             zn = normed(sl)
@@ -128,7 +130,8 @@ class TriangleMultiplicativeUpdate(nn.Module):
             x = self.linear_z(self.layer_norm_out(x))
             return x * torch.sigmoid(self.linear_g(zn))
 
-        out = chunked(rows, n, size, -3, out=zz if inplace else None, accumulate=inplace)
+        target = zz if inplace else None
+        out = chunked(rows, n, size, -3, out=target, accumulate=inplace, recompute=again)
         if inplace:
             return z
         update = out if self._outgoing else out.transpose(-2, -3)
@@ -194,6 +197,7 @@ class TriangleAttention(nn.Module):
         size = plan_chunk_size(self, "tri_att", chunk_size)
         add = _add_with_inplace and inplace_requested(self, inplace_safe)
         inplace = add and grad_free(self, x)
+        again = chunk_recompute(self, size)
         n = xx.shape[-3]
         whole = self.layer_norm(xx) if size is None else None
 
@@ -202,7 +206,9 @@ class TriangleAttention(nn.Module):
             return whole[..., sl, :, :] if whole is not None else self.layer_norm(rows)
 
         # bias[*, h, j, k] = linear(x_jk)_h, shared by every row i
-        bias = chunked(lambda sl: self.linear(normed(sl)).movedim(-1, -3), n, size, -2)
+        bias = chunked(
+            lambda sl: self.linear(normed(sl)).movedim(-1, -3), n, size, -2, recompute=again
+        )
         keep = None if mm is None else mm.bool()
 
         def rows(sl: slice) -> torch.Tensor:
@@ -212,7 +218,8 @@ class TriangleAttention(nn.Module):
             o = torch.ops.spore.triangle_attention(q, k, v, bias, m)
             return self.mha.wrap_up(o, xn)
 
-        out = chunked(rows, n, size, -3, out=xx if inplace else None, accumulate=inplace)
+        target = xx if inplace else None
+        out = chunked(rows, n, size, -3, out=target, accumulate=inplace, recompute=again)
         if inplace:
             return x
         update = out if self.starting else out.transpose(-2, -3)

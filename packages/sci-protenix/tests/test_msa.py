@@ -11,7 +11,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from sci_protenix.chunking import apply_plan
 from sci_protenix.memory_plan import MemoryPlan
-from sci_protenix.msa import MSAPairWeightedAveraging, MSAStack, OuterProductMean
+from sci_protenix.msa import (
+    MSAModule,
+    MSAPairWeightedAveraging,
+    MSAStack,
+    OuterProductMean,
+)
 from torch import nn
 
 TOL = {"rtol": 1e-5, "atol": 1e-6}
@@ -28,6 +33,17 @@ def randomized(module: nn.Module, seed: int = 0) -> nn.Module:
             else:
                 param.copy_((1.0 if name.endswith("weight") else 0.0) + 0.1 * noise)
     return module
+
+
+def assert_grads_close(got: tuple[torch.Tensor, ...], expected: tuple[torch.Tensor, ...]) -> None:
+    """Gradients equal to 1e-5 of each tensor's largest entry, or 1e-6 of the largest gradient
+    of all (for gradients that are zero in exact arithmetic, e.g. a layer-norm offset feeding
+    a softmax): chunks and recompute order backward's sums differently."""
+    scale = max(e.abs().max().item() for e in expected)
+    for g, e in zip(got, expected, strict=True):
+        tol = max(1e-5 * e.abs().max().item(), 1e-6 * scale)
+        worst = (g - e).abs().max().item()
+        assert worst <= tol, f"gradient differs by {worst:.3g} (> {tol:.3g}) of max {scale:.3g}"
 
 
 def opm_direct(opm: OuterProductMean, m: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
@@ -206,3 +222,93 @@ def test_bad_shapes_are_rejected_with_the_fix() -> None:
         pwa(torch.randn(2, 3, 4), torch.randn(5, 5, 3))
     with pytest.raises(TypeError, match=r"m must be a torch\.Tensor"):
         opm([[1.0]])
+
+
+MSA_CONFIGS = {"sample_cutoff": {"train": 5, "test": 6}, "min_size": {"train": 2, "test": 3}}
+
+
+def msa_module(**kwargs: object) -> MSAModule:
+    base = {"n_blocks": 2, "c_m": 6, "c_z": 5, "c_s_inputs": 4, "msa_configs": MSA_CONFIGS}
+    return randomized(MSAModule(**(base | kwargs)))
+
+
+def msa_features(rows: int = 8, n: int = 6) -> dict[str, torch.Tensor]:
+    return {
+        "msa": torch.randint(0, 32, (rows, n)),
+        "has_deletion": (torch.rand(rows, n) > 0.7).float(),
+        "deletion_value": torch.rand(rows, n),
+    }
+
+
+def test_msa_embedding_equals_the_one_hot_linear() -> None:
+    module = msa_module()
+    feats, s_inputs = msa_features(), torch.randn(6, 4)
+    one_hot = torch.nn.functional.one_hot(feats["msa"], 32).float()
+    features = torch.cat(
+        [one_hot, feats["has_deletion"][..., None], feats["deletion_value"][..., None]], -1
+    )
+    expected = module.linear_no_bias_m(features) + module.linear_no_bias_s(s_inputs)
+    torch.testing.assert_close(module.embed_msa(feats, s_inputs), expected, **TOL)
+
+
+def test_msa_sampling_bounds() -> None:
+    module = msa_module().eval()
+    feats = msa_features(rows=10)
+    feats["msa"] = torch.arange(10)[:, None].expand(10, 6)  # row r holds class r
+    for _ in range(20):
+        rows = module.sample_msa(feats)["msa"][:, 0]
+        assert 3 <= len(rows) <= 6
+        assert len(set(rows.tolist())) == len(rows)
+    module.msa_configs.update(strategy="topk", test_lowerb=10)
+    assert module.sample_msa(feats)["msa"][:, 0].tolist() == list(range(6))
+
+
+@pytest.mark.parametrize(
+    ("chunk_size", "plan"),
+    [(2, None), (None, MemoryPlan(outer_product=2, msa=3, tri_mul=2, tri_att=4, transition=3))],
+)
+def test_msa_module_chunked_equals_whole(chunk_size: int | None, plan: MemoryPlan | None) -> None:
+    module = msa_module(msa_chunk_size=None).eval()
+    feats, z, s_inputs = msa_features(), torch.randn(6, 6, 5), torch.randn(6, 4)
+    with torch.no_grad():
+        torch.manual_seed(1)
+        whole = module(feats, z, s_inputs, None)
+        apply_plan(module, plan)
+        torch.manual_seed(1)
+        chunked = module(feats, z, s_inputs, None, chunk_size=chunk_size)
+        torch.manual_seed(1)
+        in_place = module(
+            feats, z.clone(), s_inputs, None, inplace_safe=True, chunk_size=chunk_size
+        )
+    assert not torch.allclose(whole, z, atol=1e-2)
+    torch.testing.assert_close(chunked, whole, **TOL)
+    torch.testing.assert_close(in_place, whole, **TOL)
+
+
+@pytest.mark.parametrize("recompute", ["block", "selective"])
+def test_msa_module_recompute_gradients_equal_plain_autograd(recompute: str) -> None:
+    module = msa_module(msa_dropout=0.0, pair_dropout=0.0, blocks_per_ckpt=None).train()
+    feats, z0, s_inputs = msa_features(), torch.randn(6, 6, 5), torch.randn(6, 4)
+    grads = []
+    for plan in (None, MemoryPlan(recompute=recompute, msa=3, outer_product=2)):
+        apply_plan(module, plan)
+        z = z0.clone().requires_grad_()
+        torch.manual_seed(2)
+        out = module(feats, z, s_inputs, None)
+        grads.append(torch.autograd.grad(out.square().sum(), [z, *module.parameters()]))
+    assert_grads_close(grads[1], grads[0])
+
+
+def test_msa_module_bad_inputs() -> None:
+    module = msa_module()
+    z, s_inputs = torch.randn(6, 6, 5), torch.randn(6, 4)
+    with pytest.raises(ValueError, match="lacks the MSA features \\['has_deletion'"):
+        module({"msa": torch.zeros(3, 6, dtype=torch.long)}, z, s_inputs, None)
+    feats = msa_features()
+    with pytest.raises(ValueError, match="token counts differ"):
+        module(feats, torch.randn(7, 7, 5), torch.randn(7, 4), None)
+    feats["msa"] = feats["msa"].float()
+    with pytest.raises(TypeError, match="must hold class indices"):
+        module(feats, z, s_inputs, None)
+    with pytest.raises(ValueError, match="strategy'\\] must be 'random' or 'topk'"):
+        MSAModule(msa_configs={"strategy": "best"})

@@ -10,7 +10,13 @@ import pytest
 import torch
 from sci_protenix.chunking import apply_plan
 from sci_protenix.memory_plan import MemoryPlan
-from sci_protenix.msa import MSAPairWeightedAveraging, MSAStack, OuterProductMean
+from sci_protenix.msa import (
+    MSABlock,
+    MSAModule,
+    MSAPairWeightedAveraging,
+    MSAStack,
+    OuterProductMean,
+)
 from torch import nn
 
 TOL = {"rtol": 1e-5, "atol": 1e-5}
@@ -91,3 +97,81 @@ def test_msa_stack_training_without_dropout(px: SimpleNamespace, twin: Twin) -> 
         results.append((out, *grads))
     for got, expected in zip(results[1], results[0], strict=True):
         torch.testing.assert_close(got, expected, **TOL)
+
+
+MSA_CONFIGS = {"sample_cutoff": {"train": 5, "test": 6}, "min_size": {"train": 2, "test": 3}}
+
+
+def msa_features(rows: int, n: int) -> dict[str, torch.Tensor]:
+    return {
+        "msa": torch.randint(0, 32, (rows, n)),
+        "has_deletion": (torch.rand(rows, n) > 0.7).float(),
+        "deletion_value": torch.rand(rows, n),
+    }
+
+
+@pytest.mark.parametrize("is_last_block", [False, True])
+@pytest.mark.parametrize("chunk_size", [None, 2])
+def test_msa_block(
+    px: SimpleNamespace, twin: Twin, is_last_block: bool, chunk_size: int | None
+) -> None:
+    kwargs = {"c_m": 8, "c_z": 6, "c_hidden": 3, "is_last_block": is_last_block}
+    theirs, ours = twin(px.pairformer.MSABlock, MSABlock, **kwargs, msa_chunk_size=3)
+    m, z = torch.randn(5, 7, 8), torch.randn(7, 7, 6)
+    mask = (torch.rand(7, 7) > 0.3).float()
+    mask[:, 0] = mask[0, :] = 1.0  # no fully masked row (there Protenix's -1e9 bias differs)
+    with torch.no_grad():
+        expected = theirs(m.clone(), z.clone(), mask, chunk_size=chunk_size)
+        got = ours(m, z, mask, chunk_size=chunk_size)
+    assert (got[0] is None) == (expected[0] is None) == is_last_block
+    torch.testing.assert_close(got[1], expected[1], **TOL)
+    if not is_last_block:
+        torch.testing.assert_close(got[0], expected[0], **TOL)
+
+
+@pytest.mark.parametrize("plan", [None, MemoryPlan(outer_product=2, msa=2, tri_mul=3, tri_att=2)])
+def test_msa_module(px: SimpleNamespace, twin: Twin, plan: MemoryPlan | None) -> None:
+    kwargs = {"n_blocks": 2, "c_m": 8, "c_z": 6, "c_s_inputs": 5, "msa_chunk_size": 4}
+    theirs, ours = twin(px.pairformer.MSAModule, MSAModule, **kwargs, msa_configs=MSA_CONFIGS)
+    apply_plan(ours, plan)
+    feats, z, s_inputs = msa_features(9, 7), torch.randn(7, 7, 6), torch.randn(7, 5)
+    with torch.no_grad():
+        torch.manual_seed(11)  # both draw the same MSA rows
+        expected = theirs(feats, z, s_inputs, pair_mask=None)
+        torch.manual_seed(11)
+        got = ours(feats, z, s_inputs, pair_mask=None)
+    assert not torch.allclose(expected, z, atol=1e-2)  # the module did update z
+    torch.testing.assert_close(got, expected, **TOL)
+
+
+def test_msa_module_training(px: SimpleNamespace, twin: Twin) -> None:
+    """Training mode without dropout (Protenix: padded MSA stack, per-block checkpoints)."""
+    kwargs = {"n_blocks": 2, "c_m": 8, "c_z": 6, "c_s_inputs": 5, "msa_dropout": 0.0}
+    theirs, ours = twin(
+        px.pairformer.MSAModule,
+        MSAModule,
+        **kwargs,
+        pair_dropout=0.0,
+        msa_chunk_size=4,
+        msa_configs=MSA_CONFIGS,
+    )
+    feats, z0, s_inputs = msa_features(9, 7), torch.randn(7, 7, 6), torch.randn(7, 5)
+    results = []
+    for module in (theirs.train(), ours.train()):
+        z = z0.clone().requires_grad_()
+        torch.manual_seed(12)
+        out = module(feats, z, s_inputs, pair_mask=None)
+        results.append((out, *torch.autograd.grad(out.square().sum(), [z, *module.parameters()])))
+    scale = max(e.abs().max().item() for e in results[0])
+    for got, expected in zip(results[1], results[0], strict=True):
+        atol = max(1e-5 * expected.abs().max().item(), 1e-6 * scale)
+        torch.testing.assert_close(got, expected, rtol=1e-5, atol=atol)
+
+
+def test_msa_module_without_msa_returns_z(px: SimpleNamespace, twin: Twin) -> None:
+    kwargs = {"n_blocks": 1, "c_m": 8, "c_z": 6, "c_s_inputs": 5, "msa_configs": MSA_CONFIGS}
+    theirs, ours = twin(px.pairformer.MSAModule, MSAModule, **kwargs)
+    z, s_inputs = torch.randn(7, 7, 6), torch.randn(7, 5)
+    for feats in ({}, {"msa": torch.zeros(7, dtype=torch.long)}):
+        assert theirs(feats, z, s_inputs, None) is z
+        assert ours(feats, z, s_inputs, None) is z

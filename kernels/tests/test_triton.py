@@ -293,6 +293,56 @@ def test_rope_and_backward(x_shape, table_shape, dtype, mode) -> None:
         assert_matches(run("rope_backward", grad, *tables, mode), expected, dtype)
 
 
+@ieee
+@FAST
+@given(
+    shape=st.tuples(
+        st.sampled_from([(), (2,)]),  # batch dims
+        st.integers(1, 3),  # I
+        st.sampled_from([1, 5, 33]),  # J (33: two query blocks)
+        st.sampled_from([1, 6, 40]),  # K (40: two key blocks)
+        st.integers(1, 2),  # H
+        st.sampled_from([4, 16, 33]),  # D
+    ),
+    with_bias=st.booleans(),
+    masked=st.sampled_from([None, 0.3, 0.9]),
+    dtype=st.sampled_from(DTYPES),
+    seed=st.integers(0, 2**16),
+)
+def test_triangle_attention_and_backward(shape, with_bias, masked, dtype, seed) -> None:
+    """Against the reference, forward and every gradient; masks that leave rows with no key."""
+    batch, i, j, keys, h, d = shape
+    g = torch.Generator().manual_seed(seed)
+    q = randn(g, *batch, i, j, h, d, dtype=dtype)
+    k, v = (randn(g, *batch, i, keys, h, d, dtype=dtype) for _ in range(2))
+    bias = randn(g, *batch, h, j, keys, dtype=dtype) if with_bias else None
+    mask = torch.rand(*batch, i, keys, generator=g) >= masked if masked is not None else None
+    args = (q, k, v, bias, mask, None)
+    out = run("triangle_attention", *args)
+    assert_matches(out, reference("triangle_attention", *args), dtype)
+    grad = randn(g, *out.shape, dtype=dtype)
+    bwd = (grad, q, k, v, bias, mask, out, None)
+    expected = reference("triangle_attention_backward", *bwd)
+    assert_matches(run("triangle_attention_backward", *bwd), expected, dtype, scale=10)
+
+
+def test_triangle_attention_rows_with_no_key_are_zero() -> None:
+    g = torch.Generator().manual_seed(3)
+    q, k, v = (randn(g, 2, 3, 4, 2, 8, dtype=torch.float32) for _ in range(3))
+    bias = randn(g, 2, 2, 4, 4, dtype=torch.float32)
+    mask = torch.ones(2, 3, 4, dtype=torch.bool)
+    mask[1, 2] = False  # batch 1, row i = 2: no key
+    out = run("triangle_attention", q, k, v, bias, mask, 0.5)
+    assert torch.equal(out[1, 2], torch.zeros_like(out[1, 2]))
+    grads = run("triangle_attention_backward", torch.ones_like(out), q, k, v, bias, mask, out, 0.5)
+    for grad in grads[:3]:
+        assert torch.equal(grad[1, 2], torch.zeros_like(grad[1, 2]))
+    expected = reference(
+        "triangle_attention_backward", torch.ones_like(out), q, k, v, bias, mask, out, 0.5
+    )
+    assert_matches(grads, expected, torch.float32, scale=10)
+
+
 def _refused() -> list[tuple[str, tuple[Any, ...]]]:
     x, w = torch.randn(4, 8), torch.randn(8)
     return [
@@ -338,6 +388,17 @@ def _refused() -> list[tuple[str, tuple[Any, ...]]]:
             ),
         ),
         ("rope_backward", (x.t(), torch.randn(8, 4), torch.randn(8, 4), "half")),
+        ("triangle_attention", (*[torch.randn(1, 2, 2, 1, 4).double()] * 3, None, None, None)),
+        ("triangle_attention", (*[torch.randn(1, 2, 2, 1, 300)] * 3, None, None, None)),
+        (
+            "triangle_attention",
+            (*[torch.randn(1, 2, 2, 1, 4)] * 3, torch.randn(1, 2, 2), None, None),
+        ),
+        ("triangle_attention", (*[torch.randn(1, 2, 0, 1, 4)] * 3, None, None, None)),
+        (
+            "triangle_attention_backward",
+            (*[torch.randn(1, 2, 2, 1, 4)] * 4, None, None, torch.randn(1, 2, 2, 1, 3), None),
+        ),
     ]
 
 
@@ -456,9 +517,36 @@ COMPILE = {
         | {p: "i32" for p in ("mid", "inner", "step_o", "step_m", "step_i", "dim", "table_cols")},
         {"INTERLEAVED": True, "HALF_TABLE": True, "TRANSPOSE": True},
     ),
+    "triangle_attention._tri_attn_fwd": (
+        {p: "*T" for p in ("Q", "K", "V", "BIAS", "OUT")}
+        | {"MASK": "*u8", "LSE": "*fp32", "scale2": "fp32"}
+        | {p: "i32" for p in ("ni", "nj", "nk", "heads", "dim")},
+        {"HAS_BIAS": True, "HAS_MASK": True, "STORE_OUT": True, "BM": 32, "BN": 32, "BD": 32},
+    ),
+    "triangle_attention._tri_attn_bwd_dkdv": (
+        {p: "*T" for p in ("Q", "K", "V", "BIAS", "G", "DK", "DV")}
+        | {"MASK": "*u8", "LSE": "*fp32", "DELTA": "*fp32", "scale": "fp32", "scale2": "fp32"}
+        | {p: "i32" for p in ("ni", "nj", "nk", "heads", "dim")},
+        {"HAS_BIAS": True, "HAS_MASK": True, "BM": 32, "BN": 32, "BD": 32},
+    ),
+    "triangle_attention._tri_attn_bwd_dq": (
+        {p: "*T" for p in ("Q", "K", "V", "BIAS", "G", "DQ")}
+        | {"MASK": "*u8", "LSE": "*fp32", "DELTA": "*fp32", "scale": "fp32", "scale2": "fp32"}
+        | {p: "i32" for p in ("ni", "nj", "nk", "heads", "dim")},
+        {"HAS_BIAS": True, "HAS_MASK": True, "BM": 32, "BN": 32, "BD": 32},
+    ),
+    "triangle_attention._tri_attn_bwd_dbias": (
+        {p: "*T" for p in ("Q", "K", "V", "BIAS", "G", "DBIAS")}
+        | {"MASK": "*u8", "LSE": "*fp32", "DELTA": "*fp32", "scale2": "fp32"}
+        | {p: "i32" for p in ("ni", "nj", "nk", "heads", "dim")},
+        {"HAS_MASK": True, "BM": 32, "BN": 32, "BD": 32},
+    ),
 }
 FP32_OUT = {"_param_grads._param_grads"}  # kernels that store only fp32 partial sums
-HELPERS = {"layer_norm._row_mean"}  # jitted functions compiled inside the kernels that call them
+HELPERS = {
+    "layer_norm._row_mean",
+    "triangle_attention._logits",
+}  # jitted functions compiled inside the kernels that call them
 TRITON_DTYPE = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
 
 
@@ -529,6 +617,7 @@ def test_kernels_compile_for_sm90(compiled, kernel, dtype) -> None:
     flags = [v for v in COMPILE[kernel][1].values() if isinstance(v, bool)]
     assert len(results) == (2 if flags else 1)
     assert all(result["cubin"] > 0 for result in results)
-    if dtype in narrow and kernel not in FP32_OUT:
-        assert narrow[dtype] in results[0]["cvt"]
+    if dtype in narrow and kernel not in FP32_OUT:  # one value at a time, or two packed
+        packed = narrow[dtype].replace(".f32", "x2.f32")
+        assert {narrow[dtype], packed} & set(results[0]["cvt"])
     assert not [c for result in results for c in result["cvt"] if c.startswith("cvt.rz")]

@@ -18,9 +18,20 @@ from spore_kernels.cuda import (
     mean_var,
     rms_norm,
     rope,
+    triangle_attention,
 )
 
-FAMILIES = [rms_norm, add_rms_norm, layer_norm, mean_var, gelu, glu, rope, block_sparse_attention]
+FAMILIES = [
+    rms_norm,
+    add_rms_norm,
+    layer_norm,
+    mean_var,
+    gelu,
+    glu,
+    rope,
+    block_sparse_attention,
+    triangle_attention,
+]
 
 
 def kernels() -> dict[str, tuple[Callable[..., Any], Callable[..., bool]]]:

@@ -115,14 +115,15 @@ def _train_step(stack, inputs, **kwargs):
     ("plan", "chunk_size"),
     [
         (MemoryPlan(recompute="block"), None),
-        (MemoryPlan(recompute="block", blocks_per_checkpoint=2, tri_mul=3, tri_att=2), None),
+        (MemoryPlan(recompute="block", blocks_per_checkpoint=5), None),
+        (MemoryPlan(recompute="block", tri_mul=3, tri_att=2, transition=1, pair_bias=3), None),
         (MemoryPlan(recompute="selective", transition=3, pair_bias=5), None),
-        (MemoryPlan(recompute="selective", blocks_per_checkpoint=3), None),
+        (MemoryPlan(recompute="selective", blocks_per_checkpoint=2), None),
         (None, 3),
     ],
 )
 def test_training_gradients_equal_plain_autograd(plan, chunk_size, randomize) -> None:
-    stack = randomize(PairformerStack(n_blocks=3, dropout=0.25, **SMALL)).train()
+    stack = randomize(PairformerStack(n_blocks=2, dropout=0.25, **SMALL)).train()
     inputs = _inputs((1,))
     expected = _train_step(stack, inputs)
     apply_plan(stack, plan)

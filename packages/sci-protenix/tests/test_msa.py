@@ -4,6 +4,7 @@ in-place inference; bad inputs. fp32 tolerance: rtol 1e-5, atol 1e-6 (chunking s
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import pytest
 import torch
@@ -18,6 +19,7 @@ from sci_protenix.msa import (
     OuterProductMean,
 )
 from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
 
 TOL = {"rtol": 1e-5, "atol": 1e-6}
 
@@ -312,3 +314,41 @@ def test_msa_module_bad_inputs() -> None:
         module(feats, z, s_inputs, None)
     with pytest.raises(ValueError, match="strategy'\\] must be 'random' or 'topk'"):
         MSAModule(msa_configs={"strategy": "best"})
+
+
+class LargestTensor(TorchDispatchMode):
+    """The largest tensor any op creates while active (inputs are not counted)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.numel = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in torch.utils._pytree.tree_leaves(out):
+            if isinstance(t, torch.Tensor):
+                self.numel = max(self.numel, t.numel())
+        return out
+
+
+def largest_tensor(fn: Callable[[], torch.Tensor]) -> int:
+    with torch.no_grad(), LargestTensor() as mode:
+        fn()
+    return mode.numel
+
+
+def test_outer_product_is_never_whole_when_chunked() -> None:
+    s, n, c_m, c, c_z = 3, 12, 4, 4, 2
+    opm = randomized(OuterProductMean(c_m=c_m, c_z=c_z, c_hidden=c)).eval()
+    m = torch.randn(s, n, c_m)
+    assert largest_tensor(lambda: opm(m)) >= n * n * c * c  # whole: the [N, N, c, c] product
+    assert largest_tensor(lambda: opm(m, chunk_size=3)) <= 3 * n * c * c  # 3 rows of it
+
+
+def test_pair_weighted_averaging_rows_are_never_whole_when_chunked() -> None:
+    s, n, c_m, c, heads, c_z = 16, 6, 4, 8, 4, 3
+    pwa = randomized(MSAPairWeightedAveraging(c_m=c_m, c=c, c_z=c_z, n_heads=heads)).eval()
+    m, z = torch.randn(s, n, c_m), torch.randn(n, n, c_z)
+    assert largest_tensor(lambda: pwa(m, z)) >= s * n * heads * c  # values for every sequence
+    chunked = largest_tensor(lambda: pwa(m, z, chunk_size=2))
+    assert chunked <= max(2 * n * heads * c, s * n * c_m)  # 2 sequences' values, or the output

@@ -197,6 +197,30 @@ def test_msa_module_training_gradients(px: SimpleNamespace, randomize: Randomize
     assert_grads_close(results[1], results[0])
 
 
+def test_template_embedder(px: SimpleNamespace, randomize: Randomize) -> None:
+    """The template embedder's c_s = 0 Pairformer stack (called with s=None) swapped inside it."""
+    model = randomize(px.pairformer.TemplateEmbedder(n_blocks=2, c=8, c_z=C_Z, dropout=0.0))
+    model.eval()
+    reference = copy.deepcopy(model)
+    boost(model, plan=MemoryPlan(tri_mul=3, tri_att=2))
+    assert [r.path for r in model.boost_report] == ["pairformer_stack"]
+    t = 2
+    feats = {
+        "asym_id": torch.tensor([0, 0, 0, 0, 1, 1, 1]),
+        "template_aatype": torch.randint(0, 32, (t, N)),
+        "template_distogram": torch.rand(t, N, N, 39),
+        "template_pseudo_beta_mask": (torch.rand(t, N, N) > 0.2).float(),
+        "template_unit_vector": torch.randn(t, N, N, 3),
+        "template_backbone_frame_mask": (torch.rand(t, N, N) > 0.2).float(),
+    }
+    z = torch.randn(N, N, C_Z)
+    with torch.no_grad():
+        expected = reference(feats, z)
+        got = model(feats, z)
+    assert expected.abs().max() > 1e-2
+    torch.testing.assert_close(got, expected, **TOL)
+
+
 @pytest.mark.parametrize(
     ("cls", "args"),
     [

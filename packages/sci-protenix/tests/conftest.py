@@ -25,3 +25,9 @@ def randomized(module: nn.Module, seed: int = 0) -> nn.Module:
 def randomize() -> Callable[..., nn.Module]:
     """:func:`randomized`: seeded random values for every parameter of a module, in place."""
     return randomized
+
+
+@pytest.fixture(autouse=True)
+def _seeded() -> None:
+    """Fixed seeds for every test: inputs drawn with torch are the same on each run."""
+    torch.manual_seed(0)

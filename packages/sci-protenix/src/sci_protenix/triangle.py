@@ -78,7 +78,7 @@ class TriangleMultiplicativeUpdate(nn.Module):
         """Projection ``which`` ("a" or "b") of normalised pair rows ``zn``, masked by ``mask``."""
         gate = getattr(self, f"linear_{which}_g")(zn)
         p = torch.sigmoid(gate) * getattr(self, f"linear_{which}_p")(zn)
-        return p if mask is None else p * mask[..., None]
+        return p if mask is None else p * mask[..., None].to(p.dtype)
 
     def forward(
         self,

@@ -262,13 +262,16 @@ def test_boosting_twice_changes_only_the_plan(px: SimpleNamespace) -> None:
     assert model[0].blocks[0].tri_mul_out.plan is PLAN
 
 
-def test_unexpected_shape_names_the_module(px: SimpleNamespace) -> None:
-    model = nn.Sequential(stack(px, n_blocks=2))
-    model[0].blocks[1].tri_mul_in.linear_z = nn.Linear(4, C_Z + 1, bias=False)
+def test_unexpected_shape_names_the_module_and_swaps_nothing(px: SimpleNamespace) -> None:
+    model = nn.Sequential(stack(px, n_blocks=1), stack(px, n_blocks=2))
+    model[1].blocks[1].tri_mul_in.linear_z = nn.Linear(4, C_Z + 1, bias=False)
+    model[1].requires_grad_(False)
     with pytest.raises(
-        BoostError, match=r"(?s)cannot swap 0 \(PairformerStack\).*blocks\.1\.tri_mul_in\.linear_z"
+        BoostError, match=r"(?s)cannot swap 1 \(PairformerStack\).*blocks\.1\.tri_mul_in\.linear_z"
     ):
         boost(model)
+    assert len(protenix_modules(model[0])) > 0  # the stack that did fit was not swapped either
+    assert not any(p.requires_grad for p in model[1].parameters())
 
 
 def test_unsupported_configuration_is_an_error(px: SimpleNamespace) -> None:

@@ -208,23 +208,25 @@ def _swap(px: nn.Module, path: str) -> nn.Module:
             f"cannot swap {where}: its parameters do not fit {type(ours).__name__} ({error}); "
             f"sci_protenix.boost supports Protenix 2.0.0's modules"
         ) from None
-    for name, param in ours.named_parameters():
-        param.requires_grad_(trainable[name])
+    finally:  # the assigning load sets requires_grad on Protenix's own Parameter objects
+        for name, param in px.named_parameters():
+            param.requires_grad_(trainable[name])
     left = [name for name, t in (*ours.named_parameters(), *ours.named_buffers()) if t.is_meta]
     if left:
         raise BoostError(f"cannot swap {where}: no Protenix tensor for {left}")
     return ours.train(px.training)
 
 
-def _walk(parent: nn.Module, prefix: str, report: list[Replacement]) -> None:
-    for name, child in list(parent.named_children()):
+def _targets(parent: nn.Module, prefix: str) -> list[tuple[nn.Module, str, str]]:
+    """(parent, attribute, path) of each outermost swappable Protenix module below ``parent``."""
+    found = []
+    for name, child in parent.named_children():
         path = f"{prefix}.{name}" if prefix else name
         if (type(child).__module__, type(child).__name__) in SWAPPED:
-            ours = _swap(child, path)
-            setattr(parent, name, ours)
-            report.append(Replacement(path, _name(child), _name(ours)))
+            found.append((parent, name, path))
         elif not type(child).__module__.startswith("sci_protenix."):
-            _walk(child, path, report)
+            found.extend(_targets(child, path))
+    return found
 
 
 def boost(model: M, plan: MemoryPlan | None = None) -> M:
@@ -251,7 +253,11 @@ def boost(model: M, plan: MemoryPlan | None = None) -> M:
         report.append(Replacement("", _name(model), _name(ours)))
         model = ours
     else:
-        _walk(model, "", report)
+        targets = _targets(model, "")
+        swaps = [_swap(getattr(parent, name), path) for parent, name, path in targets]
+        for (parent, name, path), ours in zip(targets, swaps, strict=True):  # all or nothing
+            report.append(Replacement(path, _name(getattr(parent, name)), _name(ours)))
+            setattr(parent, name, ours)
     if not report and not any(
         type(m).__module__.startswith("sci_protenix.") for m in model.modules()
     ):

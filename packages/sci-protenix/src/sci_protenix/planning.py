@@ -30,6 +30,7 @@ from sci_protenix.memory_plan import MemoryPlan
 
 PairKind = Literal["tri_mul", "tri_att", "transition", "pair_bias"]
 KINDS: tuple[PairKind, ...] = ("tri_mul", "tri_att", "transition", "pair_bias")
+INPLACE_KINDS = ("tri_mul", "tri_att", "transition")  # chunks added into z in place
 
 
 @dataclass(frozen=True)
@@ -138,6 +139,17 @@ def _block_parameters(d: Dims) -> int:
     return sum(p.numel() for p in block.parameters())
 
 
+def _whole(plan: MemoryPlan, kind: str, n: int) -> bool:
+    size = getattr(plan, kind, None)
+    return size is None or size >= n
+
+
+def _kinds(mods: list[ModuleMemory]) -> list[tuple[str, ModuleMemory]]:
+    """``mods`` (as :func:`_modules` orders them) with their plan field."""
+    names = ["tri_mul", "tri_mul", "tri_att", "tri_att", "transition", "pair_bias", "single"]
+    return list(zip(names, mods, strict=False))
+
+
 def _modules(n: int, plan: MemoryPlan, d: Dims, training: bool) -> list[ModuleMemory]:
     recompute = training and plan.recompute == "block"
     chunks = {kind: getattr(plan, kind) for kind in KINDS}
@@ -168,6 +180,12 @@ def predict_peak(
     mods = _modules(n, plan, d, training)
     z, s = e * d.c_z, n * d.c_s
     if not training:
+        if plan.inplace:  # every update is added into the caller's z: no new pair tensor
+            chunked_work = [
+                m.work - z if k in INPLACE_KINDS and not _whole(plan, k, n) else m.work
+                for k, m in _kinds(mods)
+            ]
+            return d.batch * size * (2 * s + max(chunked_work))
         return d.batch * size * (2 * z + 2 * s + max(m.work for m in mods))
     block_saved = sum(m.saved for m in mods) + 4 * z + 2 * s  # + the residual sums
     if plan.recompute == "none":
@@ -234,7 +252,8 @@ def plan(
     :func:`sci_protenix.parse_budget`); it must hold the weights, the inputs and the predicted
     peak. Chunk sizes are whole or powers of two; each step halves the chunk of the module kind
     whose step lowers the prediction most. In training "block" recompute (chunks rerun in
-    backward, blocks as segments of one) is chosen when no chunking alone fits. Raises
+    backward, blocks as segments of one) is chosen when no chunking alone fits; in inference,
+    in-place accumulation (``inplace=True``: the caller's z is overwritten) likewise. Raises
     ValueError naming the smallest budget that would do when even chunks of 1 with recompute do
     not fit.
     """
@@ -255,10 +274,12 @@ def plan(
     if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
         raise TypeError(f"dtype must be a floating torch.dtype, got {dtype!r}")
     room = limit - resident_bytes(tokens, dtype=dtype, dims=dims)
-    policies = ("none", "block") if training else ("none",)
+    policies = (
+        (("none", False), ("block", False)) if training else (("none", False), ("none", True))
+    )
     best: MemoryPlan | None = None
-    for policy in policies:
-        candidate = _shrink(tokens, room, policy, training, dtype, dims)
+    for policy, inplace in policies:
+        candidate = _shrink(tokens, room, policy, inplace, training, dtype, dims)
         if _peak(tokens, candidate, training, dtype, dims) <= room:
             return candidate
         best = candidate
@@ -279,7 +300,13 @@ def _peak(tokens: int, p: MemoryPlan, training: bool, dtype: torch.dtype, dims: 
 
 
 def _shrink(
-    tokens: int, room: int, policy: str, training: bool, dtype: torch.dtype, dims: Dims
+    tokens: int,
+    room: int,
+    policy: str,
+    inplace: bool,
+    training: bool,
+    dtype: torch.dtype,
+    dims: Dims,
 ) -> MemoryPlan:
     """Halve chunk sizes, the most helpful kind first, until the prediction fits in ``room``
     (or nothing shrinks further)."""
@@ -288,7 +315,7 @@ def _shrink(
 
     def make(index: dict[PairKind, int]) -> MemoryPlan:
         chunks = {k: sizes[i] for k, i in index.items()}
-        return MemoryPlan(**chunks, recompute=policy)  # type: ignore[arg-type]
+        return MemoryPlan(**chunks, recompute=policy, inplace=inplace)  # type: ignore[arg-type]
 
     current = make(at)
     peak = _peak(tokens, current, training, dtype, dims)

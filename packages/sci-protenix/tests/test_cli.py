@@ -1,0 +1,71 @@
+"""``spore sci-protenix plan``: the table, the JSON (equal to plan/predict_peak), the errors."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from click.testing import CliRunner
+from sci_protenix.cli import group
+from sci_protenix.planning import Dims, plan, predict_peak, resident_bytes
+
+
+def invoke(*args: str):
+    return CliRunner().invoke(group, ["plan", *args], catch_exceptions=False)
+
+
+def test_json_is_the_plan_and_its_prediction() -> None:
+    result = invoke("--tokens", "512", "--budget", "2GiB", "--training", "--json")
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.output)
+    expected = plan(512, "2GiB", training=True)
+    assert report["plan"] == expected.model_dump()
+    assert report["mode"] == "training"
+    assert report["budget_bytes"] == 2 * 2**30
+    assert report["predicted_peak_bytes"] == predict_peak(512, expected, training=True)
+    assert report["resident_bytes"] == resident_bytes(512)
+    assert report["total_bytes"] <= report["budget_bytes"]
+
+
+def test_widths_reach_the_planner() -> None:
+    args = ["--tokens", "64", "--budget", "1MiB", "--c-z", "8", "--c-s", "16", "--n-heads", "2"]
+    args += ["--pair-heads", "2", "--c-hidden-mul", "8", "--c-hidden-pair-att", "4", "--json"]
+    report = json.loads(invoke(*args).output)
+    widths = dict(c_z=8, c_s=16, n_heads=2, pair_heads=2, c_hidden_mul=8, c_hidden_pair_att=4)
+    assert report["plan"] == plan(64, "1MiB", **widths).model_dump()
+    assert report["predicted_peak_bytes"] == predict_peak(
+        64, plan(64, "1MiB", **widths), dims=Dims(**widths)
+    )
+
+
+def test_the_table_names_each_module_and_the_figures() -> None:
+    result = invoke("--tokens", "768", "--budget", "8GiB", "--training")
+    assert result.exit_code == 0, result.output
+    chosen = plan(768, "8GiB", training=True)
+    for line in ("triangle multiplication", "triangle attention", "transitions", "recompute"):
+        assert line in result.output
+    assert f"{chosen.tri_mul} rows" in result.output
+    assert "predicted peak" in result.output
+    assert "8.00 GiB" in result.output
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--tokens", "3000", "--budget", "1GiB"], "give a budget of at least"),
+        (["--tokens", "30", "--budget", "lots"], "is not a size"),
+        (["--tokens", "0", "--budget", "1GiB"], "tokens must be a positive int"),
+        (["--tokens", "30", "--budget", "1GiB", "--c-s", "30"], "multiple of n_heads"),
+    ],
+)
+def test_errors_are_click_errors(args, message) -> None:
+    result = CliRunner().invoke(group, ["plan", *args])
+    assert result.exit_code == 1
+    assert message in result.output
+    assert "Traceback" not in result.output
+
+
+def test_through_the_spore_command(run_spore) -> None:
+    done = run_spore("sci-protenix", "plan", "--tokens", "256", "--budget", "1GiB", "--json")
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["plan"] == plan(256, "1GiB").model_dump()

@@ -96,7 +96,7 @@ def test_tri_mul_masked_positions_do_not_contribute(cls, outgoing, randomize) ->
     with torch.no_grad():
         clean_x = module(z, mask=mask, chunk_size=4)
         noisy_x = module(noisy, mask=mask, chunk_size=4)
-    # the update at a kept (i, j) depends on masked pairs only through nothing (a, b are masked)
+    # masked pairs enter only through a and b, which the mask zeroes: kept updates are unchanged
     keep = mask.bool()
     torch.testing.assert_close(noisy_x[keep], clean_x[keep], **CHUNK)
 

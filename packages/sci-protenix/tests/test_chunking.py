@@ -18,6 +18,8 @@ from sci_protenix.chunking import (
 from sci_protenix.memory_plan import MemoryPlan
 from torch import nn
 
+from spore.memory import peak
+
 
 def _rows_fn(x: torch.Tensor, w: torch.Tensor):
     """A row-wise map of ``x`` [A, B, C] along axis ``dim`` = 1 (no reduction across it)."""
@@ -116,3 +118,15 @@ def test_apply_plan_refuses_non_plans() -> None:
         apply_plan(nn.Linear(2, 2), {"tri_mul": 4})  # type: ignore[arg-type]
     with pytest.raises(TypeError, match=r"nn\.Module"):
         apply_plan(object(), MemoryPlan())  # type: ignore[type-var]
+
+
+def test_pieces_without_gradient_are_written_into_one_tensor() -> None:
+    """No piece kept beside the output when nothing needs a gradient (grad mode on or off):
+    the peak stays under the output plus two pieces (concatenating would hold twice it)."""
+    x = torch.randn(16, 4096)
+    out_bytes = x.numel() * 4
+    for grad in (True, False):
+        with torch.set_grad_enabled(grad), peak() as measured:
+            got = chunked(lambda sl: x[sl] * 2.0, 16, 2, dim=0)
+        torch.testing.assert_close(got, x * 2.0, rtol=0, atol=0)
+        assert measured.peak_bytes <= out_bytes * (1 + 2 / 8)

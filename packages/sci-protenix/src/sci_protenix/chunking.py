@@ -50,11 +50,12 @@ def chunked(
 
     ``fn(sl)`` returns the output for positions ``sl`` of that axis (at ``dim`` of its result).
     With ``out`` the pieces are written into it (``out[..., sl, ...] = piece``, or ``+=`` when
-    ``accumulate``) and ``out`` is returned. Without, under grad the pieces are concatenated
-    (whose backward only slices the gradient), else written into one tensor the first piece
-    shapes. ``size=None`` (or ``size >= length`` with no ``out``) calls ``fn`` once. With
-    ``recompute`` and grad on, each piece is a non-reentrant ``torch.utils.checkpoint``: backward
-    reruns ``fn`` for one piece at a time instead of keeping every piece's activations.
+    ``accumulate``) and ``out`` is returned. Without, pieces that need a gradient are
+    concatenated (whose backward only slices the gradient), others are written into one tensor
+    the first piece shapes. ``size=None`` (or ``size >= length`` with no ``out``) calls ``fn``
+    once. With ``recompute`` and grad on, each piece is a non-reentrant
+    ``torch.utils.checkpoint``: backward reruns ``fn`` one piece at a time instead of keeping
+    every piece's activations.
     """
     check_chunk_size(size)
     if length <= 0:
@@ -69,10 +70,10 @@ def chunked(
         return piece(slice(0, length))
     step = length if size is None else size
     slices = [slice(start, min(start + step, length)) for start in range(0, length, step)]
-    if out is None and torch.is_grad_enabled():
-        return torch.cat([piece(sl) for sl in slices], dim)
-    for sl in slices:
+    for number, sl in enumerate(slices):
         part = piece(sl)
+        if out is None and part.requires_grad:
+            return torch.cat([part, *(piece(rest) for rest in slices[number + 1 :])], dim)
         if out is None:
             shape = list(part.shape)
             shape[dim] = length

@@ -308,7 +308,9 @@ class MSAModule(nn.Module):
     returns the updated pair tensor. The embedding gathers the rows of ``linear_no_bias_m``'s
     weight for each MSA class instead of multiplying a one-hot tensor, so the [*, S, N, 32]
     one-hot never exists. Recompute while training: the plan's ``recompute`` when a plan is set,
-    else "block" per ``blocks_per_ckpt`` as Protenix.
+    else "block" per ``blocks_per_ckpt`` as Protenix. With in-place inference asked for
+    (``inplace_safe`` or ``plan.inplace``) and no gradient needed, the caller's ``z`` is
+    overwritten, as by the Pairformer blocks.
     """
 
     plan: MemoryPlan | None = None

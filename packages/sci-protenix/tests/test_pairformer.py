@@ -245,6 +245,22 @@ def test_chunks_recomputed_in_block_recompute_lower_the_training_peak(randomize)
     assert chunked < 0.5 * block
 
 
+def test_block_recompute_keeps_only_block_inputs_after_forward(randomize) -> None:
+    """With chunks recomputed inside recomputed blocks, nothing but each block's (s, z) input
+    (and the outputs) outlives the forward: the chunk checkpoints take their tensors as
+    arguments, which the block checkpoint drops, not in closures it cannot see."""
+    stack = randomize(PairformerStack(n_blocks=3, dropout=0.25, **SMALL)).train()
+    chunks = MemoryPlan(recompute="block", tri_mul=3, tri_att=3, transition=3, pair_bias=3)
+    apply_plan(stack, chunks)
+    s, z = torch.randn(16, CS, requires_grad=True), torch.randn(16, 16, CZ, requires_grad=True)
+    with peak() as measured:
+        out = stack(s, z, None)
+        kept = measured.live_bytes
+    per_block = (s.numel() + z.numel()) * 4
+    assert kept <= 3 * per_block * 1.05
+    assert sum(t.sum() for t in out).grad_fn is not None
+
+
 def test_inplace_chunked_inference_lowers_the_peak(randomize) -> None:
     block = randomize(PairformerBlock(**BLOCK)).eval()
     s, z = torch.randn(24, CS), torch.randn(24, 24, CZ)

@@ -154,13 +154,14 @@ class AttentionPairBias(nn.Module):
         q, k, v = (t.unsqueeze(-4) for t in self.attention.qkv(a_n, kv))  # [..., 1, N, H, D]
         batch = q.shape[:-4]
 
-        def queries(sl: slice) -> torch.Tensor:
+        def queries(sl: slice, q, k, v, a_n, z) -> torch.Tensor:
             bias = self.linear_nobias_z(self.layernorm_z(z[..., sl, :, :])).movedim(-1, -3)
             bias = bias.expand(*batch, *bias.shape[-3:])
             o = torch.ops.spore.triangle_attention(q[..., sl, :, :], k, v, bias, None)
             return self.attention.wrap_up(o.squeeze(-4), a_n[..., sl, :])
 
-        out = chunked(queries, n, size, -2, recompute=chunk_recompute(self, size))
+        again = chunk_recompute(self, size)
+        out = chunked(queries, n, size, -2, args=(q, k, v, a_n, z), recompute=again)
         if self.has_s:
             out = torch.sigmoid(self.linear_a_last(s)) * out
         return out

@@ -13,7 +13,7 @@ module inside a model; each module then takes its chunk size from the plan field
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Literal, TypeVar
+from typing import Any, Literal, TypeVar
 
 import torch
 from torch import nn
@@ -38,24 +38,28 @@ def check_chunk_size(chunk_size: int | None) -> int | None:
 
 
 def chunked(
-    fn: Callable[[slice], torch.Tensor],
+    fn: Callable[..., torch.Tensor],
     length: int,
     size: int | None,
     dim: int,
+    args: tuple[Any, ...] = (),
     out: torch.Tensor | None = None,
     accumulate: bool = False,
     recompute: bool = False,
 ) -> torch.Tensor:
-    """``fn`` over ``slice``s of ``size`` entries of an axis of ``length``, joined along ``dim``.
+    """``fn(sl, *args)`` over ``slice``s of ``size`` entries of an axis of ``length``, joined
+    along ``dim``.
 
-    ``fn(sl)`` returns the output for positions ``sl`` of that axis (at ``dim`` of its result).
+    ``fn`` returns the output for positions ``sl`` of that axis (at ``dim`` of its result).
     With ``out`` the pieces are written into it (``out[..., sl, ...] = piece``, or ``+=`` when
     ``accumulate``) and ``out`` is returned. Without, pieces that need a gradient are
     concatenated (whose backward only slices the gradient), others are written into one tensor
     the first piece shapes. ``size=None`` (or ``size >= length`` with no ``out``) calls ``fn``
     once. With ``recompute`` and grad on, each piece is a non-reentrant
     ``torch.utils.checkpoint``: backward reruns ``fn`` one piece at a time instead of keeping
-    every piece's activations.
+    every piece's activations. Tensors ``fn`` reads go in ``args``, not in its closure: a
+    checkpoint saves its arguments as autograd does (so an enclosing block checkpoint drops and
+    recomputes them too) but would keep closure tensors alive with the graph.
     """
     check_chunk_size(size)
     if length <= 0:
@@ -63,8 +67,8 @@ def chunked(
 
     def piece(sl: slice) -> torch.Tensor:
         if recompute and torch.is_grad_enabled():
-            return checkpoint(fn, sl, use_reentrant=False)
-        return fn(sl)
+            return checkpoint(fn, sl, *args, use_reentrant=False)
+        return fn(sl, *args)
 
     if out is None and (size is None or size >= length):
         return piece(slice(0, length))

@@ -57,10 +57,11 @@ class Transition(nn.Module):
         inplace = add and x.is_contiguous() and grad_free(self, x)
         rows = x.view(-1, *x.shape[-2:]) if inplace else x.reshape(-1, *x.shape[-2:])
         update = chunked(
-            lambda sl: self._update(rows[sl]),
+            lambda sl, rows: self._update(rows[sl]),
             rows.shape[0],
             size,
             0,
+            args=(rows,),
             out=rows if inplace else None,
             accumulate=inplace,
             recompute=chunk_recompute(self, size),

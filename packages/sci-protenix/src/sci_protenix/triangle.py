@@ -110,28 +110,35 @@ class TriangleMultiplicativeUpdate(nn.Module):
         # the projection made per chunk of output rows, and the one kept whole
         near, far = ("a", "b") if self._outgoing else ("b", "a")
 
-        def normed(sl: slice) -> torch.Tensor:
+        def normed(sl: slice, zz: torch.Tensor, whole: torch.Tensor | None) -> torch.Tensor:
             rows = zz[..., sl, :, :]
             return whole[..., sl, :, :] if whole is not None else self.layer_norm_in(rows)
 
-        def masked(sl: slice) -> torch.Tensor | None:
-            return None if mm is None else mm[..., sl, :]
+        def far_piece(sl: slice, zz, whole, mm) -> torch.Tensor:
+            masked = None if mm is None else mm[..., sl, :]
+            p = self._project(far, normed(sl, zz, whole), masked)
+            return p.movedim(-1, -3).transpose(-1, -2)  # [*, c, K, rows]: right operand
 
-        def far_piece(sl: slice) -> torch.Tensor:
-            # [*, rows, K, c] -> [*, c, K, rows]: the right operand of the row products
-            return self._project(far, normed(sl), masked(sl)).movedim(-1, -3).transpose(-1, -2)
+        far_t = chunked(far_piece, n, size, -1, args=(zz, whole, mm), recompute=again)
 
-        far_t = chunked(far_piece, n, size, -1, recompute=again)
-
-        def rows(sl: slice) -> torch.Tensor:
-            zn = normed(sl)
-            p = self._project(near, zn, masked(sl)).movedim(-1, -3)  # [*, c, rows, K]
+        def rows(sl: slice, zz, whole, mm, far_t) -> torch.Tensor:
+            zn = normed(sl, zz, whole)
+            masked = None if mm is None else mm[..., sl, :]
+            p = self._project(near, zn, masked).movedim(-1, -3)  # [*, c, rows, K]
             x = torch.matmul(p, far_t).movedim(-3, -1)  # [*, rows, J, c]
             x = self.linear_z(self.layer_norm_out(x))
             return x * torch.sigmoid(self.linear_g(zn))
 
-        target = zz if inplace else None
-        out = chunked(rows, n, size, -3, out=target, accumulate=inplace, recompute=again)
+        out = chunked(
+            rows,
+            n,
+            size,
+            -3,
+            args=(zz, whole, mm, far_t),
+            out=zz if inplace else None,
+            accumulate=inplace,
+            recompute=again,
+        )
         if inplace:
             return z
         update = out if self._outgoing else out.transpose(-2, -3)
@@ -201,25 +208,34 @@ class TriangleAttention(nn.Module):
         n = xx.shape[-3]
         whole = self.layer_norm(xx) if size is None else None
 
-        def normed(sl: slice) -> torch.Tensor:
+        def normed(sl: slice, xx: torch.Tensor, whole: torch.Tensor | None) -> torch.Tensor:
             rows = xx[..., sl, :, :]
             return whole[..., sl, :, :] if whole is not None else self.layer_norm(rows)
 
-        # bias[*, h, j, k] = linear(x_jk)_h, shared by every row i
-        bias = chunked(
-            lambda sl: self.linear(normed(sl)).movedim(-1, -3), n, size, -2, recompute=again
-        )
+        def bias_piece(sl: slice, xx, whole) -> torch.Tensor:
+            # bias[*, h, j, k] = linear(x_jk)_h, shared by every row i
+            return self.linear(normed(sl, xx, whole)).movedim(-1, -3)
+
+        bias = chunked(bias_piece, n, size, -2, args=(xx, whole), recompute=again)
         keep = None if mm is None else mm.bool()
 
-        def rows(sl: slice) -> torch.Tensor:
-            xn = normed(sl)
+        def rows(sl: slice, xx, whole, bias, keep) -> torch.Tensor:
+            xn = normed(sl, xx, whole)
             q, k, v = self.mha.qkv(xn, xn)
             m = None if keep is None else keep[..., sl, :]
             o = torch.ops.spore.triangle_attention(q, k, v, bias, m)
             return self.mha.wrap_up(o, xn)
 
-        target = xx if inplace else None
-        out = chunked(rows, n, size, -3, out=target, accumulate=inplace, recompute=again)
+        out = chunked(
+            rows,
+            n,
+            size,
+            -3,
+            args=(xx, whole, bias, keep),
+            out=xx if inplace else None,
+            accumulate=inplace,
+            recompute=again,
+        )
         if inplace:
             return x
         update = out if self.starting else out.transpose(-2, -3)

@@ -5,7 +5,7 @@ queries so neither the pair bias nor the logits exist for all queries at once.""
 from __future__ import annotations
 
 import torch
-from torch import nn
+from torch import Tensor, nn
 
 import spore_kernels  # noqa: F401  (defines torch.ops.spore.triangle_attention)
 from sci_protenix.chunking import chunk_recompute, chunked, plan_chunk_size
@@ -154,7 +154,7 @@ class AttentionPairBias(nn.Module):
         q, k, v = (t.unsqueeze(-4) for t in self.attention.qkv(a_n, kv))  # [..., 1, N, H, D]
         batch = q.shape[:-4]
 
-        def queries(sl: slice, q, k, v, a_n, z) -> torch.Tensor:
+        def queries(sl: slice, q: Tensor, k: Tensor, v: Tensor, a_n: Tensor, z: Tensor) -> Tensor:
             bias = self.linear_nobias_z(self.layernorm_z(z[..., sl, :, :])).movedim(-1, -3)
             bias = bias.expand(*batch, *bias.shape[-3:])
             o = torch.ops.spore.triangle_attention(q[..., sl, :, :], k, v, bias, None)

@@ -18,7 +18,7 @@ builds the [N, N, N] logits. The bias ([*, H, N, N]) is whole.
 from __future__ import annotations
 
 import torch
-from torch import nn
+from torch import Tensor, nn
 
 import spore_kernels  # noqa: F401  (defines torch.ops.spore.triangle_attention)
 from sci_protenix.attention import GatedAttention
@@ -110,18 +110,20 @@ class TriangleMultiplicativeUpdate(nn.Module):
         # the projection made per chunk of output rows, and the one kept whole
         near, far = ("a", "b") if self._outgoing else ("b", "a")
 
-        def normed(sl: slice, zz: torch.Tensor, whole: torch.Tensor | None) -> torch.Tensor:
+        def normed(sl: slice, zz: Tensor, whole: Tensor | None) -> Tensor:
             rows = zz[..., sl, :, :]
             return whole[..., sl, :, :] if whole is not None else self.layer_norm_in(rows)
 
-        def far_piece(sl: slice, zz, whole, mm) -> torch.Tensor:
+        def far_piece(sl: slice, zz: Tensor, whole: Tensor | None, mm: Tensor | None) -> Tensor:
             masked = None if mm is None else mm[..., sl, :]
             p = self._project(far, normed(sl, zz, whole), masked)
             return p.movedim(-1, -3).transpose(-1, -2)  # [*, c, K, rows]: right operand
 
         far_t = chunked(far_piece, n, size, -1, args=(zz, whole, mm), recompute=again)
 
-        def rows(sl: slice, zz, whole, mm, far_t) -> torch.Tensor:
+        def rows(
+            sl: slice, zz: Tensor, whole: Tensor | None, mm: Tensor | None, far_t: Tensor
+        ) -> Tensor:
             zn = normed(sl, zz, whole)
             masked = None if mm is None else mm[..., sl, :]
             p = self._project(near, zn, masked).movedim(-1, -3)  # [*, c, rows, K]
@@ -208,18 +210,20 @@ class TriangleAttention(nn.Module):
         n = xx.shape[-3]
         whole = self.layer_norm(xx) if size is None else None
 
-        def normed(sl: slice, xx: torch.Tensor, whole: torch.Tensor | None) -> torch.Tensor:
+        def normed(sl: slice, xx: Tensor, whole: Tensor | None) -> Tensor:
             rows = xx[..., sl, :, :]
             return whole[..., sl, :, :] if whole is not None else self.layer_norm(rows)
 
-        def bias_piece(sl: slice, xx, whole) -> torch.Tensor:
+        def bias_piece(sl: slice, xx: Tensor, whole: Tensor | None) -> Tensor:
             # bias[*, h, j, k] = linear(x_jk)_h, shared by every row i
             return self.linear(normed(sl, xx, whole)).movedim(-1, -3)
 
         bias = chunked(bias_piece, n, size, -2, args=(xx, whole), recompute=again)
         keep = None if mm is None else mm.bool()
 
-        def rows(sl: slice, xx, whole, bias, keep) -> torch.Tensor:
+        def rows(
+            sl: slice, xx: Tensor, whole: Tensor | None, bias: Tensor, keep: Tensor | None
+        ) -> Tensor:
             xn = normed(sl, xx, whole)
             q, k, v = self.mha.qkv(xn, xn)
             m = None if keep is None else keep[..., sl, :]

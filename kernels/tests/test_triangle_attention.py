@@ -367,3 +367,19 @@ def test_the_library_gives_zeros_when_no_row_meets_a_key() -> None:
     ptrs = [None, None, None, None, bias.data_ptr(), None, None, None, None, None, db.data_ptr()]
     assert bwd(*ptrs, 1, 2, 3, 5, 2, 0, 1.0, 0, 2) == 0
     assert torch.equal(db, torch.zeros_like(db))
+
+
+def test_the_additive_mask_baseline_equals_the_op_where_every_row_has_a_key() -> None:
+    """The benchmarks' lean composite (mask as a -1e9 bias) computes the same attention unless
+    a row has no key left (then it attends uniformly where the op gives zeros)."""
+    q, k, v, b, m = _inputs((1,), 3, 6, 7, 2, 8, torch.float32, 12, mask=0.3)
+    m[..., 0] = True  # every row keeps a key
+    expected = _loop(q, k, v, b, m)
+    _close(op.additive_mask_composite(q, k, v, b, m), expected, torch.float32)
+    m[0, 1] = False
+    uniform = v[0, 1].double().mean(0)  # [H, D]: the mean value row of row i = 1
+    got = op.additive_mask_composite(q, k, v, b, m)[0, 1]
+    _close(got, uniform.expand(6, 2, 8), torch.float32)
+    assert torch.equal(
+        torch.ops.spore.triangle_attention(q, k, v, b, m)[0, 1], torch.zeros(6, 2, 8)
+    )

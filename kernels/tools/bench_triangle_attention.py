@@ -1,13 +1,14 @@
-"""triangle_attention (the fused C++ kernel) against the unfused composite, side by side.
+"""triangle_attention (the fused C++ kernel) against unfused composites, side by side.
 
-The composite is the op's reference without its checks (``ops.triangle_attention.composite``:
-einsum, + bias, mask, softmax, einsum, in float32): what a model runs without the op. Both run
+Two composites: the op's reference without its checks (``ops.triangle_attention.composite``:
+einsum, + bias, mask, softmax, einsum, in float32, rows with no key zeroed) and the leaner one
+models write (``additive_mask_composite``: the mask added as a -1e9 bias, one softmax). All run
 in one process on the same inputs at Pairformer shapes (q, k, v ``[1, N, N, H, D]``, bias
 ``[1, H, N, N]``, a bool mask ``[1, N, N]`` dropping 10 % of the keys), interleaved, forward
 and forward+backward (gradients for q, k, v and bias, ones upstream). Each line gives the
-median time of each side and their ratio (composite / fused: > 1, the fused op is faster),
-and the peak bytes of the tensors each side creates (``spore.memory.peak``: the C++ kernel's
-per-thread scratch is not a tensor and is not counted; see the README for its size).
+median time of each side, each composite's ratio (composite / fused: > 1, the fused op is
+faster) and the peak bytes of the tensors each side creates (``spore.memory.peak``; the C++
+kernel's per-thread scratch is not a tensor and is not counted: see the README for its size).
 
     python kernels/tools/bench_triangle_attention.py --tokens 128 256 --repeat 7
 """
@@ -30,13 +31,10 @@ DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
 
 def inputs(n: int, heads: int, dim: int, dtype: torch.dtype, grad: bool) -> tuple[Any, ...]:
-    g = torch.Generator().manual_seed(n)
-    q, k, v = (torch.randn(1, n, n, heads, dim, generator=g).to(dtype) for _ in range(3))
-    bias = torch.randn(1, heads, n, n, generator=g).to(dtype)
-    mask = torch.rand(1, n, n, generator=g) >= 0.1
+    args = op.bench_inputs(dtype, torch.Generator().manual_seed(n), n, heads, dim)
     if grad:
-        q, k, v, bias = (t.requires_grad_() for t in (q, k, v, bias))
-    return q, k, v, bias, mask
+        return (*(t.requires_grad_() for t in args[:4]), args[4])
+    return args
 
 
 def fused(*args: Any) -> torch.Tensor:
@@ -59,12 +57,14 @@ def peak_bytes(fn: Callable[..., torch.Tensor], args: tuple[Any, ...], backward:
 
 def run(n: int, heads: int, dim: int, dtype: str, backward: bool, repeat: int) -> dict[str, Any]:
     args = inputs(n, heads, dim, DTYPES[dtype], backward)
-    sides = {"fused": fused, "composite": op.composite}
-    expected = step(op.composite, args, backward)
-    got = step(fused, args, backward)
+    sides = {"fused": fused, "composite": op.composite, "additive": op.additive_mask_composite}
     tol = 2e-2 if dtype == "bf16" else 1e-3
-    for e, a in zip(expected if backward else [expected], got if backward else [got], strict=True):
-        torch.testing.assert_close(a.float(), e.float(), rtol=tol, atol=tol)
+    got = step(fused, args, backward)
+    for baseline in (op.composite, op.additive_mask_composite):  # the same result
+        expected = step(baseline, args, backward)
+        pairs = zip(expected if backward else [expected], got if backward else [got], strict=True)
+        for e, a in pairs:
+            torch.testing.assert_close(a.float(), e.float(), rtol=tol, atol=tol)
     times: dict[str, list[float]] = {name: [] for name in sides}
     for r in range(repeat):
         order = list(sides) if r % 2 == 0 else list(reversed(sides))
@@ -79,9 +79,12 @@ def run(n: int, heads: int, dim: int, dtype: str, backward: bool, repeat: int) -
         "pass": "fwdbwd" if backward else "fwd",
         "fused_ms": med["fused"] * 1e3,
         "composite_ms": med["composite"] * 1e3,
+        "additive_ms": med["additive"] * 1e3,
         "ratio": med["composite"] / med["fused"],
+        "additive_ratio": med["additive"] / med["fused"],
         "fused_peak_mb": peak_bytes(fused, args, backward) / 2**20,
         "composite_peak_mb": peak_bytes(op.composite, args, backward) / 2**20,
+        "additive_peak_mb": peak_bytes(op.additive_mask_composite, args, backward) / 2**20,
     }
 
 
@@ -101,16 +104,20 @@ def main(argv: list[str] | None = None) -> None:
         f"torch {torch.__version__}, {torch.get_num_threads()} threads; q [1, N, N, {a.heads}, "
         f"{a.dim}], bias [1, {a.heads}, N, N], mask [1, N, N]; median of {a.repeat}"
     )
-    header = "N    dtype pass    fused ms  composite ms  composite/fused  peak MB fused / composite"
-    print(header)
+    print(
+        "N    dtype pass    fused ms  composite ms (ratio)  additive-mask ms (ratio)  "
+        "peak MB fused / composite / additive"
+    )
     for n in a.tokens:
         for dtype in a.dtypes:
             for phase in a.passes:
                 r = run(n, a.heads, a.dim, dtype, phase == "fwdbwd", a.repeat)
                 print(
                     f"{n:<4} {dtype:<5} {r['pass']:<7} {r['fused_ms']:8.1f}  "
-                    f"{r['composite_ms']:12.1f}  {r['ratio']:14.2f}x  "
-                    f"{r['fused_peak_mb']:8.1f} / {r['composite_peak_mb']:.1f}",
+                    f"{r['composite_ms']:8.1f} ({r['ratio']:5.2f}x)  "
+                    f"{r['additive_ms']:12.1f} ({r['additive_ratio']:5.2f}x)  "
+                    f"{r['fused_peak_mb']:8.1f} / {r['composite_peak_mb']:.1f} / "
+                    f"{r['additive_peak_mb']:.1f}",
                     flush=True,
                 )
 

@@ -140,6 +140,27 @@ def composite(
     return torch.einsum("...ihjk,...ikhd->...ijhd", p, v.to(p.dtype)).to(q.dtype)
 
 
+def additive_mask_composite(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    mask: torch.Tensor | None = None,
+    scale: float | None = None,
+) -> torch.Tensor:
+    """The composite as models write it (Protenix, OpenFold): the mask added as a -1e9 bias
+    and one softmax, in float32 (a row with no key attends uniformly instead of giving zeros).
+    A speed baseline, not an oracle."""
+    qf, kf, vf = (t.float() for t in (q, k, v))
+    s = torch.einsum("...ijhd,...ikhd->...ihjk", qf, kf) * default_scale(q, scale)
+    if bias is not None:
+        s = s + bias.float().unsqueeze(-4)
+    if mask is not None:
+        s = s + ((mask.float() - 1.0) * 1e9)[..., None, None, :]
+    p = torch.softmax(s, dim=-1)
+    return torch.einsum("...ihjk,...ikhd->...ijhd", p, vf).to(q.dtype)
+
+
 def reference(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -383,5 +404,37 @@ def register(registry: Any) -> None:
     registry.kernel(fwd, "cpu", cpu, priority=_checks.PRIORITY, supports=supports)
 
 
+BENCH_TOKENS, BENCH_HEADS, BENCH_DIM = 128, 4, 32
+
+
+def bench_inputs(
+    dtype: torch.dtype,
+    g: torch.Generator,
+    n: int = BENCH_TOKENS,
+    heads: int = BENCH_HEADS,
+    dim: int = BENCH_DIM,
+) -> tuple[torch.Tensor, ...]:
+    """A Pairformer triangle attention's inputs: q, k, v ``[1, n, n, heads, dim]``, bias
+    ``[1, heads, n, n]`` and a bool mask ``[1, n, n]`` dropping 10 % of the keys."""
+    q, k, v = (torch.randn(1, n, n, heads, dim, generator=g).to(dtype) for _ in range(3))
+    bias = torch.randn(1, heads, n, n, generator=g).to(dtype)
+    return q, k, v, bias, torch.rand(1, n, n, generator=g) >= 0.1
+
+
 def benchmarks() -> list[Any]:
-    return []
+    from spore_kernels.benchmarks import OpBench
+
+    n, h, d = BENCH_TOKENS, BENCH_HEADS, BENCH_DIM
+    return [
+        OpBench(
+            op=OP,
+            shape=f"q [1, {n}, {n}, {h}, {d}] with bias and mask",
+            make=bench_inputs,
+            spore=lambda *a: torch.ops.spore.triangle_attention(*a),
+            baselines={
+                "eager": ("composite, mask as an additive bias", additive_mask_composite),
+                "reference": ("the op's reference composite", composite),
+            },
+            differentiable=(0, 1, 2, 3),
+        )
+    ]

@@ -11,6 +11,8 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from sci_protenix import (
     TriangleAttention,
     TriangleMultiplicationIncoming,
@@ -257,3 +259,33 @@ def test_bad_inputs_are_refused(make) -> None:
         module(torch.randn(N, N, CZ), chunk_size=0)
     with pytest.raises(TypeError, match=r"torch\.Tensor"):
         module([[0.0]])
+
+
+@settings(
+    max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    n=st.integers(1, 11),
+    size=st.integers(1, 13),
+    batch=st.sampled_from([(), (1,), (2,)]),
+    with_mask=st.booleans(),
+    which=st.sampled_from(["out", "in", "start", "end"]),
+)
+def test_any_shape_chunked_equals_formula(n, size, batch, with_mask, which, randomize) -> None:
+    """Hypothesis over sizes (N = 1 included), chunk sizes, batch dims and masks."""
+    torch.manual_seed(n * 31 + size)
+    if which in ("out", "in"):
+        cls = TriangleMultiplicationOutgoing if which == "out" else TriangleMultiplicationIncoming
+        module, formula, flag = randomize(cls(4, 3)), tri_mul_formula, which == "out"
+    else:
+        module = randomize(TriangleAttention(4, 2, 2, starting=which == "start"))
+        formula, flag = tri_att_formula, which == "start"
+    x = torch.randn(*batch, n, n, 4)
+    mask = None
+    if with_mask:
+        mask = (torch.rand(*batch, n, n) > 0.3).float()
+        mask[..., 0] = 1.0
+        mask[..., 0, :] = 1.0
+    with torch.no_grad():
+        expected = formula(module, x, mask, flag)
+        torch.testing.assert_close(module(x, mask, chunk_size=size), expected, **FORMULA)

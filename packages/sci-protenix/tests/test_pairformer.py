@@ -290,3 +290,17 @@ def test_bfloat16_block(randomize) -> None:
                 for g, e in zip(got, expected, strict=True):
                     scale = float(e.abs().max())
                     torch.testing.assert_close(g.float(), e, rtol=0, atol=tol * scale)
+
+
+def test_inplace_waits_for_dropout_to_be_off(randomize) -> None:
+    """In training mode with dropout the block takes the dropout path even under no_grad."""
+    block = randomize(PairformerBlock(**(BLOCK | {"dropout": 0.5}))).train()
+    s, z, mask = _inputs()
+    before = z.clone()
+    with torch.no_grad():
+        torch.manual_seed(5)
+        got = block(s, z, mask, inplace_safe=True)
+        torch.manual_seed(5)
+        expected = block(s, before.clone(), mask)
+    torch.testing.assert_close(z, before, rtol=0, atol=0)
+    torch.testing.assert_close(got, expected, rtol=0, atol=0)

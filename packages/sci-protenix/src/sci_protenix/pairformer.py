@@ -5,7 +5,8 @@ A block updates the pair tensor z [*, N, N, c_z] by triangle multiplication (out
 triangle attention (starting, ending node) and a transition, then the single tensor s [*, N, c_s]
 by attention with pair bias and a transition. ``chunk_size`` reaches every module (each takes its
 own from its plan when one is set). In-place inference (``inplace_safe`` or ``plan.inplace``,
-with no gradient needed) adds every update into z chunk by chunk: the caller's z is overwritten.
+with no gradient needed and no dropout active) adds every update into z chunk by chunk: the
+caller's z is overwritten.
 
 The stack's recompute comes from its plan (``recompute``: "none", "block": each segment of
 ``blocks_per_checkpoint`` blocks rerun in backward, "selective": the same segments, keeping the
@@ -124,7 +125,8 @@ class PairformerBlock(nn.Module):
                 raise ValueError(f"s [*, N, c_s={self.c_s}] is required when c_s > 0, got None")
             check_channels("s", s, self.c_s, "[*, N, c_s]", 2)
         mask = pair_mask
-        if inplace_requested(self, inplace_safe) and grad_free(self, s, z):
+        dropping = self.training and self.p_drop > 0.0
+        if not dropping and inplace_requested(self, inplace_safe) and grad_free(self, s, z):
             inplace = {"inplace_safe": True, "_add_with_inplace": True}
             z = self.tri_mul_out(z, mask=mask, chunk_size=chunk_size, **inplace)
             z = self.tri_mul_in(z, mask=mask, chunk_size=chunk_size, **inplace)

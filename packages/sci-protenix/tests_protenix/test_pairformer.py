@@ -178,3 +178,12 @@ def test_pairformer_stack_gradients(px, twin) -> None:
     # gradients sum terms up to their largest value and may cancel: atol is relative to it
     scale = max(float(g.abs().max()) for g in grads[0])
     torch.testing.assert_close(grads[1], grads[0], rtol=1e-4, atol=1e-5 * scale)
+
+
+def test_pairformer_block_hidden_scale_up(px, twin) -> None:
+    kwargs = {"n_heads": 4, "c_z": CZ, "c_s": 0, "c_hidden_pair_att": 4, "hidden_scale_up": True}
+    theirs, ours = twin(px.pairformer.PairformerBlock, PairformerBlock, **kwargs)
+    z, mask = _pair(), _mask()
+    with torch.no_grad():
+        expected = theirs(None, z, mask)
+        torch.testing.assert_close(ours(None, z, mask, chunk_size=5), expected, **STACKED)

@@ -27,8 +27,9 @@ class MemoryPlan(BaseModel):
     msa: ChunkSize = Field(None, gt=0, description="MSA rows per chunk: pair-weighted averaging")
     recompute: Literal["none", "block", "selective"] = Field(
         "none",
-        description="training: keep every activation ('none'), recompute each block in backward "
-        "('block'), or recompute all but the matmul outputs ('selective')",
+        description="training: keep every activation ('none'); recompute each block in "
+        "backward, and inside it each chunk of a chunked module ('block'); or recompute all "
+        "but the matmul outputs ('selective')",
     )
     blocks_per_checkpoint: int = Field(1, gt=0, description="blocks per recomputed segment")
     inplace: bool = Field(False, description="inference only: accumulate residuals in place")

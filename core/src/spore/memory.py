@@ -369,7 +369,8 @@ def peak(device: str | torch.device = "cpu") -> Iterator[PeakMemory]:
     ``TorchDispatchMode``; each new storage adds its bytes once (views and in-place results
     share it) and a finalizer subtracts them when the storage is freed, so what autograd saves
     counts until backward releases it. Memory a kernel allocates without returning it as a
-    tensor (its scratch) is not seen. CUDA: the caching allocator's
+    tensor (its scratch) is not seen, nor the temporaries of an op whose kernel is Python code
+    (a ``torch.library`` custom op runs below the mode as one op). CUDA: the caching allocator's
     ``max_memory_allocated`` above what was allocated when the block began (tensors freed
     inside the block that were created before it can lower that base; scratch counts).
     """

@@ -16,12 +16,16 @@ namespace dvm {
 
 inline float bf16_to_f32(uint16_t h) { return as_float(static_cast<uint32_t>(h) << 16); }
 
-inline uint16_t f32_to_bf16(float v) {
+// v rounded to nearest even at bf16 precision, as fp32 bits (the low 16 bits are garbage):
+// NaN keeps its sign and payload's top bits and is made quiet. Selecting among 32-bit values
+// before narrowing lets the vector loops pack once per vector instead of once per select arm.
+inline uint32_t bf16_round_bits(float v) {
     const uint32_t u = as_bits(v);
-    const uint32_t lsb = (u >> 16) & 1u;
-    const uint32_t rounded = (u + 0x7fffu + lsb) >> 16;
-    return static_cast<uint16_t>(v == v ? rounded : (u >> 16) | 0x40u);  // NaN: quiet, sign kept
+    const uint32_t rounded = u + 0x7fffu + ((u >> 16) & 1u);
+    return v == v ? rounded : u | 0x00400000u;
 }
+
+inline uint16_t f32_to_bf16(float v) { return static_cast<uint16_t>(bf16_round_bits(v) >> 16); }
 
 // binary16 -> binary32: shifting the exponent and mantissa into a float's places and
 // multiplying by 2^112 rebases the exponent (exact, subnormals included); inf/NaN keep their
@@ -88,7 +92,7 @@ inline void narrow_f16(const float* s, uint16_t* d, int64_t n) {
 
 // v rounded to bf16 / fp16 precision, staying fp32 (the CAST_* instructions).
 inline void round_bf16(const float* s, float* d, int64_t n) {
-    for (int64_t i = 0; i < n; ++i) d[i] = bf16_to_f32(f32_to_bf16(s[i]));
+    for (int64_t i = 0; i < n; ++i) d[i] = as_float(bf16_round_bits(s[i]) & 0xffff0000u);
 }
 inline void round_f16(const float* s, float* d, int64_t n) {
     int64_t i = 0;

@@ -114,18 +114,6 @@ inline vec exp2_nonpositive(vec a) {
 
 inline float exp2_nonpositive(float a) { return exp2_nonpositive(splat(a))[0]; }
 
-// The largest of n (a multiple of W) values, NaN skipped; -inf when there is none.
-inline float row_max(const float* x, int64_t n) {
-    vec m = splat(-kInf);
-    for (int64_t c = 0; c < n; c += W) {
-        const vec v = vload(x + c);
-        m = v > m ? v : m;
-    }
-    float top = -kInf;
-    for (int64_t l = 0; l < W; ++l) top = std::max(top, m[l]);
-    return top;
-}
-
 // x[c] = 2^(x[c] - top) for n (a multiple of W) values, NaN kept; returns their sum.
 inline float exp2_shift(float* x, int64_t n, float top) {
     vec acc = {};
@@ -192,24 +180,85 @@ struct Keys {
     }
 };
 
-// s[r][c] += log2e * bias[j0 + r][k0 + c] + add[k0 + c] over rows x kc columns (ld: s's row
-// length); columns past the real keys get -inf from add.
+// W bias values from p as fp32 times log2 e; lanes at or past `valid` are 0.
 template <typename T>
-void add_bias_mask(float* s, int64_t ld, const typename T::storage* bias, const float* add,
-                   int64_t rows, int64_t k0, int64_t kc, const Dims& s_) {
-    const int64_t real = std::min(kc, s_.nk - k0);
-    for (int64_t r = 0; r < rows; ++r) {
-        float* row = s + r * ld;
-        if (bias != nullptr) {
-            const auto* brow = bias + r * s_.nk + k0;
-#pragma omp simd
-            for (int64_t c = 0; c < real; ++c) row[c] += T::load(brow[c]) * kLog2e + add[k0 + c];
-        } else {
-#pragma omp simd
-            for (int64_t c = 0; c < real; ++c) row[c] += add[k0 + c];
-        }
-        for (int64_t c = real; c < kc; ++c) row[c] = -kInf;
+inline vec bias_vec(const typename T::storage* p, int64_t valid) {
+    vec x = {};
+    if (valid >= W) {
+        for (int64_t l = 0; l < W; ++l) x[l] = T::load(p[l]);
+    } else {
+        for (int64_t l = 0; l < valid; ++l) x[l] = T::load(p[l]);
     }
+    return x * kLog2e;
+}
+
+// R rows of base-2 scores over cols (a multiple of VT) keys, with the bias and mask added as
+// they are stored: s[i][c] = sum_e q[i][e] kt[e][c] + log2e * bias[i][c] + add[c] (add: 0 or
+// -inf, -inf past the real keys). top[i] (W lanes) keeps the lane-wise max of row i (NaN
+// skipped). q rows have length dp; bias rows (or null) length nk, `real` keys valid.
+template <typename T, int R>
+inline void score_tile(const float* q, int64_t dp, const float* kt, int64_t kp, int64_t d,
+                       const typename T::storage* bias, int64_t nk, const float* add, int64_t real,
+                       float* s, int64_t ld, int64_t cols, float* top) {
+    for (int64_t c0 = 0; c0 < cols; c0 += VT) {
+        vec a0[R] = {}, a1[R] = {};
+        for (int64_t e = 0; e < d; ++e) {
+            const vec k0 = vload(kt + e * kp + c0), k1 = vload(kt + e * kp + c0 + W);
+#pragma GCC unroll 8
+            for (int i = 0; i < R; ++i) {
+                const float x = q[i * dp + e];
+                a0[i] = x * k0 + a0[i];
+                a1[i] = x * k1 + a1[i];
+            }
+        }
+        const vec m0 = vload(add + c0), m1 = vload(add + c0 + W);
+#pragma GCC unroll 8
+        for (int i = 0; i < R; ++i) {
+            vec s0 = a0[i] + m0, s1 = a1[i] + m1;
+            if (bias != nullptr) {
+                const auto* brow = bias + i * nk + c0;
+                s0 += bias_vec<T>(brow, real - c0);
+                s1 += bias_vec<T>(brow + W, real - c0 - W);
+            }
+            vstore(s + i * ld + c0, s0);
+            vstore(s + i * ld + c0 + W, s1);
+            vec m = vload(top + i * W);
+            m = s0 > m ? s0 : m;  // false for NaN: the max skips it
+            m = s1 > m ? s1 : m;
+            vstore(top + i * W, m);
+        }
+    }
+}
+
+// score_tile over any number of rows (bias: row 0's keys k0.., or null; add and kt from k0).
+template <typename T>
+void scores(const float* q, int64_t dp, const float* kt, int64_t kp, int64_t d,
+            const typename T::storage* bias, int64_t nk, const float* add, int64_t real, float* s,
+            int64_t ld, int64_t rows, int64_t cols, float* top) {
+    int64_t r = 0;
+    const auto at = [&](int64_t row) { return bias == nullptr ? nullptr : bias + row * nk; };
+    for (; r + RT <= rows; r += RT) {
+        score_tile<T, RT>(q + r * dp, dp, kt, kp, d, at(r), nk, add, real, s + r * ld, ld, cols,
+                          top + r * W);
+    }
+    const float* qr = q + r * dp;
+    float* sr = s + r * ld;
+    float* tr = top + r * W;
+    switch (rows - r) {
+        case 1: score_tile<T, 1>(qr, dp, kt, kp, d, at(r), nk, add, real, sr, ld, cols, tr); break;
+        case 2: score_tile<T, 2>(qr, dp, kt, kp, d, at(r), nk, add, real, sr, ld, cols, tr); break;
+        case 3: score_tile<T, 3>(qr, dp, kt, kp, d, at(r), nk, add, real, sr, ld, cols, tr); break;
+        case 4: score_tile<T, 4>(qr, dp, kt, kp, d, at(r), nk, add, real, sr, ld, cols, tr); break;
+        case 5: score_tile<T, 5>(qr, dp, kt, kp, d, at(r), nk, add, real, sr, ld, cols, tr); break;
+        default: break;
+    }
+}
+
+// The max of a row's W lanes.
+inline float lanes_max(const float* top) {
+    float m = -kInf;
+    for (int64_t l = 0; l < W; ++l) m = std::max(m, top[l]);
+    return m;
 }
 
 // Query rows j0..j0+rows of one (batch, i, head) as fp32, scaled, padded with zeros to dp.
@@ -226,19 +275,21 @@ void load_rows(float* dst, const typename T::storage* src, int64_t stride, int64
 
 // Floats of per-thread scratch each pass needs.
 int64_t forward_scratch(const Dims& s) {
-    return s.d * s.kp + s.kp * s.dp + s.kp + s.kp / KT + 1 + TQ * s.dp * 2 + TQ * KT + 3 * TQ;
+    return s.d * s.kp + s.kp * s.dp + s.kp + s.kp / KT + 1 + TQ * s.dp * 2 + TQ * KT + 3 * TQ +
+           TQ * W;
 }
 
 int64_t backward_scratch(const Dims& s) {
-    return 2 * s.d * s.kp + 3 * s.kp * s.dp + s.kp + s.kp / KT + 1 + 3 * TQ * s.dp + TQ * s.kp +
-           TQ * KT + TQ;
+    return 2 * s.d * s.kp + 3 * s.kp * s.dp + s.kp + s.kp / KT + 1 + 4 * TQ * s.dp + TQ * s.kp +
+           TQ * KT + 2 * TQ + TQ * W;
 }
 
-// Forward of query tiles [t0, t1) of one (batch, i, head), keys already packed.
+// Forward of query tiles [t0, t1) of one (batch, i, head), keys already packed: per key tile
+// the scores (bias and mask added, lane maxima kept), then per row the online-softmax step.
 template <typename T>
 void forward_rows(const typename T::storage* q, const typename T::storage* bias,
                   typename T::storage* out, const Keys& keys, float* qs, float* sc, float* o,
-                  float* mx, float* sum, float* alpha, int64_t b, int64_t i, int64_t h,
+                  float* mx, float* sum, float* top, int64_t b, int64_t i, int64_t h,
                   int64_t t0, int64_t t1, const Dims& s, float scale) {
     const int64_t stride = s.heads * s.d;
     const float scale2 = scale * kLog2e;
@@ -251,23 +302,23 @@ void forward_rows(const typename T::storage* q, const typename T::storage* bias,
         const auto* brow = bias == nullptr ? nullptr : bias + s.bias_at(b, h, j0);
         for (int64_t k0 = 0, kt = 0; k0 < s.kp; k0 += KT, ++kt) {
             if (!keys.any[kt]) continue;  // every key masked: nothing to add
-            const int64_t kc = std::min(KT, s.kp - k0);
-            gemm(qs, s.dp, 1, keys.kt + k0, s.kp, sc, KT, rows, kc, s.d, false);
-            add_bias_mask<T>(sc, KT, brow, keys.add, rows, k0, kc, s);
+            const int64_t kc = std::min(KT, s.kp - k0), real = std::min(kc, s.nk - k0);
+            std::fill(top, top + rows * W, -kInf);
+            scores<T>(qs, s.dp, keys.kt + k0, s.kp, s.d, brow == nullptr ? nullptr : brow + k0,
+                      s.nk, keys.add + k0, real, sc, KT, rows, kc, top);
             for (int64_t r = 0; r < rows; ++r) {
                 float* row = sc + r * KT;
                 const float before = mx[r];
-                const float top = std::max(before, row_max(row, kc));
-                const float total = exp2_shift(row, kc, top);
-                alpha[r] = before == -kInf ? 0.0f : exp2_nonpositive(before - top);
-                mx[r] = top;
-                sum[r] = sum[r] * alpha[r] + total;
+                const float high = std::max(before, lanes_max(top + r * W));
+                const float total = exp2_shift(row, kc, high);
+                const float alpha = before == -kInf ? 0.0f : exp2_nonpositive(before - high);
+                mx[r] = high;
+                sum[r] = sum[r] * alpha + total;
                 float* orow = o + r * s.dp;
-                const vec a = splat(alpha[r]);
+                const vec a = splat(alpha);
                 for (int64_t e = 0; e < s.dp; e += W) vstore(orow + e, vload(orow + e) * a);
             }
-            gemm(sc, KT, 1, keys.vr + k0 * s.dp, s.dp, o, s.dp, rows, s.dp,
-                 std::min(kc, s.nk - k0), true);
+            gemm(sc, KT, 1, keys.vr + k0 * s.dp, s.dp, o, s.dp, rows, s.dp, real, true);
         }
         for (int64_t r = 0; r < rows; ++r) {
             const float inv = sum[r] > 0.0f ? 1.0f / sum[r] : 0.0f;
@@ -304,7 +355,7 @@ void forward(const void* qp, const void* kp, const void* vp, const void* biasp,
         float* sc = o + TQ * s.dp;
         float* mx = sc + TQ * KT;
         float* sum = mx + TQ;
-        float* alpha = sum + TQ;
+        float* top = sum + TQ;
         std::fill(keys.kt, keys.kt + s.d * s.kp, 0.0f);  // padded keys stay zero
         std::fill(keys.vr, keys.vr + s.kp * s.dp, 0.0f);
 #pragma omp for schedule(dynamic)
@@ -315,21 +366,23 @@ void forward(const void* qp, const void* kp, const void* vp, const void* biasp,
             const int64_t t0 = chunk * per_chunk, t1 = std::min(tiles, t0 + per_chunk);
             if (t0 >= t1) continue;
             keys.pack<T>(k, v, mask, s, b, i, h);
-            forward_rows<T>(q, bias, out, keys, qs, sc, o, mx, sum, alpha, b, i, h, t0, t1, s,
+            forward_rows<T>(q, bias, out, keys, qs, sc, o, mx, sum, top, b, i, h, t0, t1, s,
                             scale);
         }
     }
 }
 
 // Backward of one (batch, i, head): dq for its rows, dk and dv for its keys, and its ds
-// summed into the dbias partial `part` ([J][K] of this (batch, head)).
+// summed into the dbias partial `part` ([J][kp] of this (batch, head)). Per 48-row tile: the
+// strip of all K scores (bias and mask added, lane maxima kept), exponentiated in place
+// (unnormalised: e), then per key tile p = e / sum, dp = do v^T, ds = p (dp - delta).
 template <typename T>
 void backward_one(const typename T::storage* g, const typename T::storage* q,
                   const typename T::storage* bias, const typename T::storage* out,
                   typename T::storage* dq, typename T::storage* dk, typename T::storage* dv,
                   float* part, const Keys& keys, float* dkacc, float* dvacc, float* qs, float* go,
-                  float* dqacc, float* strip, float* ds, float* delta, int64_t b, int64_t i,
-                  int64_t h, const Dims& s, float scale) {
+                  float* gn, float* dqacc, float* strip, float* ds, float* delta, float* inv,
+                  float* top, int64_t b, int64_t i, int64_t h, const Dims& s, float scale) {
     const int64_t stride = s.heads * s.d, dp = s.dp, kp = s.kp;
     const float scale2 = scale * kLog2e;
     std::fill(dkacc, dkacc + kp * dp, 0.0f);
@@ -349,43 +402,49 @@ void backward_one(const typename T::storage* g, const typename T::storage* q,
             delta[r] = acc;
         }
         std::fill(dqacc, dqacc + rows * dp, 0.0f);
-        // The strip of probabilities: scores tile by tile, then each row's exact softmax.
+        std::fill(top, top + rows * W, -kInf);
         for (int64_t k0 = 0, kt = 0; k0 < kp; k0 += KT, ++kt) {
-            const int64_t kc = std::min(KT, kp - k0);
+            const int64_t kc = std::min(KT, kp - k0), real = std::min(kc, s.nk - k0);
             if (!keys.any[kt]) {
                 for (int64_t r = 0; r < rows; ++r) std::fill_n(strip + r * kp + k0, kc, -kInf);
                 continue;
             }
-            gemm(qs, dp, 1, keys.kt + k0, kp, strip + k0, kp, rows, kc, s.d, false);
-            const auto* brow = brow0 == nullptr ? nullptr : brow0 + j0 * s.nk;
-            add_bias_mask<T>(strip + k0, kp, brow, keys.add, rows, k0, kc, s);
+            const auto* brow = brow0 == nullptr ? nullptr : brow0 + j0 * s.nk + k0;
+            scores<T>(qs, dp, keys.kt + k0, kp, s.d, brow, s.nk, keys.add + k0, real,
+                      strip + k0, kp, rows, kc, top);
         }
         for (int64_t r = 0; r < rows; ++r) {
-            float* row = strip + r * kp;
-            const float total = exp2_shift(row, kp, row_max(row, kp));
-            const vec inv = splat(total > 0.0f ? 1.0f / total : 0.0f);
-            for (int64_t c = 0; c < kp; c += W) vstore(row + c, vload(row + c) * inv);
+            const float total = exp2_shift(strip + r * kp, kp, lanes_max(top + r * W));
+            inv[r] = total > 0.0f ? 1.0f / total : 0.0f;
+            const vec scale_r = splat(inv[r]);  // do / sum: dv += e^T (do / sum) = p^T do
+            for (int64_t e = 0; e < dp; e += W) {
+                vstore(gn + r * dp + e, vload(go + r * dp + e) * scale_r);
+            }
         }
         for (int64_t k0 = 0, kt = 0; k0 < kp; k0 += KT, ++kt) {
             if (!keys.any[kt]) continue;  // probabilities and ds are zero there
             const int64_t kc = std::min(KT, kp - k0), real = std::min(kc, s.nk - k0);
-            // dp = do v^T, then ds = p (dp - delta) in place
+            // dp = do v^T, then ds = (e / sum) (dp - delta) in place, summed into dbias
             gemm(go, dp, 1, keys.vt + k0, kp, ds, KT, rows, kc, s.d, false);
             for (int64_t r = 0; r < rows; ++r) {
                 float* drow = ds + r * KT;
-                const float* prow = strip + r * kp + k0;
-                const vec dl = splat(delta[r]);
-                for (int64_t c = 0; c < kc; c += W) {
-                    vstore(drow + c, vload(prow + c) * (vload(drow + c) - dl));
-                }
+                const float* erow = strip + r * kp + k0;
+                const vec dl = splat(delta[r]), iv = splat(inv[r]);
                 if (part != nullptr) {
-                    float* bp = part + (j0 + r) * s.nk + k0;
-#pragma omp simd
-                    for (int64_t c = 0; c < real; ++c) bp[c] += drow[c];
+                    float* bp = part + (j0 + r) * kp + k0;
+                    for (int64_t c = 0; c < kc; c += W) {
+                        const vec d = vload(erow + c) * iv * (vload(drow + c) - dl);
+                        vstore(drow + c, d);
+                        vstore(bp + c, vload(bp + c) + d);
+                    }
+                } else {
+                    for (int64_t c = 0; c < kc; c += W) {
+                        vstore(drow + c, vload(erow + c) * iv * (vload(drow + c) - dl));
+                    }
                 }
             }
-            // dv += p^T do, dk += ds^T (q scale log2e), dq += ds k
-            gemm(strip + k0, 1, kp, go, dp, dvacc + k0 * dp, dp, real, dp, rows, true);
+            // dv += e^T (do / sum), dk += ds^T (q scale log2e), dq += ds k
+            gemm(strip + k0, 1, kp, gn, dp, dvacc + k0 * dp, dp, real, dp, rows, true);
             gemm(ds, 1, KT, qs, dp, dkacc + k0 * dp, dp, real, dp, rows, true);
             gemm(ds, KT, 1, keys.kr + k0 * dp, dp, dqacc, dp, rows, dp, real, true);
         }
@@ -427,7 +486,7 @@ void backward(const void* gp, const void* qp, const void* kp, const void* vp,
     auto* dk = spore::out<T>(dkp);
     auto* dv = spore::out<T>(dvp);
     const int64_t per_chunk = (s.ni + chunks - 1) / chunks;
-    const int64_t plane = s.nj * s.nk, bh = s.batch * s.heads;
+    const int64_t plane = s.nj * s.kp, bh = s.batch * s.heads;  // partials: rows of kp
 #pragma omp parallel num_threads(threads)
     {
         float* w = scratch + omp_get_thread_num() * per_thread;
@@ -441,10 +500,13 @@ void backward(const void* gp, const void* qp, const void* kp, const void* vp,
         keys.any = reinterpret_cast<uint8_t*>(keys.add + s.kp);
         float* qs = keys.add + s.kp + s.kp / KT + 1;
         float* go = qs + TQ * s.dp;
-        float* dqacc = go + TQ * s.dp;
+        float* gn = go + TQ * s.dp;
+        float* dqacc = gn + TQ * s.dp;
         float* strip = dqacc + TQ * s.dp;
         float* ds = strip + TQ * s.kp;
         float* delta = ds + TQ * KT;
+        float* inv = delta + TQ;
+        float* top = inv + TQ;
         std::fill(keys.kt, keys.kt + 2 * s.d * s.kp + s.kp * s.dp, 0.0f);  // padding stays 0
         if (partials != nullptr) {
 #pragma omp for schedule(static)
@@ -455,19 +517,24 @@ void backward(const void* gp, const void* qp, const void* kp, const void* vp,
             const int64_t chunk = task % chunks, bhi = task / chunks;
             const int64_t h = bhi % s.heads, b = bhi / s.heads;
             float* part = partials == nullptr ? nullptr : partials + (chunk * bh + bhi) * plane;
-            for (int64_t i = chunk * per_chunk; i < std::min(s.ni, (chunk + 1) * per_chunk); ++i) {
+            const int64_t i1 = std::min(s.ni, (chunk + 1) * per_chunk);
+            for (int64_t i = chunk * per_chunk; i < i1; ++i) {
                 keys.pack<T>(k, v, mask, s, b, i, h);
-                backward_one<T>(g, q, bias, out, dq, dk, dv, part, keys, dkacc, dvacc, qs, go,
-                                dqacc, strip, ds, delta, b, i, h, s, scale);
+                backward_one<T>(g, q, bias, out, dq, dk, dv, part, keys, dkacc, dvacc, qs, go, gn,
+                                dqacc, strip, ds, delta, inv, top, b, i, h, s, scale);
             }
         }
         if (partials != nullptr) {
             auto* db = spore::out<T>(dbiasp);
 #pragma omp for schedule(static)
-            for (int64_t x = 0; x < bh * plane; ++x) {
-                float total = 0.0f;
-                for (int64_t c = 0; c < chunks; ++c) total += partials[c * bh * plane + x];
-                db[x] = T::store(total);
+            for (int64_t row = 0; row < bh * s.nj; ++row) {
+                for (int64_t c = 0; c < s.nk; ++c) {
+                    float total = 0.0f;
+                    for (int64_t n = 0; n < chunks; ++n) {
+                        total += partials[n * bh * plane + row * s.kp + c];
+                    }
+                    db[row * s.nk + c] = T::store(total);
+                }
             }
         }
     }
@@ -488,7 +555,8 @@ bool make_dims(int64_t batch, int64_t ni, int64_t nj, int64_t nk, int64_t heads,
     const bool fits = mul(batch, ni, &rows) && mul(rows, std::max(nj, nk), &rows) &&
                       mul(rows, heads, &rows) && mul(rows, d + VT, &rows) &&
                       mul(batch, heads, &plane) && mul(plane, nj, &plane) &&
-                      mul(plane, nk, &plane) && mul(TQ + 2 * d + 4 * VT, nk + 2 * KT, &scratch) &&
+                      mul(plane, nk + VT, &plane) &&
+                      mul(TQ + 2 * d + 4 * VT, nk + 2 * KT, &scratch) &&
                       mul(scratch, 4, &scratch) && mul(scratch, threads, &scratch);
     if (!fits) return false;
     *s = Dims{batch, ni, nj, nk, heads, d, round_up(nk, VT), round_up(d, VT)};
@@ -568,7 +636,7 @@ SPORE_EXPORT int32_t spore_triangle_attention_backward(
         zero(dbias, batch * heads * nj * nk, dtype);
         return OK;
     }
-    const int64_t bh = batch * heads, plane = nj * nk;
+    const int64_t bh = batch * heads, plane = nj * s.kp;
     // Chunks of I: enough tasks for the threads, partials at most 2^26 floats beyond one.
     const int64_t wanted = (4 * threads + bh - 1) / bh;
     const int64_t room = std::max<int64_t>(1, (int64_t{1} << 26) / (bh * plane));

@@ -180,6 +180,43 @@ inline void binary(int32_t op, float* d, Arg a, Arg b, int64_t rows, int64_t len
     binary_as(op, d, Row{a.p, a.step}, Vec{b.p, len}, rows, len);
 }
 
+// dst <- op(a, b) rounded to bf16 straight into a bf16 output (the result is not read
+// again): one loop instead of the op's and the store's. ADD, SUB, MUL, DIV only.
+inline bool fuses_into_bf16(int32_t op) { return op >= ADD && op <= DIV; }
+
+template <typename A, typename B, typename F>
+inline void map2_bf16(uint16_t* d, A a, B b, int64_t rows, int64_t len, F f) {
+    for (int64_t k = 0; k < rows; ++k) {
+        const auto x = a.row(k);
+        const auto y = b.row(k);
+        uint16_t* dk = d + k * len;
+#pragma omp simd
+        for (int64_t i = 0; i < len; ++i) dk[i] = f32_to_bf16(f(at(x, i), at(y, i)));
+    }
+}
+
+template <typename A, typename B>
+inline void binary_bf16_as(int32_t op, uint16_t* d, A a, B b, int64_t rows, int64_t len) {
+    const auto go = [&](auto f) { map2_bf16(d, a, b, rows, len, f); };
+    switch (op) {
+        case ADD: return go([](float x, float y) { return x + y; });
+        case SUB: return go([](float x, float y) { return x - y; });
+        case MUL: return go([](float x, float y) { return x * y; });
+        case DIV: return go([](float x, float y) { return x / y; });
+        default: return;
+    }
+}
+
+inline void binary_bf16(int32_t op, uint16_t* d, Arg a, Arg b, int64_t rows, int64_t len) {
+    if (a.full && b.full) return binary_bf16_as(op, d, Vec{a.p, 0}, Vec{b.p, 0}, 1, rows * len);
+    if (flat(a) && flat(b)) {
+        len *= rows;
+        rows = 1;
+    }
+    if (a.full) return binary_bf16_as(op, d, Vec{a.p, len}, Row{b.p, b.step}, rows, len);
+    binary_bf16_as(op, d, Row{a.p, a.step}, Vec{b.p, len}, rows, len);
+}
+
 // A bit select (no blend instruction needed, so SSE2 builds vectorise it too).
 template <typename C, typename A, typename B>
 inline void where_as(float* d, C c, A a, B b, int64_t rows, int64_t len) {
@@ -233,6 +270,23 @@ inline float row_sum(const float* a, int64_t n) {
     return acc[0];
 }
 
+// The sum of a row's products a[i] * b[i] (MUL then REDUCE_SUM/MEAN in one pass, the
+// product not kept): row_sum's lanes and order, each product fused into its addition.
+inline float row_dot(const float* a, const float* b, int64_t n) {
+    float acc[LANES] = {};
+    int64_t i = 0;
+    for (; i + LANES <= n; i += LANES) {
+#pragma omp simd
+        for (int64_t l = 0; l < LANES; ++l) acc[l] += a[i + l] * b[i + l];
+    }
+    for (int64_t l = 0; i + l < n; ++l) acc[l] += a[i + l] * b[i + l];
+    for (int64_t w = LANES / 2; w > 0; w /= 2) {
+#pragma omp simd
+        for (int64_t l = 0; l < w; ++l) acc[l] += acc[l + w];
+    }
+    return acc[0];
+}
+
 inline float row_max(const float* a, int64_t n) {
     float acc[LANES];
     for (int64_t l = 0; l < LANES; ++l) acc[l] = -INF;
@@ -251,6 +305,15 @@ inline float row_max(const float* a, int64_t n) {
 inline void reduce(int32_t op, float* d, const float* a, int64_t rows, int64_t row) {
     for (int64_t k = 0; k < rows; ++k) {
         const float v = op == REDUCE_MAX ? row_max(a + k * row, row) : row_sum(a + k * row, row);
+        d[k] = op == REDUCE_MEAN ? v / static_cast<float>(row) : v;
+    }
+}
+
+// d[k] <- REDUCE_SUM or REDUCE_MEAN (op) of row k of a * b.
+inline void reduce_dot(int32_t op, float* d, const float* a, const float* b, int64_t rows,
+                       int64_t row) {
+    for (int64_t k = 0; k < rows; ++k) {
+        const float v = row_dot(a + k * row, b + k * row, row);
         d[k] = op == REDUCE_MEAN ? v / static_cast<float>(row) : v;
     }
 }

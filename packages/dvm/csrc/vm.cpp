@@ -204,13 +204,51 @@ struct Buffer {
 
 thread_local Buffer thread_buffer;
 
+// An instruction run together with the next one, when the value passed between them is
+// not read again: a binary op and the bf16 store of its result (no fp32 register pass), or
+// a MUL and the REDUCE_SUM/MEAN of its result (the products are summed as they are made).
+enum Fuse : uint8_t { ALONE, STORE_BF16, DOT };
+
 struct Program {
     const int32_t* code;
     const float* imm;
     int32_t n_instr, n_regs, n_inputs;
     bool reduce;    // rows are whole within a tile
     int64_t width;  // register length
+    const uint8_t* fuse;  // per instruction
 };
+
+// Whether register `reg` is read by instructions [from, n_instr) before it is written.
+bool read_later(const int32_t* code, int32_t n_instr, int32_t from, int32_t reg) {
+    for (int32_t k = from; k < n_instr; ++k) {
+        const int32_t* ins = code + 5 * k;
+        if (ins[0] == STORE) {
+            if (ins[3] == reg) return true;
+            continue;
+        }
+        for (int32_t j = 0; j < kind(ins[0]); ++j)
+            if (ins[2 + j] == reg) return true;
+        if (ins[1] == reg) return false;
+    }
+    return false;
+}
+
+// fuse[k] for each instruction of a checked program (see Fuse).
+void plan_fusions(const int32_t* code, int32_t n_instr, int32_t n_inputs, const Operand* ops,
+                  uint8_t* fuse) {
+    for (int32_t k = 0; k < n_instr; ++k) {
+        fuse[k] = ALONE;
+        const int32_t* ins = code + 5 * k;
+        const int32_t* next = ins + 5;
+        if (k + 1 >= n_instr || read_later(code, n_instr, k + 2, ins[1])) continue;
+        if (fuses_into_bf16(ins[0]) && next[0] == STORE && next[3] == ins[1] &&
+            ops[n_inputs + next[2]].dtype == BF16)
+            fuse[k] = STORE_BF16;
+        else if (ins[0] == MUL && (next[0] == REDUCE_SUM || next[0] == REDUCE_MEAN) &&
+                 next[2] == ins[1])
+            fuse[k] = DOT;
+    }
+}
 
 template <typename T>
 float widen_one(const T* src, Widen<T> widen) {
@@ -323,14 +361,15 @@ Shape operands(const Registers& r, const int32_t* ins, int32_t reads, Arg* args)
     return level;
 }
 
-// Where a full register can be written straight into an output: its fp32 elements for the
-// tile when they are one contiguous piece, else nullptr.
-float* direct(const Plan& p, const Operand& o, int64_t start, int64_t n) {
-    if (o.dtype != F32 || o.stride[p.ndim - 1] != 1 || p.inner - start % p.inner < n)
+// Where a full register can be written straight into an output of `dtype` (element type T):
+// its elements for the tile when they are one contiguous piece, else nullptr.
+template <typename T>
+T* direct(const Plan& p, const Operand& o, int64_t start, int64_t n, int32_t dtype) {
+    if (o.dtype != dtype || o.stride[p.ndim - 1] != 1 || p.inner - start % p.inner < n)
         return nullptr;
     int64_t at = 0;
     for_pieces(p, o.stride, start, n, [&](int64_t off, int64_t, int64_t, int64_t) { at = off; });
-    return reinterpret_cast<float*>(const_cast<char*>(o.base)) + at;
+    return reinterpret_cast<T*>(const_cast<char*>(o.base)) + at;
 }
 
 void run_tile(const Program& g, const Plan& p, int64_t start, int64_t n, Registers& r) {
@@ -353,7 +392,7 @@ void run_tile(const Program& g, const Plan& p, int64_t start, int64_t n, Registe
         if (op == STORE) {
             const Operand& o = p.ops[g.n_inputs + a];
             if (r.shape[b] != FULL) store_few(p, o, start, n, r.cur[b], r.shape[b]);
-            else if (r.cur[b] != direct(p, o, start, n)) store(p, o, start, n, r.cur[b]);
+            else if (r.cur[b] != direct<float>(p, o, start, n, F32)) store(p, o, start, n, r.cur[b]);
             continue;
         }
         if (op >= REDUCE_SUM) {
@@ -380,11 +419,27 @@ void run_tile(const Program& g, const Plan& p, int64_t start, int64_t n, Registe
         // the loop's rows and their length for a result of this shape
         const int64_t at_rows = level == FULL ? rows : 1;
         const int64_t at_len = level == FULL ? len : level == ROWS ? rows : 1;
+        const int32_t* next = ins + 5;
+        if (g.fuse[k] == STORE_BF16 && level == FULL) {
+            const Operand& o = p.ops[g.n_inputs + next[2]];
+            if (uint16_t* out = direct<uint16_t>(p, o, start, n, BF16)) {
+                binary_bf16(op, out, args[0], args[1], at_rows, at_len);
+                ++k;  // the store is done
+                continue;
+            }
+        }
+        if (g.fuse[k] == DOT && g.reduce && args[0].full && args[1].full) {
+            float* sums = r.few[next[1]];
+            reduce_dot(next[0], sums, args[0].p, args[1].p, rows, p.inner);
+            r.cur[next[1]] = sums;
+            r.shape[next[1]] = ROWS;
+            ++k;  // the reduction is done
+            continue;
+        }
         float* d = level == FULL ? r.own[dst] : r.few[dst];
         // a result stored next goes straight into its output (which later reads then use)
-        const int32_t* next = ins + 5;
         if (level == FULL && k + 1 < g.n_instr && next[0] == STORE && next[3] == dst) {
-            if (float* out = direct(p, p.ops[g.n_inputs + next[2]], start, n)) d = out;
+            if (float* out = direct<float>(p, p.ops[g.n_inputs + next[2]], start, n, F32)) d = out;
         }
         if (reads == 1) unary(op, d, args[0].p, at_rows * at_len);
         else if (reads == 2) binary(op, d, args[0], args[1], at_rows, at_len);
@@ -481,7 +536,9 @@ DVM_EXPORT int32_t dvm_run(const int32_t* code, const float* imm, int32_t n_inst
     coalesce(plan, domain, ndim, reduce);
     plan.total = total;
     const int64_t tile = reduce ? std::max<int64_t>(1, TILE / plan.inner) * plan.inner : TILE;
-    const Program g{code, imm, n_instr, n_regs, n_inputs, reduce, tile};
+    uint8_t fuse[MAX_INSTRS];
+    plan_fusions(code, n_instr, n_inputs, plan.ops, fuse);
+    const Program g{code, imm, n_instr, n_regs, n_inputs, reduce, tile, fuse};
     const int64_t n_tiles = (total + tile - 1) / tile;
     // Small calls stay on the calling thread: starting a team costs more than they take.
     // Results do not depend on the team size; more threads than 4 per processor only cost.

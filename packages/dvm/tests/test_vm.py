@@ -205,6 +205,36 @@ def test_stored_registers_read_again_and_stored_twice(dtype: torch.dtype) -> Non
     torch.testing.assert_close(out[0], out[2], rtol=0, atol=0, equal_nan=True)
 
 
+def test_casts_stored_into_their_dtype_are_dropped() -> None:
+    # a cast stored at once into an output of its dtype is redundant (the store rounds alike);
+    # one read again, or stored into another dtype, stays
+    p = program(
+        Instr(Op.LOAD, 0, 0),
+        Instr(Op.MUL, 1, 0, 0),
+        Instr(Op.CAST_BF16, 2, 1),
+        Instr(Op.STORE, -1, 0, 2),
+        Instr(Op.CAST_F16, 0, 1),
+        Instr(Op.STORE, -1, 1, 0),
+        Instr(Op.CAST_BF16, 2, 1),
+        Instr(Op.STORE, -1, 2, 2),
+        Instr(Op.NEG, 0, 2),
+        Instr(Op.STORE, -1, 3, 0),
+        n_inputs=1,
+        n_outputs=4,
+    )
+    dtypes = [torch.bfloat16, torch.float16, torch.bfloat16, torch.float32]
+    kept = vm.without_redundant_casts(p, dtypes)
+    assert [i.op for i in kept.instrs].count(Op.CAST_BF16) == 1  # the one NEG reads
+    assert [i.op for i in kept.instrs].count(Op.CAST_F16) == 0
+    assert [i.b for i in kept.instrs if i.op is Op.STORE][:2] == [1, 1]
+    assert vm.without_redundant_casts(p, [torch.float32] * 4) is p
+    x = values(5000, seed=10, scale=30.0)
+    got = vm.run(p, [x], x.shape, dtypes)
+    want = run_reference(p, [x], x.shape, dtypes)
+    for g, w in zip(got, want, strict=True):  # exact: the rounding is the store's
+        torch.testing.assert_close(g, w, rtol=0, atol=0, equal_nan=True)
+
+
 def test_outputs_in_a_given_layout() -> None:
     g = torch.Generator().manual_seed(4)
     x, y = torch.randn(2, 5, 3, 7, generator=g), torch.randn(2, 5, 3, 7, generator=g)
@@ -335,6 +365,39 @@ def test_reductions_softmax_norms(shape, dtype: torch.dtype) -> None:
     for p, ins, red in [(softmax(), [x], None), (rms_norm(1e-6), [x, w], [False, True])]:
         outs = [dtype] + [torch.float32] * (p.n_outputs - 1)
         check(p, ins, shape, outs, red, tol=ROW_TOL)
+
+
+@pytest.mark.parametrize("shape", [(5, 1), (33, 1000), (3, 5000)], ids=str)
+def test_products_reduced_with_and_without_fusion(shape) -> None:
+    # MUL then REDUCE_SUM runs as one pass when the products are not read again; read again,
+    # or with a row-scalar operand, as two: all equal torch's sums (in another order)
+    p = program(
+        Instr(Op.LOAD, 0, 0),
+        Instr(Op.LOAD, 1, 1),
+        Instr(Op.MUL, 2, 0, 1),
+        Instr(Op.REDUCE_SUM, 2, 2),  # fused
+        Instr(Op.MUL, 3, 0, 0),
+        Instr(Op.REDUCE_MEAN, 4, 3),  # the products are read again: not fused
+        Instr(Op.ADD, 3, 3, 4),
+        Instr(Op.MUL, 5, 0, 4),
+        Instr(Op.REDUCE_SUM, 5, 5),  # a row-scalar operand: not fused
+        Instr(Op.STORE, -1, 0, 2),
+        Instr(Op.STORE, -1, 1, 3),
+        Instr(Op.STORE, -1, 2, 5),
+        n_inputs=2,
+        n_outputs=3,
+    )
+    g = torch.Generator().manual_seed(5)
+    x, y = torch.randn(shape, generator=g), torch.randn(shape, generator=g)
+    for dtype in (torch.float32, torch.bfloat16):
+        xf = x.to(dtype).float()
+        dot, sq, scaled = vm.run(
+            p, [x.to(dtype), y], shape, [torch.float32] * 3, [True, False, True]
+        )
+        ms = (xf * xf).mean(-1, keepdim=True)
+        torch.testing.assert_close(dot, (xf * y).sum(-1, keepdim=True), rtol=1e-5, atol=1e-4)
+        torch.testing.assert_close(sq, xf * xf + ms, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(scaled, (xf * ms).sum(-1, keepdim=True), rtol=1e-5, atol=1e-4)
 
 
 def broadcasts() -> Program:

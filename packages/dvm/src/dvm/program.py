@@ -129,8 +129,7 @@ class Program:
         written: set[int] = set()
         stored: list[int] = []
         for k, ins in enumerate(self.instrs):
-            reads = _reads(ins)
-            for r in reads:
+            for r in reads(ins):
                 if r not in written:
                     problems.append(f"instruction {k} ({ins}) reads r{r} before it is written")
             if ins.op is _LOAD and not 0 <= ins.a < self.n_inputs:
@@ -163,7 +162,8 @@ class Program:
         return "\n".join(str(ins) for ins in self.instrs)
 
 
-def _reads(ins: Instr) -> tuple[int, ...]:
+def reads(ins: Instr) -> tuple[int, ...]:
+    """The registers ``ins`` reads."""
     if ins.op in _NO_READS:
         return ()
     if ins.op is _STORE:

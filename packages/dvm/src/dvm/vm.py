@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import ctypes
 from collections.abc import Sequence
+from dataclasses import replace
 
 import torch
 
 from dvm import _lib
-from dvm.program import DTYPE_CODES, MAX_DIMS, Program, output_shape
+from dvm.program import DTYPE_CODES, MAX_DIMS, Instr, Op, Program, output_shape, reads
 
-__all__ = ["Kernel", "VMError", "run"]
+__all__ = ["Kernel", "VMError", "run", "without_redundant_casts"]
 
 
 class VMError(RuntimeError):
@@ -33,6 +34,47 @@ _STATUS = {
 }
 _I32, _I64, _F32, _PTR = ctypes.c_int32, ctypes.c_int64, ctypes.c_float, ctypes.c_void_p
 _DTYPES = ", ".join(str(d).removeprefix("torch.") for d in DTYPE_CODES)
+
+
+_ROUNDS_TO = {Op.CAST_BF16: torch.bfloat16, Op.CAST_F16: torch.float16}
+
+
+def without_redundant_casts(program: Program, out_dtypes: Sequence[torch.dtype]) -> Program:
+    """``program`` less each CAST_BF16/CAST_F16 stored at once into an output of that dtype
+    and not read again: the store rounds the same way (rounding twice to a 16-bit type equals
+    rounding once), so the cast's pass over the tile is redundant."""
+    instrs = program.instrs
+    drop: set[int] = set()
+    store_from: dict[int, int] = {}  # store index -> register it stores instead
+    for k in range(len(instrs) - 1):
+        cast, store = instrs[k], instrs[k + 1]
+        if (
+            _ROUNDS_TO.get(cast.op) is None
+            or store.op is not Op.STORE
+            or store.b != cast.dst
+            or out_dtypes[store.a] != _ROUNDS_TO[cast.op]
+            or _read_before_written(instrs[k + 2 :], cast.dst)
+        ):
+            continue
+        drop.add(k)
+        store_from[k + 1] = cast.a
+    if not drop:
+        return program
+    kept = tuple(
+        replace(ins, b=store_from[k]) if k in store_from else ins
+        for k, ins in enumerate(instrs)
+        if k not in drop
+    )
+    return Program(kept, program.n_inputs, program.n_outputs, program.n_regs)
+
+
+def _read_before_written(instrs: Sequence[Instr], reg: int) -> bool:
+    for ins in instrs:
+        if reg in reads(ins):
+            return True
+        if ins.op is not Op.STORE and ins.dst == reg:
+            return False
+    return False
 
 
 def _dtype_code(dtype: torch.dtype, what: str) -> int:
@@ -122,7 +164,7 @@ class Kernel:
                 f"the program has {n_out} outputs: give {n_out} out_dtypes and reduced flags "
                 f"(got {len(out_dtypes)} and {len(reduced)})"
             )
-        codes, imms = program.encode()
+        codes, imms = without_redundant_casts(program, out_dtypes).encode()
         self.program = program
         self.out_dtypes = tuple(out_dtypes)
         self.reduced = tuple(reduced)

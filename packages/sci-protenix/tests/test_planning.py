@@ -135,3 +135,21 @@ def test_bf16_halves_the_prediction() -> None:
     fp32 = predict_peak(64, MemoryPlan(), training=True)
     bf16 = predict_peak(64, MemoryPlan(), training=True, dtype=torch.bfloat16)
     assert bf16 * 2 == fp32
+
+
+@pytest.mark.parametrize("memory_plan", [PLANS[0], PLANS[2]], ids=["whole", "recompute"])
+def test_prediction_for_a_stack(memory_plan) -> None:
+    from sci_protenix import PairformerStack
+
+    torch.manual_seed(0)
+    stack = PairformerStack(n_blocks=3, n_heads=4, c_z=16, c_s=32, dropout=0.0)
+    for block in stack.blocks:  # the stack builds blocks with Protenix's hidden widths
+        assert block.tri_mul_out.c_hidden == 128
+    apply_plan(stack, memory_plan)
+    s, z, mask = torch.randn(N, 32), torch.randn(N, N, 16), torch.ones(N, N)
+    with memory.peak() as meter:
+        s_out, z_out = stack(s, z, mask)
+        (s_out.sum() + z_out.sum()).backward()
+    dims = Dims(c_z=16, c_s=32, n_heads=4, n_blocks=3)
+    predicted = predict_peak(N, memory_plan, training=True, dims=dims)
+    assert 0.9 * meter.peak_bytes <= predicted <= 1.5 * meter.peak_bytes

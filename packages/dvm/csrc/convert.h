@@ -8,7 +8,7 @@
 
 #include "vmath.h"
 
-#if defined(__F16C__)
+#if defined(__SSE2__)
 #include <immintrin.h>
 #endif
 
@@ -88,6 +88,27 @@ inline void narrow_f16(const float* s, uint16_t* d, int64_t n) {
     }
 #endif
     for (; i < n; ++i) d[i] = f32_to_f16(s[i]);
+}
+
+// s copied to d with non-temporal stores where the ISA has them (x86): the lines go to memory
+// without being read first and without evicting the caches. For outputs too large to stay
+// in cache; the writer fences (stream_fence) before anyone reads them.
+inline void stream_f32(const float* s, float* d, int64_t n) {
+    int64_t i = 0;
+#if defined(__AVX__)
+    for (; i < n && (reinterpret_cast<uintptr_t>(d + i) & 31u); ++i) d[i] = s[i];
+    for (; i + 8 <= n; i += 8) _mm256_stream_ps(d + i, _mm256_loadu_ps(s + i));
+#elif defined(__SSE2__)
+    for (; i < n && (reinterpret_cast<uintptr_t>(d + i) & 15u); ++i) d[i] = s[i];
+    for (; i + 4 <= n; i += 4) _mm_stream_ps(d + i, _mm_loadu_ps(s + i));
+#endif
+    for (; i < n; ++i) d[i] = s[i];
+}
+
+inline void stream_fence() {
+#if defined(__SSE2__)
+    _mm_sfence();
+#endif
 }
 
 // v rounded to bf16 / fp16 precision, staying fp32 (the CAST_* instructions).

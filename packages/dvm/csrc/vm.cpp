@@ -187,6 +187,7 @@ struct Registers {
     float* few[MAX_REGS];
     const float* cur[MAX_REGS];
     Shape shape[MAX_REGS];
+    const float* row_of[MAX_INPUTS];  // a row-invariant input's widened row, or nullptr
 };
 
 struct Buffer {
@@ -215,8 +216,41 @@ struct Program {
     int32_t n_instr, n_regs, n_inputs;
     bool reduce;    // rows are whole within a tile
     int64_t width;  // register length
-    const uint8_t* fuse;  // per instruction
+    const uint8_t* fuse;     // per instruction
+    uint32_t row_invariant;  // inputs whose widened row is cached per thread (bit per input)
+    uint32_t streamed;       // fp32 outputs written with non-temporal stores (bit per output)
 };
+
+// An fp32 output of at least this many bytes is written with non-temporal stores: it cannot
+// stay in cache for its reader anyway, and ordinary stores would first read every line
+// (the bursts of such reads stalled the cheap op passes that write outputs).
+constexpr int64_t STREAM_BYTES = int64_t{16} << 20;
+
+uint32_t streamed_outputs(const Plan& p, int32_t n_inputs, int32_t n_outputs) {
+    uint32_t bits = 0;
+    for (int32_t i = 0; i < n_outputs; ++i) {
+        const Operand& o = p.ops[n_inputs + i];
+        if (o.dtype == F32 && o.stride[p.ndim - 1] == 1 && p.total * 4 >= STREAM_BYTES)
+            bits |= 1u << i;
+    }
+    return bits;
+}
+
+// Longest cached row (inner + tile floats): a weight or bias row of up to 4096 columns.
+constexpr int64_t ROW_CACHE = 8192;
+
+// Inputs that read the same row at every row of the domain (a weight or bias broadcast over
+// the rows): each thread widens such a row once, not once per tile.
+uint32_t row_invariant_inputs(const Plan& p, int32_t n_inputs, int64_t tile) {
+    uint32_t bits = 0;
+    if (p.ndim < 2 || p.inner + tile > ROW_CACHE) return 0;
+    for (int32_t i = 0; i < n_inputs; ++i) {
+        bool same = p.ops[i].stride[p.ndim - 1] != 0;
+        for (int32_t d = 0; same && d < p.ndim - 1; ++d) same = p.ops[i].stride[d] == 0;
+        if (same) bits |= 1u << i;
+    }
+    return bits;
+}
 
 // Whether register `reg` is read by instructions [from, n_instr) before it is written.
 bool read_later(const int32_t* code, int32_t n_instr, int32_t from, int32_t reg) {
@@ -313,6 +347,24 @@ void load(const Plan& p, const Operand& o, int64_t start, int64_t n, Registers& 
     r.cur[dst] = d;
 }
 
+// An input's row widened into `cache` and repeated to `len` elements, so that any tile's
+// values (a tile starts at some column and runs on, into the next rows) lie at
+// cache + start % inner.
+void fill_row(const Plan& p, const Operand& o, float* cache, int64_t len) {
+    const int64_t step = o.stride[p.ndim - 1];
+    switch (o.dtype) {
+        case F32: load_piece(reinterpret_cast<const float*>(o.base), step, cache, p.inner,
+                             widen_f32); break;
+        case BF16: load_piece(reinterpret_cast<const uint16_t*>(o.base), step, cache, p.inner,
+                              widen_bf16); break;
+        case F16: load_piece(reinterpret_cast<const uint16_t*>(o.base), step, cache, p.inner,
+                             widen_f16); break;
+        default: load_piece(reinterpret_cast<const uint8_t*>(o.base), step, cache, p.inner,
+                            widen_bool);
+    }
+    for (int64_t j = p.inner; j < len; ++j) cache[j] = cache[j - p.inner];
+}
+
 // A row-scalar or scalar register (`shape`) stored: each row's value, once into a reduced
 // output, else broadcast along the row.
 void store_few(const Plan& p, const Operand& o, int64_t start, int64_t n, const float* s,
@@ -333,7 +385,8 @@ void store_few(const Plan& p, const Operand& o, int64_t start, int64_t n, const 
     });
 }
 
-void store(const Plan& p, const Operand& o, int64_t start, int64_t n, const float* s) {
+void store(const Plan& p, const Operand& o, int64_t start, int64_t n, const float* s,
+           bool stream) {
     const int64_t step = o.stride[p.ndim - 1];
     char* base = const_cast<char*>(o.base);  // an output's base: dvm_run got it writable
     auto* f32 = reinterpret_cast<float*>(base);
@@ -341,7 +394,9 @@ void store(const Plan& p, const Operand& o, int64_t start, int64_t n, const floa
     auto* u8 = reinterpret_cast<uint8_t*>(base);
     for_pieces(p, o.stride, start, n, [&](int64_t off, int64_t col, int64_t len, int64_t pos) {
         switch (o.dtype) {
-            case F32: return store_piece(s + pos, f32 + off, step, col, len, narrow_f32);
+            case F32:
+                if (stream && step == 1) return stream_f32(s + pos, f32 + off, len);
+                return store_piece(s + pos, f32 + off, step, col, len, narrow_f32);
             case BF16: return store_piece(s + pos, u16 + off, step, col, len, narrow_bf16);
             case F16: return store_piece(s + pos, u16 + off, step, col, len, narrow_f16);
             default: return store_piece(s + pos, u8 + off, step, col, len, narrow_bool);
@@ -380,7 +435,12 @@ void run_tile(const Program& g, const Plan& p, int64_t start, int64_t n, Registe
         const int32_t op = ins[0], dst = ins[1], a = ins[2], b = ins[3];
         const int32_t reads = kind(op);
         if (op == LOAD) {
-            if (!load_few(g, p, p.ops[a], start, n, r, dst)) load(p, p.ops[a], start, n, r, dst);
+            if (r.row_of[a] != nullptr) {
+                r.cur[dst] = r.row_of[a] + start % p.inner;
+                r.shape[dst] = FULL;
+            } else if (!load_few(g, p, p.ops[a], start, n, r, dst)) {
+                load(p, p.ops[a], start, n, r, dst);
+            }
             continue;
         }
         if (op == CONST) {
@@ -391,8 +451,10 @@ void run_tile(const Program& g, const Plan& p, int64_t start, int64_t n, Registe
         }
         if (op == STORE) {
             const Operand& o = p.ops[g.n_inputs + a];
+            const bool stream = (g.streamed >> a) & 1u;
             if (r.shape[b] != FULL) store_few(p, o, start, n, r.cur[b], r.shape[b]);
-            else if (r.cur[b] != direct<float>(p, o, start, n, F32)) store(p, o, start, n, r.cur[b]);
+            else if (stream || r.cur[b] != direct<float>(p, o, start, n, F32))
+                store(p, o, start, n, r.cur[b], stream);
             continue;
         }
         if (op >= REDUCE_SUM) {
@@ -437,8 +499,10 @@ void run_tile(const Program& g, const Plan& p, int64_t start, int64_t n, Registe
             continue;
         }
         float* d = level == FULL ? r.own[dst] : r.few[dst];
-        // a result stored next goes straight into its output (which later reads then use)
-        if (level == FULL && k + 1 < g.n_instr && next[0] == STORE && next[3] == dst) {
+        // a result stored next goes straight into its output (which later reads then use),
+        // unless the store streams
+        if (level == FULL && k + 1 < g.n_instr && next[0] == STORE && next[3] == dst &&
+            !((g.streamed >> next[2]) & 1u)) {
             if (float* out = direct<float>(p, p.ops[g.n_inputs + next[2]], start, n, F32)) d = out;
         }
         if (reads == 1) unary(op, d, args[0].p, at_rows * at_len);
@@ -454,7 +518,7 @@ void run_tile(const Program& g, const Plan& p, int64_t start, int64_t n, Registe
 void prefetch_inputs(const Program& g, const Plan& p, int64_t start, int64_t n) {
     for (int32_t i = 0; i < g.n_inputs; ++i) {
         const Operand& o = p.ops[i];
-        if (o.stride[p.ndim - 1] != 1) continue;
+        if (o.stride[p.ndim - 1] != 1 || (g.row_invariant >> i) & 1u) continue;  // cached
         const int64_t size = o.dtype == F32 ? 4 : o.dtype == BOOL ? 1 : 2;
         for_pieces(p, o.stride, start, n, [&](int64_t off, int64_t, int64_t len, int64_t) {
             const char* at = o.base + off * size;
@@ -470,8 +534,10 @@ bool run_tiles(const Program& g, const Plan& p, int64_t tile, int64_t first, int
     // pair, so consecutive registers fall on different offsets.
     const int64_t pitch = g.width + 32;
     const int64_t few = ((g.reduce ? g.width / p.inner : 1) + 15) / 16 * 16;  // rows per tile
+    const int64_t row_len = (p.inner + tile + 15) / 16 * 16;  // a cached row, repeated
     Buffer& buf = thread_buffer;
-    const auto floats = static_cast<size_t>(g.n_regs) * static_cast<size_t>(pitch + few);
+    const auto floats = static_cast<size_t>(g.n_regs) * static_cast<size_t>(pitch + few) +
+                        static_cast<size_t>(__builtin_popcount(g.row_invariant) * row_len);
     if (!buf.reserve(floats)) return false;
     Registers r;
     for (int32_t i = 0; i < g.n_regs; ++i) {
@@ -480,11 +546,20 @@ bool run_tiles(const Program& g, const Plan& p, int64_t tile, int64_t first, int
         r.cur[i] = r.own[i];
         r.shape[i] = FULL;
     }
+    float* cache = buf.data + g.n_regs * (pitch + few);
+    for (int32_t i = 0; i < g.n_inputs; ++i) {
+        r.row_of[i] = nullptr;
+        if (!((g.row_invariant >> i) & 1u)) continue;
+        fill_row(p, p.ops[i], cache, p.inner + tile);
+        r.row_of[i] = cache;
+        cache += row_len;
+    }
     for (int64_t t = first; t < last; ++t) {
         const int64_t start = t * tile;
         if (t + 1 < last) prefetch_inputs(g, p, start + tile, std::min(tile, p.total - start - tile));
         run_tile(g, p, start, std::min(tile, p.total - start), r);
     }
+    if (g.streamed) stream_fence();  // this thread's non-temporal stores, before the join
     return true;
 }
 
@@ -538,7 +613,9 @@ DVM_EXPORT int32_t dvm_run(const int32_t* code, const float* imm, int32_t n_inst
     const int64_t tile = reduce ? std::max<int64_t>(1, TILE / plan.inner) * plan.inner : TILE;
     uint8_t fuse[MAX_INSTRS];
     plan_fusions(code, n_instr, n_inputs, plan.ops, fuse);
-    const Program g{code, imm, n_instr, n_regs, n_inputs, reduce, tile, fuse};
+    const uint32_t invariant = row_invariant_inputs(plan, n_inputs, tile);
+    const uint32_t streamed = streamed_outputs(plan, n_inputs, n_outputs);
+    const Program g{code, imm, n_instr, n_regs, n_inputs, reduce, tile, fuse, invariant, streamed};
     const int64_t n_tiles = (total + tile - 1) / tile;
     // Small calls stay on the calling thread: starting a team costs more than they take.
     // Results do not depend on the team size; more threads than 4 per processor only cost.

@@ -235,6 +235,41 @@ def test_casts_stored_into_their_dtype_are_dropped() -> None:
         torch.testing.assert_close(g, w, rtol=0, atol=0, equal_nan=True)
 
 
+@pytest.mark.parametrize("cols", [7, 1000, 4096, 7000])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_rows_broadcast_over_rows(cols: int, dtype: torch.dtype) -> None:
+    # a weight row read at every row is widened once per thread (rows up to 4096 columns in
+    # a reducing program, 7168 in others): with and without a reduction, strided, odd tiles
+    g = torch.Generator().manual_seed(cols)
+    x = torch.randn(37, cols, generator=g).to(dtype)
+    w = torch.randn(2 * cols, generator=g).to(dtype)[::2]  # strided
+    scale = program(
+        Instr(Op.LOAD, 0, 0), Instr(Op.LOAD, 1, 1), Instr(Op.MUL, 2, 0, 1),
+        Instr(Op.STORE, -1, 0, 2), n_inputs=2,
+    )  # fmt: skip
+    check(scale, [x, w], x.shape, [dtype], exact=True)
+    check(rms_norm(1e-6), [x, w], x.shape, [dtype, torch.float32], [False, True], tol=ROW_TOL)
+
+
+def test_large_outputs_streamed() -> None:
+    # fp32 outputs of 16 MiB and more are written with non-temporal stores (not computed into
+    # the output first), and a stored value read again still comes from its register
+    p = program(
+        Instr(Op.LOAD, 0, 0),
+        Instr(Op.SIGMOID, 1, 0),
+        Instr(Op.MUL, 1, 0, 1),
+        Instr(Op.STORE, -1, 0, 1),
+        Instr(Op.NEG, 2, 1),
+        Instr(Op.STORE, -1, 1, 2),
+        n_inputs=1,
+        n_outputs=2,
+    )
+    x = values(4 * 2**20 + 3, seed=12).reshape(-1, 4 * 2**20 + 3)
+    silu, neg = check(p, [x], x.shape, [torch.float32, torch.float32])
+    torch.testing.assert_close(neg, -silu, rtol=0, atol=0, equal_nan=True)
+    check(p, [x[:, 1:]], (1, 4 * 2**20 + 2), [torch.float32] * 2)  # misaligned input
+
+
 def test_outputs_in_a_given_layout() -> None:
     g = torch.Generator().manual_seed(4)
     x, y = torch.randn(2, 5, 3, 7, generator=g), torch.randn(2, 5, 3, 7, generator=g)

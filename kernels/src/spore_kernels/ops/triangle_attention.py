@@ -18,6 +18,11 @@ reference) and rounded once to q's dtype.
 Backward: ``triangle_attention_backward(grad, q, k, v, bias, mask, out, scale) -> (dq, dk, dv,
 dbias)``, each in its input's dtype; ``dbias`` sums over I, and is an empty tensor when bias is
 None. Forward saves its inputs and ``out`` (never the probabilities).
+
+Kernels: C++ on CPU (``csrc/triangle_attention.cpp``) and Triton on CUDA
+(``spore_kernels.cuda.triangle_attention``), forward and backward, for float32, bfloat16 and
+float16 tensors of one device with elements (any strides: made contiguous); anything else
+(float64, empty inputs) runs the reference, :func:`composite`, which builds the logits.
 """
 
 from __future__ import annotations

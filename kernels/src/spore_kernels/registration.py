@@ -27,7 +27,7 @@ registrations match the ones :func:`define` made at import."""
 
 
 class Registrar(Protocol):
-    """What the op families register with: the ops registry, or :class:`_Dispatch`."""
+    """What the op families register with: the ops registry or a `spore.dispatch.Registrar`."""
 
     def define(self, name: str, schema: str, **kwargs: Any) -> Any: ...
 
@@ -42,33 +42,11 @@ class Registrar(Protocol):
     ) -> Any: ...
 
 
-class _Dispatch:
-    """A registrar straight onto :mod:`spore.dispatch`, kernels provided by :data:`PROVIDER`."""
-
-    def define(self, name: str, schema: str, **kwargs: Any) -> Any:
-        from spore import dispatch
-
-        return dispatch.define(name, schema, **kwargs)
-
-    def kernel(
-        self,
-        op: Any,
-        device: str,
-        fn: Callable[..., Any],
-        *,
-        priority: int = 0,
-        supports: Callable[..., bool] | None = None,
-    ) -> Any:
-        from spore import dispatch
-
-        return dispatch.register_kernel(
-            op, device, fn, provider=PROVIDER, priority=priority, supports=supports
-        )
-
-
 def define() -> None:
     """Define every op with its kernels in :mod:`spore.dispatch` (idempotent)."""
-    register(_Dispatch())
+    from spore import dispatch
+
+    register(dispatch.Registrar(PROVIDER))
 
 
 def register(registry: Registrar) -> None:

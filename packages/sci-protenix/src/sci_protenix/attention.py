@@ -154,14 +154,16 @@ class AttentionPairBias(nn.Module):
         q, k, v = (t.unsqueeze(-4) for t in self.attention.qkv(a_n, kv))  # [..., 1, N, H, D]
         batch = q.shape[:-4]
 
-        def queries(sl: slice, q: Tensor, k: Tensor, v: Tensor, a_n: Tensor, z: Tensor) -> Tensor:
-            bias = self.linear_nobias_z(self.layernorm_z(z[..., sl, :, :])).movedim(-1, -3)
+        def queries(
+            sl: slice, rows: Tensor, q: Tensor, k: Tensor, v: Tensor, a_n: Tensor
+        ) -> Tensor:
+            bias = self.linear_nobias_z(self.layernorm_z(rows)).movedim(-1, -3)
             bias = bias.expand(*batch, *bias.shape[-3:])
             o = torch.ops.spore.triangle_attention(q[..., sl, :, :], k, v, bias, None)
             return self.attention.wrap_up(o.squeeze(-4), a_n[..., sl, :])
 
         again = chunk_recompute(self, size)
-        out = chunked(queries, n, size, -2, args=(q, k, v, a_n, z), recompute=again)
+        out = chunked(queries, n, size, -2, args=(z, q, k, v, a_n), recompute=again, split=-3)
         if self.has_s:
             out = torch.sigmoid(self.linear_a_last(s)) * out
         return out

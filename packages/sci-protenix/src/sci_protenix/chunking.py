@@ -46,6 +46,7 @@ def chunked(
     out: torch.Tensor | None = None,
     accumulate: bool = False,
     recompute: bool = False,
+    split: int | None = None,
 ) -> torch.Tensor:
     """``fn(sl, *args)`` over ``slice``s of ``size`` entries of an axis of ``length``, joined
     along ``dim``.
@@ -60,19 +61,27 @@ def chunked(
     every piece's activations. Tensors ``fn`` reads go in ``args``, not in its closure: a
     checkpoint saves its arguments as autograd does (so an enclosing block checkpoint drops and
     recomputes them too) but would keep closure tensors alive with the graph.
+
+    With ``split``, ``args[0]`` is split once along its axis ``split`` into pieces of ``size``
+    and ``fn`` receives that piece in its place (``fn(sl, piece, *args[1:])``): its gradient
+    is then gathered once from chunk-sized pieces, where a slice per chunk makes a zero-filled
+    whole-size gradient for every chunk.
     """
     check_chunk_size(size)
     if length <= 0:
         raise ValueError(f"the chunked axis must have at least one entry, got length {length}")
 
+    step = length if size is None else size
+    pieces = None if split is None else args[0].split(step, split)
+
     def piece(sl: slice) -> torch.Tensor:
+        given = args if pieces is None else (pieces[sl.start // step], *args[1:])
         if recompute and torch.is_grad_enabled():
-            return checkpoint(fn, sl, *args, use_reentrant=False)
-        return fn(sl, *args)
+            return checkpoint(fn, sl, *given, use_reentrant=False)
+        return fn(sl, *given)
 
     if out is None and (size is None or size >= length):
         return piece(slice(0, length))
-    step = length if size is None else size
     slices = [slice(start, min(start + step, length)) for start in range(0, length, step)]
     for number, sl in enumerate(slices):
         part = piece(sl)

@@ -134,16 +134,33 @@ class PairformerBlock(nn.Module):
             z = self.tri_att_end(z, mask=mask, chunk_size=chunk_size, **inplace)
             z = self.pair_transition(z, chunk_size=chunk_size, **inplace)
         else:
-            p, training = self.p_drop, self.training
-            z = dropout_add(z, self.tri_mul_out(z, mask, chunk_size=chunk_size), p, training, -3)
-            z = dropout_add(z, self.tri_mul_in(z, mask, chunk_size=chunk_size), p, training, -3)
-            z = dropout_add(z, self.tri_att_start(z, mask, chunk_size), p, training, -3)
-            z = dropout_add(z, self.tri_att_end(z, mask, chunk_size), p, training, -2)
-            z = z + self.pair_transition(z, chunk_size=chunk_size)
+            p, step = self.p_drop, self._step
+            z = step(lambda z: self.tri_mul_out(z, mask, chunk_size=chunk_size), z, p, -3)
+            z = step(lambda z: self.tri_mul_in(z, mask, chunk_size=chunk_size), z, p, -3)
+            z = step(lambda z: self.tri_att_start(z, mask, chunk_size), z, p, -3)
+            z = step(lambda z: self.tri_att_end(z, mask, chunk_size), z, p, -2)
+            z = step(lambda z: self.pair_transition(z, chunk_size=chunk_size), z, 0.0, -3)
         if self.c_s > 0:
             s = s + self.attention_pair_bias(a=s, s=None, z=z, chunk_size=chunk_size)
             s = s + self.single_transition(s, chunk_size=chunk_size)
         return s, z
+
+    def _step(
+        self, update: Callable[[torch.Tensor], torch.Tensor], z: torch.Tensor, p: float, dim: int
+    ) -> torch.Tensor:
+        """``z`` plus ``update(z)`` (dropped out at ``p``, mask shared along ``dim``). Under a
+        plan with "block" recompute and grad on, one non-reentrant checkpoint: autograd keeps
+        only ``z`` and the module reruns in its own backward, so its whole-size intermediates
+        (a triangle multiplication's far projection, the chunk outputs) and their gradients
+        exist during that module's backward alone."""
+
+        def residual(z: torch.Tensor) -> torch.Tensor:
+            return dropout_add(z, update(z), p, self.training, dim)
+
+        plan = self.plan
+        if plan is not None and plan.recompute == "block" and torch.is_grad_enabled():
+            return checkpoint(residual, z, use_reentrant=False)
+        return residual(z)
 
 
 class PairformerStack(nn.Module):

@@ -57,7 +57,7 @@ class Transition(nn.Module):
         inplace = add and x.is_contiguous() and grad_free(self, x)
         rows = x.view(-1, *x.shape[-2:]) if inplace else x.reshape(-1, *x.shape[-2:])
         update = chunked(
-            lambda sl, rows: self._update(rows[sl]),
+            lambda sl, rows: self._update(rows),
             rows.shape[0],
             size,
             0,
@@ -65,6 +65,7 @@ class Transition(nn.Module):
             out=rows if inplace else None,
             accumulate=inplace,
             recompute=chunk_recompute(self, size),
+            split=0,
         ).view(x.shape)
         if add and not inplace:
             return x + update

@@ -110,8 +110,7 @@ class TriangleMultiplicativeUpdate(nn.Module):
         # the projection made per chunk of output rows, and the one kept whole
         near, far = ("a", "b") if self._outgoing else ("b", "a")
 
-        def normed(sl: slice, zz: Tensor, whole: Tensor | None) -> Tensor:
-            rows = zz[..., sl, :, :]
+        def normed(sl: slice, rows: Tensor, whole: Tensor | None) -> Tensor:
             return whole[..., sl, :, :] if whole is not None else self.layer_norm_in(rows)
 
         def far_piece(sl: slice, zz: Tensor, whole: Tensor | None, mm: Tensor | None) -> Tensor:
@@ -119,7 +118,7 @@ class TriangleMultiplicativeUpdate(nn.Module):
             p = self._project(far, normed(sl, zz, whole), masked)
             return p.movedim(-1, -3).transpose(-1, -2)  # [*, c, K, rows]: right operand
 
-        far_t = chunked(far_piece, n, size, -1, args=(zz, whole, mm), recompute=again)
+        far_t = chunked(far_piece, n, size, -1, args=(zz, whole, mm), recompute=again, split=-3)
 
         def rows(
             sl: slice, zz: Tensor, whole: Tensor | None, mm: Tensor | None, far_t: Tensor
@@ -140,6 +139,7 @@ class TriangleMultiplicativeUpdate(nn.Module):
             out=zz if inplace else None,
             accumulate=inplace,
             recompute=again,
+            split=-3,
         )
         if inplace:
             return z
@@ -210,15 +210,14 @@ class TriangleAttention(nn.Module):
         n = xx.shape[-3]
         whole = self.layer_norm(xx) if size is None else None
 
-        def normed(sl: slice, xx: Tensor, whole: Tensor | None) -> Tensor:
-            rows = xx[..., sl, :, :]
+        def normed(sl: slice, rows: Tensor, whole: Tensor | None) -> Tensor:
             return whole[..., sl, :, :] if whole is not None else self.layer_norm(rows)
 
         def bias_piece(sl: slice, xx: Tensor, whole: Tensor | None) -> Tensor:
             # bias[*, h, j, k] = linear(x_jk)_h, shared by every row i
             return self.linear(normed(sl, xx, whole)).movedim(-1, -3)
 
-        bias = chunked(bias_piece, n, size, -2, args=(xx, whole), recompute=again)
+        bias = chunked(bias_piece, n, size, -2, args=(xx, whole), recompute=again, split=-3)
         keep = None if mm is None else mm.bool()
 
         def rows(
@@ -239,6 +238,7 @@ class TriangleAttention(nn.Module):
             out=xx if inplace else None,
             accumulate=inplace,
             recompute=again,
+            split=-3,
         )
         if inplace:
             return x

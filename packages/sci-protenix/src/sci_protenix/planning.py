@@ -8,8 +8,9 @@ token count N, the chunk size c (rows of N positions) and the channel widths:
 - ``saved``: what autograd keeps from the forward until backward (training);
 - ``backward``: what the module's backward holds on top of that while it runs.
 
-A chunked module under recompute (``MemoryPlan.recompute == "block"``) saves only what crosses
-its chunks and reruns one chunk at a time in backward. :func:`predict_peak` adds these up like
+Under ``MemoryPlan.recompute == "block"`` every pair module reruns in its own backward (a
+chunked one one chunk at a time): a module keeps nothing but its input, and its ``backward``
+is all it holds while its own backward runs. :func:`predict_peak` adds these up like
 the block does: the residual pair tensors, every module's saved tensors, the parameters'
 gradients, and the largest transient. :func:`plan` picks the largest chunk sizes (and, in
 training, the recompute) whose prediction, plus the resident weights and inputs, fits a budget.
@@ -78,27 +79,28 @@ def _module(kind: PairKind, n: int, c: int | None, d: Dims, recompute: bool) -> 
         per = 3 * cz + 8 * ch
         work = e * (3 * cz + 3 * ch) if whole else e * (ch + cz) + r * (3 * cz + 3 * ch)
         if whole:
-            return ModuleMemory(work, e * per, e * 3 * cz)
-        if recompute:  # only the far projection crosses chunks; one chunk reruns at a time
-            return ModuleMemory(work, e * ch, e * (cz + ch) + r * per)
+            return _rerun(ModuleMemory(work, e * per, e * 3 * cz), e * cz, recompute)
+        if recompute:  # the far projection, its gradient and the next one, the input's gradient
+            return ModuleMemory(work, 0, e * (3 * ch + 2 * cz) + r * per)
         return ModuleMemory(work, e * (per + cz), e * (cz + 2 * ch) + r * 3 * cz)
     if kind == "tri_att":
         # layer-normed z, q, k, v, gate, attention out, gated out; bias [H, N, N]
         per = cz + 6 * a
         work = e * (2 * cz + 6 * a) if whole else e * (cz + d.pair_heads) + r * (2 * cz + 6 * a)
         if whole:
-            return ModuleMemory(work, e * (per + d.pair_heads), e * (cz + 3 * a))
-        if recompute:  # only the bias crosses chunks
-            return ModuleMemory(work, e * d.pair_heads, e * cz + r * per)
+            whole_mem = ModuleMemory(work, e * (per + d.pair_heads), e * (cz + 3 * a))
+            return _rerun(whole_mem, e * cz, recompute)
+        if recompute:  # the bias and its gradients, the input's gradient
+            return ModuleMemory(work, 0, e * (2 * cz + 3 * d.pair_heads) + r * per)
         return ModuleMemory(work, e * (per + cz + d.pair_heads), e * (cz + 3 * a))
     if kind == "transition":
         # layer-normed z, the two hidden projections, silu, their product
         per = cz + 4 * hid
         work = e * (cz + 3 * hid) if whole else e * cz + r * (cz + 3 * hid)
         if whole:
-            return ModuleMemory(work, e * per, e * (cz + 2 * hid))
+            return _rerun(ModuleMemory(work, e * per, e * (cz + 2 * hid)), e * cz, recompute)
         if recompute:
-            return ModuleMemory(work, 0, e * cz + r * per)
+            return ModuleMemory(work, 0, e * 2 * cz + r * per)
         return ModuleMemory(work, e * per, e * 2 * cz + r * (cz + 2 * hid))
     # pair_bias: AttentionPairBias's layer-normed z rows and bias [H, rows, N]; the rest is O(N)
     if d.c_s == 0:
@@ -107,8 +109,16 @@ def _module(kind: PairKind, n: int, c: int | None, d: Dims, recompute: bool) -> 
     tokens = n * d.c_s
     work = r * per + 4 * tokens
     if recompute and c is not None and c < n:
-        return ModuleMemory(work, 4 * tokens, r * per + 4 * tokens)
+        return ModuleMemory(work, 4 * tokens, e * 2 * cz + r * per + 4 * tokens)
     return ModuleMemory(work, e * per + 7 * tokens, e * per + 4 * tokens)
+
+
+def _rerun(whole: ModuleMemory, gathered: int, recompute: bool) -> ModuleMemory:
+    """A whole module under "block" recompute: it reruns in its own backward, so what it saves
+    exists only then, with the gradient of its input (``gathered``)."""
+    if not recompute:
+        return whole
+    return ModuleMemory(whole.work, 0, whole.saved + whole.backward + gathered)
 
 
 def _single(n: int, d: Dims) -> ModuleMemory:
@@ -188,12 +198,21 @@ def predict_peak(
             return d.batch * size * (2 * s + max(chunked_work))
         return d.batch * size * (2 * z + 2 * s + max(m.work for m in mods))
     block_saved = sum(m.saved for m in mods) + 4 * z + 2 * s  # + the residual sums
+    grads = parameter_count(d)
+    if plan.recompute == "block":
+        # each pair module reruns in its own backward: a segment's rerun keeps only the module
+        # inputs, and the inputs of the modules not yet differentiated stay until theirs runs
+        alive = [0, 1, 2, 3, 4, 4, 4]
+        transient = max(k * z + m.backward for k, m in zip(alive, mods, strict=False))
+        segments = -(-d.n_blocks // plan.blocks_per_checkpoint)
+        others = (plan.blocks_per_checkpoint - 1) * (block_saved + z)
+        kept = segments * (z + s) + others + block_saved - 4 * z
+        return size * (d.batch * (kept + z + s + z + transient) + grads)
     if plan.recompute == "none":
         kept = d.n_blocks * block_saved
     else:  # segment inputs, then one segment's activations again in its backward
         segments = -(-d.n_blocks // plan.blocks_per_checkpoint)
         kept = segments * (z + s) + plan.blocks_per_checkpoint * block_saved
-    grads = parameter_count(d)
     transient = max(m.backward for m in mods)
     activations = d.batch * (kept + z + s + 2 * z + transient)  # output, its grad, d(z)
     return size * (activations + grads)

@@ -194,9 +194,7 @@ def spore_plugin_source(
 
 
 @pytest.fixture
-def run_readme_example(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: Any
-) -> Any:
+def run_readme_example(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: Any) -> Any:
     """Runs a README's usage example (see the module docstring)."""
 
     def run(readme: Path, section: str = "Use") -> str:

@@ -12,6 +12,8 @@ The stack's recompute comes from its plan (``recompute``: "none", "block": each 
 ``blocks_per_checkpoint`` blocks rerun in backward, "selective": the same segments, keeping the
 outputs of matrix products and of the fused attention and recomputing the rest), else from
 Protenix's ``blocks_per_ckpt`` ("block" recompute when set); it only applies while grad is on.
+Under a plan's "block" recompute each pair module of a block is a nested checkpoint as well:
+a segment's rerun keeps only the modules' inputs, and each module reruns in its own backward.
 """
 
 from __future__ import annotations

@@ -274,7 +274,12 @@ void plan_fusions(const int32_t* code, int32_t n_instr, int32_t n_inputs, const 
         fuse[k] = ALONE;
         const int32_t* ins = code + 5 * k;
         const int32_t* next = ins + 5;
-        if (k + 1 >= n_instr || read_later(code, n_instr, k + 2, ins[1])) continue;
+        if (k + 1 >= n_instr) continue;
+        // the value passed on is dead after the next instruction: not read later, or
+        // overwritten by the next instruction itself (a reduction into the same register)
+        const bool dead = (next[0] != STORE && next[1] == ins[1]) ||
+                          !read_later(code, n_instr, k + 2, ins[1]);
+        if (!dead) continue;
         if (fuses_into_bf16(ins[0]) && next[0] == STORE && next[3] == ins[1] &&
             ops[n_inputs + next[2]].dtype == BF16)
             fuse[k] = STORE_BF16;

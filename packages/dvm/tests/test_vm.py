@@ -410,29 +410,33 @@ def test_products_reduced_with_and_without_fusion(shape) -> None:
         Instr(Op.LOAD, 0, 0),
         Instr(Op.LOAD, 1, 1),
         Instr(Op.MUL, 2, 0, 1),
-        Instr(Op.REDUCE_SUM, 2, 2),  # fused
+        Instr(Op.REDUCE_SUM, 2, 2),  # fused (the sum overwrites the products)
         Instr(Op.MUL, 3, 0, 0),
         Instr(Op.REDUCE_MEAN, 4, 3),  # the products are read again: not fused
         Instr(Op.ADD, 3, 3, 4),
         Instr(Op.MUL, 5, 0, 4),
         Instr(Op.REDUCE_SUM, 5, 5),  # a row-scalar operand: not fused
+        Instr(Op.MUL, 6, 1, 1),
+        Instr(Op.REDUCE_SUM, 7, 6),  # fused (the products are not read again)
         Instr(Op.STORE, -1, 0, 2),
         Instr(Op.STORE, -1, 1, 3),
         Instr(Op.STORE, -1, 2, 5),
+        Instr(Op.STORE, -1, 3, 7),
         n_inputs=2,
-        n_outputs=3,
+        n_outputs=4,
     )
     g = torch.Generator().manual_seed(5)
     x, y = torch.randn(shape, generator=g), torch.randn(shape, generator=g)
     for dtype in (torch.float32, torch.bfloat16):
         xf = x.to(dtype).float()
-        dot, sq, scaled = vm.run(
-            p, [x.to(dtype), y], shape, [torch.float32] * 3, [True, False, True]
+        dot, sq, scaled, yy = vm.run(
+            p, [x.to(dtype), y], shape, [torch.float32] * 4, [True, False, True, True]
         )
         ms = (xf * xf).mean(-1, keepdim=True)
         torch.testing.assert_close(dot, (xf * y).sum(-1, keepdim=True), rtol=1e-5, atol=1e-4)
         torch.testing.assert_close(sq, xf * xf + ms, rtol=1e-5, atol=1e-5)
         torch.testing.assert_close(scaled, (xf * ms).sum(-1, keepdim=True), rtol=1e-5, atol=1e-4)
+        torch.testing.assert_close(yy, (y * y).sum(-1, keepdim=True), rtol=1e-5, atol=1e-4)
 
 
 def broadcasts() -> Program:

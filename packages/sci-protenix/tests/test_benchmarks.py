@@ -19,10 +19,6 @@ def tiny(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(benchmarks, "TOKENS", (12,))
     monkeypatch.setattr(benchmarks, "CHUNK", 5)
     monkeypatch.setattr(benchmarks, "STEP", 8)
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # many small ops: OpenMP threads only slow them on 2 shared cores
-    yield
-    torch.set_num_threads(threads)
 
 
 def test_the_registered_cases(spore_manager: Any) -> None:

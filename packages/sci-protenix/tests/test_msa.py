@@ -283,8 +283,9 @@ def test_msa_module_chunked_equals_whole(chunk_size: int | None, plan: MemoryPla
             feats, z.clone(), s_inputs, None, inplace_safe=True, chunk_size=chunk_size
         )
     assert not torch.allclose(whole, z, atol=1e-2)
-    torch.testing.assert_close(chunked, whole, **TOL)
-    torch.testing.assert_close(in_place, whole, **TOL)
+    # four blocks deep: chunks change the matmul shapes, so rounding adds up to ~1e-6 absolute
+    torch.testing.assert_close(chunked, whole, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(in_place, whole, rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("recompute", ["block", "selective"])

@@ -29,16 +29,6 @@ DIMS = Dims(**SMALL)
 N = 24
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """One intra-op thread: the chunked runs are many small ops, which OpenMP threads slow
-    down on the shared 2-core machine (4.7 s against 0.6 s for one recomputed step)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def measured_peak(n: int, memory_plan: MemoryPlan, training: bool) -> int:
     torch.manual_seed(0)
     block = PairformerBlock(

@@ -15,14 +15,16 @@ baseline).
 - ``train-<N>-chunked``: the block with every module chunked (``CHUNK`` rows), no recompute;
 - ``train-<N>-recompute``: the same chunks, each rerun in backward (``recompute="block"``);
 - ``max-tokens``: the largest N (a multiple of ``STEP``) whose training step fits in
-  ``BUDGET`` (weights and inputs included): naive, found by measuring, against the plan of
-  :func:`sci_protenix.plan` at the largest N it accepts, then measured; extra ``tokens``;
+  ``BUDGET`` (``SCI_PROTENIX_BENCH_BUDGET``, default 1 GiB; weights and inputs included):
+  naive, found by measuring, against the plan of :func:`sci_protenix.plan` at the largest N
+  it accepts, then measured; extra ``tokens``;
 - ``tri-att-<N>``: one TriangleAttention module's training step, the fused
   ``torch.ops.spore.triangle_attention`` against the unfused composite.
 """
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable
 from typing import Any
@@ -34,7 +36,7 @@ from spore.bench import Benchmark
 C_Z, C_S = 128, 384
 TOKENS = (128, 256, 384)
 CHUNK = 32
-BUDGET = "1GiB"
+BUDGET = os.environ.get("SCI_PROTENIX_BENCH_BUDGET", "1GiB")
 STEP = 16
 PADDED = 1 / 16  # the share of tokens the pair mask pads
 TOLERANCE = 2e-3  # fp32, relative to the largest magnitude of each compared tensor

@@ -63,7 +63,6 @@ def test_dvm_is_mfusions_region_compiler_when_both_are_installed(
     spore_manager: Callable[..., Any],
 ) -> None:
     from dvm.region_compiler import COMPILER
-
     from mfusion.autofuse import region_compilers
 
     spore_manager({"SPORE_PLUGINS": "mfusion,dvm"})

@@ -6,9 +6,9 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+
 from dvm import benchmarks
 from dvm.benchmarks import CHAINS, DTYPES, RUNTIME_BASELINES, TRAIN_BASELINES, LlamaSize
-
 from spore import bench
 
 TINY_LLAMA = LlamaSize(batch=1, seq=8, vocab=64, hidden=32, heads=2, ffn=64, layers=1)

@@ -4,10 +4,11 @@ domain boundaries; every compiled graph still equals eager."""
 from __future__ import annotations
 
 import torch
+from torch.fx.experimental.proxy_tensor import make_fx
+
 from dvm.cluster import cluster
 from dvm.compile import compile_graph
 from dvm.program import MAX_INPUTS, MAX_OUTPUTS, MAX_REGS
-from torch.fx.experimental.proxy_tensor import make_fx
 
 aten = torch.ops.aten
 

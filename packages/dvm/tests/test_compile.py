@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import operator
 
-import dvm.compile as dc
 import pytest
 import torch
-from dvm.compile import compile_graph
 from torch.fx.experimental.proxy_tensor import make_fx
+
+import dvm.compile as dc
+from dvm.compile import compile_graph
 
 aten = torch.ops.aten
 

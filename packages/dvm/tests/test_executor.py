@@ -6,8 +6,9 @@ import weakref
 
 import pytest
 import torch
-from dvm.executor import Executor, RegionCall
 from torch.fx import Graph, GraphModule
+
+from dvm.executor import Executor, RegionCall
 
 aten = torch.ops.aten
 

@@ -3,9 +3,10 @@ and backward graphs; the user's gradients untouched."""
 
 from __future__ import annotations
 
-import dvm
 import torch
 import torch.nn.functional as F
+
+import dvm
 
 
 def test_forward_regions_and_fallbacks():

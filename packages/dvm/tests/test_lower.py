@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import pytest
 import torch
+from torch.fx.experimental.proxy_tensor import make_fx
+
 from dvm.compile import compile_graph
 from dvm.lower import Emitter, LimitError, unsupported_reason
 from dvm.program import MAX_REGS, Op
-from torch.fx.experimental.proxy_tensor import make_fx
 
 aten = torch.ops.aten
 

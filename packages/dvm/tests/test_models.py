@@ -6,8 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from dvm.backend import make_backend
 from torch import nn
+
+from dvm.backend import make_backend
 
 
 def _compile(fn):

@@ -10,9 +10,9 @@ import textwrap
 from typing import Any
 
 import torch
+
 from dvm import benchmarks, plugin
 from dvm.region_compiler import COMPILER, DvmRegionCompiler
-
 from spore.testing import clean_environ
 
 

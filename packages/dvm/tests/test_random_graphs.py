@@ -11,10 +11,11 @@ only, so a last-bit difference of a computed value never flips a branch.
 from __future__ import annotations
 
 import torch
-from dvm.compile import compile_graph
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from torch.fx.experimental.proxy_tensor import make_fx
+
+from dvm.compile import compile_graph
 
 SIZES = [1, 2, 3, 5, 8, 17, 33]
 TOL = {

@@ -10,13 +10,13 @@ import textwrap
 from collections.abc import Callable
 from typing import Any
 
-import dvm
 import pytest
 import torch
-from dvm.lower import unsupported_reason
-from dvm.region_compiler import COMPILER, DvmRegionCompiler
 from torch.fx.experimental.proxy_tensor import make_fx
 
+import dvm
+from dvm.lower import unsupported_reason
+from dvm.region_compiler import COMPILER, DvmRegionCompiler
 from spore.testing import clean_environ
 
 

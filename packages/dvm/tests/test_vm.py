@@ -16,6 +16,7 @@ import math
 
 import pytest
 import torch
+
 from dvm import _lib, vm
 from dvm.program import BINARY, UNARY, Instr, Op, Program, run_reference
 

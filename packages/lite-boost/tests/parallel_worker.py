@@ -12,6 +12,7 @@ import sys
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+
 from lite_boost import backends
 from lite_boost.parallel import (
     ParallelManager,

@@ -7,8 +7,8 @@ import logging
 import pytest
 import torch
 import torch.nn.functional as F
-from lite_boost import backends as A
 
+from lite_boost import backends as A
 from spore import dispatch
 
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from lite_boost import benchmarks
 
+from lite_boost import benchmarks
 from spore import bench
 
 

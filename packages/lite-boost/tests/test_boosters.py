@@ -12,6 +12,7 @@ import pydantic
 import pytest
 import torch
 from click.testing import CliRunner
+
 from lite_boost import boosters
 from lite_boost.cli import group
 

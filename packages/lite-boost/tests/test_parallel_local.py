@@ -7,6 +7,7 @@ import pytest
 import torch.distributed as dist
 from hypothesis import given
 from hypothesis import strategies as st
+
 from lite_boost.parallel import ParallelManager, wan_decoder_overlap
 from lite_boost.parallel.sequence import split_sizes
 from lite_boost.parallel.vae import plan_chunks

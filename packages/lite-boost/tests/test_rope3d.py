@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+
 from lite_boost import rope3d
 
 wan = pytest.importorskip("diffusers.models.transformers.transformer_wan")

@@ -8,6 +8,7 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
+
 from lite_boost import backends
 from lite_boost.sparse import reorder, select_blocks, sparse_attention, tile_shape
 

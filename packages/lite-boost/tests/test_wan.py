@@ -13,10 +13,10 @@ import sys
 import pytest
 import torch
 import torch.nn.functional as F
+
 from lite_boost import rope3d
 from lite_boost.boosters import BoostOptions, boost, find
 from lite_boost.boosters import wan as W
-
 from spore import childproc
 
 transformer_wan = pytest.importorskip("diffusers.models.transformers.transformer_wan")
@@ -282,6 +282,7 @@ def test_two_gloo_ranks_equal_one_process():
 
 def _rank_main(rank: int, world: int, port: int) -> None:
     import torch.distributed as dist
+
     from lite_boost.parallel import ParallelManager
 
     dist.init_process_group(

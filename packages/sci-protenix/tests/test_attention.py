@@ -9,6 +9,7 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
+
 from sci_protenix import AttentionPairBias
 from sci_protenix.chunking import apply_plan
 from sci_protenix.memory_plan import MemoryPlan

@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 import torch
-from sci_protenix import benchmarks
 
+from sci_protenix import benchmarks
 from spore import bench
 
 

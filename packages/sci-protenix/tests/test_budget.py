@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+
 from sci_protenix import budget
 from sci_protenix.budget import format_bytes, free_memory, parse_budget
 

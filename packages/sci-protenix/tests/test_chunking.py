@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import pytest
 import torch
+from torch import nn
+
 from sci_protenix import PairformerStack
 from sci_protenix.chunking import (
     apply_plan,
@@ -16,8 +18,6 @@ from sci_protenix.chunking import (
     plan_chunk_size,
 )
 from sci_protenix.memory_plan import MemoryPlan
-from torch import nn
-
 from spore.memory import peak
 
 

@@ -6,6 +6,7 @@ import json
 
 import pytest
 from click.testing import CliRunner
+
 from sci_protenix.cli import group
 from sci_protenix.planning import Dims, plan, predict_peak, resident_bytes
 

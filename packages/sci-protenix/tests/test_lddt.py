@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from sci_protenix.lddt import smooth_lddt_loss
 
+from sci_protenix.lddt import smooth_lddt_loss
 from spore import memory
 
 

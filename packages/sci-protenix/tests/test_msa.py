@@ -10,6 +10,9 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
+
 from sci_protenix.chunking import apply_plan
 from sci_protenix.memory_plan import MemoryPlan
 from sci_protenix.msa import (
@@ -18,8 +21,6 @@ from sci_protenix.msa import (
     MSAStack,
     OuterProductMean,
 )
-from torch import nn
-from torch.utils._python_dispatch import TorchDispatchMode
 
 TOL = {"rtol": 1e-5, "atol": 1e-6}
 

@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
 from sci_protenix import PairformerBlock, PairformerStack
 from sci_protenix.chunking import apply_plan
 from sci_protenix.memory_plan import MemoryPlan
 from sci_protenix.pairformer import dropout_add, run_blocks
-from torch.utils._python_dispatch import TorchDispatchMode
-
 from spore.memory import peak
 
 CHUNK = {"rtol": 1e-5, "atol": 2e-5}

@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import pytest
 import torch
+
 from sci_protenix import PairformerBlock, apply_plan
 from sci_protenix.memory_plan import MemoryPlan
 from sci_protenix.planning import Dims, plan, predict_peak, resident_bytes
-
 from spore import memory
 
 SMALL = {

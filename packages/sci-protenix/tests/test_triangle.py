@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+
 from sci_protenix import (
     TriangleAttention,
     TriangleMultiplicationIncoming,

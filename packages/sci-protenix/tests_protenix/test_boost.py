@@ -13,9 +13,10 @@ from typing import Any
 
 import pytest
 import torch
+from torch import nn
+
 from sci_protenix.boost import BoostError, boost
 from sci_protenix.memory_plan import MemoryPlan
-from torch import nn
 
 TOL = {"rtol": 1e-5, "atol": 1e-5}
 PLAN = MemoryPlan(tri_mul=2, tri_att=3, transition=2, pair_bias=2, outer_product=2, msa=2)

@@ -12,6 +12,7 @@ import importlib
 
 import pytest
 import torch
+
 from sci_protenix.lddt import smooth_lddt_loss
 
 loss_module = importlib.import_module("protenix.model.loss")

@@ -8,6 +8,8 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from torch import nn
+
 from sci_protenix.chunking import apply_plan
 from sci_protenix.memory_plan import MemoryPlan
 from sci_protenix.msa import (
@@ -17,7 +19,6 @@ from sci_protenix.msa import (
     MSAStack,
     OuterProductMean,
 )
-from torch import nn
 
 TOL = {"rtol": 1e-5, "atol": 1e-5}
 Twin = Callable[..., tuple[nn.Module, nn.Module]]

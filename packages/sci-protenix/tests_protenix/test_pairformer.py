@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+
 from sci_protenix import (
     AttentionPairBias,
     PairformerBlock,

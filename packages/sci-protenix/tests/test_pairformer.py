@@ -173,6 +173,8 @@ def test_selective_recompute_keeps_matrix_products(randomize) -> None:
     selective = _backward_matmuls(stack, inputs)
     assert block > plain  # block recompute reruns every product in backward
     assert selective == plain  # selective recompute reruns none of them
+    apply_plan(stack, MemoryPlan(recompute="selective", save_ops=("spore::triangle_attention",)))
+    assert _backward_matmuls(stack, inputs) > plain  # products not named are rerun
 
 
 @pytest.mark.parametrize("shared_dim", [-3, -2])

@@ -13,6 +13,15 @@ from pydantic import BaseModel, ConfigDict, Field
 
 ChunkSize = int | None
 
+SELECTIVE_SAVE_OPS = (
+    "aten::mm",
+    "aten::bmm",
+    "aten::addmm",
+    "aten::baddbmm",
+    "spore::triangle_attention",
+)
+"""What 'selective' recompute keeps by default: matrix products and the fused attention."""
+
 
 class MemoryPlan(BaseModel):
     """Chunk sizes per module kind and the recompute policy of a Pairformer/MSA stack."""
@@ -32,4 +41,9 @@ class MemoryPlan(BaseModel):
         "but the matmul outputs ('selective')",
     )
     blocks_per_checkpoint: int = Field(1, gt=0, description="blocks per recomputed segment")
+    save_ops: tuple[str, ...] = Field(
+        SELECTIVE_SAVE_OPS,
+        description="'selective': the ops whose outputs are kept (names as torch reports "
+        "them, e.g. 'aten::mm'); every other op is recomputed",
+    )
     inplace: bool = Field(False, description="inference only: accumulate residuals in place")

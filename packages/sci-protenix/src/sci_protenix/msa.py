@@ -22,7 +22,7 @@ from torch import nn
 
 from sci_protenix.chunking import chunked, grad_free, inplace_requested, plan_chunk_size
 from sci_protenix.memory_plan import MemoryPlan
-from sci_protenix.pairformer import PairformerBlock, run_blocks
+from sci_protenix.pairformer import PairformerBlock, run_blocks, save_ops
 from sci_protenix.primitives import Linear, check_channels, check_mask, check_square, layer_norm
 from sci_protenix.transition import Transition
 
@@ -436,5 +436,5 @@ class MSAModule(nn.Module):
             for block in self.blocks
         ]
         policy, per = self.recompute()
-        _, z = run_blocks(blocks, m, z, policy, per)
+        _, z = run_blocks(blocks, m, z, policy, per, save_ops(self))
         return z

@@ -33,7 +33,7 @@ from torch.utils.checkpoint import (
 
 from sci_protenix.attention import AttentionPairBias
 from sci_protenix.chunking import grad_free, inplace_requested
-from sci_protenix.memory_plan import MemoryPlan
+from sci_protenix.memory_plan import SELECTIVE_SAVE_OPS, MemoryPlan
 from sci_protenix.primitives import check_channels
 from sci_protenix.transition import Transition
 from sci_protenix.triangle import (
@@ -55,14 +55,18 @@ def dropout_add(
     return residual + x * F.dropout(x.new_ones(shape), p=p, training=True)
 
 
-_SAVED_OPS = {"aten::mm", "aten::bmm", "aten::addmm", "aten::baddbmm", "spore::triangle_attention"}
-
-
-def _keep_products(ctx: Any, op: Any, *args: Any, **kwargs: Any) -> CheckpointPolicy:
-    """Selective recompute: keep matrix products and the fused attention, recompute the rest."""
-    if op.name() in _SAVED_OPS:
+def _keep(saved: frozenset[str], ctx: Any, op: Any, *args: Any, **kwargs: Any) -> CheckpointPolicy:
+    """Selective recompute: keep the outputs of the ops named in ``saved``, recompute the rest."""
+    if op.name() in saved:
         return CheckpointPolicy.MUST_SAVE
     return CheckpointPolicy.PREFER_RECOMPUTE
+
+
+def save_ops(module: nn.Module) -> tuple[str, ...]:
+    """The ops whose outputs ``module``'s selective recompute keeps: its plan's, else the
+    default (matrix products and the fused attention)."""
+    plan = getattr(module, "plan", None)
+    return SELECTIVE_SAVE_OPS if plan is None else plan.save_ops
 
 
 class PairformerBlock(nn.Module):
@@ -232,21 +236,27 @@ class PairformerStack(nn.Module):
             )
             for block in self.blocks
         ]
-        return run_blocks(blocks, s, z, *self.recompute())
+        return run_blocks(blocks, s, z, *self.recompute(), save_ops(self))
 
 
 Blocks = list[Callable[[Any, torch.Tensor], tuple[Any, torch.Tensor]]]
 
 
 def run_blocks(
-    blocks: Blocks, s: Any, z: torch.Tensor, policy: str, per: int
+    blocks: Blocks,
+    s: Any,
+    z: torch.Tensor,
+    policy: str,
+    per: int,
+    saved: tuple[str, ...] = SELECTIVE_SAVE_OPS,
 ) -> tuple[Any, torch.Tensor]:
     """``(s, z)`` through ``blocks`` (each ``block(s, z) -> (s, z)``) in turn, recomputed by
     ``policy`` ("none", "block" or "selective") in segments of ``per`` blocks while grad is on.
 
     The one block runner of the Pairformer and MSA stacks: "block" reruns each segment in
     backward (``torch.utils.checkpoint``, non-reentrant; dropout masks replayed), "selective"
-    does the same but keeps the outputs of matrix products and of the fused attention.
+    does the same but keeps the outputs of the ops named in ``saved`` (by default matrix
+    products and the fused attention).
     """
     if policy not in ("none", "block", "selective"):
         raise ValueError(f"recompute policy must be 'none', 'block' or 'selective', got {policy!r}")
@@ -257,7 +267,7 @@ def run_blocks(
     kwargs: dict[str, Any] = {"use_reentrant": False}
     if policy == "selective":
         kwargs["context_fn"] = functools.partial(
-            create_selective_checkpoint_contexts, _keep_products
+            create_selective_checkpoint_contexts, functools.partial(_keep, frozenset(saved))
         )
     for start in range(0, len(blocks), per):
         s, z = checkpoint(_run, blocks[start : start + per], s, z, **kwargs)

@@ -22,7 +22,7 @@ from torch import nn
 
 from sci_protenix.chunking import chunked, grad_free, inplace_requested, plan_chunk_size
 from sci_protenix.memory_plan import MemoryPlan
-from sci_protenix.pairformer import PairformerBlock, run_blocks, save_ops
+from sci_protenix.pairformer import PairformerBlock, recompute_policy, run_blocks, save_ops
 from sci_protenix.primitives import Linear, check_channels, check_mask, check_square, layer_norm
 from sci_protenix.transition import Transition
 
@@ -357,15 +357,6 @@ class MSAModule(nn.Module):
             for i in range(n_blocks)
         )
 
-    def recompute(self) -> tuple[str, int]:
-        """The recompute policy and blocks per segment while training: the plan's, else "block"
-        per ``blocks_per_ckpt`` when set, else "none"."""
-        if self.plan is not None:
-            return self.plan.recompute, self.plan.blocks_per_checkpoint
-        if self.blocks_per_ckpt is not None:
-            return "block", self.blocks_per_ckpt
-        return "none", 1
-
     def sample_msa(self, features: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """The sampled rows of the MSA features ``msa``, ``has_deletion``, ``deletion_value``
         ([*, S, N] each), drawn as Protenix draws them (training or test settings by mode)."""
@@ -435,6 +426,5 @@ class MSAModule(nn.Module):
             )
             for block in self.blocks
         ]
-        policy, per = self.recompute()
-        _, z = run_blocks(blocks, m, z, policy, per, save_ops(self))
+        _, z = run_blocks(blocks, m, z, *recompute_policy(self), save_ops(self))
         return z

@@ -62,6 +62,18 @@ def _keep(saved: frozenset[str], ctx: Any, op: Any, *args: Any, **kwargs: Any) -
     return CheckpointPolicy.PREFER_RECOMPUTE
 
 
+def recompute_policy(module: nn.Module) -> tuple[str, int]:
+    """The recompute policy and blocks per segment a stack (``module``, with ``plan`` and
+    Protenix's ``blocks_per_ckpt``) trains with: its plan's, else "block" per
+    ``blocks_per_ckpt`` when that is set, else "none"."""
+    plan = getattr(module, "plan", None)
+    if plan is not None:
+        return plan.recompute, plan.blocks_per_checkpoint
+    if module.blocks_per_ckpt is not None:
+        return "block", module.blocks_per_ckpt
+    return "none", 1
+
+
 def save_ops(module: nn.Module) -> tuple[str, ...]:
     """The ops whose outputs ``module``'s selective recompute keeps: its plan's, else the
     default (matrix products and the fused attention)."""
@@ -211,13 +223,8 @@ class PairformerStack(nn.Module):
         )
 
     def recompute(self) -> tuple[str, int]:
-        """The recompute policy and blocks per segment this stack trains with: its plan's, else
-        "block" per ``blocks_per_ckpt`` when that is set, else "none"."""
-        if self.plan is not None:
-            return self.plan.recompute, self.plan.blocks_per_checkpoint
-        if self.blocks_per_ckpt is not None:
-            return "block", self.blocks_per_ckpt
-        return "none", 1
+        """:func:`recompute_policy` of this stack."""
+        return recompute_policy(self)
 
     def forward(
         self,

@@ -20,7 +20,7 @@ def test_json_is_the_plan_and_its_prediction() -> None:
     assert result.exit_code == 0, result.output
     report = json.loads(result.output)
     expected = plan(512, "2GiB", training=True)
-    assert report["plan"] == expected.model_dump()
+    assert report["plan"] == expected.model_dump(mode="json")
     assert report["mode"] == "training"
     assert report["budget_bytes"] == 2 * 2**30
     assert report["predicted_peak_bytes"] == predict_peak(512, expected, training=True)
@@ -33,7 +33,7 @@ def test_widths_reach_the_planner() -> None:
     args += ["--pair-heads", "2", "--c-hidden-mul", "8", "--c-hidden-pair-att", "4", "--json"]
     report = json.loads(invoke(*args).output)
     widths = dict(c_z=8, c_s=16, n_heads=2, pair_heads=2, c_hidden_mul=8, c_hidden_pair_att=4)
-    assert report["plan"] == plan(64, "1MiB", **widths).model_dump()
+    assert report["plan"] == plan(64, "1MiB", **widths).model_dump(mode="json")
     assert report["predicted_peak_bytes"] == predict_peak(
         64, plan(64, "1MiB", **widths), dims=Dims(**widths)
     )
@@ -70,4 +70,4 @@ def test_errors_are_click_errors(args, message) -> None:
 def test_through_the_spore_command(run_spore) -> None:
     done = run_spore("sci-protenix", "plan", "--tokens", "256", "--budget", "1GiB", "--json")
     assert done.returncode == 0, done.stderr
-    assert json.loads(done.stdout)["plan"] == plan(256, "1GiB").model_dump()
+    assert json.loads(done.stdout)["plan"] == plan(256, "1GiB").model_dump(mode="json")

@@ -85,7 +85,7 @@ def plan_command(
         "tokens": tokens,
         "mode": "training" if training else "inference",
         "budget_bytes": limit,
-        "plan": chosen.model_dump(),
+        "plan": chosen.model_dump(mode="json"),
         "predicted_peak_bytes": peak,
         "resident_bytes": resident,
         "total_bytes": peak + resident,

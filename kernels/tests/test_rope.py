@@ -130,14 +130,70 @@ def test_layouts_the_kernel_cannot_index_use_the_reference() -> None:
     torch.testing.assert_close(torch.ops.spore.rope(x, cos, sin, "half"), expected)
     y = torch.randn(3, 4, 8)
     c = torch.randn(4, 8)
-    strided = y.transpose(0, 1)
-    assert dispatch.explain("rope", strided, c[:3], c[:3], "half").chosen == "reference"
+    gapped = torch.randn(3, 4, 16)[..., ::2]
+    assert dispatch.explain("rope", gapped, c, c, "half").chosen == "reference"
+    assert dispatch.explain("rope", y.transpose(1, 2), c, c, "half").chosen == "reference"
+    seq_first = torch.randn(4, 3, 2, 8).transpose(0, 1)  # [B, S, H, D] stored [S, B, H, D]
+    per_batch = torch.randn(3, 4, 1, 8)  # [B, S, 1, D]: its B, S order is not x's memory order
+    assert dispatch.explain("rope", seq_first, per_batch, per_batch, "half").chosen == "reference"
     assert dispatch.explain("rope", y, c.t().contiguous().t(), c, "half").chosen == "reference"
     assert dispatch.explain("rope", y.double(), c, c, "half").chosen == "reference"
     assert dispatch.explain("rope", y, c.double(), c.double(), "half").chosen == "reference"
     assert dispatch.explain("rope", y.bfloat16(), c, c, "interleaved").chosen == "kernels"
-    out = torch.ops.spore.rope(strided, c[:3], c[:3], "interleaved")
-    torch.testing.assert_close(out, op.reference(strided.contiguous(), c[:3], c[:3], "interleaved"))
+    out = torch.ops.spore.rope(gapped, c, c, "interleaved")
+    torch.testing.assert_close(out, op.reference(gapped.contiguous(), c, c, "interleaved"))
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("dtype", list(TOL))
+@pytest.mark.parametrize(
+    ("memory", "perm", "table"),
+    [
+        ((B, S, H), (0, 2, 1), (1, 1, S)),  # HF: q = proj.view(B, S, H, D).transpose(1, 2)
+        ((B, S, H), (0, 2, 1), (B, 1, S)),
+        ((S, B, H), (1, 0, 2), (S, 1)),  # sequence-first memory seen as [B, S, H, D]
+        ((H, S, B), (2, 1, 0), (S, 1)),
+    ],
+)
+def test_permuted_x_runs_the_kernel_in_memory_order(memory, perm, table, mode, dtype) -> None:
+    """x stored in another dimension order (last dimension innermost): the kernel runs, the
+    result equals the reference on a contiguous copy, and keeps x's strides, as the reference
+    (the op's fake) does."""
+    stored, cos, sin = _inputs(memory, table, 16, dtype, torch.float32, False, mode, 8)
+    x = stored.permute(*perm, 3)
+    assert not x.is_contiguous()
+    assert dispatch.explain("rope", x, cos, sin, mode).chosen == "kernels"
+    out = torch.ops.spore.rope(x, cos, sin, mode)
+    tol = TOL[dtype]
+    expected = op.reference(x.contiguous(), cos, sin, mode)
+    torch.testing.assert_close(out, expected, rtol=tol, atol=tol)
+    assert out.stride() == x.stride() == op.reference(x, cos, sin, mode).stride()
+    dx = torch.ops.spore.rope_backward(x, cos, sin, mode)
+    torch.testing.assert_close(
+        dx, op.reference_backward(x.contiguous(), cos, sin, mode), rtol=tol, atol=tol
+    )
+    assert dx.stride() == x.stride()
+
+
+def test_permuted_x_under_compile_and_autograd() -> None:
+    """Compiled graphs trust the fake's strides: a transposed query through torch.compile,
+    forward and backward, equals the reference."""
+    theta = _angles((S,), 8, 9)
+    cos, sin = op._full(theta, 16, "half").cos().float(), op._full(theta, 16, "half").sin().float()
+    proj = torch.randn(B, S, H * 16, requires_grad=True)
+
+    def fn(p: torch.Tensor, rope) -> torch.Tensor:
+        q = p.view(B, S, H, 16).transpose(1, 2)
+        return (rope(q, cos, sin, "half") * 2).sum(1)
+
+    out = torch.compile(fn, fullgraph=True)(proj, torch.ops.spore.rope)
+    ref_proj = proj.detach().clone().requires_grad_()
+    expected = fn(ref_proj, op.reference)
+    torch.testing.assert_close(out, expected)
+    g = torch.randn_like(out)
+    out.backward(g)
+    expected.backward(g)
+    torch.testing.assert_close(proj.grad, ref_proj.grad)
 
 
 def test_layout_groups() -> None:

@@ -16,8 +16,10 @@ passed as they are); a table of D/2 columns holds one angle per pair and means t
 D-column expansion (halves repeated for "half", each value twice for "interleaved").
 
 Numerics contract: computed in float32 (float64 stays float64) from the given values and
-rounded once to x's dtype; the output has x's dtype whatever the tables' dtype. The C++ kernel
-takes contiguous CPU x with contiguous tables of x's dtype or float32 whose broadcast over x's
+rounded once to x's dtype; the output has x's dtype whatever the tables' dtype, and x's strides
+when x is a permutation of a contiguous tensor. The C++ kernel takes CPU x that is contiguous or
+such a permutation with its last dimension innermost (e.g. Hugging Face's transposed query),
+with contiguous tables of x's dtype or float32 whose broadcast over x's
 leading dimensions collapses to at most three groups (every layout above); anything else runs
 the reference.
 
@@ -28,6 +30,7 @@ is None even when they require grad (x's gradient is still exact).
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import torch
@@ -101,7 +104,7 @@ def reference(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mode: str) 
     check(x, cos, sin, mode)
     compute, c, s = _tables(x, cos, sin, mode)
     xf = x.to(compute)
-    return (xf * c + _rotate(xf, mode) * s).to(x.dtype)
+    return torch.empty_like(x).copy_(xf * c + _rotate(xf, mode) * s)
 
 
 def reference_backward(
@@ -111,7 +114,7 @@ def reference_backward(
     check(grad, cos, sin, mode)
     compute, c, s = _tables(grad, cos, sin, mode)
     gf = grad.to(compute)
-    return (gf * c - _rotate(gf * s, mode)).to(grad.dtype)
+    return torch.empty_like(grad).copy_(gf * c - _rotate(gf * s, mode))
 
 
 def layout(x_shape: torch.Size, table_shape: torch.Size) -> tuple[int, ...] | None:
@@ -142,9 +145,43 @@ def layout(x_shape: torch.Size, table_shape: torch.Size) -> tuple[int, ...] | No
     return (*(g[0] for g in groups), *(g[1] for g in groups))
 
 
+def _memory_order(shape: torch.Size, strides: tuple[int, ...]) -> tuple[int, ...] | None:
+    """The permutation of the dimensions that makes a tensor of this shape and these strides
+    contiguous with its last dimension innermost, or None when there is none (overlapping,
+    gapped, or the last dimension strided). Hugging Face's ``[B, H, S, D]`` query, a transposed
+    ``[B, S, H, D]`` projection, has one."""
+    if not shape:
+        return None
+    order = (*sorted(range(len(shape) - 1), key=lambda d: -strides[d]), len(shape) - 1)
+    expected = 1
+    for d in reversed(order):
+        if shape[d] != 1 and strides[d] != expected:
+            return None
+        expected *= shape[d]
+    return order
+
+
+@functools.lru_cache(maxsize=512)
+def plan(
+    shape: torch.Size, strides: tuple[int, ...], table_shape: torch.Size
+) -> tuple[int, ...] | None:
+    """:func:`layout` of x's rows in x's memory order, for a contiguous table of
+    ``table_shape``; None when the kernel cannot index them (x not a permutation of a
+    contiguous tensor, or the table's dimensions in another order than x's)."""
+    order = _memory_order(shape, strides)
+    if order is None:
+        return None
+    table = (1,) * (len(shape) - len(table_shape)) + tuple(table_shape)
+    steps = [d for d in order[:-1] if table[d] != 1]
+    if steps != sorted(steps):
+        return None
+    return layout(torch.Size(shape[d] for d in order), torch.Size(table[d] for d in order))
+
+
 def supports(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mode: str) -> bool:
-    """Contiguous CPU x and tables (x's dtype or float32) in a layout the kernel indexes."""
-    if mode not in MODES or not _checks.ready(x, device_type="cpu") or x.dim() < 1:
+    """CPU x, contiguous or a permutation of a contiguous tensor with its last dimension
+    innermost, and contiguous tables (x's dtype or float32) in a layout the kernel indexes."""
+    if mode not in MODES or not x.is_cpu or x.dtype not in _checks.KERNEL_DTYPES or not x.dim():
         return False
     dim = x.shape[-1]
     return (
@@ -156,7 +193,7 @@ def supports(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mode: str) -
         and cos.dim() >= 1
         and cos.shape[-1] in (dim, dim // 2)
         and _broadcasts(cos.shape[:-1], x.shape[:-1])
-        and layout(x.shape, cos.shape) is not None
+        and plan(x.shape, x.stride(), cos.shape) is not None
     )
 
 
@@ -170,13 +207,15 @@ _ARGS = (*(_lib.ptr,) * 4, *(_lib.i64,) * 8, *(_lib.i32,) * 6)
 def _run(
     x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mode: str, transpose: bool
 ) -> torch.Tensor:
+    """The kernel over x's rows in memory order; the output has x's strides, so its rows lie in
+    the same order (a permutation moves no data: the pointers are the tensors')."""
     y = torch.empty_like(x)
     if x.numel() == 0:
         return y
-    rows, dim = _checks.rows_cols(x)
-    lay = layout(x.shape, cos.shape)
+    lay = plan(x.shape, x.stride(), cos.shape)
     if lay is None:
-        raise ValueError("rope: this cos/sin layout has no kernel; call the reference")
+        raise ValueError("rope: this x/cos/sin layout has no kernel; call the reference")
+    rows, dim = _checks.rows_cols(x)
     ptrs = (x.data_ptr(), cos.data_ptr(), sin.data_ptr(), y.data_ptr())
     flags = (MODES.index(mode), int(cos.shape[-1] != dim), int(transpose))
     codes = (_lib.dtype_code(x), _lib.dtype_code(cos), _lib.threads())
@@ -202,7 +241,9 @@ def _setup_context(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
 
 def _backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
     cos, sin = ctx.saved_tensors
-    return torch.ops.spore.rope_backward(grad.contiguous(), cos, sin, ctx.mode), None, None, None
+    if _memory_order(grad.shape, grad.stride()) is None:
+        grad = grad.contiguous()
+    return torch.ops.spore.rope_backward(grad, cos, sin, ctx.mode), None, None, None
 
 
 def register(registry: Any) -> None:

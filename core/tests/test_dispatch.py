@@ -274,3 +274,68 @@ def test_registrar_defines_and_registers_under_its_provider() -> None:
         registrar.kernel(op, "cpu", _rms, provider="someone_else")
     dispatch.unregister_provider("reg_provider")
     assert op.candidates("cpu") == []
+
+
+def test_calls_below_autograd_reach_the_kernel_under_modes_fakes_and_no_grad() -> None:
+    """Without a gradient to record, plain CPU calls go straight to the kernel; fake tensors,
+    dispatch modes and grad mode still see the op as before."""
+    op = _define()
+    ran = []
+
+    def kernel(x, w, eps):
+        ran.append(x.shape)
+        return _rms(x, w, eps)
+
+    dispatch.register_kernel(op, "cpu", kernel, provider="direct_provider")
+    x, w = _inputs()
+    with torch.no_grad():
+        torch.testing.assert_close(op(x, w, 1e-6), _rms(x, w, 1e-6))
+    op(x, w, 1e-6)
+    assert len(ran) == 2
+    from spore.modes import OpCounter
+
+    with OpCounter() as counter:
+        op(x, w, 1e-6)
+    assert counter.counts.get(f"spore.{op.name}.default") == 1
+    from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+
+    with FakeTensorMode():
+        fake = op(torch.empty(3, 8), torch.empty(8), 1e-6)
+    assert isinstance(fake, FakeTensor)
+    assert len(ran) == 3  # the fake call ran the fake implementation, not the kernel
+    dispatch.unregister_provider("direct_provider")
+
+
+def test_gradients_see_arguments_the_dispatcher_dropped_as_defaults() -> None:
+    """A trailing argument equal to its default reaches setup_context (the dispatcher drops
+    it from the call)."""
+    seen = []
+
+    def reference(x, scale=2.0):
+        return x * scale
+
+    def setup_context(ctx, inputs, output):
+        seen.append(inputs[1:])
+        ctx.scale = inputs[1]
+
+    def backward(ctx, grad):
+        return grad * ctx.scale, None
+
+    op = dispatch.define(
+        f"t_scale_{next(_names)}",
+        "(Tensor x, float scale=2.0) -> Tensor",
+        reference=reference,
+        backward=backward,
+        setup_context=setup_context,
+    )
+    x = torch.randn(5, requires_grad=True)
+    op(x, 2.0).sum().backward()
+    assert seen == [(2.0,)]
+    torch.testing.assert_close(x.grad, torch.full_like(x, 2.0))
+
+
+def test_keyword_only_arguments_are_refused() -> None:
+    with pytest.raises(ValueError, match="keyword-only"):
+        dispatch.define(
+            f"t_kw_{next(_names)}", "(Tensor x, *, float s) -> Tensor", reference=lambda x, s: x
+        )

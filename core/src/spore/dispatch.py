@@ -122,8 +122,13 @@ class Op:
         device = _device_of(args, kwargs)
         ranked = self._ranked.get(device)
         for kernel in self.candidates(device) if ranked is None else ranked:
-            if _accepts(kernel, args, kwargs)[0]:
+            if kernel.supports is None:
                 return kernel, device
+            try:
+                if kernel.supports(*args, **kwargs):
+                    return kernel, device
+            except Exception:  # explain() reports why; here it only means "not this kernel"
+                continue
         return None, device
 
     def _route(self, *args: Any, **kwargs: Any) -> Any:
@@ -181,6 +186,54 @@ def _reference_backward(op: Op) -> tuple[Callable[..., Any], Callable[..., Any]]
     return backward, setup_context
 
 
+_AFTER_AUTOGRAD = torch._C._after_autograd_keyset
+_CPU_KEYS = torch._C.DispatchKeySet(torch._C.DispatchKey.CPU)
+_PLAIN_CPU = {
+    _CPU_KEYS.raw_repr(),
+    _CPU_KEYS.add(torch._C.DispatchKey.ADInplaceOrView).raw_repr(),
+}
+"""Dispatch key sets below autograd that hold nothing but the CPU kernel (no fake tensors, no
+dispatch modes, no functionalization): a call that needs no gradient goes straight to it."""
+
+
+def _autograd_kernel(
+    op: Op, backward: Callable[..., Any], setup_context: Callable[..., Any]
+) -> Callable[..., Any]:
+    """The op's kernel for the Autograd dispatch key: records ``backward`` when an input needs
+    a gradient; otherwise calls the kernel below autograd, directly for plain CPU tensors (a
+    redispatch through torch.library costs a Python round trip per call, and each one is
+    slow right after a large matmul has evicted the interpreter from the caches)."""
+    schema = op.packet.default._schema.arguments
+
+    class Function(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx: Any, keyset: Any, *args: Any) -> Any:
+            with torch._C._AutoDispatchBelowAutograd():
+                out = op.packet.default.redispatch(keyset & _AFTER_AUTOGRAD, *args)
+            # the dispatcher drops trailing arguments equal to their defaults
+            given = (*args, *(a.default_value for a in schema[len(args) :]))
+            setup_context(ctx, given, out)
+            return out
+
+        @staticmethod
+        def backward(ctx: Any, *grads: Any) -> Any:
+            result = backward(ctx, *grads)
+            return (None, *(result if isinstance(result, tuple) else (result,)))
+
+    Function.__name__ = Function.__qualname__ = f"SporeBackward_{op.name}"
+
+    def kernel(keyset: Any, *args: Any) -> Any:
+        if torch.is_grad_enabled() and torch._C._any_requires_grad(*args):
+            return Function.apply(keyset, *args)
+        below = keyset & _AFTER_AUTOGRAD
+        if below.raw_repr() in _PLAIN_CPU:
+            return op._route(*args)
+        with torch._C._AutoDispatchBelowAutograd():
+            return op.packet.default.redispatch(below, *args)
+
+    return kernel
+
+
 def define(
     name: str,
     schema: str,
@@ -211,12 +264,17 @@ def define(
             return existing
         op = Op(name, schema, reference)
         lib = _lib()
+        parsed = torch._C.parse_schema(f"{NAMESPACE}::{name}{schema}")
+        if any(a.kwarg_only for a in parsed.arguments):
+            raise ValueError(
+                f"op {name!r}: keyword-only arguments are not supported; make them positional"
+            )
         lib.define(f"{name}{schema}")
         lib.impl(name, op._route, "CompositeExplicitAutograd")
         torch.library.register_fake(op.qualname, fake or reference, lib=lib)
         if backward is None:
             backward, setup_context = _reference_backward(op)
-        torch.library.register_autograd(op.qualname, backward, setup_context=setup_context, lib=lib)
+        lib.impl(name, _autograd_kernel(op, backward, setup_context), "Autograd", with_keyset=True)
         _ops[name] = op
         return op
 

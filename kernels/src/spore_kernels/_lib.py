@@ -88,9 +88,16 @@ def function(
     return fn
 
 
+_bound: dict[str, ctypes._CFuncPtr] = {}
+"""``call``'s functions by name (each op passes one argument list per name)."""
+
+
 def call(name: str, argtypes: Sequence[type], *args: object) -> None:
     """Call ``name`` and raise :class:`KernelError` on a non-zero status."""
-    status = function(name, tuple(argtypes))(*args)
+    fn = _bound.get(name)
+    if fn is None:
+        fn = _bound[name] = function(name, tuple(argtypes))
+    status = fn(*args)
     if status != 0:
         raise KernelError(f"{name}: {STATUS.get(status, f'status {status}')}")
 

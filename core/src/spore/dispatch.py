@@ -217,7 +217,12 @@ def _autograd_kernel(
 
         @staticmethod
         def backward(ctx: Any, *grads: Any) -> Any:
-            result = backward(ctx, *grads)
+            flags = ctx.needs_input_grad
+            ctx.needs_input_grad = flags[1:]  # the formula sees the op's inputs only
+            try:
+                result = backward(ctx, *grads)
+            finally:
+                ctx.needs_input_grad = flags
             return (None, *(result if isinstance(result, tuple) else (result,)))
 
     Function.__name__ = Function.__qualname__ = f"SporeBackward_{op.name}"

@@ -206,9 +206,11 @@ struct Buffer {
 thread_local Buffer thread_buffer;
 
 // An instruction run together with the next one, when the value passed between them is
-// not read again: a binary op and the bf16 store of its result (no fp32 register pass), or
-// a MUL and the REDUCE_SUM/MEAN of its result (the products are summed as they are made).
-enum Fuse : uint8_t { ALONE, STORE_BF16, DOT };
+// not read again: a binary op and the bf16 store of its result (no fp32 register pass), a
+// MUL and the REDUCE_SUM/MEAN of its result (the products are summed as they are made), or a
+// SIGMOID and the MUL of its result by its own operand (x * sigmoid(x), SiLU, in one pass;
+// SILU_BF16 when the product is only stored next, to a bf16 output: the three in one loop).
+enum Fuse : uint8_t { ALONE, STORE_BF16, DOT, SILU, SILU_BF16 };
 
 struct Program {
     const int32_t* code;
@@ -286,6 +288,15 @@ void plan_fusions(const int32_t* code, int32_t n_instr, int32_t n_inputs, const 
         else if (ins[0] == MUL && (next[0] == REDUCE_SUM || next[0] == REDUCE_MEAN) &&
                  next[2] == ins[1])
             fuse[k] = DOT;
+        else if (ins[0] == SIGMOID && next[0] == MUL && ins[1] != ins[2] &&
+                 ((next[2] == ins[2] && next[3] == ins[1]) ||
+                  (next[2] == ins[1] && next[3] == ins[2]))) {
+            const int32_t* store = next + 5;
+            const bool to_bf16 = k + 2 < n_instr && store[0] == STORE && store[3] == next[1] &&
+                                 ops[n_inputs + store[2]].dtype == BF16 &&
+                                 !read_later(code, n_instr, k + 3, next[1]);
+            fuse[k] = to_bf16 ? SILU_BF16 : SILU;
+        }
     }
 }
 
@@ -503,12 +514,36 @@ void run_tile(const Program& g, const Plan& p, int64_t start, int64_t n, Registe
             ++k;  // the reduction is done
             continue;
         }
-        float* d = level == FULL ? r.own[dst] : r.few[dst];
+        if (g.fuse[k] == SILU_BF16 && level == FULL) {
+            const int32_t* store = next + 5;
+            const Operand& o = p.ops[g.n_inputs + store[2]];
+            if (uint16_t* out = direct<uint16_t>(p, o, start, n, BF16)) {
+                const float* x = args[0].p;
+                const int64_t m = at_rows * at_len;
+#pragma omp simd
+                for (int64_t i = 0; i < m; ++i) out[i] = f32_to_bf16(x[i] * sigmoid_f(x[i]));
+                k += 2;  // the MUL and the store are done
+                continue;
+            }
+        }
+        const bool silu = g.fuse[k] == SILU || g.fuse[k] == SILU_BF16;
+        const int32_t to = silu ? next[1] : dst;  // the fused MUL writes its own register
+        if (silu) ++k;                            // the MUL is done here
+        const int32_t* after = g.code + 5 * (k + 1);
+        float* d = level == FULL ? r.own[to] : r.few[to];
         // a result stored next goes straight into its output (which later reads then use),
         // unless the store streams
-        if (level == FULL && k + 1 < g.n_instr && next[0] == STORE && next[3] == dst &&
-            !((g.streamed >> next[2]) & 1u)) {
-            if (float* out = direct<float>(p, p.ops[g.n_inputs + next[2]], start, n, F32)) d = out;
+        if (level == FULL && k + 1 < g.n_instr && after[0] == STORE && after[3] == to &&
+            !((g.streamed >> after[2]) & 1u)) {
+            if (float* out = direct<float>(p, p.ops[g.n_inputs + after[2]], start, n, F32)) {
+                d = out;
+            }
+        }
+        if (silu) {
+            map1(d, args[0].p, at_rows * at_len, [](float x) { return x * sigmoid_f(x); });
+            r.cur[to] = d;
+            r.shape[to] = level;
+            continue;
         }
         if (reads == 1) unary(op, d, args[0].p, at_rows * at_len);
         else if (reads == 2) binary(op, d, args[0], args[1], at_rows, at_len);

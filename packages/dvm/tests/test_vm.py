@@ -771,3 +771,75 @@ def test_c_abi_validates_instead_of_crashing() -> None:
     assert raw_call(ok, out_dtype=-1) == 3
     red = [0, 0, 0, -1, -1, 70, 1, 0, -1, -1, 2, -1, 0, 1, -1]
     assert raw_call(red, domain=(1, 1 << 17)) == 4
+
+
+def _silu_program(order: str, out_dtype_read_later: bool, keep_sigmoid: bool) -> Program:
+    """x * sigmoid(x) stored as out0 (the MUL's operands in ``order``); ``keep_sigmoid``
+    also stores the sigmoid (so it is read again: no fusion), ``out_dtype_read_later`` reads
+    the product again (out1 = product + product)."""
+    mul = Instr(Op.MUL, 2, 0, 1) if order == "x, s" else Instr(Op.MUL, 2, 1, 0)
+    instrs = [Instr(Op.LOAD, 0, 0), Instr(Op.SIGMOID, 1, 0), mul, Instr(Op.STORE, -1, 0, 2)]
+    outputs = 1
+    if out_dtype_read_later:
+        instrs += [Instr(Op.ADD, 3, 2, 2), Instr(Op.STORE, -1, outputs, 3)]
+        outputs += 1
+    if keep_sigmoid:
+        instrs.append(Instr(Op.STORE, -1, outputs, 1))
+        outputs += 1
+    return program(*instrs, n_inputs=1, n_outputs=outputs)
+
+
+@pytest.mark.parametrize("shape", [(7, 5), (3, 2049), (1, 1), (9, 1)], ids=str)
+@pytest.mark.parametrize("order", ["x, s", "s, x"])
+@pytest.mark.parametrize("read_later", [False, True])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_sigmoid_times_its_operand_fused_equals_two_passes(shape, order, read_later, dtype):
+    """SIGMOID then MUL by the sigmoid's own operand runs as one pass (SiLU), straight into a
+    bf16 output when the product is only stored: bit for bit what the two instructions give
+    when the sigmoid is read again (then they run apart), and the reference within TOL."""
+    x = values(shape[0] * shape[1], seed=11).reshape(shape).to(dtype)
+    fused = _silu_program(order, read_later, keep_sigmoid=False)
+    apart = _silu_program(order, read_later, keep_sigmoid=True)
+    outs = [dtype] * fused.n_outputs
+    got = check(fused, [x], shape, outs)
+    twin = vm.run(apart, [x], shape, [*outs, dtype])
+    for g, w in zip(got, twin, strict=False):
+        torch.testing.assert_close(g, w, rtol=0, atol=0, equal_nan=True)
+
+
+def test_silu_fusion_with_a_broadcast_operand_and_a_strided_bf16_output() -> None:
+    """The fused pass over a row-broadcast operand (one value per row), and into an output
+    whose layout the tile cannot write directly (the stores run apart), equals the reference."""
+    x = values(40, seed=12).reshape(8, 5)
+    col = x[:, :1].contiguous()
+    p = program(
+        Instr(Op.LOAD, 0, 0),
+        Instr(Op.LOAD, 3, 1),
+        Instr(Op.SIGMOID, 1, 3),
+        Instr(Op.MUL, 2, 3, 1),  # x * sigmoid(x) of the broadcast column
+        Instr(Op.ADD, 4, 0, 2),
+        Instr(Op.STORE, -1, 0, 4),
+        n_inputs=2,
+    )
+    check(p, [x, col], (8, 5), [torch.float32])
+    q = _silu_program("x, s", False, keep_sigmoid=False)
+    xt = values(64, seed=13).reshape(8, 8).to(torch.bfloat16)
+    kernel = vm.Kernel(q, [torch.bfloat16])
+    (out,) = kernel([xt], (8, 8), out_strides=[(1, 8)])
+    assert out.stride() == (1, 8)
+    (want,) = run_reference(q, [xt], (8, 8), [torch.bfloat16])
+    torch.testing.assert_close(out, want, rtol=TOL[torch.bfloat16][0], atol=1e-7, equal_nan=True)
+
+
+def test_sigmoid_in_place_then_squared_is_not_fused() -> None:
+    """r0 = sigmoid r0; r1 = r0 * r0 is sigmoid(x)^2, not x * sigmoid(x)."""
+    p = program(
+        Instr(Op.LOAD, 0, 0),
+        Instr(Op.SIGMOID, 0, 0),
+        Instr(Op.MUL, 1, 0, 0),
+        Instr(Op.STORE, -1, 0, 1),
+        n_inputs=1,
+    )
+    x = values(300, seed=14)
+    (got,) = check(p, [x], x.shape, [torch.float32])
+    torch.testing.assert_close(got, torch.sigmoid(x) ** 2, rtol=1e-6, atol=1e-7, equal_nan=True)

@@ -210,7 +210,9 @@ thread_local Buffer thread_buffer;
 // MUL and the REDUCE_SUM/MEAN of its result (the products are summed as they are made), or a
 // SIGMOID and the MUL of its result by its own operand (x * sigmoid(x), SiLU, in one pass;
 // SILU_BF16 when the product is only stored next, to a bf16 output: the three in one loop).
-enum Fuse : uint8_t { ALONE, STORE_BF16, DOT, SILU, SILU_BF16 };
+// LOAD_SILU: a bf16 input loaded only for such a SiLU is read by the SiLU's loop itself
+// (widened in registers, not in a pass of its own), where the tile is one contiguous piece.
+enum Fuse : uint8_t { ALONE, STORE_BF16, DOT, SILU, SILU_BF16, LOAD_SILU };
 
 struct Program {
     const int32_t* code;
@@ -297,6 +299,14 @@ void plan_fusions(const int32_t* code, int32_t n_instr, int32_t n_inputs, const 
                                  !read_later(code, n_instr, k + 3, next[1]);
             fuse[k] = to_bf16 ? SILU_BF16 : SILU;
         }
+    }
+    for (int32_t k = 0; k + 2 < n_instr; ++k) {
+        const int32_t* ins = code + 5 * k;
+        const int32_t* sig = ins + 5;
+        if (ins[0] == LOAD && ops[ins[2]].dtype == BF16 && (fuse[k + 1] == SILU ||
+            fuse[k + 1] == SILU_BF16) && sig[2] == ins[1] &&
+            !read_later(code, n_instr, k + 3, ins[1]))
+            fuse[k] = LOAD_SILU;
     }
 }
 
@@ -443,6 +453,43 @@ T* direct(const Plan& p, const Operand& o, int64_t start, int64_t n, int32_t dty
     return reinterpret_cast<T*>(const_cast<char*>(o.base)) + at;
 }
 
+// LOAD_SILU at instruction k: x * sigmoid(x) of the bf16 input read in place, into the
+// MUL's register (or its fp32 output), or rounded into the bf16 output of a SILU_BF16; k moves
+// past the instructions done. False (nothing done) when the input's tile is not one piece.
+bool run_load_silu(const Program& g, const Plan& p, int64_t start, int64_t n, Registers& r,
+                   int32_t& k) {
+    const int32_t* ins = g.code + 5 * k;
+    const auto* x = direct<uint16_t>(p, p.ops[ins[2]], start, n, BF16);
+    if (x == nullptr) return false;
+    const int32_t* mul = ins + 10;
+    const int32_t* after = ins + 15;  // what follows the MUL (inside the program: a STORE)
+    const bool more = k + 3 < g.n_instr;
+    if (g.fuse[k + 1] == SILU_BF16) {
+        if (uint16_t* out = direct<uint16_t>(p, p.ops[g.n_inputs + after[2]], start, n, BF16)) {
+#pragma omp simd
+            for (int64_t i = 0; i < n; ++i) {
+                const float v = bf16_to_f32(x[i]);
+                out[i] = f32_to_bf16(v * sigmoid_f(v));
+            }
+            k += 3;
+            return true;
+        }
+    }
+    float* d = r.own[mul[1]];
+    if (more && after[0] == STORE && after[3] == mul[1] && !((g.streamed >> after[2]) & 1u)) {
+        if (float* out = direct<float>(p, p.ops[g.n_inputs + after[2]], start, n, F32)) d = out;
+    }
+#pragma omp simd
+    for (int64_t i = 0; i < n; ++i) {
+        const float v = bf16_to_f32(x[i]);
+        d[i] = v * sigmoid_f(v);
+    }
+    r.cur[mul[1]] = d;
+    r.shape[mul[1]] = FULL;
+    k += 2;
+    return true;
+}
+
 void run_tile(const Program& g, const Plan& p, int64_t start, int64_t n, Registers& r) {
     // the tile as rows of `len` elements: whole rows with reductions, else one run
     const int64_t rows = g.reduce ? n / p.inner : 1, len = g.reduce ? p.inner : n;
@@ -450,6 +497,10 @@ void run_tile(const Program& g, const Plan& p, int64_t start, int64_t n, Registe
         const int32_t* ins = g.code + 5 * k;
         const int32_t op = ins[0], dst = ins[1], a = ins[2], b = ins[3];
         const int32_t reads = kind(op);
+        if (op == LOAD && g.fuse[k] == LOAD_SILU && r.row_of[a] == nullptr &&
+            run_load_silu(g, p, start, n, r, k)) {
+            continue;
+        }
         if (op == LOAD) {
             if (r.row_of[a] != nullptr) {
                 r.cur[dst] = r.row_of[a] + start % p.inner;

@@ -843,3 +843,20 @@ def test_sigmoid_in_place_then_squared_is_not_fused() -> None:
     x = values(300, seed=14)
     (got,) = check(p, [x], x.shape, [torch.float32])
     torch.testing.assert_close(got, torch.sigmoid(x) ** 2, rtol=1e-6, atol=1e-7, equal_nan=True)
+
+
+@pytest.mark.parametrize("shape", [(4, 1024), (3, 2049), (7, 5)], ids=str)
+@pytest.mark.parametrize("out_dtype", [torch.float32, torch.bfloat16])
+def test_silu_reads_a_bf16_input_in_place_when_it_is_loaded_for_nothing_else(shape, out_dtype):
+    """A bf16 input loaded only for a SiLU is read by the fused loop itself: the result is
+    bit for bit the one where the loaded value is stored too (the load then runs apart)."""
+    x = values(shape[0] * shape[1], seed=15).reshape(shape).to(torch.bfloat16)
+    core = [Instr(Op.LOAD, 0, 0), Instr(Op.SIGMOID, 1, 0), Instr(Op.MUL, 2, 0, 1)]
+    alone = program(*core, Instr(Op.STORE, -1, 0, 2), n_inputs=1)
+    kept = program(
+        *core, Instr(Op.STORE, -1, 0, 2), Instr(Op.STORE, -1, 1, 0), n_inputs=1, n_outputs=2
+    )
+    got = check(alone, [x], shape, [out_dtype])
+    twin, loaded = vm.run(kept, [x], shape, [out_dtype, torch.bfloat16])
+    torch.testing.assert_close(got[0], twin, rtol=0, atol=0, equal_nan=True)
+    torch.testing.assert_close(loaded, x, rtol=0, atol=0, equal_nan=True)

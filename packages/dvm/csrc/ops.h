@@ -30,8 +30,16 @@ struct Row {
     float row(int64_t k) const { return p[k * step]; }
 };
 
+// A bf16 input's values read in place (widened as they are used).
+struct Vec16 {
+    const uint16_t* p;
+    int64_t pitch;
+    const uint16_t* row(int64_t k) const { return p + k * pitch; }
+};
+
 inline float at(const float* p, int64_t i) { return p[i]; }
 inline float at(float v, int64_t) { return v; }
+inline float at(const uint16_t* p, int64_t i) { return bf16_to_f32(p[i]); }
 
 // An operand as vm.cpp hands it over: its values (full) or a broadcast value per row / run.
 struct Arg {

@@ -211,8 +211,10 @@ thread_local Buffer thread_buffer;
 // SIGMOID and the MUL of its result by its own operand (x * sigmoid(x), SiLU, in one pass;
 // SILU_BF16 when the product is only stored next, to a bf16 output: the three in one loop).
 // LOAD_SILU: a bf16 input loaded only for such a SiLU is read by the SiLU's loop itself
-// (widened in registers, not in a pass of its own), where the tile is one contiguous piece.
-enum Fuse : uint8_t { ALONE, STORE_BF16, DOT, SILU, SILU_BF16, LOAD_SILU };
+// (widened in registers, not in a pass of its own), where the tile is one contiguous piece;
+// LOAD_OPERAND: likewise a bf16 input loaded only as an operand of a binary op whose result
+// is rounded straight into a bf16 output (STORE_BF16).
+enum Fuse : uint8_t { ALONE, STORE_BF16, DOT, SILU, SILU_BF16, LOAD_SILU, LOAD_OPERAND };
 
 struct Program {
     const int32_t* code;
@@ -307,6 +309,10 @@ void plan_fusions(const int32_t* code, int32_t n_instr, int32_t n_inputs, const 
             fuse[k + 1] == SILU_BF16) && sig[2] == ins[1] &&
             !read_later(code, n_instr, k + 3, ins[1]))
             fuse[k] = LOAD_SILU;
+        else if (ins[0] == LOAD && ops[ins[2]].dtype == BF16 && fuse[k + 1] == STORE_BF16 &&
+                 (sig[2] == ins[1]) != (sig[3] == ins[1]) &&
+                 !read_later(code, n_instr, k + 3, ins[1]))
+            fuse[k] = LOAD_OPERAND;
     }
 }
 
@@ -490,6 +496,26 @@ bool run_load_silu(const Program& g, const Plan& p, int64_t start, int64_t n, Re
     return true;
 }
 
+// LOAD_OPERAND at instruction k: the binary op after it, with this bf16 input read in place
+// as one operand and a full register as the other, rounded into its bf16 output; k moves past
+// the load, the op and the store. False (nothing done) when that cannot be had for this tile.
+bool run_load_operand(const Program& g, const Plan& p, int64_t start, int64_t n,
+                      const Registers& r, int32_t& k) {
+    const int32_t* ins = g.code + 5 * k;
+    const int32_t* op = ins + 5;
+    const int32_t* store = ins + 10;
+    const bool first = op[2] == ins[1];  // the input is the op's first operand
+    const int32_t other = first ? op[3] : op[2];
+    if (r.shape[other] != FULL) return false;
+    const auto* x = direct<uint16_t>(p, p.ops[ins[2]], start, n, BF16);
+    uint16_t* out = direct<uint16_t>(p, p.ops[g.n_inputs + store[2]], start, n, BF16);
+    if (x == nullptr || out == nullptr) return false;
+    if (first) binary_bf16_as(op[0], out, Vec16{x, 0}, Vec{r.cur[other], 0}, 1, n);
+    else binary_bf16_as(op[0], out, Vec{r.cur[other], 0}, Vec16{x, 0}, 1, n);
+    k += 2;
+    return true;
+}
+
 void run_tile(const Program& g, const Plan& p, int64_t start, int64_t n, Registers& r) {
     // the tile as rows of `len` elements: whole rows with reductions, else one run
     const int64_t rows = g.reduce ? n / p.inner : 1, len = g.reduce ? p.inner : n;
@@ -499,6 +525,10 @@ void run_tile(const Program& g, const Plan& p, int64_t start, int64_t n, Registe
         const int32_t reads = kind(op);
         if (op == LOAD && g.fuse[k] == LOAD_SILU && r.row_of[a] == nullptr &&
             run_load_silu(g, p, start, n, r, k)) {
+            continue;
+        }
+        if (op == LOAD && g.fuse[k] == LOAD_OPERAND && r.row_of[a] == nullptr &&
+            run_load_operand(g, p, start, n, r, k)) {
             continue;
         }
         if (op == LOAD) {

@@ -860,3 +860,27 @@ def test_silu_reads_a_bf16_input_in_place_when_it_is_loaded_for_nothing_else(sha
     twin, loaded = vm.run(kept, [x], shape, [out_dtype, torch.bfloat16])
     torch.testing.assert_close(got[0], twin, rtol=0, atol=0, equal_nan=True)
     torch.testing.assert_close(loaded, x, rtol=0, atol=0, equal_nan=True)
+
+
+@pytest.mark.parametrize("shape", [(4, 1024), (3, 2049), (7, 5)], ids=str)
+@pytest.mark.parametrize("op", [Op.SUB, Op.DIV, Op.MUL])
+@pytest.mark.parametrize("input_first", [True, False])
+@pytest.mark.parametrize("other_full", [True, False])
+def test_binary_reads_a_bf16_input_in_place_into_a_bf16_output(shape, op, input_first, other_full):
+    """A bf16 input loaded only as one operand of a binary op stored straight into a bf16
+    output is read by that op's loop: bit for bit the result where the input is stored too
+    (the load then runs apart), in either operand order, with a full or a per-row other
+    operand (the latter runs apart)."""
+    g = torch.Generator().manual_seed(16)
+    x = torch.randn(shape, generator=g).bfloat16()
+    y = (torch.randn(shape if other_full else (shape[0], 1), generator=g) + 3).bfloat16()
+    pair = (0, 1) if input_first else (1, 0)
+    core = [Instr(Op.LOAD, 1, 1), Instr(Op.EXP, 1, 1), Instr(Op.LOAD, 0, 0), Instr(op, 2, *pair)]
+    alone = program(*core, Instr(Op.STORE, -1, 0, 2), n_inputs=2)
+    kept = program(
+        *core, Instr(Op.STORE, -1, 0, 2), Instr(Op.STORE, -1, 1, 0), n_inputs=2, n_outputs=2
+    )
+    (got,) = check(alone, [x, y], shape, [torch.bfloat16])
+    twin, loaded = vm.run(kept, [x, y], shape, [torch.bfloat16] * 2)
+    torch.testing.assert_close(got, twin, rtol=0, atol=0, equal_nan=True)
+    torch.testing.assert_close(loaded, x, rtol=0, atol=0)

@@ -473,10 +473,7 @@ bool run_load_silu(const Program& g, const Plan& p, int64_t start, int64_t n, Re
     if (g.fuse[k + 1] == SILU_BF16) {
         if (uint16_t* out = direct<uint16_t>(p, p.ops[g.n_inputs + after[2]], start, n, BF16)) {
 #pragma omp simd
-            for (int64_t i = 0; i < n; ++i) {
-                const float v = bf16_to_f32(x[i]);
-                out[i] = f32_to_bf16(v * sigmoid_f(v));
-            }
+            for (int64_t i = 0; i < n; ++i) out[i] = f32_to_bf16(silu_f(bf16_to_f32(x[i])));
             k += 3;
             return true;
         }
@@ -486,10 +483,7 @@ bool run_load_silu(const Program& g, const Plan& p, int64_t start, int64_t n, Re
         if (float* out = direct<float>(p, p.ops[g.n_inputs + after[2]], start, n, F32)) d = out;
     }
 #pragma omp simd
-    for (int64_t i = 0; i < n; ++i) {
-        const float v = bf16_to_f32(x[i]);
-        d[i] = v * sigmoid_f(v);
-    }
+    for (int64_t i = 0; i < n; ++i) d[i] = silu_f(bf16_to_f32(x[i]));
     r.cur[mul[1]] = d;
     r.shape[mul[1]] = FULL;
     k += 2;
@@ -602,7 +596,7 @@ void run_tile(const Program& g, const Plan& p, int64_t start, int64_t n, Registe
                 const float* x = args[0].p;
                 const int64_t m = at_rows * at_len;
 #pragma omp simd
-                for (int64_t i = 0; i < m; ++i) out[i] = f32_to_bf16(x[i] * sigmoid_f(x[i]));
+                for (int64_t i = 0; i < m; ++i) out[i] = f32_to_bf16(silu_f(x[i]));
                 k += 2;  // the MUL and the store are done
                 continue;
             }
@@ -621,7 +615,7 @@ void run_tile(const Program& g, const Plan& p, int64_t start, int64_t n, Registe
             }
         }
         if (silu) {
-            map1(d, args[0].p, at_rows * at_len, [](float x) { return x * sigmoid_f(x); });
+            map1(d, args[0].p, at_rows * at_len, silu_f);
             r.cur[to] = d;
             r.shape[to] = level;
             continue;

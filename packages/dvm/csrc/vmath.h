@@ -151,6 +151,9 @@ inline float sigmoid_f(float x) {
     return x >= 0.0f ? s : e * s;
 }
 
+// x * sigmoid(x): the fused SiLU passes' one formula (the same arithmetic as the two ops).
+inline float silu_f(float x) { return x * sigmoid_f(x); }
+
 // erf from two polynomials of our own fit (near-minimax: Chebyshev least squares reweighted
 // toward equal ripple, in float64, coefficients rounded to float), no exp and no division:
 // |x| < 1: x S(x^2), S of degree 5 (fit error 4e-8 relative, so tiny x keep full precision);

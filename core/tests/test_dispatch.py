@@ -334,8 +334,14 @@ def test_gradients_see_arguments_the_dispatcher_dropped_as_defaults() -> None:
     torch.testing.assert_close(x.grad, torch.full_like(x, 2.0))
 
 
-def test_keyword_only_arguments_are_refused() -> None:
-    with pytest.raises(ValueError, match="keyword-only"):
-        dispatch.define(
-            f"t_kw_{next(_names)}", "(Tensor x, *, float s) -> Tensor", reference=lambda x, s: x
-        )
+@pytest.mark.parametrize(
+    ("schema", "message"),
+    [
+        ("(Tensor x, *, float s) -> Tensor", "keyword-only"),
+        ("(Tensor[] xs) -> Tensor", "tensor lists"),
+        ("(Tensor x) -> Tensor[]", "tensor lists"),
+    ],
+)
+def test_schemas_the_autograd_kernel_cannot_take_are_refused(schema, message) -> None:
+    with pytest.raises(ValueError, match=message):
+        dispatch.define(f"t_refused_{next(_names)}", schema, reference=lambda *a, **k: None)

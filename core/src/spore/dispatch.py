@@ -274,6 +274,11 @@ def define(
             raise ValueError(
                 f"op {name!r}: keyword-only arguments are not supported; make them positional"
             )
+        if any("Tensor]" in str(a.type) for a in (*parsed.arguments, *parsed.returns)):
+            raise ValueError(
+                f"op {name!r}: tensor lists (Tensor[]) are not supported as arguments or "
+                f"results; pass the tensors one by one"
+            )
         lib.define(f"{name}{schema}")
         lib.impl(name, op._route, "CompositeExplicitAutograd")
         torch.library.register_fake(op.qualname, fake or reference, lib=lib)

@@ -340,8 +340,21 @@ def test_gradients_see_arguments_the_dispatcher_dropped_as_defaults() -> None:
         ("(Tensor x, *, float s) -> Tensor", "keyword-only"),
         ("(Tensor[] xs) -> Tensor", "tensor lists"),
         ("(Tensor x) -> Tensor[]", "tensor lists"),
+        ("(Tensor? x, Tensor?[] xs) -> Tensor", "tensor lists"),
     ],
 )
 def test_schemas_the_autograd_kernel_cannot_take_are_refused(schema, message) -> None:
     with pytest.raises(ValueError, match=message):
         dispatch.define(f"t_refused_{next(_names)}", schema, reference=lambda *a, **k: None)
+
+
+def test_optional_tensors_and_scalar_lists_are_taken() -> None:
+    op = dispatch.define(
+        f"t_optional_{next(_names)}",
+        "(Tensor x, Tensor? w, int[] dims, float? s) -> (Tensor, Tensor)",
+        reference=lambda x, w, dims, s: (x * 2, x.sum(dims, keepdim=True)),
+    )
+    x = torch.randn(3, 4, requires_grad=True)
+    y, total = op(x, None, [1], None)
+    (y.sum() + total.sum()).backward()
+    torch.testing.assert_close(x.grad, torch.full_like(x, 3.0))

@@ -196,6 +196,11 @@ _PLAIN_CPU = {
 dispatch modes, no functionalization): a call that needs no gradient goes straight to it."""
 
 
+def _tensor_list(t: Any) -> bool:
+    """Whether a schema type is a list of (optional) tensors."""
+    return isinstance(t, torch._C.ListType) and "Tensor" in str(t.getElementType())
+
+
 def _autograd_kernel(
     op: Op, backward: Callable[..., Any], setup_context: Callable[..., Any]
 ) -> Callable[..., Any]:
@@ -274,7 +279,7 @@ def define(
             raise ValueError(
                 f"op {name!r}: keyword-only arguments are not supported; make them positional"
             )
-        if any("Tensor]" in str(a.type) for a in (*parsed.arguments, *parsed.returns)):
+        if any(_tensor_list(a.type) for a in (*parsed.arguments, *parsed.returns)):
             raise ValueError(
                 f"op {name!r}: tensor lists (Tensor[]) are not supported as arguments or "
                 f"results; pass the tensors one by one"

@@ -122,13 +122,8 @@ class Op:
         device = _device_of(args, kwargs)
         ranked = self._ranked.get(device)
         for kernel in self.candidates(device) if ranked is None else ranked:
-            if kernel.supports is None:
+            if _accepts(kernel, args, kwargs)[0]:
                 return kernel, device
-            try:
-                if kernel.supports(*args, **kwargs):
-                    return kernel, device
-            except Exception:  # explain() reports why; here it only means "not this kernel"
-                continue
         return None, device
 
     def _route(self, *args: Any, **kwargs: Any) -> Any:

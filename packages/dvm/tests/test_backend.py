@@ -57,7 +57,7 @@ def test_attention_stays_whole_and_its_gradients_match(dtype):
     graphs, backend = _record()
 
     def attend(q, k, v):
-        return F.scaled_dot_product_attention(q.sigmoid(), k, v, is_causal=True) * 2
+        return F.scaled_dot_product_attention(q.sigmoid() * q, k, v, is_causal=True).tanh() * 2
 
     gen = torch.Generator().manual_seed(0)
     qkv = [torch.randn(1, 2, 8, 16, generator=gen, dtype=dtype) for _ in range(3)]
@@ -65,8 +65,10 @@ def test_attention_stays_whole_and_its_gradients_match(dtype):
     got_in = [t.clone().requires_grad_() for t in qkv]
     attend(*want_in).sum().backward()
     torch.compile(attend, backend=backend)(*got_in).sum().backward()
+    # bf16: the fused chain rounds once where eager rounds after each op
+    tol = {"atol": 1e-2, "rtol": 2e-2} if dtype == torch.bfloat16 else {}
     for g, e in zip(got_in, want_in, strict=True):
-        torch.testing.assert_close(g.grad, e.grad)
+        torch.testing.assert_close(g.grad, e.grad, **tol)
     ops = [str(n.target) for _, c in graphs for n, _ in c.fallbacks]
     assert any("scaled_dot_product" in op for op in ops), ops
     assert all(c.vm_calls >= 1 for _, c in graphs)
@@ -89,7 +91,7 @@ def test_fallbacks_counted_and_explained():
         a = x.double().exp()  # float64: eager
         b = x.cumsum(-1)  # no VM lowering: eager
         c = x.sum(0)  # a reduction over dim 0: eager
-        return a.float() + b, c.sigmoid()
+        return a.float() + b, c.sigmoid() * 2
 
     x = torch.randn(3, 5)
     got = torch.compile(fn, backend=backend)(x)

@@ -6,16 +6,16 @@ from __future__ import annotations
 import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 
-from dvm.cluster import cluster
+from dvm.cluster import ALONE, cluster
 from dvm.compile import compile_graph
 from dvm.program import MAX_INPUTS, MAX_OUTPUTS, MAX_REGS
 
 aten = torch.ops.aten
 
 
-def _compiled(fn, *args):
+def _compiled(fn, *args, min_ops=1):  # structure tests: regions of one op count too
     gm = make_fx(fn, tracing_mode="fake")(*args)
-    compiled = compile_graph(gm, list(args))
+    compiled = compile_graph(gm, list(args), min_ops=min_ops)
     got, want = compiled(*args), fn(*args)
     for g, w in zip(_seq(got), _seq(want), strict=True):
         torch.testing.assert_close(g, w, atol=1e-5, rtol=1e-5)
@@ -163,3 +163,17 @@ def test_fallback_nodes_are_listed_with_reasons():
     assert "no VM lowering" in reasons["aten.cumsum.default"]
     assert "float64" in reasons["aten.sin.default"]
     assert len(c.regions) == 2  # exp, and the mul (+ the cast to float64 stays eager)
+
+
+def test_a_region_of_one_op_stays_eager():
+    def fn(x, w):
+        a = x.exp()  # alone between two eager ops: nothing to fuse
+        b = a.cumsum(-1)  # no VM lowering
+        c = b.to(torch.bfloat16) * w  # a cast and a mul: two passes in eager, one on the VM
+        return a.sum(0), c.view(-1)  # views cost eager nothing
+
+    x, w = _x(3, 4), _x(4, seed=1).to(torch.bfloat16)
+    c = _compiled(fn, x, w, min_ops=2)
+    assert [r.ops for r in c.regions] == [["aten._to_copy.default", "aten.mul.Tensor"]]
+    assert {str(n.target): why for n, why in c.fallbacks}["aten.exp.default"] == ALONE
+    assert len(_compiled(fn, x, w, min_ops=1).regions) == 2

@@ -15,7 +15,7 @@ aten = torch.ops.aten
 
 def _compile(fn, *args, mode="fake"):
     gm = make_fx(fn, tracing_mode=mode)(*args)
-    return gm, compile_graph(gm, list(args))
+    return gm, compile_graph(gm, list(args), min_ops=1)  # lowering of each op, alone too
 
 
 def _x(*shape, dtype=torch.float32, lo=-2.0, hi=2.0, seed=0):

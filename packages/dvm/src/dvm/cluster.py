@@ -35,7 +35,7 @@ from dvm.lower import (
     reduced_dims,
     unsupported_reason,
 )
-from dvm.program import MAX_INPUTS, MAX_INSTRS, MAX_OUTPUTS, Op, Program
+from dvm.program import MAX_INPUTS, MAX_INSTRS, MAX_OUTPUTS, Program
 
 Shape = tuple[int, ...]
 aten = torch.ops.aten
@@ -426,11 +426,19 @@ _ALIASING = {
 }
 
 
-_MOVES = frozenset({Op.LOAD, Op.CONST, Op.STORE})
+_CASTS = {aten._to_copy.default, torch.ops.prims.convert_element_type.default}
+ALONE = "a single op: eager runs it in one pass, the VM would only add its call's cost"
+MIN_OPS = 2
+"""Default ``min_ops``: a region must stand for at least this many eager kernels."""
 
 
-def _computes(program: Program) -> bool:
-    return any(i.op not in _MOVES for i in program.instrs)
+def _passes(region: Region) -> int:
+    """The eager kernels ``region`` stands for: its pointwise ops, reductions and casts (views
+    and constants cost eager nothing)."""
+    return sum(1 for n in region.nodes if RULES[n.target].kind in _WORK or n.target in _CASTS)
+
+
+_WORK = (POINTWISE, REDUCE)
 
 
 def _split(members: list[Node], a: _Analysis) -> tuple[list[Region], list[tuple[Node, str]]]:
@@ -456,9 +464,10 @@ def _split(members: list[Node], a: _Analysis) -> tuple[list[Region], list[tuple[
     return regions, dropped
 
 
-def cluster(gm: GraphModule) -> Clustering:
+def cluster(gm: GraphModule, *, min_ops: int = MIN_OPS) -> Clustering:
     """Regions of ``gm`` (nodes need ``meta["val"]``) and the call nodes left to eager with
-    the reason."""
+    the reason. A region standing for fewer than ``min_ops`` eager kernels (pointwise ops,
+    reductions, casts) is left to eager: one op alone runs faster there."""
     t0 = time.perf_counter()
     c = _Clusterer(gm)
     groups = c.run()
@@ -475,5 +484,10 @@ def cluster(gm: GraphModule) -> Clustering:
             notes.append(f"split {len(members)} nodes from {members[0].name}: {e}")
             parts, dropped = _split(members, c.a)
             fallbacks.extend(dropped)
-        regions.extend(r for r in parts if _computes(r.program))
+        for r in parts:
+            work = _passes(r)
+            if work >= min_ops:
+                regions.append(r)
+            elif work:
+                fallbacks.extend((n, ALONE) for n in r.nodes)
     return Clustering(regions, fallbacks, (time.perf_counter() - t0) * 1e6, notes)

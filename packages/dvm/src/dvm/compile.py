@@ -19,31 +19,42 @@ import torch
 from torch.fx import GraphModule, Node
 from torch.fx.node import map_arg
 
-from dvm.cluster import Clustering, Region, cluster, is_barrier
+from dvm.cluster import MIN_OPS, Clustering, Region, cluster, is_barrier
 from dvm.executor import Executor, RegionCall
 from dvm.program import Program, run_reference
 
 Strides = tuple[int, ...]
-Prepared = Callable[..., list[torch.Tensor]]
-"""``(inputs, domain, *, out_strides=None) -> outputs``, as ``dvm.vm.Kernel.__call__``."""
 
 
-def _reference(program: Program, out_dtypes: list[torch.dtype], reduced: list[bool]) -> Prepared:
-    def run(
-        inputs: list[torch.Tensor],
+class _Reference:
+    """The reference executor in :class:`dvm.vm.Kernel`'s shape (``bind``, then call with the
+    args): where the C++ VM is not built."""
+
+    def __init__(self, program: Program, out_dtypes: list[torch.dtype], reduced: list[bool]):
+        self.program, self.out_dtypes, self.reduced = program, out_dtypes, reduced
+
+    def bind(
+        self,
         domain: tuple[int, ...],
+        args: Sequence[torch.Tensor],
+        operands: Sequence[tuple[int, Sequence[int]]],
+        out_shapes: Sequence[Sequence[int]],
         *,
         out_strides: Sequence[Strides | None] | None = None,
-    ) -> list[torch.Tensor]:
-        outs = run_reference(program, inputs, domain, out_dtypes, reduced)
-        if out_strides is None:
-            return outs
-        return [
-            o if s is None else torch.empty_strided(o.shape, s, dtype=o.dtype).copy_(o)
-            for o, s in zip(outs, out_strides, strict=True)
-        ]
+    ) -> Callable[[Sequence[torch.Tensor]], list[torch.Tensor]]:
+        layouts = out_strides or [None] * len(out_shapes)
 
-    return run
+        def run(args: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+            inputs = [args[i].view(view) for i, view in operands]
+            outs = run_reference(self.program, inputs, domain, self.out_dtypes, self.reduced)
+            return [
+                o.view(shape)
+                if s is None
+                else torch.empty_strided(o.shape, s, dtype=o.dtype).copy_(o)
+                for o, shape, s in zip(outs, out_shapes, layouts, strict=True)
+            ]
+
+        return run
 
 
 def _out_layouts(region: Region) -> list[Strides | None] | None:
@@ -58,7 +69,7 @@ def _out_layouts(region: Region) -> list[Strides | None] | None:
     return None if all(s is None for s in layouts) else layouts
 
 
-def _select_executor() -> tuple[Callable[..., Prepared], str]:
+def _select_executor() -> tuple[Callable[..., Any], str]:
     """The C++ VM (``dvm.vm.Kernel``, a program encoded once) when it is built, else the
     reference executor."""
     try:
@@ -66,7 +77,7 @@ def _select_executor() -> tuple[Callable[..., Prepared], str]:
 
         _lib.library()  # raises ImportError when no build fits this machine
     except (ImportError, OSError):
-        return _reference, "reference"
+        return _Reference, "reference"
     return vm.Kernel, "vm"
 
 
@@ -83,15 +94,28 @@ class RegionRunner:
         inputs = region.unique_inputs
         self._inputs = inputs
         position = {n: i for i, n in enumerate(inputs)}
-        self._slots = [
-            (position[n], view if tuple(n.meta["val"].shape) != view else None)
-            for n, view in zip(region.input_nodes, region.input_views, strict=True)
-        ]
         self._guards = [(torch.Size(n.meta["val"].shape), n.meta["val"].dtype) for n in inputs]
-        self._out_shapes = [torch.Size(o.meta["val"].shape) for o in region.outputs]
-        self._out_layouts = _out_layouts(region)
+        # each VM output is allocated in the shape of the first graph output it holds; another
+        # graph output of the same VM output (a view of it) is a view of that
+        first: dict[int, Node] = {}
+        self._results = []
+        for node, k in zip(region.outputs, region.output_slots, strict=True):
+            shape = torch.Size(node.meta["val"].shape)
+            first.setdefault(k, node)
+            same = first[k] is node or first[k].meta["val"].shape == shape
+            self._results.append((k, None if same else shape))
         t0 = time.perf_counter()
         self._kernel = PREPARE(region.program, region.out_dtypes, region.reduced)
+        self._launch = self._kernel.bind(
+            region.domain,
+            [n.meta["val"] for n in inputs],
+            [
+                (position[n], view)
+                for n, view in zip(region.input_nodes, region.input_views, strict=True)
+            ],
+            [first[k].meta["val"].shape for k in range(len(region.out_dtypes))],
+            out_strides=_out_layouts(region),
+        )
         self.prepare_us = (time.perf_counter() - t0) * 1e6
         self.vm_calls = 0
         self.eager_calls = 0
@@ -112,8 +136,8 @@ class RegionRunner:
                 return f"input {i} has shape {tuple(t.shape)}, compiled for {tuple(shape)}"
             if t.dtype != dtype:
                 return f"input {i} has dtype {t.dtype}, compiled for {dtype}"
-            if t.device.type != "cpu":
-                return f"input {i} is on {t.device}; the VM runs on CPU"
+            if not t.is_cpu or t.layout is not torch.strided:
+                return f"input {i} is a {t.device} {t.layout} tensor; the VM runs on dense CPU ones"
             if grad and t.requires_grad:
                 return f"input {i} requires grad under grad mode (the VM has no autograd)"
         return None
@@ -121,17 +145,13 @@ class RegionRunner:
     def __call__(self, *args: torch.Tensor) -> tuple[torch.Tensor, ...]:
         reason = self.guard(args)
         if reason is None:
-            operands = [args[i] if view is None else args[i].view(view) for i, view in self._slots]
             try:
-                outs = self._kernel(operands, self.region.domain, out_strides=self._out_layouts)
+                outs = self._launch(args)
             except Exception as e:
                 reason = f"VM raised {type(e).__name__}: {e}"
             else:
                 self.vm_calls += 1
-                return tuple(
-                    outs[k] if outs[k].shape == s else outs[k].view(s)
-                    for k, s in zip(self.region.output_slots, self._out_shapes, strict=True)
-                )
+                return tuple(outs[k] if v is None else outs[k].view(v) for k, v in self._results)
         self.eager_calls += 1
         self.fallback_reasons[reason] = self.fallback_reasons.get(reason, 0) + 1
         return self.eager(*args)
@@ -258,12 +278,15 @@ def _schedule(gm: GraphModule, runners: list[RegionRunner]) -> Executor:
     return Executor(gm, order)
 
 
-def compile_graph(gm: GraphModule, example_inputs: Sequence[Any]) -> CompiledGraph:
-    """``gm`` with its VM-able regions running on the VM and the rest as eager aten."""
+def compile_graph(
+    gm: GraphModule, example_inputs: Sequence[Any], *, min_ops: int = MIN_OPS
+) -> CompiledGraph:
+    """``gm`` with its VM-able regions running on the VM and the rest as eager aten; regions
+    of fewer than ``min_ops`` eager kernels stay eager (see :func:`dvm.cluster.cluster`)."""
     t0 = time.perf_counter()
     _ensure_meta(gm, example_inputs)
     try:
-        clustering = cluster(gm)
+        clustering = cluster(gm, min_ops=min_ops)
         runners = [RegionRunner(r, k) for k, r in enumerate(clustering.regions)]
         t1 = time.perf_counter()
         run = _schedule(gm, runners) if runners else gm

@@ -560,39 +560,50 @@ def _var_mean(x: torch.Tensor, dim=None, *, correction=None, keepdim: bool = Fal
     return var, (mean if keepdim else torch.squeeze(mean, dims))
 
 
-_ATTENTION = (
-    aten.scaled_dot_product_attention.default,
-    aten._scaled_dot_product_attention_math.default,
-    aten._scaled_dot_product_flash_attention_for_cpu.default,
-)
+_FUSIBLE = [  # composites whose decompositions are ops the VM lowers
+    aten.gelu,
+    aten.gelu_backward,
+    aten.silu,
+    aten.silu_backward,
+    aten.sigmoid_backward,
+    aten.tanh_backward,
+    aten.threshold_backward,
+    aten.softplus,
+    aten.softplus_backward,
+    aten.mish,
+    aten.hardswish,
+    aten.hardsigmoid,
+    aten.hardtanh,
+    aten.hardtanh_backward,
+    aten.leaky_relu,
+    aten.leaky_relu_backward,
+    aten.elu,
+    aten.elu_backward,
+    aten._softmax,
+    aten._log_softmax,
+    aten._softmax_backward_data,
+    aten._log_softmax_backward_data,
+    aten.logsumexp,
+    aten.native_layer_norm,
+    aten.native_layer_norm_backward,
+    aten.rsub,
+    aten.addcmul,
+    aten.addcdiv,
+    aten.lerp,
+    aten.masked_fill,
+    aten.mse_loss,
+    aten.mse_loss_backward,
+    aten.detach,
+]
 
 
 def decomposition_table() -> dict[Any, Callable[..., Any]]:
-    """Core aten decompositions plus the composites that become VM-able when decomposed
-    (softmax, log-softmax, GELU, LayerNorm forward/backward, variance)."""
-    from torch._decomp import core_aten_decompositions, get_decompositions
+    """The composites whose decompositions the VM can fuse (activations and their backward,
+    softmax, log-softmax, LayerNorm forward/backward, variance...). Other ops stay whole:
+    decomposed, an op the VM cannot take (embedding backward, NLL loss, slicing backward)
+    runs as several eager kernels instead of one."""
+    from torch._decomp import get_decompositions
 
-    table = dict(core_aten_decompositions())
-    table.update(
-        get_decompositions(
-            [
-                aten.gelu,
-                aten.gelu_backward,
-                aten._softmax,
-                aten._log_softmax,
-                aten._softmax_backward_data,
-                aten._log_softmax_backward_data,
-                aten.native_layer_norm,
-                aten.native_layer_norm_backward,
-                aten.hardtanh,
-                aten.leaky_relu,
-                aten.elu,
-            ]
-        )
-    )
+    table = get_decompositions(_FUSIBLE)
     table[aten.var_mean.correction] = _var_mean
-    # The core table decomposes attention's forward while autograd keeps the fused backward,
-    # whose saved values then no longer match (wrong q/k/v gradients): attention stays whole.
-    for op in _ATTENTION:
-        table.pop(op, None)
     return table

@@ -3,8 +3,10 @@
 
 ``run(program, inputs, domain, out_dtypes)`` is the one-shot form; :class:`Kernel` encodes a
 program once and is then called per batch of inputs, which keeps the per-call cost to
-checking the inputs, allocating the outputs and one ctypes call. Inputs are read in place
-through their strides over the domain (broadcast and strided views need no copies).
+checking the inputs, allocating the outputs and one ctypes call; :meth:`Kernel.bind` fixes the
+domain and the operands' shapes and dtypes too (a compiled region's guarded signature), leaving
+a call only the strides, the outputs and the ctypes call. Inputs are read in place through their
+strides over the domain (broadcast and strided views need no copies).
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import torch
 from dvm import _lib
 from dvm.program import DTYPE_CODES, MAX_DIMS, Instr, Op, Program, output_shape, reads
 
-__all__ = ["Kernel", "VMError", "run", "without_redundant_casts"]
+__all__ = ["Kernel", "Launch", "VMError", "run", "without_redundant_casts"]
 
 
 class VMError(RuntimeError):
@@ -187,6 +189,30 @@ class Kernel:
         self._ptrs = _PTR * (n_in + n_out)
         self._in_codes = _I32 * max(n_in, 1)
 
+    def _check_rows(self, dims: tuple[int, ...]) -> None:
+        if self._max_row is not None and dims[-1] > self._max_row:
+            raise VMError(
+                f"rows of {dims[-1]} elements: the VM reduces rows of at most "
+                f"{self._max_row} (run this region eagerly)"
+            )
+
+    def bind(
+        self,
+        domain: Sequence[int],
+        args: Sequence[torch.Tensor],
+        operands: Sequence[tuple[int, Sequence[int]]],
+        out_shapes: Sequence[Sequence[int]],
+        *,
+        out_strides: Sequence[Sequence[int] | None] | None = None,
+    ) -> Launch:
+        """This kernel for calls whose ``args`` have the shapes and dtypes of the examples
+        ``args`` (real or fake tensors): operand ``k`` is ``args[i]`` seen with shape ``view``
+        for ``operands[k] = (i, view)`` (``view`` differs from the arg's shape only in size-1
+        dims, and broadcasts to ``domain``); output ``k`` is allocated with ``out_shapes[k]``
+        (the output's shape over the domain, up to size-1 dims), or ``out_strides[k]`` over
+        the domain as in :meth:`__call__`."""
+        return Launch(self, _domain(domain), args, operands, out_shapes, out_strides)
+
     def __call__(
         self,
         inputs: Sequence[torch.Tensor],
@@ -200,15 +226,11 @@ class Kernel:
         contiguous unless ``out_strides[i]`` gives a non-reduced output's strides over the
         domain (a dense, non-overlapping layout such as a permutation)."""
         dims = _domain(domain)
-        n_in, n_out = self._head[4], len(self.out_dtypes)
+        n_in = self._head[4]
         if len(inputs) != n_in:
             raise ValueError(f"the program takes {n_in} inputs, got {len(inputs)}")
         layouts = _layouts(out_strides, dims, self.reduced)
-        if self._max_row is not None and dims[-1] > self._max_row:
-            raise VMError(
-                f"rows of {dims[-1]} elements: the VM reduces rows of at most "
-                f"{self._max_row} (run this region eagerly)"
-            )
+        self._check_rows(dims)
         threads = torch.get_num_threads() if threads is None else int(threads)
         if threads < 1:
             raise ValueError(f"threads must be at least 1, got {threads}")
@@ -237,25 +259,125 @@ class Kernel:
             if red:
                 longs[-1] = 0  # every column of a row maps to the row's one element
             outs.append(out)
-        nd = len(dims)
         longs += dims
+        ptrs = [t.data_ptr() for t in inputs] + [o.data_ptr() for o in outs]
+        self._run(ptrs, self._in_codes(*in_codes), longs, len(dims), min(threads, 2**31 - 1))
+        return outs
+
+    def _run(
+        self, ptrs: list[int], in_codes: ctypes.Array, longs: list[int], nd: int, threads: int
+    ) -> None:
+        """One ``dvm_run``: data pointers (inputs then outputs), input dtype codes, strides
+        (inputs then outputs) then the domain; :class:`VMError` when the VM refuses."""
+        n_in = self._head[4]
         ints = (_I64 * len(longs))(*longs)
-        ptrs = self._ptrs(*[t.data_ptr() for t in inputs], *[o.data_ptr() for o in outs])
+        cptrs = self._ptrs(*ptrs)
         status = self._lib.dvm_run(
             *self._head,
-            ptrs,
-            self._in_codes(*in_codes),
+            cptrs,
+            in_codes,
             ints,
-            n_out,
-            ctypes.byref(ptrs, 8 * n_in),
+            len(self.out_dtypes),
+            ctypes.byref(cptrs, 8 * n_in),
             self._out_codes,
             ctypes.byref(ints, 8 * n_in * nd),
-            ctypes.byref(ints, 8 * (n_in + n_out) * nd),
+            ctypes.byref(ints, 8 * (len(longs) - nd)),
             nd,
-            min(threads, 2**31 - 1),
+            threads,
         )
         if status != 0:
             raise VMError(f"dvm_run refused the call: {_STATUS.get(status, f'status {status}')}")
+
+
+def _stride_map(shape: Sequence[int], view: Sequence[int], dims: tuple[int, ...], k: int):
+    """For each dim of ``dims``, the dim of a tensor of ``shape`` whose stride it takes (-1:
+    stride 0, a broadcast or size-1 dim), the tensor seen as ``view``; ``None`` when the
+    tensor's own strides are those over the domain (its shape is the domain's)."""
+    if tuple(shape) == dims:
+        return None
+    if [s for s in shape if s != 1] != [s for s in view if s != 1]:
+        raise ValueError(f"operand {k}: view {tuple(view)} of {tuple(shape)} moves elements")
+    pad = len(dims) - len(view)
+    if pad < 0:
+        raise ValueError(f"operand {k} has {len(view)} dims, more than the domain {dims}")
+    own = iter(j for j, s in enumerate(shape) if s != 1)
+    picks = [-1] * pad
+    for size, want in zip(view, dims[pad:], strict=True):
+        if size != want and size != 1:
+            raise ValueError(f"operand {k} of shape {tuple(view)} does not broadcast to {dims}")
+        picks.append(next(own) if size != 1 else -1)
+    return tuple(picks)
+
+
+class Launch:
+    """A :class:`Kernel` bound to one domain and to its operands' shapes and dtypes (see
+    :meth:`Kernel.bind`). Call it with tensors of exactly those shapes and dtypes, dense and on
+    CPU — the caller checks that (a compiled region's guard does) — and it returns the
+    outputs; a row too long for a reducing program raises :class:`VMError` at each call."""
+
+    def __init__(
+        self,
+        kernel: Kernel,
+        dims: tuple[int, ...],
+        args: Sequence[torch.Tensor],
+        operands: Sequence[tuple[int, Sequence[int]]],
+        out_shapes: Sequence[Sequence[int]],
+        out_strides: Sequence[Sequence[int] | None] | None,
+    ) -> None:
+        n_in, n_out = kernel._head[4], len(kernel.out_dtypes)
+        if len(operands) != n_in or len(out_shapes) != n_out:
+            raise ValueError(
+                f"the program takes {n_in} inputs and {n_out} outputs, got {len(operands)} "
+                f"operands and {len(out_shapes)} output shapes"
+            )
+        try:
+            kernel._check_rows(dims)
+        except VMError as e:
+            self._refused: VMError | None = e
+        else:
+            self._refused = None
+        self._kernel = kernel
+        self._operands = tuple(
+            (i, _stride_map(args[i].shape, view, dims, k)) for k, (i, view) in enumerate(operands)
+        )
+        self._in_codes = kernel._in_codes(
+            *(_dtype_code(args[i].dtype, f"input {k}") for k, (i, _) in enumerate(operands))
+        )
+        layouts = _layouts(out_strides, dims, kernel.reduced)
+        self._allocs = []
+        tail: list[int] = []
+        for k, (shape, dtype, red, layout) in enumerate(
+            zip(out_shapes, kernel.out_dtypes, kernel.reduced, layouts, strict=True)
+        ):
+            want = output_shape(dims, red)
+            if [s for s in shape if s != 1] != [s for s in want if s != 1]:
+                raise ValueError(f"output {k}: shape {tuple(shape)} is not {want} (up to 1s)")
+            if layout is None:
+                strides = list(torch.empty(want, device="meta").stride())
+                self._allocs.append((tuple(shape), dtype, None))
+            else:
+                strides = list(layout)
+                self._allocs.append((dims, dtype, layout))
+            if red:
+                strides[-1] = 0
+            tail += strides
+        self._tail = tail + list(dims)
+        self._nd = len(dims)
+
+    def __call__(self, args: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        if self._refused is not None:
+            raise self._refused
+        longs: list[int] = []
+        for i, picks in self._operands:
+            strides = args[i].stride()
+            longs += strides if picks is None else [strides[j] if j >= 0 else 0 for j in picks]
+        outs = [
+            torch.empty(s, dtype=d) if layout is None else torch.empty_strided(s, layout, dtype=d)
+            for s, d, layout in self._allocs
+        ]
+        longs += self._tail
+        ptrs = [args[i].data_ptr() for i, _ in self._operands] + [o.data_ptr() for o in outs]
+        self._kernel._run(ptrs, self._in_codes, longs, self._nd, torch.get_num_threads())
         return outs
 
 

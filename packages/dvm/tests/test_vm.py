@@ -884,3 +884,50 @@ def test_binary_reads_a_bf16_input_in_place_into_a_bf16_output(shape, op, input_
     twin, loaded = vm.run(kept, [x, y], shape, [torch.bfloat16] * 2)
     torch.testing.assert_close(got, twin, rtol=0, atol=0, equal_nan=True)
     torch.testing.assert_close(loaded, x, rtol=0, atol=0)
+
+
+def test_a_bound_launch_equals_the_kernel_call_with_views_broadcasts_and_strides() -> None:
+    # operand 0: a (4, 1, 6) arg seen as (4, 6), transposed storage; operand 1: a (6,) arg
+    # broadcast along the rows; operand 2: the first arg again; output allocated as (4, 1, 6)
+    g = torch.Generator().manual_seed(3)
+    a = torch.randn(6, 1, 4, generator=g).permute(2, 1, 0)
+    w = torch.randn(6, generator=g)
+    p = program(
+        Instr(Op.LOAD, 0, 0),
+        Instr(Op.LOAD, 1, 1),
+        Instr(Op.MUL, 2, 0, 1),
+        Instr(Op.LOAD, 1, 2),
+        Instr(Op.ADD, 0, 2, 1),
+        Instr(Op.STORE, -1, 0, 0),
+        n_inputs=3,
+    )
+    kernel = vm.Kernel(p, [torch.float32])
+    launch = kernel.bind((4, 6), [a, w], [(0, (4, 6)), (1, (6,)), (0, (4, 6))], [(4, 1, 6)])
+    (got,) = launch([a, w])
+    (want,) = kernel([a.view(4, 6), w, a.view(4, 6)], (4, 6))
+    assert got.shape == (4, 1, 6)
+    assert torch.equal(got.view(4, 6), want)
+    assert torch.equal(got.view(4, 6), a.view(4, 6) * w + a.view(4, 6))
+
+
+def test_bind_refuses_bad_signatures_and_long_rows_at_each_call() -> None:
+    kernel = vm.Kernel(unary(Op.EXP), [torch.float32])
+    x = torch.randn(3, 4)
+    with pytest.raises(ValueError, match="moves elements"):
+        kernel.bind((3, 4), [x], [(0, (4, 3))], [(3, 4)])
+    with pytest.raises(ValueError, match="does not broadcast"):
+        kernel.bind((3, 5), [x], [(0, (3, 4))], [(3, 5)])
+    with pytest.raises(ValueError, match="output 0"):
+        kernel.bind((3, 4), [x], [(0, (3, 4))], [(4, 3)])
+    with pytest.raises(ValueError, match="1 inputs and 1 outputs"):
+        kernel.bind((3, 4), [x], [], [(3, 4)])
+    row = _lib.library()[0].dvm_max_row() + 1
+    reducing = program(
+        Instr(Op.LOAD, 0, 0), Instr(Op.REDUCE_SUM, 1, 0), Instr(Op.STORE, -1, 0, 1), n_inputs=1
+    )
+    long = torch.empty((1, row), device="meta")
+    kernel = vm.Kernel(reducing, [torch.float32])
+    launch = kernel.bind((1, row), [long], [(0, (1, row))], [(1, row)])
+    for _ in range(2):
+        with pytest.raises(vm.VMError, match="rows of"):
+            launch([torch.zeros(1, row)])

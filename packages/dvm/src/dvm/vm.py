@@ -293,10 +293,10 @@ def _stride_map(shape: Sequence[int], view: Sequence[int], dims: tuple[int, ...]
     """For each dim of ``dims``, the dim of a tensor of ``shape`` whose stride it takes (-1:
     stride 0, a broadcast or size-1 dim), the tensor seen as ``view``; ``None`` when the
     tensor's own strides are those over the domain (its shape is the domain's)."""
-    if tuple(shape) == dims:
-        return None
     if [s for s in shape if s != 1] != [s for s in view if s != 1]:
         raise ValueError(f"operand {k}: view {tuple(view)} of {tuple(shape)} moves elements")
+    if tuple(shape) == dims:
+        return None
     pad = len(dims) - len(view)
     if pad < 0:
         raise ValueError(f"operand {k} has {len(view)} dims, more than the domain {dims}")

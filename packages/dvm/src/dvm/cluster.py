@@ -113,10 +113,6 @@ def _numel(shape: Shape) -> int:
     return n
 
 
-def _real(n: Node) -> Shape:
-    return tuple(n.meta["val"].shape)
-
-
 def _tensor_args(n: Node) -> list[Node]:
     out = []
     for a in (*n.args, *n.kwargs.values()):
@@ -149,6 +145,9 @@ class _Analysis:
         self.footprint: dict[Node, Shape] = {}
         self.cost: dict[Node, int] = {}
         self.segment: dict[Node, int] = {}
+        self.args: dict[Node, list[Node]] = {}  # an analysed node's distinct tensor arguments
+        self._shape: dict[Node, Shape] = {}
+        seen: dict[Node, str | None] = {}
         seg = 0
         for n in nodes:
             if is_barrier(n):
@@ -159,51 +158,57 @@ class _Analysis:
             self.segment[n] = seg
             if n.op != "call_function":
                 continue
-            reason = unsupported_reason(n)
+            reason = unsupported_reason(n, seen)
             if reason is not None:
                 self.fallbacks.append((n, reason))
                 continue
             self._analyse(n)
 
+    def real(self, n: Node) -> Shape:
+        """``n``'s own shape."""
+        shape = self._shape.get(n)
+        if shape is None:
+            shape = self._shape[n] = tuple(n.meta["val"].shape)
+        return shape
+
     def view_of(self, p: Node, reader: Node) -> Shape:
         """The shape ``reader`` sees its operand ``p`` with."""
         if p in self.dshape and p not in self.cut[reader]:
             return self.dshape[p]
-        return _real(p)
+        return self.real(p)
 
     def _aligned(self, p: Node) -> bool:
-        return p not in self.dshape or _same(self.dshape[p], _real(p))
+        return p not in self.dshape or _same(self.dshape[p], self.real(p))
 
     def _analyse(self, n: Node) -> None:
         rule = RULES[n.target]
-        ops = _tensor_args(n)
+        ops = self.args[n] = _tensor_args(n)
         cut: set[Node] = set()
         self.cut[n] = cut
         kind = rule.kind
+        real = self.real
         if kind == POINTWISE:
-            big = [p for p in ops if _numel(_real(p)) > 1]
+            big = [p for p in ops if _numel(real(p)) > 1]
             if all(self._aligned(p) for p in big):
-                shape = _real(n)
-            elif (
-                len({(_pad(_real(p), 8), _pad(self.dshape.get(p, _real(p)), 8)) for p in big}) == 1
-            ):
+                shape = real(n)
+            elif len({(_pad(real(p), 8), _pad(self.dshape.get(p, real(p)), 8)) for p in big}) == 1:
                 shape = self.dshape[big[0]]
             else:
                 cut.update(p for p in big if not self._aligned(p))
-                shape = _real(n)
+                shape = real(n)
         elif kind == REDUCE:
             x = n.args[0]
-            if not self._aligned(x) and _numel(_real(x)) > 1:
+            if not self._aligned(x) and _numel(real(x)) > 1:
                 cut.add(x)
             dims = set(reduced_dims(n))
-            shape = tuple(1 if d in dims else s for d, s in enumerate(_real(x)))
+            shape = tuple(1 if d in dims else s for d, s in enumerate(real(x)))
         elif kind == EXPAND:
             x = n.args[0]
             if not self._aligned(x):
                 cut.add(x)
-            shape = _real(n)
+            shape = real(n)
         elif kind == CONST:
-            shape = _real(n)
+            shape = real(n)
         else:  # VIEW: same values
             shape = self.view_of(n.args[0], n)
         self.dshape[n] = shape
@@ -234,7 +239,7 @@ class _Group:
     def __init__(self, n: Node, a: _Analysis) -> None:
         self.members = [n]
         self.mset = {n}
-        self.inputs = set(_tensor_args(n))
+        self.inputs = set(a.args[n])
         self.outputs = {n}
         self.ext = set(n.users)
         self.domain = a.footprint[n]
@@ -271,7 +276,7 @@ class _Clusterer:
         for c in self.nodes:
             if c not in self.group:
                 continue
-            for p in _tensor_args(c):
+            for p in self.a.args[c]:
                 if p in self.group and p not in self.a.cut[c]:
                     gp, gc = self.group[p], self.group[c]
                     if gp is not gc:

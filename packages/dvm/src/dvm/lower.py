@@ -474,18 +474,44 @@ def _amin(em: Emitter, n: Node, r: Resolve) -> int:
 
 
 def _tensor_vals(node: Node) -> list[torch.Tensor]:
-    vals = []
+    return [x.meta.get("val") for x in _tensor_inputs(node)]
+
+
+def _tensor_inputs(node: Node) -> list[Node]:
+    out = []
     for a in (*node.args, *node.kwargs.values()):
         for x in a if isinstance(a, (list, tuple)) else (a,):
             if isinstance(x, Node):
-                v = x.meta.get("val")
-                vals.append(v)
-    return vals
+                out.append(x)
+    return out
 
 
-def unsupported_reason(node: Node) -> str | None:
+_CPU = torch.device("cpu")
+
+
+def _value_reason(v: Any) -> str | None:
+    """Why the VM cannot take a value with this fake tensor, ``None`` when it can."""
+    if not isinstance(v, torch.Tensor):
+        return "an argument has no tensor value in meta['val']"
+    if v.dtype not in DTYPE_CODES:
+        return f"dtype {v.dtype}: the VM takes float32, bfloat16, float16 and bool"
+    if v.device != _CPU:
+        return f"device {v.device}: the VM runs on CPU"
+    shape = v.shape
+    for s in shape:
+        if type(s) is not int:
+            return f"dynamic shape {tuple(shape)}"
+    if len(shape) > MAX_DIMS:
+        return f"{len(shape)} dims (the VM takes {MAX_DIMS})"
+    if v.numel() == 0:
+        return "empty tensor"
+    return None
+
+
+def unsupported_reason(node: Node, seen: dict[Node, str | None] | None = None) -> str | None:
     """Why ``node`` cannot run on the VM (op, dtype, reduction dim, dynamic shape, device...),
-    or ``None`` when it can; needs the fake value ``node.meta["val"]`` of it and its inputs."""
+    or ``None`` when it can; needs the fake value ``node.meta["val"]`` of it and its inputs.
+    ``seen`` caches each value's verdict across the calls for one graph."""
     if node.op != "call_function":
         return f"{node.op} node"
     if node.target is operator.getitem:
@@ -496,19 +522,12 @@ def unsupported_reason(node: Node) -> str | None:
     val = node.meta.get("val")
     if not isinstance(val, torch.Tensor):
         return "no tensor value in node.meta['val'] (run FakeTensorProp first)"
-    for v in (val, *_tensor_vals(node)):
-        if not isinstance(v, torch.Tensor):
-            return "an argument has no tensor value in meta['val']"
-        if v.dtype not in DTYPE_CODES:
-            return f"dtype {v.dtype}: the VM takes float32, bfloat16, float16 and bool"
-        if v.device.type != "cpu":
-            return f"device {v.device}: the VM runs on CPU"
-        if any(not isinstance(s, int) for s in v.shape):
-            return f"dynamic shape {tuple(v.shape)}"
-        if v.dim() > MAX_DIMS:
-            return f"{v.dim()} dims (the VM takes {MAX_DIMS})"
-        if v.numel() == 0:
-            return "empty tensor"
+    seen = {} if seen is None else seen
+    for x in (node, *_tensor_inputs(node)):
+        if x not in seen:
+            seen[x] = _value_reason(x.meta.get("val"))
+        if seen[x] is not None:
+            return seen[x]
     if val.dtype == torch.bool and rule.kind == POINTWISE and node.target not in _BOOL_OUT:
         return f"op {_name(node.target)} with a bool result"
     for a in (*node.args, *node.kwargs.values()):

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import ctypes
 from collections.abc import Sequence
-from dataclasses import replace
 
 import torch
 
@@ -63,7 +62,7 @@ def without_redundant_casts(program: Program, out_dtypes: Sequence[torch.dtype])
     if not drop:
         return program
     kept = tuple(
-        replace(ins, b=store_from[k]) if k in store_from else ins
+        ins._replace(b=store_from[k]) if k in store_from else ins
         for k, ins in enumerate(instrs)
         if k not in drop
     )

@@ -155,7 +155,7 @@ class Program:
 
     def encode(self) -> tuple[list[int], list[float]]:
         """The C++ VM's form: five int32 per instruction (op, dst, a, b, c), one float each."""
-        codes = [v for ins in self.instrs for v in (int(ins.op), ins.dst, ins.a, ins.b, ins.c)]
+        codes = [v for ins in self.instrs for v in ins[:5]]
         return codes, [float(ins.imm) for ins in self.instrs]
 
     def disassemble(self) -> str:

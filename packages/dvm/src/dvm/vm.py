@@ -12,7 +12,9 @@ strides over the domain (broadcast and strided views need no copies).
 from __future__ import annotations
 
 import ctypes
+from array import array
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 
@@ -34,6 +36,15 @@ _STATUS = {
     5: "no memory for the VM's registers",
 }
 _I32, _I64, _F32, _PTR = ctypes.c_int32, ctypes.c_int64, ctypes.c_float, ctypes.c_void_p
+_TYPECODES = {_I32: "i", _I64: "q", _F32: "f"}
+
+
+def _carray(ctype: type, values: Sequence[Any]) -> ctypes.Array:
+    """A ctypes array of ``values`` (built through ``array.array``: 3-4x faster than passing
+    them to the array type one by one)."""
+    return (ctype * len(values)).from_buffer(array(_TYPECODES[ctype], values))
+
+
 _DTYPES = ", ".join(str(d).removeprefix("torch.") for d in DTYPE_CODES)
 
 
@@ -178,15 +189,13 @@ class Kernel:
         n_in = program.n_inputs
         # the call's fixed arguments; the per-call arrays' types, made once
         self._head = (
-            (_I32 * len(codes))(*codes),
-            (_F32 * len(imms))(*imms),
+            _carray(_I32, codes),
+            _carray(_F32, imms),
             len(codes) // 5,
             program.n_regs,
             n_in,
         )
-        self._out_codes = (_I32 * n_out)(*out_codes)
-        self._ptrs = _PTR * (n_in + n_out)
-        self._in_codes = _I32 * max(n_in, 1)
+        self._out_codes = _carray(_I32, out_codes)
 
     def _check_rows(self, dims: tuple[int, ...]) -> None:
         if self._max_row is not None and dims[-1] > self._max_row:
@@ -260,7 +269,7 @@ class Kernel:
             outs.append(out)
         longs += dims
         ptrs = [t.data_ptr() for t in inputs] + [o.data_ptr() for o in outs]
-        self._run(ptrs, self._in_codes(*in_codes), longs, len(dims), min(threads, 2**31 - 1))
+        self._run(ptrs, _carray(_I32, in_codes), longs, len(dims), min(threads, 2**31 - 1))
         return outs
 
     def _run(
@@ -269,8 +278,8 @@ class Kernel:
         """One ``dvm_run``: data pointers (inputs then outputs), input dtype codes, strides
         (inputs then outputs) then the domain; :class:`VMError` when the VM refuses."""
         n_in = self._head[4]
-        ints = (_I64 * len(longs))(*longs)
-        cptrs = self._ptrs(*ptrs)
+        ints = _carray(_I64, longs)
+        cptrs = (_PTR * len(ptrs))(*ptrs)  # a few pointers: faster than through array.array
         status = self._lib.dvm_run(
             *self._head,
             cptrs,
@@ -286,6 +295,14 @@ class Kernel:
         )
         if status != 0:
             raise VMError(f"dvm_run refused the call: {_STATUS.get(status, f'status {status}')}")
+
+
+def _contiguous_strides(shape: Sequence[int]) -> list[int]:
+    strides, step = [], 1
+    for size in reversed(shape):
+        strides.append(step)
+        step *= max(size, 1)
+    return strides[::-1]
 
 
 def _stride_map(shape: Sequence[int], view: Sequence[int], dims: tuple[int, ...], k: int):
@@ -339,8 +356,8 @@ class Launch:
         self._operands = tuple(
             (i, _stride_map(args[i].shape, view, dims, k)) for k, (i, view) in enumerate(operands)
         )
-        self._in_codes = kernel._in_codes(
-            *(_dtype_code(args[i].dtype, f"input {k}") for k, (i, _) in enumerate(operands))
+        self._in_codes = _carray(
+            _I32, [_dtype_code(args[i].dtype, f"input {k}") for k, (i, _) in enumerate(operands)]
         )
         layouts = _layouts(out_strides, dims, kernel.reduced)
         self._allocs = []
@@ -352,7 +369,7 @@ class Launch:
             if [s for s in shape if s != 1] != [s for s in want if s != 1]:
                 raise ValueError(f"output {k}: shape {tuple(shape)} is not {want} (up to 1s)")
             if layout is None:
-                strides = list(torch.empty(want, device="meta").stride())
+                strides = _contiguous_strides(want)
                 self._allocs.append((tuple(shape), dtype, None))
             else:
                 strides = list(layout)

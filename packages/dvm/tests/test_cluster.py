@@ -177,3 +177,18 @@ def test_a_region_of_one_op_stays_eager():
     assert [r.ops for r in c.regions] == [["aten._to_copy.default", "aten.mul.Tensor"]]
     assert {str(n.target): why for n, why in c.fallbacks}["aten.exp.default"] == ALONE
     assert len(_compiled(fn, x, w, min_ops=1).regions) == 2
+
+
+def test_two_regions_never_read_each_others_outputs():
+    # found by hypothesis: {amax, add} and {abs_2, amax_1, add_1} each pass the node-level
+    # cycle check, but each reads the other's output (amax -> add_1, amax_1 -> add)
+    def fn(x):
+        m = x.amax(-1)
+        a = x.abs()
+        ma = a.amax(-1)
+        return x + ma, m + a, ma
+
+    c = _compiled(fn, _x(2, 1))
+    assert not any("could not compile" in why for _, why in c.fallbacks), c.fallbacks
+    assert len(c.regions) >= 2
+    assert sum(hasattr(t, "region") for t in c.run.targets) == len(c.regions)

@@ -171,3 +171,34 @@ def test_16_bit_outputs_and_inputs(dtype):
     assert got.dtype == dtype
     torch.testing.assert_close(got, fn(x, w), atol=0, rtol=0)
     assert c.vm_calls == 1
+
+
+def test_a_region_read_between_its_nodes_moves_before_the_reader():
+    def fn(x):
+        a = x.exp()
+        b = a.cumsum(-1)  # eager, placed between the region's nodes, reads one of them
+        return b, x.sin() * 2 + a
+
+    x = torch.randn(3, 5)
+    gm = make_fx(fn, tracing_mode="fake")(x)
+    c = compile_graph(gm, [x])
+    (runner,) = c.runners
+    assert {str(t) for t in runner.region.ops} >= {"aten.exp.default", "aten.sin.default"}
+    assert dc._in_place(list(gm.graph.nodes), c.runners) is None  # it cannot stay in place
+    order = c.run.targets
+    assert order.index(runner) < order.index(aten.cumsum.default)
+    for got, want in zip(c(x), fn(x), strict=True):
+        torch.testing.assert_close(got, want)
+
+
+def test_regions_are_called_where_their_last_node_was():
+    x, w = _inputs()
+    gm = make_fx(_fn, tracing_mode="fake")(x, w)
+    c = compile_graph(gm, [x, w])
+    (runner,) = c.runners
+    members = set(runner.region.nodes)
+    calls = [n for n in gm.graph.nodes if n.op == "call_function"]
+    last = max(calls.index(n) for n in members)
+    before = [n.target for n in calls[:last] if n not in members]
+    after = [n.target for n in calls[last:] if n not in members]
+    assert c.run.targets == [*before, runner, *after]

@@ -18,6 +18,7 @@ runs in graph order, each a valid region.
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass, field
 
@@ -84,16 +85,22 @@ def _op_name(n: Node) -> str:
 
 
 def _pad(shape: Shape, rank: int) -> Shape:
+    if len(shape) == rank:
+        return tuple(shape)
     return (1,) * (rank - len(shape)) + tuple(shape)
 
 
 def _same(a: Shape, b: Shape) -> bool:
+    if a == b:
+        return True
     rank = max(len(a), len(b))
     return _pad(a, rank) == _pad(b, rank)
 
 
 def broadcast(a: Shape, b: Shape) -> Shape | None:
     """Broadcast of two shapes, ``None`` when they do not broadcast."""
+    if a == b:
+        return tuple(a)
     rank = max(len(a), len(b))
     out = []
     for x, y in zip(_pad(a, rank), _pad(b, rank), strict=True):
@@ -106,11 +113,7 @@ def broadcast(a: Shape, b: Shape) -> Shape | None:
     return tuple(out)
 
 
-def _numel(shape: Shape) -> int:
-    n = 1
-    for s in shape:
-        n *= s
-    return n
+_numel = math.prod
 
 
 def _tensor_args(n: Node) -> list[Node]:
@@ -129,9 +132,10 @@ def is_barrier(n: Node) -> bool:
     """Whether ``n`` has a side effect (no region spans it; it keeps its place)."""
     if n.op != "call_function":
         return False
-    if n.target not in _IMPURE:
-        _IMPURE[n.target] = n.is_impure()
-    return _IMPURE[n.target]
+    impure = _IMPURE.get(n.target)
+    if impure is None:
+        impure = _IMPURE[n.target] = n.is_impure()
+    return impure
 
 
 class _Analysis:
@@ -331,16 +335,30 @@ class _Clusterer:
         return True
 
     def _reaches(self, src: _Group, dst: _Group, union: set[Node]) -> bool:
-        """Whether a path leaves ``src`` through a node outside ``union`` and enters ``dst``."""
+        """Whether a path leaves ``src`` through a node outside ``union`` and enters ``dst``.
+        Another region on the way runs as one unit: reaching any of its nodes reaches every
+        node its outputs feed (two regions that each read the other's output would deadlock
+        even though no node-level path leaves either and comes back)."""
         index = self.a.index
         stack = [u for u in src.ext if u not in union]
         seen: set[Node] = set()
+        crossed: set[int] = set()
         while stack:
             x = stack.pop()
-            if x in seen or index[x] > dst.hi:
+            if x in seen:
                 continue
             seen.add(x)
-            for u in x.users:
+            g = self.group.get(x)
+            if g is not None and len(g.members) > 1:
+                if id(g) in crossed or g.lo > dst.hi:
+                    continue
+                crossed.add(id(g))
+                feeds = [u for m in g.members for u in m.users]
+            elif index[x] > dst.hi:
+                continue
+            else:
+                feeds = list(x.users)
+            for u in feeds:
                 if u in dst.mset:
                     return True
                 if u not in union:

@@ -214,6 +214,40 @@ def _schedule(gm: GraphModule, runners: list[RegionRunner]) -> Executor:
     """The graph with every region one call of its runner, the other nodes as they are, in an
     order that respects data dependencies and keeps side effects where they were."""
     nodes = list(gm.graph.nodes)
+    order = _in_place(nodes, runners)
+    return Executor(gm, order if order is not None else _reordered(nodes, runners))
+
+
+def _in_place(nodes: list[Node], runners: list[RegionRunner]) -> list[Node | RegionCall] | None:
+    """The graph order with each region called where its last node was, or ``None`` when a
+    node outside a region, placed between its nodes, reads one of them (then the region
+    must move before that node: :func:`_reordered`). Regions span no side effect, so
+    moving a region's nodes down to its last one changes nothing else."""
+    index = {n: i for i, n in enumerate(nodes)}
+    at: dict[Node, RegionRunner] = {}
+    for runner in runners:
+        members = runner.region.nodes
+        last = max(members, key=index.__getitem__)
+        inside = set(members)
+        for n in members:
+            for u in n.users:
+                if u not in inside and index[u] < index[last]:
+                    return None
+        at[last] = runner
+    covered = {n for runner in runners for n in runner.region.nodes}
+    order: list[Node | RegionCall] = []
+    for n in nodes:
+        if n in at:
+            r = at[n]
+            order.append(RegionCall(r, r._inputs, r.region.outputs))
+        elif n not in covered:
+            order.append(n)
+    return order
+
+
+def _reordered(nodes: list[Node], runners: list[RegionRunner]) -> list[Node | RegionCall]:
+    """A topological order of the regions and the other nodes, closest to the graph's
+    (regions ordered by their first node), side effects kept in place."""
     index = {n: i for i, n in enumerate(nodes)}
     owner: dict[Node, int] = {}
     for k, runner in enumerate(runners):
@@ -275,7 +309,7 @@ def _schedule(gm: GraphModule, runners: list[RegionRunner]) -> Executor:
                 heapq.heappush(heap, (key[v], v))
     if len(order) < len(units):
         raise RuntimeError("dvm: the scheduled graph lost nodes (a dependency cycle)")
-    return Executor(gm, order)
+    return order
 
 
 def compile_graph(

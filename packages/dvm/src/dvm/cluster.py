@@ -19,6 +19,7 @@ runs in graph order, each a valid region.
 from __future__ import annotations
 
 import math
+import operator
 import time
 from dataclasses import dataclass, field
 
@@ -33,7 +34,9 @@ from dvm.lower import (
     RULES,
     Emitter,
     LimitError,
+    Rule,
     reduced_dims,
+    rule_reason,
     unsupported_reason,
 )
 from dvm.program import MAX_INPUTS, MAX_INSTRS, MAX_OUTPUTS, Program
@@ -162,11 +165,16 @@ class _Analysis:
             self.segment[n] = seg
             if n.op != "call_function":
                 continue
-            reason = unsupported_reason(n, seen)
+            rule = RULES.get(n.target)
+            ops = _tensor_args(n)
+            if rule is None or n.target is operator.getitem:
+                reason = unsupported_reason(n)
+            else:
+                reason = rule_reason(n, rule, ops, seen)
             if reason is not None:
                 self.fallbacks.append((n, reason))
                 continue
-            self._analyse(n)
+            self._analyse(n, rule, ops)
 
     def real(self, n: Node) -> Shape:
         """``n``'s own shape."""
@@ -184,9 +192,8 @@ class _Analysis:
     def _aligned(self, p: Node) -> bool:
         return p not in self.dshape or _same(self.dshape[p], self.real(p))
 
-    def _analyse(self, n: Node) -> None:
-        rule = RULES[n.target]
-        ops = self.args[n] = _tensor_args(n)
+    def _analyse(self, n: Node, rule: Rule, ops: list[Node]) -> None:
+        self.args[n] = ops
         cut: set[Node] = set()
         self.cut[n] = cut
         kind = rule.kind
@@ -220,8 +227,14 @@ class _Analysis:
         for p in ops:
             foot = broadcast(foot, self.view_of(p, n)) or foot
         self.footprint[n] = foot
-        scalars = sum(1 for a in (*n.args, *n.kwargs.values()) if isinstance(a, (int, float, bool)))
-        self.cost[n] = rule.cost + scalars
+        cost = rule.cost
+        for a in n.args:
+            if isinstance(a, (int, float)):
+                cost += 1
+        for a in n.kwargs.values():
+            if isinstance(a, (int, float)):
+                cost += 1
+        self.cost[n] = cost
 
 
 class _Group:
@@ -299,7 +312,7 @@ class _Clusterer:
     def _try_merge(self, x: _Group, y: _Group) -> bool:
         if x.seg != y.seg:
             return False
-        if x.partners & y.mset or y.partners & x.mset:
+        if not (x.partners.isdisjoint(y.mset) and y.partners.isdisjoint(x.mset)):
             return False
         domain = broadcast(x.domain, y.domain)
         if domain is None or _numel(domain) != max(x.big, y.big):
@@ -308,11 +321,17 @@ class _Clusterer:
         inputs = (x.inputs | y.inputs) - union
         if len(inputs) > MAX_INPUTS:
             return False
-        outputs = {o for o in x.outputs | y.outputs if any(u not in union for u in o.users)}
-        stores = sum(1 for o in outputs if not (o.target in _ALIASING and o.args[0] in union))
+        outputs = set()
+        stores = 0
+        for o in (*x.outputs, *y.outputs):
+            if union.issuperset(o.users):
+                continue
+            if _storable(self.a.dshape[o], domain) is None:
+                return False
+            outputs.add(o)
+            if not (o.target in _ALIASING and o.args[0] in union):
+                stores += 1
         if stores > MAX_OUTPUTS:
-            return False
-        if any(_storable(self.a.dshape[o], domain) is None for o in outputs):
             return False
         cost = x.cost + y.cost + len(inputs) + len(outputs)
         if cost > MAX_INSTRS:
@@ -339,8 +358,10 @@ class _Clusterer:
         Another region on the way runs as one unit: reaching any of its nodes reaches every
         node its outputs feed (two regions that each read the other's output would deadlock
         even though no node-level path leaves either and comes back)."""
-        index = self.a.index
         stack = [u for u in src.ext if u not in union]
+        if not stack:
+            return False
+        index = self.a.index
         seen: set[Node] = set()
         crossed: set[int] = set()
         while stack:

@@ -519,15 +519,23 @@ def unsupported_reason(node: Node, seen: dict[Node, str | None] | None = None) -
     rule = RULES.get(node.target)
     if rule is None:
         return f"op {_name(node.target)} has no VM lowering"
+    return rule_reason(node, rule, _tensor_inputs(node), {} if seen is None else seen)
+
+
+def rule_reason(
+    node: Node, rule: Rule, inputs: Sequence[Node], seen: dict[Node, str | None]
+) -> str | None:
+    """:func:`unsupported_reason` for a call node whose op has ``rule``, its tensor
+    arguments ``inputs`` given."""
     val = node.meta.get("val")
     if not isinstance(val, torch.Tensor):
         return "no tensor value in node.meta['val'] (run FakeTensorProp first)"
-    seen = {} if seen is None else seen
-    for x in (node, *_tensor_inputs(node)):
-        if x not in seen:
-            seen[x] = _value_reason(x.meta.get("val"))
-        if seen[x] is not None:
-            return seen[x]
+    for x in (node, *inputs):
+        why = seen.get(x, _UNSEEN)
+        if why is _UNSEEN:
+            why = seen[x] = _value_reason(x.meta.get("val"))
+        if why is not None:
+            return why
     if val.dtype == torch.bool and rule.kind == POINTWISE and node.target not in _BOOL_OUT:
         return f"op {_name(node.target)} with a bool result"
     for a in (*node.args, *node.kwargs.values()):
@@ -536,6 +544,9 @@ def unsupported_reason(node: Node, seen: dict[Node, str | None] | None = None) -
     if rule.check is not None:
         return rule.check(node)
     return None
+
+
+_UNSEEN = object()
 
 
 _BOOL_OUT = {

@@ -305,7 +305,9 @@ def _contiguous_strides(shape: Sequence[int]) -> list[int]:
     return strides[::-1]
 
 
-def _stride_map(shape: Sequence[int], view: Sequence[int], dims: tuple[int, ...], k: int):
+def _stride_map(
+    shape: Sequence[int], view: Sequence[int], dims: tuple[int, ...], k: int
+) -> tuple[int, ...] | None:
     """For each dim of ``dims``, the dim of a tensor of ``shape`` whose stride it takes (-1:
     stride 0, a broadcast or size-1 dim), the tensor seen as ``view``; ``None`` when the
     tensor's own strides are those over the domain (its shape is the domain's)."""

@@ -37,6 +37,7 @@ from dvm.lower import (
     Rule,
     reduced_dims,
     rule_reason,
+    tensor_args,
     unsupported_reason,
 )
 from dvm.program import MAX_INPUTS, MAX_INSTRS, MAX_OUTPUTS, Program
@@ -119,15 +120,6 @@ def broadcast(a: Shape, b: Shape) -> Shape | None:
 _numel = math.prod
 
 
-def _tensor_args(n: Node) -> list[Node]:
-    out = []
-    for a in (*n.args, *n.kwargs.values()):
-        for x in a if isinstance(a, (list, tuple)) else (a,):
-            if isinstance(x, Node):
-                out.append(x)
-    return list(dict.fromkeys(out))
-
-
 _IMPURE: dict[object, bool] = {}
 
 
@@ -166,7 +158,7 @@ class _Analysis:
             if n.op != "call_function":
                 continue
             rule = RULES.get(n.target)
-            ops = _tensor_args(n)
+            ops = tensor_args(n)
             if rule is None or n.target is operator.getitem:
                 reason = unsupported_reason(n)
             else:
@@ -363,7 +355,7 @@ class _Clusterer:
             return False
         index = self.a.index
         seen: set[Node] = set()
-        crossed: set[int] = set()
+        crossed: set[_Group] = set()
         while stack:
             x = stack.pop()
             if x in seen:
@@ -371,9 +363,9 @@ class _Clusterer:
             seen.add(x)
             g = self.group.get(x)
             if g is not None and len(g.members) > 1:
-                if id(g) in crossed or g.lo > dst.hi:
+                if g in crossed or g.lo > dst.hi:
                     continue
-                crossed.add(id(g))
+                crossed.add(g)
                 feeds = [u for m in g.members for u in m.users]
             elif index[x] > dst.hi:
                 continue

@@ -225,6 +225,7 @@ def _in_place(nodes: list[Node], runners: list[RegionRunner]) -> list[Node | Reg
     moving a region's nodes down to its last one changes nothing else."""
     index = {n: i for i, n in enumerate(nodes)}
     at: dict[Node, RegionRunner] = {}
+    covered: set[Node] = set()
     for runner in runners:
         members = runner.region.nodes
         last = max(members, key=index.__getitem__)
@@ -234,7 +235,7 @@ def _in_place(nodes: list[Node], runners: list[RegionRunner]) -> list[Node | Reg
                 if u not in inside and index[u] < index[last]:
                     return None
         at[last] = runner
-    covered = {n for runner in runners for n in runner.region.nodes}
+        covered |= inside
     order: list[Node | RegionCall] = []
     for n in nodes:
         if n in at:

@@ -474,16 +474,17 @@ def _amin(em: Emitter, n: Node, r: Resolve) -> int:
 
 
 def _tensor_vals(node: Node) -> list[torch.Tensor]:
-    return [x.meta.get("val") for x in _tensor_inputs(node)]
+    return [x.meta.get("val") for x in tensor_args(node)]
 
 
-def _tensor_inputs(node: Node) -> list[Node]:
+def tensor_args(node: Node) -> list[Node]:
+    """``node``'s distinct tensor (node) arguments, in order, lists included."""
     out = []
     for a in (*node.args, *node.kwargs.values()):
         for x in a if isinstance(a, (list, tuple)) else (a,):
             if isinstance(x, Node):
                 out.append(x)
-    return out
+    return list(dict.fromkeys(out))
 
 
 _CPU = torch.device("cpu")
@@ -519,7 +520,7 @@ def unsupported_reason(node: Node, seen: dict[Node, str | None] | None = None) -
     rule = RULES.get(node.target)
     if rule is None:
         return f"op {_name(node.target)} has no VM lowering"
-    return rule_reason(node, rule, _tensor_inputs(node), {} if seen is None else seen)
+    return rule_reason(node, rule, tensor_args(node), {} if seen is None else seen)
 
 
 def rule_reason(

@@ -97,17 +97,9 @@ def _dtype_code(dtype: torch.dtype, what: str) -> int:
 
 def _strides(t: torch.Tensor, domain: tuple[int, ...], k: int) -> list[int]:
     """``t``'s element strides over ``domain`` (0 along broadcast dimensions)."""
-    pad = len(domain) - t.dim()
-    if pad < 0:
-        raise ValueError(f"input {k} has {t.dim()} dims, more than the domain {domain}")
-    out = [0] * pad
-    for size, stride, want in zip(t.shape, t.stride(), domain[pad:], strict=True):
-        if size != want and size != 1:
-            raise ValueError(
-                f"input {k} of shape {tuple(t.shape)} does not broadcast to the domain {domain}"
-            )
-        out.append(stride if size == want and size != 1 else 0)
-    return out
+    picks = _stride_map(t.shape, t.shape, domain, k)
+    strides = t.stride()
+    return list(strides) if picks is None else [strides[j] if j >= 0 else 0 for j in picks]
 
 
 def _domain(domain: Sequence[int]) -> tuple[int, ...]:
@@ -312,17 +304,19 @@ def _stride_map(
     stride 0, a broadcast or size-1 dim), the tensor seen as ``view``; ``None`` when the
     tensor's own strides are those over the domain (its shape is the domain's)."""
     if [s for s in shape if s != 1] != [s for s in view if s != 1]:
-        raise ValueError(f"operand {k}: view {tuple(view)} of {tuple(shape)} moves elements")
+        raise ValueError(f"input {k}: view {tuple(view)} of {tuple(shape)} moves elements")
     if tuple(shape) == dims:
         return None
     pad = len(dims) - len(view)
     if pad < 0:
-        raise ValueError(f"operand {k} has {len(view)} dims, more than the domain {dims}")
+        raise ValueError(f"input {k} has {len(view)} dims, more than the domain {dims}")
     own = iter(j for j, s in enumerate(shape) if s != 1)
     picks = [-1] * pad
     for size, want in zip(view, dims[pad:], strict=True):
         if size != want and size != 1:
-            raise ValueError(f"operand {k} of shape {tuple(view)} does not broadcast to {dims}")
+            raise ValueError(
+                f"input {k} of shape {tuple(view)} does not broadcast to the domain {dims}"
+            )
         picks.append(next(own) if size != 1 else -1)
     return tuple(picks)
 

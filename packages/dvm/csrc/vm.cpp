@@ -213,8 +213,10 @@ thread_local Buffer thread_buffer;
 // LOAD_SILU: a bf16 input loaded only for such a SiLU is read by the SiLU's loop itself
 // (widened in registers, not in a pass of its own), where the tile is one contiguous piece;
 // LOAD_OPERAND: likewise a bf16 input loaded only as an operand of a binary op whose result
-// is rounded straight into a bf16 output (STORE_BF16).
-enum Fuse : uint8_t { ALONE, STORE_BF16, DOT, SILU, SILU_BF16, LOAD_SILU, LOAD_OPERAND };
+// is rounded straight into a bf16 output (STORE_BF16). SILU_MUL: a SiLU whose product is only
+// multiplied by an input loaded right after it (x * sigmoid(x) * y, the gated MLP), the three
+// instructions in one loop that reads y in place and writes the output the product goes to.
+enum Fuse : uint8_t { ALONE, STORE_BF16, DOT, SILU, SILU_BF16, LOAD_SILU, LOAD_OPERAND, SILU_MUL };
 
 struct Program {
     const int32_t* code;
@@ -302,11 +304,23 @@ void plan_fusions(const int32_t* code, int32_t n_instr, int32_t n_inputs, const 
             fuse[k] = to_bf16 ? SILU_BF16 : SILU;
         }
     }
+    for (int32_t k = 0; k + 3 < n_instr; ++k) {
+        if (fuse[k] != SILU) continue;
+        const int32_t* ins = code + 5 * k;
+        const int32_t s = ins[6], x = ins[2];  // the SiLU product's register, x's
+        const int32_t* ld = ins + 10;
+        const int32_t* mul = ins + 15;
+        const int32_t y = ld[1];
+        if (ld[0] == LOAD && mul[0] == MUL && y != s && y != x &&
+            ((mul[2] == s && mul[3] == y) || (mul[2] == y && mul[3] == s)) &&
+            !read_later(code, n_instr, k + 4, s) && !read_later(code, n_instr, k + 4, y))
+            fuse[k] = SILU_MUL;
+    }
     for (int32_t k = 0; k + 2 < n_instr; ++k) {
         const int32_t* ins = code + 5 * k;
         const int32_t* sig = ins + 5;
         if (ins[0] == LOAD && ops[ins[2]].dtype == BF16 && (fuse[k + 1] == SILU ||
-            fuse[k + 1] == SILU_BF16) && sig[2] == ins[1] &&
+            fuse[k + 1] == SILU_BF16 || fuse[k + 1] == SILU_MUL) && sig[2] == ins[1] &&
             !read_later(code, n_instr, k + 3, ins[1]))
             fuse[k] = LOAD_SILU;
         else if (ins[0] == LOAD && ops[ins[2]].dtype == BF16 && fuse[k + 1] == STORE_BF16 &&
@@ -459,6 +473,64 @@ T* direct(const Plan& p, const Operand& o, int64_t start, int64_t n, int32_t dty
     return reinterpret_cast<T*>(const_cast<char*>(o.base)) + at;
 }
 
+template <typename X, typename Y>
+void silu_mul_into(float* d, const X* x, const Y* y, int64_t n) {
+#pragma omp simd
+    for (int64_t i = 0; i < n; ++i) d[i] = silu_f(at(x, i)) * at(y, i);
+}
+
+template <typename X, typename Y>
+void silu_mul_into(uint16_t* d, const X* x, const Y* y, int64_t n) {  // a bf16 output
+#pragma omp simd
+    for (int64_t i = 0; i < n; ++i) d[i] = f32_to_bf16(silu_f(at(x, i)) * at(y, i));
+}
+
+// silu(x) * y into the output the product is stored to, when that output is a run of `D`
+// elements here (the store is then done: true), else into `d`.
+template <typename D, typename X, typename Y>
+bool silu_mul_out(D* out, float* d, const X* x, const Y* y, int64_t n) {
+    if (out != nullptr) silu_mul_into(out, x, y, n);
+    else silu_mul_into(d, x, y, n);
+    return out != nullptr;
+}
+
+// SILU_MUL at the SIGMOID k (x: its operand, fp32 or a bf16 input in place): silu(x) * y with y
+// the input the LOAD at k + 2 reads, in place or as its register, straight into the output
+// the product is stored to next (bf16, or fp32 that does not stream) or else into the second
+// MUL's register; k moves to the last instruction done. False (nothing done) when y is
+// broadcast along the row (its register would not be full).
+template <typename X>
+bool run_silu_mul(const Program& g, const Plan& p, int64_t start, int64_t n, Registers& r,
+                  int32_t& k, const X* x) {
+    const int32_t* ld = g.code + 5 * (k + 2);
+    const int32_t* mul = ld + 5;
+    const int32_t* st = mul + 5;
+    const Operand& in = p.ops[ld[2]];
+    if (in.stride[p.ndim - 1] == 0) return false;
+    const float* yf = r.row_of[ld[2]] ? r.row_of[ld[2]] + start % p.inner : nullptr;
+    const uint16_t* yh = nullptr;
+    if (yf == nullptr && (yf = direct<float>(p, in, start, n, F32)) == nullptr &&
+        (yh = direct<uint16_t>(p, in, start, n, BF16)) == nullptr) {
+        load(p, in, start, n, r, ld[1]);
+        yf = r.cur[ld[1]];
+    }
+    const int32_t dst = mul[1];
+    float* d = r.own[dst];
+    uint16_t* out16 = nullptr;
+    if (k + 4 < g.n_instr && st[0] == STORE && st[3] == dst) {
+        const Operand& o = p.ops[g.n_inputs + st[2]];
+        if (!read_later(g.code, g.n_instr, k + 5, dst))
+            out16 = direct<uint16_t>(p, o, start, n, BF16);
+        if (float* out = direct<float>(p, o, start, n, F32); out && !((g.streamed >> st[2]) & 1u))
+            d = out;  // the store finds its values in place
+    }
+    const bool stored = yh ? silu_mul_out(out16, d, x, yh, n) : silu_mul_out(out16, d, x, yf, n);
+    r.cur[dst] = d;
+    r.shape[dst] = FULL;
+    k += stored ? 4 : 3;
+    return true;
+}
+
 // LOAD_SILU at instruction k: x * sigmoid(x) of the bf16 input read in place, into the
 // MUL's register (or its fp32 output), or rounded into the bf16 output of a SILU_BF16; k moves
 // past the instructions done. False (nothing done) when the input's tile is not one piece.
@@ -467,6 +539,11 @@ bool run_load_silu(const Program& g, const Plan& p, int64_t start, int64_t n, Re
     const int32_t* ins = g.code + 5 * k;
     const auto* x = direct<uint16_t>(p, p.ops[ins[2]], start, n, BF16);
     if (x == nullptr) return false;
+    int32_t sig = k + 1;
+    if (g.fuse[sig] == SILU_MUL && run_silu_mul(g, p, start, n, r, sig, x)) {
+        k = sig;
+        return true;
+    }
     const int32_t* mul = ins + 10;
     const int32_t* after = ins + 15;  // what follows the MUL (inside the program: a STORE)
     const bool more = k + 3 < g.n_instr;
@@ -567,6 +644,9 @@ void run_tile(const Program& g, const Plan& p, int64_t start, int64_t n, Registe
             r.cur[dst] = r.shape[dst] == FULL ? r.own[dst] : r.few[dst];
             continue;
         }
+        if (g.fuse[k] == SILU_MUL && r.shape[a] == FULL &&
+            run_silu_mul(g, p, start, n, r, k, r.cur[a]))
+            continue;
         Arg args[3] = {};
         const Shape level = operands(r, ins, reads, args);
         // the loop's rows and their length for a result of this shape
@@ -601,7 +681,7 @@ void run_tile(const Program& g, const Plan& p, int64_t start, int64_t n, Registe
                 continue;
             }
         }
-        const bool silu = g.fuse[k] == SILU || g.fuse[k] == SILU_BF16;
+        const bool silu = g.fuse[k] == SILU || g.fuse[k] == SILU_BF16 || g.fuse[k] == SILU_MUL;
         const int32_t to = silu ? next[1] : dst;  // the fused MUL writes its own register
         if (silu) ++k;                            // the MUL is done here
         const int32_t* after = g.code + 5 * (k + 1);

@@ -886,6 +886,62 @@ def test_binary_reads_a_bf16_input_in_place_into_a_bf16_output(shape, op, input_
     torch.testing.assert_close(loaded, x, rtol=0, atol=0)
 
 
+def _silu_mul_program(order: str, keep: str) -> Program:
+    """x * sigmoid(x) * y stored as out0, the last MUL's operands in ``order``; ``keep`` stores
+    one more register as out1, so that it is read again and the three do not fuse: ``silu``
+    (the SiLU product), ``y`` (the loaded y) or ``out`` (the final product)."""
+    last = Instr(Op.MUL, 0, 2, 1) if order == "silu, y" else Instr(Op.MUL, 0, 1, 2)
+    instrs = [
+        Instr(Op.LOAD, 0, 0),
+        Instr(Op.SIGMOID, 1, 0),
+        Instr(Op.MUL, 2, 0, 1),
+        Instr(Op.LOAD, 1, 1),
+        last,
+        Instr(Op.STORE, -1, 0, 0),
+    ]
+    if keep:
+        instrs.append(Instr(Op.STORE, -1, 1, {"silu": 2, "y": 1, "out": 0}[keep]))
+    return program(*instrs, n_inputs=2, n_outputs=2 if keep else 1)
+
+
+@pytest.mark.parametrize("shape", [(4, 1024), (3, 2049), (7, 5), (1, 1)], ids=str)
+@pytest.mark.parametrize("x_dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("y_dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("out_dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("order", ["silu, y", "y, silu"])
+def test_silu_times_a_loaded_input_is_one_loop(shape, x_dtype, y_dtype, out_dtype, order):
+    """x * sigmoid(x) * y with the SiLU product and y read by nothing else runs as one loop
+    (x and y read in place, the product written into the output): bit for bit the result of
+    the instructions run apart (the SiLU product stored too), and the reference within TOL."""
+    g = torch.Generator().manual_seed(17)
+    x = (torch.randn(shape, generator=g) * 4).to(x_dtype)
+    y = torch.randn(shape, generator=g).to(y_dtype)
+    (got,) = check(_silu_mul_program(order, ""), [x, y], shape, [out_dtype])
+    apart, _ = vm.run(_silu_mul_program(order, "silu"), [x, y], shape, [out_dtype, out_dtype])
+    torch.testing.assert_close(got, apart, rtol=0, atol=0, equal_nan=True)
+
+
+@pytest.mark.parametrize("keep", ["y", "out"])
+@pytest.mark.parametrize("out_dtype", [torch.float32, torch.bfloat16])
+def test_silu_times_a_loaded_input_read_again_keeps_its_registers(keep, out_dtype) -> None:
+    """When y or the final product is read again, their registers still hold them."""
+    g = torch.Generator().manual_seed(18)
+    x, y = torch.randn(2, 5, 300, generator=g).bfloat16()
+    check(_silu_mul_program("silu, y", keep), [x, y], (5, 300), [out_dtype, torch.float32])
+
+
+def test_silu_times_a_broadcast_or_strided_input() -> None:
+    """y broadcast along the row (one value per row: the loop is not taken), a weight row
+    shared by every row, and a transposed y (loaded into its register first)."""
+    g = torch.Generator().manual_seed(19)
+    x = torch.randn(6, 40, generator=g)
+    p = _silu_mul_program("y, silu", "")
+    for y in (torch.randn(6, 1, generator=g), torch.randn(40, generator=g)):
+        check(p, [x, y], (6, 40), [torch.float32])
+    yt = torch.randn(40, 6, generator=g).t()
+    check(p, [x, yt], (6, 40), [torch.bfloat16])
+
+
 def test_a_bound_launch_equals_the_kernel_call_with_views_broadcasts_and_strides() -> None:
     # operand 0: a (4, 1, 6) arg seen as (4, 6), transposed storage; operand 1: a (6,) arg
     # broadcast along the rows; operand 2: the first arg again; output allocated as (4, 1, 6)

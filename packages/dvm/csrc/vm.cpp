@@ -216,7 +216,12 @@ thread_local Buffer thread_buffer;
 // is rounded straight into a bf16 output (STORE_BF16). SILU_MUL: a SiLU whose product is only
 // multiplied by an input loaded right after it (x * sigmoid(x) * y, the gated MLP), the three
 // instructions in one loop that reads y in place and writes the output the product goes to.
-enum Fuse : uint8_t { ALONE, STORE_BF16, DOT, SILU, SILU_BF16, LOAD_SILU, LOAD_OPERAND, SILU_MUL };
+// SCALE_MUL: a MUL by a row-scalar or scalar, optionally rounded to bf16 (CAST_BF16), whose
+// result is only multiplied by an input loaded right after (a norm's tail: x * rstd, cast,
+// times the weight), in one loop likewise.
+enum Fuse : uint8_t {
+    ALONE, STORE_BF16, DOT, SILU, SILU_BF16, LOAD_SILU, LOAD_OPERAND, SILU_MUL, SCALE_MUL
+};
 
 struct Program {
     const int32_t* code;
@@ -315,6 +320,23 @@ void plan_fusions(const int32_t* code, int32_t n_instr, int32_t n_inputs, const 
             ((mul[2] == s && mul[3] == y) || (mul[2] == y && mul[3] == s)) &&
             !read_later(code, n_instr, k + 4, s) && !read_later(code, n_instr, k + 4, y))
             fuse[k] = SILU_MUL;
+    }
+    for (int32_t k = 0; k + 2 < n_instr; ++k) {
+        const int32_t* ins = code + 5 * k;
+        if (ins[0] != MUL || fuse[k] != ALONE) continue;
+        const int32_t t = ins[1];
+        const bool cast = ins[5] == CAST_BF16 && ins[7] == t;
+        const int32_t c = cast ? ins[6] : t;  // the value the weight multiplies
+        const int32_t* ld = ins + (cast ? 10 : 5);
+        const int32_t m = k + (cast ? 3 : 2);  // the second MUL
+        if (m >= n_instr || ld[0] != LOAD) continue;
+        const int32_t* mul = code + 5 * m;
+        const int32_t w = ld[1];
+        if (w != ins[2] && w != ins[3] && w != c && mul[0] == MUL &&
+            ((mul[2] == c && mul[3] == w) || (mul[2] == w && mul[3] == c)) &&
+            !read_later(code, n_instr, m + 1, c) && !read_later(code, n_instr, m + 1, w) &&
+            (!cast || t == c || !read_later(code, n_instr, k + 2, t)))
+            fuse[k] = SCALE_MUL;
     }
     for (int32_t k = 0; k + 2 < n_instr; ++k) {
         const int32_t* ins = code + 5 * k;
@@ -473,6 +495,36 @@ T* direct(const Plan& p, const Operand& o, int64_t start, int64_t n, int32_t dty
     return reinterpret_cast<T*>(const_cast<char*>(o.base)) + at;
 }
 
+// The input a LOAD reads, for a loop over the tile's values: its cached row, in place (fp32
+// in `f`, bf16 in `h`), or loaded into register `reg` (fp32 in `f`). False when the input
+// is broadcast along the row (the loop takes full values only).
+bool full_input(const Plan& p, const Operand& in, const float* row_of, int64_t start, int64_t n,
+                Registers& r, int32_t reg, const float*& f, const uint16_t*& h) {
+    if (in.stride[p.ndim - 1] == 0) return false;
+    f = row_of ? row_of + start % p.inner : direct<float>(p, in, start, n, F32);
+    h = f ? nullptr : direct<uint16_t>(p, in, start, n, BF16);
+    if (f == nullptr && h == nullptr) {
+        load(p, in, start, n, r, reg);
+        f = r.cur[reg];
+    }
+    return true;
+}
+
+// Where a fused loop ending in the value of register `dst`, stored by instruction `at` if that
+// is its store, writes: a bf16 output (`out16`, when nothing reads the value later: the store
+// is then done), an fp32 output that does not stream (the store finds the values in place),
+// else the register.
+float* fused_destination(const Program& g, const Plan& p, int64_t start, int64_t n,
+                         Registers& r, int32_t at, int32_t dst, uint16_t*& out16) {
+    out16 = nullptr;
+    const int32_t* st = g.code + 5 * at;
+    if (at >= g.n_instr || st[0] != STORE || st[3] != dst) return r.own[dst];
+    const Operand& o = p.ops[g.n_inputs + st[2]];
+    if (!read_later(g.code, g.n_instr, at + 1, dst)) out16 = direct<uint16_t>(p, o, start, n, BF16);
+    float* out = direct<float>(p, o, start, n, F32);
+    return out && !((g.streamed >> st[2]) & 1u) ? out : r.own[dst];
+}
+
 template <typename X, typename Y>
 void silu_mul_into(float* d, const X* x, const Y* y, int64_t n) {
 #pragma omp simd
@@ -503,31 +555,74 @@ template <typename X>
 bool run_silu_mul(const Program& g, const Plan& p, int64_t start, int64_t n, Registers& r,
                   int32_t& k, const X* x) {
     const int32_t* ld = g.code + 5 * (k + 2);
-    const int32_t* mul = ld + 5;
-    const int32_t* st = mul + 5;
-    const Operand& in = p.ops[ld[2]];
-    if (in.stride[p.ndim - 1] == 0) return false;
-    const float* yf = r.row_of[ld[2]] ? r.row_of[ld[2]] + start % p.inner : nullptr;
+    const float* yf = nullptr;
     const uint16_t* yh = nullptr;
-    if (yf == nullptr && (yf = direct<float>(p, in, start, n, F32)) == nullptr &&
-        (yh = direct<uint16_t>(p, in, start, n, BF16)) == nullptr) {
-        load(p, in, start, n, r, ld[1]);
-        yf = r.cur[ld[1]];
-    }
-    const int32_t dst = mul[1];
-    float* d = r.own[dst];
-    uint16_t* out16 = nullptr;
-    if (k + 4 < g.n_instr && st[0] == STORE && st[3] == dst) {
-        const Operand& o = p.ops[g.n_inputs + st[2]];
-        if (!read_later(g.code, g.n_instr, k + 5, dst))
-            out16 = direct<uint16_t>(p, o, start, n, BF16);
-        if (float* out = direct<float>(p, o, start, n, F32); out && !((g.streamed >> st[2]) & 1u))
-            d = out;  // the store finds its values in place
-    }
+    if (!full_input(p, p.ops[ld[2]], r.row_of[ld[2]], start, n, r, ld[1], yf, yh)) return false;
+    const int32_t dst = ld[6];  // the second MUL's
+    uint16_t* out16;
+    float* d = fused_destination(g, p, start, n, r, k + 4, dst, out16);
     const bool stored = yh ? silu_mul_out(out16, d, x, yh, n) : silu_mul_out(out16, d, x, yf, n);
     r.cur[dst] = d;
     r.shape[dst] = FULL;
     k += stored ? 4 : 3;
+    return true;
+}
+
+// x * s (s one value per row, or one for all), optionally rounded to bf16, times w, into out
+// (fp32, or bf16 rounded), over `rows` rows of `len` elements.
+template <bool CAST, typename W, typename O>
+void scale_mul_into(O* out, const float* x, Row s, const W* w, int64_t rows, int64_t len) {
+    for (int64_t k = 0; k < rows; ++k) {
+        const float sk = s.row(k);
+        const float* xk = x + k * len;
+        const W* wk = w + k * len;
+        O* ok = out + k * len;
+#pragma omp simd
+        for (int64_t i = 0; i < len; ++i) {
+            float v = xk[i] * sk;
+            if constexpr (CAST) v = as_float(bf16_round_bits(v) & 0xffff0000u);
+            v = at(wk, i) * v;
+            if constexpr (std::is_same_v<O, float>) ok[i] = v;
+            else ok[i] = f32_to_bf16(v);
+        }
+    }
+}
+
+template <bool CAST, typename W>
+void scale_mul_to(uint16_t* out16, float* d, const float* x, Row s, const W* w, int64_t rows,
+                  int64_t len) {
+    if (out16 != nullptr) scale_mul_into<CAST>(out16, x, s, w, rows, len);
+    else scale_mul_into<CAST>(d, x, s, w, rows, len);
+}
+
+// SCALE_MUL at the MUL k, one operand full and the other not: see Fuse. k moves to the last
+// instruction done; false (nothing done) when the loaded input is broadcast along the row.
+bool run_scale_mul(const Program& g, const Plan& p, int64_t start, int64_t n, Registers& r,
+                   int32_t& k, int64_t rows, int64_t len) {
+    const int32_t* ins = g.code + 5 * k;
+    const bool cast = ins[5] == CAST_BF16;
+    const int32_t* ld = ins + (cast ? 10 : 5);
+    const int32_t m = k + (cast ? 3 : 2);
+    const int32_t a = ins[2], b = ins[3];
+    const int32_t x = r.shape[a] == FULL ? a : b, sv = x == a ? b : a;
+    const float* wf = nullptr;
+    const uint16_t* wh = nullptr;
+    if (!full_input(p, p.ops[ld[2]], r.row_of[ld[2]], start, n, r, ld[1], wf, wh)) return false;
+    const Row s{r.cur[sv], r.shape[sv] == ROWS ? 1 : 0};
+    const int32_t dst = g.code[5 * m + 1];
+    uint16_t* out16;
+    float* d = fused_destination(g, p, start, n, r, m + 1, dst, out16);
+    if (!g.reduce) {  // one run
+        len *= rows;
+        rows = 1;
+    }
+    if (cast && wh) scale_mul_to<true>(out16, d, r.cur[x], s, wh, rows, len);
+    else if (cast) scale_mul_to<true>(out16, d, r.cur[x], s, wf, rows, len);
+    else if (wh) scale_mul_to<false>(out16, d, r.cur[x], s, wh, rows, len);
+    else scale_mul_to<false>(out16, d, r.cur[x], s, wf, rows, len);
+    r.cur[dst] = d;
+    r.shape[dst] = FULL;
+    k = out16 ? m + 1 : m;
     return true;
 }
 
@@ -646,6 +741,9 @@ void run_tile(const Program& g, const Plan& p, int64_t start, int64_t n, Registe
         }
         if (g.fuse[k] == SILU_MUL && r.shape[a] == FULL &&
             run_silu_mul(g, p, start, n, r, k, r.cur[a]))
+            continue;
+        if (g.fuse[k] == SCALE_MUL && (r.shape[a] == FULL) != (r.shape[b] == FULL) &&
+            run_scale_mul(g, p, start, n, r, k, rows, len))
             continue;
         Arg args[3] = {};
         const Shape level = operands(r, ins, reads, args);

@@ -942,6 +942,80 @@ def test_silu_times_a_broadcast_or_strided_input() -> None:
     check(p, [x, yt], (6, 40), [torch.bfloat16])
 
 
+def _scale_mul_program(order: str, cast: str, keep: str, scalar: bool = False) -> Program:
+    """A norm's tail: x * s (s = rsqrt(mean(x * x)) per row, or the scalar 0.5), rounded to
+    bf16 when ``cast`` (``new``: into a new register, ``same``: in place), times a loaded w,
+    stored as out0. ``order`` puts the full operand first or last in both MULs; ``keep``
+    stores one more register as out1 so that it is read again: ``c`` (what w multiplies),
+    ``w`` or ``out``."""
+    pair = (
+        (lambda full, other: (full, other))
+        if order == "full first"
+        else (lambda full, other: (other, full))
+    )
+    s_instrs = (
+        [Instr(Op.CONST, 1, imm=0.5)]
+        if scalar
+        else [Instr(Op.MUL, 1, 0, 0), Instr(Op.REDUCE_MEAN, 2, 1), Instr(Op.RSQRT, 1, 2)]
+    )
+    c = {"new": 4, "same": 3, "": 3}[cast]
+    instrs = [Instr(Op.LOAD, 0, 0), *s_instrs, Instr(Op.MUL, 3, *pair(0, 1))]
+    if cast:
+        instrs.append(Instr(Op.CAST_BF16, c, 3))
+    instrs += [
+        Instr(Op.LOAD, 5, 1),
+        Instr(Op.MUL, 6, *pair(5, c)),
+        Instr(Op.STORE, -1, 0, 6),
+    ]
+    if keep:
+        instrs.append(Instr(Op.STORE, -1, 1, {"c": c, "w": 5, "out": 6}[keep]))
+    return program(*instrs, n_inputs=2, n_outputs=2 if keep else 1)
+
+
+@pytest.mark.parametrize("shape", [(4, 1024), (3, 2049), (7, 5), (1, 1)], ids=str)
+@pytest.mark.parametrize("w_kind", ["row fp32", "row bf16", "full bf16", "full fp16"])
+@pytest.mark.parametrize("out_dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("order", ["full first", "full last"])
+@pytest.mark.parametrize("cast", ["", "new", "same"])
+def test_scaled_value_times_a_loaded_input_is_one_loop(shape, w_kind, out_dtype, order, cast):
+    """x * s (s per row), rounded to bf16 or not, times w, with nothing else reading the
+    values between, runs as one loop (w read in place or from its cached row, the result
+    written into the output): bit for bit the result of the instructions run apart (the
+    value w multiplies stored too), and the reference within TOL."""
+    g = torch.Generator().manual_seed(20)
+    x = torch.randn(shape, generator=g).bfloat16()
+    kind, dtype = w_kind.split()
+    w_shape = shape[-1:] if kind == "row" else shape
+    w = torch.randn(w_shape, generator=g).to(
+        torch.float32 if dtype == "fp32" else torch.bfloat16 if dtype == "bf16" else torch.half
+    )
+    reduced = [False]
+    (got,) = check(_scale_mul_program(order, cast, ""), [x, w], shape, [out_dtype], reduced)
+    apart, _ = vm.run(_scale_mul_program(order, cast, "c"), [x, w], shape, [out_dtype] * 2)
+    torch.testing.assert_close(got, apart, rtol=0, atol=0, equal_nan=True)
+
+
+@pytest.mark.parametrize("keep", ["w", "out"])
+@pytest.mark.parametrize("out_dtype", [torch.float32, torch.bfloat16])
+def test_scaled_value_read_again_keeps_its_registers(keep, out_dtype) -> None:
+    """When w or the result is read again, their registers still hold them; a scalar s
+    (no reduction) takes the loop too."""
+    g = torch.Generator().manual_seed(21)
+    x, w = torch.randn(2, 6, 300, generator=g)
+    for scalar in (False, True):
+        p = _scale_mul_program("full first", "new", keep, scalar=scalar)
+        check(p, [x, w], (6, 300), [out_dtype, torch.float32])
+
+
+def test_scaled_value_times_a_row_broadcast_or_strided_input() -> None:
+    """w one value per row (the loop is not taken) and a transposed w (loaded first)."""
+    g = torch.Generator().manual_seed(22)
+    x = torch.randn(6, 40, generator=g)
+    p = _scale_mul_program("full last", "new", "")
+    check(p, [x, torch.randn(6, 1, generator=g)], (6, 40), [torch.bfloat16])
+    check(p, [x, torch.randn(40, 6, generator=g).t()], (6, 40), [torch.float32])
+
+
 def test_a_bound_launch_equals_the_kernel_call_with_views_broadcasts_and_strides() -> None:
     # operand 0: a (4, 1, 6) arg seen as (4, 6), transposed storage; operand 1: a (6,) arg
     # broadcast along the rows; operand 2: the first arg again; output allocated as (4, 1, 6)

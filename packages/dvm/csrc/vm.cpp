@@ -234,9 +234,11 @@ struct Program {
     uint32_t streamed;       // fp32 outputs written with non-temporal stores (bit per output)
 };
 
-// An fp32 output of at least this many bytes is written with non-temporal stores: it cannot
-// stay in cache for its reader anyway, and ordinary stores would first read every line
-// (the bursts of such reads stalled the cheap op passes that write outputs).
+// An fp32 output of at least this many bytes, of a program that makes more than one pass over
+// a tile, is written with non-temporal stores: ordinary stores first read every line, and the
+// bursts of such reads stalled the cheap op passes that write outputs. A program that is one
+// loop over its inputs (x * sigmoid(x), x * sigmoid(x) * y) hides those reads behind its
+// arithmetic, and its output stays in a large L3 for the next reader: it stores normally.
 constexpr int64_t STREAM_BYTES = int64_t{16} << 20;
 
 uint32_t streamed_outputs(const Plan& p, int32_t n_inputs, int32_t n_outputs) {
@@ -350,6 +352,20 @@ void plan_fusions(const int32_t* code, int32_t n_instr, int32_t n_inputs, const 
                  !read_later(code, n_instr, k + 3, ins[1]))
             fuse[k] = LOAD_OPERAND;
     }
+}
+
+// The loops a tile runs: computing instructions, less those a fusion runs inside another's loop.
+int32_t passes(const int32_t* code, int32_t n_instr, const uint8_t* fuse) {
+    int32_t n = 0;
+    for (int32_t k = 0; k < n_instr; ++k) {
+        const int32_t op = code[5 * k];
+        if (op == LOAD || op == CONST || op == STORE) continue;
+        ++n;
+        if (fuse[k] == DOT || fuse[k] == SILU || fuse[k] == SILU_BF16) --n;
+        if (fuse[k] == SILU_MUL) n -= 2;
+        if (fuse[k] == SCALE_MUL) n -= code[5 * k + 5] == CAST_BF16 ? 2 : 1;
+    }
+    return n;
 }
 
 template <typename T>
@@ -907,7 +923,8 @@ DVM_EXPORT int32_t dvm_run(const int32_t* code, const float* imm, int32_t n_inst
     uint8_t fuse[MAX_INSTRS];
     plan_fusions(code, n_instr, n_inputs, plan.ops, fuse);
     const uint32_t invariant = row_invariant_inputs(plan, n_inputs, tile);
-    const uint32_t streamed = streamed_outputs(plan, n_inputs, n_outputs);
+    const uint32_t streamed =
+        passes(code, n_instr, fuse) > 1 ? streamed_outputs(plan, n_inputs, n_outputs) : 0;
     const Program g{code, imm, n_instr, n_regs, n_inputs, reduce, tile, fuse, invariant, streamed};
     const int64_t n_tiles = (total + tile - 1) / tile;
     // Small calls stay on the calling thread: starting a team costs more than they take.

@@ -253,8 +253,9 @@ def test_rows_broadcast_over_rows(cols: int, dtype: torch.dtype) -> None:
 
 
 def test_large_outputs_streamed() -> None:
-    # fp32 outputs of 16 MiB and more are written with non-temporal stores (not computed into
-    # the output first), and a stored value read again still comes from its register
+    # fp32 outputs of 16 MiB and more of a program of several passes are written with
+    # non-temporal stores (not computed into the output first), and a stored value read again
+    # still comes from its register; a one-loop program's output is written in place
     p = program(
         Instr(Op.LOAD, 0, 0),
         Instr(Op.SIGMOID, 1, 0),
@@ -269,6 +270,9 @@ def test_large_outputs_streamed() -> None:
     silu, neg = check(p, [x], x.shape, [torch.float32, torch.float32])
     torch.testing.assert_close(neg, -silu, rtol=0, atol=0, equal_nan=True)
     check(p, [x[:, 1:]], (1, 4 * 2**20 + 2), [torch.float32] * 2)  # misaligned input
+    one_loop = _silu_program("x, s", False, keep_sigmoid=False)  # stored normally
+    (got,) = check(one_loop, [x], x.shape, [torch.float32])
+    torch.testing.assert_close(got, silu, rtol=0, atol=0, equal_nan=True)
 
 
 def test_outputs_in_a_given_layout() -> None:

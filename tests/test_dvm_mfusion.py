@@ -1,7 +1,8 @@
 """mfusion and dvm installed together: ``torch.compile(fn, backend="spore")`` hands the long
 tail of pointwise ops that mfusion's automatic fusion finds to dvm's region compiler (through
 the ``mfusion_register_region_compilers`` hook), forward and backward, equal to eager;
-``MFUSION_DISABLE=autofuse`` (or dvm switched off) leaves the graph to Inductor."""
+``MFUSION_DISABLE=autofuse`` (or dvm switched off) leaves the graph to Inductor. On CPU,
+automatic fusion runs only when ``MFUSION_CPU`` names it (set here)."""
 
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ def inductor_cache(
     """Every test compiles into an Inductor cache folder of its own, from a reset dynamo."""
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path_factory.mktemp("inductor")))
     monkeypatch.delenv("MFUSION_DISABLE", raising=False)
+    monkeypatch.setenv("MFUSION_CPU", "autofuse")  # on CPU it is off by default (mfusion README)
     torch._dynamo.reset()
     yield
     torch._dynamo.reset()

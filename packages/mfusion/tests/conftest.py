@@ -35,6 +35,13 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 @pytest.fixture(autouse=True)
+def every_pass_on_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The tests run on CPU and check every rewrite, so the passes that leave CPU graphs to
+    Inductor by default run there too (test_selection.py tests that default)."""
+    monkeypatch.setenv("MFUSION_CPU", "all")
+
+
+@pytest.fixture(autouse=True)
 def inductor_cache(
     tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
 ) -> Iterator[str]:

@@ -6,6 +6,7 @@ import logging
 from collections.abc import Iterator
 
 import pytest
+import torch
 
 import mfusion
 from mfusion import selection
@@ -15,6 +16,7 @@ from mfusion.passes import all_passes
 @pytest.fixture(autouse=True)
 def clean_switches(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     monkeypatch.delenv(selection.ENV, raising=False)
+    monkeypatch.delenv(selection.CPU_ENV, raising=False)
     selection.reset()
     yield
     selection.reset()
@@ -94,3 +96,85 @@ def test_switched_pass_reports_another_version_and_does_nothing_when_off() -> No
     mfusion.disable_passes(pass_.name)
     assert (switched.version, switched(object())) == ("7+off", 0)
     assert len(calls) == 1
+
+
+CPU_OFF = {
+    "autofuse", "rope", "add_rms_norm", "rms_norm", "layer_norm",
+    "add_rms_norm_train", "rms_norm_train", "layer_norm_train",
+}  # fmt: skip
+
+
+def test_the_passes_left_to_inductor_on_cpu() -> None:
+    """The README's list: the passes measured slower than Inductor's own kernels on CPU."""
+    assert {p.name for p in all_passes() if not getattr(p, "on_cpu", True)} == CPU_OFF
+
+
+def _graph(device: str | None) -> torch.fx.GraphModule:
+    gm = torch.fx.symbolic_trace(lambda x, n: x + n)
+    x, n = gm.graph.find_nodes(op="placeholder")
+    if device is not None:
+        x.meta["val"] = torch.empty(2, device=device)
+    n.meta["val"] = 3  # not a tensor: does not count
+    return gm
+
+
+def _recording(on_cpu: bool) -> tuple[selection.Switched, list[object]]:
+    calls: list[object] = []
+    name = sorted(CPU_OFF)[0]
+
+    class Recording:
+        version = "7"
+
+        def __call__(self, gm: object) -> int:
+            calls.append(gm)
+            return 1
+
+    Recording.name = name
+    Recording.on_cpu = on_cpu
+    return selection.Switched(Recording()), calls
+
+
+def test_a_pass_that_does_not_pay_off_on_cpu_leaves_cpu_graphs(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    switched, calls = _recording(on_cpu=False)
+    assert switched(_graph("cpu")) == 0
+    assert calls == []
+    assert switched(_graph("meta")) == 1  # another device
+    assert switched(_graph(None)) == 1  # no tensor input: nothing says CPU
+    assert switched.version == "7"
+    monkeypatch.setenv(selection.CPU_ENV, switched.name)
+    assert (switched.version, switched(_graph("cpu"))) == ("7+cpu", 1)
+    monkeypatch.setenv(selection.CPU_ENV, "all")
+    assert selection.forced_on_cpu(switched.name)
+    monkeypatch.delenv(selection.CPU_ENV)
+    mfusion.enable_passes(switched.name)
+    assert (switched.version, switched(_graph("cpu"))) == ("7+cpu", 1)
+    mfusion.disable_passes(switched.name)
+    assert (switched.version, switched(_graph("meta"))) == ("7+off", 0)
+
+
+def test_a_pass_that_pays_off_on_cpu_runs_there() -> None:
+    switched, calls = _recording(on_cpu=True)
+    assert (switched.version, switched(_graph("cpu"))) == ("7", 1)
+    assert len(calls) == 1
+
+
+def test_by_default_a_cpu_rmsnorm_is_left_to_inductor(
+    monkeypatch: pytest.MonkeyPatch, mfusion_compile, assert_rel_close
+) -> None:
+    """End to end on CPU: the RMSNorm stays decomposed by default and is rewritten when
+    ``MFUSION_CPU`` names the pass; the SiLU gate is rewritten either way."""
+
+    def block(x: torch.Tensor, w: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+        h = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * w
+        return torch.nn.functional.silu(h) * up
+
+    g = torch.Generator().manual_seed(0)
+    args = [torch.randn(4, 64, generator=g), torch.randn(64, generator=g), torch.randn(4, 64)]
+    default = mfusion_compile(block, *args)
+    assert_rel_close(default.outputs, block(*args))
+    assert default.spore_ops() == {"spore.silu_mul.default": 1}
+    monkeypatch.setenv(selection.CPU_ENV, "rms_norm")
+    forced = mfusion_compile(block, *args)
+    assert forced.spore_ops() == {"spore.silu_mul.default": 1, "spore.rms_norm.default": 1}

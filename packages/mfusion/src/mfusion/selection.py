@@ -1,9 +1,15 @@
-"""Which of mfusion's passes run: ``MFUSION_DISABLE`` and the Python switches.
+"""Which of mfusion's passes run: ``MFUSION_DISABLE``, ``MFUSION_CPU`` and the Python switches.
 
 A pass is off when its name is in ``MFUSION_DISABLE`` (comma-separated short names such as
 ``rope,gelu``, or ``all``) or was given to :func:`disable_passes`, unless :func:`enable_passes`
-named it later. The check happens at each compile, and a pass that is off reports another
-version, so Inductor's FX graph cache never serves a graph rewritten under other switches.
+named it later.
+
+A pass whose ``on_cpu`` is False (its rewrite measured slower than Inductor's own C++ kernels
+on CPU: the norms, RoPE, automatic fusion) leaves graphs whose inputs are all on the CPU
+alone, unless ``MFUSION_CPU`` names it (or ``all``) or :func:`enable_passes` did.
+
+The checks happen at each compile, and a pass reports another version under other switches,
+so Inductor's FX graph cache never serves a graph rewritten under other switches.
 """
 
 from __future__ import annotations
@@ -14,6 +20,7 @@ import threading
 from typing import Any
 
 ENV = "MFUSION_DISABLE"
+CPU_ENV = "MFUSION_CPU"
 PREFIX = "mfusion."
 ALL = "all"
 
@@ -46,14 +53,14 @@ def _checked(names: tuple[str, ...]) -> set[str]:
     return wanted
 
 
-def _from_env() -> set[str]:
-    raw = os.environ.get(ENV, "")
+def _from_env(var: str = ENV) -> set[str]:
+    raw = os.environ.get(var, "")
     names = {short_name(n.strip()) for n in raw.split(",") if n.strip()}
     unknown = sorted(names - {ALL, *known_names()})
     if unknown:
         log.warning(
             "%s names unknown passes %s (ignored); the passes are %s",
-            ENV,
+            var,
             ", ".join(unknown),
             ", ".join(known_names()),
         )
@@ -98,25 +105,52 @@ def is_enabled(name: str) -> bool:
     return not ({name, ALL} & (off | env))
 
 
+def forced_on_cpu(name: str) -> bool:
+    """Whether the pass ``name`` runs on CPU graphs even where it does not pay off there
+    (``MFUSION_CPU`` names it or ``all``, or :func:`enable_passes` did)."""
+    name = short_name(name)
+    with _lock:
+        on = set(_on)
+    return bool({name, ALL} & (on | _from_env(CPU_ENV)))
+
+
+def cpu_graph(gm: Any) -> bool:
+    """Whether every tensor input of ``gm`` is on the CPU (and it has one)."""
+    import torch
+
+    devices = set()
+    for node in gm.graph.find_nodes(op="placeholder"):
+        value = node.meta.get("val", node.meta.get("example_value"))
+        if isinstance(value, torch.Tensor):
+            devices.add(value.device.type)
+    return devices == {"cpu"}
+
+
 def disabled_passes() -> list[str]:
     """The short names of the passes that are off now."""
     return [n for n in known_names() if not is_enabled(n)]
 
 
 class Switched:
-    """A pass that runs only while :func:`is_enabled`; its version says when it is off."""
+    """A pass that runs only while :func:`is_enabled` (and, if its ``on_cpu`` is False, on a
+    CPU graph only when :func:`forced_on_cpu`); its version says which."""
 
     def __init__(self, pass_: Any) -> None:
         self.pass_ = pass_
         self.name = pass_.name
+        self.on_cpu = bool(getattr(pass_, "on_cpu", True))
 
     @property
     def version(self) -> str:
         base = str(getattr(self.pass_, "version", "1"))
-        return base if is_enabled(self.name) else f"{base}+off"
+        if not is_enabled(self.name):
+            return f"{base}+off"
+        return base if self.on_cpu or not forced_on_cpu(self.name) else f"{base}+cpu"
 
     def __call__(self, gm: Any) -> int:
         if not is_enabled(self.name):
+            return 0
+        if not self.on_cpu and not forced_on_cpu(self.name) and cpu_graph(gm):
             return 0
         return int(self.pass_(gm) or 0)
 

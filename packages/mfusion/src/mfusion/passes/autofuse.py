@@ -21,6 +21,7 @@ _PROCESS = uuid.uuid4().hex
 class AutoFuse(GraphPass):
     name = "autofuse"
     priority = -1000
+    on_cpu = False  # Inductor fuses the pointwise tail itself; a region op costs a call
     summary = "Outline regions a registered region compiler supports into one custom op each."
 
     @property

@@ -403,6 +403,7 @@ class AddRMSNormPass(spore.GraphPass):
 
     name = "add_rms_norm"
     version = "1"
+    on_cpu = False  # Inductor's fused C++ kernel is as fast; the op call costs more
     priority = 30
     summary = "residual add + RMSNorm → spore.add_rms_norm (the sum stays available)"
 
@@ -421,6 +422,7 @@ class RMSNormPass(spore.GraphPass):
 
     name = "rms_norm"
     version = "1"
+    on_cpu = False  # Inductor's fused C++ kernel is as fast; the op call costs more
     priority = 25
     summary = "RMSNorm (Llama/Qwen2/Mistral/T5/Gemma forms, any eps) → spore.rms_norm"
 
@@ -448,6 +450,7 @@ class LayerNormPass(spore.GraphPass):
 
     name = "layer_norm"
     version = "1"
+    on_cpu = False  # Inductor's fused C++ kernel is as fast; the op call costs more
     priority = 25
     summary = "LayerNorm (decomposed F.layer_norm, weight/bias optional) → spore.layer_norm"
 

@@ -101,6 +101,7 @@ def _training_rms_norms(gm: GraphModule) -> Iterator[tuple[norms.RMSNormMatch, b
 class _TrainingPass(spore.GraphPass):
     stage = "pre_grad"
     version = "1"
+    on_cpu = False  # Inductor's fused forward and backward norm kernels are as fast on CPU
 
 
 class _TrainingRMSNormPass(_TrainingPass):

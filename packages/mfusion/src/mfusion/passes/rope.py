@@ -80,6 +80,7 @@ class RopePass(spore.PatternToPatternPass):
 
     name = "rope"
     version = "1"
+    on_cpu = False  # Inductor's fused C++ kernel is as fast; the op call costs more
     priority = 50
     summary = "RoPE: rotate-half (HF apply_rotary_pos_emb) and interleaved (GPT-J) -> spore.rope"
     reshape_views = True  # the interleaved form's flatten

@@ -76,7 +76,8 @@ def disable_passes(*names: str) -> None:
 
 
 def enable_passes(*names: str) -> None:
-    """Switch passes back on, including ones ``MFUSION_DISABLE`` names; ``"all"`` for every one."""
+    """Switch passes back on, including ones ``MFUSION_DISABLE`` names, and run them on CPU
+    graphs too; ``"all"`` for every one."""
     wanted = _checked(names)
     with _lock:
         if ALL in wanted:

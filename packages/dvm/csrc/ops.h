@@ -295,6 +295,31 @@ inline float row_dot(const float* a, const float* b, int64_t n) {
     return acc[0];
 }
 
+// row_dot(x, x) of a bf16 row, widening it into `keep` on the way (the same lanes and order as
+// widening first, then row_dot: the same sum).
+inline float row_square_widen(const uint16_t* x, float* keep, int64_t n) {
+    float acc[LANES] = {};
+    int64_t i = 0;
+    for (; i + LANES <= n; i += LANES) {
+#pragma omp simd
+        for (int64_t l = 0; l < LANES; ++l) {
+            const float v = bf16_to_f32(x[i + l]);
+            keep[i + l] = v;
+            acc[l] += v * v;
+        }
+    }
+    for (int64_t l = 0; i + l < n; ++l) {
+        const float v = bf16_to_f32(x[i + l]);
+        keep[i + l] = v;
+        acc[l] += v * v;
+    }
+    for (int64_t w = LANES / 2; w > 0; w /= 2) {
+#pragma omp simd
+        for (int64_t l = 0; l < w; ++l) acc[l] += acc[l + w];
+    }
+    return acc[0];
+}
+
 inline float row_max(const float* a, int64_t n) {
     float acc[LANES];
     for (int64_t l = 0; l < LANES; ++l) acc[l] = -INF;

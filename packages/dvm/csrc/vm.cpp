@@ -218,9 +218,11 @@ thread_local Buffer thread_buffer;
 // instructions in one loop that reads y in place and writes the output the product goes to.
 // SCALE_MUL: a MUL by a row-scalar or scalar, optionally rounded to bf16 (CAST_BF16), whose
 // result is only multiplied by an input loaded right after (a norm's tail: x * rstd, cast,
-// times the weight), in one loop likewise.
+// times the weight), in one loop likewise. LOAD_DOT: a bf16 input loaded for a DOT of its own
+// square (a norm's sum of squares) is widened by the DOT's loop as it sums.
 enum Fuse : uint8_t {
-    ALONE, STORE_BF16, DOT, SILU, SILU_BF16, LOAD_SILU, LOAD_OPERAND, SILU_MUL, SCALE_MUL
+    ALONE, STORE_BF16, DOT, SILU, SILU_BF16, LOAD_SILU, LOAD_OPERAND, SILU_MUL, SCALE_MUL,
+    LOAD_DOT
 };
 
 struct Program {
@@ -347,6 +349,9 @@ void plan_fusions(const int32_t* code, int32_t n_instr, int32_t n_inputs, const 
             fuse[k + 1] == SILU_BF16 || fuse[k + 1] == SILU_MUL) && sig[2] == ins[1] &&
             !read_later(code, n_instr, k + 3, ins[1]))
             fuse[k] = LOAD_SILU;
+        else if (ins[0] == LOAD && ops[ins[2]].dtype == BF16 && fuse[k + 1] == DOT &&
+                 sig[2] == ins[1] && sig[3] == ins[1])
+            fuse[k] = LOAD_DOT;
         else if (ins[0] == LOAD && ops[ins[2]].dtype == BF16 && fuse[k + 1] == STORE_BF16 &&
                  (sig[2] == ins[1]) != (sig[3] == ins[1]) &&
                  !read_later(code, n_instr, k + 3, ins[1]))
@@ -712,6 +717,22 @@ void run_tile(const Program& g, const Plan& p, int64_t start, int64_t n, Registe
         if (op == LOAD && g.fuse[k] == LOAD_OPERAND && r.row_of[a] == nullptr &&
             run_load_operand(g, p, start, n, r, k)) {
             continue;
+        }
+        if (op == LOAD && g.fuse[k] == LOAD_DOT && g.reduce && r.row_of[a] == nullptr) {
+            if (const auto* x = direct<uint16_t>(p, p.ops[a], start, n, BF16)) {
+                const int32_t* red = ins + 10;
+                float* sums = r.few[red[1]];
+                for (int64_t i = 0; i < rows; ++i) {
+                    const float v = row_square_widen(x + i * len, r.own[dst] + i * len, len);
+                    sums[i] = red[0] == REDUCE_MEAN ? v / static_cast<float>(len) : v;
+                }
+                r.cur[dst] = r.own[dst];
+                r.shape[dst] = FULL;
+                r.cur[red[1]] = sums;
+                r.shape[red[1]] = ROWS;
+                k += 2;  // the MUL and the reduction are done
+                continue;
+            }
         }
         if (op == LOAD) {
             if (r.row_of[a] != nullptr) {

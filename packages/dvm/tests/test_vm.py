@@ -999,6 +999,33 @@ def test_scaled_value_times_a_loaded_input_is_one_loop(shape, w_kind, out_dtype,
     torch.testing.assert_close(got, apart, rtol=0, atol=0, equal_nan=True)
 
 
+@pytest.mark.parametrize("shape", [(4, 1024), (3, 2049), (7, 5), (1, 1)], ids=str)
+@pytest.mark.parametrize("reduce_op", [Op.REDUCE_MEAN, Op.REDUCE_SUM])
+def test_a_bf16_input_squared_and_summed_is_widened_by_the_sum(shape, reduce_op) -> None:
+    """A bf16 input loaded for the row sum of its own square (then used again) is widened by
+    the sum's loop: bit for bit the result of the same values given as fp32 (loaded apart)."""
+    g = torch.Generator().manual_seed(23)
+    x = torch.randn(shape, generator=g).bfloat16()
+    w = torch.randn(shape[-1:], generator=g)
+    instrs = [
+        Instr(Op.LOAD, 0, 0),
+        Instr(Op.MUL, 1, 0, 0),
+        Instr(reduce_op, 2, 1),
+        Instr(Op.RSQRT, 1, 2),
+        Instr(Op.MUL, 3, 0, 1),
+        Instr(Op.LOAD, 4, 1),
+        Instr(Op.MUL, 5, 3, 4),
+        Instr(Op.STORE, -1, 0, 5),
+        Instr(Op.STORE, -1, 1, 2),
+    ]
+    p = program(*instrs, n_inputs=2, n_outputs=2)
+    outs, reduced = [torch.bfloat16, torch.float32], [False, True]
+    got = check(p, [x, w], shape, outs, reduced, tol=ROW_TOL)
+    apart = vm.run(p, [x.float(), w], shape, outs, reduced)
+    for a, b in zip(got, apart, strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=0, equal_nan=True)
+
+
 @pytest.mark.parametrize("keep", ["w", "out"])
 @pytest.mark.parametrize("out_dtype", [torch.float32, torch.bfloat16])
 def test_scaled_value_read_again_keeps_its_registers(keep, out_dtype) -> None:

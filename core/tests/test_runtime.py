@@ -1,6 +1,8 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 import sys
 
 import pytest
@@ -252,3 +254,30 @@ def test_doctor_describes_the_warmup_of_a_new_process() -> None:
     warming, ok = describe_warmup(before_fix)
     assert not ok
     assert "2 of clones 2-5 take new pages too (the last: clone 4; at most 240 ms each)" in warming
+
+
+def test_restart_tuned_reruns_a_script_once_under_the_plan(tmp_path) -> None:
+    script = tmp_path / "tool.py"
+    script.write_text(
+        "import os, sys\n"
+        "from spore import runtime\n"
+        "print('start', flush=True)\n"
+        "runtime.restart_tuned()\n"
+        "print(os.environ[runtime.APPLIED_MARKER], sys.argv[1:])\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != APPLIED_MARKER}
+
+    def run(extra: dict[str, str]) -> list[str]:
+        done = subprocess.run(
+            [sys.executable, str(script), "--flag"],
+            env=env | extra,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=True,
+        )
+        return done.stdout.splitlines()
+
+    planned = cpu_plan(base_env=env).env[APPLIED_MARKER]
+    assert run({}) == ["start", "start", f"{planned} ['--flag']"]  # once, arguments kept
+    assert run({APPLIED_MARKER: "system"}) == ["start", "system ['--flag']"]  # already planned

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -213,6 +214,14 @@ def cpu_env(
         base_env=base_env,
     )
     return plan.env
+
+
+def restart_tuned() -> None:
+    """Re-run this Python script under :func:`cpu_env` (the runtime ``spore bench`` measures
+    under) unless a runtime plan is applied already: for a tool whose timings are read beside
+    ``spore bench``'s figures. Does not return when it restarts."""
+    if APPLIED_MARKER not in os.environ:
+        os.execve(sys.executable, [sys.executable, *sys.argv], cpu_env())
 
 
 def system_env(base_env: Mapping[str, str] | None = None) -> dict[str, str]:

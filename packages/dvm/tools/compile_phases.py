@@ -12,9 +12,7 @@ calls on one graph, in µs.
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
-import sys
 import time
 from collections.abc import Callable
 from typing import Any
@@ -54,8 +52,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeat", type=int, default=300)
     args = parser.parse_args()
-    if runtime.APPLIED_MARKER not in os.environ:  # as `spore bench`: its tuned runtime
-        os.execve(sys.executable, [sys.executable, *sys.argv], runtime.cpu_env())
+    runtime.restart_tuned()  # as `spore bench`: its tuned runtime
     for name in benchmarks.CHAINS:
         phases = _phases(name)
         times = "  ".join(f"{k} {_median_us(f, args.repeat):5.0f}" for k, f in phases.items())

@@ -13,10 +13,8 @@ after the matmuls and attention around it.
 from __future__ import annotations
 
 import argparse
-import os
 import random
 import statistics
-import sys
 import time
 from collections import defaultdict
 from typing import Any
@@ -34,8 +32,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=60, help="training steps timed")
     parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args()
-    if runtime.APPLIED_MARKER not in os.environ:  # as `spore bench`: its tuned runtime
-        os.execve(sys.executable, [sys.executable, *sys.argv], runtime.cpu_env())
+    runtime.restart_tuned()  # as `spore bench`: its tuned runtime
     torch.set_num_threads(args.threads)
     trainer = benchmarks._trainer(args.dtype, "dvm")  # compiled, checked against eager
     on_vm: dict[RegionRunner, list[float]] = defaultdict(list)

@@ -15,9 +15,7 @@ with the same calls warm (no matmul between them) beside them. The process resta
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
-import sys
 import time
 from collections.abc import Callable
 
@@ -42,7 +40,8 @@ def _layers() -> dict[str, Callable[[], object]]:
         "torch.ops.spore.silu_mul": lambda: op(a, b),
         "the core's route (selection, supports)": lambda: route(a, b),
         "spore-kernels' CPU wrapper": lambda: glu.cpu_silu_mul(a, b),
-        "the bare ctypes call": lambda: fn(*ptrs, a.numel(), 0, _lib.threads()),
+        # y as a default argument: the lambda keeps the output its pointer writes to alive
+        "the bare ctypes call": lambda y=y: fn(*ptrs, y.numel(), 0, _lib.threads()),
         "aten mul (for scale)": lambda: torch.mul(a, b),
         "an empty lambda": lambda: None,
     }
@@ -62,8 +61,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--calls", type=int, default=200)
     args = parser.parse_args()
-    if runtime.APPLIED_MARKER not in os.environ:  # as `spore bench`: its tuned runtime
-        os.execve(sys.executable, [sys.executable, *sys.argv], runtime.cpu_env())
+    runtime.restart_tuned()  # as `spore bench`: its tuned runtime
     x, w = torch.randn(512, 512), torch.randn(1408, 512)
     print(f"{'layer':42s} {'after a GEMM':>13s} {'warm':>8s}")
     with torch.no_grad():

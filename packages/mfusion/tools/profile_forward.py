@@ -13,8 +13,6 @@ The share left after GEMMs and attention bounds what any fusion can gain.
 from __future__ import annotations
 
 import argparse
-import os
-import sys
 
 import torch
 from torch.profiler import ProfilerActivity, profile
@@ -50,8 +48,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--top", type=int, default=12, help="operators listed per side")
     args = parser.parse_args()
-    if runtime.APPLIED_MARKER not in os.environ:  # as `spore bench`: its tuned runtime
-        os.execve(sys.executable, [sys.executable, *sys.argv], runtime.cpu_env())
+    runtime.restart_tuned()  # as `spore bench`: its tuned runtime
     with torch._inductor.config.patch({"cpp.enable_kernel_profile": True}):
         state = benchmarks._state(args.model, args.phase, args.dtype)
     for side in ("inductor", "mfusion"):

@@ -558,13 +558,13 @@ void silu_mul_into(uint16_t* d, const X* x, const Y* y, int64_t n) {  // a bf16 
     for (int64_t i = 0; i < n; ++i) d[i] = f32_to_bf16(silu_f(at(x, i)) * at(y, i));
 }
 
-// silu(x) * y into the output the product is stored to, when that output is a run of `D`
-// elements here (the store is then done: true), else into `d`.
-template <typename D, typename X, typename Y>
-bool silu_mul_out(D* out, float* d, const X* x, const Y* y, int64_t n) {
-    if (out != nullptr) silu_mul_into(out, x, y, n);
-    else silu_mul_into(d, x, y, n);
-    return out != nullptr;
+// A fused loop run into the bf16 output `out16` when fused_destination gave one (the store is
+// then done: true), else into `d`; loop(dst) is called with the one chosen.
+template <typename Loop>
+bool into_destination(uint16_t* out16, float* d, Loop&& loop) {
+    if (out16 != nullptr) loop(out16);
+    else loop(d);
+    return out16 != nullptr;
 }
 
 // SILU_MUL at the SIGMOID k (x: its operand, fp32 or a bf16 input in place): silu(x) * y with y
@@ -582,7 +582,10 @@ bool run_silu_mul(const Program& g, const Plan& p, int64_t start, int64_t n, Reg
     const int32_t dst = ld[6];  // the second MUL's
     uint16_t* out16;
     float* d = fused_destination(g, p, start, n, r, k + 4, dst, out16);
-    const bool stored = yh ? silu_mul_out(out16, d, x, yh, n) : silu_mul_out(out16, d, x, yf, n);
+    const bool stored = into_destination(out16, d, [&](auto* o) {
+        if (yh) silu_mul_into(o, x, yh, n);
+        else silu_mul_into(o, x, yf, n);
+    });
     r.cur[dst] = d;
     r.shape[dst] = FULL;
     k += stored ? 4 : 3;
@@ -609,13 +612,6 @@ void scale_mul_into(O* out, const float* x, Row s, const W* w, int64_t rows, int
     }
 }
 
-template <bool CAST, typename W>
-void scale_mul_to(uint16_t* out16, float* d, const float* x, Row s, const W* w, int64_t rows,
-                  int64_t len) {
-    if (out16 != nullptr) scale_mul_into<CAST>(out16, x, s, w, rows, len);
-    else scale_mul_into<CAST>(d, x, s, w, rows, len);
-}
-
 // SCALE_MUL at the MUL k, one operand full and the other not: see Fuse. k moves to the last
 // instruction done; false (nothing done) when the loaded input is broadcast along the row.
 bool run_scale_mul(const Program& g, const Plan& p, int64_t start, int64_t n, Registers& r,
@@ -637,13 +633,16 @@ bool run_scale_mul(const Program& g, const Plan& p, int64_t start, int64_t n, Re
         len *= rows;
         rows = 1;
     }
-    if (cast && wh) scale_mul_to<true>(out16, d, r.cur[x], s, wh, rows, len);
-    else if (cast) scale_mul_to<true>(out16, d, r.cur[x], s, wf, rows, len);
-    else if (wh) scale_mul_to<false>(out16, d, r.cur[x], s, wh, rows, len);
-    else scale_mul_to<false>(out16, d, r.cur[x], s, wf, rows, len);
+    const float* xs = r.cur[x];
+    const bool stored = into_destination(out16, d, [&](auto* o) {
+        if (cast && wh) scale_mul_into<true>(o, xs, s, wh, rows, len);
+        else if (cast) scale_mul_into<true>(o, xs, s, wf, rows, len);
+        else if (wh) scale_mul_into<false>(o, xs, s, wh, rows, len);
+        else scale_mul_into<false>(o, xs, s, wf, rows, len);
+    });
     r.cur[dst] = d;
     r.shape[dst] = FULL;
-    k = out16 ? m + 1 : m;
+    k = stored ? m + 1 : m;
     return true;
 }
 

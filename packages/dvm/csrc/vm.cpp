@@ -702,6 +702,30 @@ bool run_load_operand(const Program& g, const Plan& p, int64_t start, int64_t n,
     return true;
 }
 
+// LOAD_DOT at instruction k (whole rows): the bf16 input widened into its register by the
+// loop that sums its square into the reduction's row-scalars; k moves past the MUL and the
+// reduction. False (nothing done) when the input's tile is not one piece.
+bool run_load_dot(const Program& g, const Plan& p, int64_t start, int64_t n, Registers& r,
+                  int32_t& k) {
+    const int32_t* ins = g.code + 5 * k;
+    const auto* x = direct<uint16_t>(p, p.ops[ins[2]], start, n, BF16);
+    if (x == nullptr) return false;
+    const int32_t* red = ins + 10;
+    float* row = r.own[ins[1]];
+    float* sums = r.few[red[1]];
+    const int64_t len = p.inner;
+    for (int64_t i = 0; i < n / len; ++i) {
+        const float v = row_square_widen(x + i * len, row + i * len, len);
+        sums[i] = red[0] == REDUCE_MEAN ? v / static_cast<float>(len) : v;
+    }
+    r.cur[ins[1]] = row;
+    r.shape[ins[1]] = FULL;
+    r.cur[red[1]] = sums;
+    r.shape[red[1]] = ROWS;
+    k += 2;
+    return true;
+}
+
 void run_tile(const Program& g, const Plan& p, int64_t start, int64_t n, Registers& r) {
     // the tile as rows of `len` elements: whole rows with reductions, else one run
     const int64_t rows = g.reduce ? n / p.inner : 1, len = g.reduce ? p.inner : n;
@@ -717,21 +741,9 @@ void run_tile(const Program& g, const Plan& p, int64_t start, int64_t n, Registe
             run_load_operand(g, p, start, n, r, k)) {
             continue;
         }
-        if (op == LOAD && g.fuse[k] == LOAD_DOT && g.reduce && r.row_of[a] == nullptr) {
-            if (const auto* x = direct<uint16_t>(p, p.ops[a], start, n, BF16)) {
-                const int32_t* red = ins + 10;
-                float* sums = r.few[red[1]];
-                for (int64_t i = 0; i < rows; ++i) {
-                    const float v = row_square_widen(x + i * len, r.own[dst] + i * len, len);
-                    sums[i] = red[0] == REDUCE_MEAN ? v / static_cast<float>(len) : v;
-                }
-                r.cur[dst] = r.own[dst];
-                r.shape[dst] = FULL;
-                r.cur[red[1]] = sums;
-                r.shape[red[1]] = ROWS;
-                k += 2;  // the MUL and the reduction are done
-                continue;
-            }
+        if (op == LOAD && g.fuse[k] == LOAD_DOT && g.reduce && r.row_of[a] == nullptr &&
+            run_load_dot(g, p, start, n, r, k)) {
+            continue;
         }
         if (op == LOAD) {
             if (r.row_of[a] != nullptr) {

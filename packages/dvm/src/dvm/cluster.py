@@ -19,7 +19,6 @@ runs in graph order, each a valid region.
 from __future__ import annotations
 
 import math
-import operator
 import time
 from dataclasses import dataclass, field
 
@@ -159,10 +158,8 @@ class _Analysis:
                 continue
             rule = RULES.get(n.target)
             ops = tensor_args(n)
-            if rule is None or n.target is operator.getitem:
-                reason = unsupported_reason(n)
-            else:
-                reason = rule_reason(n, rule, ops, seen)
+            # no rule (getitem included): unsupported_reason says which case it is
+            reason = unsupported_reason(n) if rule is None else rule_reason(n, rule, ops, seen)
             if reason is not None:
                 self.fallbacks.append((n, reason))
                 continue

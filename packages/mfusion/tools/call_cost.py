@@ -61,6 +61,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--calls", type=int, default=200)
     args = parser.parse_args()
+    if args.calls < 1:
+        parser.error(f"--calls must be at least 1, got {args.calls}")
     runtime.restart_tuned()  # as `spore bench`: its tuned runtime
     x, w = torch.randn(512, 512), torch.randn(1408, 512)
     print(f"{'layer':42s} {'after a GEMM':>13s} {'warm':>8s}")

@@ -855,7 +855,9 @@ void run_tile(const Program& g, const Plan& p, int64_t start, int64_t n, Registe
 }
 
 // Asks for the next tile's rows of each input read along the row while this tile computes:
-// the hardware prefetcher does not run ahead of a pass that reads another stream.
+// the hardware prefetcher does not run ahead of a pass that reads another stream. GCC's
+// vectoriser drops __builtin_prefetch from a loop it vectorises (leaving an empty loop, which
+// goes too): the empty asm statement keeps the loop scalar and its prefetches in place.
 void prefetch_inputs(const Program& g, const Plan& p, int64_t start, int64_t n) {
     for (int32_t i = 0; i < g.n_inputs; ++i) {
         const Operand& o = p.ops[i];
@@ -863,7 +865,10 @@ void prefetch_inputs(const Program& g, const Plan& p, int64_t start, int64_t n) 
         const int64_t size = o.dtype == F32 ? 4 : o.dtype == BOOL ? 1 : 2;
         for_pieces(p, o.stride, start, n, [&](int64_t off, int64_t, int64_t len, int64_t) {
             const char* at = o.base + off * size;
-            for (int64_t b = 0; b < len * size; b += 64) __builtin_prefetch(at + b, 0, 3);
+            for (int64_t b = 0; b < len * size; b += 64) {
+                __builtin_prefetch(at + b, 0, 3);
+                asm volatile("");
+            }
         });
     }
 }

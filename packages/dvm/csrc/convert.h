@@ -50,6 +50,29 @@ inline uint16_t f32_to_f16(float v) {
     return static_cast<uint16_t>(h | ((u >> 16) & 0x8000u));
 }
 
+#if defined(__AVX512F__)
+// 16 lanes of fp32 or bf16 storage <-> a register, the lanes outside mask m not touched (a
+// run's tail); the bf16 store rounds as f32_to_bf16.
+inline __m512 load16(const float* p, __mmask16 m) { return _mm512_maskz_loadu_ps(m, p); }
+inline __m512 load16(const uint16_t* p, __mmask16 m) {
+    const __m512i h = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, p));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(h, 16));
+}
+inline void store16(float* p, __mmask16 m, __m512 v) { _mm512_mask_storeu_ps(p, m, v); }
+inline void store16(uint16_t* p, __mmask16 m, __m512 v) {
+    const __m512i u = _mm512_castps_si512(v);
+    const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+    __m512i r = _mm512_add_epi32(_mm512_add_epi32(u, _mm512_set1_epi32(0x7fff)), odd);
+    const __mmask16 nan = _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+    r = _mm512_mask_or_epi32(r, nan, u, _mm512_set1_epi32(0x00400000));
+    _mm256_mask_storeu_epi16(p, m, _mm512_cvtepi32_epi16(_mm512_srli_epi32(r, 16)));
+}
+// The lanes of a 16-lane step at i of a run of n: all, or the tail's.
+inline __mmask16 lanes(int64_t i, int64_t n) {
+    return n - i >= 16 ? __mmask16(0xffff) : __mmask16((1u << (n - i)) - 1u);
+}
+#endif
+
 inline void widen_f32(const float* s, float* d, int64_t n) {
     for (int64_t i = 0; i < n; ++i) d[i] = s[i];
 }

@@ -138,7 +138,13 @@ using Narrow = void (*)(const float*, T*, int64_t);
 
 template <typename T>
 void load_piece(const T* src, int64_t step, float* d, int64_t n, Widen<T> widen) {
-    if (step == 1) return widen(src, d, n);
+    if (step == 1) {  // streamed from memory: see prefetch_ahead
+        for (int64_t c = 0; c < n; c += 64) {
+            prefetch_ahead(src + c, 64);
+            widen(src + c, d + c, std::min<int64_t>(64, n - c));
+        }
+        return;
+    }
     float v;
     if (step == 0) {
         widen(src, &v, 1);
@@ -546,18 +552,6 @@ float* fused_destination(const Program& g, const Plan& p, int64_t start, int64_t
     return out && !((g.streamed >> st[2]) & 1u) ? out : r.own[dst];
 }
 
-template <typename X, typename Y>
-void silu_mul_into(float* d, const X* x, const Y* y, int64_t n) {
-#pragma omp simd
-    for (int64_t i = 0; i < n; ++i) d[i] = silu_f(at(x, i)) * at(y, i);
-}
-
-template <typename X, typename Y>
-void silu_mul_into(uint16_t* d, const X* x, const Y* y, int64_t n) {  // a bf16 output
-#pragma omp simd
-    for (int64_t i = 0; i < n; ++i) d[i] = f32_to_bf16(silu_f(at(x, i)) * at(y, i));
-}
-
 // A fused loop run into the bf16 output `out16` when fused_destination gave one (the store is
 // then done: true), else into `d`; loop(dst) is called with the one chosen.
 template <typename Loop>
@@ -583,8 +577,8 @@ bool run_silu_mul(const Program& g, const Plan& p, int64_t start, int64_t n, Reg
     uint16_t* out16;
     float* d = fused_destination(g, p, start, n, r, k + 4, dst, out16);
     const bool stored = into_destination(out16, d, [&](auto* o) {
-        if (yh) silu_mul_into(o, x, yh, n);
-        else silu_mul_into(o, x, yf, n);
+        if (yh) silu_into(o, x, yh, n);
+        else silu_into(o, x, yf, n);
     });
     r.cur[dst] = d;
     r.shape[dst] = FULL;
@@ -664,8 +658,7 @@ bool run_load_silu(const Program& g, const Plan& p, int64_t start, int64_t n, Re
     const bool more = k + 3 < g.n_instr;
     if (g.fuse[k + 1] == SILU_BF16) {
         if (uint16_t* out = direct<uint16_t>(p, p.ops[g.n_inputs + after[2]], start, n, BF16)) {
-#pragma omp simd
-            for (int64_t i = 0; i < n; ++i) out[i] = f32_to_bf16(silu_f(bf16_to_f32(x[i])));
+            silu_into(out, x, NO_FACTOR, n);
             k += 3;
             return true;
         }
@@ -674,8 +667,7 @@ bool run_load_silu(const Program& g, const Plan& p, int64_t start, int64_t n, Re
     if (more && after[0] == STORE && after[3] == mul[1] && !((g.streamed >> after[2]) & 1u)) {
         if (float* out = direct<float>(p, p.ops[g.n_inputs + after[2]], start, n, F32)) d = out;
     }
-#pragma omp simd
-    for (int64_t i = 0; i < n; ++i) d[i] = silu_f(bf16_to_f32(x[i]));
+    silu_into(d, x, NO_FACTOR, n);
     r.cur[mul[1]] = d;
     r.shape[mul[1]] = FULL;
     k += 2;
@@ -819,10 +811,7 @@ void run_tile(const Program& g, const Plan& p, int64_t start, int64_t n, Registe
             const int32_t* store = next + 5;
             const Operand& o = p.ops[g.n_inputs + store[2]];
             if (uint16_t* out = direct<uint16_t>(p, o, start, n, BF16)) {
-                const float* x = args[0].p;
-                const int64_t m = at_rows * at_len;
-#pragma omp simd
-                for (int64_t i = 0; i < m; ++i) out[i] = f32_to_bf16(silu_f(x[i]));
+                silu_into(out, args[0].p, NO_FACTOR, at_rows * at_len);
                 k += 2;  // the MUL and the store are done
                 continue;
             }
@@ -841,7 +830,7 @@ void run_tile(const Program& g, const Plan& p, int64_t start, int64_t n, Registe
             }
         }
         if (silu) {
-            map1(d, args[0].p, at_rows * at_len, silu_f);
+            silu_into(d, args[0].p, NO_FACTOR, at_rows * at_len);
             r.cur[to] = d;
             r.shape[to] = level;
             continue;
@@ -851,25 +840,6 @@ void run_tile(const Program& g, const Plan& p, int64_t start, int64_t n, Registe
         else where(d, args[0], args[1], args[2], at_rows, at_len);
         r.cur[dst] = d;
         r.shape[dst] = level;
-    }
-}
-
-// Asks for the next tile's rows of each input read along the row while this tile computes:
-// the hardware prefetcher does not run ahead of a pass that reads another stream. GCC's
-// vectoriser drops __builtin_prefetch from a loop it vectorises (leaving an empty loop, which
-// goes too): the empty asm statement keeps the loop scalar and its prefetches in place.
-void prefetch_inputs(const Program& g, const Plan& p, int64_t start, int64_t n) {
-    for (int32_t i = 0; i < g.n_inputs; ++i) {
-        const Operand& o = p.ops[i];
-        if (o.stride[p.ndim - 1] != 1 || (g.row_invariant >> i) & 1u) continue;  // cached
-        const int64_t size = o.dtype == F32 ? 4 : o.dtype == BOOL ? 1 : 2;
-        for_pieces(p, o.stride, start, n, [&](int64_t off, int64_t, int64_t len, int64_t) {
-            const char* at = o.base + off * size;
-            for (int64_t b = 0; b < len * size; b += 64) {
-                __builtin_prefetch(at + b, 0, 3);
-                asm volatile("");
-            }
-        });
     }
 }
 
@@ -902,7 +872,6 @@ bool run_tiles(const Program& g, const Plan& p, int64_t tile, int64_t first, int
     }
     for (int64_t t = first; t < last; ++t) {
         const int64_t start = t * tile;
-        if (t + 1 < last) prefetch_inputs(g, p, start + tile, std::min(tile, p.total - start - tile));
         run_tile(g, p, start, std::min(tile, p.total - start), r);
     }
     if (g.streamed) stream_fence();  // this thread's non-temporal stores, before the join

@@ -13,6 +13,15 @@
 #include <cstdint>
 #include <cstring>
 
+#if defined(__AVX512F__)
+// GCC 12 warns of the AVX-512 header's own self-initialised _mm512_undefined_* values (GCC
+// bug 105593); silenced for the header's lines only.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#include <immintrin.h>
+#pragma GCC diagnostic pop
+#endif
+
 namespace dvm {
 
 inline float as_float(uint32_t u) {
@@ -153,6 +162,32 @@ inline float sigmoid_f(float x) {
 
 // x * sigmoid(x): the fused SiLU passes' one formula (the same arithmetic as the two ops).
 inline float silu_f(float x) { return x * sigmoid_f(x); }
+
+#if defined(__AVX512F__)
+// sigmoid_f on 16 lanes, written with intrinsics: GCC's vectorisation of sigmoid_f spends a
+// third more instructions (blends for the selects, exp_f's two-step 2^n). The same operations
+// in the same order, with vscalefps for p * 2^n (one rounding, as exp_f's two halves), so the
+// same bits as sigmoid_f for every input (checked over all 2^32 fp32 patterns; a NaN gives a
+// NaN, its sign aside).
+inline __m512 sigmoid16(__m512 x) {
+    const __m512 shifter = _mm512_set1_ps(12582912.0f);
+    const __m512 minus_abs = _mm512_or_ps(x, _mm512_set1_ps(-0.0f));
+    const __m512 z = _mm512_max_ps(_mm512_set1_ps(-104.0f), minus_abs);  // NaN stays NaN
+    const __m512 t = _mm512_fmadd_ps(z, _mm512_set1_ps(LOG2E), shifter);
+    const __m512 n = _mm512_sub_ps(t, shifter);
+    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(LN2_HI), z);
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(LN2_LO), r);
+    constexpr float EXP_Q[] = {0.00837415643f, 0.0416680016f, 0.166664317f, 0.49999994f, 1.0f};
+    __m512 q = _mm512_set1_ps(0.00138436502f);  // exp_f's polynomial, Horner from the top
+    for (const float c : EXP_Q) q = _mm512_fmadd_ps(q, r, _mm512_set1_ps(c));
+    const __m512 e = _mm512_scalef_ps(_mm512_fmadd_ps(r, q, _mm512_set1_ps(1.0f)), n);
+    const __m512 s = _mm512_div_ps(_mm512_set1_ps(1.0f), _mm512_add_ps(_mm512_set1_ps(1.0f), e));
+    const __mmask16 below = _mm512_cmp_ps_mask(x, _mm512_setzero_ps(), _CMP_NGE_UQ);
+    return _mm512_mask_mul_ps(s, below, e, s);
+}
+
+inline __m512 silu16(__m512 x) { return _mm512_mul_ps(x, sigmoid16(x)); }
+#endif
 
 // erf from two polynomials of our own fit (near-minimax: Chebyshev least squares reweighted
 // toward equal ripple, in float64, coefficients rounded to float), no exp and no division:

@@ -169,6 +169,7 @@ inline void unary(int32_t op, float* d, const float* a, int64_t n) {
         case TANH: return map1(d, a, n, tanh_f);
         case SIGMOID: return sigmoid_into(d, a, n);
         case ERF: return map1(d, a, n, erf_f);
+        case GELU: return map1(d, a, n, gelu_f);
         case SIN: return sin_cos(d, a, n, 0);
         case COS: return sin_cos(d, a, n, 1);
         case NOT: return map1(d, a, n, [](float x) { return x == 0.0f ? 1.0f : 0.0f; });

@@ -25,7 +25,7 @@ constexpr int32_t MAX_OPERANDS = MAX_INPUTS + MAX_OUTPUTS;
 int32_t kind(int32_t op) {  // number of register operands read, -1 when unknown
     if (op == LOAD || op == CONST) return 0;
     if (op == STORE) return 1;
-    if (op >= NEG && op <= CAST_F16) return 1;
+    if (op >= NEG && op <= GELU) return 1;
     if (op >= ADD && op <= OR) return 2;
     if (op == WHERE) return 3;
     if (op >= REDUCE_SUM && op <= REDUCE_MEAN) return 1;

@@ -6,7 +6,7 @@
 #include <cstdint>
 
 #define DVM_EXPORT extern "C" __attribute__((visibility("default")))
-#define DVM_ABI_VERSION 1
+#define DVM_ABI_VERSION 2
 
 namespace dvm {
 
@@ -14,7 +14,7 @@ enum Op : int32_t {
     LOAD = 0, CONST = 1, STORE = 2,
     NEG = 10, ABS = 11, EXP = 12, LOG = 13, LOG1P = 14, SQRT = 15, RSQRT = 16, RECIPROCAL = 17,
     TANH = 18, SIGMOID = 19, ERF = 20, SIN = 21, COS = 22, NOT = 23, CAST_BF16 = 24,
-    CAST_F16 = 25,
+    CAST_F16 = 25, GELU = 26,
     ADD = 40, SUB = 41, MUL = 42, DIV = 43, POW = 44, MAX = 45, MIN = 46, EQ = 47, NE = 48,
     LT = 49, LE = 50, GT = 51, GE = 52, AND = 53, OR = 54,
     WHERE = 60,

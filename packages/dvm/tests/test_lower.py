@@ -123,6 +123,25 @@ def test_scalar_args_and_composites(fn):
     _check(fn, [_x(6, 5, seed=3)])
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("approximate", ["none", "tanh"])
+def test_gelu_both_forms(approximate, dtype):
+    """GELU is not decomposed: the erf form is one GELU instruction, the tanh form its
+    decomposition's operations (a TANH among them); both equal eager's fused kernel."""
+    x, b = _x(7, 33, dtype=dtype, lo=-6.0, hi=6.0, seed=8), _x(33, dtype=dtype, seed=9)
+    tol = {"atol": 1e-5, "rtol": 1e-5} if dtype == torch.float32 else {"atol": 1e-2, "rtol": 1e-2}
+    compiled = _check(
+        lambda x, b: torch.nn.functional.gelu(x + b, approximate=approximate), [x, b], **tol
+    )
+    ops = [ins.op for ins in compiled.regions[0].program.instrs]
+    if approximate == "none":
+        assert ops.count(Op.GELU) == 1, ops
+        assert Op.ERF not in ops, ops
+    else:
+        assert Op.TANH in ops, ops
+        assert Op.GELU not in ops, ops
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_casts_round_like_eager(dtype):
     x = _x(4, 33, seed=4)

@@ -9,6 +9,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from dvm.backend import make_backend
+from dvm.cluster import ALONE
+
+aten = torch.ops.aten
 
 
 def _compile(fn):
@@ -90,6 +93,11 @@ def test_block_forward_backward(name, dtype):
     assert kinds == {"forward", "backward"}
     for kind, c in graphs:
         assert c.executor == "vm"
+        if name == "gelu_mlp" and kind == "forward":
+            # the forward's only pointwise op is the GELU, one eager kernel: left to eager
+            gelu = [(n.target, why) for n, why in c.fallbacks if n.target == aten.gelu.default]
+            assert gelu == [(aten.gelu.default, ALONE)], c.fallbacks
+            continue
         assert len(c.regions) >= 1, (kind, c.fallbacks)
         assert c.vm_calls >= len(c.regions), kind  # every region ran on the VM
         assert c.eager_calls == 0

@@ -11,7 +11,7 @@ import importlib.util
 import os
 from functools import cache
 
-ABI_VERSION = 1
+ABI_VERSION = 2
 NEEDS = {"v4": 4, "v3": 3, "base": 1}  # build -> CPU level (dvm_cpu_level) it needs
 
 _REBUILD = "reinstall dvm with a C++ compiler present (pip install ./packages/dvm)"

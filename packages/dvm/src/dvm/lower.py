@@ -12,6 +12,7 @@ fused kernel that computes in fp32.
 
 from __future__ import annotations
 
+import math
 import operator
 import struct
 from collections.abc import Callable, Sequence
@@ -578,6 +579,24 @@ def _name(target: Any) -> str:
 # ---- decompositions --------------------------------------------------------------------------
 
 
+_GELU_TANH_BETA = math.sqrt(2.0 / math.pi)
+_GELU_TANH_KAPPA = 0.044715
+
+
+@_rule([aten.gelu.default], POINTWISE, cost=11)
+def _gelu(em: Emitter, n: Node, r: Resolve) -> int:
+    """The erf form as one GELU instruction (one pass, where its decomposition takes five);
+    the tanh form as its decomposition's operations."""
+    x = r(n.args[0])
+    if n.kwargs.get("approximate", n.args[1] if len(n.args) > 1 else "none") == "none":
+        return em.unary(Op.GELU, x)
+    cube = em.binary(Op.MUL, em.binary(Op.MUL, x, x), x)
+    inner = em.binary(Op.ADD, x, em.binary(Op.MUL, em.const(_GELU_TANH_KAPPA), cube))
+    t = em.unary(Op.TANH, em.binary(Op.MUL, em.const(_GELU_TANH_BETA), inner))
+    half_x = em.binary(Op.MUL, em.const(0.5), x)
+    return em.binary(Op.MUL, half_x, em.binary(Op.ADD, em.const(1.0), t))
+
+
 def _var_mean(x: torch.Tensor, dim=None, *, correction=None, keepdim: bool = False):
     dims = list(range(x.dim())) if dim is None else list(dim)
     n = 1
@@ -592,7 +611,6 @@ def _var_mean(x: torch.Tensor, dim=None, *, correction=None, keepdim: bool = Fal
 
 
 _FUSIBLE = [  # composites whose decompositions are ops the VM lowers
-    aten.gelu,
     aten.gelu_backward,
     aten.silu,
     aten.silu_backward,
@@ -630,7 +648,8 @@ _FUSIBLE = [  # composites whose decompositions are ops the VM lowers
 
 def decomposition_table() -> dict[Any, Callable[..., Any]]:
     """The composites whose decompositions the VM can fuse (activations and their backward,
-    softmax, log-softmax, LayerNorm forward/backward, variance...). Other ops stay whole:
+    softmax, log-softmax, LayerNorm forward/backward, variance...); GELU stays whole, one
+    instruction (its erf form) or its tanh form's operations (see ``_gelu``). Other ops stay whole:
     decomposed, an op the VM cannot take (embedding backward, NLL loss, slicing backward)
     runs as several eager kernels instead of one."""
     from torch._decomp import get_decompositions

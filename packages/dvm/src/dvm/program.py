@@ -52,6 +52,7 @@ class Op(IntEnum):
     NOT = 23  # 1 where a == 0, else 0
     CAST_BF16 = 24  # a rounded to bfloat16 precision (the value stays fp32)
     CAST_F16 = 25  # a rounded to float16 precision
+    GELU = 26  # (a / 2) (1 + erf(a / sqrt 2)), GELU's erf form
     # binary: dst <- f(a, b); comparisons give 1.0 or 0.0
     ADD = 40
     SUB = 41
@@ -198,11 +199,14 @@ _UNARY_TORCH = {
     Op.NOT: lambda a: (a == 0).float(),
     Op.CAST_BF16: lambda a: a.bfloat16().float(),
     Op.CAST_F16: lambda a: a.half().float(),
+    Op.GELU: torch.nn.functional.gelu,
 }
 # Evaluated in float64 and rounded once to fp32: the correctly rounded value the VM's ulp bounds
 # are stated against, and independent of torch's own fp32 kernels (whose first exp call in a
 # process has been seen to return values 1.5e-4 off on this CPU).
-_IN_FLOAT64 = {Op.EXP, Op.LOG, Op.LOG1P, Op.TANH, Op.SIGMOID, Op.ERF, Op.SIN, Op.COS, Op.POW}
+_IN_FLOAT64 = {
+    Op.EXP, Op.LOG, Op.LOG1P, Op.TANH, Op.SIGMOID, Op.ERF, Op.SIN, Op.COS, Op.POW, Op.GELU
+}  # fmt: skip
 _BINARY_TORCH = {
     Op.ADD: torch.add,
     Op.SUB: torch.sub,

@@ -244,6 +244,52 @@ inline void binary(int32_t op, float* d, Arg a, Arg b, int64_t rows, int64_t len
     binary_as(op, d, Row{a.p, a.step}, Vec{b.p, len}, rows, len);
 }
 
+// The unary ops a binary op's loop applies to its result when only they read it (BIN_UNARY):
+// the costly ones, whose own pass over the tile the fusion saves. SIGMOID has its own fusions.
+inline bool fuses_after_binary(int32_t op) {
+    return op == EXP || op == TANH || op == ERF || op == GELU;
+}
+
+template <typename A, typename B, typename G>
+inline void binary_then(int32_t op, float* d, A a, B b, int64_t rows, int64_t len, G g) {
+    const auto go = [&](auto f) {
+        map2(d, a, b, rows, len, [&](float x, float y) { return g(f(x, y)); });
+    };
+    switch (op) {
+        case ADD: return go([](float x, float y) { return x + y; });
+        case SUB: return go([](float x, float y) { return x - y; });
+        case MUL: return go([](float x, float y) { return x * y; });
+        case DIV: return go([](float x, float y) { return x / y; });
+        default: return;
+    }
+}
+
+template <typename A, typename B>
+inline void binary_unary_as(int32_t op, int32_t u, float* d, A a, B b, int64_t rows,
+                            int64_t len) {
+    switch (u) {
+        case EXP: return binary_then(op, d, a, b, rows, len, [](float v) { return exp_f(v); });
+        case TANH: return binary_then(op, d, a, b, rows, len, [](float v) { return tanh_f(v); });
+        case ERF: return binary_then(op, d, a, b, rows, len, [](float v) { return erf_f(v); });
+        case GELU: return binary_then(op, d, a, b, rows, len, [](float v) { return gelu_f(v); });
+        default: return;
+    }
+}
+
+// dst <- u(op(a, b)) in one loop: an ADD/SUB/MUL/DIV whose result only the unary op u (see
+// fuses_after_binary) reads next; the same operations, so the same bits, as the two apart.
+inline void binary_unary(int32_t op, int32_t u, float* d, Arg a, Arg b, int64_t rows,
+                         int64_t len) {
+    if (a.full && b.full)
+        return binary_unary_as(op, u, d, Vec{a.p, 0}, Vec{b.p, 0}, 1, rows * len);
+    if (flat(a) && flat(b)) {
+        len *= rows;
+        rows = 1;
+    }
+    if (a.full) return binary_unary_as(op, u, d, Vec{a.p, len}, Row{b.p, b.step}, rows, len);
+    binary_unary_as(op, u, d, Row{a.p, a.step}, Vec{b.p, len}, rows, len);
+}
+
 // dst <- op(a, b) rounded to bf16 straight into a bf16 output (the result is not read
 // again): one loop instead of the op's and the store's. ADD, SUB, MUL, DIV only.
 inline bool fuses_into_bf16(int32_t op) { return op >= ADD && op <= DIV; }

@@ -225,10 +225,12 @@ thread_local Buffer thread_buffer;
 // SCALE_MUL: a MUL by a row-scalar or scalar, optionally rounded to bf16 (CAST_BF16), whose
 // result is only multiplied by an input loaded right after (a norm's tail: x * rstd, cast,
 // times the weight), in one loop likewise. LOAD_DOT: a bf16 input loaded for a DOT of its own
-// square (a norm's sum of squares) is widened by the DOT's loop as it sums.
+// square (a norm's sum of squares) is widened by the DOT's loop as it sums. BIN_UNARY: an
+// ADD/SUB/MUL/DIV whose result only a costly unary op after it reads (exp(x - max) in a
+// softmax, GELU of a biased input, tanh of a scaled one) applies that op in its own loop.
 enum Fuse : uint8_t {
     ALONE, STORE_BF16, DOT, SILU, SILU_BF16, LOAD_SILU, LOAD_OPERAND, SILU_MUL, SCALE_MUL,
-    LOAD_DOT
+    LOAD_DOT, BIN_UNARY
 };
 
 struct Program {
@@ -309,6 +311,8 @@ void plan_fusions(const int32_t* code, int32_t n_instr, int32_t n_inputs, const 
         else if (ins[0] == MUL && (next[0] == REDUCE_SUM || next[0] == REDUCE_MEAN) &&
                  next[2] == ins[1])
             fuse[k] = DOT;
+        else if (fuses_into_bf16(ins[0]) && fuses_after_binary(next[0]) && next[2] == ins[1])
+            fuse[k] = BIN_UNARY;
         else if (ins[0] == SIGMOID && next[0] == MUL && ins[1] != ins[2] &&
                  ((next[2] == ins[2] && next[3] == ins[1]) ||
                   (next[2] == ins[1] && next[3] == ins[2]))) {
@@ -372,7 +376,8 @@ int32_t passes(const int32_t* code, int32_t n_instr, const uint8_t* fuse) {
         const int32_t op = code[5 * k];
         if (op == LOAD || op == CONST || op == STORE) continue;
         ++n;
-        if (fuse[k] == DOT || fuse[k] == SILU || fuse[k] == SILU_BF16) --n;
+        if (fuse[k] == DOT || fuse[k] == SILU || fuse[k] == SILU_BF16 || fuse[k] == BIN_UNARY)
+            --n;
         if (fuse[k] == SILU_MUL) n -= 2;
         if (fuse[k] == SCALE_MUL) n -= code[5 * k + 5] == CAST_BF16 ? 2 : 1;
     }
@@ -817,8 +822,10 @@ void run_tile(const Program& g, const Plan& p, int64_t start, int64_t n, Registe
             }
         }
         const bool silu = g.fuse[k] == SILU || g.fuse[k] == SILU_BF16 || g.fuse[k] == SILU_MUL;
-        const int32_t to = silu ? next[1] : dst;  // the fused MUL writes its own register
-        if (silu) ++k;                            // the MUL is done here
+        const bool then = g.fuse[k] == BIN_UNARY && level == FULL;
+        const int32_t after_op = next[0];
+        const int32_t to = silu || then ? next[1] : dst;  // the fused op writes its own register
+        if (silu || then) ++k;                            // and is done here
         const int32_t* after = g.code + 5 * (k + 1);
         float* d = level == FULL ? r.own[to] : r.few[to];
         // a result stored next goes straight into its output (which later reads then use),
@@ -829,8 +836,9 @@ void run_tile(const Program& g, const Plan& p, int64_t start, int64_t n, Registe
                 d = out;
             }
         }
-        if (silu) {
-            silu_into(d, args[0].p, NO_FACTOR, at_rows * at_len);
+        if (silu || then) {
+            if (silu) silu_into(d, args[0].p, NO_FACTOR, at_rows * at_len);
+            else binary_unary(op, after_op, d, args[0], args[1], at_rows, at_len);
             r.cur[to] = d;
             r.shape[to] = level;
             continue;

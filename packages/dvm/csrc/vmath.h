@@ -18,9 +18,14 @@
 // bug 105593); silenced for the header's lines only.
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
 #include <immintrin.h>
 #pragma GCC diagnostic pop
 #endif
+
+// The functions the op loops call, forced inline: in a fused loop (a binary op, then one of
+// these) GCC's inliner gave up on some, and a loop with a call in it stays scalar.
+#define DVM_MATH inline __attribute__((always_inline))
 
 namespace dvm {
 
@@ -83,7 +88,7 @@ inline float pow2i(int32_t n) { return as_float(static_cast<uint32_t>(n + 127) <
 // e^x: x = n ln2 + r, |r| <= ln2/2 (Cody-Waite), e^r = 1 + r q(r) with q of degree 5 (our own
 // near-minimax fit of (e^r - 1) / r, relative error 2e-9), scaled by 2^n in two halves so
 // subnormal results round once.
-inline float exp_f(float x) {
+DVM_MATH float exp_f(float x) {
     x = at_most(at_least(x, -104.0f), 89.0f);
     const float shifter = 12582912.0f;  // 1.5 * 2^23: adding it rounds to an integer
     const float t = x * LOG2E + shifter;
@@ -134,7 +139,7 @@ inline float log1p_f(float x) {
 }
 
 // e^x - 1 for x in [0, 20]: 2^n (e^r - 1) + (2^n - 1), e^r - 1 by Taylor to r^8.
-inline float expm1_pos(float x) {
+DVM_MATH float expm1_pos(float x) {
     const float shifter = 12582912.0f;
     const float t = x * LOG2E + shifter;
     const float n = t - shifter;
@@ -148,7 +153,7 @@ inline float expm1_pos(float x) {
 }
 
 // tanh |x| = t / (t + 2), t = e^{2|x|} - 1; |x| >= 9.5 rounds to 1.
-inline float tanh_f(float x) {
+DVM_MATH float tanh_f(float x) {
     const float t = expm1_pos(2.0f * at_most(fabs_(x), 9.5f));
     return with_sign_of(t / (t + 2.0f), x);
 }
@@ -169,7 +174,7 @@ inline float silu_f(float x) { return x * sigmoid_f(x); }
 // in the same order, with vscalefps for p * 2^n (one rounding, as exp_f's two halves), so the
 // same bits as sigmoid_f for every input (checked over all 2^32 fp32 patterns; a NaN gives a
 // NaN, its sign aside).
-inline __m512 sigmoid16(__m512 x) {
+DVM_MATH __m512 sigmoid16(__m512 x) {
     const __m512 shifter = _mm512_set1_ps(12582912.0f);
     const __m512 minus_abs = _mm512_or_ps(x, _mm512_set1_ps(-0.0f));
     const __m512 z = _mm512_max_ps(_mm512_set1_ps(-104.0f), minus_abs);  // NaN stays NaN
@@ -186,7 +191,7 @@ inline __m512 sigmoid16(__m512 x) {
     return _mm512_mask_mul_ps(s, below, e, s);
 }
 
-inline __m512 silu16(__m512 x) { return _mm512_mul_ps(x, sigmoid16(x)); }
+DVM_MATH __m512 silu16(__m512 x) { return _mm512_mul_ps(x, sigmoid16(x)); }
 #endif
 
 // erf from two polynomials of our own fit (near-minimax: Chebyshev least squares reweighted
@@ -197,10 +202,15 @@ inline __m512 silu16(__m512 x) { return _mm512_mul_ps(x, sigmoid16(x)); }
 // inf and huge |x| make t overflow there, and the select drops that value.
 constexpr float ERF_ONE_AT = 3.9f;
 
-inline float erf_f(float x) {
+DVM_MATH float erf_f(float x) {
     const float a = fabs_(x);
-    const float small = x * poly(x * x, 1.12837911f, -0.37612325f, 0.112801798f, -0.0267113093f,
-                                 0.0049175485f, -0.000563140959f);
+    // |x| S(x^2) given x's sign: the bits of x S(x^2), and as a bit operation it cannot be
+    // fused into a caller's next addition (GELU's erf + 1), which GCC did only where it
+    // branches instead of selecting, i.e. in a loop's scalar tail but not its vector body
+    const float small = with_sign_of(
+        a * poly(x * x, 1.12837911f, -0.37612325f, 0.112801798f, -0.0267113093f, 0.0049175485f,
+                 -0.000563140959f),
+        x);
     const float t = a * 0.689655172f - 1.68965517f;
     const float p = poly(t, 0.999469459f, 0.00404535327f, -0.0143742971f, 0.0312058609f,
                          -0.0453065336f, 0.0447169766f, -0.0278334152f, 0.00579192163f,
@@ -211,9 +221,9 @@ inline float erf_f(float x) {
 }
 
 // GELU, erf form: (x / 2) (1 + erf(x / sqrt 2)), the operations of its decomposition in its
-// order. Absolute error <= |x| / 2 times erf's (below x = -3.9 the result is -0, as erf rounds
-// to -1 there: the true value is under 2.5e-4 in magnitude).
-inline float gelu_f(float x) {
+// order. Absolute error <= |x| / 2 times erf's (where x / sqrt 2 <= -3.9 the result is -0, as
+// erf rounds to -1 there: the true value is under 1e-7 in magnitude).
+DVM_MATH float gelu_f(float x) {
     return (x * 0.5f) * (erf_f(x * 0.70710678118654752f) + 1.0f);
 }
 

@@ -870,6 +870,34 @@ def test_sigmoid_times_its_operand_fused_equals_two_passes(shape, order, read_la
         torch.testing.assert_close(g, w, rtol=0, atol=0, equal_nan=True)
 
 
+@pytest.mark.parametrize("after", [Op.EXP, Op.TANH, Op.ERF, Op.GELU], ids=lambda op: op.name)
+@pytest.mark.parametrize("op", [Op.ADD, Op.SUB, Op.MUL, Op.DIV], ids=lambda op: op.name)
+@pytest.mark.parametrize("other", ["full", "row", "scalar", "row max"])
+def test_binary_then_unary_fused_equals_two_passes(op: Op, after: Op, other: str) -> None:
+    """A binary op whose result only a costly unary op reads runs both in one loop (exp of
+    x - max in a softmax, GELU of x + bias): bit for bit the two instructions when the binary
+    result is stored too (then they run apart), and the reference within tolerance; the other
+    operand full, a row broadcast down the rows, a scalar, or a row maximum (row-scalar)."""
+    x = values(6 * 301, seed=21, scale=1.5).reshape(6, 301)
+    y = {
+        "full": values(6 * 301, seed=22, scale=1.5).reshape(6, 301) + 0.25,
+        "row": values(301, seed=23, scale=1.5) + 0.25,
+        "scalar": torch.tensor(0.75),
+    }.get(other)
+    if other == "row max":
+        first = [Instr(Op.LOAD, 0, 0), Instr(Op.REDUCE_MAX, 1, 0)]
+        inputs = [x]
+    else:
+        first = [Instr(Op.LOAD, 0, 0), Instr(Op.LOAD, 1, 1)]
+        inputs = [x, y]
+    body = [*first, Instr(op, 2, 0, 1), Instr(after, 3, 2), Instr(Op.STORE, -1, 0, 3)]
+    fused = program(*body, n_inputs=len(inputs))
+    apart = program(*body, Instr(Op.STORE, -1, 1, 2), n_inputs=len(inputs), n_outputs=2)
+    (got,) = check(fused, inputs, x.shape, [torch.float32], tol=unary_tol(after))
+    twin, _ = vm.run(apart, inputs, x.shape, [torch.float32] * 2)
+    torch.testing.assert_close(got, twin, rtol=0, atol=0, equal_nan=True)
+
+
 def test_silu_fusion_with_a_broadcast_operand_and_a_strided_bf16_output() -> None:
     """The fused pass over a row-broadcast operand (one value per row), and into an output
     whose layout the tile cannot write directly (the stores run apart), equals the reference."""

@@ -105,6 +105,24 @@ void coalesce(Plan& p, const int64_t* domain, int32_t ndim, bool keep_last) {
     p.inner = p.size[p.ndim - 1];
 }
 
+// Without reductions the domain's dims may be walked in any order. They are put in the order
+// of the first output's strides, largest first (a stable sort), as eager laid that output out
+// after its inputs: a transposed or channels-last output and the inputs laid out like it are
+// then walked along their contiguous dim, not across a cache line (and a page) per element.
+void order_by_output(Plan& p, int64_t* domain, int32_t ndim, int32_t n_inputs) {
+    const int64_t* s = p.ops[n_inputs].stride;
+    int32_t perm[MAX_DIMS];
+    for (int32_t d = 0; d < ndim; ++d) perm[d] = d;
+    std::stable_sort(perm, perm + ndim, [&](int32_t a, int32_t b) { return s[a] > s[b]; });
+    int64_t sizes[MAX_DIMS], strides[MAX_DIMS];
+    for (int32_t d = 0; d < ndim; ++d) sizes[d] = domain[perm[d]];
+    for (int32_t d = 0; d < ndim; ++d) domain[d] = sizes[d];
+    for (int32_t o = 0; o < p.n_ops; ++o) {
+        for (int32_t d = 0; d < ndim; ++d) strides[d] = p.ops[o].stride[perm[d]];
+        for (int32_t d = 0; d < ndim; ++d) p.ops[o].stride[d] = strides[d];
+    }
+}
+
 // Calls fn(offset, column, length, position) for each row piece of the tile [start, start+n):
 // offset in elements of the operand with `stride`, column within the row, position in the tile.
 template <typename Fn>
@@ -931,7 +949,13 @@ DVM_EXPORT int32_t dvm_run(const int32_t* code, const float* imm, int32_t n_inst
     if (reduce && domain[ndim - 1] > MAX_ROW) return ROW_TOO_LONG;
     if (total == 0) return OK;
 
-    coalesce(plan, domain, ndim, reduce);
+    int64_t dims[MAX_DIMS];
+    std::copy(domain, domain + ndim, dims);
+    bool rows_repeat = false;  // an output that takes each row's first value keeps the row last
+    for (int32_t o = n_inputs; o < plan.n_ops; ++o)
+        rows_repeat = rows_repeat || (plan.ops[o].stride[ndim - 1] == 0 && dims[ndim - 1] > 1);
+    if (!reduce && !rows_repeat) order_by_output(plan, dims, ndim, n_inputs);
+    coalesce(plan, dims, ndim, reduce);
     plan.total = total;
     const int64_t tile = reduce ? std::max<int64_t>(1, TILE / plan.inner) * plan.inner : TILE;
     uint8_t fuse[MAX_INSTRS];

@@ -298,6 +298,50 @@ def test_outputs_in_a_given_layout() -> None:
     assert torch.equal(plain, got)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(
+    "case", ["transposed", "channels last", "mixed", "bias over a transposed output"]
+)
+def test_permuted_layouts(case: str, dtype: torch.dtype) -> None:
+    """Without reductions the VM walks the domain in the order of the first output's strides
+    (a transposed or channels-last output, and the inputs laid out like it, along their
+    contiguous dim): the same values whatever the layouts, against the reference."""
+    g = torch.Generator().manual_seed(5)
+    if case == "channels last":
+        shape, perm = (3, 37, 5, 19), (0, 2, 3, 1)  # stored as (3, 5, 19, 37)
+    else:
+        shape, perm = (67, 1029), (1, 0)  # stored as (1029, 67): a transpose
+    inverse = [perm.index(d) for d in range(len(shape))]
+
+    def permuted(t: torch.Tensor) -> torch.Tensor:  # t's values, laid out in `perm` order
+        return t.permute(perm).contiguous().permute(inverse)
+
+    x = torch.randn(shape, generator=g).to(dtype)
+    y = torch.randn(shape, generator=g).to(dtype)
+    if case == "bias over a transposed output":
+        y = torch.randn(shape[-1], generator=g).to(dtype)
+    px = permuted(x)
+    py = y if case in ("mixed", "bias over a transposed output") else permuted(y)
+    layout = permuted(torch.empty(shape)).stride()
+    prog = program(
+        Instr(Op.LOAD, 0, 0),
+        Instr(Op.SIGMOID, 1, 0),
+        Instr(Op.MUL, 2, 0, 1),
+        Instr(Op.LOAD, 3, 1),
+        Instr(Op.MUL, 4, 2, 3),
+        Instr(Op.EXP, 5, 3),
+        Instr(Op.STORE, -1, 0, 4),
+        Instr(Op.STORE, -1, 1, 5),
+        n_inputs=2,
+        n_outputs=2,
+    )
+    outs = vm.Kernel(prog, [dtype, torch.float32])([px, py], shape, out_strides=[layout, None])
+    want = run_reference(prog, [x, y], shape, [dtype, torch.float32])
+    assert outs[0].stride() == layout
+    for got, w in zip(outs, want, strict=True):
+        torch.testing.assert_close(got, w, rtol=TOL[got.dtype][0], atol=1e-6)
+
+
 @pytest.mark.parametrize(
     ("strides", "reduced", "match"),
     [

@@ -8,7 +8,15 @@ from typing import Any
 import pytest
 
 from dvm import benchmarks
-from dvm.benchmarks import CHAINS, DTYPES, RUNTIME_BASELINES, TRAIN_BASELINES, LlamaSize
+from dvm.benchmarks import (
+    CHAINS,
+    DTYPES,
+    LAYOUT_BASELINES,
+    LAYOUTS,
+    RUNTIME_BASELINES,
+    TRAIN_BASELINES,
+    LlamaSize,
+)
 from spore import bench
 
 TINY_LLAMA = LlamaSize(batch=1, seq=8, vocab=64, hidden=32, heads=2, ffn=64, layers=1)
@@ -19,9 +27,11 @@ def test_the_registered_cases(spore_manager: Any, monkeypatch: pytest.MonkeyPatc
     registry = spore_manager({"SPORE_PLUGINS": "dvm"}).registry("benchmarks")
     names = registry.names(owner="dvm")
     runtime = len(CHAINS) * len(DTYPES) * len(RUNTIME_BASELINES)
+    runtime += len(LAYOUTS) * len(DTYPES) * len(LAYOUT_BASELINES)
     assert len(names) == len(CHAINS) + runtime + len(DTYPES) * len(TRAIN_BASELINES)
     rows, cols = benchmarks.DEFAULT_SHAPE
     assert f"softmax-bf16-{rows}x{cols}-vs-copy" in names
+    assert f"silu_mul-mixed-bf16-{rows}x{cols}-vs-inductor" in names
     assert "compile-rms_norm" in names
     assert "llama-train-fp32-vs-inductor" in names
     assert registry.get("compile-silu").self_timed
@@ -82,6 +92,20 @@ def test_runtime_cases_time_dvm_against_each_baseline(quick: None) -> None:
         assert result.ratio > 0
         assert result.candidate_s > 0
         assert result.baseline_s > 0
+
+
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+def test_layout_cases_run_the_chain_on_strided_inputs(quick: None, layout: str) -> None:
+    benchmarks._runtime_state.cache_clear()
+    cases = {c.name: c for c in benchmarks.runtime_cases((6, 40))}
+    try:
+        result = bench.run(cases[f"silu_mul-{layout}-fp32-6x40-vs-eager"], "dvm", repeat=1)
+        x = benchmarks._runtime_state("silu_mul", "fp32", (6, 40), layout)["args"][0]
+    finally:
+        benchmarks._runtime_state.cache_clear()
+    assert result.error is None, result.error
+    assert result.ratio > 0
+    assert x.stride() == (1, 6)  # stored transposed, read through its strides
 
 
 @pytest.mark.parametrize(

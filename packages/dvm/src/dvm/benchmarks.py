@@ -13,6 +13,9 @@ Three groups of cases, every side in this process under the allocator and thread
   as many bytes as the chain reads and writes (that ratio is the fraction of copy bandwidth).
   The shape is :data:`DEFAULT_SHAPE` unless ``DVM_BENCH_SHAPE`` gives another, e.g.
   ``DVM_BENCH_SHAPE=8192x4096 spore bench dvm`` for the issue's shape (minutes more).
+- ``<chain>-<layout>-<dtype>-<rows>x<cols>-vs-<baseline>``: :data:`LAYOUT_CHAIN` on inputs
+  stored otherwise than contiguously (:data:`LAYOUTS`), against eager and Inductor on the same
+  tensors: the VM reads them through their strides.
 - ``llama-train-<dtype>-vs-<baseline>``: a training step (forward, loss, backward, SGD) of a
   tiny Hugging Face Llama with ``backend=dvm`` against eager and Inductor. Notes: each side's
   compile time (its first step less a steady step; Inductor cold), the total time of
@@ -52,6 +55,13 @@ RUNTIME_BASELINES = {
     "copy": "out.copy_(src) of the bytes the chain reads and writes",
 }
 TRAIN_BASELINES = {"eager": "eager PyTorch", "inductor": "torch.compile (Inductor, cold)"}
+LAYOUTS = {  # a layout of the chain's [rows, cols] inputs -> which ones are stored transposed
+    "transposed": "x and y stored transposed",
+    "mixed": "x stored transposed, y contiguous",
+}
+LAYOUT_CHAIN = "silu_mul"
+LAYOUT_BASELINES = ("eager", "inductor")
+RECOMPILES = 64
 DVM_LABEL = "torch.compile(backend='dvm')"
 EPS = 1e-6
 
@@ -256,14 +266,26 @@ def compile_cases() -> list[Benchmark]:
 # ---- runtime of fused chains -----------------------------------------------------------
 
 
+def _laid_out(args: tuple[torch.Tensor, ...], layout: str) -> tuple[torch.Tensor, ...]:
+    """``args`` with the same values, the full-size ones stored as ``layout`` says."""
+    if layout == "contiguous":
+        return args
+    moved = range(len(args)) if layout == "transposed" else range(1)
+    return tuple(
+        a.t().contiguous().t() if k in moved and a.dim() == 2 else a for k, a in enumerate(args)
+    )
+
+
 @functools.lru_cache(maxsize=1)
-def _runtime_state(chain: str, dtype: str, shape: tuple[int, int]) -> dict[str, Any]:
+def _runtime_state(
+    chain: str, dtype: str, shape: tuple[int, int], layout: str = "contiguous"
+) -> dict[str, Any]:
     """The chain's inputs, its three compiled/eager sides (compiled and run once) and the copy
     buffers (the last key's state is kept: the cases of one chain and dtype share it)."""
     from dvm.backend import make_backend
 
     spec = CHAINS[chain]
-    args = spec.inputs(shape, DTYPES[dtype])
+    args = _laid_out(spec.inputs(shape, DTYPES[dtype]), layout)
     graphs: list[Any] = []
     backend = make_backend(lambda _kind, compiled: graphs.append(compiled))
     sides = {
@@ -271,7 +293,9 @@ def _runtime_state(chain: str, dtype: str, shape: tuple[int, int]) -> dict[str, 
         "inductor": torch.compile(spec.fn, dynamic=False),
         "dvm": torch.compile(spec.fn, backend=backend, dynamic=False),
     }
-    with torch.no_grad():
+    # each dtype and layout of a chain is another compile of its code on each side: more
+    # than dynamo's default of 8 for the layout chain, past which it would run eagerly
+    with torch.no_grad(), torch._dynamo.config.patch(recompile_limit=RECOMPILES):
         outs = {side: fn(*args) for side, fn in sides.items()}
     if not any(g.regions for g in graphs) or any(g.eager_calls for g in graphs):
         left = [f"{n.target}: {why}" for g in graphs for n, why in g.fallbacks]
@@ -308,7 +332,8 @@ def _checker(name: str) -> Callable[[Any, Any], None]:
 
 
 def runtime_cases(shape: tuple[int, int] | None = None) -> list[Benchmark]:
-    """Each chain x dtype against eager, Inductor and a copy of the same bytes."""
+    """Each chain x dtype against eager, Inductor and a copy of the same bytes; the layout
+    chain on each of :data:`LAYOUTS` against eager and Inductor."""
     rows, cols = shape or bench_shape()
     out = []
     for chain in CHAINS.values():
@@ -325,6 +350,28 @@ def runtime_cases(shape: tuple[int, int] | None = None) -> list[Benchmark]:
                         setup=functools.partial(_runtime_state, chain.name, tag, (rows, cols)),
                         check=None if baseline == "copy" else _checker(name),
                         description=f"{chain.what} on [{rows}, {cols}] {tag}, inference",
+                    )
+                )
+    chain = CHAINS[LAYOUT_CHAIN]
+    for layout, what in LAYOUTS.items():
+        for tag in DTYPES:
+            for baseline in LAYOUT_BASELINES:
+                name = f"{chain.name}-{layout}-{tag}-{rows}x{cols}-vs-{baseline}"
+                out.append(
+                    Benchmark(
+                        name=name,
+                        baseline=_call(baseline),
+                        candidate=_call("dvm"),
+                        baseline_label=(
+                            f"{RUNTIME_BASELINES[baseline]}, {chain.what}, {what}, "
+                            f"{rows}x{cols} {tag}"
+                        ),
+                        candidate_label=DVM_LABEL,
+                        setup=functools.partial(
+                            _runtime_state, chain.name, tag, (rows, cols), layout
+                        ),
+                        check=_checker(name),
+                        description=f"{chain.what} on [{rows}, {cols}] {tag}, {what}",
                     )
                 )
     return out

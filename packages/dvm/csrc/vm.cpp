@@ -329,7 +329,8 @@ void plan_fusions(const int32_t* code, int32_t n_instr, int32_t n_inputs, const 
         else if (ins[0] == MUL && (next[0] == REDUCE_SUM || next[0] == REDUCE_MEAN) &&
                  next[2] == ins[1])
             fuse[k] = DOT;
-        else if (fuses_into_bf16(ins[0]) && fuses_after_binary(next[0]) && next[2] == ins[1])
+        else if (ins[0] >= ADD && ins[0] <= DIV && fuses_after_binary(next[0]) &&
+                 next[2] == ins[1])
             fuse[k] = BIN_UNARY;
         else if (ins[0] == SIGMOID && next[0] == MUL && ins[1] != ins[2] &&
                  ((next[2] == ins[2] && next[3] == ins[1]) ||

@@ -244,6 +244,18 @@ inline void binary(int32_t op, float* d, Arg a, Arg b, int64_t rows, int64_t len
     binary_as(op, d, Row{a.p, a.step}, Vec{b.p, len}, rows, len);
 }
 
+// go(f) with f the arithmetic of ADD, SUB, MUL or DIV (the binary ops fused with a neighbour).
+template <typename Go>
+inline void with_arithmetic(int32_t op, Go&& go) {
+    switch (op) {
+        case ADD: return go([](float x, float y) { return x + y; });
+        case SUB: return go([](float x, float y) { return x - y; });
+        case MUL: return go([](float x, float y) { return x * y; });
+        case DIV: return go([](float x, float y) { return x / y; });
+        default: return;
+    }
+}
+
 // The unary ops a binary op's loop applies to its result when only they read it (BIN_UNARY):
 // the costly ones, whose own pass over the tile the fusion saves. SIGMOID has its own fusions.
 inline bool fuses_after_binary(int32_t op) {
@@ -252,16 +264,9 @@ inline bool fuses_after_binary(int32_t op) {
 
 template <typename A, typename B, typename G>
 inline void binary_then(int32_t op, float* d, A a, B b, int64_t rows, int64_t len, G g) {
-    const auto go = [&](auto f) {
+    with_arithmetic(op, [&](auto f) {
         map2(d, a, b, rows, len, [&](float x, float y) { return g(f(x, y)); });
-    };
-    switch (op) {
-        case ADD: return go([](float x, float y) { return x + y; });
-        case SUB: return go([](float x, float y) { return x - y; });
-        case MUL: return go([](float x, float y) { return x * y; });
-        case DIV: return go([](float x, float y) { return x / y; });
-        default: return;
-    }
+    });
 }
 
 template <typename A, typename B>
@@ -307,14 +312,7 @@ inline void map2_bf16(uint16_t* d, A a, B b, int64_t rows, int64_t len, F f) {
 
 template <typename A, typename B>
 inline void binary_bf16_as(int32_t op, uint16_t* d, A a, B b, int64_t rows, int64_t len) {
-    const auto go = [&](auto f) { map2_bf16(d, a, b, rows, len, f); };
-    switch (op) {
-        case ADD: return go([](float x, float y) { return x + y; });
-        case SUB: return go([](float x, float y) { return x - y; });
-        case MUL: return go([](float x, float y) { return x * y; });
-        case DIV: return go([](float x, float y) { return x / y; });
-        default: return;
-    }
+    with_arithmetic(op, [&](auto f) { map2_bf16(d, a, b, rows, len, f); });
 }
 
 inline void binary_bf16(int32_t op, uint16_t* d, Arg a, Arg b, int64_t rows, int64_t len) {

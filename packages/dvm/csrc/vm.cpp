@@ -260,7 +260,50 @@ struct Program {
     const uint8_t* fuse;     // per instruction
     uint32_t row_invariant;  // inputs whose widened row is cached per thread (bit per input)
     uint32_t streamed;       // fp32 outputs written with non-temporal stores (bit per output)
+    uint32_t across;         // inputs copied a band of rows at a time (bit per input)
 };
+
+// An input of a 2-d elementwise domain that is contiguous down the columns and far apart along
+// the rows (a transposed operand among others that are not: the walk follows the output) would
+// be read a cache line and a page per element. Each thread copies it a band of BAND rows at a
+// time into a row-major buffer, reading down its contiguous dim, and the tiles of those rows
+// read it there. Rows of at least TILE elements (a tile then spans at most two rows), and
+// bands of at most BAND_BYTES.
+constexpr int64_t BAND = 32;
+constexpr int64_t BAND_BYTES = int64_t{1} << 20;
+
+int64_t dtype_size(int32_t dtype) { return dtype == F32 ? 4 : dtype == BOOL ? 1 : 2; }
+
+uint32_t inputs_across(const Plan& p, int32_t n_inputs, bool reduce) {
+    uint32_t bits = 0;
+    if (reduce || p.ndim != 2 || p.inner < TILE) return 0;
+    for (int32_t i = 0; i < n_inputs; ++i) {
+        const Operand& o = p.ops[i];
+        if (o.stride[0] == 1 && o.stride[1] * dtype_size(o.dtype) >= 64 &&
+            BAND * p.inner * dtype_size(o.dtype) <= BAND_BYTES)
+            bits |= 1u << i;
+    }
+    return bits;
+}
+
+// Rows [first, first + rows) of input `o` (see inputs_across) copied row-major into `band`:
+// down each column, where the input is contiguous.
+template <typename T>
+void copy_band_as(const Operand& o, int64_t cols, int64_t first, int64_t rows, T* band) {
+    const T* base = reinterpret_cast<const T*>(o.base) + first;
+    for (int64_t c = 0; c < cols; ++c) {
+        const T* src = base + c * o.stride[1];
+        for (int64_t r = 0; r < rows; ++r) band[r * cols + c] = src[r];
+    }
+}
+
+void copy_band(const Plan& p, const Operand& o, int64_t first, int64_t rows, char* band) {
+    switch (dtype_size(o.dtype)) {
+        case 4: return copy_band_as(o, p.inner, first, rows, reinterpret_cast<uint32_t*>(band));
+        case 2: return copy_band_as(o, p.inner, first, rows, reinterpret_cast<uint16_t*>(band));
+        default: return copy_band_as(o, p.inner, first, rows, reinterpret_cast<uint8_t*>(band));
+    }
+}
 
 // An fp32 output of at least this many bytes, of a program that makes more than one pass over
 // a tile, is written with non-temporal stores: ordinary stores first read every line, and the
@@ -870,8 +913,19 @@ void run_tile(const Program& g, const Plan& p, int64_t start, int64_t n, Registe
     }
 }
 
+thread_local Buffer band_buffer;
+
 // Runs tiles [first, last) on the calling thread; false when its registers cannot be had.
-bool run_tiles(const Program& g, const Plan& p, int64_t tile, int64_t first, int64_t last) {
+bool run_tiles(const Program& g, const Plan& shared, int64_t tile, int64_t first, int64_t last) {
+    // this thread's view of the operands: inputs read across are pointed at its band copies
+    Plan p = shared;
+    const int64_t band_floats = BAND * p.inner;  // each band copy: at most 4 bytes an element
+    int32_t across[MAX_INPUTS], n_across = 0;
+    for (int32_t i = 0; i < g.n_inputs; ++i)
+        if ((g.across >> i) & 1u) across[n_across++] = i;
+    if (n_across && !band_buffer.reserve(static_cast<size_t>(n_across * band_floats)))
+        return false;
+    int64_t band_first = -1;
     // Registers 4 KiB apart would alias in the load/store unit (a load after a store to the
     // same address modulo 4096 waits for it): space them by 32 extra floats, a cache line
     // pair, so consecutive registers fall on different offsets.
@@ -898,8 +952,24 @@ bool run_tiles(const Program& g, const Plan& p, int64_t tile, int64_t first, int
         cache += row_len;
     }
     for (int64_t t = first; t < last; ++t) {
-        const int64_t start = t * tile;
-        run_tile(g, p, start, std::min(tile, p.total - start), r);
+        const int64_t start = t * tile, n = std::min(tile, p.total - start);
+        const int64_t row = start / p.inner, last_row = (start + n - 1) / p.inner;
+        if (n_across && (band_first < 0 || last_row >= band_first + BAND)) {
+            band_first = row;
+            const int64_t rows = std::min(BAND, p.size[0] - row);
+            for (int32_t k = 0; k < n_across; ++k) {
+                const Operand& o = shared.ops[across[k]];
+                char* band = reinterpret_cast<char*>(band_buffer.data + k * band_floats);
+                copy_band(p, o, row, rows, band);
+                // element (i, j) of the band at band + ((i - row) * inner + j) * size
+                const uintptr_t shift = static_cast<uintptr_t>(row * p.inner * dtype_size(o.dtype));
+                p.ops[across[k]].base = reinterpret_cast<const char*>(
+                    reinterpret_cast<uintptr_t>(band) - shift);
+                p.ops[across[k]].stride[0] = p.inner;
+                p.ops[across[k]].stride[1] = 1;
+            }
+        }
+        run_tile(g, p, start, n, r);
     }
     if (g.streamed) stream_fence();  // this thread's non-temporal stores, before the join
     return true;
@@ -964,7 +1034,9 @@ DVM_EXPORT int32_t dvm_run(const int32_t* code, const float* imm, int32_t n_inst
     const uint32_t invariant = row_invariant_inputs(plan, n_inputs, tile);
     const uint32_t streamed =
         passes(code, n_instr, fuse) > 1 ? streamed_outputs(plan, n_inputs, n_outputs) : 0;
-    const Program g{code, imm, n_instr, n_regs, n_inputs, reduce, tile, fuse, invariant, streamed};
+    const uint32_t across = inputs_across(plan, n_inputs, reduce);
+    const Program g{code, imm, n_instr, n_regs, n_inputs, reduce,
+                    tile, fuse, invariant, streamed, across};
     const int64_t n_tiles = (total + tile - 1) / tile;
     // Small calls stay on the calling thread: starting a team costs more than they take.
     // Results do not depend on the team size; more threads than 4 per processor only cost.

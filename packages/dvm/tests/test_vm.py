@@ -300,15 +300,21 @@ def test_outputs_in_a_given_layout() -> None:
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize(
-    "case", ["transposed", "channels last", "mixed", "bias over a transposed output"]
+    "case",
+    ["transposed", "channels last", "mixed", "mixed, long rows", "bias over a transposed output"],
 )
 def test_permuted_layouts(case: str, dtype: torch.dtype) -> None:
     """Without reductions the VM walks the domain in the order of the first output's strides
     (a transposed or channels-last output, and the inputs laid out like it, along their
-    contiguous dim): the same values whatever the layouts, against the reference."""
+    contiguous dim): the same values whatever the layouts, against the reference. With rows
+    of a tile or more, an input laid out across them is copied a band of rows at a time
+    ("mixed, long rows": 37 rows of 1030, a partial last band, tiles across two rows, two
+    threads)."""
     g = torch.Generator().manual_seed(5)
     if case == "channels last":
         shape, perm = (3, 37, 5, 19), (0, 2, 3, 1)  # stored as (3, 5, 19, 37)
+    elif case == "mixed, long rows":
+        shape, perm = (1030, 37), (1, 0)  # walked as 37 rows of 1030: y across them
     else:
         shape, perm = (67, 1029), (1, 0)  # stored as (1029, 67): a transpose
     inverse = [perm.index(d) for d in range(len(shape))]
@@ -321,7 +327,7 @@ def test_permuted_layouts(case: str, dtype: torch.dtype) -> None:
     if case == "bias over a transposed output":
         y = torch.randn(shape[-1], generator=g).to(dtype)
     px = permuted(x)
-    py = y if case in ("mixed", "bias over a transposed output") else permuted(y)
+    py = y if case.startswith("mixed") or case.startswith("bias") else permuted(y)
     layout = permuted(torch.empty(shape)).stride()
     prog = program(
         Instr(Op.LOAD, 0, 0),

@@ -110,16 +110,22 @@ constexpr const NoFactor* NO_FACTOR = nullptr;
 template <typename O, typename X, typename Y>
 void silu_into(O* d, const X* x, const Y* y, int64_t n) {
     constexpr bool times = !std::is_same_v<Y, NoFactor>;
-    for (int64_t c = 0; c < n; c += 16) {
-        prefetch_ahead(x + c, 16);
-        if constexpr (times) prefetch_ahead(y + c, 16);
+#if defined(__AVX512F__)
+    constexpr int64_t step = 16;  // a vector
+#else
+    constexpr int64_t step = 64;  // chunks for GCC's vector loop: at 16 the v3 bf16 SiLU ran
+                                  // at 26.5 ms (8192x4096), at 64 at 23.4
+#endif
+    for (int64_t c = 0; c < n; c += step) {
+        prefetch_ahead(x + c, step);
+        if constexpr (times) prefetch_ahead(y + c, step);
 #if defined(__AVX512F__)
         const __mmask16 m = lanes(c, n);
         __m512 v = silu16(load16(x + c, m));
         if constexpr (times) v = _mm512_mul_ps(v, load16(y + c, m));
         store16(d + c, m, v);
 #else
-        const int64_t end = std::min(n, c + 16);
+        const int64_t end = std::min(n, c + step);
 #pragma omp simd
         for (int64_t i = c; i < end; ++i) {
             float v = silu_f(at(x, i));

@@ -85,18 +85,25 @@ inline T poly(T x, T c0, Cs... cs) {
 // 2^n for integer n in [-126, 127] as a float built from its exponent bits.
 inline float pow2i(int32_t n) { return as_float(static_cast<uint32_t>(n + 127) << 23); }
 
+// exp_f's argument floor (e^-104 is below the smallest subnormal), its rounding shifter and
+// its q(r), constant term first; sigmoid16 uses the same.
+constexpr float EXP_LOW = -104.0f;
+constexpr float SHIFTER = 12582912.0f;  // 1.5 * 2^23: adding it rounds to an integer
+constexpr float EXP_Q[] = {1.0f,          0.49999994f,    0.166664317f,
+                           0.0416680016f, 0.00837415643f, 0.00138436502f};
+
 // e^x: x = n ln2 + r, |r| <= ln2/2 (Cody-Waite), e^r = 1 + r q(r) with q of degree 5 (our own
 // near-minimax fit of (e^r - 1) / r, relative error 2e-9), scaled by 2^n in two halves so
 // subnormal results round once.
 DVM_MATH float exp_f(float x) {
-    x = at_most(at_least(x, -104.0f), 89.0f);
-    const float shifter = 12582912.0f;  // 1.5 * 2^23: adding it rounds to an integer
+    x = at_most(at_least(x, EXP_LOW), 89.0f);
+    const float shifter = SHIFTER;
     const float t = x * LOG2E + shifter;
     const float n = t - shifter;
     const int32_t k = static_cast<int32_t>(as_bits(t) - as_bits(shifter));
     const float r = (x - n * LN2_HI) - n * LN2_LO;
-    const float p = 1.0f + r * poly(r, 1.0f, 0.49999994f, 0.166664317f, 0.0416680016f,
-                                    0.00837415643f, 0.00138436502f);
+    const float p =
+        1.0f + r * poly(r, EXP_Q[0], EXP_Q[1], EXP_Q[2], EXP_Q[3], EXP_Q[4], EXP_Q[5]);
     const int32_t half = k >> 1;
     return p * pow2i(half) * pow2i(k - half);
 }
@@ -140,7 +147,7 @@ inline float log1p_f(float x) {
 
 // e^x - 1 for x in [0, 20]: 2^n (e^r - 1) + (2^n - 1), e^r - 1 by Taylor to r^8.
 DVM_MATH float expm1_pos(float x) {
-    const float shifter = 12582912.0f;
+    const float shifter = SHIFTER;
     const float t = x * LOG2E + shifter;
     const float n = t - shifter;
     const int32_t k = static_cast<int32_t>(as_bits(t) - as_bits(shifter));
@@ -175,16 +182,15 @@ inline float silu_f(float x) { return x * sigmoid_f(x); }
 // same bits as sigmoid_f for every input (checked over all 2^32 fp32 patterns; a NaN gives a
 // NaN, its sign aside).
 DVM_MATH __m512 sigmoid16(__m512 x) {
-    const __m512 shifter = _mm512_set1_ps(12582912.0f);
+    const __m512 shifter = _mm512_set1_ps(SHIFTER);
     const __m512 minus_abs = _mm512_or_ps(x, _mm512_set1_ps(-0.0f));
-    const __m512 z = _mm512_max_ps(_mm512_set1_ps(-104.0f), minus_abs);  // NaN stays NaN
+    const __m512 z = _mm512_max_ps(_mm512_set1_ps(EXP_LOW), minus_abs);  // NaN stays NaN
     const __m512 t = _mm512_fmadd_ps(z, _mm512_set1_ps(LOG2E), shifter);
     const __m512 n = _mm512_sub_ps(t, shifter);
     __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(LN2_HI), z);
     r = _mm512_fnmadd_ps(n, _mm512_set1_ps(LN2_LO), r);
-    constexpr float EXP_Q[] = {0.00837415643f, 0.0416680016f, 0.166664317f, 0.49999994f, 1.0f};
-    __m512 q = _mm512_set1_ps(0.00138436502f);  // exp_f's polynomial, Horner from the top
-    for (const float c : EXP_Q) q = _mm512_fmadd_ps(q, r, _mm512_set1_ps(c));
+    __m512 q = _mm512_set1_ps(EXP_Q[5]);  // exp_f's polynomial, Horner from the top
+    for (int32_t i = 4; i >= 0; --i) q = _mm512_fmadd_ps(q, r, _mm512_set1_ps(EXP_Q[i]));
     const __m512 e = _mm512_scalef_ps(_mm512_fmadd_ps(r, q, _mm512_set1_ps(1.0f)), n);
     const __m512 s = _mm512_div_ps(_mm512_set1_ps(1.0f), _mm512_add_ps(_mm512_set1_ps(1.0f), e));
     const __mmask16 below = _mm512_cmp_ps_mask(x, _mm512_setzero_ps(), _CMP_NGE_UQ);

@@ -693,13 +693,7 @@ def test_avx512_sigmoid_and_silu_equal_the_portable_code(dtype: torch.dtype) -> 
     g = torch.Generator().manual_seed(3)
     bits = torch.randint(-(2**31), 2**31 - 1, (1 << 20,), generator=g, dtype=torch.int64)
     x = torch.cat([torch.tensor(SPECIALS), bits.to(torch.int32).view(torch.float32)]).to(dtype)
-    silu = program(
-        Instr(Op.LOAD, 0, 0),
-        Instr(Op.SIGMOID, 1, 0),
-        Instr(Op.MUL, 2, 0, 1),
-        Instr(Op.STORE, -1, 0, 2),
-        n_inputs=1,
-    )
+    silu = _silu_program("x, s", out_dtype_read_later=False, keep_sigmoid=False)
     for prog in (unary(Op.SIGMOID), silu):
         for n in (x.numel(), 1000 * 7 + 3):
             xs = x[:n]

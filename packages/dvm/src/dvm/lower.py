@@ -336,6 +336,24 @@ def _where(em: Emitter, n: Node, r: Resolve) -> int:
     return em.where(r(n.args[0]), r(n.args[1]), r(n.args[2]))
 
 
+_GELU_TANH_BETA = math.sqrt(2.0 / math.pi)
+_GELU_TANH_KAPPA = 0.044715
+
+
+@_rule([aten.gelu.default], POINTWISE, cost=11)
+def _gelu(em: Emitter, n: Node, r: Resolve) -> int:
+    """The erf form as one GELU instruction (one pass, where its decomposition takes five);
+    the tanh form as its decomposition's operations."""
+    x = r(n.args[0])
+    if n.kwargs.get("approximate", n.args[1] if len(n.args) > 1 else "none") == "none":
+        return em.unary(Op.GELU, x)
+    cube = em.binary(Op.MUL, em.binary(Op.MUL, x, x), x)
+    inner = em.binary(Op.ADD, x, em.binary(Op.MUL, em.const(_GELU_TANH_KAPPA), cube))
+    t = em.unary(Op.TANH, em.binary(Op.MUL, em.const(_GELU_TANH_BETA), inner))
+    half_x = em.binary(Op.MUL, em.const(0.5), x)
+    return em.binary(Op.MUL, half_x, em.binary(Op.ADD, em.const(1.0), t))
+
+
 # ---- casts and views -------------------------------------------------------------------------
 
 
@@ -577,24 +595,6 @@ def _name(target: Any) -> str:
 
 
 # ---- decompositions --------------------------------------------------------------------------
-
-
-_GELU_TANH_BETA = math.sqrt(2.0 / math.pi)
-_GELU_TANH_KAPPA = 0.044715
-
-
-@_rule([aten.gelu.default], POINTWISE, cost=11)
-def _gelu(em: Emitter, n: Node, r: Resolve) -> int:
-    """The erf form as one GELU instruction (one pass, where its decomposition takes five);
-    the tanh form as its decomposition's operations."""
-    x = r(n.args[0])
-    if n.kwargs.get("approximate", n.args[1] if len(n.args) > 1 else "none") == "none":
-        return em.unary(Op.GELU, x)
-    cube = em.binary(Op.MUL, em.binary(Op.MUL, x, x), x)
-    inner = em.binary(Op.ADD, x, em.binary(Op.MUL, em.const(_GELU_TANH_KAPPA), cube))
-    t = em.unary(Op.TANH, em.binary(Op.MUL, em.const(_GELU_TANH_BETA), inner))
-    half_x = em.binary(Op.MUL, em.const(0.5), x)
-    return em.binary(Op.MUL, half_x, em.binary(Op.ADD, em.const(1.0), t))
 
 
 def _var_mean(x: torch.Tensor, dim=None, *, correction=None, keepdim: bool = False):

@@ -55,9 +55,9 @@ RUNTIME_BASELINES = {
     "copy": "out.copy_(src) of the bytes the chain reads and writes",
 }
 TRAIN_BASELINES = {"eager": "eager PyTorch", "inductor": "torch.compile (Inductor, cold)"}
-LAYOUTS = {  # a layout of the chain's [rows, cols] inputs -> which ones are stored transposed
-    "transposed": "x and y stored transposed",
-    "mixed": "x stored transposed, y contiguous",
+LAYOUTS = {  # a layout of the chain's inputs: what it is, which of them are stored transposed
+    "transposed": ("x and y stored transposed", (0, 1)),
+    "mixed": ("x stored transposed, y contiguous", (0,)),
 }
 LAYOUT_CHAIN = "silu_mul"
 LAYOUT_BASELINES = ("eager", "inductor")
@@ -267,13 +267,9 @@ def compile_cases() -> list[Benchmark]:
 
 
 def _laid_out(args: tuple[torch.Tensor, ...], layout: str) -> tuple[torch.Tensor, ...]:
-    """``args`` with the same values, the full-size ones stored as ``layout`` says."""
-    if layout == "contiguous":
-        return args
-    moved = range(len(args)) if layout == "transposed" else range(1)
-    return tuple(
-        a.t().contiguous().t() if k in moved and a.dim() == 2 else a for k, a in enumerate(args)
-    )
+    """``args`` with the same values, those :data:`LAYOUTS` names stored transposed."""
+    moved = LAYOUTS[layout][1] if layout in LAYOUTS else ()
+    return tuple(a.t().contiguous().t() if k in moved else a for k, a in enumerate(args))
 
 
 @functools.lru_cache(maxsize=1)
@@ -331,49 +327,45 @@ def _checker(name: str) -> Callable[[Any, Any], None]:
     return check
 
 
+def _runtime_case(
+    chain: Chain, tag: str, shape: tuple[int, int], baseline: str, layout: str = "contiguous"
+) -> Benchmark:
+    """``chain`` in ``tag`` at ``shape`` (inputs as ``layout`` stores them) against
+    ``baseline``, one of :data:`RUNTIME_BASELINES`."""
+    rows, cols = shape
+    if layout == "contiguous":
+        where, stored, detail = "", "", "inference"
+    else:
+        where, stored, detail = f"-{layout}", f", {LAYOUTS[layout][0]}", LAYOUTS[layout][0]
+    name = f"{chain.name}{where}-{tag}-{rows}x{cols}-vs-{baseline}"
+    return Benchmark(
+        name=name,
+        baseline=_copy if baseline == "copy" else _call(baseline),
+        candidate=_call("dvm"),
+        baseline_label=f"{RUNTIME_BASELINES[baseline]}, {chain.what}{stored}, {rows}x{cols} {tag}",
+        candidate_label=DVM_LABEL,
+        setup=functools.partial(_runtime_state, chain.name, tag, shape, layout),
+        check=None if baseline == "copy" else _checker(name),
+        description=f"{chain.what} on [{rows}, {cols}] {tag}, {detail}",
+    )
+
+
 def runtime_cases(shape: tuple[int, int] | None = None) -> list[Benchmark]:
     """Each chain x dtype against eager, Inductor and a copy of the same bytes; the layout
     chain on each of :data:`LAYOUTS` against eager and Inductor."""
-    rows, cols = shape or bench_shape()
-    out = []
-    for chain in CHAINS.values():
-        for tag in DTYPES:
-            for baseline, label in RUNTIME_BASELINES.items():
-                name = f"{chain.name}-{tag}-{rows}x{cols}-vs-{baseline}"
-                out.append(
-                    Benchmark(
-                        name=name,
-                        baseline=_copy if baseline == "copy" else _call(baseline),
-                        candidate=_call("dvm"),
-                        baseline_label=f"{label}, {chain.what}, {rows}x{cols} {tag}",
-                        candidate_label=DVM_LABEL,
-                        setup=functools.partial(_runtime_state, chain.name, tag, (rows, cols)),
-                        check=None if baseline == "copy" else _checker(name),
-                        description=f"{chain.what} on [{rows}, {cols}] {tag}, inference",
-                    )
-                )
-    chain = CHAINS[LAYOUT_CHAIN]
-    for layout, what in LAYOUTS.items():
-        for tag in DTYPES:
-            for baseline in LAYOUT_BASELINES:
-                name = f"{chain.name}-{layout}-{tag}-{rows}x{cols}-vs-{baseline}"
-                out.append(
-                    Benchmark(
-                        name=name,
-                        baseline=_call(baseline),
-                        candidate=_call("dvm"),
-                        baseline_label=(
-                            f"{RUNTIME_BASELINES[baseline]}, {chain.what}, {what}, "
-                            f"{rows}x{cols} {tag}"
-                        ),
-                        candidate_label=DVM_LABEL,
-                        setup=functools.partial(
-                            _runtime_state, chain.name, tag, (rows, cols), layout
-                        ),
-                        check=_checker(name),
-                        description=f"{chain.what} on [{rows}, {cols}] {tag}, {what}",
-                    )
-                )
+    shape = shape or bench_shape()
+    out = [
+        _runtime_case(chain, tag, shape, baseline)
+        for chain in CHAINS.values()
+        for tag in DTYPES
+        for baseline in RUNTIME_BASELINES
+    ]
+    out += [
+        _runtime_case(CHAINS[LAYOUT_CHAIN], tag, shape, baseline, layout)
+        for layout in LAYOUTS
+        for tag in DTYPES
+        for baseline in LAYOUT_BASELINES
+    ]
     return out
 
 

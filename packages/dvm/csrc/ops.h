@@ -101,6 +101,18 @@ inline void sigmoid_into(float* d, const float* a, int64_t n) {
 #endif
 }
 
+// d[i] = gelu(a[i]).
+inline void gelu_into(float* d, const float* a, int64_t n) {
+#if defined(__AVX512F__)
+    for (int64_t i = 0; i < n; i += 16) {
+        const __mmask16 m = lanes(i, n);
+        store16(d + i, m, gelu16(load16(a + i, m)));
+    }
+#else
+    map1(d, a, n, gelu_f);
+#endif
+}
+
 // silu_into's y when there is no product.
 struct NoFactor {};
 constexpr const NoFactor* NO_FACTOR = nullptr;
@@ -175,7 +187,7 @@ inline void unary(int32_t op, float* d, const float* a, int64_t n) {
         case TANH: return map1(d, a, n, tanh_f);
         case SIGMOID: return sigmoid_into(d, a, n);
         case ERF: return map1(d, a, n, erf_f);
-        case GELU: return map1(d, a, n, gelu_f);
+        case GELU: return gelu_into(d, a, n);
         case SIN: return sin_cos(d, a, n, 0);
         case COS: return sin_cos(d, a, n, 1);
         case NOT: return map1(d, a, n, [](float x) { return x == 0.0f ? 1.0f : 0.0f; });
@@ -250,17 +262,58 @@ inline void binary(int32_t op, float* d, Arg a, Arg b, int64_t rows, int64_t len
     binary_as(op, d, Row{a.p, a.step}, Vec{b.p, len}, rows, len);
 }
 
-// go(f) with f the arithmetic of ADD, SUB, MUL or DIV (the binary ops fused with a neighbour).
+// go(f) with f the arithmetic of ADD, SUB, MUL or DIV (the binary ops fused with a neighbour),
+// on floats or (GCC's vector operators) 16-lane vectors.
 template <typename Go>
 inline void with_arithmetic(int32_t op, Go&& go) {
     switch (op) {
-        case ADD: return go([](float x, float y) { return x + y; });
-        case SUB: return go([](float x, float y) { return x - y; });
-        case MUL: return go([](float x, float y) { return x * y; });
-        case DIV: return go([](float x, float y) { return x / y; });
+        case ADD: return go([](auto x, auto y) { return x + y; });
+        case SUB: return go([](auto x, auto y) { return x - y; });
+        case MUL: return go([](auto x, auto y) { return x * y; });
+        case DIV: return go([](auto x, auto y) { return x / y; });
         default: return;
     }
 }
+
+// d[k * len + i] <- f(a, b) rounded to bf16, over `rows` rows of `len` elements.
+template <typename A, typename B, typename F>
+inline void map2_bf16(uint16_t* d, A a, B b, int64_t rows, int64_t len, F f) {
+    for (int64_t k = 0; k < rows; ++k) {
+        const auto x = a.row(k);
+        const auto y = b.row(k);
+        uint16_t* dk = d + k * len;
+#pragma omp simd
+        for (int64_t i = 0; i < len; ++i) dk[i] = f32_to_bf16(f(at(x, i), at(y, i)));
+    }
+}
+
+#if defined(__AVX512F__)
+// An operand's 16 lanes from element i on (a broadcast one's value in every lane).
+inline __m512 lanes16(const float* p, int64_t i, __mmask16 m) { return load16(p + i, m); }
+inline __m512 lanes16(const uint16_t* p, int64_t i, __mmask16 m) { return load16(p + i, m); }
+inline __m512 lanes16(float v, int64_t, __mmask16) { return _mm512_set1_ps(v); }
+
+// Asks for an operand's lines a tile ahead (see prefetch_ahead); none for a broadcast value.
+template <typename T>
+inline void prefetch16(const T* p, int64_t i) { prefetch_ahead(p + i, 16); }
+inline void prefetch16(float, int64_t) {}
+
+// d[k * len + i] <- gelu(f(a, b)) 16 lanes at a time, d fp32 or bf16 (rounded).
+template <typename O, typename A, typename B, typename F>
+inline void map2_gelu16(O* d, A a, B b, int64_t rows, int64_t len, F f) {
+    for (int64_t k = 0; k < rows; ++k) {
+        const auto x = a.row(k);
+        const auto y = b.row(k);
+        O* dk = d + k * len;
+        for (int64_t i = 0; i < len; i += 16) {
+            prefetch16(x, i);
+            prefetch16(y, i);
+            const __mmask16 m = lanes(i, len);
+            store16(dk + i, m, gelu16(f(lanes16(x, i, m), lanes16(y, i, m))));
+        }
+    }
+}
+#endif
 
 // The unary ops a binary op's loop applies to its result when only they read it (BIN_UNARY):
 // the costly ones, whose own pass over the tile the fusion saves. SIGMOID has its own fusions.
@@ -268,21 +321,28 @@ inline bool fuses_after_binary(int32_t op) {
     return op == EXP || op == TANH || op == ERF || op == GELU;
 }
 
-template <typename A, typename B, typename G>
-inline void binary_then(int32_t op, float* d, A a, B b, int64_t rows, int64_t len, G g) {
+// d <- g(op(a, b)), d fp32 or bf16 (rounded).
+template <typename O, typename A, typename B, typename G>
+inline void binary_then(int32_t op, O* d, A a, B b, int64_t rows, int64_t len, G g) {
     with_arithmetic(op, [&](auto f) {
-        map2(d, a, b, rows, len, [&](float x, float y) { return g(f(x, y)); });
+        const auto h = [&](float x, float y) { return g(f(x, y)); };
+        if constexpr (std::is_same_v<O, float>) map2(d, a, b, rows, len, h);
+        else map2_bf16(d, a, b, rows, len, h);
     });
 }
 
-template <typename A, typename B>
-inline void binary_unary_as(int32_t op, int32_t u, float* d, A a, B b, int64_t rows,
-                            int64_t len) {
+template <typename O, typename A, typename B>
+inline void binary_unary_as(int32_t op, int32_t u, O* d, A a, B b, int64_t rows, int64_t len) {
     switch (u) {
         case EXP: return binary_then(op, d, a, b, rows, len, [](float v) { return exp_f(v); });
         case TANH: return binary_then(op, d, a, b, rows, len, [](float v) { return tanh_f(v); });
         case ERF: return binary_then(op, d, a, b, rows, len, [](float v) { return erf_f(v); });
+#if defined(__AVX512F__)
+        case GELU:
+            return with_arithmetic(op, [&](auto f) { map2_gelu16(d, a, b, rows, len, f); });
+#else
         case GELU: return binary_then(op, d, a, b, rows, len, [](float v) { return gelu_f(v); });
+#endif
         default: return;
     }
 }
@@ -301,20 +361,24 @@ inline void binary_unary(int32_t op, int32_t u, float* d, Arg a, Arg b, int64_t 
     binary_unary_as(op, u, d, Row{a.p, a.step}, Vec{b.p, len}, rows, len);
 }
 
+// binary_unary with the operand x a bf16 input read in place (the op's first operand or its
+// second), into d (fp32, or bf16 rounded).
+template <typename O>
+inline void binary_unary_bf16(int32_t op, int32_t u, O* d, const uint16_t* x, bool first,
+                              Arg other, int64_t rows, int64_t len) {
+    if (flat(other)) {
+        len *= rows;
+        rows = 1;
+    }
+    access(other, len, [&](auto y) {
+        if (first) binary_unary_as(op, u, d, Vec16{x, len}, y, rows, len);
+        else binary_unary_as(op, u, d, y, Vec16{x, len}, rows, len);
+    });
+}
+
 // dst <- op(a, b) rounded to bf16 straight into a bf16 output (the result is not read
 // again): one loop instead of the op's and the store's. ADD, SUB, MUL, DIV only.
 inline bool fuses_into_bf16(int32_t op) { return op >= ADD && op <= DIV; }
-
-template <typename A, typename B, typename F>
-inline void map2_bf16(uint16_t* d, A a, B b, int64_t rows, int64_t len, F f) {
-    for (int64_t k = 0; k < rows; ++k) {
-        const auto x = a.row(k);
-        const auto y = b.row(k);
-        uint16_t* dk = d + k * len;
-#pragma omp simd
-        for (int64_t i = 0; i < len; ++i) dk[i] = f32_to_bf16(f(at(x, i), at(y, i)));
-    }
-}
 
 template <typename A, typename B>
 inline void binary_bf16_as(int32_t op, uint16_t* d, A a, B b, int64_t rows, int64_t len) {

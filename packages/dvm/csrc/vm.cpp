@@ -246,9 +246,11 @@ thread_local Buffer thread_buffer;
 // square (a norm's sum of squares) is widened by the DOT's loop as it sums. BIN_UNARY: an
 // ADD/SUB/MUL/DIV whose result only a costly unary op after it reads (exp(x - max) in a
 // softmax, GELU of a biased input, tanh of a scaled one) applies that op in its own loop.
+// LOAD_BIN_UNARY: a bf16 input loaded only as one operand of such a BIN_UNARY is read by its
+// loop in place, and the loop writes the output its result is stored to next (bf16 rounded).
 enum Fuse : uint8_t {
     ALONE, STORE_BF16, DOT, SILU, SILU_BF16, LOAD_SILU, LOAD_OPERAND, SILU_MUL, SCALE_MUL,
-    LOAD_DOT, BIN_UNARY
+    LOAD_DOT, BIN_UNARY, LOAD_BIN_UNARY
 };
 
 struct Program {
@@ -428,6 +430,10 @@ void plan_fusions(const int32_t* code, int32_t n_instr, int32_t n_inputs, const 
                  (sig[2] == ins[1]) != (sig[3] == ins[1]) &&
                  !read_later(code, n_instr, k + 3, ins[1]))
             fuse[k] = LOAD_OPERAND;
+        else if (ins[0] == LOAD && ops[ins[2]].dtype == BF16 && fuse[k + 1] == BIN_UNARY &&
+                 (sig[2] == ins[1]) != (sig[3] == ins[1]) &&
+                 !read_later(code, n_instr, k + 2, ins[1]))
+            fuse[k] = LOAD_BIN_UNARY;
     }
 }
 
@@ -761,6 +767,31 @@ bool run_load_operand(const Program& g, const Plan& p, int64_t start, int64_t n,
     return true;
 }
 
+// LOAD_BIN_UNARY at instruction k: the binary op and the unary op after it in one loop that
+// reads this bf16 input in place and writes the output the result is stored to next (bf16
+// rounded, or fp32 that does not stream) or else the unary op's register; k moves to the last
+// instruction done. False (nothing done) when the input's tile is not one piece.
+bool run_load_bin_unary(const Program& g, const Plan& p, int64_t start, int64_t n, Registers& r,
+                        int32_t& k, int64_t rows, int64_t len) {
+    const int32_t* ins = g.code + 5 * k;
+    const int32_t* op = ins + 5;
+    const int32_t* un = ins + 10;
+    const auto* x = direct<uint16_t>(p, p.ops[ins[2]], start, n, BF16);
+    if (x == nullptr) return false;
+    const bool first = op[2] == ins[1];  // the input is the op's first operand
+    const int32_t other = first ? op[3] : op[2];
+    const Arg y{r.cur[other], r.shape[other] == ROWS ? 1 : 0, r.shape[other] == FULL};
+    uint16_t* out16;
+    float* d = fused_destination(g, p, start, n, r, k + 3, un[1], out16);
+    const bool stored = into_destination(out16, d, [&](auto* o) {
+        binary_unary_bf16(op[0], un[0], o, x, first, y, rows, len);
+    });
+    r.cur[un[1]] = d;
+    r.shape[un[1]] = FULL;
+    k += stored ? 3 : 2;
+    return true;
+}
+
 // LOAD_DOT at instruction k (whole rows): the bf16 input widened into its register by the
 // loop that sums its square into the reduction's row-scalars; k moves past the MUL and the
 // reduction. False (nothing done) when the input's tile is not one piece.
@@ -798,6 +829,10 @@ void run_tile(const Program& g, const Plan& p, int64_t start, int64_t n, Registe
         }
         if (op == LOAD && g.fuse[k] == LOAD_OPERAND && r.row_of[a] == nullptr &&
             run_load_operand(g, p, start, n, r, k)) {
+            continue;
+        }
+        if (op == LOAD && g.fuse[k] == LOAD_BIN_UNARY && r.row_of[a] == nullptr &&
+            run_load_bin_unary(g, p, start, n, r, k, rows, len)) {
             continue;
         }
         if (op == LOAD && g.fuse[k] == LOAD_DOT && g.reduce && r.row_of[a] == nullptr &&

@@ -101,6 +101,16 @@ inline void sigmoid_into(float* d, const float* a, int64_t n) {
 #endif
 }
 
+#if defined(__AVX512F__)
+// store16, but a whole vector into 64-byte aligned fp32 storage with a non-temporal store when
+// `stream` (see STREAM_BYTES in vm.cpp).
+inline void put16(float* p, __mmask16 m, __m512 v, bool stream) {
+    if (stream && m == 0xffff && !(reinterpret_cast<uintptr_t>(p) & 63u)) _mm512_stream_ps(p, v);
+    else store16(p, m, v);
+}
+inline void put16(uint16_t* p, __mmask16 m, __m512 v, bool) { store16(p, m, v); }
+#endif
+
 // d[i] = gelu(a[i]).
 inline void gelu_into(float* d, const float* a, int64_t n) {
 #if defined(__AVX512F__)
@@ -118,9 +128,10 @@ struct NoFactor {};
 constexpr const NoFactor* NO_FACTOR = nullptr;
 
 // d[i] = silu(x[i]), times y[i] unless y is NoFactor; x and y fp32 or bf16 read in place, d
-// fp32 or bf16 (rounded). One loop, the same bits as the SIGMOID and MUL instructions apart.
+// fp32 or bf16 (rounded; fp32 with non-temporal stores when `stream`, on AVX-512 builds). One
+// loop, the same bits as the SIGMOID and MUL instructions apart.
 template <typename O, typename X, typename Y>
-void silu_into(O* d, const X* x, const Y* y, int64_t n) {
+void silu_into(O* d, const X* x, const Y* y, int64_t n, [[maybe_unused]] bool stream) {
     constexpr bool times = !std::is_same_v<Y, NoFactor>;
 #if defined(__AVX512F__)
     constexpr int64_t step = 16;  // a vector
@@ -135,7 +146,7 @@ void silu_into(O* d, const X* x, const Y* y, int64_t n) {
         const __mmask16 m = lanes(c, n);
         __m512 v = silu16(load16(x + c, m));
         if constexpr (times) v = _mm512_mul_ps(v, load16(y + c, m));
-        store16(d + c, m, v);
+        put16(d + c, m, v, stream);
 #else
         const int64_t end = std::min(n, c + step);
 #pragma omp simd
@@ -298,9 +309,10 @@ template <typename T>
 inline void prefetch16(const T* p, int64_t i) { prefetch_ahead(p + i, 16); }
 inline void prefetch16(float, int64_t) {}
 
-// d[k * len + i] <- gelu(f(a, b)) 16 lanes at a time, d fp32 or bf16 (rounded).
+// d[k * len + i] <- gelu(f(a, b)) 16 lanes at a time, d fp32 (streamed when `stream`) or
+// bf16 (rounded).
 template <typename O, typename A, typename B, typename F>
-inline void map2_gelu16(O* d, A a, B b, int64_t rows, int64_t len, F f) {
+inline void map2_gelu16(O* d, A a, B b, int64_t rows, int64_t len, F f, bool stream) {
     for (int64_t k = 0; k < rows; ++k) {
         const auto x = a.row(k);
         const auto y = b.row(k);
@@ -309,7 +321,7 @@ inline void map2_gelu16(O* d, A a, B b, int64_t rows, int64_t len, F f) {
             prefetch16(x, i);
             prefetch16(y, i);
             const __mmask16 m = lanes(i, len);
-            store16(dk + i, m, gelu16(f(lanes16(x, i, m), lanes16(y, i, m))));
+            put16(dk + i, m, gelu16(f(lanes16(x, i, m), lanes16(y, i, m))), stream);
         }
     }
 }
@@ -331,15 +343,17 @@ inline void binary_then(int32_t op, O* d, A a, B b, int64_t rows, int64_t len, G
     });
 }
 
+// binary_then with u's function; `stream`: see map2_gelu16 (GELU on AVX-512 builds only).
 template <typename O, typename A, typename B>
-inline void binary_unary_as(int32_t op, int32_t u, O* d, A a, B b, int64_t rows, int64_t len) {
+inline void binary_unary_as(int32_t op, int32_t u, O* d, A a, B b, int64_t rows, int64_t len,
+                            [[maybe_unused]] bool stream) {
     switch (u) {
         case EXP: return binary_then(op, d, a, b, rows, len, [](float v) { return exp_f(v); });
         case TANH: return binary_then(op, d, a, b, rows, len, [](float v) { return tanh_f(v); });
         case ERF: return binary_then(op, d, a, b, rows, len, [](float v) { return erf_f(v); });
 #if defined(__AVX512F__)
         case GELU:
-            return with_arithmetic(op, [&](auto f) { map2_gelu16(d, a, b, rows, len, f); });
+            return with_arithmetic(op, [&](auto f) { map2_gelu16(d, a, b, rows, len, f, stream); });
 #else
         case GELU: return binary_then(op, d, a, b, rows, len, [](float v) { return gelu_f(v); });
 #endif
@@ -350,29 +364,30 @@ inline void binary_unary_as(int32_t op, int32_t u, O* d, A a, B b, int64_t rows,
 // dst <- u(op(a, b)) in one loop: an ADD/SUB/MUL/DIV whose result only the unary op u (see
 // fuses_after_binary) reads next; the same operations, so the same bits, as the two apart.
 inline void binary_unary(int32_t op, int32_t u, float* d, Arg a, Arg b, int64_t rows,
-                         int64_t len) {
+                         int64_t len, bool stream) {
     if (a.full && b.full)
-        return binary_unary_as(op, u, d, Vec{a.p, 0}, Vec{b.p, 0}, 1, rows * len);
+        return binary_unary_as(op, u, d, Vec{a.p, 0}, Vec{b.p, 0}, 1, rows * len, stream);
     if (flat(a) && flat(b)) {
         len *= rows;
         rows = 1;
     }
-    if (a.full) return binary_unary_as(op, u, d, Vec{a.p, len}, Row{b.p, b.step}, rows, len);
-    binary_unary_as(op, u, d, Row{a.p, a.step}, Vec{b.p, len}, rows, len);
+    if (a.full)
+        return binary_unary_as(op, u, d, Vec{a.p, len}, Row{b.p, b.step}, rows, len, stream);
+    binary_unary_as(op, u, d, Row{a.p, a.step}, Vec{b.p, len}, rows, len, stream);
 }
 
 // binary_unary with the operand x a bf16 input read in place (the op's first operand or its
 // second), into d (fp32, or bf16 rounded).
 template <typename O>
 inline void binary_unary_bf16(int32_t op, int32_t u, O* d, const uint16_t* x, bool first,
-                              Arg other, int64_t rows, int64_t len) {
+                              Arg other, int64_t rows, int64_t len, bool stream) {
     if (flat(other)) {
         len *= rows;
         rows = 1;
     }
     access(other, len, [&](auto y) {
-        if (first) binary_unary_as(op, u, d, Vec16{x, len}, y, rows, len);
-        else binary_unary_as(op, u, d, y, Vec16{x, len}, rows, len);
+        if (first) binary_unary_as(op, u, d, Vec16{x, len}, y, rows, len, stream);
+        else binary_unary_as(op, u, d, y, Vec16{x, len}, rows, len, stream);
     });
 }
 

@@ -261,7 +261,8 @@ struct Program {
     int64_t width;  // register length
     const uint8_t* fuse;     // per instruction
     uint32_t row_invariant;  // inputs whose widened row is cached per thread (bit per input)
-    uint32_t streamed;       // fp32 outputs written with non-temporal stores (bit per output)
+    uint32_t large;          // fp32 outputs of STREAM_BYTES and more (bit per output)
+    uint32_t streamed;       // those its STOREs write with non-temporal stores
     uint32_t across;         // inputs copied a band of rows at a time (bit per input)
 };
 
@@ -307,14 +308,21 @@ void copy_band(const Plan& p, const Operand& o, int64_t first, int64_t rows, cha
     }
 }
 
-// An fp32 output of at least this many bytes, of a program that makes more than one pass over
-// a tile, is written with non-temporal stores: ordinary stores first read every line, and the
-// bursts of such reads stalled the cheap op passes that write outputs. A program that is one
-// loop over its inputs (x * sigmoid(x), x * sigmoid(x) * y) hides those reads behind its
-// arithmetic, and its output stays in a large L3 for the next reader: it stores normally.
+// An fp32 output of at least this many bytes is written with non-temporal stores: ordinary
+// stores first read every line (a third more memory traffic), and the bursts of such reads
+// stalled the cheap op passes that write outputs. In a program that makes more than one pass
+// over a tile, its STORE streams the values from the register; the loops that write
+// non-temporal stores themselves (silu_into and the GELU loops of an AVX-512 build) stream
+// straight into it in any program, when nothing reads the values again.
 constexpr int64_t STREAM_BYTES = int64_t{16} << 20;
 
-uint32_t streamed_outputs(const Plan& p, int32_t n_inputs, int32_t n_outputs) {
+#if defined(__AVX512F__)
+constexpr bool LOOPS_STREAM = true;
+#else
+constexpr bool LOOPS_STREAM = false;
+#endif
+
+uint32_t large_outputs(const Plan& p, int32_t n_inputs, int32_t n_outputs) {
     uint32_t bits = 0;
     for (int32_t i = 0; i < n_outputs; ++i) {
         const Operand& o = p.ops[n_inputs + i];
@@ -610,19 +618,35 @@ bool full_input(const Plan& p, const Operand& in, const float* row_of, int64_t s
     return true;
 }
 
+// The fp32 output that instruction `at` stores register `dst` to, for a loop over the tile to
+// write straight into (the store then finds the values in place), when `at` is such a store,
+// the tile is one piece of the output and the store does not stream; or when the output is
+// large, nothing reads the values later and the loop writes non-temporal stores itself
+// (`can`): `stream` is then set. Else nullptr.
+float* direct_output(const Program& g, const Plan& p, int64_t start, int64_t n, int32_t at,
+                     int32_t dst, bool can, bool& stream) {
+    const int32_t* st = g.code + 5 * at;
+    stream = false;
+    if (at >= g.n_instr || st[0] != STORE || st[3] != dst) return nullptr;
+    float* out = direct<float>(p, p.ops[g.n_inputs + st[2]], start, n, F32);
+    stream = LOOPS_STREAM && can && out && ((g.large >> st[2]) & 1u) &&
+             !read_later(g.code, g.n_instr, at + 1, dst);
+    return stream || !((g.streamed >> st[2]) & 1u) ? out : nullptr;
+}
+
 // Where a fused loop ending in the value of register `dst`, stored by instruction `at` if that
 // is its store, writes: a bf16 output (`out16`, when nothing reads the value later: the store
-// is then done), an fp32 output that does not stream (the store finds the values in place),
-// else the register.
+// is then done), else direct_output, else the register.
 float* fused_destination(const Program& g, const Plan& p, int64_t start, int64_t n,
-                         Registers& r, int32_t at, int32_t dst, uint16_t*& out16) {
+                         Registers& r, int32_t at, int32_t dst, bool can, uint16_t*& out16,
+                         bool& stream) {
     out16 = nullptr;
+    float* out = direct_output(g, p, start, n, at, dst, can, stream);
     const int32_t* st = g.code + 5 * at;
-    if (at >= g.n_instr || st[0] != STORE || st[3] != dst) return r.own[dst];
-    const Operand& o = p.ops[g.n_inputs + st[2]];
-    if (!read_later(g.code, g.n_instr, at + 1, dst)) out16 = direct<uint16_t>(p, o, start, n, BF16);
-    float* out = direct<float>(p, o, start, n, F32);
-    return out && !((g.streamed >> st[2]) & 1u) ? out : r.own[dst];
+    if (out == nullptr && at < g.n_instr && st[0] == STORE && st[3] == dst &&
+        !read_later(g.code, g.n_instr, at + 1, dst))
+        out16 = direct<uint16_t>(p, p.ops[g.n_inputs + st[2]], start, n, BF16);
+    return out ? out : r.own[dst];
 }
 
 // A fused loop run into the bf16 output `out16` when fused_destination gave one (the store is
@@ -648,10 +672,11 @@ bool run_silu_mul(const Program& g, const Plan& p, int64_t start, int64_t n, Reg
     if (!full_input(p, p.ops[ld[2]], r.row_of[ld[2]], start, n, r, ld[1], yf, yh)) return false;
     const int32_t dst = ld[6];  // the second MUL's
     uint16_t* out16;
-    float* d = fused_destination(g, p, start, n, r, k + 4, dst, out16);
+    bool stream;
+    float* d = fused_destination(g, p, start, n, r, k + 4, dst, true, out16, stream);
     const bool stored = into_destination(out16, d, [&](auto* o) {
-        if (yh) silu_into(o, x, yh, n);
-        else silu_into(o, x, yf, n);
+        if (yh) silu_into(o, x, yh, n, stream);
+        else silu_into(o, x, yf, n, stream);
     });
     r.cur[dst] = d;
     r.shape[dst] = FULL;
@@ -695,7 +720,8 @@ bool run_scale_mul(const Program& g, const Plan& p, int64_t start, int64_t n, Re
     const Row s{r.cur[sv], r.shape[sv] == ROWS ? 1 : 0};
     const int32_t dst = g.code[5 * m + 1];
     uint16_t* out16;
-    float* d = fused_destination(g, p, start, n, r, m + 1, dst, out16);
+    bool stream;  // never: scale_mul_into stores normally
+    float* d = fused_destination(g, p, start, n, r, m + 1, dst, false, out16, stream);
     if (!g.reduce) {  // one run
         len *= rows;
         rows = 1;
@@ -728,19 +754,17 @@ bool run_load_silu(const Program& g, const Plan& p, int64_t start, int64_t n, Re
     }
     const int32_t* mul = ins + 10;
     const int32_t* after = ins + 15;  // what follows the MUL (inside the program: a STORE)
-    const bool more = k + 3 < g.n_instr;
     if (g.fuse[k + 1] == SILU_BF16) {
         if (uint16_t* out = direct<uint16_t>(p, p.ops[g.n_inputs + after[2]], start, n, BF16)) {
-            silu_into(out, x, NO_FACTOR, n);
+            silu_into(out, x, NO_FACTOR, n, false);
             k += 3;
             return true;
         }
     }
-    float* d = r.own[mul[1]];
-    if (more && after[0] == STORE && after[3] == mul[1] && !((g.streamed >> after[2]) & 1u)) {
-        if (float* out = direct<float>(p, p.ops[g.n_inputs + after[2]], start, n, F32)) d = out;
-    }
-    silu_into(d, x, NO_FACTOR, n);
+    bool stream;
+    float* d = direct_output(g, p, start, n, k + 3, mul[1], true, stream);
+    if (d == nullptr) d = r.own[mul[1]];
+    silu_into(d, x, NO_FACTOR, n, stream);
     r.cur[mul[1]] = d;
     r.shape[mul[1]] = FULL;
     k += 2;
@@ -782,9 +806,10 @@ bool run_load_bin_unary(const Program& g, const Plan& p, int64_t start, int64_t 
     const int32_t other = first ? op[3] : op[2];
     const Arg y{r.cur[other], r.shape[other] == ROWS ? 1 : 0, r.shape[other] == FULL};
     uint16_t* out16;
-    float* d = fused_destination(g, p, start, n, r, k + 3, un[1], out16);
+    bool stream;
+    float* d = fused_destination(g, p, start, n, r, k + 3, un[1], un[0] == GELU, out16, stream);
     const bool stored = into_destination(out16, d, [&](auto* o) {
-        binary_unary_bf16(op[0], un[0], o, x, first, y, rows, len);
+        binary_unary_bf16(op[0], un[0], o, x, first, y, rows, len, stream);
     });
     r.cur[un[1]] = d;
     r.shape[un[1]] = FULL;
@@ -858,7 +883,7 @@ void run_tile(const Program& g, const Plan& p, int64_t start, int64_t n, Registe
             const Operand& o = p.ops[g.n_inputs + a];
             const bool stream = (g.streamed >> a) & 1u;
             if (r.shape[b] != FULL) store_few(p, o, start, n, r.cur[b], r.shape[b]);
-            else if (stream || r.cur[b] != direct<float>(p, o, start, n, F32))
+            else if (r.cur[b] != direct<float>(p, o, start, n, F32))
                 store(p, o, start, n, r.cur[b], stream);
             continue;
         }
@@ -913,7 +938,7 @@ void run_tile(const Program& g, const Plan& p, int64_t start, int64_t n, Registe
             const int32_t* store = next + 5;
             const Operand& o = p.ops[g.n_inputs + store[2]];
             if (uint16_t* out = direct<uint16_t>(p, o, start, n, BF16)) {
-                silu_into(out, args[0].p, NO_FACTOR, at_rows * at_len);
+                silu_into(out, args[0].p, NO_FACTOR, at_rows * at_len, false);
                 k += 2;  // the MUL and the store are done
                 continue;
             }
@@ -923,19 +948,16 @@ void run_tile(const Program& g, const Plan& p, int64_t start, int64_t n, Registe
         const int32_t after_op = next[0];
         const int32_t to = silu || then ? next[1] : dst;  // the fused op writes its own register
         if (silu || then) ++k;                            // and is done here
-        const int32_t* after = g.code + 5 * (k + 1);
         float* d = level == FULL ? r.own[to] : r.few[to];
-        // a result stored next goes straight into its output (which later reads then use),
-        // unless the store streams
-        if (level == FULL && k + 1 < g.n_instr && after[0] == STORE && after[3] == to &&
-            !((g.streamed >> after[2]) & 1u)) {
-            if (float* out = direct<float>(p, p.ops[g.n_inputs + after[2]], start, n, F32)) {
-                d = out;
-            }
+        // a result stored next goes straight into its output (which later reads then use)
+        bool stream = false;
+        const bool can = silu || (then && after_op == GELU);
+        if (level == FULL) {
+            if (float* out = direct_output(g, p, start, n, k + 1, to, can, stream)) d = out;
         }
         if (silu || then) {
-            if (silu) silu_into(d, args[0].p, NO_FACTOR, at_rows * at_len);
-            else binary_unary(op, after_op, d, args[0], args[1], at_rows, at_len);
+            if (silu) silu_into(d, args[0].p, NO_FACTOR, at_rows * at_len, stream);
+            else binary_unary(op, after_op, d, args[0], args[1], at_rows, at_len, stream);
             r.cur[to] = d;
             r.shape[to] = level;
             continue;
@@ -1006,7 +1028,7 @@ bool run_tiles(const Program& g, const Plan& shared, int64_t tile, int64_t first
         }
         run_tile(g, p, start, n, r);
     }
-    if (g.streamed) stream_fence();  // this thread's non-temporal stores, before the join
+    if (g.large) stream_fence();  // this thread's non-temporal stores, before the join
     return true;
 }
 
@@ -1067,11 +1089,11 @@ DVM_EXPORT int32_t dvm_run(const int32_t* code, const float* imm, int32_t n_inst
     uint8_t fuse[MAX_INSTRS];
     plan_fusions(code, n_instr, n_inputs, plan.ops, fuse);
     const uint32_t invariant = row_invariant_inputs(plan, n_inputs, tile);
-    const uint32_t streamed =
-        passes(code, n_instr, fuse) > 1 ? streamed_outputs(plan, n_inputs, n_outputs) : 0;
+    const uint32_t large = large_outputs(plan, n_inputs, n_outputs);
+    const uint32_t streamed = passes(code, n_instr, fuse) > 1 ? large : 0;
     const uint32_t across = inputs_across(plan, n_inputs, reduce);
     const Program g{code, imm, n_instr, n_regs, n_inputs, reduce,
-                    tile, fuse, invariant, streamed, across};
+                    tile, fuse, invariant, large, streamed, across};
     const int64_t n_tiles = (total + tile - 1) / tile;
     // Small calls stay on the calling thread: starting a team costs more than they take.
     // Results do not depend on the team size; more threads than 4 per processor only cost.

@@ -266,9 +266,9 @@ def test_rows_broadcast_over_rows(cols: int, dtype: torch.dtype) -> None:
 
 
 def test_large_outputs_streamed() -> None:
-    # fp32 outputs of 16 MiB and more of a program of several passes are written with
-    # non-temporal stores (not computed into the output first), and a stored value read again
-    # still comes from its register; a one-loop program's output is written in place
+    # fp32 outputs of 16 MiB and more are written with non-temporal stores: by the STOREs of a
+    # program of several passes (not computed into the output first; a stored value read
+    # again still comes from its register), and in place by the SiLU and GELU loops
     p = program(
         Instr(Op.LOAD, 0, 0),
         Instr(Op.SIGMOID, 1, 0),
@@ -283,9 +283,31 @@ def test_large_outputs_streamed() -> None:
     silu, neg = check(p, [x], x.shape, [torch.float32, torch.float32])
     torch.testing.assert_close(neg, -silu, rtol=0, atol=0, equal_nan=True)
     check(p, [x[:, 1:]], (1, 4 * 2**20 + 2), [torch.float32] * 2)  # misaligned input
-    one_loop = _silu_program("x, s", False, keep_sigmoid=False)  # stored normally
+    one_loop = _silu_program("x, s", False, keep_sigmoid=False)
     (got,) = check(one_loop, [x], x.shape, [torch.float32])
     torch.testing.assert_close(got, silu, rtol=0, atol=0, equal_nan=True)
+
+
+@pytest.mark.parametrize("shape", [(1024, 4096), (1025, 4097)], ids=str)
+def test_loops_stream_a_large_output_in_place(shape) -> None:
+    """The SiLU and GELU loops write a large fp32 output (16 MiB and more) with non-temporal
+    stores, whole aligned vectors only (rows of 4097 start tiles off alignment, and end in
+    partial vectors): bit for bit the rows computed in two halves, each too small to stream."""
+    g = torch.Generator().manual_seed(19)
+    x, b = torch.randn(shape, generator=g), torch.randn(shape[1], generator=g)
+    bias_gelu = program(
+        Instr(Op.LOAD, 0, 0), Instr(Op.LOAD, 1, 1), Instr(Op.ADD, 2, 1, 0), Instr(Op.GELU, 1, 2),
+        Instr(Op.STORE, -1, 0, 1), n_inputs=2,
+    )  # fmt: skip
+    silu = _silu_program("x, s", False, keep_sigmoid=False)
+    for prog, inputs in ((bias_gelu, [b, x]), (silu, [x])):
+        (whole,) = vm.run(prog, inputs, shape, [torch.float32])
+        half = shape[0] // 2
+        parts = [
+            vm.run(prog, [*inputs[:-1], rows], rows.shape, [torch.float32])[0]
+            for rows in (x[:half], x[half:])
+        ]
+        torch.testing.assert_close(whole, torch.cat(parts), rtol=0, atol=0, equal_nan=True)
 
 
 def test_outputs_in_a_given_layout() -> None:

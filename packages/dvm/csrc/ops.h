@@ -486,6 +486,7 @@ inline float row_square_widen(const uint16_t* x, float* keep, int64_t n) {
     float acc[LANES] = {};
     int64_t i = 0;
     for (; i + LANES <= n; i += LANES) {
+        prefetch_ahead(x + i, LANES);
 #pragma omp simd
         for (int64_t l = 0; l < LANES; ++l) {
             const float v = bf16_to_f32(x[i + l]);

@@ -229,6 +229,14 @@ struct Buffer {
 
 thread_local Buffer thread_buffer;
 
+// The AVX-512 build's hand-vectorised loops (silu_into, the GELU loops) prefetch their inputs
+// and can write non-temporal stores; the portable loops of the other builds do neither.
+#if defined(__AVX512F__)
+constexpr bool AVX512_LOOPS = true;
+#else
+constexpr bool AVX512_LOOPS = false;
+#endif
+
 // An instruction run together with the next one, when the value passed between them is
 // not read again: a binary op and the bf16 store of its result (no fp32 register pass), a
 // MUL and the REDUCE_SUM/MEAN of its result (the products are summed as they are made), or a
@@ -246,8 +254,9 @@ thread_local Buffer thread_buffer;
 // square (a norm's sum of squares) is widened by the DOT's loop as it sums. BIN_UNARY: an
 // ADD/SUB/MUL/DIV whose result only a costly unary op after it reads (exp(x - max) in a
 // softmax, GELU of a biased input, tanh of a scaled one) applies that op in its own loop.
-// LOAD_BIN_UNARY: a bf16 input loaded only as one operand of such a BIN_UNARY is read by its
-// loop in place, and the loop writes the output its result is stored to next (bf16 rounded).
+// LOAD_BIN_UNARY: a bf16 input loaded only as one operand of such a BIN_UNARY into GELU is
+// read in place by the AVX-512 build's GELU loop (which prefetches it), and the loop writes the
+// output the result is stored to next (bf16 rounded).
 enum Fuse : uint8_t {
     ALONE, STORE_BF16, DOT, SILU, SILU_BF16, LOAD_SILU, LOAD_OPERAND, SILU_MUL, SCALE_MUL,
     LOAD_DOT, BIN_UNARY, LOAD_BIN_UNARY
@@ -313,14 +322,8 @@ void copy_band(const Plan& p, const Operand& o, int64_t first, int64_t rows, cha
 // stalled the cheap op passes that write outputs. In a program that makes more than one pass
 // over a tile, its STORE streams the values from the register; the loops that write
 // non-temporal stores themselves (silu_into and the GELU loops of an AVX-512 build) stream
-// straight into it in any program, when nothing reads the values again.
+// straight into it in any program, when nothing reads the values again (see AVX512_LOOPS).
 constexpr int64_t STREAM_BYTES = int64_t{16} << 20;
-
-#if defined(__AVX512F__)
-constexpr bool LOOPS_STREAM = true;
-#else
-constexpr bool LOOPS_STREAM = false;
-#endif
 
 uint32_t large_outputs(const Plan& p, int32_t n_inputs, int32_t n_outputs) {
     uint32_t bits = 0;
@@ -438,7 +441,8 @@ void plan_fusions(const int32_t* code, int32_t n_instr, int32_t n_inputs, const 
                  (sig[2] == ins[1]) != (sig[3] == ins[1]) &&
                  !read_later(code, n_instr, k + 3, ins[1]))
             fuse[k] = LOAD_OPERAND;
-        else if (ins[0] == LOAD && ops[ins[2]].dtype == BF16 && fuse[k + 1] == BIN_UNARY &&
+        else if (AVX512_LOOPS && ins[0] == LOAD && ops[ins[2]].dtype == BF16 &&
+                 fuse[k + 1] == BIN_UNARY && ins[10] == GELU &&
                  (sig[2] == ins[1]) != (sig[3] == ins[1]) &&
                  !read_later(code, n_instr, k + 2, ins[1]))
             fuse[k] = LOAD_BIN_UNARY;
@@ -629,7 +633,7 @@ float* direct_output(const Program& g, const Plan& p, int64_t start, int64_t n, 
     stream = false;
     if (at >= g.n_instr || st[0] != STORE || st[3] != dst) return nullptr;
     float* out = direct<float>(p, p.ops[g.n_inputs + st[2]], start, n, F32);
-    stream = LOOPS_STREAM && can && out && ((g.large >> st[2]) & 1u) &&
+    stream = AVX512_LOOPS && can && out && ((g.large >> st[2]) & 1u) &&
              !read_later(g.code, g.n_instr, at + 1, dst);
     return stream || !((g.streamed >> st[2]) & 1u) ? out : nullptr;
 }

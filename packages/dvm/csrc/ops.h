@@ -89,19 +89,16 @@ inline void prefetch_ahead(const T* p, int64_t n) {
     }
 }
 
-// d[i] = sigmoid(a[i]).
-inline void sigmoid_into(float* d, const float* a, int64_t n) {
 #if defined(__AVX512F__)
+// d[i] = f(a[i]) with f on 16 lanes (the AVX-512 build's sigmoid16, gelu16).
+template <typename F>
+inline void map16(float* d, const float* a, int64_t n, F f) {
     for (int64_t i = 0; i < n; i += 16) {
         const __mmask16 m = lanes(i, n);
-        store16(d + i, m, sigmoid16(load16(a + i, m)));
+        store16(d + i, m, f(load16(a + i, m)));
     }
-#else
-    map1(d, a, n, sigmoid_f);
-#endif
 }
 
-#if defined(__AVX512F__)
 // store16, but a whole vector into 64-byte aligned fp32 storage with a non-temporal store when
 // `stream` (see STREAM_BYTES in vm.cpp).
 inline void put16(float* p, __mmask16 m, __m512 v, bool stream) {
@@ -110,18 +107,6 @@ inline void put16(float* p, __mmask16 m, __m512 v, bool stream) {
 }
 inline void put16(uint16_t* p, __mmask16 m, __m512 v, bool) { store16(p, m, v); }
 #endif
-
-// d[i] = gelu(a[i]).
-inline void gelu_into(float* d, const float* a, int64_t n) {
-#if defined(__AVX512F__)
-    for (int64_t i = 0; i < n; i += 16) {
-        const __mmask16 m = lanes(i, n);
-        store16(d + i, m, gelu16(load16(a + i, m)));
-    }
-#else
-    map1(d, a, n, gelu_f);
-#endif
-}
 
 // silu_into's y when there is no product.
 struct NoFactor {};
@@ -196,9 +181,14 @@ inline void unary(int32_t op, float* d, const float* a, int64_t n) {
         case RSQRT: return map1(d, a, n, [](float x) { return 1.0f / std::sqrt(x); });
         case RECIPROCAL: return map1(d, a, n, [](float x) { return 1.0f / x; });
         case TANH: return map1(d, a, n, tanh_f);
-        case SIGMOID: return sigmoid_into(d, a, n);
         case ERF: return map1(d, a, n, erf_f);
-        case GELU: return gelu_into(d, a, n);
+#if defined(__AVX512F__)
+        case SIGMOID: return map16(d, a, n, [](__m512 x) { return sigmoid16(x); });
+        case GELU: return map16(d, a, n, [](__m512 x) { return gelu16(x); });
+#else
+        case SIGMOID: return map1(d, a, n, sigmoid_f);
+        case GELU: return map1(d, a, n, gelu_f);
+#endif
         case SIN: return sin_cos(d, a, n, 0);
         case COS: return sin_cos(d, a, n, 1);
         case NOT: return map1(d, a, n, [](float x) { return x == 0.0f ? 1.0f : 0.0f; });
@@ -286,18 +276,6 @@ inline void with_arithmetic(int32_t op, Go&& go) {
     }
 }
 
-// d[k * len + i] <- f(a, b) rounded to bf16, over `rows` rows of `len` elements.
-template <typename A, typename B, typename F>
-inline void map2_bf16(uint16_t* d, A a, B b, int64_t rows, int64_t len, F f) {
-    for (int64_t k = 0; k < rows; ++k) {
-        const auto x = a.row(k);
-        const auto y = b.row(k);
-        uint16_t* dk = d + k * len;
-#pragma omp simd
-        for (int64_t i = 0; i < len; ++i) dk[i] = f32_to_bf16(f(at(x, i), at(y, i)));
-    }
-}
-
 #if defined(__AVX512F__)
 // An operand's 16 lanes from element i on (a broadcast one's value in every lane).
 inline __m512 lanes16(const float* p, int64_t i, __mmask16 m) { return load16(p + i, m); }
@@ -333,20 +311,17 @@ inline bool fuses_after_binary(int32_t op) {
     return op == EXP || op == TANH || op == ERF || op == GELU;
 }
 
-// d <- g(op(a, b)), d fp32 or bf16 (rounded).
-template <typename O, typename A, typename B, typename G>
-inline void binary_then(int32_t op, O* d, A a, B b, int64_t rows, int64_t len, G g) {
+template <typename A, typename B, typename G>
+inline void binary_then(int32_t op, float* d, A a, B b, int64_t rows, int64_t len, G g) {
     with_arithmetic(op, [&](auto f) {
-        const auto h = [&](float x, float y) { return g(f(x, y)); };
-        if constexpr (std::is_same_v<O, float>) map2(d, a, b, rows, len, h);
-        else map2_bf16(d, a, b, rows, len, h);
+        map2(d, a, b, rows, len, [&](float x, float y) { return g(f(x, y)); });
     });
 }
 
 // binary_then with u's function; `stream`: see map2_gelu16 (GELU on AVX-512 builds only).
-template <typename O, typename A, typename B>
-inline void binary_unary_as(int32_t op, int32_t u, O* d, A a, B b, int64_t rows, int64_t len,
-                            [[maybe_unused]] bool stream) {
+template <typename A, typename B>
+inline void binary_unary_as(int32_t op, int32_t u, float* d, A a, B b, int64_t rows,
+                            int64_t len, [[maybe_unused]] bool stream) {
     switch (u) {
         case EXP: return binary_then(op, d, a, b, rows, len, [](float v) { return exp_f(v); });
         case TANH: return binary_then(op, d, a, b, rows, len, [](float v) { return tanh_f(v); });
@@ -376,24 +351,39 @@ inline void binary_unary(int32_t op, int32_t u, float* d, Arg a, Arg b, int64_t 
     binary_unary_as(op, u, d, Row{a.p, a.step}, Vec{b.p, len}, rows, len, stream);
 }
 
-// binary_unary with the operand x a bf16 input read in place (the op's first operand or its
-// second), into d (fp32, or bf16 rounded).
+#if defined(__AVX512F__)
+// gelu(op(x, other)) (x first) or gelu(op(other, x)), x a bf16 input read in place, into d
+// (fp32, streamed when `stream`, or bf16 rounded): the AVX-512 build's LOAD_GELU loop.
 template <typename O>
-inline void binary_unary_bf16(int32_t op, int32_t u, O* d, const uint16_t* x, bool first,
-                              Arg other, int64_t rows, int64_t len, bool stream) {
+inline void binary_gelu_bf16(int32_t op, O* d, const uint16_t* x, bool first, Arg other,
+                             int64_t rows, int64_t len, bool stream) {
     if (flat(other)) {
         len *= rows;
         rows = 1;
     }
     access(other, len, [&](auto y) {
-        if (first) binary_unary_as(op, u, d, Vec16{x, len}, y, rows, len, stream);
-        else binary_unary_as(op, u, d, y, Vec16{x, len}, rows, len, stream);
+        with_arithmetic(op, [&](auto f) {
+            if (first) map2_gelu16(d, Vec16{x, len}, y, rows, len, f, stream);
+            else map2_gelu16(d, y, Vec16{x, len}, rows, len, f, stream);
+        });
     });
 }
+#endif
 
 // dst <- op(a, b) rounded to bf16 straight into a bf16 output (the result is not read
 // again): one loop instead of the op's and the store's. ADD, SUB, MUL, DIV only.
 inline bool fuses_into_bf16(int32_t op) { return op >= ADD && op <= DIV; }
+
+template <typename A, typename B, typename F>
+inline void map2_bf16(uint16_t* d, A a, B b, int64_t rows, int64_t len, F f) {
+    for (int64_t k = 0; k < rows; ++k) {
+        const auto x = a.row(k);
+        const auto y = b.row(k);
+        uint16_t* dk = d + k * len;
+#pragma omp simd
+        for (int64_t i = 0; i < len; ++i) dk[i] = f32_to_bf16(f(at(x, i), at(y, i)));
+    }
+}
 
 template <typename A, typename B>
 inline void binary_bf16_as(int32_t op, uint16_t* d, A a, B b, int64_t rows, int64_t len) {

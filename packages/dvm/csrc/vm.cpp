@@ -254,12 +254,12 @@ constexpr bool AVX512_LOOPS = false;
 // square (a norm's sum of squares) is widened by the DOT's loop as it sums. BIN_UNARY: an
 // ADD/SUB/MUL/DIV whose result only a costly unary op after it reads (exp(x - max) in a
 // softmax, GELU of a biased input, tanh of a scaled one) applies that op in its own loop.
-// LOAD_BIN_UNARY: a bf16 input loaded only as one operand of such a BIN_UNARY into GELU is
-// read in place by the AVX-512 build's GELU loop (which prefetches it), and the loop writes the
-// output the result is stored to next (bf16 rounded).
+// LOAD_GELU: a bf16 input loaded only as one operand of such a BIN_UNARY into GELU is read in
+// place by the AVX-512 build's GELU loop (which prefetches it), and the loop writes the output
+// the result is stored to next (bf16 rounded).
 enum Fuse : uint8_t {
     ALONE, STORE_BF16, DOT, SILU, SILU_BF16, LOAD_SILU, LOAD_OPERAND, SILU_MUL, SCALE_MUL,
-    LOAD_DOT, BIN_UNARY, LOAD_BIN_UNARY
+    LOAD_DOT, BIN_UNARY, LOAD_GELU
 };
 
 struct Program {
@@ -445,7 +445,7 @@ void plan_fusions(const int32_t* code, int32_t n_instr, int32_t n_inputs, const 
                  fuse[k + 1] == BIN_UNARY && ins[10] == GELU &&
                  (sig[2] == ins[1]) != (sig[3] == ins[1]) &&
                  !read_later(code, n_instr, k + 2, ins[1]))
-            fuse[k] = LOAD_BIN_UNARY;
+            fuse[k] = LOAD_GELU;
     }
 }
 
@@ -795,12 +795,13 @@ bool run_load_operand(const Program& g, const Plan& p, int64_t start, int64_t n,
     return true;
 }
 
-// LOAD_BIN_UNARY at instruction k: the binary op and the unary op after it in one loop that
-// reads this bf16 input in place and writes the output the result is stored to next (bf16
-// rounded, or fp32 that does not stream) or else the unary op's register; k moves to the last
-// instruction done. False (nothing done) when the input's tile is not one piece.
-bool run_load_bin_unary(const Program& g, const Plan& p, int64_t start, int64_t n, Registers& r,
-                        int32_t& k, int64_t rows, int64_t len) {
+// LOAD_GELU at instruction k: the binary op and the GELU after it in one loop that reads this
+// bf16 input in place and writes the output the result is stored to next (bf16 rounded, or
+// fp32: see direct_output) or else the GELU's register; k moves to the last instruction done.
+// False (nothing done) when the input's tile is not one piece, or the build has no such loop.
+bool run_load_gelu(const Program& g, const Plan& p, int64_t start, int64_t n, Registers& r,
+                   int32_t& k, int64_t rows, int64_t len) {
+#if defined(__AVX512F__)
     const int32_t* ins = g.code + 5 * k;
     const int32_t* op = ins + 5;
     const int32_t* un = ins + 10;
@@ -811,14 +812,17 @@ bool run_load_bin_unary(const Program& g, const Plan& p, int64_t start, int64_t 
     const Arg y{r.cur[other], r.shape[other] == ROWS ? 1 : 0, r.shape[other] == FULL};
     uint16_t* out16;
     bool stream;
-    float* d = fused_destination(g, p, start, n, r, k + 3, un[1], un[0] == GELU, out16, stream);
+    float* d = fused_destination(g, p, start, n, r, k + 3, un[1], true, out16, stream);
     const bool stored = into_destination(out16, d, [&](auto* o) {
-        binary_unary_bf16(op[0], un[0], o, x, first, y, rows, len, stream);
+        binary_gelu_bf16(op[0], o, x, first, y, rows, len, stream);
     });
     r.cur[un[1]] = d;
     r.shape[un[1]] = FULL;
     k += stored ? 3 : 2;
     return true;
+#else
+    return false;
+#endif
 }
 
 // LOAD_DOT at instruction k (whole rows): the bf16 input widened into its register by the
@@ -860,8 +864,8 @@ void run_tile(const Program& g, const Plan& p, int64_t start, int64_t n, Registe
             run_load_operand(g, p, start, n, r, k)) {
             continue;
         }
-        if (op == LOAD && g.fuse[k] == LOAD_BIN_UNARY && r.row_of[a] == nullptr &&
-            run_load_bin_unary(g, p, start, n, r, k, rows, len)) {
+        if (op == LOAD && g.fuse[k] == LOAD_GELU && r.row_of[a] == nullptr &&
+            run_load_gelu(g, p, start, n, r, k, rows, len)) {
             continue;
         }
         if (op == LOAD && g.fuse[k] == LOAD_DOT && g.reduce && r.row_of[a] == nullptr &&

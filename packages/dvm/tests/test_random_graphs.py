@@ -32,6 +32,7 @@ UNARY = {
     "sin": torch.sin,
     "cos": torch.cos,
     "erf": torch.erf,
+    "gelu": torch.nn.functional.gelu,
     "exp": lambda v: torch.exp(v.clamp(-8, 8)),
     "log": lambda v: torch.log(v.abs() + 0.5),
     "log1p": lambda v: torch.log1p(v.abs()),

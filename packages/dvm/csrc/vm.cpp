@@ -636,6 +636,12 @@ bool full_input(const Plan& p, const Operand& in, const float* row_of, int64_t s
     return true;
 }
 
+// Whether instruction `at` is the STORE of register `dst`.
+bool stores(const Program& g, int32_t at, int32_t dst) {
+    const int32_t* st = g.code + 5 * at;
+    return at < g.n_instr && st[0] == STORE && st[3] == dst;
+}
+
 // The fp32 output that instruction `at` stores register `dst` to, for a loop over the tile to
 // write straight into (the store then finds the values in place), when `at` is such a store,
 // the tile is one piece of the output and the store does not stream; or when the output is
@@ -645,7 +651,7 @@ float* direct_output(const Program& g, const Plan& p, int64_t start, int64_t n, 
                      int32_t dst, bool can, bool& stream) {
     const int32_t* st = g.code + 5 * at;
     stream = false;
-    if (at >= g.n_instr || st[0] != STORE || st[3] != dst) return nullptr;
+    if (!stores(g, at, dst)) return nullptr;
     float* out = direct<float>(p, p.ops[g.n_inputs + st[2]], start, n, F32);
     stream = AVX512_LOOPS && can && out && ((g.large >> st[2]) & 1u) &&
              !read_later(g.code, g.n_instr, at + 1, dst);
@@ -660,10 +666,8 @@ float* fused_destination(const Program& g, const Plan& p, int64_t start, int64_t
                          bool& stream) {
     out16 = nullptr;
     float* out = direct_output(g, p, start, n, at, dst, can, stream);
-    const int32_t* st = g.code + 5 * at;
-    if (out == nullptr && at < g.n_instr && st[0] == STORE && st[3] == dst &&
-        !read_later(g.code, g.n_instr, at + 1, dst))
-        out16 = direct<uint16_t>(p, p.ops[g.n_inputs + st[2]], start, n, BF16);
+    if (out == nullptr && stores(g, at, dst) && !read_later(g.code, g.n_instr, at + 1, dst))
+        out16 = direct<uint16_t>(p, p.ops[g.n_inputs + g.code[5 * at + 2]], start, n, BF16);
     return out ? out : r.own[dst];
 }
 

@@ -32,11 +32,11 @@ from dvm.lower import (
     REDUCE,
     RULES,
     Emitter,
+    Fact,
     LimitError,
     Rule,
     reduced_dims,
     rule_reason,
-    tensor_args,
     unsupported_reason,
 )
 from dvm.program import MAX_INPUTS, MAX_INSTRS, MAX_OUTPUTS, Program
@@ -119,102 +119,111 @@ def broadcast(a: Shape, b: Shape) -> Shape | None:
 _numel = math.prod
 
 
-_IMPURE: dict[object, bool] = {}
+_IMPURE: dict[int, bool] = {}  # by id(target): an OpOverload's hash is Python code
 
 
 def is_barrier(n: Node) -> bool:
     """Whether ``n`` has a side effect (no region spans it; it keeps its place)."""
     if n.op != "call_function":
         return False
-    impure = _IMPURE.get(n.target)
+    impure = _IMPURE.get(id(n.target))
     if impure is None:
-        impure = _IMPURE[n.target] = n.is_impure()
+        impure = _IMPURE[id(n.target)] = n.is_impure()
     return impure
+
+
+_RULES_BY_ID = {id(t): rule for t, rule in RULES.items()}
 
 
 class _Analysis:
     """Per-node facts: domain shapes, cut edges, footprints (shape each node spans)."""
 
     def __init__(self, nodes: list[Node]) -> None:
-        self.index = {n: i for i, n in enumerate(nodes)}
+        self.index: dict[Node, int] = {}
         self.fallbacks: list[tuple[Node, str]] = []
+        self.facts: dict[Node, Fact | str] = {}  # each value's shape, dtype and size
         self.dshape: dict[Node, Shape] = {}
-        self.cut: dict[Node, set[Node]] = {}
+        self.cut: dict[Node, tuple[Node, ...]] = {}
         self.footprint: dict[Node, Shape] = {}
         self.cost: dict[Node, int] = {}
         self.segment: dict[Node, int] = {}
         self.args: dict[Node, list[Node]] = {}  # an analysed node's distinct tensor arguments
-        self._shape: dict[Node, Shape] = {}
-        seen: dict[Node, str | None] = {}
+        index, segment, facts, rules = self.index, self.segment, self.facts, _RULES_BY_ID
         seg = 0
-        for n in nodes:
-            if is_barrier(n):
-                seg += 1
-                self.segment[n] = seg
-                seg += 1
-                continue
-            self.segment[n] = seg
+        for i, n in enumerate(nodes):
+            index[n] = i
+            segment[n] = seg
             if n.op != "call_function":
                 continue
-            rule = RULES.get(n.target)
-            ops = tensor_args(n)
-            # no rule (getitem included): unsupported_reason says which case it is
-            reason = unsupported_reason(n) if rule is None else rule_reason(n, rule, ops, seen)
+            rule = rules.get(id(n.target))
+            if rule is None:  # our rules' ops have no side effects
+                if is_barrier(n):
+                    segment[n] = seg + 1
+                    seg += 2
+                else:  # getitem included: unsupported_reason says which case it is
+                    self.fallbacks.append((n, unsupported_reason(n)))
+                continue
+            ops = n.all_input_nodes
+            reason = rule_reason(n, rule, ops, facts)
             if reason is not None:
                 self.fallbacks.append((n, reason))
                 continue
             self._analyse(n, rule, ops)
 
-    def real(self, n: Node) -> Shape:
-        """``n``'s own shape."""
-        shape = self._shape.get(n)
-        if shape is None:
-            shape = self._shape[n] = tuple(n.meta["val"].shape)
-        return shape
-
     def view_of(self, p: Node, reader: Node) -> Shape:
         """The shape ``reader`` sees its operand ``p`` with."""
-        if p in self.dshape and p not in self.cut[reader]:
-            return self.dshape[p]
-        return self.real(p)
+        shape = self.dshape.get(p)
+        if shape is not None and p not in self.cut[reader]:
+            return shape
+        return self.facts[p][0]
 
     def _aligned(self, p: Node) -> bool:
-        return p not in self.dshape or _same(self.dshape[p], self.real(p))
+        shape = self.dshape.get(p)
+        return shape is None or shape is self.facts[p][0] or _same(shape, self.facts[p][0])
 
     def _analyse(self, n: Node, rule: Rule, ops: list[Node]) -> None:
         self.args[n] = ops
-        cut: set[Node] = set()
-        self.cut[n] = cut
+        facts = self.facts
+        real = facts[n][0]
         kind = rule.kind
-        real = self.real
+        cut: tuple[Node, ...] = ()
+        self.cut[n] = cut  # view_of(p, n) reads it
         if kind == POINTWISE:
-            big = [p for p in ops if _numel(real(p)) > 1]
+            big = [p for p in ops if facts[p][2] > 1]
             if all(self._aligned(p) for p in big):
-                shape = real(n)
-            elif len({(_pad(real(p), 8), _pad(self.dshape.get(p, real(p)), 8)) for p in big}) == 1:
-                shape = self.dshape[big[0]]
+                shape = foot = real  # the broadcast of its operands
             else:
-                cut.update(p for p in big if not self._aligned(p))
-                shape = real(n)
+                pairs = {
+                    (_pad(facts[p][0], 8), _pad(self.dshape.get(p, facts[p][0]), 8)) for p in big
+                }
+                if len(pairs) == 1:
+                    shape = self.dshape[big[0]]
+                else:
+                    cut = tuple(p for p in big if not self._aligned(p))
+                    shape = real
+                foot = None
         elif kind == REDUCE:
             x = n.args[0]
-            if not self._aligned(x) and _numel(real(x)) > 1:
-                cut.add(x)
-            dims = set(reduced_dims(n))
-            shape = tuple(1 if d in dims else s for d, s in enumerate(real(x)))
+            if not self._aligned(x) and facts[x][2] > 1:
+                cut = (x,)
+            dims = reduced_dims(n)
+            shape = tuple(1 if d in dims else s for d, s in enumerate(facts[x][0]))
+            foot = None
         elif kind == EXPAND:
             x = n.args[0]
             if not self._aligned(x):
-                cut.add(x)
-            shape = real(n)
+                cut = (x,)
+            shape, foot = real, None
         elif kind == CONST:
-            shape = real(n)
+            shape, foot = real, None
         else:  # VIEW: same values
-            shape = self.view_of(n.args[0], n)
+            shape, foot = self.view_of(n.args[0], n), None
+        self.cut[n] = cut
         self.dshape[n] = shape
-        foot = shape
-        for p in ops:
-            foot = broadcast(foot, self.view_of(p, n)) or foot
+        if foot is None:
+            foot = shape
+            for p in ops:
+                foot = broadcast(foot, self.view_of(p, n)) or foot
         self.footprint[n] = foot
         cost = rule.cost
         for a in n.args:
@@ -270,72 +279,82 @@ def _storable(shape: Shape, domain: Shape) -> bool | None:
 class _Clusterer:
     def __init__(self, gm: GraphModule) -> None:
         self.nodes = list(gm.graph.nodes)
-        self.a = _Analysis(self.nodes)
-        self.group: dict[Node, _Group] = {n: _Group(n, self.a) for n in self.a.dshape}
-        for g in self.group.values():
-            for n in g.members:
-                for c in n.users:
-                    if n in self.a.cut.get(c, ()):
-                        g.partners.add(c)
+        self.a = a = _Analysis(self.nodes)
+        self.group: dict[Node, _Group] = {n: _Group(n, a) for n in a.dshape}
+        for c, cut in a.cut.items():  # a cut edge keeps its ends apart both ways
+            for p in cut:
+                if p in self.group:
+                    self.group[p].partners.add(c)
 
     def run(self) -> list[list[Node]]:
+        group, args, cut = self.group, self.a.args, self.a.cut
         for c in self.nodes:
-            if c not in self.group:
+            gc = group.get(c)
+            if gc is None:
                 continue
-            for p in self.a.args[c]:
-                if p in self.group and p not in self.a.cut[c]:
-                    gp, gc = self.group[p], self.group[c]
-                    if gp is not gc:
-                        self._try_merge(gp, gc)
+            for p in args[c]:
+                gp = group.get(p)
+                merged = gp is not None and gp is not gc and p not in cut[c]
+                if merged and self._try_merge(gp, gc):
+                    gc = group[c]
         for p in self.nodes:  # siblings: regions reading one value load it once
-            readers = [u for u in p.users if u in self.group]
-            for u in readers[1:]:
-                first, other = self.group[readers[0]], self.group[u]
-                if first is not other:
-                    self._try_merge(first, other)
+            first = None
+            for u in p.users:
+                g = group.get(u)
+                if g is None:
+                    continue
+                if first is None:
+                    first = g
+                elif g is not first and self._try_merge(first, g):
+                    first = group[u]
         seen: dict[int, _Group] = {}
-        for g in self.group.values():
+        for g in group.values():
             seen.setdefault(id(g), g)
-        return [sorted(g.members, key=self.a.index.__getitem__) for g in seen.values()]
+        index = self.a.index.__getitem__
+        return [sorted(g.members, key=index) for g in seen.values()]
 
     def _try_merge(self, x: _Group, y: _Group) -> bool:
         if x.seg != y.seg:
             return False
         if not (x.partners.isdisjoint(y.mset) and y.partners.isdisjoint(x.mset)):
             return False
-        domain = broadcast(x.domain, y.domain)
-        if domain is None or _numel(domain) != max(x.big, y.big):
-            return False
+        domain = x.domain
+        if domain != y.domain:
+            domain = broadcast(domain, y.domain)
+            if domain is None or _numel(domain) != max(x.big, y.big):
+                return False
         union = x.mset | y.mset
         inputs = (x.inputs | y.inputs) - union
         if len(inputs) > MAX_INPUTS:
             return False
         outputs = set()
         stores = 0
+        dshape = self.a.dshape
         for o in (*x.outputs, *y.outputs):
             if union.issuperset(o.users):
                 continue
-            if _storable(self.a.dshape[o], domain) is None:
+            if _storable(dshape[o], domain) is None:
                 return False
             outputs.add(o)
-            if not (o.target in _ALIASING and o.args[0] in union):
+            if not (id(o.target) in _ALIASING and o.args[0] in union):
                 stores += 1
         if stores > MAX_OUTPUTS:
             return False
-        cost = x.cost + y.cost + len(inputs) + len(outputs)
-        if cost > MAX_INSTRS:
+        cost = x.cost + y.cost
+        if cost + len(inputs) + len(outputs) > MAX_INSTRS:
             return False
         if self._reaches(x, y, union) or self._reaches(y, x, union):
             return False
         big, small = (x, y) if len(x.members) >= len(y.members) else (y, x)
-        big.members.extend(small.members)
+        big.members += small.members
         big.mset = union
         big.inputs = inputs
         big.outputs = outputs
         big.ext = (x.ext | y.ext) - union
-        big.domain = domain
-        big.big = _numel(domain)
-        big.cost = x.cost + y.cost
+        if domain is not big.domain:
+            big.domain = domain
+            big.big = _numel(domain)
+        big.cost = cost
         big.lo, big.hi = min(x.lo, y.lo), max(x.hi, y.hi)
         big.partners = x.partners | y.partners
         for n in small.members:
@@ -399,30 +418,38 @@ def build_region(members: list[Node], a: _Analysis) -> Region:
     stored: dict[tuple[int, torch.dtype, bool], int] = {}
     out_dtypes: list[torch.dtype] = []
     reduced: list[bool] = []
-    for n in members:
+    reader: Node = members[0]
 
-        def resolve(x, n=n):
-            if isinstance(x, Node):
-                if x in mset:
-                    return env[x]
-                view = a.view_of(x, n)
-                return em.load(slots.setdefault((x, view), len(slots)))
+    def resolve(x: object) -> int:
+        if type(x) is not Node:
             return em.const(x)
+        value = env.get(x)
+        if value is None:  # read from outside: a load of the view the reader sees
+            key = (x, a.view_of(x, reader))
+            slot = slots.get(key)
+            if slot is None:
+                slot = slots[key] = len(slots)
+            value = em.load(slot)
+        return value
 
-        env[n] = RULES[n.target].emit(em, n, resolve)
-        if any(u not in mset for u in n.users):
-            red = _storable(a.dshape[n], domain)
-            if red is None:
-                raise ValueError(
-                    f"output {n.name} {a.dshape[n]} is neither {domain} nor row-reduced"
-                )
-            key = (env[n], n.meta["val"].dtype, red)
-            if key not in stored or n.target not in _ALIASING:
-                stored[key] = em.store(env[n])
-                out_dtypes.append(key[1])
-                reduced.append(red)
-            outputs.append(n)
-            slots_out.append(stored[key])
+    for n in members:
+        reader = n
+        value = env[n] = _RULES_BY_ID[id(n.target)].emit(em, n, resolve)
+        for u in n.users:
+            if u not in mset:
+                break
+        else:
+            continue
+        red = _storable(a.dshape[n], domain)
+        if red is None:
+            raise ValueError(f"output {n.name} {a.dshape[n]} is neither {domain} nor row-reduced")
+        key = (value, a.facts[n][1], red)
+        if key not in stored or id(n.target) not in _ALIASING:
+            stored[key] = em.store(value)
+            out_dtypes.append(key[1])
+            reduced.append(red)
+        outputs.append(n)
+        slots_out.append(stored[key])
     if not outputs:
         raise ValueError("no output")
     if len(slots) > MAX_INPUTS:
@@ -446,20 +473,20 @@ def build_region(members: list[Node], a: _Analysis) -> Region:
     )
 
 
-_ALIASING = {
-    aten.alias.default,
-    aten.view.default,
-    aten._unsafe_view.default,
-    aten.reshape.default,
-    aten.unsqueeze.default,
-    aten.squeeze.default,
-    aten.squeeze.dim,
-    aten.squeeze.dims,
-    aten.expand.default,
+_ALIASING = {  # by id(target), as _RULES_BY_ID
+    id(aten.alias.default),
+    id(aten.view.default),
+    id(aten._unsafe_view.default),
+    id(aten.reshape.default),
+    id(aten.unsqueeze.default),
+    id(aten.squeeze.default),
+    id(aten.squeeze.dim),
+    id(aten.squeeze.dims),
+    id(aten.expand.default),
 }
 
 
-_CASTS = {aten._to_copy.default, torch.ops.prims.convert_element_type.default}
+_CASTS = {id(aten._to_copy.default), id(torch.ops.prims.convert_element_type.default)}
 ALONE = "a single op: eager runs it in one pass, the VM would only add its call's cost"
 MIN_OPS = 2
 """Default ``min_ops``: a region must stand for at least this many eager kernels."""
@@ -468,7 +495,11 @@ MIN_OPS = 2
 def _passes(region: Region) -> int:
     """The eager kernels ``region`` stands for: its pointwise ops, reductions and casts (views
     and constants cost eager nothing)."""
-    return sum(1 for n in region.nodes if RULES[n.target].kind in _WORK or n.target in _CASTS)
+    return sum(
+        1
+        for n in region.nodes
+        if _RULES_BY_ID[id(n.target)].kind in _WORK or id(n.target) in _CASTS
+    )
 
 
 _WORK = (POINTWISE, REDUCE)

@@ -74,27 +74,29 @@ class Executor:
     they cover) run in the given order; call it with the graph's placeholder values."""
 
     def __init__(self, gm: GraphModule, units: Sequence[Node | RegionCall]) -> None:
-        placeholders = [u for u in units if isinstance(u, Node) and u.op == "placeholder"]
-        slot = {n: i for i, n in enumerate(placeholders)}
-        self.n_inputs = len(placeholders)
+        slot: dict[Node, int] = {}
+        for u in units:
+            if type(u) is not RegionCall and u.op == "placeholder":
+                slot[u] = len(slot)
+        self.n_inputs = len(slot)
         self._constants: list[tuple[int, Any]] = []
-        calls: list[tuple[Callable[..., Any], Any, Any, list[Node], bool]] = []
+        calls: list[tuple[Callable[..., Any], Any, Any, Sequence[Node], bool]] = []
         output: Any = None
         for u in units:
-            if isinstance(u, RegionCall):
+            if type(u) is RegionCall:
                 calls.append((u.runner, tuple(u.inputs), {}, u.outputs, True))
-            elif u.op == "get_attr":
+                continue
+            op = u.op
+            if op == "call_function":
+                calls.append((u.target, u.args, u.kwargs, (u,), False))
+            elif op == "get_attr":
                 slot[u] = len(slot)
                 self._constants.append((slot[u], _attr(gm, u.target)))
-            elif u.op == "output":
+            elif op == "output":
                 output = u.args[0]
-            elif u.op != "placeholder":
-                fn = u.target
-                if u.op == "call_module":
-                    fn = gm.get_submodule(u.target)
-                elif u.op == "call_method":
-                    fn = _method(u.target)
-                calls.append((fn, u.args, u.kwargs, [u], False))
+            elif op != "placeholder":
+                fn = gm.get_submodule(u.target) if op == "call_module" else _method(u.target)
+                calls.append((fn, u.args, u.kwargs, (u,), False))
         first_value = len(slot)
         for *_, outs, _ in calls:
             for o in outs:
@@ -109,12 +111,28 @@ class Executor:
         last_use: dict[int, int] = {}
         steps = []
         for k, (fn, args, kwargs, outs, region) in enumerate(calls):
-            args, kwargs = ref(tuple(args)), ref(dict(kwargs))
-            for s in _slots((args, kwargs)):
-                last_use[s] = k
-            flat = not _slots(kwargs) and all(type(a) is _Slot or not _slots(a) for a in args)
+            flat = not kwargs or not _slots(kwargs)
+            refs = []
+            for a in args:
+                if isinstance(a, Node):
+                    s = slot[a]
+                    refs.append(_Slot(s))
+                    last_use[s] = k
+                elif isinstance(a, (tuple, list, dict)):
+                    a = ref(a)
+                    used = _slots(a)
+                    for s in used:
+                        last_use[s] = k
+                    flat = flat and not used
+                    refs.append(a)
+                else:
+                    refs.append(a)
+            if kwargs:
+                kwargs = ref(dict(kwargs))
+                for s in _slots(kwargs):
+                    last_use[s] = k
             out_slots = tuple(slot[o] for o in outs)
-            steps.append((fn, args, kwargs, flat, -1 if region else out_slots[0], out_slots))
+            steps.append((fn, tuple(refs), kwargs, flat, -1 if region else out_slots[0], out_slots))
         frees: list[list[int]] = [[] for _ in steps]
         for s, k in last_use.items():
             if s >= first_value and s not in kept:

@@ -41,102 +41,92 @@ class LimitError(ValueError):
 
 
 _LOAD, _CONST, _STORE, _WHERE = Op.LOAD, Op.CONST, Op.STORE, Op.WHERE
-_NO_OPERANDS = (_LOAD, _CONST)
 
 
 class Emitter:
     """Builds one program: SSA values ``v0, v1, ...`` mapped to physical registers at the end."""
 
     def __init__(self) -> None:
-        self.code: list[tuple[Op, int, int, int, int, float]] = []
-        self._n = 0
+        # (op, value or output index, operand values, imm)
+        self.code: list[tuple[Op, int, tuple[int, ...], float]] = []
         self._consts: dict[bytes, int] = {}
         self._loads: dict[int, int] = {}
+        self._n = 0
         self.n_outputs = 0
 
-    def _new(self, op: Op, a: int = -1, b: int = -1, c: int = -1, imm: float = 0.0) -> int:
+    def _new(self, op: Op, operands: tuple[int, ...], imm: float = 0.0) -> int:
         v = self._n
-        self._n += 1
-        self.code.append((op, v, a, b, c, imm))
+        self._n = v + 1
+        self.code.append((op, v, operands, imm))
         return v
 
     def load(self, index: int) -> int:
-        if index not in self._loads:
-            self._loads[index] = self._new(_LOAD, index)
-        return self._loads[index]
+        v = self._loads.get(index)
+        if v is None:
+            v = self._loads[index] = self._new(_LOAD, (), index)
+        return v
 
     def const(self, value: float) -> int:
-        key = struct.pack("<d", float(value))  # tells -0.0 from 0.0, NaN equals NaN
-        if key not in self._consts:
-            self._consts[key] = self._new(_CONST, imm=float(value))
-        return self._consts[key]
+        key = struct.pack("<d", value)  # tells -0.0 from 0.0, NaN equals NaN
+        v = self._consts.get(key)
+        if v is None:
+            v = self._consts[key] = self._new(_CONST, (), float(value))
+        return v
 
     def unary(self, op: Op, a: int) -> int:
-        return self._new(op, a)
+        return self._new(op, (a,))
 
     def binary(self, op: Op, a: int, b: int) -> int:
-        return self._new(op, a, b)
+        return self._new(op, (a, b))
 
     def where(self, cond: int, a: int, b: int) -> int:
-        return self._new(_WHERE, cond, a, b)
+        return self._new(_WHERE, (cond, a, b))
 
     def reduce(self, op: Op, a: int) -> int:
-        return self._new(op, a)
+        return self._new(op, (a,))
 
     def store(self, value: int) -> int:
         """Store ``value`` as the next output; its index."""
-        self.code.append((_STORE, -1, self.n_outputs, value, -1, 0.0))
-        self.n_outputs += 1
-        return self.n_outputs - 1
+        k = self.n_outputs
+        self.code.append((_STORE, k, (value,), 0.0))
+        self.n_outputs = k + 1
+        return k
 
     def program(self, n_inputs: int) -> Program:
         """Allocate registers (reusing dead ones) and build the program; :class:`LimitError`
         when it needs more than ``MAX_REGS`` registers."""
         last: dict[int, int] = {}
-        reads = []
-        for k, (op, _dst, a, b, c, _imm) in enumerate(self.code):
-            operands = _operands(op, a, b, c)
-            reads.append(operands)
-            for v in operands:
+        for k, ins in enumerate(self.code):
+            for v in ins[2]:
                 last[v] = k
         free: list[int] = []
         phys: dict[int, int] = {}
         n_regs = 0
         instrs = []
-        for k, (op, dst, a, _b, _c, imm) in enumerate(self.code):
-            operands = reads[k]
-            mapped = [phys[v] for v in operands]
+        for k, (op, dst, operands, imm) in enumerate(self.code):
             if op is _STORE:
-                instrs.append(Instr(op, -1, a, mapped[0]))
+                instrs.append(Instr(op, -1, dst, phys[operands[0]]))
             else:
                 if free:
                     reg = free.pop()
                 else:
                     reg = n_regs
                     n_regs += 1
-                phys[dst] = reg
-                if not operands:  # LOAD, CONST
-                    instrs.append(Instr(op, reg, a, imm=imm))
+                if op is _LOAD:  # imm: the input
+                    instrs.append(Instr(op, reg, int(imm)))
+                elif not operands:  # CONST
+                    instrs.append(Instr(op, reg, imm=imm))
                 else:
-                    instrs.append(Instr(op, reg, *mapped))
+                    instrs.append(Instr(op, reg, *[phys[v] for v in operands]))
+                phys[dst] = reg
                 if dst not in last:  # never read: free at once
                     free.append(reg)
-            for v in set(operands):
+            for v in operands if len(operands) < 2 else set(operands):
                 if last[v] == k:
                     free.append(phys[v])
         if n_regs > MAX_REGS:
             raise LimitError(f"needs {n_regs} registers (the VM has {MAX_REGS})")
-        return Program(tuple(instrs), n_inputs, self.n_outputs, max(n_regs, 1))
-
-
-def _operands(op: Op, a: int, b: int, c: int) -> tuple[int, ...]:
-    if op in _NO_OPERANDS:
-        return ()
-    if op is _STORE:
-        return (b,)
-    if c >= 0:
-        return (a, b, c)
-    return (a, b) if b >= 0 else (a,)
+        return Program.built(tuple(instrs), n_inputs, self.n_outputs, max(n_regs, 1))
 
 
 @dataclass(frozen=True)
@@ -493,45 +483,37 @@ def _amin(em: Emitter, n: Node, r: Resolve) -> int:
 
 
 def _tensor_vals(node: Node) -> list[torch.Tensor]:
-    return [x.meta.get("val") for x in tensor_args(node)]
+    return [x.meta.get("val") for x in node.all_input_nodes]
 
 
-def tensor_args(node: Node) -> list[Node]:
-    """``node``'s distinct tensor (node) arguments, in order, lists included."""
-    out = []
-    for a in (*node.args, *node.kwargs.values()):
-        for x in a if isinstance(a, (list, tuple)) else (a,):
-            if isinstance(x, Node):
-                out.append(x)
-    return list(dict.fromkeys(out))
+Fact = tuple[torch.Size, torch.dtype, int]
+"""A value the VM takes: its shape, dtype and number of elements."""
 
 
-_CPU = torch.device("cpu")
-
-
-def _value_reason(v: Any) -> str | None:
-    """Why the VM cannot take a value with this fake tensor, ``None`` when it can."""
+def value_fact(v: Any) -> Fact | str:
+    """The shape, dtype and size of a value with this fake tensor when the VM takes it, else
+    why it does not (a ``str``)."""
     if not isinstance(v, torch.Tensor):
         return "an argument has no tensor value in meta['val']"
-    if v.dtype not in DTYPE_CODES:
-        return f"dtype {v.dtype}: the VM takes float32, bfloat16, float16 and bool"
-    if v.device != _CPU:
+    dtype = v.dtype
+    if dtype not in DTYPE_CODES:
+        return f"dtype {dtype}: the VM takes float32, bfloat16, float16 and bool"
+    if v.device.type != "cpu":
         return f"device {v.device}: the VM runs on CPU"
-    shape = v.shape
-    for s in shape:
-        if type(s) is not int:
-            return f"dynamic shape {tuple(shape)}"
+    shape, numel = v.shape, v.numel()
+    if type(numel) is not int:  # a symbolic size makes the product symbolic
+        return f"dynamic shape {tuple(shape)}"
     if len(shape) > MAX_DIMS:
         return f"{len(shape)} dims (the VM takes {MAX_DIMS})"
-    if v.numel() == 0:
+    if numel == 0:
         return "empty tensor"
-    return None
+    return shape, dtype, numel
 
 
-def unsupported_reason(node: Node, seen: dict[Node, str | None] | None = None) -> str | None:
+def unsupported_reason(node: Node, facts: dict[Node, Fact | str] | None = None) -> str | None:
     """Why ``node`` cannot run on the VM (op, dtype, reduction dim, dynamic shape, device...),
     or ``None`` when it can; needs the fake value ``node.meta["val"]`` of it and its inputs.
-    ``seen`` caches each value's verdict across the calls for one graph."""
+    ``facts`` caches each value's :func:`value_fact` across the calls for one graph."""
     if node.op != "call_function":
         return f"{node.op} node"
     if node.target is operator.getitem:
@@ -539,34 +521,34 @@ def unsupported_reason(node: Node, seen: dict[Node, str | None] | None = None) -
     rule = RULES.get(node.target)
     if rule is None:
         return f"op {_name(node.target)} has no VM lowering"
-    return rule_reason(node, rule, tensor_args(node), {} if seen is None else seen)
+    return rule_reason(node, rule, node.all_input_nodes, {} if facts is None else facts)
 
 
 def rule_reason(
-    node: Node, rule: Rule, inputs: Sequence[Node], seen: dict[Node, str | None]
+    node: Node, rule: Rule, inputs: Sequence[Node], facts: dict[Node, Fact | str]
 ) -> str | None:
     """:func:`unsupported_reason` for a call node whose op has ``rule``, its tensor
-    arguments ``inputs`` given."""
-    val = node.meta.get("val")
-    if not isinstance(val, torch.Tensor):
-        return "no tensor value in node.meta['val'] (run FakeTensorProp first)"
+    arguments ``inputs`` given; records each value's fact in ``facts``."""
     for x in (node, *inputs):
-        why = seen.get(x, _UNSEEN)
-        if why is _UNSEEN:
-            why = seen[x] = _value_reason(x.meta.get("val"))
-        if why is not None:
-            return why
-    if val.dtype == torch.bool and rule.kind == POINTWISE and node.target not in _BOOL_OUT:
+        fact = facts.get(x)
+        if fact is None:
+            v = x.meta.get("val")
+            if x is node and not isinstance(v, torch.Tensor):
+                return "no tensor value in node.meta['val'] (run FakeTensorProp first)"
+            fact = facts[x] = value_fact(v)
+        if type(fact) is str:
+            return fact
+    if facts[node][1] == torch.bool and rule.kind == POINTWISE and node.target not in _BOOL_OUT:
         return f"op {_name(node.target)} with a bool result"
-    for a in (*node.args, *node.kwargs.values()):
-        if isinstance(a, complex):
+    for a in node.args:
+        if type(a) is complex:
+            return "complex scalar argument"
+    for a in node.kwargs.values():
+        if type(a) is complex:
             return "complex scalar argument"
     if rule.check is not None:
         return rule.check(node)
     return None
-
-
-_UNSEEN = object()
 
 
 _BOOL_OUT = {

@@ -150,6 +150,16 @@ class Program:
         if problems:
             raise ValueError("invalid dvm program: " + "; ".join(problems))
 
+    @classmethod
+    def built(
+        cls, instrs: tuple[Instr, ...], n_inputs: int, n_outputs: int, n_regs: int
+    ) -> Program:
+        """A program :class:`dvm.lower.Emitter` built, valid by construction: not checked
+        again (the check costs more than building it)."""
+        program = object.__new__(cls)
+        vars(program).update(instrs=instrs, n_inputs=n_inputs, n_outputs=n_outputs, n_regs=n_regs)
+        return program
+
     @property
     def has_reduction(self) -> bool:
         return any(ins.op in REDUCTIONS for ins in self.instrs)

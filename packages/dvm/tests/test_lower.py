@@ -8,7 +8,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 
 from dvm.compile import compile_graph
 from dvm.lower import Emitter, LimitError, unsupported_reason
-from dvm.program import MAX_REGS, Op
+from dvm.program import MAX_REGS, Op, Program
 
 aten = torch.ops.aten
 
@@ -242,3 +242,20 @@ def test_constants_keep_the_sign_of_zero():
     em = Emitter()
     assert em.const(0.0) != em.const(-0.0)
     assert em.const(float("nan")) == em.const(float("nan"))
+
+
+def test_an_emitted_program_is_a_valid_program_with_its_encoding():
+    """Program.built skips the check and carries the encoding: both must be what the checked
+    constructor and the encoding of the instructions give."""
+    em = Emitter()
+    x, y = em.load(0), em.load(1)
+    s = em.reduce(Op.REDUCE_SUM, em.binary(Op.MUL, x, x))
+    em.store(em.where(em.binary(Op.GT, s, em.const(1.5)), x, em.unary(Op.NEG, y)))
+    em.store(s)
+    built = em.program(2)
+    checked = Program(built.instrs, built.n_inputs, built.n_outputs, built.n_regs)
+    assert built == checked
+    assert built.has_reduction
+    assert built.encode() == checked.encode()
+    assert built.encode()[0][:5] == [Op.LOAD, 0, 0, -1, -1]
+    assert built.encode()[1][4] == 1.5

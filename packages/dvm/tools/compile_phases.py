@@ -4,59 +4,76 @@
 side: the per-node analysis (supported ops, domain shapes, cuts), clustering (the analysis
 plus merging), building the region's program, preparing its runner (encoding, binding the
 launch), scheduling the graph, and the whole ``compile_graph``. Medians of ``--repeat``
-calls on one graph, in µs.
+calls, in µs. ``--cold`` times each call on a fresh copy of the graph right after another
+copy was made (as the bench does: the copy evicts the caches, as tracing a graph does in a
+real compile); without it, calls repeat on one graph with warm caches.
 
-    python packages/dvm/tools/compile_phases.py --repeat 300
+    python packages/dvm/tools/compile_phases.py --repeat 300 [--cold]
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 import statistics
 import time
 from collections.abc import Callable
 from typing import Any
 
+from torch.fx import GraphModule
+
 from dvm import benchmarks, cluster
 from dvm.compile import RegionRunner, _schedule, compile_graph
 from spore import runtime
 
+PHASES = ("analysis", "cluster", "build", "runner", "schedule", "total")
 
-def _median_us(fn: Callable[[], Any], repeat: int) -> float:
+
+def _phase(name: str, gm: GraphModule, inputs: list[Any]) -> Callable[[], Any]:
+    """Phase ``name`` of the compile of ``gm`` (one region), its inputs made beforehand."""
+    nodes = list(gm.graph.nodes)
+    if name == "analysis":
+        return lambda: cluster._Analysis(nodes)
+    if name == "cluster":
+        return lambda: cluster._Clusterer(gm).run()
+    if name == "total":
+        return lambda: compile_graph(gm, inputs)
+    (runner,) = compile_graph(gm, inputs).runners
+    region = runner.region
+    if name == "build":
+        analysis = cluster._Analysis(nodes)
+        return lambda: cluster.build_region(region.nodes, analysis)
+    if name == "runner":
+        return lambda: RegionRunner(region, 0)
+    return lambda: _schedule(gm, [runner])
+
+
+def _median_us(chain: str, name: str, repeat: int, cold: bool) -> float:
+    gm, inputs = benchmarks._aten_graph(chain)
+    warm = _phase(name, gm, inputs)
     times = []
     for _ in range(repeat):
+        fn = warm
+        if cold:
+            fn = _phase(name, copy.deepcopy(gm), inputs)
+            copy.deepcopy(gm)  # evicts what making the phase's inputs left in the caches
         start = time.perf_counter()
         fn()
         times.append(time.perf_counter() - start)
     return 1e6 * statistics.median(times)
 
 
-def _phases(name: str) -> dict[str, Callable[[], Any]]:
-    """Each phase of dvm's compile of chain ``name``'s graph (one region), ready to time."""
-    gm, inputs = benchmarks._aten_graph(name)
-    (runner,) = compile_graph(gm, inputs).runners
-    region = runner.region
-    nodes = list(gm.graph.nodes)
-    analysis = cluster._Analysis(nodes)
-    return {
-        "analysis": lambda: cluster._Analysis(nodes),
-        "cluster": lambda: cluster._Clusterer(gm).run(),
-        "build": lambda: cluster.build_region(region.nodes, analysis),
-        "runner": lambda: RegionRunner(region, 0),
-        "schedule": lambda: _schedule(gm, [runner]),
-        "total": lambda: compile_graph(gm, inputs),
-    }
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeat", type=int, default=300)
+    parser.add_argument("--cold", action="store_true", help="each call on a fresh copy")
     args = parser.parse_args()
     runtime.restart_tuned()  # as `spore bench`: its tuned runtime
-    for name in benchmarks.CHAINS:
-        phases = _phases(name)
-        times = "  ".join(f"{k} {_median_us(f, args.repeat):5.0f}" for k, f in phases.items())
-        print(f"{name:10s} {times}")
+    for chain in benchmarks.CHAINS:
+        times = "  ".join(
+            f"{name} {_median_us(chain, name, args.repeat, args.cold):5.0f}" for name in PHASES
+        )
+        print(f"{chain:10s} {times}")
 
 
 if __name__ == "__main__":

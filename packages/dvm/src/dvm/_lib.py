@@ -62,3 +62,9 @@ def library() -> tuple[ctypes.CDLL, str]:
     :func:`builds`."""
     level = os.environ.get("DVM_ISA", "").strip() or builds()[0]
     return load(level), level
+
+
+@cache
+def max_row(level: str) -> int:
+    """The longest row the ``level`` build reduces (a reducing program's row is one tile)."""
+    return int(load(level).dvm_max_row())

@@ -94,7 +94,8 @@ class RegionRunner:
         inputs = region.unique_inputs
         self._inputs = inputs
         position = {n: i for i, n in enumerate(inputs)}
-        self._guards = [(torch.Size(n.meta["val"].shape), n.meta["val"].dtype) for n in inputs]
+        vals = [n.meta["val"] for n in inputs]
+        self._guards = [(v.shape, v.dtype) for v in vals]
         # each VM output is allocated in the shape of the first graph output it holds; another
         # graph output of the same VM output (a view of it) is a view of that
         first: dict[int, Node] = {}
@@ -108,7 +109,7 @@ class RegionRunner:
         self._kernel = PREPARE(region.program, region.out_dtypes, region.reduced)
         self._launch = self._kernel.bind(
             region.domain,
-            [n.meta["val"] for n in inputs],
+            vals,
             [
                 (position[n], view)
                 for n, view in zip(region.input_nodes, region.input_views, strict=True)

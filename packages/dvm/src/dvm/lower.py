@@ -103,9 +103,11 @@ class Emitter:
         phys: dict[int, int] = {}
         n_regs = 0
         instrs = []
+        codes: list[int] = []  # the encoded form (Program.encode) alongside
+        imms: list[float] = []
         for k, (op, dst, operands, imm) in enumerate(self.code):
             if op is _STORE:
-                instrs.append(Instr(op, -1, dst, phys[operands[0]]))
+                ins = Instr(op, -1, dst, phys[operands[0]])
             else:
                 if free:
                     reg = free.pop()
@@ -113,20 +115,23 @@ class Emitter:
                     reg = n_regs
                     n_regs += 1
                 if op is _LOAD:  # imm: the input
-                    instrs.append(Instr(op, reg, int(imm)))
+                    ins = Instr(op, reg, int(imm))
                 elif not operands:  # CONST
-                    instrs.append(Instr(op, reg, imm=imm))
+                    ins = Instr(op, reg, imm=imm)
                 else:
-                    instrs.append(Instr(op, reg, *[phys[v] for v in operands]))
+                    ins = Instr(op, reg, *[phys[v] for v in operands])
                 phys[dst] = reg
                 if dst not in last:  # never read: free at once
                     free.append(reg)
+            instrs.append(ins)
+            codes += ins[:5]
+            imms.append(ins.imm)
             for v in operands if len(operands) < 2 else set(operands):
                 if last[v] == k:
                     free.append(phys[v])
         if n_regs > MAX_REGS:
             raise LimitError(f"needs {n_regs} registers (the VM has {MAX_REGS})")
-        return Program.built(tuple(instrs), n_inputs, self.n_outputs, max(n_regs, 1))
+        return Program.built(tuple(instrs), n_inputs, self.n_outputs, max(n_regs, 1), (codes, imms))
 
 
 @dataclass(frozen=True)

@@ -152,20 +152,30 @@ class Program:
 
     @classmethod
     def built(
-        cls, instrs: tuple[Instr, ...], n_inputs: int, n_outputs: int, n_regs: int
+        cls,
+        instrs: tuple[Instr, ...],
+        n_inputs: int,
+        n_outputs: int,
+        n_regs: int,
+        encoded: tuple[list[int], list[float]],
     ) -> Program:
-        """A program :class:`dvm.lower.Emitter` built, valid by construction: not checked
-        again (the check costs more than building it)."""
+        """A program :class:`dvm.lower.Emitter` built, valid by construction, with its
+        :meth:`encode` form: not checked again (the check costs more than building it)."""
         program = object.__new__(cls)
-        vars(program).update(instrs=instrs, n_inputs=n_inputs, n_outputs=n_outputs, n_regs=n_regs)
+        vars(program).update(
+            instrs=instrs, n_inputs=n_inputs, n_outputs=n_outputs, n_regs=n_regs, _encoded=encoded
+        )
         return program
 
     @property
     def has_reduction(self) -> bool:
-        return any(ins.op in REDUCTIONS for ins in self.instrs)
+        return not REDUCTIONS.isdisjoint(self.encode()[0][::5])
 
     def encode(self) -> tuple[list[int], list[float]]:
         """The C++ VM's form: five int32 per instruction (op, dst, a, b, c), one float each."""
+        encoded = vars(self).get("_encoded")
+        if encoded is not None:
+            return encoded
         codes = [v for ins in self.instrs for v in ins[:5]]
         return codes, [float(ins.imm) for ins in self.instrs]
 

@@ -49,6 +49,7 @@ _DTYPES = ", ".join(str(d).removeprefix("torch.") for d in DTYPE_CODES)
 
 
 _ROUNDS_TO = {Op.CAST_BF16: torch.bfloat16, Op.CAST_F16: torch.float16}
+_CASTS = frozenset(_ROUNDS_TO)
 
 
 def without_redundant_casts(program: Program, out_dtypes: Sequence[torch.dtype]) -> Program:
@@ -89,10 +90,11 @@ def _read_before_written(instrs: Sequence[Instr], reg: int) -> bool:
     return False
 
 
-def _dtype_code(dtype: torch.dtype, what: str) -> int:
-    if dtype not in DTYPE_CODES:
-        raise TypeError(f"{what} has dtype {dtype}; the VM takes {_DTYPES}: cast it first")
-    return DTYPE_CODES[dtype]
+def _dtype_code(dtype: torch.dtype, what: str, k: int) -> int:
+    code = DTYPE_CODES.get(dtype)
+    if code is None:
+        raise TypeError(f"{what} {k} has dtype {dtype}; the VM takes {_DTYPES}: cast it first")
+    return code
 
 
 def _strides(t: torch.Tensor, domain: tuple[int, ...], k: int) -> list[int]:
@@ -168,16 +170,18 @@ class Kernel:
                 f"the program has {n_out} outputs: give {n_out} out_dtypes and reduced flags "
                 f"(got {len(out_dtypes)} and {len(reduced)})"
             )
-        codes, imms = without_redundant_casts(program, out_dtypes).encode()
+        codes, imms = program.encode()
+        if not _CASTS.isdisjoint(codes[::5]):
+            codes, imms = without_redundant_casts(program, out_dtypes).encode()
         self.program = program
         self.out_dtypes = tuple(out_dtypes)
         self.reduced = tuple(reduced)
-        out_codes = [_dtype_code(d, f"output {k}") for k, d in enumerate(out_dtypes)]
+        out_codes = [_dtype_code(d, "output", k) for k, d in enumerate(out_dtypes)]
         if isa is None:
             self._lib, self.isa = _lib.library()
         else:
             self._lib, self.isa = _lib.load(isa), isa
-        self._max_row = self._lib.dvm_max_row() if program.has_reduction else None
+        self._max_row = _lib.max_row(self.isa) if program.has_reduction else None
         n_in = program.n_inputs
         # the call's fixed arguments; the per-call arrays' types, made once
         self._head = (
@@ -246,7 +250,7 @@ class Kernel:
                 )
             code = DTYPE_CODES.get(t.dtype)
             if code is None:
-                _dtype_code(t.dtype, f"input {k}")
+                _dtype_code(t.dtype, "input", k)
             in_codes.append(code)
             longs += t.stride() if t.shape == dims else _strides(t, dims, k)
         outs = []
@@ -353,7 +357,7 @@ class Launch:
             (i, _stride_map(args[i].shape, view, dims, k)) for k, (i, view) in enumerate(operands)
         )
         self._in_codes = _carray(
-            _I32, [_dtype_code(args[i].dtype, f"input {k}") for k, (i, _) in enumerate(operands)]
+            _I32, [_dtype_code(args[i].dtype, "input", k) for k, (i, _) in enumerate(operands)]
         )
         layouts = _layouts(out_strides, dims, kernel.reduced)
         self._allocs = []

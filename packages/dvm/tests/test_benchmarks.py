@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+import torch
 
 from dvm import benchmarks
 from dvm.benchmarks import (
@@ -17,6 +18,7 @@ from dvm.benchmarks import (
     TRAIN_BASELINES,
     LlamaSize,
 )
+from dvm.compile import compile_graph
 from spore import bench
 
 TINY_LLAMA = LlamaSize(batch=1, seq=8, vocab=64, hidden=32, heads=2, ffn=64, layers=1)
@@ -92,6 +94,22 @@ def test_runtime_cases_time_dvm_against_each_baseline(quick: None) -> None:
         assert result.ratio > 0
         assert result.candidate_s > 0
         assert result.baseline_s > 0
+
+
+@pytest.mark.parametrize("chain", list(CHAINS))
+def test_every_chain_runs_on_the_vm(chain: str) -> None:
+    """The runtime state refuses a chain dvm would leave to eager (its figure would time aten);
+    the softmax chain, one eager kernel that dvm's backend leaves whole, runs with min_ops=1;
+    its compile case compiles the one region too."""
+    benchmarks._runtime_state.cache_clear()
+    try:
+        state = benchmarks._runtime_state(chain, "fp32", (6, 40))
+    finally:
+        benchmarks._runtime_state.cache_clear()
+    torch.testing.assert_close(state["dvm"](*state["args"]), CHAINS[chain].fn(*state["args"]))
+    gm, inputs = benchmarks._aten_graph(chain)
+    compiled = compile_graph(gm, inputs, min_ops=CHAINS[chain].min_ops)
+    assert len(compiled.regions) == 1, compiled.fallbacks
 
 
 @pytest.mark.parametrize("layout", list(LAYOUTS))

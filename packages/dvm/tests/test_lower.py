@@ -175,6 +175,46 @@ def test_row_reductions(fn):
     _check(fn, [_x(3, 2, 37, seed=5)])
 
 
+ROW_OPS = {
+    "softmax": lambda x: aten._softmax.default(x, -1, False),
+    "log_softmax": lambda x: aten._log_softmax.default(x, -1, False),
+    "softmax_backward": lambda g, y: aten._softmax_backward_data.default(g, y, -1, y.dtype),
+    "log_softmax_backward": lambda g, y: aten._log_softmax_backward_data.default(g, y, -1, y.dtype),
+}
+
+
+@pytest.mark.parametrize("name", sorted(ROW_OPS))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_softmax_and_log_softmax_whole(name, dtype):
+    """Each kept whole, alone in its region (min_ops=1): its decomposition's instructions equal
+    PyTorch's kernel, on contiguous and on transposed inputs (the forward with a -inf)."""
+    fn = ROW_OPS[name]
+    if "backward" in name:
+        args = [_x(5, 3, 37, seed=11), torch.softmax(_x(5, 3, 37, seed=12), -1)]
+    else:
+        args = [_x(5, 3, 37, seed=11, lo=-8, hi=8)]
+        args[0][0, 0, 3] = float("-inf")
+    tol = {"atol": 1e-5, "rtol": 1e-5} if dtype == torch.float32 else {"atol": 1e-2, "rtol": 1e-2}
+    for layout in (lambda t: t, lambda t: t.transpose(0, 1).contiguous().transpose(0, 1)):
+        compiled = _check(fn, [layout(a.to(dtype)) for a in args], **tol)
+        (region,) = compiled.regions
+        assert "softmax" in str(region.nodes[-1].target)
+        assert "reduce_sum" in region.program.disassemble()
+
+
+def test_row_ops_over_other_dims_or_size_one_rows_stay_eager():
+    x = _x(4, 6)
+    for fn, why in [
+        (lambda t: torch.softmax(t * 2, 0), "dim 0"),
+        (lambda t: torch.log_softmax(t.unsqueeze(-1) * 2, -1), "size 1"),
+    ]:
+        gm = make_fx(fn, tracing_mode="fake")(x)
+        (node,) = [n for n in gm.graph.nodes if "softmax" in str(n.target)]
+        assert why in unsupported_reason(node)
+        compiled = compile_graph(gm, [x])
+        torch.testing.assert_close(compiled(x), fn(x))
+
+
 def test_reduction_over_size_one_dims_is_identity():
     x = _x(1, 6, 1, seed=6)
     _check(lambda t: (t * 2).sum([0, 2], keepdim=True) + 1, [x])

@@ -103,15 +103,37 @@ def test_block_forward_backward(name, dtype):
         assert c.eager_calls == 0
 
 
-def test_softmax_backward_fuses_with_the_forward_recompute():
-    compiled, graphs = _compile(lambda x: torch.softmax(x, -1))
-    x = torch.randn(4, 10, requires_grad=True)
-    compiled(x).pow(2).sum().backward()
-    (bw,) = [c for kind, c in graphs if kind == "backward"]
-    assert len(bw.regions) == 1
-    ops = [op.split(".")[1] for op in bw.regions[0].ops]
-    assert "sum" in ops
-    assert bw.fallbacks == []
+@pytest.mark.parametrize("log", [False, True])
+def test_softmax_alone_stays_whole_and_fuses_with_ops_around_it(log):
+    """Softmax and log-softmax (forward and backward) are one eager kernel each: alone they stay
+    that kernel, with ops around them they join their region; either way results and grads
+    equal eager."""
+    op = torch.log_softmax if log else torch.softmax
+    targets = (
+        {aten._log_softmax.default, aten._log_softmax_backward_data.default}
+        if log
+        else {aten._softmax.default, aten._softmax_backward_data.default}
+    )
+    for fn, fused in [(lambda x: op(x, -1), False), (lambda x: op(x * 2, -1) * 3, True)]:
+        compiled, graphs = _compile(fn)
+        x = torch.randn(4, 10, requires_grad=True)
+        xe = x.detach().clone().requires_grad_()
+        weights = torch.linspace(-1, 1, 10)
+        (compiled(x) * weights).sum().backward()
+        want = fn(xe)
+        (want * weights).sum().backward()
+        torch.testing.assert_close(compiled(x), want)
+        torch.testing.assert_close(x.grad, xe.grad)
+        assert [kind for kind, _ in graphs] == ["forward", "backward"]
+        for kind, c in graphs:
+            in_regions = {n.target for r in c.regions for n in r.nodes} & targets
+            alone = {n.target for n, why in c.fallbacks if why == ALONE} & targets
+            if fused:
+                assert len(in_regions) == 1, (kind, c.fallbacks)
+                assert c.vm_calls >= 1
+            else:
+                assert c.regions == [], kind
+                assert len(alone) == 1, (kind, c.fallbacks)
 
 
 def _tiny_llama(attention: str = "eager"):

@@ -29,7 +29,7 @@ from spore import runtime
 PHASES = ("analysis", "cluster", "build", "runner", "schedule", "total")
 
 
-def _phase(name: str, gm: GraphModule, inputs: list[Any]) -> Callable[[], Any]:
+def _phase(name: str, gm: GraphModule, inputs: list[Any], min_ops: int) -> Callable[[], Any]:
     """Phase ``name`` of the compile of ``gm`` (one region), its inputs made beforehand."""
     nodes = list(gm.graph.nodes)
     if name == "analysis":
@@ -37,8 +37,8 @@ def _phase(name: str, gm: GraphModule, inputs: list[Any]) -> Callable[[], Any]:
     if name == "cluster":
         return lambda: cluster._Clusterer(gm).run()
     if name == "total":
-        return lambda: compile_graph(gm, inputs)
-    (runner,) = compile_graph(gm, inputs).runners
+        return lambda: compile_graph(gm, inputs, min_ops=min_ops)
+    (runner,) = compile_graph(gm, inputs, min_ops=min_ops).runners
     region = runner.region
     if name == "build":
         analysis = cluster._Analysis(nodes)
@@ -50,12 +50,13 @@ def _phase(name: str, gm: GraphModule, inputs: list[Any]) -> Callable[[], Any]:
 
 def _median_us(chain: str, name: str, repeat: int, cold: bool) -> float:
     gm, inputs = benchmarks._aten_graph(chain)
-    warm = _phase(name, gm, inputs)
+    min_ops = benchmarks.CHAINS[chain].min_ops
+    warm = _phase(name, gm, inputs, min_ops)
     times = []
     for _ in range(repeat):
         fn = warm
         if cold:
-            fn = _phase(name, copy.deepcopy(gm), inputs)
+            fn = _phase(name, copy.deepcopy(gm), inputs, min_ops)
             copy.deepcopy(gm)  # evicts what making the phase's inputs left in the caches
         start = time.perf_counter()
         fn()

@@ -8,21 +8,25 @@ from typing import Any
 
 import torch
 
+from dvm.cluster import MIN_OPS
 from dvm.compile import CompiledGraph, compile_graph
 from dvm.lower import decomposition_table
 
 
 def make_backend(
     on_compile: Callable[[str, CompiledGraph], None] | None = None,
+    *,
+    min_ops: int = MIN_OPS,
 ) -> Callable[[torch.fx.GraphModule, Sequence[Any]], Callable[..., Any]]:
     """A ``dvm`` backend; ``on_compile(kind, compiled)`` sees every graph it compiles, with
-    ``kind`` ``"forward"``, ``"backward"`` or ``"inference"``."""
+    ``kind`` ``"forward"``, ``"backward"`` or ``"inference"``; ``min_ops`` as in
+    :func:`dvm.compile.compile_graph`."""
     from functorch.compile import make_boxed_func
     from torch._dynamo.backends.common import aot_autograd
 
     def compiler(kind: str):
         def compile_fn(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]):
-            compiled = compile_graph(gm, example_inputs)
+            compiled = compile_graph(gm, example_inputs, min_ops=min_ops)
             if on_compile is not None:
                 on_compile(kind, compiled)
             return make_boxed_func(compiled)

@@ -30,6 +30,7 @@ from dvm.lower import (
     EXPAND,
     POINTWISE,
     REDUCE,
+    ROW,
     RULES,
     Emitter,
     Fact,
@@ -209,6 +210,9 @@ class _Analysis:
             dims = reduced_dims(n)
             shape = tuple(1 if d in dims else s for d, s in enumerate(facts[x][0]))
             foot = None
+        elif kind == ROW:  # its rows are the domain's: operands seen as they are
+            cut = tuple(p for p in ops if facts[p][2] > 1 and not self._aligned(p))
+            shape = foot = real
         elif kind == EXPAND:
             x = n.args[0]
             if not self._aligned(x):
@@ -493,8 +497,8 @@ MIN_OPS = 2
 
 
 def _passes(region: Region) -> int:
-    """The eager kernels ``region`` stands for: its pointwise ops, reductions and casts (views
-    and constants cost eager nothing)."""
+    """The eager kernels ``region`` stands for: its pointwise ops, reductions, row ops
+    (softmax...) and casts (views and constants cost eager nothing)."""
     return sum(
         1
         for n in region.nodes
@@ -502,7 +506,7 @@ def _passes(region: Region) -> int:
     )
 
 
-_WORK = (POINTWISE, REDUCE)
+_WORK = (POINTWISE, REDUCE, ROW)
 
 
 def _split(members: list[Node], a: _Analysis) -> tuple[list[Region], list[tuple[Node, str]]]:

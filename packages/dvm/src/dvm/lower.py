@@ -29,6 +29,7 @@ prims = torch.ops.prims
 
 POINTWISE = "pointwise"
 REDUCE = "reduce"
+ROW = "row"  # a row-wise op over the last dim, one eager kernel (softmax): output shaped as input
 VIEW = "view"  # same values, only size-1 dimensions added or removed (or none)
 EXPAND = "expand"
 CONST = "const"
@@ -484,6 +485,59 @@ def _amin(em: Emitter, n: Node, r: Resolve) -> int:
     return em.unary(Op.NEG, em.reduce(Op.REDUCE_MAX, em.unary(Op.NEG, x)))
 
 
+# ---- softmax and log-softmax, whole ----------------------------------------------------------
+# Each is one eager kernel, which a VM region of the op alone does not beat (0.5-0.8x at a small
+# Llama's shapes): kept whole, a region of one of them alone stays eager (``min_ops``), and with
+# ops around it the rule emits its decomposition's instructions into their region.
+
+
+def _row_check(dim_at: int) -> Callable[[Node], str | None]:
+    """The check of a row op whose dim is argument ``dim_at``."""
+
+    def check(node: Node) -> str | None:
+        shape = node.args[0].meta["val"].shape
+        dim = node.args[dim_at]
+        if len(shape) == 0 or dim % len(shape) != len(shape) - 1:
+            return f"over dim {dim} of a {len(shape)}-d tensor: the VM reduces only the last dim"
+        if shape[-1] == 1:
+            return "over a dim of size 1"
+        if dim_at == 1 and node.args[2]:
+            return "half_to_float"
+        return None
+
+    return check
+
+
+@_rule([aten._softmax.default], ROW, check=_row_check(1), cost=6)
+def _softmax(em: Emitter, n: Node, r: Resolve) -> int:
+    x = r(n.args[0])
+    e = em.unary(Op.EXP, em.binary(Op.SUB, x, em.reduce(Op.REDUCE_MAX, x)))
+    return em.binary(Op.DIV, e, em.reduce(Op.REDUCE_SUM, e))
+
+
+@_rule([aten._log_softmax.default], ROW, check=_row_check(1), cost=6)
+def _log_softmax(em: Emitter, n: Node, r: Resolve) -> int:
+    x = r(n.args[0])
+    shifted = em.binary(Op.SUB, x, em.reduce(Op.REDUCE_MAX, x))
+    total = em.reduce(Op.REDUCE_SUM, em.unary(Op.EXP, shifted))
+    return em.binary(Op.SUB, shifted, em.unary(Op.LOG, total))
+
+
+@_rule([aten._softmax_backward_data.default], ROW, check=_row_check(2), cost=5)
+def _softmax_backward(em: Emitter, n: Node, r: Resolve) -> int:
+    grad, out = r(n.args[0]), r(n.args[1])
+    scaled = em.binary(Op.MUL, grad, out)
+    total = em.reduce(Op.REDUCE_SUM, scaled)
+    return em.binary(Op.SUB, scaled, em.binary(Op.MUL, out, total))
+
+
+@_rule([aten._log_softmax_backward_data.default], ROW, check=_row_check(2), cost=5)
+def _log_softmax_backward(em: Emitter, n: Node, r: Resolve) -> int:
+    grad, out = r(n.args[0]), r(n.args[1])
+    total = em.reduce(Op.REDUCE_SUM, grad)
+    return em.binary(Op.SUB, grad, em.binary(Op.MUL, em.unary(Op.EXP, out), total))
+
+
 # ---- what the VM takes -----------------------------------------------------------------------
 
 
@@ -615,10 +669,6 @@ _FUSIBLE = [  # composites whose decompositions are ops the VM lowers
     aten.leaky_relu_backward,
     aten.elu,
     aten.elu_backward,
-    aten._softmax,
-    aten._log_softmax,
-    aten._softmax_backward_data,
-    aten._log_softmax_backward_data,
     aten.logsumexp,
     aten.native_layer_norm,
     aten.native_layer_norm_backward,
@@ -635,8 +685,9 @@ _FUSIBLE = [  # composites whose decompositions are ops the VM lowers
 
 def decomposition_table() -> dict[Any, Callable[..., Any]]:
     """The composites whose decompositions the VM can fuse (activations and their backward,
-    softmax, log-softmax, LayerNorm forward/backward, variance...); GELU stays whole, one
-    instruction (its erf form) or its tanh form's operations (see ``_gelu``). Other ops stay whole:
+    LayerNorm forward/backward, variance...); GELU stays whole, one instruction (its erf form)
+    or its tanh form's operations (see ``_gelu``), and so do softmax, log-softmax and their
+    backward (a row op each: see ``_softmax``). Other ops stay whole:
     decomposed, an op the VM cannot take (embedding backward, NLL loss, slicing backward)
     runs as several eager kernels instead of one."""
     from torch._decomp import get_decompositions

@@ -90,6 +90,21 @@ def test_region_call_fills_each_output():
     assert run.targets == [region, aten.mul.Tensor]
 
 
+def test_a_value_passed_by_keyword_is_read_from_its_slot():
+    g = Graph()
+    x, y = g.placeholder("x"), g.placeholder("y")
+    e = g.call_function(aten.exp.default, (x,))
+    positive = g.call_function(aten.gt.Scalar, (x, 0))
+    w = g.call_function(torch.where, (positive,), {"input": e, "other": y})
+    g.output((w,))
+    gm = GraphModule(torch.nn.Module(), g)
+    run = Executor(gm, list(gm.graph.nodes))
+    x, y = torch.randn(6), torch.randn(6)
+    (got,) = run(x, y)
+    torch.testing.assert_close(got, torch.where(x > 0, x.exp(), y))
+    assert [s.flat for s in run.steps] == [True, True, False]  # where's values by keyword
+
+
 def test_wrong_number_of_inputs_raises():
     gm = _module()
     run = Executor(gm, list(gm.graph.nodes))

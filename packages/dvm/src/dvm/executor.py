@@ -111,7 +111,7 @@ class Executor:
         last_use: dict[int, int] = {}
         steps = []
         for k, (fn, args, kwargs, outs, region) in enumerate(calls):
-            flat = not kwargs or not _slots(kwargs)
+            flat = True
             refs = []
             for a in args:
                 if isinstance(a, Node):
@@ -131,6 +131,7 @@ class Executor:
                 kwargs = ref(dict(kwargs))
                 for s in _slots(kwargs):
                     last_use[s] = k
+                    flat = False
             out_slots = tuple(slot[o] for o in outs)
             steps.append((fn, tuple(refs), kwargs, flat, -1 if region else out_slots[0], out_slots))
         frees: list[list[int]] = [[] for _ in steps]

@@ -202,6 +202,27 @@ def test_softmax_and_log_softmax_whole(name, dtype):
         assert "reduce_sum" in region.program.disassemble()
 
 
+BACKWARD_OPS = {
+    "silu_backward": lambda g, x: aten.silu_backward.default(g, x),
+    "gelu_backward": lambda g, x: aten.gelu_backward.default(g, x),
+    "gelu_backward_tanh": lambda g, x: aten.gelu_backward.default(g, x, approximate="tanh"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(BACKWARD_OPS))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_silu_and_gelu_backward_whole(name, dtype):
+    """Kept whole, alone in a region (min_ops=1): equal to PyTorch's kernel, on a strided
+    input too."""
+    fn = BACKWARD_OPS[name]
+    grad = _x(4, 33, seed=14).to(dtype)
+    x = _x(4, 33, seed=13, lo=-6, hi=6).to(dtype)
+    tol = {"atol": 2e-5, "rtol": 2e-5} if dtype == torch.float32 else {"atol": 1e-2, "rtol": 1e-2}
+    for xs in (x, x.t().contiguous().t()):
+        (region,) = _check(fn, [grad, xs], **tol).regions
+        assert [str(n.target) for n in region.nodes] == [f"aten.{name.split('_tanh')[0]}.default"]
+
+
 def test_row_ops_over_other_dims_or_size_one_rows_stay_eager():
     x = _x(4, 6)
     for fn, why in [

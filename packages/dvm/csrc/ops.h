@@ -64,13 +64,13 @@ inline void map1(float* d, const float* a, int64_t n, F f) {
     for (int64_t i = 0; i < n; ++i) d[i] = f(a[i]);
 }
 
-// d[k * len + i] <- f(a, b) over `rows` rows of `len` elements.
-template <typename A, typename B, typename F>
-inline void map2(float* d, A a, B b, int64_t rows, int64_t len, F f) {
+// d[k * len + i] <- f(a, b) over `rows` rows of `len` elements, f giving the element type T.
+template <typename T, typename A, typename B, typename F>
+inline void map2(T* d, A a, B b, int64_t rows, int64_t len, F f) {
     for (int64_t k = 0; k < rows; ++k) {
         const auto x = a.row(k);
         const auto y = b.row(k);
-        float* dk = d + k * len;
+        T* dk = d + k * len;
 #pragma omp simd
         for (int64_t i = 0; i < len; ++i) dk[i] = f(at(x, i), at(y, i));
     }
@@ -374,20 +374,11 @@ inline void binary_gelu_bf16(int32_t op, O* d, const uint16_t* x, bool first, Ar
 // again): one loop instead of the op's and the store's. ADD, SUB, MUL, DIV only.
 inline bool fuses_into_bf16(int32_t op) { return op >= ADD && op <= DIV; }
 
-template <typename A, typename B, typename F>
-inline void map2_bf16(uint16_t* d, A a, B b, int64_t rows, int64_t len, F f) {
-    for (int64_t k = 0; k < rows; ++k) {
-        const auto x = a.row(k);
-        const auto y = b.row(k);
-        uint16_t* dk = d + k * len;
-#pragma omp simd
-        for (int64_t i = 0; i < len; ++i) dk[i] = f32_to_bf16(f(at(x, i), at(y, i)));
-    }
-}
-
 template <typename A, typename B>
 inline void binary_bf16_as(int32_t op, uint16_t* d, A a, B b, int64_t rows, int64_t len) {
-    with_arithmetic(op, [&](auto f) { map2_bf16(d, a, b, rows, len, f); });
+    with_arithmetic(op, [&](auto f) {
+        map2(d, a, b, rows, len, [&](float x, float y) { return f32_to_bf16(f(x, y)); });
+    });
 }
 
 inline void binary_bf16(int32_t op, uint16_t* d, Arg a, Arg b, int64_t rows, int64_t len) {

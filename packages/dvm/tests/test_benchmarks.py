@@ -64,6 +64,7 @@ def test_crossover_of_cumulative_times() -> None:
 @pytest.fixture
 def quick(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(benchmarks, "SAMPLE_S", 0.001)
+    monkeypatch.setattr(benchmarks, "FLOW_COMPILES", 2)
     monkeypatch.setattr(benchmarks, "LLAMA", TINY_LLAMA)
 
 

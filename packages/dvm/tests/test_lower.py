@@ -305,6 +305,36 @@ def test_constants_keep_the_sign_of_zero():
     assert em.const(float("nan")) == em.const(float("nan"))
 
 
+def test_an_op_on_the_same_values_is_emitted_once():
+    em = Emitter()
+    x, m = em.load(0), em.load(1)
+    d = em.binary(Op.SUB, x, m)
+    assert em.binary(Op.SUB, x, m) == d
+    assert em.binary(Op.SUB, m, x) != d  # operand order matters
+    assert em.binary(Op.ADD, x, m) != d  # and the op
+    assert em.unary(Op.EXP, d) == em.unary(Op.EXP, d)
+    assert em.reduce(Op.REDUCE_SUM, d) == em.reduce(Op.REDUCE_SUM, d)
+    assert em.reduce(Op.REDUCE_MAX, d) != em.reduce(Op.REDUCE_SUM, d)
+    assert em.store(d) != em.store(d)  # each store is an output of its own
+
+
+def test_layer_norm_centres_its_rows_once():
+    """LayerNorm's decomposition works out ``x - mean`` for the variance and again for the
+    output: one SUB in the program, and the output equals eager's."""
+    x, w, b = _x(6, 40), _x(40, seed=1), _x(40, seed=2)
+
+    def fn(x, w, b):
+        return torch.nn.functional.layer_norm(x, (40,), w, b)
+
+    from dvm.lower import decomposition_table
+
+    gm = make_fx(fn, decomposition_table=decomposition_table())(x, w, b)
+    compiled = compile_graph(gm, [x, w, b])
+    (region,) = compiled.regions
+    assert [i.op for i in region.program.instrs].count(Op.SUB) == 1
+    torch.testing.assert_close(compiled(x, w, b), fn(x, w, b), rtol=1e-5, atol=1e-5)
+
+
 def test_an_emitted_program_is_a_valid_program_with_its_encoding():
     """Program.built skips the check and carries the encoding: both must be what the checked
     constructor and the encoding of the instructions give."""

@@ -45,13 +45,16 @@ _LOAD, _CONST, _STORE, _WHERE = Op.LOAD, Op.CONST, Op.STORE, Op.WHERE
 
 
 class Emitter:
-    """Builds one program: SSA values ``v0, v1, ...`` mapped to physical registers at the end."""
+    """Builds one program: SSA values ``v0, v1, ...`` mapped to physical registers at the end.
+    An op on the same values as an earlier one gives that one's value (its ops are pure: a
+    decomposition that works out ``x - mean`` twice, as LayerNorm's does, makes one pass)."""
 
     def __init__(self) -> None:
         # (op, value or output index, operand values, imm)
         self.code: list[tuple[Op, int, tuple[int, ...], float]] = []
         self._consts: dict[bytes, int] = {}
         self._loads: dict[int, int] = {}
+        self._made: dict[tuple[Op, tuple[int, ...]], int] = {}
         self._n = 0
         self.n_outputs = 0
 
@@ -59,6 +62,13 @@ class Emitter:
         v = self._n
         self._n = v + 1
         self.code.append((op, v, operands, imm))
+        return v
+
+    def _op(self, op: Op, operands: tuple[int, ...]) -> int:
+        key = (op, operands)
+        v = self._made.get(key)
+        if v is None:
+            v = self._made[key] = self._new(op, operands)
         return v
 
     def load(self, index: int) -> int:
@@ -75,16 +85,16 @@ class Emitter:
         return v
 
     def unary(self, op: Op, a: int) -> int:
-        return self._new(op, (a,))
+        return self._op(op, (a,))
 
     def binary(self, op: Op, a: int, b: int) -> int:
-        return self._new(op, (a, b))
+        return self._op(op, (a, b))
 
     def where(self, cond: int, a: int, b: int) -> int:
-        return self._new(_WHERE, (cond, a, b))
+        return self._op(_WHERE, (cond, a, b))
 
     def reduce(self, op: Op, a: int) -> int:
-        return self._new(op, (a,))
+        return self._op(op, (a,))
 
     def store(self, value: int) -> int:
         """Store ``value`` as the next output; its index."""

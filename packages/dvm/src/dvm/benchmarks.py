@@ -201,28 +201,33 @@ def _dvm_regions(compiled: Any) -> int:
     return len(compiled.regions)
 
 
+def flow_compiles(chain: str, count: int) -> list[Any]:
+    """``count`` compiles of ``chain``'s graph by dvm where its backend runs them: inside
+    ``torch.compile``, right after dynamo and AOT autograd traced the chain (so with caches as
+    cold as a real compile leaves them); each :class:`dvm.compile.CompiledGraph`, checked
+    against eager."""
+    from dvm.backend import make_backend
+
+    _warm()
+    spec = CHAINS[chain]
+    inputs = spec.inputs(COMPILE_SHAPE, torch.float32)
+    graphs: list[Any] = []
+    backend = make_backend(lambda _kind, compiled: graphs.append(compiled), min_ops=spec.min_ops)
+    for _ in range(count):
+        torch._dynamo.reset()
+        with torch.no_grad():
+            out = torch.compile(spec.fn, backend=backend, dynamic=False)(*inputs)
+    if len(graphs) != count:
+        raise RuntimeError(f"compile-{chain}: {len(graphs)} graphs compiled for {count} calls")
+    _close(f"compile-{chain}", spec.fn(*inputs), out)
+    return graphs
+
+
 def _compile_dvm(chain: str) -> Callable[[Any], dict[str, float]]:
     def timed(_: Any) -> dict[str, float]:
-        from dvm.backend import make_backend
-
-        _warm()
-        spec = CHAINS[chain]
-        inputs = spec.inputs(COMPILE_SHAPE, torch.float32)
-        times, graphs = [], []
-        backend = make_backend(
-            lambda _kind, compiled: graphs.append(compiled), min_ops=spec.min_ops
-        )
-        for _ in range(FLOW_COMPILES):
-            # the graph's compile where the backend runs it: right after dynamo and AOT
-            # autograd traced it (caches as cold as a real compile leaves them; tracing untimed)
-            torch._dynamo.reset()
-            graphs.clear()
-            with torch.no_grad():
-                out = torch.compile(spec.fn, backend=backend, dynamic=False)(*inputs)
-            (compiled,) = graphs
-            times.append(compiled.total_us)
-        _close(f"compile-{chain}", spec.fn(*inputs), out)
-        return _compile_figures(1e-6 * sum(times) / len(times), len(compiled.regions))
+        graphs = flow_compiles(chain, FLOW_COMPILES)
+        seconds = 1e-6 * sum(g.total_us for g in graphs) / len(graphs)
+        return _compile_figures(seconds, len(graphs[-1].regions))
 
     return timed
 

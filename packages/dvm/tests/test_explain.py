@@ -48,8 +48,18 @@ def test_backward_is_explained_and_grads_untouched():
     assert w.grad is None
 
 
+class _ScaleTanh(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.linspace(0.5, 1.5, 10))
+        self.bias = torch.nn.Parameter(torch.linspace(-1.0, 1.0, 10))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.tanh(x * self.weight + self.bias)
+
+
 def test_module_parameters_get_a_backward():
-    block = torch.nn.LayerNorm(10)
+    block = _ScaleTanh()
     e = dvm.explain(block, torch.randn(2, 10))
     assert "backward" in e.graphs
     assert all(p.grad is None for p in block.parameters())

@@ -10,6 +10,7 @@ from torch import nn
 
 from dvm.backend import make_backend
 from dvm.cluster import ALONE
+from dvm.lower import KEPT_WHOLE
 
 aten = torch.ops.aten
 
@@ -102,9 +103,51 @@ def test_block_forward_backward(name, dtype):
             )
             assert c.regions == []
             continue
+        if name == "layernorm":  # PyTorch's kernel each way, whole (see the test below)
+            op = aten.native_layer_norm if kind == "forward" else aten.native_layer_norm_backward
+            assert [n.target for n, why in c.fallbacks if why == KEPT_WHOLE[op.default]] == [
+                op.default
+            ], c.fallbacks
+            assert c.regions == []
+            continue
         assert len(c.regions) >= 1, (kind, c.fallbacks)
         assert c.vm_calls >= len(c.regions), kind  # every region ran on the VM
         assert c.eager_calls == 0
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_layer_norm_stays_whole_between_fused_ops(dtype):
+    """LayerNorm and its backward stay PyTorch's kernels, with the reason recorded; the ops
+    before and after it fuse into regions of their own; results and gradients equal eager."""
+    torch.manual_seed(0)
+    norm = nn.LayerNorm(24).to(dtype)
+
+    def fn(x):
+        return torch.tanh(norm(x * 2.0 + 1.0)) * 3.0
+
+    x = torch.randn(3, 5, 24, dtype=dtype)
+    xe, xc = x.clone().requires_grad_(), x.clone().requires_grad_()
+    want = fn(xe)
+    want.float().sum().backward()
+    grads = [p.grad.clone() for p in norm.parameters()]
+    norm.zero_grad()
+    compiled, graphs = _compile(fn)
+    got = compiled(xc)
+    got.float().sum().backward()
+    tol = TOL[dtype]
+    torch.testing.assert_close(got, want, **tol)
+    torch.testing.assert_close(xc.grad, xe.grad, **tol)
+    for p, g in zip(norm.parameters(), grads, strict=True):
+        torch.testing.assert_close(p.grad, g, **tol)
+    assert [kind for kind, _ in graphs] == ["forward", "backward"]
+    for kind, c in graphs:
+        op = aten.native_layer_norm if kind == "forward" else aten.native_layer_norm_backward
+        whole = [n.target for n, why in c.fallbacks if why == KEPT_WHOLE[op.default]]
+        assert whole == [op.default], (kind, c.fallbacks)
+        fused = [n.target for r in c.regions for n in r.nodes]
+        assert aten.mul.Tensor in fused, (kind, c.fallbacks)
+        assert not {aten.rsqrt.default, aten.var_mean.correction} & set(fused), kind
+        assert c.vm_calls >= len(c.regions) >= 1, kind
 
 
 @pytest.mark.parametrize("log", [False, True])

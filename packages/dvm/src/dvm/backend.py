@@ -3,7 +3,7 @@ backward graphs both go through :func:`dvm.compile.compile_graph`."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -17,10 +17,12 @@ def make_backend(
     on_compile: Callable[[str, CompiledGraph], None] | None = None,
     *,
     min_ops: int = MIN_OPS,
+    decompositions: Mapping[Any, Callable[..., Any]] | None = None,
 ) -> Callable[[torch.fx.GraphModule, Sequence[Any]], Callable[..., Any]]:
     """A ``dvm`` backend; ``on_compile(kind, compiled)`` sees every graph it compiles, with
     ``kind`` ``"forward"``, ``"backward"`` or ``"inference"``; ``min_ops`` as in
-    :func:`dvm.compile.compile_graph`."""
+    :func:`dvm.compile.compile_graph`; ``decompositions`` the table AOT autograd traces with
+    (default :func:`dvm.lower.decomposition_table`)."""
     from functorch.compile import make_boxed_func
     from torch._dynamo.backends.common import aot_autograd
 
@@ -37,7 +39,7 @@ def make_backend(
         fw_compiler=compiler("forward"),
         bw_compiler=compiler("backward"),
         inference_compiler=compiler("inference"),
-        decompositions=decomposition_table(),
+        decompositions=decomposition_table() if decompositions is None else dict(decompositions),
     )
 
 

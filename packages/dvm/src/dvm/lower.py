@@ -638,7 +638,8 @@ def unsupported_reason(node: Node, facts: dict[Node, Fact | str] | None = None) 
         return "getitem of a multi-output op"
     rule = RULES.get(node.target)
     if rule is None:
-        return f"op {_name(node.target)} has no VM lowering"
+        why = KEPT_WHOLE.get(node.target)
+        return why or f"op {_name(node.target)} has no VM lowering"
     return rule_reason(node, rule, node.all_input_nodes, {} if facts is None else facts)
 
 
@@ -710,6 +711,15 @@ def _var_mean(x: torch.Tensor, dim=None, *, correction=None, keepdim: bool = Fal
     return var, (mean if keepdim else torch.squeeze(mean, dims))
 
 
+_LAYER_NORM_WHOLE = (
+    "LayerNorm is kept whole: PyTorch's kernel beats the VM's program of its decomposition, "
+    "alone or fused (dvm's README, LayerNorm)"
+)
+KEPT_WHOLE = {  # composites the VM could run decomposed, left whole by measurement: why
+    aten.native_layer_norm.default: _LAYER_NORM_WHOLE,
+    aten.native_layer_norm_backward.default: _LAYER_NORM_WHOLE,
+}
+
 _FUSIBLE = [  # composites whose decompositions are ops the VM lowers
     aten.silu,
     aten.sigmoid_backward,
@@ -727,8 +737,6 @@ _FUSIBLE = [  # composites whose decompositions are ops the VM lowers
     aten.elu,
     aten.elu_backward,
     aten.logsumexp,
-    aten.native_layer_norm,
-    aten.native_layer_norm_backward,
     aten.rsub,
     aten.addcmul,
     aten.addcdiv,
@@ -742,11 +750,12 @@ _FUSIBLE = [  # composites whose decompositions are ops the VM lowers
 
 def decomposition_table() -> dict[Any, Callable[..., Any]]:
     """The composites whose decompositions the VM can fuse (activations and their backward,
-    LayerNorm forward/backward, variance...); GELU stays whole, one instruction (its erf form)
-    or its tanh form's operations (see ``_gelu``), and so do the backward of SiLU and GELU and
-    softmax, log-softmax and their backward (a row op each: see ``_softmax``). Other ops stay whole:
-    decomposed, an op the VM cannot take (embedding backward, NLL loss, slicing backward)
-    runs as several eager kernels instead of one."""
+    variance...); GELU stays whole, one instruction (its erf form) or its tanh form's
+    operations (see ``_gelu``), and so do the backward of SiLU and GELU and softmax,
+    log-softmax and their backward (a row op each: see ``_softmax``). LayerNorm and its
+    backward stay PyTorch's kernels (:data:`KEPT_WHOLE`). Other ops stay whole: decomposed, an
+    op the VM cannot take (embedding backward, NLL loss, slicing backward) runs as several
+    eager kernels instead of one."""
     from torch._decomp import get_decompositions
 
     table = get_decompositions(_FUSIBLE)

@@ -229,3 +229,67 @@ def test_tiny_llama_forward_backward(attention):
     assert regions["backward"] >= 8, regions
     assert vm_calls == sum(regions.values())
     assert all(c.eager_calls == 0 for _, c in graphs)
+
+
+def _tiny_gpt2():
+    import transformers
+
+    config = transformers.GPT2Config(
+        vocab_size=128,
+        n_embd=32,
+        n_layer=2,
+        n_head=2,
+        n_positions=32,
+        bos_token_id=0,
+        eos_token_id=0,
+        resid_pdrop=0.0,
+        embd_pdrop=0.0,
+        attn_pdrop=0.0,
+    )
+    return transformers.GPT2LMHeadModel(config)
+
+
+def _tiny_t5():
+    import transformers
+
+    config = transformers.T5Config(
+        vocab_size=128,
+        d_model=32,
+        d_ff=64,
+        d_kv=16,
+        num_layers=2,
+        num_heads=2,
+        decoder_start_token_id=0,
+        dropout_rate=0.0,
+    )
+    return transformers.T5ForConditionalGeneration(config)
+
+
+@pytest.mark.parametrize("make", [_tiny_gpt2, _tiny_t5], ids=["gpt2", "t5"])
+def test_other_tiny_hf_models_forward_backward(make):
+    """GPT-2 (LayerNorm kept whole, GELU-tanh, Conv1D projections) and T5 (its own RMSNorm,
+    ReLU MLP, relative position bias, encoder-decoder) train under ``backend="dvm"``: the loss
+    and every gradient equal eager, and their regions run on the VM."""
+    torch.manual_seed(0)
+    model = make().train()
+    ids = torch.randint(0, 128, (2, 12), generator=torch.Generator().manual_seed(1))
+    out = model(input_ids=ids, labels=ids)
+    out.loss.backward()
+    want = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    model.zero_grad()
+    compiled, graphs = _compile(model)
+    got = compiled(input_ids=ids, labels=ids)
+    got.loss.backward()
+    torch.testing.assert_close(got.loss.detach(), out.loss.detach(), atol=1e-5, rtol=1e-5)
+    scale = max(g.abs().max().item() for g in want.values())
+    for n, p in model.named_parameters():
+        if n in want:
+            torch.testing.assert_close(p.grad, want[n], atol=1e-5 * scale, rtol=1e-4, msg=n)
+    regions = sum(len(c.regions) for _, c in graphs)
+    assert {kind for kind, _ in graphs} == {"forward", "backward"}
+    assert regions >= 2, [(kind, c.fallbacks) for kind, c in graphs]
+    assert sum(c.vm_calls for _, c in graphs) == regions
+    assert all(c.eager_calls == 0 for _, c in graphs)
+    whole = {n.target for _, c in graphs for n, why in c.fallbacks if why in KEPT_WHOLE.values()}
+    norms = {aten.native_layer_norm.default, aten.native_layer_norm_backward.default}
+    assert whole == (norms if make is _tiny_gpt2 else set())

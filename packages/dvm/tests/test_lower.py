@@ -6,8 +6,14 @@ import pytest
 import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 
+from dvm.cluster import ALONE
 from dvm.compile import compile_graph
-from dvm.lower import Emitter, LimitError, unsupported_reason
+from dvm.lower import (
+    Emitter,
+    LimitError,
+    decomposition_table,
+    unsupported_reason,
+)
 from dvm.program import MAX_REGS, Op, Program
 
 aten = torch.ops.aten
@@ -221,6 +227,113 @@ def test_silu_and_gelu_backward_whole(name, dtype):
     for xs in (x, x.t().contiguous().t()):
         (region,) = _check(fn, [grad, xs], **tol).regions
         assert [str(n.target) for n in region.nodes] == [f"aten.{name.split('_tanh')[0]}.default"]
+
+
+def _special(shape, dtype, seed):
+    """Values in [-6, 6] and, in the first row, the kinks and edges of the activations below."""
+    x = _x(*shape, seed=seed, lo=-6, hi=6)
+    x[0, :8] = torch.tensor([0.0, -3.0, 3.0, -1.0, 1.0, float("nan"), 25.0, -25.0])
+    return x.to(dtype)
+
+
+def _same(*xs):
+    return xs
+
+
+COMPOSITES = {  # name: (the op alone, how many _special inputs, its inputs from them)
+    "silu": (aten.silu.default, 1, _same),
+    "hardsigmoid": (aten.hardsigmoid.default, 1, _same),
+    "hardswish": (aten.hardswish.default, 1, _same),
+    "leaky_relu": (lambda x: aten.leaky_relu.default(x, 0.2), 1, _same),
+    "elu": (lambda x: aten.elu.default(x, 1.5), 1, _same),
+    "elu_scaled": (lambda x: aten.elu.default(x, 1.6733, 1.0507, 0.5), 1, _same),
+    "addcmul": (lambda x, y, z: aten.addcmul.default(x, y, z, value=0.5), 3, _same),
+    "addcdiv": (
+        lambda x, y, z: aten.addcdiv.default(x, y, z, value=-2),
+        3,
+        lambda x, y, z: (x, y, z.abs() + 0.5),
+    ),
+    "lerp_small_weight": (lambda x, y: aten.lerp.Scalar(x, y, 0.3), 2, _same),
+    "lerp_large_weight": (lambda x, y: aten.lerp.Scalar(x, y, 0.8), 2, _same),
+    "lerp_tensor_weight": (aten.lerp.Tensor, 3, lambda x, y, w: (x, y, w / 4)),
+    "threshold_backward": (lambda g, x: aten.threshold_backward.default(g, x, 1.0), 2, _same),
+    "sigmoid_backward": (aten.sigmoid_backward.default, 2, lambda g, x: (g, torch.sigmoid(x))),
+    "tanh_backward": (aten.tanh_backward.default, 2, lambda g, x: (g, torch.tanh(x))),
+    "leaky_relu_backward": (
+        lambda g, x: aten.leaky_relu_backward.default(g, x, 0.2, False),
+        2,
+        _same,
+    ),
+    "hardtanh_backward": (
+        lambda g, x: aten.hardtanh_backward.default(g, x, -1.0, 3.0),
+        2,
+        _same,
+    ),
+    "elu_backward": (
+        lambda g, x: aten.elu_backward.default(g, 1.5, 1.0, 0.5, False, x),
+        2,
+        _same,
+    ),
+    "elu_backward_of_result": (
+        lambda g, y: aten.elu_backward.default(g, 1.5, 1.0, 1.0, True, y),
+        2,
+        lambda g, x: (g, aten.elu.default(x, 1.5)),
+    ),
+    "softplus_backward": (
+        lambda g, x: aten.softplus_backward.default(g, x, 2.0, 5.0),
+        2,
+        _same,
+    ),
+    "mse_loss_backward_mean": (
+        lambda g, x, y: aten.mse_loss_backward.default(g, x, y, 1),
+        3,
+        lambda g, x, y: (g.sum(), x, y),
+    ),
+    "mse_loss_backward_none": (
+        lambda g, x, y: aten.mse_loss_backward.default(g, x, y, 0),
+        3,
+        _same,
+    ),
+}
+
+
+def _composite_inputs(name, dtype, seed):
+    fn, n_inputs, prepare = COMPOSITES[name]
+    return fn, list(prepare(*[_special((4, 33), dtype, seed + k) for k in range(n_inputs)]))
+
+
+@pytest.mark.parametrize("name", sorted(COMPOSITES))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_composites_whole(name, dtype):
+    """Each composite kept whole, alone in its region (min_ops=1), equals PyTorch's kernel on
+    kinks, edges, a NaN and large values, contiguous and strided."""
+    fn, args = _composite_inputs(name, dtype, seed=20)
+    tol = {"atol": 2e-5, "rtol": 2e-5} if dtype == torch.float32 else {"atol": 1e-2, "rtol": 1e-2}
+    for layout in (lambda t: t, lambda t: t.t().contiguous().t() if t.dim() == 2 else t):
+        inputs = [layout(a) for a in args]
+        _, compiled = _compile(fn, *inputs)
+        (region,) = compiled.regions
+        assert len(region.nodes) == 1, region.ops  # the op itself, whole
+        got, want = compiled(*inputs), fn(*inputs)
+        assert got.dtype == want.dtype
+        torch.testing.assert_close(got, want, equal_nan=True, **tol)
+
+
+@pytest.mark.parametrize("name", sorted(COMPOSITES))
+def test_composites_alone_stay_whole_and_fuse_with_ops_around_them(name):
+    fn, args = _composite_inputs(name, torch.float32, seed=30)
+    table = decomposition_table()
+    alone = compile_graph(make_fx(fn, table)(*args), args)
+    assert alone.regions == []
+    assert [why for _, why in alone.fallbacks] == [ALONE]
+
+    def fused(*xs):
+        return fn(*xs) * 3.0
+
+    compiled = compile_graph(make_fx(fused, table)(*args), args)
+    (region,) = compiled.regions
+    assert len(region.nodes) == 2, region.ops
+    torch.testing.assert_close(compiled(*args), fused(*args), equal_nan=True)
 
 
 def test_row_ops_over_other_dims_or_size_one_rows_stay_eager():

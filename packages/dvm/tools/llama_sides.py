@@ -10,7 +10,9 @@ Sides, all built from the same seeded weights and batch and timed interleaved in
   code, no decompositions;
 - ``aot_dvm_decomp``: the same with dvm's decompositions (``dvm.lower.decomposition_table``);
 - ``dvm_no_regions``: dvm's backend with no region (every node eager, dvm's executor);
-- ``dvm``: ``torch.compile(backend="dvm")``.
+- ``dvm``: ``torch.compile(backend="dvm")``;
+- ``dvm_silu_decomposed``: the same with SiLU decomposed (dvm keeps it whole, lowered whole:
+  what this costs or saves in the step).
 
     python packages/dvm/tools/llama_sides.py --dtype fp32 --rounds 11
 """
@@ -26,6 +28,7 @@ from typing import Any
 import torch
 
 from dvm import benchmarks
+from dvm.backend import make_backend
 from dvm.compile import compile_graph
 from dvm.lower import decomposition_table
 from spore import runtime
@@ -49,7 +52,14 @@ def _sides() -> dict[str, Any]:
         "aot_dvm_decomp": _aot(lambda gm, _: gm.forward),
         "dvm_no_regions": _aot(lambda gm, ex: compile_graph(gm, ex, min_ops=2**31)),
         "dvm": "dvm",
+        "dvm_silu_decomposed": make_backend(decompositions=_silu_decomposed()),
     }
+
+
+def _silu_decomposed() -> dict[Any, Callable[..., Any]]:
+    from torch._decomp import get_decompositions
+
+    return {**decomposition_table(), **get_decompositions([torch.ops.aten.silu])}
 
 
 def _stepper(dtype: torch.dtype, backend: Any) -> Callable[[], None]:

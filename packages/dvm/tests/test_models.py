@@ -231,47 +231,53 @@ def test_tiny_llama_forward_backward(attention):
     assert all(c.eager_calls == 0 for _, c in graphs)
 
 
-def _tiny_gpt2():
+TINY_HF = {  # name: (config class, model class, config)
+    "gpt2": (
+        "GPT2Config",
+        "GPT2LMHeadModel",
+        {
+            "n_embd": 32,
+            "n_layer": 2,
+            "n_head": 2,
+            "n_positions": 32,
+            "bos_token_id": 0,
+            "eos_token_id": 0,
+            "resid_pdrop": 0.0,
+            "embd_pdrop": 0.0,
+            "attn_pdrop": 0.0,
+        },
+    ),
+    "t5": (
+        "T5Config",
+        "T5ForConditionalGeneration",
+        {
+            "d_model": 32,
+            "d_ff": 64,
+            "d_kv": 16,
+            "num_layers": 2,
+            "num_heads": 2,
+            "decoder_start_token_id": 0,
+            "dropout_rate": 0.0,
+        },
+    ),
+}
+
+
+def _tiny_hf(name: str):
     import transformers
 
-    config = transformers.GPT2Config(
-        vocab_size=128,
-        n_embd=32,
-        n_layer=2,
-        n_head=2,
-        n_positions=32,
-        bos_token_id=0,
-        eos_token_id=0,
-        resid_pdrop=0.0,
-        embd_pdrop=0.0,
-        attn_pdrop=0.0,
-    )
-    return transformers.GPT2LMHeadModel(config)
+    config_class, model_class, config = TINY_HF[name]
+    config = getattr(transformers, config_class)(vocab_size=128, **config)
+    return getattr(transformers, model_class)(config)
 
 
-def _tiny_t5():
-    import transformers
-
-    config = transformers.T5Config(
-        vocab_size=128,
-        d_model=32,
-        d_ff=64,
-        d_kv=16,
-        num_layers=2,
-        num_heads=2,
-        decoder_start_token_id=0,
-        dropout_rate=0.0,
-    )
-    return transformers.T5ForConditionalGeneration(config)
-
-
-@pytest.mark.parametrize("make", [_tiny_gpt2, _tiny_t5], ids=["gpt2", "t5"])
-def test_other_tiny_hf_models_forward_backward(make):
+@pytest.mark.parametrize("name", sorted(TINY_HF))
+def test_other_tiny_hf_models_forward_backward(name):
     """GPT-2 (LayerNorm kept whole, GELU-tanh, Conv1D projections) and T5 (its own RMSNorm,
     ReLU MLP, relative position bias, encoder-decoder) train under ``backend="dvm"``: the loss
     and every gradient equal eager, and their regions run on the VM."""
     torch.manual_seed(0)
-    model = make().train()
+    model = _tiny_hf(name).train()
     ids = torch.randint(0, 128, (2, 12), generator=torch.Generator().manual_seed(1))
     out = model(input_ids=ids, labels=ids)
     out.loss.backward()
@@ -292,4 +298,4 @@ def test_other_tiny_hf_models_forward_backward(make):
     assert all(c.eager_calls == 0 for _, c in graphs)
     whole = {n.target for _, c in graphs for n, why in c.fallbacks if why in KEPT_WHOLE.values()}
     norms = {aten.native_layer_norm.default, aten.native_layer_norm_backward.default}
-    assert whole == (norms if make is _tiny_gpt2 else set())
+    assert whole == (norms if name == "gpt2" else set())

@@ -411,7 +411,7 @@ def _gelu_backward(em: Emitter, n: Node, r: Resolve) -> int:
 
 # ---- composites kept whole ---------------------------------------------------------------------
 # Each is one eager kernel that a VM region of its decomposition alone lost to
-# (tools/decomposed_ops.py: 0.22-0.76x at 2x128x688 fp32, 0.50-0.80x at 1024x4096): kept whole,
+# (tools/whole_ops.py: 0.23-0.68x at 2x128x688 fp32, 0.44-0.92x at 1024x4096): kept whole,
 # it stays that kernel alone (``min_ops``) and joins a region with ops around it. The rules
 # follow the math of PyTorch's CPU kernels, in its order.
 
@@ -452,8 +452,8 @@ def _leaky_relu(em: Emitter, n: Node, r: Resolve) -> int:
 
 @_rule([aten.elu.default], POINTWISE, cost=8)
 def _elu(em: Emitter, n: Node, r: Resolve) -> int:
-    """The negative side as ``exp(x) - 1`` (the VM has no expm1; PyTorch's kernel uses it):
-    within 6e-8 of it near 0, where the relative error grows."""
+    """The negative side as ``exp(x) - 1`` (the VM has no expm1, which PyTorch's kernel uses):
+    off by about 1e-7 near 0, a large relative error for tiny x."""
     x = r(n.args[0])
     alpha, scale = _arg(n, 1, "alpha", 1), _arg(n, 2, "scale", 1)
     input_scale = _arg(n, 3, "input_scale", 1)
@@ -872,7 +872,7 @@ KEPT_WHOLE = {  # composites the VM could run decomposed, left whole by measurem
     aten.native_layer_norm_backward.default: _LAYER_NORM_WHOLE,
     aten.mse_loss.default: (
         "mse_loss is kept whole: it reduces over every dim, and its decomposition on the VM ran at "
-        "0.37-0.70x PyTorch's kernel (tools/decomposed_ops.py)"
+        "0.29-0.59x PyTorch's kernel (tools/whole_ops.py)"
     ),
 }
 

@@ -9,6 +9,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 from dvm.cluster import ALONE
 from dvm.compile import compile_graph
 from dvm.lower import (
+    KEPT_WHOLE,
     Emitter,
     LimitError,
     decomposition_table,
@@ -334,6 +335,25 @@ def test_composites_alone_stay_whole_and_fuse_with_ops_around_them(name):
     (region,) = compiled.regions
     assert len(region.nodes) == 2, region.ops
     torch.testing.assert_close(compiled(*args), fused(*args), equal_nan=True)
+
+
+@pytest.mark.parametrize(
+    ("fn", "op"),
+    [
+        (lambda x, y: torch.nn.functional.mse_loss(x * 2, y), aten.mse_loss.default),
+        (
+            lambda x, y: torch.nn.functional.layer_norm(x * 2, (33,)) + y,
+            aten.native_layer_norm.default,
+        ),
+    ],
+    ids=["mse_loss", "layer_norm"],
+)
+def test_kept_whole_stays_pytorchs_kernel_with_its_reason(fn, op):
+    x, y = _special((4, 33), torch.float32, seed=40), _x(4, 33, seed=41)
+    gm = make_fx(fn, decomposition_table())(x, y)
+    compiled = compile_graph(gm, [x, y], min_ops=1)
+    assert [n.target for n, why in compiled.fallbacks if why == KEPT_WHOLE[op]] == [op]
+    torch.testing.assert_close(compiled(x, y), fn(x, y), equal_nan=True)
 
 
 def test_row_ops_over_other_dims_or_size_one_rows_stay_eager():

@@ -35,14 +35,16 @@ _STATUS = {
     4: "a reducing program's rows are too long",
     5: "no memory for the VM's registers",
 }
-_I32, _I64, _F32, _PTR = ctypes.c_int32, ctypes.c_int64, ctypes.c_float, ctypes.c_void_p
-_TYPECODES = {_I32: "i", _I64: "q", _F32: "f"}
+_PTR = ctypes.c_void_p
 
 
-def _carray(ctype: type, values: Sequence[Any]) -> ctypes.Array:
-    """A ctypes array of ``values`` (built through ``array.array``: 3-4x faster than passing
-    them to the array type one by one)."""
-    return (ctype * len(values)).from_buffer(array(_TYPECODES[ctype], values))
+def _buffer(typecode: str, values: Sequence[Any]) -> tuple[array, ctypes.c_void_p]:
+    """``values`` in a C array (``array.array``, typecode ``i`` int32, ``q`` int64, ``f`` float,
+    ``Q`` a pointer) and a pointer to its first element, for ``dvm_run``; keep the array while
+    the pointer is used. Not a ctypes array: ctypes makes an array type for each length, which
+    took 10-40 µs right after tracing (a compile's case), as much as the rest of a runner."""
+    buf = array(typecode, values)
+    return buf, _PTR(buf.buffer_info()[0])
 
 
 _DTYPES = ", ".join(str(d).removeprefix("torch.") for d in DTYPE_CODES)
@@ -183,15 +185,11 @@ class Kernel:
             self._lib, self.isa = _lib.load(isa), isa
         self._max_row = _lib.max_row(self.isa) if program.has_reduction else None
         n_in = program.n_inputs
-        # the call's fixed arguments; the per-call arrays' types, made once
-        self._head = (
-            _carray(_I32, codes),
-            _carray(_F32, imms),
-            len(codes) // 5,
-            program.n_regs,
-            n_in,
-        )
-        self._out_codes = _carray(_I32, out_codes)
+        # the call's fixed arguments (their arrays kept alive in _buffers)
+        (codes_buf, codes_at), (imms_buf, imms_at) = _buffer("i", codes), _buffer("f", imms)
+        out_codes_buf, self._out_codes = _buffer("i", out_codes)
+        self._buffers = (codes_buf, imms_buf, out_codes_buf)
+        self._head = (codes_at, imms_at, len(codes) // 5, program.n_regs, n_in)
 
     def _check_rows(self, dims: tuple[int, ...]) -> None:
         if self._max_row is not None and dims[-1] > self._max_row:
@@ -265,27 +263,30 @@ class Kernel:
             outs.append(out)
         longs += dims
         ptrs = [t.data_ptr() for t in inputs] + [o.data_ptr() for o in outs]
-        self._run(ptrs, _carray(_I32, in_codes), longs, len(dims), min(threads, 2**31 - 1))
+        _alive, in_codes_at = _buffer("i", in_codes)  # the array stays alive through the call
+        self._run(ptrs, in_codes_at, longs, len(dims), min(threads, 2**31 - 1))
         return outs
 
     def _run(
-        self, ptrs: list[int], in_codes: ctypes.Array, longs: list[int], nd: int, threads: int
+        self, ptrs: list[int], in_codes: ctypes.c_void_p, longs: list[int], nd: int, threads: int
     ) -> None:
         """One ``dvm_run``: data pointers (inputs then outputs), input dtype codes, strides
         (inputs then outputs) then the domain; :class:`VMError` when the VM refuses."""
         n_in = self._head[4]
-        ints = _carray(_I64, longs)
-        cptrs = (_PTR * len(ptrs))(*ptrs)  # a few pointers: faster than through array.array
+        ints = array("q", longs)
+        at = ints.buffer_info()[0]
+        pointers = array("Q", ptrs)
+        ptrs_at = pointers.buffer_info()[0]
         status = self._lib.dvm_run(
             *self._head,
-            cptrs,
+            _PTR(ptrs_at),
             in_codes,
-            ints,
+            _PTR(at),
             len(self.out_dtypes),
-            ctypes.byref(cptrs, 8 * n_in),
+            _PTR(ptrs_at + 8 * n_in),
             self._out_codes,
-            ctypes.byref(ints, 8 * n_in * nd),
-            ctypes.byref(ints, 8 * (len(longs) - nd)),
+            _PTR(at + 8 * n_in * nd),
+            _PTR(at + 8 * (len(longs) - nd)),
             nd,
             threads,
         )
@@ -356,8 +357,8 @@ class Launch:
         self._operands = tuple(
             (i, _stride_map(args[i].shape, view, dims, k)) for k, (i, view) in enumerate(operands)
         )
-        self._in_codes = _carray(
-            _I32, [_dtype_code(args[i].dtype, "input", k) for k, (i, _) in enumerate(operands)]
+        self._in_codes_buf, self._in_codes = _buffer(
+            "i", [_dtype_code(args[i].dtype, "input", k) for k, (i, _) in enumerate(operands)]
         )
         layouts = _layouts(out_strides, dims, kernel.reduced)
         self._allocs = []

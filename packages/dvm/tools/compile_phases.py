@@ -10,10 +10,14 @@ with warm caches. ``--flow`` reads the times each compile records of itself wher
 runs it, inside ``torch.compile`` right after tracing (as ``spore bench dvm -k compile`` does,
 and colder still than ``--cold``): the whole compile, clustering (analysis, merging and
 building the program), the program's build alone, preparing the runner, scheduling, and the
-region's own compile (build + runner).
+
+region's own compile (build + runner). ``--llama`` does the same for the tiny Llama training
+step's forward and backward graphs (``spore bench dvm -k llama-train``'s model): each graph's
+compile, its regions and eager nodes, and each region's own compile.
 
     python packages/dvm/tools/compile_phases.py --repeat 300 [--cold]
     python packages/dvm/tools/compile_phases.py --flow --repeat 30
+    python packages/dvm/tools/compile_phases.py --llama --repeat 3 [--dtype bf16]
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import torch
 from torch.fx import GraphModule
 
 from dvm import benchmarks, cluster
@@ -87,13 +92,42 @@ def _flow(chain: str, repeat: int) -> str:
     )
 
 
+def _llama(dtype: str, repeat: int) -> None:
+    from dvm.backend import make_backend
+
+    size, regions, graphs = benchmarks.LLAMA, [], []
+    backend = make_backend(lambda _kind, graph: graphs.append(graph))
+    for _ in range(repeat):
+        torch._dynamo.reset()
+        torch.manual_seed(0)
+        model = benchmarks._llama(size).to(benchmarks.DTYPES[dtype]).train()
+        ids = torch.randint(0, size.vocab, (size.batch, size.seq))
+        graphs.clear()
+        compiled = torch.compile(model, backend=backend)
+        compiled(input_ids=ids, labels=ids).loss.backward()
+        for kind, g in zip(("forward", "backward"), graphs, strict=True):
+            eager = len(g.clustering.fallbacks)
+            print(f"{kind:8s} {g.total_us:7.0f} µs  {len(g.runners)} regions, {eager} eager nodes")
+            regions += [r.compile_us for r in g.runners]
+    deciles = statistics.quantiles(regions, n=10)
+    print(
+        f"a region's own compile ({len(regions)} regions): median {statistics.median(regions):.0f}"
+        f" µs, 10th percentile {deciles[0]:.0f}, 90th {deciles[-1]:.0f}, max {max(regions):.0f}"
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeat", type=int, default=300)
     parser.add_argument("--cold", action="store_true", help="each call on a fresh copy")
     parser.add_argument("--flow", action="store_true", help="inside torch.compile, as the bench")
+    parser.add_argument("--llama", action="store_true", help="the tiny Llama step's graphs")
+    parser.add_argument("--dtype", choices=sorted(benchmarks.DTYPES), default="fp32")
     args = parser.parse_args()
     runtime.restart_tuned()  # as `spore bench`: its tuned runtime
+    if args.llama:
+        _llama(args.dtype, args.repeat)
+        return
     for chain in benchmarks.CHAINS:
         if args.flow:
             print(f"{chain:10s} {_flow(chain, args.repeat)}")

@@ -231,11 +231,12 @@ def test_tiny_llama_forward_backward(attention):
     assert all(c.eager_calls == 0 for _, c in graphs)
 
 
-TINY_HF = {  # name: (config class, model class, config)
+TINY_HF = {  # name: (config class, model class, config, the batch's kind)
     "gpt2": (
         "GPT2Config",
         "GPT2LMHeadModel",
         {
+            "vocab_size": 128,
             "n_embd": 32,
             "n_layer": 2,
             "n_head": 2,
@@ -246,11 +247,13 @@ TINY_HF = {  # name: (config class, model class, config)
             "embd_pdrop": 0.0,
             "attn_pdrop": 0.0,
         },
+        "tokens",
     ),
     "t5": (
         "T5Config",
         "T5ForConditionalGeneration",
         {
+            "vocab_size": 128,
             "d_model": 32,
             "d_ff": 64,
             "d_kv": 16,
@@ -259,6 +262,38 @@ TINY_HF = {  # name: (config class, model class, config)
             "decoder_start_token_id": 0,
             "dropout_rate": 0.0,
         },
+        "tokens",
+    ),
+    "bert": (
+        "BertConfig",
+        "BertForMaskedLM",
+        {
+            "vocab_size": 128,
+            "hidden_size": 32,
+            "num_hidden_layers": 2,
+            "num_attention_heads": 2,
+            "intermediate_size": 64,
+            "max_position_embeddings": 32,
+            "hidden_dropout_prob": 0.0,
+            "attention_probs_dropout_prob": 0.0,
+        },
+        "tokens",
+    ),
+    "vit": (
+        "ViTConfig",
+        "ViTForImageClassification",
+        {
+            "hidden_size": 32,
+            "num_hidden_layers": 2,
+            "num_attention_heads": 2,
+            "intermediate_size": 64,
+            "image_size": 16,
+            "patch_size": 4,
+            "num_labels": 3,
+            "hidden_dropout_prob": 0.0,
+            "attention_probs_dropout_prob": 0.0,
+        },
+        "images",
     ),
 }
 
@@ -266,25 +301,36 @@ TINY_HF = {  # name: (config class, model class, config)
 def _tiny_hf(name: str):
     import transformers
 
-    config_class, model_class, config = TINY_HF[name]
-    config = getattr(transformers, config_class)(vocab_size=128, **config)
-    return getattr(transformers, model_class)(config)
+    config_class, model_class, config, _ = TINY_HF[name]
+    return getattr(transformers, model_class)(getattr(transformers, config_class)(**config))
+
+
+def _batch(name: str) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(1)
+    if TINY_HF[name][3] == "images":
+        return {
+            "pixel_values": torch.randn(2, 3, 16, 16, generator=g),
+            "labels": torch.tensor([0, 2]),
+        }
+    ids = torch.randint(0, 128, (2, 12), generator=g)
+    return {"input_ids": ids, "labels": ids}
 
 
 @pytest.mark.parametrize("name", sorted(TINY_HF))
 def test_other_tiny_hf_models_forward_backward(name):
-    """GPT-2 (LayerNorm kept whole, GELU-tanh, Conv1D projections) and T5 (its own RMSNorm,
-    ReLU MLP, relative position bias, encoder-decoder) train under ``backend="dvm"``: the loss
-    and every gradient equal eager, and their regions run on the VM."""
+    """GPT-2 (GELU-tanh, Conv1D projections), BERT and ViT (a patch convolution, erf GELU),
+    each with LayerNorm kept whole, and T5 (its own RMSNorm, ReLU MLP, relative position bias,
+    encoder-decoder) train under ``backend="dvm"``: the loss and every gradient equal eager,
+    and their regions run on the VM."""
     torch.manual_seed(0)
     model = _tiny_hf(name).train()
-    ids = torch.randint(0, 128, (2, 12), generator=torch.Generator().manual_seed(1))
-    out = model(input_ids=ids, labels=ids)
+    batch = _batch(name)
+    out = model(**batch)
     out.loss.backward()
     want = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
     model.zero_grad()
     compiled, graphs = _compile(model)
-    got = compiled(input_ids=ids, labels=ids)
+    got = compiled(**batch)
     got.loss.backward()
     torch.testing.assert_close(got.loss.detach(), out.loss.detach(), atol=1e-5, rtol=1e-5)
     scale = max(g.abs().max().item() for g in want.values())
@@ -298,4 +344,4 @@ def test_other_tiny_hf_models_forward_backward(name):
     assert all(c.eager_calls == 0 for _, c in graphs)
     whole = {n.target for _, c in graphs for n, why in c.fallbacks if why in KEPT_WHOLE.values()}
     norms = {aten.native_layer_norm.default, aten.native_layer_norm_backward.default}
-    assert whole == (norms if name == "gpt2" else set())
+    assert whole == (set() if name == "t5" else norms)

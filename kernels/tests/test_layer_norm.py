@@ -118,8 +118,29 @@ def test_backward_kernel_matches_the_closed_form(rows, cols, dtype, seed, affine
     for name, a, e in zip(("dx", "dweight", "dbias"), got, expected, strict=True):
         if e is None:
             assert a is None, f"{name} must be None without its input"
-            continue
-        torch.testing.assert_close(a, e, rtol=tol, atol=tol * (1 if name == "dx" else max(rows, 1)))
+        elif name == "dx":
+            _check_dx(a, grad, x, w, tol)
+        else:
+            torch.testing.assert_close(a, e, rtol=tol, atol=tol * max(rows, 1))
+
+
+def _check_dx(dx, grad, x, w, tol) -> None:
+    """dx against the closed form in float64. dx = rstd (gw - mean(gw) - xhat mean(gw xhat))
+    is a difference of terms of size rstd |gw| that cancel when a row's values are close
+    (few columns: rstd is large), so a float32 result is off by about its epsilon times that
+    size, not times |dx|: the bound scales with each row's rstd max |gw|."""
+    xd = x.double()
+    centred = xd - xd.mean(-1, keepdim=True)
+    rstd = torch.rsqrt(centred.pow(2).mean(-1, keepdim=True) + 1e-5)
+    gw = grad.double() * (1.0 if w is None else w.double())
+    exact = rstd * (
+        gw
+        - gw.mean(-1, keepdim=True)
+        - centred * rstd * (gw * centred * rstd).mean(-1, keepdim=True)
+    )
+    bound = tol * (rstd * gw.abs().amax(-1, keepdim=True) + exact.abs())
+    err = (dx.double() - exact).abs()
+    assert bool((err <= bound).all()), f"dx off by {(err / bound).max().item():.2f}x its bound"
 
 
 @pytest.mark.parametrize("affine", AFFINE)

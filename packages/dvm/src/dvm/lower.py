@@ -244,6 +244,11 @@ for _t, _op in {
     )
 
 
+def _arg(n: Node, k: int, name: str, default: Any) -> Any:
+    """``n``'s argument ``name``: positional ``k``, else by keyword, else ``default``."""
+    return n.args[k] if len(n.args) > k else n.kwargs.get(name, default)
+
+
 def _scaled(em: Emitter, value: int, alpha: Any) -> int:
     return value if alpha == 1 else em.binary(Op.MUL, value, em.const(alpha))
 
@@ -262,7 +267,7 @@ def _sub(em: Emitter, n: Node, r: Resolve) -> int:
 
 @_rule([aten.rsub.Scalar, aten.rsub.Tensor], POINTWISE, cost=2)
 def _rsub(em: Emitter, n: Node, r: Resolve) -> int:
-    alpha = n.kwargs.get("alpha", n.args[2] if len(n.args) > 2 else 1)
+    alpha = _arg(n, 2, "alpha", 1)
     return em.binary(Op.SUB, r(n.args[1]), _scaled(em, r(n.args[0]), alpha))
 
 
@@ -308,8 +313,8 @@ def _relu(em: Emitter, n: Node, r: Resolve) -> int:
 
 
 def _clamp_bounds(n: Node) -> tuple[Any, Any]:
-    lo = n.args[1] if len(n.args) > 1 else n.kwargs.get("min")
-    hi = n.args[2] if len(n.args) > 2 else n.kwargs.get("max")
+    lo = _arg(n, 1, "min", None)
+    hi = _arg(n, 2, "max", None)
     return lo, hi
 
 
@@ -351,7 +356,7 @@ def _gelu(em: Emitter, n: Node, r: Resolve) -> int:
     """The erf form as one GELU instruction (one pass, where its decomposition takes five);
     the tanh form as its decomposition's operations."""
     x = r(n.args[0])
-    if n.kwargs.get("approximate", n.args[1] if len(n.args) > 1 else "none") == "none":
+    if _arg(n, 1, "approximate", "none") == "none":
         return em.unary(Op.GELU, x)
     cube = em.binary(Op.MUL, em.binary(Op.MUL, x, x), x)
     inner = em.binary(Op.ADD, x, em.binary(Op.MUL, em.const(_GELU_TANH_KAPPA), cube))
@@ -384,7 +389,7 @@ def _gelu_backward(em: Emitter, n: Node, r: Resolve) -> int:
     half = em.const(0.5)
     one = em.const(1.0)
     x_sq = em.binary(Op.MUL, x, x)
-    if n.kwargs.get("approximate", n.args[2] if len(n.args) > 2 else "none") == "none":
+    if _arg(n, 2, "approximate", "none") == "none":
         cdf = em.binary(
             Op.MUL,
             half,
@@ -414,11 +419,6 @@ def _gelu_backward(em: Emitter, n: Node, r: Resolve) -> int:
 # (tools/whole_ops.py: 0.23-0.68x at 2x128x688 fp32, 0.44-0.92x at 1024x4096): kept whole,
 # it stays that kernel alone (``min_ops``) and joins a region with ops around it. The rules
 # follow the math of PyTorch's CPU kernels, in its order.
-
-
-def _arg(n: Node, k: int, name: str, default: Any) -> Any:
-    """``n``'s argument ``name``: positional ``k``, else by keyword, else ``default``."""
-    return n.args[k] if len(n.args) > k else n.kwargs.get(name, default)
 
 
 @_rule([aten.silu.default], POINTWISE, cost=2)
@@ -645,7 +645,7 @@ def reduced_dims(node: Node) -> list[int]:
     rank = node.args[0].meta["val"].dim()
     if rank == 0:
         return []
-    dims = node.args[1] if len(node.args) > 1 else node.kwargs.get("dim")
+    dims = _arg(node, 1, "dim", None)
     if dims is None or (isinstance(dims, (list, tuple)) and len(dims) == 0):
         return list(range(rank))
     if isinstance(dims, int):
@@ -654,7 +654,7 @@ def reduced_dims(node: Node) -> list[int]:
 
 
 def keepdim(node: Node) -> bool:
-    return bool(node.args[2] if len(node.args) > 2 else node.kwargs.get("keepdim", False))
+    return bool(_arg(node, 2, "keepdim", False))
 
 
 def row_reduction(node: Node) -> bool:

@@ -38,13 +38,14 @@ _STATUS = {
 _PTR = ctypes.c_void_p
 
 
-def _buffer(typecode: str, values: Sequence[Any]) -> tuple[array, ctypes.c_void_p]:
+def _buffer(typecode: str, values: Sequence[Any]) -> tuple[array, int]:
     """``values`` in a C array (``array.array``, typecode ``i`` int32, ``q`` int64, ``f`` float,
-    ``Q`` a pointer) and a pointer to its first element, for ``dvm_run``; keep the array while
-    the pointer is used. Not a ctypes array: ctypes makes an array type for each length, which
-    took 10-40 µs right after tracing (a compile's case), as much as the rest of a runner."""
+    ``Q`` a pointer) and the address of its first element, for ``dvm_run`` (as a ``c_void_p``);
+    keep the array while the address is used. Not a ctypes array: ctypes makes an array type for
+    each length, which took 10-40 µs right after tracing (a compile's case), as much as the rest
+    of a runner."""
     buf = array(typecode, values)
-    return buf, _PTR(buf.buffer_info()[0])
+    return buf, buf.buffer_info()[0]
 
 
 _DTYPES = ", ".join(str(d).removeprefix("torch.") for d in DTYPE_CODES)
@@ -187,9 +188,10 @@ class Kernel:
         n_in = program.n_inputs
         # the call's fixed arguments (their arrays kept alive in _buffers)
         (codes_buf, codes_at), (imms_buf, imms_at) = _buffer("i", codes), _buffer("f", imms)
-        out_codes_buf, self._out_codes = _buffer("i", out_codes)
+        out_codes_buf, out_codes_at = _buffer("i", out_codes)
         self._buffers = (codes_buf, imms_buf, out_codes_buf)
-        self._head = (codes_at, imms_at, len(codes) // 5, program.n_regs, n_in)
+        self._head = (_PTR(codes_at), _PTR(imms_at), len(codes) // 5, program.n_regs, n_in)
+        self._out_codes = _PTR(out_codes_at)
 
     def _check_rows(self, dims: tuple[int, ...]) -> None:
         if self._max_row is not None and dims[-1] > self._max_row:
@@ -264,7 +266,7 @@ class Kernel:
         longs += dims
         ptrs = [t.data_ptr() for t in inputs] + [o.data_ptr() for o in outs]
         _alive, in_codes_at = _buffer("i", in_codes)  # the array stays alive through the call
-        self._run(ptrs, in_codes_at, longs, len(dims), min(threads, 2**31 - 1))
+        self._run(ptrs, _PTR(in_codes_at), longs, len(dims), min(threads, 2**31 - 1))
         return outs
 
     def _run(
@@ -273,10 +275,8 @@ class Kernel:
         """One ``dvm_run``: data pointers (inputs then outputs), input dtype codes, strides
         (inputs then outputs) then the domain; :class:`VMError` when the VM refuses."""
         n_in = self._head[4]
-        ints = array("q", longs)
-        at = ints.buffer_info()[0]
-        pointers = array("Q", ptrs)
-        ptrs_at = pointers.buffer_info()[0]
+        _ints, at = _buffer("q", longs)  # the arrays stay alive through the call
+        _pointers, ptrs_at = _buffer("Q", ptrs)
         status = self._lib.dvm_run(
             *self._head,
             _PTR(ptrs_at),
@@ -357,9 +357,10 @@ class Launch:
         self._operands = tuple(
             (i, _stride_map(args[i].shape, view, dims, k)) for k, (i, view) in enumerate(operands)
         )
-        self._in_codes_buf, self._in_codes = _buffer(
+        self._in_codes_buf, in_codes_at = _buffer(
             "i", [_dtype_code(args[i].dtype, "input", k) for k, (i, _) in enumerate(operands)]
         )
+        self._in_codes = _PTR(in_codes_at)
         layouts = _layouts(out_strides, dims, kernel.reduced)
         self._allocs = []
         tail: list[int] = []

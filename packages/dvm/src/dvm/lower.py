@@ -458,25 +458,20 @@ def _elu(em: Emitter, n: Node, r: Resolve) -> int:
     alpha, scale = _arg(n, 1, "alpha", 1), _arg(n, 2, "scale", 1)
     input_scale = _arg(n, 3, "input_scale", 1)
     negative = em.binary(Op.SUB, em.unary(Op.EXP, _scaled(em, x, input_scale)), em.const(1.0))
-    negative = em.binary(Op.MUL, negative, em.const(alpha * scale))
+    negative = _scaled(em, negative, alpha * scale)
     return em.where(em.binary(Op.LE, x, em.const(0.0)), negative, _scaled(em, x, scale))
 
 
 @_rule([aten.addcmul.default], POINTWISE, cost=4)
 def _addcmul(em: Emitter, n: Node, r: Resolve) -> int:
-    product = _scaled_first(em, r(n.args[1]), _arg(n, 3, "value", 1))
+    product = _scaled(em, r(n.args[1]), _arg(n, 3, "value", 1))
     return em.binary(Op.ADD, r(n.args[0]), em.binary(Op.MUL, product, r(n.args[2])))
 
 
 @_rule([aten.addcdiv.default], POINTWISE, cost=4)
 def _addcdiv(em: Emitter, n: Node, r: Resolve) -> int:
-    quotient = _scaled_first(em, r(n.args[1]), _arg(n, 3, "value", 1))
+    quotient = _scaled(em, r(n.args[1]), _arg(n, 3, "value", 1))
     return em.binary(Op.ADD, r(n.args[0]), em.binary(Op.DIV, quotient, r(n.args[2])))
-
-
-def _scaled_first(em: Emitter, value: int, alpha: Any) -> int:
-    """``alpha * value`` (the scalar first, as PyTorch's kernels multiply)."""
-    return value if alpha == 1 else em.binary(Op.MUL, em.const(alpha), value)
 
 
 @_rule([aten.lerp.Scalar, aten.lerp.Tensor], POINTWISE, cost=9)
@@ -486,12 +481,17 @@ def _lerp(em: Emitter, n: Node, r: Resolve) -> int:
     start, end, weight = r(n.args[0]), r(n.args[1]), n.args[2]
     w = r(weight)
     diff = em.binary(Op.SUB, end, start)
-    small = em.binary(Op.ADD, start, em.binary(Op.MUL, w, diff))
-    large = em.binary(Op.SUB, end, em.binary(Op.MUL, diff, em.binary(Op.SUB, em.const(1.0), w)))
-    if not isinstance(weight, Node):
-        return small if abs(weight) < 0.5 else large
+
+    def small() -> int:
+        return em.binary(Op.ADD, start, em.binary(Op.MUL, w, diff))
+
+    def large() -> int:
+        return em.binary(Op.SUB, end, em.binary(Op.MUL, diff, em.binary(Op.SUB, em.const(1.0), w)))
+
+    if not isinstance(weight, Node):  # a scalar weight: only its form is emitted
+        return small() if abs(weight) < 0.5 else large()
     is_small = em.binary(Op.LT, em.unary(Op.ABS, w), em.const(0.5))
-    return em.where(is_small, small, large)
+    return em.where(is_small, small(), large())
 
 
 @_rule([aten.threshold_backward.default], POINTWISE, cost=4)

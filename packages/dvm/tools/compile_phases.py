@@ -95,13 +95,11 @@ def _flow(chain: str, repeat: int) -> str:
 def _llama(dtype: str, repeat: int) -> None:
     from dvm.backend import make_backend
 
-    size, regions, graphs = benchmarks.LLAMA, [], []
+    regions, graphs = [], []
     backend = make_backend(lambda _kind, graph: graphs.append(graph))
     for _ in range(repeat):
         torch._dynamo.reset()
-        torch.manual_seed(0)
-        model = benchmarks._llama(size).to(benchmarks.DTYPES[dtype]).train()
-        ids = torch.randint(0, size.vocab, (size.batch, size.seq))
+        model, ids = benchmarks.seeded_llama(benchmarks.DTYPES[dtype])
         graphs.clear()
         compiled = torch.compile(model, backend=backend)
         compiled(input_ids=ids, labels=ids).loss.backward()

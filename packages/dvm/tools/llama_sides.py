@@ -65,11 +65,7 @@ def _silu_decomposed() -> dict[Any, Callable[..., Any]]:
 def _stepper(dtype: torch.dtype, backend: Any) -> Callable[[], None]:
     """A training step (forward, loss, backward, SGD) of the seeded model under ``backend``,
     compiled and warmed up by two steps."""
-    torch.manual_seed(0)
-    model = benchmarks._llama(benchmarks.LLAMA).to(dtype).train()
-    g = torch.Generator().manual_seed(1)
-    size = benchmarks.LLAMA
-    ids = torch.randint(0, size.vocab, (size.batch, size.seq), generator=g)
+    model, ids = benchmarks.seeded_llama(dtype)
     forward = model if backend is None else torch.compile(model, backend=backend)
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
 

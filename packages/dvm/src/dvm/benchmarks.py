@@ -425,6 +425,15 @@ def _llama(size: LlamaSize) -> torch.nn.Module:
     return transformers.LlamaForCausalLM(config)
 
 
+def seeded_llama(dtype: torch.dtype) -> tuple[torch.nn.Module, torch.Tensor]:
+    """The tiny Llama (:data:`LLAMA`) from seed 0 in ``dtype``, in training mode, and its batch
+    of token ids (seed 1): every side of a Llama figure starts from these."""
+    torch.manual_seed(0)
+    model = _llama(LLAMA).to(dtype).train()
+    g = torch.Generator().manual_seed(1)
+    return model, torch.randint(0, LLAMA.vocab, (LLAMA.batch, LLAMA.seq), generator=g)
+
+
 @dataclass
 class _Trainer:
     """One side: a model, its (compiled) forward, an optimizer, a batch and measured times."""
@@ -479,10 +488,7 @@ def _trainer(dtype: str, side: str) -> _Trainer:
     Inductor cold), dvm's first loss and gradients checked against eager's, then warmed up."""
     from torch._inductor.utils import fresh_cache
 
-    torch.manual_seed(0)
-    model = _llama(LLAMA).to(DTYPES[dtype]).train()
-    g = torch.Generator().manual_seed(1)
-    ids = torch.randint(0, LLAMA.vocab, (LLAMA.batch, LLAMA.seq), generator=g)
+    model, ids = seeded_llama(DTYPES[dtype])
     backend = {"eager": None, "inductor": "inductor", "dvm": _dvm_backend()}[side]
     forward = model if backend is None else torch.compile(model, backend=backend)
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)

@@ -66,13 +66,6 @@ CASES: dict[str, tuple[Callable[[int], nn.Module], tuple[int, ...], int]] = {
 }
 
 
-def _decomposed() -> dict[Any, Callable[..., Any]]:
-    from torch._decomp import get_decompositions
-
-    norms = [aten.native_layer_norm, aten.native_layer_norm_backward]
-    return {**decomposition_table(), **get_decompositions(norms)}
-
-
 def _step(module: nn.Module, args: list[torch.Tensor], train: bool) -> Callable[[], None]:
     def step() -> None:
         if train:
@@ -104,7 +97,11 @@ def main() -> None:
     dtype = benchmarks.DTYPES[args.dtype]
     backends: dict[str, Any] = {
         "whole": make_backend(),
-        "decomposed": make_backend(decompositions=_decomposed()),
+        "decomposed": make_backend(
+            decompositions=decomposition_table(
+                also=[aten.native_layer_norm, aten.native_layer_norm_backward]
+            )
+        ),
         "aot_eager": "aot_eager",  # torch.compile's own cost: the graphs run as eager aten
     }
     print(f"{args.dtype}: eager time / side's time (median of {args.rounds} rounds)")
@@ -114,8 +111,8 @@ def main() -> None:
             module = make(shape[-1]).to(dtype)
             inputs = [torch.randn(shape, dtype=dtype, requires_grad=train) for _ in range(n_args)]
             steps = {"eager": _step(module, inputs, train)}
+            torch._dynamo.reset()  # once a case: a reset between sides made each recompile
             for side, backend in backends.items():
-                torch._dynamo.reset()
                 compiled = torch.compile(module, backend=backend, dynamic=False)
                 steps[side] = _step(compiled, inputs, train)
                 steps[side]()  # compiles

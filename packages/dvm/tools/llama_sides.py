@@ -52,14 +52,10 @@ def _sides() -> dict[str, Any]:
         "aot_dvm_decomp": _aot(lambda gm, _: gm.forward),
         "dvm_no_regions": _aot(lambda gm, ex: compile_graph(gm, ex, min_ops=2**31)),
         "dvm": "dvm",
-        "dvm_silu_decomposed": make_backend(decompositions=_silu_decomposed()),
+        "dvm_silu_decomposed": make_backend(
+            decompositions=decomposition_table(also=[torch.ops.aten.silu])
+        ),
     }
-
-
-def _silu_decomposed() -> dict[Any, Callable[..., Any]]:
-    from torch._decomp import get_decompositions
-
-    return {**decomposition_table(), **get_decompositions([torch.ops.aten.silu])}
 
 
 def _stepper(dtype: torch.dtype, backend: Any) -> Callable[[], None]:

@@ -107,12 +107,6 @@ def _cases(
     return cases
 
 
-def _decomposed_table() -> dict[Any, Callable[..., Any]]:
-    from torch._decomp import get_decompositions
-
-    return {**decomposition_table(), **get_decompositions(list(DECOMPOSED))}
-
-
 def _round_us(fn: Callable[..., Any], args: list[torch.Tensor], calls: int = 20) -> float:
     start = time.perf_counter()
     for _ in range(calls):
@@ -131,7 +125,9 @@ def main() -> None:
     for name, (fn, inputs) in _cases(benchmarks.DTYPES[args.dtype], shape).items():
         sides = {
             "torch": fn,
-            "vm region": compile_graph(make_fx(fn, _decomposed_table())(*inputs), inputs),
+            "vm region": compile_graph(
+                make_fx(fn, decomposition_table(also=DECOMPOSED))(*inputs), inputs
+            ),
             "dvm now": compile_graph(make_fx(fn, decomposition_table())(*inputs), inputs),
         }
         if not sides["vm region"].regions or sides["dvm now"].regions:

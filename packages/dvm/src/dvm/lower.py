@@ -887,7 +887,7 @@ _FUSIBLE = [  # composites whose decompositions are ops the VM lowers
 ]
 
 
-def decomposition_table() -> dict[Any, Callable[..., Any]]:
+def decomposition_table(also: Sequence[Any] = ()) -> dict[Any, Callable[..., Any]]:
     """The composites whose decompositions the VM can fuse (softplus, mish, logsumexp,
     variance...); GELU stays whole, one instruction (its erf form) or its tanh form's
     operations (see ``_gelu``), and so do SiLU, the other activations and the backward of
@@ -895,9 +895,10 @@ def decomposition_table() -> dict[Any, Callable[..., Any]]:
     their backward (a row op each: see ``_softmax``). LayerNorm, its backward and mse_loss
     stay PyTorch's kernels (:data:`KEPT_WHOLE`). Other ops stay whole: decomposed, an
     op the VM cannot take (embedding backward, NLL loss, slicing backward) runs as several
-    eager kernels instead of one."""
+    eager kernels instead of one. ``also``: more ops (or overload packets) to decompose with
+    PyTorch's decompositions, e.g. one dvm keeps whole, to time it decomposed."""
     from torch._decomp import get_decompositions
 
-    table = get_decompositions(_FUSIBLE)
+    table = get_decompositions([*_FUSIBLE, *also])
     table[aten.var_mean.correction] = _var_mean
     return table

@@ -122,6 +122,8 @@ def main() -> None:
     parser.add_argument("--llama", action="store_true", help="the tiny Llama step's graphs")
     parser.add_argument("--dtype", choices=sorted(benchmarks.DTYPES), default="fp32")
     args = parser.parse_args()
+    if args.repeat < 2:
+        parser.error("--repeat must be at least 2 (medians and percentiles of the compiles)")
     runtime.restart_tuned()  # as `spore bench`: its tuned runtime
     if args.llama:
         _llama(args.dtype, args.repeat)

@@ -92,6 +92,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--calls", type=int, default=10, help="timed calls a side per round")
     args = parser.parse_args()
+    if args.rounds < 1 or args.calls < 1:
+        parser.error("--rounds and --calls must be at least 1")
     runtime.restart_tuned()  # as `spore bench`: its tuned runtime
     warnings.filterwarnings("ignore")
     dtype = benchmarks.DTYPES[args.dtype]

@@ -120,7 +120,10 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=31)
     parser.add_argument("--shape", default="2x128x688", help="the pointwise ops' inputs")
     args = parser.parse_args()
-    shape = tuple(int(s) for s in args.shape.lower().split("x"))
+    sizes = args.shape.lower().split("x")
+    if not all(s.isdigit() and int(s) > 0 for s in sizes) or args.rounds < 1:
+        parser.error(f"--shape {args.shape!r}: give positive sizes as AxBxC; --rounds >= 1")
+    shape = tuple(int(s) for s in sizes)
     runtime.restart_tuned()  # as `spore bench`: its tuned runtime
     for name, (fn, inputs) in _cases(benchmarks.DTYPES[args.dtype], shape).items():
         sides = {

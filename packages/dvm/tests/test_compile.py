@@ -4,6 +4,7 @@ recorded reason; graphs without fake values, side effects and compile times."""
 from __future__ import annotations
 
 import operator
+import warnings
 
 import pytest
 import torch
@@ -57,6 +58,59 @@ def test_outputs_keep_the_traced_layout(monkeypatch, executor):
     assert c.vm_calls == 1
     assert got.stride() == want.stride() != want.contiguous().stride()
     torch.testing.assert_close(got, want)
+
+
+@pytest.mark.parametrize("executor", ["vm", "reference"])
+def test_an_expanded_output_is_stored_dense(monkeypatch, executor):
+    """F.normalize's divisor, expanded over the row (a stride 0), is also an output (saved
+    for backward, as in Swin v2): stored contiguous, equal to eager, the graph compiled."""
+    if executor == "reference":
+        monkeypatch.setattr(dc, "PREPARE", dc._Reference)
+
+    def normalize(x, norm):
+        d = norm.clamp_min(1e-12).expand_as(x)
+        return x / d, d
+
+    x = torch.randn(4, 3, 8).transpose(0, 1)
+    norm = torch.rand(3, 4, 1) + 0.5
+    gm = make_fx(normalize, tracing_mode="fake")(x, norm)
+    (expand,) = [n for n in gm.graph.nodes if n.target == aten.expand.default]
+    assert 0 in expand.meta["val"].stride()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        c = compile_graph(gm, [x, norm])
+    got = c(x, norm)
+    want = normalize(x, norm)
+    assert len(c.regions) == 1
+    assert c.vm_calls == 1
+    assert got[1].is_contiguous()
+    assert got[0].stride() == want[0].stride()
+    for g, w in zip(got, want, strict=True):
+        torch.testing.assert_close(g, w)
+
+
+@pytest.mark.parametrize("executor", ["vm", "reference"])
+def test_a_region_of_0d_values_runs_over_one_element(monkeypatch, executor):
+    """A scale worked out from a 0-d tensor (DeBERTa's ``sqrt(tensor(d) * factor)``): the
+    region's domain is ``(1,)``, its output 0-d as eager's."""
+    if executor == "reference":
+        monkeypatch.setattr(dc, "PREPARE", dc._Reference)
+
+    def scale(d, x):
+        s = torch.sqrt(d * 2.0)
+        return x / s, s
+
+    d, x = torch.tensor(16.0), torch.randn(3, 5)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        c = compile_graph(make_fx(scale, tracing_mode="fake")(d, x), [d, x], min_ops=1)
+    got = c(d, x)
+    want = scale(d, x)
+    assert [r.domain for r in c.regions] == [(1,), (3, 5)]
+    assert c.vm_calls == 2
+    assert got[1].shape == torch.Size([])
+    for g, w in zip(got, want, strict=True):
+        torch.testing.assert_close(g, w)
 
 
 def test_graph_without_fake_values_gets_them():

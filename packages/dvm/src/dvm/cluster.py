@@ -414,6 +414,7 @@ def build_region(members: list[Node], a: _Analysis) -> Region:
         big = max(big, _numel(foot))
     if _numel(domain) != big:
         raise ValueError(f"domain {domain} spans more than any member (an outer product)")
+    domain = domain or (1,)  # 0-d values only (a scale worked out from a scalar): one element
     em = Emitter()
     env: dict[Node, int] = {}
     slots: dict[tuple[Node, Shape], int] = {}

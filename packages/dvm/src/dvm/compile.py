@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from torch._prims_common import is_non_overlapping_and_dense_or_false
 from torch.fx import GraphModule, Node
 from torch.fx.node import map_arg
 
@@ -58,13 +59,20 @@ class _Reference:
 
 
 def _out_layouts(region: Region) -> list[Strides | None] | None:
-    """Each VM output's strides over the domain where the traced value is laid out otherwise
-    than contiguously (e.g. RoPE on a transposed query): the graph after the region may rely
-    on them (views, fused attention). ``None`` when every output is contiguous."""
+    """Each VM output's strides over the domain where the traced value is laid out densely
+    but otherwise than contiguously (e.g. RoPE on a transposed query): the graph after the
+    region may rely on them (views, fused attention). An expanded value (a stride 0) is stored
+    contiguous: every view of it is a view of that too. ``None`` when every output is
+    contiguous."""
     layouts: list[Strides | None] = [None] * len(region.out_dtypes)
     for node, k in zip(region.outputs, region.output_slots, strict=True):
         val = node.meta["val"]
-        if not val.is_contiguous() and not region.reduced[k] and val.shape == region.domain:
+        if (
+            not val.is_contiguous()
+            and not region.reduced[k]
+            and val.shape == region.domain
+            and is_non_overlapping_and_dense_or_false(val)
+        ):
             layouts[k] = tuple(val.stride())
     return None if all(s is None for s in layouts) else layouts
 

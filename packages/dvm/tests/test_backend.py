@@ -1,5 +1,6 @@
 """The ``dvm`` torch.compile backend: found by name, trains (forward and backward graphs both
-clustered), falls back with reasons, and guards recompiles per shape."""
+clustered), falls back with reasons, guards recompiles per shape and compiles graphs with
+symbolic sizes once a size."""
 
 from __future__ import annotations
 
@@ -115,11 +116,22 @@ def test_new_shape_recompiles_and_stays_correct():
     assert all(c.vm_calls == 1 for _, c in graphs)
 
 
-def test_dynamic_shapes_fall_back_with_a_reason():
+def test_dynamic_shapes_compile_once_a_size():
+    """A graph with symbolic sizes is compiled for each size it runs with (the VM takes
+    concrete shapes); ``compile_graph`` itself leaves such a graph eager, with the reason."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from dvm.compile import compile_graph
+
     graphs, backend = _record()
     fn = torch.compile(lambda t: torch.sigmoid(t) * t, backend=backend, dynamic=True)
+    for shape in [(4, 6), (5, 3), (4, 6)]:
+        x = torch.randn(*shape)
+        torch.testing.assert_close(fn(x), torch.sigmoid(x) * x)
+    assert [[r.domain for r in c.regions] for _, c in graphs] == [[(4, 6)], [(5, 3)]]
+    assert [c.vm_calls for _, c in graphs] == [2, 1]
     x = torch.randn(4, 6)
-    torch.testing.assert_close(fn(x), torch.sigmoid(x) * x)
-    ((_, c),) = graphs
+    gm = make_fx(lambda t: torch.sigmoid(t) * t, tracing_mode="symbolic")(x)
+    c = compile_graph(gm, [x])
     assert c.regions == []
     assert all("dynamic shape" in why for _, why in c.fallbacks)

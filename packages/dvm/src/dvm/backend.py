@@ -11,6 +11,7 @@ import torch
 from dvm.cluster import MIN_OPS
 from dvm.compile import CompiledGraph, compile_graph
 from dvm.lower import decomposition_table
+from dvm.specialize import Specializing, symbolic_inputs
 
 
 def make_backend(
@@ -20,18 +21,25 @@ def make_backend(
     decompositions: Mapping[Any, Callable[..., Any]] | None = None,
 ) -> Callable[[torch.fx.GraphModule, Sequence[Any]], Callable[..., Any]]:
     """A ``dvm`` backend; ``on_compile(kind, compiled)`` sees every graph it compiles, with
-    ``kind`` ``"forward"``, ``"backward"`` or ``"inference"``; ``min_ops`` as in
+    ``kind`` ``"forward"``, ``"backward"`` or ``"inference"`` (a graph with symbolic sizes is
+    compiled, and seen, once for each set of sizes it runs with: :mod:`dvm.specialize`);
+    ``min_ops`` as in
     :func:`dvm.compile.compile_graph`; ``decompositions`` the table AOT autograd traces with
     (default :func:`dvm.lower.decomposition_table`)."""
     from functorch.compile import make_boxed_func
     from torch._dynamo.backends.common import aot_autograd
 
     def compiler(kind: str):
-        def compile_fn(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]):
+        def compile_static(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]):
             compiled = compile_graph(gm, example_inputs, min_ops=min_ops)
             if on_compile is not None:
                 on_compile(kind, compiled)
-            return make_boxed_func(compiled)
+            return compiled
+
+        def compile_fn(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]):
+            if symbolic_inputs(gm):
+                return make_boxed_func(Specializing(gm, compile_static))
+            return make_boxed_func(compile_static(gm, example_inputs))
 
         return compile_fn
 

@@ -1,0 +1,190 @@
+"""Graphs with symbolic sizes (``torch.compile(..., dynamic=True)``, or dynamo's automatic
+dynamic shapes once it has seen a second input shape): the VM takes concrete shapes only, so
+:class:`Specializing` compiles such a graph again for each set of sizes it is called with — the
+sizes substituted into a copy of the graph, then :func:`dvm.compile.compile_graph` — instead of
+leaving every node to eager.
+"""
+
+from __future__ import annotations
+
+import time
+import warnings
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import sympy
+import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.fx import Graph, GraphModule, Node
+from torch.fx.node import map_arg
+from torch.utils._pytree import tree_map
+
+LIMIT = 16
+"""Default number of sizes a :class:`Specializing` keeps compiles for (oldest dropped first)."""
+
+_SYM = (torch.SymInt, torch.SymFloat, torch.SymBool)
+Env = dict[sympy.Symbol, sympy.Integer]
+
+
+def _is_symbolic(v: Any) -> bool:
+    if isinstance(v, _SYM):
+        return True
+    if isinstance(v, torch.Tensor):
+        return any(isinstance(s, torch.SymInt) for s in (*v.shape, *v.stride()))
+    return False
+
+
+def symbolic_inputs(gm: GraphModule) -> list[int]:
+    """Positions of ``gm``'s inputs whose fake value has a symbolic size: a SymInt, or a tensor
+    with a symbolic size or stride."""
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    return [i for i, n in enumerate(placeholders) if _is_symbolic(n.meta.get("val"))]
+
+
+def _bind(env: Env, sym: Any, value: Any) -> None:
+    """Record ``sym = value`` where ``sym`` is a plain symbol (other expressions are checked
+    once every symbol is bound)."""
+    expr = sym.node.expr
+    if isinstance(expr, sympy.Symbol) and expr not in env:
+        env[expr] = sympy.Integer(value)
+
+
+def _value(sym: Any, env: Env) -> Any:
+    expr = sympy.sympify(sym.node.expr).xreplace(env)
+    if expr.free_symbols:
+        names = ", ".join(sorted(map(str, expr.free_symbols)))
+        raise ValueError(f"size {sym} depends on {names}, which no input gives")
+    if isinstance(sym, torch.SymBool):
+        return bool(expr)
+    return float(expr) if isinstance(sym, torch.SymFloat) else int(expr)
+
+
+def bindings(placeholders: Sequence[Node], args: Sequence[Any], symbolic: Sequence[int]) -> Env:
+    """Each size symbol's value, read off the inputs at ``symbolic`` positions; ``ValueError``
+    when an input disagrees with them (a size the symbols give otherwise)."""
+    env: Env = {}
+    for i in symbolic:
+        val, arg = placeholders[i].meta["val"], args[i]
+        if isinstance(val, _SYM):
+            _bind(env, val, arg)
+            continue
+        for s, a in zip((*val.shape, *val.stride()), (*arg.shape, *arg.stride()), strict=True):
+            if isinstance(s, torch.SymInt):
+                _bind(env, s, a)
+    for i in symbolic:
+        val, arg = placeholders[i].meta["val"], args[i]
+        if isinstance(val, _SYM):
+            got, want = _value(val, env), arg
+        else:
+            got = tuple(_value(s, env) if isinstance(s, torch.SymInt) else s for s in val.shape)
+            want = tuple(arg.shape)
+        if got != want:
+            raise ValueError(f"input {i} is {want}; the graph's sizes make it {got}")
+    return env
+
+
+class _Concrete:
+    """Fake values with the sizes ``env`` gives, made in a mode without symbolic sizes."""
+
+    def __init__(self, env: Env, mode: FakeTensorMode) -> None:
+        self.env, self.mode = env, mode
+        self.made: dict[tuple[Any, ...], torch.Tensor] = {}
+
+    def int(self, s: Any) -> Any:
+        return _value(s, self.env) if isinstance(s, _SYM) else s
+
+    def __call__(self, v: Any) -> Any:
+        if isinstance(v, _SYM):
+            return _value(v, self.env)
+        if not (isinstance(v, torch.Tensor) and _is_symbolic(v)):
+            return v
+        shape = tuple(self.int(s) for s in v.shape)
+        stride = tuple(self.int(s) for s in v.stride())
+        key = (shape, stride, v.dtype, v.device)
+        t = self.made.get(key)
+        if t is None:
+            with self.mode:
+                t = torch.empty_strided(shape, stride, dtype=v.dtype, device=v.device)
+            self.made[key] = t
+        return t
+
+
+def static_graph(gm: GraphModule, env: Env, mode: FakeTensorMode) -> GraphModule:
+    """A copy of ``gm`` for the sizes ``env`` gives: every fake value concrete, every size
+    computed from the symbols an ``int`` argument (the nodes computing them then dead, and
+    removed)."""
+    concrete = _Concrete(env, mode)
+    graph = Graph()
+    graph.output(graph.graph_copy(gm.graph, {}))
+    sizes: dict[Node, Any] = {}
+    for n in graph.nodes:
+        val = n.meta.get("val")
+        if isinstance(val, _SYM):
+            sizes[n] = n.meta["val"] = concrete(val)
+        elif val is not None:
+            n.meta["val"] = tree_map(concrete, val)
+        if n.op != "placeholder" and sizes:
+            n.args = map_arg(n.args, lambda a: sizes.get(a, a))
+            n.kwargs = map_arg(n.kwargs, lambda a: sizes.get(a, a))
+    graph.eliminate_dead_code()
+    return GraphModule(gm, graph)
+
+
+class Specializing:
+    """``gm``, a graph with symbolic sizes, compiled by ``compile(static_gm, args)`` for each
+    set of sizes it is called with (the compiles of the last ``limit`` sets kept). A set it
+    cannot specialise runs ``gm`` eagerly, with one warning and the reason in ``failures``.
+    ``specialize_us``: each specialisation's time (the copy and the compile), in µs."""
+
+    def __init__(
+        self,
+        gm: GraphModule,
+        compile: Callable[[GraphModule, Sequence[Any]], Callable[..., Any]],
+        *,
+        limit: int = LIMIT,
+    ) -> None:
+        if limit < 1:
+            raise ValueError(f"limit must be at least 1, got {limit}")
+        self._gm, self._compile, self.limit = gm, compile, limit
+        self._placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+        self._symbolic = symbolic_inputs(gm)
+        self._mode = FakeTensorMode(allow_non_fake_inputs=True)
+        self.compiled: dict[tuple[Any, ...], Callable[..., Any]] = {}
+        self.failures: dict[tuple[Any, ...], str] = {}
+        self.specialize_us: list[float] = []
+
+    def key(self, args: Sequence[Any]) -> tuple[Any, ...]:
+        """The sizes that pick a compile: each symbolic input's value, or shape and strides."""
+        return tuple(
+            (tuple(a.shape), a.stride()) if isinstance(a, torch.Tensor) else a
+            for a in (args[i] for i in self._symbolic)
+        )
+
+    def __call__(self, *args: Any) -> Any:
+        key = self.key(args)
+        fn = self.compiled.get(key)
+        if fn is None:
+            fn = self._specialize(key, args)
+        return fn(*args)
+
+    def _specialize(self, key: tuple[Any, ...], args: Sequence[Any]) -> Callable[..., Any]:
+        t0 = time.perf_counter()
+        try:
+            env = bindings(self._placeholders, args, self._symbolic)
+            fn = self._compile(static_graph(self._gm, env, self._mode), args)
+        except Exception as e:  # a compiler bug must not break the user's program: run eagerly
+            why = f"{type(e).__name__}: {e}"
+            if not self.failures:
+                warnings.warn(
+                    f"dvm could not specialise a graph with symbolic sizes for {key} ({why}); "
+                    "those sizes run eagerly",
+                    RuntimeWarning,
+                    stacklevel=3,
+                )
+            self.failures[key] = why
+            fn = self._gm.forward
+        self.specialize_us.append((time.perf_counter() - t0) * 1e6)
+        if len(self.compiled) >= self.limit:
+            del self.compiled[next(iter(self.compiled))]
+        self.compiled[key] = fn
+        return fn

@@ -1,0 +1,155 @@
+"""Graphs with symbolic sizes: compiled again for each set of sizes they run with, equal to
+eager, regions on the VM; a set that cannot be specialised runs eagerly with one warning."""
+
+from __future__ import annotations
+
+import math
+import operator
+import warnings
+
+import pytest
+import torch
+from torch.fx.experimental.proxy_tensor import make_fx
+
+from dvm.backend import make_backend
+from dvm.compile import CompiledGraph, compile_graph
+from dvm.specialize import Specializing, bindings, symbolic_inputs
+
+aten = torch.ops.aten
+
+
+def _fn(x, w):
+    h = (x * w).view(x.shape[0] * x.shape[1], x.shape[2])
+    return torch.softmax(h * 0.5, -1).sigmoid() + 1, x.shape[1] * 2
+
+
+def _symbolic(fn, *args):
+    return make_fx(fn, tracing_mode="symbolic")(*args)
+
+
+class _Compiles:
+    def __init__(self, fail: bool = False) -> None:
+        self.graphs: list[CompiledGraph] = []
+        self.fail = fail
+
+    def __call__(self, gm, args):
+        if self.fail:
+            raise RuntimeError("no compile today")
+        self.graphs.append(compile_graph(gm, args))
+        return self.graphs[-1]
+
+
+def test_each_set_of_sizes_compiles_once_and_equals_eager():
+    w = torch.randn(8)
+    gm = _symbolic(_fn, torch.randn(2, 3, 8), w)
+    assert symbolic_inputs(gm) == [0, 1]
+    compiles = _Compiles()
+    spec = Specializing(gm, compiles)
+    shapes = [(2, 3, 8), (4, 5, 8), (2, 3, 8), (1, 7, 8)]
+    for shape in shapes:
+        x = torch.randn(*shape)
+        got, want = spec(x, w), _fn(x, w)
+        torch.testing.assert_close(got[0], want[0])
+        assert got[1] == want[1]
+    assert len(compiles.graphs) == 3 == len(spec.compiled) == len(spec.specialize_us)
+    assert [g.vm_calls for g in compiles.graphs] == [2, 1, 1]
+    for g, (b, s, d) in zip(compiles.graphs, [(2, 3, 8), (4, 5, 8), (1, 7, 8)], strict=True):
+        (region,) = g.regions
+        assert math.prod(region.domain) == b * s * d
+        assert region.domain[-1] == d
+        for view in [n for n in g.run.steps if n.fn is aten.view.default]:
+            assert view.args[1] == [b * s, d]  # ints: the nodes computing them are gone
+        assert aten.sym_size.int not in g.run.targets
+        assert operator.mul not in g.run.targets
+
+
+def test_the_oldest_sizes_are_dropped_past_the_limit():
+    w = torch.randn(8)
+    compiles = _Compiles()
+    spec = Specializing(_symbolic(_fn, torch.randn(2, 3, 8), w), compiles, limit=2)
+    for s in (3, 4, 5, 3):
+        spec(torch.randn(2, s, 8), w)
+    assert len(compiles.graphs) == 4  # 3 was dropped when 5 came
+    assert [k[0][0] for k in spec.compiled] == [(2, 5, 8), (2, 3, 8)]
+    with pytest.raises(ValueError, match="limit must be at least 1"):
+        Specializing(_symbolic(_fn, torch.randn(2, 3, 8), w), compiles, limit=0)
+
+
+def test_a_failed_specialisation_runs_eagerly_with_one_warning():
+    w = torch.randn(8)
+    spec = Specializing(_symbolic(_fn, torch.randn(2, 3, 8), w), _Compiles(fail=True))
+    x = torch.randn(2, 3, 8)
+    with pytest.warns(RuntimeWarning, match="could not specialise.*no compile today"):
+        got = spec(x, w)
+    torch.testing.assert_close(got[0], _fn(x, w)[0])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        x = torch.randn(3, 3, 8)
+        torch.testing.assert_close(spec(x, w)[0], _fn(x, w)[0])
+    assert len(spec.failures) == 2
+    assert all("no compile today" in why for why in spec.failures.values())
+
+
+def test_inputs_that_disagree_with_the_graphs_sizes_run_eagerly():
+    """Traced with equal sizes, ``x`` and ``y`` share their size symbols; called with
+    different ones, no concrete graph fits: eager, with the reason."""
+
+    def two(x, y):
+        return x.sin() * 2 + 1, y.cos() * 2 + 1
+
+    gm = _symbolic(two, torch.randn(2, 3), torch.randn(2, 3))
+    x, y = torch.randn(2, 3), torch.randn(2, 4)
+    with pytest.raises(ValueError, match=r"input 1 is \(2, 4\); the graph's sizes make it"):
+        bindings([n for n in gm.graph.nodes if n.op == "placeholder"], [x, y], [0, 1])
+    spec = Specializing(gm, _Compiles())
+    with pytest.warns(RuntimeWarning, match="could not specialise"):
+        got = spec(x, y)
+    for g, w in zip(got, two(x, y), strict=True):
+        torch.testing.assert_close(g, w)
+
+
+@pytest.mark.parametrize("dynamic", [True, None])
+def test_tiny_llama_with_changing_lengths_runs_regions_on_the_vm(dynamic):
+    """``dynamic=True``, and dynamo's automatic dynamic shapes (``None``: static first, then
+    symbolic once a second length comes): every length's loss and gradients equal eager and
+    its forward and backward regions run on the VM."""
+    import transformers
+
+    config = transformers.LlamaConfig(
+        vocab_size=128,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        max_position_embeddings=64,
+    )
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(config)
+    graphs: list[tuple[str, CompiledGraph]] = []
+    compiled = torch.compile(
+        model, backend=make_backend(lambda kind, c: graphs.append((kind, c))), dynamic=dynamic
+    )
+    g = torch.Generator().manual_seed(1)
+    for length in (8, 11, 17, 11):
+        ids = torch.randint(0, 128, (2, length), generator=g)
+        want = model(input_ids=ids, labels=ids)
+        want.loss.backward()
+        grads = {n: p.grad.clone() for n, p in model.named_parameters()}
+        model.zero_grad()
+        got = compiled(input_ids=ids, labels=ids)
+        got.loss.backward()
+        torch.testing.assert_close(got.loss, want.loss, atol=1e-5, rtol=1e-5)
+        for n, p in model.named_parameters():
+            torch.testing.assert_close(p.grad, grads[n], atol=1e-5, rtol=1e-4, msg=n)
+        model.zero_grad()
+    kinds = [kind for kind, _ in graphs]
+    assert kinds.count("forward") == kinds.count("backward") == 3  # one a length, 11 reused
+    for _, c in graphs:
+        assert c.regions
+        assert not any("dynamic shape" in why for _, why in c.fallbacks)
+        assert c.eager_calls == 0
+    # each region ran once a step of its length: length 11 (the second compiles) twice
+    assert [c.vm_calls for _, c in graphs] == [
+        len(c.regions) * n for (_, c), n in zip(graphs, [1, 1, 2, 2, 1, 1], strict=True)
+    ]

@@ -22,7 +22,7 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -34,23 +34,14 @@ from dvm.lower import decomposition_table
 from spore import runtime
 
 
-def _aot(compiler: Callable[[torch.fx.GraphModule, Sequence[Any]], Callable[..., Any]]) -> Any:
-    """AOT autograd with dvm's decompositions and ``compiler`` for both graphs."""
-    from functorch.compile import make_boxed_func
-    from torch._dynamo.backends.common import aot_autograd
-
-    def boxed(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Callable[..., Any]:
-        return make_boxed_func(compiler(gm, example_inputs))
-
-    return aot_autograd(fw_compiler=boxed, bw_compiler=boxed, decompositions=decomposition_table())
-
-
 def _sides() -> dict[str, Any]:
     return {
         "eager": None,
         "aot_eager": "aot_eager",
-        "aot_dvm_decomp": _aot(lambda gm, _: gm.forward),
-        "dvm_no_regions": _aot(lambda gm, ex: compile_graph(gm, ex, min_ops=2**31)),
+        "aot_dvm_decomp": benchmarks.aot_backend(lambda gm, _: gm.forward),
+        "dvm_no_regions": benchmarks.aot_backend(
+            lambda gm, ex: compile_graph(gm, ex, min_ops=2**31)
+        ),
         "dvm": "dvm",
         "dvm_silu_decomposed": make_backend(
             decompositions=decomposition_table(also=[torch.ops.aten.silu])

@@ -35,7 +35,7 @@ import functools
 import math
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -423,6 +423,22 @@ def _llama(size: LlamaSize) -> torch.nn.Module:
         max_position_embeddings=2 * size.seq,
     )
     return transformers.LlamaForCausalLM(config)
+
+
+def aot_backend(
+    compiler: Callable[[torch.fx.GraphModule, Sequence[Any]], Callable[..., Any]],
+) -> Any:
+    """AOT autograd with dvm's decompositions and ``compiler`` for both graphs, each as it is
+    traced (no specialising of symbolic sizes): the tools' sides between eager and dvm."""
+    from functorch.compile import make_boxed_func
+    from torch._dynamo.backends.common import aot_autograd
+
+    from dvm.lower import decomposition_table
+
+    def boxed(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Callable[..., Any]:
+        return make_boxed_func(compiler(gm, example_inputs))
+
+    return aot_autograd(fw_compiler=boxed, bw_compiler=boxed, decompositions=decomposition_table())
 
 
 def seeded_llama(dtype: torch.dtype) -> tuple[torch.nn.Module, torch.Tensor]:

@@ -16,7 +16,6 @@ import sympy
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx import Graph, GraphModule, Node
-from torch.fx.node import map_arg
 from torch.utils._pytree import tree_map
 
 LIMIT = 16
@@ -84,18 +83,26 @@ def bindings(placeholders: Sequence[Node], args: Sequence[Any], symbolic: Sequen
 
 
 class _Concrete:
-    """Fake values with the sizes ``env`` gives, made in a mode without symbolic sizes."""
+    """Fake values with the sizes ``env`` gives, made in a mode without symbolic sizes (each
+    size expression worked out once)."""
 
     def __init__(self, env: Env, mode: FakeTensorMode) -> None:
         self.env, self.mode = env, mode
         self.made: dict[tuple[Any, ...], torch.Tensor] = {}
+        self.values: dict[Any, Any] = {}
 
     def int(self, s: Any) -> Any:
-        return _value(s, self.env) if isinstance(s, _SYM) else s
+        if not isinstance(s, _SYM):
+            return s
+        key = (type(s), s.node.expr)
+        v = self.values.get(key)
+        if v is None:
+            v = self.values[key] = _value(s, self.env)
+        return v
 
     def __call__(self, v: Any) -> Any:
         if isinstance(v, _SYM):
-            return _value(v, self.env)
+            return self.int(v)
         if not (isinstance(v, torch.Tensor) and _is_symbolic(v)):
             return v
         shape = tuple(self.int(s) for s in v.shape)
@@ -110,23 +117,27 @@ class _Concrete:
 
 
 def static_graph(gm: GraphModule, env: Env, mode: FakeTensorMode) -> GraphModule:
-    """A copy of ``gm`` for the sizes ``env`` gives: every fake value concrete, every size
-    computed from the symbols an ``int`` argument (the nodes computing them then dead, and
-    removed)."""
+    """A copy of ``gm`` for the sizes ``env`` gives: every fake value concrete, and every size
+    worked out from the symbols an ``int`` argument instead of the node computing it (which is
+    not copied; a size input stays an input)."""
     concrete = _Concrete(env, mode)
     graph = Graph()
-    graph.output(graph.graph_copy(gm.graph, {}))
-    sizes: dict[Node, Any] = {}
+    copied: dict[Node, Any] = {}
+    for n in gm.graph.nodes:
+        val = n.meta.get("val")
+        if n.op == "placeholder":
+            copied[n] = graph.node_copy(n)
+            if isinstance(val, _SYM):
+                copied[n] = concrete(val)  # its readers get the int
+        elif isinstance(val, _SYM):
+            copied[n] = concrete(val)
+    graph.output(graph.graph_copy(gm.graph, copied))
     for n in graph.nodes:
         val = n.meta.get("val")
-        if isinstance(val, _SYM):
-            sizes[n] = n.meta["val"] = concrete(val)
+        if isinstance(val, (*_SYM, torch.Tensor)):
+            n.meta["val"] = concrete(val)
         elif val is not None:
             n.meta["val"] = tree_map(concrete, val)
-        if n.op != "placeholder" and sizes:
-            n.args = map_arg(n.args, lambda a: sizes.get(a, a))
-            n.kwargs = map_arg(n.kwargs, lambda a: sizes.get(a, a))
-    graph.eliminate_dead_code()
     return GraphModule(gm, graph)
 
 

@@ -153,3 +153,30 @@ def test_tiny_llama_with_changing_lengths_runs_regions_on_the_vm(dynamic):
     assert [c.vm_calls for _, c in graphs] == [
         len(c.regions) * n for (_, c), n in zip(graphs, [1, 1, 2, 2, 1, 1], strict=True)
     ]
+
+
+def test_sizes_from_data_leave_only_their_nodes_eager():
+    """After ``nonzero`` (captured by dynamo), the masked values' sizes come from data: those
+    nodes stay eager with the reason; the rest of the graph runs on the VM, no warning."""
+    graphs: list[CompiledGraph] = []
+
+    def fn(x):
+        y = x[x > 0]
+        return (y.sigmoid() * y + 1).sum(), x.sin() * 2 + x
+
+    with torch._dynamo.config.patch(capture_dynamic_output_shape_ops=True):
+        compiled = torch.compile(
+            fn, backend=make_backend(lambda _, c: graphs.append(c)), dynamic=True
+        )
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            for n in (6, 9):
+                x = torch.randn(4, n)
+                for g, w in zip(compiled(x), fn(x), strict=True):
+                    torch.testing.assert_close(g, w)
+    assert [c.vm_calls for c in graphs] == [1, 1]
+    for c in graphs:
+        (region,) = c.regions
+        assert aten.sin.default in {n.target for n in region.nodes}
+        eager = {n.target for n, why in c.fallbacks if "dynamic shape" in why}
+        assert aten.sigmoid.default in eager

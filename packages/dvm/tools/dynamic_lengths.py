@@ -1,23 +1,25 @@
-"""The tiny Llama training step (``spore bench dvm -k llama-train``'s model) on batches whose
-length changes from step to step, as with length-bucketed batches. Under dynamo's default
-(automatic dynamic shapes) the second length recompiles the model once with symbolic sizes;
-dvm then compiles that graph again for each length it runs with (``dvm.specialize``).
+"""Changing sizes from call to call, as with length-bucketed batches: the tiny Llama training
+step (``spore bench dvm -k llama-train``'s model) at several sequence lengths, or with
+``--chain NAME`` one of the bench's chains at several row counts. Under dynamo's default
+(automatic dynamic shapes) the second size recompiles with symbolic sizes; dvm then compiles
+that graph again for each size it runs with (``dvm.specialize``).
 
-Sides, all from the same seeded weights, each length's batch cut from one seeded batch:
+Sides, all from the same seeded weights and inputs (each size cut from them):
 
-- ``eager``: the model as it is;
+- ``eager``: as it is;
 - ``dvm``: ``torch.compile(backend="dvm")``;
 - ``dvm_unspecialised``: the same graphs, each compiled once as traced (what dvm did before:
   a graph with symbolic sizes ran every node eagerly);
-- ``dvm_static``: ``torch.compile(backend="dvm", dynamic=False)``: dynamo compiles the model
-  again for each length;
-- ``inductor``: ``torch.compile()`` (Inductor's kernels for symbolic sizes).
+- ``dvm_static``: ``torch.compile(backend="dvm", dynamic=False)``: dynamo compiles again for
+  each size;
+- ``inductor``: ``torch.compile()`` (Inductor's kernels for symbolic sizes; its caches off).
 
-First, each side runs one step at each length of ``--lengths`` in turn: those first steps'
-times (compiles included), in ms. Then ``--rounds`` interleaved rounds, each side a step at
-every length: the median step time for each length, in ms, and against eager.
+First, each side runs once at each size in turn: those first calls' times (compiles
+included), in ms. Then ``--rounds`` interleaved rounds, each side a call at every size: the
+median time for each size, in ms, and eager's time over it.
 
-    python packages/dvm/tools/dynamic_lengths.py --lengths 128,96,112,80 --rounds 7
+    python packages/dvm/tools/dynamic_lengths.py --sizes 128,96,112,80 --rounds 7
+    python packages/dvm/tools/dynamic_lengths.py --chain softmax --sizes 1024,768,896,640
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+from torch._inductor.utils import fresh_cache
 
 from dvm import benchmarks
 from dvm.compile import compile_graph
@@ -45,7 +48,7 @@ def _sides() -> dict[str, dict[str, Any] | None]:
     }
 
 
-def _stepper(dtype: torch.dtype, options: dict[str, Any] | None) -> Callable[[int], None]:
+def _llama_step(dtype: torch.dtype, options: dict[str, Any] | None) -> Callable[[int], None]:
     """A training step (forward, loss, backward, SGD) of the seeded model on the first
     ``length`` tokens of its batch, compiled with ``options`` (eager when ``None``)."""
     model, ids = benchmarks.seeded_llama(dtype)
@@ -61,53 +64,76 @@ def _stepper(dtype: torch.dtype, options: dict[str, Any] | None) -> Callable[[in
     return step
 
 
-def _lengths(text: str) -> list[int]:
-    lengths = [int(s) for s in text.split(",")]
-    if len(lengths) < 2 or not all(2 <= n <= benchmarks.LLAMA.seq for n in lengths):
-        raise ValueError(f"give two or more lengths between 2 and {benchmarks.LLAMA.seq}")
-    return lengths
+def _chain_call(
+    name: str, dtype: torch.dtype, options: dict[str, Any] | None
+) -> Callable[[int], None]:
+    """The chain on the first ``rows`` rows of its ``[1024, 4096]`` inputs, under no_grad."""
+    spec = benchmarks.CHAINS[name]
+    inputs = spec.inputs((1024, 4096), dtype)
+    fn = spec.fn if options is None else torch.compile(spec.fn, **options)
+
+    def call(rows: int) -> None:
+        with torch.no_grad():
+            fn(*(t[:rows] if t.dim() == 2 else t for t in inputs))
+
+    return call
+
+
+def _sizes(text: str, most: int) -> list[int]:
+    sizes = [int(s) for s in text.split(",")]
+    if len(sizes) < 2 or not all(2 <= n <= most for n in sizes):
+        raise ValueError(f"give two or more sizes between 2 and {most}")
+    return sizes
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--dtype", choices=sorted(benchmarks.DTYPES), default="fp32")
-    parser.add_argument("--lengths", default="128,96,112,80", help="comma-separated lengths")
+    parser.add_argument("--chain", choices=sorted(benchmarks.CHAINS), help="a chain, not Llama")
+    parser.add_argument("--sizes", help="comma-separated lengths (rows with --chain)")
     parser.add_argument("--rounds", type=int, default=7, help="interleaved rounds")
     parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args()
+    most = 1024 if args.chain else benchmarks.LLAMA.seq
     try:
-        lengths = _lengths(args.lengths)
+        sizes = _sizes(args.sizes or ("1024,768,896,640" if args.chain else "128,96,112,80"), most)
     except ValueError as e:
-        parser.error(f"--lengths: {e}")
+        parser.error(f"--sizes: {e}")
     if args.rounds < 1:
         parser.error("--rounds must be at least 1")
     runtime.restart_tuned()  # as `spore bench`: its tuned runtime
     torch.set_num_threads(args.threads)
     dtype = benchmarks.DTYPES[args.dtype]
-    torch._dynamo.config.recompile_limit = 64  # dvm_static compiles each length anew
-    steps = {}
-    print("first step at each length, ms (compiles included): " + ", ".join(map(str, lengths)))
+    torch._dynamo.config.recompile_limit = 64  # dvm_static compiles each size anew
+    torch.compile(lambda x: x * 2 + 1, backend="dvm")(torch.ones(3))  # dynamo's one-time set-up
+    torch._dynamo.reset()
+    calls = {}
+    print(f"first call at each size, ms (compiles included): {', '.join(map(str, sizes))}")
     for name, options in _sides().items():
         torch._dynamo.reset()
-        steps[name] = step = _stepper(dtype, options)
+        if args.chain:
+            calls[name] = call = _chain_call(args.chain, dtype, options)
+        else:
+            calls[name] = call = _llama_step(dtype, options)
         firsts = []
-        for n in lengths:
-            start = time.perf_counter()
-            step(n)
-            firsts.append(f"{1e3 * (time.perf_counter() - start):7.1f}")
-        print(f"{name:18s} {' '.join(firsts)}", flush=True)
-    times: dict[str, dict[int, list[float]]] = {name: {n: [] for n in lengths} for name in steps}
-    for _ in range(args.rounds):
-        for name, step in steps.items():
-            for n in lengths:
+        with fresh_cache(), torch._inductor.config.patch(fx_graph_cache=False):
+            for n in sizes:
                 start = time.perf_counter()
-                step(n)
+                call(n)
+                firsts.append(f"{1e3 * (time.perf_counter() - start):7.1f}")
+        print(f"{name:18s} {' '.join(firsts)}", flush=True)
+    times: dict[str, dict[int, list[float]]] = {name: {n: [] for n in sizes} for name in calls}
+    for _ in range(args.rounds):
+        for name, call in calls.items():
+            for n in sizes:
+                start = time.perf_counter()
+                call(n)
                 times[name][n].append(1e3 * (time.perf_counter() - start))
-    print(f"steady step, ms (median of {args.rounds}; against eager in brackets)")
+    print(f"steady call, ms (median of {args.rounds}; eager's time over it in brackets)")
     eager = {n: statistics.median(ms) for n, ms in times["eager"].items()}
-    for name, by_length in times.items():
+    for name, by_size in times.items():
         cells = []
-        for n, ms in by_length.items():
+        for n, ms in by_size.items():
             m = statistics.median(ms)
             cells.append(f"{n}: {m:6.2f} ({eager[n] / m:.2f}x)")
         print(f"{name:18s} {'  '.join(cells)}")

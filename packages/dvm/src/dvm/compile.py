@@ -210,7 +210,13 @@ class CompiledGraph:
 
 
 def _ensure_meta(gm: GraphModule, example_inputs: Sequence[Any]) -> None:
-    if all("val" in n.meta for n in gm.graph.nodes if n.op in ("placeholder", "call_function")):
+    """Fake values for the graph's nodes when some are missing (a node nothing reads, such as
+    an ``_assert_scalar``, needs none)."""
+    if all(
+        "val" in n.meta or (n.op == "call_function" and not n.users)
+        for n in gm.graph.nodes
+        if n.op in ("placeholder", "call_function")
+    ):
         return
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.fx.passes.fake_tensor_prop import FakeTensorProp

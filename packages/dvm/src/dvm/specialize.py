@@ -48,11 +48,15 @@ def _bind(env: Env, sym: Any, value: Any) -> None:
         env[expr] = sympy.Integer(value)
 
 
+class Unbound(ValueError):
+    """A size that depends on a symbol no input gives (one from data, as after ``nonzero``)."""
+
+
 def _value(sym: Any, env: Env) -> Any:
     expr = sympy.sympify(sym.node.expr).xreplace(env)
     if expr.free_symbols:
         names = ", ".join(sorted(map(str, expr.free_symbols)))
-        raise ValueError(f"size {sym} depends on {names}, which no input gives")
+        raise Unbound(f"size {sym} depends on {names}, which no input gives")
     if isinstance(sym, torch.SymBool):
         return bool(expr)
     return float(expr) if isinstance(sym, torch.SymFloat) else int(expr)
@@ -84,7 +88,7 @@ def bindings(placeholders: Sequence[Node], args: Sequence[Any], symbolic: Sequen
 
 class _Concrete:
     """Fake values with the sizes ``env`` gives, made in a mode without symbolic sizes (each
-    size expression worked out once)."""
+    size expression worked out once); a value with a size no input gives stays as it is."""
 
     def __init__(self, env: Env, mode: FakeTensorMode) -> None:
         self.env, self.mode = env, mode
@@ -101,6 +105,12 @@ class _Concrete:
         return v
 
     def __call__(self, v: Any) -> Any:
+        try:
+            return self._concrete(v)
+        except Unbound:
+            return v
+
+    def _concrete(self, v: Any) -> Any:
         if isinstance(v, _SYM):
             return self.int(v)
         if not (isinstance(v, torch.Tensor) and _is_symbolic(v)):
@@ -119,7 +129,8 @@ class _Concrete:
 def static_graph(gm: GraphModule, env: Env, mode: FakeTensorMode) -> GraphModule:
     """A copy of ``gm`` for the sizes ``env`` gives: every fake value concrete, and every size
     worked out from the symbols an ``int`` argument instead of the node computing it (which is
-    not copied; a size input stays an input)."""
+    not copied; a size input stays an input). Values whose sizes come from data keep their
+    symbolic sizes (so their nodes stay eager) and the nodes computing such sizes stay."""
     concrete = _Concrete(env, mode)
     graph = Graph()
     copied: dict[Node, Any] = {}
@@ -127,10 +138,10 @@ def static_graph(gm: GraphModule, env: Env, mode: FakeTensorMode) -> GraphModule
         val = n.meta.get("val")
         if n.op == "placeholder":
             copied[n] = graph.node_copy(n)
-            if isinstance(val, _SYM):
-                copied[n] = concrete(val)  # its readers get the int
-        elif isinstance(val, _SYM):
-            copied[n] = concrete(val)
+        if isinstance(val, _SYM):
+            size = concrete(val)
+            if not isinstance(size, _SYM):
+                copied[n] = size  # its readers get the int
     graph.output(graph.graph_copy(gm.graph, copied))
     for n in graph.nodes:
         val = n.meta.get("val")

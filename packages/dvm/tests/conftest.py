@@ -1,8 +1,9 @@
-"""Shared test settings: the ``slow`` marker, and a private Inductor cache for every test."""
+"""Shared test settings: the ``slow`` marker, a private Inductor cache for every test, and the
+tiny Hugging Face Llama the model tests build."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 import torch
@@ -34,3 +35,26 @@ def inductor_cache(
     torch._dynamo.reset()
     yield folder
     torch._dynamo.reset()
+
+
+@pytest.fixture
+def tiny_llama() -> Callable[..., torch.nn.Module]:
+    """Builds a tiny Hugging Face Llama (2 layers, 64 wide) from seed 0, with the given
+    attention implementation (``"eager"`` or ``"sdpa"``)."""
+    transformers = pytest.importorskip("transformers")
+
+    def build(attention: str = "eager") -> torch.nn.Module:
+        config = transformers.LlamaConfig(
+            vocab_size=128,
+            hidden_size=64,
+            intermediate_size=128,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            max_position_embeddings=64,
+            attn_implementation=attention,
+        )
+        torch.manual_seed(0)
+        return transformers.LlamaForCausalLM(config).eval()
+
+    return build

@@ -183,25 +183,9 @@ def test_softmax_alone_stays_whole_and_fuses_with_ops_around_it(log):
                 assert len(alone) == 1, (kind, c.fallbacks)
 
 
-def _tiny_llama(attention: str = "eager"):
-    transformers = pytest.importorskip("transformers")
-    config = transformers.LlamaConfig(
-        vocab_size=128,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=64,
-        attn_implementation=attention,
-    )
-    torch.manual_seed(0)
-    return transformers.LlamaForCausalLM(config).eval()
-
-
 @pytest.mark.parametrize("attention", ["eager", "sdpa"])
-def test_tiny_llama_forward_backward(attention):
-    model = _tiny_llama(attention)
+def test_tiny_llama_forward_backward(attention, tiny_llama):
+    model = tiny_llama(attention)
     ids = torch.randint(0, 128, (2, 12), generator=torch.Generator().manual_seed(1))
     out = model(input_ids=ids, labels=ids)
     out.loss.backward()
@@ -230,6 +214,17 @@ def test_tiny_llama_forward_backward(attention):
     assert vm_calls == sum(regions.values())
     assert all(c.eager_calls == 0 for _, c in graphs)
 
+
+ENCODER = {  # BERT's and DeBERTa-v2's config
+    "vocab_size": 128,
+    "hidden_size": 32,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 2,
+    "intermediate_size": 64,
+    "max_position_embeddings": 32,
+    "hidden_dropout_prob": 0.0,
+    "attention_probs_dropout_prob": 0.0,
+}
 
 TINY_HF = {  # name: (config class, model class, config, the batch's kind)
     "gpt2": (
@@ -267,31 +262,13 @@ TINY_HF = {  # name: (config class, model class, config, the batch's kind)
     "bert": (
         "BertConfig",
         "BertForMaskedLM",
-        {
-            "vocab_size": 128,
-            "hidden_size": 32,
-            "num_hidden_layers": 2,
-            "num_attention_heads": 2,
-            "intermediate_size": 64,
-            "max_position_embeddings": 32,
-            "hidden_dropout_prob": 0.0,
-            "attention_probs_dropout_prob": 0.0,
-        },
+        ENCODER,
         "tokens",
     ),
     "deberta-v2": (
         "DebertaV2Config",
         "DebertaV2ForMaskedLM",
-        {
-            "vocab_size": 128,
-            "hidden_size": 32,
-            "num_hidden_layers": 2,
-            "num_attention_heads": 2,
-            "intermediate_size": 64,
-            "max_position_embeddings": 32,
-            "hidden_dropout_prob": 0.0,
-            "attention_probs_dropout_prob": 0.0,
-        },
+        ENCODER,
         "tokens",
     ),
     "swinv2": (

@@ -109,23 +109,11 @@ def test_inputs_that_disagree_with_the_graphs_sizes_run_eagerly():
 
 
 @pytest.mark.parametrize("dynamic", [True, None])
-def test_tiny_llama_with_changing_lengths_runs_regions_on_the_vm(dynamic):
+def test_tiny_llama_with_changing_lengths_runs_regions_on_the_vm(dynamic, tiny_llama):
     """``dynamic=True``, and dynamo's automatic dynamic shapes (``None``: static first, then
     symbolic once a second length comes): every length's loss and gradients equal eager and
     its forward and backward regions run on the VM."""
-    import transformers
-
-    config = transformers.LlamaConfig(
-        vocab_size=128,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        max_position_embeddings=64,
-    )
-    torch.manual_seed(0)
-    model = transformers.LlamaForCausalLM(config)
+    model = tiny_llama()
     graphs: list[tuple[str, CompiledGraph]] = []
     compiled = torch.compile(
         model, backend=make_backend(lambda kind, c: graphs.append((kind, c))), dynamic=dynamic

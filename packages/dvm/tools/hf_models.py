@@ -1,0 +1,220 @@
+"""Many tiny Hugging Face models under ``backend="dvm"`` against eager: a sweep for wrong
+results and for graphs dvm failed to compile (which then run eagerly, with a warning).
+
+Each model class is built from its default config with the sizes made tiny (the attributes
+below, where the config has them) and dropout off, from seed 0; causal LMs train on a batch of
+token ids (their loss), base models on ``sin(output).sum()`` (a loss whose gradients are not
+near zero, as a squared LayerNorm output's are). One line a model: the loss's relative
+difference, the largest gradient difference relative to that parameter's largest gradient
+(parameters whose gradients are all below 1e-5 of the model's largest are skipped: noise
+around a zero gradient, such as a key bias's), the graphs dvm compiled, their regions and VM
+calls, and any compile failure. A model that fails under dvm is run under ``aot_eager`` too,
+to tell dvm's failures from the model's or dynamo's.
+
+    python packages/dvm/tools/hf_models.py --kind causal [--dtype bf16] [--dynamic]
+    python packages/dvm/tools/hf_models.py --kind base
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import warnings
+from typing import Any
+
+import torch
+
+from dvm.backend import make_backend
+
+TINY = {
+    "hidden_size": 64,
+    "n_embd": 64,
+    "d_model": 64,
+    "num_hidden_layers": 2,
+    "n_layer": 2,
+    "num_layers": 2,
+    "num_attention_heads": 4,
+    "n_head": 4,
+    "num_key_value_heads": 2,
+    "intermediate_size": 128,
+    "n_inner": 128,
+    "ffn_dim": 128,
+    "d_ff": 128,
+    "vocab_size": 256,
+    "head_dim": 16,
+    "max_position_embeddings": 128,
+    "n_positions": 128,
+    "num_local_experts": 4,
+    "num_experts": 4,
+    "num_experts_per_tok": 2,
+    "moe_intermediate_size": 32,
+    "image_size": 32,
+    "patch_size": 8,
+    "embed_dim": 32,
+    "depths": [1, 1],
+    "num_heads": [2, 4],
+    "hidden_sizes": [16, 32],
+    "window_size": 2,
+}
+CAUSAL = [
+    "LlamaForCausalLM",
+    "Qwen2ForCausalLM",
+    "Qwen3ForCausalLM",
+    "MistralForCausalLM",
+    "MixtralForCausalLM",
+    "Qwen2MoeForCausalLM",
+    "OlmoeForCausalLM",
+    "GemmaForCausalLM",
+    "Gemma2ForCausalLM",
+    "Gemma3ForCausalLM",
+    "PhiForCausalLM",
+    "GPTNeoXForCausalLM",
+    "OPTForCausalLM",
+    "BloomForCausalLM",
+    "FalconForCausalLM",
+    "GPTBigCodeForCausalLM",
+    "StableLmForCausalLM",
+    "Starcoder2ForCausalLM",
+    "OlmoForCausalLM",
+    "Olmo2ForCausalLM",
+    "CohereForCausalLM",
+    "GraniteForCausalLM",
+    "NemotronForCausalLM",
+    "PersimmonForCausalLM",
+    "MptForCausalLM",
+    "XGLMForCausalLM",
+    "BioGptForCausalLM",
+    "GPTNeoForCausalLM",
+    "GPT2LMHeadModel",
+]
+BASE = [
+    "BertModel",
+    "RobertaModel",
+    "DistilBertModel",
+    "AlbertModel",
+    "ElectraModel",
+    "DebertaModel",
+    "DebertaV2Model",
+    "MPNetModel",
+    "T5EncoderModel",
+    "ViTModel",
+    "DeiTModel",
+    "SwinModel",
+    "Swinv2Model",
+    "ConvNextModel",
+    "ConvNextV2Model",
+    "ResNetModel",
+    "RegNetModel",
+    "CLIPVisionModel",
+    "SiglipVisionModel",
+    "Dinov2Model",
+    "BeitModel",
+    "SegformerModel",
+]
+IMAGES = ("ViT", "DeiT", "Swin", "ConvNext", "ResNet", "RegNet", "CLIP", "Siglip", "Dinov2", "Beit")
+IMAGES += ("Segformer",)
+
+
+def _model(name: str, dtype: torch.dtype) -> torch.nn.Module:
+    import transformers
+
+    cls = getattr(transformers, name)
+    config = cls.config_class()
+    for key, value in TINY.items():
+        if hasattr(config, key):
+            setattr(config, key, value)
+    for key, value in list(vars(config).items()):
+        if isinstance(value, float) and ("dropout" in key or "pdrop" in key or "drop_path" in key):
+            setattr(config, key, 0.0)
+    torch.manual_seed(0)
+    return cls(config).to(dtype).train()
+
+
+def _inputs(name: str, length: int, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(1)
+    if name.startswith(IMAGES):
+        return {"pixel_values": torch.randn(2, 3, 32, 32, generator=g).to(dtype)}
+    ids = torch.randint(0, TINY["vocab_size"], (2, length), generator=g)
+    return {"input_ids": ids, "labels": ids} if name in CAUSAL else {"input_ids": ids}
+
+
+def _loss(name: str, out: Any) -> torch.Tensor:
+    if name in CAUSAL:
+        return out.loss.float()
+    hidden = (
+        out.last_hidden_state if getattr(out, "last_hidden_state", None) is not None else out[0]
+    )
+    return hidden.float().sin().sum()
+
+
+def _grads(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    return {n: p.grad.float() for n, p in model.named_parameters() if p.grad is not None}
+
+
+def _compare(name: str, dtype: torch.dtype, backend: Any, dynamic: bool) -> tuple[float, float]:
+    """The largest relative loss and gradient differences over the lengths run."""
+    model = _model(name, dtype)
+    reference = copy.deepcopy(model)
+    torch._dynamo.reset()
+    compiled = torch.compile(model, backend=backend, dynamic=dynamic or None)
+    loss_diff = grad_diff = 0.0
+    for length in (16, 23) if dynamic else (16,):
+        batch = _inputs(name, length, dtype)
+        want, got = _loss(name, reference(**batch)), _loss(name, compiled(**batch))
+        want.backward()
+        got.backward()
+        loss_diff = max(loss_diff, ((want - got).abs() / want.abs().clamp_min(1e-12)).item())
+        wants, gots = _grads(reference), _grads(model)
+        floor = 1e-5 * max(g.abs().max().item() for g in wants.values())
+        for key, w in wants.items():
+            scale = w.abs().max().item()
+            if scale > floor:
+                grad_diff = max(grad_diff, (w - gots[key]).abs().max().item() / scale)
+        reference.zero_grad()
+        model.zero_grad()
+    return loss_diff, grad_diff
+
+
+def _row(name: str, dtype: torch.dtype, dynamic: bool) -> str:
+    graphs: list[Any] = []
+    backend = make_backend(lambda _kind, compiled: graphs.append(compiled))
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            loss_diff, grad_diff = _compare(name, dtype, backend, dynamic)
+    except Exception as e:
+        try:
+            _compare(name, dtype, "aot_eager", dynamic)
+            also = "aot_eager runs it"
+        except Exception as e2:
+            also = f"aot_eager fails too ({type(e2).__name__})"
+        return f"{name:24s} FAILS {type(e).__name__}: {str(e)[:120]} [{also}]"
+    failed = [str(w.message)[:160] for w in caught if "dvm could not" in str(w.message)]
+    regions = sum(len(g.regions) for g in graphs)
+    calls = sum(g.vm_calls for g in graphs)
+    return (
+        f"{name:24s} loss {loss_diff:.1e}  grad {grad_diff:.1e}  {len(graphs)} graphs, "
+        f"{regions} regions, {calls} VM calls{'  ' + '; '.join(failed) if failed else ''}"
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--kind", choices=["causal", "base"], default="causal")
+    parser.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32")
+    parser.add_argument("--dynamic", action="store_true", help="dynamic=True, two lengths")
+    parser.add_argument("models", nargs="*", help="model classes (default: the kind's list)")
+    args = parser.parse_args()
+    dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[args.dtype]
+    import transformers
+
+    names = args.models or (CAUSAL if args.kind == "causal" else BASE)
+    unknown = [n for n in names if not hasattr(transformers, n)]
+    if unknown:
+        parser.error(f"not in transformers {transformers.__version__}: {', '.join(unknown)}")
+    for name in names:
+        print(_row(name, dtype, args.dynamic), flush=True)
+
+
+if __name__ == "__main__":
+    main()

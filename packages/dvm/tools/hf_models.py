@@ -2,9 +2,10 @@
 results and for graphs dvm failed to compile (which then run eagerly, with a warning).
 
 Each model class is built from its default config with the sizes made tiny (the attributes
-below, where the config has them) and dropout off, from seed 0; causal LMs train on a batch of
-token ids (their loss), base models on ``sin(output).sum()`` (a loss whose gradients are not
-near zero, as a squared LayerNorm output's are). One line a model: the loss's relative
+below, where the config has them with a default of the same type) and dropout off, from seed
+0; causal LMs train on a batch of token ids (their loss), base models on
+``sin(output).sum()`` (a loss whose gradients are not near zero, as a squared LayerNorm
+output's are). One line a model: the loss's relative
 difference, the largest gradient difference relative to that parameter's largest gradient
 (parameters whose gradients are all below 1e-5 of the model's largest are skipped: noise
 around a zero gradient, such as a key bias's), the graphs dvm compiled, their regions and VM
@@ -120,9 +121,12 @@ def _model(name: str, dtype: torch.dtype) -> torch.nn.Module:
 
     cls = getattr(transformers, name)
     config = cls.config_class()
-    for key, value in TINY.items():
-        if hasattr(config, key):
-            setattr(config, key, value)
+    for key, value in TINY.items():  # only where the default is of the same kind
+        if type(getattr(config, key, None)) is type(value):
+            try:
+                setattr(config, key, value)
+            except AttributeError:  # a property worked out from other fields
+                continue
     for key, value in list(vars(config).items()):
         if isinstance(value, float) and ("dropout" in key or "pdrop" in key or "drop_path" in key):
             setattr(config, key, 0.0)

@@ -50,20 +50,13 @@ def _sides() -> dict[str, Any]:
 
 
 def _stepper(dtype: torch.dtype, backend: Any) -> Callable[[], None]:
-    """A training step (forward, loss, backward, SGD) of the seeded model under ``backend``,
-    compiled and warmed up by two steps."""
-    model, ids = benchmarks.seeded_llama(dtype)
-    forward = model if backend is None else torch.compile(model, backend=backend)
-    optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
-
-    def step() -> None:
-        optimizer.zero_grad(set_to_none=True)
-        forward(input_ids=ids, labels=ids).loss.backward()
-        optimizer.step()
-
-    step()
-    step()
-    return step
+    """A training step of the seeded model on its whole batch under ``backend``, compiled and
+    warmed up by two steps."""
+    step = benchmarks.llama_step(dtype, None if backend is None else {"backend": backend})
+    seq = benchmarks.LLAMA.seq
+    step(seq)
+    step(seq)
+    return lambda: step(seq)
 
 
 def main() -> None:

@@ -450,6 +450,23 @@ def seeded_llama(dtype: torch.dtype) -> tuple[torch.nn.Module, torch.Tensor]:
     return model, torch.randint(0, LLAMA.vocab, (LLAMA.batch, LLAMA.seq), generator=g)
 
 
+def llama_step(dtype: torch.dtype, options: dict[str, Any] | None = None) -> Callable[[int], None]:
+    """A training step (forward, loss, backward, SGD) of :func:`seeded_llama`'s model on the
+    first ``length`` tokens of its batch, under ``torch.compile(model, **options)`` (eager
+    when ``None``): the tools' Llama sides."""
+    model, ids = seeded_llama(dtype)
+    forward = model if options is None else torch.compile(model, **options)
+    optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
+
+    def step(length: int) -> None:
+        batch = ids[:, :length]
+        optimizer.zero_grad(set_to_none=True)
+        forward(input_ids=batch, labels=batch).loss.backward()
+        optimizer.step()
+
+    return step
+
+
 @dataclass
 class _Trainer:
     """One side: a model, its (compiled) forward, an optimizer, a batch and measured times."""

@@ -14,9 +14,10 @@ Sides, all from the same seeded weights and inputs (each size cut from them):
   each size;
 - ``inductor``: ``torch.compile()`` (Inductor's kernels for symbolic sizes; its caches off).
 
-First, each side runs once at each size in turn: those first calls' times (compiles
-included), in ms. Then ``--rounds`` interleaved rounds, each side a call at every size: the
-median time for each size, in ms, and eager's time over it.
+First, each side runs once at each size in turn, from a reset dynamo: those first calls'
+times (compiles included), in ms. Then one untimed round (each reset dropped the compiles of
+the sides before it, which compile again there) and ``--rounds`` interleaved rounds, each
+side a call at every size: the median time for each size, in ms, and eager's time over it.
 
     python packages/dvm/tools/dynamic_lengths.py --sizes 128,96,112,80 --rounds 7
     python packages/dvm/tools/dynamic_lengths.py --chain softmax --sizes 1024,768,896,640
@@ -46,22 +47,6 @@ def _sides() -> dict[str, dict[str, Any] | None]:
         "dvm_static": {"backend": "dvm", "dynamic": False},
         "inductor": {},
     }
-
-
-def _llama_step(dtype: torch.dtype, options: dict[str, Any] | None) -> Callable[[int], None]:
-    """A training step (forward, loss, backward, SGD) of the seeded model on the first
-    ``length`` tokens of its batch, compiled with ``options`` (eager when ``None``)."""
-    model, ids = benchmarks.seeded_llama(dtype)
-    forward = model if options is None else torch.compile(model, **options)
-    optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
-
-    def step(length: int) -> None:
-        batch = ids[:, :length]
-        optimizer.zero_grad(set_to_none=True)
-        forward(input_ids=batch, labels=batch).loss.backward()
-        optimizer.step()
-
-    return step
 
 
 def _chain_call(
@@ -114,7 +99,7 @@ def main() -> None:
         if args.chain:
             calls[name] = call = _chain_call(args.chain, dtype, options)
         else:
-            calls[name] = call = _llama_step(dtype, options)
+            calls[name] = call = benchmarks.llama_step(dtype, options)
         firsts = []
         with fresh_cache(), torch._inductor.config.patch(fx_graph_cache=False):
             for n in sizes:
@@ -122,6 +107,9 @@ def main() -> None:
                 call(n)
                 firsts.append(f"{1e3 * (time.perf_counter() - start):7.1f}")
         print(f"{name:18s} {' '.join(firsts)}", flush=True)
+    for call in calls.values():  # untimed: the reset before each side's first calls dropped
+        for n in sizes:  # the sides' compiles before it, which recompile here
+            call(n)
     times: dict[str, dict[int, list[float]]] = {name: {n: [] for n in sizes} for name in calls}
     for _ in range(args.rounds):
         for name, call in calls.items():

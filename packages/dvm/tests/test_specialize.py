@@ -63,14 +63,14 @@ def test_each_set_of_sizes_compiles_once_and_equals_eager():
         assert operator.mul not in g.run.targets
 
 
-def test_the_oldest_sizes_are_dropped_past_the_limit():
+def test_the_least_recently_used_sizes_are_dropped_past_the_limit():
     w = torch.randn(8)
     compiles = _Compiles()
     spec = Specializing(_symbolic(_fn, torch.randn(2, 3, 8), w), compiles, limit=2)
-    for s in (3, 4, 5, 3):
+    for s in (3, 4, 3, 5, 3, 4):
         spec(torch.randn(2, s, 8), w)
-    assert len(compiles.graphs) == 4  # 3 was dropped when 5 came
-    assert [k[0][0] for k in spec.compiled] == [(2, 5, 8), (2, 3, 8)]
+    assert len(compiles.graphs) == 4  # 3, 4, 5, then 4 again: 5 came after 3 was used
+    assert [k[0][0] for k in spec.compiled] == [(2, 3, 8), (2, 4, 8)]
     with pytest.raises(ValueError, match="limit must be at least 1"):
         Specializing(_symbolic(_fn, torch.randn(2, 3, 8), w), compiles, limit=0)
 
@@ -106,6 +106,25 @@ def test_inputs_that_disagree_with_the_graphs_sizes_run_eagerly():
         got = spec(x, y)
     for g, w in zip(got, two(x, y), strict=True):
         torch.testing.assert_close(g, w)
+
+
+def test_inputs_whose_strides_disagree_with_the_graphs_run_eagerly():
+    """Traced with equal strides, two sliced inputs share a stride symbol; called with
+    different strides, no concrete graph fits either. The stride of a size-1 dim is free."""
+
+    def two(x, y):
+        return x.sin() * 2 + y
+
+    gm = _symbolic(two, torch.randn(3, 10)[:, :4], torch.randn(3, 10)[:, :4])
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    x, y = torch.randn(3, 10)[:, :4], torch.randn(3, 12)[:, :4]
+    with pytest.raises(ValueError, match=r"input 1 has strides \(12, 1\); the graph's sizes"):
+        bindings(placeholders, [x, y], [0, 1])
+    row = torch.randn(1, 10)[:, :4]  # (1, 4) with strides (10, 1), and one with (12, 1)
+    assert bindings(placeholders, [row, torch.randn(1, 12)[:, :4]], [0, 1])
+    spec = Specializing(gm, _Compiles())
+    with pytest.warns(RuntimeWarning, match="could not specialise.*has strides"):
+        torch.testing.assert_close(spec(x, y), two(x, y))
 
 
 @pytest.mark.parametrize("dynamic", [True, None])

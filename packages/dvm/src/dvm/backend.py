@@ -37,8 +37,9 @@ def make_backend(
             return compiled
 
         def compile_fn(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]):
-            if symbolic_inputs(gm):
-                return make_boxed_func(Specializing(gm, compile_static))
+            symbolic = symbolic_inputs(gm)
+            if symbolic:
+                return make_boxed_func(Specializing(gm, compile_static, symbolic=symbolic))
             return make_boxed_func(compile_static(gm, example_inputs))
 
         return compile_fn

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import time
 import warnings
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -19,7 +20,8 @@ from torch.fx import Graph, GraphModule, Node
 from torch.utils._pytree import tree_map
 
 LIMIT = 16
-"""Default number of sizes a :class:`Specializing` keeps compiles for (oldest dropped first)."""
+"""Default number of sizes a :class:`Specializing` keeps compiles for (the least recently
+used dropped first)."""
 
 _SYM = (torch.SymInt, torch.SymFloat, torch.SymBool)
 Env = dict[sympy.Symbol, sympy.Integer]
@@ -64,7 +66,8 @@ def _value(sym: Any, env: Env) -> Any:
 
 def bindings(placeholders: Sequence[Node], args: Sequence[Any], symbolic: Sequence[int]) -> Env:
     """Each size symbol's value, read off the inputs at ``symbolic`` positions; ``ValueError``
-    when an input disagrees with them (a size the symbols give otherwise)."""
+    when an input disagrees with them (a size, or the stride of a dim longer than 1, that the
+    symbols give otherwise)."""
     env: Env = {}
     for i in symbolic:
         val, arg = placeholders[i].meta["val"], args[i]
@@ -77,13 +80,26 @@ def bindings(placeholders: Sequence[Node], args: Sequence[Any], symbolic: Sequen
     for i in symbolic:
         val, arg = placeholders[i].meta["val"], args[i]
         if isinstance(val, _SYM):
-            got, want = _value(val, env), arg
-        else:
-            got = tuple(_value(s, env) if isinstance(s, torch.SymInt) else s for s in val.shape)
-            want = tuple(arg.shape)
-        if got != want:
-            raise ValueError(f"input {i} is {want}; the graph's sizes make it {got}")
+            _agree(i, "is", _value(val, env), arg)
+            continue
+        shape = tuple(arg.shape)
+        _agree(i, "is", _ints(val.shape, env), shape)
+        long = [d for d, size in enumerate(shape) if size > 1]  # a size-1 dim's stride is free
+        strides = val.stride()
+        _agree(i, "has strides", _ints([strides[d] for d in long], env), arg.stride(), long)
     return env
+
+
+def _ints(sizes: Sequence[Any], env: Env) -> tuple[Any, ...]:
+    return tuple(_value(s, env) if isinstance(s, torch.SymInt) else s for s in sizes)
+
+
+def _agree(i: int, what: str, got: Any, real: Any, dims: Sequence[int] | None = None) -> None:
+    """``ValueError`` unless input ``i``'s ``real`` sizes (at ``dims``) are those the graph's
+    symbols give, ``got``."""
+    want = real if dims is None else tuple(real[d] for d in dims)
+    if got != want:
+        raise ValueError(f"input {i} {what} {want}; the graph's sizes make it {got}")
 
 
 class _Concrete:
@@ -154,9 +170,10 @@ def static_graph(gm: GraphModule, env: Env, mode: FakeTensorMode) -> GraphModule
 
 class Specializing:
     """``gm``, a graph with symbolic sizes, compiled by ``compile(static_gm, args)`` for each
-    set of sizes it is called with (the compiles of the last ``limit`` sets kept). A set it
-    cannot specialise runs ``gm`` eagerly, with one warning and the reason in ``failures``.
-    ``specialize_us``: each specialisation's time (the copy and the compile), in µs."""
+    set of sizes it is called with (the compiles of the ``limit`` sets used last kept). A set
+    it cannot specialise runs ``gm`` eagerly, with one warning and the reason in ``failures``.
+    ``symbolic``: :func:`symbolic_inputs` of ``gm`` when the caller has it. ``specialize_us``:
+    each specialisation's time (the copy and the compile), in µs."""
 
     def __init__(
         self,
@@ -164,14 +181,15 @@ class Specializing:
         compile: Callable[[GraphModule, Sequence[Any]], Callable[..., Any]],
         *,
         limit: int = LIMIT,
+        symbolic: Sequence[int] | None = None,
     ) -> None:
         if limit < 1:
             raise ValueError(f"limit must be at least 1, got {limit}")
         self._gm, self._compile, self.limit = gm, compile, limit
         self._placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
-        self._symbolic = symbolic_inputs(gm)
+        self._symbolic = symbolic_inputs(gm) if symbolic is None else list(symbolic)
         self._mode = FakeTensorMode(allow_non_fake_inputs=True)
-        self.compiled: dict[tuple[Any, ...], Callable[..., Any]] = {}
+        self.compiled: OrderedDict[tuple[Any, ...], Callable[..., Any]] = OrderedDict()
         self.failures: dict[tuple[Any, ...], str] = {}
         self.specialize_us: list[float] = []
 
@@ -187,6 +205,8 @@ class Specializing:
         fn = self.compiled.get(key)
         if fn is None:
             fn = self._specialize(key, args)
+        else:
+            self.compiled.move_to_end(key)
         return fn(*args)
 
     def _specialize(self, key: tuple[Any, ...], args: Sequence[Any]) -> Callable[..., Any]:
@@ -207,6 +227,6 @@ class Specializing:
             fn = self._gm.forward
         self.specialize_us.append((time.perf_counter() - t0) * 1e6)
         if len(self.compiled) >= self.limit:
-            del self.compiled[next(iter(self.compiled))]
+            self.compiled.popitem(last=False)
         self.compiled[key] = fn
         return fn

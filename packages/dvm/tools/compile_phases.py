@@ -13,10 +13,14 @@ building the program), the program's build alone, preparing the runner, scheduli
 
 region's own compile (build + runner). ``--llama`` does the same for the tiny Llama training
 step's forward and backward graphs (``spore bench dvm -k llama-train``'s model): each graph's
-compile, its regions and eager nodes, and each region's own compile.
+compile, its regions and eager nodes, and each region's own compile. ``--floor`` times, in the
+same place, only what a compile done in native code would still need of Python: the graph
+read into flat arrays (each node's op, arguments, shape, strides and dtype), and that plus one
+ctypes call into the VM's library; next to dvm's whole compile in the same run.
 
     python packages/dvm/tools/compile_phases.py --repeat 300 [--cold]
     python packages/dvm/tools/compile_phases.py --flow --repeat 30
+    python packages/dvm/tools/compile_phases.py --floor --repeat 30
     python packages/dvm/tools/compile_phases.py --llama --repeat 3 [--dtype bf16]
 """
 
@@ -26,13 +30,14 @@ import argparse
 import copy
 import statistics
 import time
+from array import array
 from collections.abc import Callable
 from typing import Any
 
 import torch
-from torch.fx import GraphModule
+from torch.fx import GraphModule, Node
 
-from dvm import benchmarks, cluster
+from dvm import _lib, benchmarks, cluster
 from dvm.compile import RegionRunner, _schedule, compile_graph
 from spore import runtime
 
@@ -92,6 +97,55 @@ def _flow(chain: str, repeat: int) -> str:
     )
 
 
+_CODES: dict[int, int] = {}  # by id(target): an op's number
+_DTYPES: dict[torch.dtype, int] = {}
+
+
+def _flatten(gm: GraphModule) -> tuple[array, array]:
+    """``gm`` as a native compile would need it: per node its kind, op number, arguments
+    (node numbers; scalars in the second array) and its value's shape, strides and dtype."""
+    ints, scalars = array("q"), array("d")
+    number: dict[Node, int] = {}
+    for k, n in enumerate(gm.graph.nodes):
+        number[n] = k
+        ints.append(len(n.op))
+        if n.op == "call_function":
+            code = _CODES.setdefault(id(n.target), len(_CODES))
+            ints.append(code)
+            for a in n.args:
+                if type(a) is Node:
+                    ints.append(number[a])
+                elif type(a) in (int, float, bool):
+                    scalars.append(a)
+        val = n.meta.get("val")
+        if isinstance(val, torch.Tensor):
+            ints.extend(val.shape)
+            ints.extend(val.stride())
+            ints.append(_DTYPES.setdefault(val.dtype, len(_DTYPES)))
+    return ints, scalars
+
+
+def _floor(chain: str, repeat: int) -> str:
+    """Medians of the flattening alone and with one ctypes call (every other compile each,
+    so that both run as cold), and of dvm's compile, in µs."""
+    lib, _ = _lib.library()
+    times: dict[str, list[float]] = {"flatten": [], "flatten+call": []}
+
+    def compiler(gm: GraphModule, _inputs: Any) -> Callable[..., Any]:
+        call = len(times["flatten"]) > len(times["flatten+call"])
+        start = time.perf_counter()
+        _flatten(gm)
+        if call:
+            lib.dvm_max_row()
+        times["flatten+call" if call else "flatten"].append(time.perf_counter() - start)
+        return gm.forward
+
+    benchmarks.compile_in_flow(chain, 2 * repeat, benchmarks.aot_backend(compiler))
+    dvm = statistics.median(g.total_us for g in benchmarks.flow_compiles(chain, repeat))
+    floors = "  ".join(f"{k} {1e6 * statistics.median(v):5.0f}" for k, v in times.items())
+    return f"{floors}  dvm's compile {dvm:5.0f}"
+
+
 def _llama(dtype: str, repeat: int) -> None:
     from dvm.backend import make_backend
 
@@ -119,6 +173,7 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=300)
     parser.add_argument("--cold", action="store_true", help="each call on a fresh copy")
     parser.add_argument("--flow", action="store_true", help="inside torch.compile, as the bench")
+    parser.add_argument("--floor", action="store_true", help="what native code would still need")
     parser.add_argument("--llama", action="store_true", help="the tiny Llama step's graphs")
     parser.add_argument("--dtype", choices=sorted(benchmarks.DTYPES), default="fp32")
     args = parser.parse_args()
@@ -129,8 +184,8 @@ def main() -> None:
         _llama(args.dtype, args.repeat)
         return
     for chain in benchmarks.CHAINS:
-        if args.flow:
-            print(f"{chain:10s} {_flow(chain, args.repeat)}")
+        if args.flow or args.floor:
+            print(f"{chain:10s} {(_floor if args.floor else _flow)(chain, args.repeat)}")
             continue
         times = "  ".join(
             f"{name} {_median_us(chain, name, args.repeat, args.cold):5.0f}" for name in PHASES

@@ -208,19 +208,27 @@ def flow_compiles(chain: str, count: int) -> list[Any]:
     against eager."""
     from dvm.backend import make_backend
 
+    graphs: list[Any] = []
+    backend = make_backend(
+        lambda _kind, compiled: graphs.append(compiled), min_ops=CHAINS[chain].min_ops
+    )
+    compile_in_flow(chain, count, backend)
+    if len(graphs) != count:
+        raise RuntimeError(f"compile-{chain}: {len(graphs)} graphs compiled for {count} calls")
+    return graphs
+
+
+def compile_in_flow(chain: str, count: int, backend: Any) -> None:
+    """``torch.compile`` ``chain`` with ``backend`` ``count`` times from a reset dynamo (after
+    one-time set-up, :func:`_warm`), each result checked against eager."""
     _warm()
     spec = CHAINS[chain]
     inputs = spec.inputs(COMPILE_SHAPE, torch.float32)
-    graphs: list[Any] = []
-    backend = make_backend(lambda _kind, compiled: graphs.append(compiled), min_ops=spec.min_ops)
     for _ in range(count):
         torch._dynamo.reset()
         with torch.no_grad():
             out = torch.compile(spec.fn, backend=backend, dynamic=False)(*inputs)
-    if len(graphs) != count:
-        raise RuntimeError(f"compile-{chain}: {len(graphs)} graphs compiled for {count} calls")
     _close(f"compile-{chain}", spec.fn(*inputs), out)
-    return graphs
 
 
 def _compile_dvm(chain: str) -> Callable[[Any], dict[str, float]]:

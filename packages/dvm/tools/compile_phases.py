@@ -97,7 +97,8 @@ def _flow(chain: str, repeat: int) -> str:
     )
 
 
-_CODES: dict[int, int] = {}  # by id(target): an op's number
+_KINDS: dict[str, int] = {}  # numbers for node kinds, ops (by id(target)) and dtypes
+_CODES: dict[int, int] = {}
 _DTYPES: dict[torch.dtype, int] = {}
 
 
@@ -108,7 +109,7 @@ def _flatten(gm: GraphModule) -> tuple[array, array]:
     number: dict[Node, int] = {}
     for k, n in enumerate(gm.graph.nodes):
         number[n] = k
-        ints.append(len(n.op))
+        ints.append(_KINDS.setdefault(n.op, len(_KINDS)))
         if n.op == "call_function":
             code = _CODES.setdefault(id(n.target), len(_CODES))
             ints.append(code)

@@ -2,15 +2,16 @@
 results and for graphs dvm failed to compile (which then run eagerly, with a warning).
 
 Each model class is built from its default config with the sizes made tiny (the attributes
-below, where the config has them with a default of the same type) and dropout off, from seed
-0; causal LMs train on a batch of token ids (their loss), base models on
+below, where the config has them with a default of the same type, a list standing for a tuple)
+and dropout off, from seed 0; causal LMs train on a batch of token ids (their loss), base models on
 ``sin(output).sum()`` (a loss whose gradients are not near zero, as a squared LayerNorm
 output's are). One line a model: the loss's relative
 difference, the largest gradient difference relative to that parameter's largest gradient
 (parameters whose gradients are all below 1e-5 of the model's largest are skipped: noise
 around a zero gradient, such as a key bias's), the graphs dvm compiled, their regions and VM
 calls, and any compile failure. A model that fails under dvm is run under ``aot_eager`` too,
-to tell dvm's failures from the model's or dynamo's.
+to tell dvm's failures from the model's or dynamo's. ``--dynamic`` compiles with
+``dynamic=True`` and runs a second token length (image models: a second batch size).
 
     python packages/dvm/tools/hf_models.py --kind causal [--dtype bf16] [--dynamic]
     python packages/dvm/tools/hf_models.py --kind base
@@ -122,11 +123,15 @@ def _model(name: str, dtype: torch.dtype) -> torch.nn.Module:
     cls = getattr(transformers, name)
     config = cls.config_class()
     for key, value in TINY.items():  # only where the default is of the same kind
-        if type(getattr(config, key, None)) is type(value):
-            try:
-                setattr(config, key, value)
-            except AttributeError:  # a property worked out from other fields
-                continue
+        default = getattr(config, key, None)
+        if isinstance(default, (list, tuple)) and isinstance(value, list):
+            value = type(default)(value)  # Swin's and ConvNeXt's stages are tuples
+        if type(default) is not type(value):
+            continue
+        try:
+            setattr(config, key, value)
+        except AttributeError:  # a property worked out from other fields
+            continue
     for key, value in list(vars(config).items()):
         if isinstance(value, float) and ("dropout" in key or "pdrop" in key or "drop_path" in key):
             setattr(config, key, 0.0)
@@ -134,10 +139,15 @@ def _model(name: str, dtype: torch.dtype) -> torch.nn.Module:
     return cls(config).to(dtype).train()
 
 
+LENGTHS = (16, 23)
+"""The token lengths run (the second with ``--dynamic``); image models take batches of 2 and 3."""
+
+
 def _inputs(name: str, length: int, dtype: torch.dtype) -> dict[str, torch.Tensor]:
     g = torch.Generator().manual_seed(1)
     if name.startswith(IMAGES):
-        return {"pixel_values": torch.randn(2, 3, 32, 32, generator=g).to(dtype)}
+        batch = 2 + LENGTHS.index(length)
+        return {"pixel_values": torch.randn(batch, 3, 32, 32, generator=g).to(dtype)}
     ids = torch.randint(0, TINY["vocab_size"], (2, length), generator=g)
     return {"input_ids": ids, "labels": ids} if name in CAUSAL else {"input_ids": ids}
 
@@ -162,7 +172,7 @@ def _compare(name: str, dtype: torch.dtype, backend: Any, dynamic: bool) -> tupl
     torch._dynamo.reset()
     compiled = torch.compile(model, backend=backend, dynamic=dynamic or None)
     loss_diff = grad_diff = 0.0
-    for length in (16, 23) if dynamic else (16,):
+    for length in LENGTHS if dynamic else LENGTHS[:1]:
         batch = _inputs(name, length, dtype)
         want, got = _loss(name, reference(**batch)), _loss(name, compiled(**batch))
         want.backward()
@@ -206,7 +216,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--kind", choices=["causal", "base"], default="causal")
     parser.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32")
-    parser.add_argument("--dynamic", action="store_true", help="dynamic=True, two lengths")
+    parser.add_argument(
+        "--dynamic", action="store_true", help="dynamic=True, two lengths (batches)"
+    )
     parser.add_argument("models", nargs="*", help="model classes (default: the kind's list)")
     args = parser.parse_args()
     dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[args.dtype]

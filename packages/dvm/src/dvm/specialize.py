@@ -66,8 +66,9 @@ def _value(sym: Any, env: Env) -> Any:
 
 def bindings(placeholders: Sequence[Node], args: Sequence[Any], symbolic: Sequence[int]) -> Env:
     """Each size symbol's value, read off the inputs at ``symbolic`` positions; ``ValueError``
-    when an input disagrees with them (a size, or the stride of a dim longer than 1, that the
-    symbols give otherwise)."""
+    when an input disagrees with them (a size the symbols give otherwise). Strides are not
+    checked: an input may come with other strides than traced (a backward graph's tangent
+    does), and the VM reads each input's real strides at every call."""
     env: Env = {}
     for i in symbolic:
         val, arg = placeholders[i].meta["val"], args[i]
@@ -80,26 +81,13 @@ def bindings(placeholders: Sequence[Node], args: Sequence[Any], symbolic: Sequen
     for i in symbolic:
         val, arg = placeholders[i].meta["val"], args[i]
         if isinstance(val, _SYM):
-            _agree(i, "is", _value(val, env), arg)
-            continue
-        shape = tuple(arg.shape)
-        _agree(i, "is", _ints(val.shape, env), shape)
-        long = [d for d, size in enumerate(shape) if size > 1]  # a size-1 dim's stride is free
-        strides = val.stride()
-        _agree(i, "has strides", _ints([strides[d] for d in long], env), arg.stride(), long)
+            got, want = _value(val, env), arg
+        else:
+            got = tuple(_value(s, env) if isinstance(s, torch.SymInt) else s for s in val.shape)
+            want = tuple(arg.shape)
+        if got != want:
+            raise ValueError(f"input {i} is {want}; the graph's sizes make it {got}")
     return env
-
-
-def _ints(sizes: Sequence[Any], env: Env) -> tuple[Any, ...]:
-    return tuple(_value(s, env) if isinstance(s, torch.SymInt) else s for s in sizes)
-
-
-def _agree(i: int, what: str, got: Any, real: Any, dims: Sequence[int] | None = None) -> None:
-    """``ValueError`` unless input ``i``'s ``real`` sizes (at ``dims``) are those the graph's
-    symbols give, ``got``."""
-    want = real if dims is None else tuple(real[d] for d in dims)
-    if got != want:
-        raise ValueError(f"input {i} {what} {want}; the graph's sizes make it {got}")
 
 
 class _Concrete:

@@ -126,8 +126,8 @@ def _model(name: str, dtype: torch.dtype) -> torch.nn.Module:
         default = getattr(config, key, None)
         if isinstance(default, (list, tuple)) and isinstance(value, list):
             value = type(default)(value)  # Swin's and ConvNeXt's stages are tuples
-        if type(default) is not type(value):
-            continue
+        if type(default) is not type(value) and not (default is None and hasattr(config, key)):
+            continue  # None: worked out when unset (Nemotron's key-value heads are the heads)
         try:
             setattr(config, key, value)
         except AttributeError:  # a property worked out from other fields

@@ -2,16 +2,18 @@
 results and for graphs dvm failed to compile (which then run eagerly, with a warning).
 
 Each model class is built from its default config with the sizes made tiny (the attributes
-below, where the config has them with a default of the same type, a list standing for a tuple)
-and dropout off, from seed 0; causal LMs train on a batch of token ids (their loss), base models on
+below, where the config's default is of the same type, a tuple for a list, or None) and dropout
+off, from seed 0; causal LMs train on a batch of token ids (their loss), base models on
 ``sin(output).sum()`` (a loss whose gradients are not near zero, as a squared LayerNorm
-output's are). One line a model: the loss's relative
-difference, the largest gradient difference relative to that parameter's largest gradient
-(parameters whose gradients are all below 1e-5 of the model's largest are skipped: noise
-around a zero gradient, such as a key bias's), the graphs dvm compiled, their regions and VM
-calls, and any compile failure. A model that fails under dvm is run under ``aot_eager`` too,
-to tell dvm's failures from the model's or dynamo's. ``--dynamic`` compiles with
-``dynamic=True`` and runs a second token length (image models: a second batch size).
+output's are). One line a model: the loss's relative difference from eager's, the largest
+gradient difference relative to that parameter's largest gradient (parameters whose gradients
+are all below 1e-5 of the model's largest are skipped: noise around a zero gradient, such as a
+key bias's), the graphs dvm compiled, their regions and VM calls, and any compile failure.
+With ``--dtype bf16`` the differences are from a float64 run of the same weights, eager bf16's
+beside dvm's: each is off by its own rounding. A model that fails under dvm is run under
+``aot_eager`` too, to tell dvm's failures from the model's or dynamo's. ``--dynamic``
+compiles with ``dynamic=True`` and runs a second token length (image models: a second batch
+size).
 
     python packages/dvm/tools/hf_models.py --kind causal [--dtype bf16] [--dynamic]
     python packages/dvm/tools/hf_models.py --kind base
@@ -161,32 +163,54 @@ def _loss(name: str, out: Any) -> torch.Tensor:
     return hidden.float().sin().sum()
 
 
-def _grads(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    return {n: p.grad.float() for n, p in model.named_parameters() if p.grad is not None}
+Diffs = tuple[float, float]
 
 
-def _compare(name: str, dtype: torch.dtype, backend: Any, dynamic: bool) -> tuple[float, float]:
-    """The largest relative loss and gradient differences over the lengths run."""
+def _step(name: str, model: torch.nn.Module, forward: Any, batch: dict[str, Any]) -> Any:
+    """One forward and backward: the loss and each parameter's gradient (float64)."""
+    loss = _loss(name, forward(**batch))
+    loss.backward()
+    grads = {n: p.grad.double() for n, p in model.named_parameters() if p.grad is not None}
+    model.zero_grad()
+    return loss.detach().double(), grads
+
+
+def _diffs(got: Any, want: Any) -> Diffs:
+    """The loss's relative difference and the largest gradient difference relative to that
+    parameter's largest gradient (parameters below 1e-5 of the largest skipped)."""
+    (got_loss, got_grads), (want_loss, want_grads) = got, want
+    loss = ((want_loss - got_loss).abs() / want_loss.abs().clamp_min(1e-12)).item()
+    floor = 1e-5 * max(g.abs().max().item() for g in want_grads.values())
+    grad = 0.0
+    for key, w in want_grads.items():
+        scale = w.abs().max().item()
+        if scale > floor:
+            grad = max(grad, (w - got_grads[key]).abs().max().item() / scale)
+    return loss, grad
+
+
+def _compare(name: str, dtype: torch.dtype, backend: Any, dynamic: bool) -> list[Diffs]:
+    """The largest differences over the lengths run of ``backend``'s step from eager's, in
+    float32; in a 16-bit dtype, of ``backend``'s and of eager's (in that dtype) from a float64
+    run of the same weights, as eager itself is off by its rounding."""
     model = _model(name, dtype)
-    reference = copy.deepcopy(model)
+    low = dtype != torch.float32
+    references = [copy.deepcopy(model).double()] if low else []
+    eager = copy.deepcopy(model)
     torch._dynamo.reset()
     compiled = torch.compile(model, backend=backend, dynamic=dynamic or None)
-    loss_diff = grad_diff = 0.0
+    worst = [(0.0, 0.0), (0.0, 0.0)] if low else [(0.0, 0.0)]
     for length in LENGTHS if dynamic else LENGTHS[:1]:
         batch = _inputs(name, length, dtype)
-        want, got = _loss(name, reference(**batch)), _loss(name, compiled(**batch))
-        want.backward()
-        got.backward()
-        loss_diff = max(loss_diff, ((want - got).abs() / want.abs().clamp_min(1e-12)).item())
-        wants, gots = _grads(reference), _grads(model)
-        floor = 1e-5 * max(g.abs().max().item() for g in wants.values())
-        for key, w in wants.items():
-            scale = w.abs().max().item()
-            if scale > floor:
-                grad_diff = max(grad_diff, (w - gots[key]).abs().max().item() / scale)
-        reference.zero_grad()
-        model.zero_grad()
-    return loss_diff, grad_diff
+        steps = [_step(name, model, compiled, batch), _step(name, eager, eager, batch)]
+        if low:
+            wide = {k: v.double() if v.is_floating_point() else v for k, v in batch.items()}
+            want = _step(name, references[0], references[0], wide)
+            diffs = [_diffs(steps[0], want), _diffs(steps[1], want)]
+        else:
+            diffs = [_diffs(steps[0], steps[1])]
+        worst = [(max(a, c), max(b, d)) for (a, b), (c, d) in zip(worst, diffs, strict=True)]
+    return worst
 
 
 def _row(name: str, dtype: torch.dtype, dynamic: bool) -> str:
@@ -195,7 +219,7 @@ def _row(name: str, dtype: torch.dtype, dynamic: bool) -> str:
     try:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            loss_diff, grad_diff = _compare(name, dtype, backend, dynamic)
+            diffs = _compare(name, dtype, backend, dynamic)
     except Exception as e:
         try:
             _compare(name, dtype, "aot_eager", dynamic)
@@ -206,8 +230,10 @@ def _row(name: str, dtype: torch.dtype, dynamic: bool) -> str:
     failed = [str(w.message)[:160] for w in caught if "dvm could not" in str(w.message)]
     regions = sum(len(g.regions) for g in graphs)
     calls = sum(g.vm_calls for g in graphs)
+    (loss, grad), *eager = diffs
+    against = f"  (eager: loss {eager[0][0]:.1e}  grad {eager[0][1]:.1e})" if eager else ""
     return (
-        f"{name:24s} loss {loss_diff:.1e}  grad {grad_diff:.1e}  {len(graphs)} graphs, "
+        f"{name:24s} loss {loss:.1e}  grad {grad:.1e}{against}  {len(graphs)} graphs, "
         f"{regions} regions, {calls} VM calls{'  ' + '; '.join(failed) if failed else ''}"
     )
 

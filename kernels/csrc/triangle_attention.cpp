@@ -295,8 +295,8 @@ int64_t forward_scratch(const Dims& s) {
 }
 
 int64_t backward_scratch(const Dims& s) {
-    return 2 * s.d * s.kp + 3 * s.kp * s.dp + s.kp + s.kp / KT + 1 + 4 * TQ * s.dp + TQ * s.kp +
-           TQ * KT + 2 * TQ + TQ * W;
+    return 2 * s.d * s.kp + 3 * s.kp * s.dp + s.kp + s.kp / KT + 1 + 4 * TQ * s.dp +
+           2 * TQ * s.kp + 2 * TQ + TQ * W;
 }
 
 // Forward of query tiles [t0, t1) of one (batch, i, head), keys already packed: per key tile
@@ -390,11 +390,12 @@ void forward(const void* qp, const void* kp, const void* vp, const void* biasp,
 // Backward of one (batch, i, head): dq for its rows, dk and dv for its keys, and its ds
 // summed into the dbias partial `part` ([J][kp] of this (batch, head)). Per 48-row tile: the
 // strip of all K scores (bias and mask added, lane maxima kept), exponentiated in place
-// (unnormalised: e), then per key tile p = e / sum, dp = do v^T, ds = p (dp - delta).
+// (unnormalised: e), the strip of dp = do v^T and delta = rowsum(p dp) from them, then per key
+// tile p = e / sum and ds = p (dp - delta). delta is not taken as rowsum(do out): out rounded
+// to 16 bits would put its rounding into every ds of the row (dq off by 2.5 % at K = 3, D = 1).
 template <typename T>
 void backward_one(const typename T::storage* g, const typename T::storage* q,
-                  const typename T::storage* bias, const typename T::storage* out,
-                  typename T::storage* dq, typename T::storage* dk, typename T::storage* dv,
+                  const typename T::storage* bias, typename T::storage* dq, typename T::storage* dk, typename T::storage* dv,
                   float* part, const Keys& keys, float* dkacc, float* dvacc, float* qs, float* go,
                   float* gn, float* dqacc, float* strip, float* ds, float* delta, float* inv,
                   float* top, int64_t b, int64_t i, int64_t h, const Dims& s, float scale) {
@@ -406,17 +407,8 @@ void backward_one(const typename T::storage* g, const typename T::storage* q,
     for (int64_t j0 = 0; j0 < s.nj; j0 += TQ) {
         const int64_t rows = std::min(TQ, s.nj - j0);
         const int64_t at = s.q_at(b, i, j0, h);
-        prefetch_rows(out + at, stride, rows, s.d);
         load_rows<T>(qs, q + at, stride, rows, s, scale2);
         load_rows<T>(go, g + at, stride, rows, s, 1.0f);
-        for (int64_t r = 0; r < rows; ++r) {
-            const auto* orow = out + at + r * stride;
-            const float* grow = go + r * dp;
-            float acc = 0.0f;
-#pragma omp simd reduction(+ : acc)
-            for (int64_t e = 0; e < s.d; ++e) acc += grow[e] * T::load(orow[e]);
-            delta[r] = acc;
-        }
         std::fill(dqacc, dqacc + rows * dp, 0.0f);
         std::fill(top, top + rows * W, -kInf);
         for (int64_t k0 = 0, kt = 0; k0 < kp; k0 += KT, ++kt) {
@@ -437,13 +429,27 @@ void backward_one(const typename T::storage* g, const typename T::storage* q,
                 vstore(gn + r * dp + e, vload(go + r * dp + e) * scale_r);
             }
         }
+        std::fill(delta, delta + rows, 0.0f);
         for (int64_t k0 = 0, kt = 0; k0 < kp; k0 += KT, ++kt) {
             if (!keys.any[kt]) continue;  // probabilities and ds are zero there
-            const int64_t kc = std::min(KT, kp - k0), real = std::min(kc, s.nk - k0);
-            // dp = do v^T, then ds = (e / sum) (dp - delta) in place, summed into dbias
-            gemm(go, dp, 1, keys.vt + k0, kp, ds, KT, rows, kc, s.d, false);
+            const int64_t kc = std::min(KT, kp - k0);
+            gemm(go, dp, 1, keys.vt + k0, kp, ds + k0, kp, rows, kc, s.d, false);
             for (int64_t r = 0; r < rows; ++r) {
-                float* drow = ds + r * KT;
+                const float* erow = strip + r * kp + k0;
+                const float* drow = ds + r * kp + k0;
+                float acc = 0.0f;
+#pragma omp simd reduction(+ : acc)
+                for (int64_t c = 0; c < kc; ++c) acc += erow[c] * drow[c];
+                delta[r] += acc;
+            }
+        }
+        for (int64_t r = 0; r < rows; ++r) delta[r] *= inv[r];
+        for (int64_t k0 = 0, kt = 0; k0 < kp; k0 += KT, ++kt) {
+            if (!keys.any[kt]) continue;
+            const int64_t kc = std::min(KT, kp - k0), real = std::min(kc, s.nk - k0);
+            // ds = (e / sum) (dp - delta) in place, summed into dbias
+            for (int64_t r = 0; r < rows; ++r) {
+                float* drow = ds + r * kp + k0;
                 const float* erow = strip + r * kp + k0;
                 const vec dl = splat(delta[r]), iv = splat(inv[r]);
                 if (part != nullptr) {
@@ -461,8 +467,8 @@ void backward_one(const typename T::storage* g, const typename T::storage* q,
             }
             // dv += e^T (do / sum), dk += ds^T (q scale log2e), dq += ds k
             gemm(strip + k0, 1, kp, gn, dp, dvacc + k0 * dp, dp, real, dp, rows, true);
-            gemm(ds, 1, KT, qs, dp, dkacc + k0 * dp, dp, real, dp, rows, true);
-            gemm(ds, KT, 1, keys.kr + k0 * dp, dp, dqacc, dp, rows, dp, real, true);
+            gemm(ds + k0, 1, kp, qs, dp, dkacc + k0 * dp, dp, real, dp, rows, true);
+            gemm(ds + k0, kp, 1, keys.kr + k0 * dp, dp, dqacc, dp, rows, dp, real, true);
         }
         for (int64_t r = 0; r < rows; ++r) {
             auto* dst = dq + at + r * stride;
@@ -489,7 +495,7 @@ void backward_one(const typename T::storage* g, const typename T::storage* q,
 // into partial `chunk` of dbias; the partials are added up (fp32) after the parallel loop.
 template <typename T>
 void backward(const void* gp, const void* qp, const void* kp, const void* vp,
-              const void* biasp, const uint8_t* mask, const void* outp, void* dqp, void* dkp,
+              const void* biasp, const uint8_t* mask, void* dqp, void* dkp,
               void* dvp, void* dbiasp, const Dims& s, float scale, int32_t threads,
               float* scratch, int64_t per_thread, float* partials, int64_t chunks) {
     const auto* g = in<T>(gp);
@@ -497,7 +503,6 @@ void backward(const void* gp, const void* qp, const void* kp, const void* vp,
     const auto* k = in<T>(kp);
     const auto* v = in<T>(vp);
     const auto* bias = biasp == nullptr ? nullptr : in<T>(biasp);
-    const auto* out = in<T>(outp);
     auto* dq = spore::out<T>(dqp);
     auto* dk = spore::out<T>(dkp);
     auto* dv = spore::out<T>(dvp);
@@ -520,7 +525,7 @@ void backward(const void* gp, const void* qp, const void* kp, const void* vp,
         float* dqacc = gn + TQ * s.dp;
         float* strip = dqacc + TQ * s.dp;
         float* ds = strip + TQ * s.kp;
-        float* delta = ds + TQ * KT;
+        float* delta = ds + TQ * s.kp;
         float* inv = delta + TQ;
         float* top = inv + TQ;
         std::fill(keys.kt, keys.kt + 2 * s.d * s.kp + s.kp * s.dp, 0.0f);  // padding stays 0
@@ -536,7 +541,7 @@ void backward(const void* gp, const void* qp, const void* kp, const void* vp,
             const int64_t i1 = std::min(s.ni, (chunk + 1) * per_chunk);
             for (int64_t i = chunk * per_chunk; i < i1; ++i) {
                 keys.pack<T>(k, v, mask, s, b, i, h);
-                backward_one<T>(g, q, bias, out, dq, dk, dv, part, keys, dkacc, dvacc, qs, go, gn,
+                backward_one<T>(g, q, bias, dq, dk, dv, part, keys, dkacc, dvacc, qs, go, gn,
                                 dqacc, strip, ds, delta, inv, top, b, i, h, s, scale);
             }
         }
@@ -627,11 +632,11 @@ SPORE_EXPORT int32_t spore_triangle_attention(const void* q, const void* k, cons
     }
 }
 
-// grad, out, dq like q; dk, dv like k; dbias like bias (both null, or both given). The same
+// grad and dq like q; dk, dv like k; dbias like bias (both null, or both given). The same
 // statuses as the forward; BAD_ARGUMENT also when exactly one of bias and dbias is null.
 SPORE_EXPORT int32_t spore_triangle_attention_backward(
     const void* grad, const void* q, const void* k, const void* v, const void* bias,
-    const void* mask, const void* out, void* dq, void* dk, void* dv, void* dbias, int64_t batch,
+    const void* mask, void* dq, void* dk, void* dv, void* dbias, int64_t batch,
     int64_t ni, int64_t nj, int64_t nk, int64_t heads, int64_t d, float scale, int32_t dtype,
     int32_t threads) {
     Dims s{};
@@ -639,7 +644,7 @@ SPORE_EXPORT int32_t spore_triangle_attention_backward(
     if (dtype != DT_F32 && dtype != DT_BF16 && dtype != DT_F16) return BAD_DTYPE;
     if ((bias == nullptr) != (dbias == nullptr)) return BAD_ARGUMENT;
     const int64_t rows = batch * ni * nj * heads * d, keys = batch * ni * nk * heads * d;
-    if (rows > 0 && (grad == nullptr || q == nullptr || out == nullptr || dq == nullptr)) {
+    if (rows > 0 && (grad == nullptr || q == nullptr || dq == nullptr)) {
         return BAD_ARGUMENT;
     }
     if (keys > 0 && (k == nullptr || v == nullptr || dk == nullptr || dv == nullptr)) {
@@ -663,7 +668,7 @@ SPORE_EXPORT int32_t spore_triangle_attention_backward(
         std::vector<float> partials;
         if (bias != nullptr) partials.resize(static_cast<size_t>(chunks * bh * plane));
         return with_dtype(dtype, [&](auto t) {
-            backward<decltype(t)>(grad, q, k, v, bias, static_cast<const uint8_t*>(mask), out,
+            backward<decltype(t)>(grad, q, k, v, bias, static_cast<const uint8_t*>(mask),
                                   dq, dk, dv, dbias, s, scale, threads, scratch.data(),
                                   per_thread, bias != nullptr ? partials.data() : nullptr,
                                   chunks);

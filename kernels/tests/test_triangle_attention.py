@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from spore import dispatch
@@ -193,6 +193,8 @@ def _kernel_vs_oracle(args, dtype, seed=0):
     dtype=st.sampled_from(list(TOL)),
     seed=st.integers(0, 2**16),
 )
+# K = 3, D = 1 in bf16: delta taken as rowsum(grad * out) with out rounded put dq 2.5 % off.
+@example(shape=((), 3, 13, 3, 2, 1), with_bias=False, mask=None, dtype=torch.bfloat16, seed=0)
 def test_kernel_forward_and_backward_match_the_float64_reference(
     shape, with_bias, mask, dtype, seed
 ) -> None:
@@ -311,7 +313,7 @@ def test_every_installed_build_computes_the_same(isa) -> None:
         _close(out, expected, dtype)
         g = torch.randn_like(out)
         grads = [torch.empty_like(t) for t in (q, k, v, b)]
-        ptrs = [t.data_ptr() for t in (g, q, k, v, b, m, out, *grads)]
+        ptrs = [t.data_ptr() for t in (g, q, k, v, b, m, *grads)]
         assert bwd(*ptrs, *_sizes(q, k), 0.5, _lib.dtype_code(q), 2) == 0
         want = op.reference_backward(g.double(), *wide, expected, 0.5)
         for a, w in zip(grads, want, strict=True):
@@ -340,10 +342,10 @@ def test_the_library_refuses_bad_arguments_and_writes_nothing() -> None:
     assert bool((out == 7.0).all())
     grads = [torch.full_like(t, 7.0) for t in (q, k, v, b)]
     gptrs = [t.data_ptr() for t in grads]
-    base = [out.data_ptr(), *good[:5], out.data_ptr()]
+    base = [out.data_ptr(), *good[:5]]
     for ptrs in (
         [*base, *gptrs[:3], None],  # bias without dbias
-        [*base[:4], None, *base[5:], *gptrs],  # dbias without bias
+        [*base[:4], None, base[5], *gptrs],  # dbias without bias
         [None, *base[1:], *gptrs],  # null grad
         [*base, None, *gptrs[1:]],  # null dq
     ):
@@ -364,7 +366,7 @@ def test_the_library_gives_zeros_when_no_row_meets_a_key() -> None:
     assert torch.equal(out, torch.zeros_like(out))
     db = torch.full((1, 2, 3, 5), 7.0)
     bias = torch.randn(1, 2, 3, 5)
-    ptrs = [None, None, None, None, bias.data_ptr(), None, None, None, None, None, db.data_ptr()]
+    ptrs = [None, None, None, None, bias.data_ptr(), None, None, None, None, db.data_ptr()]
     assert bwd(*ptrs, 1, 2, 3, 5, 2, 0, 1.0, 0, 2) == 0
     assert torch.equal(db, torch.zeros_like(db))
 

@@ -336,7 +336,7 @@ def _ptr(t: torch.Tensor | None) -> int | None:
 
 
 _FWD = (*(_lib.ptr,) * 6, *(_lib.i64,) * 6, _lib.f32, _lib.i32, _lib.i32)
-_BWD = (*(_lib.ptr,) * 11, *(_lib.i64,) * 6, _lib.f32, _lib.i32, _lib.i32)
+_BWD = (*(_lib.ptr,) * 10, *(_lib.i64,) * 6, _lib.f32, _lib.i32, _lib.i32)
 
 
 def cpu(
@@ -381,12 +381,12 @@ def cpu_backward(
             f"{OP}_backward: the CPU kernel takes float32/bfloat16/float16 CPU tensors with "
             f"elements, got {q.dtype} on {q.device}; call torch.ops.spore.{OP}_backward"
         )
-    grad, q, k, v, out = (t.contiguous() for t in (grad, q, k, v, out))
+    grad, q, k, v = (t.contiguous() for t in (grad, q, k, v))
     bias = None if bias is None else bias.contiguous()
     mask = None if mask is None else mask.contiguous()
     dq, dk, dv = (torch.empty_like(t) for t in (q, k, v))
     dbias = q.new_empty(0) if bias is None else torch.empty_like(bias)
-    ptrs = (grad, q, k, v, bias, mask, out, dq, dk, dv, None if bias is None else dbias)
+    ptrs = (grad, q, k, v, bias, mask, dq, dk, dv, None if bias is None else dbias)
     args = (*map(_ptr, ptrs), *_sizes(q, k), default_scale(q, scale))
     _lib.call("spore_triangle_attention_backward", _BWD, *args, _lib.dtype_code(q), _lib.threads())
     return dq, dk, dv, dbias

@@ -3,12 +3,14 @@
 
 Forward: one program per (query block, (batch, i, head)): an online softmax over key blocks in
 base 2 (q scaled by scale * log2 e, bias by log2 e), masked keys at -inf, a row with no key
-left stored as zeros. Backward recomputes the rows' log-sum-exp with the same kernel (no
-output), takes ``delta = rowsum(grad * out)`` in torch, then: dk and dv per (key block,
-(batch, i, head)) looping over query blocks; dq per (query block, (batch, i, head)) looping
-over key blocks; dbias per (query block, key block, (batch, head)) looping over i (no atomics:
-deterministic). Every product is an fp32 ``tl.dot`` with ``input_precision="ieee"`` (fp32
-compute, as the op's contract and the C++ kernel; no TF32), outputs rounded once.
+left stored as zeros. Backward recomputes the rows' log-sum-exp and an fp32 output with the
+same kernel and takes ``delta = rowsum(grad * out)`` of that output in torch (the saved
+output, rounded to 16 bits, would put its rounding into every dS of the row), then: dk and dv
+per (key block, (batch, i, head)) looping over query blocks; dq per (query block, (batch, i,
+head)) looping over key blocks; dbias per (query block, key block, (batch, head)) looping
+over i (no atomics: deterministic). Every product is an fp32 ``tl.dot`` with
+``input_precision="ieee"`` (fp32 compute, as the op's contract and the C++ kernel; no TF32),
+outputs rounded once.
 """
 
 from __future__ import annotations
@@ -74,7 +76,7 @@ def _tri_attn_fwd(
     scale2,
     HAS_BIAS: tl.constexpr,
     HAS_MASK: tl.constexpr,
-    STORE_OUT: tl.constexpr,
+    STORE_LSE: tl.constexpr,
     BM: tl.constexpr,
     BN: tl.constexpr,
     BD: tl.constexpr,
@@ -110,13 +112,11 @@ def _tri_attn_fwd(
         p = tl.exp2(s - m_safe[:, None])
         l_i = l_i * alpha + tl.sum(p, axis=1)
         m_i = m_new
-        if STORE_OUT:
-            v = tl.load(V + kv_at, mask=kv_ok, other=0.0).to(tl.float32)
-            acc = acc * alpha[:, None] + tl.dot(p, v, input_precision="ieee")
-    if STORE_OUT:
-        out = tl.where(l_i[:, None] > 0, acc / tl.where(l_i > 0, l_i, 1.0)[:, None], 0.0)
-        tl.store(OUT + q_at, out.to(OUT.dtype.element_ty), mask=q_ok)
-    else:  # base-2 log-sum-exp per row; +inf for a row with no key (its probabilities: 0)
+        v = tl.load(V + kv_at, mask=kv_ok, other=0.0).to(tl.float32)
+        acc = acc * alpha[:, None] + tl.dot(p, v, input_precision="ieee")
+    out = tl.where(l_i[:, None] > 0, acc / tl.where(l_i > 0, l_i, 1.0)[:, None], 0.0)
+    tl.store(OUT + q_at, out.to(OUT.dtype.element_ty), mask=q_ok)
+    if STORE_LSE:  # base-2 log-sum-exp per row; +inf for a row with no key (its probabilities: 0)
         lse = tl.where(l_i > 0, m_i + tl.log2(tl.where(l_i > 0, l_i, 1.0)), float("inf"))
         tl.store(LSE + bih * nj + offs_m, lse, mask=offs_m < nj)
 
@@ -320,16 +320,18 @@ def _block_d(d: int) -> int:
     return max(16, triton.next_power_of_2(d))
 
 
-def _lse(q, k, v, b, m, has_bias, has_mask, scale2) -> torch.Tensor:
-    """Each row's base-2 log-sum-exp ``[batch * I * H, J]`` (fp32; +inf for no key)."""
+def _lse_and_out(q, k, v, b, m, has_bias, has_mask, scale2) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each row's base-2 log-sum-exp ``[batch * I * H, J]`` (fp32; +inf for no key) and the
+    output in fp32."""
     nb, ni, nj, nk, heads, d = _dims(q, k)
     lse = torch.empty(nb * ni * heads, nj, dtype=torch.float32, device=q.device)
+    out = torch.empty(q.shape, dtype=torch.float32, device=q.device)
     grid = (triton.cdiv(nj, BLOCK), nb * ni * heads)
     _tri_attn_fwd[grid](
-        q, k, v, b, m, q, lse, ni, nj, nk, heads, d, scale2, has_bias, has_mask, False,
+        q, k, v, b, m, out, lse, ni, nj, nk, heads, d, scale2, has_bias, has_mask, True,
         BM=BLOCK, BN=BLOCK, BD=_block_d(d),
     )  # fmt: skip
-    return lse
+    return lse, out
 
 
 def triangle_attention(
@@ -348,7 +350,7 @@ def triangle_attention(
     grid = (triton.cdiv(nj, BLOCK), nb * ni * heads)
     _tri_attn_fwd[grid](
         qc, kc, vc, b, m, out, out, ni, nj, nk, heads, d, scale2, bias is not None,
-        mask is not None, True, BM=BLOCK, BN=BLOCK, BD=_block_d(d),
+        mask is not None, False, BM=BLOCK, BN=BLOCK, BD=_block_d(d),
     )  # fmt: skip
     return out
 
@@ -369,9 +371,9 @@ def triangle_attention_backward(
     nb, ni, nj, nk, heads, d = _dims(q, k)
     c = op.default_scale(q, scale)
     has_bias, has_mask = bias is not None, mask is not None
-    lse = _lse(qc, kc, vc, b, m, has_bias, has_mask, c * LOG2E)
+    lse, out32 = _lse_and_out(qc, kc, vc, b, m, has_bias, has_mask, c * LOG2E)
     # delta = rowsum(grad * out), laid out like lse: [batch * I * H, J]
-    delta = (g.float() * out.float()).sum(-1).reshape(nb * ni, nj, heads).transpose(1, 2)
+    delta = (g.float() * out32).sum(-1).reshape(nb * ni, nj, heads).transpose(1, 2)
     delta = delta.reshape(nb * ni * heads, nj).contiguous()
     dq, dk, dv = (torch.empty_like(t) for t in (qc, kc, vc))
     bd = _block_d(d)

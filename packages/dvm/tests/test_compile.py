@@ -256,3 +256,99 @@ def test_regions_are_called_where_their_last_node_was():
     before = [n.target for n in calls[:last] if n not in members]
     after = [n.target for n in calls[last:] if n not in members]
     assert c.run.targets == [*before, runner, *after]
+
+
+def _compiled(fn, *args, min_ops=1):
+    gm = make_fx(fn, tracing_mode="fake")(*args)
+    return compile_graph(gm, list(args), min_ops=min_ops)
+
+
+def test_equal_values_of_two_nodes_are_two_tensors():
+    """The same expression written twice, the second viewed: eager returns two tensors, so
+    does dvm (the program computes the value once and stores it twice); updating one in
+    place leaves the other."""
+
+    def twice(x):
+        return torch.sigmoid(x) + 1, (torch.sigmoid(x) + 1).view(1, 3, 4)
+
+    x = torch.randn(3, 4)
+    c = _compiled(twice, x)
+    a, b = c(x)
+    assert c.vm_calls == 1
+    assert a.untyped_storage().data_ptr() != b.untyped_storage().data_ptr()
+    a.add_(100)
+    torch.testing.assert_close(b, twice(x)[1])
+
+
+def test_a_view_output_is_its_own_tensor_on_the_same_storage():
+    """A view of a region output with the output's own shape is another tensor object (eager's
+    view is): changing one's metadata in place leaves the other as it was."""
+
+    def viewed(x):
+        y = (x * 2).exp()
+        return y, y.view(3, 4)
+
+    x = torch.randn(3, 4)
+    c = _compiled(viewed, x)
+    y, v = c(x)
+    assert c.vm_calls == 1
+    assert y is not v
+    assert y.untyped_storage().data_ptr() == v.untyped_storage().data_ptr()
+    v.unsqueeze_(0)
+    assert y.shape == (3, 4)
+
+
+def _squeezed_batch(x):  # attention-like, batch 1: the output is the domain less a size-1 dim
+    y = (x.transpose(1, 2) * 2).sigmoid()
+    return (y * y.sum(-1, keepdim=True)).squeeze(0).transpose(0, 1).reshape(3, 8)
+
+
+def _unsqueezed(x):  # the output is the domain with a size-1 dim more
+    return (x.t() * 2).exp().unsqueeze(0).transpose(1, 2).reshape(-1)
+
+
+def _strided_read(x, b):  # the graph reads the output's storage through as_strided
+    y = x.t() * 2
+    return y.unsqueeze(0) + b, torch.as_strided(y, (5, 4), (4, 1)) + 0
+
+
+@pytest.mark.parametrize("executor", ["vm", "reference"])
+@pytest.mark.parametrize(
+    ("fn", "args"),
+    [
+        (_squeezed_batch, (torch.randn(1, 3, 2, 4),)),
+        (_unsqueezed, (torch.randn(5, 4),)),
+        (_strided_read, (torch.randn(5, 4), torch.randn(1, 4, 5))),
+    ],
+    ids=["squeezed", "unsqueezed", "as_strided"],
+)
+def test_outputs_keep_the_traced_layout_up_to_size_one_dims(monkeypatch, executor, fn, args):
+    """An output laid out otherwise than contiguously whose shape is the region's domain up to
+    size-1 dims keeps eager's layout: the views traced after it (here a reshape traced as a
+    view, an as_strided) read what eager's do."""
+    if executor == "reference":
+        monkeypatch.setattr(dc, "PREPARE", dc._Reference)
+    c = _compiled(fn, *args, min_ops=2)
+    got, want = c(*args), fn(*args)
+    assert c.vm_calls >= 1
+    for g, w in zip(got, want, strict=True) if isinstance(want, tuple) else [(got, want)]:
+        torch.testing.assert_close(g, w)
+
+
+def test_a_view_of_an_input_is_not_stored_as_a_copy():
+    """A graph with in-place ops (compile_graph also takes those, outside AOT autograd): a view
+    of an input read in a region and returned stays a view, and sees a later update of the
+    input."""
+
+    def update(x):
+        v = x.unsqueeze(0)
+        y = v * 2 + 1
+        x.add_(1)
+        return v * 3, y
+
+    x = torch.randn(3, 4)
+    c = _compiled(update, x)
+    got, want = c(x.clone()), update(x.clone())
+    assert c.vm_calls == 2  # y, and v * 3 after the update
+    for g, w in zip(got, want, strict=True):
+        torch.testing.assert_close(g, w)

@@ -484,3 +484,63 @@ def test_an_emitted_program_is_a_valid_program_with_its_encoding():
     assert built.encode() == checked.encode()
     assert built.encode()[0][:5] == [Op.LOAD, 0, 0, -1, -1]
     assert built.encode()[1][4] == 1.5
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+def test_comparisons_round_a_scalar_to_the_16_bit_dtype_as_eager(dtype):
+    """``x == 0.1`` on a 16-bit x compares with 0.1 in x's dtype (eager's type promotion), as
+    does a float32 0-d tensor; values equal to the rounded scalar make the difference."""
+    x = torch.full((4, 6), 0.1, dtype=dtype)
+    x[1] = torch.full((6,), 257.0).to(dtype)  # 257 rounds to 256 in bfloat16
+    t = torch.tensor(0.1)
+    for fn in (
+        lambda a, _: (a == 0.1) * 2.0 + a,
+        lambda a, _: (a > 0.1) * 2.0 + a,
+        lambda a, _: (a <= 0.1) * 2.0 + a,
+        lambda a, _: (a != 257) * 2.0 + a,
+        lambda a, s: (a >= s) * 2.0 + a,
+        lambda a, s: (s < a) * 2.0 + a,
+    ):
+        _check(fn, [x, t], atol=0, rtol=0)
+
+
+@pytest.mark.parametrize("dtype", [torch.bool, torch.bfloat16, torch.float16], ids=str)
+def test_full_and_scalar_tensor_hold_their_dtype_s_value(dtype):
+    """``full(2, dtype=bool)`` is True (1), ``scalar_tensor(0.1, dtype=bfloat16)`` is
+    bfloat16's 0.1: the constant is the value the tensor would hold."""
+    x = _x(3, 5)
+
+    def fn(t):
+        full = torch.full((3, 5), 2.1, dtype=dtype)
+        scalar = torch.scalar_tensor(0.1, dtype=dtype)
+        return (t * full + scalar).float() * 1000
+
+    _check(fn, [x], atol=0, rtol=1e-6)
+
+
+@pytest.mark.parametrize("dims", [[], None], ids=str)
+def test_var_mean_over_no_dims_is_over_every_dim(dims):
+    """``var_mean(x, dim=[])`` reduces every dim, as eager (dvm decomposes var_mean)."""
+    x = _x(4, 8)
+    gm = make_fx(lambda t: torch.var_mean(t, dims), decomposition_table=decomposition_table())(x)
+    got = compile_graph(gm, [x], min_ops=1)(x)
+    want = torch.var_mean(x, dims)
+    for g, w in zip(got, want, strict=True):
+        assert g.shape == w.shape
+        torch.testing.assert_close(g, w)
+
+
+def test_relu_and_clamp_keep_a_signed_zero_as_eager():
+    """relu(-0.0) and clamp(-0.0, min=0) are -0.0 in eager (x kept on a tie): seen in 1 / y."""
+    x = torch.tensor([[-0.0, 0.0, -1.0, 2.0, float("nan"), -0.0, 0.0, 0.5]])
+    for fn in (
+        lambda t: 1 / torch.relu(t),
+        lambda t: 1 / t.clamp(min=0.0),
+        lambda t: 1 / t.clamp(max=-0.0),
+        lambda t: 1 / t.clamp(-0.0, 0.0),
+        lambda t: 1 / t.clamp_min(0.0),
+    ):
+        _, compiled = _compile(fn, x)
+        assert compiled.vm_calls == 0
+        torch.testing.assert_close(compiled(x), fn(x), equal_nan=True, atol=0, rtol=0)
+        assert compiled.vm_calls == 1

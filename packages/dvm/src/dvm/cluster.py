@@ -339,6 +339,8 @@ class _Clusterer:
                 continue
             if _storable(dshape[o], domain) is None:
                 return False
+            if id(_alias_base(o, union).target) in _ALIASING:  # stored, a view of a value
+                return False  # outside would be a copy: eager's view sees that value's updates
             outputs.add(o)
             if not (id(o.target) in _ALIASING and o.args[0] in union):
                 stores += 1
@@ -420,7 +422,7 @@ def build_region(members: list[Node], a: _Analysis) -> Region:
     slots: dict[tuple[Node, Shape], int] = {}
     outputs: list[Node] = []
     slots_out: list[int] = []
-    stored: dict[tuple[int, torch.dtype, bool], int] = {}
+    stored: dict[tuple[int, torch.dtype, bool], tuple[int, Node]] = {}  # slot, whose values
     out_dtypes: list[torch.dtype] = []
     reduced: list[bool] = []
     reader: Node = members[0]
@@ -449,12 +451,14 @@ def build_region(members: list[Node], a: _Analysis) -> Region:
         if red is None:
             raise ValueError(f"output {n.name} {a.dshape[n]} is neither {domain} nor row-reduced")
         key = (value, a.facts[n][1], red)
-        if key not in stored or id(n.target) not in _ALIASING:
-            stored[key] = em.store(value)
+        base = _alias_base(n, mset)
+        earlier = stored.get(key)
+        if earlier is None or earlier[1] is not base:  # a view shares its base's output only
+            earlier = stored[key] = (em.store(value), base)
             out_dtypes.append(key[1])
             reduced.append(red)
         outputs.append(n)
-        slots_out.append(stored[key])
+        slots_out.append(earlier[0])
     if not outputs:
         raise ValueError("no output")
     if len(slots) > MAX_INPUTS:
@@ -489,6 +493,15 @@ _ALIASING = {  # by id(target), as _RULES_BY_ID
     id(aten.squeeze.dims),
     id(aten.expand.default),
 }
+
+
+def _alias_base(n: Node, members: set[Node]) -> Node:
+    """The member whose values ``n`` holds: ``n``, or through views inside the region the
+    value they view (eager returns a view of it; another node of equal values is a tensor of
+    its own)."""
+    while id(n.target) in _ALIASING and n.args[0] in members:
+        n = n.args[0]
+    return n
 
 
 _CASTS = {id(aten._to_copy.default), id(torch.ops.prims.convert_element_type.default)}

@@ -49,9 +49,9 @@ class _Reference:
             inputs = [args[i].view(view) for i, view in operands]
             outs = run_reference(self.program, inputs, domain, self.out_dtypes, self.reduced)
             return [
-                o.view(shape)
-                if s is None
-                else torch.empty_strided(o.shape, s, dtype=o.dtype).copy_(o)
+                (o if s is None else torch.empty_strided(o.shape, s, dtype=o.dtype).copy_(o)).view(
+                    shape
+                )
                 for o, shape, s in zip(outs, out_shapes, layouts, strict=True)
             ]
 
@@ -60,21 +60,32 @@ class _Reference:
 
 def _out_layouts(region: Region) -> list[Strides | None] | None:
     """Each VM output's strides over the domain where the traced value is laid out densely
-    but otherwise than contiguously (e.g. RoPE on a transposed query): the graph after the
-    region may rely on them (views, fused attention). An expanded value (a stride 0) is stored
-    contiguous: every view of it is a view of that too. ``None`` when every output is
-    contiguous."""
+    but otherwise than contiguously (e.g. RoPE on a transposed query), its shape the domain's
+    up to size-1 dims: the graph after the region may rely on them (views, fused attention).
+    An expanded value (a stride 0) is stored contiguous: every view of it is a view of that
+    too. ``None`` when every output is contiguous."""
     layouts: list[Strides | None] = [None] * len(region.out_dtypes)
     for node, k in zip(region.outputs, region.output_slots, strict=True):
         val = node.meta["val"]
         if (
             not val.is_contiguous()
             and not region.reduced[k]
-            and val.shape == region.domain
             and is_non_overlapping_and_dense_or_false(val)
         ):
-            layouts[k] = tuple(val.stride())
+            layouts[k] = _over_domain(val, region.domain)
     return None if all(s is None for s in layouts) else layouts
+
+
+def _over_domain(val: torch.Tensor, domain: tuple[int, ...]) -> Strides | None:
+    """``val``'s strides over ``domain`` when its shape is the domain's up to size-1 dims
+    (those take stride 0: only index 0 is read), else ``None``."""
+    if val.shape == domain:
+        return tuple(val.stride())
+    own = [(n, st) for n, st in zip(val.shape, val.stride(), strict=True) if n != 1]
+    if [size for size, _ in own] != [size for size in domain if size != 1]:
+        return None
+    strides = iter(stride for _, stride in own)
+    return tuple(next(strides) if size != 1 else 0 for size in domain)
 
 
 def _select_executor() -> tuple[Callable[..., Any], str]:
@@ -105,14 +116,14 @@ class RegionRunner:
         vals = [n.meta["val"] for n in inputs]
         self._guards = [(v.shape, v.dtype) for v in vals]
         # each VM output is allocated in the shape of the first graph output it holds; another
-        # graph output of the same VM output (a view of it) is a view of that
+        # graph output of the same VM output (a view of it) is a view of that, a tensor of its
+        # own as eager's view is
         first: dict[int, Node] = {}
         self._results = []
         for node, k in zip(region.outputs, region.output_slots, strict=True):
-            shape = torch.Size(node.meta["val"].shape)
             first.setdefault(k, node)
-            same = first[k] is node or first[k].meta["val"].shape == shape
-            self._results.append((k, None if same else shape))
+            shape = None if first[k] is node else torch.Size(node.meta["val"].shape)
+            self._results.append((k, shape))
         t0 = time.perf_counter()
         self._kernel = PREPARE(region.program, region.out_dtypes, region.reduced)
         self._launch = self._kernel.bind(

@@ -198,6 +198,15 @@ _BINARY = {
     aten.true_divide.Tensor: Op.DIV,
     aten.maximum.default: Op.MAX,
     aten.minimum.default: Op.MIN,
+    aten.logical_and.default: Op.AND,
+    aten.logical_or.default: Op.OR,
+}
+for _t, _op in _BINARY.items():
+    RULES[_t] = Rule(
+        POINTWISE, lambda em, n, r, _op=_op: em.binary(_op, r(n.args[0]), r(n.args[1]))
+    )
+
+_COMPARISONS = {
     aten.eq.Tensor: Op.EQ,
     aten.eq.Scalar: Op.EQ,
     aten.ne.Tensor: Op.NE,
@@ -210,13 +219,47 @@ _BINARY = {
     aten.gt.Scalar: Op.GT,
     aten.ge.Tensor: Op.GE,
     aten.ge.Scalar: Op.GE,
-    aten.logical_and.default: Op.AND,
-    aten.logical_or.default: Op.OR,
 }
-for _t, _op in _BINARY.items():
-    RULES[_t] = Rule(
-        POINTWISE, lambda em, n, r, _op=_op: em.binary(_op, r(n.args[0]), r(n.args[1]))
+_ROUND_TO = {torch.bfloat16: Op.CAST_BF16, torch.float16: Op.CAST_F16}
+
+
+def _compared(em: Emitter, n: Node, r: Resolve) -> tuple[int, int]:
+    """A comparison's operands as eager compares them: in their common dtype. When that is
+    16-bit, a Python scalar or a wider 0-d tensor is rounded to it first (``x == 0.1`` on a
+    bfloat16 ``x`` compares with bfloat16's 0.1); other operands widen exactly."""
+    a, b = n.args[0], n.args[1]
+    operands = [x.meta["val"] if isinstance(x, Node) else x for x in (a, b)]
+    if not any(isinstance(v, torch.Tensor) and v.dtype in _ROUND_TO for v in operands):
+        return r(a), r(b)
+    from torch._prims_common import ELEMENTWISE_TYPE_PROMOTION_KIND, elementwise_dtypes
+
+    _, common = elementwise_dtypes(
+        *operands, type_promotion_kind=ELEMENTWISE_TYPE_PROMOTION_KIND.DEFAULT
     )
+    rounding = _ROUND_TO.get(common)
+    values = []
+    for x, v in zip((a, b), operands, strict=True):
+        if not isinstance(x, Node):
+            values.append(em.const(x if rounding is None else _rounded(x, common)))
+        elif rounding is None or v.dtype in (common, torch.bool):
+            values.append(r(x))
+        else:
+            values.append(em.unary(rounding, r(x)))
+    return values[0], values[1]
+
+
+def _rounded(value: Any, dtype: torch.dtype) -> Any:
+    """``value`` as a tensor of ``dtype`` holds it (bool: 0 or 1; 16-bit: rounded; float32: as
+    the program's constants are)."""
+    if dtype == torch.bool:
+        return float(bool(value))
+    if dtype in _ROUND_TO:
+        return torch.tensor(value, dtype=dtype).item()
+    return value
+
+
+for _t, _op in _COMPARISONS.items():
+    RULES[_t] = Rule(POINTWISE, lambda em, n, r, _op=_op: em.binary(_op, *_compared(em, n, r)))
 
 
 @_rule([aten.logical_xor.default], POINTWISE, cost=3)
@@ -307,9 +350,11 @@ def _square(em: Emitter, n: Node, r: Resolve) -> int:
     return em.binary(Op.MUL, x, x)
 
 
+# The bound first: MAX and MIN give their second operand on a tie, which keeps x where eager
+# keeps it (relu(-0.0) is -0.0); a NaN in either gives NaN.
 @_rule([aten.relu.default], POINTWISE)
 def _relu(em: Emitter, n: Node, r: Resolve) -> int:
-    return em.binary(Op.MAX, r(n.args[0]), em.const(0.0))
+    return em.binary(Op.MAX, em.const(0.0), r(n.args[0]))
 
 
 def _clamp_bounds(n: Node) -> tuple[Any, Any]:
@@ -323,20 +368,20 @@ def _clamp(em: Emitter, n: Node, r: Resolve) -> int:
     x = r(n.args[0])
     lo, hi = _clamp_bounds(n)
     if lo is not None:
-        x = em.binary(Op.MAX, x, r(lo))
+        x = em.binary(Op.MAX, r(lo), x)
     if hi is not None:
-        x = em.binary(Op.MIN, x, r(hi))
+        x = em.binary(Op.MIN, r(hi), x)
     return x
 
 
 @_rule([aten.clamp_min.default, aten.clamp_min.Tensor], POINTWISE)
 def _clamp_min(em: Emitter, n: Node, r: Resolve) -> int:
-    return em.binary(Op.MAX, r(n.args[0]), r(n.args[1]))
+    return em.binary(Op.MAX, r(n.args[1]), r(n.args[0]))
 
 
 @_rule([aten.clamp_max.default, aten.clamp_max.Tensor], POINTWISE)
 def _clamp_max(em: Emitter, n: Node, r: Resolve) -> int:
-    return em.binary(Op.MIN, r(n.args[0]), r(n.args[1]))
+    return em.binary(Op.MIN, r(n.args[1]), r(n.args[0]))
 
 
 @_rule(
@@ -629,12 +674,12 @@ def _expand(em: Emitter, n: Node, r: Resolve) -> int:
 
 @_rule([aten.full.default], CONST)
 def _full(em: Emitter, n: Node, r: Resolve) -> int:
-    return em.const(n.args[1])
+    return em.const(_rounded(n.args[1], n.meta["val"].dtype))
 
 
 @_rule([aten.scalar_tensor.default], CONST)
 def _scalar_tensor(em: Emitter, n: Node, r: Resolve) -> int:
-    return em.const(n.args[0])
+    return em.const(_rounded(n.args[0], n.meta["val"].dtype))
 
 
 # ---- row reductions --------------------------------------------------------------------------
@@ -823,10 +868,9 @@ def rule_reason(
 
 
 _BOOL_OUT = {
-    t
-    for t, op in _BINARY.items()
-    if op in (Op.EQ, Op.NE, Op.LT, Op.LE, Op.GT, Op.GE, Op.AND, Op.OR)
-} | {
+    *_COMPARISONS,
+    aten.logical_and.default,
+    aten.logical_or.default,
     aten.logical_not.default,
     aten.logical_xor.default,
     aten.bitwise_and.Tensor,
@@ -851,7 +895,7 @@ def _name(target: Any) -> str:
 
 
 def _var_mean(x: torch.Tensor, dim=None, *, correction=None, keepdim: bool = False):
-    dims = list(range(x.dim())) if dim is None else list(dim)
+    dims = list(dim) if dim else list(range(x.dim()))  # None or []: every dim, as eager
     n = 1
     for d in dims:
         n *= x.shape[d]

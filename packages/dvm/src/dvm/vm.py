@@ -213,8 +213,8 @@ class Kernel:
         ``args`` (real or fake tensors): operand ``k`` is ``args[i]`` seen with shape ``view``
         for ``operands[k] = (i, view)`` (``view`` differs from the arg's shape only in size-1
         dims, and broadcasts to ``domain``); output ``k`` is allocated with ``out_shapes[k]``
-        (the output's shape over the domain, up to size-1 dims), or ``out_strides[k]`` over
-        the domain as in :meth:`__call__`."""
+        (the output's shape over the domain, up to size-1 dims), contiguous or, with
+        ``out_strides[k]`` over the domain as in :meth:`__call__`, laid out as that says."""
         return Launch(self, _domain(domain), args, operands, out_shapes, out_strides)
 
     def __call__(
@@ -373,9 +373,11 @@ class Launch:
             if layout is None:
                 strides = _contiguous_strides(want)
                 self._allocs.append((tuple(shape), tuple(_contiguous_strides(shape)), dtype))
-            else:
+            else:  # allocated in `shape`, its dims other than 1 laid out as the domain's
                 strides = list(layout)
-                self._allocs.append((dims, tuple(layout), dtype))
+                own = iter(st for size, st in zip(dims, layout, strict=True) if size != 1)
+                placed = tuple(next(own) if size != 1 else 1 for size in shape)
+                self._allocs.append((tuple(shape), placed, dtype))
             if red:
                 strides[-1] = 0
             tail += strides

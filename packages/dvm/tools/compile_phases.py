@@ -10,18 +10,22 @@ with warm caches. ``--flow`` reads the times each compile records of itself wher
 runs it, inside ``torch.compile`` right after tracing (as ``spore bench dvm -k compile`` does,
 and colder still than ``--cold``): the whole compile, clustering (analysis, merging and
 building the program), the program's build alone, preparing the runner, scheduling, and the
-
 region's own compile (build + runner). ``--llama`` does the same for the tiny Llama training
 step's forward and backward graphs (``spore bench dvm -k llama-train``'s model): each graph's
 compile, its regions and eager nodes, and each region's own compile. ``--floor`` times, in the
 same place, only what a compile done in native code would still need of Python: the graph
 read into flat arrays (each node's op, arguments, shape, strides and dtype), and that plus one
 ctypes call into the VM's library; next to dvm's whole compile, the three taking turns.
+``--depths N`` times dvm's compile in the same place with the backend called 0 to N-1 frames
+deeper: CPython keeps frames in 16 KiB chunks, and 3.11 and 3.12 allocate and free one at
+each call that crosses a chunk's end (CPython issue gh-142183, fixed in later releases by
+keeping one), so the compile's time depends on the depth it runs at.
 
     python packages/dvm/tools/compile_phases.py --repeat 300 [--cold]
     python packages/dvm/tools/compile_phases.py --flow --repeat 30
     python packages/dvm/tools/compile_phases.py --floor --repeat 30
     python packages/dvm/tools/compile_phases.py --llama --repeat 3 [--dtype bf16]
+    python packages/dvm/tools/compile_phases.py --depths 40 --repeat 7
 """
 
 from __future__ import annotations
@@ -151,6 +155,28 @@ def _floor(chain: str, repeat: int) -> str:
     return "  ".join(f"{k} {1e6 * statistics.median(v):5.0f}" for k, v in times.items())
 
 
+def _depths(chain: str, repeat: int, depths: int) -> str:
+    """The median of dvm's compile at each extra call depth, in µs, and their range."""
+    min_ops = benchmarks.CHAINS[chain].min_ops
+    times: list[float] = []
+
+    def at(extra: int, gm: GraphModule, inputs: Any) -> Callable[..., Any]:
+        if extra:
+            return at(extra - 1, gm, inputs)
+        compiled = compile_graph(gm, inputs, min_ops=min_ops)
+        times.append(compiled.total_us)
+        return compiled
+
+    medians = []
+    for extra in range(depths):
+        times.clear()
+        backend = benchmarks.aot_backend(lambda gm, inputs, extra=extra: at(extra, gm, inputs))
+        benchmarks.compile_in_flow(chain, repeat, backend)
+        medians.append(statistics.median(times))
+    each = " ".join(f"{m:.0f}" for m in medians)
+    return f"{min(medians):5.0f} to {max(medians):5.0f}  (+0..+{depths - 1}: {each})"
+
+
 def _llama(dtype: str, repeat: int) -> None:
     from dvm.backend import make_backend
 
@@ -180,6 +206,7 @@ def main() -> None:
     parser.add_argument("--flow", action="store_true", help="inside torch.compile, as the bench")
     parser.add_argument("--floor", action="store_true", help="what native code would still need")
     parser.add_argument("--llama", action="store_true", help="the tiny Llama step's graphs")
+    parser.add_argument("--depths", type=int, default=0, help="extra call depths 0..N-1")
     parser.add_argument("--dtype", choices=sorted(benchmarks.DTYPES), default="fp32")
     args = parser.parse_args()
     if args.repeat < 2:
@@ -189,6 +216,9 @@ def main() -> None:
         _llama(args.dtype, args.repeat)
         return
     for chain in benchmarks.CHAINS:
+        if args.depths:
+            print(f"{chain:10s} {_depths(chain, args.repeat, args.depths)}")
+            continue
         if args.flow or args.floor:
             print(f"{chain:10s} {(_floor if args.floor else _flow)(chain, args.repeat)}")
             continue

@@ -39,6 +39,20 @@ def test_reference_runs_without_kernels_and_gradcheck_passes() -> None:
     assert torch.autograd.gradcheck(lambda a, b: op(a, b, 1e-6), (x, w))
 
 
+def test_reference_autograd_gives_second_order_gradients() -> None:
+    """create_graph=True through the default formula: the gradient is differentiable again
+    (a gradient penalty), checked by gradgradcheck and against the reference's own autograd."""
+    op = _define()
+    x, w = _inputs(torch.float64, requires_grad=True)
+    assert torch.autograd.gradgradcheck(lambda a, b: op(a, b, 1e-6), (x, w))
+    (gx,) = torch.autograd.grad(op(x, w, 1e-6).pow(2).sum(), x, create_graph=True)
+    (want,) = torch.autograd.grad(_rms(x, w, 1e-6).pow(2).sum(), x, create_graph=True)
+    assert gx.requires_grad
+    torch.testing.assert_close(
+        torch.autograd.grad(gx.pow(2).sum(), w)[0], torch.autograd.grad(want.pow(2).sum(), w)[0]
+    )
+
+
 def test_custom_autograd_formula_is_used() -> None:
     seen = []
 

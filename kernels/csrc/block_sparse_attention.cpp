@@ -7,6 +7,8 @@
 
 #include <algorithm>
 #include <limits>
+#include <new>
+#include <stdexcept>
 
 #include "elementwise.h"
 
@@ -282,7 +284,8 @@ void query_block(const typename T::storage* q, typename T::storage* out, const P
 }
 
 // Group by group of heads (as many as Packed holds): the threads pack the group's keys and
-// values, then share all its query blocks (one barrier per group, not per head).
+// values, then share all its query blocks (one barrier per group, not per head). Scratch is
+// allocated before the parallel region: std::bad_alloc cannot leave one.
 template <typename T>
 void block_sparse_attention(const void* qp, const void* kp, const void* vp, const void* index,
                             const void* count, void* outp, bool wide, const Shape& s, float scale,
@@ -292,9 +295,12 @@ void block_sparse_attention(const void* qp, const void* kp, const void* vp, cons
     const auto* v = in<T>(vp);
     auto* y = out<T>(outp);
     Packed pk(s);
+    std::vector<Scratch> scratch;
+    scratch.reserve(static_cast<size_t>(threads));
+    for (int32_t t = 0; t < threads; ++t) scratch.emplace_back(s);
 #pragma omp parallel num_threads(threads)
     {
-        Scratch w(s);
+        Scratch& w = scratch[static_cast<size_t>(omp_get_thread_num())];
         for (int64_t h0 = 0; h0 < s.bh; h0 += pk.heads) {
             const int64_t hn = std::min(pk.heads, s.bh - h0);
 #pragma omp for schedule(static)
@@ -321,7 +327,8 @@ using namespace spore;
 // q, out: [bh, sq, d]; k, v: [bh, skv, d]; index: [bh, ceil(sq/bs), m] and count:
 // [bh, ceil(sq/bs)], int64 when index_is_64 else int32. BAD_ARGUMENT (nothing written) for a
 // null pointer, a negative size, a block size below 1, a count outside 0..m or a listed id
-// outside 0..ceil(skv/bs)-1; BAD_DTYPE for an unknown dtype code.
+// outside 0..ceil(skv/bs)-1; BAD_DTYPE for an unknown dtype code; OUT_OF_MEMORY (nothing
+// written) when the scratch for a block of bs rows and keys cannot be had.
 SPORE_EXPORT int32_t spore_block_sparse_attention(const void* q, const void* k, const void* v,
                                                   const void* index, const void* count, void* out,
                                                   int64_t bh, int64_t sq, int64_t skv, int64_t d,
@@ -341,8 +348,14 @@ SPORE_EXPORT int32_t spore_block_sparse_attention(const void* q, const void* k, 
     if (q == nullptr || out == nullptr || (skv > 0 && (k == nullptr || v == nullptr))) {
         return BAD_ARGUMENT;
     }
-    return with_dtype(dtype, [&](auto t) {
-        using T = decltype(t);
-        block_sparse_attention<T>(q, k, v, index, count, out, wide, s, scale, threads);
-    });
+    try {
+        return with_dtype(dtype, [&](auto t) {
+            using T = decltype(t);
+            block_sparse_attention<T>(q, k, v, index, count, out, wide, s, scale, threads);
+        });
+    } catch (const std::bad_alloc&) {
+        return OUT_OF_MEMORY;
+    } catch (const std::length_error&) {
+        return OUT_OF_MEMORY;
+    }
 }

@@ -10,7 +10,7 @@
 
 namespace spore {
 
-enum Status : int32_t { OK = 0, BAD_ARGUMENT = 1, BAD_DTYPE = 2 };
+enum Status : int32_t { OK = 0, BAD_ARGUMENT = 1, BAD_DTYPE = 2, OUT_OF_MEMORY = 3 };
 enum DType : int32_t { DT_F32 = 0, DT_BF16 = 1, DT_F16 = 2 };
 
 // The bits of a float and back (memcpy: the defined way; compiles to nothing).

@@ -3,7 +3,9 @@
 // when inner == 1, one per column otherwise) of at most STEPS values each, combined with the
 // parallel merge of Chan et al. — pairwise across segments, then across the per-thread parts of
 // n when there are fewer work units than threads; one rounding per output. Backward recomputes
-// the mean (fp32 sums within segments, double across them); forward saves only x.
+// the mean (fp32 sums within segments, double across them); forward saves only x. Both work on
+// x less a pivot, the first value of its column (when finite): a mean far from zero against
+// the spread would otherwise put its fp32 rounding into every x - mean.
 #include <omp.h>
 
 #include <algorithm>
@@ -24,6 +26,11 @@ constexpr int64_t MIN_PART = 16384;  // fewest elements worth a task of their ow
 inline void merge(float* mean_a, float* m2_a, int64_t na, const float* mean_b, const float* m2_b,
                   int64_t nb, int64_t width) {
     if (nb == 0) return;
+    if (na == 0) {  // nothing to fold into (and d * d * 0 would be NaN where d * d overflows)
+        std::copy(mean_b, mean_b + width, mean_a);
+        std::copy(m2_b, m2_b + width, m2_a);
+        return;
+    }
     const float fb = static_cast<float>(static_cast<double>(nb) / static_cast<double>(na + nb));
     const float fab = static_cast<float>(na) * fb;
 #pragma omp simd
@@ -78,10 +85,18 @@ class Cascade {
     std::vector<float> means_, m2s_;
 };
 
-// Moments of at most ROW_SEGMENT contiguous values: LANES Welford states (one SIMD step per
-// LANES values, all lanes sharing the count), merged pairwise, then the tail.
+// The pivot x is taken relative to: its first value when finite, else 0.
 template <typename T>
-void row_segment(const typename T::storage* x, int64_t len, float* mean_out, float* m2_out) {
+inline float pivot(const typename T::storage* first) {
+    const float p = T::load(*first);
+    return std::isfinite(p) ? p : 0.0f;
+}
+
+// Moments of at most ROW_SEGMENT contiguous values less `shift`: LANES Welford states (one SIMD
+// step per LANES values, all lanes sharing the count), merged pairwise, then the tail.
+template <typename T>
+void row_segment(const typename T::storage* x, int64_t len, float shift, float* mean_out,
+                 float* m2_out) {
     float mean[LANES] = {}, m2[LANES] = {};
     const int64_t chunks = len / LANES;
     for (int64_t k = 0; k < chunks; ++k) {
@@ -89,7 +104,7 @@ void row_segment(const typename T::storage* x, int64_t len, float* mean_out, flo
         const auto* xk = x + k * LANES;
 #pragma omp simd
         for (int64_t l = 0; l < LANES; ++l) {
-            const float v = T::load(xk[l]);
+            const float v = T::load(xk[l]) - shift;
             const float d = v - mean[l];
             mean[l] += d * inv;
             m2[l] += d * (v - mean[l]);
@@ -103,7 +118,7 @@ void row_segment(const typename T::storage* x, int64_t len, float* mean_out, flo
     float tail_mean = 0.0f, tail_m2 = 0.0f;
     const int64_t done = chunks * LANES;
     for (int64_t i = done; i < len; ++i) {
-        const float v = T::load(x[i]);
+        const float v = T::load(x[i]) - shift;
         const float d = v - tail_mean;
         tail_mean += d / static_cast<float>(i - done + 1);
         tail_m2 += d * (v - tail_mean);
@@ -113,27 +128,29 @@ void row_segment(const typename T::storage* x, int64_t len, float* mean_out, flo
     *m2_out = m2[0];
 }
 
-// Moments of len contiguous values: segments of ROW_SEGMENT, merged pairwise.
+// Moments of len contiguous values less `shift`: segments of ROW_SEGMENT, merged pairwise.
 template <typename T>
-void row_moments(const typename T::storage* x, int64_t len, float* mean, float* m2) {
+void row_moments(const typename T::storage* x, int64_t len, float shift, float* mean,
+                 float* m2) {
     if (len <= ROW_SEGMENT) {
-        row_segment<T>(x, len, mean, m2);
+        row_segment<T>(x, len, shift, mean, m2);
         return;
     }
     Cascade cascade(1);
     for (int64_t i = 0; i < len; i += ROW_SEGMENT) {
         const int64_t count = std::min(ROW_SEGMENT, len - i);
-        row_segment<T>(x + i, count, mean, m2);
+        row_segment<T>(x + i, count, shift, mean, m2);
         cascade.push(count, mean, m2);
     }
     cascade.finish(mean, m2);
 }
 
-// Moments of at most STEPS rows of width columns (rows stride apart): a Welford state per column,
-// updated by four rows at a time in registers (one load and store of the state per four rows).
+// Moments of at most STEPS rows of width columns (rows stride apart) less the row `shift`: a
+// Welford state per column, updated by four rows at a time in registers (one load and store of
+// the state per four rows).
 template <typename T>
 void block_segment(const typename T::storage* x, int64_t len, int64_t stride, int64_t width,
-                   float* mean, float* m2) {
+                   const float* shift, float* mean, float* m2) {
     std::fill(mean, mean + width, 0.0f);
     std::fill(m2, m2 + width, 0.0f);
     int64_t i = 0;
@@ -145,7 +162,7 @@ void block_segment(const typename T::storage* x, int64_t len, int64_t stride, in
         for (int64_t j = 0; j < width; ++j) {
             float m = mean[j], q = m2[j];
             for (int64_t k = 0; k < 4; ++k) {
-                const float v = T::load(xi[k * stride + j]);
+                const float v = T::load(xi[k * stride + j]) - shift[j];
                 const float d = v - m;
                 m += d * inv[k];
                 q += d * (v - m);
@@ -159,7 +176,7 @@ void block_segment(const typename T::storage* x, int64_t len, int64_t stride, in
         const auto* xi = x + i * stride;
 #pragma omp simd
         for (int64_t j = 0; j < width; ++j) {
-            const float v = T::load(xi[j]);
+            const float v = T::load(xi[j]) - shift[j];
             const float d = v - mean[j];
             mean[j] += d * inv;
             m2[j] += d * (v - mean[j]);
@@ -167,19 +184,19 @@ void block_segment(const typename T::storage* x, int64_t len, int64_t stride, in
     }
 }
 
-// Moments of len rows of width columns (rows stride apart): segments of STEPS rows, merged
-// pairwise.
+// Moments of len rows of width columns (rows stride apart) less the row `shift`: segments of
+// STEPS rows, merged pairwise.
 template <typename T>
 void block_moments(const typename T::storage* x, int64_t len, int64_t stride, int64_t width,
-                   float* mean, float* m2) {
+                   const float* shift, float* mean, float* m2) {
     if (len <= STEPS) {
-        block_segment<T>(x, len, stride, width, mean, m2);
+        block_segment<T>(x, len, stride, width, shift, mean, m2);
         return;
     }
     Cascade cascade(width);
     for (int64_t i = 0; i < len; i += STEPS) {
         const int64_t count = std::min(STEPS, len - i);
-        block_segment<T>(x + i * stride, count, stride, width, mean, m2);
+        block_segment<T>(x + i * stride, count, stride, width, shift, mean, m2);
         cascade.push(count, mean, m2);
     }
     cascade.finish(mean, m2);
@@ -211,20 +228,27 @@ void mean_var_fwd(const void* xp, void* meanp, void* varp, int64_t outer, int64_
     const auto* x = in<T>(xp);
     const Plan plan(outer, n, inner, threads);
     const int64_t parts = plan.parts;
-    // Moments of part p of x[o, :, j] at (o * parts + p) * inner + j.
+    // Moments of part p of x[o, :, j] less shift[o * inner + j] at (o * parts + p) * inner + j.
     std::vector<float> pmean(static_cast<size_t>(outer * parts * inner));
     std::vector<float> pm2(pmean.size());
+    std::vector<float> shift(static_cast<size_t>(outer * inner), 0.0f);
+    if (n > 0) {
+        for (int64_t o = 0; o < outer; ++o) {
+            for (int64_t j = 0; j < inner; ++j) shift[o * inner + j] = pivot<T>(x + o * n * inner + j);
+        }
+    }
 #pragma omp parallel for num_threads(threads) schedule(static)
     for (int64_t task = 0; task < plan.units * parts; ++task) {
         const int64_t unit = task / parts, p = task % parts;
         const int64_t o = plan.outer_of(unit), j0 = plan.column_of(unit);
         const auto* base = x + (o * n + plan.begin(p)) * inner + j0;
         const int64_t at = (o * parts + p) * inner + j0;
+        const float* s = &shift[o * inner + j0];
         if (inner == 1) {
-            row_moments<T>(base, plan.length(p), &pmean[at], &pm2[at]);
+            row_moments<T>(base, plan.length(p), s[0], &pmean[at], &pm2[at]);
         } else {
             const int64_t width = std::min(plan.block, inner - j0);
-            block_moments<T>(base, plan.length(p), inner, width, &pmean[at], &pm2[at]);
+            block_moments<T>(base, plan.length(p), inner, width, s, &pmean[at], &pm2[at]);
         }
     }
     auto* mean_out = out<T>(meanp);
@@ -241,23 +265,24 @@ void mean_var_fwd(const void* xp, void* meanp, void* varp, int64_t outer, int64_
             count += plan.length(p);
         }
         for (int64_t j = 0; j < inner; ++j) {
-            mean_out[o * inner + j] = T::store(n > 0 ? mean[j] : nan);
+            mean_out[o * inner + j] = T::store(n > 0 ? mean[j] + shift[o * inner + j] : nan);
             var_out[o * inner + j] = T::store(n > 0 ? m2[j] / divisor : nan);
         }
     }
 }
 
-// Column sums of len rows of width columns (rows stride apart), added into sum: fp32 within
-// segments (ROW_SEGMENT values, or STEPS rows), double across them.
+// Column sums of len rows of width columns (rows stride apart) less the row `shift`, added
+// into sum: fp32 within segments (ROW_SEGMENT values, or STEPS rows), double across them.
 template <typename T>
 void block_sums(const typename T::storage* x, int64_t len, int64_t stride, int64_t width,
-                double* sum, float* scratch) {
+                const float* shift, double* sum, float* scratch) {
     if (stride == 1) {  // inner == 1: one contiguous column
+        const float s0 = shift[0];
         for (int64_t i0 = 0; i0 < len; i0 += ROW_SEGMENT) {
             const int64_t i1 = std::min(len, i0 + ROW_SEGMENT);
             float s = 0.0f;
 #pragma omp simd reduction(+ : s)
-            for (int64_t i = i0; i < i1; ++i) s += T::load(x[i]);
+            for (int64_t i = i0; i < i1; ++i) s += T::load(x[i]) - s0;
             sum[0] += s;
         }
         return;
@@ -270,28 +295,32 @@ void block_sums(const typename T::storage* x, int64_t len, int64_t stride, int64
             const auto* xi = x + i * stride;
 #pragma omp simd
             for (int64_t j = 0; j < width; ++j) {
-                scratch[j] += (T::load(xi[j]) + T::load(xi[stride + j])) +
-                              (T::load(xi[2 * stride + j]) + T::load(xi[3 * stride + j]));
+                const float s = shift[j];
+                scratch[j] += ((T::load(xi[j]) - s) + (T::load(xi[stride + j]) - s)) +
+                              ((T::load(xi[2 * stride + j]) - s) + (T::load(xi[3 * stride + j]) - s));
             }
         }
         for (; i < i1; ++i) {
             const auto* xi = x + i * stride;
 #pragma omp simd
-            for (int64_t j = 0; j < width; ++j) scratch[j] += T::load(xi[j]);
+            for (int64_t j = 0; j < width; ++j) scratch[j] += T::load(xi[j]) - shift[j];
         }
         for (int64_t j = 0; j < width; ++j) sum[j] += scratch[j];
     }
 }
 
-// dx = a + b * (x - mean) over len rows of width columns, a, b and mean per column.
+// dx = a + b * ((x - shift) - mean) over len rows of width columns, a, b, shift and mean (of
+// x less shift) per column.
 template <typename T>
 void block_grads(const typename T::storage* x, typename T::storage* dx, int64_t len,
                  int64_t stride, int64_t width, const float* a, const float* b,
-                 const float* mean) {
+                 const float* shift, const float* mean) {
     if (stride == 1) {  // inner == 1: one contiguous column
-        const float a0 = a[0], b0 = b[0], m0 = mean[0];
+        const float a0 = a[0], b0 = b[0], s0 = shift[0], m0 = mean[0];
 #pragma omp simd
-        for (int64_t i = 0; i < len; ++i) dx[i] = T::store(a0 + b0 * (T::load(x[i]) - m0));
+        for (int64_t i = 0; i < len; ++i) {
+            dx[i] = T::store(a0 + b0 * ((T::load(x[i]) - s0) - m0));
+        }
         return;
     }
     for (int64_t i = 0; i < len; ++i) {
@@ -299,7 +328,7 @@ void block_grads(const typename T::storage* x, typename T::storage* dx, int64_t 
         auto* di = dx + i * stride;
 #pragma omp simd
         for (int64_t j = 0; j < width; ++j) {
-            di[j] = T::store(a[j] + b[j] * (T::load(xi[j]) - mean[j]));
+            di[j] = T::store(a[j] + b[j] * ((T::load(xi[j]) - shift[j]) - mean[j]));
         }
     }
 }
@@ -319,10 +348,15 @@ void mean_var_bwd(const void* gmp, const void* gvp, const void* xp, void* dxp, i
     std::vector<double> psum(parts > 1 ? static_cast<size_t>(outer * parts * inner) : 0, 0.0);
     const float inv_n = 1.0f / static_cast<float>(n);
     const float twice_inv_dof = 2.0f / static_cast<float>(n - correction);
+    std::vector<float> shift(static_cast<size_t>(outer * inner));
+    for (int64_t o = 0; o < outer; ++o) {
+        for (int64_t j = 0; j < inner; ++j) shift[o * inner + j] = pivot<T>(x + o * n * inner + j);
+    }
     auto sums = [&](int64_t unit, int64_t p, double* sum, float* scratch) {
         const int64_t o = plan.outer_of(unit), j0 = plan.column_of(unit);
         const auto* base = x + (o * n + plan.begin(p)) * inner + j0;
-        block_sums<T>(base, plan.length(p), inner, std::min(plan.block, inner - j0), sum, scratch);
+        const int64_t width = std::min(plan.block, inner - j0);
+        block_sums<T>(base, plan.length(p), inner, width, &shift[o * inner + j0], sum, scratch);
     };
     // scratch: 3 * block floats for a, b and the mean.
     auto grads = [&](int64_t unit, int64_t p, const double* sum, float* scratch) {
@@ -338,7 +372,8 @@ void mean_var_bwd(const void* gmp, const void* gvp, const void* xp, void* dxp, i
             b[j] = gv ? T::load(gv[k]) * twice_inv_dof : 0.0f;
         }
         const int64_t at = (o * n + plan.begin(p)) * inner + j0;
-        block_grads<T>(x + at, dx + at, plan.length(p), inner, width, a, b, mean);
+        block_grads<T>(x + at, dx + at, plan.length(p), inner, width, a, b, &shift[o * inner + j0],
+                       mean);
     };
 #pragma omp parallel num_threads(threads)
     {

@@ -76,7 +76,7 @@ inline RowGrad row_grad(const typename T::storage* gr, const typename T::storage
     }
     const float n = static_cast<float>(cols);
     const float rstd = 1.0f / std::sqrt(fold(sum) / n + eps);
-    return {rstd, rstd * rstd * rstd * fold(dot) / n};
+    return {rstd, rstd * (rstd * (rstd * (fold(dot) / n)))};  // rstd^3 alone overflows at 7e12
 }
 
 // ds for N consecutive rows in one pass over the columns; their dw contributions are summed

@@ -41,7 +41,6 @@ constexpr int64_t TQ = 48;      // query rows per tile
 constexpr int64_t KT = 128;     // keys per tile (a multiple of VT on every build)
 constexpr float kInf = std::numeric_limits<float>::infinity();
 constexpr float kLn2f = 0.693147182f;
-constexpr int32_t OUT_OF_MEMORY = 3;
 
 inline int64_t round_up(int64_t n, int64_t to) { return (n + to - 1) / to * to; }
 

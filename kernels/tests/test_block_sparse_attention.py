@@ -422,3 +422,33 @@ def test_cuda_runs_flex_attention_and_matches_dense_sdpa(dtype) -> None:
     tol = {torch.float32: 1e-4, torch.bfloat16: 2e-2, torch.float16: 4e-3}[dtype]  # flash-style
     assert out.dtype == dtype
     torch.testing.assert_close(out.cpu().double(), expected, rtol=tol, atol=tol)
+
+
+def test_a_block_too_large_for_scratch_memory_is_an_error_not_an_abort() -> None:
+    """block_size 2^40: the per-thread scratch (block_size^2 floats) cannot be had; the
+    library says so (std::bad_alloc inside OpenMP aborted the process before)."""
+    q, k, v = _qkv(1, 1, 4, 4, 4, torch.float32, 10)
+    index, count = (
+        torch.zeros(1, 1, 1, 1, dtype=torch.int64),
+        torch.ones(1, 1, 1, dtype=torch.int64),
+    )
+    with pytest.raises(_lib.KernelError, match="out of memory"):
+        torch.ops.spore.block_sparse_attention(q, k, v, index, count, 2**40)
+
+
+def test_the_reference_output_is_contiguous_as_the_fake_says() -> None:
+    """Sq not a multiple of block_size, float64 (the reference runs): its output was a view
+    of the padded rows, with other strides than the fake's contiguous ones."""
+    from torch._inductor.utils import fresh_cache
+
+    q, k, v = _qkv(1, 2, 10, 12, 4, torch.float64, 11)
+    index, count = _lists(1, 2, 10, 12, 4, 2, torch.int64, 11)
+    out = torch.ops.spore.block_sparse_attention(q, k, v, index, count, 4)
+    assert out.is_contiguous()
+
+    def fn(a, b, c):
+        return torch.ops.spore.block_sparse_attention(a, b, c, index, count, 4) * 2 + 1
+
+    torch._dynamo.reset()
+    with fresh_cache():
+        torch.testing.assert_close(torch.compile(fn, fullgraph=True)(q, k, v), out * 2 + 1)

@@ -259,3 +259,26 @@ def test_the_library_refuses_bad_arguments() -> None:
     assert bwd(None, None, None, p, 1, 4, 1, 1, 0, 1) == 1
     assert bwd(None, None, p, p, 1, 0, 1, 1, 0, 1) == 1  # n < 1
     assert bwd(None, None, p, p, 1, 4, 1, 1, 3, 1) == 2
+
+
+@pytest.mark.parametrize(
+    ("shape", "dim"), [((3, 7), 1), ((3, 20_000), 1), ((300, 4), 0), ((5, 3000), 1)]
+)
+@pytest.mark.parametrize("offset", [1e3, 1e5, 1e7, 1e20])
+def test_a_mean_far_from_zero_against_the_spread_stays_accurate(shape, dim, offset) -> None:
+    """x = offset + randn (fp32): the kernel works on x less its first value, so the mean's
+    rounding stays out of x - mean (it was 36 % off at 1e7; NaN at 1e20 with a spread of
+    1e18); forward and backward against float64 on the same values."""
+    g = torch.Generator().manual_seed(3)
+    spread = 1e16 if offset > 1e19 else 1.0  # at 1e20 (x * x overflows fp32), m2 < 3e38
+    x = offset + torch.randn(*shape, generator=g) * spread
+    assert dispatch.explain("mean_var", x, dim).chosen == "kernels"
+    mean, var = torch.ops.spore.mean_var(x, dim)
+    exact_var, exact_mean = torch.var_mean(x.double(), dim)
+    torch.testing.assert_close(mean.double(), exact_mean, rtol=1e-6, atol=0)
+    torch.testing.assert_close(var.double(), exact_var, rtol=1e-4, atol=0)
+    gm, gv = torch.randn(mean.shape, generator=g), torch.randn(var.shape, generator=g)
+    dx = torch.ops.spore.mean_var_backward(gm, gv, x, dim, 1)
+    exact = op.reference_backward(gm.double(), gv.double(), x.double(), dim, 1)
+    scale = float(exact.abs().max())
+    torch.testing.assert_close(dx.double(), exact, rtol=1e-4, atol=1e-4 * scale)

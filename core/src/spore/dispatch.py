@@ -149,7 +149,9 @@ def _lib() -> torch.library.Library:
 
 
 def _reference_backward(op: Op) -> tuple[Callable[..., Any], Callable[..., Any]]:
-    """An autograd formula that differentiates the reference (recomputed in backward)."""
+    """An autograd formula that differentiates the reference (recomputed in backward); under
+    ``create_graph=True`` (backward runs in grad mode) the gradients are themselves
+    differentiable, so second-order gradients flow."""
 
     def setup_context(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
         ctx.tensor_at = [i for i, v in enumerate(inputs) if isinstance(v, torch.Tensor)]
@@ -157,10 +159,14 @@ def _reference_backward(op: Op) -> tuple[Callable[..., Any], Callable[..., Any]]
         ctx.save_for_backward(*[inputs[i] for i in ctx.tensor_at])
 
     def backward(ctx: Any, *grads: Any) -> tuple[Any, ...]:
+        create_graph = torch.is_grad_enabled()
         inputs = list(ctx.others)
         wrt = []
         for i, saved in zip(ctx.tensor_at, ctx.saved_tensors, strict=True):
-            inputs[i] = saved.detach().requires_grad_(saved.is_floating_point())
+            if create_graph and saved.requires_grad:  # keep it in the graph: second order
+                inputs[i] = saved
+            else:
+                inputs[i] = saved.detach().requires_grad_(saved.is_floating_point())
             if saved.is_floating_point():
                 wrt.append(i)
         with torch.enable_grad():
@@ -172,6 +178,7 @@ def _reference_backward(op: Op) -> tuple[Callable[..., Any], Callable[..., Any]]
             [inputs[i] for i in wrt],
             [g for _, g in pairs],
             allow_unused=True,
+            create_graph=create_graph,
         )
         result: list[Any] = [None] * len(inputs)
         for i, g in zip(wrt, found, strict=True):

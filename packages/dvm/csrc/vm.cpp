@@ -952,7 +952,8 @@ void run_tile(const Program& g, const Plan& p, int64_t start, int64_t n, Registe
                 continue;
             }
         }
-        if (g.fuse[k] == DOT && g.reduce && args[0].full && args[1].full) {
+        // operands "full" at this instruction's shape; a whole row each only at level FULL
+        if (g.fuse[k] == DOT && g.reduce && level == FULL && args[0].full && args[1].full) {
             float* sums = r.few[next[1]];
             reduce_dot(next[0], sums, args[0].p, args[1].p, rows, p.inner);
             r.cur[next[1]] = sums;

@@ -492,6 +492,27 @@ def test_reductions_softmax_norms(shape, dtype: torch.dtype) -> None:
         check(p, ins, shape, outs, red, tol=ROW_TOL)
 
 
+@pytest.mark.parametrize("isa", _lib.builds())
+@pytest.mark.parametrize("operand", [(), (64, 1)], ids=["scalar", "row-scalar"])
+def test_products_of_broadcast_values_reduced(isa: str, operand) -> None:
+    """MUL of two broadcast values (a scalar, or one value per row) then REDUCE_SUM: the
+    fused pass read whole rows from registers holding one value each (inf, NaN or 0 varying
+    run to run, a segfault on long rows); it runs only on whole rows now."""
+    p = program(
+        Instr(Op.LOAD, 0, 0),
+        Instr(Op.MUL, 1, 0, 0),
+        Instr(Op.REDUCE_SUM, 0, 1),
+        Instr(Op.STORE, -1, 0, 0),
+        n_inputs=1,
+        n_outputs=1,
+    )
+    x = torch.full(operand, 2.0)
+    for domain in ((64, 256), (64, 65536)):
+        kernel = vm.Kernel(p, [torch.float32], [True], isa=isa)
+        (out,) = kernel([x], domain)
+        assert torch.equal(out, torch.full((64, 1), 4.0 * domain[-1]))
+
+
 @pytest.mark.parametrize("shape", [(5, 1), (33, 1000), (3, 5000)], ids=str)
 def test_products_reduced_with_and_without_fusion(shape) -> None:
     # MUL then REDUCE_SUM runs as one pass when the products are not read again; read again,

@@ -156,23 +156,24 @@ def _floor(chain: str, repeat: int) -> str:
 
 
 def _depths(chain: str, repeat: int, depths: int) -> str:
-    """The median of dvm's compile at each extra call depth, in µs, and their range."""
+    """The median of dvm's compile at each extra call depth, in µs (the depths taking turns,
+    so that the machine's load falls on all alike), and their range."""
     min_ops = benchmarks.CHAINS[chain].min_ops
-    times: list[float] = []
+    times: list[list[float]] = [[] for _ in range(depths)]
 
-    def at(extra: int, gm: GraphModule, inputs: Any) -> Callable[..., Any]:
+    def at(extra: int, slot: list[float], gm: GraphModule, inputs: Any) -> Callable[..., Any]:
         if extra:
-            return at(extra - 1, gm, inputs)
+            return at(extra - 1, slot, gm, inputs)
         compiled = compile_graph(gm, inputs, min_ops=min_ops)
-        times.append(compiled.total_us)
+        slot.append(compiled.total_us)
         return compiled
 
-    medians = []
-    for extra in range(depths):
-        times.clear()
-        backend = benchmarks.aot_backend(lambda gm, inputs, extra=extra: at(extra, gm, inputs))
-        benchmarks.compile_in_flow(chain, repeat, backend)
-        medians.append(statistics.median(times))
+    def compiler(gm: GraphModule, inputs: Any) -> Callable[..., Any]:
+        extra = sum(map(len, times)) % depths
+        return at(extra, times[extra], gm, inputs)
+
+    benchmarks.compile_in_flow(chain, depths * repeat, benchmarks.aot_backend(compiler))
+    medians = [statistics.median(t) for t in times]
     each = " ".join(f"{m:.0f}" for m in medians)
     return f"{min(medians):5.0f} to {max(medians):5.0f}  (+0..+{depths - 1}: {each})"
 

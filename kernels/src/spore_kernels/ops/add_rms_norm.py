@@ -64,11 +64,11 @@ def reference_backward(
     eps: float,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """rms_norm's gradients at ``s`` (:func:`rms_norm.gradients`), plus grad_sum to ds before
-    its one rounding."""
+    its one rounding; ds contiguous."""
     ds, dw = rms_norm.gradients(grad, s, weight, eps)
     if grad_sum is not None:
         ds = ds + grad_sum.to(ds.dtype)
-    return ds.to(s.dtype), dw.to(weight.dtype)
+    return ds.to(s.dtype).contiguous(), dw.to(weight.dtype)
 
 
 def supports(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float) -> bool:
@@ -142,7 +142,7 @@ def _fake_backward(
     weight: torch.Tensor,
     eps: float,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    return torch.empty_like(s), torch.empty_like(weight)
+    return torch.empty_like(s, memory_format=torch.contiguous_format), torch.empty_like(weight)
 
 
 def _setup_context(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:

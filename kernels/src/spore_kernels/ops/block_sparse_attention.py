@@ -225,7 +225,7 @@ def reference(
     nq, nk, m = blocks(sq, bs), blocks(skv, bs), kv_block_index.shape[-1]
     out = q.new_zeros(b, h, nq * bs, d, dtype=compute)
     if sq == 0 or m == 0 or d == 0 or nk == 0:  # nothing listed, or nothing to attend to
-        return out[:, :, :sq].to(q.dtype)
+        return out[:, :, :sq].to(q.dtype).contiguous()  # as the fake
     qf = _pad(q.to(compute), nq * bs).view(b, h, nq, bs, d)
     kf = _pad(k.to(compute), nk * bs).view(b * h, nk, bs, d)
     vf = _pad(v.to(compute), nk * bs).view(b * h, nk, bs, d)
@@ -251,7 +251,7 @@ def reference(
         part = torch.matmul(p, vg) / torch.where(total > 0, total, 1.0)
         parts.append(part)
     out = torch.cat(parts, dim=1).view(b, h, nq * bs, d)
-    return out[:, :, :sq].to(q.dtype)
+    return out[:, :, :sq].to(q.dtype).contiguous()  # as the fake
 
 
 def _pad(x: torch.Tensor, length: int) -> torch.Tensor:

@@ -71,7 +71,7 @@ def reference_backward(
     eps: float,
 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
     """The closed form: dx = rstd * (gw - mean(gw) - xhat * mean(gw*xhat)), gw = g*w,
-    dweight = sum of g*xhat, dbias = sum of g."""
+    dweight = sum of g*xhat, dbias = sum of g; dx contiguous."""
     compute = _checks.compute_dtype(x)
     gf = grad.to(compute)
     centred, rstd = _normalised(x.to(compute), eps)
@@ -81,7 +81,7 @@ def reference_backward(
     cols = x.shape[-1]
     dw = None if weight is None else (gf * xhat).reshape(-1, cols).sum(0).to(weight.dtype)
     db = None if bias is None else gf.reshape(-1, cols).sum(0).to(bias.dtype)
-    return dx.to(x.dtype), dw, db
+    return dx.to(x.dtype).contiguous(), dw, db
 
 
 def supports(
@@ -161,7 +161,8 @@ def _fake_backward(
     eps: float,
 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
     dw = None if weight is None else torch.empty_like(weight)
-    return torch.empty_like(x), dw, (None if bias is None else torch.empty_like(bias))
+    dx = torch.empty_like(x, memory_format=torch.contiguous_format)
+    return dx, dw, (None if bias is None else torch.empty_like(bias))
 
 
 def _setup_context(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:

@@ -58,9 +58,9 @@ def gradients(
 def reference_backward(
     grad: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, eps: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """:func:`gradients`, each rounded once."""
+    """:func:`gradients`, each rounded once; dx contiguous (as the kernel's and the fake's)."""
     dx, dw = gradients(grad, x, weight, eps)
-    return dx.to(x.dtype), dw.to(weight.dtype)
+    return dx.to(x.dtype).contiguous(), dw.to(weight.dtype)
 
 
 def supports(x: torch.Tensor, weight: torch.Tensor, eps: float) -> bool:
@@ -114,7 +114,7 @@ def cpu_backward(
 def _fake_backward(
     grad: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, eps: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    return torch.empty_like(x), torch.empty_like(weight)
+    return torch.empty_like(x, memory_format=torch.contiguous_format), torch.empty_like(weight)
 
 
 def _setup_context(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:

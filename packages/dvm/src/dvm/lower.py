@@ -220,7 +220,7 @@ _COMPARISONS = {
     aten.ge.Tensor: Op.GE,
     aten.ge.Scalar: Op.GE,
 }
-_ROUND_TO = {torch.bfloat16: Op.CAST_BF16, torch.float16: Op.CAST_F16}
+_16_BIT = (torch.bfloat16, torch.float16)
 
 
 def _compared(em: Emitter, n: Node, r: Resolve) -> tuple[int, int]:
@@ -229,22 +229,22 @@ def _compared(em: Emitter, n: Node, r: Resolve) -> tuple[int, int]:
     bfloat16 ``x`` compares with bfloat16's 0.1); other operands widen exactly."""
     a, b = n.args[0], n.args[1]
     operands = [x.meta["val"] if isinstance(x, Node) else x for x in (a, b)]
-    if not any(isinstance(v, torch.Tensor) and v.dtype in _ROUND_TO for v in operands):
+    if not any(isinstance(v, torch.Tensor) and v.dtype in _16_BIT for v in operands):
         return r(a), r(b)
     from torch._prims_common import ELEMENTWISE_TYPE_PROMOTION_KIND, elementwise_dtypes
 
     _, common = elementwise_dtypes(
         *operands, type_promotion_kind=ELEMENTWISE_TYPE_PROMOTION_KIND.DEFAULT
     )
-    rounding = _ROUND_TO.get(common)
+    rounds = common in _16_BIT
     values = []
     for x, v in zip((a, b), operands, strict=True):
         if not isinstance(x, Node):
-            values.append(em.const(x if rounding is None else _rounded(x, common)))
-        elif rounding is None or v.dtype in (common, torch.bool):
+            values.append(em.const(_rounded(x, common) if rounds else x))
+        elif not rounds or v.dtype in (common, torch.bool):
             values.append(r(x))
         else:
-            values.append(em.unary(rounding, r(x)))
+            values.append(_cast(em, r(x), common))
     return values[0], values[1]
 
 
@@ -253,7 +253,7 @@ def _rounded(value: Any, dtype: torch.dtype) -> Any:
     the program's constants are)."""
     if dtype == torch.bool:
         return float(bool(value))
-    if dtype in _ROUND_TO:
+    if dtype in _16_BIT:
         return torch.tensor(value, dtype=dtype).item()
     return value
 

@@ -85,11 +85,19 @@ class Cascade {
     std::vector<float> means_, m2s_;
 };
 
-// The pivot x is taken relative to: its first value when finite, else 0.
+// The pivot of each column x[o, :, j] (at o * inner + j), the values are taken relative to:
+// its first value when finite, else 0 (and 0 when n == 0).
 template <typename T>
-inline float pivot(const typename T::storage* first) {
-    const float p = T::load(*first);
-    return std::isfinite(p) ? p : 0.0f;
+std::vector<float> pivots(const typename T::storage* x, int64_t outer, int64_t n, int64_t inner) {
+    std::vector<float> shift(static_cast<size_t>(outer * inner), 0.0f);
+    if (n == 0) return shift;
+    for (int64_t o = 0; o < outer; ++o) {
+        for (int64_t j = 0; j < inner; ++j) {
+            const float p = T::load(x[o * n * inner + j]);
+            shift[o * inner + j] = std::isfinite(p) ? p : 0.0f;
+        }
+    }
+    return shift;
 }
 
 // Moments of at most ROW_SEGMENT contiguous values less `shift`: LANES Welford states (one SIMD
@@ -231,12 +239,7 @@ void mean_var_fwd(const void* xp, void* meanp, void* varp, int64_t outer, int64_
     // Moments of part p of x[o, :, j] less shift[o * inner + j] at (o * parts + p) * inner + j.
     std::vector<float> pmean(static_cast<size_t>(outer * parts * inner));
     std::vector<float> pm2(pmean.size());
-    std::vector<float> shift(static_cast<size_t>(outer * inner), 0.0f);
-    if (n > 0) {
-        for (int64_t o = 0; o < outer; ++o) {
-            for (int64_t j = 0; j < inner; ++j) shift[o * inner + j] = pivot<T>(x + o * n * inner + j);
-        }
-    }
+    const std::vector<float> shift = pivots<T>(x, outer, n, inner);
 #pragma omp parallel for num_threads(threads) schedule(static)
     for (int64_t task = 0; task < plan.units * parts; ++task) {
         const int64_t unit = task / parts, p = task % parts;
@@ -297,7 +300,8 @@ void block_sums(const typename T::storage* x, int64_t len, int64_t stride, int64
             for (int64_t j = 0; j < width; ++j) {
                 const float s = shift[j];
                 scratch[j] += ((T::load(xi[j]) - s) + (T::load(xi[stride + j]) - s)) +
-                              ((T::load(xi[2 * stride + j]) - s) + (T::load(xi[3 * stride + j]) - s));
+                              ((T::load(xi[2 * stride + j]) - s) +
+                               (T::load(xi[3 * stride + j]) - s));
             }
         }
         for (; i < i1; ++i) {
@@ -348,10 +352,7 @@ void mean_var_bwd(const void* gmp, const void* gvp, const void* xp, void* dxp, i
     std::vector<double> psum(parts > 1 ? static_cast<size_t>(outer * parts * inner) : 0, 0.0);
     const float inv_n = 1.0f / static_cast<float>(n);
     const float twice_inv_dof = 2.0f / static_cast<float>(n - correction);
-    std::vector<float> shift(static_cast<size_t>(outer * inner));
-    for (int64_t o = 0; o < outer; ++o) {
-        for (int64_t j = 0; j < inner; ++j) shift[o * inner + j] = pivot<T>(x + o * n * inner + j);
-    }
+    const std::vector<float> shift = pivots<T>(x, outer, n, inner);
     auto sums = [&](int64_t unit, int64_t p, double* sum, float* scratch) {
         const int64_t o = plan.outer_of(unit), j0 = plan.column_of(unit);
         const auto* base = x + (o * n + plan.begin(p)) * inner + j0;

@@ -394,8 +394,9 @@ void forward(const void* qp, const void* kp, const void* vp, const void* biasp,
 // to 16 bits would put its rounding into every ds of the row (dq off by 2.5 % at K = 3, D = 1).
 template <typename T>
 void backward_one(const typename T::storage* g, const typename T::storage* q,
-                  const typename T::storage* bias, typename T::storage* dq, typename T::storage* dk, typename T::storage* dv,
-                  float* part, const Keys& keys, float* dkacc, float* dvacc, float* qs, float* go,
+                  const typename T::storage* bias, typename T::storage* dq,
+                  typename T::storage* dk, typename T::storage* dv, float* part,
+                  const Keys& keys, float* dkacc, float* dvacc, float* qs, float* go,
                   float* gn, float* dqacc, float* strip, float* ds, float* delta, float* inv,
                   float* top, int64_t b, int64_t i, int64_t h, const Dims& s, float scale) {
     const int64_t stride = s.heads * s.d, dp = s.dp, kp = s.kp;

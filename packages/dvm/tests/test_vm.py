@@ -1333,3 +1333,21 @@ def test_bind_refuses_bad_signatures_and_long_rows_at_each_call() -> None:
     for _ in range(2):
         with pytest.raises(vm.VMError, match="rows of"):
             launch([torch.zeros(1, row)])
+
+
+def test_a_bound_launch_refuses_args_other_than_those_it_was_bound_for() -> None:
+    kernel = vm.Kernel(unary(Op.EXP), [torch.float32])
+    x = torch.randn(64, 256)
+    launch = kernel.bind((64, 256), [x], [(0, (64, 256))], [(64, 256)])
+    with pytest.raises(ValueError, match=r"arg 0 is torch.float32 \(2, 256\); .* bound for"):
+        launch([x[:2]])  # unchecked, the VM reads 62 rows past its end
+    with pytest.raises(ValueError, match=r"arg 0 is torch\.bfloat16"):
+        launch([x.bfloat16()])
+    with pytest.raises(ValueError, match="bound for 1 args, got 2"):
+        launch([x, x])
+    with pytest.raises(TypeError, match="arg 0 is a float"):
+        launch([1.0])
+    with pytest.raises(ValueError, match="dense CPU"):
+        launch([x.to_sparse()])
+    (got,) = launch([x.t().contiguous().t()])
+    assert torch.equal(got, launch.call_unchecked([x])[0])

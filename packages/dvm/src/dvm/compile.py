@@ -166,7 +166,7 @@ class RegionRunner:
         reason = self.guard(args)
         if reason is None:
             try:
-                outs = self._launch(args)
+                outs = self._launch.call_unchecked(args)
             except Exception as e:
                 reason = f"VM raised {type(e).__name__}: {e}"
             else:

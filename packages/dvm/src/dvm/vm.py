@@ -328,9 +328,9 @@ def _stride_map(
 
 class Launch:
     """A :class:`Kernel` bound to one domain and to its operands' shapes and dtypes (see
-    :meth:`Kernel.bind`). Call it with tensors of exactly those shapes and dtypes, dense and on
-    CPU — the caller checks that (a compiled region's guard does) — and it returns the
-    outputs; a row too long for a reducing program raises :class:`VMError` at each call."""
+    :meth:`Kernel.bind`). Call it with dense CPU tensors of exactly those shapes and dtypes; it
+    returns the outputs. A call with others raises ``ValueError`` / ``TypeError``, and a row
+    too long for a reducing program :class:`VMError`, at each call."""
 
     def __init__(
         self,
@@ -354,6 +354,7 @@ class Launch:
         else:
             self._refused = None
         self._kernel = kernel
+        self._signature = tuple((tuple(a.shape), a.dtype) for a in args)
         self._operands = tuple(
             (i, _stride_map(args[i].shape, view, dims, k)) for k, (i, view) in enumerate(operands)
         )
@@ -385,6 +386,26 @@ class Launch:
         self._nd = len(dims)
 
     def __call__(self, args: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        if len(args) != len(self._signature):
+            raise ValueError(f"bound for {len(self._signature)} args, got {len(args)}")
+        for k, (t, (shape, dtype)) in enumerate(zip(args, self._signature, strict=True)):
+            if not isinstance(t, torch.Tensor):
+                raise TypeError(f"arg {k} is a {type(t).__name__}, not a torch.Tensor")
+            if t.shape != shape or t.dtype != dtype:
+                raise ValueError(
+                    f"arg {k} is {t.dtype} {tuple(t.shape)}; this launch was bound for {dtype} "
+                    f"{shape} (bind the kernel again for other shapes or dtypes)"
+                )
+            if not t.is_cpu or t.layout is not torch.strided:
+                raise ValueError(
+                    f"arg {k} is a {t.device.type} {t.layout} tensor; the VM runs on dense CPU "
+                    f"tensors (move it with .cpu())"
+                )
+        return self.call_unchecked(args)
+
+    def call_unchecked(self, args: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        """:meth:`__call__` without the argument checks, for callers that made them (a compiled
+        region's guard): other args read out of bounds."""
         if self._refused is not None:
             raise self._refused
         longs: list[int] = []

@@ -92,6 +92,20 @@ def test_switching_a_pass_off_misses_the_cache_and_back_on_hits(
     assert back.graphs == []
 
 
+def test_another_spore_kernels_release_misses_the_cache(
+    mfusion_compile: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # the fused ops' fakes (the strides a cached graph asserts) come with spore-kernels
+    import spore_kernels
+
+    args = _inputs()
+    assert mfusion_compile(gated_mlp, *args).count(SILU_MUL) == 1
+    monkeypatch.setattr(spore_kernels, "__version__", f"{spore_kernels.__version__}.post1")
+    upgraded = mfusion_compile(gated_mlp, *args)
+    assert _cache() == (0, 2), "a graph rewritten for another release's ops must not be served"
+    assert upgraded.count(SILU_MUL) == 1
+
+
 CHILD = textwrap.dedent(
     """
     import json, sys

@@ -9,7 +9,8 @@ on CPU: the norms, RoPE, automatic fusion) leaves graphs whose inputs are all on
 alone, unless ``MFUSION_CPU`` names it (or ``all``) or :func:`enable_passes` did.
 
 The checks happen at each compile, and a pass reports another version under other switches,
-so Inductor's FX graph cache never serves a graph rewritten under other switches.
+so Inductor's FX graph cache never serves a graph rewritten under other switches; its version
+also names spore-kernels', so it never serves one rewritten for another release's ops.
 """
 
 from __future__ import annotations
@@ -132,6 +133,14 @@ def disabled_passes() -> list[str]:
     return [n for n in known_names() if not is_enabled(n)]
 
 
+def _kernels_version() -> str:
+    """spore-kernels' version: the fused ops' fake implementations (the strides a cached graph
+    asserts) come with it, so a cached rewrite must not outlive an upgrade."""
+    from spore_kernels import __version__
+
+    return __version__
+
+
 class Switched:
     """A pass that runs only while :func:`is_enabled` (and, if its ``on_cpu`` is False, on a
     CPU graph only when :func:`forced_on_cpu`); its version says which."""
@@ -143,7 +152,7 @@ class Switched:
 
     @property
     def version(self) -> str:
-        base = str(getattr(self.pass_, "version", "1"))
+        base = f"{getattr(self.pass_, 'version', '1')}+kernels{_kernels_version()}"
         if not is_enabled(self.name):
             return f"{base}+off"
         return base if self.on_cpu or not forced_on_cpu(self.name) else f"{base}+cpu"

@@ -157,7 +157,7 @@ def test_vm_error_falls_back_to_eager(monkeypatch):
     def broken(args):
         raise RuntimeError("simulated VM failure")
 
-    monkeypatch.setattr(runner, "_launch", broken)
+    monkeypatch.setattr(runner._launch, "call_unchecked", broken)
     torch.testing.assert_close(c(x, w), _fn(x, w))
     assert runner.eager_calls == 1
     (reason,) = runner.fallback_reasons

@@ -27,9 +27,17 @@ from dvm.program import Program, run_reference
 Strides = tuple[int, ...]
 
 
+@dataclass(frozen=True)
+class _ReferenceLaunch:
+    """A bound reference program in :class:`dvm.vm.Launch`'s shape, as the guarded runner
+    calls it."""
+
+    call_unchecked: Callable[[Sequence[torch.Tensor]], list[torch.Tensor]]
+
+
 class _Reference:
-    """The reference executor in :class:`dvm.vm.Kernel`'s shape (``bind``, then call with the
-    args): where the C++ VM is not built."""
+    """The reference executor in :class:`dvm.vm.Kernel`'s shape (``bind``, then call the bound
+    program with the args): where the C++ VM is not built."""
 
     def __init__(self, program: Program, out_dtypes: list[torch.dtype], reduced: list[bool]):
         self.program, self.out_dtypes, self.reduced = program, out_dtypes, reduced
@@ -42,7 +50,7 @@ class _Reference:
         out_shapes: Sequence[Sequence[int]],
         *,
         out_strides: Sequence[Strides | None] | None = None,
-    ) -> Callable[[Sequence[torch.Tensor]], list[torch.Tensor]]:
+    ) -> _ReferenceLaunch:
         layouts = out_strides or [None] * len(out_shapes)
 
         def run(args: Sequence[torch.Tensor]) -> list[torch.Tensor]:
@@ -55,7 +63,7 @@ class _Reference:
                 for o, shape, s in zip(outs, out_shapes, layouts, strict=True)
             ]
 
-        return run
+        return _ReferenceLaunch(run)
 
 
 def _out_layouts(region: Region) -> list[Strides | None] | None:

@@ -66,6 +66,12 @@ def test_unknown_device_free_memory() -> None:
         parse_budget("0.5", device="meta")
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a machine without CUDA")
+def test_a_fraction_of_cuda_memory_without_cuda_is_a_clear_error() -> None:
+    with pytest.raises(ValueError, match="no CUDA device is available"):
+        parse_budget("0.5", device="cuda")
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_cuda_free_memory_is_mem_get_info() -> None:
     free, _ = torch.cuda.mem_get_info()

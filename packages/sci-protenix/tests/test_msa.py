@@ -254,6 +254,19 @@ def test_msa_embedding_equals_the_one_hot_linear() -> None:
     torch.testing.assert_close(module.embed_msa(feats, s_inputs), expected, **TOL)
 
 
+@pytest.mark.parametrize("rows", [2, 3])  # S = B once (a wrong broadcast fits), S != B once
+def test_a_batched_msa_module_equals_each_example_alone(rows: int) -> None:
+    configs = {"strategy": "topk", "sample_cutoff": {"test": rows}, "min_size": {"test": rows}}
+    module = msa_module(msa_configs=configs).eval()
+    batch = [msa_features(rows=rows) for _ in range(2)]
+    feats = {k: torch.stack([f[k] for f in batch]) for k in batch[0]}
+    z, s_inputs = torch.randn(2, 6, 6, 5), torch.randn(2, 6, 4)
+    with torch.no_grad():
+        batched = module(feats, z, s_inputs, None)
+        alone = torch.stack([module(batch[b], z[b], s_inputs[b], None) for b in range(2)])
+    torch.testing.assert_close(batched, alone, **TOL)
+
+
 def test_msa_sampling_bounds() -> None:
     module = msa_module().eval()
     feats = msa_features(rows=10)

@@ -15,7 +15,7 @@ import pytest
 import torch
 from torch import nn
 
-from sci_protenix.boost import BoostError, boost
+from sci_protenix.boosting import BoostError, boost
 from sci_protenix.memory_plan import MemoryPlan
 
 TOL = {"rtol": 1e-5, "atol": 1e-5}

@@ -29,6 +29,11 @@ def free_memory(device: str | torch.device = "cpu") -> int:
     """Bytes free on ``device``: ``torch.cuda.mem_get_info`` on CUDA; else MemAvailable."""
     dev = torch.device(device)
     if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError(
+                "no CUDA device is available to measure free memory on; give the budget in "
+                "bytes or run on a machine with CUDA"
+            )
         free, _total = torch.cuda.mem_get_info(dev)
         return int(free)
     if dev.type != "cpu":

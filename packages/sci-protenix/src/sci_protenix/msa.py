@@ -394,7 +394,7 @@ class MSAModule(nn.Module):
         for offset, name in enumerate(("has_deletion", "deletion_value")):
             value = features[name].to(weight.dtype).reshape(msa.shape).unsqueeze(-1)
             m = m.addcmul_(value, weight[:, classes + offset])
-        return m.add_(self.linear_no_bias_s(s_inputs))
+        return m.add_(self.linear_no_bias_s(s_inputs).unsqueeze(-3))
 
     def forward(
         self,

@@ -83,6 +83,14 @@ def test_integers_are_accepted_as_floats_but_not_booleans() -> None:
         config.load(None, ["optim.lr=true"])
 
 
+def test_exponent_floats_without_a_dot_are_numbers(tmp_path) -> None:
+    # PyYAML reads YAML 1.1, where 1e-3 is a string; the help's own example writes it so
+    assert config.load(None, ["optim.lr=1e-3"]).optim.lr == 1e-3
+    assert config.load(_write(tmp_path, "optim:\n  lr: 3E-4\n")).optim.lr == 3e-4
+    assert config.load(None, ["optim.lr=+2e0"]).optim.lr == 2.0
+    assert config.load(None, ["run.name=1e3x"]).run.name == "1e3x"
+
+
 def test_yaml_syntax_errors_name_the_line(tmp_path) -> None:
     path = _write(tmp_path, "run:\n  steps: 10\n  name: [unclosed\n")
     with pytest.raises(config.ConfigError, match=r"run.yaml:\d+: not valid YAML"):

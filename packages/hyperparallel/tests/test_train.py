@@ -10,6 +10,7 @@ import json
 import os
 import shutil
 import signal
+import socket
 import statistics
 import subprocess
 import sys
@@ -86,6 +87,16 @@ def test_two_ranks_resume_bitwise(two_ranks: Run, tmp_path) -> None:
     assert [got[s] for s in range(6, 11)] == [want[s] for s in range(6, 11)]  # bitwise
 
 
+def test_a_resume_at_stop_at_trains_on_to_the_last_step() -> None:
+    from hyperparallel.train import end_step
+
+    assert end_step(0, 8, 4) == 4
+    assert end_step(4, 8, 4) == 8  # the README's stop_at, then --resume with the same file
+    assert end_step(4, 8, 6) == 6
+    assert end_step(2, 8, 20) == 8
+    assert end_step(5, 8, None) == 8
+
+
 def test_one_rank_trains_unsharded_and_resumes_bitwise(one_rank: Run, tmp_path) -> None:
     part = tmp_path / "part"
     args = ("data.batch_size=16", "checkpoint.every=3", "checkpoint.export=false")
@@ -160,6 +171,23 @@ def test_joins_a_torchrun_job(two_ranks: Run, tmp_path) -> None:
     assert sorted(losses(out)) == [1, 2, 3]
     assert "HSDP 2 x 1" in done.stdout
     _close(losses(out), two_ranks.losses, range(1, 4))
+
+
+def test_a_rank_whose_peer_never_joins_exits_with_status_1(tmp_path) -> None:
+    """One rank of a 2-rank torchrun-style job alone: the background init times out and the
+    rank fails (mccl's exit handler, with the rendezvous still running, exited 0)."""
+    with socket.socket() as sock:  # a port no peer listens on
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    env = clean_environ(
+        {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "1"}
+        | {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+    )
+    args = small_args("parallel.init_timeout=5", "run.steps=2")
+    command = [sys.executable, "-m", "hyperparallel", "--output", str(tmp_path / "out"), *args]
+    done = childproc.run(command, timeout=120, env=env, check=False)
+    assert done.returncode == 1, done.stderr[-3000:]
+    assert "InitTimeoutError" in done.stderr
 
 
 def test_a_kill_while_writing_a_checkpoint_leaves_the_previous_one_resumable(tmp_path) -> None:

@@ -56,9 +56,10 @@ def test_without_mccl_the_core_starts_the_group_synchronously(spore_manager) -> 
         dist.destroy_process_group()
 
 
-def test_bad_init_timeout() -> None:
+@pytest.mark.parametrize("bad", [-1, 0, 0.0])  # 0 was read as "not given": 30 minutes
+def test_bad_init_timeout(bad: float) -> None:
     with pytest.raises(ValueError, match="init_timeout must be positive"):
-        mccl.init_process_group_async("gloo", init_timeout=-1)
+        mccl.init_process_group_async("gloo", init_timeout=bad)
     assert mccl.pending() is None
     assert not mccl.guard_installed()
 

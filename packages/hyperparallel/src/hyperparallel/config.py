@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import difflib
 import functools
+import re
 import types
 import typing
 from collections.abc import Mapping, Sequence
@@ -71,7 +72,10 @@ class RunSection(Section):
     stop_at: int | None = Field(
         None,
         gt=0,
-        description="end this invocation after this step (checkpointed); continue with --resume",
+        description=(
+            "end this invocation after this step (checkpointed); continue with --resume "
+            "(a resume at or past it trains on to `steps`)"
+        ),
     )
     log_every: int = Field(
         10, gt=0, description="print a progress line every N steps when output is not a terminal"
@@ -301,6 +305,18 @@ class ConfigError(ValueError):
         super().__init__(head + ":\n" + "\n".join(f"  {p}" for p in problems))
 
 
+class _Loader(yaml.SafeLoader):
+    """PyYAML's safe loader, reading exponent floats without a dot (``1e-3``, ``3E+4``) as
+    YAML 1.2 does, instead of as strings."""
+
+
+_Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?[0-9][0-9_]*[eE][-+]?[0-9]+$"),
+    list("-+0123456789"),
+)
+
+
 def _lines(text: str, source: str) -> dict[str, str]:
     """``dotted.key -> "source:LINE"`` for every mapping key in the YAML text."""
     where: dict[str, str] = {}
@@ -320,7 +336,7 @@ def _lines(text: str, source: str) -> dict[str, str]:
 
 def _parse_yaml(text: str, source: str) -> tuple[dict[str, Any], dict[str, str]]:
     try:
-        data = yaml.safe_load(text)
+        data = yaml.load(text, Loader=_Loader)
         lines = _lines(text, source)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
@@ -341,7 +357,7 @@ def _apply_set(data: dict[str, Any], origins: dict[str, str], item: str) -> list
     if len(keys) < 2 or not all(keys):
         return [f"--set {item}: the key must be section.name, e.g. optim.lr"]
     try:
-        value = yaml.safe_load(raw) if raw.strip() else None
+        value = yaml.load(raw, Loader=_Loader) if raw.strip() else None
     except yaml.YAMLError:
         value = raw
     node = data

@@ -18,7 +18,7 @@ import time
 import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import torch
 import torch.distributed as dist
@@ -42,6 +42,13 @@ class Outcome:
     tokens_per_step: int = 0
     checkpoint: Path | None = None
     export: Path | None = None
+
+
+def end_step(step: int, steps: int, stop_at: int | None) -> int:
+    """The step this invocation trains to from ``step``: ``stop_at`` when it lies ahead (and
+    within ``steps``), else ``steps`` (a resume at the ``stop_at`` that ended the last one
+    continues)."""
+    return min(steps, stop_at) if stop_at is not None and stop_at > step else steps
 
 
 def device_type(parallel_cfg: ParallelSection) -> str:
@@ -102,13 +109,21 @@ def worker(settings: dict[str, Any], resume: str | None, report_to_launcher: boo
             )
         elif int(os.environ.get("RANK", "0")) == 0:
             print(line, file=sys.stderr, flush=True)
-        raise SystemExit(1) from None
+        _exit_failed()
     except (Exception, CheckpointException):  # DCP's CheckpointException is a BaseException
         if _interrupted(wait=1.0):  # an error from a peer that stopped on Ctrl-C first
             raise SystemExit(128 + signal.SIGINT) from None
         traceback.print_exc()
-        sys.stderr.flush()
-        raise SystemExit(1) from None
+        _exit_failed()
+
+
+def _exit_failed() -> NoReturn:
+    """End this rank with status 1. With a process-group init still running in the background
+    (a peer never joined), the plugin that started it ends the process from an exit handler,
+    which cannot see a ``SystemExit`` status (mccl then exits 0): so leave at once."""
+    for stream in (sys.stdout, sys.stderr):
+        stream.flush()
+    os._exit(1)
 
 
 def _interrupt_once(signum: int, frame: Any) -> None:
@@ -189,7 +204,14 @@ def train(
         step = extra["step"]
         scheduler.load_state_dict(extra["scheduler"])
         sampler.load_state_dict(extra["sampler"])
-    end = cfg.run.steps if cfg.run.stop_at is None else min(cfg.run.steps, cfg.run.stop_at)
+    end = end_step(step, cfg.run.steps, cfg.run.stop_at)
+    if rank == 0 and cfg.run.stop_at is not None and step >= cfg.run.stop_at:
+        print(
+            f"resuming at step {step}, at or past run.stop_at={cfg.run.stop_at}: training on "
+            f"to run.steps={cfg.run.steps} (set run.stop_at to stop earlier)",
+            file=sys.stderr,
+            flush=True,
+        )
     accum = cfg.optim.grad_accum
     tokens = cfg.data.batch_size * cfg.data.seq_len * accum * world
     outcome = Outcome(steps_done=step, tokens_per_step=tokens)

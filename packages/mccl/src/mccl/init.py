@@ -166,7 +166,8 @@ def init_process_group_async(
     past it the waiting call raises :class:`InitTimeoutError`.
     """
     global _pending
-    limit = _seconds(init_timeout) or _seconds(kwargs.get("timeout")) or DEFAULT_INIT_TIMEOUT_S
+    given = init_timeout if init_timeout is not None else kwargs.get("timeout")
+    limit = DEFAULT_INIT_TIMEOUT_S if given is None else _seconds(given)
     if limit <= 0:
         raise ValueError(f"init_timeout must be positive, got {init_timeout!r}")
     with _lock:

@@ -34,10 +34,12 @@ def test_version_verbose_lists_plugins_without_importing_them(run_spore, tmp_pat
 
 
 def test_plugins_json_statuses_and_registrations(run_spore) -> None:
-    out = run_spore("plugins", "--json", plugins=("healthy", "broken", "future"))
+    # noeol prints at import without ending its line: the probe's JSON still reads
+    out = run_spore("plugins", "--json", plugins=("healthy", "broken", "future", "noeol"))
     assert out.returncode == 0, out.stderr
     rows = {r["name"]: r for r in json.loads(out.stdout)}
-    assert set(rows) == {"healthy", "broken", "future"}
+    assert set(rows) == {"healthy", "broken", "future", "noeol"}
+    assert rows["noeol"]["status"] == "active"
     assert rows["healthy"]["status"] == "active"
     assert rows["healthy"]["registered"] == {
         "ops": ["fixture_identity"],

@@ -120,6 +120,37 @@ def test_enable_is_idempotent_chains_the_users_pass_and_sees_later_passes(
     assert UserPass.runs == 1
 
 
+@pytest.mark.parametrize("route", ["backend", "enable"])
+def test_a_users_inference_aware_pass_is_chained_with_is_inference(
+    route: str, spore_manager, inductor_slots
+) -> None:
+    from torch._inductor.custom_graph_pass import CustomInferenceAwareGraphPass
+
+    class InferenceAware(CustomInferenceAwareGraphPass):
+        def __init__(self) -> None:
+            self.seen: list[bool] = []
+
+        def __call__(self, graph, is_inference: bool) -> None:
+            self.seen.append(is_inference)
+
+        def uuid(self) -> str:
+            return "inference-aware-v1"
+
+    spore_manager()
+    user = InferenceAware()
+    inductor_slots.post_grad_custom_post_pass = user
+    torch._dynamo.reset()
+    x = torch.randn(8)
+    with inductor_slots.patch(fx_graph_cache=False):
+        if route == "enable":
+            passes.enable()
+            out = torch.compile(_g)(x)
+        else:
+            out = torch.compile(_g, backend="spore")(x)
+    torch.testing.assert_close(out, _g(x))
+    assert user.seen == [True], "Inductor calls it with is_inference; so must the chain"
+
+
 def test_enable_under_a_new_manager_replaces_the_old_registrys_multiplexer(
     spore_manager, inductor_slots
 ) -> None:
@@ -353,6 +384,39 @@ def test_uuid_follows_the_registered_set_and_versions(spore_manager, inductor_sl
     assert bumped != before
     spore.register_custom_pass(Record(), name="uuid-probe-2")
     assert multiplexer.uuid() not in (before, bumped)
+
+
+def test_uuid_follows_a_registered_passs_own_uuid_and_what_it_is(
+    spore_manager, inductor_slots
+) -> None:
+    class Keyed(Record):
+        key: str | None = "keyed-1"
+
+        def uuid(self) -> str | None:
+            return self.key
+
+    class Other(Record):
+        pass
+
+    spore_manager()
+    keyed = Keyed()
+    spore.register_custom_pass(keyed, name="keyed")
+    passes.enable()
+    multiplexer = inductor_slots.post_grad_custom_post_pass
+    before = multiplexer.uuid()
+    keyed.key = "keyed-2"  # its behaviour changed, its name and version did not
+    assert multiplexer.uuid() != before
+    keyed.key = None  # a pass that asks Inductor not to cache
+    assert multiplexer.uuid() is None
+
+    spore_manager()  # a fresh manager: one pass, then another under its name and version
+    spore.register_custom_pass(Record(), name="swapped")
+    passes.enable()
+    record_key = inductor_slots.post_grad_custom_post_pass.uuid()
+    spore_manager()
+    spore.register_custom_pass(Other(), name="swapped")
+    passes.enable()
+    assert inductor_slots.post_grad_custom_post_pass.uuid() != record_key
 
 
 def test_a_chained_pass_without_uuid_turns_the_fx_graph_cache_off(

@@ -70,6 +70,29 @@ def test_import_failure_is_isolated(fixture_plugins, spore_manager, caplog) -> N
     assert "spore-fixture-broken 1.0.0" in record.getMessage()
 
 
+def test_a_malformed_requirement_fails_that_plugin_only(fixture_plugins, spore_manager) -> None:
+    fixture_plugins("healthy", "badmeta")
+    manager = spore_manager()
+    statuses = _statuses(manager)
+    status, reason = statuses["badmeta"]
+    assert status is Status.FAILED
+    assert reason.startswith("its metadata has a malformed requirement 'spore-core>=0.1 ;")
+    assert statuses["healthy"][0] is Status.ACTIVE
+    assert "sleep" in manager.registry("benchmarks")
+    assert "spore_fixture_badmeta" not in sys.modules
+
+
+def test_a_plugin_calling_sys_exit_at_import_fails_without_ending_the_host(
+    fixture_plugins, spore_manager
+) -> None:
+    fixture_plugins("healthy", "sysexit")
+    statuses = _statuses(spore_manager())
+    status, reason = statuses["sysexit"]
+    assert status is Status.FAILED
+    assert reason == "import of 'spore_fixture_sysexit' failed: SystemExit: plugin gave up"
+    assert statuses["healthy"][0] is Status.ACTIVE
+
+
 def test_hook_exception_fails_plugin_and_withdraws_its_entries(
     fixture_plugins, spore_manager
 ) -> None:

@@ -9,6 +9,12 @@ from __future__ import annotations
 
 import json
 import sys
+from typing import Any
+
+
+def _report(value: dict[str, Any]) -> None:
+    """``value`` as a JSON line of its own, even after a plugin printed without a newline."""
+    print("\n" + json.dumps(value))
 
 
 def main() -> int:
@@ -21,9 +27,9 @@ def main() -> int:
         infos = manager.plugins(include_builtin=True)
     except PluginError as exc:
         cause = exc.__cause__
-        print(json.dumps({"error": str(exc), "cause": repr(cause) if cause else None}))
+        _report({"error": str(exc), "cause": repr(cause) if cause else None})
         return 0
-    print(json.dumps({"plugins": [i.to_dict() for i in infos]}))
+    _report({"plugins": [i.to_dict() for i in infos]})
     return 0
 
 

@@ -118,12 +118,21 @@ class Selection:
         return None
 
 
+class MetadataError(ValueError):
+    """A plugin distribution's metadata cannot be read (e.g. a malformed requirement)."""
+
+
 def _core_requirement(dist: metadata.Distribution | None) -> str | None:
-    from packaging.requirements import Requirement
+    from packaging.requirements import InvalidRequirement, Requirement
     from packaging.utils import canonicalize_name
 
     for line in (dist.requires or []) if dist else []:
-        req = Requirement(line)
+        try:
+            req = Requirement(line)
+        except InvalidRequirement as exc:
+            raise MetadataError(
+                f"its metadata has a malformed requirement {line!r}: {exc}"
+            ) from None
         if canonicalize_name(req.name) != CORE_DISTRIBUTION:
             continue
         if req.marker is None or req.marker.evaluate({"extra": ""}):
@@ -162,16 +171,22 @@ def discover_entry_points(selection: Selection) -> list[PluginInfo]:
         if key in seen:
             continue
         seen.add(key)
+        try:
+            core_requirement, bad_metadata = _core_requirement(ep.dist), None
+        except MetadataError as exc:
+            core_requirement, bad_metadata = None, str(exc)
         info = PluginInfo(
             name=normalize(ep.name),
             distribution=dist_name,
             version=ep.dist.version if ep.dist else "unknown",
             value=ep.value,
-            core_requirement=_core_requirement(ep.dist),
+            core_requirement=core_requirement,
             entry_point=ep,
         )
         other = found.get(info.name)
-        if info.name == CORE_PLUGIN:
+        if bad_metadata is not None:
+            info.status, info.reason = Status.FAILED, bad_metadata
+        elif info.name == CORE_PLUGIN:
             info.status = Status.FAILED
             info.reason = f"the plugin name {CORE_PLUGIN!r} is reserved for spore-core"
         elif other is not None:

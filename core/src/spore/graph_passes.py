@@ -6,8 +6,9 @@ config slots: ``pre_grad`` → ``pre_grad_custom_pass``, ``joint`` → ``joint_c
 receives the registry and reads it at each compile) and runs whatever the slot held before (a
 user's pass is chained, never overwritten), then the registry's passes for its stage in
 priority order (highest first), skipping those whose ``device`` filter does not match the
-graph. Its ``uuid()`` combines the stage, every pass's name, version, priority, device, owner
-and owner version, and the chained pass's uuid, so Inductor's FX graph cache is neither
+graph. Its ``uuid()`` combines the stage, every pass's name, function or class, version, own
+``uuid()`` where it has one, priority, device, owner and owner version, and the chained pass's
+uuid, so Inductor's FX graph cache is neither
 bypassed nor stale; a chained pass without a uuid (a plain function) makes it ``None``, so
 Inductor bypasses the cache as it would without Spore. Passes must be idempotent (joint
 passes can run twice).
@@ -169,6 +170,20 @@ class PassEntry:
     def version(self) -> str:
         return str(getattr(self.pass_, "version", "1"))
 
+    def cache_key(self) -> str | None:
+        """This pass's part of the FX graph cache key: what it is (its function or class), its
+        version and, for a pass with a ``uuid()`` (Inductor's ``CustomGraphPass``), that;
+        ``None`` when that ``uuid()`` is ``None`` (the cache is then bypassed)."""
+        kind = self.pass_ if hasattr(self.pass_, "__qualname__") else type(self.pass_)
+        key = f"{getattr(kind, '__module__', '')}.{kind.__qualname__}:{self.version}"
+        own = getattr(self.pass_, "uuid", None)
+        if callable(own):
+            uuid = own()
+            if uuid is None:
+                return None
+            key += f":{uuid!r}"
+        return key
+
 
 def _graph_device(gm: Any) -> str | None:
     for node in gm.graph.nodes:
@@ -216,19 +231,28 @@ def totals() -> dict[str, int]:
 
 @functools.cache
 def _multiplexer_class() -> type:
-    from torch._inductor.custom_graph_pass import CustomGraphPass, get_custom_graph_passes
+    from torch._inductor.custom_graph_pass import (
+        CustomGraphPass,
+        CustomInferenceAwareGraphPass,
+        get_custom_graph_passes,
+    )
 
-    class SporePassMultiplexer(CustomGraphPass):
-        """Spore's pass for one Inductor slot: the slot's previous pass, then a registry's."""
+    class SporePassMultiplexer(CustomInferenceAwareGraphPass):
+        """Spore's pass for one Inductor slot: the slot's previous pass, then a registry's.
+        Inference-aware, so Inductor hands it ``is_inference`` where it has it (post-grad) and
+        it hands that on to a chained inference-aware pass as Inductor would."""
 
         def __init__(self, stage: str, registry: PassRegistry, previous: Any) -> None:
             self.stage = stage
             self.registry = registry
             self.previous = previous
 
-        def __call__(self, graph: Any) -> None:
+        def __call__(self, graph: Any, is_inference: bool | None = None) -> None:
             for earlier in get_custom_graph_passes(self.previous):
-                earlier(graph)
+                if is_inference is not None and isinstance(earlier, CustomInferenceAwareGraphPass):
+                    earlier(graph, is_inference=is_inference)
+                else:
+                    earlier(graph)
             run_passes(graph.owning_module, self.registry.for_stage(self.stage))
 
         def uuid(self) -> Any:
@@ -244,8 +268,11 @@ def _multiplexer_class() -> type:
             for e in self.registry.entries():
                 p = e.value
                 if p.stage == self.stage:
+                    key = p.cache_key()
+                    if key is None:
+                        return None
                     parts.append(
-                        f"{p.name}:{p.version}:{p.priority}:{p.device}:{e.owner}:{e.owner_version}"
+                        f"{p.name}:{key}:{p.priority}:{p.device}:{e.owner}:{e.owner_version}"
                     )
             parts += [f"chained={c!r}" for c in chained]
             return hashlib.sha256("\n".join(parts).encode()).hexdigest()

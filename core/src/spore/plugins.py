@@ -78,7 +78,7 @@ class PluginManager:
         self.registries: dict[str, Registry[Any]] = make_registries()
         self._lock = threading.RLock()
         self._state = "new"
-        self._error: PluginError | None = None
+        self._error: Exception | None = None
         self._discovered: list[PluginInfo] | None = None
         self._infos: dict[str, PluginInfo] = {}
         self._commands: dict[str, list[str]] = {}
@@ -117,7 +117,7 @@ class PluginManager:
             try:
                 self._load()
                 self._check_requested(self.requested)
-            except PluginError as exc:
+            except Exception as exc:  # every later call raises it too, never empty registries
                 self._error = exc
                 raise
             finally:
@@ -157,7 +157,7 @@ class PluginManager:
         assert info.entry_point is not None
         try:
             module = info.entry_point.load()
-        except Exception as exc:
+        except (Exception, SystemExit) as exc:  # a plugin's sys.exit() must not end the host
             self._fail(info, f"import of {info.value!r} failed", exc)
             return
         try:

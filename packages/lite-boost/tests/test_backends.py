@@ -48,6 +48,39 @@ def test_forcing_a_backend_that_cannot_run_falls_back_to_the_reference(monkeypat
     assert dispatch.explain(A.OP, q, k, v).chosen == "lite-boost:sdpa"
 
 
+def test_a_forced_backend_still_takes_only_calls_it_can_run(monkeypatch):
+    # were flash_attn installed on a CUDA machine, forcing it must not hand it fp32 or
+    # head_dim 300 (flash_attn_func raises): the call goes to SDPA instead
+    by_name = {(b.name, b.device): b for b in A.BACKENDS}
+    q, k, v = _qkv()
+    wide = torch.randn(1, 2, 4, 300)
+    flash, npu = (
+        A._supports(by_name["flash_attn_2", "cuda"]),
+        A._supports(by_name["torch_npu", "npu"]),
+    )
+    cpu_sdpa = A._supports(by_name["sdpa", "cpu"])
+    monkeypatch.setenv(A.ENV, "flash_attn_2")
+    assert not flash(wide, wide, wide)
+    assert not cpu_sdpa(q, k, v)
+    monkeypatch.setenv(A.ENV, "torch_npu")
+    assert not npu(wide, wide, wide)
+    monkeypatch.setenv(A.ENV, "sdpa")
+    assert cpu_sdpa(q, k, v)
+
+
+def test_use_backend_none_is_automatic_whatever_the_environment_says(monkeypatch):
+    q, k, v = _qkv()
+    monkeypatch.setenv(A.ENV, "torch_npu")
+    assert dispatch.explain(A.OP, q, k, v).chosen == "reference"
+    with A.use_backend(None):
+        assert A.forced() is None
+        assert dispatch.explain(A.OP, q, k, v).chosen == "lite-boost:sdpa"
+        with A.use_backend("torch_npu"):
+            assert A.forced() == "torch_npu"
+        assert A.forced() is None
+    assert A.forced() == "torch_npu"
+
+
 def test_unknown_backends_are_refused(monkeypatch):
     with (
         pytest.raises(ValueError, match="unknown attention backend 'flash'"),

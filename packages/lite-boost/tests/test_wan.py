@@ -237,6 +237,11 @@ def _two_rank_cases(manager) -> dict:
         want = _run(model, *inputs)
         got = _run(boost(copy.deepcopy(model), parallel=manager), *inputs)
         result[name] = diff(got, want)
+    try:  # under grad mode: gradients would stop at the gather, silently
+        boost(copy.deepcopy(model), parallel=manager)(*inputs, return_dict=False)
+        result["grad_error"] = None
+    except RuntimeError as exc:
+        result["grad_error"] = str(exc)
     inputs = _inputs(frames=4, height=16, width=16, batch=1, smooth=True)
     one = _run(boost(copy.deepcopy(model), sparsity=0.5, block_size=16), *inputs)
     two = boost(copy.deepcopy(model), sparsity=0.5, block_size=16, parallel=manager)
@@ -273,6 +278,7 @@ def test_two_gloo_ranks_equal_one_process():
         assert r["even"] <= ATOL
         assert r["uneven_per_token"] <= ATOL
         assert r["sparse"] <= ATOL
+        assert "sequence parallelism is for inference" in r["grad_error"]
         assert "3 attention heads" in r["heads_error"]
         assert "world size 2" in r["heads_error"]
         assert r["vae_chunk"] is not None  # this rank decoded a chunk

@@ -62,11 +62,15 @@ BACKENDS = (
 NAMES = tuple(dict.fromkeys(b.name for b in BACKENDS))
 
 _local = threading.local()
+_UNSET = object()  # no use_backend block on this thread: the environment decides
 
 
 def forced() -> str | None:
-    """The backend :func:`use_backend` or ``LITE_BOOST_ATTENTION`` forces, else ``None``."""
-    name = getattr(_local, "forced", None) or os.environ.get(ENV) or None
+    """The backend :func:`use_backend` forces (``None`` in a ``use_backend(None)`` block), else
+    the one ``LITE_BOOST_ATTENTION`` forces, else ``None``."""
+    name = getattr(_local, "forced", _UNSET)
+    if name is _UNSET:
+        name = os.environ.get(ENV) or None
     if name is not None and name not in NAMES:
         raise ValueError(f"{ENV}={name!r} is not an attention backend; choose one of {NAMES}")
     return name
@@ -78,7 +82,7 @@ def use_backend(name: str | None) -> Iterator[None]:
     thread; a forced backend that cannot take a call falls back to SDPA."""
     if name is not None and name not in NAMES:
         raise ValueError(f"unknown attention backend {name!r}; choose one of {NAMES}")
-    previous = getattr(_local, "forced", None)
+    previous = getattr(_local, "forced", _UNSET)
     _local.forced = name
     try:
         yield
@@ -139,8 +143,8 @@ def _npu(module: Any) -> Callable[..., torch.Tensor]:
 def _supports(backend: Backend) -> Callable[..., bool]:
     def supports(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | None = None):
         choice = forced()
-        if choice is not None:
-            return choice == backend.name
+        if choice is not None and choice != backend.name:
+            return False  # forced or not, a backend takes only calls it can run
         return (
             q.device.type == backend.device
             and q.dtype in backend.dtypes

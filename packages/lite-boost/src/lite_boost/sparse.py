@@ -1,10 +1,10 @@
 """Block-sparse attention for video tokens (RainFusion-style): each query block attends only to
 the key blocks most relevant to it.
 
-1. The video tokens, laid out (frame, row, column), are reordered so that each run of
-   ``block_size`` tokens is a compact spatial tile of one frame (tiles of ``tile_shape(...)``;
-   edge tiles are smaller when the frame is not a multiple of the tile). Text tokens stay
-   together before or after the video.
+1. The video tokens, laid out (frame, row, column), are reordered tile by tile (tiles of
+   ``tile_shape(...)``), so that each run of ``block_size`` tokens is a compact spatial tile of
+   one frame where the frame is a whole number of tiles; edge tiles are smaller otherwise, and
+   blocks then straddle tiles and frames. Text tokens stay together before or after the video.
 2. Each block is pooled to the mean of its queries and of its keys; a query block's score for a
    key block is the pooled dot product. It keeps ``ceil((1 - sparsity) * blocks)`` key blocks:
    always its own block, the text blocks and the blocks of the first frame, then the best

@@ -215,6 +215,12 @@ def _sequence_hooks(model: torch.nn.Module, manager: Any) -> list[Any]:
         return (*args[:2], shard_sequence(temb, 1, manager), *args[3:])
 
     def gather_tokens(block: torch.nn.Module, args: Any, output: torch.Tensor) -> torch.Tensor:
+        if torch.is_grad_enabled() and output.requires_grad:  # on every rank alike
+            raise RuntimeError(
+                "lite-boost's sequence parallelism is for inference: gradients do not flow "
+                "back through its gather across ranks. Run the model under torch.no_grad() or "
+                "torch.inference_mode() (diffusers pipelines do), or boost it without parallel="
+            )
         return gather_sequence(output, 1, manager)
 
     blocks = model.blocks

@@ -53,6 +53,30 @@ def test_reference_autograd_gives_second_order_gradients() -> None:
     )
 
 
+def test_reference_autograd_skips_integer_outputs_and_takes_complex_inputs() -> None:
+    def max_dim(x):
+        return x.max(dim=-1)  # (values, indices): the indices are int64
+
+    values_op = dispatch.define(
+        f"t_max_{next(_names)}", "(Tensor x) -> (Tensor, Tensor)", reference=max_dim
+    )
+    x = torch.randn(3, 5, dtype=torch.float64, requires_grad=True)
+    values, indices = values_op(x)
+    values.sum().backward()
+    want = torch.zeros_like(x).scatter_(-1, indices[:, None], 1.0)
+    torch.testing.assert_close(x.grad, want)
+
+    def abs2(z):
+        return (z * z.conj()).real
+
+    abs_op = dispatch.define(f"t_abs2_{next(_names)}", "(Tensor z) -> Tensor", reference=abs2)
+    z = torch.randn(4, dtype=torch.complex128, requires_grad=True)
+    abs_op(z).sum().backward()
+    z2 = z.detach().clone().requires_grad_()
+    abs2(z2).sum().backward()
+    torch.testing.assert_close(z.grad, z2.grad)
+
+
 def test_custom_autograd_formula_is_used() -> None:
     seen = []
 

@@ -163,16 +163,23 @@ def _reference_backward(op: Op) -> tuple[Callable[..., Any], Callable[..., Any]]
         inputs = list(ctx.others)
         wrt = []
         for i, saved in zip(ctx.tensor_at, ctx.saved_tensors, strict=True):
+            differentiable = saved.is_floating_point() or saved.is_complex()
             if create_graph and saved.requires_grad:  # keep it in the graph: second order
                 inputs[i] = saved
             else:
-                inputs[i] = saved.detach().requires_grad_(saved.is_floating_point())
-            if saved.is_floating_point():
+                inputs[i] = saved.detach().requires_grad_(differentiable)
+            if differentiable:
                 wrt.append(i)
         with torch.enable_grad():
             out = op.reference(*inputs)
         outs = out if isinstance(out, (tuple, list)) else (out,)
-        pairs = [(o, g) for o, g in zip(outs, grads, strict=True) if g is not None]
+        # integer outputs (indices) have no gradient: their zero grads are not followed
+        pairs = [
+            (o, g) for o, g in zip(outs, grads, strict=True) if g is not None and o.requires_grad
+        ]
+        result: list[Any] = [None] * len(inputs)
+        if not pairs or not wrt:
+            return tuple(result)
         found = torch.autograd.grad(
             [o for o, _ in pairs],
             [inputs[i] for i in wrt],
@@ -180,7 +187,6 @@ def _reference_backward(op: Op) -> tuple[Callable[..., Any], Callable[..., Any]]
             allow_unused=True,
             create_graph=create_graph,
         )
-        result: list[Any] = [None] * len(inputs)
         for i, g in zip(wrt, found, strict=True):
             result[i] = g
         return tuple(result)

@@ -151,6 +151,37 @@ def test_a_users_inference_aware_pass_is_chained_with_is_inference(
     assert user.seen == [True], "Inductor calls it with is_inference; so must the chain"
 
 
+def test_a_slot_listing_spores_multiplexer_beside_a_users_pass_runs_each_once(
+    spore_manager, inductor_slots
+) -> None:
+    from torch._inductor.custom_graph_pass import CustomGraphPass
+
+    class UserPass(CustomGraphPass):
+        runs = 0
+
+        def __call__(self, graph) -> None:
+            UserPass.runs += 1
+
+        def uuid(self) -> str:
+            return "user-pass-list"
+
+    spore_manager()
+    record = Record()
+    spore.register_custom_pass(record)
+    passes.enable()
+    user = UserPass()
+    slot = "post_grad_custom_post_pass"
+    setattr(inductor_slots, slot, [getattr(inductor_slots, slot), user])  # torch takes a list
+    passes.enable()
+    multiplexer = getattr(inductor_slots, slot)
+    assert type(multiplexer).__name__ == "SporePassMultiplexer"
+    assert multiplexer.previous == [user]
+    torch._dynamo.reset()
+    with inductor_slots.patch(fx_graph_cache=False):
+        torch.compile(_f, backend="spore")(torch.randn(8))
+    assert (len(record.seen), UserPass.runs) == (1, 1)
+
+
 def test_enable_under_a_new_manager_replaces_the_old_registrys_multiplexer(
     spore_manager, inductor_slots
 ) -> None:

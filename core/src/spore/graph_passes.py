@@ -284,19 +284,34 @@ def slot_values(registry: PassRegistry, current: Mapping[str, Any]) -> dict[str,
     """Inductor slot → the multiplexer for ``registry`` that chains what ``current`` holds.
 
     A slot that already holds this registry's multiplexer keeps it; one that holds a
-    multiplexer of another registry gets a new one chaining what that one chained.
+    multiplexer (of any registry, alone or in a list of passes) gets a new one chaining what
+    that one chained and the rest of the list, so no Spore pass runs twice.
     """
     cls = _multiplexer_class()
     values: dict[str, Any] = {}
     for stage, slot in STAGES.items():
         held = current.get(slot)
-        if isinstance(held, cls):
-            if held.registry is registry:
-                values[slot] = held
-                continue
-            held = held.previous
-        values[slot] = cls(stage, registry, held)
+        if isinstance(held, cls) and held.registry is registry:
+            values[slot] = held
+            continue
+        values[slot] = cls(stage, registry, _chained(held, cls))
     return values
+
+
+def _chained(held: Any, cls: type) -> Any:
+    """What a slot holding ``held`` chains once Spore's multiplexers in it are unwrapped."""
+    if isinstance(held, cls):
+        return _chained(held.previous, cls)
+    if isinstance(held, (list, tuple)):
+        passes: list[Any] = []
+        for item in held:
+            inner = _chained(item, cls)
+            if isinstance(inner, list):
+                passes += inner
+            elif inner is not None:
+                passes.append(inner)
+        return passes or None
+    return held
 
 
 def _config_now() -> dict[str, Any]:

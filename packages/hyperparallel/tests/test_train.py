@@ -174,8 +174,8 @@ def test_joins_a_torchrun_job(two_ranks: Run, tmp_path) -> None:
 
 
 def test_a_rank_whose_peer_never_joins_exits_with_status_1(tmp_path) -> None:
-    """One rank of a 2-rank torchrun-style job alone: the background init times out and the
-    rank fails (mccl's exit handler, with the rendezvous still running, exited 0)."""
+    """One rank of a 2-rank torchrun-style job alone: the init times out and the rank fails
+    (with mccl, whose exit handler ends a process whose rendezvous still runs, it exited 0)."""
     with socket.socket() as sock:  # a port no peer listens on
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
@@ -187,7 +187,8 @@ def test_a_rank_whose_peer_never_joins_exits_with_status_1(tmp_path) -> None:
     command = [sys.executable, "-m", "hyperparallel", "--output", str(tmp_path / "out"), *args]
     done = childproc.run(command, timeout=120, env=env, check=False)
     assert done.returncode == 1, done.stderr[-3000:]
-    assert "InitTimeoutError" in done.stderr
+    # with mccl installed the background init times out; without it, torch's own rendezvous
+    assert any(error in done.stderr for error in ("InitTimeoutError", "DistStoreError"))
 
 
 def test_a_kill_while_writing_a_checkpoint_leaves_the_previous_one_resumable(tmp_path) -> None:

@@ -88,22 +88,28 @@ def test_registering_alone_runs_nothing(spore_manager, inductor_slots) -> None:
     assert inductor_slots.post_grad_custom_post_pass is None
 
 
-def test_enable_is_idempotent_chains_the_users_pass_and_sees_later_passes(
-    spore_manager, inductor_slots
-) -> None:
+def _user_pass(tag: str):
+    """A user's own pass in Inductor's slot (a ``CustomGraphPass`` keyed ``tag``), counting its
+    runs."""
     from torch._inductor.custom_graph_pass import CustomGraphPass
 
     class UserPass(CustomGraphPass):
         runs = 0
 
         def __call__(self, graph) -> None:
-            UserPass.runs += 1
+            self.runs += 1
 
         def uuid(self) -> str:
-            return "user-pass-v1"
+            return tag
 
+    return UserPass()
+
+
+def test_enable_is_idempotent_chains_the_users_pass_and_sees_later_passes(
+    spore_manager, inductor_slots
+) -> None:
     spore_manager()
-    user = UserPass()
+    user = _user_pass("user-pass-v1")
     inductor_slots.post_grad_custom_post_pass = user
     passes.enable()
     multiplexer = inductor_slots.post_grad_custom_post_pass
@@ -117,7 +123,7 @@ def test_enable_is_idempotent_chains_the_users_pass_and_sees_later_passes(
     with inductor_slots.patch(fx_graph_cache=False):
         torch.compile(_f)(torch.randn(8))
     assert len(record.seen) == 1
-    assert UserPass.runs == 1
+    assert user.runs == 1
 
 
 @pytest.mark.parametrize("route", ["backend", "enable"])
@@ -154,22 +160,11 @@ def test_a_users_inference_aware_pass_is_chained_with_is_inference(
 def test_a_slot_listing_spores_multiplexer_beside_a_users_pass_runs_each_once(
     spore_manager, inductor_slots
 ) -> None:
-    from torch._inductor.custom_graph_pass import CustomGraphPass
-
-    class UserPass(CustomGraphPass):
-        runs = 0
-
-        def __call__(self, graph) -> None:
-            UserPass.runs += 1
-
-        def uuid(self) -> str:
-            return "user-pass-list"
-
     spore_manager()
     record = Record()
     spore.register_custom_pass(record)
     passes.enable()
-    user = UserPass()
+    user = _user_pass("user-pass-list")
     slot = "post_grad_custom_post_pass"
     setattr(inductor_slots, slot, [getattr(inductor_slots, slot), user])  # torch takes a list
     passes.enable()
@@ -179,7 +174,7 @@ def test_a_slot_listing_spores_multiplexer_beside_a_users_pass_runs_each_once(
     torch._dynamo.reset()
     with inductor_slots.patch(fx_graph_cache=False):
         torch.compile(_f, backend="spore")(torch.randn(8))
-    assert (len(record.seen), UserPass.runs) == (1, 1)
+    assert (len(record.seen), user.runs) == (1, 1)
 
 
 def test_enable_under_a_new_manager_replaces_the_old_registrys_multiplexer(

@@ -85,3 +85,27 @@ def test_save_and_load_leave_no_thread_behind(one_rank, tmp_path) -> None:
     # If this stops holding, torch no longer copies on gloo's thread and _collectives can go.
     dcp.save({"train": state}, checkpoint_id=str(tmp_path / "plain"))
     assert len(_threads() - before) >= 1, "DCP over the training group left no thread"
+
+
+def _small_state() -> checkpoint.TrainState:
+    model = torch.nn.Linear(4, 3)
+    return checkpoint.TrainState(model, torch.optim.SGD(model.parameters(), lr=0.1))
+
+
+def test_a_branch_from_an_older_checkpoint_is_what_resume_finds_and_keep_keeps(
+    one_rank, tmp_path
+) -> None:
+    """Resumed from step 1 of steps 1-3, the new step 2 is the newest, not the old step 3."""
+    out, state = tmp_path / "run", _small_state()
+    for step in (1, 2, 3):
+        checkpoint.save(out, step, state, {"step": step, "branch": "first"}, keep=3)
+    assert checkpoint.find(out).name == "step_00000003"
+    saved = checkpoint.save(out, 2, state, {"step": 2, "branch": "second"}, keep=2)
+    assert [p.name for p in checkpoint.complete(out)] == ["step_00000003", "step_00000002"]
+    assert checkpoint.find(out) == saved
+    assert checkpoint.load(checkpoint.find(out), state) == {"step": 2, "branch": "second"}
+    assert checkpoint.newer_than(out, checkpoint.directory(out) / "step_00000003") == [saved]
+    checkpoint.save(out, 3, state, {"step": 3, "branch": "second"}, keep=1)
+    assert [p.name for p in checkpoint.complete(out)] == ["step_00000003"]
+    assert checkpoint.load(checkpoint.find(out), state)["branch"] == "second"
+    assert not list(checkpoint.directory(out).glob(".*")), "no temporary directory is left"

@@ -106,6 +106,22 @@ def test_one_rank_trains_unsharded_and_resumes_bitwise(one_rank: Run, tmp_path) 
     assert [got[s] for s in range(4, 7)] == [want[s] for s in range(4, 7)]  # bitwise
 
 
+def test_a_resume_from_an_older_checkpoint_continues_its_own_branch(tmp_path) -> None:
+    """Resumed from step 2 of a run that saved step 4, the next ``--resume`` takes the branch's
+    step 3 (the step-4 lineage would leave step 4 out of the metrics)."""
+    out = tmp_path / "run"
+    args = (*COMMON, "checkpoint.every=2", "checkpoint.export=false")
+    run_train("--output", str(out), *small_args(*args, "run.stop_at=4"))
+    older = checkpoint.directory(out) / "step_00000002"
+    branch = run_train(
+        "--output", str(out), "--resume", str(older), *small_args(*args, "run.stop_at=3")
+    )
+    assert "resuming from step_00000002, older than step_00000004" in branch.stderr
+    assert checkpoint.find(out).name == "step_00000003"
+    run_train("--output", str(out), "--resume", *small_args(*args, "run.stop_at=6"))
+    assert sorted(losses(out)) == list(range(1, 7))
+
+
 def test_activation_checkpointing_and_kept_parameters_change_nothing(
     two_ranks: Run, tmp_path
 ) -> None:

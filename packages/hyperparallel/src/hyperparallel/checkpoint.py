@@ -3,10 +3,12 @@
 Layout under ``<output>/checkpoints``: ``step_00000100/`` is complete (DCP shards of model and
 optimizer, ``trainer.pt`` with step, scheduler, data position and per-rank RNG states, and
 ``meta.json``); every rank writes into ``.tmp-step_00000100/`` first and rank 0 renames it into
-place after all ranks finished, so a directory named ``step_*`` is always whole. Stale temporary
-directories (a killed save) are removed by the next save; the oldest complete ones beyond
-``keep`` are deleted after a successful save. Saves and loads coordinate over a gloo group of
-their own, destroyed afterwards (see :func:`_collectives`).
+place after all ranks finished, so a directory named ``step_*`` is always whole. ``meta.json``
+numbers the saves: "newest" and "oldest" are in the order they were written, not by step, so a
+run resumed from an older checkpoint continues from its own saves, never from the abandoned
+ones with larger steps. Stale temporary directories (a killed save) are removed by the next
+save; the oldest complete ones beyond ``keep`` are deleted after a successful save. Saves and
+loads coordinate over a gloo group of their own, destroyed afterwards (see :func:`_collectives`).
 """
 
 from __future__ import annotations
@@ -54,13 +56,27 @@ def directory(output: str | Path) -> Path:
     return Path(output) / "checkpoints"
 
 
+def _save_number(path: Path) -> int:
+    """The save's number in its output (0 for checkpoints written before saves were numbered)."""
+    return json.loads((path / "meta.json").read_text()).get("save", 0)
+
+
 def complete(output: str | Path) -> list[Path]:
-    """Complete checkpoints, oldest first."""
+    """Complete checkpoints, oldest written first."""
     root = directory(output)
     if not root.is_dir():
         return []
     found = [p for p in root.iterdir() if STEP_DIR.match(p.name) and (p / "meta.json").is_file()]
-    return sorted(found, key=lambda p: p.name)
+    return sorted(found, key=lambda p: (_save_number(p), p.name))
+
+
+def newer_than(output: str | Path, path: Path) -> list[Path]:
+    """The complete checkpoints under ``output`` written after ``path``, oldest first."""
+    done = complete(output)
+    resolved = [p.resolve() for p in done]
+    if path.resolve() not in resolved:
+        return []
+    return done[resolved.index(path.resolve()) + 1 :]
 
 
 def find(path: str | Path) -> Path:
@@ -121,7 +137,7 @@ def save(
     tmp = root / f".tmp-{final.name}"
     with _collectives() as group:
         if rank == 0:
-            for stale in root.glob(".tmp-step_*"):
+            for stale in [*root.glob(".tmp-step_*"), *root.glob(".old-step_*")]:
                 shutil.rmtree(stale, ignore_errors=True)
             tmp.mkdir(parents=True)
         dist.barrier(group=group)
@@ -131,11 +147,15 @@ def save(
             torch.save(extra, tmp / "trainer.pt")
         dist.barrier(group=group)
         if rank == 0:
-            meta = {"step": step, "world_size": world, "time": time.time()}
+            earlier = complete(output)
+            number = _save_number(earlier[-1]) + 1 if earlier else 1
+            meta = {"step": step, "save": number, "world_size": world, "time": time.time()}
             (tmp / "meta.json").write_text(json.dumps(meta))
+            replaced = root / f".old-{final.name}"
             if final.exists():
-                shutil.rmtree(final)
+                os.replace(final, replaced)
             os.replace(tmp, final)
+            shutil.rmtree(replaced, ignore_errors=True)
             for old in complete(output)[:-keep]:
                 shutil.rmtree(old, ignore_errors=True)
         dist.barrier(group=group)

@@ -219,7 +219,9 @@ class CheckpointSection(Section):
     every: int = Field(
         100, ge=0, description="save every N steps (and at the end); 0: only at the end"
     )
-    keep: int = Field(2, gt=0, description="complete checkpoints kept (oldest removed first)")
+    keep: int = Field(
+        2, gt=0, description="complete checkpoints kept (the oldest written removed first)"
+    )
     export: bool = Field(True, description="write the final weights as a save_pretrained directory")
 
 

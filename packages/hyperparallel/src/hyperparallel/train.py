@@ -204,6 +204,14 @@ def train(
         step = extra["step"]
         scheduler.load_state_dict(extra["scheduler"])
         sampler.load_state_dict(extra["sampler"])
+        if rank == 0 and (later := checkpoint.newer_than(output, path)):
+            print(
+                f"resuming from {path.name}, older than {', '.join(p.name for p in later)}: "
+                f"this run's saves count as newer from here on (a save at the same step "
+                f"replaces the old one; the oldest beyond checkpoint.keep are removed)",
+                file=sys.stderr,
+                flush=True,
+            )
     end = end_step(step, cfg.run.steps, cfg.run.stop_at)
     if rank == 0 and cfg.run.stop_at is not None and step >= cfg.run.stop_at:
         print(

@@ -5,9 +5,11 @@ from __future__ import annotations
 import time
 
 import pytest
+import torch
 from click.testing import CliRunner
+from transformers import AutoModelForCausalLM, LlamaConfig
 
-from hyperparallel import config, preflight
+from hyperparallel import config, model, preflight
 from hyperparallel.cli import train
 
 
@@ -69,8 +71,7 @@ def test_set_overrides_take_precedence_and_are_named_in_errors(tmp_path) -> None
     path = _write(tmp_path, "optim:\n  lr: 0.01\n")
     cfg = config.load(path, ["optim.lr=0.5", "model.config.hidden_size=32"])
     assert cfg.optim.lr == 0.5
-    assert cfg.model.config["hidden_size"] == 32
-    assert cfg.model.config["num_hidden_layers"] == 4  # the rest of the mapping keeps defaults
+    assert cfg.model.config == {"hidden_size": 32}
     with pytest.raises(config.ConfigError, match=r"--set optim.lr=-1: optim.lr must be > 0"):
         config.load(path, ["optim.lr=-1"])
     with pytest.raises(config.ConfigError, match=r"expected key\.path=value"):
@@ -157,10 +158,12 @@ def test_reference_documents_every_key() -> None:
             assert f"| `{field}` |" in text
 
 
-def test_mapping_settings_merge_over_defaults_and_null_drops_a_key() -> None:
+def test_model_settings_merge_over_defaults_and_null_drops_a_key() -> None:
     cfg = config.load(None, ["model.config.tie_word_embeddings=null"])
-    assert "tie_word_embeddings" not in cfg.model.config
-    assert cfg.model.config["hidden_size"] == 128
+    applied = model.settings(cfg.model)
+    assert "tie_word_embeddings" not in applied
+    assert applied["hidden_size"] == 128
+    assert model.hf_config(cfg.model, 259).tie_word_embeddings is LlamaConfig().tie_word_embeddings
 
 
 def test_an_output_with_checkpoints_needs_resume_or_another_output(tmp_path) -> None:
@@ -232,3 +235,45 @@ def test_register_section_refuses_what_it_cannot_use(monkeypatch) -> None:
         config.register_section("plain", dict)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="cannot name a config section"):
         config.register_section("model_dump", _SwapSection)
+
+
+@pytest.mark.parametrize("kind", ["gpt2", "gpt_neox", "opt", "qwen2"])
+def test_other_architectures_take_the_defaults_they_have(kind) -> None:
+    """Llama's num_key_value_heads is no setting of GPT-2: a default it lacks is left out."""
+    cfg = preflight.resolve(None, [f"model.type={kind}"], outputs=False)
+    built = model.build(cfg.model, 259, seed=0)
+    assert built.config.hidden_size == 128
+    assert built.config.num_hidden_layers == 4
+    assert ("num_key_value_heads" in cfg.model.config) == (kind == "qwen2")
+    assert all(hasattr(built.config, k) for k in cfg.model.config)
+    ids = torch.randint(0, 259, (2, 16))
+    built(input_ids=ids, labels=ids).loss.backward()
+    with pytest.raises(config.ConfigError, match="gpt2 has no setting num_key_value_heads"):
+        preflight.resolve(None, ["model.type=gpt2", "model.config.num_key_value_heads=2"])
+
+
+def test_the_resolved_config_rebuilds_the_same_model(tmp_path) -> None:
+    """config.yaml of a GPT-2 run (what --resume reads again) names only GPT-2's settings."""
+    cfg = preflight.resolve(None, ["model.type=gpt2"], outputs=False)
+    assert "num_key_value_heads" not in cfg.model.config
+    path = tmp_path / "config.yaml"
+    path.write_text(cfg.to_yaml())
+    assert preflight.resolve(str(path), [], outputs=False).model.config == cfg.model.config
+
+
+def test_a_pretrained_model_keeps_its_shape_and_its_own_length(tmp_path) -> None:
+    """No small default over a saved model; data.seq_len is checked against its positions."""
+    saved = tmp_path / "saved"
+    shape = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1}
+    heads = {"num_attention_heads": 2, "num_key_value_heads": 1}
+    small = LlamaConfig(vocab_size=259, max_position_embeddings=1024, **shape, **heads)
+    AutoModelForCausalLM.from_config(small).save_pretrained(saved)
+    args = [f"model.pretrained={saved}", "data.seq_len=600", "model.config.attention_dropout=0.1"]
+    cfg = preflight.resolve(None, args, outputs=False)
+    assert cfg.model.config == {"attention_dropout": 0.1}
+    built = model.build(cfg.model, 259, seed=0)
+    assert built.config.hidden_size == 32
+    assert built.config.attention_dropout == 0.1
+    with pytest.raises(config.ConfigError) as info:
+        preflight.resolve(None, [f"model.pretrained={saved}", "data.seq_len=2048"], outputs=False)
+    assert "data.seq_len=2048 exceeds the model's max_position_embeddings=1024" in str(info.value)

@@ -101,15 +101,15 @@ class ModelSection(Section):
         None, description="local save_pretrained directory to start from instead"
     )
     config: dict[str, Any] = Field(
-        default_factory=lambda: dict(MODEL_CONFIG),
-        description="overrides of the architecture's config, merged over these defaults (a key "
-        "set to null is dropped); vocab_size comes from the tokenizer",
+        default_factory=dict,
+        description="settings of the architecture's config, over its own defaults and, where "
+        "it has them and model.pretrained is not set, these small ones: "
+        + ", ".join(
+            f"{k}: {str(v).lower() if isinstance(v, bool) else v}" for k, v in MODEL_CONFIG.items()
+        )
+        + " (a key set to null keeps the architecture's default); vocab_size comes from the "
+        "tokenizer",
     )
-
-    @field_validator("config")
-    @classmethod
-    def _merge_config(cls, value: dict[str, Any]) -> dict[str, Any]:
-        return merged(MODEL_CONFIG, value)
 
 
 class DataSection(Section):
@@ -468,12 +468,6 @@ def _check(config: Config, world: int | None) -> list[str]:
         problems.append(
             f"{at('parallel.backend')}: parallel.backend=nccl needs parallel.device cuda "
             f"(gloo runs on cpu)"
-        )
-    max_pos = config.model.config.get("max_position_embeddings")
-    if isinstance(max_pos, int) and config.data.seq_len > max_pos:
-        problems.append(
-            f"{at('data.seq_len')}: data.seq_len={config.data.seq_len} exceeds "
-            f"model.config.max_position_embeddings={max_pos}"
         )
     return problems
 

@@ -9,15 +9,15 @@ from typing import Any
 
 import torch
 
-from hyperparallel.config import ModelSection
+from hyperparallel.config import MODEL_CONFIG, ModelSection, merged
 
 
 class ModelConfigError(ValueError):
     """The model section names something transformers cannot build."""
 
 
-def hf_config(model: ModelSection, vocab_size: int) -> Any:
-    """The transformers config for the model section (checked: type and override keys exist)."""
+def _base_config(model: ModelSection) -> Any:
+    """The architecture's own config: the pretrained directory's, or the model type's default."""
     from transformers import AutoConfig
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
@@ -27,21 +27,25 @@ def hf_config(model: ModelSection, vocab_size: int) -> Any:
             raise ModelConfigError(
                 f"model.pretrained: {path} is not a save_pretrained directory (no config.json)"
             )
-        config = AutoConfig.from_pretrained(path, local_files_only=True)
-        if config.vocab_size < vocab_size:
-            raise ModelConfigError(
-                f"model.pretrained: vocab_size {config.vocab_size} is smaller than the byte "
-                f"tokenizer's {vocab_size}"
-            )
-        return config
+        return AutoConfig.from_pretrained(path, local_files_only=True)
     if model.type not in CONFIG_MAPPING:
         close = difflib.get_close_matches(model.type, list(CONFIG_MAPPING.keys()), n=3)
         hint = f"; did you mean {', '.join(close)}?" if close else ""
         raise ModelConfigError(f"model.type: transformers has no model type {model.type!r}{hint}")
-    default = CONFIG_MAPPING[model.type]()
-    unknown = [k for k in model.config if not hasattr(default, k)]
+    return CONFIG_MAPPING[model.type]()
+
+
+def settings(model: ModelSection) -> dict[str, Any]:
+    """The config settings the model is built with: ``model.config`` over Spore's small defaults
+    (:data:`MODEL_CONFIG`, only those the architecture has, none over a pretrained model).
+
+    Raises :class:`ModelConfigError` for a key the user set that the architecture lacks.
+    """
+    base = _base_config(model)
+    name = "model.pretrained's config" if model.pretrained else model.type
+    unknown = [k for k, v in model.config.items() if v is not None and not hasattr(base, k)]
     if unknown:
-        known = [k for k in vars(default) if not k.startswith("_")]
+        known = [k for k in vars(base) if not k.startswith("_")]
         hints = [
             f"{k}"
             + (
@@ -51,8 +55,34 @@ def hf_config(model: ModelSection, vocab_size: int) -> Any:
             )
             for k in unknown
         ]
-        raise ModelConfigError(f"model.config: {model.type} has no setting {', '.join(hints)}")
-    return AutoConfig.for_model(model.type, **{**model.config, "vocab_size": vocab_size})
+        raise ModelConfigError(f"model.config: {name} has no setting {', '.join(hints)}")
+    defaults = (
+        {} if model.pretrained else {k: v for k, v in MODEL_CONFIG.items() if hasattr(base, k)}
+    )
+    return merged(defaults, model.config)
+
+
+def hf_config(model: ModelSection, vocab_size: int) -> Any:
+    """The transformers config for the model section (checked: type and setting keys exist)."""
+    from transformers import AutoConfig
+
+    given = settings(model)
+    if model.pretrained:
+        path = Path(model.pretrained).expanduser()
+        config = AutoConfig.from_pretrained(path, local_files_only=True, **given)
+        if config.vocab_size < vocab_size:
+            raise ModelConfigError(
+                f"model.pretrained: vocab_size {config.vocab_size} is smaller than the byte "
+                f"tokenizer's {vocab_size}"
+            )
+        return config
+    return AutoConfig.for_model(model.type, **{**given, "vocab_size": vocab_size})
+
+
+def max_length(config: Any) -> int | None:
+    """The longest sequence the architecture's positions cover (None: it names no limit)."""
+    value = getattr(config, "max_position_embeddings", None)
+    return value if isinstance(value, int) else None
 
 
 def build(model: ModelSection, vocab_size: int, seed: int) -> torch.nn.Module:
@@ -63,7 +93,10 @@ def build(model: ModelSection, vocab_size: int, seed: int) -> torch.nn.Module:
     torch.manual_seed(seed)
     if model.pretrained:
         built = AutoModelForCausalLM.from_pretrained(
-            Path(model.pretrained).expanduser(), local_files_only=True, dtype=torch.float32
+            Path(model.pretrained).expanduser(),
+            config=config,
+            local_files_only=True,
+            dtype=torch.float32,
         )
     else:
         built = AutoModelForCausalLM.from_config(config, dtype=torch.float32)

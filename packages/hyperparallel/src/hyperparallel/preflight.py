@@ -20,7 +20,9 @@ def resolve(
     *,
     outputs: bool = True,
 ) -> Config:
-    """The validated config; :class:`ConfigError` lists every problem with its origin.
+    """The validated config, its ``model.config`` settled to the settings the model is built
+    with (:func:`hyperparallel.model.settings`); :class:`ConfigError` lists every problem with
+    its origin.
 
     ``outputs=False`` leaves the file system alone: neither the ``resume`` target nor what
     ``run.output`` already holds is checked (``--print-config``).
@@ -33,10 +35,19 @@ def resolve(
         return cfg.origins.get(key, "default")
 
     try:
-        model.hf_config(cfg.model, ByteTokenizer().vocab_size)
+        architecture = model.hf_config(cfg.model, ByteTokenizer().vocab_size)
     except model.ModelConfigError as exc:
         key = str(exc).split(":", 1)[0]
         problems.append(f"{at(key)}: {exc}")
+    else:
+        limit = model.max_length(architecture)
+        if limit is not None and cfg.data.seq_len > limit:
+            problems.append(
+                f"{at('data.seq_len')}: data.seq_len={cfg.data.seq_len} exceeds the model's "
+                f"max_position_embeddings={limit}"
+            )
+        settled = cfg.model.model_copy(update={"config": model.settings(cfg.model)})
+        cfg = cfg.model_copy(update={"model": settled})
     patterns = [cfg.data.path] if isinstance(cfg.data.path, str) else cfg.data.path or []
     for pattern in patterns:
         if not glob(str(Path(pattern).expanduser())):

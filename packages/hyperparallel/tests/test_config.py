@@ -186,7 +186,10 @@ def test_ranges_and_lengths_are_checked_with_every_other_problem(tmp_path) -> No
     message = str(info.value)
     assert "5 problems" in message
     assert f"{path}:2: schedule.min_lr_ratio must be in [0, 1], got 1.5" in message
-    assert f"{path}:4: optim.betas: needs two numbers, e.g. [0.9, 0.95], got [0.9]" in message
+    assert (
+        f"{path}:4: optim.betas: needs two numbers in [0, 1), e.g. [0.9, 0.95], got [0.9]"
+        in message
+    )
     assert f"{path}:6: parallel.threads must be > 0, got 0" in message
     assert f"{path}:7: run: expected a mapping of settings, got 3" in message
     assert "--set checkpoint.every=-1: checkpoint.every must be >= 0, got -1" in message
@@ -277,3 +280,17 @@ def test_a_pretrained_model_keeps_its_shape_and_its_own_length(tmp_path) -> None
     with pytest.raises(config.ConfigError) as info:
         preflight.resolve(None, [f"model.pretrained={saved}", "data.seq_len=2048"], outputs=False)
     assert "data.seq_len=2048 exceeds the model's max_position_embeddings=1024" in str(info.value)
+
+
+def test_optimizer_settings_torch_refuses_fail_before_any_process_starts(tmp_path) -> None:
+    with pytest.raises(config.ConfigError) as info:
+        config.load(None, ["optim.betas=[1.5, 0.9]", "optim.eps=-1"])
+    message = str(info.value)
+    assert "optim.betas: needs two numbers in [0, 1), e.g. [0.9, 0.95], got [1.5, 0.9]" in message
+    assert "optim.eps must be >= 0, got -1" in message
+    path = _write(tmp_path, "optim:\n  options:\n    amsgrad: true\n    fused_typo: true\n")
+    with pytest.raises(config.ConfigError) as info:
+        preflight.resolve(str(path), [], outputs=False)
+    assert f"{path}:2: optim 'adamw' / schedule 'cosine':" in str(info.value)
+    assert "fused_typo" in str(info.value)
+    assert preflight.resolve(None, ["optim.options.amsgrad=true"], outputs=False).optim.options

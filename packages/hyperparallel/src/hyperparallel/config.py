@@ -168,8 +168,10 @@ class OptimSection(Section):
     weight_decay: float = Field(
         0.1, ge=0, description="decoupled weight decay (not applied to norms and biases)"
     )
-    betas: list[float] = Field(default_factory=lambda: [0.9, 0.95], description="Adam betas")
-    eps: float = Field(1e-8, description="Adam epsilon")
+    betas: list[float] = Field(
+        default_factory=lambda: [0.9, 0.95], description="Adam betas, each in [0, 1)"
+    )
+    eps: float = Field(1e-8, ge=0, description="Adam epsilon")
     grad_clip: float = Field(
         1.0, ge=0, description="clip the global gradient norm to this; 0 disables"
     )
@@ -186,8 +188,8 @@ class OptimSection(Section):
     @field_validator("betas")
     @classmethod
     def _two_betas(cls, value: list[float]) -> list[float]:
-        if len(value) != 2:
-            raise ValueError(f"needs two numbers, e.g. [0.9, 0.95], got {value}")
+        if len(value) != 2 or not all(0 <= beta < 1 for beta in value):
+            raise ValueError(f"needs two numbers in [0, 1), e.g. [0.9, 0.95], got {value}")
         return value
 
     @field_validator("options")

@@ -1,5 +1,6 @@
 """Everything checked before a process starts: the config, the model section (transformers
-can build it), the data paths, the checkpoint to resume from and the output directory."""
+can build it), the optimizer and schedule (they accept their settings), the data paths, the
+checkpoint to resume from and the output directory."""
 
 from __future__ import annotations
 
@@ -8,7 +9,9 @@ from collections.abc import Sequence
 from glob import glob
 from pathlib import Path
 
-from hyperparallel import checkpoint, launch, model
+import torch
+
+from hyperparallel import checkpoint, launch, model, registries
 from hyperparallel.config import Config, ConfigError, load
 from hyperparallel.data import ByteTokenizer
 
@@ -48,6 +51,7 @@ def resolve(
             )
         settled = cfg.model.model_copy(update={"config": model.settings(cfg.model)})
         cfg = cfg.model_copy(update={"model": settled})
+    problems += _optimizer_problems(cfg)
     patterns = [cfg.data.path] if isinstance(cfg.data.path, str) else cfg.data.path or []
     for pattern in patterns:
         if not glob(str(Path(pattern).expanduser())):
@@ -57,6 +61,20 @@ def resolve(
     if problems:
         raise ConfigError(problems)
     return cfg
+
+
+def _optimizer_problems(cfg: Config) -> list[str]:
+    """The optimizer and schedule accept their settings (``optim.options`` included): both are
+    built once over a two-parameter module, as every rank would build them."""
+    probe = torch.nn.Linear(2, 2)
+    try:
+        optimizer = registries.optimizers.get(cfg.optim.name)(probe, cfg.optim)
+        registries.schedules.get(cfg.schedule.name)(optimizer, cfg.schedule, cfg.run.steps)
+    except (TypeError, ValueError) as exc:
+        given = [where for key, where in cfg.origins.items() if key.startswith("optim.options")]
+        at = given[0] if given else cfg.origins.get("optim.name", "default")
+        return [f"{at}: optim {cfg.optim.name!r} / schedule {cfg.schedule.name!r}: {exc}"]
+    return []
 
 
 def _output_problems(cfg: Config, resume: str | None) -> list[str]:

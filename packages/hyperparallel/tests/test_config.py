@@ -294,3 +294,13 @@ def test_optimizer_settings_torch_refuses_fail_before_any_process_starts(tmp_pat
     assert f"{path}:2: optim 'adamw' / schedule 'cosine':" in str(info.value)
     assert "fused_typo" in str(info.value)
     assert preflight.resolve(None, ["optim.options.amsgrad=true"], outputs=False).optim.options
+
+
+def test_a_number_given_for_a_name_is_that_name(tmp_path) -> None:
+    path = _write(tmp_path, "run:\n  name: 123\ndata:\n  text_key: 7\n")
+    cfg = config.load(path, ["run.output=2024"])
+    assert (cfg.run.name, cfg.run.output, cfg.data.text_key) == ("123", "2024", "7")
+    with pytest.raises(config.ConfigError, match=r"run\.steps: expected an integer, got '10'"):
+        config.load(None, ["run.steps='10'"])
+    with pytest.raises(config.ConfigError, match=r"run\.name: expected a string, got True"):
+        config.load(None, ["run.name=true"])

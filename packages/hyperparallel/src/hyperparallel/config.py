@@ -28,6 +28,7 @@ from pydantic import (
     ValidationError,
     create_model,
     field_validator,
+    model_validator,
 )
 from pydantic.fields import FieldInfo
 
@@ -40,6 +41,25 @@ class Section(BaseModel):
     with ``Field(description=...)``; the reference is generated from them."""
 
     model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _numbers_as_names(cls, data: Any) -> Any:
+        """A number where a string is expected (``name: 123``, ``--set run.output=2024``) is
+        that text: YAML reads it as a number, the user meant a name."""
+        if not isinstance(data, dict):
+            return data
+        textual = {
+            name
+            for name, field in cls.model_fields.items()
+            if field.annotation is str or str in typing.get_args(field.annotation)
+        }
+        return {
+            key: str(value)
+            if key in textual and isinstance(value, int | float) and not isinstance(value, bool)
+            else value
+            for key, value in data.items()
+        }
 
 
 def merged(default: Mapping[str, Any], given: Mapping[str, Any]) -> dict[str, Any]:

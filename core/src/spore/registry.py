@@ -228,8 +228,16 @@ class BackendRegistry(Registry[backends.Backend]):
             raise TypeError(f"register a spore.backends.Backend, got {type(value).__name__}")
         if name not in (None, value.name):
             raise ValueError(f"backend {value.name!r} cannot be registered as {name!r}")
+        before = self._entries.get(value.name)
         super().add(value, override=override)
-        backends.register_with_dynamo(value)
+        try:
+            backends.register_with_dynamo(value)
+        except BaseException:  # dynamo refused the name: the registry keeps what it had
+            if before is None:
+                del self._entries[value.name]
+            else:
+                self._entries[value.name] = before
+            raise
         return value
 
     def remove_owner(self, owner: str) -> None:

@@ -170,10 +170,26 @@ def test_an_output_with_checkpoints_needs_resume_or_another_output(tmp_path) -> 
     done = tmp_path / "out" / "checkpoints" / "step_00000010"
     done.mkdir(parents=True)
     (done / "meta.json").write_text('{"step": 10}')
+    torch.save({"sampler": {"world": 1, "batch_size": 16}}, done / "trainer.pt")
     with pytest.raises(config.ConfigError, match="already holds checkpoints of an earlier run"):
         preflight.resolve(None, [f"run.output={tmp_path / 'out'}"])
     assert preflight.resolve(None, [f"run.output={tmp_path / 'out'}"], resume="latest")
     assert done.is_dir()
+
+
+def test_a_resume_on_another_data_layout_fails_before_any_process_starts(tmp_path) -> None:
+    done = tmp_path / "out" / "checkpoints" / "step_00000010"
+    done.mkdir(parents=True)
+    (done / "meta.json").write_text('{"step": 10}')
+    torch.save({"sampler": {"world": 2, "batch_size": 8}}, done / "trainer.pt")
+    args = [f"run.output={tmp_path / 'out'}", "data.batch_size=8"]
+    with pytest.raises(config.ConfigError) as info:
+        preflight.resolve(None, args, resume="latest")
+    assert (
+        "--resume: step_00000010 was saved by 2 rank(s) of data.batch_size=8, this run has 1 of "
+        "8; the data order continues only on the same layout (--nproc 2 --set data.batch_size=8)"
+    ) in str(info.value)
+    assert preflight.resolve(None, [*args, "parallel.nproc=2"], resume="latest")
 
 
 def test_ranges_and_lengths_are_checked_with_every_other_problem(tmp_path) -> None:

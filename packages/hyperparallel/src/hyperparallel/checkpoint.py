@@ -177,6 +177,12 @@ def load(path: Path, state: TrainState) -> dict[str, Any]:
     return torch.load(path / "trainer.pt", weights_only=False)
 
 
+def data_layout(path: Path) -> tuple[int, int]:
+    """``(world size, per-rank batch size)`` the checkpoint's data position is valid for."""
+    sampler = torch.load(path / "trainer.pt", weights_only=False)["sampler"]
+    return int(sampler["world"]), int(sampler["batch_size"])
+
+
 def export(model: torch.nn.Module, output: str | Path) -> Path | None:
     """Gather full weights and write ``<output>/final`` with ``save_pretrained`` (rank 0)."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict

@@ -57,7 +57,7 @@ def resolve(
         if not glob(str(Path(pattern).expanduser())):
             problems.append(f"{at('data.path')}: data.path: no file matches {pattern!r}")
     if outputs:
-        problems += _output_problems(cfg, resume)
+        problems += _output_problems(cfg, resume, world or cfg.parallel.nproc)
     if problems:
         raise ConfigError(problems)
     return cfg
@@ -77,13 +77,22 @@ def _optimizer_problems(cfg: Config) -> list[str]:
     return []
 
 
-def _output_problems(cfg: Config, resume: str | None) -> list[str]:
-    """The checkpoint to resume from exists; a new run finds no earlier run's checkpoints."""
+def _output_problems(cfg: Config, resume: str | None, world: int) -> list[str]:
+    """The checkpoint to resume from exists and was saved with this run's data layout; a new
+    run finds no earlier run's checkpoints."""
     if resume is not None:
         try:
-            checkpoint.find(cfg.run.output if resume == "latest" else resume)
+            path = checkpoint.find(cfg.run.output if resume == "latest" else resume)
         except FileNotFoundError as exc:
             return [f"--resume: {exc}"]
+        saved = checkpoint.data_layout(path)
+        if saved != (world, cfg.data.batch_size):
+            return [
+                f"--resume: {path.name} was saved by {saved[0]} rank(s) of "
+                f"data.batch_size={saved[1]}, this run has {world} of {cfg.data.batch_size}; "
+                f"the data order continues only on the same layout (--nproc {saved[0]} "
+                f"--set data.batch_size={saved[1]})"
+            ]
         return []
     if earlier := checkpoint.complete(cfg.run.output):
         at = cfg.origins.get("run.output", "default")

@@ -65,3 +65,21 @@ def test_logger_logs_shapes(caplog) -> None:
         torch.mm(a, b)
     assert log.total == 1
     assert caplog.messages == ["aten.mm.default(float32[2, 3]@cpu, float32[3, 4]@cpu)"]
+
+
+def test_an_active_mode_entered_again_sees_each_op_once() -> None:
+    counter = spore.OpCounter()
+    x = torch.ones(3)
+
+    @counter
+    def step(depth: int) -> torch.Tensor:
+        return x + 1 if depth == 0 else step(depth - 1)
+
+    with counter:
+        with counter:
+            x * 2
+        x - 1
+    step(2)
+    assert counter.counts == {"aten.mul.Tensor": 1, "aten.sub.Tensor": 1, "aten.add.Tensor": 1}
+    x + 1
+    assert counter.total == 3  # left completely

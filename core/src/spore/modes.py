@@ -2,12 +2,15 @@
 
 Built on PyTorch's ``TorchDispatchMode``. Subclass and override ``__spore_dispatch__``; use the
 instance as a context manager or a decorator. Modes nest: the innermost sees an op first, and
-what it runs is seen by the next one out; leaving the inner mode, the outer resumes.
+what it runs is seen by the next one out; leaving the inner mode, the outer resumes. Entering
+an instance that is already active on this thread (a decorated function called inside it, or
+calling itself) changes nothing: it sees each op once.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 from collections import Counter
 from contextlib import ContextDecorator
 from typing import Any
@@ -23,6 +26,22 @@ def op_name(func: Any) -> str:
 
 class DispatchMode(TorchDispatchMode, ContextDecorator):
     """Base class: override ``__spore_dispatch__(func, args, kwargs)``; the default runs it."""
+
+    def __enter__(self) -> Any:
+        depth = self._depth()
+        depth.value = getattr(depth, "value", 0) + 1
+        return self if depth.value > 1 else super().__enter__()
+
+    def __exit__(self, *exc_info: Any) -> Any:
+        depth = self._depth()
+        depth.value -= 1
+        return None if depth.value else super().__exit__(*exc_info)
+
+    def _depth(self) -> threading.local:
+        """How many times this instance is entered on the calling thread."""
+        if "_spore_depth" not in self.__dict__:
+            self.__dict__["_spore_depth"] = threading.local()
+        return self.__dict__["_spore_depth"]
 
     def __spore_dispatch__(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         return func(*args, **kwargs)

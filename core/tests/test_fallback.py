@@ -90,6 +90,44 @@ def test_inplace_and_views() -> None:
     assert t.unwrap().tolist() == [1.0, 5.0, 5.0, 1.0]
 
 
+@pytest.mark.parametrize(
+    "change",
+    [
+        lambda t: t.t_(),
+        lambda t: t.transpose_(0, 1),
+        lambda t: t.unsqueeze_(0),
+        lambda t: t.unsqueeze_(1).squeeze_(1),
+        lambda t: t.as_strided_((3, 2), (1, 3)),
+        lambda t: t.resize_(6),
+        lambda t: t.resize_(5, 4),  # grows the storage
+        lambda t: t.resize_(0),
+        lambda t: t.set_(torch.arange(8.0).view(2, 4)),
+    ],
+    ids=[
+        "t_",
+        "transpose_",
+        "unsqueeze_",
+        "squeeze_",
+        "as_strided_",
+        "shrink",
+        "grow",
+        "empty",
+        "set_",
+    ],
+)
+def test_inplace_shape_changes_reach_the_wrapper(change) -> None:
+    plain = torch.arange(6.0).view(2, 3)
+    wrapped = Sharded(plain.clone(), {"placement": "replicate"})
+    assert change(wrapped) is wrapped
+    change(plain)
+    assert (wrapped.shape, wrapped.stride()) == (plain.shape, plain.stride())
+    assert wrapped.storage_offset() == plain.storage_offset()
+    assert wrapped.unwrap().shape == plain.shape
+    if plain.numel() and plain.shape != (5, 4):  # a grown tensor's new elements are undefined
+        torch.testing.assert_close((wrapped * 2).unwrap(), plain * 2)
+    assert (wrapped + 1).shape == plain.shape
+
+
 def test_save_and_load_keep_data_and_meta() -> None:
     t = Sharded(torch.arange(3.0), {"placement": "shard0"})
     buf = io.BytesIO()

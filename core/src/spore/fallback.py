@@ -27,6 +27,7 @@ from collections.abc import Callable
 from typing import Any, ClassVar
 
 import torch
+from torch.utils._mode_utils import no_dispatch
 
 Handler = Callable[[type, Any, tuple[Any, ...], dict[str, Any]], Any]
 
@@ -106,8 +107,13 @@ class FallbackTensor(torch.Tensor):
             handlers = klass.__dict__.get("_spore_handlers", {})
             handler = handlers.get(func) or handlers.get(getattr(func, "overloadpacket", None))
             if handler is not None:
-                return handler(cls, func, args, kwargs)
-        return cls.__fallback__(func, args, kwargs)
+                out = handler(cls, func, args, kwargs)
+                break
+        else:
+            out = cls.__fallback__(func, args, kwargs)
+        if args and isinstance(args[0], FallbackTensor) and _changes_metadata(func):
+            _follow_inner(args[0])
+        return out
 
     def __repr__(self) -> str:  # type: ignore[override]
         return f"{type(self).__name__}({self._spore_data!r}, meta={self._spore_meta!r})"
@@ -170,3 +176,31 @@ def _is_inplace(func: Any) -> bool:
         alias = schema.arguments[0].alias_info if schema and schema.arguments else None
         known = _INPLACE[func] = bool(alias is not None and alias.is_write)
     return known
+
+
+_RESIZING = {"resize_", "resize_as_", "set_"}
+_METADATA: dict[Any, bool] = {}
+
+
+def _changes_metadata(func: Any) -> bool:
+    """Whether ``func`` changes its first argument's sizes or strides in place (``t_``,
+    ``unsqueeze_``, ``resize_``, ``set_``, ...; cached per op overload)."""
+    known = _METADATA.get(func)
+    if known is None:
+        packet = getattr(func, "overloadpacket", None)
+        known = _METADATA[func] = torch.Tag.inplace_view in getattr(func, "tags", ()) or (
+            getattr(packet, "__name__", "") in _RESIZING
+        )
+    return known
+
+
+def _follow_inner(wrapper: FallbackTensor) -> None:
+    """Give the wrapper its inner tensor's sizes, strides and offset (after an in-place op
+    changed them there). The wrapper's storage holds no data: growing it allocates nothing."""
+    inner = wrapper._spore_data
+    with no_dispatch():
+        span = sum((n - 1) * st for n, st in zip(inner.shape, inner.stride(), strict=True)) + 1
+        needed = inner.storage_offset() + span if inner.numel() else 0
+        if needed * inner.element_size() > torch.Tensor.untyped_storage(wrapper).nbytes():
+            torch.Tensor.resize_(wrapper, (needed,))
+        torch.Tensor.as_strided_(wrapper, inner.shape, inner.stride(), inner.storage_offset())

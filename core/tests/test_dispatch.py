@@ -77,6 +77,17 @@ def test_reference_autograd_skips_integer_outputs_and_takes_complex_inputs() -> 
     torch.testing.assert_close(z.grad, z2.grad)
 
 
+def test_torch_func_transforms_behave_as_for_torch_library_ops() -> None:
+    """What docs/core/dispatch.md says: vmap of the forward runs; torch.func.grad raises
+    torch's own error, as it does for a torch.library op with register_autograd."""
+    op = _define()
+    x, w = _inputs()
+    batched = torch.func.vmap(lambda r: op(r, w, 1e-6))(x.view(2, 2, 8))
+    torch.testing.assert_close(batched, _rms(x, w, 1e-6).view(2, 2, 8))
+    with pytest.raises(RuntimeError, match="setup_context staticmethod"):
+        torch.func.grad(lambda a: op(a, w, 1e-6).sum())(x)
+
+
 def test_custom_autograd_formula_is_used() -> None:
     seen = []
 

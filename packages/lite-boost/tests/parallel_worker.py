@@ -185,6 +185,22 @@ def vae(m: ParallelManager) -> dict:
                 lambda z: model.decode(z), torch.zeros(1, 4, 4, 2, 2), manager=m, overlap=1
             )
         ),
+        "needs_grad": _error(
+            lambda: decode_temporal_parallel(
+                lambda z: model.decode(z).sample,
+                torch.zeros(1, 4, 4, 2, 2, requires_grad=True),
+                manager=m,
+                overlap=1,
+            )
+        ),
+        "needs_grad_off": _error(
+            lambda: torch.no_grad()(decode_temporal_parallel)(
+                lambda z: model.decode(z).sample,
+                torch.zeros(1, 4, 4, 2, 2, requires_grad=True),
+                manager=m,
+                overlap=1,
+            )
+        ),
     }
 
 

@@ -60,6 +60,10 @@ def test_bad_input_and_a_failing_rank_raise_on_every_rank(ranks):
     for rank in ranks:
         assert rank["bad_overlap"].startswith("ValueError: overlap must be an int >= 0")
         assert rank["bad_decode"].startswith("TypeError: decode must return a tensor")
+        assert rank["needs_grad"].startswith(
+            "RuntimeError: decode_temporal_parallel is inference-only"
+        )
+        assert rank["needs_grad_off"] is None
     assert (
         ranks[0]["one_rank_fails"]
         == "RuntimeError: decode_temporal_parallel: rank(s) [1] failed to decode"

@@ -42,6 +42,8 @@ def decode_temporal_parallel(
     causal context), and the output frames of those leading frames are dropped before the
     chunks are gathered. With fewer chunks than ranks the extra ranks decode nothing but still
     join the collectives. Runs under ``torch.no_grad()``; the output keeps ``decode``'s dtype.
+    Inference only: latents that require grad under grad mode are refused (no gradient would
+    reach them).
 
     ``frames_per_latent``: output frames per latent frame past a chunk's first (Wan: 4). By
     default it is read off each chunk as ``(out_frames - 1) / (latent_frames - 1)``, the causal
@@ -49,6 +51,12 @@ def decode_temporal_parallel(
     ``overlap >= 1`` when there is more than one chunk. Give it for a decoder without that
     rule (e.g. a per-frame one, which can use ``overlap=0``).
     """
+    if torch.is_grad_enabled() and latents.requires_grad:  # the same latents on every rank
+        raise RuntimeError(
+            "decode_temporal_parallel is inference-only: the decoded frames carry no gradient "
+            "back to latents that require grad; call it under torch.no_grad() (or pass "
+            "latents.detach()), or decode on one rank to differentiate"
+        )
     if isinstance(overlap, bool) or not isinstance(overlap, int) or overlap < 0:
         raise ValueError(f"overlap must be an int >= 0 (latent frames), got {overlap!r}")
     if frames_per_latent is not None and frames_per_latent < 1:

@@ -168,3 +168,27 @@ def test_bad_arguments_raise(kwargs, match):
     q, k, v = _qkv((2, 4, 4))
     with pytest.raises(ValueError, match=match):
         sparse_attention(q, k, v, **kwargs)
+
+
+@pytest.mark.parametrize(
+    ("change", "match"),
+    [
+        (lambda q, k, v: (q[0], k[0], v[0]), r"\(batch, heads, seq, head_dim\)"),
+        (lambda q, k, v: (q, k[:, :3], v[:, :3]), "q's 4 heads must be a multiple of k/v's 3"),
+        (lambda q, k, v: (q, k, v[:, :, :10]), "must match each other"),
+        (lambda q, k, v: (q, k[..., :4], v[..., :4]), "in batch and head_dim"),
+        (lambda q, k, v: (q, torch.cat([k, k]), torch.cat([v, v])), "in batch and head_dim"),
+    ],
+    ids=["3-d", "heads", "v-tokens", "head-dim", "batch"],
+)
+def test_mismatched_q_k_v_are_named(change, match):
+    """Each used to fail deep inside (a broadcast, an index or a matmul) or not at all."""
+    q, k, v = change(*_qkv((2, 4, 4), heads=4))
+    with pytest.raises(ValueError, match=match):
+        sparse_attention(q, k, v, latent_shape=(2, 4, 4), sparsity=0.5, block_size=8)
+
+
+def test_a_negative_text_len_is_refused():
+    q, k, v = _qkv((2, 4, 4))
+    with pytest.raises(ValueError, match="text_len must be an int >= 0, got -8"):
+        sparse_attention(q, k, v, latent_shape=(2, 4, 5), text_len=-8, sparsity=0.5)  # 40 - 8

@@ -94,14 +94,15 @@ def reference(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | None = None
 ) -> torch.Tensor:
     """PyTorch's SDPA (grouped heads expanded), the oracle and the portable backend."""
-    _check(q, k, v)
+    check_qkv(q, k, v)
     groups = q.shape[1] // k.shape[1]
     if groups > 1:
         k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
     return F.scaled_dot_product_attention(q, k, v, scale=scale)
 
 
-def _check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+def check_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+    """(batch, heads, seq, head_dim) tensors; k and v alike; q's heads a multiple of k's."""
     if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
         raise ValueError(
             "lite_boost attention takes (batch, heads, seq, head_dim) tensors, got shapes "

@@ -55,11 +55,15 @@ def reorder(latent_shape: tuple[int, int, int], block_size: int) -> torch.Tensor
 def _check(
     q: torch.Tensor,
     k: torch.Tensor,
+    v: torch.Tensor,
     latent_shape: tuple[int, int, int],
     text_len: int,
     sparsity: float,
     block_size: int,
 ) -> None:
+    backends.check_qkv(q, k, v)
+    if isinstance(text_len, bool) or not isinstance(text_len, int) or text_len < 0:
+        raise ValueError(f"text_len must be an int >= 0, got {text_len!r}")
     if len(latent_shape) != 3 or min(latent_shape) < 1:
         raise ValueError(f"latent_shape must be (frames, height, width) >= 1, got {latent_shape}")
     video = math.prod(latent_shape)
@@ -150,7 +154,7 @@ def sparse_attention(
     tokens in (frame, row, column) order, plus ``text_len`` text tokens after them (before
     them with ``text_first``) — skipping the key blocks a query block needs least."""
     latent_shape = tuple(int(n) for n in latent_shape)
-    _check(q, k, latent_shape, text_len, sparsity, block_size)
+    _check(q, k, v, latent_shape, text_len, sparsity, block_size)
     if sparsity == 0.0:
         return backends.attention(q, k, v)
     groups = q.shape[1] // k.shape[1]

@@ -84,9 +84,10 @@ def _module(kind: PairKind, n: int, c: int | None, d: Dims, recompute: bool) -> 
             return ModuleMemory(work, 0, e * (3 * ch + 2 * cz) + r * per)
         return ModuleMemory(work, e * (per + cz), e * (cz + 2 * ch) + r * 3 * cz)
     if kind == "tri_att":
-        # layer-normed z, q, k, v, gate, attention out, gated out; bias [H, N, N]
+        # layer-normed z, q, k, v, gate, attention out, gated out; bias [H, N, N]; chunked,
+        # also the chunk's update beside them and the mask as bool (counted as e elements)
         per = cz + 6 * a
-        work = e * (2 * cz + 6 * a) if whole else e * (cz + d.pair_heads) + r * (2 * cz + 6 * a)
+        work = e * (2 * cz + 6 * a) if whole else e * (cz + d.pair_heads + 1) + r * (3 * cz + 6 * a)
         if whole:
             whole_mem = ModuleMemory(work, e * (per + d.pair_heads), e * (cz + 3 * a))
             return _rerun(whole_mem, e * cz, recompute)
@@ -94,9 +95,10 @@ def _module(kind: PairKind, n: int, c: int | None, d: Dims, recompute: bool) -> 
             return ModuleMemory(work, 0, e * (2 * cz + 3 * d.pair_heads) + r * per)
         return ModuleMemory(work, e * (per + cz + d.pair_heads), e * (cz + 3 * a))
     if kind == "transition":
-        # layer-normed z, the two hidden projections, silu, their product
+        # layer-normed z, the two hidden projections, silu, their product (chunked: and the
+        # chunk's update beside them)
         per = cz + 4 * hid
-        work = e * (cz + 3 * hid) if whole else e * cz + r * (cz + 3 * hid)
+        work = e * (cz + 3 * hid) if whole else e * cz + r * (2 * cz + 3 * hid)
         if whole:
             return _rerun(ModuleMemory(work, e * per, e * (cz + 2 * hid)), e * cz, recompute)
         if recompute:

@@ -215,6 +215,8 @@ def test_bad_inputs() -> None:
         block(s, z, mask, chunk_size=0)
     with pytest.raises(ValueError, match="blocks_per_ckpt"):
         PairformerStack(n_blocks=2, blocks_per_ckpt=0, **SMALL)
+    with pytest.raises(ValueError, match=r"z's batch dims \(3, 2\) must broadcast to a's \(2,\)"):
+        block(s, z.expand(3, *z.shape), mask)  # batched z, s without that batch
     with pytest.raises(ValueError, match="dropout"):
         PairformerBlock(dropout=1.0, **SMALL)
 

@@ -144,6 +144,16 @@ class AttentionPairBias(nn.Module):
                 f"z must be [..., N, N, c_z] with a's N = {n}, got z {tuple(z.shape)} for a "
                 f"{tuple(a.shape)}"
             )
+        try:
+            grown = torch.broadcast_shapes(z.shape[:-3], a.shape[:-2])
+        except RuntimeError:
+            grown = None
+        if grown != a.shape[:-2]:
+            raise ValueError(
+                f"z's batch dims {tuple(z.shape[:-3])} must broadcast to a's "
+                f"{tuple(a.shape[:-2])}: the update has a's shape; give a (and s) z's batch dims, "
+                f"e.g. a.expand(*z.shape[:-3], *a.shape[-2:])"
+            )
         if self.has_s:
             if s is None:
                 raise ValueError("AttentionPairBias(has_s=True) needs s [..., N, c_s], got None")

@@ -180,6 +180,22 @@ def test_peak_counts_live_storages_once() -> None:
     assert meter.live_bytes == 0
 
 
+def test_peak_counts_storages_resized_in_place() -> None:
+    """Growing a tensor from before the block counts the growth; one made inside, empty at
+    first and then resized, counts whole."""
+    before = torch.zeros(10)
+    with memory.peak() as meter:
+        before.resize_(1000)
+        made = torch.empty(0)
+        made.resize_(500)
+    assert (meter.peak_bytes, meter.live_bytes) == (4 * 990 + 4 * 500, 4 * 990 + 4 * 500)
+    with memory.peak() as meter:
+        before.resize_(10)  # shrinking frees nothing (the storage keeps its size)
+        torch.zeros(100).resize_(200)
+    assert (meter.peak_bytes, meter.live_bytes) == (800, 0)
+    del made
+
+
 def test_peak_follows_what_autograd_saves_until_backward() -> None:
     n = 1 << 16
     x = torch.randn(n, requires_grad=True)

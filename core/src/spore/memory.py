@@ -318,16 +318,18 @@ class _StorageMeter(TorchDispatchMode):
         super().__init__()
         self.record = record
         self.device_type = device_type
-        self.sizes: dict[int, int] = {}
+        self.sizes: dict[int, int] = {}  # bytes counted per storage
+        self.before: dict[int, int] = {}  # the size of a storage from before the block
         self.lock = threading.Lock()
 
-    def _change(self, key: int, nbytes: int) -> None:
+    def _change(self, key: int, nbytes: int, freed: bool = False) -> None:
         with self.lock:
             delta = nbytes - self.sizes.get(key, 0)
-            if nbytes:
-                self.sizes[key] = nbytes
-            else:
+            if freed:
                 self.sizes.pop(key, None)
+                self.before.pop(key, None)
+            else:
+                self.sizes[key] = nbytes
             self.record.live_bytes += delta
             self.record.peak_bytes = max(self.record.peak_bytes, self.record.live_bytes)
 
@@ -338,21 +340,26 @@ class _StorageMeter(TorchDispatchMode):
             and tensor.layout == torch.strided
         )
 
-    def _see(self, tensor: torch.Tensor, inputs: set[int]) -> None:
+    def _see(self, tensor: torch.Tensor, inputs: dict[int, int]) -> None:
         storage = tensor.untyped_storage()
         key, nbytes = storage._cdata, storage.nbytes()
         known = self.sizes.get(key)
         if known is None:
             if key in inputs:  # an in-place or ``out=`` result in memory from before the block
-                return
-            weakref.finalize(storage, self._change, key, 0)
-        if known != nbytes:  # new, or resized in place (``out=``, ``resize_``)
-            self._change(key, nbytes)
+                if nbytes <= inputs[key]:
+                    return
+                self.before[key] = inputs[key]  # grown (``resize_``): the growth counts
+            weakref.finalize(storage, self._change, key, 0, True)
+        counted = max(0, nbytes - self.before.get(key, 0))
+        if known != counted:  # new, or resized in place (``out=``, ``resize_``)
+            self._change(key, counted)
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
         inputs = {
-            t.untyped_storage()._cdata for t in tree_leaves((args, kwargs)) if self._metered(t)
+            t.untyped_storage()._cdata: t.untyped_storage().nbytes()
+            for t in tree_leaves((args, kwargs))
+            if self._metered(t)
         }
         out = func(*args, **kwargs)
         for value in tree_leaves(out):

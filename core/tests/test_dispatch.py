@@ -129,6 +129,28 @@ def test_kernels_added_or_removed_after_calls_take_effect() -> None:
     assert [k.provider for k in op.candidates("cpu")] == []
 
 
+def test_a_ranking_racing_a_registration_is_not_kept() -> None:
+    """A call ranks the kernels while another thread registers one: the registration lands
+    between the call's read of the kernels and its store of the ranking (forced here: reading
+    the old kernels triggers it). The next call must see the new kernel."""
+    op = _define()
+    x, w = _inputs()
+    first = dispatch.register_kernel(op, "cpu", lambda x, w, eps: _rms(x, w, eps), provider="a")
+    old = dict(op.kernels)
+
+    class Racing(dict):
+        def items(self):
+            dispatch.register_kernel(
+                op, "cpu", lambda x, w, eps: _rms(x, w, eps), provider="b", priority=5
+            )
+            return super().items()
+
+    op._set_kernels(Racing(old))
+    assert op.candidates("cpu") == [first]  # ranked what it read
+    assert [k.provider for k in op.candidates("cpu")] == ["b", "a"]
+    assert op.select((x, w, 1e-6), {})[0].provider == "b"
+
+
 def test_best_supported_kernel_runs_and_explain_says_why() -> None:
     op = _define()
     calls = []

@@ -106,16 +106,19 @@ class Op:
 
     def candidates(self, device: str) -> list[Kernel]:
         """Kernels for ``device``, highest priority first (ties: provider name)."""
-        ranked = self._ranked.get(device)
+        cache = self._ranked  # read before the kernels: see _set_kernels
+        ranked = cache.get(device)
         if ranked is None:
             found = [k for (dev, _), k in self.kernels.items() if dev == device]
             ranked = sorted(found, key=lambda k: (-k.priority, k.provider))
-            self._ranked[device] = ranked
+            cache[device] = ranked
         return list(ranked)
 
     def _set_kernels(self, kernels: dict[tuple[str, str], Kernel]) -> None:
+        # The kernels first, then a new cache: a ranking of the old kernels can only be filled
+        # into the old cache (a caller that read it before this swap), never the new one.
         self.kernels = kernels
-        self._ranked = {}  # a new dict: a call ranking the old kernels cannot fill it
+        self._ranked = {}
 
     def select(self, args: Sequence[Any], kwargs: dict[str, Any]) -> tuple[Kernel | None, str]:
         """The kernel that runs for these arguments (``None``: the reference) and the device."""

@@ -320,3 +320,19 @@ def test_a_number_given_for_a_name_is_that_name(tmp_path) -> None:
         config.load(None, ["run.steps='10'"])
     with pytest.raises(config.ConfigError, match=r"run\.name: expected a string, got True"):
         config.load(None, ["run.name=true"])
+
+
+def test_every_problem_is_reported_at_once(tmp_path) -> None:
+    """A type error elsewhere does not hide the model and data problems (checked on the
+    sections that are valid on their own)."""
+    path = _write(
+        tmp_path,
+        "run:\n  steps: abc\nmodel:\n  config:\n    hiden_size: 3\ndata:\n  path: no/*.txt\n",
+    )
+    with pytest.raises(config.ConfigError) as info:
+        preflight.resolve(str(path), [], outputs=False)
+    assert info.value.problems == [
+        f"{path}:2: run.steps: expected an integer, got 'abc'",
+        f"{path}:4: model.config: llama has no setting hiden_size (did you mean 'hidden_size'?)",
+        f"{path}:7: data.path: no file matches 'no/*.txt'",
+    ]

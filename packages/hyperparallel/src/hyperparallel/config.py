@@ -9,6 +9,7 @@ editing this module; ``python -m hyperparallel.config`` prints the Markdown refe
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import functools
 import re
@@ -321,8 +322,16 @@ def _schema(sections: tuple[tuple[str, type[Section]], ...]) -> type[Config]:
 class ConfigError(ValueError):
     """One or more configuration problems, each naming its key and where it was set."""
 
-    def __init__(self, problems: list[str]) -> None:
+    def __init__(
+        self,
+        problems: list[str],
+        sections: Mapping[str, Section] | None = None,
+        origins: Mapping[str, str] | None = None,
+    ) -> None:
         self.problems = problems
+        self.sections = dict(sections or {})
+        """The sections that are valid on their own (checked further by the caller)."""
+        self.origins = dict(origins or {})
         head = "invalid training config" + (
             f" ({len(problems)} problems)" if len(problems) > 1 else ""
         )
@@ -513,6 +522,7 @@ def build(
     for item in overrides:
         problems += _apply_set(raw, where, item)
     schema = _schema(tuple(SECTIONS.items()))
+    valid: dict[str, Section] = {}
     try:
         config = schema.model_validate(raw)
     except ValidationError as exc:
@@ -523,11 +533,15 @@ def build(
         for key, problem in described.items():
             section = key.split(".", 1)[0]
             problems.append(f"{where.get(key, where.get(section, 'config'))}: {problem}")
+        for name, cls in SECTIONS.items():
+            with contextlib.suppress(ValidationError):
+                valid[name] = cls.model_validate(raw.get(name, {}))
     else:
         config._origins = where
         problems += _check(config, world)
+        valid = {name: getattr(config, name) for name in SECTIONS}
     if problems:
-        raise ConfigError(problems)
+        raise ConfigError(problems, valid, where)
     return config
 
 

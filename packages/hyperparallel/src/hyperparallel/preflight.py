@@ -4,10 +4,12 @@ checkpoint to resume from and the output directory."""
 
 from __future__ import annotations
 
+import contextlib
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from glob import glob
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -31,36 +33,48 @@ def resolve(
     ``run.output`` already holds is checked (``--print-config``).
     """
     world = int(os.environ["WORLD_SIZE"]) if launch.under_torchrun() else None
-    cfg = load(path, overrides, world)
-    problems: list[str] = []
-
-    def at(key: str) -> str:
-        return cfg.origins.get(key, "default")
-
     try:
-        architecture = model.hf_config(cfg.model, ByteTokenizer().vocab_size)
-    except model.ModelConfigError as exc:
-        key = str(exc).split(":", 1)[0]
-        problems.append(f"{at(key)}: {exc}")
-    else:
-        limit = model.max_length(architecture)
-        if limit is not None and cfg.data.seq_len > limit:
-            problems.append(
-                f"{at('data.seq_len')}: data.seq_len={cfg.data.seq_len} exceeds the model's "
-                f"max_position_embeddings={limit}"
-            )
+        cfg = load(path, overrides, world)
+    except ConfigError as exc:  # with what the sections valid on their own still show
+        more = _model_and_data_problems(exc.sections, exc.origins)
+        raise ConfigError(exc.problems + more) from None
+    problems = _model_and_data_problems({"model": cfg.model, "data": cfg.data}, cfg.origins)
+    with contextlib.suppress(model.ModelConfigError):  # reported above
         settled = cfg.model.model_copy(update={"config": model.settings(cfg.model)})
         cfg = cfg.model_copy(update={"model": settled})
     problems += _optimizer_problems(cfg)
-    patterns = [cfg.data.path] if isinstance(cfg.data.path, str) else cfg.data.path or []
-    for pattern in patterns:
-        if not glob(str(Path(pattern).expanduser())):
-            problems.append(f"{at('data.path')}: data.path: no file matches {pattern!r}")
     if outputs:
         problems += _output_problems(cfg, resume, world or cfg.parallel.nproc)
     if problems:
         raise ConfigError(problems)
     return cfg
+
+
+def _model_and_data_problems(sections: Mapping[str, Any], origins: Mapping[str, str]) -> list[str]:
+    """transformers builds the model section's config, data.seq_len fits its positions, and
+    data.path's globs match files (for whichever of the two sections is valid)."""
+    problems = []
+    section, data = sections.get("model"), sections.get("data")
+    if section is not None:
+        try:
+            architecture = model.hf_config(section, ByteTokenizer().vocab_size)
+        except model.ModelConfigError as exc:
+            key = str(exc).split(":", 1)[0]
+            problems.append(f"{origins.get(key, 'default')}: {exc}")
+        else:
+            limit = model.max_length(architecture)
+            if data is not None and limit is not None and data.seq_len > limit:
+                problems.append(
+                    f"{origins.get('data.seq_len', 'default')}: data.seq_len={data.seq_len} "
+                    f"exceeds the model's max_position_embeddings={limit}"
+                )
+    if data is not None:
+        patterns = [data.path] if isinstance(data.path, str) else data.path or []
+        for pattern in patterns:
+            if not glob(str(Path(pattern).expanduser())):
+                where = origins.get("data.path", "default")
+                problems.append(f"{where}: data.path: no file matches {pattern!r}")
+    return problems
 
 
 def _optimizer_problems(cfg: Config) -> list[str]:

@@ -109,3 +109,17 @@ def test_a_branch_from_an_older_checkpoint_is_what_resume_finds_and_keep_keeps(
     assert [p.name for p in checkpoint.complete(out)] == ["step_00000003"]
     assert checkpoint.load(checkpoint.find(out), state)["branch"] == "second"
     assert not list(checkpoint.directory(out).glob(".*")), "no temporary directory is left"
+
+
+def test_a_save_killed_while_replacing_a_step_loses_nothing(one_rank, tmp_path) -> None:
+    """Killed between moving the old step_N aside and renaming the new one into place: the
+    old one is put back by the next resume (or save), not deleted as stale."""
+    out, state = tmp_path / "run", _small_state()
+    saved = checkpoint.save(out, 2, state, {"step": 2}, keep=2)
+    os.replace(saved, saved.parent / ".old-step_00000002")  # where the kill left it
+    assert checkpoint.complete(out) == []
+    assert checkpoint.find(out) == saved
+    assert checkpoint.load(saved, state) == {"step": 2}
+    (saved / "meta.json").write_text("{not json")  # unreadable: not complete, no exception
+    assert checkpoint.complete(out) == []
+    assert checkpoint.data_layout(saved) is None  # this trainer.pt holds no sampler state

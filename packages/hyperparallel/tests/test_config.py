@@ -190,6 +190,9 @@ def test_a_resume_on_another_data_layout_fails_before_any_process_starts(tmp_pat
         "8; the data order continues only on the same layout (--nproc 2 --set data.batch_size=8)"
     ) in str(info.value)
     assert preflight.resolve(None, [*args, "parallel.nproc=2"], resume="latest")
+    (done / "trainer.pt").unlink()
+    with pytest.raises(config.ConfigError, match=r"has no readable trainer\.pt"):
+        preflight.resolve(None, [*args, "parallel.nproc=2"], resume="latest")
 
 
 def test_ranges_and_lengths_are_checked_with_every_other_problem(tmp_path) -> None:
@@ -263,21 +266,27 @@ def test_other_architectures_take_the_defaults_they_have(kind) -> None:
     built = model.build(cfg.model, 259, seed=0)
     assert built.config.hidden_size == 128
     assert built.config.num_hidden_layers == 4
-    assert ("num_key_value_heads" in cfg.model.config) == (kind == "qwen2")
-    assert all(hasattr(built.config, k) for k in cfg.model.config)
+    applied = model.settings(cfg.model)
+    assert ("num_key_value_heads" in applied) == (kind == "qwen2")
+    assert all(hasattr(built.config, k) for k in applied)
     ids = torch.randint(0, 259, (2, 16))
     built(input_ids=ids, labels=ids).loss.backward()
     with pytest.raises(config.ConfigError, match="gpt2 has no setting num_key_value_heads"):
         preflight.resolve(None, ["model.type=gpt2", "model.config.num_key_value_heads=2"])
 
 
-def test_the_resolved_config_rebuilds_the_same_model(tmp_path) -> None:
-    """config.yaml of a GPT-2 run (what --resume reads again) names only GPT-2's settings."""
-    cfg = preflight.resolve(None, ["model.type=gpt2"], outputs=False)
-    assert "num_key_value_heads" not in cfg.model.config
+def test_the_printed_config_serves_another_architecture_and_a_rebuilt_worker(tmp_path) -> None:
+    """--print-config shows model.config as written: reused with model.type=gpt2 it builds; a
+    worker rebuilding the config from its dict applies null (the architecture's default)."""
+    cfg = preflight.resolve(None, ["model.config.tie_word_embeddings=null"], outputs=False)
+    assert cfg.model.config == {"tie_word_embeddings": None}
     path = tmp_path / "config.yaml"
     path.write_text(cfg.to_yaml())
-    assert preflight.resolve(str(path), [], outputs=False).model.config == cfg.model.config
+    assert preflight.resolve(str(path), ["model.type=gpt2"], outputs=False).model.type == "gpt2"
+    worker = config.build(cfg.to_dict())
+    built = model.hf_config(worker.model, 259)
+    assert built.tie_word_embeddings is LlamaConfig().tie_word_embeddings
+    assert built.hidden_size == 128  # the small defaults still apply
 
 
 def test_a_pretrained_model_keeps_its_shape_and_its_own_length(tmp_path) -> None:
@@ -296,6 +305,13 @@ def test_a_pretrained_model_keeps_its_shape_and_its_own_length(tmp_path) -> None
     with pytest.raises(config.ConfigError) as info:
         preflight.resolve(None, [f"model.pretrained={saved}", "data.seq_len=2048"], outputs=False)
     assert "data.seq_len=2048 exceeds the model's max_position_embeddings=1024" in str(info.value)
+    with pytest.raises(config.ConfigError) as info:
+        preflight.resolve(None, [f"model.pretrained={saved}", "model.config.hidden_size=64"])
+    assert "--set model.config.hidden_size=64: model.config: over model.pretrained, 12 " in str(
+        info.value
+    )
+    assert "would change shape and not load (" in str(info.value)
+    assert "self_attn.k_proj.weight (16, 32) -> (16, 64)" in str(info.value)
 
 
 def test_optimizer_settings_torch_refuses_fail_before_any_process_starts(tmp_path) -> None:
@@ -307,15 +323,22 @@ def test_optimizer_settings_torch_refuses_fail_before_any_process_starts(tmp_pat
     path = _write(tmp_path, "optim:\n  options:\n    amsgrad: true\n    fused_typo: true\n")
     with pytest.raises(config.ConfigError) as info:
         preflight.resolve(str(path), [], outputs=False)
-    assert f"{path}:2: optim 'adamw' / schedule 'cosine':" in str(info.value)
+    assert f"{path}:2: optim 'adamw': AdamW.__init__() got an unexpected keyword argument " in str(
+        info.value
+    )
     assert "fused_typo" in str(info.value)
+    with pytest.raises(config.ConfigError, match=r"optim 'adamw': .*fused"):  # a RuntimeError
+        preflight.resolve(
+            None, ["optim.options.fused=true", "optim.options.foreach=true"], outputs=False
+        )
     assert preflight.resolve(None, ["optim.options.amsgrad=true"], outputs=False).optim.options
 
 
-def test_a_number_given_for_a_name_is_that_name(tmp_path) -> None:
-    path = _write(tmp_path, "run:\n  name: 123\ndata:\n  text_key: 7\n")
-    cfg = config.load(path, ["run.output=2024"])
-    assert (cfg.run.name, cfg.run.output, cfg.data.text_key) == ("123", "2024", "7")
+def test_a_number_given_for_a_name_is_that_name_as_written(tmp_path) -> None:
+    path = _write(tmp_path, "run:\n  name: 010\ndata:\n  text_key: 1e3\n")
+    cfg = config.load(path, ["run.output=12:30"])
+    assert (cfg.run.name, cfg.run.output, cfg.data.text_key) == ("010", "12:30", "1e3")
+    assert config.load(None, ["run.name=2024"]).run.name == "2024"
     with pytest.raises(config.ConfigError, match=r"run\.steps: expected an integer, got '10'"):
         config.load(None, ["run.steps='10'"])
     with pytest.raises(config.ConfigError, match=r"run\.name: expected a string, got True"):

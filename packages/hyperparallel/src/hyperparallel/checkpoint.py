@@ -56,18 +56,34 @@ def directory(output: str | Path) -> Path:
     return Path(output) / "checkpoints"
 
 
-def _save_number(path: Path) -> int:
-    """The save's number in its output (0 for checkpoints written before saves were numbered)."""
-    return json.loads((path / "meta.json").read_text()).get("save", 0)
+def _save_number(path: Path) -> int | None:
+    """The save's number in its output (0 for checkpoints written before saves were numbered;
+    None when ``meta.json`` is unreadable, or went away while it was read)."""
+    try:
+        meta = json.loads((path / "meta.json").read_text())
+    except (OSError, ValueError):
+        return None
+    number = meta.get("save", 0) if isinstance(meta, dict) else None
+    return number if isinstance(number, int) else None
 
 
 def complete(output: str | Path) -> list[Path]:
-    """Complete checkpoints, oldest written first."""
+    """Complete checkpoints (``meta.json`` readable), oldest written first."""
     root = directory(output)
     if not root.is_dir():
         return []
-    found = [p for p in root.iterdir() if STEP_DIR.match(p.name) and (p / "meta.json").is_file()]
-    return sorted(found, key=lambda p: (_save_number(p), p.name))
+    numbered = [(_save_number(p), p) for p in root.iterdir() if STEP_DIR.match(p.name)]
+    found = [(n, p) for n, p in numbered if n is not None]
+    return [p for _, p in sorted(found, key=lambda item: (item[0], item[1].name))]
+
+
+def _recover(root: Path) -> None:
+    """Put back a checkpoint a save was replacing when the process died (it had moved the old
+    ``step_N`` to ``.old-step_N`` and not yet renamed the new one into place)."""
+    for moved in root.glob(".old-step_*"):
+        final = root / moved.name.removeprefix(".old-")
+        if not final.exists() and _save_number(moved) is not None:
+            os.replace(moved, final)
 
 
 def newer_than(output: str | Path, path: Path) -> list[Path]:
@@ -85,6 +101,8 @@ def find(path: str | Path) -> Path:
     if STEP_DIR.match(given.name) and (given / "meta.json").is_file():
         return given
     for output in (given, given.parent):
+        if directory(output).is_dir():
+            _recover(directory(output))
         found = complete(output)
         if found:
             return found[-1]
@@ -137,6 +155,8 @@ def save(
     tmp = root / f".tmp-{final.name}"
     with _collectives() as group:
         if rank == 0:
+            if root.is_dir():
+                _recover(root)
             for stale in [*root.glob(".tmp-step_*"), *root.glob(".old-step_*")]:
                 shutil.rmtree(stale, ignore_errors=True)
             tmp.mkdir(parents=True)
@@ -148,7 +168,7 @@ def save(
         dist.barrier(group=group)
         if rank == 0:
             earlier = complete(output)
-            number = _save_number(earlier[-1]) + 1 if earlier else 1
+            number = (_save_number(earlier[-1]) or 0) + 1 if earlier else 1
             meta = {"step": step, "save": number, "world_size": world, "time": time.time()}
             (tmp / "meta.json").write_text(json.dumps(meta))
             replaced = root / f".old-{final.name}"
@@ -177,10 +197,14 @@ def load(path: Path, state: TrainState) -> dict[str, Any]:
     return torch.load(path / "trainer.pt", weights_only=False)
 
 
-def data_layout(path: Path) -> tuple[int, int]:
-    """``(world size, per-rank batch size)`` the checkpoint's data position is valid for."""
-    sampler = torch.load(path / "trainer.pt", weights_only=False)["sampler"]
-    return int(sampler["world"]), int(sampler["batch_size"])
+def data_layout(path: Path) -> tuple[int, int] | None:
+    """``(world size, per-rank batch size)`` the checkpoint's data position is valid for; None
+    when its ``trainer.pt`` does not say (missing or unreadable)."""
+    try:
+        sampler = torch.load(path / "trainer.pt", weights_only=False)["sampler"]
+        return int(sampler["world"]), int(sampler["batch_size"])
+    except Exception:  # missing, truncated, or not written by spore train
+        return None
 
 
 def export(model: torch.nn.Module, output: str | Path) -> Path | None:

@@ -29,7 +29,6 @@ from pydantic import (
     ValidationError,
     create_model,
     field_validator,
-    model_validator,
 )
 from pydantic.fields import FieldInfo
 
@@ -42,25 +41,6 @@ class Section(BaseModel):
     with ``Field(description=...)``; the reference is generated from them."""
 
     model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
-
-    @model_validator(mode="before")
-    @classmethod
-    def _numbers_as_names(cls, data: Any) -> Any:
-        """A number where a string is expected (``name: 123``, ``--set run.output=2024``) is
-        that text: YAML reads it as a number, the user meant a name."""
-        if not isinstance(data, dict):
-            return data
-        textual = {
-            name
-            for name, field in cls.model_fields.items()
-            if field.annotation is str or str in typing.get_args(field.annotation)
-        }
-        return {
-            key: str(value)
-            if key in textual and isinstance(value, int | float) and not isinstance(value, bool)
-            else value
-            for key, value in data.items()
-        }
 
 
 def merged(default: Mapping[str, Any], given: Mapping[str, Any]) -> dict[str, Any]:
@@ -350,39 +330,61 @@ _Loader.add_implicit_resolver(
 )
 
 
-def _lines(text: str, source: str) -> dict[str, str]:
-    """``dotted.key -> "source:LINE"`` for every mapping key in the YAML text."""
+def _lines(text: str, source: str) -> tuple[dict[str, str], dict[str, str]]:
+    """``dotted.key -> "source:LINE"`` for every mapping key in the YAML text, and
+    ``dotted.key -> text`` for every scalar value (as written, before YAML reads it)."""
     where: dict[str, str] = {}
+    texts: dict[str, str] = {}
 
     def walk(node: yaml.Node, prefix: str) -> None:
         if isinstance(node, yaml.MappingNode):
             for key, value in node.value:
                 path = f"{prefix}{key.value}"
                 where[path] = f"{source}:{key.start_mark.line + 1}"
+                if isinstance(value, yaml.ScalarNode):
+                    texts[path] = value.value
                 walk(value, path + ".")
 
     root = yaml.compose(text)
     if root is not None:
         walk(root, "")
-    return where
+    return where, texts
 
 
-def _parse_yaml(text: str, source: str) -> tuple[dict[str, Any], dict[str, str]]:
+def _parse_yaml(text: str, source: str) -> tuple[dict[str, Any], dict[str, str], dict[str, str]]:
+    """The data, each key's ``source:LINE`` and each scalar's text (see :func:`_lines`)."""
     try:
         data = yaml.load(text, Loader=_Loader)
-        lines = _lines(text, source)
+        lines, texts = _lines(text, source)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         at = f"{source}:{mark.line + 1}" if mark is not None else source
         raise ConfigError([f"{at}: not valid YAML: {getattr(exc, 'problem', exc)}"]) from None
     if data is None:
-        return {}, lines
+        return {}, lines, texts
     if not isinstance(data, dict):
         raise ConfigError([f"{source}: the top level must be a mapping of sections"])
-    return data, lines
+    return data, lines, texts
 
 
-def _apply_set(data: dict[str, Any], origins: dict[str, str], item: str) -> list[str]:
+def _numbers_as_text(raw: dict[str, Any], texts: Mapping[str, str]) -> None:
+    """A number given where a setting is a string (``name: 010``, ``--set run.output=2024``)
+    becomes the text as written: YAML read a number, the user meant a name."""
+    for name, cls in SECTIONS.items():
+        section = raw.get(name)
+        if not isinstance(section, dict):
+            continue
+        for key, field in cls.model_fields.items():
+            value, text = section.get(key), texts.get(f"{name}.{key}")
+            textual = field.annotation is str or str in typing.get_args(field.annotation)
+            number = isinstance(value, int | float) and not isinstance(value, bool)
+            if textual and number and text is not None:
+                section[key] = text
+
+
+def _apply_set(
+    data: dict[str, Any], origins: dict[str, str], texts: dict[str, str], item: str
+) -> list[str]:
     if "=" not in item:
         return [f"--set {item}: expected key.path=value, e.g. --set optim.lr=1e-3"]
     path, raw = item.split("=", 1)
@@ -400,6 +402,7 @@ def _apply_set(data: dict[str, Any], origins: dict[str, str], item: str) -> list
             return [f"--set {item}: {key} is not a mapping"]
     node[keys[-1]] = value
     origins[".".join(keys)] = f"--set {item}"
+    texts[".".join(keys)] = raw.strip()
     return []
 
 
@@ -509,18 +512,21 @@ def build(
     origins: Mapping[str, str] | None = None,
     overrides: Sequence[str] = (),
     world: int | None = None,
+    texts: Mapping[str, str] | None = None,
 ) -> Config:
     """Validate ``data`` (parsed YAML) plus ``--set`` overrides into a :class:`Config`.
 
     ``world`` is the job's world size when an outside launcher (torchrun) set it; otherwise
-    ``parallel.nproc`` is.
+    ``parallel.nproc`` is. ``texts``: each scalar's text in the YAML file (see :func:`_lines`).
     """
     raw = {k: ({} if v is None else v) for k, v in dict(data or {}).items()}
     raw = {k: (dict(v) if isinstance(v, dict) else v) for k, v in raw.items()}
     where = dict(origins or {})
+    written = dict(texts or {})
     problems: list[str] = []
     for item in overrides:
-        problems += _apply_set(raw, where, item)
+        problems += _apply_set(raw, where, written, item)
+    _numbers_as_text(raw, written)
     schema = _schema(tuple(SECTIONS.items()))
     valid: dict[str, Section] = {}
     try:
@@ -556,8 +562,8 @@ def load(
         text = source.read_text()
     except OSError as exc:
         raise ConfigError([f"{path}: cannot read the config file: {exc.strerror}"]) from None
-    data, origins = _parse_yaml(text, str(path))
-    return build(data, origins=origins, overrides=overrides, world=world)
+    data, origins, texts = _parse_yaml(text, str(path))
+    return build(data, origins=origins, overrides=overrides, world=world, texts=texts)
 
 
 def _shown(field: FieldInfo) -> str:

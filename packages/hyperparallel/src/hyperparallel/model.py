@@ -79,6 +79,24 @@ def hf_config(model: ModelSection, vocab_size: int) -> Any:
     return AutoConfig.for_model(model.type, **{**given, "vocab_size": vocab_size})
 
 
+def reshaped(model: ModelSection, vocab_size: int) -> list[str]:
+    """The parameters whose shapes ``model.config`` changes over a pretrained model (their
+    weights would not load), as ``"name (saved) -> (asked)"``; empty without overrides."""
+    from transformers import AutoModelForCausalLM
+
+    if not model.pretrained or not merged({}, model.config):
+        return []
+
+    def shapes(config: Any) -> dict[str, tuple[int, ...]]:
+        with torch.device("meta"):
+            built = AutoModelForCausalLM.from_config(config)
+        return {k: tuple(v.shape) for k, v in built.state_dict().items()}
+
+    saved = shapes(_base_config(model))
+    asked = shapes(hf_config(model, vocab_size))
+    return [f"{k} {saved.get(k)} -> {v}" for k, v in asked.items() if saved.get(k) != v]
+
+
 def max_length(config: Any) -> int | None:
     """The longest sequence the architecture's positions cover (None: it names no limit)."""
     value = getattr(config, "max_position_embeddings", None)

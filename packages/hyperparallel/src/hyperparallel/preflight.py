@@ -4,7 +4,6 @@ checkpoint to resume from and the output directory."""
 
 from __future__ import annotations
 
-import contextlib
 import os
 from collections.abc import Mapping, Sequence
 from glob import glob
@@ -25,9 +24,7 @@ def resolve(
     *,
     outputs: bool = True,
 ) -> Config:
-    """The validated config, its ``model.config`` settled to the settings the model is built
-    with (:func:`hyperparallel.model.settings`); :class:`ConfigError` lists every problem with
-    its origin.
+    """The validated config; :class:`ConfigError` lists every problem with its origin.
 
     ``outputs=False`` leaves the file system alone: neither the ``resume`` target nor what
     ``run.output`` already holds is checked (``--print-config``).
@@ -39,9 +36,6 @@ def resolve(
         more = _model_and_data_problems(exc.sections, exc.origins)
         raise ConfigError(exc.problems + more) from None
     problems = _model_and_data_problems({"model": cfg.model, "data": cfg.data}, cfg.origins)
-    with contextlib.suppress(model.ModelConfigError):  # reported above
-        settled = cfg.model.model_copy(update={"config": model.settings(cfg.model)})
-        cfg = cfg.model_copy(update={"model": settled})
     problems += _optimizer_problems(cfg)
     if outputs:
         problems += _output_problems(cfg, resume, world or cfg.parallel.nproc)
@@ -62,6 +56,14 @@ def _model_and_data_problems(sections: Mapping[str, Any], origins: Mapping[str, 
             key = str(exc).split(":", 1)[0]
             problems.append(f"{origins.get(key, 'default')}: {exc}")
         else:
+            if changed := model.reshaped(section, ByteTokenizer().vocab_size):
+                given = (w for k, w in origins.items() if k.startswith("model.config"))
+                problems.append(
+                    f"{next(given, 'default')}: model.config: over "
+                    f"model.pretrained, {len(changed)} parameter(s) would change shape and "
+                    f"not load ({', '.join(changed[:3])}{', ...' if len(changed) > 3 else ''}); "
+                    f"set only settings that keep the shapes (e.g. dropout)"
+                )
             limit = model.max_length(architecture)
             if data is not None and limit is not None and data.seq_len > limit:
                 problems.append(
@@ -81,13 +83,17 @@ def _optimizer_problems(cfg: Config) -> list[str]:
     """The optimizer and schedule accept their settings (``optim.options`` included): both are
     built once over a two-parameter module, as every rank would build them."""
     probe = torch.nn.Linear(2, 2)
+    given = [where for key, where in cfg.origins.items() if key.startswith("optim.options")]
+    at = given[0] if given else cfg.origins.get("optim.name", "default")
     try:
         optimizer = registries.optimizers.get(cfg.optim.name)(probe, cfg.optim)
+    except Exception as exc:  # whatever torch or a registered builder raises
+        return [f"{at}: optim {cfg.optim.name!r}: {exc}"]
+    try:
         registries.schedules.get(cfg.schedule.name)(optimizer, cfg.schedule, cfg.run.steps)
-    except (TypeError, ValueError) as exc:
-        given = [where for key, where in cfg.origins.items() if key.startswith("optim.options")]
-        at = given[0] if given else cfg.origins.get("optim.name", "default")
-        return [f"{at}: optim {cfg.optim.name!r} / schedule {cfg.schedule.name!r}: {exc}"]
+    except Exception as exc:
+        where = cfg.origins.get("schedule.name", "default")
+        return [f"{where}: schedule {cfg.schedule.name!r}: {exc}"]
     return []
 
 
@@ -100,6 +106,8 @@ def _output_problems(cfg: Config, resume: str | None, world: int) -> list[str]:
         except FileNotFoundError as exc:
             return [f"--resume: {exc}"]
         saved = checkpoint.data_layout(path)
+        if saved is None:
+            return [f"--resume: {path} has no readable trainer.pt (data position, schedule)"]
         if saved != (world, cfg.data.batch_size):
             return [
                 f"--resume: {path.name} was saved by {saved[0]} rank(s) of "

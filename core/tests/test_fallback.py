@@ -102,6 +102,7 @@ def test_inplace_and_views() -> None:
         lambda t: t.resize_(5, 4),  # grows the storage
         lambda t: t.resize_(0),
         lambda t: t.set_(torch.arange(8.0).view(2, 4)),
+        lambda t: torch.add(torch.ones(4), 1, out=t.resize_(0)),  # out= grows to 4
     ],
     ids=[
         "t_",
@@ -113,6 +114,7 @@ def test_inplace_and_views() -> None:
         "grow",
         "empty",
         "set_",
+        "out",
     ],
 )
 def test_inplace_shape_changes_reach_the_wrapper(change) -> None:

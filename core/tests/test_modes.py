@@ -2,7 +2,9 @@ from __future__ import annotations
 
 import logging
 
+import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 import spore
 from spore.modes import DispatchMode
@@ -83,3 +85,19 @@ def test_an_active_mode_entered_again_sees_each_op_once() -> None:
     assert counter.counts == {"aten.mul.Tensor": 1, "aten.sub.Tensor": 1, "aten.add.Tensor": 1}
     x + 1
     assert counter.total == 3  # left completely
+
+
+def test_a_failed_enter_leaves_the_mode_usable(monkeypatch) -> None:
+    counter = spore.OpCounter()
+
+    def refuse(self):
+        raise RuntimeError("no entry")
+
+    monkeypatch.setattr(TorchDispatchMode, "__enter__", refuse)
+    with pytest.raises(RuntimeError, match="no entry"), counter:
+        pass
+    monkeypatch.undo()
+    x = torch.ones(2)
+    with counter:
+        x + 1
+    assert counter.counts == {"aten.add.Tensor": 1}

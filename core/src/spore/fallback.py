@@ -89,13 +89,24 @@ class FallbackTensor(torch.Tensor):
 
     @classmethod
     def __fallback__(cls, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        """Default: unwrap, run ``func``, wrap tensor results with the first argument's meta."""
+        """Default: unwrap, run ``func``, wrap tensor results with the first argument's meta
+        (a result the op wrote into, in place or ``out=``, is that argument's wrapper)."""
         first = _first_wrapper(args, kwargs)
         meta = first._spore_meta if first is not None else {}
+        written = {
+            id(w._spore_data): w
+            for w in _written(func, args, kwargs)
+            if isinstance(w, FallbackTensor)
+        }
         out = func(*_map(_unwrap, args), **_map(_unwrap, kwargs))
-        if _is_inplace(func) and first is not None:
-            return args[0]
-        return _map(lambda t: cls(t, meta) if isinstance(t, torch.Tensor) else t, out)
+
+        def wrap(t: Any) -> Any:
+            if not isinstance(t, torch.Tensor):
+                return t
+            wrapper = written.get(id(t))  # in place, out=: the wrapper it wrote into
+            return cls(t, meta) if wrapper is None else wrapper
+
+        return _map(wrap, out)
 
     # torch integration ------------------------------------------------------------------------
     @classmethod
@@ -111,8 +122,9 @@ class FallbackTensor(torch.Tensor):
                 break
         else:
             out = cls.__fallback__(func, args, kwargs)
-        if args and isinstance(args[0], FallbackTensor) and _changes_metadata(func):
-            _follow_inner(args[0])
+        for written in _written(func, args, kwargs):
+            if isinstance(written, FallbackTensor):
+                _follow_inner(written)
         return out
 
     def __repr__(self) -> str:  # type: ignore[override]
@@ -165,39 +177,38 @@ def _first_wrapper(args: tuple[Any, ...], kwargs: dict[str, Any]) -> FallbackTen
     return None
 
 
-_INPLACE: dict[Any, bool] = {}
+_WRITES: dict[Any, tuple[tuple[int, str], ...]] = {}
 
 
-def _is_inplace(func: Any) -> bool:
-    """Whether ``func`` writes its first argument in place (cached per op overload)."""
-    known = _INPLACE.get(func)
+def _writes(func: Any) -> tuple[tuple[int, str], ...]:
+    """``(position, name)`` of each argument ``func`` writes (cached per op overload)."""
+    known = _WRITES.get(func)
     if known is None:
         schema = getattr(func, "_schema", None)
-        alias = schema.arguments[0].alias_info if schema and schema.arguments else None
-        known = _INPLACE[func] = bool(alias is not None and alias.is_write)
-    return known
-
-
-_RESIZING = {"resize_", "resize_as_", "set_"}
-_METADATA: dict[Any, bool] = {}
-
-
-def _changes_metadata(func: Any) -> bool:
-    """Whether ``func`` changes its first argument's sizes or strides in place (``t_``,
-    ``unsqueeze_``, ``resize_``, ``set_``, ...; cached per op overload)."""
-    known = _METADATA.get(func)
-    if known is None:
-        packet = getattr(func, "overloadpacket", None)
-        known = _METADATA[func] = torch.Tag.inplace_view in getattr(func, "tags", ()) or (
-            getattr(packet, "__name__", "") in _RESIZING
+        known = _WRITES[func] = tuple(
+            (i, a.name)
+            for i, a in enumerate(schema.arguments if schema else ())
+            if a.alias_info is not None and a.alias_info.is_write
         )
     return known
 
 
+def _written(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[Any]:
+    """The arguments ``func`` writes (``self`` of an in-place op, ``out=``), whose sizes and
+    strides it may change (``t_``, ``resize_``, an ``out=`` resized)."""
+    return [args[i] if i < len(args) else kwargs.get(name) for i, name in _writes(func)]
+
+
 def _follow_inner(wrapper: FallbackTensor) -> None:
-    """Give the wrapper its inner tensor's sizes, strides and offset (after an in-place op
-    changed them there). The wrapper's storage holds no data: growing it allocates nothing."""
+    """Give the wrapper its inner tensor's sizes, strides and offset (after an op that writes
+    it changed them there). The wrapper's storage holds no data: growing it allocates nothing."""
     inner = wrapper._spore_data
+    if (wrapper.shape, wrapper.stride(), wrapper.storage_offset()) == (
+        inner.shape,
+        inner.stride(),
+        inner.storage_offset(),
+    ):
+        return
     with no_dispatch():
         span = sum((n - 1) * st for n, st in zip(inner.shape, inner.stride(), strict=True)) + 1
         needed = inner.storage_offset() + span if inner.numel() else 0

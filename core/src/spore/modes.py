@@ -29,8 +29,9 @@ class DispatchMode(TorchDispatchMode, ContextDecorator):
 
     def __enter__(self) -> Any:
         depth = self._depth()
-        depth.value = getattr(depth, "value", 0) + 1
-        return self if depth.value > 1 else super().__enter__()
+        entered = self if getattr(depth, "value", 0) else super().__enter__()
+        depth.value = getattr(depth, "value", 0) + 1  # counted once the mode is on the stack
+        return entered
 
     def __exit__(self, *exc_info: Any) -> Any:
         depth = self._depth()

@@ -82,6 +82,26 @@ def test_a_malformed_requirement_fails_that_plugin_only(fixture_plugins, spore_m
     assert "spore_fixture_badmeta" not in sys.modules
 
 
+def test_a_malformed_twin_does_not_hide_the_valid_plugin_or_a_disabled_one(
+    fixture_plugins, spore_manager
+) -> None:
+    """The name clash and the user's deny-list are decided before the metadata is judged."""
+    fixture_plugins("badmeta", "badmeta_twin")
+    manager = spore_manager()
+    found = {(i.name, i.distribution): (i.status, i.reason) for i in manager.plugins()}
+    assert found[("badmeta", "spore-fixture-a-badmeta")][0] is Status.ACTIVE
+    status, reason = found[("badmeta", "spore-fixture-badmeta")]
+    assert status is Status.FAILED
+    assert "also provided by spore-fixture-a-badmeta" in reason
+    assert "twin" in manager.registry("benchmarks")
+
+
+def test_a_disabled_plugin_is_disabled_whatever_its_metadata(fixture_plugins, spore_manager):
+    fixture_plugins("badmeta")
+    disabled = _statuses(spore_manager({"SPORE_DISABLE_PLUGINS": "badmeta"}))
+    assert disabled["badmeta"] == (Status.DISABLED, "listed in SPORE_DISABLE_PLUGINS")
+
+
 def test_a_plugin_calling_sys_exit_at_import_fails_without_ending_the_host(
     fixture_plugins, spore_manager
 ) -> None:

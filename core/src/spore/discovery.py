@@ -184,9 +184,7 @@ def discover_entry_points(selection: Selection) -> list[PluginInfo]:
             entry_point=ep,
         )
         other = found.get(info.name)
-        if bad_metadata is not None:
-            info.status, info.reason = Status.FAILED, bad_metadata
-        elif info.name == CORE_PLUGIN:
+        if info.name == CORE_PLUGIN:
             info.status = Status.FAILED
             info.reason = f"the plugin name {CORE_PLUGIN!r} is reserved for spore-core"
         elif other is not None:
@@ -199,6 +197,8 @@ def discover_entry_points(selection: Selection) -> list[PluginInfo]:
             continue
         elif (why := selection.why_disabled(info.name)) is not None:
             info.status, info.reason = Status.DISABLED, why
+        elif bad_metadata is not None:
+            info.status, info.reason = Status.FAILED, bad_metadata
         elif (why := _incompatibility(info)) is not None:
             info.status, info.reason = Status.INCOMPATIBLE, why
         found[info.name] = info

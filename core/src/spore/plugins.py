@@ -258,8 +258,9 @@ class PluginManager:
                 kind: registry.names(owner=info.name) for kind, registry in self.registries.items()
             }
             info.registered["commands"] = list(self._commands.get(info.name, []))
-        for info in self.discover():
-            if info.name not in self._infos:
+        listed = {(i.name, i.distribution) for i in infos}
+        for info in self.discover():  # those never loaded, a second one of a name included
+            if (info.name, info.distribution) not in listed and not info.builtin:
                 infos.append(info)
         return sorted(infos, key=lambda i: (not i.builtin, i.name, i.distribution))
 

@@ -84,12 +84,16 @@ def test_integers_are_accepted_as_floats_but_not_booleans() -> None:
         config.load(None, ["optim.lr=true"])
 
 
-def test_exponent_floats_without_a_dot_are_numbers(tmp_path) -> None:
+def test_exponent_floats_are_numbers(tmp_path) -> None:
     # PyYAML reads YAML 1.1, where 1e-3 is a string; the help's own example writes it so
     assert config.load(None, ["optim.lr=1e-3"]).optim.lr == 1e-3
     assert config.load(_write(tmp_path, "optim:\n  lr: 3E-4\n")).optim.lr == 3e-4
     assert config.load(None, ["optim.lr=+2e0"]).optim.lr == 2.0
     assert config.load(None, ["run.name=1e3x"]).run.name == "1e3x"
+    for text, value in (("1.5e2", 150.0), ("2.0e3", 2000.0), (".5e3", 500.0), ("1.e1", 10.0)):
+        assert config.load(None, [f"optim.lr={text}"]).optim.lr == value
+    written = config.load(_write(tmp_path, "model:\n  config:\n    rope_theta: 1.0e6\n"))
+    assert written.model.config == {"rope_theta": 1e6}
 
 
 def test_yaml_syntax_errors_name_the_line(tmp_path) -> None:

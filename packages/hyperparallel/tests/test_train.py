@@ -122,6 +122,17 @@ def test_a_resume_from_an_older_checkpoint_continues_its_own_branch(tmp_path) ->
     assert sorted(losses(out)) == list(range(1, 7))
 
 
+def test_a_resume_of_a_finished_run_says_there_is_nothing_to_train(tmp_path) -> None:
+    out = tmp_path / "run"
+    args = small_args("run.steps=2", "checkpoint.export=false", "run.stop_at=1")
+    run_train("--output", str(out), *args)
+    run_train("--output", str(out), "--resume", *args)  # past stop_at: on to run.steps
+    done = run_train("--output", str(out), "--resume", *args)
+    assert "resuming at step 2: run.steps=2 is reached, nothing to train" in done.stderr
+    assert "training on to run.steps" not in done.stderr
+    assert sorted(losses(out)) == [1, 2]
+
+
 def test_activation_checkpointing_and_kept_parameters_change_nothing(
     two_ranks: Run, tmp_path
 ) -> None:

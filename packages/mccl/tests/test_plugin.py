@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime
 import json
 import socket
 import sys
@@ -56,10 +57,12 @@ def test_without_mccl_the_core_starts_the_group_synchronously(spore_manager) -> 
         dist.destroy_process_group()
 
 
-@pytest.mark.parametrize("bad", [-1, 0, 0.0])  # 0 was read as "not given": 30 minutes
+@pytest.mark.parametrize("bad", [-1, 0, 0.0, float("nan"), float("inf")])  # 0: "not given"
 def test_bad_init_timeout(bad: float) -> None:
-    with pytest.raises(ValueError, match="init_timeout must be positive"):
+    with pytest.raises(ValueError, match=r"init_timeout must be a positive, finite time, got"):
         mccl.init_process_group_async("gloo", init_timeout=bad)
+    with pytest.raises(ValueError, match=r"^timeout must be a positive, finite time, got "):
+        mccl.init_process_group_async("gloo", timeout=datetime.timedelta(0))
     assert mccl.pending() is None
     assert not mccl.guard_installed()
 

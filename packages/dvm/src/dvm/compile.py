@@ -36,8 +36,8 @@ class _ReferenceLaunch:
 
 
 class _Reference:
-    """The reference executor in :class:`dvm.vm.Kernel`'s shape (``bind``, then call the bound
-    program with the args): where the C++ VM is not built."""
+    """The reference executor in :class:`dvm.vm.Kernel`'s shape (``bind``, then the bound
+    program's ``call_unchecked`` with the args): where the C++ VM is not built."""
 
     def __init__(self, program: Program, out_dtypes: list[torch.dtype], reduced: list[bool]):
         self.program, self.out_dtypes, self.reduced = program, out_dtypes, reduced

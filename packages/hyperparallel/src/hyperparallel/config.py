@@ -319,14 +319,15 @@ class ConfigError(ValueError):
 
 
 class _Loader(yaml.SafeLoader):
-    """PyYAML's safe loader, reading exponent floats without a dot (``1e-3``, ``3E+4``) as
-    YAML 1.2 does, instead of as strings."""
+    """PyYAML's safe loader, reading every exponent float as YAML 1.2 does (``1e-3``, ``3E+4``,
+    ``1.5e2``, ``.5e3``); PyYAML, reading YAML 1.1, takes one as a string unless it has both a
+    dot and a signed exponent."""
 
 
 _Loader.add_implicit_resolver(
     "tag:yaml.org,2002:float",
-    re.compile(r"^[-+]?[0-9][0-9_]*[eE][-+]?[0-9]+$"),
-    list("-+0123456789"),
+    re.compile(r"^[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9_]+)[eE][-+]?[0-9]+$"),
+    list("-+.0123456789"),
 )
 
 

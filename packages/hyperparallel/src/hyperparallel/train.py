@@ -213,7 +213,14 @@ def train(
                 flush=True,
             )
     end = end_step(step, cfg.run.steps, cfg.run.stop_at)
-    if rank == 0 and cfg.run.stop_at is not None and step >= cfg.run.stop_at:
+    if rank == 0 and step >= cfg.run.steps:
+        print(
+            f"resuming at step {step}: run.steps={cfg.run.steps} is reached, nothing to train "
+            f"(raise run.steps to train on)",
+            file=sys.stderr,
+            flush=True,
+        )
+    elif rank == 0 and cfg.run.stop_at is not None and step >= cfg.run.stop_at:
         print(
             f"resuming at step {step}, at or past run.stop_at={cfg.run.stop_at}: training on "
             f"to run.steps={cfg.run.steps} (set run.stop_at to stop earlier)",

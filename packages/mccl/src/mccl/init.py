@@ -168,8 +168,9 @@ def init_process_group_async(
     global _pending
     given = init_timeout if init_timeout is not None else kwargs.get("timeout")
     limit = DEFAULT_INIT_TIMEOUT_S if given is None else _seconds(given)
-    if limit <= 0:
-        raise ValueError(f"init_timeout must be positive, got {init_timeout!r}")
+    if not limit > 0 or limit == float("inf"):  # NaN fails the first test
+        name = "init_timeout" if init_timeout is not None else "timeout"
+        raise ValueError(f"{name} must be a positive, finite time, got {given!r}")
     with _lock:
         if _pending is not None:
             raise InitPendingError(

@@ -36,7 +36,7 @@ from sci_protenix.triangle import (
 )
 
 M = TypeVar("M", bound=nn.Module)
-log = logging.getLogger(__name__)
+log = logging.getLogger("sci_protenix.boost")  # the logger the README names
 
 _PAIRFORMER = "protenix.model.modules.pairformer"
 _TRIANGULAR = "protenix.model.triangular.triangular"

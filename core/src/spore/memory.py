@@ -356,11 +356,8 @@ class _StorageMeter(TorchDispatchMode):
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
-        inputs = {
-            t.untyped_storage()._cdata: t.untyped_storage().nbytes()
-            for t in tree_leaves((args, kwargs))
-            if self._metered(t)
-        }
+        storages = [t.untyped_storage() for t in tree_leaves((args, kwargs)) if self._metered(t)]
+        inputs = {storage._cdata: storage.nbytes() for storage in storages}
         out = func(*args, **kwargs)
         for value in tree_leaves(out):
             if self._metered(value):

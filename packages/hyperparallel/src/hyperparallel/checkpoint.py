@@ -79,7 +79,8 @@ def complete(output: str | Path) -> list[Path]:
 
 def _recover(root: Path) -> None:
     """Put back a checkpoint a save was replacing when the process died (it had moved the old
-    ``step_N`` to ``.old-step_N`` and not yet renamed the new one into place)."""
+    ``step_N`` to ``.old-step_N`` and not yet renamed the new one into place). A ``root``
+    that does not exist holds nothing to recover."""
     for moved in root.glob(".old-step_*"):
         final = root / moved.name.removeprefix(".old-")
         if not final.exists() and _save_number(moved) is not None:
@@ -101,8 +102,7 @@ def find(path: str | Path) -> Path:
     if STEP_DIR.match(given.name) and (given / "meta.json").is_file():
         return given
     for output in (given, given.parent):
-        if directory(output).is_dir():
-            _recover(directory(output))
+        _recover(directory(output))
         found = complete(output)
         if found:
             return found[-1]
@@ -155,8 +155,7 @@ def save(
     tmp = root / f".tmp-{final.name}"
     with _collectives() as group:
         if rank == 0:
-            if root.is_dir():
-                _recover(root)
+            _recover(root)
             for stale in [*root.glob(".tmp-step_*"), *root.glob(".old-step_*")]:
                 shutil.rmtree(stale, ignore_errors=True)
             tmp.mkdir(parents=True)

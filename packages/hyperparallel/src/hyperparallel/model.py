@@ -79,9 +79,10 @@ def hf_config(model: ModelSection, vocab_size: int) -> Any:
     return AutoConfig.for_model(model.type, **{**given, "vocab_size": vocab_size})
 
 
-def reshaped(model: ModelSection, vocab_size: int) -> list[str]:
+def reshaped(model: ModelSection, config: Any) -> list[str]:
     """The parameters whose shapes ``model.config`` changes over a pretrained model (their
-    weights would not load), as ``"name (saved) -> (asked)"``; empty without overrides."""
+    weights would not load), as ``"name (saved) -> (asked)"``; ``config`` is
+    :func:`hf_config`'s for ``model``. Empty without overrides."""
     from transformers import AutoModelForCausalLM
 
     if not model.pretrained or not merged({}, model.config):
@@ -93,7 +94,7 @@ def reshaped(model: ModelSection, vocab_size: int) -> list[str]:
         return {k: tuple(v.shape) for k, v in built.state_dict().items()}
 
     saved = shapes(_base_config(model))
-    asked = shapes(hf_config(model, vocab_size))
+    asked = shapes(config)
     return [f"{k} {saved.get(k)} -> {v}" for k, v in asked.items() if saved.get(k) != v]
 
 

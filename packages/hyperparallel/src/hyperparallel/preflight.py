@@ -56,10 +56,9 @@ def _model_and_data_problems(sections: Mapping[str, Any], origins: Mapping[str, 
             key = str(exc).split(":", 1)[0]
             problems.append(f"{origins.get(key, 'default')}: {exc}")
         else:
-            if changed := model.reshaped(section, ByteTokenizer().vocab_size):
-                given = (w for k, w in origins.items() if k.startswith("model.config"))
+            if changed := model.reshaped(section, architecture):
                 problems.append(
-                    f"{next(given, 'default')}: model.config: over "
+                    f"{_first_under(origins, 'model.config')}: model.config: over "
                     f"model.pretrained, {len(changed)} parameter(s) would change shape and "
                     f"not load ({', '.join(changed[:3])}{', ...' if len(changed) > 3 else ''}); "
                     f"set only settings that keep the shapes (e.g. dropout)"
@@ -79,12 +78,16 @@ def _model_and_data_problems(sections: Mapping[str, Any], origins: Mapping[str, 
     return problems
 
 
+def _first_under(origins: Mapping[str, str], prefix: str, default: str = "default") -> str:
+    """Where the first key starting with ``prefix`` was set (``default`` when none was)."""
+    return next((where for key, where in origins.items() if key.startswith(prefix)), default)
+
+
 def _optimizer_problems(cfg: Config) -> list[str]:
     """The optimizer and schedule accept their settings (``optim.options`` included): both are
     built once over a two-parameter module, as every rank would build them."""
     probe = torch.nn.Linear(2, 2)
-    given = [where for key, where in cfg.origins.items() if key.startswith("optim.options")]
-    at = given[0] if given else cfg.origins.get("optim.name", "default")
+    at = _first_under(cfg.origins, "optim.options", cfg.origins.get("optim.name", "default"))
     try:
         optimizer = registries.optimizers.get(cfg.optim.name)(probe, cfg.optim)
     except Exception as exc:  # whatever torch or a registered builder raises

@@ -363,3 +363,21 @@ def test_every_problem_is_reported_at_once(tmp_path) -> None:
         f"{path}:4: model.config: llama has no setting hiden_size (did you mean 'hidden_size'?)",
         f"{path}:7: data.path: no file matches 'no/*.txt'",
     ]
+
+
+@pytest.mark.parametrize(
+    ("setting", "why"),
+    [
+        ("model.config.hidden_act=bogus", "KeyError: 'bogus'"),
+        ("model.config.pad_token_id=1000", "Padding_idx must be within num_embeddings"),
+        ("model.type=t5", "Unrecognized configuration class"),
+    ],
+)
+def test_preflight_builds_the_model_not_only_its_config(setting, why) -> None:
+    """transformers takes each of these as a config and fails building the model: preflight
+    builds it on the meta device and reports it (it used to fail in every rank)."""
+    with pytest.raises(config.ConfigError) as info:
+        preflight.resolve(None, [setting], outputs=False)
+    (problem,) = info.value.problems
+    assert problem.startswith(f"--set {setting}: model: transformers cannot build ")
+    assert why in problem

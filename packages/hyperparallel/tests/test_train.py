@@ -311,11 +311,15 @@ def test_failures_in_a_rank_are_reported_once_and_plainly(tmp_path) -> None:
     assert bad_data.stderr.count(f"error: {data_file}:2: invalid JSON") == 1  # both ranks hit it
     assert "Traceback" not in bad_data.stderr
     assert "training failed on rank(s) " in bad_data.stderr
-    # a setting the model's config takes but building the model does not (preflight builds
-    # only the config): an unexpected error in the rank, shown with its traceback
+    # settings transformers builds a model of, whose forward then fails (preflight builds the
+    # model but runs nothing): an unexpected error in the rank, shown with its traceback
     unexpected = run_train(
-        "--output", str(tmp_path / "b"), "--set", "model.config.hidden_act=bogus", check=False
+        "--output",
+        str(tmp_path / "b"),
+        "--set",
+        "model.config.num_key_value_heads=3",
+        check=False,
     )
     assert unexpected.returncode == 1
     assert unexpected.stderr.count("Traceback") == 1  # the rank's own, not the launcher's copy
-    assert "KeyError: 'bogus'" in unexpected.stderr
+    assert "RuntimeError: The size of tensor a (4) must match" in unexpected.stderr

@@ -79,22 +79,22 @@ def hf_config(model: ModelSection, vocab_size: int) -> Any:
     return AutoConfig.for_model(model.type, **{**given, "vocab_size": vocab_size})
 
 
-def reshaped(model: ModelSection, config: Any) -> list[str]:
-    """The parameters whose shapes ``model.config`` changes over a pretrained model (their
-    weights would not load), as ``"name (saved) -> (asked)"``; ``config`` is
-    :func:`hf_config`'s for ``model``. Empty without overrides."""
+def on_meta(config: Any) -> torch.nn.Module:
+    """The causal LM for ``config`` built on the meta device: no memory, no initialisation."""
     from transformers import AutoModelForCausalLM
 
+    with torch.device("meta"):
+        return AutoModelForCausalLM.from_config(config)
+
+
+def reshaped(model: ModelSection, built: torch.nn.Module) -> list[str]:
+    """The parameters whose shapes ``model.config`` changes over a pretrained model (their
+    weights would not load), as ``"name (saved) -> (asked)"``; ``built`` is the model of
+    :func:`hf_config`'s config on the meta device (:func:`on_meta`). Empty without overrides."""
     if not model.pretrained or not merged({}, model.config):
         return []
-
-    def shapes(config: Any) -> dict[str, tuple[int, ...]]:
-        with torch.device("meta"):
-            built = AutoModelForCausalLM.from_config(config)
-        return {k: tuple(v.shape) for k, v in built.state_dict().items()}
-
-    saved = shapes(_base_config(model))
-    asked = shapes(config)
+    saved = {k: tuple(v.shape) for k, v in on_meta(_base_config(model)).state_dict().items()}
+    asked = {k: tuple(v.shape) for k, v in built.state_dict().items()}
     return [f"{k} {saved.get(k)} -> {v}" for k, v in asked.items() if saved.get(k) != v]
 
 

@@ -1,6 +1,6 @@
 """Everything checked before a process starts: the config, the model section (transformers
-can build it), the optimizer and schedule (they accept their settings), the data paths, the
-checkpoint to resume from and the output directory."""
+builds it, on the meta device), the optimizer and schedule (they accept their settings), the
+data paths, the checkpoint to resume from and the output directory."""
 
 from __future__ import annotations
 
@@ -45,7 +45,7 @@ def resolve(
 
 
 def _model_and_data_problems(sections: Mapping[str, Any], origins: Mapping[str, str]) -> list[str]:
-    """transformers builds the model section's config, data.seq_len fits its positions, and
+    """transformers builds the model section's model, data.seq_len fits its positions, and
     data.path's globs match files (for whichever of the two sections is valid)."""
     problems = []
     section, data = sections.get("model"), sections.get("data")
@@ -56,13 +56,7 @@ def _model_and_data_problems(sections: Mapping[str, Any], origins: Mapping[str, 
             key = str(exc).split(":", 1)[0]
             problems.append(f"{origins.get(key, 'default')}: {exc}")
         else:
-            if changed := model.reshaped(section, architecture):
-                problems.append(
-                    f"{_first_under(origins, 'model.config')}: model.config: over "
-                    f"model.pretrained, {len(changed)} parameter(s) would change shape and "
-                    f"not load ({', '.join(changed[:3])}{', ...' if len(changed) > 3 else ''}); "
-                    f"set only settings that keep the shapes (e.g. dropout)"
-                )
+            problems += _build_problems(section, architecture, origins)
             limit = model.max_length(architecture)
             if data is not None and limit is not None and data.seq_len > limit:
                 problems.append(
@@ -76,6 +70,28 @@ def _model_and_data_problems(sections: Mapping[str, Any], origins: Mapping[str, 
                 where = origins.get("data.path", "default")
                 problems.append(f"{where}: data.path: no file matches {pattern!r}")
     return problems
+
+
+def _build_problems(section: Any, architecture: Any, origins: Mapping[str, str]) -> list[str]:
+    """transformers builds the model (on the meta device), it names its decoder layers, and
+    ``model.config`` keeps a pretrained model's parameter shapes."""
+    try:
+        built = model.on_meta(architecture)
+        model.decoder_layers(built)
+    except Exception as exc:  # whatever transformers raises for settings its config took
+        name = section.pretrained or section.type
+        return [
+            f"{_first_under(origins, 'model')}: model: transformers cannot build {name} with "
+            f"these settings ({type(exc).__name__}: {exc})"
+        ]
+    if changed := model.reshaped(section, built):
+        return [
+            f"{_first_under(origins, 'model.config')}: model.config: over "
+            f"model.pretrained, {len(changed)} parameter(s) would change shape and "
+            f"not load ({', '.join(changed[:3])}{', ...' if len(changed) > 3 else ''}); "
+            f"set only settings that keep the shapes (e.g. dropout)"
+        ]
+    return []
 
 
 def _first_under(origins: Mapping[str, str], prefix: str, default: str = "default") -> str:

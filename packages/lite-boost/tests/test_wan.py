@@ -260,6 +260,11 @@ def _two_rank_cases(manager) -> dict:
         got = boost(vae, parallel=manager).decode(z).sample
     result["vae_shapes"] = [list(got.shape), list(want.shape)]
     result["vae"] = diff(got, want)
+    try:  # under grad mode, parameters that require grad would get none, silently
+        boost(vae, parallel=manager).decode(z)
+        result["vae_grad_error"] = None
+    except RuntimeError as exc:
+        result["vae_grad_error"] = str(exc)
     return result
 
 
@@ -284,6 +289,7 @@ def test_two_gloo_ranks_equal_one_process():
         assert r["vae_chunk"] is not None  # this rank decoded a chunk
         assert r["vae_shapes"][0] == r["vae_shapes"][1]
         assert r["vae"] == 0.0  # the overlap covers the decoder's receptive field: bit-exact
+        assert "parallel VAE decode is for inference" in r["vae_grad_error"]
 
 
 def _rank_main(rank: int, world: int, port: int) -> None:

@@ -49,6 +49,8 @@ VAE_CHANGES = (
     "ranks through lite_boost.parallel.decode_temporal_parallel, each chunk starting the "
     "decoder's causal receptive field early (lite_boost.parallel.wan_decoder_overlap: exact, "
     "38 latent frames for Wan 2.1), and all-gathers the frames",
+    "inference only: a parallel decode under grad mode with latents or parameters that "
+    "require grad raises RuntimeError (the frames would carry no gradient)",
     "without parallel (none, or world 1): nothing changes (a previous parallel boost is undone)",
 )
 
@@ -277,6 +279,12 @@ def boost_vae(vae: torch.nn.Module, options: BoostOptions) -> None:
         return full_decode(z, return_dict=False)[0]
 
     def decode(z: torch.Tensor, return_dict: bool = True) -> Any:
+        if torch.is_grad_enabled() and any(p.requires_grad for p in vae.parameters()):
+            raise RuntimeError(
+                "lite-boost's parallel VAE decode is for inference: the decoded frames carry no "
+                "gradient back to the VAE's parameters. Decode under torch.no_grad() or "
+                "torch.inference_mode() (diffusers pipelines do), or boost it without parallel="
+            )
         frames = decode_temporal_parallel(decode_frames, z, manager=manager, overlap=overlap)
         return DecoderOutput(sample=frames) if return_dict else (frames,)
 

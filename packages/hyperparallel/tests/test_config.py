@@ -197,6 +197,16 @@ def test_a_resume_on_another_data_layout_fails_before_any_process_starts(tmp_pat
     (done / "trainer.pt").unlink()
     with pytest.raises(config.ConfigError, match=r"has no readable trainer\.pt"):
         preflight.resolve(None, [*args, "parallel.nproc=2"], resume="latest")
+    # the blocks the data is cut into: a checkpoint that names its seq_len is held to it
+    layout = {"world": 2, "batch_size": 8}
+    torch.save({"sampler": layout, "data": {"seq_len": 64}}, done / "trainer.pt")
+    with pytest.raises(config.ConfigError) as info:
+        preflight.resolve(None, [*args, "parallel.nproc=2"], resume="latest")
+    assert (
+        "--resume: step_00000010 was saved with data.seq_len=64, this run has 128; the data "
+        "order continues only on the same blocks (--set data.seq_len=64)"
+    ) in str(info.value)
+    assert preflight.resolve(None, [*args, "parallel.nproc=2", "data.seq_len=64"], resume="latest")
 
 
 def test_ranges_and_lengths_are_checked_with_every_other_problem(tmp_path) -> None:

@@ -122,6 +122,22 @@ def test_a_resume_from_an_older_checkpoint_continues_its_own_branch(tmp_path) ->
     assert sorted(losses(out)) == list(range(1, 7))
 
 
+def test_a_resume_on_other_data_fails_plainly(tmp_path) -> None:
+    """Documents added since the checkpoint change the blocks the data position counts: the
+    rank refuses with one line, no traceback."""
+    data_file = tmp_path / "data.txt"
+    data_file.write_text("the cat sat on the mat. " * 300)
+    out = tmp_path / "run"
+    args = small_args("run.steps=2", "checkpoint.export=false", f"data.path={data_file}")
+    run_train("--output", str(out), *args, "--set", "run.stop_at=1")
+    data_file.write_text("the dog sat on the log. " * 900)
+    done = run_train("--output", str(out), "--resume", *args, check=False)
+    assert done.returncode == 1
+    assert "Traceback" not in done.stderr
+    assert done.stderr.count("error: --resume step_00000001: the sampler state was saved") == 1
+    assert "num_blocks=" in done.stderr
+
+
 def test_a_resume_of_a_finished_run_says_there_is_nothing_to_train(tmp_path) -> None:
     out = tmp_path / "run"
     args = small_args("run.steps=2", "checkpoint.export=false", "run.stop_at=1")

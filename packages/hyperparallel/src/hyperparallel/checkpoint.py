@@ -1,9 +1,10 @@
 """Checkpoints with torch.distributed.checkpoint, written so a crash never costs the last one.
 
 Layout under ``<output>/checkpoints``: ``step_00000100/`` is complete (DCP shards of model and
-optimizer, ``trainer.pt`` with step, scheduler, data position and per-rank RNG states, and
-``meta.json``); every rank writes into ``.tmp-step_00000100/`` first and rank 0 renames it into
-place after all ranks finished, so a directory named ``step_*`` is always whole. ``meta.json``
+optimizer, ``trainer.pt`` with step, scheduler, data position and seq_len, per-rank RNG
+states, and ``meta.json``); every rank writes into ``.tmp-step_00000100/`` first and rank 0
+renames it into place after all ranks finished, so a directory named ``step_*`` is always
+whole. ``meta.json``
 numbers the saves: "newest" and "oldest" are in the order they were written, not by step, so a
 run resumed from an older checkpoint continues from its own saves, never from the abandoned
 ones with larger steps. Stale temporary directories (a killed save) are removed by the next
@@ -196,12 +197,16 @@ def load(path: Path, state: TrainState) -> dict[str, Any]:
     return torch.load(path / "trainer.pt", weights_only=False)
 
 
-def data_layout(path: Path) -> tuple[int, int] | None:
-    """``(world size, per-rank batch size)`` the checkpoint's data position is valid for; None
-    when its ``trainer.pt`` does not say (missing or unreadable)."""
+def data_layout(path: Path) -> dict[str, int] | None:
+    """What the checkpoint's data position is valid for: ``world`` (ranks) and ``batch_size``
+    (per rank), and ``seq_len`` where it names it (older checkpoints do not); None when its
+    ``trainer.pt`` does not say (missing or unreadable)."""
     try:
-        sampler = torch.load(path / "trainer.pt", weights_only=False)["sampler"]
-        return int(sampler["world"]), int(sampler["batch_size"])
+        saved = torch.load(path / "trainer.pt", weights_only=False)
+        layout = {k: int(saved["sampler"][k]) for k in ("world", "batch_size")}
+        if "seq_len" in saved.get("data", {}):
+            layout["seq_len"] = int(saved["data"]["seq_len"])
+        return layout
     except Exception:  # missing, truncated, or not written by spore train
         return None
 

@@ -127,14 +127,21 @@ def _output_problems(cfg: Config, resume: str | None, world: int) -> list[str]:
         saved = checkpoint.data_layout(path)
         if saved is None:
             return [f"--resume: {path} has no readable trainer.pt (data position, schedule)"]
-        if saved != (world, cfg.data.batch_size):
-            return [
-                f"--resume: {path.name} was saved by {saved[0]} rank(s) of "
-                f"data.batch_size={saved[1]}, this run has {world} of {cfg.data.batch_size}; "
-                f"the data order continues only on the same layout (--nproc {saved[0]} "
-                f"--set data.batch_size={saved[1]})"
-            ]
-        return []
+        problems = []
+        if (saved["world"], saved["batch_size"]) != (world, cfg.data.batch_size):
+            problems.append(
+                f"--resume: {path.name} was saved by {saved['world']} rank(s) of "
+                f"data.batch_size={saved['batch_size']}, this run has {world} of "
+                f"{cfg.data.batch_size}; the data order continues only on the same layout "
+                f"(--nproc {saved['world']} --set data.batch_size={saved['batch_size']})"
+            )
+        if saved.get("seq_len", cfg.data.seq_len) != cfg.data.seq_len:
+            problems.append(
+                f"--resume: {path.name} was saved with data.seq_len={saved['seq_len']}, this run "
+                f"has {cfg.data.seq_len}; the data order continues only on the same blocks "
+                f"(--set data.seq_len={saved['seq_len']})"
+            )
+        return problems
     if earlier := checkpoint.complete(cfg.run.output):
         at = cfg.origins.get("run.output", "default")
         return [

@@ -203,7 +203,10 @@ def train(
         extra = checkpoint.load(path, state)
         step = extra["step"]
         scheduler.load_state_dict(extra["scheduler"])
-        sampler.load_state_dict(extra["sampler"])
+        try:
+            sampler.load_state_dict(extra["sampler"])
+        except ValueError as exc:  # other documents than the checkpoint's
+            raise InputError(f"--resume {path.name}: {exc}") from None
         if rank == 0 and (later := checkpoint.newer_than(output, path)):
             print(
                 f"resuming from {path.name}, older than {', '.join(p.name for p in later)}: "
@@ -279,6 +282,7 @@ def train(
                     "step": step,
                     "scheduler": scheduler.state_dict(),
                     "sampler": sampler.state_dict(),
+                    "data": {"seq_len": cfg.data.seq_len},
                 }
                 outcome.checkpoint = checkpoint.save(
                     output, step, state, extra, keep=cfg.checkpoint.keep

@@ -337,9 +337,10 @@ void block_grads(const typename T::storage* x, typename T::storage* dx, int64_t 
     }
 }
 
-// dx = gm / n + gv * 2 (x - mean) / (n - correction); gm or gv null means zero. With one part
-// per unit each unit's sums and gradients run back to back (a row is still in cache); otherwise
-// all partial sums first, then the gradients.
+// dx = gm / n + gv * 2 (x - mean) / (n - correction); gm or gv null means zero, and a zero gv
+// adds nothing even where n == correction (an unused variance). With one part per unit each
+// unit's sums and gradients run back to back (a row is still in cache); otherwise all partial
+// sums first, then the gradients.
 template <typename T>
 void mean_var_bwd(const void* gmp, const void* gvp, const void* xp, void* dxp, int64_t outer,
                   int64_t n, int64_t inner, int64_t correction, int32_t threads) {
@@ -370,7 +371,8 @@ void mean_var_bwd(const void* gmp, const void* gvp, const void* xp, void* dxp, i
             const int64_t k = o * inner + j0 + j;
             mean[j] = static_cast<float>(sum[j] / static_cast<double>(n));
             a[j] = gm ? T::load(gm[k]) * inv_n : 0.0f;
-            b[j] = gv ? T::load(gv[k]) * twice_inv_dof : 0.0f;
+            const float g = gv ? T::load(gv[k]) : 0.0f;
+            b[j] = g == 0.0f ? 0.0f : g * twice_inv_dof;  // n == correction: 0 * inf is not NaN
         }
         const int64_t at = (o * n + plan.begin(p)) * inner + j0;
         block_grads<T>(x + at, dx + at, plan.length(p), inner, width, a, b, &shift[o * inner + j0],

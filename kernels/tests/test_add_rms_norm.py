@@ -165,6 +165,14 @@ def test_gradient_through_one_output_only(output) -> None:
         torch.testing.assert_close(w.grad.double(), wr.grad, rtol=1e-4, atol=1e-4)
 
 
+def test_backward_of_empty_rows_has_empty_gradients() -> None:
+    x, r, w = (torch.randn(*s, requires_grad=True) for s in ((3, 0), (3, 0), (0,)))
+    y, s = torch.ops.spore.add_rms_norm(x, r, w, 1e-6)
+    (y.sum() + s.sum()).backward()
+    assert x.grad.shape == r.grad.shape == (3, 0)
+    assert w.grad.shape == (0,)
+
+
 def test_compiles_fullgraph_forward_and_backward() -> None:
     x, r, w = _inputs(8, 64, torch.float32, 9)
 

@@ -161,6 +161,17 @@ def test_gradients_match_autograd_of_the_reference_in_float64(affine) -> None:
         torch.testing.assert_close(mine.grad.double(), expected.grad, rtol=1e-4, atol=1e-4)
 
 
+def test_backward_of_empty_rows_matches_f_layer_norm() -> None:
+    """A last dimension of size 0: empty gradients, as F.layer_norm's (the weight's and bias's
+    sums over rows were a reshape that cannot infer its size)."""
+    x, w, b = (torch.randn(*s, requires_grad=True) for s in ((3, 0), (0,), (0,)))
+    torch.ops.spore.layer_norm(x, w, b, 1e-5).sum().backward()
+    xt, wt, bt = (t.detach().clone().requires_grad_() for t in (x, w, b))
+    F.layer_norm(xt, (0,), wt, bt, 1e-5).sum().backward()
+    for ours, theirs in ((x, xt), (w, wt), (b, bt)):
+        assert ours.grad.shape == theirs.grad.shape
+
+
 def test_compiles_fullgraph_forward_and_backward() -> None:
     x, w, b = _inputs(8, 64, torch.float32, 5)
 

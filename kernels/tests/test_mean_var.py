@@ -210,6 +210,27 @@ def test_gradient_through_one_output_only() -> None:
     torch.testing.assert_close(x.grad.double(), expected.grad, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])  # the kernel, the reference
+@pytest.mark.parametrize("compiled", [False, True])
+@pytest.mark.parametrize(("shape", "dim", "correction"), [((4, 2), 1, 2), ((1, 8), 0, 1)])
+def test_the_mean_alone_has_its_gradient_where_the_variance_divides_by_zero(
+    dtype, compiled, shape, dim, correction
+) -> None:
+    """n - correction == 0 makes the variance's gradient scale infinite; the mean used alone
+    still gets 1/n (the unused variance's zero gradient must not turn it into NaN)."""
+    x = _x(shape, torch.float32, 8).to(dtype)
+
+    def mean_only(t):
+        return torch.ops.spore.mean_var(t, dim, correction)[0].sum()
+
+    torch._dynamo.reset()  # a fresh, static compile (a recompile would mark sizes dynamic)
+    leaf = x.clone().requires_grad_()
+    (torch.compile(mean_only, fullgraph=True) if compiled else mean_only)(leaf).backward()
+    expected = x.clone().requires_grad_()
+    torch.var_mean(expected, dim, correction=correction)[1].sum().backward()
+    torch.testing.assert_close(leaf.grad, expected.grad)
+
+
 def test_compiles_fullgraph_forward_and_backward() -> None:
     x = _x((8, 64), torch.float32, 7)
 

@@ -96,6 +96,17 @@ def test_gradients_match_autograd_of_the_reference_in_float64() -> None:
     torch.testing.assert_close(w32.grad.double(), wr.grad, rtol=1e-4, atol=1e-4)
 
 
+def test_backward_of_empty_rows_matches_torch() -> None:
+    """A last dimension of size 0: empty gradients, as F.rms_norm's (the weight's sum over
+    rows was a reshape that cannot infer its size)."""
+    x, w = (torch.randn(3, 0, requires_grad=True), torch.randn(0, requires_grad=True))
+    torch.ops.spore.rms_norm(x, w, 1e-6).sum().backward()
+    xt, wt = (t.detach().clone().requires_grad_() for t in (x, w))
+    torch.nn.functional.rms_norm(xt, (0,), wt, 1e-6).sum().backward()
+    assert x.grad.shape == xt.grad.shape == (3, 0)
+    assert w.grad.shape == wt.grad.shape == (0,)
+
+
 def test_compiles_fullgraph() -> None:
     x, w = _pair(8, 64, torch.float32, 6)
     compiled = torch.compile(lambda a, b: torch.ops.spore.rms_norm(a, b, 1e-6) * 2, fullgraph=True)

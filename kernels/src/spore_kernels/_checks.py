@@ -1,8 +1,11 @@
 """What the ops and every kernel layer (C++ CPU, Triton CUDA, torch_npu) share: the input errors
-references raise, the readiness check a kernel's ``supports`` predicate starts from, and the
-priority every kernel is registered with."""
+references raise, the readiness check a kernel's ``supports`` predicate starts from, the
+column sums of the norms' backward references, and the priority every kernel is registered
+with."""
 
 from __future__ import annotations
+
+import math
 
 import torch
 
@@ -51,6 +54,11 @@ def ready(*tensors: torch.Tensor, device_type: str | None = None) -> bool:
     return (device_type is None or device.type == device_type) and all(
         t.dtype == dtype and t.device == device and t.is_contiguous() for t in tensors
     )
+
+
+def column_sums(t: torch.Tensor) -> torch.Tensor:
+    """``t`` summed over every dimension but the last (also when that one is empty)."""
+    return t.reshape(math.prod(t.shape[:-1]), t.shape[-1]).sum(0)
 
 
 def rows_cols(x: torch.Tensor) -> tuple[int, int]:

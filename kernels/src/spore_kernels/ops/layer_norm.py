@@ -78,9 +78,8 @@ def reference_backward(
     xhat = centred * rstd
     gw = gf if weight is None else gf * weight.to(compute)
     dx = rstd * (gw - gw.mean(-1, keepdim=True) - xhat * (gw * xhat).mean(-1, keepdim=True))
-    cols = x.shape[-1]
-    dw = None if weight is None else (gf * xhat).reshape(-1, cols).sum(0).to(weight.dtype)
-    db = None if bias is None else gf.reshape(-1, cols).sum(0).to(bias.dtype)
+    dw = None if weight is None else _checks.column_sums(gf * xhat).to(weight.dtype)
+    db = None if bias is None else _checks.column_sums(gf).to(bias.dtype)
     return dx.to(x.dtype).contiguous(), dw, db
 
 

@@ -67,7 +67,8 @@ def reference_backward(
     dim: int,
     correction: int,
 ) -> torch.Tensor:
-    """The closed form: dx = grad_mean / n + grad_var * 2 (x - mean) / (n - correction)."""
+    """The closed form: dx = grad_mean / n + grad_var * 2 (x - mean) / (n - correction); where
+    n == correction a zero grad_var (an unused variance, as compiled graphs pass it) adds 0."""
     compute = _checks.compute_dtype(x)
     dx = torch.zeros_like(x, dtype=compute)
     if x.numel() == 0:
@@ -82,8 +83,10 @@ def reference_backward(
         dx = dx + spread(grad_mean) / n
     if grad_var is not None:
         dof = n - correction
-        scale = 2.0 / dof if dof else math.inf
-        dx = dx + spread(grad_var) * scale * (xf - xf.mean(dim, keepdim=True))
+        coef = spread(grad_var) * (2.0 / dof if dof else math.inf)
+        if not dof:  # 0 * inf: a zero gradient (the variance unused) adds nothing, not NaN
+            coef = torch.where(spread(grad_var) == 0, 0.0, coef)
+        dx = dx + coef * (xf - xf.mean(dim, keepdim=True))
     return dx.to(x.dtype)
 
 
@@ -163,6 +166,7 @@ def _fake_backward(
 
 def _setup_context(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
     x, dim, correction = inputs
+    ctx.set_materialize_grads(False)  # an unused output's gradient stays None, not zeros
     ctx.save_for_backward(x)
     ctx.dim, ctx.correction = dim, correction
 

@@ -51,7 +51,7 @@ def gradients(
     xhat = xf * rstd
     gw = gf * wf
     dx = rstd * (gw - xhat * (gw * xhat).mean(-1, keepdim=True))
-    dw = (gf * xhat).reshape(-1, x.shape[-1]).sum(0)
+    dw = _checks.column_sums(gf * xhat)
     return dx, dw
 
 

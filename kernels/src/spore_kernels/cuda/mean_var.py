@@ -2,7 +2,8 @@
 per (outer index, block of inner columns) looping over n. Forward: two passes in fp32 (the mean,
 then the squared deviations from it), each output rounded once; the divisor is
 max(n - correction, 0) as in torch. Backward: dx = grad_mean / n + grad_var * 2 (x - mean) /
-(n - correction) with the mean recomputed in fp32, as the reference."""
+(n - correction) with the mean recomputed in fp32 (a zero grad_var adding nothing), as the
+reference."""
 
 from __future__ import annotations
 
@@ -68,7 +69,8 @@ def _mean_var_bwd(
     if HAS_GM:
         gm_n = tl.load(GM + out, mask=col_mask, other=0.0).to(tl.float32) / n
     if HAS_GV:
-        gv_scaled = tl.load(GV + out, mask=col_mask, other=0.0).to(tl.float32) * scale
+        gv = tl.load(GV + out, mask=col_mask, other=0.0).to(tl.float32)
+        gv_scaled = tl.where(gv == 0.0, 0.0, gv * scale)  # n == correction: 0 * inf is not NaN
         acc = tl.zeros([BN, BI], dtype=tl.float32)
         for start in range(0, n, BN):
             rows = (start + tl.arange(0, BN)).to(tl.int64)

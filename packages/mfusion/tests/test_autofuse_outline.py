@@ -5,7 +5,6 @@ Python registration API and the pass with no compiler."""
 from __future__ import annotations
 
 import logging
-import sys
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -16,8 +15,6 @@ from torch.fx.experimental.proxy_tensor import make_fx
 from mfusion.autofuse import fuse, region_compilers, register_region_compiler
 from mfusion.autofuse.eager import EagerRegionCompiler
 from mfusion.passes.autofuse import AutoFuse
-from spore import childproc
-from spore.testing import clean_environ
 
 REGION = "mfusion_regions."
 
@@ -275,20 +272,28 @@ def test_the_pass_version_names_the_compilers(no_plugins: Any) -> None:
     assert AutoFuse().version == "1"
 
 
-def test_the_pass_version_differs_in_another_process(no_plugins: Any, tmp_path: Any) -> None:
-    code = (
-        "from mfusion.autofuse import register_region_compiler\n"
-        "from mfusion.autofuse.eager import EagerRegionCompiler\n"
-        "from mfusion.passes.autofuse import AutoFuse\n"
-        "register_region_compiler(EagerRegionCompiler('a'))\n"
-        "print(AutoFuse().version)\n"
-    )
-    env = clean_environ({"SPORE_PLUGINS": "mfusion"})
-    run = [sys.executable, "-c", code]
-    first, second = (childproc.run(run, env=env, cwd=tmp_path, timeout=120) for _ in range(2))
-    # a compiled region lives in its process: the FX graph cache must not hand it to another
-    assert first.stdout.startswith("1+")
-    assert first.stdout != second.stdout
+def test_an_active_compiler_keeps_graphs_the_pass_can_change_from_the_cache(
+    no_plugins: Any, monkeypatch: Any
+) -> None:
+    """A compiled region lives in its process: where the pass can run, its uuid() is None
+    (Inductor bypasses its FX graph cache); where it cannot, the key is the version."""
+    from mfusion import selection
+
+    monkeypatch.delenv(selection.ENV, raising=False)
+    monkeypatch.delenv(selection.CPU_ENV, raising=False)
+    switched = selection.Switched(AutoFuse())  # as the plugin registers it
+    assert AutoFuse().uuid() == "1"
+    assert switched.uuid() == switched.version
+    with register_region_compiler(EagerRegionCompiler("a")):
+        assert AutoFuse().uuid() is None
+        if not torch.accelerator.is_available():  # CPU graphs only: left alone unless forced
+            assert switched.uuid() == switched.version
+        selection.enable_passes("autofuse")
+        assert switched.uuid() is None
+        selection.disable_passes("autofuse")
+        assert switched.version.endswith("+off")
+        assert switched.uuid() == switched.version
+    selection.reset()
 
 
 def test_the_pass_outlines_with_a_registered_compiler(no_plugins: Any) -> None:

@@ -118,8 +118,13 @@ CHILD = textwrap.dedent(
     def gated_mlp(x, gate, up):
         return F.silu(x @ gate) * (x @ up)
 
-    if sys.argv[1:] == ["off"]:
+    if "off" in sys.argv[1:]:
         mfusion.disable_passes("silu_mul")
+    if "compiler" in sys.argv[1:]:  # a region compiler active, as dvm's when installed
+        from mfusion.autofuse import register_region_compiler
+        from mfusion.autofuse.eager import EagerRegionCompiler
+
+        register_region_compiler(EagerRegionCompiler("child"))
     g = torch.Generator().manual_seed(0)
     args = [torch.randn(s, generator=g) for s in ((8, 16), (16, 32), (16, 32))]
     out = torch.compile(gated_mlp, backend="spore")(*args)
@@ -127,6 +132,7 @@ CHILD = textwrap.dedent(
     print(json.dumps({
         "hit": counters["inductor"]["fxgraph_cache_hit"],
         "miss": counters["inductor"]["fxgraph_cache_miss"],
+        "bypass": counters["inductor"]["fxgraph_cache_bypass"],
         "silu_mul": passes.stats().get("mfusion.silu_mul"),
     }))
     """
@@ -136,17 +142,36 @@ CHILD = textwrap.dedent(
 def test_a_fresh_process_hits_the_cache_and_a_switched_off_pass_misses(
     inductor_cache: str,
 ) -> None:
-    # mfusion alone: an active region compiler (dvm's) makes autofuse's version per process,
-    # so with one installed a fresh process misses by design
+    # mfusion alone (without a region compiler: see the next test)
     env = clean_environ({"TORCHINDUCTOR_CACHE_DIR": inductor_cache, "SPORE_PLUGINS": "mfusion"})
     env.pop(selection.ENV, None)
     env["TORCHINDUCTOR_FX_GRAPH_CACHE"] = "1"
     plain = [sys.executable, "-c", CHILD]
     first = childproc.run_json(plain, env=env, timeout=CHILD_TIMEOUT_S)
-    assert first == {"hit": 0, "miss": 1, "silu_mul": 1}
+    assert first == {"hit": 0, "miss": 1, "bypass": 0, "silu_mul": 1}
     again, off = childproc.run_json_all([plain, [*plain, "off"]], env=env, timeout=CHILD_TIMEOUT_S)
-    assert again == {"hit": 1, "miss": 0, "silu_mul": None}, "a hit runs no pass"
-    assert off == {"hit": 0, "miss": 1, "silu_mul": 0}
+    assert again == {"hit": 1, "miss": 0, "bypass": 0, "silu_mul": None}, "a hit runs no pass"
+    assert off == {"hit": 0, "miss": 1, "bypass": 0, "silu_mul": 0}
+
+
+def test_an_active_region_compiler_bypasses_the_cache_only_where_autofuse_runs(
+    inductor_cache: str,
+) -> None:
+    """Outlined regions are ops of their process only. On CPU graphs autofuse runs only when
+    forced: otherwise a fresh process with a compiler active still hits the cache."""
+    env = clean_environ({"TORCHINDUCTOR_CACHE_DIR": inductor_cache, "SPORE_PLUGINS": "mfusion"})
+    env.pop(selection.ENV, None)
+    env.pop(selection.CPU_ENV, None)
+    env["TORCHINDUCTOR_FX_GRAPH_CACHE"] = "1"
+    child = [sys.executable, "-c", CHILD, "compiler"]
+    first = childproc.run_json(child, env=env, timeout=CHILD_TIMEOUT_S)
+    assert first == {"hit": 0, "miss": 1, "bypass": 0, "silu_mul": 1}
+    forced = {**env, selection.CPU_ENV: "autofuse"}
+    again = childproc.run_json(child, env=env, timeout=CHILD_TIMEOUT_S)
+    outlined = childproc.run_json(child, env=forced, timeout=CHILD_TIMEOUT_S)
+    assert again == {"hit": 1, "miss": 0, "bypass": 0, "silu_mul": None}
+    assert outlined["hit"] == 0
+    assert outlined["bypass"] == 1
 
 
 class UserPass(CustomGraphPass):

@@ -75,6 +75,16 @@ def test_api_overrides_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     assert mfusion.disabled_passes() == []
 
 
+def test_a_later_enable_wins_over_disabling_all() -> None:
+    name, other = mfusion.pass_names()[:2]
+    mfusion.disable_passes("all")
+    mfusion.enable_passes(name)
+    assert mfusion.is_enabled(name)
+    assert not mfusion.is_enabled(other)
+    assert name not in mfusion.disabled_passes()
+    assert other in mfusion.disabled_passes()
+
+
 def test_unknown_name_in_api_is_an_error() -> None:
     with pytest.raises(ValueError, match=r"unknown mfusion pass 'ropee'.*the passes are"):
         mfusion.disable_passes("ropee")

@@ -85,6 +85,9 @@ def enable_passes(*names: str) -> None:
             _off.clear()
             _on.update({ALL, *known_names()})
             return
+        if ALL in _off:  # "all" off, less these: every other pass by name
+            _off.discard(ALL)
+            _off.update(known_names())
         _off.difference_update(wanted)
         _on.update(wanted)
 
@@ -156,6 +159,19 @@ class Switched:
         if not is_enabled(self.name):
             return f"{base}+off"
         return base if self.on_cpu or not forced_on_cpu(self.name) else f"{base}+cpu"
+
+    def uuid(self) -> Any:
+        """The pass's own ``uuid()`` where it can change a graph in this process, else the
+        version: an off pass changes nothing, nor does one that leaves CPU graphs alone in a
+        process without an accelerator (so its ``uuid()`` cannot keep such graphs from the
+        FX graph cache)."""
+        own = getattr(self.pass_, "uuid", None)
+        import torch
+
+        runs_here = is_enabled(self.name) and (
+            self.on_cpu or forced_on_cpu(self.name) or torch.accelerator.is_available()
+        )
+        return own() if callable(own) and runs_here else self.version
 
     def __call__(self, gm: Any) -> int:
         if not is_enabled(self.name):

@@ -1,21 +1,20 @@
 """Automatic fusion as a post-grad pass: the long tail goes to the active region compilers.
 
 It runs last among mfusion's passes (lowest priority), on what the hand-written passes left.
-With no region compiler active it changes nothing. Its version names the active compilers
-(and this process, since compiled regions live only in it), so Inductor's FX graph cache
-never serves a graph outlined for other compilers or by another process.
+With no region compiler active it changes nothing. Its version names the active compilers;
+while one is active its ``uuid()`` is ``None``, so Inductor's FX graph cache is bypassed where
+the pass can run: the regions it outlines are ops of this process only, which a cached graph
+in another process could not call.
 """
 
 from __future__ import annotations
 
 import hashlib
-import uuid
 from typing import Any
 
 from spore.graph_passes import GraphPass
 
 BASE_VERSION = "1"
-_PROCESS = uuid.uuid4().hex
 
 
 class AutoFuse(GraphPass):
@@ -31,8 +30,15 @@ class AutoFuse(GraphPass):
         compilers = region_compilers()
         if not compilers:
             return BASE_VERSION
-        names = "\n".join([_PROCESS, *(identity(c) for c in compilers)])
+        names = "\n".join(identity(c) for c in compilers)
         return f"{BASE_VERSION}+{hashlib.sha256(names.encode()).hexdigest()[:12]}"
+
+    def uuid(self) -> str | None:
+        """``None`` (Inductor then bypasses its FX graph cache) while a region compiler is
+        active, else the version."""
+        from mfusion.autofuse.registry import region_compilers
+
+        return None if region_compilers() else self.version
 
     def __call__(self, gm: Any) -> int:
         from mfusion.autofuse import fuse, region_compilers

@@ -63,6 +63,21 @@ def test_equals_the_direct_form(chunk_size, batch) -> None:
     torch.testing.assert_close(mean, expected.mean(), rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("chunk_size", [None, 64])
+def test_16_bit_coordinates_are_scored_in_float32(dtype, chunk_size) -> None:
+    """Millions of included pairs: a 16-bit count overflows fp16 (NaN) and a 16-bit running
+    sum loses bf16 chunks; the loss of the rounded coordinates is the float64 one, rounded once."""
+    g = torch.Generator().manual_seed(4)
+    true = (torch.rand(3000, 3, generator=g) * 40).to(dtype)
+    pred = (true.float() + torch.randn(3000, 3, generator=g) * 1.5).to(dtype)
+    no = torch.zeros(3000, dtype=torch.bool)
+    expected = direct_loss(pred.double(), true.double(), no, ~no)
+    got = smooth_lddt_loss(pred, true, chunk_size=chunk_size)
+    assert got.dtype == dtype
+    assert abs(got.double() - expected) <= torch.finfo(dtype).eps * expected
+
+
 def test_defaults_are_all_protein_all_present() -> None:
     pred, true, _, _ = structure((2,), 19, seed=1)
     expected = direct_loss(pred, true, torch.zeros(19, dtype=torch.bool), torch.ones(19))

@@ -6,7 +6,9 @@ belongs to a nucleotide) and that both have coordinates, the score of the pair i
 its mean over the included pairs and the loss ``1 - LDDT``. With ``chunk_size`` the pair
 distances are built ``chunk_size`` rows at a time; under autograd each chunk is recomputed in
 backward (``torch.utils.checkpoint``), so neither pass holds more than one chunk's
-``[chunk_size, N]`` pair tensors.
+``[chunk_size, N]`` pair tensors. 16-bit coordinates are scored in float32 (a running sum of
+millions of pairs overflows fp16 and drops bf16 chunks), and the loss is rounded once to their
+dtype.
 """
 
 from __future__ import annotations
@@ -46,8 +48,10 @@ def smooth_lddt_loss(
     )
     mask = torch.ones(n, dtype=torch.bool, device=dev) if coord_mask is None else coord_mask
     radius = torch.where(nucleotide.bool(), NUCLEOTIDE_RADIUS, PROTEIN_RADIUS)
-    pred = pred_coords.expand(*batch, n, 3)
-    true = true_coords.expand(*batch, n, 3)
+    dtype = torch.promote_types(pred_coords.dtype, true_coords.dtype)
+    compute = torch.promote_types(dtype, torch.float32)  # 16-bit sums lose chunks, overflow
+    pred = pred_coords.to(compute).expand(*batch, n, 3)
+    true = true_coords.to(compute).expand(*batch, n, 3)
     radius = radius.to(true.dtype).expand(*batch, n)
     mask = mask.bool().expand(*batch, n)
     size = n if chunk_size is None else min(chunk_size, n)
@@ -74,7 +78,7 @@ def smooth_lddt_loss(
         count = count + included
     lddt = score / (count + eps)
     loss = 1 - lddt
-    return loss.mean() if reduction == "mean" else loss
+    return (loss.mean() if reduction == "mean" else loss).to(dtype)
 
 
 def _rows(

@@ -57,6 +57,18 @@ def test_a_rank_master_waiting_for_peers_says_so(ranks) -> None:
     assert "accepts connections, so a peer has not joined yet" in r["message"]
 
 
+def test_a_retry_after_a_timeout_says_the_first_init_still_runs(ranks) -> None:
+    (r,), _ = ranks("retry_after_timeout", 2, ranks=[1], timeout=2.0)
+    assert "timed out after 2.0s but is still running in torch" in r["retry"]
+    assert "pass timeout= to bound torch's own wait" in r["retry"]
+    assert "mccl.pending().wait()" not in r["retry"]  # that wait would raise at once
+
+
+def test_rank_and_world_size_given_need_no_environment(ranks) -> None:
+    (r,), _ = ranks("bad_rank_env", 1)
+    assert r["handle"] == "<mccl.InitHandle gloo rank 0/1 done>"
+
+
 def test_exception_inside_init_surfaces_at_wait(ranks) -> None:
     (r,), _ = ranks("init_error", 1)
     assert r["message"].startswith("background init_process_group failed (backend gloo")

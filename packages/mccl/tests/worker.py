@@ -5,6 +5,7 @@ Prints one JSON line with what the rank observed.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
@@ -104,6 +105,26 @@ def absent_peer() -> dict:
     return {"error": None}
 
 
+def retry_after_timeout() -> dict:
+    """A second init after the first timed out (its rendezvous still running in torch)."""
+    handle = start()
+    with contextlib.suppress(mccl.InitTimeoutError):
+        handle.wait()
+    try:
+        start()
+    except mccl.InitPendingError as exc:
+        return {"retry": str(exc)}
+    return {"retry": None}
+
+
+def bad_rank_env() -> dict:
+    """An unusable RANK/WORLD_SIZE in the environment while rank= and world_size= are given."""
+    os.environ["RANK"] = os.environ["WORLD_SIZE"] = ""
+    handle = start()
+    handle.wait()
+    return {"handle": repr(handle)}
+
+
 def init_error() -> dict:
     handle = start(init_method="nosuchscheme://x")
     try:
@@ -154,6 +175,8 @@ SCENARIOS = {
         fsdp,
         dcp,
         absent_peer,
+        retry_after_timeout,
+        bad_rank_env,
         init_error,
         double_init,
         destroy_pending,

@@ -45,6 +45,14 @@ class InitPendingError(RuntimeError):
     """A second background init was started while one is pending."""
 
 
+def _env_int(name: str) -> int:
+    """The environment's integer ``name``, -1 when unset or not an integer (for messages)."""
+    try:
+        return int(os.environ.get(name, -1))
+    except ValueError:
+        return -1
+
+
 def _seconds(value: float | timedelta | None) -> float | None:
     if value is None:
         return None
@@ -56,8 +64,8 @@ class InitHandle:
 
     def __init__(self, backend: str | None, kwargs: dict[str, Any], init_timeout: float) -> None:
         self.backend = backend or "default"
-        self.rank = kwargs.get("rank", int(os.environ.get("RANK", -1)))
-        self.world_size = kwargs.get("world_size", int(os.environ.get("WORLD_SIZE", -1)))
+        self.rank = kwargs["rank"] if "rank" in kwargs else _env_int("RANK")
+        self.world_size = kwargs["world_size"] if "world_size" in kwargs else _env_int("WORLD_SIZE")
         self.address = rendezvous.address(kwargs)
         self.init_timeout = init_timeout
         self.started = time.monotonic()
@@ -110,6 +118,21 @@ class InitHandle:
         return (
             f"process group not ready after {waited:.1f}s (init timeout "
             f"{self.init_timeout:.1f}s; {self._where()})" + (f": {hint}" if hint else "")
+        )
+
+    def _pending_message(self) -> str:
+        """Why another init cannot start while this one runs, and what to do."""
+        if time.monotonic() < self.started + self.init_timeout:
+            return (
+                f"a background process-group init is already pending ({self!r}); wait for it "
+                f"with mccl.pending().wait() before starting another"
+            )
+        return (
+            f"a background process-group init ({self!r}) timed out after "
+            f"{self.init_timeout:.1f}s but is still running in torch, which cannot cancel it "
+            f"(it ends at torch's own timeout, and may still succeed if a peer joins: "
+            f"handle.done()); restart the process to try again, and pass timeout= to bound "
+            f"torch's own wait"
         )
 
     def _run(self) -> None:
@@ -173,10 +196,7 @@ def init_process_group_async(
         raise ValueError(f"{name} must be a positive, finite time, got {given!r}")
     with _lock:
         if _pending is not None:
-            raise InitPendingError(
-                f"a background process-group init is already pending ({_pending!r}); wait for "
-                f"it with mccl.pending().wait() before starting another"
-            )
+            raise InitPendingError(_pending._pending_message())
         if _ORIGINAL.fget(c10d._world) is not None:
             raise InitFailedError(
                 "the default process group is already initialized; call "

@@ -135,8 +135,8 @@ def test_bench_reports_ratios(run_spore) -> None:
 def test_bench_list_filter_and_errors(run_spore) -> None:
     listed = run_spore("bench", "--list", plugins=("healthy", "dup_a"))
     assert listed.stdout.splitlines() == [
-        "core:allocator-mlp (vs glibc malloc defaults (child process))",
-        "core:allocator-rmsnorm (vs glibc malloc defaults (child process))",
+        "core:allocator-mlp (vs glibc malloc defaults (child process); self-timed)",
+        "core:allocator-rmsnorm (vs glibc malloc defaults (child process); self-timed)",
         "core:dispatch-mode-overhead (vs 100 small eager adds, no mode)",
         "core:fallback-tensor-overhead (vs 100 small eager adds on a plain tensor)",
         "core:offload-disk-mlp-step (vs MLP block 8192x256->2048 fwd+bwd, activations in memory)",
@@ -144,6 +144,11 @@ def test_bench_list_filter_and_errors(run_spore) -> None:
         "dup-a:shared (vs nothing)",
         "healthy:sleep (vs sleep 20 ms)",
     ]
+    rows = json.loads(run_spore("bench", "--list", "--json", plugins=("healthy",)).stdout)
+    assert {r["name"]: r["self_timed"] for r in rows}["allocator-mlp"] is True
+    assert {r["name"]: r["self_timed"] for r in rows}["sleep"] is False
+    helped = run_spore("bench", "--help", plugins=("healthy",)).stdout
+    assert "Self-timed cases (marked in --list)" in " ".join(helped.split())
     none = run_spore("bench", "-k", "zzz", plugins=("healthy",))
     assert none.returncode == 1
     assert "no benchmark cases match and filter 'zzz'" in none.stderr

@@ -32,7 +32,10 @@ def format_time(seconds: float | None) -> str:
     default=0.05,
     show_default=True,
     type=click.FloatRange(min=0),
-    help="Seconds each timed sample lasts at least (calls are looped to reach it).",
+    help=(
+        "Seconds each timed sample lasts at least (calls are looped to reach it). Self-timed "
+        "cases (marked in --list) time themselves, one call a sample, and ignore it."
+    ),
 )
 @click.option("-k", "--filter", "pattern", default="", help="Only cases whose name contains this.")
 @click.option("--list", "list_only", is_flag=True, help="List the cases without running them.")
@@ -68,13 +71,20 @@ def bench_cmd(
     cases.sort(key=lambda e: (e.owner, e.name))
     if list_only:
         rows = [
-            {"name": e.name, "plugin": e.owner, "baseline": e.value.baseline_label} for e in cases
+            {
+                "name": e.name,
+                "plugin": e.owner,
+                "baseline": e.value.baseline_label,
+                "self_timed": e.value.self_timed,
+            }
+            for e in cases
         ]
         if as_json:
             echo_json(rows)
         else:
             for row in rows:
-                click.echo(f"{row['plugin']}:{row['name']} (vs {row['baseline']})")
+                timed = "; self-timed" if row["self_timed"] else ""
+                click.echo(f"{row['plugin']}:{row['name']} (vs {row['baseline']}{timed})")
         return
     if not cases:
         raise click.ClickException(

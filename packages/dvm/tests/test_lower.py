@@ -530,6 +530,21 @@ def test_var_mean_over_no_dims_is_over_every_dim(dims):
         torch.testing.assert_close(g, w)
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("dim", [0, 1])  # over dim 0 the reductions stay eager aten
+def test_var_mean_of_16_bit_inputs_accumulates_in_float32(dtype, dim):
+    """Eager's var_mean centres on an fp32 mean and sums in fp32: so does the decomposition,
+    also where its reductions run eagerly (16-bit there lost 7-30x eager's accuracy)."""
+    x = (200 + 0.5 * torch.randn(256, 8, generator=torch.Generator().manual_seed(0))).to(dtype)
+    x = x if dim == 0 else x.T.contiguous()
+    gm = make_fx(lambda t: torch.var_mean(t, dim), decomposition_table=decomposition_table())(x)
+    got = compile_graph(gm, [x], min_ops=1)(x)
+    want = torch.var_mean(x.float(), dim)
+    for g, w in zip(got, want, strict=True):
+        assert g.dtype == dtype
+        torch.testing.assert_close(g, w.to(dtype), atol=0, rtol=0)
+
+
 def test_relu_and_clamp_keep_a_signed_zero_as_eager():
     """relu(-0.0) and clamp(-0.0, min=0) are -0.0 in eager (x kept on a tie): seen in 1 / y."""
     x = torch.tensor([[-0.0, 0.0, -1.0, 2.0, float("nan"), -0.0, 0.0, 0.5]])

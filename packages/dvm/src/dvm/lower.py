@@ -895,16 +895,20 @@ def _name(target: Any) -> str:
 
 
 def _var_mean(x: torch.Tensor, dim=None, *, correction=None, keepdim: bool = False):
+    """16-bit ``x`` in float32, as eager's kernel accumulates (also where the reductions stay
+    eager aten, over a dim other than the last), each result rounded once."""
     dims = list(dim) if dim else list(range(x.dim()))  # None or []: every dim, as eager
     n = 1
     for d in dims:
         n *= x.shape[d]
-    mean = torch.mean(x, dims, keepdim=True)
-    centred = x - mean
+    wide = x.float() if x.dtype in (torch.bfloat16, torch.float16) else x
+    mean = torch.mean(wide, dims, keepdim=True)
+    centred = wide - mean
     var = torch.sum(centred * centred, dims, keepdim=keepdim) / max(
         n - (1 if correction is None else correction), 0
     )
-    return var, (mean if keepdim else torch.squeeze(mean, dims))
+    mean = mean if keepdim else torch.squeeze(mean, dims)
+    return var.to(x.dtype), mean.to(x.dtype)
 
 
 _LAYER_NORM_WHOLE = (

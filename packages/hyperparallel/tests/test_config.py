@@ -125,6 +125,74 @@ def test_preflight_checks_model_data_and_resume(tmp_path) -> None:
         preflight.resolve(None, ["model.type=lama"])
 
 
+def _checkpoint(output, step: int) -> None:
+    """A checkpoint preflight takes as complete: meta.json and a one-rank trainer.pt."""
+    done = output / "checkpoints" / f"step_{step:08d}"
+    done.mkdir(parents=True)
+    (done / "meta.json").write_text(f'{{"step": {step}, "save": 1}}')
+    torch.save({"sampler": {"world": 1, "batch_size": 16}}, done / "trainer.pt")
+
+
+def test_a_resume_never_writes_over_another_run(tmp_path) -> None:
+    """--resume of run a's checkpoint with --output b, which holds b's own checkpoints, would
+    overwrite b's saves, metrics and export: refused, as for a new run."""
+    a, b = tmp_path / "a", tmp_path / "b"
+    _checkpoint(a, 3)
+    _checkpoint(b, 4)
+    with pytest.raises(config.ConfigError) as info:
+        preflight.resolve(None, [f"run.output={b}"], resume=str(a / "checkpoints/step_00000003"))
+    assert (
+        f"--set run.output={b}: run.output {b} already holds checkpoints of another run "
+        f"(newest step_00000004), and --resume continues step_00000003 of {a}"
+    ) in str(info.value)
+    assert preflight.resolve(None, [f"run.output={b}"], resume="latest")  # its own: fine
+    assert preflight.resolve(None, [f"run.output={tmp_path / 'c'}"], resume=str(a))  # empty
+
+
+def test_a_resume_with_other_model_shapes_fails_before_any_process_starts(tmp_path) -> None:
+    """DCP's metadata holds the saved parameters' shapes: a model.config that changes them
+    (the load would fail in every rank) is refused in preflight."""
+    import torch.distributed.checkpoint as dcp
+
+    out = tmp_path / "out"
+    _checkpoint(out, 2)
+    saved = {"model.embed_tokens.weight": torch.zeros(259, 64)}
+    dcp.save({"train": {"model": saved}}, checkpoint_id=str(out / "checkpoints/step_00000002"))
+    args = [f"run.output={out}"]
+    with pytest.raises(config.ConfigError) as info:
+        preflight.resolve(None, [*args, "model.config.hidden_size=128"], resume="latest")
+    assert (
+        "--set model.config.hidden_size=128: --resume: step_00000002 holds a model of other "
+        "shapes (model.embed_tokens.weight (259, 64) -> (259, 128))"
+    ) in str(info.value)
+    assert preflight.resolve(None, [*args, "model.config.hidden_size=64"], resume="latest")
+
+
+def test_a_home_relative_output_is_expanded(tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("HOME", str(tmp_path))
+    cfg = preflight.resolve(None, ["run.output=~/runs/x"], outputs=False)
+    assert cfg.run.output == str(tmp_path / "runs" / "x")
+
+
+def test_a_device_or_backend_this_machine_lacks_is_a_config_error() -> None:
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA: the settings below are valid here")
+    with pytest.raises(config.ConfigError) as info:
+        preflight.resolve(None, ["parallel.device=cuda"], outputs=False)
+    assert "--set parallel.device=cuda: parallel.device=cuda, but torch finds no CUDA device" in (
+        str(info.value)
+    )
+    with pytest.raises(config.ConfigError) as info:
+        preflight.resolve(None, ["parallel.backend=nccl"], outputs=False)
+    assert "--set parallel.backend=nccl: parallel.backend=nccl runs on CUDA" in str(info.value)
+
+
+def test_a_misspelt_model_setting_names_where_it_was_set() -> None:
+    with pytest.raises(config.ConfigError) as info:
+        preflight.resolve(None, ["model.config.hiden_size=8"], outputs=False)
+    assert str(info.value).count("--set model.config.hiden_size=8: model.config: llama has") == 1
+
+
 def test_a_bad_config_fails_fast_with_one_message_and_starts_nothing(tmp_path, run_spore) -> None:
     path = _write(tmp_path, "parallel:\n  nproc: 2\n  replicate: 3\n")
     output = tmp_path / "out"

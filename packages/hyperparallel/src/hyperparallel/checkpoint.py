@@ -99,7 +99,7 @@ def newer_than(output: str | Path, path: Path) -> list[Path]:
 
 def find(path: str | Path) -> Path:
     """The checkpoint to resume from: ``path`` itself, or the newest complete one under it."""
-    given = Path(path)
+    given = Path(path).expanduser()
     if STEP_DIR.match(given.name) and (given / "meta.json").is_file():
         return given
     for output in (given, given.parent):
@@ -209,6 +209,22 @@ def data_layout(path: Path) -> dict[str, int] | None:
         return layout
     except Exception:  # missing, truncated, or not written by spore train
         return None
+
+
+def model_shapes(path: Path) -> dict[str, tuple[int, ...]]:
+    """The saved model's tensor shapes by name, from DCP's metadata (empty when unreadable)."""
+    from torch.distributed.checkpoint import FileSystemReader
+
+    prefix = "train.model."
+    try:
+        saved = FileSystemReader(str(path)).read_metadata().state_dict_metadata
+    except Exception:  # missing or truncated .metadata: the load reports it
+        return {}
+    return {
+        k.removeprefix(prefix): tuple(v.size)
+        for k, v in saved.items()
+        if k.startswith(prefix) and hasattr(v, "size")
+    }
 
 
 def export(model: torch.nn.Module, output: str | Path) -> Path | None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import difflib
 import functools
+import os
 import re
 import types
 import typing
@@ -81,6 +82,12 @@ class RunSection(Section):
     log_every: int = Field(
         10, gt=0, description="print a progress line every N steps when output is not a terminal"
     )
+
+    @field_validator("output")
+    @classmethod
+    def _home(cls, value: str) -> str:
+        """``~`` is the home directory, as in data.path and model.pretrained."""
+        return os.path.expanduser(value)
 
 
 MODEL_CONFIG: dict[str, Any] = {
@@ -498,11 +505,6 @@ def _check(config: Config, world: int | None) -> list[str]:
             f"{at('parallel.replicate')}: parallel.replicate={replicate} does not divide "
             f"parallel.nproc={nproc} ({at('parallel.nproc')}); HSDP needs nproc = replicate x "
             f"shard"
-        )
-    if config.parallel.backend == "nccl" and config.parallel.device == "cpu":
-        problems.append(
-            f"{at('parallel.backend')}: parallel.backend=nccl needs parallel.device cuda "
-            f"(gloo runs on cpu)"
         )
     return problems
 

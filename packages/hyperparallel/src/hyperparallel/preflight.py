@@ -36,7 +36,7 @@ def resolve(
         more = _model_and_data_problems(exc.sections, exc.origins)
         raise ConfigError(exc.problems + more) from None
     problems = _model_and_data_problems({"model": cfg.model, "data": cfg.data}, cfg.origins)
-    problems += _optimizer_problems(cfg)
+    problems += _optimizer_problems(cfg) + _device_problems(cfg)
     if outputs:
         problems += _output_problems(cfg, resume, world or cfg.parallel.nproc)
     if problems:
@@ -54,7 +54,7 @@ def _model_and_data_problems(sections: Mapping[str, Any], origins: Mapping[str, 
             architecture = model.hf_config(section, ByteTokenizer().vocab_size)
         except model.ModelConfigError as exc:
             key = str(exc).split(":", 1)[0]
-            problems.append(f"{origins.get(key, 'default')}: {exc}")
+            problems.append(f"{_first_under(origins, key)}: {exc}")
         else:
             problems += _build_problems(section, architecture, origins)
             limit = model.max_length(architecture)
@@ -116,9 +116,54 @@ def _optimizer_problems(cfg: Config) -> list[str]:
     return []
 
 
+def _device_problems(cfg: Config) -> list[str]:
+    """This machine has the device and the process-group backend the parallel section asks
+    for (``auto`` resolved as each rank would)."""
+    from hyperparallel.train import backend_for, device_type
+
+    device = device_type(cfg.parallel)
+    if device == "cuda" and not torch.cuda.is_available():
+        return [
+            f"{cfg.origins.get('parallel.device', 'default')}: parallel.device=cuda, but torch "
+            f"finds no CUDA device (torch {torch.__version__}); use device: auto or cpu"
+        ]
+    backend = backend_for(cfg.parallel, device)
+    if backend == "nccl" and device != "cuda":
+        return [
+            f"{cfg.origins.get('parallel.backend', 'default')}: parallel.backend=nccl runs on "
+            f"CUDA, and this run's device is {device}; use backend: auto or gloo"
+        ]
+    if not torch.distributed.is_backend_available(backend):
+        return [
+            f"{cfg.origins.get('parallel.backend', 'default')}: parallel.backend={backend} is "
+            f"not built into this torch ({torch.__version__}); use backend: auto"
+        ]
+    return []
+
+
+def _resumed_model_problems(cfg: Config, path: Path) -> list[str]:
+    """The checkpoint's parameters have this run's model's shapes (built on the meta device)."""
+    saved = checkpoint.model_shapes(path)
+    try:
+        built = model.on_meta(model.hf_config(cfg.model, ByteTokenizer().vocab_size))
+    except Exception:  # reported with the model section
+        return []
+    asked = {k: tuple(v.shape) for k, v in built.state_dict().items()}
+    changed = [
+        f"{k} {shape} -> {asked.get(k)}" for k, shape in saved.items() if asked.get(k) != shape
+    ]
+    if not changed:
+        return []
+    return [
+        f"{_first_under(cfg.origins, 'model')}: --resume: {path.name} holds a model of other "
+        f"shapes ({', '.join(changed[:3])}{', ...' if len(changed) > 3 else ''}); resume with "
+        f"the model settings it was saved with (its run's config.yaml)"
+    ]
+
+
 def _output_problems(cfg: Config, resume: str | None, world: int) -> list[str]:
-    """The checkpoint to resume from exists and was saved with this run's data layout; a new
-    run finds no earlier run's checkpoints."""
+    """The checkpoint to resume from exists and was saved with this run's data layout; neither
+    a new run nor one resumed from elsewhere finds another run's checkpoints in its output."""
     if resume is not None:
         try:
             path = checkpoint.find(cfg.run.output if resume == "latest" else resume)
@@ -128,6 +173,16 @@ def _output_problems(cfg: Config, resume: str | None, world: int) -> list[str]:
         if saved is None:
             return [f"--resume: {path} has no readable trainer.pt (data position, schedule)"]
         problems = []
+        own = checkpoint.complete(cfg.run.output)
+        if own and path.parent.resolve() != checkpoint.directory(cfg.run.output).resolve():
+            problems.append(
+                f"{cfg.origins.get('run.output', 'default')}: run.output {cfg.run.output} "
+                f"already holds checkpoints of another run (newest {own[-1].name}), and "
+                f"--resume continues {path.name} of {path.parent.parent}: training would write "
+                f"over that run's saves, metrics and export; choose another --output, or resume "
+                f"one of its own checkpoints"
+            )
+        problems += _resumed_model_problems(cfg, path)
         if (saved["world"], saved["batch_size"]) != (world, cfg.data.batch_size):
             problems.append(
                 f"--resume: {path.name} was saved by {saved['world']} rank(s) of "

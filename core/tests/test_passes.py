@@ -88,6 +88,23 @@ def test_registering_alone_runs_nothing(spore_manager, inductor_slots) -> None:
     assert inductor_slots.post_grad_custom_post_pass is None
 
 
+def test_plain_functions_are_registered_under_their_own_names(spore_manager) -> None:
+    """Named after the function (it was its type, ``function``: a second one clashed, and
+    ``override=True`` dropped the first)."""
+    spore_manager()
+
+    def fold_adds(gm) -> int:
+        return 0
+
+    def drop_clones(gm) -> int:
+        return 0
+
+    assert spore.register_custom_pass(fold_adds).name == "fold_adds"
+    assert spore.register_custom_pass(drop_clones).name == "drop_clones"
+    ran = passes.apply(torch.fx.symbolic_trace(_g))
+    assert {"fold_adds", "drop_clones"} <= set(ran)
+
+
 def _user_pass(tag: str):
     """A user's own pass in Inductor's slot (a ``CustomGraphPass`` keyed ``tag``), counting its
     runs."""
@@ -469,6 +486,7 @@ def test_a_chained_pass_without_uuid_turns_the_fx_graph_cache_off(
 
 COUNTING_SCRIPT = """
 import sys, torch, spore
+import beside  # a module next to the script, importable as under `python model.py`
 class Muls(spore.GraphPass):
     name = "count-muls"
     def __call__(self, gm):
@@ -484,6 +502,7 @@ if sys.argv[1:] == ["fail"]:
 def test_spore_passes_run_lists_the_rewrites_a_script_caused(run_spore, tmp_path) -> None:
     script = tmp_path / "model.py"
     script.write_text(COUNTING_SCRIPT)
+    (tmp_path / "beside.py").write_text("")
     only_user = {"SPORE_NO_PLUGINS": "1"}  # installed plugins' passes stay out of the listing
     out = run_spore("passes", "--json", "--run", str(script), "--flag", env=only_user)
     assert out.returncode == 0, out.stderr

@@ -189,7 +189,9 @@ class PassRegistry(Registry[graph_passes.PassEntry]):
     """What ``spore_register_passes`` receives: ``registry.add(pass_, stage=..., priority=...)``.
 
     Registering runs nothing: the passes run in ``torch.compile(..., backend="spore")`` and,
-    after :func:`spore.passes.enable`, in every Inductor compile (see :mod:`spore.passes`).
+    after :func:`spore.passes.enable`, in every Inductor compile (see :mod:`spore.passes`). A
+    pass is named ``name``, else its ``name`` attribute, its ``__name__`` (a function) or its
+    class's name.
     """
 
     def add(  # type: ignore[override]
@@ -205,7 +207,8 @@ class PassRegistry(Registry[graph_passes.PassEntry]):
         graph_passes.check_stage(stage)
         if not callable(value):
             raise TypeError(f"a pass must be callable (gm) -> int, got {type(value).__name__}")
-        name = name or getattr(value, "name", "") or type(value).__name__
+        name = name or getattr(value, "name", "") or getattr(value, "__name__", "")
+        name = name or type(value).__name__
         entry = graph_passes.PassEntry(name, value, stage, priority, device)
         super().add(entry, name=name, override=override)
         return entry

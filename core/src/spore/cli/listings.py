@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from typing import Any
 
@@ -65,8 +66,9 @@ def ops_cmd(as_json: bool) -> None:
 
 
 def _run_script(script: str, args: tuple[str, ...]) -> dict[str, int]:
-    """Run ``script`` as ``__main__`` with the passes enabled and Inductor's caches off (so every
-    compile runs them); its stdout goes to stderr. Returns the rewrites per pass it caused."""
+    """Run ``script`` as ``__main__`` (its directory first on ``sys.path``, as ``python SCRIPT``
+    does) with the passes enabled and Inductor's caches off (so every compile runs them); its
+    stdout goes to stderr. Returns the rewrites per pass it caused."""
     import contextlib
     import runpy
 
@@ -78,8 +80,9 @@ def _run_script(script: str, args: tuple[str, ...]) -> dict[str, int]:
     passes.enable()
     config.fx_graph_cache = False
     config.autotune_local_cache = False
-    saved_argv = sys.argv
+    saved_argv, saved_path = sys.argv, list(sys.path)
     sys.argv = [script, *args]
+    sys.path.insert(0, os.path.dirname(os.path.abspath(script)))  # as `python SCRIPT` does
     try:
         with contextlib.redirect_stdout(sys.stderr):
             runpy.run_path(script, run_name="__main__")
@@ -90,6 +93,7 @@ def _run_script(script: str, args: tuple[str, ...]) -> dict[str, int]:
         raise click.ClickException(f"{script} raised {type(exc).__name__}: {exc}") from exc
     finally:
         sys.argv = saved_argv
+        sys.path[:] = saved_path
     after = passes.totals()
     return {name: after[name] - before.get(name, 0) for name in after}
 

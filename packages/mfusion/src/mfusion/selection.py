@@ -120,7 +120,9 @@ def forced_on_cpu(name: str) -> bool:
 
 
 def cpu_graph(gm: Any) -> bool:
-    """Whether every tensor input of ``gm`` is on the CPU (and it has one)."""
+    """Whether every tensor input of ``gm`` is on the CPU; a graph without tensor inputs is a
+    CPU graph in a process without an accelerator (where it can make tensors nowhere else),
+    as :meth:`Switched.uuid` assumes."""
     import torch
 
     devices = set()
@@ -128,7 +130,7 @@ def cpu_graph(gm: Any) -> bool:
         value = node.meta.get("val", node.meta.get("example_value"))
         if isinstance(value, torch.Tensor):
             devices.add(value.device.type)
-    return devices == {"cpu"}
+    return devices == {"cpu"} or (not devices and not torch.accelerator.is_available())
 
 
 def disabled_passes() -> list[str]:

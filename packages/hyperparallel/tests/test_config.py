@@ -156,16 +156,24 @@ def test_a_resume_with_other_model_shapes_fails_before_any_process_starts(tmp_pa
 
     out = tmp_path / "out"
     _checkpoint(out, 2)
-    saved = {"model.embed_tokens.weight": torch.zeros(259, 64)}
-    dcp.save({"train": {"model": saved}}, checkpoint_id=str(out / "checkpoints/step_00000002"))
+    small = ["model.config.hidden_size=64", "model.config.num_hidden_layers=1"]
+    saved = model.build(preflight.resolve(None, small, outputs=False).model, 259, seed=0)
+    dcp.save(
+        {"train": {"model": saved.state_dict()}},
+        checkpoint_id=str(out / "checkpoints/step_00000002"),
+    )
     args = [f"run.output={out}"]
+    assert preflight.resolve(None, [*args, *small], resume="latest")
     with pytest.raises(config.ConfigError) as info:
-        preflight.resolve(None, [*args, "model.config.hidden_size=128"], resume="latest")
+        preflight.resolve(None, [*args, small[1], "model.config.hidden_size=128"], resume="latest")
     assert (
-        "--set model.config.hidden_size=128: --resume: step_00000002 holds a model of other "
-        "shapes (model.embed_tokens.weight (259, 64) -> (259, 128))"
+        "--set model.config.num_hidden_layers=1, --set model.config.hidden_size=128: --resume: "
+        "step_00000002 holds a model of other shapes (model.embed_tokens.weight (259, 64) -> "
+        "(259, 128), "
     ) in str(info.value)
-    assert preflight.resolve(None, [*args, "model.config.hidden_size=64"], resume="latest")
+    with pytest.raises(config.ConfigError) as info:  # a layer more: parameters it lacks
+        preflight.resolve(None, [*args, small[0], "model.config.num_hidden_layers=2"], "latest")
+    assert "model.layers.1.self_attn.q_proj.weight None -> (64, 64)" in str(info.value)
 
 
 def test_a_home_relative_output_is_expanded(tmp_path, monkeypatch) -> None:
@@ -174,23 +182,31 @@ def test_a_home_relative_output_is_expanded(tmp_path, monkeypatch) -> None:
     assert cfg.run.output == str(tmp_path / "runs" / "x")
 
 
-def test_a_device_or_backend_this_machine_lacks_is_a_config_error() -> None:
+def test_a_device_or_backend_this_machine_lacks_is_a_config_error(tmp_path) -> None:
+    """Where the run would start; --print-config (outputs=False) prints it for another host."""
     if torch.cuda.is_available():
         pytest.skip("this machine has CUDA: the settings below are valid here")
+    assert preflight.resolve(None, ["parallel.device=cuda"], outputs=False)
+    out = f"run.output={tmp_path / 'out'}"
     with pytest.raises(config.ConfigError) as info:
-        preflight.resolve(None, ["parallel.device=cuda"], outputs=False)
+        preflight.resolve(None, ["parallel.device=cuda", out])
     assert "--set parallel.device=cuda: parallel.device=cuda, but torch finds no CUDA device" in (
         str(info.value)
     )
     with pytest.raises(config.ConfigError) as info:
-        preflight.resolve(None, ["parallel.backend=nccl"], outputs=False)
+        preflight.resolve(None, ["parallel.backend=nccl", out])
     assert "--set parallel.backend=nccl: parallel.backend=nccl runs on CUDA" in str(info.value)
 
 
 def test_a_misspelt_model_setting_names_where_it_was_set() -> None:
+    args = ["model.config.hidden_size=64", "model.config.hiden_act=x"]
     with pytest.raises(config.ConfigError) as info:
-        preflight.resolve(None, ["model.config.hiden_size=8"], outputs=False)
-    assert str(info.value).count("--set model.config.hiden_size=8: model.config: llama has") == 1
+        preflight.resolve(None, args, outputs=False)
+    assert str(info.value).count("\n  --set model.config.hiden_act=x: model.config: llama") == 1
+    both = ["model.config.num_hidden_layers=2", "model.config.hidden_act=bogus"]
+    with pytest.raises(config.ConfigError) as info:  # a problem of them together names them all
+        preflight.resolve(None, both, outputs=False)
+    assert f"--set {both[0]}, --set {both[1]}: model: transformers cannot build" in str(info.value)
 
 
 def test_a_bad_config_fails_fast_with_one_message_and_starts_nothing(tmp_path, run_spore) -> None:
@@ -405,7 +421,7 @@ def test_optimizer_settings_torch_refuses_fail_before_any_process_starts(tmp_pat
     path = _write(tmp_path, "optim:\n  options:\n    amsgrad: true\n    fused_typo: true\n")
     with pytest.raises(config.ConfigError) as info:
         preflight.resolve(str(path), [], outputs=False)
-    assert f"{path}:2: optim 'adamw': AdamW.__init__() got an unexpected keyword argument " in str(
+    assert f"{path}:3, {path}:4: optim 'adamw': AdamW.__init__() got an unexpected keyword " in str(
         info.value
     )
     assert "fused_typo" in str(info.value)
@@ -438,7 +454,7 @@ def test_every_problem_is_reported_at_once(tmp_path) -> None:
         preflight.resolve(str(path), [], outputs=False)
     assert info.value.problems == [
         f"{path}:2: run.steps: expected an integer, got 'abc'",
-        f"{path}:4: model.config: llama has no setting hiden_size (did you mean 'hidden_size'?)",
+        f"{path}:5: model.config: llama has no setting hiden_size (did you mean 'hidden_size'?)",
         f"{path}:7: data.path: no file matches 'no/*.txt'",
     ]
 

@@ -13,7 +13,12 @@ from hyperparallel.config import MODEL_CONFIG, ModelSection, merged
 
 
 class ModelConfigError(ValueError):
-    """The model section names something transformers cannot build."""
+    """The model section names something transformers cannot build; ``keys`` are the settings
+    at fault (dotted, e.g. ``model.config.hiden_size``), where the message's prefix is not."""
+
+    def __init__(self, message: str, keys: tuple[str, ...] = ()) -> None:
+        super().__init__(message)
+        self.keys = keys
 
 
 def _base_config(model: ModelSection) -> Any:
@@ -55,7 +60,10 @@ def settings(model: ModelSection) -> dict[str, Any]:
             )
             for k in unknown
         ]
-        raise ModelConfigError(f"model.config: {name} has no setting {', '.join(hints)}")
+        raise ModelConfigError(
+            f"model.config: {name} has no setting {', '.join(hints)}",
+            tuple(f"model.config.{k}" for k in unknown),
+        )
     defaults = (
         {} if model.pretrained else {k: v for k, v in MODEL_CONFIG.items() if hasattr(base, k)}
     )

@@ -26,8 +26,9 @@ def resolve(
 ) -> Config:
     """The validated config; :class:`ConfigError` lists every problem with its origin.
 
-    ``outputs=False`` leaves the file system alone: neither the ``resume`` target nor what
-    ``run.output`` already holds is checked (``--print-config``).
+    ``outputs=False`` is for a config not run here (``--print-config``): neither the
+    ``resume`` target, what ``run.output`` already holds, nor this machine's devices and
+    process-group backends are checked.
     """
     world = int(os.environ["WORLD_SIZE"]) if launch.under_torchrun() else None
     try:
@@ -36,8 +37,9 @@ def resolve(
         more = _model_and_data_problems(exc.sections, exc.origins)
         raise ConfigError(exc.problems + more) from None
     problems = _model_and_data_problems({"model": cfg.model, "data": cfg.data}, cfg.origins)
-    problems += _optimizer_problems(cfg) + _device_problems(cfg)
+    problems += _optimizer_problems(cfg)
     if outputs:
+        problems += _device_problems(cfg)
         problems += _output_problems(cfg, resume, world or cfg.parallel.nproc)
     if problems:
         raise ConfigError(problems)
@@ -53,8 +55,9 @@ def _model_and_data_problems(sections: Mapping[str, Any], origins: Mapping[str, 
         try:
             architecture = model.hf_config(section, ByteTokenizer().vocab_size)
         except model.ModelConfigError as exc:
-            key = str(exc).split(":", 1)[0]
-            problems.append(f"{_first_under(origins, key)}: {exc}")
+            keys = exc.keys or (str(exc).split(":", 1)[0],)
+            where = ", ".join(dict.fromkeys(origins.get(k, "default") for k in keys))
+            problems.append(f"{where}: {exc}")
         else:
             problems += _build_problems(section, architecture, origins)
             limit = model.max_length(architecture)
@@ -81,12 +84,12 @@ def _build_problems(section: Any, architecture: Any, origins: Mapping[str, str])
     except Exception as exc:  # whatever transformers raises for settings its config took
         name = section.pretrained or section.type
         return [
-            f"{_first_under(origins, 'model')}: model: transformers cannot build {name} with "
+            f"{_where(origins, 'model')}: model: transformers cannot build {name} with "
             f"these settings ({type(exc).__name__}: {exc})"
         ]
     if changed := model.reshaped(section, built):
         return [
-            f"{_first_under(origins, 'model.config')}: model.config: over "
+            f"{_where(origins, 'model.config')}: model.config: over "
             f"model.pretrained, {len(changed)} parameter(s) would change shape and "
             f"not load ({', '.join(changed[:3])}{', ...' if len(changed) > 3 else ''}); "
             f"set only settings that keep the shapes (e.g. dropout)"
@@ -94,16 +97,23 @@ def _build_problems(section: Any, architecture: Any, origins: Mapping[str, str])
     return []
 
 
-def _first_under(origins: Mapping[str, str], prefix: str, default: str = "default") -> str:
-    """Where the first key starting with ``prefix`` was set (``default`` when none was)."""
-    return next((where for key, where in origins.items() if key.startswith(prefix)), default)
+def _where(origins: Mapping[str, str], prefix: str, default: str = "default") -> str:
+    """Where the settings under ``prefix`` were set (a problem of their combination names
+    them all): the places of its leaf keys, each once, the first three; ``default`` when the
+    user set none."""
+    under = [k for k in origins if k == prefix or k.startswith(f"{prefix}.")]
+    leaves = [k for k in under if not any(other.startswith(f"{k}.") for other in under)]
+    places = list(dict.fromkeys(origins[k] for k in leaves))
+    if not places:
+        return default
+    return ", ".join(places[:3]) + (", ..." if len(places) > 3 else "")
 
 
 def _optimizer_problems(cfg: Config) -> list[str]:
     """The optimizer and schedule accept their settings (``optim.options`` included): both are
     built once over a two-parameter module, as every rank would build them."""
     probe = torch.nn.Linear(2, 2)
-    at = _first_under(cfg.origins, "optim.options", cfg.origins.get("optim.name", "default"))
+    at = _where(cfg.origins, "optim")
     try:
         optimizer = registries.optimizers.get(cfg.optim.name)(probe, cfg.optim)
     except Exception as exc:  # whatever torch or a registered builder raises
@@ -142,20 +152,24 @@ def _device_problems(cfg: Config) -> list[str]:
 
 
 def _resumed_model_problems(cfg: Config, path: Path) -> list[str]:
-    """The checkpoint's parameters have this run's model's shapes (built on the meta device)."""
+    """The checkpoint holds this run's model's parameters (built on the meta device): the same
+    names, the same shapes."""
     saved = checkpoint.model_shapes(path)
+    if not saved:  # unreadable metadata: the load reports it
+        return []
     try:
         built = model.on_meta(model.hf_config(cfg.model, ByteTokenizer().vocab_size))
     except Exception:  # reported with the model section
         return []
     asked = {k: tuple(v.shape) for k, v in built.state_dict().items()}
+    names = [*saved, *(k for k in asked if k not in saved)]
     changed = [
-        f"{k} {shape} -> {asked.get(k)}" for k, shape in saved.items() if asked.get(k) != shape
+        f"{k} {saved.get(k)} -> {asked.get(k)}" for k in names if saved.get(k) != asked.get(k)
     ]
     if not changed:
         return []
     return [
-        f"{_first_under(cfg.origins, 'model')}: --resume: {path.name} holds a model of other "
+        f"{_where(cfg.origins, 'model')}: --resume: {path.name} holds a model of other "
         f"shapes ({', '.join(changed[:3])}{', ...' if len(changed) > 3 else ''}); resume with "
         f"the model settings it was saved with (its run's config.yaml)"
     ]

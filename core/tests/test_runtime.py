@@ -281,3 +281,19 @@ def test_restart_tuned_reruns_a_script_once_under_the_plan(tmp_path) -> None:
     planned = cpu_plan(base_env=env).env[APPLIED_MARKER]
     assert run({}) == ["start", "start", f"{planned} ['--flag']"]  # once, arguments kept
     assert run({APPLIED_MARKER: "system"}) == ["start", "system ['--flag']"]  # already planned
+    # the interpreter's own options and -m: the command line as started, not sys.argv
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "__init__.py").write_text("")
+    (tmp_path / "pkg" / "tool.py").write_text(
+        "import sys\nfrom spore import runtime\nruntime.restart_tuned()\n"
+        "from . import __name__ as parent\nprint(parent, sys.flags.optimize, sys.argv[1:])\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-O", "-m", "pkg.tool", "--flag"],
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert (done.returncode, done.stdout) == (0, "pkg 1 ['--flag']\n"), done.stderr

@@ -217,11 +217,12 @@ def cpu_env(
 
 
 def restart_tuned() -> None:
-    """Re-run this Python script under :func:`cpu_env` (the runtime ``spore bench`` measures
-    under) unless a runtime plan is applied already: for a tool whose timings are read beside
-    ``spore bench``'s figures. Does not return when it restarts."""
+    """Re-run this Python command (as started: interpreter options, ``-m`` or ``-c`` kept) under
+    :func:`cpu_env` (the runtime ``spore bench`` measures under) unless a runtime plan is
+    applied already: for a tool whose timings are read beside ``spore bench``'s figures. Does
+    not return when it restarts."""
     if APPLIED_MARKER not in os.environ:
-        os.execve(sys.executable, [sys.executable, *sys.argv], cpu_env())
+        os.execve(sys.executable, [sys.executable, *sys.orig_argv[1:]], cpu_env())
 
 
 def system_env(base_env: Mapping[str, str] | None = None) -> dict[str, str]:

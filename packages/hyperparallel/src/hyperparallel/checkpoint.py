@@ -4,12 +4,12 @@ Layout under ``<output>/checkpoints``: ``step_00000100/`` is complete (DCP shard
 optimizer, ``trainer.pt`` with step, scheduler, data position and seq_len, per-rank RNG
 states, and ``meta.json``); every rank writes into ``.tmp-step_00000100/`` first and rank 0
 renames it into place after all ranks finished, so a directory named ``step_*`` is always
-whole. ``meta.json``
-numbers the saves: "newest" and "oldest" are in the order they were written, not by step, so a
-run resumed from an older checkpoint continues from its own saves, never from the abandoned
-ones with larger steps. Stale temporary directories (a killed save) are removed by the next
-save; the oldest complete ones beyond ``keep`` are deleted after a successful save. Saves and
-loads coordinate over a gloo group of their own, destroyed afterwards (see :func:`_collectives`).
+whole. ``meta.json`` numbers the saves: "newest" and "oldest" are in the order they were
+written, not by step, so a run resumed from an older checkpoint continues from its own saves,
+never from the abandoned ones with larger steps. Stale temporary directories (a killed save)
+are removed by the next save; the oldest complete ones beyond ``keep`` are deleted after a
+successful save. Saves and loads coordinate over a gloo group of their own, destroyed
+afterwards (see :func:`_collectives`).
 """
 
 from __future__ import annotations

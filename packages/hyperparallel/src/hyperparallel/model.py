@@ -101,9 +101,13 @@ def reshaped(model: ModelSection, built: torch.nn.Module) -> list[str]:
     :func:`hf_config`'s config on the meta device (:func:`on_meta`). Empty without overrides."""
     if not model.pretrained or not merged({}, model.config):
         return []
-    saved = {k: tuple(v.shape) for k, v in on_meta(_base_config(model)).state_dict().items()}
-    asked = {k: tuple(v.shape) for k, v in built.state_dict().items()}
-    return [f"{k} {saved.get(k)} -> {v}" for k, v in asked.items() if saved.get(k) != v]
+    saved = shapes(on_meta(_base_config(model)))
+    return [f"{k} {saved.get(k)} -> {v}" for k, v in shapes(built).items() if saved.get(k) != v]
+
+
+def shapes(module: torch.nn.Module) -> dict[str, tuple[int, ...]]:
+    """Each state-dict entry's shape, by name."""
+    return {k: tuple(v.shape) for k, v in module.state_dict().items()}
 
 
 def max_length(config: Any) -> int | None:

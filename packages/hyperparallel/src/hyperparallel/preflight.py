@@ -91,7 +91,7 @@ def _build_problems(section: Any, architecture: Any, origins: Mapping[str, str])
         return [
             f"{_where(origins, 'model.config')}: model.config: over "
             f"model.pretrained, {len(changed)} parameter(s) would change shape and "
-            f"not load ({', '.join(changed[:3])}{', ...' if len(changed) > 3 else ''}); "
+            f"not load ({_first_three(changed)}); "
             f"set only settings that keep the shapes (e.g. dropout)"
         ]
     return []
@@ -103,10 +103,12 @@ def _where(origins: Mapping[str, str], prefix: str, default: str = "default") ->
     user set none."""
     under = [k for k in origins if k == prefix or k.startswith(f"{prefix}.")]
     leaves = [k for k in under if not any(other.startswith(f"{k}.") for other in under)]
-    places = list(dict.fromkeys(origins[k] for k in leaves))
-    if not places:
-        return default
-    return ", ".join(places[:3]) + (", ..." if len(places) > 3 else "")
+    return _first_three(list(dict.fromkeys(origins[k] for k in leaves))) or default
+
+
+def _first_three(items: list[str]) -> str:
+    """``items`` joined, the first three then ``...``."""
+    return ", ".join(items[:3]) + (", ..." if len(items) > 3 else "")
 
 
 def _optimizer_problems(cfg: Config) -> list[str]:
@@ -161,7 +163,7 @@ def _resumed_model_problems(cfg: Config, path: Path) -> list[str]:
         built = model.on_meta(model.hf_config(cfg.model, ByteTokenizer().vocab_size))
     except Exception:  # reported with the model section
         return []
-    asked = {k: tuple(v.shape) for k, v in built.state_dict().items()}
+    asked = model.shapes(built)
     names = [*saved, *(k for k in asked if k not in saved)]
     changed = [
         f"{k} {saved.get(k)} -> {asked.get(k)}" for k in names if saved.get(k) != asked.get(k)
@@ -170,7 +172,7 @@ def _resumed_model_problems(cfg: Config, path: Path) -> list[str]:
         return []
     return [
         f"{_where(cfg.origins, 'model')}: --resume: {path.name} holds a model of other "
-        f"shapes ({', '.join(changed[:3])}{', ...' if len(changed) > 3 else ''}); resume with "
+        f"shapes ({_first_three(changed)}); resume with "
         f"the model settings it was saved with (its run's config.yaml)"
     ]
 

@@ -61,8 +61,34 @@ def test_values_are_freed_after_their_last_use():
     (out,) = run(torch.randn(3))
     assert out.dim() == 0
     assert seen[0]() is None  # b's slot was cleared once watch had read it
-    # x stays (the caller holds it); a, b, c go at their last reader; d is returned
-    assert [s.free for s in run.steps] == [(), (1,), (2,), (3,)]
+    # x, a, b, c go at their last reader (x stays with the caller); d is returned
+    assert [s.free for s in run.steps] == [(0,), (1,), (2,), (3,)]
+
+
+def test_boxed_call_frees_each_input_after_its_last_use():
+    g = Graph()
+    x, y = g.placeholder("x"), g.placeholder("y")
+    seen = []
+
+    def watch(t):
+        seen.append(weakref.ref(t))
+        return t
+
+    a = g.call_function(aten.exp.default, (x,))
+    w = g.call_function(watch, (y,))
+    g.output((g.call_function(aten.add.Tensor, (a, w)), x))
+    gm = GraphModule(torch.nn.Module(), g)
+    run = Executor(gm, list(gm.graph.nodes))
+    args = [torch.randn(3), torch.randn(3)]
+    want = args[0].exp() + args[1]
+    x_ref = weakref.ref(args[0])
+    got = run.boxed(args)
+    assert args == []  # the convention: the callee takes the list's references
+    torch.testing.assert_close(got[0], want)
+    assert x_ref() is got[1]  # an input returned as an output is kept
+    assert seen[0]() is None  # y went once watch had read it, before the graph's end
+    with pytest.raises(TypeError, match="takes 2 inputs, got 1"):
+        run.boxed([torch.randn(3)])
 
 
 def test_region_call_fills_each_output():

@@ -26,7 +26,6 @@ def make_backend(
     ``min_ops`` as in
     :func:`dvm.compile.compile_graph`; ``decompositions`` the table AOT autograd traces with
     (default :func:`dvm.lower.decomposition_table`)."""
-    from functorch.compile import make_boxed_func
     from torch._dynamo.backends.common import aot_autograd
 
     def compiler(kind: str):
@@ -39,8 +38,8 @@ def make_backend(
         def compile_fn(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]):
             symbolic = symbolic_inputs(gm)
             if symbolic:
-                return make_boxed_func(Specializing(gm, compile_static, symbolic=symbolic))
-            return make_boxed_func(compile_static(gm, example_inputs))
+                return _boxed(Specializing(gm, compile_static, symbolic=symbolic))
+            return _boxed(compile_static(gm, example_inputs))
 
         return compile_fn
 
@@ -50,6 +49,17 @@ def make_backend(
         inference_compiler=compiler("inference"),
         decompositions=decomposition_table() if decompositions is None else dict(decompositions),
     )
+
+
+def _boxed(compiled: CompiledGraph | Specializing) -> Callable[[list[Any]], Any]:
+    """``compiled`` in AOT autograd's boxed calling convention: it takes the list of arguments
+    and clears it, so a backward graph frees each saved activation after its last use."""
+
+    def run(args: list[Any]) -> Any:
+        return compiled.boxed(args)
+
+    run._boxed_call = True  # type: ignore[attr-defined]
+    return run
 
 
 _DEFAULT: Callable[..., Any] | None = None

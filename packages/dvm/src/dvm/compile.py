@@ -196,10 +196,10 @@ class RegionRunner:
 
 @dataclass
 class CompiledGraph:
-    """A compiled graph: call it like the original ``GraphModule``. ``regions`` run on the
-    VM; ``fallbacks`` are the call nodes left to eager with the reason; ``run`` runs it (the
-    original graph module's ``forward`` when there are no regions: without the module call's
-    ~2 µs); times in µs."""
+    """A compiled graph: call it like the original ``GraphModule``, or :meth:`boxed`.
+    ``regions`` run on the VM; ``fallbacks`` are the call nodes left to eager with the reason;
+    ``run`` runs it (the original graph module's ``forward`` when the compile failed); times
+    in µs."""
 
     run: Executor | Callable[..., Any]
     runners: list[RegionRunner]
@@ -209,6 +209,13 @@ class CompiledGraph:
     executor: str = field(default=EXECUTOR)
 
     def __call__(self, *args: Any) -> Any:
+        return self.run(*args)
+
+    def boxed(self, args: list[Any]) -> Any:
+        """Run on ``args`` and clear that list (AOT autograd's boxed calling convention), so
+        that each input is freed after its last use (:meth:`dvm.executor.Executor.boxed`)."""
+        if isinstance(self.run, Executor):
+            return self.run.boxed(args)
         return self.run(*args)
 
     @property
@@ -359,7 +366,7 @@ def compile_graph(
         clustering = cluster(gm, min_ops=min_ops)
         runners = [RegionRunner(r, k) for k, r in enumerate(clustering.regions)]
         t1 = time.perf_counter()
-        run = _schedule(gm, runners) if runners else gm.forward
+        run = _schedule(gm, runners)
     except Exception as e:  # a compiler bug must not break the user's program: run eagerly
         why = f"dvm could not compile this graph ({type(e).__name__}: {e}); it runs eagerly"
         warnings.warn(why, RuntimeWarning, stacklevel=2)

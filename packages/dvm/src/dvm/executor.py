@@ -3,7 +3,9 @@ steps over numbered value slots, without generating Python code.
 
 Building a ``GraphModule`` for the rewritten graph costs about a millisecond of code generation
 per graph, several times dvm's own compile; the steps take microseconds to build. Each slot is
-cleared after its last use, as generated code would ``del`` it, so a backward graph frees its
+cleared after its last use, as generated code would ``del`` it. Called boxed
+(:meth:`Executor.boxed`, AOT autograd's convention: the caller hands over its list of
+arguments), the inputs are cleared after their last use too, so a backward graph frees its
 saved activations as it goes.
 """
 
@@ -97,7 +99,7 @@ class Executor:
             elif op != "placeholder":
                 fn = gm.get_submodule(u.target) if op == "call_module" else _method(u.target)
                 calls.append((fn, u.args, u.kwargs, (u,), False))
-        first_value = len(slot)
+        n_fixed = len(slot)  # the inputs, then the constants (set again at each call)
         for *_, outs, _ in calls:
             for o in outs:
                 slot[o] = len(slot)
@@ -136,7 +138,7 @@ class Executor:
             steps.append((fn, tuple(refs), kwargs, flat, -1 if region else out_slots[0], out_slots))
         frees: list[list[int]] = [[] for _ in steps]
         for s, k in last_use.items():
-            if s >= first_value and s not in kept:
+            if (s < self.n_inputs or s >= n_fixed) and s not in kept:
                 frees[k].append(s)
         self.steps = [
             Step(fn, args, kwargs, flat, out, outs if out < 0 else (), tuple(free))
@@ -151,7 +153,18 @@ class Executor:
     def __call__(self, *args: Any) -> Any:
         if len(args) != self.n_inputs:
             raise TypeError(f"the graph takes {self.n_inputs} inputs, got {len(args)}")
+        return self._run([*args, *([None] * (self.n_slots - self.n_inputs))])
+
+    def boxed(self, args: list[Any]) -> Any:
+        """Run on ``args`` and clear that list first (AOT autograd's boxed calling convention):
+        each input is then freed after its last use, unless the caller holds it elsewhere."""
+        if len(args) != self.n_inputs:
+            raise TypeError(f"the graph takes {self.n_inputs} inputs, got {len(args)}")
         env: list[Any] = [*args, *([None] * (self.n_slots - self.n_inputs))]
+        args.clear()
+        return self._run(env)
+
+    def _run(self, env: list[Any]) -> Any:
         for k, v in self._constants:
             env[k] = v
         for fn, a, kw, flat, out, outs, free in self.steps:

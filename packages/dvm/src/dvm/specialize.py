@@ -189,13 +189,24 @@ class Specializing:
         )
 
     def __call__(self, *args: Any) -> Any:
+        return self._pick(args)(*args)
+
+    def boxed(self, args: list[Any]) -> Any:
+        """Run on ``args`` and clear that list (AOT autograd's boxed calling convention),
+        through the compile's own ``boxed`` where it has one."""
+        fn = self._pick(args)
+        boxed = getattr(fn, "boxed", None)
+        if boxed is None:
+            return fn(*args)
+        return boxed(args)
+
+    def _pick(self, args: Sequence[Any]) -> Callable[..., Any]:
         key = self.key(args)
         fn = self.compiled.get(key)
         if fn is None:
-            fn = self._specialize(key, args)
-        else:
-            self.compiled.move_to_end(key)
-        return fn(*args)
+            return self._specialize(key, args)
+        self.compiled.move_to_end(key)
+        return fn
 
     def _specialize(self, key: tuple[Any, ...], args: Sequence[Any]) -> Callable[..., Any]:
         t0 = time.perf_counter()

@@ -83,6 +83,11 @@ def test_plan_chunk_size_prefers_the_plan() -> None:
     module.plan = MemoryPlan(tri_att=3)
     assert plan_chunk_size(module, "tri_att", 8) == 3
     assert plan_chunk_size(module, "tri_mul", 8) is None  # the plan says: run it whole
+    # the MSA module's fields, which the planner leaves None, keep the module's own size
+    assert plan_chunk_size(module, "msa", 8) == 8
+    assert plan_chunk_size(module, "outer_product", 8) == 8
+    module.plan = MemoryPlan(msa=2)
+    assert plan_chunk_size(module, "msa", 8) == 2
 
 
 def test_inplace_needs_a_request_and_no_gradient() -> None:
@@ -111,6 +116,17 @@ def test_apply_plan_reaches_every_sci_protenix_module() -> None:
     assert "plan" not in vars(model)
     apply_plan(model, None)
     assert all(m.plan is None for m in ours)
+
+
+def test_apply_plan_reaches_subclasses_of_sci_protenix_modules() -> None:
+    class MyStack(PairformerStack):
+        pass
+
+    stack = MyStack(n_blocks=2, n_heads=2, c_z=4, c_s=4)
+    plan = MemoryPlan(recompute="block")
+    apply_plan(nn.Sequential(stack), plan)
+    assert stack.plan is plan  # its stack-level recompute would be dropped otherwise
+    assert all(block.plan is plan for block in stack.blocks)
 
 
 def test_apply_plan_refuses_non_plans() -> None:

@@ -86,6 +86,20 @@ def test_defaults_are_all_protein_all_present() -> None:
     )
 
 
+@pytest.mark.parametrize("chunk_size", [None, 4])
+def test_no_atoms_scores_as_no_included_pair(chunk_size) -> None:
+    """N = 0 gives what a structure with no included pair gives (LDDT 0, loss 1), with a
+    gradient: it raised an unrelated error from range()."""
+    pred, true, _, _ = structure((2,), 5, seed=4)
+    unmasked = torch.zeros(5, dtype=torch.bool)
+    expected = smooth_lddt_loss(pred, true, coord_mask=unmasked, reduction="none")
+    empty = torch.zeros(2, 0, 3, requires_grad=True)
+    got = smooth_lddt_loss(empty, torch.zeros(0, 3), chunk_size=chunk_size, reduction="none")
+    torch.testing.assert_close(got, expected)
+    got.sum().backward()
+    assert empty.grad.shape == empty.shape
+
+
 def test_the_nucleotide_radius_changes_the_result() -> None:
     pred, true, _, mask = structure((), 30, seed=2)
     protein = smooth_lddt_loss(pred, true, coord_mask=mask)

@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
+import sci_protenix
 from sci_protenix.chunking import apply_plan
 from sci_protenix.memory_plan import MemoryPlan
 from sci_protenix.msa import (
@@ -156,6 +157,30 @@ def test_plan_chunk_sizes_override_the_argument() -> None:
         apply_plan(pwa, MemoryPlan(msa=2))
         planned = opm(m, chunk_size=100), pwa(m, z, chunk_size=100)
     assert (opm_calls.count, pwa_calls.count) == (1 + math.ceil(7 / 3), 1 + math.ceil(5 / 2))
+    for got, expected in zip(planned, whole, strict=True):
+        torch.testing.assert_close(got, expected, **TOL)
+
+
+def test_a_plan_without_msa_fields_keeps_the_modules_own_chunks() -> None:
+    """The planner leaves ``msa`` and ``outer_product`` None: MSAStack keeps its
+    ``msa_chunk_size`` and OuterProductMean the call's ``chunk_size``."""
+    stack = randomized(MSAStack(c_m=4, c_z=3, c=2, dropout=0.0, msa_chunk_size=2)).eval()
+    opm = randomized(OuterProductMean(c_m=4, c_z=3, c_hidden=2)).eval()
+    m, z = torch.randn(5, 7, 4), torch.randn(7, 7, 3)
+    rows, opm_calls = (
+        Calls(stack.msa_pair_weighted_averaging.linear_no_bias_out),
+        Calls(opm.linear_out),
+    )
+    plan = sci_protenix.plan(tokens=7, budget="1GiB", c_z=3, c_s=0, n_heads=2, pair_heads=2)
+    assert plan.msa is None
+    assert plan.outer_product is None
+    with torch.no_grad():
+        whole = stack(m, z), opm(m, chunk_size=3)
+        apply_plan(stack, plan)
+        apply_plan(opm, plan)
+        planned = stack(m, z), opm(m, chunk_size=3)
+    assert rows.count == 2 * math.ceil(5 / 2)
+    assert opm_calls.count == 2 * math.ceil(7 / 3)
     for got, expected in zip(planned, whole, strict=True):
         torch.testing.assert_close(got, expected, **TOL)
 

@@ -106,13 +106,20 @@ def chunk_recompute(module: nn.Module, size: int | None) -> bool:
     return size is not None and plan is not None and plan.recompute == "block"
 
 
+UNPLANNED_WHEN_NONE = ("outer_product", "msa")
+"""Plan fields whose ``None`` leaves the module's own chunk size (the planner does not plan
+them); for the others ``None`` runs the module whole."""
+
+
 def plan_chunk_size(module: nn.Module, kind: Kind, chunk_size: int | None) -> int | None:
-    """The chunk size ``module`` runs with: its plan's field ``kind`` when it has a plan, else
-    ``chunk_size`` (checked either way)."""
+    """The chunk size ``module`` runs with: its plan's field ``kind`` when it has a plan (for
+    :data:`UNPLANNED_WHEN_NONE`, when that field is set), else ``chunk_size`` (checked either
+    way)."""
     plan = getattr(module, "plan", None)
-    if plan is not None:
-        return check_chunk_size(getattr(plan, kind))
-    return check_chunk_size(chunk_size)
+    size = None if plan is None else getattr(plan, kind)
+    if plan is None or (size is None and kind in UNPLANNED_WHEN_NONE):
+        return check_chunk_size(chunk_size)
+    return check_chunk_size(size)
 
 
 def inplace_requested(module: nn.Module, inplace_safe: bool) -> bool:
@@ -133,7 +140,8 @@ def grad_free(module: nn.Module, *tensors: torch.Tensor) -> bool:
 
 
 def apply_plan(module: M, plan: MemoryPlan | None) -> M:
-    """Set ``plan`` on every sci-protenix module in ``module`` (itself included); returns it.
+    """Set ``plan`` on every sci-protenix module in ``module`` (itself included), and on each
+    subclass of one; returns it.
 
     ``None`` clears the plans (the modules then follow their ``chunk_size`` arguments).
     """
@@ -145,6 +153,6 @@ def apply_plan(module: M, plan: MemoryPlan | None) -> M:
     if not isinstance(module, nn.Module):
         raise TypeError(f"apply_plan needs an nn.Module, got {type(module).__name__}")
     for sub in module.modules():
-        if type(sub).__module__.startswith("sci_protenix."):
-            sub.plan = plan
+        if any(cls.__module__.startswith("sci_protenix.") for cls in type(sub).__mro__):
+            sub.plan = plan  # a subclass of one (a user's own stack) takes it too
     return module

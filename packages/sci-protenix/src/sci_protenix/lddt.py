@@ -3,7 +3,8 @@
 For atoms l != m whose true distance is within the inclusion radius of l (15 Å, or 30 Å when l
 belongs to a nucleotide) and that both have coordinates, the score of the pair is
 ``0.25 * sum_t sigmoid(t - |d_pred(l, m) - d_true(l, m)|)`` over t = 0.5, 1, 2, 4 Å; LDDT is
-its mean over the included pairs and the loss ``1 - LDDT``. With ``chunk_size`` the pair
+its mean over the included pairs and the loss ``1 - LDDT`` (1 where no pair is included, no
+atoms included). With ``chunk_size`` the pair
 distances are built ``chunk_size`` rows at a time; under autograd each chunk is recomputed in
 backward (``torch.utils.checkpoint``), so neither pass holds more than one chunk's
 ``[chunk_size, N]`` pair tensors. 16-bit coordinates are scored in float32 (a running sum of
@@ -54,11 +55,11 @@ def smooth_lddt_loss(
     true = true_coords.to(compute).expand(*batch, n, 3)
     radius = radius.to(true.dtype).expand(*batch, n)
     mask = mask.bool().expand(*batch, n)
-    size = n if chunk_size is None else min(chunk_size, n)
+    size = max(1, n if chunk_size is None else min(chunk_size, n))  # n = 0: one empty chunk
     recompute = size < n and torch.is_grad_enabled() and (pred.requires_grad or true.requires_grad)
     score = pred.new_zeros(batch)
     count = true.new_zeros(batch)
-    for start in range(0, n, size):
+    for start in range(0, max(n, 1), size):
         rows = slice(start, start + size)
         args = (
             pred[..., rows, :],

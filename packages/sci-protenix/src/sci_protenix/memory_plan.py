@@ -2,7 +2,8 @@
 
 Made by :func:`sci_protenix.plan` from a token count and a budget, or written by hand; the
 modules read it from their ``plan`` attribute (set by :func:`sci_protenix.apply_plan`). A chunk
-size of ``None`` runs that module whole.
+size of ``None`` runs that module whole, except for the MSA module's ``outer_product`` and
+``msa``, which the planner does not plan: there ``None`` leaves the module's own chunk size.
 """
 
 from __future__ import annotations
@@ -32,8 +33,15 @@ class MemoryPlan(BaseModel):
     tri_att: ChunkSize = Field(None, gt=0, description="rows per chunk: triangle attention")
     transition: ChunkSize = Field(None, gt=0, description="rows per chunk: transitions")
     pair_bias: ChunkSize = Field(None, gt=0, description="queries per chunk: pair-bias attention")
-    outer_product: ChunkSize = Field(None, gt=0, description="rows per chunk: outer product mean")
-    msa: ChunkSize = Field(None, gt=0, description="MSA rows per chunk: pair-weighted averaging")
+    outer_product: ChunkSize = Field(
+        None, gt=0, description="rows per chunk: outer product mean (None: the call's chunk_size)"
+    )
+    msa: ChunkSize = Field(
+        None,
+        gt=0,
+        description="MSA rows per chunk: pair-weighted averaging (None: the module's own, e.g. "
+        "MSAStack's msa_chunk_size)",
+    )
     recompute: Literal["none", "block", "selective"] = Field(
         "none",
         description="training: keep every activation ('none'); recompute each block in "

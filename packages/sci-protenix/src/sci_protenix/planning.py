@@ -210,11 +210,14 @@ def predict_peak(
         others = (plan.blocks_per_checkpoint - 1) * (block_saved + z)
         kept = segments * (z + s) + others + block_saved - 4 * z
         return size * (d.batch * (kept + z + s + z + transient) + grads)
+    segments = -(-d.n_blocks // plan.blocks_per_checkpoint)
     if plan.recompute == "none":
         kept = d.n_blocks * block_saved
-    else:  # segment inputs, then one segment's activations again in its backward
-        segments = -(-d.n_blocks // plan.blocks_per_checkpoint)
-        kept = segments * (z + s) + plan.blocks_per_checkpoint * block_saved
+    else:  # "selective": the segment inputs and every block's kept matmul and attention
+        # outputs (counted as all the block saves: errs high), then in a segment's backward
+        # the rest of its other blocks' activations again
+        per = min(plan.blocks_per_checkpoint, d.n_blocks)
+        kept = segments * (z + s) + (d.n_blocks + per - 1) * block_saved
     transient = max(m.backward for m in mods)
     activations = d.batch * (kept + z + s + 2 * z + transient)  # output, its grad, d(z)
     return size * (activations + grads)

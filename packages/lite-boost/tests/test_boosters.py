@@ -4,6 +4,8 @@ boosters from another plugin's hook (and one whose hook raises), the CLI."""
 from __future__ import annotations
 
 import logging
+import subprocess
+import sys
 import textwrap
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -89,6 +91,34 @@ def test_bad_options_and_unknown_models_are_refused(toy_booster):
         boosters.boost(torch.nn.Linear(2, 2))
     with pytest.raises(ValueError, match="already registered"):
         boosters.register_booster("ToyBase")(lambda m, o: None)
+
+
+FIRST_REGISTRATION = """
+import pytest
+from lite_boost.boosters import find, register_booster
+
+with pytest.raises(ValueError, match="WanTransformer3DModel is already registered.*override=True"):
+    register_booster("WanTransformer3DModel")(lambda model, options: None)
+
+@register_booster("WanTransformer3DModel", override=True)
+def mine(model, options):
+    pass
+
+assert find("WanTransformer3DModel").apply is mine
+assert find("AutoencoderKLWan").class_name == "AutoencoderKLWan"
+print("ok")
+"""
+
+
+def test_a_clash_with_a_builtin_booster_is_found_at_the_registration():
+    """In a fresh process (lite-boost's own boosters not yet loaded): registering one of their
+    class names raised only at a later find(), there for every class; now the decorator refuses
+    it and ``override=True`` replaces ours."""
+    done = subprocess.run(
+        [sys.executable, "-c", FIRST_REGISTRATION], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "ok"
 
 
 @pytest.fixture

@@ -54,11 +54,18 @@ class BoosterRegistry:
         class_name: str,
         apply: Callable[[torch.nn.Module, BoostOptions], None],
         changes: tuple[str, ...] | list[str] = (),
+        *,
+        override: bool = False,
     ) -> Booster:
+        """Register ``apply`` for ``class_name``; ``override`` replaces a booster already
+        registered for it (else that is a ``ValueError``)."""
         if not class_name.isidentifier():
             raise ValueError(f"class_name must be a class name, got {class_name!r}")
-        if class_name in self.boosters:
-            raise ValueError(f"a booster for {class_name} is already registered")
+        if class_name in self.boosters and not override:
+            raise ValueError(
+                f"a booster for {class_name} is already registered; pass override=True to "
+                "replace it"
+            )
         booster = Booster(class_name, apply, tuple(changes), self.owner)
         self.boosters[class_name] = booster
         return booster
@@ -70,13 +77,15 @@ _from_plugins: weakref.WeakKeyDictionary[Any, dict[str, Booster]] = weakref.Weak
 
 
 def register_booster(
-    class_name: str, *, changes: tuple[str, ...] | list[str] = ()
+    class_name: str, *, changes: tuple[str, ...] | list[str] = (), override: bool = False
 ) -> Callable[[Callable[[torch.nn.Module, BoostOptions], None]], Any]:
-    """Decorator: ``fn(model, options)`` boosts models of class ``class_name``."""
+    """Decorator: ``fn(model, options)`` boosts models of class ``class_name``; ``override``
+    replaces a booster registered for it before (lite-boost's own included)."""
 
     def decorate(fn: Callable[[torch.nn.Module, BoostOptions], None]) -> Any:
+        _load_builtin()  # first: a clash with one of ours is found here, not at a later find()
         with _lock:
-            _python.add(class_name, fn, changes)
+            _python.add(class_name, fn, changes, override=override)
         return fn
 
     return decorate

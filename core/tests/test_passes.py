@@ -504,12 +504,13 @@ def test_spore_passes_run_lists_the_rewrites_a_script_caused(run_spore, tmp_path
     script.write_text(COUNTING_SCRIPT)
     (tmp_path / "beside.py").write_text("")
     only_user = {"SPORE_NO_PLUGINS": "1"}  # installed plugins' passes stay out of the listing
-    out = run_spore("passes", "--json", "--run", str(script), "--flag", env=only_user)
+    script_args = ("--flag", "--json", "--help")  # spore's option names too are the script's
+    out = run_spore("passes", "--json", "--run", str(script), *script_args, env=only_user)
     assert out.returncode == 0, out.stderr
-    assert "ran with ['--flag']" in out.stderr  # the script's stdout keeps --json clean
+    assert "ran with ['--flag', '--json', '--help']" in out.stderr  # its stdout: to stderr
     (row,) = json.loads(out.stdout)
     assert (row["name"], row["registered_by"], row["matches"]) == ("count-muls", "user", 2)
-    failed = run_spore("passes", "--run", str(script), "fail")
+    failed = run_spore("passes", f"--run={script}", "fail")
     assert failed.returncode == 1
     assert "model.py raised RuntimeError: boom" in failed.stderr
     stray = run_spore("passes", "extra")

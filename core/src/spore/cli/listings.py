@@ -98,7 +98,22 @@ def _run_script(script: str, args: tuple[str, ...]) -> dict[str, int]:
     return {name: after[name] - before.get(name, 0) for name in after}
 
 
-@click.command("passes", context_settings={"ignore_unknown_options": True})
+class _ScriptCommand(click.Command):
+    """A command whose arguments after ``--run SCRIPT`` are the script's own, spore's option
+    names (``--json``, ``--help``) included."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        for i, arg in enumerate(args):
+            if arg == "--run" and i + 1 < len(args):
+                return super().parse_args(ctx, [*args[: i + 2], "--", *args[i + 2 :]])
+            if arg.startswith("--run="):
+                return super().parse_args(ctx, [*args[: i + 1], "--", *args[i + 1 :]])
+            if arg == "--":
+                break
+        return super().parse_args(ctx, args)
+
+
+@click.command("passes", cls=_ScriptCommand)
 @JSON_OPTION
 @click.option(
     "--run",

@@ -162,6 +162,7 @@ def test_grouped_kv_heads_are_expanded():
         ({"latent_shape": (2, 4, 5), "sparsity": 0.5}, "must hold 40 video tokens"),
         ({"latent_shape": (2, 4), "sparsity": 0.5}, "latent_shape must be"),
         ({"latent_shape": (2, 4, 4), "sparsity": 0.5, "block_size": 0}, "block_size must be"),
+        ({"latent_shape": (2, 4, 4), "sparsity": 0.5, "block_size": 8.0}, "a positive int"),
     ],
 )
 def test_bad_arguments_raise(kwargs, match):

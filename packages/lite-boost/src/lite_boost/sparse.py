@@ -74,8 +74,8 @@ def _check(
         )
     if not 0.0 <= sparsity < 1.0:
         raise ValueError(f"sparsity must be in [0, 1), got {sparsity}")
-    if block_size < 1:
-        raise ValueError(f"block_size must be positive, got {block_size}")
+    if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:
+        raise ValueError(f"block_size must be a positive int, got {block_size!r}")
 
 
 def _pool(x: torch.Tensor, block_size: int) -> torch.Tensor:

@@ -10,6 +10,8 @@ Protenix widths for N = 96-432).
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 
@@ -30,7 +32,7 @@ DIMS = Dims(**SMALL)
 N = 24
 
 
-def measured_peak(n: int, memory_plan: MemoryPlan, training: bool) -> int:
+def measured_peak(n: int, memory_plan: MemoryPlan, training: bool, batch: int = 1) -> int:
     torch.manual_seed(0)
     block = PairformerBlock(
         n_heads=4,
@@ -42,7 +44,8 @@ def measured_peak(n: int, memory_plan: MemoryPlan, training: bool) -> int:
         dropout=0.0,
     )
     apply_plan(block, memory_plan)
-    s, z, mask = torch.randn(n, 32), torch.randn(n, n, 16), torch.ones(n, n)
+    lead = (batch,) if batch > 1 else ()
+    s, z, mask = torch.randn(*lead, n, 32), torch.randn(*lead, n, n, 16), torch.ones(*lead, n, n)
     with memory.peak() as meter:
         if training:
             s_out, z_out = block(s, z, mask)
@@ -61,11 +64,14 @@ PLANS = [
 ]
 
 
+@pytest.mark.parametrize("batch", [1, 2])
 @pytest.mark.parametrize("training", [False, True])
 @pytest.mark.parametrize("memory_plan", PLANS, ids=["whole", "chunked", "recompute", "inplace"])
-def test_prediction_is_within_the_stated_factor(memory_plan, training) -> None:
-    got = measured_peak(N, memory_plan, training)
-    predicted = predict_peak(N, memory_plan, training=training, dims=DIMS)
+def test_prediction_is_within_the_stated_factor(memory_plan, training, batch) -> None:
+    """Batch 2 too: the transition chunks the batch's rows flattened, which the model counted
+    per sequence (up to 1.47x at batch 2 where batch 1 gave 1.05-1.24x)."""
+    got = measured_peak(N, memory_plan, training, batch)
+    predicted = predict_peak(N, memory_plan, training=training, dims=replace(DIMS, batch=batch))
     assert 0.9 * got <= predicted <= 1.5 * got
 
 

@@ -67,10 +67,13 @@ class ModuleMemory:
 
 
 def _module(kind: PairKind, n: int, c: int | None, d: Dims, recompute: bool) -> ModuleMemory:
-    """One pair module's elements at chunk size ``c`` (None: whole) for one sequence."""
-    whole = c is None or c >= n
-    e = n * n  # pair positions
-    r = e if whole else c * n  # positions in one chunk
+    """One pair module's elements at chunk size ``c`` (None: whole) over the batch. The
+    triangle modules and pair-bias attention chunk each sequence's rows; the transition chunks
+    the batch's rows flattened (a chunk of ``c`` rows of N positions, whatever the batch)."""
+    flat = kind == "transition"
+    whole = c is None or c >= (d.batch * n if flat else n)
+    e = d.batch * n * n  # pair positions
+    r = e if whole else c * n * (1 if flat else d.batch)  # positions in one chunk
     cz, ch = d.c_z, d.c_hidden_mul
     a = d.pair_heads * d.c_hidden_pair_att
     hid = d.transition_n * cz
@@ -108,9 +111,9 @@ def _module(kind: PairKind, n: int, c: int | None, d: Dims, recompute: bool) -> 
     if d.c_s == 0:
         return ModuleMemory(0, 0, 0)
     per = cz + d.n_heads
-    tokens = n * d.c_s
+    tokens = d.batch * n * d.c_s
     work = r * per + 4 * tokens
-    if recompute and c is not None and c < n:
+    if not whole and recompute:
         return ModuleMemory(work, 4 * tokens, e * 2 * cz + r * per + 4 * tokens)
     return ModuleMemory(work, e * per + 7 * tokens, e * per + 4 * tokens)
 
@@ -124,9 +127,9 @@ def _rerun(whole: ModuleMemory, gathered: int, recompute: bool) -> ModuleMemory:
 
 
 def _single(n: int, d: Dims) -> ModuleMemory:
-    """The single transition (O(N), never chunked in effect: one row per sequence)."""
-    hid = 4 * d.c_s
-    return ModuleMemory(n * (d.c_s + 3 * hid), n * (d.c_s + 4 * hid), n * (d.c_s + 2 * hid))
+    """The single transition over the batch (O(N), one row per sequence: counted whole)."""
+    hid, t = 4 * d.c_s, d.batch * n
+    return ModuleMemory(t * (d.c_s + 3 * hid), t * (d.c_s + 4 * hid), t * (d.c_s + 2 * hid))
 
 
 def parameter_count(d: Dims) -> int:
@@ -151,9 +154,9 @@ def _block_parameters(d: Dims) -> int:
     return sum(p.numel() for p in block.parameters())
 
 
-def _whole(plan: MemoryPlan, kind: str, n: int) -> bool:
+def _whole(plan: MemoryPlan, kind: str, n: int, d: Dims) -> bool:
     size = getattr(plan, kind, None)
-    return size is None or size >= n
+    return size is None or size >= (d.batch * n if kind == "transition" else n)
 
 
 def _kinds(mods: list[ModuleMemory]) -> list[tuple[str, ModuleMemory]]:
@@ -190,15 +193,15 @@ def predict_peak(
     size = torch.empty((), dtype=dtype).element_size()
     n, e = tokens, tokens * tokens
     mods = _modules(n, plan, d, training)
-    z, s = e * d.c_z, n * d.c_s
+    z, s = d.batch * e * d.c_z, d.batch * n * d.c_s  # the mods' figures are the batch's too
     if not training:
         if plan.inplace:  # every update is added into the caller's z: no new pair tensor
             chunked_work = [
-                m.work - z if k in INPLACE_KINDS and not _whole(plan, k, n) else m.work
+                m.work - z if k in INPLACE_KINDS and not _whole(plan, k, n, d) else m.work
                 for k, m in _kinds(mods)
             ]
-            return d.batch * size * (2 * s + max(chunked_work))
-        return d.batch * size * (2 * z + 2 * s + max(m.work for m in mods))
+            return size * (2 * s + max(chunked_work))
+        return size * (2 * z + 2 * s + max(m.work for m in mods))
     block_saved = sum(m.saved for m in mods) + 4 * z + 2 * s  # + the residual sums
     grads = parameter_count(d)
     if plan.recompute == "block":
@@ -209,7 +212,7 @@ def predict_peak(
         segments = -(-d.n_blocks // plan.blocks_per_checkpoint)
         others = (plan.blocks_per_checkpoint - 1) * (block_saved + z)
         kept = segments * (z + s) + others + block_saved - 4 * z
-        return size * (d.batch * (kept + z + s + z + transient) + grads)
+        return size * (kept + z + s + z + transient + grads)
     segments = -(-d.n_blocks // plan.blocks_per_checkpoint)
     if plan.recompute == "none":
         kept = d.n_blocks * block_saved
@@ -219,7 +222,7 @@ def predict_peak(
         per = min(plan.blocks_per_checkpoint, d.n_blocks)
         kept = segments * (z + s) + (d.n_blocks + per - 1) * block_saved
     transient = max(m.backward for m in mods)
-    activations = d.batch * (kept + z + s + 2 * z + transient)  # output, its grad, d(z)
+    activations = kept + z + s + 2 * z + transient  # output, its grad, d(z)
     return size * (activations + grads)
 
 

@@ -7,6 +7,7 @@ import torch
 import torch.nn.functional as F
 
 import dvm
+from dvm.backend import make_backend
 
 
 def test_forward_regions_and_fallbacks():
@@ -69,3 +70,30 @@ def test_module_parameters_get_a_backward():
     sums = [f for f in e.fallbacks if f.graph == "backward"]
     assert [f.op for f in sums] == ["aten.sum.dim_IntList"] * 2
     assert all("dim 0" in f.reason for f in sums)
+
+
+def test_a_closure_over_a_model_gets_a_backward():
+    """The backward's leaves come from the result's autograd graph: a closure's parameters
+    (it was skipped when ``fn`` was neither a module nor given inputs that need grad)."""
+    block = _ScaleTanh()
+    e = dvm.explain(lambda t: block(t) * 2, torch.randn(2, 10))
+    assert list(e.graphs) == ["forward", "backward"]
+    assert all(p.grad is None for p in block.parameters())
+
+
+def test_explaining_again_and_again_leaves_the_users_compile_alone():
+    """Each explain compiles a code object of its own: ``fn``'s own stays free of them (9 calls
+    used to pass dynamo's recompile limit of 8, and later explains found nothing, nor did the
+    user's own compile of ``fn``)."""
+
+    def gate(x, y):
+        return F.silu(x) * y
+
+    x, y = torch.randn(4, 8), torch.randn(4, 8)
+    limit = torch._dynamo.config.recompile_limit
+    for _ in range(limit + 2):
+        assert len(dvm.explain(gate, x, y).regions) == 1
+    compiled = []
+    backend = make_backend(lambda kind, graph: compiled.append(graph))
+    torch.testing.assert_close(torch.compile(gate, backend=backend)(x, y), gate(x, y))
+    assert len(compiled) == 1

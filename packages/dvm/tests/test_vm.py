@@ -728,6 +728,23 @@ def test_every_isa_build(isa: str) -> None:
     assert "base" in _lib.builds()
 
 
+@pytest.mark.parametrize("wanted", ["avx2", "V3", "v5"])
+def test_a_dvm_isa_this_machine_cannot_run_is_an_error(monkeypatch, wanted: str) -> None:
+    """A misspelt or unusable DVM_ISA used to switch every compile to the Python reference
+    executor (5-15x slower) without a word."""
+    from dvm import compile as dvm_compile
+
+    monkeypatch.setenv("DVM_ISA", wanted)
+    _lib.library.cache_clear()
+    try:
+        with pytest.raises(ValueError, match=f"DVM_ISA='{wanted}' is not a dvm build.*base"):
+            dvm_compile._select_executor()
+    finally:
+        monkeypatch.delenv("DVM_ISA")
+        _lib.library.cache_clear()
+    assert dvm_compile._select_executor()[1] == "vm"
+
+
 @pytest.mark.parametrize("isa", _lib.builds())
 def test_gelu_accuracy_and_special_values_on_every_build(isa: str) -> None:
     """GELU within |x| 2.5e-7 (erf's bound times |x| / 2) plus an ulp of the float64 value on

@@ -59,8 +59,16 @@ def load(level: str) -> ctypes.CDLL:
 @cache
 def library() -> tuple[ctypes.CDLL, str]:
     """The library in use and its build: ``DVM_ISA`` (read once) if set, else the best of
-    :func:`builds`."""
-    level = os.environ.get("DVM_ISA", "").strip() or builds()[0]
+    :func:`builds`. ``ImportError`` when the VM is not built; ``ValueError`` when ``DVM_ISA``
+    names a build that is not present or that this CPU does not run."""
+    wanted = os.environ.get("DVM_ISA", "").strip()
+    usable = builds()
+    if wanted and wanted not in usable:
+        raise ValueError(
+            f"DVM_ISA={wanted!r} is not a dvm build this machine runs: set one of "
+            f"{', '.join(usable)}, or unset it for the best one"
+        )
+    level = wanted or usable[0]
     return load(level), level
 
 

@@ -98,7 +98,8 @@ def _over_domain(val: torch.Tensor, domain: tuple[int, ...]) -> Strides | None:
 
 def _select_executor() -> tuple[Callable[..., Any], str]:
     """The C++ VM (``dvm.vm.Kernel``, a program encoded once) when it is built, else the
-    reference executor."""
+    reference executor. A ``DVM_ISA`` this machine cannot run is an error (``ValueError``),
+    not a silent switch to the reference executor."""
     try:
         from dvm import _lib, vm
 

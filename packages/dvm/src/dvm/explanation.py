@@ -105,17 +105,39 @@ def explain(fn: Callable[..., Any], *inputs: Any) -> Explanation:
         name = kind if counts[kind] == 1 else f"{kind} {counts[kind]}"
         _record(explanation, name, compiled)
 
-    compiled_fn = torch.compile(fn, backend=make_backend(on_compile))
-    out = compiled_fn(*inputs)
+    def run(*args: Any) -> Any:
+        return fn(*args)
+
+    # a code object of its own for each call: dynamo keeps its compiles per code object, so
+    # compiling ``fn`` itself would count each explain as a recompile of ``fn`` (a new backend
+    # each time) until its recompile limit left later explains, and the user's own compile of
+    # ``fn``, running eagerly
+    run.__code__ = run.__code__.replace()
+    out = torch.compile(run, backend=make_backend(on_compile))(*inputs)
     results = [t for t in _tensors(out) if t.requires_grad]
-    if results:
-        leaves = [t for t in _tensors(inputs) if t.requires_grad]
-        if isinstance(fn, torch.nn.Module):
-            leaves += [p for p in fn.parameters() if p.requires_grad]
-        if leaves:
-            total = sum(t.float().sum() for t in results)
-            torch.autograd.grad(total, leaves, allow_unused=True)
+    leaves = _leaves(results)
+    if leaves:
+        total = sum(t.float().sum() for t in results)
+        torch.autograd.grad(total, leaves, allow_unused=True)
     return explanation
+
+
+def _leaves(results: list[torch.Tensor]) -> list[torch.Tensor]:
+    """The tensors requiring grad that ``results`` were computed from (autograd's leaves:
+    inputs, parameters, also those a closure reads)."""
+    found = [t for t in results if t.grad_fn is None]
+    stack = [t.grad_fn for t in results if t.grad_fn is not None]
+    seen: set[Any] = set()
+    while stack:
+        node = stack.pop()
+        if node is None or node in seen:
+            continue
+        seen.add(node)
+        variable = getattr(node, "variable", None)  # an AccumulateGrad node's leaf
+        if isinstance(variable, torch.Tensor):
+            found.append(variable)
+        stack.extend(next_node for next_node, _ in node.next_functions)
+    return list({id(t): t for t in found}.values())
 
 
 def _tensors(value: Any) -> list[torch.Tensor]:

@@ -697,6 +697,20 @@ def test_threads_do_not_change_results() -> None:
                 assert torch.equal(a, b)
 
 
+def test_outputs_are_cpu_tensors_whatever_the_default_device() -> None:
+    """Under another default device the outputs came from there: a meta one gave the VM null
+    pointers (refused), a CUDA one would have handed it device memory."""
+    x = torch.randn(3, 7)
+    (want,) = vm.run(softmax(), [x], x.shape, [torch.float32])
+    launch = vm.Kernel(softmax(), [torch.float32]).bind(x.shape, [x], [(0, x.shape)], [x.shape])
+    with torch.device("meta"):
+        (got,) = vm.run(softmax(), [x], x.shape, [torch.float32])
+        (bound,) = launch([x])
+    assert got.device.type == bound.device.type == "cpu"
+    assert torch.equal(got, want)
+    assert torch.equal(bound, want)
+
+
 def test_zero_size_domain() -> None:
     x = torch.randn(0, 5)
     (y,) = vm.run(softmax(), [x], (0, 5), [torch.float32])

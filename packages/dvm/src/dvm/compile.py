@@ -57,9 +57,11 @@ class _Reference:
             inputs = [args[i].view(view) for i, view in operands]
             outs = run_reference(self.program, inputs, domain, self.out_dtypes, self.reduced)
             return [
-                (o if s is None else torch.empty_strided(o.shape, s, dtype=o.dtype).copy_(o)).view(
-                    shape
-                )
+                (
+                    o
+                    if s is None
+                    else torch.empty_strided(o.shape, s, dtype=o.dtype, device=o.device).copy_(o)
+                ).view(shape)
                 for o, shape, s in zip(outs, out_shapes, layouts, strict=True)
             ]
 

@@ -36,6 +36,7 @@ _STATUS = {
     5: "no memory for the VM's registers",
 }
 _PTR = ctypes.c_void_p
+_CPU = torch.device("cpu")
 
 
 def _buffer(typecode: str, values: Sequence[Any]) -> tuple[array, int]:
@@ -256,9 +257,9 @@ class Kernel:
         outs = []
         for dtype, red, layout in zip(self.out_dtypes, self.reduced, layouts, strict=True):
             if layout is None:
-                out = torch.empty(output_shape(dims, red), dtype=dtype)
+                out = torch.empty(output_shape(dims, red), dtype=dtype, device=_CPU)
             else:
-                out = torch.empty_strided(dims, layout, dtype=dtype)
+                out = torch.empty_strided(dims, layout, dtype=dtype, device=_CPU)
             longs += out.stride()
             if red:
                 longs[-1] = 0  # every column of a row maps to the row's one element
@@ -412,8 +413,9 @@ class Launch:
         for i, picks in self._operands:
             strides = args[i].stride()
             longs += strides if picks is None else [strides[j] if j >= 0 else 0 for j in picks]
-        # empty_strided: torch.empty parses a shape 1-3 µs slower a call
-        outs = [torch.empty_strided(s, st, dtype=d) for s, st, d in self._allocs]
+        # empty_strided: torch.empty parses a shape 1-3 µs slower a call; on the CPU whatever
+        # the default device (a CUDA one would hand the VM device pointers)
+        outs = [torch.empty_strided(s, st, dtype=d, device=_CPU) for s, st, d in self._allocs]
         longs += self._tail
         ptrs = [args[i].data_ptr() for i, _ in self._operands] + [o.data_ptr() for o in outs]
         self._kernel._run(ptrs, self._in_codes, longs, self._nd, torch.get_num_threads())

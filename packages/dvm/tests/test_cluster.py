@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 
-from dvm.cluster import ALONE, cluster
+from dvm.cluster import ALONE, cluster, is_barrier
 from dvm.compile import compile_graph
 from dvm.program import MAX_INPUTS, MAX_OUTPUTS, MAX_REGS
 
@@ -192,3 +192,19 @@ def test_two_regions_never_read_each_others_outputs():
     assert not any("could not compile" in why for _, why in c.fallbacks), c.fallbacks
     assert len(c.regions) >= 2
     assert sum(hasattr(t, "region") for t in c.run.targets) == len(c.regions)
+
+
+def test_an_auto_functionalized_op_is_a_barrier_by_the_op_it_wraps():
+    """Its side effect is the wrapped op's: the purity cache keyed by the wrapper alone gave
+    every later auto_functionalized node the first one's answer (a gradient accumulation seen
+    as pure after a pure mutating op, or the other way)."""
+    from torch.fx import Graph
+
+    wrapper = torch.ops.higher_order.auto_functionalized
+    g = Graph()
+    x = g.placeholder("x")
+    pure = g.call_function(wrapper, (torch.ops.aten.add_.Tensor,), {"self": x, "other": x})
+    effect = g.call_function(wrapper, (torch.ops.inductor.accumulate_grad_.default,), {})
+    assert [is_barrier(pure), is_barrier(effect)] == [pure.is_impure(), effect.is_impure()]
+    assert is_barrier(effect)
+    assert not is_barrier(pure)

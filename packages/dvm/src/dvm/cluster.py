@@ -21,6 +21,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from torch.fx import GraphModule, Node
@@ -120,16 +121,23 @@ def broadcast(a: Shape, b: Shape) -> Shape | None:
 _numel = math.prod
 
 
-_IMPURE: dict[int, bool] = {}  # by id(target): an OpOverload's hash is Python code
+_IMPURE: dict[Any, bool] = {}  # by id(target): an OpOverload's hash is Python code
+_BY_FIRST_ARG = {  # wrappers whose side effect is the wrapped op's (their first argument)
+    id(torch.ops.higher_order.auto_functionalized),
+    id(torch.ops.higher_order.auto_functionalized_v2),
+}
 
 
 def is_barrier(n: Node) -> bool:
     """Whether ``n`` has a side effect (no region spans it; it keeps its place)."""
     if n.op != "call_function":
         return False
-    impure = _IMPURE.get(id(n.target))
+    key: Any = id(n.target)
+    if key in _BY_FIRST_ARG and n.args:
+        key = (key, id(n.args[0]))
+    impure = _IMPURE.get(key)
     if impure is None:
-        impure = _IMPURE[id(n.target)] = n.is_impure()
+        impure = _IMPURE[key] = n.is_impure()
     return impure
 
 

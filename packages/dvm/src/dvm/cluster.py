@@ -121,7 +121,7 @@ def broadcast(a: Shape, b: Shape) -> Shape | None:
 _numel = math.prod
 
 
-_IMPURE: dict[Any, bool] = {}  # by id(target): an OpOverload's hash is Python code
+_IMPURE: dict[Any, bool] = {}  # by id(target) (an OpOverload's hash is Python code)
 _BY_FIRST_ARG = {  # wrappers whose side effect is the wrapped op's (their first argument)
     id(torch.ops.higher_order.auto_functionalized),
     id(torch.ops.higher_order.auto_functionalized_v2),

@@ -477,7 +477,9 @@ def test_every_pass_is_idempotent() -> None:
 # Dynamo graphs (the pre-grad stage) ---------------------------------------------------------
 
 
-def _dynamo_graph(fn: Callable[..., Any], *args: Any) -> tuple[torch.fx.GraphModule, list]:
+def _dynamo_graph(
+    fn: Callable[..., Any], *args: Any, dynamic: bool | None = None
+) -> tuple[torch.fx.GraphModule, list]:
     """``fn``'s graph as dynamo hands it to a backend (Inductor's pre-grad stage sees it so),
     and the real tensors it takes (parameters included)."""
     captured = []
@@ -487,7 +489,7 @@ def _dynamo_graph(fn: Callable[..., Any], *args: Any) -> tuple[torch.fx.GraphMod
         return gm.forward
 
     torch._dynamo.reset()
-    torch.compile(fn, backend=backend, fullgraph=True)(*args)
+    torch.compile(fn, backend=backend, fullgraph=True, dynamic=dynamic)(*args)
     ((gm, inputs),) = captured
     return gm, inputs
 
@@ -559,6 +561,28 @@ def _mutated_between(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     return w * (h * torch.rsqrt(variance + 1e-6))
 
 
+def _set_between(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """``h[..., 0] = v`` between the statistics and the product (dynamo: operator.setitem)."""
+    h = x * 1.0
+    variance = h.pow(2).mean(-1, keepdim=True)
+    h[..., 0] = 100.0
+    return w * (h * torch.rsqrt(variance + 1e-6))
+
+
+def _iadd_of_an_alias_between(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    h = x * 1.0
+    variance = h.pow(2).mean(-1, keepdim=True)
+    alias = h
+    alias += 100.0  # dynamo: operator.iadd
+    return w * (h * torch.rsqrt(variance + 1e-6))
+
+
+def _set_between_add_and_norm(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    total = x + x.sin()
+    total[..., 0] = 0.0
+    return w * (total * torch.rsqrt(total.pow(2).mean(-1, keepdim=True) + 1e-6))
+
+
 def _layer_norm_two_dims(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     return torch.nn.functional.layer_norm(x, x.shape[-2:])
 
@@ -575,6 +599,9 @@ def _layer_norm_fp32_weight(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     ("fn", "dtype"),
     [
         (_mutated_between, torch.float32),
+        (_set_between, torch.float32),
+        (_iadd_of_an_alias_between, torch.float32),
+        (_set_between_add_and_norm, torch.float32),
         (_layer_norm_two_dims, torch.float32),
         (_rms_norm_default_eps, torch.float32),
         (_layer_norm_fp32_weight, BF16),
@@ -585,3 +612,40 @@ def test_training_forms_left_alone(fn: Callable[..., Any], dtype: torch.dtype) -
     gm, inputs = _dynamo_graph(fn, x, w)
     assert [p(gm) for p in TRAIN_PASSES] == [0, 0, 0]
     _close(gm(*inputs), fn(x, w), dtype)
+
+
+def _shaped_by_x(x: torch.Tensor, w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    return (
+        torch.nn.functional.layer_norm(x, x.shape[-1:], w),
+        torch.nn.functional.rms_norm(x, x.shape[-1:], w, 1e-6),
+    )
+
+
+def test_training_norm_shaped_by_a_symbolic_size_is_left_alone(mfusion_compile: Any) -> None:
+    """``layer_norm(x, x.shape[-1:])`` with a dynamic row: the shape is a node (the pass failed
+    the compile with "'Node' object is not iterable")."""
+    x, w = (t.requires_grad_() for t in _x_w(torch.float32))
+    gm, _ = _dynamo_graph(_shaped_by_x, x, w, dynamic=True)
+    assert [p(gm) for p in TRAIN_PASSES] == [0, 0, 0]
+    torch._dynamo.reset()
+    dynamic_x = x.detach().clone().requires_grad_()
+    torch._dynamo.mark_dynamic(dynamic_x, 1)
+    compiled = mfusion_compile(_shaped_by_x, dynamic_x, w)
+    _close(compiled.outputs, _shaped_by_x(x, w), torch.float32)
+
+
+def test_weightless_norms_with_a_dynamic_row_compile(mfusion_compile: Any) -> None:
+    """Their ones had a raw SymInt for a size (Inductor failed to lower ``aten.full``); a
+    weightless add + RMSNorm with a dynamic row is left to the RMSNorm pass."""
+
+    def fn(x: torch.Tensor, r: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        total = x + r
+        return _rms(x), _rms(total)
+
+    x, r = torch.randn(4, 24), torch.randn(4, 24)
+    torch._dynamo.mark_dynamic(x, 1)
+    torch._dynamo.mark_dynamic(r, 1)
+    with torch.no_grad():
+        compiled = mfusion_compile(fn, x, r)
+    _close(compiled.outputs, fn(x, r), torch.float32)
+    assert compiled.spore_ops() == {RMS: 2}

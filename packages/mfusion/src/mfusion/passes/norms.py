@@ -188,7 +188,7 @@ def emit(
     from torch.utils._pytree import tree_leaves
 
     node = graph.call_function(target, args, kwargs)
-    inputs = node.all_input_nodes or ([like] if like is not None else [])
+    inputs = node.all_input_nodes + ([like] if like is not None else [])
     values = [_val(a) for a in inputs]
     leaves = [v for v in tree_leaves(values) if isinstance(v, torch.Tensor)]
     modes = {v.fake_mode for v in leaves if isinstance(v, FakeTensor)}
@@ -210,10 +210,13 @@ def spore_op(name: str) -> Any:
 def ones(graph: Graph, like: Node) -> Node:
     """A ``(last dimension,)`` tensor of ones in ``like``'s dtype and device."""
     value = _val(like)
+    size = value.shape[-1]
+    if not isinstance(size, int):  # symbolic (mark_dynamic): read off ``like`` at run time
+        size = emit(graph, aten.sym_size.int, like, -1)
     return emit(
         graph,
         aten.full.default,
-        [value.shape[-1]],
+        [size],
         1.0,
         dtype=value.dtype,
         layout=torch.strided,
@@ -361,8 +364,12 @@ def plain_add(node: Node) -> bool:
 
 def add_rms_norm_anchor(graph: Graph, match: RMSNormMatch) -> Node | None:
     """The node after which ``spore.add_rms_norm`` of ``match`` (whose x is the sum) goes: the
-    sum, or the weight when that comes later; None when the sum is used before the weight."""
+    sum, or the weight when that comes later; None when the sum is used before the weight, or
+    when there is no weight and the row's length is symbolic (its ones would read the size off
+    the sum, which the op replaces)."""
     added, weight = match.x, match.weight
+    if weight is None and not isinstance(_val(added).shape[-1], int):
+        return None
     position = _position(graph)
     if weight is None or position[weight] < position[added]:
         return added

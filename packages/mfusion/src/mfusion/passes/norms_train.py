@@ -21,6 +21,7 @@ inference graphs stay with the post-grad passes. A form with an in-place op betw
 from __future__ import annotations
 
 import inspect
+import operator
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -39,6 +40,17 @@ def _trains(node: Node) -> bool:
     return isinstance(found, torch.Tensor) and found.requires_grad
 
 
+_IN_PLACE_OPERATORS = frozenset(
+    getattr(operator, name)
+    for name in (
+        "setitem", "delitem", "iadd", "iand", "iconcat", "ifloordiv", "ilshift", "imatmul",
+        "imod", "imul", "ior", "ipow", "irshift", "isub", "itruediv", "ixor",
+    )
+)  # fmt: skip
+"""``t[i] = v``, ``del t[i]`` and ``t += v`` (...) as dynamo writes them: in place on a tensor,
+though their names do not say so (Inductor's ``is_mutation_op`` reads the name)."""
+
+
 def _mutation_free(graph: Graph, nodes: list[Node]) -> bool:
     """No in-place op between the first and the last of ``nodes`` in ``graph``'s order."""
     from torch._inductor.pattern_matcher import is_mutation_op
@@ -50,9 +62,13 @@ def _mutation_free(graph: Graph, nodes: list[Node]) -> bool:
             inside = bool(wanted)
             if not inside:
                 return True
-        elif inside and is_mutation_op(node):
+        elif inside and (is_mutation_op(node) or _in_place_operator(node)):
             return False
     return not wanted
+
+
+def _in_place_operator(node: Node) -> bool:
+    return node.op == "call_function" and node.target in _IN_PLACE_OPERATORS
 
 
 class _Renamed:
@@ -184,7 +200,8 @@ def _functional_norm(node: Node, function: Callable[..., Any]) -> tuple[Any, ...
         return None
     if x_value.dim() < 1 or not isinstance(eps, float):
         return None
-    if list(args["normalized_shape"]) != [x_value.shape[-1]]:
+    shape = args["normalized_shape"]  # a node when dynamo traced x.shape[-1:] symbolically
+    if not isinstance(shape, (list, tuple)) or list(shape) != [x_value.shape[-1]]:
         return None
     params = [args["weight"], args.get("bias")]
     for param in params:

@@ -151,9 +151,7 @@ class Executor:
         return [s.fn for s in self.steps]
 
     def __call__(self, *args: Any) -> Any:
-        if len(args) != self.n_inputs:
-            raise TypeError(f"the graph takes {self.n_inputs} inputs, got {len(args)}")
-        return self._run([*args, *([None] * (self.n_slots - self.n_inputs))])
+        return self.boxed(list(args))  # the caller keeps its own references
 
     def boxed(self, args: list[Any]) -> Any:
         """Run on ``args`` and clear that list first (AOT autograd's boxed calling convention):

@@ -204,16 +204,15 @@ def predict_peak(
         return size * (2 * z + 2 * s + max(m.work for m in mods))
     block_saved = sum(m.saved for m in mods) + 4 * z + 2 * s  # + the residual sums
     grads = parameter_count(d)
+    segments = -(-d.n_blocks // plan.blocks_per_checkpoint)
     if plan.recompute == "block":
         # each pair module reruns in its own backward: a segment's rerun keeps only the module
         # inputs, and the inputs of the modules not yet differentiated stay until theirs runs
         alive = [0, 1, 2, 3, 4, 4, 4]
         transient = max(k * z + m.backward for k, m in zip(alive, mods, strict=False))
-        segments = -(-d.n_blocks // plan.blocks_per_checkpoint)
         others = (plan.blocks_per_checkpoint - 1) * (block_saved + z)
         kept = segments * (z + s) + others + block_saved - 4 * z
         return size * (kept + z + s + z + transient + grads)
-    segments = -(-d.n_blocks // plan.blocks_per_checkpoint)
     if plan.recompute == "none":
         kept = d.n_blocks * block_saved
     else:  # "selective": the segment inputs and every block's kept matmul and attention

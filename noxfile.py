@@ -92,6 +92,14 @@ def _install(session: nox.Session, *paths: str, test: str | None = None) -> None
     session.install(*CONSTRAINTS, *wheels)
 
 
+def _pytest(session: nox.Session, *args: str, env: dict[str, str] | None = None) -> None:
+    """pytest ``args`` with TMPDIR in the session's own folder: pytest's tmp_path, the tests'
+    child processes and Inductor's default cache (/tmp/torchinductor_<user>, never cleaned)
+    all write there, so a run leaves nothing behind in the system's /tmp."""
+    session.create_tmp()
+    session.run("pytest", *args, *session.posargs, env=env)
+
+
 def _all_packages() -> list[str]:
     """Every catalog package and its local dependencies, each once, dependencies first."""
     paths: list[str] = []
@@ -113,7 +121,7 @@ def lint(session: nox.Session) -> None:
 def core(session: nox.Session) -> None:
     """spore-core alone: its unit and CLI tests."""
     session.install(*CONSTRAINTS, "./core[test]")
-    session.run("pytest", "core/tests", *session.posargs)
+    _pytest(session, "core/tests")
 
 
 @nox.session
@@ -122,7 +130,7 @@ def tests(session: nox.Session, package: str) -> None:
     """One plugin package alone: only spore-core, the package and its declared dependencies."""
     entry = PACKAGES[package]
     _install(session, *_local_closure(entry.path), test=f"./{entry.path}")
-    session.run("pytest", f"{entry.path}/tests", *session.posargs)
+    _pytest(session, f"{entry.path}/tests")
 
 
 @nox.session(default=False)
@@ -130,14 +138,14 @@ def mfusion_full(session: nox.Session) -> None:
     """mfusion's long model matrix (every model x forward/backward x fp32/bf16; not default)."""
     entry = PACKAGES["mfusion"]
     _install(session, *_local_closure(entry.path), test=f"./{entry.path}")
-    session.run("pytest", f"{entry.path}/tests", "-m", "slow", *session.posargs)
+    _pytest(session, f"{entry.path}/tests", "-m", "slow")
 
 
 @nox.session
 def integration(session: nox.Session) -> None:
     """Everything installed together: catalog, docs, README commands and CLI end to end."""
     _install(session, *_all_packages(), test=f"./{CORE}")
-    session.run("pytest", "tests", *session.posargs)
+    _pytest(session, "tests")
 
 
 @nox.session(default=False)
@@ -147,7 +155,7 @@ def mindspore(session: nox.Session) -> None:
     MindSpore needs numpy<2, which constraints.txt does not allow, so torch is pinned here.
     """
     session.install("torch==2.13.0", "mindspore==2.10.0", "numpy<2", "./core[test]")
-    session.run("pytest", "core/tests_mindspore", *session.posargs)
+    _pytest(session, "core/tests_mindspore")
 
 
 @nox.session
@@ -162,7 +170,7 @@ def protenix(session: nox.Session) -> None:
     session.install(*CONSTRAINTS, "--no-deps", "protenix")
     session.install(*CONSTRAINTS, "rdkit", "optree", "ml-collections", "scipy")
     tests = f"{entry.path}/tests_protenix"
-    session.run("pytest", tests, *session.posargs, env={"LAYERNORM_TYPE": "torch"})
+    _pytest(session, tests, env={"LAYERNORM_TYPE": "torch"})
 
 
 @nox.session(default=False)

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import functools
 import os
 import sys
 import time
@@ -21,8 +22,12 @@ def launch(
     ranks: list[int] | None = None,
     timeout: float = 30,
     port: int | None = None,
+    tmp: Path,
 ) -> tuple[list[dict], float]:
-    """Run ``ranks`` (default: all) of a ``world``-rank scenario; JSON per rank, wall time."""
+    """Run ``ranks`` (default: all) of a ``world``-rank scenario; JSON per rank, wall time.
+
+    The ranks' temporary files (a distributed checkpoint) go under ``tmp``.
+    """
     port = port or free_port()
     command = [sys.executable, str(WORKER), scenario]
     started = time.monotonic()
@@ -31,12 +36,12 @@ def launch(
             [*command, str(r), str(world), str(port), str(timeout)]
             for r in (range(world) if ranks is None else ranks)
         ],
-        env=dict(os.environ, OMP_NUM_THREADS="1"),
+        env=dict(os.environ, OMP_NUM_THREADS="1", TMPDIR=str(tmp)),
         timeout=HARD_TIMEOUT_S,
     )
     return results, time.monotonic() - started
 
 
 @pytest.fixture
-def ranks():
-    return launch
+def ranks(tmp_path):
+    return functools.partial(launch, tmp=tmp_path)

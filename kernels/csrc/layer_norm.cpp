@@ -1,6 +1,6 @@
 // layer_norm over the last dimension, forward and backward. Statistics are fp32 and two-pass
-// per row (mean, then the sum of squared deviations from it; the row is in cache for the second
-// pass), the mean kept as the row's first value plus the mean of the deviations from it (see
+// per row (a first mean, then the deviations from it and their squares; the row is in cache for
+// the second pass), the mean kept as that first mean plus the mean deviation from it (see
 // Centre); one rounding per output. weight and bias are optional (null: 1 and 0).
 #include <omp.h>
 
@@ -12,27 +12,28 @@
 namespace spore {
 namespace {
 
-// A row's mean as shift + offset: shift is the row's first value, offset the mean of x - shift.
-// When the mean is large against the spread, x - shift is small and exact, so neither the sum
-// (whose rounding grows with the magnitude of its terms) nor x - mean (whose fp32 mean would be
-// off by up to half an ulp of its magnitude) loses the mean's magnitude: x is centred as
+// A row's mean as shift + offset: shift is a first fp32 mean of the row, offset the mean of
+// x - shift. Whatever the values, x - shift is then of the size of the spread, so neither the
+// second pass's sums nor x - mean (whose fp32 mean would be off by up to half an ulp of its
+// magnitude) loses accuracy to the mean's magnitude or to one large value: x is centred as
 // (x - shift) - offset.
 struct Centre {
     float shift, offset;
     float of(float v) const { return (v - shift) - offset; }
 };
 
+// The first mean: the sum of x / cols (each term scaled, so that the sum cannot overflow).
 template <typename T>
-inline Centre row_centre(const typename T::storage* xr, int64_t cols) {
-    const float shift = T::load(xr[0]);
+inline float row_shift(const typename T::storage* xr, int64_t cols) {
+    const float scale = 1.0f / static_cast<float>(cols);
     float acc[LANES] = {};
     int64_t c0 = 0;
     for (; c0 + LANES <= cols; c0 += LANES) {
 #pragma omp simd
-        for (int64_t l = 0; l < LANES; ++l) acc[l] += T::load(xr[c0 + l]) - shift;
+        for (int64_t l = 0; l < LANES; ++l) acc[l] += T::load(xr[c0 + l]) * scale;
     }
-    for (int64_t c = c0; c < cols; ++c) acc[c - c0] += T::load(xr[c]) - shift;
-    return {shift, fold(acc) / static_cast<float>(cols)};
+    for (int64_t c = c0; c < cols; ++c) acc[c - c0] += T::load(xr[c]) * scale;
+    return fold(acc);
 }
 
 struct RowStats {
@@ -40,24 +41,30 @@ struct RowStats {
     float rstd;
 };
 
+// The variance is the mean square of x - shift less the square of offset, their mean: offset
+// is small against the spread (shift is already a mean), so the difference loses nothing.
 template <typename T>
 inline RowStats row_stats(const typename T::storage* xr, int64_t cols, float eps) {
-    const Centre centre = row_centre<T>(xr, cols);
-    float acc[LANES] = {};
+    const float shift = row_shift<T>(xr, cols);
+    float sum[LANES] = {}, sq[LANES] = {};
     int64_t c0 = 0;
     for (; c0 + LANES <= cols; c0 += LANES) {
 #pragma omp simd
         for (int64_t l = 0; l < LANES; ++l) {
-            const float d = centre.of(T::load(xr[c0 + l]));
-            acc[l] += d * d;
+            const float d = T::load(xr[c0 + l]) - shift;
+            sum[l] += d;
+            sq[l] += d * d;
         }
     }
     for (int64_t c = c0; c < cols; ++c) {
-        const float d = centre.of(T::load(xr[c]));
-        acc[c - c0] += d * d;
+        const float d = T::load(xr[c]) - shift;
+        sum[c - c0] += d;
+        sq[c - c0] += d * d;
     }
-    const float var = fold(acc) / static_cast<float>(cols);
-    return {centre, 1.0f / std::sqrt(var + eps)};
+    const float n = static_cast<float>(cols);
+    const float offset = fold(sum) / n;
+    const float var = std::max(fold(sq) / n - offset * offset, 0.0f);
+    return {{shift, offset}, 1.0f / std::sqrt(var + eps)};
 }
 
 template <typename T, bool HasW, bool HasB>
@@ -94,30 +101,37 @@ template <typename T, bool HasW>
 inline RowGrad row_grad(const typename T::storage* gr, const typename T::storage* xr,
                         const float* w, int64_t cols, float eps) {
     const float n = static_cast<float>(cols);
-    const Centre centre = row_centre<T>(xr, cols);
-    float sq[LANES] = {}, sum_gw[LANES] = {}, dot[LANES] = {};
+    const float shift = row_shift<T>(xr, cols);
+    float sum[LANES] = {}, sq[LANES] = {}, sum_gw[LANES] = {}, dot[LANES] = {};
     int64_t c0 = 0;
     for (; c0 + LANES <= cols; c0 += LANES) {
 #pragma omp simd
         for (int64_t l = 0; l < LANES; ++l) {
-            const float d = centre.of(T::load(xr[c0 + l]));
+            const float d = T::load(xr[c0 + l]) - shift;
             float gw = T::load(gr[c0 + l]);
             if constexpr (HasW) gw *= w[c0 + l];
+            sum[l] += d;
             sq[l] += d * d;
             sum_gw[l] += gw;
             dot[l] += gw * d;
         }
     }
     for (int64_t c = c0; c < cols; ++c) {
-        const float d = centre.of(T::load(xr[c]));
+        const float d = T::load(xr[c]) - shift;
         float gw = T::load(gr[c]);
         if constexpr (HasW) gw *= w[c];
+        sum[c - c0] += d;
         sq[c - c0] += d * d;
         sum_gw[c - c0] += gw;
         dot[c - c0] += gw * d;
     }
-    const float rstd = 1.0f / std::sqrt(fold(sq) / n + eps);
-    return {centre, rstd, fold(sum_gw) / n, fold(dot) * rstd / n};
+    const float offset = fold(sum) / n;
+    const float var = std::max(fold(sq) / n - offset * offset, 0.0f);
+    const float rstd = 1.0f / std::sqrt(var + eps);
+    const float total_gw = fold(sum_gw);
+    // sum of gw * (d - offset) = sum of gw * d - offset * sum of gw
+    const float k = (fold(dot) - offset * total_gw) * rstd / n;
+    return {{shift, offset}, rstd, total_gw / n, k};
 }
 
 // dx for N consecutive rows (their statistics in st) in one pass over the columns, with their

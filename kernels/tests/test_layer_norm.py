@@ -251,3 +251,35 @@ def test_every_installed_build_is_accurate_for_a_large_mean(isa) -> None:
     exact = op.reference(x.double(), w.double(), b.double(), 1e-5)
     torch_error = (F.layer_norm(x, (13824,), w, b, 1e-5).double() - exact).abs().max()
     assert (y.double() - exact).abs().max() <= 2 * torch_error
+
+
+@pytest.mark.parametrize("isa", _lib.available())
+@pytest.mark.parametrize("column", [0, 2047, 4095])
+def test_every_installed_build_is_accurate_with_an_outlier_anywhere_in_the_row(isa, column) -> None:
+    """One large value costs the row's other values about the accuracy it costs torch's,
+    wherever it sits (with the row's first value as the kernel's shift, 100x more at column 0)."""
+    fwd = _lib.function("spore_layer_norm", op._FWD, _lib.load(isa))
+    bwd = _lib.function("spore_layer_norm_backward", op._BWD, _lib.load(isa))
+    g = torch.Generator().manual_seed(4)
+    x, w, b, grad = (torch.randn(n, generator=g) for n in ((2, 4096), 4096, 4096, (2, 4096)))
+    x = x.view(2, 4096).clone()
+    grad = grad.view(2, 4096)
+    x[:, column] = 1e4
+    y, dx, dw, db = (torch.empty_like(t) for t in (x, x, w, b))
+    code = _lib.dtype_code(x)
+    assert fwd(x.data_ptr(), w.data_ptr(), b.data_ptr(), y.data_ptr(), 2, 4096, 1e-5, code, 2) == 0
+    ptrs = (grad, x, w, dx, dw, db)
+    assert bwd(*(t.data_ptr() for t in ptrs), 2, 4096, 1e-5, code, 2) == 0
+
+    leaves = [t.double().requires_grad_() for t in (x, w, b)]
+    exact = F.layer_norm(leaves[0], (4096,), *leaves[1:], 1e-5)
+    exact_grads = torch.autograd.grad(exact, leaves, grad.double())
+    eager = [t.clone().requires_grad_() for t in (x, w, b)]
+    torch_y = F.layer_norm(eager[0], (4096,), *eager[1:], 1e-5)
+    torch_grads = torch.autograd.grad(torch_y, eager, grad)
+    others = torch.arange(4096) != column
+    for ours, theirs, truth in zip(
+        (y, dx, dw, db), (torch_y, *torch_grads), (exact, *exact_grads), strict=True
+    ):
+        error = (ours.double() - truth)[..., others].abs().max()
+        assert error <= 3 * (theirs.double() - truth)[..., others].abs().max()

@@ -5,7 +5,9 @@
 // n when there are fewer work units than threads; one rounding per output. Backward recomputes
 // the mean (fp32 sums within segments, double across them); forward saves only x. Both work on
 // x less a pivot, the first value of its column (when finite): a mean far from zero against
-// the spread would otherwise put its fp32 rounding into every x - mean.
+// the spread would otherwise put its fp32 rounding into every x - mean. A column whose pivot
+// turns out far from its mean against its spread (a large first value) is worked out again
+// with its mean as the pivot: x - pivot would otherwise round at the pivot's magnitude.
 #include <omp.h>
 
 #include <algorithm>
@@ -98,6 +100,15 @@ std::vector<float> pivots(const typename T::storage* x, int64_t outer, int64_t n
         }
     }
     return shift;
+}
+
+constexpr float FAR = 64.0f;  // a pivot is far from the mean past sqrt(FAR) standard deviations
+
+// The pivot that replaces `shift` for values whose mean less shift is `dev` and whose mean
+// square deviation is `var`: shift + dev when shift is far from the mean, else shift itself.
+inline float repivot(float shift, float dev, float var) {
+    const float moved = shift + dev;
+    return dev * dev > FAR * var && std::isfinite(moved) ? moved : shift;
 }
 
 // Moments of at most ROW_SEGMENT contiguous values less `shift`: LANES Welford states (one SIMD
@@ -230,16 +241,12 @@ struct Plan {
     int64_t column_of(int64_t unit) const { return (unit % blocks) * block; }
 };
 
+// The moments of x[o, :, j] less shift[o * inner + j], part p's at pmean and pm2's
+// (o * parts + p) * inner + j, then merged into part 0's.
 template <typename T>
-void mean_var_fwd(const void* xp, void* meanp, void* varp, int64_t outer, int64_t n,
-                  int64_t inner, int64_t correction, int32_t threads) {
-    const auto* x = in<T>(xp);
-    const Plan plan(outer, n, inner, threads);
-    const int64_t parts = plan.parts;
-    // Moments of part p of x[o, :, j] less shift[o * inner + j] at (o * parts + p) * inner + j.
-    std::vector<float> pmean(static_cast<size_t>(outer * parts * inner));
-    std::vector<float> pm2(pmean.size());
-    const std::vector<float> shift = pivots<T>(x, outer, n, inner);
+void moments(const typename T::storage* x, const Plan& plan, int64_t outer, int64_t inner,
+             const float* shift, float* pmean, float* pm2, int32_t threads) {
+    const int64_t n = plan.n, parts = plan.parts;
 #pragma omp parallel for num_threads(threads) schedule(static)
     for (int64_t task = 0; task < plan.units * parts; ++task) {
         const int64_t unit = task / parts, p = task % parts;
@@ -254,10 +261,6 @@ void mean_var_fwd(const void* xp, void* meanp, void* varp, int64_t outer, int64_
             block_moments<T>(base, plan.length(p), inner, width, s, &pmean[at], &pm2[at]);
         }
     }
-    auto* mean_out = out<T>(meanp);
-    auto* var_out = out<T>(varp);
-    const float divisor = static_cast<float>(std::max<int64_t>(n - correction, 0));
-    const float nan = std::numeric_limits<float>::quiet_NaN();
 #pragma omp parallel for num_threads(threads) schedule(static)
     for (int64_t o = 0; o < outer; ++o) {
         float* mean = &pmean[o * parts * inner];
@@ -267,6 +270,39 @@ void mean_var_fwd(const void* xp, void* meanp, void* varp, int64_t outer, int64_
             merge(mean, m2, count, mean + p * inner, m2 + p * inner, plan.length(p), inner);
             count += plan.length(p);
         }
+    }
+}
+
+template <typename T>
+void mean_var_fwd(const void* xp, void* meanp, void* varp, int64_t outer, int64_t n,
+                  int64_t inner, int64_t correction, int32_t threads) {
+    const auto* x = in<T>(xp);
+    const Plan plan(outer, n, inner, threads);
+    const int64_t parts = plan.parts;
+    // Moments of part p of x[o, :, j] less shift[o * inner + j] at (o * parts + p) * inner + j.
+    std::vector<float> pmean(static_cast<size_t>(outer * parts * inner));
+    std::vector<float> pm2(pmean.size());
+    std::vector<float> shift = pivots<T>(x, outer, n, inner);
+    moments<T>(x, plan, outer, inner, shift.data(), pmean.data(), pm2.data(), threads);
+    bool moved = false;
+    for (int64_t o = 0; n > 0 && o < outer; ++o) {
+        for (int64_t j = 0; j < inner; ++j) {
+            const int64_t at = o * parts * inner + j;
+            float& s = shift[o * inner + j];
+            const float pivot = repivot(s, pmean[at], pm2[at] / static_cast<float>(n));
+            moved = moved || pivot != s;
+            s = pivot;
+        }
+    }
+    if (moved) moments<T>(x, plan, outer, inner, shift.data(), pmean.data(), pm2.data(), threads);
+    auto* mean_out = out<T>(meanp);
+    auto* var_out = out<T>(varp);
+    const float divisor = static_cast<float>(std::max<int64_t>(n - correction, 0));
+    const float nan = std::numeric_limits<float>::quiet_NaN();
+#pragma omp parallel for num_threads(threads) schedule(static)
+    for (int64_t o = 0; o < outer; ++o) {
+        const float* mean = &pmean[o * parts * inner];
+        const float* m2 = &pm2[o * parts * inner];
         for (int64_t j = 0; j < inner; ++j) {
             mean_out[o * inner + j] = T::store(n > 0 ? mean[j] + shift[o * inner + j] : nan);
             var_out[o * inner + j] = T::store(n > 0 ? m2[j] / divisor : nan);
@@ -274,42 +310,59 @@ void mean_var_fwd(const void* xp, void* meanp, void* varp, int64_t outer, int64_
     }
 }
 
-// Column sums of len rows of width columns (rows stride apart) less the row `shift`, added
-// into sum: fp32 within segments (ROW_SEGMENT values, or STEPS rows), double across them.
+// Column sums of len rows of width columns (rows stride apart) less the row `shift`, and of
+// their squares, added into sum and sq: fp32 within segments (ROW_SEGMENT values, or STEPS
+// rows), double across them. scratch holds 2 * width floats.
 template <typename T>
 void block_sums(const typename T::storage* x, int64_t len, int64_t stride, int64_t width,
-                const float* shift, double* sum, float* scratch) {
+                const float* shift, double* sum, double* sq, float* scratch) {
     if (stride == 1) {  // inner == 1: one contiguous column
         const float s0 = shift[0];
         for (int64_t i0 = 0; i0 < len; i0 += ROW_SEGMENT) {
             const int64_t i1 = std::min(len, i0 + ROW_SEGMENT);
-            float s = 0.0f;
-#pragma omp simd reduction(+ : s)
-            for (int64_t i = i0; i < i1; ++i) s += T::load(x[i]) - s0;
+            float s = 0.0f, q = 0.0f;
+#pragma omp simd reduction(+ : s, q)
+            for (int64_t i = i0; i < i1; ++i) {
+                const float d = T::load(x[i]) - s0;
+                s += d;
+                q += d * d;
+            }
             sum[0] += s;
+            sq[0] += q;
         }
         return;
     }
+    float* ps = scratch;
+    float* pq = scratch + width;
     for (int64_t i0 = 0; i0 < len; i0 += STEPS) {
         const int64_t i1 = std::min(len, i0 + STEPS);
-        std::fill(scratch, scratch + width, 0.0f);
+        std::fill(scratch, scratch + 2 * width, 0.0f);
         int64_t i = i0;
         for (; i + 4 <= i1; i += 4) {  // four rows per load and store of the partial sums
             const auto* xi = x + i * stride;
 #pragma omp simd
             for (int64_t j = 0; j < width; ++j) {
                 const float s = shift[j];
-                scratch[j] += ((T::load(xi[j]) - s) + (T::load(xi[stride + j]) - s)) +
-                              ((T::load(xi[2 * stride + j]) - s) +
-                               (T::load(xi[3 * stride + j]) - s));
+                const float d0 = T::load(xi[j]) - s, d1 = T::load(xi[stride + j]) - s;
+                const float d2 = T::load(xi[2 * stride + j]) - s;
+                const float d3 = T::load(xi[3 * stride + j]) - s;
+                ps[j] += (d0 + d1) + (d2 + d3);
+                pq[j] += (d0 * d0 + d1 * d1) + (d2 * d2 + d3 * d3);
             }
         }
         for (; i < i1; ++i) {
             const auto* xi = x + i * stride;
 #pragma omp simd
-            for (int64_t j = 0; j < width; ++j) scratch[j] += T::load(xi[j]) - shift[j];
+            for (int64_t j = 0; j < width; ++j) {
+                const float d = T::load(xi[j]) - shift[j];
+                ps[j] += d;
+                pq[j] += d * d;
+            }
         }
-        for (int64_t j = 0; j < width; ++j) sum[j] += scratch[j];
+        for (int64_t j = 0; j < width; ++j) {
+            sum[j] += ps[j];
+            sq[j] += pq[j];
+        }
     }
 }
 
@@ -340,7 +393,7 @@ void block_grads(const typename T::storage* x, typename T::storage* dx, int64_t 
 // dx = gm / n + gv * 2 (x - mean) / (n - correction); gm or gv null means zero, and a zero gv
 // adds nothing even where n == correction (an unused variance). With one part per unit each
 // unit's sums and gradients run back to back (a row is still in cache); otherwise all partial
-// sums first, then the gradients.
+// sums first, then the gradients. A unit whose pivots moved has its sums taken again.
 template <typename T>
 void mean_var_bwd(const void* gmp, const void* gvp, const void* xp, void* dxp, int64_t outer,
                   int64_t n, int64_t inner, int64_t correction, int32_t threads) {
@@ -350,20 +403,37 @@ void mean_var_bwd(const void* gmp, const void* gvp, const void* xp, void* dxp, i
     auto* dx = out<T>(dxp);
     const Plan plan(outer, n, inner, threads);
     const int64_t parts = plan.parts;
-    std::vector<double> psum(parts > 1 ? static_cast<size_t>(outer * parts * inner) : 0, 0.0);
+    // Partial sums of part p at (o * parts + p) * inner + j; their squares `cells` further on.
+    const int64_t cells = parts > 1 ? outer * parts * inner : 0;
+    std::vector<double> psum(static_cast<size_t>(2 * cells), 0.0);
+    std::vector<char> moved(static_cast<size_t>(plan.units), 0);
     const float inv_n = 1.0f / static_cast<float>(n);
     const float twice_inv_dof = 2.0f / static_cast<float>(n - correction);
-    const std::vector<float> shift = pivots<T>(x, outer, n, inner);
-    auto sums = [&](int64_t unit, int64_t p, double* sum, float* scratch) {
+    std::vector<float> shift = pivots<T>(x, outer, n, inner);
+    auto width_of = [&](int64_t unit) { return std::min(plan.block, inner - plan.column_of(unit)); };
+    auto sums = [&](int64_t unit, int64_t p, double* sum, double* sq, float* scratch) {
         const int64_t o = plan.outer_of(unit), j0 = plan.column_of(unit);
         const auto* base = x + (o * n + plan.begin(p)) * inner + j0;
-        const int64_t width = std::min(plan.block, inner - j0);
-        block_sums<T>(base, plan.length(p), inner, width, &shift[o * inner + j0], sum, scratch);
+        block_sums<T>(base, plan.length(p), inner, width_of(unit), &shift[o * inner + j0], sum, sq,
+                      scratch);
+    };
+    // Moves the unit's pivots that are far from their column's mean (sum, sq: its totals).
+    auto repivoted = [&](int64_t unit, const double* sum, const double* sq) {
+        const int64_t at = plan.outer_of(unit) * inner + plan.column_of(unit);
+        bool any = false;
+        for (int64_t j = 0; j < width_of(unit); ++j) {
+            const double dev = sum[j] / static_cast<double>(n);
+            const double var = std::max(sq[j] / static_cast<double>(n) - dev * dev, 0.0);
+            const float pivot = repivot(shift[at + j], static_cast<float>(dev), static_cast<float>(var));
+            any = any || pivot != shift[at + j];
+            shift[at + j] = pivot;
+        }
+        return any;
     };
     // scratch: 3 * block floats for a, b and the mean.
     auto grads = [&](int64_t unit, int64_t p, const double* sum, float* scratch) {
         const int64_t o = plan.outer_of(unit), j0 = plan.column_of(unit);
-        const int64_t width = std::min(plan.block, inner - j0);
+        const int64_t width = width_of(unit);
         float* a = scratch;
         float* b = scratch + plan.block;
         float* mean = scratch + 2 * plan.block;
@@ -378,35 +448,58 @@ void mean_var_bwd(const void* gmp, const void* gvp, const void* xp, void* dxp, i
         block_grads<T>(x + at, dx + at, plan.length(p), inner, width, a, b, &shift[o * inner + j0],
                        mean);
     };
+    // The unit's sums over all parts, into sum and sq.
+    auto totals = [&](int64_t unit, double* sum, double* sq) {
+        const int64_t o = plan.outer_of(unit), j0 = plan.column_of(unit);
+        std::fill(sum, sum + plan.block, 0.0);
+        std::fill(sq, sq + plan.block, 0.0);
+        for (int64_t q = 0; q < parts; ++q) {
+            const int64_t at = (o * parts + q) * inner + j0;
+            for (int64_t j = 0; j < width_of(unit); ++j) {
+                sum[j] += psum[at + j];
+                sq[j] += psum[cells + at + j];
+            }
+        }
+    };
 #pragma omp parallel num_threads(threads)
     {
-        std::vector<double> sum(plan.block);
+        std::vector<double> sum(plan.block), sq(plan.block);
         std::vector<float> scratch(3 * plan.block);
+        auto part_sums = [&](int64_t task) {
+            const int64_t unit = task / parts, p = task % parts;
+            const int64_t at = (plan.outer_of(unit) * parts + p) * inner + plan.column_of(unit);
+            std::fill(&psum[at], &psum[at] + width_of(unit), 0.0);
+            std::fill(&psum[cells + at], &psum[cells + at] + width_of(unit), 0.0);
+            sums(unit, p, &psum[at], &psum[cells + at], scratch.data());
+        };
         if (parts == 1) {
 #pragma omp for schedule(static)
             for (int64_t unit = 0; unit < plan.units; ++unit) {
-                std::fill(sum.begin(), sum.end(), 0.0);
-                sums(unit, 0, sum.data(), scratch.data());
+                for (int pass = 0; pass < 2; ++pass) {
+                    std::fill(sum.begin(), sum.end(), 0.0);
+                    std::fill(sq.begin(), sq.end(), 0.0);
+                    sums(unit, 0, sum.data(), sq.data(), scratch.data());
+                    if (pass == 1 || !repivoted(unit, sum.data(), sq.data())) break;
+                }
                 grads(unit, 0, sum.data(), scratch.data());
             }
         } else {
 #pragma omp for schedule(static)
-            for (int64_t task = 0; task < plan.units * parts; ++task) {
-                const int64_t unit = task / parts, p = task % parts;
-                const int64_t at = (plan.outer_of(unit) * parts + p) * inner + plan.column_of(unit);
-                sums(unit, p, &psum[at], scratch.data());
+            for (int64_t task = 0; task < plan.units * parts; ++task) part_sums(task);
+#pragma omp for schedule(static)
+            for (int64_t unit = 0; unit < plan.units; ++unit) {
+                totals(unit, sum.data(), sq.data());
+                moved[unit] = repivoted(unit, sum.data(), sq.data());
             }
 #pragma omp for schedule(static)
             for (int64_t task = 0; task < plan.units * parts; ++task) {
-                const int64_t unit = task / parts, p = task % parts;
-                const int64_t o = plan.outer_of(unit), j0 = plan.column_of(unit);
-                const int64_t width = std::min(plan.block, inner - j0);
-                std::fill(sum.begin(), sum.end(), 0.0);
-                for (int64_t q = 0; q < parts; ++q) {
-                    const double* part = &psum[(o * parts + q) * inner + j0];
-                    for (int64_t j = 0; j < width; ++j) sum[j] += part[j];
-                }
-                grads(unit, p, sum.data(), scratch.data());
+                if (moved[task / parts]) part_sums(task);
+            }
+#pragma omp for schedule(static)
+            for (int64_t task = 0; task < plan.units * parts; ++task) {
+                const int64_t unit = task / parts;
+                totals(unit, sum.data(), sq.data());
+                grads(unit, task % parts, sum.data(), scratch.data());
             }
         }
     }

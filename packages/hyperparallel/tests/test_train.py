@@ -36,8 +36,16 @@ def _close(a: dict[int, float], b: dict[int, float], steps: range) -> None:
 
 @pytest.fixture(scope="module")
 def two_ranks(tmp_path_factory: pytest.TempPathFactory) -> Run:
-    """The reference: FSDP2 over 2 ranks, 8 sequences each, checkpoint and export at the end."""
-    return train_run(tmp_path_factory.mktemp("two_ranks"), "--nproc", "2", *small_args(*COMMON))
+    """The reference: FSDP2 over 2 ranks, 8 sequences each, checkpoint and export at the end;
+    TMPDIR is a folder of its own (``_run_tmp``)."""
+    tmp = _run_tmp(tmp_path_factory)
+    tmp.mkdir()
+    args = ("--nproc", "2", *small_args(*COMMON))
+    return train_run(tmp_path_factory.mktemp("two_ranks"), *args, env={"TMPDIR": str(tmp)})
+
+
+def _run_tmp(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.getbasetemp() / "two_ranks_tmp"
 
 
 @pytest.fixture(scope="module")
@@ -47,6 +55,15 @@ def one_rank(tmp_path_factory: pytest.TempPathFactory) -> Run:
         tmp_path_factory.mktemp("one_rank"),
         *small_args(*COMMON, "data.batch_size=16", "run.stop_at=6", "checkpoint.export=false"),
     )
+
+
+def test_a_run_leaves_nothing_in_the_temporary_folder(
+    two_ranks: Run, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """The elastic agent's folder (once a torchelastic_* folder per run) is removed; Inductor's
+    cache, meant to persist, is all that stays."""
+    left = [p.name for p in _run_tmp(tmp_path_factory).iterdir()]
+    assert [name for name in left if not name.startswith("torchinductor_")] == []
 
 
 def test_two_ranks_learn_and_write_every_output(two_ranks: Run) -> None:

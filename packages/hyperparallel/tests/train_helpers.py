@@ -40,16 +40,16 @@ def small_args(*extra: str) -> list[str]:
 
 
 def run_train(
-    *args: str, timeout: float = TIMEOUT_S, check: bool = True
+    *args: str, timeout: float = TIMEOUT_S, check: bool = True, env: dict[str, str] | None = None
 ) -> subprocess.CompletedProcess[str]:
     """``spore train ARGS`` through :mod:`spore.childproc` (its process group killed whole on
-    timeout), without the caller's ``SPORE_*`` variables. Unlike the ``run_spore`` fixture it
-    also serves module-scoped fixtures: runs that several tests share."""
+    timeout), without the caller's ``SPORE_*`` variables, with ``env`` added. Unlike the
+    ``run_spore`` fixture it also serves module-scoped fixtures: runs that several tests share."""
     try:
         done = childproc.run(
             spore_command(*args),
             timeout=timeout,
-            env=clean_environ({"COLUMNS": "120"}),
+            env=clean_environ({"COLUMNS": "120", **(env or {})}),
             check=False,
         )
     except childproc.ChildError as exc:
@@ -78,6 +78,6 @@ class Run:
         return losses(self.output)
 
 
-def train_run(output: Path, *args: str) -> Run:
-    """Run ``spore train --output OUTPUT ARGS`` and keep what it left."""
-    return Run(output, run_train("--output", str(output), *args))
+def train_run(output: Path, *args: str, env: dict[str, str] | None = None) -> Run:
+    """Run ``spore train --output OUTPUT ARGS`` (``env`` added) and keep what it left."""
+    return Run(output, run_train("--output", str(output), *args, env=env))

@@ -7,6 +7,7 @@ import logging
 import os
 import signal
 import sys
+import tempfile
 import uuid
 from typing import Any
 
@@ -59,7 +60,7 @@ def launch(config: Config, resume: str | None = None, *, echo: Any = print) -> N
     if device_type(config.parallel) == "cpu":
         for line in _apply_cpu_plan(nproc):
             echo(f"runtime: {line}")
-    from torch.distributed.elastic.multiprocessing.api import SignalException
+    from torch.distributed.elastic.multiprocessing.api import DefaultLogsSpecs, SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
@@ -70,20 +71,24 @@ def launch(config: Config, resume: str | None = None, *, echo: Any = print) -> N
     for name in [*quiet, *logging.root.manager.loggerDict]:
         if name.startswith(quiet):
             logging.getLogger(name).setLevel(logging.CRITICAL)
-    launch_config = LaunchConfig(
-        min_nodes=1,
-        max_nodes=1,
-        nproc_per_node=nproc,
-        run_id=f"spore-train-{uuid.uuid4().hex[:8]}",
-        rdzv_backend="c10d",
-        rdzv_endpoint="127.0.0.1:0",
-        max_restarts=0,
-        monitor_interval=0.1,
-        start_method="spawn",
-    )
     sys.stdout.flush()
+    # The agent's own folder (the ranks' error files), removed at the end: by default it is a
+    # new torchelastic_* folder in the system's temporary folder, never removed.
     try:
-        elastic_launch(launch_config, worker)(settings, resume, True)
+        with tempfile.TemporaryDirectory(prefix="spore-train-") as agent_dir:
+            launch_config = LaunchConfig(
+                min_nodes=1,
+                max_nodes=1,
+                nproc_per_node=nproc,
+                run_id=f"spore-train-{uuid.uuid4().hex[:8]}",
+                rdzv_backend="c10d",
+                rdzv_endpoint="127.0.0.1:0",
+                max_restarts=0,
+                monitor_interval=0.1,
+                start_method="spawn",
+                logs_specs=DefaultLogsSpecs(log_dir=agent_dir),
+            )
+            elastic_launch(launch_config, worker)(settings, resume, True)
     except ChildFailedError as exc:
         reported = {f.message for f in exc.failures.values() if isinstance(f.message, str)}
         for line in sorted(m for m in reported if m.startswith("error: ")):

@@ -77,15 +77,56 @@ def test_reference_autograd_skips_integer_outputs_and_takes_complex_inputs() -> 
     torch.testing.assert_close(z.grad, z2.grad)
 
 
-def test_torch_func_transforms_behave_as_for_torch_library_ops() -> None:
-    """What docs/core/dispatch.md says: vmap of the forward runs; torch.func.grad raises
-    torch's own error, as it does for a torch.library op with register_autograd."""
+def test_torch_func_transforms_and_forward_ad_differentiate_the_reference() -> None:
+    """Under torch.func (grad, jacrev, jvp, vmap) and forward-mode AD the op runs its
+    reference, whose own ops carry the transform: each result equals the same transform of the
+    reference. (A torch.library op with register_autograd raises under torch.func.grad and
+    gives zero tangents under jvp and forward AD.) vmap alone runs the kernel once a sample."""
     op = _define()
-    x, w = _inputs()
-    batched = torch.func.vmap(lambda r: op(r, w, 1e-6))(x.view(2, 2, 8))
-    torch.testing.assert_close(batched, _rms(x, w, 1e-6).view(2, 2, 8))
-    with pytest.raises(RuntimeError, match="setup_context staticmethod"):
-        torch.func.grad(lambda a: op(a, w, 1e-6).sum())(x)
+    calls = []
+
+    def kernel(x, w, eps):  # right values, but opaque to every transform
+        calls.append(x.shape)
+        return _rms(x.detach(), w.detach(), eps)
+
+    dispatch.register_kernel(op, "cpu", kernel, provider="t-transforms")
+    x, w = _inputs(torch.float64)
+    t = torch.randn_like(x)
+    torch.testing.assert_close(op(x, w, 1e-6), _rms(x, w, 1e-6))
+    assert calls == [x.shape]  # a plain call runs the kernel
+
+    def f(a, b):
+        return op(a, b, 1e-6)
+
+    def g(a, b):
+        return _rms(a, b, 1e-6)
+
+    def loss(fn):
+        return lambda a, b: fn(a, b).sin().sum()
+
+    torch.testing.assert_close(
+        torch.func.grad(loss(f), argnums=(0, 1))(x, w),
+        torch.func.grad(loss(g), argnums=(0, 1))(x, w),
+    )
+    torch.testing.assert_close(torch.func.jacrev(f)(x, w), torch.func.jacrev(g)(x, w))
+    torch.testing.assert_close(
+        torch.func.jvp(lambda a: f(a, w), (x,), (t,)),
+        torch.func.jvp(lambda a: g(a, w), (x,), (t,)),
+    )
+    assert calls == [x.shape]
+    torch.testing.assert_close(
+        torch.func.vmap(lambda r: f(r, w))(x.view(2, 2, 8)), g(x, w).view(2, 2, 8)
+    )  # torch runs the op once a sample, on the kernel: no derivative is taken
+    assert calls == [x.shape, (2, 8), (2, 8)]
+    with torch.autograd.forward_ad.dual_level():
+        out = f(torch.autograd.forward_ad.make_dual(x, t), w)
+        want = g(torch.autograd.forward_ad.make_dual(x, t), w)
+        got = torch.autograd.forward_ad.unpack_dual(out)
+        expected = torch.autograd.forward_ad.unpack_dual(want)
+    assert got.tangent is not None
+    torch.testing.assert_close(got.tangent, expected.tangent)
+    torch.testing.assert_close(got.primal, expected.primal)
+    assert len(calls) == 3
 
 
 def test_custom_autograd_formula_is_used() -> None:

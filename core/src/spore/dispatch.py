@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from torch.autograd import forward_ad
 
 from spore.errors import DuplicateRegistrationError
 
@@ -215,10 +216,12 @@ def _tensor_list(t: Any) -> bool:
 def _autograd_kernel(
     op: Op, backward: Callable[..., Any], setup_context: Callable[..., Any]
 ) -> Callable[..., Any]:
-    """The op's kernel for the Autograd dispatch key: records ``backward`` when an input needs
-    a gradient; otherwise calls the kernel below autograd, directly for plain CPU tensors (a
-    redispatch through torch.library costs a Python round trip per call, and each one is
-    slow right after a large matmul has evicted the interpreter from the caches)."""
+    """The op's kernel for the Autograd dispatch key: the reference under a ``torch.func``
+    transform or forward-mode AD (``backward`` is a reverse-mode formula only); records
+    ``backward`` when an input needs a gradient; otherwise calls the kernel below autograd,
+    directly for plain CPU tensors (a redispatch through torch.library costs a Python round
+    trip per call, and each one is slow right after a large matmul has evicted the interpreter
+    from the caches)."""
     schema = op.packet.default._schema.arguments
 
     class Function(torch.autograd.Function):
@@ -244,6 +247,8 @@ def _autograd_kernel(
     Function.__name__ = Function.__qualname__ = f"SporeBackward_{op.name}"
 
     def kernel(keyset: Any, *args: Any) -> Any:
+        if torch._C._are_functorch_transforms_active() or forward_ad._current_level >= 0:
+            return op.reference(*args)  # its own ops carry the transform or the tangents
         if torch.is_grad_enabled() and torch._C._any_requires_grad(*args):
             return Function.apply(keyset, *args)
         below = keyset & _AFTER_AUTOGRAD

@@ -176,7 +176,10 @@ class Specializing:
         self._gm, self._compile, self.limit = gm, compile, limit
         self._placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
         self._symbolic = symbolic_inputs(gm) if symbolic is None else list(symbolic)
-        self._mode = FakeTensorMode(allow_non_fake_inputs=True)
+        # without torch's fake-tensor dispatch cache, shared by every mode: it would keep an
+        # entry (~2.5 KB) for each set of sizes ever specialised
+        with torch._dynamo.config.patch(fake_tensor_cache_enabled=False):
+            self._mode = FakeTensorMode(allow_non_fake_inputs=True)
         self.compiled: OrderedDict[tuple[Any, ...], Callable[..., Any]] = OrderedDict()
         self.failures: dict[tuple[Any, ...], str] = {}
         self.specialize_us: list[float] = []

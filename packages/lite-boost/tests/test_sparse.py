@@ -4,13 +4,14 @@ masked to the same blocks (the oracle), per batch element, with text before or a
 from __future__ import annotations
 
 import math
+from fractions import Fraction
 
 import pytest
 import torch
 import torch.nn.functional as F
 
 from lite_boost import backends
-from lite_boost.sparse import reorder, select_blocks, sparse_attention, tile_shape
+from lite_boost.sparse import keep_count, reorder, select_blocks, sparse_attention, tile_shape
 
 
 def _qkv(latent_shape, text_len=0, batch=2, heads=2, dim=16, smooth=False, seed=0):
@@ -107,6 +108,22 @@ def test_equals_dense_attention_masked_to_the_kept_blocks(
     blocks = count.shape[-1]
     assert count.min() >= math.ceil((1 - sparsity) * blocks)
     assert count.float().mean() < blocks  # some blocks were skipped
+
+
+def test_the_kept_count_is_the_decimal_ceiling_not_one_more():
+    """ceil((1 - sparsity) * blocks) as the decimals say: float error in the product (e.g.
+    (1 - 0.7) * 10 = 3.0000000000000004) must not keep one more block."""
+    for blocks in range(1, 41):
+        for tenths in range(10):
+            sparsity = tenths / 10
+            exact = (1 - Fraction(str(sparsity))) * blocks
+            assert keep_count(sparsity, blocks) == max(1, math.ceil(exact)), (sparsity, blocks)
+    g = torch.Generator().manual_seed(0)
+    q, k = torch.randn(2, 1, 1, 80, 8, generator=g)
+    _, count = select_blocks(
+        q, k, video_len=80, first_frame_len=0, text_first=False, sparsity=0.7, block_size=8
+    )
+    assert count.tolist() == [[[3] * 10]]
 
 
 def test_each_batch_element_chooses_its_own_blocks():

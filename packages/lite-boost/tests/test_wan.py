@@ -97,6 +97,26 @@ def test_sparsity_zero_equals_the_original(per_token):
     torch.testing.assert_close(got, want, atol=ATOL, rtol=RTOL)
 
 
+@pytest.mark.parametrize("sparsity", [0.0, 0.5])
+def test_a_step_under_inference_mode_leaves_training_working(sparsity):
+    """A validation step under torch.inference_mode, then a training step on the same grid: the
+    RoPE tables the first one cached must not be inference tensors (autograd cannot save
+    those), and the gradients equal diffusers' own."""
+    rope3d.cache_clear()
+    model = _model()
+    boosted = boost(copy.deepcopy(model), sparsity=sparsity, block_size=8)
+    inputs = _inputs(batch=1)
+    with torch.inference_mode():
+        boosted(*inputs, return_dict=False)
+    boosted(*inputs, return_dict=False)[0].pow(2).mean().backward()
+    if sparsity == 0.0:
+        model(*inputs, return_dict=False)[0].pow(2).mean().backward()
+        for (name, p), q in zip(boosted.named_parameters(), model.parameters(), strict=True):
+            torch.testing.assert_close(p.grad, q.grad, atol=1e-5, rtol=1e-4, msg=name)
+    else:
+        assert all(p.grad is not None for p in boosted.parameters() if p.requires_grad)
+
+
 def test_boosted_runs_the_lite_boost_paths(monkeypatch):
     """The boosted model really uses lite-boost's attention and cached RoPE tables."""
     calls = []

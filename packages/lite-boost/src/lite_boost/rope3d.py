@@ -138,8 +138,11 @@ def rope_tables(
             _cache.hits += 1
             return found
         _cache.misses += 1
-    angles = _angles(sizes, head_dim, float(theta))
-    tables = (angles.cos().to(dev, dtype), angles.sin().to(dev, dtype))
+    # made outside inference mode whatever the caller's: a cached inference tensor could never
+    # again be saved for a backward (a validation step under inference_mode, then training)
+    with torch.inference_mode(False):
+        angles = _angles(sizes, head_dim, float(theta))
+        tables = (angles.cos().to(dev, dtype), angles.sin().to(dev, dtype))
     with _cache.lock:
         tables = _cache.entries.setdefault(key, tables)
         _cache.entries.move_to_end(key)

@@ -90,6 +90,12 @@ def _pool(x: torch.Tensor, block_size: int) -> torch.Tensor:
     return sums / sizes[:, None]
 
 
+def keep_count(sparsity: float, blocks: int) -> int:
+    """``ceil((1 - sparsity) * blocks)``, at least 1: the product rounded to 9 decimals first,
+    so float error cannot keep one more block (``(1 - 0.7) * 10`` is ``3.0000000000000004``)."""
+    return max(1, math.ceil(round((1.0 - sparsity) * blocks, 9)))
+
+
 def select_blocks(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -114,7 +120,7 @@ def select_blocks(
     forced = text | first_frame
     scores = scores.masked_fill(forced, math.inf)
     scores.diagonal(dim1=-2, dim2=-1).fill_(math.inf)  # a query block keeps its own block
-    keep = max(1, math.ceil((1.0 - sparsity) * blocks))
+    keep = keep_count(sparsity, blocks)
     index = scores.argsort(dim=-1, descending=True)
     n_forced = (scores == math.inf).sum(-1)
     count = torch.clamp(n_forced, min=keep)

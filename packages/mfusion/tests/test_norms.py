@@ -583,6 +583,27 @@ def _set_between_add_and_norm(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     return w * (total * torch.rsqrt(total.pow(2).mean(-1, keepdim=True) + 1e-6))
 
 
+def _upcast_rms(h: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    hf = h.float()
+    return w * (hf * torch.rsqrt(hf.pow(2).mean(-1, keepdim=True) + 1e-6)).to(h.dtype)
+
+
+def _changed_after_the_norm(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """x changed in place after its norm: eager's bf16 norm saved a float32 copy, the op would
+    save x itself (autograd then refuses the backward)."""
+    h = x * 1.0
+    y = _upcast_rms(h, w)
+    h.mul_(2.0)
+    return y * h
+
+
+def _sum_changed_after_the_norm(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    total = x + x.sin()
+    y = _upcast_rms(total, w)
+    total.view(-1)[0] = 0.0  # through a view of it
+    return y * total
+
+
 def _layer_norm_two_dims(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     return torch.nn.functional.layer_norm(x, x.shape[-2:])
 
@@ -602,6 +623,8 @@ def _layer_norm_fp32_weight(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         (_set_between, torch.float32),
         (_iadd_of_an_alias_between, torch.float32),
         (_set_between_add_and_norm, torch.float32),
+        (_changed_after_the_norm, BF16),
+        (_sum_changed_after_the_norm, BF16),
         (_layer_norm_two_dims, torch.float32),
         (_rms_norm_default_eps, torch.float32),
         (_layer_norm_fp32_weight, BF16),

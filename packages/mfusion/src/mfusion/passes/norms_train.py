@@ -67,6 +67,40 @@ def _mutation_free(graph: Graph, nodes: list[Node]) -> bool:
     return not wanted
 
 
+_VIEWS = frozenset(
+    (
+        "view", "view_as", "reshape", "reshape_as", "transpose", "swapaxes", "permute", "movedim",
+        "t", "unsqueeze", "squeeze", "expand", "expand_as", "flatten", "unflatten", "narrow",
+        "select", "diagonal", "as_strided", "split", "chunk", "unbind", "contiguous", "detach",
+        "getitem", "__getitem__",
+    )
+)  # fmt: skip
+"""Methods and functions (``torch.*``, ``operator.getitem``) by name whose result may share
+its first argument's storage."""
+
+
+def _changed_later(graph: Graph, x: Node) -> bool:
+    """Whether an in-place op anywhere after ``x`` writes ``x`` or a view of it: a rewrite whose
+    op saves ``x`` for its backward would then fail where eager saved a copy of its own."""
+    from torch._inductor.pattern_matcher import is_mutation_op
+
+    aliases, after = {x}, False
+    for node in graph.nodes:
+        if node is x:
+            after = True
+            continue
+        if not after or node.op not in ("call_method", "call_function") or not node.args:
+            continue
+        if node.args[0] not in aliases:
+            continue
+        if is_mutation_op(node) or _in_place_operator(node):
+            return True
+        name = node.target if node.op == "call_method" else getattr(node.target, "__name__", "")
+        if name in _VIEWS:
+            aliases.add(node)
+    return False
+
+
 def _in_place_operator(node: Node) -> bool:
     return node.op == "call_function" and node.target in _IN_PLACE_OPERATORS
 
@@ -110,6 +144,8 @@ def _training_rms_norms(gm: GraphModule) -> Iterator[tuple[norms.RMSNormMatch, b
         if not _trains(match.out):
             continue
         if not _mutation_free(gm.graph, [match.x, *match.inner, match.out]):
+            continue
+        if _changed_later(gm.graph, match.x):
             continue
         yield match, norms.plain_add(found.x), renamed
 

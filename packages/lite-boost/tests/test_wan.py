@@ -280,6 +280,15 @@ def _two_rank_cases(manager) -> dict:
         got = boost(vae, parallel=manager).decode(z).sample
     result["vae_shapes"] = [list(got.shape), list(want.shape)]
     result["vae"] = diff(got, want)
+    clone = copy.deepcopy(vae)  # a copy decodes with its own weights, in parallel too
+    with torch.no_grad():
+        for p in clone.parameters():
+            p.mul_(0.5)
+        own = type(clone).decode(clone, z).sample
+        result["vae_copy"] = [diff(clone.decode(z).sample, own), diff(own, want)]
+    inputs = _inputs(frames=2, height=8, width=8)
+    boosted = boost(copy.deepcopy(model), parallel=manager)
+    result["model_copy"] = diff(_run(copy.deepcopy(boosted), *inputs), _run(model, *inputs))
     try:  # under grad mode, parameters that require grad would get none, silently
         boost(vae, parallel=manager).decode(z)
         result["vae_grad_error"] = None
@@ -309,6 +318,8 @@ def test_two_gloo_ranks_equal_one_process():
         assert r["vae_chunk"] is not None  # this rank decoded a chunk
         assert r["vae_shapes"][0] == r["vae_shapes"][1]
         assert r["vae"] == 0.0  # the overlap covers the decoder's receptive field: bit-exact
+        assert r["vae_copy"][0] == 0.0 < r["vae_copy"][1]  # the copy's weights, not the VAE's
+        assert r["model_copy"] < 1e-5  # a copy shares the process group, and works
         assert "parallel VAE decode is for inference" in r["vae_grad_error"]
 
 

@@ -21,6 +21,7 @@ Boosting again replaces the previous boost (options included); it never stacks.
 from __future__ import annotations
 
 import functools
+import types
 from collections.abc import Callable
 from typing import Any
 
@@ -266,26 +267,33 @@ def boost_vae(vae: torch.nn.Module, options: BoostOptions) -> None:
     """Patch a diffusers ``AutoencoderKLWan`` in place (see :data:`VAE_CHANGES`)."""
     manager = _manager(options)
     vae.__dict__.pop("decode", None)  # undo a previous boost
+    vae.__dict__.pop("_lite_boost_parallel", None)
     if manager is None:
         return
+    from lite_boost.parallel import wan_decoder_overlap
+
+    vae._lite_boost_parallel = (manager, wan_decoder_overlap(vae))
+    # a method bound to the VAE, not a closure over it: a copy of the VAE decodes with its own
+    # weights (copy.deepcopy rebinds a bound method to the copy)
+    vae.decode = types.MethodType(_parallel_decode, vae)
+
+
+def _parallel_decode(vae: torch.nn.Module, z: torch.Tensor, return_dict: bool = True) -> Any:
+    """A parallel-boosted VAE's ``decode`` (:func:`boost_vae`)."""
     from diffusers.models.autoencoders.vae import DecoderOutput
 
-    from lite_boost.parallel import decode_temporal_parallel, wan_decoder_overlap
+    from lite_boost.parallel import decode_temporal_parallel
 
-    full_decode = type(vae).decode.__get__(vae)
-    overlap = wan_decoder_overlap(vae)
+    if torch.is_grad_enabled() and any(p.requires_grad for p in vae.parameters()):
+        raise RuntimeError(
+            "lite-boost's parallel VAE decode is for inference: the decoded frames carry no "
+            "gradient back to the VAE's parameters. Decode under torch.no_grad() or "
+            "torch.inference_mode() (diffusers pipelines do), or boost it without parallel="
+        )
+    manager, overlap = vae._lite_boost_parallel
 
-    def decode_frames(z: torch.Tensor) -> torch.Tensor:
-        return full_decode(z, return_dict=False)[0]
+    def decode_frames(chunk: torch.Tensor) -> torch.Tensor:
+        return type(vae).decode(vae, chunk, return_dict=False)[0]
 
-    def decode(z: torch.Tensor, return_dict: bool = True) -> Any:
-        if torch.is_grad_enabled() and any(p.requires_grad for p in vae.parameters()):
-            raise RuntimeError(
-                "lite-boost's parallel VAE decode is for inference: the decoded frames carry no "
-                "gradient back to the VAE's parameters. Decode under torch.no_grad() or "
-                "torch.inference_mode() (diffusers pipelines do), or boost it without parallel="
-            )
-        frames = decode_temporal_parallel(decode_frames, z, manager=manager, overlap=overlap)
-        return DecoderOutput(sample=frames) if return_dict else (frames,)
-
-    vae.decode = decode
+    frames = decode_temporal_parallel(decode_frames, z, manager=manager, overlap=overlap)
+    return DecoderOutput(sample=frames) if return_dict else (frames,)

@@ -28,5 +28,10 @@ class ParallelManager:
                 "pass a group that contains it"
             )
 
+    def __deepcopy__(self, memo: dict[int, object]) -> ParallelManager:
+        """The manager itself: a deep copy of a boosted model shares its process group (which
+        cannot be copied)."""
+        return self
+
     def __repr__(self) -> str:
         return f"ParallelManager(rank={self.rank}, world={self.world})"

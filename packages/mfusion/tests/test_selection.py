@@ -57,11 +57,22 @@ def test_environment_switches_passes_off(monkeypatch: pytest.MonkeyPatch) -> Non
 def test_unknown_name_in_environment_warns_and_is_ignored(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
+    selection._warn_unknown.cache_clear()
     monkeypatch.setenv(selection.ENV, "no_such_pass")
     with caplog.at_level(logging.WARNING, logger="mfusion"):
         assert mfusion.disabled_passes() == []
+        assert mfusion.disabled_passes() == []  # read at every compile: warned once
+    assert [r.getMessage() for r in caplog.records].count(caplog.records[0].getMessage()) == 1
     assert "no_such_pass" in caplog.text
     assert selection.ENV in caplog.text
+
+
+def test_environment_names_are_read_in_any_case(monkeypatch: pytest.MonkeyPatch) -> None:
+    name = _some_pass()
+    monkeypatch.setenv(selection.ENV, f"MFusion.{name.upper()}")
+    assert mfusion.disabled_passes() == [name]
+    monkeypatch.setenv(selection.ENV, "ALL")
+    assert mfusion.disabled_passes() == mfusion.pass_names()
 
 
 def test_api_overrides_environment(monkeypatch: pytest.MonkeyPatch) -> None:

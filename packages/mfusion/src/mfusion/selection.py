@@ -15,6 +15,7 @@ also names spore-kernels', so it never serves one rewritten for another release'
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import threading
@@ -55,17 +56,24 @@ def _checked(names: tuple[str, ...]) -> set[str]:
 
 
 def _from_env(var: str = ENV) -> set[str]:
+    """The names ``var`` gives, in any case (``MFUSION_DISABLE=RoPE`` is ``rope``)."""
     raw = os.environ.get(var, "")
-    names = {short_name(n.strip()) for n in raw.split(",") if n.strip()}
-    unknown = sorted(names - {ALL, *known_names()})
+    names = {short_name(n.strip().lower()) for n in raw.split(",") if n.strip()}
+    unknown = tuple(sorted(names - {ALL, *known_names()}))
     if unknown:
-        log.warning(
-            "%s names unknown passes %s (ignored); the passes are %s",
-            var,
-            ", ".join(unknown),
-            ", ".join(known_names()),
-        )
+        _warn_unknown(var, unknown)
     return names
+
+
+@functools.cache
+def _warn_unknown(var: str, unknown: tuple[str, ...]) -> None:
+    """Once a process for each value: the variable is read at every compile."""
+    log.warning(
+        "%s names unknown passes %s (ignored); the passes are %s",
+        var,
+        ", ".join(unknown),
+        ", ".join(known_names()),
+    )
 
 
 def disable_passes(*names: str) -> None:

@@ -604,6 +604,20 @@ def _sum_changed_after_the_norm(x: torch.Tensor, w: torch.Tensor) -> torch.Tenso
     return y * total
 
 
+def _read_after_the_norm(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """x read (not written) after its norm, by ops whose first argument is a list."""
+    h = x * 1.0
+    y = _upcast_rms(h, w)
+    return torch.cat([y, h]) + torch.stack([h, y]).sum(0).repeat(2, 1, 1)
+
+
+def test_a_norm_whose_input_is_only_read_later_is_rewritten() -> None:
+    x, w = (t.requires_grad_() for t in _x_w(BF16))
+    gm, inputs = _dynamo_graph(_read_after_the_norm, x, w)
+    assert [p(gm) for p in TRAIN_PASSES] == [0, 1, 0]
+    _close(gm(*inputs), _read_after_the_norm(x, w), BF16)
+
+
 def _layer_norm_two_dims(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     return torch.nn.functional.layer_norm(x, x.shape[-2:])
 

@@ -91,7 +91,7 @@ def _changed_later(graph: Graph, x: Node) -> bool:
             continue
         if not after or node.op not in ("call_method", "call_function") or not node.args:
             continue
-        if node.args[0] not in aliases:
+        if not isinstance(node.args[0], Node) or node.args[0] not in aliases:
             continue
         if is_mutation_op(node) or _in_place_operator(node):
             return True

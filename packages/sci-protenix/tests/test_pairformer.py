@@ -175,6 +175,23 @@ def test_selective_recompute_keeps_matrix_products(randomize) -> None:
     assert selective == plain  # selective recompute reruns none of them
     apply_plan(stack, MemoryPlan(recompute="selective", save_ops=("spore::triangle_attention",)))
     assert _backward_matmuls(stack, inputs) > plain  # products not named are rerun
+    bare = MemoryPlan(recompute="selective", save_ops=("mm", "bmm", "addmm", "baddbmm"))
+    assert bare.save_ops == tuple(f"aten::{n}" for n in ("mm", "bmm", "addmm", "baddbmm"))
+    apply_plan(stack, bare)  # the names the README gives: kept as their aten ops
+    assert _backward_matmuls(stack, inputs) == plain
+
+
+def test_a_plan_refuses_ops_that_do_not_exist_and_bool_sizes() -> None:
+    """A misspelt save_ops name would keep nothing, silently; pydantic would take True as a
+    chunk size of 1."""
+    with pytest.raises(ValueError, match=r"save_ops: no op 'aten::mmm'.*'aten::mm'"):
+        MemoryPlan(recompute="selective", save_ops=("mmm",))
+    with pytest.raises(ValueError, match=r"no op 'nope::mm'"):
+        MemoryPlan(save_ops=("nope::mm",))
+    for field in ("tri_mul", "tri_att", "transition", "pair_bias", "blocks_per_checkpoint"):
+        with pytest.raises(ValueError, match="valid integer"):
+            MemoryPlan(**{field: True})
+    assert MemoryPlan.model_validate_json('{"tri_att": 8}').tri_att == 8
 
 
 @pytest.mark.parametrize("shared_dim", [-3, -2])

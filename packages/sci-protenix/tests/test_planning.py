@@ -119,13 +119,16 @@ def test_chunks_and_prediction_grow_with_the_budget(training) -> None:
         previous = (chosen, peak)
 
 
-def test_too_small_a_budget_names_the_minimum() -> None:
-    with pytest.raises(ValueError, match=r"give a budget of at least [\d.]+ (KiB|MiB)") as info:
-        plan(N, 1000, training=True, **SMALL)
-    needed = float(str(info.value).split("at least ")[1].split()[0]) * (
-        2**10 if "KiB" in str(info.value).split("at least ")[1][:20] else 2**20
-    )
-    plan(N, int(needed * 1.01) + 1, training=True, **SMALL)  # that much does fit
+@pytest.mark.parametrize(
+    ("tokens", "kwargs"),
+    [(N, {**SMALL, "budget": 1000}), (512, {"n_blocks": 48, "budget": "4GiB"})],
+)
+def test_too_small_a_budget_names_a_minimum_that_fits(tokens: int, kwargs: dict) -> None:
+    """The budget the error names, as written there (rounded up to 2 decimals), fits."""
+    with pytest.raises(ValueError, match=r"give a budget of at least [\d.]+ (KiB|MiB|GiB)") as info:
+        plan(tokens, training=True, **kwargs)
+    named = str(info.value).split("at least ")[1].split(",")[0].replace(" ", "")
+    plan(tokens, training=True, **{**kwargs, "budget": named})
 
 
 def test_bad_inputs() -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 
 import torch
@@ -103,9 +104,11 @@ def _fraction(value: float, device: str | torch.device) -> int:
     return int(value * free_memory(device))
 
 
-def format_bytes(n: int) -> str:
-    """``n`` bytes with a binary unit, e.g. ``'1.50 GiB'``."""
+def format_bytes(n: int, *, up: bool = False) -> str:
+    """``n`` bytes with a binary unit, e.g. ``'1.50 GiB'``; ``up`` rounds up, not to nearest
+    (a budget named as the least that fits must fit)."""
     for unit, size in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
         if abs(n) >= size:
-            return f"{n / size:.2f} {unit}"
+            value = math.ceil(n * 100 / size) / 100 if up else n / size
+            return f"{value:.2f} {unit}"
     return f"{n} B"

@@ -10,9 +10,13 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+import torch
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, field_validator
 
-ChunkSize = int | None
+import spore_kernels  # noqa: F401  (defines the spore ops save_ops may name)
+
+ChunkSize = StrictInt | None
+"""A chunk size: an int (not a bool, which pydantic would take as 1), or None."""
 
 SELECTIVE_SAVE_OPS = (
     "aten::mm",
@@ -48,10 +52,27 @@ class MemoryPlan(BaseModel):
         "backward, and inside it each chunk of a chunked module ('block'); or recompute all "
         "but the matmul outputs ('selective')",
     )
-    blocks_per_checkpoint: int = Field(1, gt=0, description="blocks per recomputed segment")
+    blocks_per_checkpoint: StrictInt = Field(1, gt=0, description="blocks per recomputed segment")
     save_ops: tuple[str, ...] = Field(
         SELECTIVE_SAVE_OPS,
         description="'selective': the ops whose outputs are kept (names as torch reports "
         "them, e.g. 'aten::mm'); every other op is recomputed",
     )
     inplace: bool = Field(False, description="inference only: accumulate residuals in place")
+
+    @field_validator("save_ops")
+    @classmethod
+    def _known_ops(cls, names: tuple[str, ...]) -> tuple[str, ...]:
+        """Each name as torch reports it (``aten::mm``; a bare ``mm`` is ``aten::mm``), and an
+        op that exists: a name that matches nothing would keep nothing, silently."""
+        qualified = tuple(n if "::" in n else f"aten::{n}" for n in names)
+        for name in qualified:
+            namespace, _, op = name.partition("::")
+            try:
+                getattr(getattr(torch.ops, namespace), op)
+            except (AttributeError, RuntimeError):
+                raise ValueError(
+                    f"save_ops: no op {name!r}; give names as torch reports them, e.g. "
+                    f"{', '.join(map(repr, SELECTIVE_SAVE_OPS))}"
+                ) from None
+        return qualified

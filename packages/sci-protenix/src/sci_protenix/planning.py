@@ -313,11 +313,11 @@ def plan(
     needed = resident_bytes(tokens, dtype=dtype, dims=dims) + _peak(
         tokens, best, training, dtype, dims
     )
-    mode = "training (chunks of 1, block recompute)" if training else "inference (chunks of 1)"
+    mode = "training (block recompute)" if training else "inference"
     raise ValueError(
-        f"{tokens} tokens do not fit in {format_bytes(limit)}: {mode} needs about "
-        f"{format_bytes(needed)} (weights and inputs {format_bytes(limit - room)}); give a budget "
-        f"of at least {format_bytes(needed)}, or fewer tokens"
+        f"{tokens} tokens do not fit in {format_bytes(limit)}: {mode} with its smallest chunks "
+        f"needs about {format_bytes(needed)} (weights and inputs {format_bytes(limit - room)}); "
+        f"give a budget of at least {format_bytes(needed, up=True)}, or fewer tokens"
     )
 
 

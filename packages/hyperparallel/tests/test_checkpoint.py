@@ -111,6 +111,20 @@ def test_a_branch_from_an_older_checkpoint_is_what_resume_finds_and_keep_keeps(
     assert not list(checkpoint.directory(out).glob(".*")), "no temporary directory is left"
 
 
+def test_resume_finds_a_runs_own_checkpoints_not_those_of_a_run_above_it(
+    one_rank, tmp_path
+) -> None:
+    """An output nested in another run's output has no checkpoint of its own: resuming it must
+    not continue the outer run."""
+    outer, state = tmp_path / "outer", _small_state()
+    saved = checkpoint.save(outer, 12, state, {"step": 12}, keep=1)
+    with pytest.raises(FileNotFoundError, match=r"no complete checkpoint in .*inner"):
+        checkpoint.find(outer / "inner")
+    assert checkpoint.find(outer) == saved
+    assert checkpoint.find(checkpoint.directory(outer)) == saved  # the checkpoints folder too
+    assert checkpoint.find(saved) == saved
+
+
 def test_a_save_killed_while_replacing_a_step_loses_nothing(one_rank, tmp_path) -> None:
     """Killed between moving the old step_N aside and renaming the new one into place: the
     old one is put back by the next resume (or save), not deleted as stale."""

@@ -209,6 +209,44 @@ def test_a_misspelt_model_setting_names_where_it_was_set() -> None:
     assert f"--set {both[0]}, --set {both[1]}: model: transformers cannot build" in str(info.value)
 
 
+def test_values_transformers_refuses_and_infinite_numbers_are_config_errors() -> None:
+    """One line each, not a traceback from inside transformers or a rank."""
+    with pytest.raises(config.ConfigError) as info:
+        preflight.resolve(None, ["model.config.num_attention_heads=3"], outputs=False)
+    assert (
+        "--set model.config.num_attention_heads=3: model.config.num_attention_heads: "
+        "transformers refused the model config" in str(info.value)
+    )
+    assert "not a multiple of the number of attention heads" in str(info.value)
+    for key in ("optim.lr", "parallel.init_timeout"):
+        with pytest.raises(config.ConfigError, match=rf"{key}: expected a number, got inf"):
+            config.load(None, [f"{key}=.inf"])
+    with pytest.raises(config.ConfigError, match=r"parallel\.init_timeout"):
+        config.load(None, ["parallel.init_timeout=1e12"])
+
+
+def test_data_globs_match_recursively_as_the_loader_reads_them(tmp_path) -> None:
+    deep = tmp_path / "corpus" / "a" / "b"
+    deep.mkdir(parents=True)
+    (deep / "doc.txt").write_text("a document " * 40)
+    pattern = f"{tmp_path}/corpus/**/*.txt"
+    assert preflight.resolve(None, [f"data.path={pattern}"], outputs=False).data.path == pattern
+
+
+@pytest.mark.parametrize("kind", ["llama", "bert", "roberta"])
+def test_every_model_type_is_built_causal(kind: str) -> None:
+    """An encoder-style type as a causal LM: a position must not see the tokens after it."""
+    section = config.load(None, [f"model.type={kind}"]).model
+    built = model.build(section, 259, seed=0).eval()
+    tokens = torch.randint(3, 250, (1, 16), generator=torch.Generator().manual_seed(0))
+    changed = tokens.clone()
+    changed[0, 10] = (tokens[0, 10] + 1) % 250 + 3
+    with torch.no_grad():
+        before, after = built(tokens).logits, built(changed).logits
+    torch.testing.assert_close(after[:, :10], before[:, :10], rtol=0, atol=0)
+    assert not torch.equal(after[:, 10:], before[:, 10:])
+
+
 def test_a_bad_config_fails_fast_with_one_message_and_starts_nothing(tmp_path, run_spore) -> None:
     path = _write(tmp_path, "parallel:\n  nproc: 2\n  replicate: 3\n")
     output = tmp_path / "out"

@@ -98,11 +98,13 @@ def newer_than(output: str | Path, path: Path) -> list[Path]:
 
 
 def find(path: str | Path) -> Path:
-    """The checkpoint to resume from: ``path`` itself, or the newest complete one under it."""
+    """The checkpoint to resume from: ``path`` itself, or the newest complete one of the run
+    ``path`` (an output, or its ``checkpoints`` folder), never of a run in a folder above it."""
     given = Path(path).expanduser()
     if STEP_DIR.match(given.name) and (given / "meta.json").is_file():
         return given
-    for output in (given, given.parent):
+    outputs = (given, given.parent) if given.name == directory("").name else (given,)
+    for output in outputs:
         _recover(directory(output))
         found = complete(output)
         if found:

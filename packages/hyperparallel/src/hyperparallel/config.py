@@ -41,7 +41,7 @@ class Section(BaseModel):
     else converts), no unknown keys, read-only after validation. Each field documents itself
     with ``Field(description=...)``; the reference is generated from them."""
 
-    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True, allow_inf_nan=False)
 
 
 def merged(default: Mapping[str, Any], given: Mapping[str, Any]) -> dict[str, Any]:
@@ -165,7 +165,9 @@ class ParallelSection(Section):
     threads: int | None = Field(
         None, gt=0, description="CPU threads per rank; null: usable cores / local ranks"
     )
-    init_timeout: float = Field(300.0, gt=0, description="seconds to wait for all ranks to join")
+    init_timeout: float = Field(
+        300.0, gt=0, le=7 * 86400, description="seconds to wait for all ranks to join"
+    )
 
 
 class OptimSection(Section):
@@ -242,7 +244,7 @@ class Config(BaseModel):
     """The validated configuration: one typed section per attribute (``config.optim.lr``);
     sections added with :func:`register_section` are attributes too (see :meth:`section`)."""
 
-    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True, allow_inf_nan=False)
 
     run: RunSection = Field(default_factory=RunSection)
     model: ModelSection = Field(default_factory=ModelSection)

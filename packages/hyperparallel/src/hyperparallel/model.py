@@ -72,19 +72,31 @@ def settings(model: ModelSection) -> dict[str, Any]:
 
 def hf_config(model: ModelSection, vocab_size: int) -> Any:
     """The transformers config for the model section (checked: type and setting keys exist)."""
+    from huggingface_hub.errors import StrictDataclassError
     from transformers import AutoConfig
 
     given = settings(model)
-    if model.pretrained:
-        path = Path(model.pretrained).expanduser()
-        config = AutoConfig.from_pretrained(path, local_files_only=True, **given)
-        if config.vocab_size < vocab_size:
-            raise ModelConfigError(
-                f"model.pretrained: vocab_size {config.vocab_size} is smaller than the byte "
-                f"tokenizer's {vocab_size}"
-            )
-        return config
-    return AutoConfig.for_model(model.type, **{**given, "vocab_size": vocab_size})
+    try:
+        if model.pretrained:
+            path = Path(model.pretrained).expanduser()
+            config = AutoConfig.from_pretrained(path, local_files_only=True, **given)
+        else:
+            config = AutoConfig.for_model(model.type, **{**given, "vocab_size": vocab_size})
+    except (ValueError, TypeError, StrictDataclassError) as exc:  # transformers' own checks
+        keys = tuple(f"model.config.{k}" for k in model.config) or ("model.type",)
+        raise ModelConfigError(
+            f"{keys[0]}: transformers refused the model config: {exc}", keys
+        ) from None
+    if model.pretrained and config.vocab_size < vocab_size:
+        raise ModelConfigError(
+            f"model.pretrained: vocab_size {config.vocab_size} is smaller than the byte "
+            f"tokenizer's {vocab_size}"
+        )
+    if not config.is_encoder_decoder:
+        # an encoder-style type (BERT, RoBERTa) as a causal LM attends causally only as a
+        # decoder: without it each position would see the tokens it is trained to predict
+        config.is_decoder = True
+    return config
 
 
 def on_meta(config: Any) -> torch.nn.Module:

@@ -69,7 +69,7 @@ def _model_and_data_problems(sections: Mapping[str, Any], origins: Mapping[str, 
     if data is not None:
         patterns = [data.path] if isinstance(data.path, str) else data.path or []
         for pattern in patterns:
-            if not glob(str(Path(pattern).expanduser())):
+            if not glob(str(Path(pattern).expanduser()), recursive=True):  # as data.py reads
                 where = origins.get("data.path", "default")
                 problems.append(f"{where}: data.path: no file matches {pattern!r}")
     return problems

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
@@ -85,7 +86,7 @@ class ProgressDisplay:
         self.total = total
         if self.live:
             self.progress = Progress(
-                TextColumn(f"[bold]{name}"),
+                TextColumn(f"[bold]{escape(name)}"),
                 BarColumn(),
                 TextColumn("step {task.completed}/{task.total}"),
                 TextColumn("loss {task.fields[loss]}"),

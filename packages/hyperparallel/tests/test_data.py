@@ -452,7 +452,7 @@ def test_resuming_continues_the_exact_sequence(layout, data) -> None:
 
 
 def test_state_dict_holds_progress_and_layout() -> None:
-    sampler = ShardedSampler(30, 2, 1, 3, seed=4)
+    sampler = ShardedSampler(30, 2, 1, 3, seed=4, fingerprint="abc")
     for _ in range(7):
         sampler.next_indices()
     assert sampler.state_dict() == {
@@ -462,7 +462,29 @@ def test_state_dict_holds_progress_and_layout() -> None:
         "world": 3,
         "batch_size": 2,
         "num_blocks": 30,
+        "documents": "abc",
     }
+
+
+def test_resuming_on_other_blocks_of_the_same_count_is_refused() -> None:
+    tokenizer = ByteTokenizer()
+    cat = PackedBlocks(["the cat sat on the mat. " * 20], tokenizer, seq_len=16)
+    dog = PackedBlocks(["the dog sat on the log. " * 20], tokenizer, seq_len=16)
+    assert len(cat) == len(dog)
+    assert cat.fingerprint != dog.fingerprint
+    again = PackedBlocks(["the cat sat on the mat. " * 20], tokenizer, seq_len=16)
+    assert again.fingerprint == cat.fingerprint
+    saved = ShardedSampler(len(cat), 2, 0, 1, seed=0, fingerprint=cat.fingerprint)
+    saved.next_indices()
+    ShardedSampler(len(cat), 2, 0, 1, seed=0, fingerprint=again.fingerprint).load_state_dict(
+        saved.state_dict()
+    )
+    with pytest.raises(ValueError, match="saved from other documents"):
+        ShardedSampler(len(dog), 2, 0, 1, seed=0, fingerprint=dog.fingerprint).load_state_dict(
+            saved.state_dict()
+        )
+    older = {k: v for k, v in saved.state_dict().items() if k != "documents"}  # before the key
+    ShardedSampler(len(dog), 2, 0, 1, seed=0, fingerprint=dog.fingerprint).load_state_dict(older)
 
 
 @pytest.mark.parametrize(("key", "other"), [("world", 4), ("batch_size", 3), ("num_blocks", 99)])

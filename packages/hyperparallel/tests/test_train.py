@@ -139,20 +139,39 @@ def test_a_resume_from_an_older_checkpoint_continues_its_own_branch(tmp_path) ->
     assert sorted(losses(out)) == list(range(1, 7))
 
 
-def test_a_resume_on_other_data_fails_plainly(tmp_path) -> None:
-    """Documents added since the checkpoint change the blocks the data position counts: the
-    rank refuses with one line, no traceback."""
+@pytest.mark.parametrize(("repeat", "why"), [(900, "num_blocks="), (300, "other documents")])
+def test_a_resume_on_other_data_fails_plainly(tmp_path, repeat: int, why: str) -> None:
+    """Documents changed since the checkpoint, into more blocks or into as many: the rank
+    refuses with one line, no traceback."""
     data_file = tmp_path / "data.txt"
     data_file.write_text("the cat sat on the mat. " * 300)
     out = tmp_path / "run"
     args = small_args("run.steps=2", "checkpoint.export=false", f"data.path={data_file}")
     run_train("--output", str(out), *args, "--set", "run.stop_at=1")
-    data_file.write_text("the dog sat on the log. " * 900)
+    data_file.write_text("the dog sat on the log. " * repeat)
     done = run_train("--output", str(out), "--resume", *args, check=False)
     assert done.returncode == 1
     assert "Traceback" not in done.stderr
     assert done.stderr.count("error: --resume step_00000001: the sampler state was saved") == 1
-    assert "num_blocks=" in done.stderr
+    assert why in done.stderr
+
+
+def test_a_resume_with_other_optimizer_settings_fails_plainly(tmp_path) -> None:
+    """The checkpoint's optimizer state holds its settings: a resume asking for others would
+    train with the saved ones while its config.yaml said otherwise."""
+    out = tmp_path / "run"
+    args = small_args("run.steps=2", "checkpoint.export=false")
+    run_train("--output", str(out), *args, "--set", "run.stop_at=1")
+    written = (out / "config.yaml").read_text()
+    done = run_train(
+        "--output", str(out), "--resume", *args, "--set", "optim.lr=1e-5", check=False
+    )  # fmt: skip
+    assert done.returncode == 1
+    assert "Traceback" not in done.stderr
+    assert done.stderr.count("the checkpoint's optimizer settings differ") == 1
+    assert "(lr: [0.003, 0.003] saved, [1e-05, 1e-05] asked)" in done.stderr  # two groups
+    assert (out / "config.yaml").read_text() == written  # not rewritten by the refused run
+    assert sorted(losses(out)) == [1]
 
 
 def test_a_resume_of_a_finished_run_says_there_is_nothing_to_train(tmp_path) -> None:

@@ -8,6 +8,7 @@ state dict resumes the exact batch sequence of an uninterrupted run.
 from __future__ import annotations
 
 import glob
+import hashlib
 import json
 import os
 from array import array
@@ -155,6 +156,9 @@ class PackedBlocks:
         count = self.num_tokens // block
         tokens = torch.frombuffer(stream, dtype=torch.int32)
         self._blocks = tokens[: count * block].clone().view(count, block)
+        # the blocks' tokens hashed: a resume checks it continues on the same data
+        digest = hashlib.blake2b(self._blocks.numpy().tobytes(), digest_size=16)
+        self.fingerprint = digest.hexdigest()
 
     def __len__(self) -> int:
         """The number of blocks."""
@@ -175,8 +179,18 @@ class ShardedSampler:
     The state is the same on every rank, so any one rank can save it.
     """
 
-    def __init__(self, num_blocks: int, batch_size: int, rank: int, world: int, seed: int) -> None:
-        """Sample from ``num_blocks`` blocks; ``batch_size`` is the per-rank micro-batch."""
+    def __init__(
+        self,
+        num_blocks: int,
+        batch_size: int,
+        rank: int,
+        world: int,
+        seed: int,
+        fingerprint: str = "",
+    ) -> None:
+        """Sample from ``num_blocks`` blocks; ``batch_size`` is the per-rank micro-batch;
+        ``fingerprint`` names the blocks' content (:attr:`PackedBlocks.fingerprint`), which a
+        resume must match."""
         if batch_size < 1:
             raise ValueError(f"batch_size must be at least 1, got {batch_size}")
         if world < 1 or not 0 <= rank < world:
@@ -190,6 +204,7 @@ class ShardedSampler:
                 f"batch_size={batch_size} = {step} blocks; add data or lower seq_len or batch_size"
             )
         self.num_blocks = num_blocks
+        self.fingerprint = fingerprint
         self.batch_size = batch_size
         self.rank = rank
         self.world = world
@@ -232,11 +247,12 @@ class ShardedSampler:
             "world": self.world,
             "batch_size": self.batch_size,
             "num_blocks": self.num_blocks,
+            "documents": self.fingerprint,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume from ``state_dict()`` output; the seed is taken from it, the layout must match."""
-        missing = sorted(set(self.state_dict()) - set(state))
+        missing = sorted(set(self.state_dict()) - set(state) - {"documents"})  # newer key
         if missing:
             raise ValueError(
                 f"sampler state lacks {', '.join(missing)}; was it saved by ShardedSampler?"
@@ -249,6 +265,13 @@ class ShardedSampler:
                     f"{key}={current}; resuming needs the same data and data-parallel layout "
                     "(world size, per-rank batch size, seq_len and documents)"
                 )
+        saved_documents = state.get("documents", "")
+        if saved_documents and self.fingerprint and saved_documents != self.fingerprint:
+            raise ValueError(
+                "the sampler state was saved from other documents (as many blocks, other "
+                "tokens); resuming needs the same data: point data.path at the documents the "
+                "run was trained on"
+            )
         epoch, position = int(state["epoch"]), int(state["position"])
         if epoch < 0 or not 0 <= position < self.steps_per_epoch:
             raise ValueError(

@@ -88,6 +88,38 @@ class InputError(Exception):
     """The user's data or model cannot be used; reported as one line, without a traceback."""
 
 
+_NOT_SETTINGS = frozenset({"params", "lr", "initial_lr"})
+"""Parameter-group keys that are not the optimizer's settings (the rate is the schedule's)."""
+
+
+def _hyperparameters(optimizer: Any, scheduler: Any) -> dict[str, Any]:
+    """The optimizer's settings per parameter group and the schedule's peak rates."""
+    found = {"lr": list(getattr(scheduler, "base_lrs", []))}
+    for k, group in enumerate(optimizer.param_groups):
+        for key, value in group.items():
+            if key not in _NOT_SETTINGS:
+                found[f"{key} (group {k})"] = list(value) if isinstance(value, tuple) else value
+    return found
+
+
+def _check_same_hyperparameters(path: Path, asked: dict[str, Any], saved: dict[str, Any]) -> None:
+    """A resume continues the checkpoint's optimizer state and schedule, settings included: one
+    whose config asks for others (``--set optim.lr=...``) would train with the saved ones while
+    its config.yaml said otherwise, so it is refused."""
+    differ = [
+        f"{key}: {saved.get(key)!r} saved, {value!r} asked"
+        for key, value in asked.items()
+        if saved.get(key) != value
+    ]
+    if differ:
+        raise InputError(
+            f"--resume {path.name}: the checkpoint's optimizer settings differ from this run's "
+            f"optim section ({'; '.join(differ)}); a resume continues the saved ones: resume "
+            f"with the run's own optim settings (its config.yaml), or start a new run from its "
+            f"export (model.pretrained) to change them"
+        )
+
+
 def worker(settings: dict[str, Any], resume: str | None, report_to_launcher: bool = False) -> None:
     """One rank's whole run (the elastic launcher's entry point; also runs under torchrun).
 
@@ -164,7 +196,9 @@ def _run(settings: dict[str, Any], resume: str | None) -> None:
         tokenizer = data.ByteTokenizer()
         docs, source = documents(cfg.data)
         blocks = data.PackedBlocks(docs, tokenizer, cfg.data.seq_len, world=world)
-        sampler = data.ShardedSampler(len(blocks), cfg.data.batch_size, rank, world, cfg.run.seed)
+        sampler = data.ShardedSampler(
+            len(blocks), cfg.data.batch_size, rank, world, cfg.run.seed, blocks.fingerprint
+        )
         model = model_mod.build(cfg.model, tokenizer.vocab_size, cfg.run.seed)
     except (ValueError, OSError) as exc:  # the user's data or model
         raise InputError(exc) from None
@@ -200,9 +234,11 @@ def train(
     step = 0
     if resume is not None:
         path = checkpoint.find(output if resume == "latest" else resume)
+        asked = _hyperparameters(optimizer, scheduler)
         extra = checkpoint.load(path, state)
         step = extra["step"]
         scheduler.load_state_dict(extra["scheduler"])
+        _check_same_hyperparameters(path, asked, _hyperparameters(optimizer, scheduler))
         try:
             sampler.load_state_dict(extra["sampler"])
         except ValueError as exc:  # other documents than the checkpoint's

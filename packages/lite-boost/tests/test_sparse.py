@@ -180,6 +180,8 @@ def test_grouped_kv_heads_are_expanded():
         ({"latent_shape": (2, 4), "sparsity": 0.5}, "latent_shape must be"),
         ({"latent_shape": (2, 4, 4), "sparsity": 0.5, "block_size": 0}, "block_size must be"),
         ({"latent_shape": (2, 4, 4), "sparsity": 0.5, "block_size": 8.0}, "a positive int"),
+        ({"latent_shape": (2.5, 4, 4), "sparsity": 0.5}, r"three ints .* got \(2\.5, 4, 4\)"),
+        ({"latent_shape": (True, 4, 4), "sparsity": 0.5}, "latent_shape must be three ints"),
     ],
 )
 def test_bad_arguments_raise(kwargs, match):

@@ -214,6 +214,8 @@ def test_bad_inputs_give_clear_errors():
     sparse = W.WanAttnProcessor(BoostOptions(sparsity=0.5))
     with pytest.raises(ValueError, match="latent grid"):
         sparse(attn, x, rotary_emb=None)
+    with pytest.raises(ValueError, match="block_size"):  # not read as a block of 1 token
+        boost(model, sparsity=0.5, block_size=True)
 
 
 def test_vae_without_parallel_is_unchanged():

@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import functools
 import math
+import operator
+from typing import Any
 
 import torch
 
@@ -50,6 +52,19 @@ def reorder(latent_shape: tuple[int, int, int], block_size: int) -> torch.Tensor
     # within a tile, row-major; tiles in row-major order within each frame
     order = torch.argsort(key.flatten() * (rows * cols) + (r % rows * cols + c % cols).flatten())
     return token.flatten()[order]
+
+
+def _latent(shape: Any) -> tuple[int, ...]:
+    """``shape``'s sizes as ints (numpy or 0-d tensor integers taken); a float or bool size is
+    an error, not truncated."""
+    try:
+        if any(isinstance(n, bool) for n in shape):
+            raise TypeError
+        return tuple(operator.index(n) for n in shape)
+    except TypeError:
+        raise ValueError(
+            f"latent_shape must be three ints (frames, height, width), got {shape!r}"
+        ) from None
 
 
 def _check(
@@ -159,7 +174,7 @@ def sparse_attention(
     """Self-attention of (B, H, S, D) tokens — ``latent_shape`` (frames, height, width) video
     tokens in (frame, row, column) order, plus ``text_len`` text tokens after them (before
     them with ``text_first``) — skipping the key blocks a query block needs least."""
-    latent_shape = tuple(int(n) for n in latent_shape)
+    latent_shape = _latent(latent_shape)
     _check(q, k, v, latent_shape, text_len, sparsity, block_size)
     if sparsity == 0.0:
         return backends.attention(q, k, v)

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StrictInt
 
 HOOK = "lite_boost_register_boosters"
 
@@ -26,7 +26,7 @@ class BoostOptions(BaseModel):
     model_config = ConfigDict(arbitrary_types_allowed=True, frozen=True)
 
     sparsity: float = Field(0.0, ge=0.0, lt=1.0, description="share of KV blocks skipped")
-    block_size: int = Field(128, gt=0, description="tokens per attention block")
+    block_size: StrictInt = Field(128, gt=0, description="tokens per attention block")
     parallel: Any = Field(None, description="a lite_boost.ParallelManager, or None")
 
 

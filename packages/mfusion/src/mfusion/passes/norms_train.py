@@ -53,8 +53,6 @@ though their names do not say so (Inductor's ``is_mutation_op`` reads the name).
 
 def _mutation_free(graph: Graph, nodes: list[Node]) -> bool:
     """No in-place op between the first and the last of ``nodes`` in ``graph``'s order."""
-    from torch._inductor.pattern_matcher import is_mutation_op
-
     wanted, inside = set(nodes), False
     for node in graph.nodes:
         if node in wanted:
@@ -62,7 +60,7 @@ def _mutation_free(graph: Graph, nodes: list[Node]) -> bool:
             inside = bool(wanted)
             if not inside:
                 return True
-        elif inside and (is_mutation_op(node) or _in_place_operator(node)):
+        elif inside and _writes_in_place(node):
             return False
     return not wanted
 
@@ -82,8 +80,6 @@ its first argument's storage."""
 def _changed_later(graph: Graph, x: Node) -> bool:
     """Whether an in-place op anywhere after ``x`` writes ``x`` or a view of it: a rewrite whose
     op saves ``x`` for its backward would then fail where eager saved a copy of its own."""
-    from torch._inductor.pattern_matcher import is_mutation_op
-
     aliases, after = {x}, False
     for node in graph.nodes:
         if node is x:
@@ -93,7 +89,7 @@ def _changed_later(graph: Graph, x: Node) -> bool:
             continue
         if not isinstance(node.args[0], Node) or node.args[0] not in aliases:
             continue
-        if is_mutation_op(node) or _in_place_operator(node):
+        if _writes_in_place(node):
             return True
         name = node.target if node.op == "call_method" else getattr(node.target, "__name__", "")
         if name in _VIEWS:
@@ -101,8 +97,14 @@ def _changed_later(graph: Graph, x: Node) -> bool:
     return False
 
 
-def _in_place_operator(node: Node) -> bool:
-    return node.op == "call_function" and node.target in _IN_PLACE_OPERATORS
+def _writes_in_place(node: Node) -> bool:
+    """An in-place op: by its name (Inductor's ``is_mutation_op``) or an operator of
+    :data:`_IN_PLACE_OPERATORS`."""
+    from torch._inductor.pattern_matcher import is_mutation_op
+
+    return is_mutation_op(node) or (
+        node.op == "call_function" and node.target in _IN_PLACE_OPERATORS
+    )
 
 
 class _Renamed:

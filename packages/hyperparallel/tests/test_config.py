@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import re
 import time
 
 import pytest
 import torch
+import yaml
 from click.testing import CliRunner
 from transformers import AutoModelForCausalLM, LlamaConfig
 
@@ -513,3 +515,38 @@ def test_preflight_builds_the_model_not_only_its_config(setting, why) -> None:
     (problem,) = info.value.problems
     assert problem.startswith(f"--set {setting}: model: transformers cannot build ")
     assert why in problem
+
+
+@pytest.mark.parametrize(
+    ("setting", "problem"),
+    [
+        ('run.output=""', "run.output: needs a directory name; use '.' for the current directory"),
+        ("data.path=[]", "data.path: needs one or more non-empty globs, or null for the embedded"),
+        ('data.path=[a.txt, " "]', "data.path: needs one or more non-empty globs"),
+    ],
+)
+def test_an_empty_output_or_data_glob_is_a_config_error(setting: str, problem: str) -> None:
+    """An empty run.output wrote into the current directory; an empty data.path list passed
+    preflight and failed in every rank for want of tokens."""
+    with pytest.raises(config.ConfigError, match=re.escape(problem)):
+        config.load(None, [setting])
+
+
+def test_output_option_is_the_directory_name_as_typed(tmp_path, monkeypatch) -> None:
+    """``--output`` was read as YAML: ``runs/a: b`` became a mapping, ``[x]`` a list."""
+    monkeypatch.chdir(tmp_path)
+    for name in ("runs/a: b", "[x]", "runs/été #2"):
+        result = CliRunner().invoke(train, ["--print-config", "--output", name])
+        assert result.exit_code == 0, result.output
+        assert yaml.safe_load(result.output)["run"]["output"] == name
+        assert name in result.output  # printed as written, not escaped
+    result = CliRunner().invoke(train, ["--print-config", "--output", ""])
+    assert result.exit_code != 0
+    assert "run.output: needs a directory name" in result.output
+
+
+def test_a_config_file_that_is_not_utf8_is_a_config_error(tmp_path) -> None:
+    path = tmp_path / "run.yaml"
+    path.write_bytes(b"run:\n  name: caf\xe9\n")
+    with pytest.raises(config.ConfigError, match=r"run.yaml: not UTF-8 text \(byte 16\)"):
+        config.load(path)

@@ -19,3 +19,25 @@ def test_a_run_name_with_markup_is_shown_as_written(monkeypatch: pytest.MonkeyPa
         assert display.progress.columns[0].render(task).plain == "a[/red]b[x]"
     finally:
         display.close()
+
+
+def test_metrics_cut_short_by_a_kill_are_read_without_their_last_line(tmp_path) -> None:
+    """A process killed while writing a step's line left half a JSON record: the resume that
+    reads the file crashed on it."""
+    path = tmp_path / "metrics.jsonl"
+    path.write_text('{"step": 1, "loss": 2.0}\n{"step": 2, "loss": 1.5}\n{"step": 3, "lo')
+    assert [r["step"] for r in report.read_metrics(path)] == [1, 2]
+    metrics = report.Metrics(path, resume_step=2)  # what a resume from step 2 does
+    metrics.write({"step": 3, "loss": 1.0})
+    metrics.close()
+    assert [r["step"] for r in report.read_metrics(path)] == [1, 2, 3]
+
+
+def test_an_unreadable_metrics_line_is_named(tmp_path) -> None:
+    path = tmp_path / "metrics.jsonl"
+    path.write_text('{"step": 1, "loss": 2.0}\nnot json\n{"step": 3, "loss": 1.5}\n')
+    with pytest.raises(ValueError, match=r"metrics.jsonl:2: not a metrics record"):
+        report.read_metrics(path)
+    path.write_text('{"step": 1, "loss": 2.0}\n{"step": 2, "lo\n')  # a whole line: not a cut
+    with pytest.raises(ValueError, match=r"metrics.jsonl:2: not a metrics record"):
+        report.read_metrics(path)

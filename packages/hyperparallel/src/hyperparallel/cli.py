@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import click
 
 HELP = """Train a Hugging Face causal LM with FSDP2, configured by YAML.
@@ -58,8 +60,8 @@ def train(
     extra = list(overrides)
     if nproc is not None:
         extra.append(f"parallel.nproc={nproc}")
-    if output is not None:
-        extra.append(f"run.output={output}")
+    if output is not None:  # quoted: the directory's name as typed, never YAML (`a: b`, `[x]`)
+        extra.append(f"run.output={json.dumps(output, ensure_ascii=False)}")
     try:
         cfg = preflight.resolve(config, extra, resume, outputs=not print_config)
     except ConfigError as exc:

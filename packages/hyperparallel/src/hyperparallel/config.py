@@ -86,7 +86,10 @@ class RunSection(Section):
     @field_validator("output")
     @classmethod
     def _home(cls, value: str) -> str:
-        """``~`` is the home directory, as in data.path and model.pretrained."""
+        """``~`` is the home directory, as in data.path and model.pretrained; an empty name
+        would write into the current directory unasked."""
+        if not value.strip():
+            raise ValueError("needs a directory name; use '.' for the current directory")
         return os.path.expanduser(value)
 
 
@@ -134,6 +137,17 @@ class DataSection(Section):
     batch_size: int = Field(
         16, gt=0, description="sequences per micro-batch on each data-parallel rank"
     )
+
+    @field_validator("path")
+    @classmethod
+    def _some_glob(cls, value: str | list[str] | None) -> str | list[str] | None:
+        """An empty glob or list would read no documents: null is the embedded corpus."""
+        globs = [value] if isinstance(value, str) else value or []
+        if value is not None and (not globs or not all(g.strip() for g in globs)):
+            raise ValueError(
+                f"needs one or more non-empty globs, or null for the embedded corpus; got {value!r}"
+            )
+        return value
 
 
 class ParallelSection(Section):
@@ -272,7 +286,7 @@ class Config(BaseModel):
         return self.model_dump()
 
     def to_yaml(self) -> str:
-        return yaml.safe_dump(self.to_dict(), sort_keys=False)
+        return yaml.safe_dump(self.to_dict(), sort_keys=False, allow_unicode=True)
 
 
 SECTIONS: dict[str, type[Section]] = {
@@ -564,9 +578,13 @@ def load(
         return build(overrides=overrides, world=world)
     source = Path(path)
     try:
-        text = source.read_text()
+        text = source.read_text(encoding="utf-8")
     except OSError as exc:
         raise ConfigError([f"{path}: cannot read the config file: {exc.strerror}"]) from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(
+            [f"{path}: not UTF-8 text (byte {exc.start}); save the config as UTF-8"]
+        ) from None
     data, origins, texts = _parse_yaml(text, str(path))
     return build(data, origins=origins, overrides=overrides, world=world, texts=texts)
 

@@ -18,7 +18,7 @@ from rich.table import Table
 def write_atomic(path: Path, text: str) -> None:
     """Write ``text`` to ``path`` through a temporary file and a rename."""
     tmp = path.with_name(f".tmp-{path.name}")
-    tmp.write_text(text)
+    tmp.write_text(text, encoding="utf-8")
     os.replace(tmp, path)
 
 
@@ -40,9 +40,23 @@ class Metrics:
 
 
 def read_metrics(path: Path) -> list[dict[str, Any]]:
+    """The records of ``metrics.jsonl``; a last line cut short (the process killed while
+    writing it) is left out, any other unreadable line is a ``ValueError`` naming it."""
     if not path.is_file():
         return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    text = path.read_text(encoding="utf-8")
+    lines = text.splitlines()
+    records = []
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError as exc:
+            if number == len(lines) and not text.endswith("\n"):
+                break
+            raise ValueError(f"{path}:{number}: not a metrics record ({exc})") from None
+    return records
 
 
 def slowdown(before: list[float], after: list[float]) -> float:

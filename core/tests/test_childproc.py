@@ -89,6 +89,21 @@ def test_run_json_all_kills_the_others_when_one_fails() -> None:
     assert time.monotonic() - start < 60
 
 
+def test_run_json_all_reports_the_child_that_failed_while_the_others_wait() -> None:
+    """A rank that fails while rank 0 waits for it: the group waited out its whole timeout
+    and reported rank 0's timeout, never rank 1's error."""
+    start = time.monotonic()
+    with pytest.raises(childproc.ChildError, match="rank 1: bad config"):
+        childproc.run_json_all(
+            [
+                _python("import time; time.sleep(600)"),
+                _python("raise SystemExit('rank 1: bad config')"),
+            ],
+            timeout=60,
+        )
+    assert time.monotonic() - start < 30
+
+
 def test_start_json_collects_later() -> None:
     with childproc.start_json(_python("print('{\"ready\": true}')")) as child:
         assert child.pid > 0

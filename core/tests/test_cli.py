@@ -8,7 +8,7 @@ from rich.console import Console
 
 import spore
 from spore import childproc
-from spore.cli.render import Column, table
+from spore.cli.render import Column, styled, table
 from spore.testing import clean_environ
 
 
@@ -132,6 +132,24 @@ def test_bench_reports_ratios(run_spore) -> None:
     assert "settings (both sides): allocator" in table.stdout
 
 
+def test_bench_under_an_applied_runtime_refuses_other_settings(run_spore) -> None:
+    """Inside ``spore run`` (SPORE_RUNTIME set) bench does not restart: explicit --allocator or
+    --threads were ignored and the figures printed under other settings."""
+    inside = {"SPORE_RUNTIME": "system", "OMP_NUM_THREADS": "2"}
+    args = ("bench", "healthy", "--repeat", "1", "--min-time", "0")
+    refused = run_spore(
+        *args, "--allocator", "tuned", "--threads", "1", env=inside, plugins=("healthy",)
+    )
+    assert refused.returncode == 2
+    assert "--allocator tuned --threads 1 would not apply" in refused.stderr
+    assert "allocator system with OMP_NUM_THREADS=2" in refused.stderr
+    same = run_spore(
+        *args, "--allocator", "system", "--threads", "2", env=inside, plugins=("healthy",)
+    )
+    assert same.returncode == 0, same.stderr
+    assert "settings (both sides): allocator system" in same.stdout
+
+
 def test_bench_list_filter_and_errors(run_spore) -> None:
     listed = run_spore("bench", "--list", plugins=("healthy", "dup_a"))
     assert listed.stdout.splitlines() == [
@@ -211,7 +229,7 @@ def test_table_keeps_names_whole_at_80_columns() -> None:
     columns = [
         Column("name", lambda r: r["name"], "name"),
         Column("distribution", lambda r: r["dist"], "name"),
-        Column("status", lambda r: "[yellow]incompatible[/yellow]", "name"),
+        Column("status", lambda r: styled("incompatible"), "name"),
         Column("registered", lambda r: "ops: 3, benchmarks: 140, commands: 1"),
         Column("reason", lambda r: r["reason"], "note"),
     ]
@@ -223,6 +241,21 @@ def test_table_keeps_names_whole_at_80_columns() -> None:
     assert "d" * 50 in wide
     assert "incompatible" in wide
     assert len(wide.splitlines()[1]) > 80
+
+
+def test_cells_are_shown_as_written_not_read_as_markup() -> None:
+    """Plugin errors and paths went through rich markup: ``pip install 'pkg[cuda]'`` lost its
+    ``[cuda]``, and a ``[/docs]`` in a message crashed ``spore plugins`` (MarkupError)."""
+    reason = "needs its CUDA extra: pip install 'pkg[cuda]' (see [/docs/install])"
+    columns = [
+        Column("name", lambda r: r["name"], "name"),
+        Column("status", lambda r: styled("failed", " [bold]x"), "name"),
+        Column("reason", lambda r: r["reason"], "note"),
+    ]
+    text = _render(columns, [{"name": "a[/b]", "reason": reason}], 120)
+    assert "a[/b]" in text
+    assert "failed [bold]x" in text
+    assert reason in text
 
 
 def test_listings_keep_names_whole_at_80_columns(run_spore) -> None:

@@ -81,7 +81,8 @@ def test_torch_func_transforms_and_forward_ad_differentiate_the_reference() -> N
     """Under torch.func (grad, jacrev, jvp, vmap) and forward-mode AD the op runs its
     reference, whose own ops carry the transform: each result equals the same transform of the
     reference. (A torch.library op with register_autograd raises under torch.func.grad and
-    gives zero tangents under jvp and forward AD.) vmap alone runs the kernel once a sample."""
+    gives zero tangents under jvp and forward AD; with no batching rule, vmap ran the kernel
+    once a sample, warning each time.)"""
     op = _define()
     calls = []
 
@@ -116,8 +117,16 @@ def test_torch_func_transforms_and_forward_ad_differentiate_the_reference() -> N
     assert calls == [x.shape]
     torch.testing.assert_close(
         torch.func.vmap(lambda r: f(r, w))(x.view(2, 2, 8)), g(x, w).view(2, 2, 8)
-    )  # torch runs the op once a sample, on the kernel: no derivative is taken
-    assert calls == [x.shape, (2, 8), (2, 8)]
+    )
+    ws = torch.randn(2, 8, dtype=torch.float64)  # a weight batched too
+    torch.testing.assert_close(
+        torch.func.vmap(f)(x.view(2, 2, 8), ws), g(x.view(2, 2, 8), ws[:, None])
+    )
+    torch.testing.assert_close(
+        torch.func.vmap(torch.func.grad(loss(f)), in_dims=(0, None))(x.view(2, 2, 8), w),
+        torch.func.vmap(torch.func.grad(loss(g)), in_dims=(0, None))(x.view(2, 2, 8), w),
+    )
+    assert calls == [x.shape]  # vmap never ran the kernel once a sample
     with torch.autograd.forward_ad.dual_level():
         out = f(torch.autograd.forward_ad.make_dual(x, t), w)
         want = g(torch.autograd.forward_ad.make_dual(x, t), w)
@@ -126,7 +135,7 @@ def test_torch_func_transforms_and_forward_ad_differentiate_the_reference() -> N
     assert got.tangent is not None
     torch.testing.assert_close(got.tangent, expected.tangent)
     torch.testing.assert_close(got.primal, expected.primal)
-    assert len(calls) == 3
+    assert len(calls) == 1
 
 
 def test_custom_autograd_formula_is_used() -> None:
@@ -444,6 +453,38 @@ def test_gradients_see_arguments_the_dispatcher_dropped_as_defaults() -> None:
     op(x, 2.0).sum().backward()
     assert seen == [(2.0,)]
     torch.testing.assert_close(x.grad, torch.full_like(x, 2.0))
+
+
+def test_kernels_supports_and_the_reference_get_arguments_dropped_as_defaults() -> None:
+    """The dispatcher drops trailing arguments equal to their schema default: a reference
+    without that default raised TypeError, and a kernel's ``supports(x, scale)`` raised (read
+    as "no"), so the kernel never ran for the default value while ``explain`` said it did."""
+    calls = []
+
+    def reference(x, scale):  # no Python default: the schema's is the only one
+        return x * scale
+
+    def kernel(x, scale):
+        calls.append(scale)
+        return x * scale
+
+    op = dispatch.define(
+        f"t_dflt_{next(_names)}", "(Tensor x, float scale=2.0) -> Tensor", reference=reference
+    )
+    x = torch.randn(5)
+    for call in (lambda: op(x), lambda: op(x, 2.0), lambda: torch.compile(op, fullgraph=True)(x)):
+        torch.testing.assert_close(call(), x * 2.0)  # the reference: no kernel yet
+    y = x.clone().requires_grad_()
+    op(y).sum().backward()
+    torch.testing.assert_close(y.grad, torch.full_like(x, 2.0))
+    torch.testing.assert_close(torch.vmap(op)(x.view(5, 1)), x.view(5, 1) * 2.0)
+    dispatch.register_kernel(
+        op, "cpu", kernel, provider="t-dflt", supports=lambda x, scale: scale > 1
+    )
+    torch.testing.assert_close(op(x, 2.0), x * 2.0)
+    torch.testing.assert_close(op(x, 0.5), x * 0.5)
+    assert calls == [2.0]
+    assert dispatch.explain(op, x).chosen == "t-dflt"
 
 
 @pytest.mark.parametrize(

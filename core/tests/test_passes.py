@@ -335,6 +335,30 @@ def test_device_filter_skips_other_devices(spore_manager) -> None:
     assert passes.apply(gm) == {}
 
 
+def test_device_filter_holds_in_every_stage_of_a_compile(spore_manager) -> None:
+    """Dynamo's pre-grad graph records its inputs as ``example_value``: a ``device="cuda"``
+    pre-grad pass ran on CPU graphs."""
+    spore_manager({"SPORE_NO_PLUGINS": "1"})  # only this test's passes
+    ran = []
+    for stage in ("pre_grad", "post_grad"):
+        spore.register_custom_pass(
+            lambda gm, stage=stage: ran.append(stage) or 0,
+            name=f"cuda-{stage}",
+            stage=stage,
+            device="cuda",
+        )
+        spore.register_custom_pass(
+            lambda gm, stage=stage: ran.append(f"any {stage}") or 0,
+            name=f"any-{stage}",
+            stage=stage,
+        )
+    torch._dynamo.reset()
+    compiled = torch.compile(_f, backend="spore", options={"fx_graph_cache": False})
+    x = torch.randn(8)
+    torch.testing.assert_close(compiled(x), _f(x))
+    assert sorted(ran) == ["any post_grad", "any pre_grad"]
+
+
 def test_bad_registrations(spore_manager) -> None:
     spore_manager()
     with pytest.raises(ValueError, match="unknown pass stage 'late'"):

@@ -22,6 +22,8 @@ from types import TracebackType
 from typing import Any
 
 TAIL_CHARS = 2000
+POLL_S = 0.05
+"""How long :func:`run_json_all` reads one child's output before turning to the next."""
 
 
 class ChildError(RuntimeError):
@@ -75,6 +77,7 @@ class Child:
         cwd: os.PathLike[str] | str | None = None,
     ) -> None:
         self.args = [str(a) for a in args]
+        self._output: tuple[str, str] | None = None
         self._proc = subprocess.Popen(
             self.args,
             stdout=subprocess.PIPE,
@@ -97,17 +100,9 @@ class Child:
         when it exits non-zero.
         """
         try:
-            out, err = self._proc.communicate(timeout=timeout)
+            out, err = self._communicate(timeout)
         except subprocess.TimeoutExpired:
-            out, err = self._kill()
-            raise ChildError(
-                self.args,
-                f"did not finish within {timeout:g}s (killed)",
-                returncode=None,
-                stdout=out,
-                stderr=err,
-                timed_out=True,
-            ) from None
+            raise self._timed_out(timeout) from None
         done = subprocess.CompletedProcess(self.args, self._proc.returncode, out, err)
         if check and done.returncode != 0:
             raise ChildError(
@@ -118,6 +113,32 @@ class Child:
                 stderr=err,
             )
         return done
+
+    def exited(self, within: float) -> bool:
+        """Whether the child has exited, reading its output for up to ``within`` seconds."""
+        try:
+            self._communicate(within)
+        except subprocess.TimeoutExpired:
+            return False
+        return True
+
+    def _communicate(self, timeout: float) -> tuple[str, str]:
+        # a communicate that timed out keeps what it read: the next one goes on from there
+        if self._output is None:
+            self._output = self._proc.communicate(timeout=timeout)
+        return self._output
+
+    def _timed_out(self, timeout: float) -> ChildError:
+        """Kill the child; the error saying it ran past ``timeout`` seconds."""
+        out, err = self._kill()
+        return ChildError(
+            self.args,
+            f"did not finish within {timeout:g}s (killed)",
+            returncode=None,
+            stdout=out,
+            stderr=err,
+            timed_out=True,
+        )
 
     def result(self, timeout: float) -> dict[str, Any]:
         """Wait as :meth:`wait` does; the last JSON object the child printed."""
@@ -203,15 +224,24 @@ def run_json_all(
 ) -> list[dict[str, Any]]:
     """Start every command at once; their last JSON objects, in order.
 
-    ``timeout`` bounds the whole group. The first failure raises :class:`ChildError` and kills
-    the children still running.
+    ``timeout`` bounds the whole group. The first child to fail, in the order they exit (a
+    rank that fails while the others wait for it), raises :class:`ChildError` and the children
+    still running are killed.
     """
     children: list[Child] = []
     try:
         for args in commands:
             children.append(Child(args, env=env, cwd=cwd))
         deadline = time.monotonic() + timeout
-        return [c.result(max(0.1, deadline - time.monotonic())) for c in children]
+        running = list(children)
+        while running:
+            for child in list(running):
+                if child.exited(within=POLL_S):
+                    child.result(0)  # raises for a failed child
+                    running.remove(child)
+            if running and time.monotonic() > deadline:
+                raise running[0]._timed_out(timeout)
+        return [c.result(0) for c in children]
     finally:
         for child in children:
             child.kill()

@@ -92,6 +92,7 @@ class Op:
     reference: Callable[..., Any]
     kernels: dict[tuple[str, str], Kernel] = field(default_factory=dict)
     _ranked: dict[str, list[Kernel]] = field(default_factory=dict, repr=False, compare=False)
+    _defaults: tuple[Any, ...] = field(default=(), repr=False, compare=False)
 
     @property
     def qualname(self) -> str:
@@ -130,7 +131,15 @@ class Op:
                 return kernel, device
         return None, device
 
+    def complete(self, args: tuple[Any, ...]) -> tuple[Any, ...]:
+        """``args`` with the trailing ones the dispatcher dropped (those equal to their schema
+        default) put back: kernels, ``supports`` and the reference always get every argument."""
+        if len(args) < len(self._defaults):
+            return (*args, *self._defaults[len(args) :])
+        return args
+
     def _route(self, *args: Any, **kwargs: Any) -> Any:
+        args = self.complete(args)
         kernel, _ = self.select(args, kwargs)
         return (kernel.fn if kernel else self.reference)(*args, **kwargs)
 
@@ -222,16 +231,13 @@ def _autograd_kernel(
     directly for plain CPU tensors (a redispatch through torch.library costs a Python round
     trip per call, and each one is slow right after a large matmul has evicted the interpreter
     from the caches)."""
-    schema = op.packet.default._schema.arguments
 
     class Function(torch.autograd.Function):
         @staticmethod
         def forward(ctx: Any, keyset: Any, *args: Any) -> Any:
             with torch._C._AutoDispatchBelowAutograd():
                 out = op.packet.default.redispatch(keyset & _AFTER_AUTOGRAD, *args)
-            # the dispatcher drops trailing arguments equal to their defaults
-            given = (*args, *(a.default_value for a in schema[len(args) :]))
-            setup_context(ctx, given, out)
+            setup_context(ctx, op.complete(args), out)
             return out
 
         @staticmethod
@@ -248,7 +254,7 @@ def _autograd_kernel(
 
     def kernel(keyset: Any, *args: Any) -> Any:
         if torch._C._are_functorch_transforms_active() or forward_ad._current_level >= 0:
-            return op.reference(*args)  # its own ops carry the transform or the tangents
+            return op.reference(*op.complete(args))  # its ops carry the transform/tangents
         if torch.is_grad_enabled() and torch._C._any_requires_grad(*args):
             return Function.apply(keyset, *args)
         below = keyset & _AFTER_AUTOGRAD
@@ -300,12 +306,22 @@ def define(
                 f"op {name!r}: tensor lists (Tensor[]) are not supported as arguments or "
                 f"results; pass the tensors one by one"
             )
+        op._defaults = tuple(a.default_value for a in parsed.arguments)
         lib.define(f"{name}{schema}")
         lib.impl(name, op._route, "CompositeExplicitAutograd")
-        torch.library.register_fake(op.qualname, fake or reference, lib=lib)
+        shapes = fake or reference
+        torch.library.register_fake(op.qualname, lambda *a: shapes(*op.complete(a)), lib=lib)
         if backward is None:
             backward, setup_context = _reference_backward(op)
         lib.impl(name, _autograd_kernel(op, backward, setup_context), "Autograd", with_keyset=True)
+        # under vmap: the reference on the batched tensors, whose own ops have batching rules
+        # (with none registered torch runs the kernel once a sample, warning each call)
+        lib.impl(
+            name,
+            lambda _, *args: reference(*op.complete(args)),
+            "FuncTorchBatched",
+            with_keyset=True,
+        )
         _ops[name] = op
         return op
 
@@ -419,6 +435,7 @@ def unregister_provider(provider: str) -> None:
 def explain(op: Op | str | Any, *args: Any, **kwargs: Any) -> Explanation:
     """Which kernel would run for these arguments, and why each other one would not."""
     target = _as_op(op)
+    args = target.complete(args)  # as a call leaving out defaulted arguments runs
     device = _device_of(args, kwargs)
     chosen: Kernel | None = None
     candidates = []

@@ -186,8 +186,10 @@ class PassEntry:
 
 
 def _graph_device(gm: Any) -> str | None:
+    """The device of the graph's first tensor input (dynamo's pre-grad graphs keep it as
+    ``example_value``, later stages as ``val``); ``None`` when it has none."""
     for node in gm.graph.nodes:
-        value = node.meta.get("val")
+        value = node.meta.get("val", node.meta.get("example_value"))
         device = getattr(value, "device", None)
         if node.op == "placeholder" and device is not None:
             return device.type

@@ -87,6 +87,26 @@ def test_rendezvous_address_and_probe(monkeypatch) -> None:
     assert found.hint().endswith("accepts connections, so a peer has not joined yet")
 
 
+def test_probe_reads_ipv6_hosts_and_trailing_slashes() -> None:
+    """``tcp://[::1]:PORT`` was probed with its brackets (a name that resolves to nothing:
+    "not reachable, check the address" while the store listened); ``tcp://host:PORT/`` named no
+    port at all."""
+    try:
+        server = socket.create_server(("::1", 0), family=socket.AF_INET6)
+    except OSError as exc:
+        pytest.skip(f"no IPv6 loopback here: {exc}")
+    with server:
+        port = server.getsockname()[1]
+        for where in (f"tcp://[::1]:{port}", f"tcp://[::1]:{port}/", f"store [::1]:{port}"):
+            found = rendezvous.probe(where)
+            assert found == rendezvous.Probe("::1", port, None), where
+        assert found.hint().startswith(f"[::1]:{port} accepts connections")
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        port = server.getsockname()[1]
+        assert rendezvous.probe(f"tcp://127.0.0.1:{port}/").reachable
+    assert rendezvous.probe("tcp://127.0.0.1:99999") is None  # no such port
+
+
 def _mccl_checks(monkeypatch, addr: str | None, port: str | None) -> dict[str, Check]:
     for name, value in (("MASTER_ADDR", addr), ("MASTER_PORT", port)):
         if value is None:

@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
-from spore.cli.render import Column, console, echo_json, print_table
+from spore.cli.render import Column, console, echo_json, print_table, styled
 from spore.cli.run import plan, report_plan, runtime_options
 from spore.plugins import get_manager
+
+if TYPE_CHECKING:
+    from rich.text import Text
 
 
 def format_time(seconds: float | None) -> str:
@@ -104,18 +107,39 @@ def bench_cmd(
 
 
 def _restart_tuned(ctx: click.Context, allocator: str, threads: int | None) -> None:
-    """Re-start this command under the runtime plan unless a plan is already applied.
+    """Re-start this command under the runtime plan unless a plan is already applied (then
+    ``--allocator`` / ``--threads`` given otherwise than it are a usage error).
 
     Only possible when started through :func:`spore.cli.main`, which records the arguments.
     """
     from spore.runtime import APPLIED_MARKER
 
+    applied = os.environ.get(APPLIED_MARKER)
+    if applied is not None:
+        _check_applied(ctx, applied, allocator, threads)
+        return
     argv = (ctx.find_root().obj or {}).get("argv")
-    if argv is None or APPLIED_MARKER in os.environ:
+    if argv is None:
         return
     runtime_plan = plan(allocator, threads)
     report_plan(runtime_plan, "spore bench")
     os.execve(sys.executable, [sys.executable, "-m", "spore", *argv], runtime_plan.env)
+
+
+def _check_applied(ctx: click.Context, applied: str, allocator: str, threads: int | None) -> None:
+    """A usage error when the options given ask for other settings than the applied plan's."""
+    source = click.core.ParameterSource.DEFAULT
+    asked = []
+    if ctx.get_parameter_source("allocator") != source and allocator not in ("auto", applied):
+        asked.append(f"--allocator {allocator}")
+    if threads is not None and str(threads) != os.environ.get("OMP_NUM_THREADS"):
+        asked.append(f"--threads {threads}")
+    if asked:
+        raise click.UsageError(
+            f"{' '.join(asked)} would not apply: this process already runs under allocator "
+            f"{applied} with OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', 'unset')} "
+            f"(SPORE_RUNTIME is set, e.g. inside `spore run`); run spore bench outside it"
+        )
 
 
 def _run_cases(cases: list[Any], repeat: int, min_time: float, progress: bool) -> list[Any]:
@@ -138,9 +162,9 @@ def _extras(extras: dict[str, dict[str, float]]) -> str:
     return ", ".join(f"{k} {base[k]:.4g} -> {cand[k]:.4g}" for k in base if k in cand)
 
 
-def _speedup(r: Any) -> str:
+def _speedup(r: Any) -> str | Text:
     if r.error:
-        return f"[red]error[/red] {r.error}"
+        return styled("error", f" {r.error}")
     return f"{r.ratio:.2f}x ({r.ratio_min:.2f}-{r.ratio_max:.2f})"
 
 

@@ -100,8 +100,10 @@ def plugins_check(ctx: click.Context, names: tuple[str, ...], as_json: bool) -> 
     else:
         if rows:
             print_table("spore plugins check", COLUMNS, rows)
+        from rich.text import Text
+
         for line in problems:
-            console(stderr=True).print(f"[red]not active[/red] {line}")
+            console(stderr=True).print(Text.assemble(("not active", "red"), f" {line}"))
         if not problems:
             click.echo("All required plugins are active.")
     if problems:

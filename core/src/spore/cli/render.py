@@ -15,6 +15,7 @@ import click
 
 if TYPE_CHECKING:  # rich is imported when something is printed
     from rich.console import Console, RenderableType
+    from rich.text import Text
 
 TEXT_MIN = 16  # a text column is at least as wide as its longest word, up to this
 
@@ -32,14 +33,15 @@ STATUS_STYLE = {
 
 @dataclass(frozen=True)
 class Column:
-    """A table column: its header, how a row's cell is written (rich markup), and its kind.
+    """A table column: its header, how a row's cell is written (plain text, shown as it is,
+    or a styled ``rich.text.Text``), and its kind.
 
     ``name``: never wraps (names, statuses, figures); ``text``: wraps at word boundaries;
     ``note``: long prose, printed under the table as ``LABEL  TEXT`` for the rows that have one.
     """
 
     header: str
-    cell: Callable[[Any], str]
+    cell: Callable[[Any], str | Text]
     kind: Literal["name", "text", "note"] = "text"
 
 
@@ -50,20 +52,25 @@ def console(stderr: bool = False) -> Console:
     return Console(stderr=stderr, highlight=False)
 
 
-def styled(status: str) -> str:
-    """``status`` in its colour (rich markup)."""
-    style = STATUS_STYLE.get(status, "")
-    return f"[{style}]{status}[/{style}]" if style else status
+def styled(status: str, rest: str = "") -> Text:
+    """``status`` in its colour, then ``rest`` as it is."""
+    from rich.text import Text
+
+    return Text.assemble((status, STATUS_STYLE.get(status, "")), rest)
+
+
+def _text(cell: str | Text) -> Text:
+    """A cell as rich text: a string's ``[...]`` is its own text, never markup."""
+    from rich.text import Text
+
+    return cell if isinstance(cell, Text) else Text(cell)
 
 
 def echo_json(data: Any) -> None:
     click.echo(json.dumps(data, indent=2, sort_keys=False))
 
 
-def _min_width(column: Column, cells: list[str]) -> int:
-    from rich.text import Text
-
-    texts = [Text.from_markup(cell) for cell in cells]
+def _min_width(column: Column, texts: list[Text]) -> int:
     if column.kind == "name":
         return max([0, *(t.cell_len for t in texts)])
     return min(TEXT_MIN, max([0, *(len(word) for t in texts for word in t.plain.split())]))
@@ -90,7 +97,7 @@ def table(
 
     shown = [c for c in columns if c.kind != "note"]
     key = next(c for c in columns if c.header == label) if label else shown[0]
-    cells = [[column.cell(row) for column in shown] for row in rows]
+    cells = [[_text(column.cell(row)) for column in shown] for row in rows]
     minimums = [_min_width(column, [row[i] for row in cells]) for i, column in enumerate(shown)]
     needed = sum(minimums) + 3 * len(shown) + 1  # a cell pads 1 either side; a border each
     out = Table(title=title, width=needed if needed > width else None)
@@ -102,7 +109,7 @@ def table(
         out.add_row(*row)
     parts: list[RenderableType] = [out]
     for note in (c for c in columns if c.kind == "note"):
-        lines = [(key.cell(row), note.cell(row)) for row in rows if note.cell(row)]
+        lines = [(_text(key.cell(row)), _text(note.cell(row))) for row in rows if note.cell(row)]
         if not lines:
             continue
         grid = Table.grid(padding=(0, 2))

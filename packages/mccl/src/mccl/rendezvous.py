@@ -6,6 +6,7 @@ import os
 import socket
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import urlsplit
 
 
 def address(kwargs: dict[str, Any]) -> str:
@@ -13,7 +14,9 @@ def address(kwargs: dict[str, Any]) -> str:
     store = kwargs.get("store")
     if store is not None:
         host, port = getattr(store, "host", None), getattr(store, "port", None)
-        return f"store {host}:{port}" if host else f"store {type(store).__name__}"
+        if not host:
+            return f"store {type(store).__name__}"
+        return f"store [{host}]:{port}" if ":" in host else f"store {host}:{port}"
     init_method = kwargs.get("init_method")
     if init_method and init_method != "env://":
         return init_method
@@ -35,19 +38,25 @@ class Probe:
 
     def hint(self) -> str:
         """What the attempt means for an init that is still waiting."""
+        host = f"[{self.host}]" if ":" in self.host else self.host  # IPv6, as in a URL
         if self.reachable:
-            return f"{self.host}:{self.port} accepts connections, so a peer has not joined yet"
-        return f"{self.host}:{self.port} is not reachable ({self.error}): check the address"
+            return f"{host}:{self.port} accepts connections, so a peer has not joined yet"
+        return f"{host}:{self.port} is not reachable ({self.error}): check the address"
 
 
 def probe(address: str, timeout: float = 0.5) -> Probe | None:
-    """Try a TCP connection to the ``host:port`` in ``address``; ``None`` if it names none."""
-    hostport = address.split("//", 1)[-1].split(" ", 1)[-1].split("?", 1)[0]
-    host, _, port = hostport.rpartition(":")
-    if not host or not port.isdigit():
+    """Try a TCP connection to the ``host:port`` in ``address`` (a URL such as
+    ``tcp://[::1]:29500/``, or ``store host:port``); ``None`` if it names none."""
+    where = address.removeprefix("store ")
+    try:
+        parts = urlsplit(where if "//" in where else f"//{where}")
+        host, port = parts.hostname, parts.port
+    except ValueError:  # a port out of range or not a number
+        return None
+    if not host or port is None:
         return None
     try:
-        with socket.create_connection((host, int(port)), timeout=timeout):
-            return Probe(host, int(port), None)
+        with socket.create_connection((host, port), timeout=timeout):
+            return Probe(host, port, None)
     except OSError as exc:
-        return Probe(host, int(port), exc.strerror or str(exc))
+        return Probe(host, port, exc.strerror or str(exc))

@@ -51,7 +51,7 @@ void rms_norm_fwd(const void* xp, const void* wp, void* yp, int64_t rows, int64_
 
 constexpr int64_t GROUP = 4;  // rows per fused gradient pass (their rows stay in L2)
 
-// rstd and k = rstd^3 * mean(g*w*s) of one row.
+// rstd and k = mean(g*w*shat) = rstd * mean(g*w*s) of one row (shat = s * rstd).
 struct RowGrad {
     float rstd, k;
 };
@@ -76,7 +76,8 @@ inline RowGrad row_grad(const typename T::storage* gr, const typename T::storage
     }
     const float n = static_cast<float>(cols);
     const float rstd = 1.0f / std::sqrt(fold(sum) / n + eps);
-    return {rstd, rstd * (rstd * (rstd * (fold(dot) / n)))};  // rstd^3 alone overflows at 7e12
+    // k = mean(g*w*shat): a product of rstd^2 or rstd^3 overflows for tiny rows (rstd ~ 1e20)
+    return {rstd, rstd * (fold(dot) / n)};
 }
 
 // ds for N consecutive rows in one pass over the columns; their dw contributions are summed
@@ -94,7 +95,7 @@ inline void grad_rows(const typename T::storage* g, const typename T::storage* g
         for (int i = 0; i < N; ++i) {
             const float sv = T::load(s[i * cols + c]);
             const float gv = T::load(g[i * cols + c]);
-            float d = st[i].rstd * gv * w[c] - st[i].k * sv;
+            float d = st[i].rstd * (gv * w[c] - sv * st[i].rstd * st[i].k);
             if constexpr (HasGs) d += T::load(gs[i * cols + c]);
             ds[i * cols + c] = T::store(d);
             sum_w += gv * sv * st[i].rstd;

@@ -230,6 +230,19 @@ def test_kernel_matches_the_reference(sq, skv, bs, d, dtype, index_dtype, seed) 
     torch.testing.assert_close(out, expected, rtol=TOL[dtype], atol=TOL[dtype])
 
 
+@pytest.mark.parametrize(("sq", "skv", "bs"), [(100, 100, 10**6), (50, 100, 70), (100, 40, 4096)])
+def test_a_block_longer_than_the_sequences_costs_no_more_than_one_as_long(sq, skv, bs) -> None:
+    """Work space was sized by block_size: 16384 over 100 tokens took 2.3 GB and 10**6 ran out
+    of memory. A block longer than both sequences is one block each way, as one as long."""
+    q, k, v = _qkv(1, 2, sq, skv, 16, torch.float32, 4)
+    index, count = _lists(1, 2, sq, skv, bs, op.blocks(skv, bs), torch.int64, 4, garbage=False)
+    args = (q, k, v, index, count, bs)
+    assert dispatch.explain("block_sparse_attention", *args).chosen == "kernels"
+    expected = _oracle(*args)
+    _close(torch.ops.spore.block_sparse_attention(*args), expected, torch.float32)
+    _close(op.reference(*args), expected, torch.float32)
+
+
 def test_bf16_output_is_the_fp32_result_rounded_once() -> None:
     """Within half a bf16 step (one rounding) of the fp32 result, plus fp32 summation noise."""
     q, k, v = _qkv(1, 4, 128, 128, 64, torch.bfloat16, 9)
@@ -425,15 +438,16 @@ def test_cuda_runs_flex_attention_and_matches_dense_sdpa(dtype) -> None:
 
 
 def test_a_block_too_large_for_scratch_memory_is_an_error_not_an_abort() -> None:
-    """block_size 2^40: the per-thread scratch (block_size^2 floats) cannot be had; the
-    library says so (std::bad_alloc inside OpenMP aborted the process before)."""
-    q, k, v = _qkv(1, 1, 4, 4, 4, torch.float32, 10)
-    index, count = (
-        torch.zeros(1, 1, 1, 1, dtype=torch.int64),
-        torch.ones(1, 1, 1, dtype=torch.int64),
-    )
-    with pytest.raises(_lib.KernelError, match="out of memory"):
-        torch.ops.spore.block_sparse_attention(q, k, v, index, count, 2**40)
+    """block_size 2^40 handed to the library (the op caps a block at the longer sequence): the
+    per-thread scratch (block_size^2 floats) cannot be had; the library says so with status 3
+    (std::bad_alloc inside OpenMP aborted the process before), the output left untouched."""
+    fn = _lib.function("spore_block_sparse_attention", op._ARGS)
+    q, k, v, _, _, out = _c_args()
+    index, count = torch.zeros(2, 1, 1, dtype=torch.int64), torch.ones(2, 1, dtype=torch.int64)
+    out.fill_(7.0)
+    assert _call(fn, q, k, v, index, count, out, sizes=(2, 10, 12, 8, 1, 2**40)) == 3
+    assert _lib.STATUS[3] == "out of memory for scratch"
+    assert bool((out == 7.0).all())
 
 
 def test_the_reference_output_is_contiguous_as_the_fake_says() -> None:

@@ -273,6 +273,11 @@ def test_what_the_kernel_does_not_take_runs_the_reference() -> None:
     assert dispatch.explain(op.OP, *empty).chosen == "reference"
     out = torch.ops.spore.triangle_attention(*empty)
     assert torch.equal(out, torch.zeros(2, 4, 2, 8))
+    headless = [t.requires_grad_() for t in _inputs((), 2, 4, 3, 2, 0, torch.float32, 9)[:4]]
+    out = torch.ops.spore.triangle_attention(*headless)  # D = 0: 1/sqrt(D) raised
+    assert out.shape == (2, 4, 2, 0)
+    out.sum().backward()
+    assert [t.grad.shape for t in headless] == [t.shape for t in headless]
 
 
 def test_compiles_fullgraph_with_the_kernel() -> None:

@@ -105,8 +105,10 @@ def check(
 
 
 def default_scale(q: torch.Tensor, scale: float | None) -> float:
-    """``scale``, or ``1/sqrt(D)`` when None."""
-    return 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
+    """``scale``, or ``1/sqrt(D)`` when None (1 for D = 0, whose output is empty)."""
+    if scale is not None:
+        return float(scale)
+    return 1.0 / math.sqrt(q.shape[-1]) if q.shape[-1] else 1.0
 
 
 def probabilities(

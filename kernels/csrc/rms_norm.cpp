@@ -51,7 +51,7 @@ void rms_norm_fwd(const void* xp, const void* wp, void* yp, int64_t rows, int64_
 
 constexpr int64_t GROUP = 4;  // rows per fused gradient pass (their rows stay in L2)
 
-// rstd and k = mean(g*w*shat) = rstd * mean(g*w*s) of one row (shat = s * rstd).
+// rstd and k = rstd * mean(g*w*shat) = rstd^2 * mean(g*w*s) of one row (shat = s * rstd).
 struct RowGrad {
     float rstd, k;
 };
@@ -76,8 +76,9 @@ inline RowGrad row_grad(const typename T::storage* gr, const typename T::storage
     }
     const float n = static_cast<float>(cols);
     const float rstd = 1.0f / std::sqrt(fold(sum) / n + eps);
-    // k = mean(g*w*shat): a product of rstd^2 or rstd^3 overflows for tiny rows (rstd ~ 1e20)
-    return {rstd, rstd * (fold(dot) / n)};
+    // ds = rstd * (g*w - s*k): k times s, never rstd^3 or rstd^2 times s, which overflow for
+    // tiny rows (rstd ~ 1e20) where ds is finite
+    return {rstd, rstd * (rstd * (fold(dot) / n))};
 }
 
 // ds for N consecutive rows in one pass over the columns; their dw contributions are summed
@@ -95,7 +96,7 @@ inline void grad_rows(const typename T::storage* g, const typename T::storage* g
         for (int i = 0; i < N; ++i) {
             const float sv = T::load(s[i * cols + c]);
             const float gv = T::load(g[i * cols + c]);
-            float d = st[i].rstd * (gv * w[c] - sv * st[i].rstd * st[i].k);
+            float d = st[i].rstd * (gv * w[c] - sv * st[i].k);
             if constexpr (HasGs) d += T::load(gs[i * cols + c]);
             ds[i * cols + c] = T::store(d);
             sum_w += gv * sv * st[i].rstd;

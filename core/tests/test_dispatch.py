@@ -37,6 +37,7 @@ def test_reference_runs_without_kernels_and_gradcheck_passes() -> None:
     torch.testing.assert_close(op(x, w, 1e-6), _rms(x, w, 1e-6))
     assert getattr(torch.ops.spore, op.name) is op.packet
     assert torch.autograd.gradcheck(lambda a, b: op(a, b, 1e-6), (x, w))
+    assert op(x, w, 1e-6).grad_fn.name() == f"Spore_{op.name}Backward"  # was FunctionBackward
 
 
 def test_reference_autograd_gives_second_order_gradients() -> None:

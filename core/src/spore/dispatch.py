@@ -250,7 +250,11 @@ def _autograd_kernel(
                 ctx.needs_input_grad = flags
             return (None, *(result if isinstance(result, tuple) else (result,)))
 
-    Function.__name__ = Function.__qualname__ = f"SporeBackward_{op.name}"
+    Function.__name__ = Function.__qualname__ = f"spore_{op.name}"
+    # the graph's node (grad_fn) is named after the class as it was defined: name it too
+    Function._backward_cls.__name__ = Function._backward_cls.__qualname__ = (
+        f"Spore_{op.name}Backward"
+    )
 
     def kernel(keyset: Any, *args: Any) -> Any:
         if torch._C._are_functorch_transforms_active() or forward_ad._current_level >= 0:

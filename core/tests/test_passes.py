@@ -359,6 +359,24 @@ def test_device_filter_holds_in_every_stage_of_a_compile(spore_manager) -> None:
     assert sorted(ran) == ["any post_grad", "any pre_grad"]
 
 
+def test_spore_passes_lists_the_stages_in_the_order_they_run(spore_manager) -> None:
+    """The listing sorted stages by name: post_grad came before pre_grad."""
+    from click.testing import CliRunner
+
+    from spore.cli.listings import passes_cmd
+
+    spore_manager({"SPORE_NO_PLUGINS": "1"})  # only this test's passes
+    for stage in ("post_grad", "joint", "pre_grad"):
+        for priority in (1, 9):
+            spore.register_custom_pass(
+                TimesThree(), name=f"{stage}-{priority}", stage=stage, priority=priority
+            )
+    result = CliRunner().invoke(passes_cmd, ["--json"])
+    assert result.exit_code == 0, result.output
+    names = [row["name"] for row in json.loads(result.output)]
+    assert names == [f"{s}-{p}" for s in ("pre_grad", "joint", "post_grad") for p in (9, 1)]
+
+
 def test_bad_registrations(spore_manager) -> None:
     spore_manager()
     with pytest.raises(ValueError, match="unknown pass stage 'late'"):

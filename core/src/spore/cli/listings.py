@@ -113,6 +113,14 @@ class _ScriptCommand(click.Command):
         return super().parse_args(ctx, args)
 
 
+def _run_order(entry: Any) -> tuple[int, int, str]:
+    """Where a pass runs: its stage's place in a compile, then priority and name, as
+    :func:`spore.graph_passes.run_passes` orders a stage."""
+    from spore.graph_passes import STAGES
+
+    return list(STAGES).index(entry.value.stage), -entry.value.priority, entry.name
+
+
 @click.command("passes", cls=_ScriptCommand)
 @JSON_OPTION
 @click.option(
@@ -142,7 +150,7 @@ def passes_cmd(as_json: bool, script: str | None, script_args: tuple[str, ...]) 
             "registered_by": e.owner,
             **({} if matches is None else {"matches": matches.get(e.name, 0)}),
         }
-        for e in sorted(registry.entries(), key=lambda e: (e.value.stage, -e.value.priority))
+        for e in sorted(registry.entries(), key=_run_order)
     ]
     columns = [
         Column("stage", lambda r: r["stage"], "name"),

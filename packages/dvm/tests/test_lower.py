@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 import torch
 from torch.fx.experimental.proxy_tensor import make_fx
@@ -543,6 +545,38 @@ def test_var_mean_of_16_bit_inputs_accumulates_in_float32(dtype, dim):
     for g, w in zip(got, want, strict=True):
         assert g.dtype == dtype
         torch.testing.assert_close(g, w.to(dtype), atol=0, rtol=0)
+
+
+@pytest.mark.parametrize("name", ["var", "std"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
+def test_var_and_std_fuse_with_the_ops_around_them(name, dtype):
+    """``Tensor.var``/``std`` stayed one eager kernel and split a hand-written norm around it
+    (the README says variance is decomposed); decomposed as var_mean is, the norm is one region
+    and equals eager, in float32 throughout for 16-bit inputs (rounded once)."""
+    x = (3 + torch.randn(16, 64, generator=torch.Generator().manual_seed(1))).to(dtype)
+    spread = getattr(torch, name)
+
+    def norm(t, correction):
+        return (t - t.mean(-1, keepdim=True)) / (
+            spread(t, -1, keepdim=True, correction=correction) + 1e-5
+        )
+
+    for correction in (0, 1):
+        fn = functools.partial(norm, correction=correction)
+        gm = make_fx(fn, decomposition_table=decomposition_table())(x)
+        compiled = compile_graph(gm, [x], min_ops=1)
+        assert len(compiled.regions) == 1
+        assert not compiled.fallbacks
+        wide = fn(x.float()) if dtype != torch.float32 else fn(x)
+        torch.testing.assert_close(
+            compiled(x), wide.to(dtype), atol=1e-5, rtol=1e-5 if dtype == torch.float32 else 1e-2
+        )
+        assert compiled.vm_calls == 1
+    whole = make_fx(lambda t: spread(t, [0, 1]), decomposition_table=decomposition_table())(x)
+    got = compile_graph(whole, [x], min_ops=1)(x)
+    assert got.dtype == dtype
+    exact = 0 if dtype != torch.float32 else 1e-6  # 16-bit: the float32 result, rounded once
+    torch.testing.assert_close(got, spread(x.float(), [0, 1]).to(dtype), atol=0, rtol=exact)
 
 
 def test_relu_and_clamp_keep_a_signed_zero_as_eager():

@@ -894,10 +894,11 @@ def _name(target: Any) -> str:
 # ---- decompositions --------------------------------------------------------------------------
 
 
-def _var_mean(x: torch.Tensor, dim=None, *, correction=None, keepdim: bool = False):
-    """16-bit ``x`` in float32, as eager's kernel accumulates (also where the reductions stay
-    eager aten, over a dim other than the last), each result rounded once."""
-    dims = list(dim) if dim else list(range(x.dim()))  # None or []: every dim, as eager
+def _moments(x: torch.Tensor, dim, correction, keepdim: bool):
+    """Variance and mean of ``x`` over ``dim`` (``None`` or ``[]``: every dim, as eager), a
+    16-bit ``x`` in float32 as eager's kernels accumulate (also where the reductions stay eager
+    aten, over a dim other than the last); neither rounded back."""
+    dims = list(dim) if dim else list(range(x.dim()))
     n = 1
     for d in dims:
         n *= x.shape[d]
@@ -907,8 +908,23 @@ def _var_mean(x: torch.Tensor, dim=None, *, correction=None, keepdim: bool = Fal
     var = torch.sum(centred * centred, dims, keepdim=keepdim) / max(
         n - (1 if correction is None else correction), 0
     )
-    mean = mean if keepdim else torch.squeeze(mean, dims)
+    return var, mean if keepdim else torch.squeeze(mean, dims)
+
+
+def _var_mean(x: torch.Tensor, dim=None, *, correction=None, keepdim: bool = False):
+    """``var_mean``, each result rounded once (see :func:`_moments`)."""
+    var, mean = _moments(x, dim, correction, keepdim)
     return var.to(x.dtype), mean.to(x.dtype)
+
+
+def _var(x: torch.Tensor, dim=None, *, correction=None, keepdim: bool = False):
+    """``var`` (``Tensor.var``), rounded once (see :func:`_moments`)."""
+    return _moments(x, dim, correction, keepdim)[0].to(x.dtype)
+
+
+def _std(x: torch.Tensor, dim=None, *, correction=None, keepdim: bool = False):
+    """``std``: the square root of the unrounded variance, rounded once."""
+    return torch.sqrt(_moments(x, dim, correction, keepdim)[0]).to(x.dtype)
 
 
 _LAYER_NORM_WHOLE = (
@@ -937,7 +953,7 @@ _FUSIBLE = [  # composites whose decompositions are ops the VM lowers
 
 def decomposition_table(also: Sequence[Any] = ()) -> dict[Any, Callable[..., Any]]:
     """The composites whose decompositions the VM can fuse (softplus, mish, logsumexp,
-    variance...); GELU stays whole, one instruction (its erf form) or its tanh form's
+    var_mean, var, std...); GELU stays whole, one instruction (its erf form) or its tanh form's
     operations (see ``_gelu``), and so do SiLU, the other activations and the backward of
     each (lowered whole: see ``_silu``), addcmul, addcdiv, lerp, and softmax, log-softmax and
     their backward (a row op each: see ``_softmax``). LayerNorm, its backward and mse_loss
@@ -949,4 +965,6 @@ def decomposition_table(also: Sequence[Any] = ()) -> dict[Any, Callable[..., Any
 
     table = get_decompositions([*_FUSIBLE, *also])
     table[aten.var_mean.correction] = _var_mean
+    table[aten.var.correction] = _var
+    table[aten.std.correction] = _std
     return table

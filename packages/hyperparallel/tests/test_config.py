@@ -550,3 +550,22 @@ def test_a_config_file_that_is_not_utf8_is_a_config_error(tmp_path) -> None:
     path.write_bytes(b"run:\n  name: caf\xe9\n")
     with pytest.raises(config.ConfigError, match=r"run.yaml: not UTF-8 text \(byte 16\)"):
         config.load(path)
+
+
+def test_a_hash_in_a_set_value_is_part_of_it() -> None:
+    """YAML read ``#`` as a comment: ``--set data.path=#shard.jsonl`` became null (the run
+    trained on the embedded corpus) and ``run.name=exp #3`` became ``exp``."""
+    cfg = config.load(None, ["data.path=#shard.jsonl", "run.name=exp #3"])
+    assert (cfg.data.path, cfg.run.name) == ("#shard.jsonl", "exp #3")
+    with pytest.raises(config.ConfigError, match=r"optim.lr: expected a number, got '1e-3 # x'"):
+        config.load(None, ["optim.lr=1e-3 # x"])
+
+
+def test_an_output_that_is_a_file_is_a_config_error(tmp_path) -> None:
+    """From YAML or --set (click checks --output itself) it passed preflight, and rank 0 died
+    with a FileExistsError traceback."""
+    (tmp_path / "notes").write_text("mine")
+    for output in ("notes", "notes/run"):
+        with pytest.raises(config.ConfigError, match=r"notes is a file, not a directory"):
+            preflight.resolve(None, [f"run.output={tmp_path / output}"])
+    assert (tmp_path / "notes").read_text() == "mine"

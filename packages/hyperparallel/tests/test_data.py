@@ -290,9 +290,11 @@ def test_a_directory_asks_for_a_glob(tmp_path) -> None:
     ("bad_line", "message"),
     [
         ("{not json", "invalid JSON"),
-        ('{"title": "x"}', "no 'text' field; pass text_key="),
+        ('{"title": "x"}', "no 'text' field; set data.text_key to the field holding the text"),
         ('["text"]', "no 'text' field"),
         ('{"text": 3}', "field 'text' is int, expected a string"),
+        # valid JSON, but no UTF-8 text: the tokenizer's error named neither file nor line
+        ('{"text": "ab\\ud800"}', "field 'text' holds '\\ud800' at character 2, a lone surrogate"),
     ],
 )
 def test_bad_jsonl_lines_name_file_and_line(tmp_path, bad_line: str, message: str) -> None:

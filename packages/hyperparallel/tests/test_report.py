@@ -41,3 +41,13 @@ def test_an_unreadable_metrics_line_is_named(tmp_path) -> None:
     path.write_text('{"step": 1, "loss": 2.0}\n{"step": 2, "lo\n')  # a whole line: not a cut
     with pytest.raises(ValueError, match=r"metrics.jsonl:2: not a metrics record"):
         report.read_metrics(path)
+
+
+def test_the_summary_shows_paths_as_written(capsys: pytest.CaptureFixture[str]) -> None:
+    """An output named ``runs/mk[baseline]`` was shown as ``runs/mk``; one holding ``[/x]``
+    crashed the summary (MarkupError) after a finished run, which then exited 1."""
+    rows = [("metrics", "runs/mk[baseline]/metrics.jsonl"), ("export", "runs/a[/x]/final")]
+    report.summary(rows)
+    shown = capsys.readouterr().out
+    assert "runs/mk[baseline]/metrics.jsonl" in shown
+    assert "runs/a[/x]/final" in shown

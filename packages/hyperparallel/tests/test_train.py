@@ -20,7 +20,8 @@ from pathlib import Path
 import pytest
 from train_helpers import Run, losses, run_train, small_args, spore_command, train_run
 
-from hyperparallel import checkpoint
+from hyperparallel import checkpoint, launch
+from hyperparallel.data import ByteTokenizer
 from spore import childproc
 from spore.testing import clean_environ
 
@@ -228,6 +229,11 @@ def test_export_is_a_pretrained_directory_that_trains_on(two_ranks: Run, tmp_pat
     model = AutoModelForCausalLM.from_pretrained(final, local_files_only=True)
     assert model.config.vocab_size == 259
     assert model.config.intermediate_size == 171
+    # the byte tokenizer's specials, not llama's (eos 2 is a byte: generate() stopped on it)
+    specials = (ByteTokenizer.bos_id, ByteTokenizer.eos_id, ByteTokenizer.pad_id)
+    assert (model.config.bos_token_id, model.config.eos_token_id) == specials[:2]
+    assert model.config.pad_token_id == specials[2]
+    assert model.generation_config.eos_token_id == ByteTokenizer.eos_id
     extra = ("run.steps=2", "schedule.warmup_steps=0", f"model.pretrained={final}")
     again = train_run(tmp_path / "again", *small_args(*extra))
     start = two_ranks.losses
@@ -347,6 +353,22 @@ def test_an_interrupt_stops_every_rank_and_names_the_checkpoint_to_resume(tmp_pa
     assert f"Newest complete checkpoint: {newest} (continue with --resume)" in err
 
 
+def test_a_rank_killed_by_a_signal_is_named(tmp_path) -> None:
+    """A rank the OOM killer (SIGKILL) ended left nothing above "see the error above"."""
+    from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
+
+    missing = str(tmp_path / "no-error-file.json")
+    failures = {
+        1: ProcessFailure(local_rank=1, pid=11, exitcode=-signal.SIGKILL, error_file=missing),
+        0: ProcessFailure(local_rank=0, pid=10, exitcode=-signal.SIGTERM, error_file=missing),
+        2: ProcessFailure(local_rank=2, pid=12, exitcode=1, error_file=missing),  # a traceback
+    }
+    assert launch._failure_lines(failures) == [
+        "error: rank 0 was killed by SIGTERM",
+        "error: rank 1 was killed by SIGKILL (the kernel's out-of-memory killer sends it)",
+    ]
+
+
 def test_failures_in_a_rank_are_reported_once_and_plainly(tmp_path) -> None:
     data_file = tmp_path / "data.jsonl"
     data_file.write_text('{"text": "fine"}\nnot json\n')
@@ -363,6 +385,7 @@ def test_failures_in_a_rank_are_reported_once_and_plainly(tmp_path) -> None:
     assert bad_data.stderr.count(f"error: {data_file}:2: invalid JSON") == 1  # both ranks hit it
     assert "Traceback" not in bad_data.stderr
     assert "training failed on rank(s) " in bad_data.stderr
+    assert "No checkpoint was complete yet." in bad_data.stderr  # the resume hint
     # settings transformers builds a model of, whose forward then fails (preflight builds the
     # model but runs nothing): an unexpected error in the rank, shown with its traceback
     unexpected = run_train(

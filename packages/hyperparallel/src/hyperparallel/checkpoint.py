@@ -15,6 +15,7 @@ afterwards (see :func:`_collectives`).
 from __future__ import annotations
 
 import contextlib
+import copy
 import json
 import os
 import re
@@ -29,6 +30,8 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 from torch.distributed.checkpoint.stateful import Stateful
+
+from hyperparallel.data import ByteTokenizer
 
 STEP_DIR = re.compile(r"^step_(\d{8})$")
 
@@ -230,7 +233,9 @@ def model_shapes(path: Path) -> dict[str, tuple[int, ...]]:
 
 
 def export(model: torch.nn.Module, output: str | Path) -> Path | None:
-    """Gather full weights and write ``<output>/final`` with ``save_pretrained`` (rank 0)."""
+    """Gather full weights and write ``<output>/final`` with ``save_pretrained`` (rank 0), its
+    config and generation config naming the byte tokenizer's special tokens (the model was
+    trained on them: an architecture's own ids, llama's eos 2, are a byte here)."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
     options = StateDictOptions(full_state_dict=True, cpu_offload=True)
@@ -244,7 +249,11 @@ def export(model: torch.nn.Module, output: str | Path) -> Path | None:
     target = Path(output) / "final"
     tmp = Path(output) / ".tmp-final"
     shutil.rmtree(tmp, ignore_errors=True)
-    plain = AutoModelForCausalLM.from_config(model.config, dtype=torch.float32)
+    config = copy.deepcopy(model.config)
+    tokens = ByteTokenizer
+    config.bos_token_id, config.eos_token_id = tokens.bos_id, tokens.eos_id
+    config.pad_token_id = tokens.pad_id  # set here: in training it would fix the row's gradient
+    plain = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     plain.load_state_dict(full)
     plain.save_pretrained(tmp)
     if target.exists():

@@ -72,7 +72,7 @@ def train(
     try:
         launch.launch(cfg, resume, echo=lambda line: click.echo(line, err=True))
     except launch.TrainingFailed as exc:
-        raise click.ClickException(str(exc)) from None
+        raise click.ClickException(f"{exc}. {_resume_hint(cfg.run.output)}") from None
     except launch.TrainingInterrupted as exc:
         click.echo(f"spore train: {exc}. {_resume_hint(cfg.run.output)}", err=True)
         raise SystemExit(128 + exc.signum) from None

@@ -406,6 +406,9 @@ def _numbers_as_text(raw: dict[str, Any], texts: Mapping[str, str]) -> None:
                 section[key] = text
 
 
+_COMMENT = re.compile(r"(^|\s)#")
+
+
 def _apply_set(
     data: dict[str, Any], origins: dict[str, str], texts: dict[str, str], item: str
 ) -> list[str]:
@@ -419,6 +422,8 @@ def _apply_set(
         value = yaml.load(raw, Loader=_Loader) if raw.strip() else None
     except yaml.YAMLError:
         value = raw
+    if _COMMENT.search(raw):  # YAML would drop the rest as a comment: a `#` is part of the value
+        value = raw.strip()
     node = data
     for key in keys[:-1]:
         node = node.setdefault(key, {})

@@ -83,8 +83,8 @@ def _read_jsonl(path: Path, text_key: str) -> list[str]:
                 ) from e
             if not isinstance(record, dict) or text_key not in record:
                 raise ValueError(
-                    f"{path}:{lineno}: no {text_key!r} field; "
-                    "pass text_key= the field holding the text"
+                    f"{path}:{lineno}: no {text_key!r} field; set data.text_key to the field "
+                    "holding the text"
                 )
             text = record[text_key]
             if not isinstance(text, str):
@@ -92,6 +92,13 @@ def _read_jsonl(path: Path, text_key: str) -> list[str]:
                     f"{path}:{lineno}: field {text_key!r} is {type(text).__name__}, "
                     "expected a string"
                 )
+            try:
+                text.encode("utf-8")
+            except UnicodeEncodeError as e:  # valid JSON ("\ud800"), no UTF-8 text
+                raise ValueError(
+                    f"{path}:{lineno}: field {text_key!r} holds {e.object[e.start]!r} at "
+                    f"character {e.start}, a lone surrogate that UTF-8 cannot encode"
+                ) from None
             docs.append(text)
     return docs
 

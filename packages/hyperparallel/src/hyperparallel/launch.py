@@ -48,6 +48,20 @@ def _apply_cpu_plan(nproc: int) -> list[str]:
     return plan.describe()
 
 
+def _failure_lines(failures: dict[int, Any]) -> list[str]:
+    """What to print of the ranks' failures: each distinct one-line error (``error: ...``), and
+    each rank a signal killed (nothing of it was printed: an OOM kill sends SIGKILL). A rank
+    that raised printed its own traceback."""
+    errors = {f.message for f in failures.values() if str(f.message).startswith("error: ")}
+    killed = [
+        f"error: rank {rank} was killed by {failure.signal_name()}"
+        + (" (the kernel's out-of-memory killer sends it)" if failure.exitcode == -9 else "")
+        for rank, failure in sorted(failures.items())
+        if failure.exitcode < 0
+    ]
+    return [*sorted(errors), *killed]
+
+
 def launch(config: Config, resume: str | None = None, *, echo: Any = print) -> None:
     """Run the training described by ``config``; raises :class:`TrainingFailed` on failure."""
     from hyperparallel.train import device_type, worker
@@ -90,8 +104,7 @@ def launch(config: Config, resume: str | None = None, *, echo: Any = print) -> N
             )
             elastic_launch(launch_config, worker)(settings, resume, True)
     except ChildFailedError as exc:
-        reported = {f.message for f in exc.failures.values() if isinstance(f.message, str)}
-        for line in sorted(m for m in reported if m.startswith("error: ")):
+        for line in _failure_lines(exc.failures):
             print(line, file=sys.stderr, flush=True)
         ranks = ", ".join(str(r) for r in sorted(exc.failures)) or "?"
         raise TrainingFailed(f"training failed on rank(s) {ranks}; see the error above") from None

@@ -179,7 +179,14 @@ def _resumed_model_problems(cfg: Config, path: Path) -> list[str]:
 
 def _output_problems(cfg: Config, resume: str | None, world: int) -> list[str]:
     """The checkpoint to resume from exists and was saved with this run's data layout; neither
-    a new run nor one resumed from elsewhere finds another run's checkpoints in its output."""
+    a new run nor one resumed from elsewhere finds another run's checkpoints in its output;
+    the output is a directory, or can be made one."""
+    at = cfg.origins.get("run.output", "default")
+    blocked = next(
+        (p for p in (Path(cfg.run.output), *Path(cfg.run.output).parents) if p.exists()), None
+    )
+    if blocked is not None and not blocked.is_dir():
+        return [f"{at}: run.output {cfg.run.output}: {blocked} is a file, not a directory"]
     if resume is not None:
         try:
             path = checkpoint.find(cfg.run.output if resume == "latest" else resume)
@@ -214,7 +221,6 @@ def _output_problems(cfg: Config, resume: str | None, world: int) -> list[str]:
             )
         return problems
     if earlier := checkpoint.complete(cfg.run.output):
-        at = cfg.origins.get("run.output", "default")
         return [
             f"{at}: run.output {cfg.run.output} already holds checkpoints of an earlier run "
             f"(newest {earlier[-1].name}); continue it with --resume, or choose another "

@@ -138,10 +138,10 @@ class ProgressDisplay:
 
 
 def summary(rows: list[tuple[str, str]]) -> None:
-    """The end-of-run table."""
+    """The end-of-run table, each cell as written (paths and names may hold ``[...]``)."""
     table = Table(title="spore train: summary", show_header=False)
     table.add_column("what", style="bold")
     table.add_column("value")
     for key, value in rows:
-        table.add_row(key, value)
+        table.add_row(escape(key), escape(value))
     Console().print(table)

@@ -495,7 +495,7 @@ def test_every_problem_is_reported_at_once(tmp_path) -> None:
     assert info.value.problems == [
         f"{path}:2: run.steps: expected an integer, got 'abc'",
         f"{path}:5: model.config: llama has no setting hiden_size (did you mean 'hidden_size'?)",
-        f"{path}:7: data.path: no file matches 'no/*.txt'",
+        f"{path}:7: data.path: no file matches 'no/*.txt'; check the path or glob",
     ]
 
 
@@ -569,3 +569,26 @@ def test_an_output_that_is_a_file_is_a_config_error(tmp_path) -> None:
         with pytest.raises(config.ConfigError, match=r"notes is a file, not a directory"):
             preflight.resolve(None, [f"run.output={tmp_path / output}"])
     assert (tmp_path / "notes").read_text() == "mine"
+
+
+def test_data_files_the_ranks_would_refuse_are_config_errors(tmp_path) -> None:
+    """A directory or a file of another type matched by data.path passed preflight (only
+    a match was checked) and failed in every rank."""
+    (tmp_path / "docs.txt").mkdir()
+    (tmp_path / "a.JSONL").write_text('{"text": "x"}\n')
+    for pattern, problem in (
+        ("docs.txt", "is a directory; pass a glob"),
+        ("*.JSONL", "unsupported file type '.JSONL'; supported: .txt, .jsonl"),
+    ):
+        with pytest.raises(config.ConfigError, match=re.escape(problem)):
+            preflight.resolve(None, [f"data.path={tmp_path / pattern}"], outputs=False)
+
+
+def test_a_config_taken_by_resume_is_a_usage_error(tmp_path, monkeypatch) -> None:
+    """``spore train --resume run.yaml``: click gives run.yaml to --resume (its value is
+    optional), and the default config ran against "no complete checkpoint in run.yaml"."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "run.yaml").write_text("run:\n  steps: 3\n")
+    result = CliRunner().invoke(train, ["--resume", "run.yaml"])
+    assert result.exit_code == 2
+    assert "put the config first: spore train run.yaml --resume" in result.output

@@ -88,7 +88,8 @@ def _recover(root: Path) -> None:
     for moved in root.glob(".old-step_*"):
         final = root / moved.name.removeprefix(".old-")
         if not final.exists() and _save_number(moved) is not None:
-            os.replace(moved, final)
+            with contextlib.suppress(FileNotFoundError):  # another rank's preflight moved it
+                os.replace(moved, final)
 
 
 def newer_than(output: str | Path, path: Path) -> list[Path]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import click
 
@@ -57,6 +58,11 @@ def train(
     from hyperparallel import launch, preflight
     from hyperparallel.config import ConfigError
 
+    if config is None and resume and Path(resume).suffix in (".yaml", ".yml"):
+        raise click.UsageError(
+            f"--resume took {resume} as the checkpoint to resume from, and no config was given; "
+            f"put the config first: spore train {resume} --resume"
+        )
     extra = list(overrides)
     if nproc is not None:
         extra.append(f"parallel.nproc={nproc}")

@@ -422,8 +422,8 @@ def _apply_set(
         value = yaml.load(raw, Loader=_Loader) if raw.strip() else None
     except yaml.YAMLError:
         value = raw
-    if _COMMENT.search(raw):  # YAML would drop the rest as a comment: a `#` is part of the value
-        value = raw.strip()
+    if _COMMENT.search(raw) and raw.strip()[:1] not in ("'", '"'):
+        value = raw.strip()  # YAML drops the rest as a comment: a `#` is part of the value
     node = data
     for key in keys[:-1]:
         node = node.setdefault(key, {})

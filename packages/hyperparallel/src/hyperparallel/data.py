@@ -59,14 +59,25 @@ class ByteTokenizer:
         return out.decode("utf-8", errors="replace")
 
 
-def _expand(patterns: Sequence[str]) -> list[Path]:
-    files: dict[Path, None] = {}
-    for pattern in patterns:
+def files(paths: str | Sequence[str]) -> list[Path]:
+    """The files ``paths`` (globs) name, in the order given, each one's matches sorted and a
+    file matched twice listed once; ``~`` is expanded and ``**`` recurses. A pattern matching
+    nothing is a ``FileNotFoundError``, a directory or another file type a ``ValueError``."""
+    found: dict[Path, None] = {}
+    for pattern in [paths] if isinstance(paths, str) else paths:
         matches = sorted(glob.glob(os.path.expanduser(pattern), recursive=True))
         if not matches:
             raise FileNotFoundError(f"no file matches {pattern!r}; check the path or glob")
-        files.update((Path(m), None) for m in matches)
-    return list(files)
+        found.update((Path(m), None) for m in matches)
+    for path in found:
+        if path.is_dir():
+            raise ValueError(f"{path} is a directory; pass a glob such as '{path}/*.txt'")
+        if path.suffix not in SUPPORTED_SUFFIXES:
+            raise ValueError(
+                f"{path}: unsupported file type {path.suffix!r}; supported: "
+                f"{', '.join(SUPPORTED_SUFFIXES)}"
+            )
+    return list(found)
 
 
 def _read_jsonl(path: Path, text_key: str) -> list[str]:
@@ -106,18 +117,10 @@ def _read_jsonl(path: Path, text_key: str) -> list[str]:
 def load_documents(paths: str | Sequence[str], text_key: str = "text") -> list[str]:
     """Documents from files or globs: a ``.txt`` file is one document, a ``.jsonl`` line is one.
 
-    Patterns are expanded in the order given, each one's files sorted (a file matched twice is
-    read once); ``~`` is expanded and ``**`` recurses. Empty documents are skipped.
+    The files are those of :func:`files`. Empty documents are skipped.
     """
     docs: list[str] = []
-    for path in _expand([paths] if isinstance(paths, str) else paths):
-        if path.is_dir():
-            raise ValueError(f"{path} is a directory; pass a glob such as '{path}/*.txt'")
-        if path.suffix not in SUPPORTED_SUFFIXES:
-            raise ValueError(
-                f"{path}: unsupported file type {path.suffix!r}; supported: "
-                f"{', '.join(SUPPORTED_SUFFIXES)}"
-            )
+    for path in files(paths):
         try:
             found = (
                 [path.read_text(encoding="utf-8")]

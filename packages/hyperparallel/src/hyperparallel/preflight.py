@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping, Sequence
-from glob import glob
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from hyperparallel import checkpoint, launch, model, registries
+from hyperparallel import data as corpus
 from hyperparallel.config import Config, ConfigError, load
 from hyperparallel.data import ByteTokenizer
 
@@ -69,9 +69,10 @@ def _model_and_data_problems(sections: Mapping[str, Any], origins: Mapping[str, 
     if data is not None:
         patterns = [data.path] if isinstance(data.path, str) else data.path or []
         for pattern in patterns:
-            if not glob(str(Path(pattern).expanduser()), recursive=True):  # as data.py reads
-                where = origins.get("data.path", "default")
-                problems.append(f"{where}: data.path: no file matches {pattern!r}")
+            try:
+                corpus.files(pattern)  # as the ranks will read them
+            except (FileNotFoundError, ValueError) as exc:
+                problems.append(f"{origins.get('data.path', 'default')}: data.path: {exc}")
     return problems
 
 

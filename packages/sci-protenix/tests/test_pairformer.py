@@ -181,6 +181,41 @@ def test_selective_recompute_keeps_matrix_products(randomize) -> None:
     assert _backward_matmuls(stack, inputs) == plain
 
 
+class _CountMuls(TorchDispatchMode):
+    def __init__(self) -> None:
+        super().__init__()
+        self.count = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.count += func.name() == "aten::mul.Tensor"
+        return func(*args, **(kwargs or {}))
+
+
+def test_save_ops_keeps_ops_with_named_overloads(randomize) -> None:
+    """torch names an op by its overload (``aten::mul.Tensor``): ``aten::mul`` passed the check
+    and kept nothing, and ``aten::mul.Tensor`` was refused. Either keeps the products now: the
+    backward reruns fewer of them."""
+    stack = randomize(PairformerStack(n_blocks=1, dropout=0.0, **SMALL)).train()
+    inputs = _inputs((1,))
+
+    def backward_muls(save_ops: tuple[str, ...]) -> int:
+        apply_plan(stack, MemoryPlan(recompute="selective", save_ops=save_ops))
+        s, z = (t.clone().requires_grad_() for t in inputs[:2])
+        out_s, out_z = stack(s, z, inputs[2])
+        loss = (out_s**2).sum() + (out_z**2).sum()
+        with _CountMuls() as counter:
+            loss.backward()
+        return counter.count
+
+    rerun = backward_muls(("mm",))
+    kept = backward_muls(("mm", "mul"))
+    assert kept < rerun
+    assert backward_muls(("aten::mm", "aten::mul.Tensor")) == kept
+    assert MemoryPlan(save_ops=("aten::mm.default",)).save_ops == ("aten::mm",)
+    with pytest.raises(ValueError, match=r"no op 'aten::mul.Tensr'"):
+        MemoryPlan(save_ops=("aten::mul.Tensr",))
+
+
 def test_a_plan_refuses_ops_that_do_not_exist_and_bool_sizes() -> None:
     """A misspelt save_ops name would keep nothing, silently; pydantic would take True as a
     chunk size of 1."""

@@ -56,20 +56,28 @@ class MemoryPlan(BaseModel):
     save_ops: tuple[str, ...] = Field(
         SELECTIVE_SAVE_OPS,
         description="'selective': the ops whose outputs are kept (names as torch reports "
-        "them, e.g. 'aten::mm'); every other op is recomputed",
+        "them: 'aten::mm', or one overload, 'aten::mul.Tensor'; an op's name covers its "
+        "overloads); every other op is recomputed",
     )
     inplace: bool = Field(False, description="inference only: accumulate residuals in place")
 
     @field_validator("save_ops")
     @classmethod
     def _known_ops(cls, names: tuple[str, ...]) -> tuple[str, ...]:
-        """Each name as torch reports it (``aten::mm``; a bare ``mm`` is ``aten::mm``), and an
-        op that exists: a name that matches nothing would keep nothing, silently."""
-        qualified = tuple(n if "::" in n else f"aten::{n}" for n in names)
+        """Each name as torch reports it: an op, every overload of it (``aten::mul``; a bare
+        ``mul`` is ``aten::mul``), or one overload (``aten::mul.Tensor``; ``.default`` is the
+        op's own name); and one that exists: a name that matches nothing would keep nothing,
+        silently."""
+        qualified = tuple(
+            (n if "::" in n else f"aten::{n}").removesuffix(".default") for n in names
+        )
         for name in qualified:
             namespace, _, op = name.partition("::")
+            packet, _, overload = op.partition(".")
             try:
-                getattr(getattr(torch.ops, namespace), op)
+                found = getattr(getattr(torch.ops, namespace), packet)
+                if overload:
+                    getattr(found, overload)
             except (AttributeError, RuntimeError):
                 raise ValueError(
                     f"save_ops: no op {name!r}; give names as torch reports them, e.g. "

@@ -56,8 +56,9 @@ def dropout_add(
 
 
 def _keep(saved: frozenset[str], ctx: Any, op: Any, *args: Any, **kwargs: Any) -> CheckpointPolicy:
-    """Selective recompute: keep the outputs of the ops named in ``saved``, recompute the rest."""
-    if op.name() in saved:
+    """Selective recompute: keep the outputs of the ops named in ``saved`` (an op, every
+    overload of it: ``aten::mul``; or one overload: ``aten::mul.Tensor``), recompute the rest."""
+    if op._schema.name in saved or op.name() in saved:
         return CheckpointPolicy.MUST_SAVE
     return CheckpointPolicy.PREFER_RECOMPUTE
 

@@ -143,22 +143,25 @@ def test_protenix_blocks_per_ckpt_recomputes(randomize) -> None:
     assert stack.recompute() == ("selective", 2)  # the plan wins
 
 
-class _CountMatmuls(TorchDispatchMode):
-    def __init__(self) -> None:
+MATMULS = frozenset({"aten::mm", "aten::addmm", "aten::bmm"})
+
+
+class _CountOps(TorchDispatchMode):
+    def __init__(self, names: frozenset[str]) -> None:
         super().__init__()
-        self.count = 0
+        self.names, self.count = names, 0
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if func.name() in ("aten::mm", "aten::addmm", "aten::bmm"):
-            self.count += 1
+        self.count += func.name() in self.names
         return func(*args, **(kwargs or {}))
 
 
-def _backward_matmuls(stack, inputs) -> int:
+def _backward_calls(stack, inputs, names: frozenset[str] = MATMULS) -> int:
+    """Calls of the ops ``names`` (as torch reports them) in one backward of ``stack``."""
     s, z = (t.clone().requires_grad_() for t in inputs[:2])
     out_s, out_z = stack(s, z, inputs[2])
     loss = (out_s**2).sum() + (out_z**2).sum()
-    with _CountMatmuls() as counter:
+    with _CountOps(names) as counter:
         loss.backward()
     return counter.count
 
@@ -166,29 +169,19 @@ def _backward_matmuls(stack, inputs) -> int:
 def test_selective_recompute_keeps_matrix_products(randomize) -> None:
     stack = randomize(PairformerStack(n_blocks=2, dropout=0.0, **SMALL)).train()
     inputs = _inputs((1,))
-    plain = _backward_matmuls(stack, inputs)
+    plain = _backward_calls(stack, inputs)
     apply_plan(stack, MemoryPlan(recompute="block"))
-    block = _backward_matmuls(stack, inputs)
+    block = _backward_calls(stack, inputs)
     apply_plan(stack, MemoryPlan(recompute="selective"))
-    selective = _backward_matmuls(stack, inputs)
+    selective = _backward_calls(stack, inputs)
     assert block > plain  # block recompute reruns every product in backward
     assert selective == plain  # selective recompute reruns none of them
     apply_plan(stack, MemoryPlan(recompute="selective", save_ops=("spore::triangle_attention",)))
-    assert _backward_matmuls(stack, inputs) > plain  # products not named are rerun
+    assert _backward_calls(stack, inputs) > plain  # products not named are rerun
     bare = MemoryPlan(recompute="selective", save_ops=("mm", "bmm", "addmm", "baddbmm"))
     assert bare.save_ops == tuple(f"aten::{n}" for n in ("mm", "bmm", "addmm", "baddbmm"))
     apply_plan(stack, bare)  # the names the README gives: kept as their aten ops
-    assert _backward_matmuls(stack, inputs) == plain
-
-
-class _CountMuls(TorchDispatchMode):
-    def __init__(self) -> None:
-        super().__init__()
-        self.count = 0
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.count += func.name() == "aten::mul.Tensor"
-        return func(*args, **(kwargs or {}))
+    assert _backward_calls(stack, inputs) == plain
 
 
 def test_save_ops_keeps_ops_with_named_overloads(randomize) -> None:
@@ -200,12 +193,7 @@ def test_save_ops_keeps_ops_with_named_overloads(randomize) -> None:
 
     def backward_muls(save_ops: tuple[str, ...]) -> int:
         apply_plan(stack, MemoryPlan(recompute="selective", save_ops=save_ops))
-        s, z = (t.clone().requires_grad_() for t in inputs[:2])
-        out_s, out_z = stack(s, z, inputs[2])
-        loss = (out_s**2).sum() + (out_z**2).sum()
-        with _CountMuls() as counter:
-            loss.backward()
-        return counter.count
+        return _backward_calls(stack, inputs, frozenset({"aten::mul.Tensor"}))
 
     rerun = backward_muls(("mm",))
     kept = backward_muls(("mm", "mul"))

@@ -251,9 +251,8 @@ def export(model: torch.nn.Module, output: str | Path) -> Path | None:
     tmp = Path(output) / ".tmp-final"
     shutil.rmtree(tmp, ignore_errors=True)
     config = copy.deepcopy(model.config)
-    tokens = ByteTokenizer
-    config.bos_token_id, config.eos_token_id = tokens.bos_id, tokens.eos_id
-    config.pad_token_id = tokens.pad_id  # set here: in training it would fix the row's gradient
+    config.bos_token_id, config.eos_token_id = ByteTokenizer.bos_id, ByteTokenizer.eos_id
+    config.pad_token_id = ByteTokenizer.pad_id  # not in training: it fixes the row's gradient
     plain = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     plain.load_state_dict(full)
     plain.save_pretrained(tmp)

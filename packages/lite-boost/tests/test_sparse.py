@@ -3,15 +3,24 @@ masked to the same blocks (the oracle), per batch element, with text before or a
 
 from __future__ import annotations
 
+import importlib.util
 import math
 from fractions import Fraction
+from pathlib import Path
 
 import pytest
 import torch
 import torch.nn.functional as F
 
 from lite_boost import backends
-from lite_boost.sparse import keep_count, reorder, select_blocks, sparse_attention, tile_shape
+from lite_boost.sparse import (
+    _pool,
+    keep_count,
+    reorder,
+    select_blocks,
+    sparse_attention,
+    tile_shape,
+)
 
 
 def _qkv(latent_shape, text_len=0, batch=2, heads=2, dim=16, smooth=False, seed=0):
@@ -179,7 +188,7 @@ def test_grouped_kv_heads_are_expanded():
         ({"latent_shape": (2, 4, 5), "sparsity": 0.5}, "must hold 40 video tokens"),
         ({"latent_shape": (2, 4), "sparsity": 0.5}, "latent_shape must be"),
         ({"latent_shape": (2, 4, 4), "sparsity": 0.5, "block_size": 0}, "block_size must be"),
-        ({"latent_shape": (2, 4, 4), "sparsity": 0.5, "block_size": 8.0}, "a positive int"),
+        ({"latent_shape": (2, 4, 4), "sparsity": 0.5, "block_size": 8.0}, r"an int >= 1, got 8\.0"),
         ({"latent_shape": (2.5, 4, 4), "sparsity": 0.5}, r"three ints .* got \(2\.5, 4, 4\)"),
         ({"latent_shape": (True, 4, 4), "sparsity": 0.5}, "latent_shape must be three ints"),
     ],
@@ -212,3 +221,34 @@ def test_a_negative_text_len_is_refused():
     q, k, v = _qkv((2, 4, 4))
     with pytest.raises(ValueError, match="text_len must be an int >= 0, got -8"):
         sparse_attention(q, k, v, latent_shape=(2, 4, 5), text_len=-8, sparsity=0.5)  # 40 - 8
+
+
+def test_numpy_and_tensor_integers_are_taken_as_sizes():
+    import numpy as np  # diffusers' dependency
+
+    q, k, v = _qkv((2, 4, 4), text_len=5)
+    opts = {"latent_shape": (2, 4, 4), "sparsity": 0.5}
+    want = sparse_attention(q, k, v, text_len=5, block_size=8, **opts)
+    got = sparse_attention(q, k, v, text_len=np.int64(5), block_size=torch.tensor(8), **opts)
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+
+def _tool(name):
+    path = Path(__file__).parents[1] / "tools" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_blocks_pool_to_their_mean_without_an_fp32_copy_of_all_heads(dtype):
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(2, 8, 100, 16, generator=g).to(dtype)  # blocks of 32: the last holds 4
+    with _tool("block_choice_cost").LargestAlloc() as seen:
+        got = _pool(x, 32)
+    want = torch.stack([c.double().mean(2) for c in x.split(32, dim=2)], 2)
+    torch.testing.assert_close(got, want.float(), rtol=1e-6, atol=1e-6)
+    assert got.dtype == torch.float32
+    fp32_copy = x.numel() * 4
+    assert seen.largest < fp32_copy / 4  # two of the eight heads' worth at most

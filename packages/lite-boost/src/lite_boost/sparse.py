@@ -54,17 +54,34 @@ def reorder(latent_shape: tuple[int, int, int], block_size: int) -> torch.Tensor
     return token.flatten()[order]
 
 
-def _latent(shape: Any) -> tuple[int, ...]:
-    """``shape``'s sizes as ints (numpy or 0-d tensor integers taken); a float or bool size is
-    an error, not truncated."""
+def _int(value: Any) -> int | None:
+    """``value`` as an int (numpy or 0-d tensor integers taken), ``None`` for a bool, a float or
+    anything else: an error, not truncated."""
+    if isinstance(value, bool):
+        return None
     try:
-        if any(isinstance(n, bool) for n in shape):
-            raise TypeError
-        return tuple(operator.index(n) for n in shape)
+        return operator.index(value)
     except TypeError:
-        raise ValueError(
-            f"latent_shape must be three ints (frames, height, width), got {shape!r}"
-        ) from None
+        return None
+
+
+def _latent(shape: Any) -> tuple[int, ...]:
+    """``shape``'s sizes as ints (see :func:`_int`)."""
+    try:
+        sizes = tuple(_int(n) for n in shape)
+    except TypeError:
+        sizes = (None,)
+    if None in sizes:
+        raise ValueError(f"latent_shape must be three ints (frames, height, width), got {shape!r}")
+    return sizes
+
+
+def _count(value: Any, name: str, minimum: int) -> int:
+    """``value`` as an int of at least ``minimum`` (see :func:`_int`), else ``ValueError``."""
+    n = _int(value)
+    if n is None or n < minimum:
+        raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")
+    return n
 
 
 def _check(
@@ -74,11 +91,8 @@ def _check(
     latent_shape: tuple[int, int, int],
     text_len: int,
     sparsity: float,
-    block_size: int,
 ) -> None:
     backends.check_qkv(q, k, v)
-    if isinstance(text_len, bool) or not isinstance(text_len, int) or text_len < 0:
-        raise ValueError(f"text_len must be an int >= 0, got {text_len!r}")
     if len(latent_shape) != 3 or min(latent_shape) < 1:
         raise ValueError(f"latent_shape must be (frames, height, width) >= 1, got {latent_shape}")
     video = math.prod(latent_shape)
@@ -89,20 +103,21 @@ def _check(
         )
     if not 0.0 <= sparsity < 1.0:
         raise ValueError(f"sparsity must be in [0, 1), got {sparsity}")
-    if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:
-        raise ValueError(f"block_size must be a positive int, got {block_size!r}")
 
 
 def _pool(x: torch.Tensor, block_size: int) -> torch.Tensor:
-    """Each block's mean (the last block ragged), fp32: (B, H, blocks, D)."""
+    """Each block's mean (the last block ragged), fp32: (B, H, blocks, D). Pooled one head at a
+    time: an fp32 copy of a whole bf16 ``x`` would take twice its memory."""
     b, h, s, d = x.shape
     blocks = -(-s // block_size)
-    padded = torch.zeros(b, h, blocks * block_size, d, dtype=torch.float32, device=x.device)
-    padded[:, :, :s] = x
-    sums = padded.view(b, h, blocks, block_size, d).sum(3)
+    padded = torch.zeros(b, blocks * block_size, d, dtype=torch.float32, device=x.device)
+    sums = torch.empty(h, b, blocks, d, dtype=torch.float32, device=x.device)
+    for i in range(h):
+        padded[:, :s] = x[:, i]
+        torch.sum(padded.view(b, blocks, block_size, d), 2, out=sums[i])
     sizes = torch.full((blocks,), float(block_size), device=x.device)
     sizes[-1] = s - (blocks - 1) * block_size
-    return sums / sizes[:, None]
+    return sums.transpose(0, 1) / sizes[:, None]
 
 
 def keep_count(sparsity: float, blocks: int) -> int:
@@ -175,7 +190,9 @@ def sparse_attention(
     tokens in (frame, row, column) order, plus ``text_len`` text tokens after them (before
     them with ``text_first``) — skipping the key blocks a query block needs least."""
     latent_shape = _latent(latent_shape)
-    _check(q, k, v, latent_shape, text_len, sparsity, block_size)
+    text_len = _count(text_len, "text_len", 0)
+    block_size = _count(block_size, "block_size", 1)
+    _check(q, k, v, latent_shape, text_len, sparsity)
     if sparsity == 0.0:
         return backends.attention(q, k, v)
     groups = q.shape[1] // k.shape[1]

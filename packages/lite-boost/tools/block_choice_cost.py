@@ -3,7 +3,7 @@
     python packages/lite-boost/tools/block_choice_cost.py --shape 1,40,32760,128 --dtype bf16
 
 Prints the median time of ``select_blocks`` over the repeats and the largest tensor any op in
-it allocates (views not counted), for reordered queries and keys of that shape.
+it allocates (aliases of its arguments not counted), for reordered queries and keys of that shape.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ import time
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
 
 from lite_boost.sparse import select_blocks
 
@@ -21,16 +22,23 @@ DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
 
 class LargestAlloc(TorchDispatchMode):
-    """The largest new tensor (bytes, views not counted) any op returns while active."""
+    """The largest new tensor (bytes; an alias of an argument not counted) any op returns
+    while active."""
 
     def __init__(self) -> None:
         super().__init__()
         self.largest = 0
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        for t in out if isinstance(out, (tuple, list)) else (out,):
-            if isinstance(t, torch.Tensor) and not t._is_view():
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        given = {
+            t.untyped_storage().data_ptr()
+            for t in tree_leaves((args, kwargs))
+            if isinstance(t, torch.Tensor)
+        }
+        for t in tree_leaves(out):
+            if isinstance(t, torch.Tensor) and t.untyped_storage().data_ptr() not in given:
                 self.largest = max(self.largest, t.numel() * t.element_size())
         return out
 

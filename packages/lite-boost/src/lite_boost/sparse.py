@@ -107,7 +107,9 @@ def _check(
 
 def _pool(x: torch.Tensor, block_size: int) -> torch.Tensor:
     """Each block's mean (the last block ragged), fp32: (B, H, blocks, D). Pooled one head at a
-    time: an fp32 copy of a whole bf16 ``x`` would take twice its memory."""
+    time: an fp32 copy of a whole bf16 ``x`` would take twice its memory. No gradient: the
+    pooled scores only choose blocks."""
+    x = x.detach()
     b, h, s, d = x.shape
     blocks = -(-s // block_size)
     padded = torch.zeros(b, blocks * block_size, d, dtype=torch.float32, device=x.device)

@@ -51,6 +51,13 @@ def test_the_table_names_each_module_and_the_figures() -> None:
     assert "8.00 GiB" in result.output
 
 
+def test_a_block_without_a_single_track_shows_no_pair_bias_chunk() -> None:
+    result = invoke("--tokens", "512", "--budget", "0.5GiB", "--c-s", "0")
+    assert result.exit_code == 0, result.output
+    row = next(line for line in result.output.splitlines() if "attention with pair bias" in line)
+    assert "none (--c-s 0)" in row
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [

@@ -119,6 +119,32 @@ def test_chunks_and_prediction_grow_with_the_budget(training) -> None:
         previous = (chosen, peak)
 
 
+@pytest.mark.parametrize("training", [False, True])
+def test_no_kind_could_take_a_larger_chunk_and_still_fit(training) -> None:
+    """The plan's chunks are the largest that fit: doubling any one kind's (or running it
+    whole) overshoots. Halving one kind at a time used to leave e.g. pair-bias attention at
+    128 queries where the whole 512 fit."""
+    tokens, dims = 512, Dims()
+    resident = resident_bytes(tokens, dims=dims)
+    whole = predict_peak(tokens, MemoryPlan(), training=training, dims=dims)
+    checked = 0
+    for fraction in [k / 40 for k in range(1, 40)]:
+        room = int(whole * fraction)
+        try:
+            chosen = plan(tokens, resident + room, training=training)
+        except ValueError:
+            continue
+        assert predict_peak(tokens, chosen, training=training, dims=dims) <= room
+        for kind in ("tri_mul", "tri_att", "transition", "pair_bias"):
+            size = getattr(chosen, kind)
+            if size is not None:
+                bigger = chosen.model_copy(update={kind: None if 2 * size >= tokens else 2 * size})
+                peak = predict_peak(tokens, bigger, training=training, dims=dims)
+                assert peak > room, (fraction, kind, chosen)
+                checked += 1
+    assert checked > 20
+
+
 @pytest.mark.parametrize(
     ("tokens", "kwargs"),
     [(N, {**SMALL, "budget": 1000}), (512, {"n_blocks": 48, "budget": "4GiB"})],

@@ -98,7 +98,13 @@ def plan_command(
     from spore.cli.render import Column, print_table
 
     rows = [
-        {"what": KIND_NAMES[k], "value": _chunk(getattr(chosen, k), tokens)} for k in KIND_NAMES
+        {
+            "what": KIND_NAMES[k],
+            "value": "none (--c-s 0)"
+            if k == "pair_bias" and not c_s
+            else _chunk(getattr(chosen, k), tokens),
+        }
+        for k in KIND_NAMES
     ]
     rows += [
         {"what": "recompute", "value": chosen.recompute if training else "none (inference)"},

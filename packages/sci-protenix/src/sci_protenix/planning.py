@@ -335,7 +335,9 @@ def _shrink(
     dims: Dims,
 ) -> MemoryPlan:
     """Halve chunk sizes, the most helpful kind first, until the prediction fits in ``room``
-    (or nothing shrinks further)."""
+    (or nothing shrinks further); then double each kind's again while the prediction still
+    fits (a step that did not lower the peak alone, or a kind halved before the one that set
+    the peak, may have halved it more than needed)."""
     sizes = _candidates(tokens)
     at = dict.fromkeys(KINDS, 0)  # index into sizes per kind
 
@@ -361,4 +363,14 @@ def _shrink(
                 break
         at, peak = best_at, best_peak
         current = make(at)
-    return current
+    if peak > room:
+        return current
+    grown = True  # then grow back each kind a step halved more than the fit needs
+    while grown:
+        grown = False
+        for kind in KINDS:
+            if at[kind] > 0:
+                trial = {**at, kind: at[kind] - 1}
+                if _peak(tokens, make(trial), training, dtype, dims) <= room:
+                    at, grown = trial, True
+    return make(at)

@@ -139,6 +139,30 @@ def test_fallbacks_counted_and_explained():
     assert c.vm_calls == len(c.regions) >= 1
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_fill_value_the_dtype_cannot_hold_does_what_eager_does(dtype):
+    """where(x > 0, x, -1e300): fp32 eager (and Inductor) raise, where the VM held -inf and
+    went on; bf16 eager takes -inf, and so does dvm."""
+    graphs, backend = _record()
+
+    def fn(x):
+        return torch.where(x > 0, x, -1e300).exp() * 2
+
+    x = torch.randn(4, 8, dtype=dtype)
+    compiled = torch.compile(fn, backend=backend)
+    if dtype == torch.float32:
+        with pytest.raises(RuntimeError, match="without overflow"):
+            fn(x)
+        with pytest.raises(RuntimeError, match="without overflow"):
+            compiled(x)
+        ((_, c),) = graphs
+        assert any("overflows" in why for n, why in c.fallbacks if "scalar_tensor" in str(n.target))
+    else:
+        torch.testing.assert_close(compiled(x), fn(x), rtol=0, atol=0)
+        ((_, c),) = graphs
+        assert c.vm_calls == 1
+
+
 def test_new_shape_recompiles_and_stays_correct():
     graphs, backend = _record()
     fn = torch.compile(lambda t: torch.sigmoid(t) * t, backend=backend, dynamic=False)

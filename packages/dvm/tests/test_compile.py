@@ -352,3 +352,35 @@ def test_a_view_of_an_input_is_not_stored_as_a_copy():
     assert c.vm_calls == 2  # y, and v * 3 after the update
     for g, w in zip(got, want, strict=True):
         torch.testing.assert_close(g, w)
+
+
+def _filled(op, value, dtype):
+    """``(x * 0 + fill) * 2`` with ``fill`` made by aten ``op`` from ``value``."""
+    aten = torch.ops.aten
+
+    def fn(x):
+        if op == "full":
+            fill = aten.full([4], value, dtype=dtype)
+        else:
+            fill = aten.scalar_tensor(value, dtype=dtype)
+        return (x * 0 + fill) * 2
+
+    return fn
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("op", ["scalar_tensor", "full"])
+def test_fill_values_past_the_dtype_raise_or_saturate_as_eager(op, dtype):
+    """aten.full raises for a finite value its floating dtype cannot hold, aten.scalar_tensor
+    only for float32 (a 16-bit one becomes an infinity): the compiled graph does the same."""
+    for value in (-1e300, 1e39, 3.4028235e38, 3.39e38, 70000.0, 65504.0, float("inf"), 1.5):
+        fn = _filled(op, value, dtype)
+        x = torch.ones(4, dtype=dtype)
+        compiled = compile_graph(make_fx(fn, tracing_mode="fake")(x), [x], min_ops=1)
+        try:
+            want = fn(x)
+        except RuntimeError:
+            with pytest.raises(RuntimeError, match="without overflow"):
+                compiled(x)
+        else:
+            torch.testing.assert_close(compiled(x), want, rtol=0, atol=0, msg=str(value))

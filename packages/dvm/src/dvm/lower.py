@@ -672,12 +672,32 @@ def _expand(em: Emitter, n: Node, r: Resolve) -> int:
     return r(n.args[0])
 
 
-@_rule([aten.full.default], CONST)
+def _check_fill(index: int, checked: Sequence[torch.dtype]) -> Callable[[Node], str | None]:
+    """A fill value (argument ``index``) that a value of one of the ``checked`` dtypes cannot
+    hold: eager's op raises ("cannot be converted ... without overflow") where the program
+    would hold an infinity, so the node stays eager and raises there. (``full`` checks every
+    floating dtype, ``scalar_tensor`` only float32: a 16-bit one becomes an infinity.)"""
+
+    def check(n: Node) -> str | None:
+        value, dtype = n.args[index], n.meta["val"].dtype
+        if (
+            dtype in checked
+            and isinstance(value, (int, float))
+            and math.isfinite(value)
+            and abs(value) > torch.finfo(dtype).max
+        ):
+            return f"value {value!r} overflows {dtype} (eager raises)"
+        return None
+
+    return check
+
+
+@_rule([aten.full.default], CONST, check=_check_fill(1, (torch.float32, *_16_BIT)))
 def _full(em: Emitter, n: Node, r: Resolve) -> int:
     return em.const(_rounded(n.args[1], n.meta["val"].dtype))
 
 
-@_rule([aten.scalar_tensor.default], CONST)
+@_rule([aten.scalar_tensor.default], CONST, check=_check_fill(0, (torch.float32,)))
 def _scalar_tensor(em: Emitter, n: Node, r: Resolve) -> int:
     return em.const(_rounded(n.args[0], n.meta["val"].dtype))
 

@@ -138,13 +138,14 @@ def test_guard_shape_dtype_and_grad_fall_back_with_reasons():
         ((torch.randn(3, 10), w), "shape"),
         ((x.double(), w.double()), "dtype"),
         ((x.requires_grad_(), w), "requires grad"),
+        ((torch.randn(x.shape, dtype=torch.complex64).conj().imag, w), "negated view"),
     ]
     for args, what in cases:
         out = runner(*args)
         assert what in next(reversed(runner.fallback_reasons)), runner.fallback_reasons
         ref = runner.eager(*args)
         torch.testing.assert_close(out[0], ref[0])
-    assert runner.eager_calls == 3
+    assert runner.eager_calls == 4
     assert runner.vm_calls == 0
     x.requires_grad_(False)
     torch.testing.assert_close(runner(x, w)[0], want[0][0])

@@ -933,6 +933,18 @@ def test_bad_arguments_raise_clear_errors() -> None:
         vm.Kernel("r0 = load in0", [torch.float32])  # type: ignore[arg-type]
     with pytest.raises(vm.VMError, match="at most 65536"):
         vm.run(softmax(), [torch.zeros(1, 65537)], (1, 65537), [torch.float32])
+    row_sum = program(
+        Instr(Op.LOAD, 0, 0), Instr(Op.REDUCE_SUM, 1, 0), Instr(Op.STORE, -1, 0, 1), n_inputs=1
+    )
+    with pytest.raises(vm.VMError, match="rows of 0 elements"):  # the sums were never written
+        vm.run(row_sum, [torch.zeros(3, 0)], (3, 0), [torch.float32], [True])
+    (empty,) = vm.run(softmax(), [torch.zeros(3, 0)], (3, 0), [torch.float32])
+    assert empty.shape == (3, 0)
+    negated = torch.randn(4, 5, dtype=torch.complex64).conj().imag  # memory holds -values
+    with pytest.raises(ValueError, match=r"input 1 is a lazily negated view .*resolve_neg"):
+        vm.run(p, [x, negated], x.shape, [torch.float32])
+    (got,) = vm.run(p, [x, negated.resolve_neg()], x.shape, [torch.float32])
+    torch.testing.assert_close(got, x + negated)
 
 
 def raw_call(code, n_regs=2, n_inputs=1, n_outputs=1, domain=(4, 5), in_dtype=0, out_dtype=0,
@@ -1380,5 +1392,7 @@ def test_a_bound_launch_refuses_args_other_than_those_it_was_bound_for() -> None
         launch([1.0])
     with pytest.raises(ValueError, match="dense CPU"):
         launch([x.to_sparse()])
+    with pytest.raises(ValueError, match="arg 0 is a lazily negated view"):
+        launch([torch.randn(64, 256, dtype=torch.complex64).conj().imag])
     (got,) = launch([x.t().contiguous().t()])
     assert torch.equal(got, launch.call_unchecked([x])[0])

@@ -169,6 +169,10 @@ class RegionRunner:
                 return f"input {i} has dtype {t.dtype}, compiled for {dtype}"
             if not t.is_cpu or t.layout is not torch.strided:
                 return f"input {i} is a {t.device} {t.layout} tensor; the VM runs on dense CPU ones"
+            if t.is_neg():
+                return (
+                    f"input {i} is a lazily negated view (e.g. z.conj().imag); the VM reads memory"
+                )
             if grad and t.requires_grad:
                 return f"input {i} requires grad under grad mode (the VM has no autograd)"
         return None

@@ -12,6 +12,7 @@ fused kernel that computes in fp32.
 
 from __future__ import annotations
 
+import functools
 import math
 import operator
 import struct
@@ -672,32 +673,12 @@ def _expand(em: Emitter, n: Node, r: Resolve) -> int:
     return r(n.args[0])
 
 
-def _check_fill(index: int, checked: Sequence[torch.dtype]) -> Callable[[Node], str | None]:
-    """A fill value (argument ``index``) that a value of one of the ``checked`` dtypes cannot
-    hold: eager's op raises ("cannot be converted ... without overflow") where the program
-    would hold an infinity, so the node stays eager and raises there. (``full`` checks every
-    floating dtype, ``scalar_tensor`` only float32: a 16-bit one becomes an infinity.)"""
-
-    def check(n: Node) -> str | None:
-        value, dtype = n.args[index], n.meta["val"].dtype
-        if (
-            dtype in checked
-            and isinstance(value, (int, float))
-            and math.isfinite(value)
-            and abs(value) > torch.finfo(dtype).max
-        ):
-            return f"value {value!r} overflows {dtype} (eager raises)"
-        return None
-
-    return check
-
-
-@_rule([aten.full.default], CONST, check=_check_fill(1, (torch.float32, *_16_BIT)))
+@_rule([aten.full.default], CONST)
 def _full(em: Emitter, n: Node, r: Resolve) -> int:
     return em.const(_rounded(n.args[1], n.meta["val"].dtype))
 
 
-@_rule([aten.scalar_tensor.default], CONST, check=_check_fill(0, (torch.float32,)))
+@_rule([aten.scalar_tensor.default], CONST)
 def _scalar_tensor(em: Emitter, n: Node, r: Resolve) -> int:
     return em.const(_rounded(n.args[0], n.meta["val"].dtype))
 
@@ -874,17 +855,33 @@ def rule_reason(
             fact = facts[x] = value_fact(v)
         if type(fact) is str:
             return fact
-    if facts[node][1] == torch.bool and rule.kind == POINTWISE and node.target not in _BOOL_OUT:
+    dtype = facts[node][1]
+    if dtype == torch.bool and rule.kind == POINTWISE and node.target not in _BOOL_OUT:
         return f"op {_name(node.target)} with a bool result"
-    for a in node.args:
-        if type(a) is complex:
-            return "complex scalar argument"
-    for a in node.kwargs.values():
-        if type(a) is complex:
-            return "complex scalar argument"
+    limit = _LIMITS.get(dtype)
+    for args in (node.args, node.kwargs.values()):
+        for a in args:
+            if type(a) is complex:
+                return "complex scalar argument"
+            if limit is not None and type(a) in (int, float) and _beyond(a, limit):
+                return (
+                    f"scalar {a!r} beyond {dtype}'s range: eager's op raises or saturates for "
+                    "it, each its own way"
+                )
     if rule.check is not None:
         return rule.check(node)
     return None
+
+
+_LIMITS = {d: torch.finfo(d).max for d in (torch.float32, *_16_BIT)}
+
+
+def _beyond(value: float, limit: float) -> bool:
+    """A finite scalar whose magnitude exceeds ``limit``."""
+    try:
+        return math.isfinite(value) and abs(value) > limit
+    except OverflowError:  # an int too large for a float
+        return True
 
 
 _BOOL_OUT = {
@@ -971,6 +968,16 @@ _FUSIBLE = [  # composites whose decompositions are ops the VM lowers
 ]
 
 
+def _masked_fill(decomposed: Callable[..., Any], x: torch.Tensor, mask: Any, value: Any) -> Any:
+    """``decomposed(x, mask, value)``, but the op traced whole (``NotImplemented``) for a
+    ``value`` that ``x``'s dtype cannot hold: decomposed, the fill is a ``scalar_tensor``, which
+    in 16 bits takes an infinity where ``masked_fill`` raises."""
+    limit = _LIMITS.get(x.dtype)
+    if limit is not None and type(value) in (int, float) and _beyond(value, limit):
+        return NotImplemented
+    return decomposed(x, mask, value)
+
+
 def decomposition_table(also: Sequence[Any] = ()) -> dict[Any, Callable[..., Any]]:
     """The composites whose decompositions the VM can fuse (softplus, mish, logsumexp,
     var_mean, var, std...); GELU stays whole, one instruction (its erf form) or its tanh form's
@@ -984,6 +991,9 @@ def decomposition_table(also: Sequence[Any] = ()) -> dict[Any, Callable[..., Any
     from torch._decomp import get_decompositions
 
     table = get_decompositions([*_FUSIBLE, *also])
+    scalar_fill = table.get(aten.masked_fill.Scalar)
+    if scalar_fill is not None:
+        table[aten.masked_fill.Scalar] = functools.partial(_masked_fill, scalar_fill)
     table[aten.var_mean.correction] = _var_mean
     table[aten.var.correction] = _var
     table[aten.std.correction] = _std

@@ -101,6 +101,15 @@ def _dtype_code(dtype: torch.dtype, what: str, k: int) -> int:
     return code
 
 
+def _check_resolved(t: torch.Tensor, what: str, k: int) -> None:
+    """A lazily negated view (``z.conj().imag``) holds the values' negatives in memory, which
+    the VM would read as they are."""
+    if t.is_neg():
+        raise ValueError(
+            f"{what} {k} is a lazily negated view (e.g. z.conj().imag): pass t.resolve_neg()"
+        )
+
+
 def _strides(t: torch.Tensor, domain: tuple[int, ...], k: int) -> list[int]:
     """``t``'s element strides over ``domain`` (0 along broadcast dimensions)."""
     picks = _stride_map(t.shape, t.shape, domain, k)
@@ -195,10 +204,17 @@ class Kernel:
         self._out_codes = _PTR(out_codes_at)
 
     def _check_rows(self, dims: tuple[int, ...]) -> None:
-        if self._max_row is not None and dims[-1] > self._max_row:
+        if self._max_row is None:
+            return
+        if dims[-1] > self._max_row:
             raise VMError(
                 f"rows of {dims[-1]} elements: the VM reduces rows of at most "
                 f"{self._max_row} (run this region eagerly)"
+            )
+        if dims[-1] == 0 and 0 not in dims[:-1] and any(self.reduced):
+            raise VMError(
+                "rows of 0 elements: a row-reduced output has no value for an empty row "
+                "(eager's sum gives 0, amax raises); run it eagerly"
             )
 
     def bind(
@@ -249,6 +265,7 @@ class Kernel:
                     f"input {k} is a {t.device.type} {t.layout} tensor; the VM runs on dense "
                     f"CPU tensors (move it with .cpu())"
                 )
+            _check_resolved(t, "input", k)
             code = DTYPE_CODES.get(t.dtype)
             if code is None:
                 _dtype_code(t.dtype, "input", k)
@@ -402,6 +419,7 @@ class Launch:
                     f"arg {k} is a {t.device.type} {t.layout} tensor; the VM runs on dense CPU "
                     f"tensors (move it with .cpu())"
                 )
+            _check_resolved(t, "arg", k)
         return self.call_unchecked(args)
 
     def call_unchecked(self, args: Sequence[torch.Tensor]) -> list[torch.Tensor]:

@@ -205,10 +205,11 @@ inline vec bias_vec(const typename T::storage* p, int64_t valid) {
     return x * kLog2e;
 }
 
-// R rows of base-2 scores over cols (a multiple of VT) keys, with the bias and mask added as
-// they are stored: s[i][c] = sum_e q[i][e] kt[e][c] + log2e * bias[i][c] + add[c] (add: 0 or
-// -inf, -inf past the real keys). top[i] (W lanes) keeps the lane-wise max of row i (NaN
-// skipped). q rows have length dp; bias rows (or null) length nk, `real` keys valid.
+// R rows of base-2 scores over cols (a multiple of VT) keys, with the bias and mask applied as
+// they are stored: s[i][c] = sum_e q[i][e] kt[e][c] + log2e * bias[i][c] where add[c] is 0,
+// add[c] (-inf: masked, or past the real keys) where it is not. top[i] (W lanes) keeps the
+// lane-wise max of row i (NaN skipped). q rows have length dp; bias rows (or null) length nk,
+// `real` keys valid.
 template <typename T, int R>
 inline void score_tile(const float* q, int64_t dp, const float* kt, int64_t kp, int64_t d,
                        const typename T::storage* bias, int64_t nk, const float* add, int64_t real,
@@ -227,12 +228,16 @@ inline void score_tile(const float* q, int64_t dp, const float* kt, int64_t kp, 
         const vec m0 = vload(add + c0), m1 = vload(add + c0 + W);
 #pragma GCC unroll 8
         for (int i = 0; i < R; ++i) {
-            vec s0 = a0[i] + m0, s1 = a1[i] + m1;
+            vec s0 = a0[i], s1 = a1[i];
             if (bias != nullptr) {
                 const auto* brow = bias + i * nk + c0;
                 s0 += bias_vec<T>(brow, real - c0);
                 s1 += bias_vec<T>(brow + W, real - c0 - W);
             }
+            // a masked key's score is -inf whatever its k and bias hold: NaN or inf there
+            // (garbage in padding) would make -inf + x a NaN that spreads through the row
+            s0 = m0 == 0.0f ? s0 : m0;
+            s1 = m1 == 0.0f ? s1 : m1;
             vstore(s + i * ld + c0, s0);
             vstore(s + i * ld + c0 + W, s1);
             vec m = vload(top + i * W);

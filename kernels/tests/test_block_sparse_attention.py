@@ -158,6 +158,23 @@ def test_compiles_fullgraph() -> None:
     torch.testing.assert_close(compiled(q, k, v), op.reference(q, k, v, index, count, 8) * 2)
 
 
+def test_compiled_training_matches_eager() -> None:
+    """torch.compile(fullgraph) of forward + backward: the backward reruns the reference on
+    fake tensors, whose block lists used to be read for checking (a data-dependent guard)."""
+    q, k, v = _qkv(1, 2, 24, 24, 8, torch.float32, 6)
+    index, count = _lists(1, 2, 24, 24, 8, 2, torch.int64, 6)
+
+    def loss(a, b, c):
+        return (torch.ops.spore.block_sparse_attention(a, b, c, index, count, 8) ** 2).sum()
+
+    want = [t.detach().requires_grad_() for t in (q, k, v)]
+    got = [t.detach().requires_grad_() for t in (q, k, v)]
+    loss(*want).backward()
+    torch.compile(loss, backend="aot_eager", fullgraph=True)(*got).backward()
+    for g, w in zip(got, want, strict=True):
+        torch.testing.assert_close(g.grad, w.grad)
+
+
 def _bad_cases():
     q, k, v = _qkv(1, 2, 10, 12, 4, torch.float32, 7)
     index, count = _lists(1, 2, 10, 12, 4, 2, torch.int64, 7, garbage=False)

@@ -227,6 +227,25 @@ def test_fully_masked_rows_are_zero_with_zero_gradients_in_the_kernel() -> None:
     assert bool(torch.isfinite(db).all())
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_garbage_at_masked_keys_does_not_reach_the_kept_ones(dtype) -> None:
+    """NaN in a masked key's k or bias, or a +inf bias there (padding holding garbage): the
+    kernel added the mask's -inf to it, and -inf + NaN (or + inf) is a NaN that spread over
+    the row. The output and dq are the reference's, computed on clean padding."""
+    q, k, v, b, m = _inputs((1,), 2, 5, 37, 2, 8, dtype, 11)
+    m[..., 3] = m[..., 30] = False
+    k[0, :, 3] = float("nan")
+    b[..., 30] = float("nan")
+    b[..., 3] = float("inf")
+    clean_k, clean_b = k.clone(), b.clone()
+    clean_k[0, :, 3] = 0
+    clean_b[..., 3] = clean_b[..., 30] = 0
+    out = torch.ops.spore.triangle_attention(q, k, v, b, m)
+    assert bool(torch.isfinite(out).all())
+    clean = (t.double() for t in (q, clean_k, v, clean_b))
+    _close(out, op.reference(*clean, m), dtype)
+
+
 def test_op_gradients_through_autograd_match_float64_autograd() -> None:
     """The op's own backward (C++ kernel) against autograd of the loop oracle in float64, and
     gradcheck of the float64 op (reference path)."""

@@ -30,6 +30,7 @@ import math
 from typing import Any
 
 import torch
+from torch._subclasses.fake_tensor import is_fake
 
 from spore_kernels import _checks, _lib
 
@@ -173,9 +174,12 @@ def check(
     block_size: int,
     scale: float | None,
 ) -> None:
-    """Clear errors for the inputs block_sparse_attention cannot take (reads counts and ids)."""
+    """Clear errors for the inputs block_sparse_attention cannot take (reads counts and ids,
+    except while traced: a compiled graph's backward reruns the reference on fake tensors,
+    whose values the forward's call checked when it ran)."""
     check_meta(q, k, v, kv_block_index, kv_block_count, block_size, scale)
-    check_index(kv_block_index, kv_block_count, block_size, q.shape[2], k.shape[2])
+    if not is_fake(kv_block_index) and not is_fake(kv_block_count):
+        check_index(kv_block_index, kv_block_count, block_size, q.shape[2], k.shape[2])
 
 
 def dense_block_table(

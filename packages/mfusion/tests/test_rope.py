@@ -116,6 +116,28 @@ def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor
     return x * cos + rotate_half(x) * sin
 
 
+@pytest.mark.parametrize(("dtype", "ropes"), [(torch.bfloat16, 0), (torch.float32, 1)])
+def test_16_bit_rope_left_alone_when_inductor_emulates_casts(dtype, ropes) -> None:
+    """With ``emulate_precision_casts`` Inductor rounds each bf16 product and the sum as eager
+    does, where spore.rope rounds once: the bf16 form stays Inductor's."""
+    from torch._inductor import config
+    from torch._inductor.decomposition import select_decomp_table
+    from torch._inductor.fx_passes.post_grad import view_to_reshape
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    x, cos, sin = (
+        _randn(dtype, 2, 4, 16, 32),
+        _randn(dtype, 1, 1, 16, 32),
+        _randn(dtype, 1, 1, 16, 32),
+    )
+    with config.patch(emulate_precision_casts=True):
+        gm = make_fx(_rope, select_decomp_table(), tracing_mode="fake")(x, cos, sin)
+        view_to_reshape(gm)
+        for pass_ in PASSES:
+            pass_(gm)
+    assert sum(str(n.target) == ROPE for n in gm.graph.nodes) == ropes
+
+
 def _negative_cases() -> dict[str, tuple[torch.Tensor, ...]]:
     """Rotate-half computations spore.rope must not take, as (x, cos, sin)."""
     f32, bf16 = torch.float32, torch.bfloat16

@@ -31,3 +31,17 @@ def floating(*values: Any) -> bool:
     if not values or not all(isinstance(v, torch.Tensor) for v in values):
         return False
     return values[0].dtype in FLOATS and all(v.dtype == values[0].dtype for v in values)
+
+
+LOW_PRECISION = (torch.bfloat16, torch.float16)
+
+
+def rounds_as_eager(*values: Any) -> bool:
+    """Inductor is told to round 16-bit intermediates as eager does
+    (``emulate_precision_casts``) and a value is 16-bit: a rewrite into one op that rounds once
+    would then differ from both eager and plain Inductor."""
+    from torch._inductor import config
+
+    return bool(config.emulate_precision_casts) and any(
+        isinstance(v, torch.Tensor) and v.dtype in LOW_PRECISION for v in values
+    )

@@ -9,7 +9,8 @@ alone) and in both operand orders of the final product.
 Numerics: the spore ops compute in float32 and round once to the input dtype. That is what
 the float32 and the cast-wrapped forms compute; for a form written in bfloat16 without casts
 (GPT-2's hand-written GELU, a SiLU whose float32 result is cast back before ``* b``) eager
-rounds in between, and the rewrite rounds once, as Inductor's own generated code does.
+rounds in between, and the rewrite rounds once, as Inductor's own generated code does. With
+Inductor's ``emulate_precision_casts`` on, 16-bit forms are left alone.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ import spore
 # defines torch.ops.spore.*: the replacements call them, and so does a compiled graph the FX graph
 # cache serves in a fresh process, where no pass runs (mfusion registers its passes from here)
 import spore_kernels  # noqa: F401
-from mfusion.passes._match import floating, output_value, value
+from mfusion.passes._match import floating, output_value, rounds_as_eager, value
 
 SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
 TANH_CUBIC = 0.044715
@@ -89,13 +90,14 @@ class GeluPass(spore.PatternToPatternPass):
     """Exact and tanh GELU, as ``F.gelu`` decomposes or as Hugging Face writes them."""
 
     name = "gelu"
-    version = "1"
+    version = "2"
     priority = 50
     summary = "GELU (exact erf form; tanh form incl. GPT-2's hand-written one) -> spore.gelu"
     reshape_views = True
 
     def extra_check(self, match: Any) -> bool:
-        return _same_shape_and_dtype(value(match, "x"), output_value(match))
+        x = value(match, "x")
+        return _same_shape_and_dtype(x, output_value(match)) and not rounds_as_eager(x)
 
     def search_forms(self) -> list[spore.SearchForm]:
         return [
@@ -146,7 +148,7 @@ class SiluMulPass(spore.PatternToPatternPass):
     """``silu(a) * b`` (Llama's MLP gate): ``spore.silu_mul(a, b)``, b broadcasting to a."""
 
     name = "silu_mul"
-    version = "1"
+    version = "2"
     priority = 40
     summary = "silu(a) * b (Llama MLP gate; F.silu or a * sigmoid(a)) -> spore.silu_mul"
     reshape_views = True
@@ -156,7 +158,7 @@ class SiluMulPass(spore.PatternToPatternPass):
 
     def extra_check(self, match: Any) -> bool:
         a, b, out = value(match, "a"), value(match, "b"), output_value(match)
-        if not (floating(a, b, out) and b.dim() <= a.dim()):
+        if not (floating(a, b, out) and b.dim() <= a.dim()) or rounds_as_eager(a):
             return False
         return torch.broadcast_shapes(a.shape, b.shape) == a.shape == out.shape
 
@@ -187,7 +189,7 @@ class SwigluPass(spore.PatternToPatternPass):
     """
 
     name = "swiglu"
-    version = "1"
+    version = "2"
     priority = 45
     summary = "chunk(2, -1) then silu(gate) * up (fused gate_up projection) -> spore.swiglu"
     reshape_views = True
@@ -199,6 +201,7 @@ class SwigluPass(spore.PatternToPatternPass):
         x, out = value(match, "x"), output_value(match)
         return (
             floating(x, out)
+            and not rounds_as_eager(x)
             and x.dim() >= 1
             and x.shape[-1] % 2 == 0
             and out.shape == (*x.shape[:-1], x.shape[-1] // 2)

@@ -50,6 +50,7 @@ from torch.fx import Graph, GraphModule, Node
 from torch.fx.node import map_arg
 
 import spore
+from mfusion.passes._match import rounds_as_eager
 from mfusion.passes._torch_ir import value
 
 aten = torch.ops.aten
@@ -258,12 +259,6 @@ class RMSNormMatch:
     inner: list[Node] = field(default_factory=list)
 
 
-def emulates_casts() -> bool:
-    from torch._inductor import config
-
-    return bool(config.emulate_precision_casts)
-
-
 def match_rms_norm(rsqrt: Node) -> RMSNormMatch | None:
     """The RMSNorm whose ``rsqrt`` node is ``rsqrt``, if the op computes it (module doc)."""
     if not _is(rsqrt, aten.rsqrt.default):
@@ -328,7 +323,7 @@ def _rms_tail(
         return RMSNormMatch(x, weight, eps, cast, xf, [*inner, cast])
     llama = _follow(cast, width, _MUL)
     if llama is not None and _dtype(llama[0]) == dtype:
-        if _dtype(llama[1]) != dtype or emulates_casts():
+        if _dtype(llama[1]) != dtype or rounds_as_eager(x.meta.get("val")):
             return None
         return RMSNormMatch(x, llama[1], eps, llama[0], xf, [*inner, cast, llama[0]])
     if _multiplied(cast) or _multiplied(end):

@@ -13,7 +13,8 @@ shape and dtype (tables of another dtype that promote the result are left alone)
 columns are passed as they are, so the rewrite uses exactly the model's values.
 
 Numerics: spore.rope computes in float32 and rounds once to x's dtype; eager bfloat16 rounds
-each product and the sum, Inductor's own fused code rounds once, like the op.
+each product and the sum, Inductor's own fused code rounds once, like the op; with Inductor's
+``emulate_precision_casts`` on, 16-bit forms are left alone.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from typing import Any
 import torch
 
 import spore
-from mfusion.passes._match import floating, output_value, value
+from mfusion.passes._match import floating, output_value, rounds_as_eager, value
 from spore_kernels.ops.rope import check as contract  # importing it defines torch.ops.spore.*
 
 EXAMPLE_X = (2, 3, 4, 8)
@@ -60,6 +61,8 @@ def _check(mode: str) -> Any:
         out = output_value(match)
         if not (floating(x, out) and floating(cos, sin)) or out.shape != x.shape:
             return False
+        if rounds_as_eager(x):
+            return False
         if x.dim() < 1 or cos.dim() < 1 or cos.shape[-1] != x.shape[-1]:
             return False
         try:
@@ -79,7 +82,7 @@ class RopePass(spore.PatternToPatternPass):
     """``x * cos + rot(x) * sin`` → ``spore.rope(x, cos, sin, "half" | "interleaved")``."""
 
     name = "rope"
-    version = "1"
+    version = "2"
     on_cpu = False  # Inductor's fused C++ kernel is as fast; the op call costs more
     priority = 50
     summary = "RoPE: rotate-half (HF apply_rotary_pos_emb) and interleaved (GPT-J) -> spore.rope"

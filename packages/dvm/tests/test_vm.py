@@ -925,6 +925,8 @@ def test_bad_arguments_raise_clear_errors() -> None:
         vm.run(p, [x, x], (1,) * 7, [torch.float32])
     with pytest.raises(TypeError, match="sequence of ints"):
         vm.run(p, [x, x], "ab", [torch.float32])
+    with pytest.raises(TypeError, match="sequence of ints"):  # it ran as (4, 5) before
+        vm.run(p, [x, x], (4, 5.5), [torch.float32])
     with pytest.raises(ValueError, match="give 1 out_dtypes"):
         vm.run(p, [x, x], x.shape, [torch.float32, torch.float32])
     with pytest.raises(ValueError, match="threads"):

@@ -12,6 +12,7 @@ strides over the domain (broadcast and strided views need no copies).
 from __future__ import annotations
 
 import ctypes
+import operator
 from array import array
 from collections.abc import Sequence
 from typing import Any
@@ -121,8 +122,8 @@ def _domain(domain: Sequence[int]) -> tuple[int, ...]:
     if type(domain) is torch.Size and 1 <= len(domain) <= MAX_DIMS:
         return domain
     try:
-        dims = tuple(map(int, domain))
-    except (TypeError, ValueError):
+        dims = tuple(operator.index(d) for d in domain)  # a float size is an error, not truncated
+    except TypeError:
         raise TypeError(f"domain must be a sequence of ints, got {domain!r}") from None
     if not 1 <= len(dims) <= MAX_DIMS or min(dims) < 0:
         raise ValueError(f"domain {dims}: need 1 to {MAX_DIMS} non-negative sizes")

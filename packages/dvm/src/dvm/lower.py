@@ -858,12 +858,11 @@ def rule_reason(
     dtype = facts[node][1]
     if dtype == torch.bool and rule.kind == POINTWISE and node.target not in _BOOL_OUT:
         return f"op {_name(node.target)} with a bool result"
-    limit = _LIMITS.get(dtype)
     for args in (node.args, node.kwargs.values()):
         for a in args:
             if type(a) is complex:
                 return "complex scalar argument"
-            if limit is not None and type(a) in (int, float) and _beyond(a, limit):
+            if _beyond(a, dtype):
                 return (
                     f"scalar {a!r} beyond {dtype}'s range: eager's op raises or saturates for "
                     "it, each its own way"
@@ -876,8 +875,11 @@ def rule_reason(
 _LIMITS = {d: torch.finfo(d).max for d in (torch.float32, *_16_BIT)}
 
 
-def _beyond(value: float, limit: float) -> bool:
-    """A finite scalar whose magnitude exceeds ``limit``."""
+def _beyond(value: Any, dtype: torch.dtype) -> bool:
+    """``value`` is a finite Python int or float beyond the range of ``dtype`` (a VM float)."""
+    limit = _LIMITS.get(dtype)
+    if limit is None or type(value) not in (int, float):
+        return False
     try:
         return math.isfinite(value) and abs(value) > limit
     except OverflowError:  # an int too large for a float
@@ -972,8 +974,7 @@ def _masked_fill(decomposed: Callable[..., Any], x: torch.Tensor, mask: Any, val
     """``decomposed(x, mask, value)``, but the op traced whole (``NotImplemented``) for a
     ``value`` that ``x``'s dtype cannot hold: decomposed, the fill is a ``scalar_tensor``, which
     in 16 bits takes an infinity where ``masked_fill`` raises."""
-    limit = _LIMITS.get(x.dtype)
-    if limit is not None and type(value) in (int, float) and _beyond(value, limit):
+    if _beyond(value, x.dtype):
         return NotImplemented
     return decomposed(x, mask, value)
 

@@ -69,7 +69,7 @@ def _latent(shape: Any) -> tuple[int, ...]:
     """``shape``'s sizes as ints (see :func:`_int`)."""
     try:
         sizes = tuple(_int(n) for n in shape)
-    except TypeError:
+    except TypeError:  # not a sequence
         sizes = (None,)
     if None in sizes:
         raise ValueError(f"latent_shape must be three ints (frames, height, width), got {shape!r}")

@@ -13,6 +13,7 @@ from typing import Any
 import torch
 
 FLOATS = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
+NARROW_FLOATS = (torch.bfloat16, torch.float16)
 
 
 def value(match: Any, name: str) -> Any:
@@ -33,9 +34,6 @@ def floating(*values: Any) -> bool:
     return values[0].dtype in FLOATS and all(v.dtype == values[0].dtype for v in values)
 
 
-LOW_PRECISION = (torch.bfloat16, torch.float16)
-
-
 def rounds_as_eager(*values: Any) -> bool:
     """Inductor is told to round 16-bit intermediates as eager does
     (``emulate_precision_casts``) and a value is 16-bit: a rewrite into one op that rounds once
@@ -43,5 +41,5 @@ def rounds_as_eager(*values: Any) -> bool:
     from torch._inductor import config
 
     return bool(config.emulate_precision_casts) and any(
-        isinstance(v, torch.Tensor) and v.dtype in LOW_PRECISION for v in values
+        isinstance(v, torch.Tensor) and v.dtype in NARROW_FLOATS for v in values
     )

@@ -38,11 +38,11 @@ import torch
 from torch.fx import Graph, GraphModule, Node
 
 import spore
+from mfusion.passes._match import NARROW_FLOATS
 
 aten = torch.ops.aten
 prims = torch.ops.prims
 
-NARROW_FLOATS = (torch.bfloat16, torch.float16)
 #: dtypes whose CPU GEMM speed does not hinge on the operands' layout. Without native bf16/fp16
 #: GEMM, [512, 1024] x [1024, 1024] bf16 takes 0.1 s to 2.3 s by layout alone, so passes that
 #: change an operand's layout or the GEMM entry point (mm_transpose, batch-1 bmm_to_mm) keep to

@@ -50,13 +50,12 @@ from torch.fx import Graph, GraphModule, Node
 from torch.fx.node import map_arg
 
 import spore
-from mfusion.passes._match import rounds_as_eager
+from mfusion.passes._match import FLOATS, rounds_as_eager
 from mfusion.passes._torch_ir import value
 
 aten = torch.ops.aten
 prims = torch.ops.prims
 
-FLOATS = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
 WIDER = {
     torch.bfloat16: (torch.float32, torch.float64),
     torch.float16: (torch.float32, torch.float64),

@@ -37,3 +37,37 @@ def test_tensors_on_different_devices_are_a_clear_error() -> None:
     for name, call in calls.items():
         with pytest.raises(ValueError, match=rf"{name}: .* is on cpu but .* is on meta"):
             call()
+
+
+def _backward_calls(grad: torch.Tensor, grad_rows: torch.Tensor) -> dict:
+    """Each public backward op called with ``grad`` where its forward's output is [4, 8], and
+    mean_var's with ``grad_rows`` where its output is [4]."""
+    x, w = torch.randn(4, 8), torch.ones(8)
+    return {
+        "gelu_backward": lambda: torch.ops.spore.gelu_backward(grad, x, "tanh"),
+        "silu_mul_backward": lambda: torch.ops.spore.silu_mul_backward(grad, x, x),
+        "swiglu_backward": lambda: torch.ops.spore.swiglu_backward(grad, torch.randn(4, 16)),
+        "rms_norm_backward": lambda: torch.ops.spore.rms_norm_backward(grad, x, w, 1e-6),
+        "add_rms_norm_backward": lambda: torch.ops.spore.add_rms_norm_backward(
+            torch.ones(4, 8), grad, x, w, 1e-6
+        ),
+        "layer_norm_backward": lambda: torch.ops.spore.layer_norm_backward(grad, x, w, w, 1e-6),
+        "mean_var_backward": lambda: torch.ops.spore.mean_var_backward(grad_rows, None, x, 1, 1),
+    }
+
+
+@pytest.mark.parametrize("fake", [False, True])
+@pytest.mark.parametrize("grad_shape", [(2, 4, 8), (1, 8), (4, 1)])
+def test_a_gradient_not_shaped_like_the_output_is_a_clear_error(grad_shape, fake) -> None:
+    """Each shape broadcasts against [4, 8]: without the check the first gave a silently
+    wrong (broadcast) gradient from gelu_backward."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    calls = _backward_calls(torch.ones(grad_shape), torch.ones(grad_shape))
+    for name, call in calls.items():
+        mode = FakeTensorMode(allow_non_fake_inputs=True) if fake else torch.no_grad()
+        with mode, pytest.raises(ValueError, match=rf"{name}: .* forward output's shape"):
+            call()
+    good = _backward_calls(torch.ones(4, 8), torch.ones(4))
+    for call in good.values():
+        assert call() is not None

@@ -6,6 +6,7 @@ with."""
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import torch
 
@@ -32,6 +33,17 @@ def same_device(op: str, **tensors: torch.Tensor) -> None:
             raise ValueError(
                 f"{op}: {first_name} is on {first.device} but {name} is on {t.device}; "
                 f"move them to one device"
+            )
+
+
+def upstream(op: str, shape: Sequence[int], **grads: torch.Tensor | None) -> None:
+    """ValueError unless each given gradient has ``shape``, the forward output's (a wrong one
+    would broadcast into a wrong result, or fail deep inside the reference)."""
+    for name, g in grads.items():
+        if g is not None and g.shape != tuple(shape):
+            raise ValueError(
+                f"{op}: {name} must have the forward output's shape {tuple(shape)}, "
+                f"got {tuple(g.shape)}"
             )
 
 

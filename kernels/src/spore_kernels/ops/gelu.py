@@ -55,6 +55,7 @@ def reference_backward(
 ) -> torch.Tensor:
     """The closed form: Phi(x) + x phi(x) (exact), or the derivative of the tanh form."""
     check(x, approximate)
+    _checks.upstream("gelu_backward", x.shape, grad=grad)
     compute = _checks.compute_dtype(x)
     xf, gf = x.to(compute), grad.to(compute)
     if approximate == "tanh":

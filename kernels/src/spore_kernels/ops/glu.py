@@ -70,6 +70,7 @@ def reference_silu_mul_backward(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The closed form: da = g b s (1 + a (1 - s)), db = g a s summed to b's shape."""
     check_silu_mul(a, b)
+    _checks.upstream("silu_mul_backward", a.shape, grad=grad)
     compute = _checks.compute_dtype(a)
     af, bf, gf = a.to(compute), b.to(compute), grad.to(compute)
     s = torch.sigmoid(af)
@@ -87,6 +88,7 @@ def reference_swiglu(x: torch.Tensor) -> torch.Tensor:
 def reference_swiglu_backward(grad: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     """silu_mul's closed form on the two halves, concatenated."""
     check_swiglu(x)
+    _checks.upstream("swiglu_backward", (*x.shape[:-1], x.shape[-1] // 2), grad=grad)
     da, db = reference_silu_mul_backward(grad, *_halves(x))
     return torch.cat([da, db], dim=-1)
 

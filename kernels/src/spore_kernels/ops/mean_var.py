@@ -60,6 +60,18 @@ def reference(x: torch.Tensor, dim: int, correction: int = 1) -> tuple[torch.Ten
     return mean.to(x.dtype), var.to(x.dtype)
 
 
+def _check_upstream(
+    grad_mean: torch.Tensor | None,
+    grad_var: torch.Tensor | None,
+    x: torch.Tensor,
+    dim: int,
+    correction: int,
+) -> None:
+    check(x, dim, correction)
+    shape = _split(x.shape, dim)[3] if x.dim() else []
+    _checks.upstream("mean_var_backward", shape, grad_mean=grad_mean, grad_var=grad_var)
+
+
 def reference_backward(
     grad_mean: torch.Tensor | None,
     grad_var: torch.Tensor | None,
@@ -69,6 +81,7 @@ def reference_backward(
 ) -> torch.Tensor:
     """The closed form: dx = grad_mean / n + grad_var * 2 (x - mean) / (n - correction); where
     n == correction a zero grad_var (an unused variance, as compiled graphs pass it) adds 0."""
+    _check_upstream(grad_mean, grad_var, x, dim, correction)
     compute = _checks.compute_dtype(x)
     dx = torch.zeros_like(x, dtype=compute)
     if x.numel() == 0:
@@ -161,6 +174,7 @@ def _fake_backward(
     dim: int,
     correction: int,
 ) -> torch.Tensor:
+    _check_upstream(grad_mean, grad_var, x, dim, correction)
     return torch.empty_like(x)
 
 

@@ -902,6 +902,32 @@ def test_16bit_stores_round_to_nearest_even() -> None:
 # --- bad input: Python exceptions, and statuses (never crashes) from the C ABI itself
 
 
+def test_programs_written_with_int_opcodes_or_plain_tuples_run() -> None:
+    """A user's program need not spell Op members: before, int opcodes failed in the program's
+    own check with an AttributeError (an int has no .name)."""
+    x = torch.randn(3, 5)
+    prog = Program((Instr(0, 0, 0), (10, 1, 0), Instr(2, -1, 0, 1)), 1, 1, 2)
+    assert [ins.op for ins in prog.instrs] == [Op.LOAD, Op.NEG, Op.STORE]
+    assert prog.disassemble() == "r0 = load in0\nr1 = neg r0\nout0 = store r1"
+    assert torch.equal(vm.run(prog, [x], x.shape, [torch.float32])[0], -x)
+
+
+@pytest.mark.parametrize(
+    ("instrs", "n_regs", "match"),
+    [
+        ((Instr(99, 0, 0),), 1, "instruction 0 is Instr"),
+        (("load",), 1, "instruction 0 is 'load'"),
+        ((Instr(Op.LOAD, 0, 0), 7), 1, "instruction 1 is 7"),
+        ((Instr(Op.NEG, 0, 1),), 2, r"reads r1 before it is written"),
+        ((Instr(Op.LOAD, 3, 0),), 2, "writes outside r0..r1"),
+        ((Instr(Op.LOAD, 0, 4),), 1, "loads a missing input"),
+    ],
+)
+def test_invalid_programs_are_clear_errors(instrs, n_regs, match) -> None:
+    with pytest.raises(ValueError, match=f"invalid dvm program: .*{match}"):
+        Program((*instrs, Instr(Op.STORE, -1, 0, 0)), 1, 1, n_regs)
+
+
 def test_bad_arguments_raise_clear_errors() -> None:
     p = binary(Op.ADD)
     x = torch.randn(4, 5)

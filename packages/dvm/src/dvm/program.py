@@ -119,6 +119,7 @@ class Program:
     n_regs: int
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "instrs", tuple(map(_instr, range(len(self.instrs)), self.instrs)))
         problems = []
         if not 0 < len(self.instrs) <= MAX_INSTRS:
             problems.append(f"{len(self.instrs)} instructions (1 to {MAX_INSTRS} allowed)")
@@ -182,6 +183,21 @@ class Program:
     def disassemble(self) -> str:
         """One instruction per line, e.g. ``r2 = mul r0, r1``."""
         return "\n".join(str(ins) for ins in self.instrs)
+
+
+def _instr(k: int, ins: object) -> Instr:
+    """Instruction ``k`` as an :class:`Instr` whose ``op`` is an :class:`Op` (a plain tuple or
+    an int opcode, as a user may write them, is converted)."""
+    if type(ins) is Instr and type(ins.op) is Op:
+        return ins
+    try:
+        given = Instr(*ins)  # type: ignore[misc]
+        return given._replace(op=Op(given.op))
+    except (TypeError, ValueError):
+        raise ValueError(
+            f"invalid dvm program: instruction {k} is {ins!r}; give an Instr(op, dst, a, b, c, "
+            f"imm) whose op is a dvm.program.Op"
+        ) from None
 
 
 def reads(ins: Instr) -> tuple[int, ...]:

@@ -154,6 +154,27 @@ def test_an_output_narrower_than_the_domain_stays_out():
     assert mul_w.outputs[0].name.startswith("mul")
 
 
+def test_an_expanded_output_stays_a_view_of_the_region_output():
+    """Returned, ``z.expand`` stays eager's view of z: in the region it widened the domain, so
+    the VM computed z 8 times over and wrote it out in full."""
+
+    def fn(x, y):
+        return ((x * y).sigmoid() + 1).expand(8, 3, 16)
+
+    def inside(x, y):  # an expand the region reads itself is fused as before
+        return (((x * y).sigmoid() + 1).expand(2, 3, 16) * y).exp()
+
+    x, y = _x(3, 16), _x(3, 16, seed=1)
+    (region,) = _compiled(fn, x, y).regions
+    assert region.domain == (3, 16)
+    wide = _compiled(fn, x, y)(x, y)
+    assert wide.stride() == (0, 16, 1)
+    assert wide.untyped_storage().nbytes() == 3 * 16 * 4
+    (region,) = _compiled(inside, x, y).regions
+    assert region.domain == (2, 3, 16)
+    assert aten.expand.default in _names(region)
+
+
 def test_fallback_nodes_are_listed_with_reasons():
     def fn(x):
         return (x.exp().cumsum(-1) * 2).double().sin()

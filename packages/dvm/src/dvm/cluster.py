@@ -349,6 +349,8 @@ class _Clusterer:
                 return False
             if id(_alias_base(o, union).target) in _ALIASING:  # stored, a view of a value
                 return False  # outside would be a copy: eager's view sees that value's updates
+            if id(o.target) == _EXPAND_ID and _numel(dshape[o]) > _numel(dshape[o.args[0]]):
+                return False  # stored, it would widen the domain: eager's expand is a view
             outputs.add(o)
             if not (id(o.target) in _ALIASING and o.args[0] in union):
                 stores += 1
@@ -512,6 +514,7 @@ def _alias_base(n: Node, members: set[Node]) -> Node:
     return n
 
 
+_EXPAND_ID = id(aten.expand.default)
 _CASTS = {id(aten._to_copy.default), id(torch.ops.prims.convert_element_type.default)}
 ALONE = "a single op: eager runs it in one pass, the VM would only add its call's cost"
 MIN_OPS = 2

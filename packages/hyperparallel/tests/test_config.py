@@ -104,6 +104,17 @@ def test_yaml_syntax_errors_name_the_line(tmp_path) -> None:
         config.load(path)
 
 
+def test_a_key_given_twice_is_an_error_naming_both_lines(tmp_path) -> None:
+    """YAML keeps only the last: the second optim section dropped lr and grad_accum silently."""
+    text = "optim:\n  lr: 1.0e-4\n  grad_accum: 4\ndata:\n  seq_len: 64\n  seq_len: 32\n"
+    path = _write(tmp_path, text + "optim:\n  grad_clip: 0.5\n")
+    with pytest.raises(config.ConfigError) as info:
+        config.load(path)
+    assert f"{path}:6: data.seq_len is given again (first at {path}:5)" in str(info.value)
+    assert f"{path}:7: optim is given again (first at {path}:1)" in str(info.value)
+    assert "(2 problems)" in str(info.value)
+
+
 def test_unknown_registry_names_suggest(tmp_path) -> None:
     path = _write(tmp_path, "optim:\n  name: adamm\nschedule:\n  name: cosin\n")
     with pytest.raises(config.ConfigError) as info:
@@ -477,6 +488,8 @@ def test_a_number_given_for_a_name_is_that_name_as_written(tmp_path) -> None:
     cfg = config.load(path, ["run.output=12:30"])
     assert (cfg.run.name, cfg.run.output, cfg.data.text_key) == ("010", "12:30", "1e3")
     assert config.load(None, ["run.name=2024"]).run.name == "2024"
+    dated = config.load(_write(tmp_path, "run:\n  name: 2024-01-01\n"), ["run.output=2024-01-02"])
+    assert (dated.run.name, dated.run.output) == ("2024-01-01", "2024-01-02")  # were errors
     with pytest.raises(config.ConfigError, match=r"run\.steps: expected an integer, got '10'"):
         config.load(None, ["run.steps='10'"])
     with pytest.raises(config.ConfigError, match=r"run\.name: expected a string, got True"):

@@ -81,6 +81,15 @@ def test_two_ranks_learn_and_write_every_output(two_ranks: Run) -> None:
     assert two_ranks.done.stdout.count("spore train: summary") == 1  # rank 0 only
 
 
+def test_each_metrics_line_has_the_rate_its_step_used(two_ranks: Run) -> None:
+    """Warm-up rises from 0 at step 0 over 5 steps (SMALL) to optim.lr: the first update uses
+    0 and the sixth the peak. Each line showed the next step's rate before."""
+    lines = (two_ranks.output / "metrics.jsonl").read_text().splitlines()
+    rates = {r["step"]: r["lr"] for r in map(json.loads, lines)}
+    assert rates[1] == 0.0
+    assert [rates[s] for s in range(2, 7)] == pytest.approx([0.002, 0.004, 0.006, 0.008, 0.01])
+
+
 def test_two_ranks_match_one_process_on_the_same_global_batch(two_ranks: Run, one_rank) -> None:
     """The oracle: FSDP2 over 2 ranks = 1 rank with the whole global batch.
 

@@ -10,6 +10,7 @@ editing this module; ``python -m hyperparallel.config`` prints the Markdown refe
 from __future__ import annotations
 
 import contextlib
+import datetime
 import difflib
 import functools
 import os
@@ -356,15 +357,25 @@ _Loader.add_implicit_resolver(
 
 def _lines(text: str, source: str) -> tuple[dict[str, str], dict[str, str]]:
     """``dotted.key -> "source:LINE"`` for every mapping key in the YAML text, and
-    ``dotted.key -> text`` for every scalar value (as written, before YAML reads it)."""
+    ``dotted.key -> text`` for every scalar value (as written, before YAML reads it).
+    :class:`ConfigError` for a key given twice in one mapping: YAML would keep only the last
+    (a second ``optim:`` section dropped every setting of the first)."""
     where: dict[str, str] = {}
     texts: dict[str, str] = {}
+    twice: list[str] = []
 
     def walk(node: yaml.Node, prefix: str) -> None:
         if isinstance(node, yaml.MappingNode):
+            first: dict[str, str] = {}
             for key, value in node.value:
                 path = f"{prefix}{key.value}"
-                where[path] = f"{source}:{key.start_mark.line + 1}"
+                at = f"{source}:{key.start_mark.line + 1}"
+                if path in first:
+                    twice.append(
+                        f"{at}: {path} is given again (first at {first[path]}); YAML keeps only "
+                        f"the last: give each key once, merging the two"
+                    )
+                first[path] = where[path] = at
                 if isinstance(value, yaml.ScalarNode):
                     texts[path] = value.value
                 walk(value, path + ".")
@@ -372,6 +383,8 @@ def _lines(text: str, source: str) -> tuple[dict[str, str], dict[str, str]]:
     root = yaml.compose(text)
     if root is not None:
         walk(root, "")
+    if twice:
+        raise ConfigError(twice)
     return where, texts
 
 
@@ -391,18 +404,20 @@ def _parse_yaml(text: str, source: str) -> tuple[dict[str, Any], dict[str, str],
     return data, lines, texts
 
 
-def _numbers_as_text(raw: dict[str, Any], texts: Mapping[str, str]) -> None:
-    """A number given where a setting is a string (``name: 010``, ``--set run.output=2024``)
-    becomes the text as written: YAML read a number, the user meant a name."""
+def _scalars_as_text(raw: dict[str, Any], texts: Mapping[str, str]) -> None:
+    """A number or date given where a setting is a string (``name: 010``, ``--set
+    run.output=2024-01-01``) becomes the text as written: YAML read a number or a date, the
+    user meant a name. (A boolean stays an error: ``name: yes`` may mean a switch.)"""
     for name, cls in SECTIONS.items():
         section = raw.get(name)
         if not isinstance(section, dict):
             continue
         for key, field in cls.model_fields.items():
             value, text = section.get(key), texts.get(f"{name}.{key}")
-            textual = field.annotation is str or str in typing.get_args(field.annotation)
-            number = isinstance(value, int | float) and not isinstance(value, bool)
-            if textual and number and text is not None:
+            kinds = typing.get_args(field.annotation) or (field.annotation,)
+            read = isinstance(value, int | float | datetime.date) and type(value) not in kinds
+            read = read and not isinstance(value, bool)
+            if str in kinds and read and text is not None:
                 section[key] = text
 
 
@@ -550,7 +565,7 @@ def build(
     problems: list[str] = []
     for item in overrides:
         problems += _apply_set(raw, where, written, item)
-    _numbers_as_text(raw, written)
+    _scalars_as_text(raw, written)
     schema = _schema(tuple(SECTIONS.items()))
     valid: dict[str, Section] = {}
     try:

@@ -289,6 +289,7 @@ def train(
                 (loss / accum).backward()
                 loss_sum += loss.detach()
             grad_norm = _clip(model, cfg.optim.grad_clip)
+            lr = scheduler.get_last_lr()[0]  # the rate this update uses
             optimizer.step()
             scheduler.step()
             optimizer.zero_grad(set_to_none=True)
@@ -304,7 +305,7 @@ def train(
                     {
                         "step": step,
                         "loss": mean_loss,
-                        "lr": scheduler.get_last_lr()[0],
+                        "lr": lr,
                         "grad_norm": grad_norm,
                         "step_time_s": dt,
                         "tokens_per_s": tokens / dt,

@@ -96,6 +96,9 @@ def test_plugins_check_exit_codes(run_spore) -> None:
         "plugins", "check", plugins=("healthy",), env={"SPORE_DISABLE_PLUGINS": "healthy"}
     )
     assert disabled.returncode == 0
+    core = run_spore("plugins", "check", "--json", "core", "healthy", plugins=("healthy",))
+    assert core.returncode == 0, core.stdout  # the built-in plugin was "not installed"
+    assert {"core", "healthy"} <= {r["name"] for r in json.loads(core.stdout)["plugins"]}
 
 
 def test_plugin_command_runs(run_spore) -> None:

@@ -247,6 +247,33 @@ def test_best_supported_kernel_runs_and_explain_says_why() -> None:
     assert dispatch.explain(op, x.double(), w.double(), 1e-6).chosen == "low"
 
 
+def test_explain_takes_keyword_arguments_as_a_call_does() -> None:
+    """A call's keyword arguments reach kernels by position; explain passed them by keyword
+    after filling their positions with defaults, so supports() raised and it named the
+    reference where the call ran the kernel."""
+    op = dispatch.define(
+        f"t_kw_{next(_names)}",
+        "(Tensor x, Tensor w, float eps=1e-06) -> Tensor",
+        reference=_rms,
+    )
+    calls = []
+
+    def fast(x, w, eps):
+        calls.append(eps)
+        return _rms(x, w, eps)
+
+    dispatch.register_kernel(op, "cpu", fast, provider="fast", supports=lambda x, w, eps: eps < 0.1)
+    x, w = _inputs()
+    for kwargs in ({"eps": 0.01}, {"w": w, "eps": 0.01}, {"w": w}):
+        given = (x,) if "w" in kwargs else (x, w)
+        op(*given, **kwargs)
+        assert dispatch.explain(op, *given, **kwargs).chosen == "fast"
+    assert calls == [0.01, 0.01, 1e-06]
+    assert dispatch.explain(op, x, w, eps=0.5).chosen == "reference"
+    with pytest.raises(TypeError, match=r"unexpected keyword arguments \['epsilon'\]"):
+        dispatch.explain(op, x, w, epsilon=0.5)
+
+
 def test_no_kernel_for_the_device_falls_back_to_the_reference() -> None:
     op = _define()
     dispatch.register_kernel(op, "cuda", lambda *a: 1 / 0, provider="gpu")

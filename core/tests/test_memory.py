@@ -120,6 +120,19 @@ def test_offload_outer_and_track_inner_compose() -> None:
     assert tracked.packed_elsewhere == stats.offloaded > 0
 
 
+def test_track_outer_and_offload_inner_compose() -> None:
+    """track() only observes: the offload inside it offloads as alone (track's wrapper hid
+    the tensors from it, and it kept them all in memory)."""
+    x, w1, w2 = _params(n=2048)
+    with memory.offload("disk", min_bytes=1 << 20) as alone:
+        _step(x, w1, w2).backward()
+    with memory.track() as tracked, memory.offload("disk", min_bytes=1 << 20) as stats:
+        _step(x, w1, w2).backward()
+    assert stats.offloaded == alone.offloaded > 0
+    assert stats.kept == alone.kept
+    assert tracked.packed_elsewhere == stats.offloaded
+
+
 def test_offload_bad_arguments(tmp_path) -> None:
     with pytest.raises(ValueError, match="offload target must be"), memory.offload("tape"):
         pass

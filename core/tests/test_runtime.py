@@ -158,6 +158,10 @@ def test_spore_run_exit_codes(run_spore) -> None:
     assert missing.returncode == 1
     assert "cannot run 'no-such-command-here'" in missing.stderr
     assert run_spore("run").returncode == 2
+    empty = run_spore("run", "-q", "--", "")  # a traceback (execve's ValueError) before
+    assert empty.returncode == 2
+    assert "the command is empty" in empty.stderr
+    assert "Traceback" not in empty.stderr
 
 
 def test_tuned_child_stops_page_faulting_on_fresh_tensors(run_spore) -> None:

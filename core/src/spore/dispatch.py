@@ -93,6 +93,7 @@ class Op:
     kernels: dict[tuple[str, str], Kernel] = field(default_factory=dict)
     _ranked: dict[str, list[Kernel]] = field(default_factory=dict, repr=False, compare=False)
     _defaults: tuple[Any, ...] = field(default=(), repr=False, compare=False)
+    _names: tuple[str, ...] = field(default=(), repr=False, compare=False)
 
     @property
     def qualname(self) -> str:
@@ -137,6 +138,17 @@ class Op:
         if len(args) < len(self._defaults):
             return (*args, *self._defaults[len(args) :])
         return args
+
+    def as_called(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...]:
+        """A user's call's arguments as a kernel receives them: all by position (the schema has
+        no keyword-only ones), the omitted ones at their defaults."""
+        if kwargs:
+            given = dict(kwargs)
+            rest = zip(self._names[len(args) :], self._defaults[len(args) :], strict=True)
+            args = (*args, *(given.pop(name, default) for name, default in rest))
+            if given:
+                raise TypeError(f"{self.name}() got unexpected keyword arguments {sorted(given)}")
+        return self.complete(args)
 
     def _route(self, *args: Any, **kwargs: Any) -> Any:
         args = self.complete(args)
@@ -311,6 +323,7 @@ def define(
                 f"results; pass the tensors one by one"
             )
         op._defaults = tuple(a.default_value for a in parsed.arguments)
+        op._names = tuple(a.name for a in parsed.arguments)
         lib.define(f"{name}{schema}")
         lib.impl(name, op._route, "CompositeExplicitAutograd")
         shapes = fake or reference
@@ -439,7 +452,7 @@ def unregister_provider(provider: str) -> None:
 def explain(op: Op | str | Any, *args: Any, **kwargs: Any) -> Explanation:
     """Which kernel would run for these arguments, and why each other one would not."""
     target = _as_op(op)
-    args = target.complete(args)  # as a call leaving out defaulted arguments runs
+    args, kwargs = target.as_called(args, kwargs), {}
     device = _device_of(args, kwargs)
     chosen: Kernel | None = None
     candidates = []

@@ -30,14 +30,22 @@ Unpack = Callable[[Any], Any]
 _local = threading.local()
 
 
-def _stack() -> list[tuple[Pack, Unpack]]:
+Entry = tuple[Pack, Unpack, bool]
+"""A stacked pair and whether it only observes (it then packs innermost: :func:`compose`)."""
+
+
+def _stack() -> list[Entry]:
     if not hasattr(_local, "stack"):
         _local.stack = []
     return _local.stack
 
 
-def compose(chain: list[tuple[Pack, Unpack]]) -> tuple[Pack, Unpack]:
-    """One (pack, unpack) pair running ``chain`` outermost-first, and back in reverse."""
+def compose(entries: list[Entry]) -> tuple[Pack, Unpack]:
+    """One (pack, unpack) pair running the entries outermost-first, and back in reverse; the
+    observers after the others, so that each hook that transforms sees the tensors themselves
+    whatever observes them (track() outside offload() no longer hid them from it)."""
+    ordered = [e for e in entries if not e[2]] + [e for e in entries if e[2]]
+    chain = [(pack, unpack) for pack, unpack, _ in ordered]
 
     def pack_all(value: Any) -> Any:
         for p, _ in chain:
@@ -54,13 +62,15 @@ def compose(chain: list[tuple[Pack, Unpack]]) -> tuple[Pack, Unpack]:
 
 @contextmanager
 def stacked(
-    stack: list[tuple[Pack, Unpack]],
+    stack: list[Entry],
     pack: Pack,
     unpack: Unpack,
     install: Callable[[Pack, Unpack], Any],
+    *,
+    observes: bool = False,
 ) -> Iterator[None]:
     """Push (pack, unpack) on ``stack`` and install the composed pair with ``install``."""
-    stack.append((pack, unpack))
+    stack.append((pack, unpack, observes))
     try:
         with install(*compose(list(stack))):
             yield
@@ -91,8 +101,8 @@ class SavedTensorTracker:
     """What :func:`track` counted: tensors autograd saved, their bytes, per op and at peak.
 
     ``live_bytes`` falls again as autograd frees what it saved (after backward);
-    ``peak_bytes`` is its maximum. Values that are not tensors (already packed by an outer
-    hook, e.g. offloaded to disk) count in ``count`` and ``packed_elsewhere`` but not in bytes.
+    ``peak_bytes`` is its maximum. Values that are not tensors (packed by another active hook,
+    e.g. offloaded to disk) count in ``count`` and ``packed_elsewhere`` but not in bytes.
     """
 
     count: int = 0
@@ -141,7 +151,8 @@ class _Held:
 
 @contextmanager
 def track() -> Iterator[SavedTensorTracker]:
-    """Count the tensors autograd saves inside the block, per torch function and at peak."""
+    """Count the tensors autograd saves inside the block, per torch function and at peak. It
+    observes whatever other hooks are active, inside or outside it: it sees what they pack."""
     tracker = SavedTensorTracker()
     current = _CurrentOp()
 
@@ -160,7 +171,8 @@ def track() -> Iterator[SavedTensorTracker]:
     def unpack(value: Any) -> Any:
         return value.value if isinstance(value, _Held) else value
 
-    with saved_tensors_hooks(pack, unpack), current:
+    install = torch.autograd.graph.saved_tensors_hooks
+    with stacked(_stack(), pack, unpack, install, observes=True), current:
         yield tracker
 
 

@@ -9,6 +9,7 @@ import click
 
 from spore import childproc
 from spore.cli.render import Column, console, echo_json, emit, print_table, styled
+from spore.discovery import CORE_PLUGIN
 from spore.plugins import PluginError, get_manager
 
 PROBE_TIMEOUT_S = 300
@@ -82,13 +83,13 @@ def plugins_check(ctx: click.Context, names: tuple[str, ...], as_json: bool) -> 
     from spore.plugins import normalize
 
     manager = get_manager()
+    wanted = [normalize(n) for n in names]
     try:
         manager.add_commands(ctx.find_root().command)
-        rows = [i.to_dict() for i in manager.plugins()]
+        rows = [i.to_dict() for i in manager.plugins(include_builtin=CORE_PLUGIN in wanted)]
     except PluginError as exc:
         cause = f" (cause: {exc.__cause__!r})" if exc.__cause__ else ""
         raise click.ClickException(f"{exc}{cause}") from exc
-    wanted = [normalize(n) for n in names]
     known = {r["name"] for r in rows}
     problems = [f"{n}: not installed" for n in wanted if n not in known]
     for row in rows:

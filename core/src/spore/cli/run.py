@@ -59,6 +59,8 @@ def run_cmd(allocator: str, threads: int | None, quiet: bool, command: tuple[str
     are kept (and reported). The tuned allocators keep freed memory for reuse: resident memory
     stays higher. Use --allocator system to change nothing.
     """
+    if not command[0]:
+        raise click.UsageError('the command is empty (an unset variable in `spore run -- "$CMD"`?)')
     runtime_plan = plan(allocator, threads)
     if not quiet:
         report_plan(runtime_plan, "spore run")

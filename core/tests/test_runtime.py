@@ -51,6 +51,17 @@ def test_user_settings_are_kept_and_reported() -> None:
     assert allocator_in_use(plan.env) == "custom"
 
 
+def test_the_users_omp_num_threads_is_the_thread_count() -> None:
+    """Kept, it was reported as the planned count while MKL got that one."""
+    plan = cpu_plan(allocator="tuned", base_env=dict(CLEAN, OMP_NUM_THREADS="1"))
+    assert plan.threads == 1
+    assert plan.env["OMP_NUM_THREADS"] == plan.env["MKL_NUM_THREADS"] == "1"
+    assert plan.kept == {}
+    for junk in ("0", "two", " "):
+        plan = cpu_plan(allocator="tuned", base_env=dict(CLEAN, OMP_NUM_THREADS=junk))
+        assert plan.threads == len(usable_cores())
+
+
 def test_tuned_tunables_join_the_users_glibc_tunables() -> None:
     base = dict(CLEAN, GLIBC_TUNABLES="glibc.cpu.hwcaps=-AVX512F")
     plan = cpu_plan(allocator="tuned", base_env=base)

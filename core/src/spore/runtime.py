@@ -141,7 +141,8 @@ def cpu_plan(
     ``tuned`` (glibc tunables; :data:`TUNED_TUNABLES` join the user's ``GLIBC_TUNABLES``),
     ``jemalloc``/``tcmalloc`` (preloaded; an error when missing) or ``system`` (nothing changed).
 
-    ``threads`` defaults to this process's usable cores divided between the ranks (at least 1);
+    ``threads`` defaults to the environment's ``OMP_NUM_THREADS`` (it is kept: MKL gets as many),
+    else to this process's usable cores divided between the ranks (at least 1);
     ``affinity`` pins rank ``rank`` to its own slice of cores through OpenMP places.
     """
     if allocator not in ALLOCATORS:
@@ -155,7 +156,7 @@ def cpu_plan(
     base = dict(os.environ if base_env is None else base_env)
     all_cores = usable_cores()
     share = max(1, len(all_cores) // ranks)
-    threads = threads or share
+    threads = threads or _positive_int(base.get("OMP_NUM_THREADS", "")) or share
     mine = [all_cores[(rank * share + i) % len(all_cores)] for i in range(share)]
     wanted: dict[str, str] = {"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
     path = None
@@ -193,6 +194,11 @@ def cpu_plan(
             plan.env[key] = value
     plan.env[APPLIED_MARKER] = allocator
     return plan
+
+
+def _positive_int(text: str) -> int | None:
+    text = text.strip()
+    return int(text) if text.isdecimal() and int(text) > 0 else None
 
 
 def cpu_env(

@@ -42,8 +42,8 @@ def _stack() -> list[Entry]:
 
 def compose(entries: list[Entry]) -> tuple[Pack, Unpack]:
     """One (pack, unpack) pair running the entries outermost-first, and back in reverse; the
-    observers after the others, so that each hook that transforms sees the tensors themselves
-    whatever observes them (track() outside offload() no longer hid them from it)."""
+    observers after the others, so that a hook that transforms sees the tensors themselves
+    wherever an observer sits."""
     ordered = [e for e in entries if not e[2]] + [e for e in entries if e[2]]
     chain = [(pack, unpack) for pack, unpack, _ in ordered]
 

@@ -190,6 +190,24 @@ def test_doctor_json_and_plugin_checks(run_spore) -> None:
     assert out.returncode == (1 if data["worst"] == "error" else 0)
 
 
+def test_json_stdout_is_only_json_when_a_plugin_prints(run_spore) -> None:
+    # noeol prints at import; each --json command loading it in-process kept that on stdout
+    for command in (
+        ("ops",),
+        ("backends",),
+        ("passes",),
+        ("bench", "--list"),
+        ("doctor", "--quick"),
+        ("plugins", "check"),
+    ):
+        out = run_spore(*command, "--json", plugins=("noeol",))
+        assert out.returncode == 0, (command, out.stderr)
+        json.loads(out.stdout)
+        assert "noeol: warming up..." in out.stderr, command
+    table = run_spore("ops", plugins=("noeol",))
+    assert table.stdout.startswith("noeol: warming up...")  # without --json it stays as it was
+
+
 def test_doctor_explains_torch_npu_autoload(run_spore) -> None:
     broken = run_spore("doctor", "--json", "--quick", plugins=("fake_torch_npu",))
     assert broken.returncode == 1

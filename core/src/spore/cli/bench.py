@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from spore.cli.render import Column, console, echo_json, print_table, styled
+from spore.cli.render import JSON_OPTION, Column, console, echo_json, print_table, styled
 from spore.cli.run import plan, report_plan, runtime_options
 from spore.plugins import get_manager
 
@@ -28,7 +28,7 @@ def format_time(seconds: float | None) -> str:
 
 @click.command("bench")
 @click.argument("plugins", nargs=-1)
-@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@JSON_OPTION
 @click.option("--repeat", default=5, show_default=True, type=click.IntRange(min=1))
 @click.option(
     "--min-time",

@@ -6,7 +6,7 @@ import sys
 
 import click
 
-from spore.cli.render import Column, echo_json, print_table, styled
+from spore.cli.render import JSON_OPTION, Column, echo_json, print_table, styled
 from spore.plugins import get_manager
 
 COLUMNS = [
@@ -19,7 +19,7 @@ COLUMNS = [
 
 
 @click.command("doctor")
-@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@JSON_OPTION
 @click.option("--quick", is_flag=True, help="Skip checks that measure (the allocator penalty).")
 def doctor_cmd(as_json: bool, quick: bool) -> None:
     """Check the environment: python, torch build, devices, compilers, allocator, plugins.

@@ -8,10 +8,8 @@ from typing import Any
 
 import click
 
-from spore.cli.render import Column, emit
+from spore.cli.render import JSON_OPTION, Column, emit
 from spore.plugins import get_manager
-
-JSON_OPTION = click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 
 
 def _kernels_cell(row: dict[str, Any]) -> str:

@@ -8,7 +8,7 @@ from typing import Any
 import click
 
 from spore import childproc
-from spore.cli.render import Column, console, echo_json, emit, print_table, styled
+from spore.cli.render import JSON_OPTION, Column, console, echo_json, emit, print_table, styled
 from spore.discovery import CORE_PLUGIN
 from spore.plugins import PluginError, get_manager
 
@@ -50,7 +50,7 @@ COLUMNS = [
 
 
 @click.group("plugins", invoke_without_command=True)
-@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@JSON_OPTION
 @click.option("--all", "show_all", is_flag=True, help="Include spore-core's built-in plugin.")
 @click.pass_context
 def plugins_cmd(ctx: click.Context, as_json: bool, show_all: bool) -> None:
@@ -72,7 +72,7 @@ def plugins_cmd(ctx: click.Context, as_json: bool, show_all: bool) -> None:
 
 @plugins_cmd.command("check")
 @click.argument("names", nargs=-1)
-@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@JSON_OPTION
 @click.pass_context
 def plugins_check(ctx: click.Context, names: tuple[str, ...], as_json: bool) -> None:
     """Load plugins here and exit non-zero unless each is active.

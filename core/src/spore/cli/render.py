@@ -6,7 +6,9 @@ wrap, other cells wrap at word boundaries, and long prose is printed under the t
 
 from __future__ import annotations
 
+import contextlib
 import json
+import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
@@ -66,8 +68,32 @@ def _text(cell: str | Text) -> Text:
     return cell if isinstance(cell, Text) else Text(cell)
 
 
+_JSON_STDOUT = "spore.json_stdout"  # ctx.meta key: the stdout that --json's JSON goes to
+
+
+def _json_flag(ctx: click.Context, _param: click.Parameter, value: bool) -> bool:
+    """With ``--json``, whatever else the command prints (a plugin printing at import, a
+    benchmark's own output) goes to stderr until the command ends: stdout holds the JSON."""
+    if value:
+        ctx.meta[_JSON_STDOUT] = sys.stdout
+        ctx.with_resource(contextlib.redirect_stdout(sys.stderr))
+    return value
+
+
+JSON_OPTION = click.option(
+    "--json",
+    "as_json",
+    is_flag=True,
+    callback=_json_flag,
+    help="Machine-readable output on stdout (anything else printed goes to stderr).",
+)
+
+
 def echo_json(data: Any) -> None:
-    click.echo(json.dumps(data, indent=2, sort_keys=False))
+    """``data`` as JSON on the command's stdout (kept apart by ``--json``, see JSON_OPTION)."""
+    ctx = click.get_current_context(silent=True)
+    out = ctx.meta.get(_JSON_STDOUT) if ctx is not None else None
+    click.echo(json.dumps(data, indent=2, sort_keys=False), file=out)
 
 
 def _min_width(column: Column, texts: list[Text]) -> int:

@@ -62,6 +62,20 @@ def test_the_users_omp_num_threads_is_the_thread_count() -> None:
         assert plan.threads == len(usable_cores())
 
 
+def test_threads_asked_for_replace_the_users_omp_num_threads() -> None:
+    """They were kept while the plan reported the count asked for."""
+    plan = cpu_plan(allocator="tuned", threads=2, base_env=dict(CLEAN, OMP_NUM_THREADS="5"))
+    assert plan.threads == 2
+    assert plan.env["OMP_NUM_THREADS"] == plan.env["MKL_NUM_THREADS"] == "2"
+    assert plan.kept == {}
+    assert plan.replaced == {"OMP_NUM_THREADS": ("2", "5")}
+    assert "set OMP_NUM_THREADS=2 (your 5 replaced: threads were asked for)" in plan.describe()
+    assert "set MKL_NUM_THREADS=2" in plan.describe()
+    same = cpu_plan(allocator="tuned", threads=5, base_env=dict(CLEAN, OMP_NUM_THREADS="5"))
+    assert same.replaced == {}
+    assert "OMP_NUM_THREADS" not in same.set
+
+
 def test_tuned_tunables_join_the_users_glibc_tunables() -> None:
     base = dict(CLEAN, GLIBC_TUNABLES="glibc.cpu.hwcaps=-AVX512F")
     plan = cpu_plan(allocator="tuned", base_env=base)

@@ -115,10 +115,16 @@ class RuntimePlan:
     env: dict[str, str]
     set: dict[str, str] = field(default_factory=dict)
     kept: dict[str, tuple[str, str]] = field(default_factory=dict)
+    replaced: dict[str, tuple[str, str]] = field(default_factory=dict)
 
     def describe(self) -> list[str]:
-        """One line per variable: what was set, and which user values were kept."""
-        lines = [f"set {k}={v}" for k, v in self.set.items()]
+        """One line per variable: what was set (over which user values), and which user values
+        were kept."""
+        lines = [f"set {k}={v}" for k, v in self.set.items() if k not in self.replaced]
+        lines += [
+            f"set {k}={ours} (your {theirs} replaced: threads were asked for)"
+            for k, (ours, theirs) in self.replaced.items()
+        ]
         lines += [
             f"kept your {k}={theirs} (spore would set {ours})"
             for k, (ours, theirs) in self.kept.items()
@@ -141,8 +147,9 @@ def cpu_plan(
     ``tuned`` (glibc tunables; :data:`TUNED_TUNABLES` join the user's ``GLIBC_TUNABLES``),
     ``jemalloc``/``tcmalloc`` (preloaded; an error when missing) or ``system`` (nothing changed).
 
-    ``threads`` defaults to the environment's ``OMP_NUM_THREADS`` (it is kept: MKL gets as many),
-    else to this process's usable cores divided between the ranks (at least 1);
+    ``threads``, when given, sets ``OMP_NUM_THREADS`` and ``MKL_NUM_THREADS`` over the
+    environment's; it defaults to the environment's ``OMP_NUM_THREADS`` (kept: MKL gets as
+    many), else to this process's usable cores divided between the ranks (at least 1);
     ``affinity`` pins rank ``rank`` to its own slice of cores through OpenMP places.
     """
     if allocator not in ALLOCATORS:
@@ -156,6 +163,7 @@ def cpu_plan(
     base = dict(os.environ if base_env is None else base_env)
     all_cores = usable_cores()
     share = max(1, len(all_cores) // ranks)
+    asked = {"OMP_NUM_THREADS", "MKL_NUM_THREADS"} if threads is not None else set()
     threads = threads or _positive_int(base.get("OMP_NUM_THREADS", "")) or share
     mine = [all_cores[(rank * share + i) % len(all_cores)] for i in range(share)]
     wanted: dict[str, str] = {"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
@@ -187,7 +195,11 @@ def cpu_plan(
         wanted["OMP_PROC_BIND"] = "close"
     plan = RuntimePlan(allocator, threads, mine, dict(base))
     for key, value in wanted.items():
-        if key in base and base[key] != value:
+        if key in asked and base.get(key, value) != value:
+            plan.replaced[key] = (value, base[key])
+            plan.set[key] = value
+            plan.env[key] = value
+        elif key in base and base[key] != value:
             plan.kept[key] = (value, base[key])
         elif key not in base:
             plan.set[key] = value

@@ -20,7 +20,9 @@ def runtime_options(allocator_help: str) -> Any:
         help=allocator_help,
     )
     threads = click.option(
-        "--threads", type=click.IntRange(min=1), help="Threads (default: usable cores)."
+        "--threads",
+        type=click.IntRange(min=1),
+        help="OMP and MKL threads, over yours (default: OMP_NUM_THREADS, else the cores).",
     )
     return lambda command: allocator(threads(command))
 

@@ -193,7 +193,9 @@ struct Keys {
     }
 };
 
-// W bias values from p as fp32 times log2 e; lanes at or past `valid` are 0.
+// W bias values from p as fp32 times log2 e; lanes at or past `valid` are 0. A finite bias
+// beyond +-FLT_MAX / log2 e (a finfo.min mask) gives +-FLT_MAX, not an inf: a row masked with
+// it keeps its order (all equal: the mean of v, as the reference), where -inf - -inf is NaN.
 template <typename T>
 inline vec bias_vec(const typename T::storage* p, int64_t valid) {
     vec x = {};
@@ -202,7 +204,11 @@ inline vec bias_vec(const typename T::storage* p, int64_t valid) {
     } else {
         for (int64_t l = 0; l < valid; ++l) x[l] = T::load(p[l]);
     }
-    return x * kLog2e;
+    constexpr float kMax = std::numeric_limits<float>::max();
+    const vec scaled = x * kLog2e;
+    vec clamped = scaled > kMax ? kMax : scaled;
+    clamped = clamped < -kMax ? -kMax : clamped;
+    return x - x == 0.0f ? clamped : scaled;  // inf and NaN biases as they were
 }
 
 // R rows of base-2 scores over cols (a multiple of VT) keys, with the bias and mask applied as

@@ -71,3 +71,37 @@ def test_a_gradient_not_shaped_like_the_output_is_a_clear_error(grad_shape, fake
     good = _backward_calls(torch.ones(4, 8), torch.ones(4))
     for call in good.values():
         assert call() is not None
+
+
+@pytest.mark.parametrize("fake", [False, True])
+def test_an_integer_gradient_is_a_clear_error(fake) -> None:
+    """gelu_backward and silu_mul_backward took it and the norms returned an int64 dx;
+    rope_backward named its x."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    calls = _backward_calls(torch.ones(4, 8, dtype=torch.int64), torch.ones(4, dtype=torch.int64))
+    cs = torch.randn(4, 8)
+    calls["rope_backward"] = lambda: torch.ops.spore.rope_backward(
+        torch.ones(4, 8, dtype=torch.int64), cs, cs, "half"
+    )
+    for name, call in calls.items():
+        mode = FakeTensorMode(allow_non_fake_inputs=True) if fake else torch.no_grad()
+        with mode, pytest.raises(TypeError, match=rf"{name}: grad\w* must be a floating-point"):
+            call()
+
+
+@pytest.mark.parametrize("fake", [False, True])
+def test_the_norms_backward_check_the_weight_as_their_forward_does(fake) -> None:
+    """A weight not of x's last dimension failed inside torch's broadcasting."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    x, g, w = torch.randn(3, 4), torch.randn(3, 4), torch.randn(5)
+    calls = [
+        lambda: torch.ops.spore.rms_norm_backward(g, x, w, 1e-6),
+        lambda: torch.ops.spore.add_rms_norm_backward(g, None, x, w, 1e-6),
+        lambda: torch.ops.spore.layer_norm_backward(g, x, w, None, 1e-6),
+    ]
+    for call in calls:
+        mode = FakeTensorMode(allow_non_fake_inputs=True) if fake else torch.no_grad()
+        with mode, pytest.raises(ValueError, match=r"weight must have shape \(4,\)"):
+            call()

@@ -246,6 +246,30 @@ def test_garbage_at_masked_keys_does_not_reach_the_kept_ones(dtype) -> None:
     _close(out, op.reference(*clean, m), dtype)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_a_finfo_min_bias_masks_as_the_reference_does(dtype) -> None:
+    """An additive mask of finfo.min (as Hugging Face writes them) on every key of a row, and a
+    bias of 3e38 on one key of another: bias * log2 e overflowed to -inf (+inf), and the first
+    row came out zeros (the second too), with zero gradients. The reference in float32 on the
+    same values averages v over the masked row and picks the one key."""
+    q, k, v, b, _ = _inputs((1,), 2, 5, 7, 2, 8, dtype, 12, mask=None)
+    b[..., 1, :] = torch.finfo(dtype).min
+    b[..., 4, :] = -1e9  # an OpenFold-style mask (the CUDA kernel's gradients were off there)
+    b[0, 0, 3, 2] = 3e38
+    assert dispatch.explain(op.OP, q, k, v, b).chosen == "kernels"
+    leaves = [t.requires_grad_() for t in (q, k, v, b)]
+    out = torch.ops.spore.triangle_attention(*leaves)
+    wide = [t.detach().float().requires_grad_() for t in leaves]
+    want = op.reference(*wide)
+    _close(out[0, 0, 1, 0], v[0, 0, :, 0].double().mean(0), dtype)
+    _close(out[0, :, 3, 0], v[0, :, 2, 0].double(), dtype)
+    grad = torch.randn_like(out)
+    got = torch.autograd.grad(out, leaves, grad)
+    wanted = torch.autograd.grad(want, wide, grad.float())
+    for g, w in zip((out, *got), (want, *wanted), strict=True):
+        _close(g, w.double(), dtype)
+
+
 def test_op_gradients_through_autograd_match_float64_autograd() -> None:
     """The op's own backward (C++ kernel) against autograd of the loop oracle in float64, and
     gradcheck of the float64 op (reference path)."""

@@ -333,6 +333,28 @@ def test_triangle_attention_and_backward(shape, with_bias, masked, dtype, seed) 
     assert_matches(run("triangle_attention_backward", *bwd), expected, dtype, scale=10)
 
 
+@ieee
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_triangle_attention_with_rows_masked_by_their_bias(dtype) -> None:
+    """A row whose bias is finfo.min at every key, a key with a bias of 3e38: bias * log2 e
+    overflowed to an inf, and the row came out zeros (the reference: the mean of v). A row
+    whose bias is -1e9 at every key (an OpenFold-style mask): its gradients were off by the
+    row's sum, log2 of which was lost beside the max in the saved log-sum-exp."""
+    g = torch.Generator().manual_seed(3)
+    q, k, v = (randn(g, 2, 5, 2, 8, dtype=dtype) for _ in range(3))
+    bias = randn(g, 2, 5, 5, dtype=dtype)
+    bias[:, 1] = torch.finfo(dtype).min
+    bias[:, 4] = -1e9
+    bias[0, 3, 2] = 3e38
+    args = (q, k, v, bias, None, None)
+    out = run("triangle_attention", *args)
+    assert_matches(out, reference("triangle_attention", *args), dtype)
+    grad = randn(g, *out.shape, dtype=dtype)
+    bwd = (grad, q, k, v, bias, None, out, None)
+    expected = reference("triangle_attention_backward", *bwd)
+    assert_matches(run("triangle_attention_backward", *bwd), expected, dtype, scale=10)
+
+
 def test_triangle_attention_bf16_backward_at_three_keys_and_one_dim() -> None:
     """K = 3 keys, D = 1 in bf16 against a float64 reference, within 2e-2 of each gradient's
     scale: delta taken from the saved bf16 output put dq 2.5 % off."""
@@ -547,25 +569,39 @@ COMPILE = {
     ),
     "triangle_attention._tri_attn_fwd": (
         {p: "*T" for p in ("Q", "K", "V", "BIAS", "OUT")}
-        | {"MASK": "*u8", "LSE": "*fp32", "scale2": "fp32"}
+        | {"MASK": "*u8", "LSE": "*fp32", "LOGL": "*fp32", "scale2": "fp32"}
         | {p: "i32" for p in ("ni", "nj", "nk", "heads", "dim")},
         {"HAS_BIAS": True, "HAS_MASK": True, "STORE_LSE": True, "BM": 32, "BN": 32, "BD": 32},
     ),
     "triangle_attention._tri_attn_bwd_dkdv": (
         {p: "*T" for p in ("Q", "K", "V", "BIAS", "G", "DK", "DV")}
-        | {"MASK": "*u8", "LSE": "*fp32", "DELTA": "*fp32", "scale": "fp32", "scale2": "fp32"}
+        | {
+            "MASK": "*u8",
+            "LSE": "*fp32",
+            "LOGL": "*fp32",
+            "DELTA": "*fp32",
+            "scale": "fp32",
+            "scale2": "fp32",
+        }
         | {p: "i32" for p in ("ni", "nj", "nk", "heads", "dim")},
         {"HAS_BIAS": True, "HAS_MASK": True, "BM": 32, "BN": 32, "BD": 32},
     ),
     "triangle_attention._tri_attn_bwd_dq": (
         {p: "*T" for p in ("Q", "K", "V", "BIAS", "G", "DQ")}
-        | {"MASK": "*u8", "LSE": "*fp32", "DELTA": "*fp32", "scale": "fp32", "scale2": "fp32"}
+        | {
+            "MASK": "*u8",
+            "LSE": "*fp32",
+            "LOGL": "*fp32",
+            "DELTA": "*fp32",
+            "scale": "fp32",
+            "scale2": "fp32",
+        }
         | {p: "i32" for p in ("ni", "nj", "nk", "heads", "dim")},
         {"HAS_BIAS": True, "HAS_MASK": True, "BM": 32, "BN": 32, "BD": 32},
     ),
     "triangle_attention._tri_attn_bwd_dbias": (
         {p: "*T" for p in ("Q", "K", "V", "BIAS", "G", "DBIAS")}
-        | {"MASK": "*u8", "LSE": "*fp32", "DELTA": "*fp32", "scale2": "fp32"}
+        | {"MASK": "*u8", "LSE": "*fp32", "LOGL": "*fp32", "DELTA": "*fp32", "scale2": "fp32"}
         | {p: "i32" for p in ("ni", "nj", "nk", "heads", "dim")},
         {"HAS_MASK": True, "BM": 32, "BN": 32, "BD": 32},
     ),

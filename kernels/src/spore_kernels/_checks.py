@@ -37,8 +37,10 @@ def same_device(op: str, **tensors: torch.Tensor) -> None:
 
 
 def upstream(op: str, shape: Sequence[int], **grads: torch.Tensor | None) -> None:
-    """ValueError unless each given gradient has ``shape``, the forward output's (a wrong one
-    would broadcast into a wrong result, or fail deep inside the reference)."""
+    """TypeError unless each given gradient is floating-point (:func:`floating`), ValueError
+    unless it has ``shape``, the forward output's (a wrong one would broadcast into a wrong
+    result, or fail deep inside the reference)."""
+    floating(op, **{name: g for name, g in grads.items() if g is not None})
     for name, g in grads.items():
         if g is not None and g.shape != tuple(shape):
             raise ValueError(

@@ -3,9 +3,11 @@
 
 Forward: one program per (query block, (batch, i, head)): an online softmax over key blocks in
 base 2 (q scaled by scale * log2 e, bias by log2 e), masked keys at -inf, a row with no key
-left stored as zeros. Backward recomputes the rows' log-sum-exp and an fp32 output with the
-same kernel and takes ``delta = rowsum(grad * out)`` of that output in torch (the saved
-output, rounded to 16 bits, would put its rounding into every dS of the row), then: dk and dv
+left stored as zeros. Backward recomputes the rows' base-2 log-sum-exp, kept as two parts (the
+row's max and the log of its sum: added, the second is lost beside a max like -1e9 * log2 e,
+a masked row's bias), and an fp32 output with the same kernel, and takes ``delta =
+rowsum(grad * out)`` of that output in torch (the saved output, rounded to 16 bits, would put
+its rounding into every dS of the row), then: dk and dv
 per (key block, (batch, i, head)) looping over query blocks; dq per (query block, (batch, i,
 head)) looping over key blocks; dbias per (query block, key block, (batch, head)) looping
 over i (no atomics: deterministic). Every product is an fp32 ``tl.dot`` with
@@ -46,13 +48,17 @@ def _logits(
     HAS_MASK: tl.constexpr,
 ):
     # Base-2 logits of a [BM, BN] tile: (q . k) * scale * log2 e + bias * log2 e; keys past nk
-    # or masked are -inf.
+    # or masked are -inf. A finite bias beyond +-FLT_MAX / log2 e (a finfo.min mask) gives
+    # +-FLT_MAX, not an inf (as the C++ kernel's bias_vec).
     s = tl.dot(q, tl.trans(k), input_precision="ieee") * scale2
     keep = offs_n[None, :] < nk
     if HAS_BIAS:
         at = bias_row + offs_m[:, None].to(tl.int64) * nk + offs_n[None, :]
         inside = (offs_m[:, None] < nj) & keep
-        s += tl.load(BIAS + at, mask=inside, other=0.0).to(tl.float32) * 1.4426950408889634
+        raw = tl.load(BIAS + at, mask=inside, other=0.0).to(tl.float32)
+        scaled = raw * 1.4426950408889634
+        clamped = tl.minimum(tl.maximum(scaled, -3.4028234663852886e38), 3.4028234663852886e38)
+        s += tl.where(raw - raw == 0.0, clamped, scaled)
     if HAS_MASK:
         kept = tl.load(MASK + mask_row + offs_n, mask=offs_n < nk, other=0)
         keep = keep & (kept[None, :] != 0)
@@ -68,6 +74,7 @@ def _tri_attn_fwd(
     MASK,
     OUT,
     LSE,
+    LOGL,
     ni,
     nj,
     nk,
@@ -116,9 +123,19 @@ def _tri_attn_fwd(
         acc = acc * alpha[:, None] + tl.dot(p, v, input_precision="ieee")
     out = tl.where(l_i[:, None] > 0, acc / tl.where(l_i > 0, l_i, 1.0)[:, None], 0.0)
     tl.store(OUT + q_at, out.to(OUT.dtype.element_ty), mask=q_ok)
-    if STORE_LSE:  # base-2 log-sum-exp per row; +inf for a row with no key (its probabilities: 0)
-        lse = tl.where(l_i > 0, m_i + tl.log2(tl.where(l_i > 0, l_i, 1.0)), float("inf"))
-        tl.store(LSE + bih * nj + offs_m, lse, mask=offs_m < nj)
+    if STORE_LSE:  # each row's max and log2 of its sum; max +inf for a row with no key
+        has = l_i > 0
+        tl.store(LSE + bih * nj + offs_m, tl.where(has, m_i, float("inf")), mask=offs_m < nj)
+        logl = tl.where(has, tl.log2(tl.where(has, l_i, 1.0)), 0.0)
+        tl.store(LOGL + bih * nj + offs_m, logl, mask=offs_m < nj)
+
+
+@triton.jit
+def _probs(s, LSE, LOGL, at, ok):
+    """exp2(s - max - log2 sum) of a tile of logits, the max taken off first."""
+    hi = tl.load(LSE + at, mask=ok, other=float("inf"))
+    lo = tl.load(LOGL + at, mask=ok, other=0.0)
+    return tl.exp2((s - hi[:, None]) - lo[:, None])
 
 
 @triton.jit
@@ -130,6 +147,7 @@ def _tri_attn_bwd_dkdv(
     MASK,
     G,
     LSE,
+    LOGL,
     DELTA,
     DK,
     DV,
@@ -169,12 +187,11 @@ def _tri_attn_bwd_dkdv(
         q_ok = (offs_m[:, None] < nj) & (offs_d[None, :] < dim)
         q = tl.load(Q + q_at, mask=q_ok, other=0.0).to(tl.float32)
         g = tl.load(G + q_at, mask=q_ok, other=0.0).to(tl.float32)
-        lse = tl.load(LSE + bih * nj + offs_m, mask=offs_m < nj, other=float("inf"))
         delta = tl.load(DELTA + bih * nj + offs_m, mask=offs_m < nj, other=0.0)
         s = _logits(
             q, k, BIAS, MASK, bias_row, mask_row, offs_m, offs_n, nj, nk, scale2, HAS_BIAS, HAS_MASK
         )
-        p = tl.exp2(s - lse[:, None])
+        p = _probs(s, LSE, LOGL, bih * nj + offs_m, offs_m < nj)
         dv += tl.dot(tl.trans(p), g, input_precision="ieee")
         dp = tl.dot(g, tl.trans(v), input_precision="ieee")
         ds = p * (dp - delta[:, None])
@@ -192,6 +209,7 @@ def _tri_attn_bwd_dq(
     MASK,
     G,
     LSE,
+    LOGL,
     DELTA,
     DQ,
     ni,
@@ -219,7 +237,6 @@ def _tri_attn_bwd_dq(
     q_ok = (offs_m[:, None] < nj) & (offs_d[None, :] < dim)
     q = tl.load(Q + q_at, mask=q_ok, other=0.0).to(tl.float32)
     g = tl.load(G + q_at, mask=q_ok, other=0.0).to(tl.float32)
-    lse = tl.load(LSE + bih * nj + offs_m, mask=offs_m < nj, other=float("inf"))
     delta = tl.load(DELTA + bih * nj + offs_m, mask=offs_m < nj, other=0.0)
     kv_row = bi * nk * row + h * dim
     bias_row = (b * heads + h) * nj * nk
@@ -234,7 +251,7 @@ def _tri_attn_bwd_dq(
         s = _logits(
             q, k, BIAS, MASK, bias_row, mask_row, offs_m, offs_n, nj, nk, scale2, HAS_BIAS, HAS_MASK
         )
-        p = tl.exp2(s - lse[:, None])
+        p = _probs(s, LSE, LOGL, bih * nj + offs_m, offs_m < nj)
         dp = tl.dot(g, tl.trans(v), input_precision="ieee")
         ds = p * (dp - delta[:, None])
         dq += tl.dot(ds, k, input_precision="ieee")
@@ -250,6 +267,7 @@ def _tri_attn_bwd_dbias(
     MASK,
     G,
     LSE,
+    LOGL,
     DELTA,
     DBIAS,
     ni,
@@ -283,12 +301,11 @@ def _tri_attn_bwd_dbias(
         g = tl.load(G + q_at, mask=q_ok, other=0.0).to(tl.float32)
         k = tl.load(K + kv_at, mask=kv_ok, other=0.0).to(tl.float32)
         v = tl.load(V + kv_at, mask=kv_ok, other=0.0).to(tl.float32)
-        lse = tl.load(LSE + bih * nj + offs_m, mask=offs_m < nj, other=float("inf"))
         delta = tl.load(DELTA + bih * nj + offs_m, mask=offs_m < nj, other=0.0)
         s = _logits(
             q, k, BIAS, MASK, bias_row, bi * nk, offs_m, offs_n, nj, nk, scale2, True, HAS_MASK
         )
-        p = tl.exp2(s - lse[:, None])
+        p = _probs(s, LSE, LOGL, bih * nj + offs_m, offs_m < nj)
         dp = tl.dot(g, tl.trans(v), input_precision="ieee")
         acc += p * (dp - delta[:, None])
     at = bias_row + offs_m[:, None].to(tl.int64) * nk + offs_n[None, :]
@@ -320,18 +337,20 @@ def _block_d(d: int) -> int:
     return max(16, triton.next_power_of_2(d))
 
 
-def _lse_and_out(q, k, v, b, m, has_bias, has_mask, scale2) -> tuple[torch.Tensor, torch.Tensor]:
-    """Each row's base-2 log-sum-exp ``[batch * I * H, J]`` (fp32; +inf for no key) and the
-    output in fp32."""
+def _lse_and_out(
+    q, k, v, b, m, has_bias, has_mask, scale2
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Each row's base-2 log-sum-exp in two parts, its max and log2 of its sum, each
+    ``[batch * I * H, J]`` (fp32; max +inf for no key), and the output in fp32."""
     nb, ni, nj, nk, heads, d = _dims(q, k)
-    lse = torch.empty(nb * ni * heads, nj, dtype=torch.float32, device=q.device)
+    lse, logl = torch.empty(2, nb * ni * heads, nj, dtype=torch.float32, device=q.device)
     out = torch.empty(q.shape, dtype=torch.float32, device=q.device)
     grid = (triton.cdiv(nj, BLOCK), nb * ni * heads)
     _tri_attn_fwd[grid](
-        q, k, v, b, m, out, lse, ni, nj, nk, heads, d, scale2, has_bias, has_mask, True,
+        q, k, v, b, m, out, lse, logl, ni, nj, nk, heads, d, scale2, has_bias, has_mask, True,
         BM=BLOCK, BN=BLOCK, BD=_block_d(d),
     )  # fmt: skip
-    return lse, out
+    return lse, logl, out
 
 
 def triangle_attention(
@@ -349,7 +368,7 @@ def triangle_attention(
     scale2 = op.default_scale(q, scale) * LOG2E
     grid = (triton.cdiv(nj, BLOCK), nb * ni * heads)
     _tri_attn_fwd[grid](
-        qc, kc, vc, b, m, out, out, ni, nj, nk, heads, d, scale2, bias is not None,
+        qc, kc, vc, b, m, out, out, out, ni, nj, nk, heads, d, scale2, bias is not None,
         mask is not None, False, BM=BLOCK, BN=BLOCK, BD=_block_d(d),
     )  # fmt: skip
     return out
@@ -371,13 +390,13 @@ def triangle_attention_backward(
     nb, ni, nj, nk, heads, d = _dims(q, k)
     c = op.default_scale(q, scale)
     has_bias, has_mask = bias is not None, mask is not None
-    lse, out32 = _lse_and_out(qc, kc, vc, b, m, has_bias, has_mask, c * LOG2E)
+    lse, logl, out32 = _lse_and_out(qc, kc, vc, b, m, has_bias, has_mask, c * LOG2E)
     # delta = rowsum(grad * out), laid out like lse: [batch * I * H, J]
     delta = (g.float() * out32).sum(-1).reshape(nb * ni, nj, heads).transpose(1, 2)
     delta = delta.reshape(nb * ni * heads, nj).contiguous()
     dq, dk, dv = (torch.empty_like(t) for t in (qc, kc, vc))
     bd = _block_d(d)
-    args = (qc, kc, vc, b, m, g, lse, delta)
+    args = (qc, kc, vc, b, m, g, lse, logl, delta)
     sizes = (ni, nj, nk, heads, d)
     _tri_attn_bwd_dkdv[(triton.cdiv(nk, BLOCK), nb * ni * heads)](
         *args, dk, dv, *sizes, c, c * LOG2E, has_bias, has_mask, BM=BLOCK, BN=BLOCK, BD=bd

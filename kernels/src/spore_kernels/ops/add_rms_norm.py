@@ -65,6 +65,7 @@ def reference_backward(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """rms_norm's gradients at ``s`` (:func:`rms_norm.gradients`), plus grad_sum to ds before
     its one rounding; ds contiguous."""
+    rms_norm.check(s, weight)
     _checks.upstream("add_rms_norm_backward", s.shape, grad=grad, grad_sum=grad_sum)
     ds, dw = rms_norm.gradients(grad, s, weight, eps)
     if grad_sum is not None:
@@ -143,6 +144,7 @@ def _fake_backward(
     weight: torch.Tensor,
     eps: float,
 ) -> tuple[torch.Tensor, torch.Tensor]:
+    rms_norm.check(s, weight)
     _checks.upstream("add_rms_norm_backward", s.shape, grad=grad, grad_sum=grad_sum)
     return torch.empty_like(s, memory_format=torch.contiguous_format), torch.empty_like(weight)
 

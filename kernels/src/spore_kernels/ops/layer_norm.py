@@ -72,6 +72,7 @@ def reference_backward(
 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
     """The closed form: dx = rstd * (gw - mean(gw) - xhat * mean(gw*xhat)), gw = g*w,
     dweight = sum of g*xhat, dbias = sum of g; dx contiguous."""
+    check(x, weight, bias)
     _checks.upstream("layer_norm_backward", x.shape, grad=grad)
     compute = _checks.compute_dtype(x)
     gf = grad.to(compute)
@@ -160,6 +161,7 @@ def _fake_backward(
     bias: torch.Tensor | None,
     eps: float,
 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+    check(x, weight, bias)
     _checks.upstream("layer_norm_backward", x.shape, grad=grad)
     dw = None if weight is None else torch.empty_like(weight)
     dx = torch.empty_like(x, memory_format=torch.contiguous_format)

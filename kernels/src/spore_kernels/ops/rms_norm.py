@@ -59,6 +59,7 @@ def reference_backward(
     grad: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, eps: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """:func:`gradients`, each rounded once; dx contiguous (as the kernel's and the fake's)."""
+    check(x, weight)
     _checks.upstream("rms_norm_backward", x.shape, grad=grad)
     dx, dw = gradients(grad, x, weight, eps)
     return dx.to(x.dtype).contiguous(), dw.to(weight.dtype)
@@ -115,6 +116,7 @@ def cpu_backward(
 def _fake_backward(
     grad: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, eps: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
+    check(x, weight)
     _checks.upstream("rms_norm_backward", x.shape, grad=grad)
     return torch.empty_like(x, memory_format=torch.contiguous_format), torch.empty_like(weight)
 

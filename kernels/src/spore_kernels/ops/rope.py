@@ -111,6 +111,7 @@ def reference_backward(
     grad: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mode: str
 ) -> torch.Tensor:
     """The transpose of the rotation: dx = grad * cos - rot(grad * sin)."""
+    _checks.floating("rope_backward", grad=grad)
     check(grad, cos, sin, mode)
     compute, c, s = _tables(grad, cos, sin, mode)
     gf = grad.to(compute)

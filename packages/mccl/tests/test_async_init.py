@@ -95,3 +95,9 @@ def test_process_exit_while_pending_does_not_hang(ranks) -> None:
     (r,), elapsed = ranks("exit_pending", 2, ranks=[0], timeout=600)
     assert r == {"exited_while_pending": True}
     assert elapsed < 30
+
+
+def test_a_child_forked_while_pending_does_not_wait_for_the_init(ranks) -> None:
+    """It waited for the parent's init, whose thread a fork does not copy: until the timeout."""
+    (r,), _ = ranks("fork_pending", 2, ranks=[0], timeout=30.0)
+    assert r == {"child_exit": 0, "pending": True}

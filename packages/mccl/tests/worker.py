@@ -168,6 +168,28 @@ def exit_pending() -> dict:
     return {"exited_while_pending": mccl.pending() is not None}
 
 
+def fork_pending() -> dict:
+    """A child forked while the init is pending (as a fork-started DataLoader worker): it is
+    no rank of the group, so it must not wait for the parent's init (whose thread it lacks)."""
+    start()
+    child = os.fork()
+    if child == 0:
+        ok = not dist.is_initialized() and mccl.pending() is None and not mccl.guard_installed()
+        os._exit(0 if ok else 3)
+    deadline = time.monotonic() + 8
+    while time.monotonic() < deadline:
+        done, status = os.waitpid(child, os.WNOHANG)
+        if done:
+            return {
+                "child_exit": os.waitstatus_to_exitcode(status),
+                "pending": bool(mccl.pending()),
+            }
+        time.sleep(0.05)
+    os.kill(child, 9)
+    os.waitpid(child, 0)
+    return {"child_exit": "hung", "pending": bool(mccl.pending())}
+
+
 SCENARIOS = {
     f.__name__: f
     for f in (
@@ -181,6 +203,7 @@ SCENARIOS = {
         double_init,
         destroy_pending,
         exit_pending,
+        fork_pending,
     )
 }
 

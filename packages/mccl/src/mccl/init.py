@@ -214,6 +214,20 @@ def init_process_group_async(
     return handle
 
 
+def _forget_in_child() -> None:
+    """A child forked while an init is pending (a fork-started DataLoader worker) is no rank of
+    that group, and has no copy of the init thread: it starts with no init pending, as
+    torch would have it, instead of waiting for one that never ends there."""
+    global _lock, _pending
+    _lock = threading.Lock()  # the parent's init thread may have held it at the fork
+    if _pending is not None:
+        _pending = None
+        _set_guard(False)
+
+
+os.register_at_fork(after_in_child=_forget_in_child)
+
+
 @atexit.register
 def _release_at_exit() -> None:
     """Never wait for, or crash on, a background-started group at interpreter exit.

@@ -610,6 +610,7 @@ FP32_OUT = {"_param_grads._param_grads"}  # kernels that store only fp32 partial
 HELPERS = {
     "layer_norm._row_mean",
     "triangle_attention._logits",
+    "triangle_attention._probs",
 }  # jitted functions compiled inside the kernels that call them
 TRITON_DTYPE = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
 

@@ -604,6 +604,39 @@ def _sum_changed_after_the_norm(x: torch.Tensor, w: torch.Tensor) -> torch.Tenso
     return y * total
 
 
+def _base_changed_after_the_norm(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """The norm of a view of h, then h changed in place: the write reaches the view (the pass
+    followed only views taken of the norm's input, and autograd refused the backward)."""
+    h = x * 1.0
+    y = _upcast_rms(h[0], w)
+    h.mul_(2.0)
+    return y * h[0]
+
+
+def _weight_from_the_sum(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """The norm's weight computed from the residual sum it normalises, before the norm."""
+    total = x + x.sin()
+    weight = total[0, 0]
+    return total * torch.rsqrt(total.pow(2).mean(-1, keepdim=True) + 1e-6) * weight
+
+
+@pytest.mark.parametrize("grad", [False, True])
+def test_a_weight_computed_from_the_sum_leaves_it_to_rms_norm(grad: bool) -> None:
+    """add_rms_norm put its op after the weight and gave the weight the op's sum: a cycle
+    (``graph.lint``: used before defined). rms_norm takes the form instead."""
+    x, w = _x_w(torch.float32)
+    if grad:
+        x.requires_grad_()
+        gm, inputs = _dynamo_graph(_weight_from_the_sum, x, w)
+        assert [p(gm) for p in TRAIN_PASSES] == [0, 1, 0]
+    else:
+        gm, inputs = _trace(_weight_from_the_sum, x, w), [x, w]
+        assert AddRMSNormPass()(gm) == 0
+    gm.graph.lint()
+    gm.recompile()
+    _close(gm(*inputs), _weight_from_the_sum(x, w), torch.float32)
+
+
 def _read_after_the_norm(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     """x read (not written) after its norm, by ops whose first argument is a list."""
     h = x * 1.0
@@ -639,6 +672,7 @@ def _layer_norm_fp32_weight(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         (_set_between_add_and_norm, torch.float32),
         (_changed_after_the_norm, BF16),
         (_sum_changed_after_the_norm, BF16),
+        (_base_changed_after_the_norm, BF16),
         (_layer_norm_two_dims, torch.float32),
         (_rms_norm_default_eps, torch.float32),
         (_layer_norm_fp32_weight, BF16),

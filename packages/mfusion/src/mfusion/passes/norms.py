@@ -358,18 +358,31 @@ def plain_add(node: Node) -> bool:
 
 def add_rms_norm_anchor(graph: Graph, match: RMSNormMatch) -> Node | None:
     """The node after which ``spore.add_rms_norm`` of ``match`` (whose x is the sum) goes: the
-    sum, or the weight when that comes later; None when the sum is used before the weight, or
-    when there is no weight and the row's length is symbolic (its ones would read the size off
-    the sum, which the op replaces)."""
+    sum, or the weight when that comes later; None when the sum is used before the weight or
+    the weight is computed from it, or when there is no weight and the row's length is
+    symbolic (its ones would read the size off the sum, which the op replaces)."""
     added, weight = match.x, match.weight
     if weight is None and not isinstance(_val(added).shape[-1], int):
         return None
     position = _position(graph)
     if weight is None or position[weight] < position[added]:
         return added
-    if any(position[u] < position[weight] for u in added.users):
+    if any(position[u] < position[weight] for u in added.users) or _reads(weight, added):
         return None
     return weight
+
+
+def _reads(node: Node, earlier: Node) -> bool:
+    """Whether ``node``'s value is computed from ``earlier``'s (through any of its inputs)."""
+    seen, todo = {node}, [node]
+    while todo:
+        for arg in todo.pop().all_input_nodes:
+            if arg is earlier:
+                return True
+            if arg not in seen:
+                seen.add(arg)
+                todo.append(arg)
+    return False
 
 
 def rewrite_add_rms_norm(graph: Graph, match: RMSNormMatch, anchor: Node) -> dict[Node, Node]:
@@ -403,7 +416,7 @@ class AddRMSNormPass(spore.GraphPass):
     """``rms_norm(a + b)`` → ``spore.add_rms_norm(a, b, w, eps)``; its sum feeds other users."""
 
     name = "add_rms_norm"
-    version = "1"
+    version = "2"
     on_cpu = False  # Inductor's fused C++ kernel is as fast; the op call costs more
     priority = 30
     summary = "residual add + RMSNorm → spore.add_rms_norm (the sum stays available)"

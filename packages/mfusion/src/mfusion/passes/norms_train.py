@@ -78,22 +78,32 @@ its first argument's storage."""
 
 
 def _changed_later(graph: Graph, x: Node) -> bool:
-    """Whether an in-place op anywhere after ``x`` writes ``x`` or a view of it: a rewrite whose
-    op saves ``x`` for its backward would then fail where eager saved a copy of its own."""
-    aliases, after = {x}, False
+    """Whether an in-place op after ``x`` writes its storage: ``x``, the tensor it is a view of,
+    or any view of that. A rewrite whose op saves ``x`` for its backward would then fail where
+    eager saved a copy of its own."""
+    base = x
+    while _is_view(base) and isinstance(base.args[0], Node):
+        base = base.args[0]
+    aliases, after = {base}, False
     for node in graph.nodes:
-        if node is x:
-            after = True
-            continue
-        if not after or node.op not in ("call_method", "call_function") or not node.args:
+        after = after or node is x
+        if node.op not in ("call_method", "call_function") or not node.args:
             continue
         if not isinstance(node.args[0], Node) or node.args[0] not in aliases:
             continue
-        if _writes_in_place(node):
+        if after and _writes_in_place(node):
             return True
-        name = node.target if node.op == "call_method" else getattr(node.target, "__name__", "")
-        if name in _VIEWS:
+        if _is_view(node):
             aliases.add(node)
+    return False
+
+
+def _is_view(node: Node) -> bool:
+    """A call of one of :data:`_VIEWS` (its result may share its first argument's storage)."""
+    if node.op == "call_method":
+        return node.target in _VIEWS and bool(node.args)
+    if node.op == "call_function":
+        return getattr(node.target, "__name__", "") in _VIEWS and bool(node.args)
     return False
 
 
@@ -154,7 +164,7 @@ def _training_rms_norms(gm: GraphModule) -> Iterator[tuple[norms.RMSNormMatch, b
 
 class _TrainingPass(spore.GraphPass):
     stage = "pre_grad"
-    version = "1"
+    version = "2"
     on_cpu = False  # Inductor's fused forward and backward norm kernels are as fast on CPU
 
 

@@ -73,6 +73,27 @@ def test_candidates_follow_dtypes() -> None:
     assert [n.meta["val"].dtype for n in chosen] == [torch.float32]
 
 
+def test_16_bit_results_are_no_candidates_while_inductor_emulates_eager_casts() -> None:
+    """A region computes in float32 between loads and stores; with emulate_precision_casts the
+    user asked for eager's rounding of each 16-bit step (a bf16 add + RMSNorm left to dvm was
+    up to a bf16 step off eager, plain Inductor exact)."""
+    from torch._inductor import config
+
+    def mixed(x: torch.Tensor) -> torch.Tensor:
+        y = (x * 2 + 1).float()
+        return (y * y).to(torch.bfloat16)
+
+    def chosen() -> list[tuple[str, torch.dtype]]:
+        nodes = candidate_nodes(gm.graph, EagerRegionCompiler())
+        return sorted((n.name, n.meta["val"].dtype) for n in nodes)
+
+    gm = make_fx(mixed, tracing_mode="fake")(torch.randn(4, dtype=torch.bfloat16))
+    bf16, fp32 = torch.bfloat16, torch.float32
+    assert chosen() == [("add", bf16), ("mul", bf16), ("mul_1", fp32)]
+    with config.patch(emulate_precision_casts=True):
+        assert chosen() == [("mul_1", fp32)]
+
+
 def test_union_find_merges_along_producer_consumer_edges() -> None:
     gm = trace(two_chains, (4, 4), (4, 4))
     regions = cluster(gm.graph, candidate_nodes(gm.graph, EagerRegionCompiler()))

@@ -8,6 +8,7 @@ from typing import Any
 import torch
 
 from mfusion.autofuse.protocol import RegionCompiler
+from mfusion.passes._match import rounds_as_eager
 
 REGION_NAMESPACE = "mfusion_regions"
 
@@ -29,7 +30,10 @@ def is_barrier(node: torch.fx.Node) -> bool:
 
 
 def _eligible(node: torch.fx.Node) -> bool:
-    """Pure aten-level op returning a new static tensor from at least one; not one of ours."""
+    """Pure aten-level op returning a new static tensor from at least one; not one of ours; not
+    a 16-bit result while Inductor rounds those as eager does (``emulate_precision_casts``:
+    a region computes in float32 between its loads and stores, as the hand-written passes'
+    ops, which leave such forms alone too)."""
     target = node.target
     if node.op != "call_function" or not isinstance(target, torch._ops.OpOverload):
         return False
@@ -41,7 +45,8 @@ def _eligible(node: torch.fx.Node) -> bool:
     if torch.Tag.nondeterministic_seeded in target.tags or node.is_impure():
         return False
     inputs = node.all_input_nodes
-    if not inputs or not static_tensor(node.meta.get("val")):
+    value = node.meta.get("val")
+    if not inputs or not static_tensor(value) or rounds_as_eager(value):
         return False
     return all(static_tensor(i.meta.get("val")) for i in inputs)
 
@@ -67,7 +72,8 @@ def candidate_nodes(graph: torch.fx.Graph, compiler: RegionCompiler) -> set[torc
 
     Safe: an ``OpOverload`` that mutates nothing, returns no view, is not random
     (``nondeterministic_seeded``) or impure, reads at least one tensor, and whose inputs and
-    output are tensors of static shape. A ``supports`` that raises counts as ``False`` (logged
+    output are tensors of static shape (the output not 16-bit while Inductor emulates eager's
+    roundings). A ``supports`` that raises counts as ``False`` (logged
     once per op).
     """
     failed: set[Any] = set()

@@ -324,11 +324,16 @@ def test_triangle_attention_and_backward(shape, with_bias, masked, dtype, seed) 
     k, v = (randn(g, *batch, i, keys, h, d, dtype=dtype) for _ in range(2))
     bias = randn(g, *batch, h, j, keys, dtype=dtype) if with_bias else None
     mask = torch.rand(*batch, i, keys, generator=g) >= masked if masked is not None else None
-    args = (q, k, v, bias, mask, None)
-    out = run("triangle_attention", *args)
-    assert_matches(out, reference("triangle_attention", *args), dtype)
+    _triangle_attention_matches(g, (q, k, v, bias, mask), dtype)
+
+
+def _triangle_attention_matches(g: torch.Generator, args: tuple, dtype: torch.dtype) -> None:
+    """The kernels' forward and every gradient on ``(q, k, v, bias, mask)`` against the
+    reference's."""
+    out = run("triangle_attention", *args, None)
+    assert_matches(out, reference("triangle_attention", *args, None), dtype)
     grad = randn(g, *out.shape, dtype=dtype)
-    bwd = (grad, q, k, v, bias, mask, out, None)
+    bwd = (grad, *args, out, None)
     expected = reference("triangle_attention_backward", *bwd)
     assert_matches(run("triangle_attention_backward", *bwd), expected, dtype, scale=10)
 
@@ -346,13 +351,7 @@ def test_triangle_attention_with_rows_masked_by_their_bias(dtype) -> None:
     bias[:, 1] = torch.finfo(dtype).min
     bias[:, 4] = -1e9
     bias[0, 3, 2] = 3e38
-    args = (q, k, v, bias, None, None)
-    out = run("triangle_attention", *args)
-    assert_matches(out, reference("triangle_attention", *args), dtype)
-    grad = randn(g, *out.shape, dtype=dtype)
-    bwd = (grad, q, k, v, bias, None, out, None)
-    expected = reference("triangle_attention_backward", *bwd)
-    assert_matches(run("triangle_attention_backward", *bwd), expected, dtype, scale=10)
+    _triangle_attention_matches(g, (q, k, v, bias, None), dtype)
 
 
 def test_triangle_attention_bf16_backward_at_three_keys_and_one_dim() -> None:

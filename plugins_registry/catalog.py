@@ -164,8 +164,9 @@ def check_packages(entries: list[Entry], root: Path = ROOT) -> list[str]:
     return problems
 
 
-def render_table(entries: list[Entry]) -> str:
-    """The plugin table shared by README.md and docs/compatibility.md."""
+def render_table(entries: list[Entry], root: str = "") -> str:
+    """The plugin table shared by README.md and docs/compatibility.md; ``root``: the
+    repository's root as seen from the page (each link is ``root`` + the package's path)."""
     if not entries:
         return "_No plugin packages yet: each arrives through its own issue._\n"
     lines = [
@@ -174,7 +175,7 @@ def render_table(entries: list[Entry]) -> str:
     ]
     for e in entries:
         lines.append(
-            f"| [{e.name}]({e.path}) | `{e.distribution}` | `{e.import_name}` | {e.version} "
+            f"| [{e.name}]({root}{e.path}) | `{e.distribution}` | `{e.import_name}` | {e.version} "
             f"| `{e.core}` | {e.summary} |"
         )
     return "\n".join(lines) + "\n"
@@ -190,7 +191,7 @@ def render_compatibility(entries: list[Entry]) -> str:
         "Every package is tested by its own nox session, `tests(<name>)`, in a fresh "
         "environment holding only spore-core, the package and its declared dependencies, with "
         "the versions in `constraints.txt` (torch 2.13.0, CPU build).\n\n"
-        + render_table(entries).replace("](packages", "](../packages")
+        + render_table(entries, root="../")
     )
 
 

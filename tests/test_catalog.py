@@ -109,6 +109,22 @@ def test_generated_docs_are_fresh() -> None:
     )
 
 
+def test_every_package_link_of_the_generated_pages_resolves() -> None:
+    """docs/compatibility.md linked kernels as ``(kernels)``, a folder docs/ does not have."""
+    import re
+
+    entries = catalog.load()
+    pages = {
+        catalog.ROOT / "README.md": catalog.render_table(entries),
+        catalog.ROOT / "docs/compatibility.md": catalog.render_compatibility(entries),
+    }
+    for page, text in pages.items():
+        links = re.findall(r"\| \[[^]]+\]\(([^)]+)\)", text)
+        assert len(links) == len(entries)
+        for link in links:
+            assert (page.parent / link).is_dir(), f"{page.name}: {link}"
+
+
 def test_rendered_table_lists_each_entry(tmp_path: Path) -> None:
     entries = catalog.load(_write(tmp_path / "plugins.toml", GOOD_ENTRY))
     table = catalog.render_table(entries)

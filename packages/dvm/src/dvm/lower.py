@@ -980,11 +980,12 @@ def _masked_fill(decomposed: Callable[..., Any], x: torch.Tensor, mask: Any, val
 
 
 def decomposition_table(also: Sequence[Any] = ()) -> dict[Any, Callable[..., Any]]:
-    """The composites whose decompositions the VM can fuse (softplus, mish, logsumexp,
-    var_mean, var, std...); GELU stays whole, one instruction (its erf form) or its tanh form's
-    operations (see ``_gelu``), and so do SiLU, the other activations and the backward of
-    each (lowered whole: see ``_silu``), addcmul, addcdiv, lerp, and softmax, log-softmax and
-    their backward (a row op each: see ``_softmax``). LayerNorm, its backward and mse_loss
+    """The composites whose decompositions the VM can fuse (:data:`_FUSIBLE`: softplus, mish,
+    hardtanh, logsumexp, rsub, masked_fill, detach; and var_mean, var, std); GELU stays
+    whole, one instruction (its erf form) or its tanh form's operations (see ``_gelu``), and
+    so do SiLU, the other activations and the backward of each (lowered whole: see
+    ``_silu``), addcmul, addcdiv, lerp, and softmax, log-softmax and their backward (a row op
+    each: see ``_softmax``). LayerNorm, its backward and mse_loss
     stay PyTorch's kernels (:data:`KEPT_WHOLE`). Other ops stay whole: decomposed, an
     op the VM cannot take (embedding backward, NLL loss, slicing backward) runs as several
     eager kernels instead of one. ``also``: more ops (or overload packets) to decompose with

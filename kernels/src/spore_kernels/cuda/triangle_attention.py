@@ -7,10 +7,10 @@ left stored as zeros. Backward recomputes the rows' base-2 log-sum-exp, kept as 
 row's max and the log of its sum: added, the second is lost beside a max like -1e9 * log2 e,
 a masked row's bias), and an fp32 output with the same kernel, and takes ``delta =
 rowsum(grad * out)`` of that output in torch (the saved output, rounded to 16 bits, would put
-its rounding into every dS of the row), then: dk and dv
-per (key block, (batch, i, head)) looping over query blocks; dq per (query block, (batch, i,
-head)) looping over key blocks; dbias per (query block, key block, (batch, head)) looping
-over i (no atomics: deterministic). Every product is an fp32 ``tl.dot`` with
+its rounding into every dS of the row), then: dk and dv per (key block, (batch, i, head))
+looping over query blocks; dq per (query block, (batch, i, head)) looping over key blocks;
+dbias per (query block, key block, (batch, head)) looping over i (no atomics:
+deterministic). Every product is an fp32 ``tl.dot`` with
 ``input_precision="ieee"`` (fp32 compute, as the op's contract and the C++ kernel; no TF32),
 outputs rounded once.
 """

@@ -985,10 +985,10 @@ def decomposition_table(also: Sequence[Any] = ()) -> dict[Any, Callable[..., Any
     whole, one instruction (its erf form) or its tanh form's operations (see ``_gelu``), and
     so do SiLU, the other activations and the backward of each (lowered whole: see
     ``_silu``), addcmul, addcdiv, lerp, and softmax, log-softmax and their backward (a row op
-    each: see ``_softmax``). LayerNorm, its backward and mse_loss
-    stay PyTorch's kernels (:data:`KEPT_WHOLE`). Other ops stay whole: decomposed, an
-    op the VM cannot take (embedding backward, NLL loss, slicing backward) runs as several
-    eager kernels instead of one. ``also``: more ops (or overload packets) to decompose with
+    each: see ``_softmax``). LayerNorm, its backward and mse_loss stay PyTorch's kernels
+    (:data:`KEPT_WHOLE`). Other ops stay whole: decomposed, an op the VM cannot take
+    (embedding backward, NLL loss, slicing backward) runs as several eager kernels instead of
+    one. ``also``: more ops (or overload packets) to decompose with
     PyTorch's decompositions, e.g. one dvm keeps whole, to time it decomposed."""
     from torch._decomp import get_decompositions
 

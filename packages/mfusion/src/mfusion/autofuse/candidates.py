@@ -73,8 +73,7 @@ def candidate_nodes(graph: torch.fx.Graph, compiler: RegionCompiler) -> set[torc
     Safe: an ``OpOverload`` that mutates nothing, returns no view, is not random
     (``nondeterministic_seeded``) or impure, reads at least one tensor, and whose inputs and
     output are tensors of static shape (the output not 16-bit while Inductor emulates eager's
-    roundings). A ``supports`` that raises counts as ``False`` (logged
-    once per op).
+    roundings). A ``supports`` that raises counts as ``False`` (logged once per op).
     """
     failed: set[Any] = set()
     return {n for n in graph.nodes if _eligible(n) and _supports(compiler, n, failed)}

@@ -514,6 +514,9 @@ def test_plugin_survives_a_failing_registration(monkeypatch, caplog) -> None:
     assert "CUDA kernels not registered: RuntimeError: no kernel image" in caplog.text
 
 
+BACKWARD_ROWS = {"MASK": "*u8", "LSE": "*fp32", "LOGL": "*fp32", "DELTA": "*fp32"}
+"""The mask and per-row statistics every triangle_attention backward kernel reads."""
+
 # Each kernel's argument types for an ahead-of-time compile ("T": the dtype under test).
 COMPILE = {
     "rms_norm._rms_norm_fwd": (
@@ -574,33 +577,22 @@ COMPILE = {
     ),
     "triangle_attention._tri_attn_bwd_dkdv": (
         {p: "*T" for p in ("Q", "K", "V", "BIAS", "G", "DK", "DV")}
-        | {
-            "MASK": "*u8",
-            "LSE": "*fp32",
-            "LOGL": "*fp32",
-            "DELTA": "*fp32",
-            "scale": "fp32",
-            "scale2": "fp32",
-        }
+        | BACKWARD_ROWS
+        | {"scale": "fp32", "scale2": "fp32"}
         | {p: "i32" for p in ("ni", "nj", "nk", "heads", "dim")},
         {"HAS_BIAS": True, "HAS_MASK": True, "BM": 32, "BN": 32, "BD": 32},
     ),
     "triangle_attention._tri_attn_bwd_dq": (
         {p: "*T" for p in ("Q", "K", "V", "BIAS", "G", "DQ")}
-        | {
-            "MASK": "*u8",
-            "LSE": "*fp32",
-            "LOGL": "*fp32",
-            "DELTA": "*fp32",
-            "scale": "fp32",
-            "scale2": "fp32",
-        }
+        | BACKWARD_ROWS
+        | {"scale": "fp32", "scale2": "fp32"}
         | {p: "i32" for p in ("ni", "nj", "nk", "heads", "dim")},
         {"HAS_BIAS": True, "HAS_MASK": True, "BM": 32, "BN": 32, "BD": 32},
     ),
     "triangle_attention._tri_attn_bwd_dbias": (
         {p: "*T" for p in ("Q", "K", "V", "BIAS", "G", "DBIAS")}
-        | {"MASK": "*u8", "LSE": "*fp32", "LOGL": "*fp32", "DELTA": "*fp32", "scale2": "fp32"}
+        | BACKWARD_ROWS
+        | {"scale2": "fp32"}
         | {p: "i32" for p in ("ni", "nj", "nk", "heads", "dim")},
         {"HAS_MASK": True, "BM": 32, "BN": 32, "BD": 32},
     ),

@@ -56,6 +56,14 @@ def reference(
     return rms_norm.reference(s, weight, eps), s
 
 
+def _check_backward(
+    grad: torch.Tensor, grad_sum: torch.Tensor | None, s: torch.Tensor, weight: torch.Tensor
+) -> None:
+    """rms_norm's errors for the sum and weight, and the grads of the sum's shape and floats."""
+    rms_norm.check(s, weight)
+    _checks.upstream("add_rms_norm_backward", s.shape, grad=grad, grad_sum=grad_sum)
+
+
 def reference_backward(
     grad: torch.Tensor,
     grad_sum: torch.Tensor | None,
@@ -65,8 +73,7 @@ def reference_backward(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """rms_norm's gradients at ``s`` (:func:`rms_norm.gradients`), plus grad_sum to ds before
     its one rounding; ds contiguous."""
-    rms_norm.check(s, weight)
-    _checks.upstream("add_rms_norm_backward", s.shape, grad=grad, grad_sum=grad_sum)
+    _check_backward(grad, grad_sum, s, weight)
     ds, dw = rms_norm.gradients(grad, s, weight, eps)
     if grad_sum is not None:
         ds = ds + grad_sum.to(ds.dtype)
@@ -144,8 +151,7 @@ def _fake_backward(
     weight: torch.Tensor,
     eps: float,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    rms_norm.check(s, weight)
-    _checks.upstream("add_rms_norm_backward", s.shape, grad=grad, grad_sum=grad_sum)
+    _check_backward(grad, grad_sum, s, weight)
     return torch.empty_like(s, memory_format=torch.contiguous_format), torch.empty_like(weight)
 
 

@@ -43,6 +43,14 @@ def check(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | Non
     _checks.same_device("layer_norm", x=x, **params)
 
 
+def check_backward(
+    grad: torch.Tensor, x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None
+) -> None:
+    """The forward's errors for x, weight and bias, and grad of the output's shape and a float."""
+    check(x, weight, bias)
+    _checks.upstream("layer_norm_backward", x.shape, grad=grad)
+
+
 def _normalised(xf: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
     """(x - mean) and rstd over the last dimension (biased variance, two-pass)."""
     centred = xf - xf.mean(-1, keepdim=True)
@@ -72,8 +80,7 @@ def reference_backward(
 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
     """The closed form: dx = rstd * (gw - mean(gw) - xhat * mean(gw*xhat)), gw = g*w,
     dweight = sum of g*xhat, dbias = sum of g; dx contiguous."""
-    check(x, weight, bias)
-    _checks.upstream("layer_norm_backward", x.shape, grad=grad)
+    check_backward(grad, x, weight, bias)
     compute = _checks.compute_dtype(x)
     gf = grad.to(compute)
     centred, rstd = _normalised(x.to(compute), eps)
@@ -161,8 +168,7 @@ def _fake_backward(
     bias: torch.Tensor | None,
     eps: float,
 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
-    check(x, weight, bias)
-    _checks.upstream("layer_norm_backward", x.shape, grad=grad)
+    check_backward(grad, x, weight, bias)
     dw = None if weight is None else torch.empty_like(weight)
     dx = torch.empty_like(x, memory_format=torch.contiguous_format)
     return dx, dw, (None if bias is None else torch.empty_like(bias))

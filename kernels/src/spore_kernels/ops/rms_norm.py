@@ -33,6 +33,12 @@ def check(x: torch.Tensor, weight: torch.Tensor) -> None:
     _checks.same_device("rms_norm", x=x, weight=weight)
 
 
+def check_backward(grad: torch.Tensor, x: torch.Tensor, weight: torch.Tensor) -> None:
+    """The forward's errors for x and weight, and grad of the output's shape and a float."""
+    check(x, weight)
+    _checks.upstream("rms_norm_backward", x.shape, grad=grad)
+
+
 def reference(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     check(x, weight)
     xf = x.to(_checks.compute_dtype(x))
@@ -59,8 +65,7 @@ def reference_backward(
     grad: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, eps: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """:func:`gradients`, each rounded once; dx contiguous (as the kernel's and the fake's)."""
-    check(x, weight)
-    _checks.upstream("rms_norm_backward", x.shape, grad=grad)
+    check_backward(grad, x, weight)
     dx, dw = gradients(grad, x, weight, eps)
     return dx.to(x.dtype).contiguous(), dw.to(weight.dtype)
 
@@ -116,8 +121,7 @@ def cpu_backward(
 def _fake_backward(
     grad: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, eps: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    check(x, weight)
-    _checks.upstream("rms_norm_backward", x.shape, grad=grad)
+    check_backward(grad, x, weight)
     return torch.empty_like(x, memory_format=torch.contiguous_format), torch.empty_like(weight)
 
 

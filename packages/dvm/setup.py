@@ -1,5 +1,6 @@
 """Builds dvm's VM (csrc/) as plain shared libraries: C ABI, no torch headers, loaded with
-ctypes by ``dvm._lib``.
+ctypes by ``dvm._lib``; and ``dvm._launcher`` (csrc/launcher.c), a CPython extension that
+calls a build's ``dvm_run`` by address for ``dvm.vm.Launch`` (no torch headers either).
 
 x86-64 gets one build per ISA level — ``dvm._vm_v4`` (AVX-512), ``dvm._vm_v3`` (AVX2, FMA,
 F16C) and ``dvm._vm_base`` — and the loader picks the best this CPU runs; other machines get
@@ -55,6 +56,7 @@ setup(
             extra_link_args=["-fopenmp"],
         )
         for level, flags in LEVELS.items()
-    ],
+    ]
+    + [Extension("dvm._launcher", sources=["csrc/launcher.c"], extra_compile_args=["-O2"])],
     cmdclass={"build_ext": IsaBuildExt},
 )

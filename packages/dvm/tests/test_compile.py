@@ -158,10 +158,10 @@ def test_guard_shape_dtype_and_grad_fall_back_with_reasons():
 def test_vm_error_falls_back_to_eager(monkeypatch):
     c, runner, x, w = _one_region()
 
-    def broken(args):
+    def broken(args, results):
         raise RuntimeError("simulated VM failure")
 
-    monkeypatch.setattr(runner._launch, "call_unchecked", broken)
+    monkeypatch.setattr(runner, "_guarded", broken)
     torch.testing.assert_close(c(x, w), _fn(x, w))
     assert runner.eager_calls == 1
     (reason,) = runner.fallback_reasons

@@ -1423,4 +1423,4 @@ def test_a_bound_launch_refuses_args_other_than_those_it_was_bound_for() -> None
     with pytest.raises(ValueError, match="arg 0 is a lazily negated view"):
         launch([torch.randn(64, 256, dtype=torch.complex64).conj().imag])
     (got,) = launch([x.t().contiguous().t()])
-    assert torch.equal(got, launch.call_unchecked([x])[0])
+    assert torch.equal(got, launch.run([x])[0])

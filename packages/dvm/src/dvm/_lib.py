@@ -49,8 +49,6 @@ def load(level: str) -> ctypes.CDLL:
     lib.dvm_abi_version.restype = ctypes.c_int32
     if lib.dvm_abi_version() != ABI_VERSION:
         raise ImportError(f"dvm's {level} build has ABI {lib.dvm_abi_version()}: {_REBUILD}")
-    # dvm_run gets no argtypes: vm.py passes ctypes arrays and int32-range ints only, and
-    # ctypes' per-argument conversion would add ~1 us per argument to every call.
     lib.dvm_run.restype = ctypes.c_int32
     lib.dvm_max_row.restype = ctypes.c_int64
     return lib
@@ -70,6 +68,12 @@ def library() -> tuple[ctypes.CDLL, str]:
         )
     level = wanted or usable[0]
     return load(level), level
+
+
+@cache
+def run_address(level: str) -> int:
+    """The address of the ``level`` build's ``dvm_run``, which ``dvm._launcher`` calls."""
+    return int(ctypes.cast(load(level).dvm_run, ctypes.c_void_p).value)
 
 
 @cache

@@ -29,15 +29,24 @@ Strides = tuple[int, ...]
 
 @dataclass(frozen=True)
 class _ReferenceLaunch:
-    """A bound reference program in :class:`dvm.vm.Launch`'s shape, as the guarded runner
+    """A bound reference program with :class:`dvm.vm.Launch`'s ``guarded``, as the runner
     calls it."""
 
-    call_unchecked: Callable[[Sequence[torch.Tensor]], list[torch.Tensor]]
+    run: Callable[[Sequence[torch.Tensor]], list[torch.Tensor]]
+    guards: list[tuple[torch.Size, torch.dtype]]
+
+    def guarded(
+        self, args: Sequence[Any], results: tuple[tuple[int, torch.Size | None], ...]
+    ) -> tuple[torch.Tensor, ...] | None:
+        if _guard_failure(args, self.guards) is not None:
+            return None
+        outs = self.run(args)
+        return tuple(outs[k] if v is None else outs[k].view(v) for k, v in results)
 
 
 class _Reference:
     """The reference executor in :class:`dvm.vm.Kernel`'s shape (``bind``, then the bound
-    program's ``call_unchecked`` with the args): where the C++ VM is not built."""
+    program's ``guarded`` with the args): where the C++ VM is not built."""
 
     def __init__(self, program: Program, out_dtypes: list[torch.dtype], reduced: list[bool]):
         self.program, self.out_dtypes, self.reduced = program, out_dtypes, reduced
@@ -65,7 +74,7 @@ class _Reference:
                 for o, shape, s in zip(outs, out_shapes, layouts, strict=True)
             ]
 
-        return _ReferenceLaunch(run)
+        return _ReferenceLaunch(run, [(a.shape, a.dtype) for a in args])
 
 
 def _out_layouts(region: Region) -> list[Strides | None] | None:
@@ -130,14 +139,15 @@ class RegionRunner:
         # graph output of the same VM output (a view of it) is a view of that, a tensor of its
         # own as eager's view is
         first: dict[int, Node] = {}
-        self._results = []
+        results = []
         for node, k in zip(region.outputs, region.output_slots, strict=True):
             first.setdefault(k, node)
             shape = None if first[k] is node else torch.Size(node.meta["val"].shape)
-            self._results.append((k, shape))
+            results.append((k, shape))
+        self._results = tuple(results)
         t0 = time.perf_counter()
         self._kernel = PREPARE(region.program, region.out_dtypes, region.reduced)
-        self._launch = self._kernel.bind(
+        launch = self._kernel.bind(
             region.domain,
             vals,
             [
@@ -147,6 +157,7 @@ class RegionRunner:
             [first[k].meta["val"].shape for k in range(len(region.out_dtypes))],
             out_strides=_out_layouts(region),
         )
+        self._guarded = launch.guarded
         self.prepare_us = (time.perf_counter() - t0) * 1e6
         self.vm_calls = 0
         self.eager_calls = 0
@@ -159,34 +170,18 @@ class RegionRunner:
 
     def guard(self, args: Sequence[Any]) -> str | None:
         """Why ``args`` cannot run on the compiled program, ``None`` when they can."""
-        grad = torch.is_grad_enabled()
-        for i, (t, (shape, dtype)) in enumerate(zip(args, self._guards, strict=True)):
-            if not isinstance(t, torch.Tensor):
-                return f"input {i} is {type(t).__name__}, not a tensor"
-            if t.shape != shape:
-                return f"input {i} has shape {tuple(t.shape)}, compiled for {tuple(shape)}"
-            if t.dtype != dtype:
-                return f"input {i} has dtype {t.dtype}, compiled for {dtype}"
-            if not t.is_cpu or t.layout is not torch.strided:
-                return f"input {i} is a {t.device} {t.layout} tensor; the VM runs on dense CPU ones"
-            if t.is_neg():
-                return (
-                    f"input {i} is a lazily negated view (e.g. z.conj().imag); the VM reads memory"
-                )
-            if grad and t.requires_grad:
-                return f"input {i} requires grad under grad mode (the VM has no autograd)"
-        return None
+        return _guard_failure(args, self._guards)
 
     def __call__(self, *args: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        reason = self.guard(args)
-        if reason is None:
-            try:
-                outs = self._launch.call_unchecked(args)
-            except Exception as e:
-                reason = f"VM raised {type(e).__name__}: {e}"
-            else:
+        try:
+            outs = self._guarded(args, self._results)
+        except Exception as e:
+            reason = f"VM raised {type(e).__name__}: {e}"
+        else:
+            if outs is not None:
                 self.vm_calls += 1
-                return tuple(outs[k] if v is None else outs[k].view(v) for k, v in self._results)
+                return outs
+            reason = self.guard(args) or "the VM's guard refused the inputs"
         self.eager_calls += 1
         self.fallback_reasons[reason] = self.fallback_reasons.get(reason, 0) + 1
         return self.eager(*args)
@@ -199,6 +194,28 @@ class RegionRunner:
             k = map_arg(n.kwargs, env.__getitem__)
             env[n] = n.target(*a, **k)
         return tuple(env[o] for o in self.region.outputs)
+
+
+def _guard_failure(
+    args: Sequence[Any], guards: Sequence[tuple[torch.Size, torch.dtype]]
+) -> str | None:
+    """Why ``args`` cannot run on a program compiled for ``guards`` (each input's shape and
+    dtype), ``None`` when they can: the reasons for the checks ``dvm._launcher`` makes."""
+    grad = torch.is_grad_enabled()
+    for i, (t, (shape, dtype)) in enumerate(zip(args, guards, strict=True)):
+        if not isinstance(t, torch.Tensor):
+            return f"input {i} is {type(t).__name__}, not a tensor"
+        if t.shape != shape:
+            return f"input {i} has shape {tuple(t.shape)}, compiled for {tuple(shape)}"
+        if t.dtype != dtype:
+            return f"input {i} has dtype {t.dtype}, compiled for {dtype}"
+        if not t.is_cpu or t.layout is not torch.strided:
+            return f"input {i} is a {t.device} {t.layout} tensor; the VM runs on dense CPU ones"
+        if t.is_neg():
+            return f"input {i} is a lazily negated view (e.g. z.conj().imag); the VM reads memory"
+        if grad and t.requires_grad:
+            return f"input {i} requires grad under grad mode (the VM has no autograd)"
+    return None
 
 
 @dataclass

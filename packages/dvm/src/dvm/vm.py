@@ -2,24 +2,23 @@
 :func:`dvm.program.run_reference`.
 
 ``run(program, inputs, domain, out_dtypes)`` is the one-shot form; :class:`Kernel` encodes a
-program once and is then called per batch of inputs, which keeps the per-call cost to
-checking the inputs, allocating the outputs and one ctypes call; :meth:`Kernel.bind` fixes the
-domain and the operands' shapes and dtypes too (a compiled region's guarded signature), leaving
-a call only the strides, the outputs and the ctypes call. Inputs are read in place through their
-strides over the domain (broadcast and strided views need no copies).
+program once and is then called per batch of inputs; :meth:`Kernel.bind` fixes the domain and
+the operands' shapes and dtypes too (a compiled region's guarded signature) in a
+:class:`Launch`, whose calls run in C (``dvm._launcher``): checking the args, reading their
+strides and data pointers, allocating the outputs and calling the VM, without Python code or
+ctypes in between. Inputs are read in place through their strides over the domain (broadcast
+and strided views need no copies).
 """
 
 from __future__ import annotations
 
-import ctypes
 import operator
-from array import array
 from collections.abc import Sequence
 from typing import Any
 
 import torch
 
-from dvm import _lib
+from dvm import _launcher, _lib
 from dvm.program import DTYPE_CODES, MAX_DIMS, Instr, Op, Program, output_shape, reads
 
 __all__ = ["Kernel", "Launch", "VMError", "run", "without_redundant_casts"]
@@ -36,19 +35,17 @@ _STATUS = {
     4: "a reducing program's rows are too long",
     5: "no memory for the VM's registers",
 }
-_PTR = ctypes.c_void_p
 _CPU = torch.device("cpu")
-
-
-def _buffer(typecode: str, values: Sequence[Any]) -> tuple[array, int]:
-    """``values`` in a C array (``array.array``, typecode ``i`` int32, ``q`` int64, ``f`` float,
-    ``Q`` a pointer) and the address of its first element, for ``dvm_run`` (as a ``c_void_p``);
-    keep the array while the address is used. Not a ctypes array: ctypes makes an array type for
-    each length, which took 10-40 µs right after tracing (a compile's case), as much as the rest
-    of a runner."""
-    buf = array(typecode, values)
-    return buf, buf.buffer_info()[0]
-
+_launcher.setup(
+    torch.Tensor,
+    torch.empty_strided,  # torch.empty parses a shape 1-3 µs slower a call
+    _CPU,  # whatever the default device: a CUDA one would hand the VM device pointers
+    torch.get_num_threads,
+    torch.is_grad_enabled,
+    torch.strided,
+    VMError,
+    _STATUS,
+)
 
 _DTYPES = ", ".join(str(d).removeprefix("torch.") for d in DTYPE_CODES)
 
@@ -102,20 +99,12 @@ def _dtype_code(dtype: torch.dtype, what: str, k: int) -> int:
     return code
 
 
-def _check_resolved(t: torch.Tensor, what: str, k: int) -> None:
-    """A lazily negated view (``z.conj().imag``) holds the values' negatives in memory, which
-    the VM would read as they are."""
-    if t.is_neg():
-        raise ValueError(
-            f"{what} {k} is a lazily negated view (e.g. z.conj().imag): pass t.resolve_neg()"
-        )
-
-
-def _strides(t: torch.Tensor, domain: tuple[int, ...], k: int) -> list[int]:
-    """``t``'s element strides over ``domain`` (0 along broadcast dimensions)."""
-    picks = _stride_map(t.shape, t.shape, domain, k)
-    strides = t.stride()
-    return list(strides) if picks is None else [strides[j] if j >= 0 else 0 for j in picks]
+def _negated(what: str, k: int) -> ValueError:
+    """The error for a lazily negated view (``z.conj().imag``): it holds the values' negatives
+    in memory, which the VM would read as they are."""
+    return ValueError(
+        f"{what} {k} is a lazily negated view (e.g. z.conj().imag): pass t.resolve_neg()"
+    )
 
 
 def _domain(domain: Sequence[int]) -> tuple[int, ...]:
@@ -190,19 +179,15 @@ class Kernel:
         self.program = program
         self.out_dtypes = tuple(out_dtypes)
         self.reduced = tuple(reduced)
-        out_codes = [_dtype_code(d, "output", k) for k, d in enumerate(out_dtypes)]
+        self._out_codes = [_dtype_code(d, "output", k) for k, d in enumerate(out_dtypes)]
         if isa is None:
-            self._lib, self.isa = _lib.library()
+            self.isa = _lib.library()[1]
         else:
-            self._lib, self.isa = _lib.load(isa), isa
+            _lib.load(isa)
+            self.isa = isa
         self._max_row = _lib.max_row(self.isa) if program.has_reduction else None
-        n_in = program.n_inputs
-        # the call's fixed arguments (their arrays kept alive in _buffers)
-        (codes_buf, codes_at), (imms_buf, imms_at) = _buffer("i", codes), _buffer("f", imms)
-        out_codes_buf, out_codes_at = _buffer("i", out_codes)
-        self._buffers = (codes_buf, imms_buf, out_codes_buf)
-        self._head = (_PTR(codes_at), _PTR(imms_at), len(codes) // 5, program.n_regs, n_in)
-        self._out_codes = _PTR(out_codes_at)
+        self._run_at = _lib.run_address(self.isa)
+        self._code, self._imm = codes, imms
 
     def _check_rows(self, dims: tuple[int, ...]) -> None:
         if self._max_row is None:
@@ -248,16 +233,12 @@ class Kernel:
         contiguous unless ``out_strides[i]`` gives a non-reduced output's strides over the
         domain (a dense, non-overlapping layout such as a permutation)."""
         dims = _domain(domain)
-        n_in = self._head[4]
+        n_in = self.program.n_inputs
         if len(inputs) != n_in:
             raise ValueError(f"the program takes {n_in} inputs, got {len(inputs)}")
-        layouts = _layouts(out_strides, dims, self.reduced)
-        self._check_rows(dims)
         threads = torch.get_num_threads() if threads is None else int(threads)
         if threads < 1:
             raise ValueError(f"threads must be at least 1, got {threads}")
-        in_codes = []
-        longs: list[int] = []  # input strides, output strides, the domain: one int64 array
         for k, t in enumerate(inputs):
             if not isinstance(t, torch.Tensor):
                 raise TypeError(f"input {k} is a {type(t).__name__}, not a torch.Tensor")
@@ -266,51 +247,16 @@ class Kernel:
                     f"input {k} is a {t.device.type} {t.layout} tensor; the VM runs on dense "
                     f"CPU tensors (move it with .cpu())"
                 )
-            _check_resolved(t, "input", k)
-            code = DTYPE_CODES.get(t.dtype)
-            if code is None:
-                _dtype_code(t.dtype, "input", k)
-            in_codes.append(code)
-            longs += t.stride() if t.shape == dims else _strides(t, dims, k)
-        outs = []
-        for dtype, red, layout in zip(self.out_dtypes, self.reduced, layouts, strict=True):
-            if layout is None:
-                out = torch.empty(output_shape(dims, red), dtype=dtype, device=_CPU)
-            else:
-                out = torch.empty_strided(dims, layout, dtype=dtype, device=_CPU)
-            longs += out.stride()
-            if red:
-                longs[-1] = 0  # every column of a row maps to the row's one element
-            outs.append(out)
-        longs += dims
-        ptrs = [t.data_ptr() for t in inputs] + [o.data_ptr() for o in outs]
-        _alive, in_codes_at = _buffer("i", in_codes)  # the array stays alive through the call
-        self._run(ptrs, _PTR(in_codes_at), longs, len(dims), min(threads, 2**31 - 1))
-        return outs
-
-    def _run(
-        self, ptrs: list[int], in_codes: ctypes.c_void_p, longs: list[int], nd: int, threads: int
-    ) -> None:
-        """One ``dvm_run``: data pointers (inputs then outputs), input dtype codes, strides
-        (inputs then outputs) then the domain; :class:`VMError` when the VM refuses."""
-        n_in = self._head[4]
-        _ints, at = _buffer("q", longs)  # the arrays stay alive through the call
-        _pointers, ptrs_at = _buffer("Q", ptrs)
-        status = self._lib.dvm_run(
-            *self._head,
-            _PTR(ptrs_at),
-            in_codes,
-            _PTR(at),
-            len(self.out_dtypes),
-            _PTR(ptrs_at + 8 * n_in),
-            self._out_codes,
-            _PTR(at + 8 * n_in * nd),
-            _PTR(at + 8 * (len(longs) - nd)),
-            nd,
-            threads,
+            if t.is_neg():
+                raise _negated("input", k)
+        launch = self.bind(
+            dims,
+            inputs,
+            [(k, t.shape) for k, t in enumerate(inputs)],
+            [output_shape(dims, red) for red in self.reduced],
+            out_strides=out_strides,
         )
-        if status != 0:
-            raise VMError(f"dvm_run refused the call: {_STATUS.get(status, f'status {status}')}")
+        return launch.run(inputs, threads)
 
 
 def _contiguous_strides(shape: Sequence[int]) -> list[int]:
@@ -349,7 +295,15 @@ class Launch:
     """A :class:`Kernel` bound to one domain and to its operands' shapes and dtypes (see
     :meth:`Kernel.bind`). Call it with dense CPU tensors of exactly those shapes and dtypes; it
     returns the outputs. A call with others raises ``ValueError`` / ``TypeError``, and a row
-    too long for a reducing program :class:`VMError`, at each call."""
+    too long for a reducing program :class:`VMError`, at each call.
+
+    The calls run in C (``dvm._launcher.Launcher``): ``run(args, threads=0)`` (the outputs;
+    ``threads`` below 1 means ``torch.get_num_threads()``), ``mismatch(args, grad)`` (the
+    first arg that cannot run as bound, ``(k, kind)`` with ``kind`` an index into
+    :data:`MISMATCH`, or ``None``; with ``grad``, an arg requiring grad counts) and
+    ``guarded(args, results)`` (``None`` when ``mismatch(args, torch.is_grad_enabled())``
+    finds one, else the tuple of ``outputs[k]``, or ``outputs[k].view(shape)``, for each
+    ``(k, shape or None)`` of ``results``: a compiled region's call)."""
 
     def __init__(
         self,
@@ -360,7 +314,7 @@ class Launch:
         out_shapes: Sequence[Sequence[int]],
         out_strides: Sequence[Sequence[int] | None] | None,
     ) -> None:
-        n_in, n_out = kernel._head[4], len(kernel.out_dtypes)
+        n_in, n_out = kernel.program.n_inputs, len(kernel.out_dtypes)
         if len(operands) != n_in or len(out_shapes) != n_out:
             raise ValueError(
                 f"the program takes {n_in} inputs and {n_out} outputs, got {len(operands)} "
@@ -369,20 +323,18 @@ class Launch:
         try:
             kernel._check_rows(dims)
         except VMError as e:
-            self._refused: VMError | None = e
+            refused: VMError | None = e
         else:
-            self._refused = None
-        self._kernel = kernel
-        self._signature = tuple((tuple(a.shape), a.dtype) for a in args)
-        self._operands = tuple(
+            refused = None
+        shapes = tuple(torch.Size(a.shape) for a in args)
+        dtypes = tuple(a.dtype for a in args)
+        self._signature = tuple(zip(shapes, dtypes, strict=True))
+        picks = [
             (i, _stride_map(args[i].shape, view, dims, k)) for k, (i, view) in enumerate(operands)
-        )
-        self._in_codes_buf, in_codes_at = _buffer(
-            "i", [_dtype_code(args[i].dtype, "input", k) for k, (i, _) in enumerate(operands)]
-        )
-        self._in_codes = _PTR(in_codes_at)
+        ]
+        in_codes = [_dtype_code(args[i].dtype, "input", k) for k, (i, _) in enumerate(operands)]
         layouts = _layouts(out_strides, dims, kernel.reduced)
-        self._allocs = []
+        allocs = []
         tail: list[int] = []
         for k, (shape, dtype, red, layout) in enumerate(
             zip(out_shapes, kernel.out_dtypes, kernel.reduced, layouts, strict=True)
@@ -392,53 +344,60 @@ class Launch:
                 raise ValueError(f"output {k}: shape {tuple(shape)} is not {want} (up to 1s)")
             if layout is None:
                 strides = _contiguous_strides(want)
-                self._allocs.append((tuple(shape), tuple(_contiguous_strides(shape)), dtype))
+                allocs.append((tuple(shape), tuple(_contiguous_strides(shape)), dtype))
             else:  # allocated in `shape`, its dims other than 1 laid out as the domain's
                 strides = list(layout)
                 own = iter(st for size, st in zip(dims, layout, strict=True) if size != 1)
                 placed = tuple(next(own) if size != 1 else 1 for size in shape)
-                self._allocs.append((tuple(shape), placed, dtype))
+                allocs.append((tuple(shape), placed, dtype))
             if red:
                 strides[-1] = 0
             tail += strides
-        self._tail = tail + list(dims)
-        self._nd = len(dims)
+        launcher = _launcher.Launcher(
+            kernel._run_at,
+            kernel._code,
+            kernel._imm,
+            kernel.program.n_regs,
+            in_codes,
+            kernel._out_codes,
+            picks,
+            allocs,
+            tail + list(dims),
+            len(dims),
+            shapes,
+            dtypes,
+            refused,
+        )
+        self.run, self.mismatch, self.guarded = launcher.run, launcher.mismatch, launcher.guarded
 
     def __call__(self, args: Sequence[torch.Tensor]) -> list[torch.Tensor]:
-        if len(args) != len(self._signature):
-            raise ValueError(f"bound for {len(self._signature)} args, got {len(args)}")
-        for k, (t, (shape, dtype)) in enumerate(zip(args, self._signature, strict=True)):
-            if not isinstance(t, torch.Tensor):
-                raise TypeError(f"arg {k} is a {type(t).__name__}, not a torch.Tensor")
-            if t.shape != shape or t.dtype != dtype:
-                raise ValueError(
-                    f"arg {k} is {t.dtype} {tuple(t.shape)}; this launch was bound for {dtype} "
-                    f"{shape} (bind the kernel again for other shapes or dtypes)"
-                )
-            if not t.is_cpu or t.layout is not torch.strided:
-                raise ValueError(
-                    f"arg {k} is a {t.device.type} {t.layout} tensor; the VM runs on dense CPU "
-                    f"tensors (move it with .cpu())"
-                )
-            _check_resolved(t, "arg", k)
-        return self.call_unchecked(args)
+        found = self.mismatch(args, False)
+        if found is not None:
+            k, kind = found
+            raise _mismatch_error(args[k], k, MISMATCH[kind], self._signature[k])
+        return self.run(args)
 
-    def call_unchecked(self, args: Sequence[torch.Tensor]) -> list[torch.Tensor]:
-        """:meth:`__call__` without the argument checks, for callers that made them (a compiled
-        region's guard): other args read out of bounds."""
-        if self._refused is not None:
-            raise self._refused
-        longs: list[int] = []
-        for i, picks in self._operands:
-            strides = args[i].stride()
-            longs += strides if picks is None else [strides[j] if j >= 0 else 0 for j in picks]
-        # empty_strided: torch.empty parses a shape 1-3 µs slower a call; on the CPU whatever
-        # the default device (a CUDA one would hand the VM device pointers)
-        outs = [torch.empty_strided(s, st, dtype=d, device=_CPU) for s, st, d in self._allocs]
-        longs += self._tail
-        ptrs = [args[i].data_ptr() for i, _ in self._operands] + [o.data_ptr() for o in outs]
-        self._kernel._run(ptrs, self._in_codes, longs, self._nd, torch.get_num_threads())
-        return outs
+
+MISMATCH = ("not a tensor", "shape", "dtype", "device", "negated", "needs grad")
+"""The kinds of arg :meth:`Launch.mismatch` reports, by index (``dvm._launcher``'s codes)."""
+
+
+def _mismatch_error(t: Any, k: int, kind: str, bound: tuple[torch.Size, torch.dtype]) -> Exception:
+    """The error for arg ``k``, ``t``, which does not match ``bound`` (shape, dtype) by ``kind``."""
+    if kind == "not a tensor":
+        return TypeError(f"arg {k} is a {type(t).__name__}, not a torch.Tensor")
+    if kind in ("shape", "dtype"):
+        shape, dtype = bound
+        return ValueError(
+            f"arg {k} is {t.dtype} {tuple(t.shape)}; this launch was bound for {dtype} "
+            f"{tuple(shape)} (bind the kernel again for other shapes or dtypes)"
+        )
+    if kind == "device":
+        return ValueError(
+            f"arg {k} is a {t.device.type} {t.layout} tensor; the VM runs on dense CPU "
+            f"tensors (move it with .cpu())"
+        )
+    return _negated("arg", k)
 
 
 def run(

@@ -1,0 +1,170 @@
+"""dvm._launcher, the C side of a bound launch: its guard agrees with the runner's reasons,
+bad construction and calls raise, and a call keeps no references it should not."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+import torch
+
+from dvm import _launcher, vm
+from dvm.compile import _guard_failure
+from dvm.program import Instr, Op, Program
+
+SIZE = torch.Size((4, 6))
+
+
+def _launch() -> vm.Launch:
+    p = Program(
+        (
+            Instr(Op.LOAD, 0, 0),
+            Instr(Op.LOAD, 1, 1),
+            Instr(Op.MUL, 2, 0, 1),
+            Instr(Op.STORE, -1, 0, 2),
+        ),
+        2,
+        1,
+        3,
+    )
+    x, w = torch.randn(SIZE), torch.randn(6)
+    return vm.Kernel(p, [torch.float32]).bind(SIZE, [x, w], [(0, SIZE), (1, (6,))], [SIZE])
+
+
+ARGS = {
+    "ok": lambda: (torch.randn(SIZE), torch.randn(6)),
+    "not a tensor": lambda: (torch.randn(SIZE), 2.0),
+    "shape": lambda: (torch.randn(4, 7), torch.randn(6)),
+    "dtype": lambda: (torch.randn(SIZE, dtype=torch.float64), torch.randn(6)),
+    "device": lambda: (torch.randn(SIZE).to_sparse(), torch.randn(6)),
+    "meta": lambda: (torch.randn(SIZE), torch.empty(6, device="meta")),
+    "negated": lambda: (torch.randn(SIZE), torch.randn(6, dtype=torch.complex64).conj().imag),
+    "needs grad": lambda: (torch.randn(SIZE, requires_grad=True), torch.randn(6)),
+}
+
+
+@pytest.mark.parametrize("grad", [True, False])
+@pytest.mark.parametrize("case", list(ARGS))
+def test_the_c_guard_refuses_exactly_what_the_runner_gives_a_reason_for(case, grad):
+    launch = _launch()
+    args = ARGS[case]()
+    guards = [(SIZE, torch.float32), (torch.Size((6,)), torch.float32)]
+    with torch.set_grad_enabled(grad):
+        reason = _guard_failure(args, guards)
+        found = launch.mismatch(args, grad)
+        got = launch.guarded(args, ((0, None),))
+    assert (found is None) == (reason is None) == (got is not None)
+    if case == "ok" or (case == "needs grad" and not grad):
+        torch.testing.assert_close(got[0], args[0] * args[1])
+    else:
+        k, kind = found
+        kinds = {"meta": "device", "needs grad": "needs grad"}
+        assert vm.MISMATCH[kind] == kinds.get(case, case)
+        assert reason.startswith(f"input {k} ")
+
+
+def test_results_are_views_where_asked_and_a_call_keeps_no_references():
+    launch = _launch()
+    x, w = ARGS["ok"]()
+    refs = sys.getrefcount(x), sys.getrefcount(w)
+    for _ in range(100):
+        out, view = launch.guarded([x, w], ((0, None), (0, torch.Size((24,)))))
+    assert (sys.getrefcount(x), sys.getrefcount(w)) == refs
+    assert view.shape == (24,)
+    assert view._base is out
+    assert sys.getrefcount(out) == 3  # out, the view's base, getrefcount's argument
+    assert torch.equal(out, x * w)
+
+
+def test_calls_with_wrong_args_raise():
+    launch = _launch()
+    x, w = ARGS["ok"]()
+    with pytest.raises(ValueError, match="bound for 2 args, got 1"):
+        launch.run([x])
+    with pytest.raises(TypeError, match="sequence"):
+        launch.run(5)
+    with pytest.raises(ValueError, match="does not match the launch"):
+        launch.run([x, w.double()])  # Launch's own call explains; run refuses all the same
+    with pytest.raises(ValueError, match=r"arg 1 is torch.float64 \(6,\); .*bound for"):
+        launch([x, w.double()])
+    with pytest.raises(TypeError, match="results"):
+        launch.guarded([x, w], ((0,),))
+    with pytest.raises(ValueError, match="no such output"):
+        launch.guarded([x, w], ((1, None),))
+    assert torch.equal(launch.run([x, w], 1)[0], launch.run([x, w])[0])
+
+
+def _parts(**change):
+    """Launcher's arguments for one exp over a [2, 3] domain, with ``change`` applied."""
+    kernel = vm.Kernel(
+        Program((Instr(Op.LOAD, 0, 0), Instr(Op.EXP, 1, 0), Instr(Op.STORE, -1, 0, 1)), 1, 1, 2),
+        [torch.float32],
+    )
+    parts = {
+        "address": kernel._run_at,
+        "code": kernel._code,
+        "imm": kernel._imm,
+        "n_regs": 2,
+        "in_codes": [0],
+        "out_codes": [0],
+        "operands": [(0, None)],
+        "allocs": [((2, 3), (3, 1), torch.float32)],
+        "tail": [3, 1, 2, 3],
+        "nd": 2,
+        "shapes": (torch.Size((2, 3)),),
+        "dtypes": (torch.float32,),
+        "refused": None,
+    }
+    return list({**parts, **change}.values())
+
+
+@pytest.mark.parametrize(
+    ("change", "match"),
+    [
+        ({"address": 0}, "null"),
+        ({"code": [0, 0, 0, 0]}, "five int32"),
+        ({"code": [0] * 5 * 257}, "at most"),
+        ({"code": [2**40] * 5}, "not an int32"),
+        ({"imm": [0.0]}, "one float per instruction"),
+        ({"operands": [(1, None)]}, "reads arg 1"),
+        ({"operands": [(0, (0, 2))]}, "no dim 2"),
+        ({"operands": [(0, (0,))]}, "give 2 picks"),
+        ({"operands": [(0, None)], "shapes": (torch.Size((6,)),)}, "has not 2 dims"),
+        ({"operands": []}, "one .arg, picks. per input"),
+        ({"allocs": []}, "per output code"),
+        ({"tail": [3, 1]}, "tail"),
+        ({"nd": 7}, "need 1 to 6"),
+        ({"dtypes": ()}, "one per arg"),
+    ],
+)
+def test_bad_construction_raises(change, match):
+    with pytest.raises((ValueError, TypeError), match=match):
+        _launcher.Launcher(*_parts(**change))
+    launcher = _launcher.Launcher(*_parts())
+    x = torch.randn(2, 3)
+    torch.testing.assert_close(launcher.run([x])[0], x.exp())
+
+
+def test_a_launcher_is_initialised_once_and_not_used_before():
+    launcher = _launcher.Launcher.__new__(_launcher.Launcher)
+    with pytest.raises(TypeError, match="not initialised"):
+        launcher.run([torch.randn(2, 3)])
+    launcher.__init__(*_parts())
+    with pytest.raises(TypeError, match="initialised once"):
+        launcher.__init__(*_parts(operands=[(0, (5, 5))]))
+    x = torch.randn(2, 3)
+    torch.testing.assert_close(launcher.run([x])[0], x.exp())
+
+
+def test_a_refusal_made_at_binding_is_raised_by_each_call():
+    refused = vm.VMError("rows too long")
+    launcher = _launcher.Launcher(*_parts(refused=refused))
+    for _ in range(2):
+        with pytest.raises(vm.VMError, match="rows too long"):
+            launcher.run([torch.randn(2, 3)])
+
+
+def test_a_status_from_the_vm_is_a_vm_error():
+    launcher = _launcher.Launcher(*_parts(n_regs=0))  # the VM refuses the program
+    with pytest.raises(vm.VMError, match="dvm_run refused the call: the encoded program"):
+        launcher.run([torch.randn(2, 3)])

@@ -17,8 +17,10 @@ typedef int32_t (*RunFn)(const int32_t*, const float*, int32_t, int32_t, int32_t
                          void* const*, const int32_t*, const int64_t*, const int64_t*, int32_t,
                          int32_t);
 
-// Mismatch kinds, as dvm.vm.MISMATCH names them.
+// Mismatch kinds: indices into MISMATCH (the module's MISMATCH, which dvm.vm uses).
 enum { NOT_TENSOR = 0, SHAPE = 1, DTYPE = 2, DEVICE = 3, NEGATED = 4, NEEDS_GRAD = 5 };
+static const char* const MISMATCH[] = {"not a tensor", "shape", "dtype",
+                                       "device",       "negated", "needs grad"};
 
 static struct {
     PyObject *tensor, *empty_strided, *cpu, *num_threads, *grad_enabled, *strided, *error;
@@ -42,7 +44,7 @@ typedef struct {
     int64_t tail[MAX_OUTPUTS * MAX_DIMS + MAX_DIMS];  // output strides, then the domain
     PyObject* shapes;                     // tuple: each arg's shape, as bound
     PyObject* dtypes;                     // tuple: each arg's dtype
-    PyObject* refused;                    // the exception every call raises, or NULL
+    PyObject* refused;                    // the message of the VMError every call raises, or NULL
 } Launcher;
 
 static int fill_ints(PyObject* seq, const char* what, Py_ssize_t max, int64_t* out,
@@ -179,7 +181,13 @@ static int launcher_init(Launcher* self, PyObject* args, PyObject* kwds) {
     for (int32_t k = 0; k < self->n_in; ++k) {
         PyObject* picks;
         Py_ssize_t i;
-        if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(fast, k), "nO", &i, &picks)) {
+        PyObject* entry = PySequence_Fast_GET_ITEM(fast, k);
+        if (!PyTuple_Check(entry)) {
+            Py_DECREF(fast);
+            PyErr_SetString(PyExc_TypeError, "operands: each an (arg, picks) tuple");
+            return -1;
+        }
+        if (!PyArg_ParseTuple(entry, "nO", &i, &picks)) {
             Py_DECREF(fast);
             return -1;
         }
@@ -227,7 +235,13 @@ static int launcher_init(Launcher* self, PyObject* args, PyObject* kwds) {
     }
     for (int32_t k = 0; k < self->n_out; ++k) {
         PyObject *shape, *strides, *dtype;
-        if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(fast, k), "O!O!O", &PyTuple_Type, &shape,
+        PyObject* entry = PySequence_Fast_GET_ITEM(fast, k);
+        if (!PyTuple_Check(entry)) {
+            Py_DECREF(fast);
+            PyErr_SetString(PyExc_TypeError, "allocs: each a (shape, strides, dtype) tuple");
+            return -1;
+        }
+        if (!PyArg_ParseTuple(entry, "O!O!O", &PyTuple_Type, &shape,
                               &PyTuple_Type, &strides, &dtype)) {
             Py_DECREF(fast);
             return -1;
@@ -241,14 +255,18 @@ static int launcher_init(Launcher* self, PyObject* args, PyObject* kwds) {
     Py_DECREF(fast);
     Py_INCREF(dtypes);
     Py_XSETREF(self->dtypes, dtypes);
-    Py_INCREF(shapes);
-    self->shapes = shapes;  // last: a Launcher with shapes set is ready
+    if (refused != Py_None && !PyUnicode_Check(refused)) {
+        PyErr_SetString(PyExc_TypeError, "refused: a message (str) or None");
+        return -1;
+    }
     if (refused == Py_None) {
         Py_CLEAR(self->refused);
     } else {
         Py_INCREF(refused);
         Py_XSETREF(self->refused, refused);
     }
+    Py_INCREF(shapes);
+    self->shapes = shapes;  // last: a Launcher with shapes set is ready
     return 0;
 }
 
@@ -264,7 +282,7 @@ static int attr_is(PyObject* t, PyObject* name, PyObject* want) {
 // The first arg that cannot run as bound: its index and kind, or -1 when all can (-2: error).
 static int find_mismatch(Launcher* self, PyObject* fast, int grad, int* kind) {
     for (Py_ssize_t i = 0; i < self->n_args; ++i) {
-        PyObject* t = PySequence_Fast_GET_ITEM(fast, i);
+        PyObject* t = PyTuple_GET_ITEM(fast, i);
         int r = PyObject_IsInstance(t, g.tensor);
         if (r <= 0) return r < 0 ? -2 : (*kind = NOT_TENSOR, (int)i);
         PyObject* shape = PyObject_GetAttr(t, g.s_shape);
@@ -290,18 +308,29 @@ static int find_mismatch(Launcher* self, PyObject* fast, int grad, int* kind) {
     return -1;
 }
 
+// The args as a tuple of our own (a tuple given is taken as it is): code the call runs (a
+// tensor subclass's attributes) or another thread while the VM runs may drop the caller's
+// references, not these.
 static PyObject* seq_of_args(Launcher* self, PyObject* args) {
     if (self->shapes == NULL) {
         PyErr_SetString(PyExc_TypeError, "this Launcher was not initialised");
         return NULL;
     }
-    PyObject* fast = PySequence_Fast(args, "args must be a sequence of tensors");
-    if (fast != NULL && PySequence_Fast_GET_SIZE(fast) != self->n_args) {
-        PyErr_Format(PyExc_ValueError, "bound for %zd args, got %zd", self->n_args,
-                     PySequence_Fast_GET_SIZE(fast));
-        Py_CLEAR(fast);
+    PyObject* own = PySequence_Tuple(args);
+    if (own == NULL) {
+        if (PyErr_ExceptionMatches(PyExc_TypeError)) {
+            PyErr_Clear();
+            PyErr_Format(PyExc_TypeError, "args must be a sequence of tensors, got %.100s",
+                         Py_TYPE(args)->tp_name);
+        }
+        return NULL;
     }
-    return fast;
+    if (PyTuple_GET_SIZE(own) != self->n_args) {
+        PyErr_Format(PyExc_ValueError, "bound for %zd args, got %zd", self->n_args,
+                     PyTuple_GET_SIZE(own));
+        Py_CLEAR(own);
+    }
+    return own;
 }
 
 static int read_ptr(PyObject* t, void** out) {
@@ -314,8 +343,8 @@ static int read_ptr(PyObject* t, void** out) {
 
 // The outputs of one run on args already checked, or NULL with an exception set.
 static PyObject* launch(Launcher* self, PyObject* fast, int threads) {
-    if (self->refused != NULL) {
-        PyErr_SetObject((PyObject*)Py_TYPE(self->refused), self->refused);
+    if (self->refused != NULL) {  // a fresh error each call: a stored one would keep tracebacks
+        PyErr_SetObject(g.error, self->refused);
         return NULL;
     }
     const int nd = self->nd;
@@ -323,7 +352,7 @@ static PyObject* launch(Launcher* self, PyObject* fast, int threads) {
     const void* in_ptrs[MAX_INPUTS];
     void* out_ptrs[MAX_OUTPUTS];
     for (int32_t k = 0; k < self->n_in; ++k) {
-        PyObject* t = PySequence_Fast_GET_ITEM(fast, self->arg_of[k]);
+        PyObject* t = PyTuple_GET_ITEM(fast, self->arg_of[k]);
         PyObject* strides = PyObject_CallMethodNoArgs(t, g.s_stride);
         if (strides == NULL) return NULL;
         if (!PyTuple_Check(strides) ||
@@ -411,8 +440,10 @@ static PyObject* launcher_run(Launcher* self, PyObject* const* args, Py_ssize_t 
     }
     int threads = 0;
     if (n == 2) {
-        long asked = PyLong_AsLong(args[1]);
+        int overflow = 0;
+        long long asked = PyLong_AsLongLongAndOverflow(args[1], &overflow);
         if (asked == -1 && PyErr_Occurred()) return NULL;
+        if (overflow) asked = overflow > 0 ? INT32_MAX : 0;
         threads = asked > INT32_MAX ? INT32_MAX : asked < 0 ? 0 : (int)asked;
     }
     PyObject* fast = seq_of_args(self, args[0]);
@@ -423,8 +454,9 @@ static PyObject* launcher_run(Launcher* self, PyObject* const* args, Py_ssize_t 
     if (i == -1)
         outs = launch(self, fast, threads);
     else if (i >= 0)
-        PyErr_Format(PyExc_ValueError, "arg %d does not match the launch (mismatch kind %d)", i,
-                     kind);
+        PyErr_Format(kind == NOT_TENSOR ? PyExc_TypeError : PyExc_ValueError,
+                     "arg %d does not match the launch: %s (calling the Launch says more)", i,
+                     MISMATCH[kind]);
     Py_DECREF(fast);
     return outs;
 }
@@ -548,6 +580,17 @@ PyMODINIT_FUNC PyInit__launcher(void) {
     if (PyType_Ready(&LauncherType) < 0) return NULL;
     PyObject* m = PyModule_Create(&module_def);
     if (m == NULL) return NULL;
+    PyObject* kinds = PyTuple_New(sizeof MISMATCH / sizeof MISMATCH[0]);
+    for (Py_ssize_t i = 0; kinds != NULL && i < PyTuple_GET_SIZE(kinds); ++i) {
+        PyObject* name = PyUnicode_FromString(MISMATCH[i]);
+        if (name == NULL) Py_CLEAR(kinds);
+        else PyTuple_SET_ITEM(kinds, i, name);
+    }
+    if (kinds == NULL || PyModule_AddObject(m, "MISMATCH", kinds) < 0) {
+        Py_XDECREF(kinds);
+        Py_DECREF(m);
+        return NULL;
+    }
     Py_INCREF(&LauncherType);
     if (PyModule_AddObject(m, "Launcher", (PyObject*)&LauncherType) < 0) {
         Py_DECREF(&LauncherType);

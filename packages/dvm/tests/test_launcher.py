@@ -3,7 +3,9 @@ bad construction and calls raise, and a call keeps no references it should not."
 
 from __future__ import annotations
 
+import gc
 import sys
+import weakref
 
 import pytest
 import torch
@@ -157,8 +159,7 @@ def test_a_launcher_is_initialised_once_and_not_used_before():
 
 
 def test_a_refusal_made_at_binding_is_raised_by_each_call():
-    refused = vm.VMError("rows too long")
-    launcher = _launcher.Launcher(*_parts(refused=refused))
+    launcher = _launcher.Launcher(*_parts(refused="rows too long"))
     for _ in range(2):
         with pytest.raises(vm.VMError, match="rows too long"):
             launcher.run([torch.randn(2, 3)])
@@ -168,3 +169,74 @@ def test_a_status_from_the_vm_is_a_vm_error():
     launcher = _launcher.Launcher(*_parts(n_regs=0))  # the VM refuses the program
     with pytest.raises(vm.VMError, match="dvm_run refused the call: the encoded program"):
         launcher.run([torch.randn(2, 3)])
+
+
+def _add(n: int) -> vm.Launch:
+    p = Program(
+        (
+            Instr(Op.LOAD, 0, 0),
+            Instr(Op.LOAD, 1, 1),
+            Instr(Op.ADD, 2, 0, 1),
+            Instr(Op.STORE, -1, 0, 2),
+        ),
+        2,
+        1,
+        3,
+    )
+    ones = torch.ones(n)
+    return vm.Kernel(p, [torch.float32]).bind((n,), [ones, ones], [(0, (n,)), (1, (n,))], [(n,)])
+
+
+def test_a_call_holds_its_args_while_code_it_runs_drops_the_callers():
+    n = 1 << 16
+    args: list = []
+
+    class Dropping(torch.Tensor):  # a subclass whose data_ptr() drops the caller's references
+        def data_ptr(self):
+            ptr = super().data_ptr()
+            args.clear()
+            torch.full((n,), 7.0)  # would reuse a freed input's memory
+            return ptr
+
+    launch = _add(n)
+    for first in (True, False):
+        a, b = torch.ones(n), torch.ones(n)
+        args[:] = [a.as_subclass(Dropping), b] if first else [a, b.as_subclass(Dropping)]
+        del a, b
+        (out,) = launch.run(args)
+        assert torch.equal(out, torch.full((n,), 2.0))
+
+
+def test_a_launch_refused_at_binding_keeps_no_inputs_alive():
+    p = Program(
+        (Instr(Op.LOAD, 0, 0), Instr(Op.REDUCE_SUM, 1, 0), Instr(Op.STORE, -1, 0, 1)), 1, 1, 2
+    )
+    kernel = vm.Kernel(p, [torch.float32], [True])
+    row = vm._lib.max_row(kernel.isa) + 1
+    launch = kernel.bind((2, row), [torch.empty(2, row)], [(0, (2, row))], [(2, 1)])
+    alive = []
+    for k in range(6):
+        x = torch.zeros(2, row)
+        alive.append(weakref.ref(x))
+        call, args = (kernel, ([x], (2, row))) if k < 3 else (launch.guarded, ((x,), ((0, None),)))
+        with pytest.raises(vm.VMError, match="rows of") as info:
+            call(*args)
+        del x, args, call, info
+    gc.collect()
+    assert [r() for r in alive] == [None] * len(alive)
+    bound = weakref.ref(launch)
+    del launch
+    gc.collect()
+    assert bound() is None
+
+
+def test_run_names_the_mismatch_and_takes_any_thread_count():
+    launch = _add(4)
+    x = torch.ones(4)
+    with pytest.raises(TypeError, match="arg 1 does not match the launch: not a tensor"):
+        launch.run([x, 1.0])
+    with pytest.raises(ValueError, match="arg 0 does not match the launch: dtype"):
+        launch.run([x.double(), x])
+    assert torch.equal(launch(iter([x, x]))[0], x + x)  # an iterator is read once
+    for threads in (2**63, 2**80, -(2**70)):
+        assert torch.equal(launch.run([x, x], threads)[0], x + x)

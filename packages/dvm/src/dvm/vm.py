@@ -322,8 +322,8 @@ class Launch:
             )
         try:
             kernel._check_rows(dims)
-        except VMError as e:
-            refused: VMError | None = e
+        except VMError as e:  # raised afresh by each call: a kept one would keep tracebacks
+            refused: str | None = str(e)
         else:
             refused = None
         shapes = tuple(torch.Size(a.shape) for a in args)
@@ -371,6 +371,7 @@ class Launch:
         self.run, self.mismatch, self.guarded = launcher.run, launcher.mismatch, launcher.guarded
 
     def __call__(self, args: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        args = tuple(args)  # an iterator is read once
         found = self.mismatch(args, False)
         if found is not None:
             k, kind = found
@@ -378,8 +379,10 @@ class Launch:
         return self.run(args)
 
 
-MISMATCH = ("not a tensor", "shape", "dtype", "device", "negated", "needs grad")
-"""The kinds of arg :meth:`Launch.mismatch` reports, by index (``dvm._launcher``'s codes)."""
+MISMATCH: tuple[str, ...] = _launcher.MISMATCH
+"""The kinds of arg :meth:`Launch.mismatch` reports, by index: ``"not a tensor"``,
+``"shape"``, ``"dtype"``, ``"device"`` (or layout), ``"negated"`` (a lazily negated view),
+``"needs grad"``."""
 
 
 def _mismatch_error(t: Any, k: int, kind: str, bound: tuple[torch.Size, torch.dtype]) -> Exception:

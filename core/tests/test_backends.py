@@ -102,6 +102,23 @@ def test_plugin_backend_and_withdrawal(fixture_plugins, spore_manager) -> None:
         torch.compile(_fn, backend="spore_fixture_counting")(x)
 
 
+def test_a_withdrawn_backends_name_can_be_registered_again(fixture_plugins, spore_manager) -> None:
+    fixture_plugins("hookexit")  # registers spore_fixture_quitter, then fails: it is withdrawn
+    spore_manager()
+    seen = []
+
+    def compiler(gm, example_inputs):
+        seen.append(gm)
+        return gm.forward
+
+    spore.register_custom_backend("spore_fixture_quitter", compiler)
+    torch._dynamo.reset()
+    x = torch.randn(4)
+    torch.testing.assert_close(torch.compile(_fn, backend="spore_fixture_quitter")(x), _fn(x))
+    assert seen
+    assert spore.get_registry("backends").entry("spore_fixture_quitter").owner == "user"
+
+
 def test_dynamo_entry_point_found_by_torch_compile_alone(fixtures_dir) -> None:
     """User code imports only torch; dynamo finds the backend through the entry point."""
     code = (

@@ -113,6 +113,18 @@ def test_a_plugin_calling_sys_exit_at_import_fails_without_ending_the_host(
     assert statuses["healthy"][0] is Status.ACTIVE
 
 
+def test_a_plugin_calling_sys_exit_in_a_hook_fails_without_ending_the_host(
+    fixture_plugins, spore_manager
+) -> None:
+    fixture_plugins("healthy", "hookexit")
+    manager = spore_manager()
+    status, reason = _statuses(manager)["hookexit"]
+    assert status is Status.FAILED
+    assert reason == "hook spore_register_backends raised: SystemExit: plugin gave up in its hook"
+    assert _statuses(manager)["healthy"][0] is Status.ACTIVE
+    assert "spore_fixture_quitter" not in manager.registry("backends")
+
+
 def test_hook_exception_fails_plugin_and_withdraws_its_entries(
     fixture_plugins, spore_manager
 ) -> None:

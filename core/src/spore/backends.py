@@ -27,6 +27,7 @@ CompilerFn = Callable[..., Any]
 
 _lock = threading.Lock()
 _active: dict[str, Backend] = {}
+_given: set[str] = set()  # names whose dynamo entry is Spore's (:func:`_entry`), withdrawn or not
 
 
 @dataclass(frozen=True)
@@ -96,8 +97,8 @@ def register_with_dynamo(backend: Backend) -> None:
     import torch._dynamo
 
     with _lock:
-        if backend.name in _active:
-            _active[backend.name] = backend
+        if backend.name in _active or backend.name in _given:
+            _active[backend.name] = backend  # dynamo's entry calls the one in _active
             return
         if backend.name in torch._dynamo.list_backends(exclude_tags=()):
             if _declared_by_entry_point(backend):
@@ -109,6 +110,7 @@ def register_with_dynamo(backend: Backend) -> None:
             )
         _active[backend.name] = backend
         torch._dynamo.register_backend(_entry(backend.name), name=backend.name)
+        _given.add(backend.name)
 
 
 def withdraw(names: list[str]) -> None:

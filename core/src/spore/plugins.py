@@ -208,7 +208,7 @@ class PluginManager:
             try:
                 with scope(impl.plugin_name):
                     impl.function(**args)
-            except Exception as exc:
+            except (Exception, SystemExit) as exc:  # as at import: not the host's exit
                 self._fail(info, f"hook {hookname} raised", exc)
 
     def _fail(self, info: PluginInfo, what: str, exc: BaseException) -> None:
@@ -337,7 +337,7 @@ class PluginManager:
             argument = make(impl.plugin_name)
             try:
                 impl.function(**{name: argument for name in impl.argnames})
-            except Exception as exc:
+            except (Exception, SystemExit) as exc:  # as at import: not the host's exit
                 message = f"spore plugin {impl.plugin_name!r}: hook {hookname} raised"
                 if self.strict or impl.plugin_name in self.requested:
                     raise PluginError(f"{message}: {exc}") from exc

@@ -1,9 +1,11 @@
 from __future__ import annotations
 
+import gc
 import json
 import os
 import subprocess
 import sys
+import weakref
 
 import pytest
 import torch
@@ -98,6 +100,38 @@ def test_track_counts_bytes_per_op_and_peak() -> None:
     del loss
     assert tracked.live_bytes == 0
     assert tracked.peak_bytes == tracked.bytes
+
+
+@pytest.mark.parametrize("hooks", ["track", "offload"])
+def test_graphs_dropped_without_backward_free_what_they_saved(hooks, tmp_path) -> None:
+    x = torch.randn(1000, requires_grad=True)
+    alive = []
+    block = memory.track() if hooks == "track" else memory.offload("disk", directory=tmp_path)
+    with block as stats:
+        for _ in range(5):
+            y = x.exp()  # exp saves its output: kept as it is, the output would hold itself
+            z = y.exp().sum()
+            alive.append(weakref.ref(y))
+            del y, z
+    gc.collect()
+    assert [r() for r in alive] == [None] * 5
+    if hooks == "track":
+        assert stats.count == 10
+        assert stats.live_bytes == 0
+
+
+def test_track_refuses_a_saved_tensor_modified_in_place_as_autograd_does() -> None:
+    x = torch.tensor([0.5, 1.0], requires_grad=True)
+    with memory.track():
+        a = x * 2
+        b = a.sin()  # saves a
+    a.add_(1)
+    with pytest.raises(RuntimeError, match=r"modified by an inplace operation.*version is 1"):
+        b.sum().backward()
+    with memory.track():
+        b = (x * 2).sin()
+    b.sum().backward()
+    torch.testing.assert_close(x.grad, 2 * torch.cos(2 * x.detach()))
 
 
 def test_offload_spills_to_files_and_cleans_up(tmp_path) -> None:

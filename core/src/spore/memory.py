@@ -141,12 +141,38 @@ class _CurrentOp(TorchFunctionMode):
 
 
 class _Held:
-    """What track() packs: the tensor, so its release can be observed."""
+    """What track() packs: the tensor detached (the tensor itself would make a cycle through
+    its own grad_fn when autograd saves an op's output, which the garbage collector cannot
+    see through), so its release can be observed; and its version, checked in backward as
+    autograd checks it without hooks."""
 
-    __slots__ = ("__weakref__", "value")
+    __slots__ = ("__weakref__", "value", "version")
 
-    def __init__(self, value: Any) -> None:
-        self.value = value
+    def __init__(self, value: torch.Tensor) -> None:
+        self.value = value.detach()
+        self.version = _version(value)
+
+    def unpack(self) -> torch.Tensor:
+        if self.version is not None and _version(self.value) != self.version:
+            raise RuntimeError(
+                f"a tensor autograd saved ({_describe(self.value)}) was modified by an inplace "
+                f"operation after it was saved: its version is {_version(self.value)}, it was "
+                f"saved at {self.version} (spore.memory.track() checks this as autograd does "
+                "without hooks); clone it before modifying it"
+            )
+        return self.value
+
+
+def _version(t: torch.Tensor) -> int | None:
+    """``t._version``, ``None`` where a tensor has none (inference tensors, some subclasses)."""
+    try:
+        return t._version
+    except (RuntimeError, AttributeError, NotImplementedError):
+        return None
+
+
+def _describe(t: torch.Tensor) -> str:
+    return f"{str(t.dtype).removeprefix('torch.')}{list(t.shape)}"
 
 
 @contextmanager
@@ -169,7 +195,7 @@ def track() -> Iterator[SavedTensorTracker]:
         return held
 
     def unpack(value: Any) -> Any:
-        return value.value if isinstance(value, _Held) else value
+        return value.unpack() if isinstance(value, _Held) else value
 
     install = torch.autograd.graph.saved_tensors_hooks
     with stacked(_stack(), pack, unpack, install, observes=True), current:
@@ -285,7 +311,7 @@ def offload(
     def pack(value: Any) -> Any:
         if not _offloadable(value, "cpu" if target == "disk" else "cuda", min_bytes):
             stats.kept += 1
-            return value
+            return value.detach() if isinstance(value, torch.Tensor) else value  # as _Held
         stats.offloaded += 1
         stats.offloaded_bytes += _nbytes(value)
         if target == "disk":

@@ -522,6 +522,8 @@ def test_kernels_supports_and_the_reference_get_arguments_dropped_as_defaults() 
         ("(Tensor[] xs) -> Tensor", "tensor lists"),
         ("(Tensor x) -> Tensor[]", "tensor lists"),
         ("(Tensor? x, Tensor?[] xs) -> Tensor", "tensor lists"),
+        ("(Tensor(a!) x) -> ()", r"writes to an argument \(Tensor\(a!\)\)"),
+        ("(Tensor(a!) x, Tensor y) -> Tensor(a!)", "writes to an argument"),
     ],
 )
 def test_schemas_the_autograd_kernel_cannot_take_are_refused(schema, message) -> None:

@@ -322,6 +322,11 @@ def define(
                 f"op {name!r}: tensor lists (Tensor[]) are not supported as arguments or "
                 f"results; pass the tensors one by one"
             )
+        if parsed.is_mutable:
+            raise ValueError(
+                f"op {name!r}: schema {schema!r} writes to an argument (Tensor(a!)); Spore ops "
+                "are functional (their autograd would not see the write): return a new tensor"
+            )
         op._defaults = tuple(a.default_value for a in parsed.arguments)
         op._names = tuple(a.name for a in parsed.arguments)
         lib.define(f"{name}{schema}")

@@ -141,6 +141,18 @@ def test_save_and_load_keep_data_and_meta() -> None:
     assert loaded.unwrap().tolist() == [0.0, 1.0, 2.0]
 
 
+@pytest.mark.parametrize("requires_grad", [True, False])
+def test_requires_grad_survives_rewrapping_and_save_and_load(requires_grad) -> None:
+    wrapper = Sharded(torch.ones(2), {"placement": "shard0"}).requires_grad_(requires_grad)
+    assert Sharded(wrapper).requires_grad is requires_grad
+    buf = io.BytesIO()
+    torch.save(wrapper, buf)
+    buf.seek(0)
+    loaded = torch.load(buf, weights_only=False)
+    assert loaded.requires_grad is requires_grad
+    assert loaded.meta == {"placement": "shard0"}
+
+
 def test_compiles_with_aot_autograd() -> None:
     x = Sharded(torch.randn(4, 3), {"placement": "shard0"})
     compiled = torch.compile(lambda a: (a * 2).sin(), backend="aot_eager", fullgraph=True)

@@ -43,6 +43,7 @@ class FallbackTensor(torch.Tensor):
     def __new__(cls, data: torch.Tensor, meta: dict[str, Any] | None = None) -> FallbackTensor:
         if not isinstance(data, torch.Tensor):
             raise TypeError(f"{cls.__name__} wraps a torch.Tensor, got {type(data).__name__}")
+        requires_grad = data.requires_grad  # a wrapper's own: its data is kept detached
         if isinstance(data, FallbackTensor):
             data = data._spore_data
         out = torch.Tensor._make_wrapper_subclass(
@@ -53,7 +54,7 @@ class FallbackTensor(torch.Tensor):
             dtype=data.dtype,
             device=data.device,
             layout=data.layout,
-            requires_grad=data.requires_grad,
+            requires_grad=requires_grad,
         )
         out._spore_data = data.detach() if data.requires_grad else data
         out._spore_meta = dict(meta or {})
@@ -144,11 +145,14 @@ class FallbackTensor(torch.Tensor):
         return cls(inner["_spore_data"], meta)
 
     def __reduce_ex__(self, protocol: int) -> tuple[Any, ...]:
-        return (_rebuild, (type(self), self._spore_data, self._spore_meta))
+        return (_rebuild, (type(self), self._spore_data, self._spore_meta, self.requires_grad))
 
 
-def _rebuild(cls: type[FallbackTensor], data: torch.Tensor, meta: dict[str, Any]) -> Any:
-    return cls(data, meta)
+def _rebuild(
+    cls: type[FallbackTensor], data: torch.Tensor, meta: dict[str, Any], requires_grad: bool = False
+) -> Any:
+    out = cls(data, meta)
+    return out.requires_grad_() if requires_grad else out
 
 
 def _map(fn: Callable[[Any], Any], value: Any) -> Any:

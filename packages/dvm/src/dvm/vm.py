@@ -21,7 +21,7 @@ import torch
 from dvm import _launcher, _lib
 from dvm.program import DTYPE_CODES, MAX_DIMS, Instr, Op, Program, output_shape, reads
 
-__all__ = ["Kernel", "Launch", "VMError", "run", "without_redundant_casts"]
+__all__ = ["MISMATCH", "Kernel", "Launch", "VMError", "run", "without_redundant_casts"]
 
 
 class VMError(RuntimeError):

@@ -179,6 +179,28 @@ def test_new_shape_recompiles_and_stays_correct():
     assert all(c.vm_calls == 1 for _, c in graphs)
 
 
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_backward_can_retain_the_graph(dynamic):
+    """As in eager; with symbolic sizes AOT autograd compiles the backward with the forward,
+    with donated buffers, and refuses a retained graph (as with ``aot_eager``) unless
+    ``torch._functorch.config.donated_buffer`` is off (README, Limits)."""
+
+    def fn(x):
+        return ((x * 2 + 1).exp() * x).t()
+
+    torch._dynamo.reset()
+    x = torch.randn(3, 5, requires_grad=True)
+    with torch._functorch.config.patch(donated_buffer=not dynamic):
+        out = torch.compile(fn, backend="dvm", dynamic=dynamic)(x)
+        out.backward(torch.ones(out.shape), retain_graph=True)
+        out.backward(torch.ones(out.shape))
+    want = x.detach().clone().requires_grad_()
+    ref = fn(want)
+    ref.backward(torch.ones(ref.shape), retain_graph=True)
+    ref.backward(torch.ones(ref.shape))
+    torch.testing.assert_close(x.grad, want.grad)
+
+
 def test_dynamic_shapes_compile_once_a_size():
     """A graph with symbolic sizes is compiled for each size it runs with (the VM takes
     concrete shapes); ``compile_graph`` itself leaves such a graph eager, with the reason."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import operator
+import threading
 import warnings
 
 import pytest
@@ -66,6 +67,29 @@ def test_each_set_of_sizes_compiles_once_and_equals_eager():
             assert view.args[1] == [b * s, d]  # ints: the nodes computing them are gone
         assert aten.sym_size.int not in g.run.targets
         assert operator.mul not in g.run.targets
+
+
+def test_two_threads_specialising_new_sizes_at_once_all_compile():
+    w = torch.randn(8)
+    spec = Specializing(_symbolic(_fn, torch.randn(2, 3, 8), w), _Compiles(), limit=64)
+    errors = []
+
+    def calls(first: int) -> None:
+        try:
+            for b in range(first, first + 24):
+                x = torch.randn(b, 3, 8)
+                torch.testing.assert_close(spec(x, w)[0], _fn(x, w)[0])
+        except Exception as e:  # reported below, from the main thread
+            errors.append(e)
+
+    threads = [threading.Thread(target=calls, args=(first,)) for first in (1, 13)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=240)
+    assert errors == []
+    assert spec.failures == {}
+    assert len(spec.compiled) == 36
 
 
 def test_the_least_recently_used_sizes_are_dropped_past_the_limit():

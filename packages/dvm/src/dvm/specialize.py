@@ -7,6 +7,7 @@ leaving every node to eager.
 
 from __future__ import annotations
 
+import threading
 import time
 import warnings
 from collections import OrderedDict
@@ -181,6 +182,9 @@ class Specializing:
         with torch._dynamo.config.patch(fake_tensor_cache_enabled=False):
             self._mode = FakeTensorMode(allow_non_fake_inputs=True)
         self.compiled: OrderedDict[tuple[Any, ...], Callable[..., Any]] = OrderedDict()
+        # one specialisation at a time: the fake mode is not to be entered from two threads
+        # (its kernel-invocation flag is the mode's), nor the LRU order changed by two
+        self._lock = threading.Lock()
         self.failures: dict[tuple[Any, ...], str] = {}
         self.specialize_us: list[float] = []
 
@@ -205,11 +209,12 @@ class Specializing:
 
     def _pick(self, args: Sequence[Any]) -> Callable[..., Any]:
         key = self.key(args)
-        fn = self.compiled.get(key)
-        if fn is None:
-            return self._specialize(key, args)
-        self.compiled.move_to_end(key)
-        return fn
+        with self._lock:
+            fn = self.compiled.get(key)
+            if fn is None:
+                return self._specialize(key, args)
+            self.compiled.move_to_end(key)
+            return fn
 
     def _specialize(self, key: tuple[Any, ...], args: Sequence[Any]) -> Callable[..., Any]:
         t0 = time.perf_counter()

@@ -102,26 +102,21 @@ def test_a_disabled_plugin_is_disabled_whatever_its_metadata(fixture_plugins, sp
     assert disabled["badmeta"] == (Status.DISABLED, "listed in SPORE_DISABLE_PLUGINS")
 
 
-def test_a_plugin_calling_sys_exit_at_import_fails_without_ending_the_host(
-    fixture_plugins, spore_manager
+@pytest.mark.parametrize(
+    ("fixture", "reason"),
+    [
+        ("sysexit", "import of 'spore_fixture_sysexit' failed: SystemExit: plugin gave up"),
+        ("hookexit", "hook spore_register_backends raised: SystemExit: plugin gave up in its hook"),
+    ],
+)
+def test_a_plugin_calling_sys_exit_fails_without_ending_the_host(
+    fixture, reason, fixture_plugins, spore_manager
 ) -> None:
-    fixture_plugins("healthy", "sysexit")
-    statuses = _statuses(spore_manager())
-    status, reason = statuses["sysexit"]
-    assert status is Status.FAILED
-    assert reason == "import of 'spore_fixture_sysexit' failed: SystemExit: plugin gave up"
-    assert statuses["healthy"][0] is Status.ACTIVE
-
-
-def test_a_plugin_calling_sys_exit_in_a_hook_fails_without_ending_the_host(
-    fixture_plugins, spore_manager
-) -> None:
-    fixture_plugins("healthy", "hookexit")
+    fixture_plugins("healthy", fixture)
     manager = spore_manager()
-    status, reason = _statuses(manager)["hookexit"]
-    assert status is Status.FAILED
-    assert reason == "hook spore_register_backends raised: SystemExit: plugin gave up in its hook"
-    assert _statuses(manager)["healthy"][0] is Status.ACTIVE
+    statuses = _statuses(manager)
+    assert statuses[fixture] == (Status.FAILED, reason)
+    assert statuses["healthy"][0] is Status.ACTIVE
     assert "spore_fixture_quitter" not in manager.registry("backends")
 
 

@@ -91,6 +91,90 @@ static void launcher_dealloc(Launcher* self) {
     Py_TYPE(self)->tp_free((PyObject*)self);
 }
 
+// `seq` as a fast sequence of `n` tuples, or NULL with an error naming `what`, each entry's
+// `form` and what there is one `per`.
+static PyObject* tuples(PyObject* seq, Py_ssize_t n, const char* what, const char* form,
+                        const char* per) {
+    PyObject* fast = PySequence_Fast(seq, what);
+    if (fast == NULL) return NULL;
+    if (PySequence_Fast_GET_SIZE(fast) != n) {
+        PyErr_Format(PyExc_ValueError, "%s: one %s tuple per %s", what, form, per);
+        Py_DECREF(fast);
+        return NULL;
+    }
+    for (Py_ssize_t k = 0; k < n; ++k) {
+        if (!PyTuple_Check(PySequence_Fast_GET_ITEM(fast, k))) {
+            PyErr_Format(PyExc_TypeError, "%s: each an %s tuple", what, form);
+            Py_DECREF(fast);
+            return NULL;
+        }
+    }
+    return fast;
+}
+
+// Each operand's arg and the arg's dim giving each of the nd domain dims its stride.
+static int read_operands(Launcher* self, PyObject* operands, int nd) {
+    PyObject* fast = tuples(operands, self->n_in, "operands", "(arg, picks)", "input code");
+    if (fast == NULL) return -1;
+    for (int32_t k = 0; k < self->n_in; ++k) {
+        PyObject* picks;
+        Py_ssize_t i, n;
+        int64_t dims[MAX_DIMS];
+        if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(fast, k), "nO", &i, &picks)) goto fail;
+        if (i < 0 || i >= self->n_args) {
+            PyErr_Format(PyExc_ValueError, "operand %d reads arg %zd of %zd", k, i, self->n_args);
+            goto fail;
+        }
+        self->arg_of[k] = i;
+        if (picks == Py_None) {  // the arg's own strides (its shape is the domain's)
+            if (self->arg_ndim[i] != nd) {
+                PyErr_Format(PyExc_ValueError, "operand %d: arg %zd has not %d dims", k, i, nd);
+                goto fail;
+            }
+            for (int d = 0; d < nd; ++d) self->picks[k][d] = d;
+            continue;
+        }
+        if (fill_ints(picks, "picks", MAX_DIMS, dims, &n) < 0) goto fail;
+        if (n != nd) {
+            PyErr_Format(PyExc_ValueError, "operand %d: give %d picks", k, nd);
+            goto fail;
+        }
+        for (int d = 0; d < nd; ++d) {
+            if (dims[d] < -1 || dims[d] >= self->arg_ndim[i]) {
+                PyErr_Format(PyExc_ValueError, "operand %d: no dim %lld", k, (long long)dims[d]);
+                goto fail;
+            }
+            self->picks[k][d] = (int32_t)dims[d];
+        }
+    }
+    Py_DECREF(fast);
+    return 0;
+fail:
+    Py_DECREF(fast);
+    return -1;
+}
+
+// Each output's (shape, strides, dtype), as torch.empty_strided takes them.
+static int read_allocs(Launcher* self, PyObject* allocs) {
+    PyObject* fast =
+        tuples(allocs, self->n_out, "allocs", "(shape, strides, dtype)", "output code");
+    if (fast == NULL) return -1;
+    for (int32_t k = 0; k < self->n_out; ++k) {
+        PyObject* parts[3];
+        if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(fast, k), "O!O!O", &PyTuple_Type,
+                              &parts[0], &PyTuple_Type, &parts[1], &parts[2])) {
+            Py_DECREF(fast);
+            return -1;
+        }
+        for (int j = 0; j < 3; ++j) {
+            Py_INCREF(parts[j]);
+            Py_XSETREF(self->alloc[k][j], parts[j]);
+        }
+    }
+    Py_DECREF(fast);
+    return 0;
+}
+
 // Launcher(run_address, code, imm, n_regs, in_codes, out_codes, operands, allocs, tail, nd,
 //          shapes, dtypes, refused): see dvm.vm.Launch, which makes it.
 static int launcher_init(Launcher* self, PyObject* args, PyObject* kwds) {
@@ -171,88 +255,7 @@ static int launcher_init(Launcher* self, PyObject* args, PyObject* kwds) {
         }
         self->arg_ndim[i] = (int32_t)PyTuple_GET_SIZE(shape);
     }
-    fast = PySequence_Fast(operands, "operands");
-    if (fast == NULL) return -1;
-    if (PySequence_Fast_GET_SIZE(fast) != self->n_in) {
-        Py_DECREF(fast);
-        PyErr_SetString(PyExc_ValueError, "operands: one (arg, picks) per input code");
-        return -1;
-    }
-    for (int32_t k = 0; k < self->n_in; ++k) {
-        PyObject* picks;
-        Py_ssize_t i;
-        PyObject* entry = PySequence_Fast_GET_ITEM(fast, k);
-        if (!PyTuple_Check(entry)) {
-            Py_DECREF(fast);
-            PyErr_SetString(PyExc_TypeError, "operands: each an (arg, picks) tuple");
-            return -1;
-        }
-        if (!PyArg_ParseTuple(entry, "nO", &i, &picks)) {
-            Py_DECREF(fast);
-            return -1;
-        }
-        if (i < 0 || i >= self->n_args) {
-            Py_DECREF(fast);
-            PyErr_Format(PyExc_ValueError, "operand %d reads arg %zd of %zd", k, i, self->n_args);
-            return -1;
-        }
-        self->arg_of[k] = i;
-        int64_t dims[MAX_DIMS];
-        if (picks == Py_None) {  // the arg's own strides (its shape is the domain's)
-            if (self->arg_ndim[i] != nd) {
-                Py_DECREF(fast);
-                PyErr_Format(PyExc_ValueError, "operand %d: arg %zd has not %d dims", k, i, nd);
-                return -1;
-            }
-            for (int d = 0; d < nd; ++d) self->picks[k][d] = d;
-            continue;
-        }
-        if (fill_ints(picks, "picks", MAX_DIMS, dims, &n) < 0) {
-            Py_DECREF(fast);
-            return -1;
-        }
-        if (n != nd) {
-            Py_DECREF(fast);
-            PyErr_Format(PyExc_ValueError, "operand %d: give %d picks", k, nd);
-            return -1;
-        }
-        for (int d = 0; d < nd; ++d) {
-            if (dims[d] < -1 || dims[d] >= self->arg_ndim[i]) {
-                Py_DECREF(fast);
-                PyErr_Format(PyExc_ValueError, "operand %d: no dim %lld", k, (long long)dims[d]);
-                return -1;
-            }
-            self->picks[k][d] = (int32_t)dims[d];
-        }
-    }
-    Py_DECREF(fast);
-    fast = PySequence_Fast(allocs, "allocs");
-    if (fast == NULL) return -1;
-    if (PySequence_Fast_GET_SIZE(fast) != self->n_out) {
-        Py_DECREF(fast);
-        PyErr_SetString(PyExc_ValueError, "allocs: one (shape, strides, dtype) per output code");
-        return -1;
-    }
-    for (int32_t k = 0; k < self->n_out; ++k) {
-        PyObject *shape, *strides, *dtype;
-        PyObject* entry = PySequence_Fast_GET_ITEM(fast, k);
-        if (!PyTuple_Check(entry)) {
-            Py_DECREF(fast);
-            PyErr_SetString(PyExc_TypeError, "allocs: each a (shape, strides, dtype) tuple");
-            return -1;
-        }
-        if (!PyArg_ParseTuple(entry, "O!O!O", &PyTuple_Type, &shape,
-                              &PyTuple_Type, &strides, &dtype)) {
-            Py_DECREF(fast);
-            return -1;
-        }
-        PyObject* parts[3] = {shape, strides, dtype};
-        for (int j = 0; j < 3; ++j) {
-            Py_INCREF(parts[j]);
-            Py_XSETREF(self->alloc[k][j], parts[j]);
-        }
-    }
-    Py_DECREF(fast);
+    if (read_operands(self, operands, nd) < 0 || read_allocs(self, allocs) < 0) return -1;
     Py_INCREF(dtypes);
     Py_XSETREF(self->dtypes, dtypes);
     if (refused != Py_None && !PyUnicode_Check(refused)) {

@@ -132,11 +132,13 @@ def _parts(**change):
         ({"operands": [(0, (0, 2))]}, "no dim 2"),
         ({"operands": [(0, (0,))]}, "give 2 picks"),
         ({"operands": [(0, None)], "shapes": (torch.Size((6,)),)}, "has not 2 dims"),
-        ({"operands": []}, "one .arg, picks. per input"),
-        ({"allocs": []}, "per output code"),
+        ({"operands": []}, "one .arg, picks. tuple per input code"),
+        ({"allocs": []}, "tuple per output code"),
         ({"tail": [3, 1]}, "tail"),
         ({"nd": 7}, "need 1 to 6"),
         ({"dtypes": ()}, "one per arg"),
+        ({"operands": [[0, None]]}, r"each an \(arg, picks\) tuple"),
+        ({"allocs": [[(2, 3), (3, 1), torch.float32]]}, "each an .shape, strides, dtype. tuple"),
     ],
 )
 def test_bad_construction_raises(change, match):

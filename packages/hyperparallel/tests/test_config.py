@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -582,6 +583,21 @@ def test_an_output_that_is_a_file_is_a_config_error(tmp_path) -> None:
         with pytest.raises(config.ConfigError, match=r"notes is a file, not a directory"):
             preflight.resolve(None, [f"run.output={tmp_path / output}"])
     assert (tmp_path / "notes").read_text() == "mine"
+
+
+@pytest.mark.skipif(not Path("/proc/self").is_dir(), reason="needs Linux's /proc")
+def test_an_output_that_cannot_be_written_is_a_config_error() -> None:
+    """It passed preflight, and rank 0 died with a FileNotFoundError traceback at mkdir.
+    (/proc refuses new entries even to root, which a read-only directory does not.)"""
+    with pytest.raises(
+        config.ConfigError, match=r"run.output /proc/spore_run: cannot write in /proc"
+    ):
+        preflight.resolve(None, ["run.output=/proc/spore_run"])
+
+
+def test_an_unknown_section_given_by_set_names_the_option() -> None:
+    with pytest.raises(config.ConfigError, match=r"--set nosuch\.key=1: unknown section 'nosuch'"):
+        config.load(None, ["nosuch.key=1"])
 
 
 def test_data_files_the_ranks_would_refuse_are_config_errors(tmp_path) -> None:

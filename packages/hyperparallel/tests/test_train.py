@@ -184,6 +184,31 @@ def test_a_resume_with_other_optimizer_settings_fails_plainly(tmp_path) -> None:
     assert sorted(losses(out)) == [1]
 
 
+def test_a_diverging_run_stops_before_saving_a_non_finite_state(tmp_path) -> None:
+    """It ran on with NaN losses, exited 0, pruned the last finite checkpoint for NaN ones,
+    exported NaN weights and wrote bare NaN (not JSON) into metrics.jsonl."""
+    out = tmp_path / "run"
+    args = small_args(
+        "run.steps=6", "optim.lr=1e30", "optim.grad_clip=0", "schedule.warmup_steps=0",
+        "checkpoint.every=1", "checkpoint.keep=1", "checkpoint.export=true",
+    )  # fmt: skip
+    done = run_train("--output", str(out), *args, check=False)
+    assert done.returncode == 1
+    assert "Traceback" not in done.stderr
+    assert done.stderr.count("training diverged and stopped without saving this state") == 1
+    records = [
+        json.loads(line, parse_constant=lambda c: pytest.fail(f"{c} in metrics.jsonl"))
+        for line in (out / "metrics.jsonl").read_text().splitlines()
+    ]
+    bad = records[-1]["step"]
+    assert records[-1]["loss"] is None
+    assert all(r["loss"] is not None for r in records[:-1])
+    (kept,) = checkpoint.complete(out)
+    assert kept.name == f"step_{bad - 1:08d}"
+    assert f"({kept.name} is the last checkpoint)" in done.stderr
+    assert not (out / "final").exists()
+
+
 def test_a_resume_of_a_finished_run_says_there_is_nothing_to_train(tmp_path) -> None:
     out = tmp_path / "run"
     args = small_args("run.steps=2", "checkpoint.export=false", "run.stop_at=1")

@@ -424,6 +424,15 @@ def _scalars_as_text(raw: dict[str, Any], texts: Mapping[str, str]) -> None:
 _COMMENT = re.compile(r"(^|\s)#")
 
 
+def _origin(where: Mapping[str, str], key: str) -> str:
+    """Where ``key`` was set: its own origin, else that of a key set under it (an unknown
+    section given by ``--set section.name=...``), else its section's, else ``config``."""
+    if key in where:
+        return where[key]
+    under = next((origin for k, origin in where.items() if k.startswith(f"{key}.")), None)
+    return under or where.get(key.split(".", 1)[0], "config")
+
+
 def _apply_set(
     data: dict[str, Any], origins: dict[str, str], texts: dict[str, str], item: str
 ) -> list[str]:
@@ -576,8 +585,7 @@ def build(
             key, problem = _describe(error, schema, raw)
             described.setdefault(key, problem)  # a union reports once per member: keep one
         for key, problem in described.items():
-            section = key.split(".", 1)[0]
-            problems.append(f"{where.get(key, where.get(section, 'config'))}: {problem}")
+            problems.append(f"{_origin(where, key)}: {problem}")
         for name, cls in SECTIONS.items():
             with contextlib.suppress(ValidationError):
                 valid[name] = cls.model_validate(raw.get(name, {}))

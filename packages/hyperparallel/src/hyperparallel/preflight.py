@@ -5,6 +5,7 @@ data paths, the checkpoint to resume from and the output directory."""
 from __future__ import annotations
 
 import os
+import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -178,6 +179,16 @@ def _resumed_model_problems(cfg: Config, path: Path) -> list[str]:
     ]
 
 
+def _unwritable(existing: Path) -> str | None:
+    """Why the run cannot make or write its output inside ``existing`` (the output or its
+    nearest existing parent), ``None`` when it can: a directory made and removed there."""
+    try:
+        os.rmdir(tempfile.mkdtemp(dir=existing, prefix=".spore-probe-"))
+    except OSError as exc:
+        return f"cannot write in {existing} ({exc.strerror or exc})"
+    return None
+
+
 def _output_problems(cfg: Config, resume: str | None, world: int) -> list[str]:
     """The checkpoint to resume from exists and was saved with this run's data layout; neither
     a new run nor one resumed from elsewhere finds another run's checkpoints in its output;
@@ -188,6 +199,8 @@ def _output_problems(cfg: Config, resume: str | None, world: int) -> list[str]:
     )
     if blocked is not None and not blocked.is_dir():
         return [f"{at}: run.output {cfg.run.output}: {blocked} is a file, not a directory"]
+    if blocked is not None and (why := _unwritable(blocked)):
+        return [f"{at}: run.output {cfg.run.output}: {why}; choose another --output"]
     if resume is not None:
         try:
             path = checkpoint.find(cfg.run.output if resume == "latest" else resume)

@@ -4,6 +4,7 @@ metrics JSONL, the loss-curve PNG and the final summary table."""
 from __future__ import annotations
 
 import json
+import math
 import os
 import statistics
 from pathlib import Path
@@ -32,7 +33,12 @@ class Metrics:
         self._file = path.open("a")
 
     def write(self, record: dict[str, Any]) -> None:
-        self._file.write(json.dumps(record) + "\n")
+        """Append ``record``; a float that is inf or NaN is written ``null`` (JSON has none)."""
+        finite = {
+            k: None if isinstance(v, float) and not math.isfinite(v) else v
+            for k, v in record.items()
+        }
+        self._file.write(json.dumps(finite, allow_nan=False) + "\n")
         self._file.flush()
 
     def close(self) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import math
 import os
 import signal
 import statistics
@@ -86,6 +87,23 @@ def _set_threads(device: str, threads: int | None) -> None:
 
 class InputError(Exception):
     """The user's data or model cannot be used; reported as one line, without a traceback."""
+
+
+class Diverged(InputError):
+    """The loss or the gradient norm is not finite: the run stops before saving that state."""
+
+
+def _check_finite(step: int, loss: float, grad_norm: float | None, output: Path) -> None:
+    """:class:`Diverged` when ``loss`` or ``grad_norm`` is inf or NaN (the same on every rank:
+    both are reduced over the ranks), naming the last checkpoint saved before."""
+    if math.isfinite(loss) and (grad_norm is None or math.isfinite(grad_norm)):
+        return
+    saved = checkpoint.complete(output)
+    last = f"{saved[-1].name} is the last checkpoint" if saved else "no checkpoint was saved"
+    raise Diverged(
+        f"step {step}: the loss is {loss}, the gradient norm {grad_norm}: training diverged and "
+        f"stopped without saving this state ({last}); lower optim.lr, or set optim.grad_clip"
+    )
 
 
 _NOT_SETTINGS = frozenset({"params", "lr", "initial_lr"})
@@ -313,6 +331,7 @@ def train(
                     }
                 )
                 display.update(step, mean_loss, tokens / dt, dt)
+            _check_finite(step, mean_loss, grad_norm, output)
             every = cfg.checkpoint.every
             if (every and step % every == 0) or step == end:
                 extra = {

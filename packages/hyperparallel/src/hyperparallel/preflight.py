@@ -197,10 +197,11 @@ def _output_problems(cfg: Config, resume: str | None, world: int) -> list[str]:
     blocked = next(
         (p for p in (Path(cfg.run.output), *Path(cfg.run.output).parents) if p.exists()), None
     )
-    if blocked is not None and not blocked.is_dir():
-        return [f"{at}: run.output {cfg.run.output}: {blocked} is a file, not a directory"]
-    if blocked is not None and (why := _unwritable(blocked)):
-        return [f"{at}: run.output {cfg.run.output}: {why}; choose another --output"]
+    if blocked is not None:
+        if not blocked.is_dir():
+            return [f"{at}: run.output {cfg.run.output}: {blocked} is a file, not a directory"]
+        if why := _unwritable(blocked):
+            return [f"{at}: run.output {cfg.run.output}: {why}; choose another --output"]
     if resume is not None:
         try:
             path = checkpoint.find(cfg.run.output if resume == "latest" else resume)

@@ -1,6 +1,9 @@
-// dvm._launcher: a bound launch of a VM program as a CPython object (dvm.vm.Launch's calls).
+// dvm._launcher: a bound launch of a VM program as a CPython object (dvm.vm.Launch).
 //
-// A call checks its args against the signature the launch was bound for, reads their strides
+// Binding reads the domain, each arg's shape and dtype, the operands' views and the outputs'
+// shapes and layouts, checks them and works out each operand's strides over the domain and
+// each output's allocation: dvm.vm.Kernel.bind's work, done once per compiled region. A call
+// checks its args against the signature the launch was bound for, reads their strides
 // and data pointers, allocates the outputs with torch.empty_strided and calls dvm_run (the
 // ISA build's, by address) with the GIL released: the work of dvm.vm's former Python call
 // path and its ctypes call, without either. No torch headers: torch is reached through the
@@ -8,9 +11,11 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <stdint.h>
+#include <structmember.h>
 
 // The VM's limits (csrc/vm.h): a launch over more is refused when it is made.
 enum { MAX_DIMS = 6, MAX_INPUTS = 16, MAX_OUTPUTS = 8, MAX_INSTRS = 256 };
+enum { MAX_ARG_DIMS = 64 };  // an arg's dims (size-1 ones beyond the domain's included)
 
 typedef int32_t (*RunFn)(const int32_t*, const float*, int32_t, int32_t, int32_t,
                          const void* const*, const int32_t*, const int64_t*, int32_t,
@@ -24,7 +29,7 @@ static const char* const MISMATCH[] = {"not a tensor", "shape", "dtype",
 
 static struct {
     PyObject *tensor, *empty_strided, *cpu, *num_threads, *grad_enabled, *strided, *error;
-    PyObject *messages, *kwnames;
+    PyObject *messages, *dtype_codes, *dtype_names, *kwnames;
     PyObject *s_shape, *s_dtype, *s_is_cpu, *s_layout, *s_is_neg, *s_requires_grad, *s_stride,
         *s_data_ptr, *s_view;
 } g;
@@ -91,103 +96,388 @@ static void launcher_dealloc(Launcher* self) {
     Py_TYPE(self)->tp_free((PyObject*)self);
 }
 
-// `seq` as a fast sequence of `n` tuples, or NULL with an error naming `what`, each entry's
-// `form` and what there is one `per`.
-static PyObject* tuples(PyObject* seq, Py_ssize_t n, const char* what, const char* form,
-                        const char* per) {
-    PyObject* fast = PySequence_Fast(seq, what);
-    if (fast == NULL) return NULL;
-    if (PySequence_Fast_GET_SIZE(fast) != n) {
-        PyErr_Format(PyExc_ValueError, "%s: one %s tuple per %s", what, form, per);
-        Py_DECREF(fast);
-        return NULL;
+// Each arg's shape (a tuple, torch.Size) and dtype, as bound; the sizes of arg i in
+// sizes[i][0..arg_ndim[i]).
+static int read_args(Launcher* self, PyObject* args, int64_t sizes[][MAX_ARG_DIMS]) {
+    PyObject* own = PySequence_Tuple(args);
+    if (own == NULL) return -1;
+    Py_ssize_t n = PyTuple_GET_SIZE(own);
+    if (n > MAX_INPUTS) {
+        PyErr_Format(PyExc_ValueError, "args: %zd tensors, at most %d", n, MAX_INPUTS);
+        Py_DECREF(own);
+        return -1;
     }
-    for (Py_ssize_t k = 0; k < n; ++k) {
-        if (!PyTuple_Check(PySequence_Fast_GET_ITEM(fast, k))) {
-            PyErr_Format(PyExc_TypeError, "%s: each an %s tuple", what, form);
-            Py_DECREF(fast);
-            return NULL;
-        }
-    }
-    return fast;
-}
-
-// Each operand's arg and the arg's dim giving each of the nd domain dims its stride.
-static int read_operands(Launcher* self, PyObject* operands, int nd) {
-    PyObject* fast = tuples(operands, self->n_in, "operands", "(arg, picks)", "input code");
-    if (fast == NULL) return -1;
-    for (int32_t k = 0; k < self->n_in; ++k) {
-        PyObject* picks;
-        Py_ssize_t i, n;
-        int64_t dims[MAX_DIMS];
-        if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(fast, k), "nO", &i, &picks)) goto fail;
-        if (i < 0 || i >= self->n_args) {
-            PyErr_Format(PyExc_ValueError, "operand %d reads arg %zd of %zd", k, i, self->n_args);
+    PyObject *shapes = PyTuple_New(n), *dtypes = PyTuple_New(n);
+    for (Py_ssize_t i = 0; shapes != NULL && dtypes != NULL && i < n; ++i) {
+        PyObject* a = PyTuple_GET_ITEM(own, i);
+        PyObject* shape = PyObject_GetAttr(a, g.s_shape);
+        if (shape == NULL && PyErr_ExceptionMatches(PyExc_AttributeError)) {
+            PyErr_Clear();
+            PyErr_Format(PyExc_TypeError, "arg %zd is a %.100s, not a tensor", i,
+                         Py_TYPE(a)->tp_name);
             goto fail;
         }
-        self->arg_of[k] = i;
-        if (picks == Py_None) {  // the arg's own strides (its shape is the domain's)
-            if (self->arg_ndim[i] != nd) {
-                PyErr_Format(PyExc_ValueError, "operand %d: arg %zd has not %d dims", k, i, nd);
-                goto fail;
-            }
-            for (int d = 0; d < nd; ++d) self->picks[k][d] = d;
-            continue;
-        }
-        if (fill_ints(picks, "picks", MAX_DIMS, dims, &n) < 0) goto fail;
-        if (n != nd) {
-            PyErr_Format(PyExc_ValueError, "operand %d: give %d picks", k, nd);
+        PyObject* dtype = shape == NULL ? NULL : PyObject_GetAttr(a, g.s_dtype);
+        if (dtype == NULL || !PyTuple_Check(shape) ||
+            PyTuple_GET_SIZE(shape) > MAX_ARG_DIMS) {
+            if (dtype != NULL)
+                PyErr_Format(PyExc_ValueError, "arg %zd: give a tensor of at most %d dims", i,
+                             MAX_ARG_DIMS);
+            Py_XDECREF(shape);
+            Py_XDECREF(dtype);
             goto fail;
         }
-        for (int d = 0; d < nd; ++d) {
-            if (dims[d] < -1 || dims[d] >= self->arg_ndim[i]) {
-                PyErr_Format(PyExc_ValueError, "operand %d: no dim %lld", k, (long long)dims[d]);
-                goto fail;
-            }
-            self->picks[k][d] = (int32_t)dims[d];
+        PyTuple_SET_ITEM(shapes, i, shape);
+        PyTuple_SET_ITEM(dtypes, i, dtype);
+        self->arg_ndim[i] = (int32_t)PyTuple_GET_SIZE(shape);
+        for (int32_t d = 0; d < self->arg_ndim[i]; ++d) {
+            sizes[i][d] = PyLong_AsLongLong(PyTuple_GET_ITEM(shape, d));
+            if (sizes[i][d] == -1 && PyErr_Occurred()) goto fail;
         }
     }
-    Py_DECREF(fast);
+    if (shapes == NULL || dtypes == NULL) goto fail;
+    Py_DECREF(own);
+    self->n_args = n;
+    self->shapes = shapes;
+    self->dtypes = dtypes;
     return 0;
 fail:
-    Py_DECREF(fast);
+    Py_DECREF(own);
+    Py_XDECREF(shapes);
+    Py_XDECREF(dtypes);
     return -1;
 }
 
-// Each output's (shape, strides, dtype), as torch.empty_strided takes them.
-static int read_allocs(Launcher* self, PyObject* allocs) {
-    PyObject* fast =
-        tuples(allocs, self->n_out, "allocs", "(shape, strides, dtype)", "output code");
+// The sizes of `seq` (a shape, a view, a domain: a sequence of ints) into out[0..*n).
+static int read_sizes(PyObject* seq, int64_t* out, Py_ssize_t* n, Py_ssize_t max) {
+    PyObject* fast = PySequence_Fast(seq, "a shape must be a sequence of ints");
     if (fast == NULL) return -1;
-    for (int32_t k = 0; k < self->n_out; ++k) {
-        PyObject* parts[3];
-        if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(fast, k), "O!O!O", &PyTuple_Type,
-                              &parts[0], &PyTuple_Type, &parts[1], &parts[2])) {
-            Py_DECREF(fast);
-            return -1;
-        }
-        for (int j = 0; j < 3; ++j) {
-            Py_INCREF(parts[j]);
-            Py_XSETREF(self->alloc[k][j], parts[j]);
-        }
+    *n = PySequence_Fast_GET_SIZE(fast);
+    int failed = *n > max;
+    if (failed) PyErr_Format(PyExc_ValueError, "%R: more than %zd dims", fast, max);
+    for (Py_ssize_t i = 0; !failed && i < *n; ++i) {
+        out[i] = PyLong_AsLongLong(PySequence_Fast_GET_ITEM(fast, i));
+        failed = out[i] == -1 && PyErr_Occurred();
     }
     Py_DECREF(fast);
+    return failed ? -1 : 0;
+}
+
+static PyObject* int_tuple(const int64_t* v, Py_ssize_t n) {
+    PyObject* t = PyTuple_New(n);
+    for (Py_ssize_t i = 0; t != NULL && i < n; ++i) {
+        PyObject* x = PyLong_FromLongLong(v[i]);
+        if (x == NULL) Py_CLEAR(t);
+        else PyTuple_SET_ITEM(t, i, x);
+    }
+    return t;
+}
+
+// The domain: 1 to MAX_DIMS non-negative ints.
+static int read_domain(Launcher* self, PyObject* domain, int64_t* dims) {
+    Py_ssize_t n = 0;
+    if (read_sizes(domain, dims, &n, MAX_ARG_DIMS) < 0) {
+        if (!PyErr_ExceptionMatches(PyExc_TypeError) && !PyErr_ExceptionMatches(PyExc_ValueError))
+            return -1;
+        PyErr_Clear();
+        PyErr_Format(PyExc_TypeError, "domain must be a sequence of ints, got %R", domain);
+        return -1;
+    }
+    int bad = n < 1 || n > MAX_DIMS;
+    for (Py_ssize_t d = 0; d < n; ++d) bad |= dims[d] < 0;
+    if (bad) {
+        PyObject* t = int_tuple(dims, n);
+        if (t != NULL) {
+            PyErr_Format(PyExc_ValueError, "domain %R: need 1 to %d non-negative sizes", t,
+                         MAX_DIMS);
+            Py_DECREF(t);
+        }
+        return -1;
+    }
+    self->nd = (int32_t)n;
     return 0;
 }
 
-// Launcher(run_address, code, imm, n_regs, in_codes, out_codes, operands, allocs, tail, nd,
-//          shapes, dtypes, refused): see dvm.vm.Launch, which makes it.
+// Operand k: arg i seen as `view` (its shape up to size-1 dims, broadcasting to the domain):
+// the arg's dim giving each domain dim its stride (-1: stride 0), and its dtype's code.
+static int read_operand(Launcher* self, int32_t k, PyObject* entry, const int64_t* dims,
+                        int64_t sizes[][MAX_ARG_DIMS]) {
+    const int nd = self->nd;
+    PyObject* pair = PySequence_Fast(entry, "operands: each an (arg, view) pair");
+    if (pair == NULL) return -1;
+    int failed = -1;
+    int64_t view[MAX_ARG_DIMS];
+    Py_ssize_t nv = 0, i;
+    if (PySequence_Fast_GET_SIZE(pair) != 2) {
+        PyErr_SetString(PyExc_TypeError, "operands: each an (arg, view) pair");
+        goto done;
+    }
+    i = PyNumber_AsSsize_t(PySequence_Fast_GET_ITEM(pair, 0), PyExc_IndexError);
+    if (i == -1 && PyErr_Occurred()) goto done;
+    if (i < 0 || i >= self->n_args) {
+        PyErr_Format(PyExc_ValueError, "operand %d reads arg %zd of %zd", k, i, self->n_args);
+        goto done;
+    }
+    if (read_sizes(PySequence_Fast_GET_ITEM(pair, 1), view, &nv, MAX_ARG_DIMS) < 0) goto done;
+    self->arg_of[k] = i;
+    const int64_t* shape = sizes[i];
+    const int32_t ns = self->arg_ndim[i];
+    int32_t own[MAX_ARG_DIMS], n_own = 0;  // the arg's dims other than 1
+    Py_ssize_t n_view_own = 0;
+    for (int32_t d = 0; d < ns; ++d)
+        if (shape[d] != 1) own[n_own++] = d;
+    int moves = 0;
+    for (Py_ssize_t d = 0; d < nv; ++d) {
+        if (view[d] == 1) continue;
+        moves |= n_view_own >= n_own || view[d] != shape[own[n_view_own]];
+        ++n_view_own;
+    }
+    if (moves || n_view_own != n_own) {
+        PyObject *v = int_tuple(view, nv), *s = v == NULL ? NULL : int_tuple(shape, ns);
+        if (s != NULL) PyErr_Format(PyExc_ValueError, "input %d: view %R of %R moves elements",
+                                    k, v, s);
+        Py_XDECREF(v);
+        Py_XDECREF(s);
+        goto done;
+    }
+    int same = ns == nd;
+    for (int d = 0; same && d < nd; ++d) same = shape[d] == dims[d];
+    if (same) {
+        for (int d = 0; d < nd; ++d) self->picks[k][d] = d;
+    } else {
+        const Py_ssize_t pad = nd - nv;
+        if (pad < 0) {
+            PyObject* t = int_tuple(dims, nd);
+            if (t != NULL) PyErr_Format(PyExc_ValueError,
+                                        "input %d has %zd dims, more than the domain %R", k, nv,
+                                        t);
+            Py_XDECREF(t);
+            goto done;
+        }
+        int32_t next = 0;
+        for (Py_ssize_t d = 0; d < nd; ++d) {
+            if (d < pad || view[d - pad] == 1) {
+                self->picks[k][d] = -1;
+                continue;
+            }
+            if (view[d - pad] != dims[d]) {
+                PyObject *v = int_tuple(view, nv), *t = v == NULL ? NULL : int_tuple(dims, nd);
+                if (t != NULL) PyErr_Format(PyExc_ValueError,
+                                            "input %d of shape %R does not broadcast to the "
+                                            "domain %R", k, v, t);
+                Py_XDECREF(v);
+                Py_XDECREF(t);
+                goto done;
+            }
+            self->picks[k][d] = own[next++];
+        }
+    }
+    PyObject* dtype = PyTuple_GET_ITEM(self->dtypes, i);
+    PyObject* code = PyDict_GetItemWithError(g.dtype_codes, dtype);
+    if (code == NULL) {
+        if (!PyErr_Occurred())
+            PyErr_Format(PyExc_TypeError, "input %d has dtype %S; the VM takes %U: cast it first",
+                         k, dtype, g.dtype_names);
+        goto done;
+    }
+    self->in_codes[k] = (int32_t)PyLong_AsLong(code);
+    failed = 0;
+done:
+    Py_DECREF(pair);
+    return failed;
+}
+
+// Output k's strides over the domain from out_strides[k] (None: contiguous), checked dense
+// and non-overlapping; into layout, with *given 1 when given.
+static int read_layout(Launcher* self, int32_t k, PyObject* entry, const int64_t* dims,
+                       int reduced, int64_t* layout, int* given) {
+    const int nd = self->nd;
+    *given = entry != Py_None;
+    if (!*given) return 0;
+    int64_t st[MAX_ARG_DIMS];
+    Py_ssize_t n = 0;
+    if (read_sizes(entry, st, &n, MAX_ARG_DIMS) < 0) return -1;
+    if (reduced || n != nd) {
+        PyObject* t = int_tuple(st, n);
+        if (t != NULL)
+            PyErr_Format(PyExc_ValueError,
+                         "out_strides[%d] = %R: give %d strides for a non-reduced output, or None",
+                         k, t, nd);
+        Py_XDECREF(t);
+        return -1;
+    }
+    int order[MAX_DIMS];  // dims by stride, ties in dim order (a stable sort)
+    for (int d = 0; d < nd; ++d) {
+        int j = d;
+        while (j > 0 && st[order[j - 1]] > st[d]) {
+            order[j] = order[j - 1];
+            --j;
+        }
+        order[j] = d;
+    }
+    int64_t expect = 1;
+    for (int d = 0; d < nd; ++d)
+        if (dims[d] == 0) expect = 0;
+    for (int j = 0; j < nd; ++j) {
+        const int d = order[j];
+        if (dims[d] > 1 && expect && st[d] != expect) {
+            PyObject* t = int_tuple(dims, nd);
+            if (t == NULL) return -1;
+            PyObject* given = int_tuple(st, n);
+            if (given != NULL)
+                PyErr_Format(PyExc_ValueError,
+                             "out_strides[%d] = %R is not a dense, non-overlapping layout of %R",
+                             k, given, t);
+            Py_XDECREF(given);
+            Py_DECREF(t);
+            return -1;
+        }
+        expect *= dims[d];
+    }
+    for (int d = 0; d < nd; ++d) layout[d] = st[d];
+    return 0;
+}
+// Each output's allocation (shape, strides, dtype) and its strides over the domain in tail
+// (then the domain), from out_shapes (None: the domain's) and the layouts read.
+static int read_outputs(Launcher* self, PyObject* out_shapes, PyObject* out_dtypes,
+                        const int* reduced, const int64_t* dims, int64_t layouts[][MAX_DIMS],
+                        const int* given) {
+    const int nd = self->nd;
+    for (int32_t k = 0; k < self->n_out; ++k) {
+        int64_t want[MAX_DIMS], shape[MAX_ARG_DIMS], placed[MAX_ARG_DIMS], st[MAX_DIMS];
+        for (int d = 0; d < nd; ++d) want[d] = d == nd - 1 && reduced[k] ? 1 : dims[d];
+        Py_ssize_t ns = nd;
+        if (out_shapes == Py_None) {
+            for (int d = 0; d < nd; ++d) shape[d] = want[d];
+        } else if (read_sizes(PySequence_Fast_GET_ITEM(out_shapes, k), shape, &ns,
+                              MAX_ARG_DIMS) < 0) {
+            return -1;
+        }
+        Py_ssize_t j = 0, d = 0;
+        int differs = 0;
+        for (;; ++j, ++d) {  // the sizes other than 1, in order, are want's
+            while (j < ns && shape[j] == 1) ++j;
+            while (d < nd && want[d] == 1) ++d;
+            if (j >= ns || d >= nd) {
+                differs = j < ns || d < nd;
+                break;
+            }
+            if (shape[j] != want[d]) {
+                differs = 1;
+                break;
+            }
+        }
+        if (differs) {
+            PyObject *s = int_tuple(shape, ns), *w = s == NULL ? NULL : int_tuple(want, nd);
+            if (w != NULL)
+                PyErr_Format(PyExc_ValueError, "output %d: shape %R is not %R (up to 1s)", k, s,
+                             w);
+            Py_XDECREF(s);
+            Py_XDECREF(w);
+            return -1;
+        }
+        if (given[k]) {  // allocated in `shape`, its dims other than 1 laid out as the domain's
+            int e = 0;
+            for (Py_ssize_t i = 0; i < ns; ++i) {
+                if (shape[i] == 1) {
+                    placed[i] = 1;
+                    continue;
+                }
+                while (dims[e] == 1) ++e;
+                placed[i] = layouts[k][e++];
+            }
+            for (e = 0; e < nd; ++e) st[e] = layouts[k][e];
+        } else {
+            int64_t step = 1;
+            for (int e = nd - 1; e >= 0; --e) st[e] = step, step *= want[e] > 1 ? want[e] : 1;
+            step = 1;
+            for (Py_ssize_t i = ns - 1; i >= 0; --i)
+                placed[i] = step, step *= shape[i] > 1 ? shape[i] : 1;
+        }
+        if (reduced[k]) st[nd - 1] = 0;
+        for (int e = 0; e < nd; ++e) self->tail[k * nd + e] = st[e];
+        PyObject* parts[3] = {int_tuple(shape, ns), int_tuple(placed, ns),
+                              PyTuple_GET_ITEM(out_dtypes, k)};
+        Py_INCREF(parts[2]);
+        for (int i = 0; i < 3; ++i) Py_XSETREF(self->alloc[k][i], parts[i]);
+        if (parts[0] == NULL || parts[1] == NULL) return -1;
+    }
+    for (int e = 0; e < nd; ++e) self->tail[self->n_out * nd + e] = dims[e];
+    return 0;
+}
+
+// The message of the VMError each call raises for rows the VM does not reduce, or NULL (with
+// an error set only when making it failed).
+static PyObject* rows_refused(const int64_t* dims, int nd, PyObject* max_row, const int* reduced,
+                              int n_out) {
+    if (max_row == Py_None) return NULL;
+    long long most = PyLong_AsLongLong(max_row);
+    if (most == -1 && PyErr_Occurred()) return NULL;
+    const long long row = dims[nd - 1];
+    if (row > most)
+        return PyUnicode_FromFormat(
+            "rows of %lld elements: the VM reduces rows of at most %lld (run this region "
+            "eagerly)",
+            row, most);
+    int any_reduced = 0, empty = row == 0;
+    for (int k = 0; k < n_out; ++k) any_reduced |= reduced[k];
+    for (int d = 0; d < nd - 1; ++d) empty &= dims[d] != 0;
+    if (empty && any_reduced)
+        return PyUnicode_FromString(
+            "rows of 0 elements: a row-reduced output has no value for an empty row (eager's sum "
+            "gives 0, amax raises); run it eagerly");
+    return NULL;
+}
+
+// The program's code (five int32 per instruction) and immediates (one float each).
+static int read_program(Launcher* self, PyObject* code, PyObject* imm) {
+    Py_ssize_t n;
+    if (fill_int32(code, "code", MAX_INSTRS * 5, self->code, &n) < 0) return -1;
+    if (n % 5 != 0) {
+        PyErr_SetString(PyExc_ValueError, "code: five int32 per instruction");
+        return -1;
+    }
+    self->n_instr = (int32_t)(n / 5);
+    PyObject* fast = PySequence_Fast(imm, "imm");
+    if (fast == NULL) return -1;
+    int failed = PySequence_Fast_GET_SIZE(fast) != self->n_instr;
+    if (failed) PyErr_SetString(PyExc_ValueError, "imm: one float per instruction");
+    for (int32_t i = 0; !failed && i < self->n_instr; ++i) {
+        double v = PyFloat_AsDouble(PySequence_Fast_GET_ITEM(fast, i));
+        failed = v == -1.0 && PyErr_Occurred();
+        self->imm[i] = (float)v;
+    }
+    Py_DECREF(fast);
+    return failed ? -1 : 0;
+}
+
+// Each output's row-reduced flag.
+static int read_reduced(PyObject* seq, Py_ssize_t n, int* reduced) {
+    PyObject* fast = PySequence_Fast(seq, "reduced: one flag per output");
+    if (fast == NULL) return -1;
+    int failed = PySequence_Fast_GET_SIZE(fast) != n;
+    if (failed) PyErr_SetString(PyExc_ValueError, "reduced: one flag per output");
+    for (Py_ssize_t k = 0; !failed && k < n; ++k)
+        failed = (reduced[k] = PyObject_IsTrue(PySequence_Fast_GET_ITEM(fast, k))) < 0;
+    Py_DECREF(fast);
+    return failed ? -1 : 0;
+}
+
+// Launcher(run_address, code, imm, n_regs, n_in, out_codes, out_dtypes, reduced, max_row,
+//          domain, args, operands, out_shapes, out_strides): dvm.vm.Kernel.bind's binding,
+// whose docstring says what the last five are (out_shapes None: the domain's); max_row is
+// None for a program that does not reduce.
 static int launcher_init(Launcher* self, PyObject* args, PyObject* kwds) {
-    PyObject *address, *code, *imm, *in_codes, *out_codes, *operands, *allocs, *tail, *shapes,
-        *dtypes, *refused;
-    int n_regs, nd;
+    PyObject *address, *code, *imm, *out_codes, *out_dtypes, *reduced_seq, *max_row, *domain,
+        *targs, *operands, *out_shapes, *out_strides;
+    int n_regs, n_in;
     if (kwds != NULL && PyDict_GET_SIZE(kwds) > 0) {
         PyErr_SetString(PyExc_TypeError, "Launcher takes positional arguments only");
         return -1;
     }
-    if (!PyArg_ParseTuple(args, "OOOiOOOOOiO!O!O", &address, &code, &imm, &n_regs, &in_codes,
-                          &out_codes, &operands, &allocs, &tail, &nd, &PyTuple_Type, &shapes,
-                          &PyTuple_Type, &dtypes, &refused))
+    if (!PyArg_ParseTuple(args, "OOOiiOO!OOOOOOO", &address, &code, &imm, &n_regs, &n_in,
+                          &out_codes, &PyTuple_Type, &out_dtypes, &reduced_seq, &max_row,
+                          &domain, &targs, &operands, &out_shapes, &out_strides))
         return -1;
     if (g.tensor == NULL) {
         PyErr_SetString(PyExc_RuntimeError, "dvm._launcher.setup() was not called");
@@ -202,75 +492,77 @@ static int launcher_init(Launcher* self, PyObject* args, PyObject* kwds) {
         if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "run_address is null");
         return -1;
     }
-    Py_ssize_t n;
-    if (fill_int32(code, "code", MAX_INSTRS * 5, self->code, &n) < 0) return -1;
-    if (n % 5 != 0) {
-        PyErr_SetString(PyExc_ValueError, "code: five int32 per instruction");
-        return -1;
-    }
-    self->n_instr = (int32_t)(n / 5);
-    PyObject* fast = PySequence_Fast(imm, "imm");
-    if (fast == NULL) return -1;
-    if (PySequence_Fast_GET_SIZE(fast) != self->n_instr) {
-        Py_DECREF(fast);
-        PyErr_SetString(PyExc_ValueError, "imm: one float per instruction");
-        return -1;
-    }
-    for (int32_t i = 0; i < self->n_instr; ++i) {
-        double v = PyFloat_AsDouble(PySequence_Fast_GET_ITEM(fast, i));
-        if (v == -1.0 && PyErr_Occurred()) {
-            Py_DECREF(fast);
-            return -1;
-        }
-        self->imm[i] = (float)v;
-    }
-    Py_DECREF(fast);
+    if (read_program(self, code, imm) < 0) return -1;
     self->n_regs = n_regs;
-    if (fill_int32(in_codes, "in_codes", MAX_INPUTS, self->in_codes, &n) < 0) return -1;
-    self->n_in = (int32_t)n;
+    Py_ssize_t n;
     if (fill_int32(out_codes, "out_codes", MAX_OUTPUTS, self->out_codes, &n) < 0) return -1;
     self->n_out = (int32_t)n;
-    if (nd < 1 || nd > MAX_DIMS) {
-        PyErr_Format(PyExc_ValueError, "nd %d: need 1 to %d", nd, MAX_DIMS);
+    if (n_in < 0 || n_in > MAX_INPUTS || PyTuple_GET_SIZE(out_dtypes) != n) {
+        PyErr_Format(PyExc_ValueError, "n_in %d (at most %d); out_dtypes: one per out_code",
+                     n_in, MAX_INPUTS);
         return -1;
     }
-    self->nd = nd;
-    Py_ssize_t n_tail;
-    if (fill_ints(tail, "tail", MAX_OUTPUTS * MAX_DIMS + MAX_DIMS, self->tail, &n_tail) < 0)
+    self->n_in = n_in;
+    int reduced[MAX_OUTPUTS];
+    int64_t dims[MAX_ARG_DIMS];
+    if (read_reduced(reduced_seq, n, reduced) < 0 || read_domain(self, domain, dims) < 0)
         return -1;
-    if (n_tail != (Py_ssize_t)(self->n_out + 1) * nd) {
-        PyErr_SetString(PyExc_ValueError, "tail: nd strides per output, then the nd-dim domain");
-        return -1;
-    }
-    self->n_args = PyTuple_GET_SIZE(shapes);
-    if (PyTuple_GET_SIZE(dtypes) != self->n_args || self->n_args > MAX_INPUTS) {
-        PyErr_SetString(PyExc_ValueError, "shapes, dtypes: one per arg, at most 16 args");
+    int64_t(*sizes)[MAX_ARG_DIMS] = PyMem_Malloc(sizeof(int64_t[MAX_INPUTS][MAX_ARG_DIMS]));
+    if (sizes == NULL) {
+        PyErr_NoMemory();
         return -1;
     }
-    for (Py_ssize_t i = 0; i < self->n_args; ++i) {
-        PyObject* shape = PyTuple_GET_ITEM(shapes, i);
-        if (!PyTuple_Check(shape)) {
-            PyErr_SetString(PyExc_TypeError, "shapes: each a tuple (torch.Size)");
-            return -1;
+    PyObject *ops = NULL, *shapes_fast = NULL, *layouts_fast = NULL, *refused;
+    int64_t layouts[MAX_OUTPUTS][MAX_DIMS];
+    int given[MAX_OUTPUTS] = {0};
+    if (read_args(self, targs, sizes) < 0) goto fail;
+    ops = PySequence_Fast(operands, "operands: a sequence of (arg, view) pairs");
+    if (ops == NULL) goto fail;
+    shapes_fast = out_shapes == Py_None
+                      ? Py_NewRef(Py_None)
+                      : PySequence_Fast(out_shapes, "out_shapes: a sequence of shapes");
+    if (shapes_fast == NULL) goto fail;
+    Py_ssize_t n_shapes =
+        out_shapes == Py_None ? self->n_out : PySequence_Fast_GET_SIZE(shapes_fast);
+    if (PySequence_Fast_GET_SIZE(ops) != n_in || n_shapes != self->n_out) {
+        PyErr_Format(PyExc_ValueError,
+                     "the program takes %d inputs and %d outputs, got %zd operands and %zd "
+                     "output shapes",
+                     n_in, self->n_out, PySequence_Fast_GET_SIZE(ops), n_shapes);
+        goto fail;
+    }
+    for (int32_t k = 0; k < n_in; ++k)
+        if (read_operand(self, k, PySequence_Fast_GET_ITEM(ops, k), dims, sizes) < 0) goto fail;
+    if (out_strides != Py_None) {
+        layouts_fast = PySequence_Fast(out_strides, "out_strides: a sequence of strides or None");
+        if (layouts_fast == NULL) goto fail;
+        if (PySequence_Fast_GET_SIZE(layouts_fast) != self->n_out) {
+            PyErr_Format(PyExc_ValueError, "out_strides: give one entry per output (%d)",
+                         self->n_out);
+            goto fail;
         }
-        self->arg_ndim[i] = (int32_t)PyTuple_GET_SIZE(shape);
+        for (int32_t k = 0; k < self->n_out; ++k)
+            if (read_layout(self, k, PySequence_Fast_GET_ITEM(layouts_fast, k), dims, reduced[k],
+                            layouts[k], &given[k]) < 0)
+                goto fail;
     }
-    if (read_operands(self, operands, nd) < 0 || read_allocs(self, allocs) < 0) return -1;
-    Py_INCREF(dtypes);
-    Py_XSETREF(self->dtypes, dtypes);
-    if (refused != Py_None && !PyUnicode_Check(refused)) {
-        PyErr_SetString(PyExc_TypeError, "refused: a message (str) or None");
-        return -1;
-    }
-    if (refused == Py_None) {
-        Py_CLEAR(self->refused);
-    } else {
-        Py_INCREF(refused);
-        Py_XSETREF(self->refused, refused);
-    }
-    Py_INCREF(shapes);
-    self->shapes = shapes;  // last: a Launcher with shapes set is ready
-    return 0;
+    if (read_outputs(self, shapes_fast, out_dtypes, reduced, dims, layouts, given) < 0) goto fail;
+    refused = rows_refused(dims, self->nd, max_row, reduced, self->n_out);
+    if (refused == NULL && PyErr_Occurred()) goto fail;
+    Py_XSETREF(self->refused, refused);
+    PyMem_Free(sizes);
+    Py_DECREF(ops);
+    Py_DECREF(shapes_fast);
+    Py_XDECREF(layouts_fast);
+    return 0;  // read_args set self->shapes: the Launcher is ready
+fail:
+    PyMem_Free(sizes);
+    Py_XDECREF(ops);
+    Py_XDECREF(shapes_fast);
+    Py_XDECREF(layouts_fast);
+    Py_CLEAR(self->shapes);
+    Py_CLEAR(self->dtypes);
+    return -1;
 }
 
 // 1 when `t`'s attribute `name` is `want`, 0 when not, -1 on error.
@@ -532,27 +824,37 @@ static PyMethodDef launcher_methods[] = {
     {NULL, NULL, 0, NULL},
 };
 
+static PyMemberDef launcher_members[] = {
+    {"shapes", T_OBJECT, offsetof(Launcher, shapes), READONLY, "Each arg's shape, as bound."},
+    {"dtypes", T_OBJECT, offsetof(Launcher, dtypes), READONLY, "Each arg's dtype, as bound."},
+    {NULL, 0, 0, 0, NULL},
+};
+
 static PyTypeObject LauncherType = {
     PyVarObject_HEAD_INIT(NULL, 0).tp_name = "dvm._launcher.Launcher",
     .tp_basicsize = sizeof(Launcher),
     .tp_flags = Py_TPFLAGS_DEFAULT,
-    .tp_doc = "A VM program bound to one signature (made by dvm.vm.Launch).",
+    .tp_doc = "A VM program bound to one signature (dvm.vm.Kernel.bind makes it).",
     .tp_new = PyType_GenericNew,
     .tp_init = (initproc)launcher_init,
     .tp_dealloc = (destructor)launcher_dealloc,
     .tp_methods = launcher_methods,
+    .tp_members = launcher_members,
 };
 
 // setup(tensor_type, empty_strided, cpu, get_num_threads, is_grad_enabled, strided, error,
-//       messages): the torch objects calls use, and VMError with its status messages.
+//       messages, dtype_codes, dtype_names): the torch objects calls use, VMError with its
+//       status messages, and the VM's dtype codes (a dict) with their names for errors.
 static PyObject* setup(PyObject* module, PyObject* args) {
-    PyObject* got[8];
-    if (!PyArg_ParseTuple(args, "OOOOOOOO!", &got[0], &got[1], &got[2], &got[3], &got[4],
-                          &got[5], &got[6], &PyDict_Type, &got[7]))
+    PyObject* got[10];
+    if (!PyArg_ParseTuple(args, "OOOOOOOO!O!U", &got[0], &got[1], &got[2], &got[3], &got[4],
+                          &got[5], &got[6], &PyDict_Type, &got[7], &PyDict_Type, &got[8],
+                          &got[9]))
         return NULL;
-    PyObject** slots[8] = {&g.tensor,       &g.empty_strided, &g.cpu,   &g.num_threads,
-                           &g.grad_enabled, &g.strided,       &g.error, &g.messages};
-    for (int i = 0; i < 8; ++i) {
+    PyObject** slots[10] = {&g.tensor,  &g.empty_strided, &g.cpu,      &g.num_threads,
+                            &g.grad_enabled, &g.strided, &g.error,    &g.messages,
+                            &g.dtype_codes,  &g.dtype_names};
+    for (int i = 0; i < 10; ++i) {
         Py_INCREF(got[i]);
         Py_XSETREF(*slots[i], got[i]);
     }

@@ -107,15 +107,16 @@ def _parts(**change):
         "code": kernel._code,
         "imm": kernel._imm,
         "n_regs": 2,
-        "in_codes": [0],
+        "n_in": 1,
         "out_codes": [0],
-        "operands": [(0, None)],
-        "allocs": [((2, 3), (3, 1), torch.float32)],
-        "tail": [3, 1, 2, 3],
-        "nd": 2,
-        "shapes": (torch.Size((2, 3)),),
-        "dtypes": (torch.float32,),
-        "refused": None,
+        "out_dtypes": (torch.float32,),
+        "reduced": (False,),
+        "max_row": None,
+        "domain": (2, 3),
+        "args": [torch.empty(2, 3)],
+        "operands": [(0, (2, 3))],
+        "out_shapes": [(2, 3)],
+        "out_strides": None,
     }
     return list({**parts, **change}.values())
 
@@ -128,22 +129,53 @@ def _parts(**change):
         ({"code": [0] * 5 * 257}, "at most"),
         ({"code": [2**40] * 5}, "not an int32"),
         ({"imm": [0.0]}, "one float per instruction"),
-        ({"operands": [(1, None)]}, "reads arg 1"),
-        ({"operands": [(0, (0, 2))]}, "no dim 2"),
-        ({"operands": [(0, (0,))]}, "give 2 picks"),
-        ({"operands": [(0, None)], "shapes": (torch.Size((6,)),)}, "has not 2 dims"),
-        ({"operands": []}, "one .arg, picks. tuple per input code"),
-        ({"allocs": []}, "tuple per output code"),
-        ({"tail": [3, 1]}, "tail"),
-        ({"nd": 7}, "need 1 to 6"),
-        ({"dtypes": ()}, "one per arg"),
-        ({"operands": [[0, None]]}, r"each an \(arg, picks\) tuple"),
-        ({"allocs": [[(2, 3), (3, 1), torch.float32]]}, "each an .shape, strides, dtype. tuple"),
+        ({"n_in": 17}, "n_in 17"),
+        ({"out_dtypes": ()}, "one per out_code"),
+        ({"reduced": (False, True)}, "one flag per output"),
+        ({"domain": (1,) * 7}, "need 1 to 6"),
+        ({"domain": (2, -3)}, "non-negative"),
+        ({"domain": "ab"}, "sequence of ints"),
+        ({"domain": (2, 3.0)}, "sequence of ints"),
+        ({"args": [torch.empty(2, 3)] * 17}, "at most 16"),
+        ({"args": [2.0]}, "arg 0 is a float, not a tensor"),
+        ({"args": [torch.empty((1,) * 65)]}, "at most 64 dims"),
+        ({"args": [torch.empty(2, 3, dtype=torch.float64)]}, "dtype torch.float64; the VM takes"),
+        ({"operands": []}, "takes 1 inputs and 1 outputs, got 0 operands"),
+        ({"out_shapes": []}, "got 1 operands and 0 output shapes"),
+        ({"operands": [(1, (2, 3))]}, "reads arg 1"),
+        ({"operands": [[0]]}, r"each an \(arg, view\) pair"),
+        ({"operands": [(0, 5)]}, "a shape must be a sequence of ints"),
+        ({"operands": [(0, (3, 2))]}, r"view \(3, 2\) of \(2, 3\) moves elements"),
+        (
+            {"args": [torch.empty(1, 2, 3)], "operands": [(0, (1, 2, 3))]},
+            r"input 0 has 3 dims, more than the domain \(2, 3\)",
+        ),
+        ({"args": [torch.empty(2, 1)], "operands": [(0, (2, 1))], "domain": (2, 3)}, None),
+        ({"args": [torch.empty(2)], "operands": [(0, (2,))]}, "does not broadcast"),
+        ({"out_shapes": [(3, 2)]}, r"output 0: shape \(3, 2\) is not \(2, 3\)"),
+        ({"out_strides": [None, None]}, r"one entry per output \(1\)"),
+        ({"out_strides": [(1,)]}, r"out_strides\[0\] = \(1,\): give 2 strides"),
+        ({"out_strides": [(1, 1)]}, "not a dense, non-overlapping layout of"),
     ],
 )
 def test_bad_construction_raises(change, match):
-    with pytest.raises((ValueError, TypeError), match=match):
-        _launcher.Launcher(*_parts(**change))
+    args = _parts(**change)
+    held = [a for a in args if isinstance(a, list)] + args[10]  # containers, the tensors bound
+
+    def refs():
+        return [sys.getrefcount(a) for a in held]
+
+    before = refs()
+    for _ in range(3):
+        if match is None:  # binds: a broadcast operand over the domain
+            launcher = _launcher.Launcher(*args)
+            x = torch.randn(2, 1)
+            torch.testing.assert_close(launcher.run([x])[0], x.exp().expand(2, 3))
+            del launcher
+            continue
+        with pytest.raises((ValueError, TypeError), match=match):
+            _launcher.Launcher(*args)
+    assert refs() == before  # nothing kept by a binding, failed or dropped
     launcher = _launcher.Launcher(*_parts())
     x = torch.randn(2, 3)
     torch.testing.assert_close(launcher.run([x])[0], x.exp())
@@ -153,7 +185,13 @@ def test_a_launcher_is_initialised_once_and_not_used_before():
     launcher = _launcher.Launcher.__new__(_launcher.Launcher)
     with pytest.raises(TypeError, match="not initialised"):
         launcher.run([torch.randn(2, 3)])
+    with pytest.raises(ValueError, match="moves elements"):
+        launcher.__init__(*_parts(operands=[(0, (3, 2))]))
+    with pytest.raises(TypeError, match="not initialised"):  # a failed binding leaves none
+        launcher.run([torch.randn(2, 3)])
     launcher.__init__(*_parts())
+    assert launcher.shapes == (torch.Size((2, 3)),)
+    assert launcher.dtypes == (torch.float32,)
     with pytest.raises(TypeError, match="initialised once"):
         launcher.__init__(*_parts(operands=[(0, (5, 5))]))
     x = torch.randn(2, 3)
@@ -161,9 +199,11 @@ def test_a_launcher_is_initialised_once_and_not_used_before():
 
 
 def test_a_refusal_made_at_binding_is_raised_by_each_call():
-    launcher = _launcher.Launcher(*_parts(refused="rows too long"))
+    launcher = _launcher.Launcher(*_parts(max_row=2))
     for _ in range(2):
-        with pytest.raises(vm.VMError, match="rows too long"):
+        with pytest.raises(
+            vm.VMError, match="rows of 3 elements: the VM reduces rows of at most 2"
+        ):
             launcher.run([torch.randn(2, 3)])
 
 

@@ -134,7 +134,6 @@ class RegionRunner:
         self._inputs = inputs
         position = {n: i for i, n in enumerate(inputs)}
         vals = [n.meta["val"] for n in inputs]
-        self._guards = [(v.shape, v.dtype) for v in vals]
         # each VM output is allocated in the shape of the first graph output it holds; another
         # graph output of the same VM output (a view of it) is a view of that, a tensor of its
         # own as eager's view is
@@ -170,7 +169,8 @@ class RegionRunner:
 
     def guard(self, args: Sequence[Any]) -> str | None:
         """Why ``args`` cannot run on the compiled program, ``None`` when they can."""
-        return _guard_failure(args, self._guards)
+        vals = (n.meta["val"] for n in self._inputs)
+        return _guard_failure(args, [(v.shape, v.dtype) for v in vals])
 
     def __call__(self, *args: torch.Tensor) -> tuple[torch.Tensor, ...]:
         try:

@@ -4,22 +4,22 @@
 ``run(program, inputs, domain, out_dtypes)`` is the one-shot form; :class:`Kernel` encodes a
 program once and is then called per batch of inputs; :meth:`Kernel.bind` fixes the domain and
 the operands' shapes and dtypes too (a compiled region's guarded signature) in a
-:class:`Launch`, whose calls run in C (``dvm._launcher``): checking the args, reading their
-strides and data pointers, allocating the outputs and calling the VM, without Python code or
-ctypes in between. Inputs are read in place through their strides over the domain (broadcast
-and strided views need no copies).
+:class:`Launch`. The binding and the calls run in C (``dvm._launcher``): binding checks the
+domain, operands and output layouts and works out each operand's strides over the domain; a
+call checks the args, reads their strides and data pointers, allocates the outputs and calls
+the VM, without Python code or ctypes in between. Inputs are read in place through their
+strides over the domain (broadcast and strided views need no copies).
 """
 
 from __future__ import annotations
 
-import operator
 from collections.abc import Sequence
 from typing import Any
 
 import torch
 
 from dvm import _launcher, _lib
-from dvm.program import DTYPE_CODES, MAX_DIMS, Instr, Op, Program, output_shape, reads
+from dvm.program import DTYPE_CODES, Instr, Op, Program, reads
 
 __all__ = ["MISMATCH", "Kernel", "Launch", "VMError", "run", "without_redundant_casts"]
 
@@ -35,19 +35,21 @@ _STATUS = {
     4: "a reducing program's rows are too long",
     5: "no memory for the VM's registers",
 }
-_CPU = torch.device("cpu")
+_DTYPES = ", ".join(str(d).removeprefix("torch.") for d in DTYPE_CODES)
 _launcher.setup(
     torch.Tensor,
     torch.empty_strided,  # torch.empty parses a shape 1-3 µs slower a call
-    _CPU,  # whatever the default device: a CUDA one would hand the VM device pointers
+    torch.device(
+        "cpu"
+    ),  # whatever the default device: a CUDA one would hand the VM device pointers
     torch.get_num_threads,
     torch.is_grad_enabled,
     torch.strided,
     VMError,
     _STATUS,
+    DTYPE_CODES,
+    _DTYPES,
 )
-
-_DTYPES = ", ".join(str(d).removeprefix("torch.") for d in DTYPE_CODES)
 
 
 _ROUNDS_TO = {Op.CAST_BF16: torch.bfloat16, Op.CAST_F16: torch.float16}
@@ -107,50 +109,6 @@ def _negated(what: str, k: int) -> ValueError:
     )
 
 
-def _domain(domain: Sequence[int]) -> tuple[int, ...]:
-    if type(domain) is torch.Size and 1 <= len(domain) <= MAX_DIMS:
-        return domain
-    try:
-        dims = tuple(operator.index(d) for d in domain)  # a float size is an error, not truncated
-    except TypeError:
-        raise TypeError(f"domain must be a sequence of ints, got {domain!r}") from None
-    if not 1 <= len(dims) <= MAX_DIMS or min(dims) < 0:
-        raise ValueError(f"domain {dims}: need 1 to {MAX_DIMS} non-negative sizes")
-    return dims
-
-
-def _layouts(
-    out_strides: Sequence[Sequence[int] | None] | None,
-    dims: tuple[int, ...],
-    reduced: tuple[bool, ...],
-) -> Sequence[tuple[int, ...] | None]:
-    """Each output's strides (``None``: contiguous), checked dense and non-overlapping."""
-    if out_strides is None:
-        return (None,) * len(reduced)
-    if len(out_strides) != len(reduced):
-        raise ValueError(f"out_strides: give one entry per output ({len(reduced)})")
-    layouts = []
-    for k, (strides, red) in enumerate(zip(out_strides, reduced, strict=True)):
-        if strides is None:
-            layouts.append(None)
-            continue
-        strides = tuple(map(int, strides))
-        if red or len(strides) != len(dims):
-            raise ValueError(
-                f"out_strides[{k}] = {strides}: give {len(dims)} strides for a non-reduced "
-                "output, or None"
-            )
-        expect = 0 if 0 in dims else 1
-        for size, stride in sorted(zip(dims, strides, strict=True), key=lambda p: p[1]):
-            if size > 1 and expect and stride != expect:
-                raise ValueError(
-                    f"out_strides[{k}] = {strides} is not a dense, non-overlapping layout of {dims}"
-                )
-            expect *= size
-        layouts.append(strides)
-    return layouts
-
-
 class Kernel:
     """``program`` encoded for the VM once, producing outputs of ``out_dtypes`` (row-reduced
     where ``reduced`` says so); call it with inputs and a domain. ``isa`` picks a build
@@ -189,20 +147,6 @@ class Kernel:
         self._run_at = _lib.run_address(self.isa)
         self._code, self._imm = codes, imms
 
-    def _check_rows(self, dims: tuple[int, ...]) -> None:
-        if self._max_row is None:
-            return
-        if dims[-1] > self._max_row:
-            raise VMError(
-                f"rows of {dims[-1]} elements: the VM reduces rows of at most "
-                f"{self._max_row} (run this region eagerly)"
-            )
-        if dims[-1] == 0 and 0 not in dims[:-1] and any(self.reduced):
-            raise VMError(
-                "rows of 0 elements: a row-reduced output has no value for an empty row "
-                "(eager's sum gives 0, amax raises); run it eagerly"
-            )
-
     def bind(
         self,
         domain: Sequence[int],
@@ -218,7 +162,7 @@ class Kernel:
         dims, and broadcasts to ``domain``); output ``k`` is allocated with ``out_shapes[k]``
         (the output's shape over the domain, up to size-1 dims), contiguous or, with
         ``out_strides[k]`` over the domain as in :meth:`__call__`, laid out as that says."""
-        return Launch(self, _domain(domain), args, operands, out_shapes, out_strides)
+        return Launch(self, domain, args, operands, out_shapes, out_strides)
 
     def __call__(
         self,
@@ -232,7 +176,6 @@ class Kernel:
         it), on ``threads`` threads (default ``torch.get_num_threads()``). Outputs are
         contiguous unless ``out_strides[i]`` gives a non-reduced output's strides over the
         domain (a dense, non-overlapping layout such as a permutation)."""
-        dims = _domain(domain)
         n_in = self.program.n_inputs
         if len(inputs) != n_in:
             raise ValueError(f"the program takes {n_in} inputs, got {len(inputs)}")
@@ -249,46 +192,10 @@ class Kernel:
                 )
             if t.is_neg():
                 raise _negated("input", k)
-        launch = self.bind(
-            dims,
-            inputs,
-            [(k, t.shape) for k, t in enumerate(inputs)],
-            [output_shape(dims, red) for red in self.reduced],
-            out_strides=out_strides,
+        launch = Launch(
+            self, domain, inputs, [(k, t.shape) for k, t in enumerate(inputs)], None, out_strides
         )
         return launch.run(inputs, threads)
-
-
-def _contiguous_strides(shape: Sequence[int]) -> list[int]:
-    strides, step = [], 1
-    for size in reversed(shape):
-        strides.append(step)
-        step *= max(size, 1)
-    return strides[::-1]
-
-
-def _stride_map(
-    shape: Sequence[int], view: Sequence[int], dims: tuple[int, ...], k: int
-) -> tuple[int, ...] | None:
-    """For each dim of ``dims``, the dim of a tensor of ``shape`` whose stride it takes (-1:
-    stride 0, a broadcast or size-1 dim), the tensor seen as ``view``; ``None`` when the
-    tensor's own strides are those over the domain (its shape is the domain's)."""
-    if [s for s in shape if s != 1] != [s for s in view if s != 1]:
-        raise ValueError(f"input {k}: view {tuple(view)} of {tuple(shape)} moves elements")
-    if tuple(shape) == dims:
-        return None
-    pad = len(dims) - len(view)
-    if pad < 0:
-        raise ValueError(f"input {k} has {len(view)} dims, more than the domain {dims}")
-    own = iter(j for j, s in enumerate(shape) if s != 1)
-    picks = [-1] * pad
-    for size, want in zip(view, dims[pad:], strict=True):
-        if size != want and size != 1:
-            raise ValueError(
-                f"input {k} of shape {tuple(view)} does not broadcast to the domain {dims}"
-            )
-        picks.append(next(own) if size != 1 else -1)
-    return tuple(picks)
 
 
 class Launch:
@@ -297,7 +204,8 @@ class Launch:
     returns the outputs. A call with others raises ``ValueError`` / ``TypeError``, and a row
     too long for a reducing program :class:`VMError`, at each call.
 
-    The calls run in C (``dvm._launcher.Launcher``): ``run(args, threads=0)`` (the outputs;
+    The binding and the calls run in C (``dvm._launcher.Launcher``, whose ``shapes`` and
+    ``dtypes`` are the args' as bound): ``run(args, threads=0)`` (the outputs;
     ``threads`` below 1 means ``torch.get_num_threads()``), ``mismatch(args, grad)`` (the
     first arg that cannot run as bound, ``(k, kind)`` with ``kind`` an index into
     :data:`MISMATCH`, or ``None``; with ``grad``, an arg requiring grad counts) and
@@ -308,66 +216,30 @@ class Launch:
     def __init__(
         self,
         kernel: Kernel,
-        dims: tuple[int, ...],
+        domain: Sequence[int],
         args: Sequence[torch.Tensor],
         operands: Sequence[tuple[int, Sequence[int]]],
-        out_shapes: Sequence[Sequence[int]],
+        out_shapes: Sequence[Sequence[int]] | None,
         out_strides: Sequence[Sequence[int] | None] | None,
     ) -> None:
-        n_in, n_out = kernel.program.n_inputs, len(kernel.out_dtypes)
-        if len(operands) != n_in or len(out_shapes) != n_out:
-            raise ValueError(
-                f"the program takes {n_in} inputs and {n_out} outputs, got {len(operands)} "
-                f"operands and {len(out_shapes)} output shapes"
-            )
-        try:
-            kernel._check_rows(dims)
-        except VMError as e:  # raised afresh by each call: a kept one would keep tracebacks
-            refused: str | None = str(e)
-        else:
-            refused = None
-        shapes = tuple(torch.Size(a.shape) for a in args)
-        dtypes = tuple(a.dtype for a in args)
-        self._signature = tuple(zip(shapes, dtypes, strict=True))
-        picks = [
-            (i, _stride_map(args[i].shape, view, dims, k)) for k, (i, view) in enumerate(operands)
-        ]
-        in_codes = [_dtype_code(args[i].dtype, "input", k) for k, (i, _) in enumerate(operands)]
-        layouts = _layouts(out_strides, dims, kernel.reduced)
-        allocs = []
-        tail: list[int] = []
-        for k, (shape, dtype, red, layout) in enumerate(
-            zip(out_shapes, kernel.out_dtypes, kernel.reduced, layouts, strict=True)
-        ):
-            want = output_shape(dims, red)
-            if [s for s in shape if s != 1] != [s for s in want if s != 1]:
-                raise ValueError(f"output {k}: shape {tuple(shape)} is not {want} (up to 1s)")
-            if layout is None:
-                strides = _contiguous_strides(want)
-                allocs.append((tuple(shape), tuple(_contiguous_strides(shape)), dtype))
-            else:  # allocated in `shape`, its dims other than 1 laid out as the domain's
-                strides = list(layout)
-                own = iter(st for size, st in zip(dims, layout, strict=True) if size != 1)
-                placed = tuple(next(own) if size != 1 else 1 for size in shape)
-                allocs.append((tuple(shape), placed, dtype))
-            if red:
-                strides[-1] = 0
-            tail += strides
+        program = kernel.program
         launcher = _launcher.Launcher(
             kernel._run_at,
             kernel._code,
             kernel._imm,
-            kernel.program.n_regs,
-            in_codes,
+            program.n_regs,
+            program.n_inputs,
             kernel._out_codes,
-            picks,
-            allocs,
-            tail + list(dims),
-            len(dims),
-            shapes,
-            dtypes,
-            refused,
+            kernel.out_dtypes,
+            kernel.reduced,
+            kernel._max_row,
+            domain,
+            args,
+            operands,
+            out_shapes,
+            out_strides,
         )
+        self._launcher = launcher
         self.run, self.mismatch, self.guarded = launcher.run, launcher.mismatch, launcher.guarded
 
     def __call__(self, args: Sequence[torch.Tensor]) -> list[torch.Tensor]:
@@ -375,7 +247,8 @@ class Launch:
         found = self.mismatch(args, False)
         if found is not None:
             k, kind = found
-            raise _mismatch_error(args[k], k, MISMATCH[kind], self._signature[k])
+            bound = self._launcher.shapes[k], self._launcher.dtypes[k]
+            raise _mismatch_error(args[k], k, MISMATCH[kind], bound)
         return self.run(args)
 
 

@@ -290,6 +290,21 @@ def test_print_config_is_the_resolved_yaml(tmp_path, monkeypatch) -> None:
     assert not (tmp_path / "new").exists()
 
 
+def test_settings_that_run_but_likely_not_as_meant_are_noted() -> None:
+    """run.stop_at past run.steps, schedule.warmup_steps past run.steps: each noted once, with
+    where it was set; the defaults give none."""
+    assert config.notes(config.load()) == []
+    cfg = config.load(None, ["run.steps=10", "run.stop_at=12"])
+    stop, warm = config.notes(cfg)
+    assert stop.startswith("--set run.stop_at=12: run.stop_at=12 is past run.steps=10")
+    assert warm.startswith("default: schedule.warmup_steps=20 is more than run.steps=10")
+    assert config.notes(config.load(None, ["run.steps=20", "run.stop_at=20"])) == []
+    result = CliRunner().invoke(train, ["--print-config", "--set", "run.steps=10"])
+    assert result.exit_code == 0, result.output
+    assert result.stderr.count("note: default: schedule.warmup_steps=20 is more than") == 1
+    assert "note:" not in result.stdout  # the YAML stays clean for `> run.yaml`
+
+
 def test_reference_documents_every_key() -> None:
     text = config.reference()
     for name, cls in config.SECTIONS.items():

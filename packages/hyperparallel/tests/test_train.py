@@ -184,6 +184,21 @@ def test_a_resume_with_other_optimizer_settings_fails_plainly(tmp_path) -> None:
     assert sorted(losses(out)) == [1]
 
 
+def test_a_resume_with_another_seed_fails_plainly(tmp_path) -> None:
+    """The sampler's saved seed orders the rest of the data: a resume asking another ran on in
+    the saved order while its config.yaml recorded the new seed."""
+    out = tmp_path / "run"
+    args = small_args("run.steps=2", "checkpoint.export=false")
+    run_train("--output", str(out), *args, "--set", "run.stop_at=1")
+    written = (out / "config.yaml").read_text()
+    done = run_train("--output", str(out), "--resume", *args, "--set", "run.seed=1", check=False)
+    assert done.returncode == 1
+    assert "Traceback" not in done.stderr
+    assert done.stderr.count("data order was seeded with run.seed=0, this run asks run.seed=1") == 1
+    assert (out / "config.yaml").read_text() == written
+    assert sorted(losses(out)) == [1]
+
+
 def test_a_diverging_run_stops_before_saving_a_non_finite_state(tmp_path) -> None:
     """It ran on with NaN losses, exited 0, pruned the last finite checkpoint for NaN ones,
     exported NaN weights and wrote bare NaN (not JSON) into metrics.jsonl."""

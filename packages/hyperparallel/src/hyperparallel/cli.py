@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import click
@@ -56,7 +57,7 @@ def train(
     print_config: bool,
 ) -> None:
     from hyperparallel import launch, preflight
-    from hyperparallel.config import ConfigError
+    from hyperparallel.config import ConfigError, notes
 
     if config is None and resume and Path(resume).suffix in (".yaml", ".yml"):
         raise click.UsageError(
@@ -72,6 +73,9 @@ def train(
         cfg = preflight.resolve(config, extra, resume, outputs=not print_config)
     except ConfigError as exc:
         raise click.ClickException(str(exc)) from None
+    if os.environ.get("RANK", "0") == "0":  # under torchrun, once
+        for line in notes(cfg):
+            click.echo(f"note: {line}", err=True)
     if print_config:
         click.echo(cfg.to_yaml(), nl=False)
         return

@@ -554,6 +554,25 @@ def _check(config: Config, world: int | None) -> list[str]:
     return problems
 
 
+def notes(config: Config) -> list[str]:
+    """Settings that run, but likely not as meant: one line each, naming where it was set."""
+    run, warmup = config.run, config.schedule.warmup_steps
+    found = []
+    if run.stop_at is not None and run.stop_at > run.steps:
+        found.append(
+            f"{config.origins.get('run.stop_at', 'default')}: run.stop_at={run.stop_at} is past "
+            f"run.steps={run.steps}: the run ends at step {run.steps} without stopping there"
+        )
+    if warmup > run.steps:
+        found.append(
+            f"{config.origins.get('schedule.warmup_steps', 'default')}: "
+            f"schedule.warmup_steps={warmup} is more than run.steps={run.steps}: the learning "
+            f"rate is still warming up when the run ends (it would reach optim.lr at step "
+            f"{warmup})"
+        )
+    return found
+
+
 def build(
     data: Mapping[str, Any] | None = None,
     *,

@@ -261,6 +261,13 @@ def train(
             sampler.load_state_dict(extra["sampler"])
         except ValueError as exc:  # other documents than the checkpoint's
             raise InputError(f"--resume {path.name}: {exc}") from None
+        if sampler.seed != cfg.run.seed:  # the saved order goes on; config.yaml would say not
+            raise InputError(
+                f"--resume {path.name}: the checkpoint's data order was seeded with "
+                f"run.seed={sampler.seed}, this run asks run.seed={cfg.run.seed}; a resume "
+                f"continues the saved order: resume with run.seed={sampler.seed} (its "
+                f"config.yaml), or start a new run from its export (model.pretrained) to change it"
+            )
         if rank == 0 and (later := checkpoint.newer_than(output, path)):
             print(
                 f"resuming from {path.name}, older than {', '.join(p.name for p in later)}: "

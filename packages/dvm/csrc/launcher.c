@@ -177,10 +177,14 @@ static PyObject* int_tuple(const int64_t* v, Py_ssize_t n) {
 static int read_domain(Launcher* self, PyObject* domain, int64_t* dims) {
     Py_ssize_t n = 0;
     if (read_sizes(domain, dims, &n, MAX_ARG_DIMS) < 0) {
-        if (!PyErr_ExceptionMatches(PyExc_TypeError) && !PyErr_ExceptionMatches(PyExc_ValueError))
-            return -1;
-        PyErr_Clear();
-        PyErr_Format(PyExc_TypeError, "domain must be a sequence of ints, got %R", domain);
+        if (PyErr_ExceptionMatches(PyExc_TypeError)) {
+            PyErr_Clear();
+            PyErr_Format(PyExc_TypeError, "domain must be a sequence of ints, got %R", domain);
+        } else if (PyErr_ExceptionMatches(PyExc_ValueError)) {  // more dims than read
+            PyErr_Clear();
+            PyErr_Format(PyExc_ValueError, "domain %R: need 1 to %d non-negative sizes", domain,
+                         MAX_DIMS);
+        }
         return -1;
     }
     int bad = n < 1 || n > MAX_DIMS;

@@ -133,6 +133,7 @@ def _parts(**change):
         ({"out_dtypes": ()}, "one per out_code"),
         ({"reduced": (False, True)}, "one flag per output"),
         ({"domain": (1,) * 7}, "need 1 to 6"),
+        ({"domain": (1,) * 65}, "need 1 to 6"),
         ({"domain": (2, -3)}, "non-negative"),
         ({"domain": "ab"}, "sequence of ints"),
         ({"domain": (2, 3.0)}, "sequence of ints"),

@@ -50,27 +50,36 @@ typedef struct {
     PyObject* shapes;                     // tuple: each arg's shape, as bound
     PyObject* dtypes;                     // tuple: each arg's dtype
     PyObject* refused;                    // the message of the VMError every call raises, or NULL
+    int state;                            // FRESH, BINDING (user code may run meanwhile), READY
 } Launcher;
+
+enum { FRESH = 0, BINDING = 1, READY = 2 };
+
+// `seq` as a tuple of its own: user code that reading its entries runs (an __index__) cannot
+// change it. NULL with a TypeError naming `what` when it is not a sequence.
+static PyObject* own_tuple(PyObject* seq, const char* what) {
+    PyObject* t = PySequence_Tuple(seq);
+    if (t == NULL && PyErr_ExceptionMatches(PyExc_TypeError)) {
+        PyErr_Clear();
+        PyErr_Format(PyExc_TypeError, "%s: give a sequence, got %.100s", what,
+                     Py_TYPE(seq)->tp_name);
+    }
+    return t;
+}
 
 static int fill_ints(PyObject* seq, const char* what, Py_ssize_t max, int64_t* out,
                      Py_ssize_t* n) {
-    PyObject* fast = PySequence_Fast(seq, what);
-    if (fast == NULL) return -1;
-    *n = PySequence_Fast_GET_SIZE(fast);
-    if (*n > max) {
-        PyErr_Format(PyExc_ValueError, "%s: %zd entries, at most %zd", what, *n, max);
-        Py_DECREF(fast);
-        return -1;
+    PyObject* t = own_tuple(seq, what);
+    if (t == NULL) return -1;
+    *n = PyTuple_GET_SIZE(t);
+    int failed = *n > max;
+    if (failed) PyErr_Format(PyExc_ValueError, "%s: %zd entries, at most %zd", what, *n, max);
+    for (Py_ssize_t i = 0; !failed && i < *n; ++i) {
+        out[i] = PyLong_AsLongLong(PyTuple_GET_ITEM(t, i));
+        failed = out[i] == -1 && PyErr_Occurred();
     }
-    for (Py_ssize_t i = 0; i < *n; ++i) {
-        out[i] = PyLong_AsLongLong(PySequence_Fast_GET_ITEM(fast, i));
-        if (out[i] == -1 && PyErr_Occurred()) {
-            Py_DECREF(fast);
-            return -1;
-        }
-    }
-    Py_DECREF(fast);
-    return 0;
+    Py_DECREF(t);
+    return failed ? -1 : 0;
 }
 
 static int fill_int32(PyObject* seq, const char* what, Py_ssize_t max, int32_t* out,
@@ -96,10 +105,11 @@ static void launcher_dealloc(Launcher* self) {
     Py_TYPE(self)->tp_free((PyObject*)self);
 }
 
-// Each arg's shape (a tuple, torch.Size) and dtype, as bound; the sizes of arg i in
-// sizes[i][0..arg_ndim[i]).
-static int read_args(Launcher* self, PyObject* args, int64_t sizes[][MAX_ARG_DIMS]) {
-    PyObject* own = PySequence_Tuple(args);
+// Each arg's shape (a tuple, torch.Size) and dtype, as bound, into new tuples; the sizes of
+// arg i in sizes[i][0..arg_ndim[i]).
+static int read_args(Launcher* self, PyObject* args, int64_t sizes[][MAX_ARG_DIMS],
+                     PyObject** shapes_out, PyObject** dtypes_out) {
+    PyObject* own = own_tuple(args, "args");
     if (own == NULL) return -1;
     Py_ssize_t n = PyTuple_GET_SIZE(own);
     if (n > MAX_INPUTS) {
@@ -120,7 +130,10 @@ static int read_args(Launcher* self, PyObject* args, int64_t sizes[][MAX_ARG_DIM
         PyObject* dtype = shape == NULL ? NULL : PyObject_GetAttr(a, g.s_dtype);
         if (dtype == NULL || !PyTuple_Check(shape) ||
             PyTuple_GET_SIZE(shape) > MAX_ARG_DIMS) {
-            if (dtype != NULL)
+            if (dtype != NULL && !PyTuple_Check(shape))
+                PyErr_Format(PyExc_TypeError, "arg %zd: its shape is a %.100s, not a torch.Size",
+                             i, Py_TYPE(shape)->tp_name);
+            else if (dtype != NULL)
                 PyErr_Format(PyExc_ValueError, "arg %zd: give a tensor of at most %d dims", i,
                              MAX_ARG_DIMS);
             Py_XDECREF(shape);
@@ -138,8 +151,8 @@ static int read_args(Launcher* self, PyObject* args, int64_t sizes[][MAX_ARG_DIM
     if (shapes == NULL || dtypes == NULL) goto fail;
     Py_DECREF(own);
     self->n_args = n;
-    self->shapes = shapes;
-    self->dtypes = dtypes;
+    *shapes_out = shapes;
+    *dtypes_out = dtypes;
     return 0;
 fail:
     Py_DECREF(own);
@@ -148,18 +161,26 @@ fail:
     return -1;
 }
 
-// The sizes of `seq` (a shape, a view, a domain: a sequence of ints) into out[0..*n).
-static int read_sizes(PyObject* seq, int64_t* out, Py_ssize_t* n, Py_ssize_t max) {
-    PyObject* fast = PySequence_Fast(seq, "a shape must be a sequence of ints");
-    if (fast == NULL) return -1;
-    *n = PySequence_Fast_GET_SIZE(fast);
-    int failed = *n > max;
-    if (failed) PyErr_Format(PyExc_ValueError, "%R: more than %zd dims", fast, max);
+// The sizes of `seq` (a view, a shape, strides: at most MAX_ARG_DIMS ints) into
+// out[0..*n); an error names `what`[k].
+static int read_sizes(PyObject* seq, const char* what, int k, int64_t* out, Py_ssize_t* n) {
+    PyObject* t = PySequence_Tuple(seq);
+    *n = t == NULL ? 0 : PyTuple_GET_SIZE(t);
+    int failed = t == NULL || *n > MAX_ARG_DIMS;
     for (Py_ssize_t i = 0; !failed && i < *n; ++i) {
-        out[i] = PyLong_AsLongLong(PySequence_Fast_GET_ITEM(fast, i));
+        out[i] = PyLong_AsLongLong(PyTuple_GET_ITEM(t, i));
         failed = out[i] == -1 && PyErr_Occurred();
     }
-    Py_DECREF(fast);
+    if (failed && (!PyErr_Occurred() || PyErr_ExceptionMatches(PyExc_TypeError))) {
+        PyErr_Clear();
+        if (t != NULL && *n > MAX_ARG_DIMS)
+            PyErr_Format(PyExc_ValueError, "%s[%d]: %zd sizes, at most %d", what, k, *n,
+                         MAX_ARG_DIMS);
+        else
+            PyErr_Format(PyExc_TypeError, "%s[%d]: give a sequence of ints, got %R", what, k,
+                         seq);
+    }
+    Py_XDECREF(t);
     return failed ? -1 : 0;
 }
 
@@ -175,29 +196,27 @@ static PyObject* int_tuple(const int64_t* v, Py_ssize_t n) {
 
 // The domain: 1 to MAX_DIMS non-negative ints.
 static int read_domain(Launcher* self, PyObject* domain, int64_t* dims) {
-    Py_ssize_t n = 0;
-    if (read_sizes(domain, dims, &n, MAX_ARG_DIMS) < 0) {
+    PyObject* t = PySequence_Tuple(domain);
+    const Py_ssize_t n = t == NULL ? 0 : PyTuple_GET_SIZE(t);
+    int failed = t == NULL;
+    for (Py_ssize_t d = 0; !failed && d < n && d < MAX_DIMS; ++d) {
+        dims[d] = PyLong_AsLongLong(PyTuple_GET_ITEM(t, d));
+        failed = dims[d] == -1 && PyErr_Occurred();
+    }
+    if (failed) {
         if (PyErr_ExceptionMatches(PyExc_TypeError)) {
             PyErr_Clear();
             PyErr_Format(PyExc_TypeError, "domain must be a sequence of ints, got %R", domain);
-        } else if (PyErr_ExceptionMatches(PyExc_ValueError)) {  // more dims than read
-            PyErr_Clear();
-            PyErr_Format(PyExc_ValueError, "domain %R: need 1 to %d non-negative sizes", domain,
-                         MAX_DIMS);
         }
+        Py_XDECREF(t);
         return -1;
     }
     int bad = n < 1 || n > MAX_DIMS;
-    for (Py_ssize_t d = 0; d < n; ++d) bad |= dims[d] < 0;
-    if (bad) {
-        PyObject* t = int_tuple(dims, n);
-        if (t != NULL) {
-            PyErr_Format(PyExc_ValueError, "domain %R: need 1 to %d non-negative sizes", t,
-                         MAX_DIMS);
-            Py_DECREF(t);
-        }
-        return -1;
-    }
+    for (Py_ssize_t d = 0; !bad && d < n; ++d) bad = dims[d] < 0;
+    if (bad)
+        PyErr_Format(PyExc_ValueError, "domain %R: need 1 to %d non-negative sizes", t, MAX_DIMS);
+    Py_DECREF(t);
+    if (bad) return -1;
     self->nd = (int32_t)n;
     return 0;
 }
@@ -205,24 +224,26 @@ static int read_domain(Launcher* self, PyObject* domain, int64_t* dims) {
 // Operand k: arg i seen as `view` (its shape up to size-1 dims, broadcasting to the domain):
 // the arg's dim giving each domain dim its stride (-1: stride 0), and its dtype's code.
 static int read_operand(Launcher* self, int32_t k, PyObject* entry, const int64_t* dims,
-                        int64_t sizes[][MAX_ARG_DIMS]) {
+                        int64_t sizes[][MAX_ARG_DIMS], PyObject* dtypes) {
     const int nd = self->nd;
-    PyObject* pair = PySequence_Fast(entry, "operands: each an (arg, view) pair");
-    if (pair == NULL) return -1;
+    PyObject* pair = PySequence_Tuple(entry);
+    if (pair == NULL && !PyErr_ExceptionMatches(PyExc_TypeError)) return -1;
     int failed = -1;
     int64_t view[MAX_ARG_DIMS];
     Py_ssize_t nv = 0, i;
-    if (PySequence_Fast_GET_SIZE(pair) != 2) {
+    if (pair == NULL || PyTuple_GET_SIZE(pair) != 2) {
+        PyErr_Clear();
         PyErr_SetString(PyExc_TypeError, "operands: each an (arg, view) pair");
         goto done;
     }
-    i = PyNumber_AsSsize_t(PySequence_Fast_GET_ITEM(pair, 0), PyExc_IndexError);
+    i = PyNumber_AsSsize_t(PyTuple_GET_ITEM(pair, 0), PyExc_IndexError);
     if (i == -1 && PyErr_Occurred()) goto done;
     if (i < 0 || i >= self->n_args) {
         PyErr_Format(PyExc_ValueError, "operand %d reads arg %zd of %zd", k, i, self->n_args);
         goto done;
     }
-    if (read_sizes(PySequence_Fast_GET_ITEM(pair, 1), view, &nv, MAX_ARG_DIMS) < 0) goto done;
+    if (read_sizes(PyTuple_GET_ITEM(pair, 1), "the view in operands", k, view, &nv) < 0)
+        goto done;
     self->arg_of[k] = i;
     const int64_t* shape = sizes[i];
     const int32_t ns = self->arg_ndim[i];
@@ -276,7 +297,7 @@ static int read_operand(Launcher* self, int32_t k, PyObject* entry, const int64_
             self->picks[k][d] = own[next++];
         }
     }
-    PyObject* dtype = PyTuple_GET_ITEM(self->dtypes, i);
+    PyObject* dtype = PyTuple_GET_ITEM(dtypes, i);
     PyObject* code = PyDict_GetItemWithError(g.dtype_codes, dtype);
     if (code == NULL) {
         if (!PyErr_Occurred())
@@ -287,7 +308,7 @@ static int read_operand(Launcher* self, int32_t k, PyObject* entry, const int64_
     self->in_codes[k] = (int32_t)PyLong_AsLong(code);
     failed = 0;
 done:
-    Py_DECREF(pair);
+    Py_XDECREF(pair);
     return failed;
 }
 
@@ -300,7 +321,7 @@ static int read_layout(Launcher* self, int32_t k, PyObject* entry, const int64_t
     if (!*given) return 0;
     int64_t st[MAX_ARG_DIMS];
     Py_ssize_t n = 0;
-    if (read_sizes(entry, st, &n, MAX_ARG_DIMS) < 0) return -1;
+    if (read_sizes(entry, "out_strides", k, st, &n) < 0) return -1;
     if (reduced || n != nd) {
         PyObject* t = int_tuple(st, n);
         if (t != NULL)
@@ -322,9 +343,10 @@ static int read_layout(Launcher* self, int32_t k, PyObject* entry, const int64_t
     int64_t expect = 1;
     for (int d = 0; d < nd; ++d)
         if (dims[d] == 0) expect = 0;
+    int past = 0;  // expect passed int64: no stride reaches it
     for (int j = 0; j < nd; ++j) {
         const int d = order[j];
-        if (dims[d] > 1 && expect && st[d] != expect) {
+        if (dims[d] > 1 && (past || (expect && st[d] != expect))) {
             PyObject* t = int_tuple(dims, nd);
             if (t == NULL) return -1;
             PyObject* given = int_tuple(st, n);
@@ -336,7 +358,7 @@ static int read_layout(Launcher* self, int32_t k, PyObject* entry, const int64_t
             Py_DECREF(t);
             return -1;
         }
-        expect *= dims[d];
+        past |= __builtin_mul_overflow(expect, dims[d], &expect);
     }
     for (int d = 0; d < nd; ++d) layout[d] = st[d];
     return 0;
@@ -353,8 +375,7 @@ static int read_outputs(Launcher* self, PyObject* out_shapes, PyObject* out_dtyp
         Py_ssize_t ns = nd;
         if (out_shapes == Py_None) {
             for (int d = 0; d < nd; ++d) shape[d] = want[d];
-        } else if (read_sizes(PySequence_Fast_GET_ITEM(out_shapes, k), shape, &ns,
-                              MAX_ARG_DIMS) < 0) {
+        } else if (read_sizes(PyTuple_GET_ITEM(out_shapes, k), "out_shapes", k, shape, &ns) < 0) {
             return -1;
         }
         Py_ssize_t j = 0, d = 0;
@@ -391,12 +412,19 @@ static int read_outputs(Launcher* self, PyObject* out_shapes, PyObject* out_dtyp
                 placed[i] = layouts[k][e++];
             }
             for (e = 0; e < nd; ++e) st[e] = layouts[k][e];
-        } else {
+        } else {  // contiguous (the domain's product is the shape's, up to 1s)
             int64_t step = 1;
-            for (int e = nd - 1; e >= 0; --e) st[e] = step, step *= want[e] > 1 ? want[e] : 1;
+            int past = 0;
+            for (Py_ssize_t i = ns - 1; i >= 0; --i) {
+                placed[i] = step;
+                past |= __builtin_mul_overflow(step, shape[i] > 1 ? shape[i] : 1, &step);
+            }
+            if (past) {
+                PyErr_Format(PyExc_ValueError, "output %d: more than 2**63 elements", k);
+                return -1;
+            }
             step = 1;
-            for (Py_ssize_t i = ns - 1; i >= 0; --i)
-                placed[i] = step, step *= shape[i] > 1 ? shape[i] : 1;
+            for (int e = nd - 1; e >= 0; --e) st[e] = step, step *= want[e] > 1 ? want[e] : 1;
         }
         if (reduced[k]) st[nd - 1] = 0;
         for (int e = 0; e < nd; ++e) self->tail[k * nd + e] = st[e];
@@ -442,55 +470,36 @@ static int read_program(Launcher* self, PyObject* code, PyObject* imm) {
         return -1;
     }
     self->n_instr = (int32_t)(n / 5);
-    PyObject* fast = PySequence_Fast(imm, "imm");
-    if (fast == NULL) return -1;
-    int failed = PySequence_Fast_GET_SIZE(fast) != self->n_instr;
+    PyObject* own = own_tuple(imm, "imm");
+    if (own == NULL) return -1;
+    int failed = PyTuple_GET_SIZE(own) != self->n_instr;
     if (failed) PyErr_SetString(PyExc_ValueError, "imm: one float per instruction");
     for (int32_t i = 0; !failed && i < self->n_instr; ++i) {
-        double v = PyFloat_AsDouble(PySequence_Fast_GET_ITEM(fast, i));
+        double v = PyFloat_AsDouble(PyTuple_GET_ITEM(own, i));
         failed = v == -1.0 && PyErr_Occurred();
         self->imm[i] = (float)v;
     }
-    Py_DECREF(fast);
+    Py_DECREF(own);
     return failed ? -1 : 0;
 }
 
 // Each output's row-reduced flag.
 static int read_reduced(PyObject* seq, Py_ssize_t n, int* reduced) {
-    PyObject* fast = PySequence_Fast(seq, "reduced: one flag per output");
-    if (fast == NULL) return -1;
-    int failed = PySequence_Fast_GET_SIZE(fast) != n;
+    PyObject* own = own_tuple(seq, "reduced");
+    if (own == NULL) return -1;
+    int failed = PyTuple_GET_SIZE(own) != n;
     if (failed) PyErr_SetString(PyExc_ValueError, "reduced: one flag per output");
     for (Py_ssize_t k = 0; !failed && k < n; ++k)
-        failed = (reduced[k] = PyObject_IsTrue(PySequence_Fast_GET_ITEM(fast, k))) < 0;
-    Py_DECREF(fast);
+        failed = (reduced[k] = PyObject_IsTrue(PyTuple_GET_ITEM(own, k))) < 0;
+    Py_DECREF(own);
     return failed ? -1 : 0;
 }
 
-// Launcher(run_address, code, imm, n_regs, n_in, out_codes, out_dtypes, reduced, max_row,
-//          domain, args, operands, out_shapes, out_strides): dvm.vm.Kernel.bind's binding,
-// whose docstring says what the last five are (out_shapes None: the domain's); max_row is
-// None for a program that does not reduce.
-static int launcher_init(Launcher* self, PyObject* args, PyObject* kwds) {
-    PyObject *address, *code, *imm, *out_codes, *out_dtypes, *reduced_seq, *max_row, *domain,
-        *targs, *operands, *out_shapes, *out_strides;
-    int n_regs, n_in;
-    if (kwds != NULL && PyDict_GET_SIZE(kwds) > 0) {
-        PyErr_SetString(PyExc_TypeError, "Launcher takes positional arguments only");
-        return -1;
-    }
-    if (!PyArg_ParseTuple(args, "OOOiiOO!OOOOOOO", &address, &code, &imm, &n_regs, &n_in,
-                          &out_codes, &PyTuple_Type, &out_dtypes, &reduced_seq, &max_row,
-                          &domain, &targs, &operands, &out_shapes, &out_strides))
-        return -1;
-    if (g.tensor == NULL) {
-        PyErr_SetString(PyExc_RuntimeError, "dvm._launcher.setup() was not called");
-        return -1;
-    }
-    if (self->shapes != NULL) {
-        PyErr_SetString(PyExc_TypeError, "a Launcher is initialised once");
-        return -1;
-    }
+// The binding (see launcher_init), while self->state is BINDING.
+static int bind(Launcher* self, PyObject* address, PyObject* code, PyObject* imm, int n_regs,
+                int n_in, PyObject* out_codes, PyObject* out_dtypes, PyObject* reduced_seq,
+                PyObject* max_row, PyObject* domain, PyObject* targs, PyObject* operands,
+                PyObject* out_shapes, PyObject* out_strides) {
     self->run = (RunFn)PyLong_AsVoidPtr(address);
     if (self->run == NULL) {
         if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "run_address is null");
@@ -516,57 +525,91 @@ static int launcher_init(Launcher* self, PyObject* args, PyObject* kwds) {
         PyErr_NoMemory();
         return -1;
     }
-    PyObject *ops = NULL, *shapes_fast = NULL, *layouts_fast = NULL, *refused;
+    PyObject *shapes = NULL, *dtypes = NULL, *ops = NULL, *own_shapes = NULL, *layouts_own = NULL,
+             *refused;
     int64_t layouts[MAX_OUTPUTS][MAX_DIMS];
     int given[MAX_OUTPUTS] = {0};
-    if (read_args(self, targs, sizes) < 0) goto fail;
-    ops = PySequence_Fast(operands, "operands: a sequence of (arg, view) pairs");
+    if (read_args(self, targs, sizes, &shapes, &dtypes) < 0) goto fail;
+    ops = own_tuple(operands, "operands");
     if (ops == NULL) goto fail;
-    shapes_fast = out_shapes == Py_None
-                      ? Py_NewRef(Py_None)
-                      : PySequence_Fast(out_shapes, "out_shapes: a sequence of shapes");
-    if (shapes_fast == NULL) goto fail;
-    Py_ssize_t n_shapes =
-        out_shapes == Py_None ? self->n_out : PySequence_Fast_GET_SIZE(shapes_fast);
-    if (PySequence_Fast_GET_SIZE(ops) != n_in || n_shapes != self->n_out) {
+    own_shapes = out_shapes == Py_None ? Py_NewRef(Py_None) : own_tuple(out_shapes, "out_shapes");
+    if (own_shapes == NULL) goto fail;
+    Py_ssize_t n_shapes = out_shapes == Py_None ? self->n_out : PyTuple_GET_SIZE(own_shapes);
+    if (PyTuple_GET_SIZE(ops) != n_in || n_shapes != self->n_out) {
         PyErr_Format(PyExc_ValueError,
                      "the program takes %d inputs and %d outputs, got %zd operands and %zd "
                      "output shapes",
-                     n_in, self->n_out, PySequence_Fast_GET_SIZE(ops), n_shapes);
+                     n_in, self->n_out, PyTuple_GET_SIZE(ops), n_shapes);
         goto fail;
     }
     for (int32_t k = 0; k < n_in; ++k)
-        if (read_operand(self, k, PySequence_Fast_GET_ITEM(ops, k), dims, sizes) < 0) goto fail;
+        if (read_operand(self, k, PyTuple_GET_ITEM(ops, k), dims, sizes, dtypes) < 0) goto fail;
     if (out_strides != Py_None) {
-        layouts_fast = PySequence_Fast(out_strides, "out_strides: a sequence of strides or None");
-        if (layouts_fast == NULL) goto fail;
-        if (PySequence_Fast_GET_SIZE(layouts_fast) != self->n_out) {
+        layouts_own = own_tuple(out_strides, "out_strides");
+        if (layouts_own == NULL) goto fail;
+        if (PyTuple_GET_SIZE(layouts_own) != self->n_out) {
             PyErr_Format(PyExc_ValueError, "out_strides: give one entry per output (%d)",
                          self->n_out);
             goto fail;
         }
         for (int32_t k = 0; k < self->n_out; ++k)
-            if (read_layout(self, k, PySequence_Fast_GET_ITEM(layouts_fast, k), dims, reduced[k],
+            if (read_layout(self, k, PyTuple_GET_ITEM(layouts_own, k), dims, reduced[k],
                             layouts[k], &given[k]) < 0)
                 goto fail;
     }
-    if (read_outputs(self, shapes_fast, out_dtypes, reduced, dims, layouts, given) < 0) goto fail;
+    if (read_outputs(self, own_shapes, out_dtypes, reduced, dims, layouts, given) < 0) goto fail;
     refused = rows_refused(dims, self->nd, max_row, reduced, self->n_out);
     if (refused == NULL && PyErr_Occurred()) goto fail;
     Py_XSETREF(self->refused, refused);
+    Py_XSETREF(self->shapes, shapes);
+    Py_XSETREF(self->dtypes, dtypes);
     PyMem_Free(sizes);
     Py_DECREF(ops);
-    Py_DECREF(shapes_fast);
-    Py_XDECREF(layouts_fast);
-    return 0;  // read_args set self->shapes: the Launcher is ready
+    Py_DECREF(own_shapes);
+    Py_XDECREF(layouts_own);
+    return 0;
 fail:
     PyMem_Free(sizes);
+    Py_XDECREF(shapes);
+    Py_XDECREF(dtypes);
     Py_XDECREF(ops);
-    Py_XDECREF(shapes_fast);
-    Py_XDECREF(layouts_fast);
-    Py_CLEAR(self->shapes);
-    Py_CLEAR(self->dtypes);
+    Py_XDECREF(own_shapes);
+    Py_XDECREF(layouts_own);
     return -1;
+}
+
+// Launcher(run_address, code, imm, n_regs, n_in, out_codes, out_dtypes, reduced, max_row,
+//          domain, args, operands, out_shapes, out_strides): dvm.vm.Kernel.bind's binding,
+// whose docstring says what the last five are (out_shapes None: the domain's); max_row is
+// None for a program that does not reduce.
+static int launcher_init(Launcher* self, PyObject* args, PyObject* kwds) {
+    PyObject *address, *code, *imm, *out_codes, *out_dtypes, *reduced_seq, *max_row, *domain,
+        *targs, *operands, *out_shapes, *out_strides;
+    int n_regs, n_in;
+    if (kwds != NULL && PyDict_GET_SIZE(kwds) > 0) {
+        PyErr_SetString(PyExc_TypeError, "Launcher takes positional arguments only");
+        return -1;
+    }
+    if (!PyArg_ParseTuple(args, "OOOiiOO!OOOOOOO", &address, &code, &imm, &n_regs, &n_in,
+                          &out_codes, &PyTuple_Type, &out_dtypes, &reduced_seq, &max_row,
+                          &domain, &targs, &operands, &out_shapes, &out_strides))
+        return -1;
+    if (g.tensor == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "dvm._launcher.setup() was not called");
+        return -1;
+    }
+    if (self->state != FRESH) {
+        PyErr_SetString(PyExc_TypeError, "a Launcher is initialised once");
+        return -1;
+    }
+    self->state = BINDING;
+    if (bind(self, address, code, imm, n_regs, n_in, out_codes, out_dtypes, reduced_seq, max_row,
+             domain, targs, operands, out_shapes, out_strides) < 0) {
+        self->state = FRESH;
+        return -1;
+    }
+    self->state = READY;
+    return 0;
 }
 
 // 1 when `t`'s attribute `name` is `want`, 0 when not, -1 on error.
@@ -611,7 +654,7 @@ static int find_mismatch(Launcher* self, PyObject* fast, int grad, int* kind) {
 // tensor subclass's attributes) or another thread while the VM runs may drop the caller's
 // references, not these.
 static PyObject* seq_of_args(Launcher* self, PyObject* args) {
-    if (self->shapes == NULL) {
+    if (self->state != READY) {
         PyErr_SetString(PyExc_TypeError, "this Launcher was not initialised");
         return NULL;
     }

@@ -145,7 +145,9 @@ def _parts(**change):
         ({"out_shapes": []}, "got 1 operands and 0 output shapes"),
         ({"operands": [(1, (2, 3))]}, "reads arg 1"),
         ({"operands": [[0]]}, r"each an \(arg, view\) pair"),
-        ({"operands": [(0, 5)]}, "a shape must be a sequence of ints"),
+        ({"operands": [(0, 5)]}, r"the view in operands\[0\]: give a sequence of ints, got 5"),
+        ({"operands": [(0, (2.0, 3))]}, "give a sequence of ints"),
+        ({"out_shapes": [(1,) * 65]}, r"out_shapes\[0\]: 65 sizes, at most 64"),
         ({"operands": [(0, (3, 2))]}, r"view \(3, 2\) of \(2, 3\) moves elements"),
         (
             {"args": [torch.empty(1, 2, 3)], "operands": [(0, (1, 2, 3))]},
@@ -197,6 +199,73 @@ def test_a_launcher_is_initialised_once_and_not_used_before():
         launcher.__init__(*_parts(operands=[(0, (5, 5))]))
     x = torch.randn(2, 3)
     torch.testing.assert_close(launcher.run([x])[0], x.exp())
+
+
+class _Size:
+    """A size whose ``__index__`` runs ``hook`` first: user code that binding runs."""
+
+    def __init__(self, value, hook):
+        self.value, self.hook = value, hook
+
+    def __index__(self):
+        self.hook()
+        return self.value
+
+
+def test_code_run_while_binding_cannot_reach_the_half_bound_launcher():
+    launcher = _launcher.Launcher.__new__(_launcher.Launcher)
+    seen = []
+
+    def meddle():
+        for attempt in (
+            lambda: launcher.run([torch.randn(2, 3)]),
+            lambda: launcher.__init__(*_parts()),
+        ):
+            try:
+                attempt()
+            except TypeError as e:
+                seen.append(str(e))
+
+    launcher.__init__(*_parts(operands=[(0, (_Size(2, meddle), 3))]))
+    assert seen == ["this Launcher was not initialised", "a Launcher is initialised once"]
+    x = torch.randn(2, 3)
+    torch.testing.assert_close(launcher.run([x])[0], x.exp())
+
+
+@pytest.mark.parametrize("which", ["operands", "out_shapes", "out_strides"])
+def test_lists_emptied_while_binding_are_bound_as_given(which):
+    """Binding reads its own copies: an __index__ that empties the caller's lists (it crashed
+    the first version of the C binding) changes nothing."""
+    lists: list[list] = []
+
+    def empty():
+        for item in lists:
+            item.clear()
+
+    sizes = [_Size(2, empty), 3]
+    given = {
+        "operands": [(0, sizes)],
+        "out_shapes": [sizes],
+        "out_strides": [[_Size(3, empty), 1]],
+    }[which]
+    lists += [given, given[0] if which != "operands" else sizes, sizes]
+    launcher = _launcher.Launcher(*_parts(**{which: given}))
+    assert given == []
+    x = torch.randn(2, 3)
+    torch.testing.assert_close(launcher.run([x])[0], x.exp())
+
+
+def test_sizes_whose_products_pass_int64_are_refused():
+    class Huge:  # binding reads only an arg's shape and dtype
+        shape = torch.Size((2**32,) * 3)
+        dtype = torch.float32
+
+    big = {"domain": (2**32,) * 3, "args": [Huge()], "operands": [(0, (2**32,) * 3)]}
+    strides = [(2**63 - 1, 2**32, 1)]  # dense only in wrapping int64 arithmetic
+    with pytest.raises(ValueError, match="not a dense, non-overlapping layout"):
+        _launcher.Launcher(*_parts(**big, out_shapes=[(2**32,) * 3], out_strides=strides))
+    with pytest.raises(ValueError, match=r"output 0: more than 2\*\*63 elements"):
+        _launcher.Launcher(*_parts(**big, out_shapes=[(2**32,) * 3]))
 
 
 def test_a_refusal_made_at_binding_is_raised_by_each_call():

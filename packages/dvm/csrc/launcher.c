@@ -194,6 +194,16 @@ static PyObject* int_tuple(const int64_t* v, Py_ssize_t n) {
     return t;
 }
 
+// A ValueError formatted by `form` from k and the sizes a and b as tuples; -1.
+static int sizes_error(const char* form, int k, const int64_t* a, Py_ssize_t na,
+                       const int64_t* b, Py_ssize_t nb) {
+    PyObject *x = int_tuple(a, na), *y = x == NULL ? NULL : int_tuple(b, nb);
+    if (y != NULL) PyErr_Format(PyExc_ValueError, form, k, x, y);
+    Py_XDECREF(x);
+    Py_XDECREF(y);
+    return -1;
+}
+
 // The domain: 1 to MAX_DIMS non-negative ints.
 static int read_domain(Launcher* self, PyObject* domain, int64_t* dims) {
     PyObject* t = PySequence_Tuple(domain);
@@ -258,11 +268,7 @@ static int read_operand(Launcher* self, int32_t k, PyObject* entry, const int64_
         ++n_view_own;
     }
     if (moves || n_view_own != n_own) {
-        PyObject *v = int_tuple(view, nv), *s = v == NULL ? NULL : int_tuple(shape, ns);
-        if (s != NULL) PyErr_Format(PyExc_ValueError, "input %d: view %R of %R moves elements",
-                                    k, v, s);
-        Py_XDECREF(v);
-        Py_XDECREF(s);
+        sizes_error("input %d: view %R of %R moves elements", k, view, nv, shape, ns);
         goto done;
     }
     int same = ns == nd;
@@ -286,12 +292,8 @@ static int read_operand(Launcher* self, int32_t k, PyObject* entry, const int64_
                 continue;
             }
             if (view[d - pad] != dims[d]) {
-                PyObject *v = int_tuple(view, nv), *t = v == NULL ? NULL : int_tuple(dims, nd);
-                if (t != NULL) PyErr_Format(PyExc_ValueError,
-                                            "input %d of shape %R does not broadcast to the "
-                                            "domain %R", k, v, t);
-                Py_XDECREF(v);
-                Py_XDECREF(t);
+                sizes_error("input %d of shape %R does not broadcast to the domain %R", k, view,
+                            nv, dims, nd);
                 goto done;
             }
             self->picks[k][d] = own[next++];
@@ -346,18 +348,9 @@ static int read_layout(Launcher* self, int32_t k, PyObject* entry, const int64_t
     int past = 0;  // expect passed int64: no stride reaches it
     for (int j = 0; j < nd; ++j) {
         const int d = order[j];
-        if (dims[d] > 1 && (past || (expect && st[d] != expect))) {
-            PyObject* t = int_tuple(dims, nd);
-            if (t == NULL) return -1;
-            PyObject* given = int_tuple(st, n);
-            if (given != NULL)
-                PyErr_Format(PyExc_ValueError,
-                             "out_strides[%d] = %R is not a dense, non-overlapping layout of %R",
-                             k, given, t);
-            Py_XDECREF(given);
-            Py_DECREF(t);
-            return -1;
-        }
+        if (dims[d] > 1 && (past || (expect && st[d] != expect)))
+            return sizes_error("out_strides[%d] = %R is not a dense, non-overlapping layout of %R",
+                               k, st, n, dims, nd);
         past |= __builtin_mul_overflow(expect, dims[d], &expect);
     }
     for (int d = 0; d < nd; ++d) layout[d] = st[d];
@@ -392,15 +385,8 @@ static int read_outputs(Launcher* self, PyObject* out_shapes, PyObject* out_dtyp
                 break;
             }
         }
-        if (differs) {
-            PyObject *s = int_tuple(shape, ns), *w = s == NULL ? NULL : int_tuple(want, nd);
-            if (w != NULL)
-                PyErr_Format(PyExc_ValueError, "output %d: shape %R is not %R (up to 1s)", k, s,
-                             w);
-            Py_XDECREF(s);
-            Py_XDECREF(w);
-            return -1;
-        }
+        if (differs)
+            return sizes_error("output %d: shape %R is not %R (up to 1s)", k, shape, ns, want, nd);
         if (given[k]) {  // allocated in `shape`, its dims other than 1 laid out as the domain's
             int e = 0;
             for (Py_ssize_t i = 0; i < ns; ++i) {

@@ -39,9 +39,8 @@ _DTYPES = ", ".join(str(d).removeprefix("torch.") for d in DTYPE_CODES)
 _launcher.setup(
     torch.Tensor,
     torch.empty_strided,  # torch.empty parses a shape 1-3 µs slower a call
-    torch.device(
-        "cpu"
-    ),  # whatever the default device: a CUDA one would hand the VM device pointers
+    # outputs on the CPU whatever the default device: a CUDA one would hand the VM its pointers
+    torch.device("cpu"),
     torch.get_num_threads,
     torch.is_grad_enabled,
     torch.strided,

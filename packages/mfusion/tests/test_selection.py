@@ -99,6 +99,19 @@ def test_a_later_enable_wins_over_disabling_all() -> None:
 def test_unknown_name_in_api_is_an_error() -> None:
     with pytest.raises(ValueError, match=r"unknown mfusion pass 'ropee'.*the passes are"):
         mfusion.disable_passes("ropee")
+    with pytest.raises(ValueError, match=r"unknown mfusion pass 'ropee'"):
+        mfusion.is_enabled("ropee")  # it said True
+
+
+def test_api_names_are_read_in_any_case() -> None:
+    """As the environment's: disable_passes("RoPE") raised, and is_enabled("RoPE") said True
+    after disable_passes("rope")."""
+    name = _some_pass()
+    mfusion.disable_passes(f"MFusion.{name.upper()}")
+    assert not mfusion.is_enabled(name)
+    assert not mfusion.is_enabled(name.upper())
+    mfusion.enable_passes(name.title())
+    assert mfusion.is_enabled(name.upper())
 
 
 V7 = f"7+kernels{spore_kernels.__version__}"  # a version-7 pass's version, switched on

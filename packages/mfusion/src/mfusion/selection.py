@@ -45,7 +45,9 @@ def known_names() -> list[str]:
 
 
 def _checked(names: tuple[str, ...]) -> set[str]:
-    wanted = {short_name(n.strip()) for n in names}
+    """The short names of ``names``, in any case (as the environment's); ``ValueError`` for
+    one that names no pass."""
+    wanted = {short_name(n.strip().lower()) for n in names}
     unknown = sorted(wanted - {ALL, *known_names()})
     if unknown:
         raise ValueError(
@@ -108,8 +110,9 @@ def reset() -> None:
 
 
 def is_enabled(name: str) -> bool:
-    """Whether the pass called ``name`` runs under the current switches."""
-    name = short_name(name)
+    """Whether the pass called ``name`` (in any case) runs under the current switches;
+    ``ValueError`` for a name of no pass."""
+    (name,) = _checked((name,))
     with _lock:
         off, on = set(_off), set(_on)
     if name in on or ALL in on:

@@ -4,7 +4,8 @@ Each op runs what a region compiler returned; its fake implementation gives the 
 output tensors (from ``meta["val"]``), so Inductor calls it as an extern kernel. A compile is
 verified before its op is defined: run on random inputs, the callable must return as many
 tensors as the region, with the same sizes, dtypes and devices, and values equal to the
-region run eagerly within ``torch.testing.assert_close``'s default tolerance for the dtype.
+region run eagerly within ``torch.testing.assert_close``'s default tolerance for the dtype, or
+:func:`_tolerance`'s where the region holds 16-bit values.
 Ops are cached by (compiler, structural hash), failures too, so each region structure is
 compiled once per compiler in a process.
 """
@@ -56,6 +57,25 @@ def example_input(value: torch.Tensor, generator: torch.Generator) -> torch.Tens
     return flat.to(value.device).as_strided(tuple(value.shape), tuple(value.stride()))
 
 
+_SIXTEEN_BIT = (torch.float16, torch.bfloat16)
+
+
+def _tolerance(gm: torch.fx.GraphModule, expected: torch.Tensor) -> dict[str, float]:
+    """``assert_close``'s tolerance for an output of the region ``gm``: its default for the
+    output's dtype, unless a value in the region is 16-bit. A region may compute in float32
+    between its loads and stores (the region-compiler contract), where eager rounds each
+    16-bit step: the two differ by about an ulp of the coarsest 16-bit dtype, relative to
+    the values summed where a sum cancels. Then rtol is two of its epsilons and atol that
+    times the output's largest magnitude."""
+    dtypes = {v.dtype for n in gm.graph.nodes if isinstance(v := n.meta.get("val"), torch.Tensor)}
+    coarse = [torch.finfo(d).eps for d in _SIXTEEN_BIT if d in dtypes]
+    if not coarse or not expected.dtype.is_floating_point:
+        return {}
+    rtol = 2 * max(coarse)
+    scale = expected.detach().abs().nan_to_num(0, 0, 0).amax().item() if expected.numel() else 0
+    return {"rtol": rtol, "atol": 1e-5 + rtol * scale}
+
+
 def _verified(compiler: RegionCompiler, region: Region) -> Callable[..., Any]:
     """``compiler.compile`` of ``region``, checked against the region run eagerly."""
     gm = region.graph_module
@@ -63,6 +83,7 @@ def _verified(compiler: RegionCompiler, region: Region) -> Callable[..., Any]:
         generator = torch.Generator().manual_seed(0)
         inputs = [example_input(n.meta["val"], generator) for n in region.inputs]
         expected = as_tuple(gm(*inputs))  # before the compiler may touch the graph
+        tolerances = [_tolerance(gm, e) if isinstance(e, torch.Tensor) else {} for e in expected]
         compiled = compiler.compile(gm, inputs)
         if not callable(compiled):
             raise TypeError(f"compile() returned {type(compiled).__name__}, not a callable")
@@ -71,7 +92,7 @@ def _verified(compiler: RegionCompiler, region: Region) -> Callable[..., Any]:
             raise ValueError(
                 f"the callable returned {len(got)} outputs, the region has {len(expected)}"
             )
-        for i, (g, e) in enumerate(zip(got, expected, strict=True)):
+        for i, (g, e, tol) in enumerate(zip(got, expected, tolerances, strict=True)):
             if not isinstance(g, torch.Tensor):
                 raise TypeError(f"output {i} is a {type(g).__name__}, not a tensor")
             if (g.shape, g.dtype, g.device) != (e.shape, e.dtype, e.device):
@@ -79,7 +100,9 @@ def _verified(compiler: RegionCompiler, region: Region) -> Callable[..., Any]:
                     f"output {i} is {g.dtype}{list(g.shape)} on {g.device}, the region's is "
                     f"{e.dtype}{list(e.shape)} on {e.device}"
                 )
-            torch.testing.assert_close(g, e, equal_nan=True, msg=lambda m, i=i: f"output {i}: {m}")
+            torch.testing.assert_close(
+                g, e, equal_nan=True, msg=lambda m, i=i: f"output {i}: {m}", **tol
+            )
     return compiled
 
 

@@ -102,6 +102,21 @@ def test_a_query_block_with_no_kv_block_gets_zeros() -> None:
     assert torch.equal(out, torch.zeros_like(q))
 
 
+@pytest.mark.parametrize(("sq", "skv", "m"), [(0, 16, 2), (16, 0, 2), (16, 16, 0)])
+def test_nothing_to_attend_to_gives_zero_gradients(sq: int, skv: int, m: int) -> None:
+    """No queries, no keys or no block listed: the output is zeros and so are the gradients
+    of q, k and v (they were None: the zeros were made apart from the inputs)."""
+    q, k, v = (torch.randn(1, 2, n, 8, requires_grad=True) for n in (sq, skv, skv))
+    nq = op.blocks(sq, 8)
+    index = torch.zeros(1, 2, nq, m, dtype=torch.int32)
+    count = torch.full((1, 2, nq), m if skv else 0, dtype=torch.int32)  # no key: none listed
+    out = torch.ops.spore.block_sparse_attention(q, k, v, index, count, 8)
+    assert torch.equal(out, torch.zeros_like(q))
+    out.sum().backward()
+    for t in (q, k, v):
+        assert torch.equal(t.grad, torch.zeros_like(t))
+
+
 def test_every_block_listed_is_full_attention_and_order_does_not_matter() -> None:
     q, k, v = _qkv(2, 2, 33, 41, 16, torch.float32, 2)
     bs = 8

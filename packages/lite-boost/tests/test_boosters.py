@@ -10,6 +10,7 @@ import textwrap
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import numpy as np
 import pydantic
 import pytest
 import torch
@@ -82,11 +83,23 @@ def test_boost_finds_the_booster_of_a_base_class_and_passes_the_options(toy_boos
     assert boosters.find("ToyBase").changes == ("records the options",)
 
 
+def test_block_size_takes_numpy_and_tensor_integers_as_sparse_attention_does(toy_booster):
+    for size in (np.int64(64), np.int32(64), torch.tensor(64)):
+        boosters.boost(ToyChild(), block_size=size)
+    assert [options[2] for options in toy_booster] == [64, 64, 64]
+    assert all(type(options[2]) is int for options in toy_booster)
+
+
 def test_bad_options_and_unknown_models_are_refused(toy_booster):
     with pytest.raises(pydantic.ValidationError, match="sparsity"):
         boosters.boost(ToyChild(), sparsity=1.0)
     with pytest.raises(pydantic.ValidationError, match="block_size"):
         boosters.boost(ToyChild(), block_size=0)
+    with pytest.raises(pydantic.ValidationError, match="greater than 0"):
+        boosters.boost(ToyChild(), block_size=np.int64(0))
+    for not_an_int in (64.0, True, "64"):
+        with pytest.raises(pydantic.ValidationError, match="valid integer"):
+            boosters.boost(ToyChild(), block_size=not_an_int)
     with pytest.raises(LookupError, match=r"no lite-boost booster for Linear \(boosters exist"):
         boosters.boost(torch.nn.Linear(2, 2))
     with pytest.raises(ValueError, match="already registered"):

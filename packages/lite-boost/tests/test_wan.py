@@ -218,6 +218,17 @@ def test_bad_inputs_give_clear_errors():
         boost(model, sparsity=0.5, block_size=True)
 
 
+def test_a_head_too_small_for_3d_rope_is_refused_at_boost_and_the_model_kept():
+    """Diffusers' RoPE gives a 4-channel head no row or column channels; lite-boost's tables
+    need 2 of each: the boost refuses it, before changing anything, not at the first forward."""
+    model = _model(attention_head_dim=4)
+    rope, processor = model.rope, model.blocks[0].attn1.processor
+    with pytest.raises(ValueError, match="head_dim must be even and at least 6, got 4"):
+        boost(model, sparsity=0.5)
+    assert model.rope is rope
+    assert model.blocks[0].attn1.processor is processor
+
+
 def test_vae_without_parallel_is_unchanged():
     vae = _vae()
     z = torch.randn(1, 4, 3, 4, 4, generator=torch.Generator().manual_seed(0))

@@ -54,7 +54,7 @@ def reorder(latent_shape: tuple[int, int, int], block_size: int) -> torch.Tensor
     return token.flatten()[order]
 
 
-def _int(value: Any) -> int | None:
+def as_int(value: Any) -> int | None:
     """``value`` as an int (numpy or 0-d tensor integers taken), ``None`` for a bool, a float or
     anything else: an error, not truncated."""
     if isinstance(value, bool):
@@ -66,9 +66,9 @@ def _int(value: Any) -> int | None:
 
 
 def _latent(shape: Any) -> tuple[int, ...]:
-    """``shape``'s sizes as ints (see :func:`_int`)."""
+    """``shape``'s sizes as ints (see :func:`as_int`)."""
     try:
-        sizes = tuple(_int(n) for n in shape)
+        sizes = tuple(as_int(n) for n in shape)
     except TypeError:  # not a sequence
         sizes = (None,)
     if None in sizes:
@@ -77,8 +77,8 @@ def _latent(shape: Any) -> tuple[int, ...]:
 
 
 def _count(value: Any, name: str, minimum: int) -> int:
-    """``value`` as an int of at least ``minimum`` (see :func:`_int`), else ``ValueError``."""
-    n = _int(value)
+    """``value`` as an int of at least ``minimum`` (see :func:`as_int`), else ``ValueError``."""
+    n = as_int(value)
     if n is None or n < minimum:
         raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")
     return n

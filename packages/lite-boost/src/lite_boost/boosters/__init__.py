@@ -12,12 +12,21 @@ import threading
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Annotated, Any
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field, StrictInt
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictInt
+
+from lite_boost.sparse import as_int
 
 HOOK = "lite_boost_register_boosters"
+
+
+def _integer(value: Any) -> Any:
+    """``value`` as an int when it is an integer of another type (numpy's, a 0-d tensor's), else
+    as it is (a bool or a float then fails ``StrictInt``)."""
+    n = as_int(value)
+    return value if n is None else n
 
 
 class BoostOptions(BaseModel):
@@ -26,7 +35,9 @@ class BoostOptions(BaseModel):
     model_config = ConfigDict(arbitrary_types_allowed=True, frozen=True)
 
     sparsity: float = Field(0.0, ge=0.0, lt=1.0, description="share of KV blocks skipped")
-    block_size: StrictInt = Field(128, gt=0, description="tokens per attention block")
+    block_size: Annotated[StrictInt, BeforeValidator(_integer)] = Field(
+        128, gt=0, description="tokens per attention block (an int; numpy ints taken)"
+    )
     parallel: Any = Field(None, description="a lite_boost.ParallelManager, or None")
 
 

@@ -29,7 +29,7 @@ import torch
 
 from lite_boost import backends
 from lite_boost.boosters import BoostOptions, register_booster
-from lite_boost.rope3d import apply_rope, rope_tables
+from lite_boost.rope3d import apply_rope, rope_tables, split
 
 TRANSFORMER_CHANGES = (
     "rope: WanRotaryPosEmbed is replaced by lite_boost.rope3d's cached float32 (cos, sin) "
@@ -89,6 +89,7 @@ class CachedWanRope(torch.nn.Module):
         self, attention_head_dim: int, patch_size: tuple[int, int, int], theta: float = 10000.0
     ) -> None:
         super().__init__()
+        split(attention_head_dim)  # refused here, not at the first forward
         self.attention_head_dim = attention_head_dim
         self.patch_size = tuple(patch_size)
         self.theta = theta
@@ -249,13 +250,14 @@ def boost_transformer(model: torch.nn.Module, options: BoostOptions) -> None:
                     f"attention heads do not divide by world size {manager.world}; use a "
                     f"ParallelManager over a group whose size divides {attn.heads}"
                 )
+    rope = model.rope
+    if not isinstance(rope, CachedWanRope):  # made first: a head it cannot split changes nothing
+        rope = CachedWanRope(rope.attention_head_dim, rope.patch_size)
     for handle in getattr(model, "_lite_boost_handles", ()):
         handle.remove()
     model._lite_boost_handles = []
-    if not isinstance(model.rope, CachedWanRope):
-        rope = model.rope
-        model.rope = CachedWanRope(rope.attention_head_dim, rope.patch_size)
-    model.rope.manager = manager
+    model.rope = rope
+    rope.manager = manager
     for attn in attentions:
         attn.set_processor(WanAttnProcessor(options))
     if manager is not None:

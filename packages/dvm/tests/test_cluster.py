@@ -3,11 +3,13 @@ domain boundaries; every compiled graph still equals eager."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 
-from dvm.cluster import ALONE, cluster, is_barrier
+from dvm.cluster import ALONE, _Analysis, build_region, cluster, is_barrier
 from dvm.compile import compile_graph
+from dvm.lower import unsupported_reason
 from dvm.program import MAX_INPUTS, MAX_OUTPUTS, MAX_REGS
 
 aten = torch.ops.aten
@@ -229,3 +231,192 @@ def test_an_auto_functionalized_op_is_a_barrier_by_the_op_it_wraps():
     assert [is_barrier(pure), is_barrier(effect)] == [pure.is_impure(), effect.is_impure()]
     assert is_barrier(effect)
     assert not is_barrier(pure)
+
+
+def test_build_region_refuses_members_of_no_one_domain():
+    """Members whose footprints broadcast only to a domain none of them spans (an outer
+    product), or to none at all, make no region: ``ValueError``, and the members that do
+    share one build it."""
+    gm = make_fx(lambda a, b, c: (a.exp(), b.exp(), c.exp()), tracing_mode="fake")(
+        _x(4, 1), _x(1, 5), _x(3)
+    )
+    a = _Analysis(list(gm.graph.nodes))
+    exp_a, exp_b, exp_c = [n for n in gm.graph.nodes if n.target == aten.exp.default]
+    with pytest.raises(ValueError, match=r"domain \(4, 5\) spans more than any member"):
+        build_region([exp_a, exp_b], a)
+    with pytest.raises(ValueError, match="do not broadcast to one domain"):
+        build_region([exp_b, exp_c], a)
+    assert build_region([exp_a], a).domain == (4, 1)
+
+
+def _scaled_graph(value, dtype=torch.float32):
+    """exp(x * value) built by hand (make_fx cannot trace an int past int64), fake values set."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    g = torch.fx.Graph()
+    x = g.placeholder("x")
+    y = g.call_function(aten.mul.Tensor, (x, value))
+    z = g.call_function(aten.exp.default, (y,))
+    g.output(z)
+    with FakeTensorMode():
+        fake = torch.empty(4, 3, dtype=dtype)
+    for n in (x, y, z):
+        n.meta["val"] = fake
+    return torch.fx.GraphModule(torch.nn.Module(), g)
+
+
+def _verdicts(gm):
+    """Each call node's reason from the analysis (``None``: analysed) and from
+    ``unsupported_reason``, the Python account of the same checks."""
+    nodes = list(gm.graph.nodes)
+    a = _Analysis(nodes)
+    reasons = dict(a.fallbacks)
+    calls = [n for n in nodes if n.op == "call_function" and not is_barrier(n)]
+    return [(reasons.get(n), unsupported_reason(n)) for n in calls], a
+
+
+def test_the_analysis_agrees_with_unsupported_reason_on_scalars_near_the_limits():
+    top = int(torch.finfo(torch.float32).max)
+    half_top = int(torch.finfo(torch.float16).max)
+    cases = [
+        (top, torch.float32, False),
+        (top + 1, torch.float32, True),  # rounds to the limit as a double: compared exactly
+        (10**400, torch.float32, True),
+        (-(10**400), torch.float32, True),
+        (1j, torch.float32, True),
+        (float("inf"), torch.float32, False),
+        (3.4e38, torch.float32, False),
+        (1e38, torch.float32, False),
+        (True, torch.float32, False),
+        (half_top, torch.float16, False),
+        (half_top + 1, torch.float16, True),
+        (40000.0, torch.float16, False),
+        (70000.0, torch.float16, True),
+        (70000.0, torch.bfloat16, False),
+    ]
+    for value, dtype, refused in cases:
+        verdicts, a = _verdicts(_scaled_graph(value, dtype))
+        for got, want in verdicts:
+            assert got == want, (value, dtype)
+        mul = next(n for n in a.index if n.target == aten.mul.Tensor)
+        assert (mul not in a.dshape) == refused, (value, dtype)
+
+
+def test_the_analysis_agrees_with_unsupported_reason_on_many_graphs():
+    x, w, i = _x(6, 10), _x(10, seed=1), torch.arange(6)
+    graphs = [
+        lambda x, w, i: (torch.sigmoid(x * w) + 1).softmax(-1).sum(0),
+        lambda x, w, i: torch.where(x > 0, x, w).cumsum(-1) * 2,
+        lambda x, w, i: (x.to(torch.bfloat16) * 3).float().mean(-1, keepdim=True) - x,
+        lambda x, w, i: (x.t() * 2).exp() + i.view(1, 6).float(),
+        lambda x, w, i: (x + i[:, None]).amax(0) * w,
+        lambda x, w, i: x.expand(2, 6, 10).sum(-1) + (x > 1).logical_not().float().sum(-1),
+    ]
+    seen = []
+    for fn in graphs:
+        verdicts, _ = _verdicts(make_fx(fn, tracing_mode="fake")(x, w, i))
+        assert [got for got, _ in verdicts] == [want for _, want in verdicts]
+        seen += verdicts
+    assert sum(got is None for got, _ in seen) >= 10
+    assert sum(got is not None for got, _ in seen) >= 3
+
+
+def test_the_merge_refuses_nodes_that_are_not_the_analysis_s():
+    from dvm import _analysis
+
+    gm = make_fx(lambda x: (x.exp() + 1).sin(), tracing_mode="fake")(_x(3, 4))
+    nodes = list(gm.graph.nodes)
+    a = _Analysis(nodes)
+    assert [[str(n.target) for n in g] for g in a.groups()] == [
+        ["aten.exp.default", "aten.add.Tensor", "aten.sin.default"]
+    ]
+    with pytest.raises(ValueError, match="not the analysis's"):
+        _analysis.merge(a, nodes[::-1])
+    with pytest.raises(KeyError):
+        _analysis.merge(a, [*nodes, object()])
+    with pytest.raises(TypeError, match="nodes must be a list"):
+        _analysis.merge(a, tuple(nodes))
+
+
+def test_a_long_chain_and_a_wide_fan_merge_within_the_limits():
+    """2000 chained ops make regions of at most the VM's instruction count, in order; 300
+    consumers of one value make groups each within the input and output limits."""
+
+    def chain(x):
+        for k in range(2000):
+            x = x * 1.0001 if k % 2 else x + 0.5
+        return x
+
+    def fan(x, *ws):
+        return [x * w for w in ws]
+
+    gm = make_fx(chain, tracing_mode="fake")(_x(4, 8))
+    groups = _Analysis(list(gm.graph.nodes)).groups()
+    assert sum(map(len, groups)) == 2000
+    assert len(groups) > 1
+    order = [n for g in groups for n in g]
+    assert order == [n for n in gm.graph.nodes if n.op == "call_function"]
+    ws = [_x(4, 8, seed=k) for k in range(300)]
+    gm = make_fx(fan, tracing_mode="fake")(_x(4, 8), *ws)
+    groups = _Analysis(list(gm.graph.nodes)).groups()
+    assert sum(map(len, groups)) == 300
+    assert all(len(g) + 1 <= MAX_INPUTS and len(g) <= MAX_OUTPUTS for g in groups)
+    assert len(groups) >= 300 // min(MAX_INPUTS - 1, MAX_OUTPUTS)
+
+
+def test_storable_and_domain_of_the_c_analysis():
+    from dvm import _analysis
+
+    cases = [
+        ((4, 8), (4, 8), False),
+        ((8,), (4, 8), None),  # broadcast along a dim: not one of the domain's rows
+        ((1, 8), (1, 8), False),
+        ((4, 1), (4, 8), True),
+        ((4,), (4, 8), None),
+        ((1, 4, 1), (4, 8), None),  # more dims than the domain, not size 1 in front
+        ((1,), (), True),
+        ((), (), False),
+        ((2, 3, 1), (2, 3, 5), True),
+        ((3, 1), (2, 3, 5), None),
+    ]
+    for shape, domain, want in cases:
+        assert _analysis.storable(shape, domain) is want, (shape, domain)
+    with pytest.raises(ValueError, match="not a shape"):
+        _analysis.storable([4], (4,))
+    gm = make_fx(lambda x: x.exp(), tracing_mode="fake")(_x(3, 4))
+    a = _Analysis(list(gm.graph.nodes))
+    (exp,) = (n for n in gm.graph.nodes if n.op == "call_function")
+    assert _analysis.domain(a, [exp]) == (3, 4)
+    with pytest.raises(ValueError, match="no members"):
+        _analysis.domain(a, [])
+    with pytest.raises(KeyError):
+        _analysis.domain(a, [next(iter(gm.graph.nodes))])  # a placeholder has no footprint
+
+
+def test_the_analysis_s_facts_are_value_fact_s():
+    """The C reads a plain tensor's fact itself (its size as the shape's product) and leaves
+    the rest to ``value_fact``: the facts agree on every kind of value."""
+    from dvm.lower import value_fact
+    from dvm.program import MAX_DIMS
+
+    values = [
+        torch.empty(4, 3),
+        torch.empty(4, 3, dtype=torch.bfloat16),
+        torch.empty((), dtype=torch.float16),
+        torch.empty(4, 3, device="meta"),
+        torch.empty(4, 3, dtype=torch.int64),
+        torch.empty(0, 3),
+        torch.empty((1,) * (MAX_DIMS + 1)),
+        torch.empty((1,) * MAX_DIMS),
+        torch.empty(2**31, 2**31, dtype=torch.bool, device="meta"),
+    ]
+    for v in values:
+        g = torch.fx.Graph()
+        x = g.placeholder("x")
+        y = g.call_function(aten.exp.default, (x,))
+        g.output(y)
+        x.meta["val"] = y.meta["val"] = v
+        a = _Analysis(list(g.nodes))
+        want = value_fact(v)
+        assert a.facts[y] == want, (v.shape, v.dtype, v.device)
+        assert (y in a.dshape) == (type(want) is tuple)

@@ -6,8 +6,11 @@ import functools
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from torch.fx.experimental.proxy_tensor import make_fx
 
+from dvm import program
 from dvm.cluster import ALONE
 from dvm.compile import compile_graph
 from dvm.lower import (
@@ -17,7 +20,7 @@ from dvm.lower import (
     decomposition_table,
     unsupported_reason,
 )
-from dvm.program import MAX_REGS, Op, Program
+from dvm.program import MAX_OUTPUTS, MAX_REGS, Op, Program, run_reference
 
 aten = torch.ops.aten
 
@@ -432,6 +435,130 @@ def test_register_reuse_and_limit():
     em.store(total)
     with pytest.raises(LimitError, match="registers"):
         em.program(1)
+
+
+_UNARY_OPS = [Op.NEG, Op.EXP, Op.SIN, Op.TANH, Op.SIGMOID, Op.ABS]
+_BINARY_OPS = [Op.ADD, Op.SUB, Op.MUL, Op.MAX, Op.MIN, Op.LT]
+
+
+def _ssa_value(kind, op, vals, inputs, consts):
+    """What an SSA step computes over a (3, 5) domain, in plain PyTorch."""
+    if kind == "load":
+        return inputs[op]
+    if kind == "const":
+        return torch.full((3, 5), consts[op])
+    if kind == "unary":
+        return _REF_UNARY[op](vals[0])
+    if kind == "binary":
+        return _REF_BINARY[op](*vals).float()
+    if kind == "where":
+        return torch.where(vals[0] != 0, vals[1], vals[2])
+    return vals[0].sum(-1, keepdim=True).expand(3, 5)
+
+
+_REF_UNARY = {
+    Op.NEG: torch.neg, Op.EXP: torch.exp, Op.SIN: torch.sin, Op.TANH: torch.tanh,
+    Op.SIGMOID: torch.sigmoid, Op.ABS: torch.abs,
+}  # fmt: skip
+_REF_BINARY = {
+    Op.ADD: torch.add, Op.SUB: torch.sub, Op.MUL: torch.mul, Op.MAX: torch.maximum,
+    Op.MIN: torch.minimum, Op.LT: torch.lt,
+}  # fmt: skip
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.data())
+def test_allocated_registers_keep_every_live_value(data):
+    """A random SSA program (loads, constants, unary, binary, where, row sums, stores, values
+    read long after they are made): the encoded program passes :class:`Program`'s full check,
+    and the reference executor running it gives what the SSA steps compute one by one."""
+    inputs = [_x(3, 5, seed=k) for k in range(3)]
+    consts = [0.5, -1.25, 2.0]
+    em, values, stored = Emitter(), [], []
+    for _ in range(data.draw(st.integers(1, 40))):
+        kind = data.draw(st.sampled_from(["load", "const", "unary", "binary", "where", "sum"]))
+        if kind in ("load", "const") or not values:
+            kind = kind if kind in ("load", "const") else "load"
+            k = data.draw(st.integers(0, 2))
+            v = em.load(k) if kind == "load" else em.const(consts[k])
+            step = (kind, k, [])
+        else:
+            arity = {"unary": 1, "binary": 2, "where": 3, "sum": 1}[kind]
+            picks = [data.draw(st.integers(0, len(values) - 1)) for _ in range(arity)]
+            operands = [values[i][0] for i in picks]
+            op = {
+                "unary": lambda: data.draw(st.sampled_from(_UNARY_OPS)),
+                "binary": lambda: data.draw(st.sampled_from(_BINARY_OPS)),
+            }.get(kind, lambda: Op.REDUCE_SUM)()
+            if kind == "unary":
+                v = em.unary(op, *operands)
+            elif kind == "binary":
+                v = em.binary(op, *operands)
+            elif kind == "where":
+                v = em.where(*operands)
+            else:
+                v = em.reduce(op, *operands)
+            step = (kind, op, [values[i][1] for i in picks])
+        value = _ssa_value(step[0], step[1], step[2], inputs, consts)
+        if all(v != seen for seen, _ in values):
+            values.append((v, value))
+        if len(stored) < MAX_OUTPUTS and data.draw(st.booleans()):
+            stored.append(value)
+            assert em.store(v) == len(stored) - 1
+    if not stored:
+        stored.append(values[-1][1])
+        em.store(values[-1][0])
+    try:
+        built = em.program(3)
+    except LimitError:
+        return
+    checked = Program(built.instrs, built.n_inputs, built.n_outputs, built.n_regs)
+    assert checked.encode() == built.encode()
+    outs = run_reference(built, inputs, (3, 5), [torch.float32] * len(stored))
+    for got, want in zip(outs, stored, strict=True):
+        torch.testing.assert_close(got, want, equal_nan=True)
+
+
+def test_the_emitter_refuses_bad_calls():
+    em = Emitter()
+    with pytest.raises(ValueError, match="before any value"):
+        em.store(0)
+    x = em.load(0)
+    with pytest.raises(ValueError, match=r"op 42 is not in 10\.\.26"):
+        em.unary(Op.MUL, x)
+    with pytest.raises(ValueError, match=r"op 12 is not in 40\.\.54"):
+        em.binary(Op.EXP, x, x)
+    with pytest.raises(ValueError, match=r"op 40 is not in 70\.\.72"):
+        em.reduce(Op.ADD, x)
+    with pytest.raises(ValueError, match=r"value 7 is not in 0\.\.0"):
+        em.where(x, x, 7)
+    with pytest.raises(ValueError, match="input -1"):
+        em.load(-1)
+    with pytest.raises(TypeError, match="takes 3 arguments"):
+        em.binary(Op.ADD, x)
+    with pytest.raises(TypeError):
+        em.const("1.0")
+    with pytest.raises(OverflowError):
+        em.const(10**400)
+    with pytest.raises(TypeError, match="takes no arguments"):
+        Emitter(1)
+    assert (em.n_instrs, em.n_outputs) == (1, 0)  # nothing made by the refused calls
+
+
+def test_the_emitter_takes_exactly_the_ops_of_each_arity():
+    """The C builder's runs of op numbers are :class:`Op`'s unary, binary and reducing ops."""
+    made = {"unary": set(), "binary": set(), "reduce": set()}
+    for code in range(100):
+        em = Emitter()
+        x = em.load(0)
+        for kind, args in (("unary", (x,)), ("binary", (x, x)), ("reduce", (x,))):
+            try:
+                getattr(em, kind)(code, *args)
+            except ValueError:
+                continue
+            made[kind].add(code)
+    want = {"unary": program.UNARY, "binary": program.BINARY, "reduce": program.REDUCTIONS}
+    assert made == {kind: set(ops) for kind, ops in want.items()}
 
 
 def test_constants_keep_the_sign_of_zero():

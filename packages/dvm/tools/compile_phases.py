@@ -54,7 +54,7 @@ def _phase(name: str, gm: GraphModule, inputs: list[Any], min_ops: int) -> Calla
     if name == "analysis":
         return lambda: cluster._Analysis(nodes)
     if name == "cluster":
-        return lambda: cluster._Clusterer(gm).run()
+        return lambda: cluster._Analysis(nodes).groups()
     if name == "total":
         return lambda: compile_graph(gm, inputs, min_ops=min_ops)
     (runner,) = compile_graph(gm, inputs, min_ops=min_ops).runners

@@ -15,7 +15,6 @@ from __future__ import annotations
 import functools
 import math
 import operator
-import struct
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -23,7 +22,8 @@ from typing import Any
 import torch
 from torch.fx import Node
 
-from dvm.program import DTYPE_CODES, MAX_DIMS, MAX_REGS, Instr, Op, Program
+from dvm import _emitter
+from dvm.program import DTYPE_CODES, MAX_DIMS, MAX_REGS, Op, Program
 
 aten = torch.ops.aten
 prims = torch.ops.prims
@@ -42,108 +42,24 @@ class LimitError(ValueError):
     """A program exceeds one of the VM's limits (registers, instructions, inputs, outputs)."""
 
 
-_LOAD, _CONST, _STORE, _WHERE = Op.LOAD, Op.CONST, Op.STORE, Op.WHERE
-
-
-class Emitter:
+class Emitter(_emitter.Emitter):
     """Builds one program: SSA values ``v0, v1, ...`` mapped to physical registers at the end.
     An op on the same values as an earlier one gives that one's value (its ops are pure: a
-    decomposition that works out ``x - mean`` twice, as LayerNorm's does, makes one pass)."""
+    decomposition that works out ``x - mean`` twice, as LayerNorm's does, makes one pass); so
+    does a constant of the same bits (``-0.0`` is not ``0.0``) or a load of the same input.
+    The building is C (``csrc/emitter.c``): ``load(index)``, ``const(value)``,
+    ``unary(op, a)``, ``binary(op, a, b)``, ``where(cond, a, b)``, ``reduce(op, a)`` give
+    values, ``store(value)`` the next output's index; ``n_instrs`` and ``n_outputs`` count."""
 
-    def __init__(self) -> None:
-        # (op, value or output index, operand values, imm)
-        self.code: list[tuple[Op, int, tuple[int, ...], float]] = []
-        self._consts: dict[bytes, int] = {}
-        self._loads: dict[int, int] = {}
-        self._made: dict[tuple[Op, tuple[int, ...]], int] = {}
-        self._n = 0
-        self.n_outputs = 0
-
-    def _new(self, op: Op, operands: tuple[int, ...], imm: float = 0.0) -> int:
-        v = self._n
-        self._n = v + 1
-        self.code.append((op, v, operands, imm))
-        return v
-
-    def _op(self, op: Op, operands: tuple[int, ...]) -> int:
-        key = (op, operands)
-        v = self._made.get(key)
-        if v is None:
-            v = self._made[key] = self._new(op, operands)
-        return v
-
-    def load(self, index: int) -> int:
-        v = self._loads.get(index)
-        if v is None:
-            v = self._loads[index] = self._new(_LOAD, (), index)
-        return v
-
-    def const(self, value: float) -> int:
-        key = struct.pack("<d", value)  # tells -0.0 from 0.0, NaN equals NaN
-        v = self._consts.get(key)
-        if v is None:
-            v = self._consts[key] = self._new(_CONST, (), float(value))
-        return v
-
-    def unary(self, op: Op, a: int) -> int:
-        return self._op(op, (a,))
-
-    def binary(self, op: Op, a: int, b: int) -> int:
-        return self._op(op, (a, b))
-
-    def where(self, cond: int, a: int, b: int) -> int:
-        return self._op(_WHERE, (cond, a, b))
-
-    def reduce(self, op: Op, a: int) -> int:
-        return self._op(op, (a,))
-
-    def store(self, value: int) -> int:
-        """Store ``value`` as the next output; its index."""
-        k = self.n_outputs
-        self.code.append((_STORE, k, (value,), 0.0))
-        self.n_outputs = k + 1
-        return k
+    __slots__ = ()
 
     def program(self, n_inputs: int) -> Program:
-        """Allocate registers (reusing dead ones) and build the program; :class:`LimitError`
-        when it needs more than ``MAX_REGS`` registers."""
-        last: dict[int, int] = {}
-        for k, ins in enumerate(self.code):
-            for v in ins[2]:
-                last[v] = k
-        free: list[int] = []
-        phys: dict[int, int] = {}
-        n_regs = 0
-        instrs = []
-        codes: list[int] = []  # the encoded form (Program.encode) alongside
-        imms: list[float] = []
-        for k, (op, dst, operands, imm) in enumerate(self.code):
-            if op is _STORE:
-                ins = Instr(op, -1, dst, phys[operands[0]])
-            else:
-                if free:
-                    reg = free.pop()
-                else:
-                    reg = n_regs
-                    n_regs += 1
-                if op is _LOAD:  # imm: the input
-                    ins = Instr(op, reg, int(imm))
-                elif not operands:  # CONST
-                    ins = Instr(op, reg, imm=imm)
-                else:
-                    ins = Instr(op, reg, *[phys[v] for v in operands])
-                phys[dst] = reg
-                if dst not in last:  # never read: free at once
-                    free.append(reg)
-            instrs.append(ins)
-            codes += ins[:5]
-            imms.append(ins.imm)
-            for v in operands if len(operands) < 2 else set(operands):
-                if last[v] == k:
-                    free.append(phys[v])
+        """Allocate registers (a dead value's is reused) and build the program;
+        :class:`LimitError` when it needs more than ``MAX_REGS`` registers."""
+        codes, imms, n_regs = self.encode()
         if n_regs > MAX_REGS:
             raise LimitError(f"needs {n_regs} registers (the VM has {MAX_REGS})")
-        return Program.built(tuple(instrs), n_inputs, self.n_outputs, max(n_regs, 1), (codes, imms))
+        return Program.built(n_inputs, self.n_outputs, max(n_regs, 1), (codes, imms))
 
 
 @dataclass(frozen=True)
@@ -872,12 +788,13 @@ def rule_reason(
     return None
 
 
-_LIMITS = {d: torch.finfo(d).max for d in (torch.float32, *_16_BIT)}
+FLOAT_LIMITS = {d: torch.finfo(d).max for d in (torch.float32, *_16_BIT)}
+"""Each VM float dtype's largest finite value."""
 
 
 def _beyond(value: Any, dtype: torch.dtype) -> bool:
     """``value`` is a finite Python int or float beyond the range of ``dtype`` (a VM float)."""
-    limit = _LIMITS.get(dtype)
+    limit = FLOAT_LIMITS.get(dtype)
     if limit is None or type(value) not in (int, float):
         return False
     try:

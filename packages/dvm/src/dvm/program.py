@@ -153,20 +153,27 @@ class Program:
 
     @classmethod
     def built(
-        cls,
-        instrs: tuple[Instr, ...],
-        n_inputs: int,
-        n_outputs: int,
-        n_regs: int,
-        encoded: tuple[list[int], list[float]],
+        cls, n_inputs: int, n_outputs: int, n_regs: int, encoded: tuple[list[int], list[float]]
     ) -> Program:
-        """A program :class:`dvm.lower.Emitter` built, valid by construction, with its
-        :meth:`encode` form: not checked again (the check costs more than building it)."""
+        """A program :class:`dvm.lower.Emitter` built, valid by construction, from its
+        :meth:`encode` form: not checked again (the check costs more than building it), its
+        ``instrs`` decoded when first read."""
         program = object.__new__(cls)
         vars(program).update(
-            instrs=instrs, n_inputs=n_inputs, n_outputs=n_outputs, n_regs=n_regs, _encoded=encoded
+            n_inputs=n_inputs, n_outputs=n_outputs, n_regs=n_regs, _encoded=encoded
         )
         return program
+
+    def __getattr__(self, name: str) -> object:
+        if name != "instrs" or "_encoded" not in vars(self):
+            raise AttributeError(name)
+        codes, imms = self._encoded
+        instrs = tuple(
+            Instr(Op(codes[k]), *codes[k + 1 : k + 5], imm)
+            for k, imm in zip(range(0, len(codes), 5), imms, strict=True)
+        )
+        vars(self)["instrs"] = instrs
+        return instrs
 
     @property
     def has_reduction(self) -> bool:

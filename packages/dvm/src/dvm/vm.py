@@ -93,13 +93,6 @@ def _read_before_written(instrs: Sequence[Instr], reg: int) -> bool:
     return False
 
 
-def _dtype_code(dtype: torch.dtype, what: str, k: int) -> int:
-    code = DTYPE_CODES.get(dtype)
-    if code is None:
-        raise TypeError(f"{what} {k} has dtype {dtype}; the VM takes {_DTYPES}: cast it first")
-    return code
-
-
 def _negated(what: str, k: int) -> ValueError:
     """The error for a lazily negated view (``z.conj().imag``): it holds the values' negatives
     in memory, which the VM would read as they are."""
@@ -124,7 +117,7 @@ class Kernel:
         if not isinstance(program, Program):
             raise TypeError(f"program must be a dvm.program.Program, got {type(program).__name__}")
         n_out = program.n_outputs
-        reduced = [False] * n_out if reduced is None else [bool(r) for r in reduced]
+        reduced = (False,) * n_out if reduced is None else tuple(map(bool, reduced))
         if len(out_dtypes) != n_out or len(reduced) != n_out:
             raise ValueError(
                 f"the program has {n_out} outputs: give {n_out} out_dtypes and reduced flags "
@@ -135,8 +128,13 @@ class Kernel:
             codes, imms = without_redundant_casts(program, out_dtypes).encode()
         self.program = program
         self.out_dtypes = tuple(out_dtypes)
-        self.reduced = tuple(reduced)
-        self._out_codes = [_dtype_code(d, "output", k) for k, d in enumerate(out_dtypes)]
+        self.reduced = reduced
+        self._out_codes = list(map(DTYPE_CODES.get, self.out_dtypes))
+        if None in self._out_codes:
+            k = self._out_codes.index(None)
+            raise TypeError(
+                f"output {k} has dtype {self.out_dtypes[k]}; the VM takes {_DTYPES}: cast it first"
+            )
         if isa is None:
             self.isa = _lib.library()[1]
         else:

@@ -1,0 +1,1168 @@
+// dvm._analysis: the per-node analysis behind dvm.cluster._Analysis, and the merging of the
+// analysed nodes into groups that dvm.cluster builds regions of, in C.
+//
+// For each node of an aten FX graph: its index and side-effect segment; for a call node whose
+// op has a lowering rule, whether the VM takes it (each value's shape, dtype and size, a bool
+// result, scalar arguments, the rule's own check) and, when it does, its domain shape, the
+// operands cut from it, its footprint and instruction cost (dvm.cluster's docstring). What a
+// node needs explaining (why the VM refuses it, which dims a reduction reduces, whether an
+// op without a rule has a side effect) is asked of dvm.lower and dvm.cluster in Python, which
+// setup() hands over: the reasons are written in one place.
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <math.h>
+#include <string.h>
+#include <stdint.h>
+
+enum { MAX_RANK = 8 };  // shapes are compared padded with leading 1s to 8 dims
+
+static struct {
+    PyObject *rules, *tensor, *cpu, *dtype_codes, *limits, *bool_dtype;
+    PyObject *pointwise, *reduce, *row, *expand, *constant;
+    PyObject *is_barrier, *unsupported_reason, *rule_reason, *value_fact, *reduced_dims;
+    PyObject *aliasing, *expand_op;  // the ops whose result is a view (a tuple), aten.expand
+    long max_rank, max_inputs, max_outputs, max_instrs;
+    PyObject *no_val;  // the reason for a call node without a tensor value
+    PyObject *s_op, *s_target, *s_args, *s_kwargs, *s_meta, *s_val, *s_all_input_nodes,
+        *s_kind, *s_check, *s_cost, *s_dtype, *s_device, *s_shape,
+        *s_call_function, *s_index, *s_segment, *s_fallbacks, *s_facts, *s_dshape, *s_cut,
+        *s_footprint, *s_users;
+} g;
+
+typedef struct {  // the _Analysis's dicts (borrowed from it)
+    PyObject *index, *segment, *fallbacks, *facts, *dshape, *cut, *footprint, *cost, *args;
+} Tables;
+
+typedef struct {
+    int n;
+    int64_t d[MAX_RANK];
+} Shape;
+
+// `seq` (a tuple or torch.Size of ints) as a Shape; -1 with an exception when it is not one.
+static int read_shape(PyObject* seq, Shape* out) {
+    if (!PyTuple_Check(seq) || PyTuple_GET_SIZE(seq) > MAX_RANK) {
+        PyErr_Format(PyExc_ValueError, "dvm analysis: %R is not a shape of at most %d dims", seq,
+                     MAX_RANK);
+        return -1;
+    }
+    out->n = (int)PyTuple_GET_SIZE(seq);
+    for (int i = 0; i < out->n; ++i) {
+        out->d[i] = PyLong_AsLongLong(PyTuple_GET_ITEM(seq, i));
+        if (out->d[i] == -1 && PyErr_Occurred()) return -1;
+    }
+    return 0;
+}
+
+static PyObject* shape_tuple(const Shape* s) {
+    PyObject* t = PyTuple_New(s->n);
+    for (int i = 0; t != NULL && i < s->n; ++i) {
+        PyObject* v = PyLong_FromLongLong(s->d[i]);
+        if (v == NULL) Py_CLEAR(t);
+        else PyTuple_SET_ITEM(t, i, v);
+    }
+    return t;
+}
+
+static void padded(const Shape* s, int rank, int64_t out[MAX_RANK]) {
+    for (int i = 0; i < rank - s->n; ++i) out[i] = 1;
+    for (int i = 0; i < s->n; ++i) out[rank - s->n + i] = s->d[i];
+}
+
+// Whether two shapes are equal once padded with leading 1s.
+static int same(const Shape* a, const Shape* b) {
+    int rank = a->n > b->n ? a->n : b->n;
+    int64_t x[MAX_RANK], y[MAX_RANK];
+    padded(a, rank, x);
+    padded(b, rank, y);
+    return memcmp(x, y, sizeof(int64_t) * (size_t)rank) == 0;
+}
+
+// The broadcast of two shapes (dvm.cluster.broadcast); 0 when they do not broadcast.
+static int broadcast(const Shape* a, const Shape* b, Shape* out) {
+    int rank = a->n > b->n ? a->n : b->n;
+    int64_t x[MAX_RANK], y[MAX_RANK];
+    padded(a, rank, x);
+    padded(b, rank, y);
+    out->n = rank;
+    for (int i = 0; i < rank; ++i) {
+        if (x[i] == y[i] || y[i] == 1) out->d[i] = x[i];
+        else if (x[i] == 1) out->d[i] = y[i];
+        else return 0;
+    }
+    return 1;
+}
+
+// facts[p]'s shape (a new reference to its torch.Size) and size; NULL with an exception when
+// p has none. Every shape below is held while Python code may run (a node's __hash__ or
+// __eq__ in a dict lookup, a callback): that code could replace the dict entry holding it.
+static PyObject* fact_shape(Tables* t, PyObject* p, int64_t* numel) {
+    PyObject* fact = PyDict_GetItemWithError(t->facts, p);
+    if (fact == NULL || !PyTuple_Check(fact) || PyTuple_GET_SIZE(fact) != 3) {
+        if (!PyErr_Occurred()) PyErr_SetObject(PyExc_KeyError, p);
+        return NULL;
+    }
+    Py_INCREF(fact);
+    if (numel != NULL) {
+        int overflow;
+        *numel = PyLong_AsLongLongAndOverflow(PyTuple_GET_ITEM(fact, 2), &overflow);
+        if (overflow) *numel = INT64_MAX;
+        if (*numel == -1 && PyErr_Occurred()) {
+            Py_DECREF(fact);
+            return NULL;
+        }
+    }
+    PyObject* shape = Py_NewRef(PyTuple_GET_ITEM(fact, 0));
+    Py_DECREF(fact);
+    return shape;
+}
+
+// Whether p's domain shape agrees with its real shape (both padded alike).
+static int aligned(Tables* t, PyObject* p) {
+    PyObject* shape = PyDict_GetItemWithError(t->dshape, p);
+    if (shape == NULL) return PyErr_Occurred() ? -1 : 1;
+    Py_INCREF(shape);
+    PyObject* real = fact_shape(t, p, NULL);
+    Shape a, b;
+    int result = real == NULL ? -1
+                 : shape == real ? 1
+                 : read_shape(shape, &a) < 0 || read_shape(real, &b) < 0 ? -1
+                                                                          : same(&a, &b);
+    Py_DECREF(shape);
+    Py_XDECREF(real);
+    return result;
+}
+
+// The shape `reader` sees p with (a new reference; dvm.cluster._Analysis.view_of).
+static PyObject* view_of(Tables* t, PyObject* p, PyObject* cut) {
+    PyObject* shape = PyDict_GetItemWithError(t->dshape, p);
+    if (shape != NULL) {
+        Py_INCREF(shape);
+        int in_cut = PySequence_Contains(cut, p);
+        if (in_cut == 0) return shape;
+        Py_DECREF(shape);
+        if (in_cut < 0) return NULL;
+    } else if (PyErr_Occurred()) {
+        return NULL;
+    }
+    return fact_shape(t, p, NULL);
+}
+
+// The fact of value v (shape, dtype, size), a str saying why the VM does not take it, or
+// NULL with an exception. Anything but a plain supported tensor (a VM dtype, the CPU device, a
+// static non-empty shape of at most MAX_DIMS dims) goes to dvm.lower.value_fact. The size is
+// the shape's product: v.numel() of a fake tensor costs several times that.
+static PyObject* value_fact(PyObject* v) {
+    PyObject *dtype = NULL, *device = NULL, *shape = NULL, *fact = NULL;
+    int plain = PyObject_IsInstance(v, g.tensor);
+    if (plain < 0) return NULL;
+    if (plain) {
+        if ((dtype = PyObject_GetAttr(v, g.s_dtype)) == NULL) goto done;
+        int known = PyDict_Contains(g.dtype_codes, dtype);
+        if (known < 0) goto done;
+        if (!known) goto slow;
+        if ((device = PyObject_GetAttr(v, g.s_device)) == NULL) goto done;
+        int cpu = PyObject_RichCompareBool(device, g.cpu, Py_EQ);
+        if (cpu < 0) goto done;
+        if (!cpu) goto slow;
+        if ((shape = PyObject_GetAttr(v, g.s_shape)) == NULL) goto done;
+        if (!PyTuple_Check(shape) || PyTuple_GET_SIZE(shape) > g.max_rank) goto slow;
+        int64_t numel = 1;
+        for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(shape); ++i) {
+            PyObject* size = PyTuple_GET_ITEM(shape, i);
+            if (!PyLong_CheckExact(size)) goto slow;  // a symbolic size
+            int overflow;
+            long long d = PyLong_AsLongLongAndOverflow(size, &overflow);
+            if (overflow || d < 0 || (d != 0 && numel > INT64_MAX / d)) goto slow;
+            numel *= d;
+        }
+        if (numel == 0) goto slow;
+        PyObject* size = PyLong_FromLongLong(numel);
+        if (size != NULL) fact = PyTuple_Pack(3, shape, dtype, size);
+        Py_XDECREF(size);
+        goto done;
+    }
+slow:
+    fact = PyObject_CallOneArg(g.value_fact, v);
+done:
+    Py_XDECREF(dtype);
+    Py_XDECREF(device);
+    Py_XDECREF(shape);
+    return fact;
+}
+
+// Whether a scalar argument needs dvm.lower.rule_reason's word: a complex, or an int or float
+// that may be beyond the range of the node's dtype (within half of it, it is not; nearer, or
+// an int too large for a double, rule_reason decides exactly).
+static int odd_scalar(PyObject* a, double limit) {
+    if (PyComplex_CheckExact(a)) return 1;
+    if (limit <= 0 || !(PyLong_CheckExact(a) || PyFloat_CheckExact(a))) return 0;
+    double x = PyFloat_CheckExact(a) ? PyFloat_AS_DOUBLE(a) : PyLong_AsDouble(a);
+    if (x == -1.0 && PyErr_Occurred()) {
+        PyErr_Clear();
+        return 1;
+    }
+    return isfinite(x) && fabs(x) > 0.5 * limit;
+}
+
+// Whether the VM takes node (dvm.lower.rule_reason); a new reference to the reason, Py_None,
+// or NULL with an exception. Any refusal's reason comes from dvm.lower.rule_reason itself.
+static PyObject* reason(Tables* t, PyObject* node, PyObject* rule, PyObject* ops, PyObject* args,
+                        PyObject* kwargs) {
+    Py_ssize_t n_ops = PyList_GET_SIZE(ops);
+    for (Py_ssize_t k = -1; k < n_ops; ++k) {
+        PyObject* x = k < 0 ? node : PyList_GET_ITEM(ops, k);
+        PyObject* fact = PyDict_GetItemWithError(t->facts, x);
+        if (fact == NULL) {
+            if (PyErr_Occurred()) return NULL;
+            PyObject* meta = PyObject_GetAttr(x, g.s_meta);
+            if (meta == NULL) return NULL;
+            PyObject* v = PyDict_Check(meta) ? PyDict_GetItemWithError(meta, g.s_val) : NULL;
+            Py_XINCREF(v);
+            Py_DECREF(meta);
+            if (v == NULL && PyErr_Occurred()) return NULL;
+            int tensor = v != NULL ? PyObject_IsInstance(v, g.tensor) : 0;
+            if (tensor <= 0) {  // no tensor value (or an error): rule_reason's case
+                Py_XDECREF(v);
+                if (tensor < 0) return NULL;
+                return PyObject_CallFunctionObjArgs(g.rule_reason, node, rule, ops, t->facts,
+                                                    NULL);
+            }
+            fact = value_fact(v);
+            Py_DECREF(v);
+            if (fact == NULL) return NULL;
+            int failed = PyDict_SetItem(t->facts, x, fact);
+            Py_DECREF(fact);  // the dict holds it
+            if (failed < 0) return NULL;
+        }
+        if (PyUnicode_Check(fact)) return Py_NewRef(fact);
+    }
+    PyObject* node_fact = PyDict_GetItemWithError(t->facts, node);  // code ran since: look again
+    if (node_fact == NULL || !PyTuple_Check(node_fact) || PyTuple_GET_SIZE(node_fact) != 3) {
+        if (!PyErr_Occurred()) PyErr_SetObject(PyExc_KeyError, node);
+        return NULL;
+    }
+    PyObject* dtype = Py_NewRef(PyTuple_GET_ITEM(node_fact, 1));
+    PyObject* limit_obj = PyDict_GetItemWithError(g.limits, dtype);
+    double limit = limit_obj != NULL ? PyFloat_AsDouble(limit_obj) : 0.0;
+    int odd = dtype == g.bool_dtype;  // a bool result: rule_reason says whether its op makes one
+    Py_DECREF(dtype);
+    if (PyErr_Occurred()) return NULL;
+    PyObject* values = PyDict_Values(kwargs);
+    if (values == NULL) return NULL;
+    for (int part = 0; !odd && part < 2; ++part) {
+        PyObject* seq = part ? values : args;
+        Py_ssize_t n = PyTuple_Check(seq) ? PyTuple_GET_SIZE(seq) : PyList_GET_SIZE(seq);
+        for (Py_ssize_t i = 0; !odd && i < n; ++i) {
+            PyObject* a = PyTuple_Check(seq) ? PyTuple_GET_ITEM(seq, i) : PyList_GET_ITEM(seq, i);
+            odd = odd_scalar(a, limit);
+        }
+    }
+    Py_DECREF(values);
+    PyObject* check = PyObject_GetAttr(rule, g.s_check);
+    if (check == NULL) return NULL;
+    int checked = check != Py_None;
+    Py_DECREF(check);
+    if (!odd && !checked) Py_RETURN_NONE;
+    return PyObject_CallFunctionObjArgs(g.rule_reason, node, rule, ops, t->facts, NULL);
+}
+
+// `shape` with each dim in `dims` (a list of ints) set to 1.
+static PyObject* reduced_shape(PyObject* shape, PyObject* dims) {
+    Py_ssize_t n = PyTuple_GET_SIZE(shape);
+    PyObject* out = PyTuple_New(n);
+    for (Py_ssize_t d = 0; out != NULL && d < n; ++d) {
+        PyObject* index = PyLong_FromSsize_t(d);
+        int in = index != NULL ? PySequence_Contains(dims, index) : -1;
+        Py_XDECREF(index);
+        if (in < 0) {
+            Py_CLEAR(out);
+            break;
+        }
+        PyObject* size = in ? PyLong_FromLong(1) : Py_NewRef(PyTuple_GET_ITEM(shape, d));
+        if (size == NULL) Py_CLEAR(out);
+        else PyTuple_SET_ITEM(out, d, size);
+    }
+    return out;
+}
+
+// The ops of `candidates` of more than one element that are not aligned, as a tuple.
+static PyObject* unaligned(Tables* t, PyObject* candidates) {
+    Py_ssize_t n = PyList_GET_SIZE(candidates);
+    PyObject* out = PyList_New(0);
+    for (Py_ssize_t i = 0; out != NULL && i < n; ++i) {
+        PyObject* p = PyList_GET_ITEM(candidates, i);
+        int64_t numel;
+        PyObject* shape = fact_shape(t, p, &numel);
+        if (shape == NULL) {
+            Py_CLEAR(out);
+            break;
+        }
+        Py_DECREF(shape);
+        if (numel <= 1) continue;
+        int ok = aligned(t, p);
+        if (ok < 0 || (!ok && PyList_Append(out, p) < 0)) Py_CLEAR(out);
+    }
+    if (out == NULL) return NULL;
+    PyObject* tuple = PyList_AsTuple(out);
+    Py_DECREF(out);
+    return tuple;
+}
+
+// A POINTWISE node's domain shape (new reference) and cut; *footprint_is_shape when its
+// footprint is that shape.
+static PyObject* pointwise(Tables* t, PyObject* real, PyObject* ops, PyObject** cut,
+                           int* footprint_is_shape) {
+    Py_ssize_t n = PyList_GET_SIZE(ops);
+    PyObject* first_big = NULL;
+    int all_aligned = 1, one_pair = 1;
+    int64_t pair0[2][MAX_RANK];
+    for (Py_ssize_t i = 0; i < n; ++i) {
+        PyObject* p = PyList_GET_ITEM(ops, i);
+        int64_t numel;
+        PyObject* shape = fact_shape(t, p, &numel);
+        if (shape == NULL) return NULL;
+        Shape real_p, seen_p;
+        int failed = read_shape(shape, &real_p) < 0;
+        Py_DECREF(shape);
+        if (failed) return NULL;
+        if (numel <= 1) continue;
+        int ok = aligned(t, p);
+        if (ok < 0) return NULL;
+        all_aligned &= ok;
+        PyObject* seen = PyDict_GetItemWithError(t->dshape, p);
+        if (seen == NULL && PyErr_Occurred()) return NULL;
+        if (seen == NULL) seen_p = real_p;
+        else if (read_shape(seen, &seen_p) < 0) return NULL;
+        int64_t pair[2][MAX_RANK];
+        padded(&real_p, MAX_RANK, pair[0]);
+        padded(&seen_p, MAX_RANK, pair[1]);
+        if (first_big == NULL) {
+            first_big = p;
+            memcpy(pair0, pair, sizeof pair);
+        } else if (memcmp(pair0, pair, sizeof pair) != 0) {
+            one_pair = 0;
+        }
+    }
+    *footprint_is_shape = all_aligned;
+    if (all_aligned) {
+        *cut = PyTuple_New(0);
+        return *cut != NULL ? Py_NewRef(real) : NULL;
+    }
+    if (one_pair) {
+        *cut = PyTuple_New(0);
+        PyObject* shape = PyDict_GetItemWithError(t->dshape, first_big);
+        if (shape == NULL && !PyErr_Occurred()) PyErr_SetObject(PyExc_KeyError, first_big);
+        return *cut != NULL && shape != NULL ? Py_NewRef(shape) : NULL;  // no code ran since
+    }
+    *cut = unaligned(t, ops);
+    return *cut != NULL ? Py_NewRef(real) : NULL;
+}
+
+// Analyse a node the VM takes (dvm.cluster's docstring). 0, or -1 with an exception.
+static int analyse(Tables* t, PyObject* node, PyObject* rule, PyObject* ops, PyObject* args,
+                   PyObject* kwargs) {
+    PyObject *kind = NULL, *cut = NULL, *shape = NULL, *foot = NULL, *empty = NULL;
+    int result = -1, foot_is_shape = 0;
+    if (PyDict_SetItem(t->args, node, ops) < 0) return -1;
+    PyObject* real = fact_shape(t, node, NULL);
+    if (real == NULL || (kind = PyObject_GetAttr(rule, g.s_kind)) == NULL) goto done;
+    if ((empty = PyTuple_New(0)) == NULL || PyDict_SetItem(t->cut, node, empty) < 0) goto done;
+    PyObject* x = PyTuple_GET_SIZE(args) ? PyTuple_GET_ITEM(args, 0) : NULL;
+    if (x == NULL && kind != g.pointwise && kind != g.row && kind != g.constant) {
+        PyErr_SetString(PyExc_IndexError,
+                        "dvm analysis: the op's input is not its first positional argument");
+        goto done;
+    }
+    if (kind == g.pointwise) {
+        shape = pointwise(t, real, ops, &cut, &foot_is_shape);
+    } else if (kind == g.reduce) {
+        int64_t numel;
+        PyObject* x_shape = fact_shape(t, x, &numel);
+        if (x_shape == NULL) goto done;
+        int ok = aligned(t, x);
+        if (ok < 0) {
+            Py_DECREF(x_shape);
+            goto done;
+        }
+        cut = !ok && numel > 1 ? PyTuple_Pack(1, x) : Py_NewRef(empty);
+        PyObject* dims = PyObject_CallOneArg(g.reduced_dims, node);
+        if (dims != NULL) shape = reduced_shape(x_shape, dims);
+        Py_DECREF(x_shape);
+        Py_XDECREF(dims);
+        if (dims == NULL) goto done;
+    } else if (kind == g.row) {
+        cut = unaligned(t, ops);
+        shape = Py_NewRef(real);
+        foot_is_shape = 1;
+    } else if (kind == g.expand) {
+        int ok = aligned(t, x);
+        if (ok < 0) goto done;
+        cut = !ok ? PyTuple_Pack(1, x) : Py_NewRef(empty);
+        shape = Py_NewRef(real);
+    } else if (kind == g.constant) {
+        cut = Py_NewRef(empty);
+        shape = Py_NewRef(real);
+    } else {  // VIEW: the values it views, seen as they are
+        cut = Py_NewRef(empty);
+        shape = view_of(t, x, empty);
+    }
+    if (cut == NULL || shape == NULL) goto done;
+    if (PyDict_SetItem(t->cut, node, cut) < 0 || PyDict_SetItem(t->dshape, node, shape) < 0)
+        goto done;
+    if (foot_is_shape) {
+        foot = Py_NewRef(shape);
+    } else {
+        Shape acc, seen_p, out;
+        if (read_shape(shape, &acc) < 0) goto done;
+        foot = Py_NewRef(shape);
+        for (Py_ssize_t i = 0; i < PyList_GET_SIZE(ops); ++i) {
+            PyObject* seen = view_of(t, PyList_GET_ITEM(ops, i), cut);
+            if (seen == NULL) goto done;
+            int failed = read_shape(seen, &seen_p) < 0;
+            Py_DECREF(seen);
+            if (failed) goto done;
+            if (broadcast(&acc, &seen_p, &out) && out.n > 0) {  // `broadcast(...) or foot`
+                acc = out;
+                Py_SETREF(foot, shape_tuple(&acc));
+                if (foot == NULL) goto done;
+            }
+        }
+    }
+    if (PyDict_SetItem(t->footprint, node, foot) < 0) goto done;
+    PyObject* base = PyObject_GetAttr(rule, g.s_cost);
+    if (base == NULL) goto done;
+    long cost = PyLong_AsLong(base);
+    Py_DECREF(base);
+    if (cost == -1 && PyErr_Occurred()) goto done;
+    PyObject* values = PyDict_Values(kwargs);
+    if (values == NULL) goto done;
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(args); ++i) {
+        PyObject* a = PyTuple_GET_ITEM(args, i);
+        cost += PyLong_Check(a) || PyFloat_Check(a);
+    }
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(values); ++i) {
+        PyObject* a = PyList_GET_ITEM(values, i);
+        cost += PyLong_Check(a) || PyFloat_Check(a);
+    }
+    Py_DECREF(values);
+    PyObject* cost_obj = PyLong_FromLong(cost);
+    if (cost_obj == NULL) goto done;
+    result = PyDict_SetItem(t->cost, node, cost_obj);
+    Py_DECREF(cost_obj);
+done:
+    Py_XDECREF(real);
+    Py_XDECREF(kind);
+    Py_XDECREF(cut);
+    Py_XDECREF(shape);
+    Py_XDECREF(foot);
+    Py_XDECREF(empty);
+    return result;
+}
+
+// An attribute table of the _Analysis, by name (a new reference); NULL with an exception.
+static PyObject* table(PyObject* analysis, PyObject* name, int list) {
+    PyObject* v = PyObject_GetAttr(analysis, name);
+    if (v == NULL || (list ? PyList_CheckExact(v) : PyDict_CheckExact(v))) return v;
+    Py_DECREF(v);
+    PyErr_Format(PyExc_TypeError, "dvm analysis: %U must be a %s", name, list ? "list" : "dict");
+    return NULL;
+}
+
+// The analysis's tables, each a new reference in *t; 0, or -1 with an exception.
+static int open_tables(PyObject* analysis, Tables* t) {
+    PyObject** slots[] = {&t->index, &t->segment, &t->fallbacks, &t->facts, &t->dshape,
+                          &t->cut,   &t->footprint, &t->cost,    &t->args};
+    PyObject* names[] = {g.s_index, g.s_segment, g.s_fallbacks, g.s_facts, g.s_dshape,
+                         g.s_cut,   g.s_footprint, g.s_cost,    g.s_args};  // node.args's name too
+    *t = (Tables){NULL};
+    for (size_t k = 0; k < sizeof slots / sizeof slots[0]; ++k)
+        if ((*slots[k] = table(analysis, names[k], names[k] == g.s_fallbacks)) == NULL) return -1;
+    return 0;
+}
+
+static void close_tables(Tables* t) {
+    PyObject* held[] = {t->index, t->segment, t->fallbacks, t->facts, t->dshape,
+                        t->cut,   t->footprint, t->cost,    t->args};
+    for (size_t k = 0; k < sizeof held / sizeof held[0]; ++k) Py_XDECREF(held[k]);
+}
+
+// The nodes argument of call(analysis, nodes) as a tuple of its own (a new reference); NULL
+// with an exception when it is not a list or setup() was not called.
+static PyObject* graph_nodes(const char* call, PyObject* const* argv, Py_ssize_t argc) {
+    if (argc != 2 || !PyList_Check(argv[1]))
+        return PyErr_Format(PyExc_TypeError, "%s(analysis, nodes): nodes must be a list", call);
+    if (g.rules == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "dvm._analysis.setup() was not called");
+        return NULL;
+    }
+    return PySequence_Tuple(argv[1]);
+}
+
+static int set_int(PyObject* dict, PyObject* key, Py_ssize_t value) {
+    PyObject* v = PyLong_FromSsize_t(value);
+    if (v == NULL) return -1;
+    int failed = PyDict_SetItem(dict, key, v);
+    Py_DECREF(v);
+    return failed;
+}
+
+static int fallback(Tables* t, PyObject* node, PyObject* why) {
+    if (why == NULL) return -1;
+    PyObject* pair = PyTuple_Pack(2, node, why);
+    Py_DECREF(why);
+    if (pair == NULL) return -1;
+    int failed = PyList_Append(t->fallbacks, pair);
+    Py_DECREF(pair);
+    return failed;
+}
+
+// One node: 0, or -1 with an exception.
+static int node_step(Tables* t, PyObject* node, Py_ssize_t i, Py_ssize_t* seg) {
+    if (set_int(t->index, node, i) < 0 || set_int(t->segment, node, *seg) < 0) return -1;
+    PyObject* op = PyObject_GetAttr(node, g.s_op);
+    if (op == NULL) return -1;
+    int call = PyObject_RichCompareBool(op, g.s_call_function, Py_EQ);
+    Py_DECREF(op);
+    if (call <= 0) return call;
+    PyObject* target = PyObject_GetAttr(node, g.s_target);
+    if (target == NULL) return -1;
+    PyObject* key = PyLong_FromVoidPtr(target);  // id(target): an OpOverload hashes in Python
+    Py_DECREF(target);
+    if (key == NULL) return -1;
+    PyObject* rule = PyDict_GetItemWithError(g.rules, key);
+    Py_DECREF(key);
+    if (rule == NULL) {
+        if (PyErr_Occurred()) return -1;
+        PyObject* barrier = PyObject_CallOneArg(g.is_barrier, node);
+        int impure = barrier != NULL ? PyObject_IsTrue(barrier) : -1;
+        Py_XDECREF(barrier);
+        if (impure < 0) return -1;
+        if (impure) {
+            if (set_int(t->segment, node, *seg + 1) < 0) return -1;
+            *seg += 2;
+            return 0;
+        }
+        return fallback(t, node, PyObject_CallOneArg(g.unsupported_reason, node));
+    }
+    Py_INCREF(rule);
+    int result = -1;
+    PyObject *ops = NULL, *args = NULL, *kwargs = NULL, *why = NULL;
+    PyObject* listed = PyObject_GetAttr(node, g.s_all_input_nodes);
+    if (listed == NULL) goto done;
+    ops = PySequence_List(listed);
+    Py_DECREF(listed);
+    if (ops == NULL || (listed = PyObject_GetAttr(node, g.s_args)) == NULL) goto done;
+    args = PySequence_Tuple(listed);  // fx keeps a tuple, or an immutable_list once reassigned
+    Py_DECREF(listed);
+    if (args == NULL || (kwargs = PyObject_GetAttr(node, g.s_kwargs)) == NULL) goto done;
+    if (!PyDict_Check(kwargs)) {
+        PyErr_SetString(PyExc_TypeError, "dvm analysis: a node's kwargs must be a dict");
+        goto done;
+    }
+    if ((why = reason(t, node, rule, ops, args, kwargs)) == NULL) goto done;
+    if (why != Py_None) {
+        result = fallback(t, node, Py_NewRef(why));
+        goto done;
+    }
+    result = analyse(t, node, rule, ops, args, kwargs);
+done:
+    Py_DECREF(rule);
+    Py_XDECREF(ops);
+    Py_XDECREF(args);
+    Py_XDECREF(kwargs);
+    Py_XDECREF(why);
+    return result;
+}
+
+// run(analysis, nodes): fill the analysis's tables for nodes (a list, in graph order).
+static PyObject* run(PyObject* module, PyObject* const* argv, Py_ssize_t argc) {
+    PyObject* nodes = graph_nodes("run", argv, argc);
+    if (nodes == NULL) return NULL;
+    Tables t;
+    int failed = open_tables(argv[0], &t) < 0;
+    Py_ssize_t seg = 0;
+    for (Py_ssize_t i = 0; !failed && i < PyTuple_GET_SIZE(nodes); ++i)
+        failed = node_step(&t, PyTuple_GET_ITEM(nodes, i), i, &seg) < 0;
+    close_tables(&t);
+    Py_DECREF(nodes);
+    if (failed) return NULL;
+    Py_RETURN_NONE;
+}
+
+// ---- Merging (dvm.cluster's docstring): groups of analysed nodes grown along edges. ----
+//
+// dvm.cluster's regions before they are built: every analysed node starts as a group of its
+// own; groups merge along producer->consumer edges in graph order, then siblings (groups
+// reading one value). Nodes are numbered by their place in the graph (the analysis's index).
+
+typedef struct {
+    int *v, n, cap;
+} Ints;
+
+static int push(Ints* s, int x) {
+    if (s->n == s->cap) {
+        int cap = s->cap ? 2 * s->cap : 4;
+        int* v = PyMem_Realloc(s->v, sizeof(int) * (size_t)cap);
+        if (v == NULL) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        s->v = v;
+        s->cap = cap;
+    }
+    s->v[s->n++] = x;
+    return 0;
+}
+
+static void drop(Ints* s) {
+    PyMem_Free(s->v);
+    *s = (Ints){NULL, 0, 0};
+}
+
+typedef struct {
+    Ints members, inputs, outputs, ext, partners;  // partners: nodes it must not hold
+    Shape domain;
+    int64_t big;  // the domain's size
+    long long cost, seg;
+    int lo, hi;
+} Group;
+
+enum { ALIASING = 1, EXPANDS = 2 };
+
+typedef struct {
+    int n;
+    int* group;     // each node's group (numbered by a node it started at), -1 when not analysed
+    Group* groups;  // by number
+    Shape* dshape;  // each analysed node's domain shape
+    Ints users;     // node i's users: users.v[users_at[i] .. users_at[i + 1]]
+    int* users_at;
+    int* arg0;             // an aliasing node's first argument, -1 when it is not a node
+    unsigned char* flags;  // ALIASING, EXPANDS
+    Ints *args, *cut;      // each analysed node's distinct tensor arguments, cut operands
+    int *seen, *crossed, gen;  // generation stamps of nodes and groups
+    Ints stack;
+} Merge;
+
+static int64_t numel(const Shape* s) {  // saturates at INT64_MAX
+    int64_t n = 1;
+    for (int i = 0; i < s->n; ++i) {
+        if (s->d[i] != 0 && n > INT64_MAX / s->d[i]) return INT64_MAX;
+        n *= s->d[i];
+    }
+    return n;
+}
+
+static int equal(const Shape* a, const Shape* b) {
+    return a->n == b->n && memcmp(a->d, b->d, sizeof(int64_t) * (size_t)a->n) == 0;
+}
+
+// 0 when an output of domain shape s is stored full over dom, 1 when
+// row-reduced, -1 when the VM cannot store it.
+static int storable(const Shape* s, const Shape* dom) {
+    int64_t p[MAX_RANK];
+    int n = s->n > dom->n ? s->n : dom->n;
+    padded(s, n, p);
+    if (n == dom->n && memcmp(p, dom->d, sizeof(int64_t) * (size_t)n) == 0) return 0;
+    if (n != (dom->n ? dom->n : 1) || p[n - 1] != 1) return -1;
+    return n == 1 || memcmp(p, dom->d, sizeof(int64_t) * (size_t)(n - 1)) == 0 ? 1 : -1;
+}
+
+static int in_union(const Merge* m, int node, int x, int y) {
+    return node >= 0 && (m->group[node] == x || m->group[node] == y);
+}
+
+// Whether a path leaves group s through a node outside x | y and enters group d; s and d are
+// x and y. Another group on the way runs as one unit: reaching any of its nodes reaches every
+// node its outputs feed (two regions that each read the other's output would deadlock even
+// though no node-level path leaves either and comes back).
+static int reaches(Merge* m, int s, int d, int x, int y) {
+    Group* src = &m->groups[s];
+    int hi = m->groups[d].hi;
+    m->stack.n = 0;
+    for (int k = 0; k < src->ext.n; ++k)
+        if (!in_union(m, src->ext.v[k], x, y) && push(&m->stack, src->ext.v[k]) < 0) return -1;
+    int gen = ++m->gen;
+    while (m->stack.n) {
+        int at = m->stack.v[--m->stack.n];
+        if (m->seen[at] == gen) continue;
+        m->seen[at] = gen;
+        int g = m->group[at];
+        const int* feeds_from = &at;
+        int n_from = 1;
+        if (g >= 0 && m->groups[g].members.n > 1) {
+            if (m->crossed[g] == gen || m->groups[g].lo > hi) continue;
+            m->crossed[g] = gen;
+            feeds_from = m->groups[g].members.v;
+            n_from = m->groups[g].members.n;
+        } else if (at > hi) {
+            continue;
+        }
+        for (int f = 0; f < n_from; ++f) {
+            int from = feeds_from[f];
+            for (int k = m->users_at[from]; k < m->users_at[from + 1]; ++k) {
+                int u = m->users.v[k];
+                if (m->group[u] == d) return 1;
+                if (!in_union(m, u, x, y) && push(&m->stack, u) < 0) return -1;
+            }
+        }
+    }
+    return 0;
+}
+
+// The values x | y read from outside (into *out, distinct); 0, or -1 with an exception.
+static int outside(Merge* m, const Ints* a, const Ints* b, int x, int y, Ints* out) {
+    int gen = ++m->gen;
+    for (int part = 0; part < 2; ++part) {
+        const Ints* s = part ? b : a;
+        for (int k = 0; k < s->n; ++k) {
+            int p = s->v[k];
+            if (in_union(m, p, x, y) || m->seen[p] == gen) continue;
+            m->seen[p] = gen;
+            if (push(out, p) < 0) return -1;
+        }
+    }
+    return 0;
+}
+
+static int concat(Ints* out, const Ints* a, const Ints* b) {
+    for (int part = 0; part < 2; ++part) {
+        const Ints* s = part ? b : a;
+        for (int k = 0; k < s->n; ++k)
+            if (push(out, s->v[k]) < 0) return -1;
+    }
+    return 0;
+}
+
+// Merge groups x and y when the union makes a valid region (dvm.cluster's docstring): 1 when
+// merged, 0 when not, -1 with an exception.
+static int try_merge(Merge* m, int x, int y) {
+    Group *gx = &m->groups[x], *gy = &m->groups[y];
+    if (gx->seg != gy->seg) return 0;
+    for (int k = 0; k < gx->partners.n; ++k)
+        if (m->group[gx->partners.v[k]] == y) return 0;
+    for (int k = 0; k < gy->partners.n; ++k)
+        if (m->group[gy->partners.v[k]] == x) return 0;
+    Shape domain = gx->domain;
+    if (!equal(&gx->domain, &gy->domain)) {
+        int64_t big = gx->big > gy->big ? gx->big : gy->big;
+        if (!broadcast(&gx->domain, &gy->domain, &domain) || numel(&domain) != big) return 0;
+    }
+    Ints inputs = {0}, outputs = {0}, ext = {0}, partners = {0};
+    int result = -1;
+    if (outside(m, &gx->inputs, &gy->inputs, x, y, &inputs) < 0) goto done;
+    result = 0;
+    if (inputs.n > g.max_inputs) goto done;
+    int stores = 0;
+    for (int part = 0; part < 2; ++part) {
+        const Ints* s = part ? &gy->outputs : &gx->outputs;
+        for (int k = 0; k < s->n; ++k) {
+            int o = s->v[k], read_outside = 0;
+            for (int u = m->users_at[o]; !read_outside && u < m->users_at[o + 1]; ++u)
+                read_outside = !in_union(m, m->users.v[u], x, y);
+            if (!read_outside) continue;
+            if (storable(&m->dshape[o], &domain) < 0) goto done;
+            int base = o;  // stored, a view of a value outside would be a copy: eager's view
+            while (m->flags[base] & ALIASING && in_union(m, m->arg0[base], x, y))
+                base = m->arg0[base];  // sees that value's updates
+            if (m->flags[base] & ALIASING) goto done;
+            if (m->flags[o] & EXPANDS && in_union(m, m->arg0[o], x, y) &&
+                numel(&m->dshape[o]) > numel(&m->dshape[m->arg0[o]]))
+                goto done;  // stored, it would widen the domain: eager's expand is a view
+            result = -1;
+            if (push(&outputs, o) < 0) goto done;
+            result = 0;
+            stores += !(m->flags[o] & ALIASING && in_union(m, m->arg0[o], x, y));
+        }
+    }
+    if (stores > g.max_outputs) goto done;
+    long long cost = gx->cost + gy->cost;
+    if (cost + inputs.n + outputs.n > g.max_instrs) goto done;
+    int found = reaches(m, x, y, x, y);
+    if (found == 0) found = reaches(m, y, x, x, y);
+    if (found != 0) {
+        result = found < 0 ? -1 : 0;
+        goto done;
+    }
+    result = -1;
+    if (outside(m, &gx->ext, &gy->ext, x, y, &ext) < 0 ||
+        concat(&partners, &gx->partners, &gy->partners) < 0)
+        goto done;
+    int keep = gx->members.n >= gy->members.n ? x : y, gone = keep == x ? y : x;
+    Group *big = &m->groups[keep], *small = &m->groups[gone];
+    for (int k = 0; k < small->members.n; ++k) {
+        if (push(&big->members, small->members.v[k]) < 0) goto done;
+        m->group[small->members.v[k]] = keep;
+    }
+    big->lo = gx->lo < gy->lo ? gx->lo : gy->lo;
+    big->hi = gx->hi > gy->hi ? gx->hi : gy->hi;
+    big->domain = domain;
+    big->big = numel(&domain);
+    big->cost = cost;
+    Ints* fresh[] = {&inputs, &outputs, &ext, &partners};
+    Ints* held[] = {&big->inputs, &big->outputs, &big->ext, &big->partners};
+    for (int k = 0; k < 4; ++k) {
+        drop(held[k]);
+        *held[k] = *fresh[k];
+        *fresh[k] = (Ints){NULL, 0, 0};
+    }
+    Ints* others[] = {&small->members, &small->inputs, &small->outputs, &small->ext,
+                      &small->partners};
+    for (int k = 0; k < 5; ++k) drop(others[k]);
+    result = 1;
+done:
+    drop(&inputs);
+    drop(&outputs);
+    drop(&ext);
+    drop(&partners);
+    return result;
+}
+
+// Node `p`'s number (the analysis's index of it); -1 with an exception when it has none.
+static int number(PyObject* index, PyObject* p, int n) {
+    Py_INCREF(p);  // a lookup may run Python code (__hash__, __eq__) that drops it
+    PyObject* at = PyDict_GetItemWithError(index, p);
+    if (at == NULL && !PyErr_Occurred()) PyErr_SetObject(PyExc_KeyError, p);
+    Py_DECREF(p);
+    long k = at != NULL ? PyLong_AsLong(at) : -1;
+    if (k == -1 && PyErr_Occurred()) return -1;
+    if (k < 0 || k >= n) {
+        PyErr_Format(PyExc_ValueError, "dvm merge: index %ld of a node is not among %d", k, n);
+        return -1;
+    }
+    return (int)k;
+}
+
+// The numbers of the nodes in `seq` (a list or tuple) appended to *out; 0, or -1.
+static int numbers(PyObject* index, PyObject* seq, int n, Ints* out) {
+    PyObject* items = PySequence_Tuple(seq);
+    if (items == NULL) return -1;
+    int failed = 0;
+    for (Py_ssize_t k = 0; !failed && k < PyTuple_GET_SIZE(items); ++k) {
+        int at = number(index, PyTuple_GET_ITEM(items, k), n);
+        failed = at < 0 || push(out, at) < 0;
+    }
+    Py_DECREF(items);
+    return failed ? -1 : 0;
+}
+
+// `dict[node]`, a new reference; NULL with an exception (KeyError when missing).
+static PyObject* entry(PyObject* dict, PyObject* node) {
+    PyObject* v = PyDict_GetItemWithError(dict, node);
+    if (v == NULL && !PyErr_Occurred()) PyErr_SetObject(PyExc_KeyError, node);
+    return Py_XNewRef(v);
+}
+
+static int read_held_shape(PyObject* dict, PyObject* node, Shape* out) {
+    PyObject* shape = entry(dict, node);
+    if (shape == NULL) return -1;
+    int failed = read_shape(shape, out);
+    Py_DECREF(shape);
+    return failed;
+}
+
+static long long read_int(PyObject* dict, PyObject* node) {
+    PyObject* v = entry(dict, node);
+    long long x = v != NULL ? PyLong_AsLongLong(v) : -1;
+    Py_XDECREF(v);
+    return x;
+}
+
+// Node i of the graph read into m; 0, or -1 with an exception.
+static int read_node(Merge* m, Tables* t, PyObject* node, int i) {
+    if (number(t->index, node, m->n) != i) {
+        if (!PyErr_Occurred())
+            PyErr_SetString(PyExc_ValueError, "dvm merge: the nodes are not the analysis's");
+        return -1;
+    }
+    PyObject* users = PyObject_GetAttr(node, g.s_users);
+    if (users == NULL) return -1;
+    int failed = numbers(t->index, users, m->n, &m->users);
+    Py_DECREF(users);
+    m->users_at[i + 1] = m->users.n;
+    if (failed) return -1;
+    int analysed = PyDict_Contains(t->dshape, node);
+    if (analysed <= 0) return analysed;
+    Group* gr = &m->groups[i];
+    m->group[i] = i;
+    gr->lo = gr->hi = i;
+    gr->seg = read_int(t->segment, node);
+    if (PyErr_Occurred()) return -1;
+    gr->cost = read_int(t->cost, node);
+    if (PyErr_Occurred() || read_held_shape(t->dshape, node, &m->dshape[i]) < 0 ||
+        read_held_shape(t->footprint, node, &gr->domain) < 0 || push(&gr->members, i) < 0 ||
+        push(&gr->outputs, i) < 0)
+        return -1;
+    gr->big = numel(&gr->domain);
+    PyObject* seq = entry(t->args, node);
+    failed = seq == NULL || numbers(t->index, seq, m->n, &m->args[i]) < 0 ||
+             outside(m, &m->args[i], &(Ints){0}, i, i, &gr->inputs) < 0;
+    Py_XDECREF(seq);
+    seq = failed ? NULL : entry(t->cut, node);
+    failed = seq == NULL || numbers(t->index, seq, m->n, &m->cut[i]) < 0 ||
+             concat(&gr->partners, &m->cut[i], &(Ints){0});
+    Py_XDECREF(seq);
+    if (failed) return -1;
+    PyObject* target = PyObject_GetAttr(node, g.s_target);
+    if (target == NULL) return -1;
+    int aliasing = 0;
+    for (Py_ssize_t k = 0; k < PyTuple_GET_SIZE(g.aliasing); ++k)
+        aliasing |= PyTuple_GET_ITEM(g.aliasing, k) == target;
+    m->flags[i] = (aliasing ? ALIASING : 0) | (target == g.expand_op ? EXPANDS : 0);
+    Py_DECREF(target);
+    if (!aliasing) return 0;
+    PyObject* args = PyObject_GetAttr(node, g.s_args);
+    PyObject* x = args != NULL ? PySequence_GetItem(args, 0) : NULL;
+    Py_XDECREF(args);
+    if (x == NULL) return -1;
+    int known = PyDict_Contains(t->index, x);
+    m->arg0[i] = known > 0 ? number(t->index, x, m->n) : -1;
+    Py_DECREF(x);
+    return known < 0 || (known > 0 && m->arg0[i] < 0) ? -1 : 0;
+}
+
+static void free_merge(Merge* m) {
+    for (int i = 0; m->groups != NULL && i < m->n; ++i) {
+        Group* gr = &m->groups[i];
+        Ints* held[] = {&gr->members, &gr->inputs,  &gr->outputs,
+                        &gr->ext,     &gr->partners, &m->args[i], &m->cut[i]};
+        for (int k = 0; k < 7; ++k) drop(held[k]);
+    }
+    drop(&m->users);
+    drop(&m->stack);
+    void* arrays[] = {m->group, m->groups, m->dshape, m->users_at, m->arg0,
+                      m->flags, m->args,   m->cut,    m->seen,     m->crossed};
+    for (size_t k = 0; k < sizeof arrays / sizeof arrays[0]; ++k) PyMem_Free(arrays[k]);
+}
+
+static int by_number(const void* a, const void* b) {
+    return (*(const int*)a > *(const int*)b) - (*(const int*)a < *(const int*)b);
+}
+
+// The groups as lists of nodes in graph order, ordered by their first node.
+static PyObject* groups_of(Merge* m, PyObject* nodes) {
+    PyObject* out = PyList_New(0);
+    int gen = ++m->gen;
+    for (int i = 0; out != NULL && i < m->n; ++i) {
+        int g = m->group[i];
+        if (g < 0 || m->crossed[g] == gen) continue;
+        m->crossed[g] = gen;
+        Ints* members = &m->groups[g].members;
+        qsort(members->v, (size_t)members->n, sizeof(int), by_number);
+        PyObject* list = PyList_New(members->n);
+        for (int k = 0; list != NULL && k < members->n; ++k)
+            PyList_SET_ITEM(list, k, Py_NewRef(PyTuple_GET_ITEM(nodes, members->v[k])));
+        if (list == NULL || PyList_Append(out, list) < 0) Py_CLEAR(out);
+        Py_XDECREF(list);
+    }
+    return out;
+}
+
+// Merge along producer->consumer edges in graph order, then siblings: groups reading one
+// value load it once. 0, or -1 with an exception.
+static int grow(Merge* m) {
+    for (int c = 0; c < m->n; ++c) {
+        if (m->group[c] < 0) continue;
+        for (int k = 0; k < m->args[c].n; ++k) {
+            int p = m->args[c].v[k], gp = m->group[p], cut = 0;
+            for (int j = 0; j < m->cut[c].n; ++j) cut |= m->cut[c].v[j] == p;
+            if (gp >= 0 && gp != m->group[c] && !cut && try_merge(m, gp, m->group[c]) < 0)
+                return -1;
+        }
+    }
+    for (int p = 0; p < m->n; ++p) {
+        int first = -1;
+        for (int k = m->users_at[p]; k < m->users_at[p + 1]; ++k) {
+            int u = m->users.v[k], gu = m->group[u];
+            if (gu < 0) continue;
+            if (first < 0) {
+                first = gu;
+            } else if (gu != first) {
+                int merged = try_merge(m, first, gu);
+                if (merged < 0) return -1;
+                if (merged) first = m->group[u];
+            }
+        }
+    }
+    return 0;
+}
+
+// merge(analysis, nodes): the groups (lists of nodes, graph order) of the analysed nodes of
+// nodes (the list the analysis ran on), ordered by their first node.
+static PyObject* merge(PyObject* module, PyObject* const* argv, Py_ssize_t argc) {
+    PyObject* nodes = graph_nodes("merge", argv, argc);
+    if (nodes == NULL) return NULL;
+    Py_ssize_t size = PyTuple_GET_SIZE(nodes);
+    if (size >= INT32_MAX / 2) {
+        Py_DECREF(nodes);
+        return PyErr_Format(PyExc_ValueError, "dvm merge: %zd nodes is too many", size);
+    }
+    Merge m = {.n = (int)size};
+    size_t n = (size_t)size + 1;
+    m.group = PyMem_Malloc(n * sizeof(int));
+    m.groups = PyMem_Calloc(n, sizeof(Group));
+    m.dshape = PyMem_Calloc(n, sizeof(Shape));
+    m.users_at = PyMem_Calloc(n, sizeof(int));
+    m.arg0 = PyMem_Malloc(n * sizeof(int));
+    m.flags = PyMem_Calloc(n, 1);
+    m.args = PyMem_Calloc(n, sizeof(Ints));
+    m.cut = PyMem_Calloc(n, sizeof(Ints));
+    m.seen = PyMem_Calloc(n, sizeof(int));
+    m.crossed = PyMem_Calloc(n, sizeof(int));
+    PyObject* out = NULL;
+    Tables t = {NULL};
+    int failed = !m.group || !m.groups || !m.dshape || !m.users_at || !m.arg0 || !m.flags ||
+                 !m.args || !m.cut || !m.seen || !m.crossed;
+    if (failed) PyErr_NoMemory();
+    else failed = open_tables(argv[0], &t) < 0;
+    for (int i = 0; !failed && i < m.n; ++i) m.group[i] = m.arg0[i] = -1;
+    for (int i = 0; !failed && i < m.n; ++i)
+        failed = read_node(&m, &t, PyTuple_GET_ITEM(nodes, i), i) < 0;
+    for (int c = 0; !failed && c < m.n; ++c)  // a cut edge keeps its ends apart both ways
+        for (int k = 0; !failed && k < m.cut[c].n; ++k) {
+            int p = m.cut[c].v[k];
+            failed = m.group[p] >= 0 && push(&m.groups[p].partners, c) < 0;
+        }
+    for (int i = 0; !failed && i < m.n; ++i) {  // each group's readers outside it
+        if (m.group[i] < 0) continue;
+        int count = m.users_at[i + 1] - m.users_at[i];
+        Ints own = {count ? m.users.v + m.users_at[i] : NULL, count, 0};
+        failed = outside(&m, &own, &(Ints){0}, i, i, &m.groups[i].ext) < 0;
+    }
+    if (!failed && grow(&m) == 0) out = groups_of(&m, nodes);
+    close_tables(&t);
+    free_merge(&m);
+    Py_DECREF(nodes);
+    return out;
+}
+
+// domain(analysis, members): the shape the members' footprints broadcast to, when one of them
+// spans it; ValueError when they do not broadcast or only to an outer product.
+static PyObject* domain(PyObject* module, PyObject* const* argv, Py_ssize_t argc) {
+    if (argc != 2) {
+        PyErr_SetString(PyExc_TypeError, "domain(analysis, members)");
+        return NULL;
+    }
+    PyObject* members = PySequence_Fast(argv[1], "domain: members must be a sequence of nodes");
+    if (members == NULL) return NULL;
+    PyObject* feet = PySequence_Fast_GET_SIZE(members) ? table(argv[0], g.s_footprint, 0) : NULL;
+    PyObject* out = NULL;
+    Shape acc = {0}, foot, wider;
+    int64_t widest = 0;
+    if (feet == NULL && !PyErr_Occurred())
+        PyErr_SetString(PyExc_ValueError, "domain: no members");
+    for (Py_ssize_t k = 0; feet != NULL && k < PySequence_Fast_GET_SIZE(members); ++k) {
+        if (read_held_shape(feet, PySequence_Fast_GET_ITEM(members, k), &foot) < 0) goto done;
+        if (k == 0) acc = foot;
+        if (!equal(&acc, &foot)) {
+            if (!broadcast(&acc, &foot, &wider)) {
+                PyErr_SetString(PyExc_ValueError, "members do not broadcast to one domain");
+                goto done;
+            }
+            acc = wider;
+        }
+        int64_t size = numel(&foot);
+        widest = size > widest ? size : widest;
+    }
+    if (feet == NULL || (out = shape_tuple(&acc)) == NULL) goto done;
+    if (numel(&acc) != widest) {
+        PyErr_Format(PyExc_ValueError, "domain %R spans more than any member (an outer product)",
+                     out);
+        Py_CLEAR(out);
+    }
+done:
+    Py_XDECREF(feet);
+    Py_DECREF(members);
+    return out;
+}
+
+// storable(shape, domain): False when an output of domain shape `shape` is stored full over
+// `domain`, True when row-reduced, None when the VM cannot store it.
+static PyObject* py_storable(PyObject* module, PyObject* const* argv, Py_ssize_t argc) {
+    Shape shape, dom;
+    if (argc != 2) {
+        PyErr_SetString(PyExc_TypeError, "storable(shape, domain)");
+        return NULL;
+    }
+    if (read_shape(argv[0], &shape) < 0 || read_shape(argv[1], &dom) < 0) return NULL;
+    int kind = storable(&shape, &dom);
+    if (kind < 0) Py_RETURN_NONE;
+    return PyBool_FromLong(kind);
+}
+
+// setup(rules, tensor, cpu, dtype_codes, limits, bool_dtype, max_dims, kinds, callbacks,
+// merging): rules by id(target); torch.Tensor; torch.device("cpu"); the VM's dtypes; each float dtype's largest finite value;
+// torch.bool; MAX_DIMS; (POINTWISE, REDUCE, ROW, EXPAND, CONST); (is_barrier,
+// unsupported_reason, rule_reason, value_fact, reduced_dims); (the aliasing ops, aten.expand,
+// MAX_INPUTS, MAX_OUTPUTS, MAX_INSTRS).
+static PyObject* setup(PyObject* module, PyObject* args) {
+    PyObject *rules, *tensor, *cpu, *codes, *limits, *bool_dtype, *max_dims, *kinds, *callbacks;
+    PyObject *aliasing, *expand_op;
+    long max_in, max_out, max_instrs;
+    if (!PyArg_ParseTuple(args, "O!OOO!O!OO!O!O!(O!Olll)", &PyDict_Type, &rules, &tensor, &cpu,
+                          &PyDict_Type, &codes, &PyDict_Type, &limits, &bool_dtype, &PyLong_Type,
+                          &max_dims, &PyTuple_Type, &kinds, &PyTuple_Type, &callbacks,
+                          &PyTuple_Type, &aliasing, &expand_op, &max_in, &max_out, &max_instrs))
+        return NULL;
+    if (PyTuple_GET_SIZE(kinds) != 5 || PyTuple_GET_SIZE(callbacks) != 5) {
+        PyErr_SetString(PyExc_TypeError, "setup: 5 kinds and 5 callbacks");
+        return NULL;
+    }
+    PyObject* given[] = {rules, tensor, cpu, codes, limits, bool_dtype, aliasing, expand_op};
+    PyObject** held[] = {&g.rules,  &g.tensor,     &g.cpu,      &g.dtype_codes,
+                         &g.limits, &g.bool_dtype, &g.aliasing, &g.expand_op};
+    for (int i = 0; i < 8; ++i) Py_XSETREF(*held[i], Py_NewRef(given[i]));
+    g.max_rank = PyLong_AsLong(max_dims);
+    if (g.max_rank == -1 && PyErr_Occurred()) return NULL;
+    g.max_inputs = max_in;
+    g.max_outputs = max_out;
+    g.max_instrs = max_instrs;
+    PyObject** kind_slots[] = {&g.pointwise, &g.reduce, &g.row, &g.expand, &g.constant};
+    PyObject** call_slots[] = {&g.is_barrier, &g.unsupported_reason, &g.rule_reason,
+                               &g.value_fact, &g.reduced_dims};
+    for (int i = 0; i < 5; ++i) {
+        Py_XSETREF(*kind_slots[i], Py_NewRef(PyTuple_GET_ITEM(kinds, i)));
+        Py_XSETREF(*call_slots[i], Py_NewRef(PyTuple_GET_ITEM(callbacks, i)));
+    }
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef module_methods[] = {
+    {"setup", setup, METH_VARARGS, "Hand the module dvm.lower's rules, constants and helpers."},
+    {"run", (PyCFunction)(void (*)(void))run, METH_FASTCALL,
+     "run(analysis, nodes): fill a dvm.cluster._Analysis's tables for nodes."},
+    {"merge", (PyCFunction)(void (*)(void))merge, METH_FASTCALL,
+     "merge(analysis, nodes): the groups of analysed nodes that make regions."},
+    {"domain", (PyCFunction)(void (*)(void))domain, METH_FASTCALL,
+     "domain(analysis, members): the domain of a region of members."},
+    {"storable", (PyCFunction)(void (*)(void))py_storable, METH_FASTCALL,
+     "storable(shape, domain): False stored full, True row-reduced, None not storable."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module_def = {
+    PyModuleDef_HEAD_INIT, "dvm._analysis", "The per-node analysis and merging of dvm's clustering.", -1,
+    module_methods,
+};
+
+PyMODINIT_FUNC PyInit__analysis(void) {
+    struct {
+        PyObject** slot;
+        const char* text;
+    } names[] = {
+        {&g.s_op, "op"},           {&g.s_target, "target"},
+        {&g.s_args, "args"},       {&g.s_kwargs, "kwargs"},
+        {&g.s_meta, "meta"},       {&g.s_val, "val"},
+        {&g.s_all_input_nodes, "all_input_nodes"},
+        {&g.s_kind, "kind"},       {&g.s_check, "check"},
+        {&g.s_cost, "cost"},       {&g.s_dtype, "dtype"},
+        {&g.s_device, "device"},   {&g.s_shape, "shape"},
+        {&g.s_call_function, "call_function"},
+        {&g.s_index, "index"},     {&g.s_segment, "segment"},
+        {&g.s_fallbacks, "fallbacks"}, {&g.s_facts, "facts"},
+        {&g.s_dshape, "dshape"},   {&g.s_cut, "cut"},
+        {&g.s_footprint, "footprint"}, {&g.s_users, "users"},
+    };
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; ++i)
+        if ((*names[i].slot = PyUnicode_InternFromString(names[i].text)) == NULL) return NULL;
+    return PyModule_Create(&module_def);
+}

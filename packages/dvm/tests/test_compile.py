@@ -339,6 +339,32 @@ def test_outputs_keep_the_traced_layout_up_to_size_one_dims(monkeypatch, executo
         torch.testing.assert_close(g, w)
 
 
+def test_the_dense_layout_check_is_the_definition_and_agrees_with_torch_s():
+    """_dense (an output's layout kept when dense) against the definition, the offsets of all
+    elements being 0 to numel - 1 once each, for every shape of up to 3 dims from sizes 0-3 and
+    strides from 0-13; and against torch's own check, which it replaces, where no stride is 0
+    (torch's sorts strides with an order that is not total when one is 0: it calls (2, 1, 2)
+    with strides (1, 0, 2) overlapping)."""
+    import itertools
+    import math
+
+    from torch._prims_common import _is_non_overlapping_and_dense_or_false as torch_s
+
+    cases = dense = 0
+    for rank in (1, 2, 3):
+        for shape in itertools.product(range(4), repeat=rank):
+            indices = list(itertools.product(*map(range, shape)))
+            for strides in itertools.product((0, 1, 2, 3, 4, 6, 9, 12, 13), repeat=rank):
+                offsets = sorted(sum(i * s for i, s in zip(ix, strides)) for ix in indices)
+                want = offsets == list(range(math.prod(shape)))
+                assert dc._dense(shape, strides) == want, (shape, strides)
+                if 0 not in strides:
+                    assert torch_s(shape, strides) == want, (shape, strides)
+                cases += 1
+                dense += want
+    assert 0 < dense < cases
+
+
 def test_a_view_of_an_input_is_not_stored_as_a_copy():
     """A graph with in-place ops (compile_graph also takes those, outside AOT autograd): a view
     of an input read in a region and returned stays a view, and sees a later update of the

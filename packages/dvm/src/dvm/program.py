@@ -209,15 +209,21 @@ def _instr(k: int, ins: object) -> Instr:
 
 def reads(ins: Instr) -> tuple[int, ...]:
     """The registers ``ins`` reads."""
-    if ins.op in _NO_READS:
+    return read_registers(ins.op, ins.a, ins.b, ins.c)
+
+
+def read_registers(op: int, a: int, b: int, c: int) -> tuple[int, ...]:
+    """The registers an instruction ``op`` with operands ``a``, ``b``, ``c`` reads (the
+    encoded form's fields)."""
+    if op in _NO_READS:
         return ()
-    if ins.op is _STORE:
-        return (ins.b,)
-    if ins.op in _ONE_READ:
-        return (ins.a,)
-    if ins.op in BINARY:
-        return (ins.a, ins.b)
-    return (ins.a, ins.b, ins.c)
+    if op == _STORE:
+        return (b,)
+    if op in _ONE_READ:
+        return (a,)
+    if op in BINARY:
+        return (a, b)
+    return (a, b, c)
 
 
 def output_shape(domain: tuple[int, ...], reduced: bool) -> tuple[int, ...]:

@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 from dvm import _launcher, _lib
-from dvm.program import DTYPE_CODES, Instr, Op, Program, reads
+from dvm.program import DTYPE_CODES, Op, Program, read_registers
 
 __all__ = ["MISMATCH", "Kernel", "Launch", "VMError", "run", "without_redundant_casts"]
 
@@ -53,42 +53,50 @@ _launcher.setup(
 
 _ROUNDS_TO = {Op.CAST_BF16: torch.bfloat16, Op.CAST_F16: torch.float16}
 _CASTS = frozenset(_ROUNDS_TO)
+_STORE = Op.STORE  # bound once: an enum attribute lookup costs ~1 µs
 
 
 def without_redundant_casts(program: Program, out_dtypes: Sequence[torch.dtype]) -> Program:
     """``program`` less each CAST_BF16/CAST_F16 stored at once into an output of that dtype
     and not read again: the store rounds the same way (rounding twice to a 16-bit type equals
-    rounding once), so the cast's pass over the tile is redundant."""
-    instrs = program.instrs
-    drop: set[int] = set()
-    store_from: dict[int, int] = {}  # store index -> register it stores instead
-    for k in range(len(instrs) - 1):
-        cast, store = instrs[k], instrs[k + 1]
+    rounding once), so the cast's pass over the tile is redundant. Worked on the encoded form
+    (five ints an instruction); the result is valid as ``program`` is: the store reads the
+    cast's operand, unchanged in between."""
+    codes, imms = program.encode()
+    drop: set[int] = set()  # instruction numbers
+    store_from: dict[int, int] = {}  # a store's number -> the register it stores instead
+    for k in range(len(imms) - 1):
+        cast, store = 5 * k, 5 * k + 5
+        rounds = _ROUNDS_TO.get(codes[cast])
         if (
-            _ROUNDS_TO.get(cast.op) is None
-            or store.op is not Op.STORE
-            or store.b != cast.dst
-            or out_dtypes[store.a] != _ROUNDS_TO[cast.op]
-            or _read_before_written(instrs[k + 2 :], cast.dst)
+            rounds is None
+            or codes[store] != _STORE
+            or codes[store + 3] != codes[cast + 1]
+            or out_dtypes[codes[store + 2]] != rounds
+            or _read_before_written(codes, k + 2, codes[cast + 1])
         ):
             continue
         drop.add(k)
-        store_from[k + 1] = cast.a
+        store_from[k + 1] = codes[cast + 2]
     if not drop:
         return program
-    kept = tuple(
-        ins._replace(b=store_from[k]) if k in store_from else ins
-        for k, ins in enumerate(instrs)
-        if k not in drop
-    )
-    return Program(kept, program.n_inputs, program.n_outputs, program.n_regs)
+    kept: list[int] = []
+    for k in range(len(imms)):
+        if k not in drop:
+            kept += codes[5 * k : 5 * k + 5]
+            if k in store_from:
+                kept[-2] = store_from[k]
+    kept_imms = [imm for k, imm in enumerate(imms) if k not in drop]
+    return Program.built(program.n_inputs, program.n_outputs, program.n_regs, (kept, kept_imms))
 
 
-def _read_before_written(instrs: Sequence[Instr], reg: int) -> bool:
-    for ins in instrs:
-        if reg in reads(ins):
+def _read_before_written(codes: Sequence[int], start: int, reg: int) -> bool:
+    """Whether an encoded instruction from number ``start`` on reads ``reg`` before one
+    writes it."""
+    for k in range(5 * start, len(codes), 5):
+        if reg in read_registers(codes[k], *codes[k + 2 : k + 5]):
             return True
-        if ins.op is not Op.STORE and ins.dst == reg:
+        if codes[k] != _STORE and codes[k + 1] == reg:
             return False
     return False
 

@@ -355,7 +355,9 @@ def test_the_dense_layout_check_is_the_definition_and_agrees_with_torch_s():
         for shape in itertools.product(range(4), repeat=rank):
             indices = list(itertools.product(*map(range, shape)))
             for strides in itertools.product((0, 1, 2, 3, 4, 6, 9, 12, 13), repeat=rank):
-                offsets = sorted(sum(i * s for i, s in zip(ix, strides)) for ix in indices)
+                offsets = sorted(
+                    sum(i * s for i, s in zip(ix, strides, strict=True)) for ix in indices
+                )
                 want = offsets == list(range(math.prod(shape)))
                 assert dc._dense(shape, strides) == want, (shape, strides)
                 if 0 not in strides:

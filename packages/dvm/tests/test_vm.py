@@ -249,6 +249,47 @@ def test_casts_stored_into_their_dtype_are_dropped() -> None:
         torch.testing.assert_close(g, w, rtol=0, atol=0, equal_nan=True)
 
 
+def test_dropping_casts_keeps_random_programs_valid_and_their_results_exact() -> None:
+    """Random programs of casts, arithmetic and stores (a store often right after a cast):
+    the program without its redundant casts is a valid program, and the VM running it gives
+    what the reference executor gives for the original, bit for bit."""
+    import random
+
+    rng = random.Random(0)
+    dtypes = [torch.bfloat16, torch.float16, torch.float32]
+    x = values(300, seed=11, scale=30.0)
+    dropped = 0
+    for _ in range(150):
+        n_regs, n_out = rng.randint(2, 4), rng.randint(1, 3)
+        body = []
+        for _ in range(rng.randint(1, 10)):
+            op = rng.choice([Op.CAST_BF16, Op.CAST_F16, Op.MUL, Op.NEG, Op.CAST_BF16])
+            a, b = rng.randrange(n_regs), rng.randrange(n_regs)
+            body.append(Instr(op, rng.randrange(n_regs), a, b if op is Op.MUL else -1))
+        for k in range(n_out):
+            casts = [i for i, ins in enumerate(body) if ins.op in (Op.CAST_BF16, Op.CAST_F16)]
+            if casts and rng.random() < 0.7:
+                i = rng.choice(casts)
+                body.insert(i + 1, Instr(Op.STORE, -1, k, body[i].dst))
+            else:
+                body.insert(
+                    rng.randint(0, len(body)), Instr(Op.STORE, -1, k, rng.randrange(n_regs))
+                )
+        p = Program(
+            tuple(Instr(Op.LOAD, r, 0) for r in range(n_regs)) + tuple(body), 1, n_out, n_regs
+        )
+        out_dtypes = [rng.choice(dtypes) for _ in range(n_out)]
+        kept = vm.without_redundant_casts(p, out_dtypes)
+        if kept is not p:
+            dropped += 1
+            Program(kept.instrs, kept.n_inputs, kept.n_outputs, kept.n_regs)  # checks it
+        got = vm.run(kept, [x], x.shape, out_dtypes)
+        want = run_reference(p, [x], x.shape, out_dtypes)
+        for g, w in zip(got, want, strict=True):
+            torch.testing.assert_close(g, w, rtol=0, atol=0, equal_nan=True)
+    assert dropped > 20
+
+
 @pytest.mark.parametrize("cols", [7, 1000, 4096, 7000])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_rows_broadcast_over_rows(cols: int, dtype: torch.dtype) -> None:

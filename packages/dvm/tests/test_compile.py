@@ -242,9 +242,55 @@ def test_a_region_read_between_its_nodes_moves_before_the_reader():
     c = compile_graph(gm, [x])
     (runner,) = c.runners
     assert {str(t) for t in runner.region.ops} >= {"aten.exp.default", "aten.sin.default"}
-    assert dc._in_place(list(gm.graph.nodes), c.runners) is None  # it cannot stay in place
+    # called just before the reader, the graph's order otherwise kept (no reordering)
+    assert dc._in_place(list(gm.graph.nodes), c.runners) is not None
+    assert c.run.targets == [runner, aten.cumsum.default]
+    for got, want in zip(c(x), fn(x), strict=True):
+        torch.testing.assert_close(got, want)
+
+
+def test_a_region_reading_a_value_made_after_its_first_reader_is_reordered():
+    """The region (exp, sin, mul, add) is read by the first cumsum, before the second cumsum
+    makes a value it reads: it cannot be called before its reader, nor where its last node
+    was; the graph is reordered (the second cumsum moves up), the results as eager's."""
+
+    def fn(x):
+        a = x.exp()
+        b = a.cumsum(-1)  # reads a region value
+        y = x.cumsum(0)  # made after b, read by the region
+        return b, x.sin() * y + a
+
+    x = torch.randn(3, 5)
+    gm = make_fx(fn, tracing_mode="fake")(x)
+    c = compile_graph(gm, [x])
+    (runner,) = c.runners
+    assert len(runner.region.nodes) == 4
+    assert dc._in_place(list(gm.graph.nodes), c.runners) is None
     order = c.run.targets
-    assert order.index(runner) < order.index(aten.cumsum.default)
+    assert order.index(aten.cumsum.default) < order.index(runner)  # y's cumsum first
+    assert order.count(aten.cumsum.default) == 2
+    for got, want in zip(c(x), fn(x), strict=True):
+        torch.testing.assert_close(got, want)
+
+
+def test_regions_reading_each_other_are_called_in_their_order():
+    """Two regions split by a cumsum, the second reading the first, both read early by eager
+    nodes: each called before its first reader, the first region first."""
+
+    def fn(x):
+        a = x.exp() * 2  # region 1
+        s = a.cumsum(-1)  # reads region 1
+        d = (s.sin() + a).neg()  # region 2: reads region 1 and s
+        t = d.cumsum(-1)  # reads region 2
+        return t, d * 3
+
+    x = torch.randn(4, 6)
+    gm = make_fx(fn, tracing_mode="fake")(x)
+    c = compile_graph(gm, [x])
+    assert len(c.runners) == 2
+    assert dc._in_place(list(gm.graph.nodes), c.runners) is not None
+    first, second = c.runners
+    assert c.run.targets.index(first) < c.run.targets.index(second)
     for got, want in zip(c(x), fn(x), strict=True):
         torch.testing.assert_close(got, want)
 

@@ -297,29 +297,43 @@ def _schedule(gm: GraphModule, runners: list[RegionRunner]) -> Executor:
 
 
 def _in_place(nodes: list[Node], runners: list[RegionRunner]) -> list[Node | RegionCall] | None:
-    """The graph order with each region called where its last node was, or ``None`` when a
-    node outside a region, placed between its nodes, reads one of them (then the region
-    must move before that node: :func:`_reordered`). Regions span no side effect, so
-    moving a region's nodes down to its last one changes nothing else."""
+    """The graph order with each region called just before the first node outside it that
+    reads one of its values, or where its last node was when none comes earlier; ``None``
+    when a value the region reads is made after that point, or by a region called later
+    (then :func:`_reordered`). Regions span no side effect, so running a region's nodes
+    together at that point changes nothing else."""
     index = {n: i for i, n in enumerate(nodes)}
-    at: dict[Node, RegionRunner] = {}
-    covered: set[Node] = set()
-    for runner in runners:
-        members = runner.region.nodes
-        last = max(members, key=index.__getitem__)
-        inside = set(members)
-        for n in members:
+    owner: dict[Node, int] = {}
+    for k, runner in enumerate(runners):
+        for n in runner.region.nodes:
+            owner[n] = k
+    keys = []  # each region's (node it is called before, its last node)
+    for k, runner in enumerate(runners):
+        last = max(index[n] for n in runner.region.nodes)
+        at = last + 1
+        for n in runner.region.nodes:
             for u in n.users:
-                if u not in inside and index[u] < index[last]:
+                if owner.get(u) != k and index[u] < at:
+                    at = index[u]
+        keys.append((at, last))
+    calls = sorted(range(len(runners)), key=keys.__getitem__)
+    called: set[int] = set()
+    for k in calls:
+        for n in runners[k].region.nodes:
+            for p in n.all_input_nodes:
+                j = owner.get(p, -1)  # made by an eager node, or by region j
+                late = index[p] >= keys[k][0] if j < 0 else j != k and j not in called
+                if late:
                     return None
-        at[last] = runner
-        covered |= inside
+        called.add(k)
+    before: dict[int, list[RegionRunner]] = {}
+    for k in calls:
+        before.setdefault(keys[k][0], []).append(runners[k])
     order: list[Node | RegionCall] = []
-    for n in nodes:
-        if n in at:
-            r = at[n]
+    for i, n in enumerate(nodes):
+        for r in before.get(i, ()):
             order.append(RegionCall(r, r._inputs, r.region.outputs))
-        elif n not in covered:
+        if n not in owner:
             order.append(n)
     return order
 

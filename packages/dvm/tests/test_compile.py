@@ -243,7 +243,8 @@ def test_a_region_read_between_its_nodes_moves_before_the_reader():
     (runner,) = c.runners
     assert {str(t) for t in runner.region.ops} >= {"aten.exp.default", "aten.sin.default"}
     # called just before the reader, the graph's order otherwise kept (no reordering)
-    assert dc._in_place(list(gm.graph.nodes), c.runners) is not None
+    assert dc._in_place(list(gm.graph.nodes), c.runners) is None  # not where its last node was
+    assert dc._before_readers(list(gm.graph.nodes), c.runners) is not None
     assert c.run.targets == [runner, aten.cumsum.default]
     for got, want in zip(c(x), fn(x), strict=True):
         torch.testing.assert_close(got, want)
@@ -265,7 +266,7 @@ def test_a_region_reading_a_value_made_after_its_first_reader_is_reordered():
     c = compile_graph(gm, [x])
     (runner,) = c.runners
     assert len(runner.region.nodes) == 4
-    assert dc._in_place(list(gm.graph.nodes), c.runners) is None
+    assert dc._before_readers(list(gm.graph.nodes), c.runners) is None
     order = c.run.targets
     assert order.index(aten.cumsum.default) < order.index(runner)  # y's cumsum first
     assert order.count(aten.cumsum.default) == 2
@@ -288,7 +289,7 @@ def test_regions_reading_each_other_are_called_in_their_order():
     gm = make_fx(fn, tracing_mode="fake")(x)
     c = compile_graph(gm, [x])
     assert len(c.runners) == 2
-    assert dc._in_place(list(gm.graph.nodes), c.runners) is not None
+    assert dc._before_readers(list(gm.graph.nodes), c.runners) is not None
     first, second = c.runners
     assert c.run.targets.index(first) < c.run.targets.index(second)
     for got, want in zip(c(x), fn(x), strict=True):

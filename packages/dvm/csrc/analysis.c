@@ -19,7 +19,7 @@ enum { MAX_RANK = 8 };  // shapes are compared padded with leading 1s to 8 dims
 static struct {
     PyObject *rules, *tensor, *cpu, *dtype_codes, *limits, *bool_dtype;
     PyObject *pointwise, *reduce, *row, *expand, *constant;
-    PyObject *is_barrier, *unsupported_reason, *rule_reason, *value_fact, *reduced_dims;
+    PyObject *eager, *eager_memo, *rule_reason, *value_fact, *reduced_dims;
     PyObject *aliasing, *expand_op;  // the ops whose result is a view (a tuple), aten.expand
     long max_rank, max_inputs, max_outputs, max_instrs;
     PyObject *no_val;  // the reason for a call node without a tensor value
@@ -530,20 +530,20 @@ static int node_step(Tables* t, PyObject* node, Py_ssize_t i, Py_ssize_t* seg) {
     Py_DECREF(target);
     if (key == NULL) return -1;
     PyObject* rule = PyDict_GetItemWithError(g.rules, key);
-    Py_DECREF(key);
-    if (rule == NULL) {
-        if (PyErr_Occurred()) return -1;
-        PyObject* barrier = PyObject_CallOneArg(g.is_barrier, node);
-        int impure = barrier != NULL ? PyObject_IsTrue(barrier) : -1;
-        Py_XDECREF(barrier);
-        if (impure < 0) return -1;
-        if (impure) {
-            if (set_int(t->segment, node, *seg + 1) < 0) return -1;
-            *seg += 2;
-            return 0;
-        }
-        return fallback(t, node, PyObject_CallOneArg(g.unsupported_reason, node));
+    if (rule == NULL) {  // eager: True for a side effect, else why (remembered by op in Python)
+        PyObject* fact = PyErr_Occurred() ? NULL : PyDict_GetItemWithError(g.eager_memo, key);
+        Py_DECREF(key);
+        if (fact != NULL)
+            Py_INCREF(fact);
+        else if (!PyErr_Occurred())
+            fact = PyObject_CallOneArg(g.eager, node);
+        if (fact != Py_True) return fallback(t, node, fact);
+        Py_DECREF(fact);
+        if (set_int(t->segment, node, *seg + 1) < 0) return -1;
+        *seg += 2;
+        return 0;
     }
+    Py_DECREF(key);
     Py_INCREF(rule);
     int result = -1;
     PyObject *ops = NULL, *args = NULL, *kwargs = NULL, *why = NULL;
@@ -1090,10 +1090,12 @@ static PyObject* py_storable(PyObject* module, PyObject* const* argv, Py_ssize_t
 }
 
 // setup(rules, tensor, cpu, dtype_codes, limits, bool_dtype, max_dims, kinds, callbacks,
-// merging): rules by id(target); torch.Tensor; torch.device("cpu"); the VM's dtypes; each float dtype's largest finite value;
-// torch.bool; MAX_DIMS; (POINTWISE, REDUCE, ROW, EXPAND, CONST); (is_barrier,
-// unsupported_reason, rule_reason, value_fact, reduced_dims); (the aliasing ops, aten.expand,
-// MAX_INPUTS, MAX_OUTPUTS, MAX_INSTRS).
+// merging): rules by id(target); torch.Tensor; torch.device("cpu"); the VM's dtypes; each
+// float dtype's largest finite value; torch.bool; MAX_DIMS; (POINTWISE, REDUCE, ROW, EXPAND,
+// CONST); (eager, eager_memo, rule_reason, value_fact, reduced_dims), eager(node) giving True
+// for a node with no rule that has a side effect, else why it stays eager, and eager_memo
+// the dict of those results by id(target) that it fills where the op alone decides; (the
+// aliasing ops, aten.expand, MAX_INPUTS, MAX_OUTPUTS, MAX_INSTRS).
 static PyObject* setup(PyObject* module, PyObject* args) {
     PyObject *rules, *tensor, *cpu, *codes, *limits, *bool_dtype, *max_dims, *kinds, *callbacks;
     PyObject *aliasing, *expand_op;
@@ -1103,8 +1105,9 @@ static PyObject* setup(PyObject* module, PyObject* args) {
                           &max_dims, &PyTuple_Type, &kinds, &PyTuple_Type, &callbacks,
                           &PyTuple_Type, &aliasing, &expand_op, &max_in, &max_out, &max_instrs))
         return NULL;
-    if (PyTuple_GET_SIZE(kinds) != 5 || PyTuple_GET_SIZE(callbacks) != 5) {
-        PyErr_SetString(PyExc_TypeError, "setup: 5 kinds and 5 callbacks");
+    if (PyTuple_GET_SIZE(kinds) != 5 || PyTuple_GET_SIZE(callbacks) != 5 ||
+        !PyDict_Check(PyTuple_GET_ITEM(callbacks, 1))) {
+        PyErr_SetString(PyExc_TypeError, "setup: 5 kinds and 5 callbacks, the second a dict");
         return NULL;
     }
     PyObject* given[] = {rules, tensor, cpu, codes, limits, bool_dtype, aliasing, expand_op};
@@ -1117,8 +1120,8 @@ static PyObject* setup(PyObject* module, PyObject* args) {
     g.max_outputs = max_out;
     g.max_instrs = max_instrs;
     PyObject** kind_slots[] = {&g.pointwise, &g.reduce, &g.row, &g.expand, &g.constant};
-    PyObject** call_slots[] = {&g.is_barrier, &g.unsupported_reason, &g.rule_reason,
-                               &g.value_fact, &g.reduced_dims};
+    PyObject** call_slots[] = {&g.eager, &g.eager_memo, &g.rule_reason, &g.value_fact,
+                               &g.reduced_dims};
     for (int i = 0; i < 5; ++i) {
         Py_XSETREF(*kind_slots[i], Py_NewRef(PyTuple_GET_ITEM(kinds, i)));
         Py_XSETREF(*call_slots[i], Py_NewRef(PyTuple_GET_ITEM(callbacks, i)));

@@ -233,6 +233,39 @@ def test_an_auto_functionalized_op_is_a_barrier_by_the_op_it_wraps():
     assert not is_barrier(pure)
 
 
+def test_the_analysis_remembers_eager_ops_by_op_and_a_wrapper_by_what_it_wraps():
+    """Ops without a VM rule: the analysis asks Python once per op (a side effect, or why it
+    stays eager) and then reads what it remembered; an auto_functionalized node is asked
+    each time, its answer being the wrapped op's. The segments and reasons are the same with
+    the memory empty or full."""
+    from torch.fx import Graph
+
+    from dvm import cluster as dc
+
+    wrapper = torch.ops.higher_order.auto_functionalized
+    g = Graph()
+    x = g.placeholder("x")
+    nodes = [
+        g.call_function(aten.mm.default, (x, x)),
+        g.call_function(wrapper, (torch.ops.aten.add_.Tensor,), {"self": x, "other": x}),
+        g.call_function(wrapper, (torch.ops.inductor.accumulate_grad_.default,), {}),
+        g.call_function(aten.mm.default, (x, x)),
+        g.call_function(torch.ops.inductor.accumulate_grad_.default, (x, x)),
+        g.call_function(aten.mm.default, (x, x)),
+    ]
+    g.output(nodes[-1])
+    graph_nodes = list(g.nodes)
+    dc._EAGER.clear()
+    cold = _Analysis(graph_nodes)
+    assert set(dc._EAGER) == {id(aten.mm.default), id(torch.ops.inductor.accumulate_grad_.default)}
+    warm = _Analysis(graph_nodes)
+    for a in (cold, warm):
+        assert [a.segment[n] for n in nodes] == [0, 0, 1, 2, 3, 4]  # two side effects
+        assert [n for n, _ in a.fallbacks] == [nodes[0], nodes[1], nodes[3], nodes[5]]
+        assert dict(a.fallbacks)[nodes[0]] == unsupported_reason(nodes[0])
+    assert warm.fallbacks == cold.fallbacks
+
+
 def test_build_region_refuses_members_of_no_one_domain():
     """Members whose footprints broadcast only to a domain none of them spans (an outer
     product), or to none at all, make no region: ``ValueError``, and the members that do

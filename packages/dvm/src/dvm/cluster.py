@@ -110,6 +110,19 @@ def is_barrier(n: Node) -> bool:
     return impure
 
 
+_EAGER: dict[int, bool | str] = {}  # _eager's results by id(target), read first by the C
+
+
+def _eager(n: Node) -> bool | str:
+    """For a call node whose op has no VM rule: ``True`` when it has a side effect, else why it
+    stays eager; remembered in ``_EAGER`` where the op alone decides (not for the wrappers of
+    ``_BY_FIRST_ARG``)."""
+    fact = True if is_barrier(n) else unsupported_reason(n)
+    if id(n.target) not in _BY_FIRST_ARG:
+        _EAGER[id(n.target)] = fact
+    return fact
+
+
 _RULES_BY_ID = {id(t): rule for t, rule in RULES.items()}
 _ALIASING_OPS = (  # results that are views of their first argument
     aten.alias.default,
@@ -132,7 +145,7 @@ _analysis.setup(
     torch.bool,
     MAX_DIMS,
     (POINTWISE, REDUCE, ROW, EXPAND, CONST),
-    (is_barrier, unsupported_reason, rule_reason, value_fact, reduced_dims),
+    (_eager, _EAGER, rule_reason, value_fact, reduced_dims),
     (_ALIASING_OPS, aten.expand.default, MAX_INPUTS, MAX_OUTPUTS, MAX_INSTRS),
 )
 

@@ -155,9 +155,10 @@ class Program:
     def built(
         cls, n_inputs: int, n_outputs: int, n_regs: int, encoded: tuple[list[int], list[float]]
     ) -> Program:
-        """A program :class:`dvm.lower.Emitter` built, valid by construction, from its
-        :meth:`encode` form: not checked again (the check costs more than building it), its
-        ``instrs`` decoded when first read."""
+        """A program valid by construction (:class:`dvm.lower.Emitter`'s, or a valid one
+        rewritten by :func:`dvm.vm.without_redundant_casts`), from its :meth:`encode` form:
+        not checked again (the check costs more than building it), its ``instrs`` decoded
+        when first read."""
         program = object.__new__(cls)
         vars(program).update(
             n_inputs=n_inputs, n_outputs=n_outputs, n_regs=n_regs, _encoded=encoded

@@ -34,6 +34,7 @@ from dvm.lower import (
     REDUCE,
     ROW,
     RULES,
+    VIEW_OPS,
     Emitter,
     Fact,
     LimitError,
@@ -124,17 +125,7 @@ def _eager(n: Node) -> bool | str:
 
 
 _RULES_BY_ID = {id(t): rule for t, rule in RULES.items()}
-_ALIASING_OPS = (  # results that are views of their first argument
-    aten.alias.default,
-    aten.view.default,
-    aten._unsafe_view.default,
-    aten.reshape.default,
-    aten.unsqueeze.default,
-    aten.squeeze.default,
-    aten.squeeze.dim,
-    aten.squeeze.dims,
-    aten.expand.default,
-)
+_ALIASING_OPS = (*VIEW_OPS, aten.expand.default)  # results that are views of their first argument
 _ALIASING = {id(t) for t in _ALIASING_OPS}  # by id(target), as _RULES_BY_ID
 _analysis.setup(
     _RULES_BY_ID,

@@ -564,22 +564,20 @@ def _check_view(node: Node) -> str | None:
     return None
 
 
-@_rule(
-    [
-        aten.alias.default,
-        aten.clone.default,
-        aten.view.default,
-        aten._unsafe_view.default,
-        aten.reshape.default,
-        aten.unsqueeze.default,
-        aten.squeeze.default,
-        aten.squeeze.dim,
-        aten.squeeze.dims,
-    ],
-    VIEW,
-    check=_check_view,
-    cost=0,
+VIEW_OPS = (
+    aten.alias.default,
+    aten.view.default,
+    aten._unsafe_view.default,
+    aten.reshape.default,
+    aten.unsqueeze.default,
+    aten.squeeze.default,
+    aten.squeeze.dim,
+    aten.squeeze.dims,
 )
+"""The ops whose result is a view of their first argument with its values (expand aside)."""
+
+
+@_rule([aten.clone.default, *VIEW_OPS], VIEW, check=_check_view, cost=0)
 def _identity(em: Emitter, n: Node, r: Resolve) -> int:
     return r(n.args[0])
 

@@ -1,28 +1,32 @@
 """dvm's compile of each benchmark chain's aten graph, phase by phase.
 
 ``spore bench dvm -k compile`` gives the whole compile against Inductor's; this splits dvm's
-side: the per-node analysis (supported ops, domain shapes, cuts), clustering (the analysis
-plus merging), building the region's program, preparing its runner (encoding, binding the
-launch), scheduling the graph, and the whole ``compile_graph``. Medians of ``--repeat``
-calls, in µs. ``--cold`` times each call on a fresh copy of the graph right after another
-copy was made (the copy evicts some of the caches); without it, calls repeat on one graph
-with warm caches. ``--flow`` reads the times each compile records of itself where the backend
-runs it, inside ``torch.compile`` right after tracing (as ``spore bench dvm -k compile`` does,
-and colder still than ``--cold``): the whole compile, clustering (analysis, merging and
-building the program), the program's build alone, preparing the runner, scheduling, and the
-region's own compile (build + runner). ``--llama`` does the same for the tiny Llama training
-step's forward and backward graphs (``spore bench dvm -k llama-train``'s model): each graph's
-compile, its regions and eager nodes, and each region's own compile. ``--floor`` times, in the
-same place, only what a compile done in native code would still need of Python: the graph
-read into flat arrays (each node's op, arguments, shape, strides and dtype), and that plus one
-ctypes call into the VM's library; next to dvm's whole compile, the three taking turns.
-``--depths N`` times dvm's compile in the same place with the backend called 0 to N-1 frames
-deeper: CPython keeps frames in 16 KiB chunks, and 3.11 and 3.12 allocate and free one at
-each call that crosses a chunk's end (CPython issue gh-142183, fixed in later releases by
+side: the per-node analysis (supported ops, domain shapes, cuts), clustering (the analysis plus
+merging), building the region's program, preparing its runner (encoding, binding the launch),
+scheduling the graph, and the whole ``compile_graph``. Medians of ``--repeat`` calls, in µs.
+``--cold`` times each call on a fresh copy of the graph right after another copy was made (the
+copy evicts some of the caches); without it, calls repeat on one graph with warm caches.
+``--flow`` reads the times each compile records of itself where the backend runs it, inside
+``torch.compile`` right after tracing (as ``spore bench dvm -k compile`` does, and colder still
+than ``--cold``): the whole compile, clustering (analysis, merging and building the program),
+the program's build alone, preparing the runner, scheduling, and the region's own compile
+(build + runner). ``--llama`` does the same for the tiny Llama training step's forward and
+backward graphs (``spore bench dvm -k llama-train``'s model): each graph's compile, its regions
+and eager nodes, and each region's own compile. ``--evict`` times the whole compile and its
+phases as ``--flow`` reads them, each on a fresh copy of the graph after a 64 MiB write has
+evicted the CPU's caches (the cold caches of ``--flow`` without its tracing, whose 0.1 s a
+compile makes ``--flow`` slow to repeat and noisy: an A/B check of a change). ``--floor``
+times, in the same place, only what a compile done in native code would still need of Python:
+the graph read into flat arrays (each node's op, arguments, shape, strides and dtype), and that
+plus one ctypes call into the VM's library; next to dvm's whole compile, the three taking
+turns. ``--depths N`` times dvm's compile in the same place with the backend called 0 to N-1
+frames deeper: CPython keeps frames in 16 KiB chunks, and 3.11 and 3.12 allocate and free one
+at each call that crosses a chunk's end (CPython issue gh-142183, fixed in later releases by
 keeping one), so the compile's time depends on the depth it runs at.
 
     python packages/dvm/tools/compile_phases.py --repeat 300 [--cold]
     python packages/dvm/tools/compile_phases.py --flow --repeat 30
+    python packages/dvm/tools/compile_phases.py --evict --repeat 200
     python packages/dvm/tools/compile_phases.py --floor --repeat 30
     python packages/dvm/tools/compile_phases.py --llama --repeat 3 [--dtype bf16]
     python packages/dvm/tools/compile_phases.py --depths 40 --repeat 7
@@ -93,8 +97,26 @@ FLOW_PHASES = {
 }
 
 
-def _flow(chain: str, repeat: int) -> str:
-    graphs = benchmarks.flow_compiles(chain, repeat)
+EVICT_BYTES = 64 << 20
+
+
+def _evicted(chain: str, repeat: int) -> list[Any]:
+    """``repeat`` compiles of ``chain``'s graph, each on a fresh copy after a write of
+    :data:`EVICT_BYTES` (several times the L2 cache) has pushed the compile's code and data out
+    of the CPU's caches."""
+    gm, inputs = benchmarks._aten_graph(chain)
+    min_ops = benchmarks.CHAINS[chain].min_ops
+    sweep = torch.zeros(EVICT_BYTES // 4)
+    graphs = []
+    for _ in range(repeat):
+        fresh = copy.deepcopy(gm)
+        sweep.add_(1.0)
+        graphs.append(compile_graph(fresh, inputs, min_ops=min_ops))
+    return graphs
+
+
+def _flow(chain: str, repeat: int, evict: bool = False) -> str:
+    graphs = (_evicted if evict else benchmarks.flow_compiles)(chain, repeat)
     return "  ".join(
         f"{name} {statistics.median(phase(g) for g in graphs):5.0f}"
         for name, phase in FLOW_PHASES.items()
@@ -205,6 +227,7 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=300)
     parser.add_argument("--cold", action="store_true", help="each call on a fresh copy")
     parser.add_argument("--flow", action="store_true", help="inside torch.compile, as the bench")
+    parser.add_argument("--evict", action="store_true", help="--flow's phases, caches evicted")
     parser.add_argument("--floor", action="store_true", help="what native code would still need")
     parser.add_argument("--llama", action="store_true", help="the tiny Llama step's graphs")
     parser.add_argument("--depths", type=int, default=0, help="extra call depths 0..N-1")
@@ -222,6 +245,9 @@ def main() -> None:
             continue
         if args.flow or args.floor:
             print(f"{chain:10s} {(_floor if args.floor else _flow)(chain, args.repeat)}")
+            continue
+        if args.evict:
+            print(f"{chain:10s} {_flow(chain, args.repeat, evict=True)}")
             continue
         times = "  ".join(
             f"{name} {_median_us(chain, name, args.repeat, args.cold):5.0f}" for name in PHASES

@@ -25,7 +25,7 @@ static struct {
     PyObject *no_val;  // the reason for a call node without a tensor value
     PyObject *s_op, *s_target, *s_args, *s_kwargs, *s_meta, *s_val, *s_all_input_nodes,
         *s_kind, *s_check, *s_cost, *s_dtype, *s_device, *s_shape,
-        *s_call_function, *s_index, *s_segment, *s_fallbacks, *s_facts, *s_dshape, *s_cut,
+        *s_call_function, *s_call_method, *s_call_module, *s_index, *s_segment, *s_fallbacks, *s_facts, *s_dshape, *s_cut,
         *s_footprint, *s_users;
 } g;
 
@@ -516,14 +516,26 @@ static int fallback(Tables* t, PyObject* node, PyObject* why) {
     return failed;
 }
 
+// A node with a side effect: a segment of its own, between the nodes before and after it.
+static int barrier(Tables* t, PyObject* node, Py_ssize_t* seg) {
+    if (set_int(t->segment, node, *seg + 1) < 0) return -1;
+    *seg += 2;
+    return 0;
+}
+
 // One node: 0, or -1 with an exception.
 static int node_step(Tables* t, PyObject* node, Py_ssize_t i, Py_ssize_t* seg) {
     if (set_int(t->index, node, i) < 0 || set_int(t->segment, node, *seg) < 0) return -1;
     PyObject* op = PyObject_GetAttr(node, g.s_op);
     if (op == NULL) return -1;
     int call = PyObject_RichCompareBool(op, g.s_call_function, Py_EQ);
+    int other = 0;  // a call_method or call_module
+    if (call == 0) other = PyObject_RichCompareBool(op, g.s_call_method, Py_EQ);
+    if (call == 0 && other == 0) other = PyObject_RichCompareBool(op, g.s_call_module, Py_EQ);
     Py_DECREF(op);
-    if (call <= 0) return call;
+    if (call < 0 || other < 0) return -1;
+    if (other) return barrier(t, node, seg);  // a method or module may mutate what it is handed
+    if (!call) return 0;
     PyObject* target = PyObject_GetAttr(node, g.s_target);
     if (target == NULL) return -1;
     PyObject* key = PyLong_FromVoidPtr(target);  // id(target): an OpOverload hashes in Python
@@ -539,9 +551,7 @@ static int node_step(Tables* t, PyObject* node, Py_ssize_t i, Py_ssize_t* seg) {
             fact = PyObject_CallOneArg(g.eager, node);
         if (fact != Py_True) return fallback(t, node, fact);
         Py_DECREF(fact);
-        if (set_int(t->segment, node, *seg + 1) < 0) return -1;
-        *seg += 2;
-        return 0;
+        return barrier(t, node, seg);
     }
     Py_DECREF(key);
     Py_INCREF(rule);
@@ -1160,6 +1170,7 @@ PyMODINIT_FUNC PyInit__analysis(void) {
         {&g.s_cost, "cost"},       {&g.s_dtype, "dtype"},
         {&g.s_device, "device"},   {&g.s_shape, "shape"},
         {&g.s_call_function, "call_function"},
+        {&g.s_call_method, "call_method"}, {&g.s_call_module, "call_module"},
         {&g.s_index, "index"},     {&g.s_segment, "segment"},
         {&g.s_fallbacks, "fallbacks"}, {&g.s_facts, "facts"},
         {&g.s_dshape, "dshape"},   {&g.s_cut, "cut"},

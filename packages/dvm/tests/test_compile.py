@@ -213,6 +213,42 @@ def test_side_effects_keep_their_place():
     assert operator.add not in order
 
 
+class _AddsOne(torch.nn.Module):
+    def forward(self, t: torch.Tensor) -> torch.Tensor:
+        return t.add_(1.0)
+
+
+@pytest.mark.parametrize("kind", ["call_method", "call_module"])
+def test_a_method_or_module_call_is_a_barrier(kind):
+    """A hand-built (or symbolically traced) graph mutating a value by a method or a module
+    between two ops that read it: no region spans the call, and each op reads the value as
+    eager's does (a region spanning it would read the mutated value for both)."""
+    g = torch.fx.Graph()
+    x, buf = g.placeholder("x"), g.placeholder("buf")
+    before = g.call_function(aten.sigmoid.default, (g.call_function(aten.mul.Tensor, (x, buf)),))
+    if kind == "call_method":
+        g.call_method("add_", (buf, 1.0))
+    else:
+        g.call_module("adds_one", (buf,))
+    after = g.call_function(aten.exp.default, (g.call_function(aten.add.Tensor, (before, buf)),))
+    g.output(after)
+    root = torch.nn.Module()
+    root.adds_one = _AddsOne()
+    gm = torch.fx.GraphModule(root, g)
+    x, buf = torch.randn(4, 6), torch.randn(4, 6)
+    buf_e, buf_c = buf.clone(), buf.clone()
+    want = gm(x, buf_e)
+    c = compile_graph(gm, [x, buf.clone()])
+    got = c(x, buf_c)
+    torch.testing.assert_close(got, want)
+    torch.testing.assert_close(buf_c, buf_e)
+    assert [r.ops for r in c.regions] == [
+        ["aten.mul.Tensor", "aten.sigmoid.default"],
+        ["aten.add.Tensor", "aten.exp.default"],
+    ]
+    assert c.vm_calls == 2
+
+
 def test_compile_times_are_recorded():
     c, runner, _, _ = _one_region()
     assert runner.region.build_us > 0

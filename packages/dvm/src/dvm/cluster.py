@@ -11,9 +11,9 @@ becomes a region boundary and the value is loaded with its real shape).
 Regions grow by merging along producer->consumer edges when the union: has one domain that
 some member already spans (no outer-product blow-up), stores only full or row-reduced
 outputs, keeps within MAX_INPUTS/MAX_OUTPUTS/MAX_INSTRS, and leaves no path that goes out
-of the union and comes back (cycle check). Side-effecting nodes are barriers no region
-crosses. A region whose program still exceeds a limit (registers) is split into consecutive
-runs in graph order, each a valid region.
+of the union and comes back (cycle check). Side-effecting nodes (impure ops, and any method
+or module call) are barriers no region crosses. A region whose program still exceeds a limit
+(registers) is split into consecutive runs in graph order, each a valid region.
 """
 
 from __future__ import annotations
@@ -99,9 +99,11 @@ _BY_FIRST_ARG = {  # wrappers whose side effect is the wrapped op's (their first
 
 
 def is_barrier(n: Node) -> bool:
-    """Whether ``n`` has a side effect (no region spans it; it keeps its place)."""
+    """Whether ``n`` has a side effect (no region spans it; it keeps its place): an impure
+    op, or any method or module call (``x.add_(y)`` in a hand-built or symbolically traced
+    graph; what it mutates is not known)."""
     if n.op != "call_function":
-        return False
+        return n.op in ("call_method", "call_module")
     key: Any = id(n.target)
     if key in _BY_FIRST_ARG and n.args:
         key = (key, id(n.args[0]))

@@ -218,28 +218,47 @@ class _AddsOne(torch.nn.Module):
         return t.add_(1.0)
 
 
-@pytest.mark.parametrize("kind", ["call_method", "call_module"])
-def test_a_method_or_module_call_is_a_barrier(kind):
-    """A hand-built (or symbolically traced) graph mutating a value by a method or a module
-    between two ops that read it: no region spans the call, and each op reads the value as
-    eager's does (a region spanning it would read the mutated value for both)."""
+def _bump(t: torch.Tensor) -> None:  # a user's function, opaque to the compile
+    t.mul_(2.0)
+
+
+_MUTATIONS = {  # ways a hand-built or symbolically traced graph mutates buf
+    "call_method add_": lambda g, buf: g.call_method("add_", (buf, 1.0)),
+    "call_module": lambda g, buf: g.call_module("adds_one", (buf,)),
+    "operator.iadd": lambda g, buf: g.call_function(operator.iadd, (buf, 1.0)),
+    "operator.setitem": lambda g, buf: g.call_function(operator.setitem, (buf, 0, 5.0)),
+    "torch.Tensor.add_": lambda g, buf: g.call_function(torch.Tensor.add_, (buf, 1.0)),
+    "out=": lambda g, buf: g.call_function(torch.add, (buf, 1.0), {"out": buf}),
+    "a user's function": lambda g, buf: g.call_function(_bump, (buf,)),
+}
+
+
+def _mutating_graph(mutate) -> torch.fx.GraphModule:
+    """sigmoid(x * buf), then ``mutate(buf)``, then exp(that + buf): each op reads buf as it is
+    at its place in the graph."""
     g = torch.fx.Graph()
     x, buf = g.placeholder("x"), g.placeholder("buf")
     before = g.call_function(aten.sigmoid.default, (g.call_function(aten.mul.Tensor, (x, buf)),))
-    if kind == "call_method":
-        g.call_method("add_", (buf, 1.0))
-    else:
-        g.call_module("adds_one", (buf,))
+    side = mutate(g, buf)
     after = g.call_function(aten.exp.default, (g.call_function(aten.add.Tensor, (before, buf)),))
-    g.output(after)
+    g.output((after, side))
     root = torch.nn.Module()
     root.adds_one = _AddsOne()
-    gm = torch.fx.GraphModule(root, g)
+    return torch.fx.GraphModule(root, g)
+
+
+@pytest.mark.parametrize("how", _MUTATIONS)
+def test_a_call_that_may_mutate_is_a_barrier(how):
+    """A graph handed to ``compile_graph`` that mutates a value between two ops reading it, by
+    a method, a module or a plain Python callable (which torch's purity check calls pure): no
+    region spans the call, and each op reads the value as eager's does (a region spanning it
+    would read the mutated value for both)."""
+    gm = _mutating_graph(_MUTATIONS[how])
     x, buf = torch.randn(4, 6), torch.randn(4, 6)
     buf_e, buf_c = buf.clone(), buf.clone()
-    want = gm(x, buf_e)
+    want = gm(x, buf_e)[0]
     c = compile_graph(gm, [x, buf.clone()])
-    got = c(x, buf_c)
+    got = c(x, buf_c)[0]
     torch.testing.assert_close(got, want)
     torch.testing.assert_close(buf_c, buf_e)
     assert [r.ops for r in c.regions] == [
@@ -247,6 +266,17 @@ def test_a_method_or_module_call_is_a_barrier(kind):
         ["aten.add.Tensor", "aten.exp.default"],
     ]
     assert c.vm_calls == 2
+
+
+def test_a_pure_python_call_between_ops_is_no_barrier():
+    """``torch.neg`` called as a function (as symbolic tracing records it) mutates nothing:
+    the ops around it still make one region."""
+    gm = _mutating_graph(lambda g, buf: g.call_function(torch.neg, (buf,)))
+    x, buf = torch.randn(4, 6), torch.randn(4, 6)
+    c = compile_graph(gm, [x, buf])
+    for got, want in zip(c(x, buf), gm(x, buf), strict=True):
+        torch.testing.assert_close(got, want)
+    assert [len(r.nodes) for r in c.regions] == [4]
 
 
 def test_compile_times_are_recorded():

@@ -18,6 +18,7 @@ or module call) are barriers no region crosses. A region whose program still exc
 
 from __future__ import annotations
 
+import operator
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -96,14 +97,67 @@ _BY_FIRST_ARG = {  # wrappers whose side effect is the wrapped op's (their first
     id(torch.ops.higher_order.auto_functionalized),
     id(torch.ops.higher_order.auto_functionalized_v2),
 }
+_TORCH_OPS = (torch._ops.OpOverload, torch._ops.OpOverloadPacket, torch._ops.HigherOrderOperator)
+_MUTATING = frozenset(
+    id(f)
+    for f in (
+        operator.setitem,
+        operator.delitem,
+        operator.iadd,
+        operator.iand,
+        operator.iconcat,
+        operator.ifloordiv,
+        operator.ilshift,
+        operator.imatmul,
+        operator.imod,
+        operator.imul,
+        operator.ior,
+        operator.ipow,
+        operator.irshift,
+        operator.isub,
+        operator.itruediv,
+        operator.ixor,
+    )
+)
+_KNOWN_MODULES = frozenset({"torch", "_operator", "operator", "math", "builtins"})
+
+
+def _may_mutate(n: Node) -> bool:
+    """For a call of a plain Python callable (not a torch op, whose schema says whether it
+    mutates): whether it may mutate an argument. Python's in-place operators and item
+    assignment (``x += y``, ``x[i] = y`` traced symbolically), a name ending in ``_`` (torch's
+    in-place convention: ``torch.Tensor.add_``), an ``out=`` argument, or a function from
+    outside torch and Python's own modules (a user's, opaque)."""
+    t = n.target
+    name = getattr(t, "__name__", "")
+    module = getattr(t, "__module__", None) or getattr(
+        getattr(t, "__objclass__", None), "__module__", ""
+    )
+    return (
+        id(t) in _MUTATING
+        or (name.endswith("_") and not name.endswith("__"))
+        or "out" in n.kwargs
+        or (module or "").split(".")[0] not in _KNOWN_MODULES
+    )
+
+
+def _lasting(target: Any) -> bool:
+    """Whether ``target`` lives as long as the process (a torch op, ``operator.getitem``), so
+    that a verdict on it may be remembered by its id, and depends on it alone."""
+    return isinstance(target, (torch._ops.OpOverload, torch._ops.HigherOrderOperator)) or (
+        target is operator.getitem
+    )
 
 
 def is_barrier(n: Node) -> bool:
     """Whether ``n`` has a side effect (no region spans it; it keeps its place): an impure
-    op, or any method or module call (``x.add_(y)`` in a hand-built or symbolically traced
-    graph; what it mutates is not known)."""
+    op, a call that may mutate an argument (:func:`_may_mutate`), or any method or module call
+    (``x.add_(y)`` in a hand-built or symbolically traced graph; what it mutates is not
+    known)."""
     if n.op != "call_function":
         return n.op in ("call_method", "call_module")
+    if not _lasting(n.target):
+        return n.is_impure() or (not isinstance(n.target, _TORCH_OPS) and _may_mutate(n))
     key: Any = id(n.target)
     if key in _BY_FIRST_ARG and n.args:
         key = (key, id(n.args[0]))
@@ -118,10 +172,10 @@ _EAGER: dict[int, bool | str] = {}  # _eager's results by id(target), read first
 
 def _eager(n: Node) -> bool | str:
     """For a call node whose op has no VM rule: ``True`` when it has a side effect, else why it
-    stays eager; remembered in ``_EAGER`` where the op alone decides (not for the wrappers of
-    ``_BY_FIRST_ARG``)."""
+    stays eager; remembered in ``_EAGER`` where the op alone decides (a lasting target, not a
+    wrapper of ``_BY_FIRST_ARG``)."""
     fact = True if is_barrier(n) else unsupported_reason(n)
-    if id(n.target) not in _BY_FIRST_ARG:
+    if _lasting(n.target) and id(n.target) not in _BY_FIRST_ARG:
         _EAGER[id(n.target)] = fact
     return fact
 

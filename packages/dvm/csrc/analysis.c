@@ -24,9 +24,9 @@ static struct {
     long max_rank, max_inputs, max_outputs, max_instrs;
     PyObject *no_val;  // the reason for a call node without a tensor value
     PyObject *s_op, *s_target, *s_args, *s_kwargs, *s_meta, *s_val, *s_all_input_nodes,
-        *s_kind, *s_check, *s_cost, *s_dtype, *s_device, *s_shape,
-        *s_call_function, *s_call_method, *s_call_module, *s_index, *s_segment, *s_fallbacks, *s_facts, *s_dshape, *s_cut,
-        *s_footprint, *s_users;
+        *s_kind, *s_check, *s_cost, *s_dtype, *s_device, *s_shape, *s_call_function,
+        *s_call_method, *s_call_module, *s_index, *s_segment, *s_fallbacks, *s_facts, *s_dshape,
+        *s_cut, *s_footprint, *s_users;
 } g;
 
 typedef struct {  // the _Analysis's dicts (borrowed from it)
@@ -1153,8 +1153,8 @@ static PyMethodDef module_methods[] = {
 };
 
 static struct PyModuleDef module_def = {
-    PyModuleDef_HEAD_INIT, "dvm._analysis", "The per-node analysis and merging of dvm's clustering.", -1,
-    module_methods,
+    PyModuleDef_HEAD_INIT, "dvm._analysis",
+    "The per-node analysis and merging of dvm's clustering.", -1, module_methods,
 };
 
 PyMODINIT_FUNC PyInit__analysis(void) {

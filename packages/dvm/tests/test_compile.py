@@ -3,6 +3,7 @@ recorded reason; graphs without fake values, side effects and compile times."""
 
 from __future__ import annotations
 
+import math
 import operator
 import warnings
 
@@ -222,13 +223,29 @@ def _bump(t: torch.Tensor) -> None:  # a user's function, opaque to the compile
     t.mul_(2.0)
 
 
-_MUTATIONS = {  # ways a hand-built or symbolically traced graph mutates buf
+def _batch_norm(g, buf):  # training: updates its running mean, buf's first row
+    mean = g.call_function(aten.select.int, (buf, 0, 0))
+    var = g.call_function(aten.ones_like.default, (mean,))
+    return g.call_function(torch.nn.functional.batch_norm, (buf, mean, var), {"training": True})
+
+
+_MUTATIONS = {  # ways a hand-built graph mutates buf
     "call_method add_": lambda g, buf: g.call_method("add_", (buf, 1.0)),
     "call_module": lambda g, buf: g.call_module("adds_one", (buf,)),
     "operator.iadd": lambda g, buf: g.call_function(operator.iadd, (buf, 1.0)),
     "operator.setitem": lambda g, buf: g.call_function(operator.setitem, (buf, 0, 5.0)),
     "torch.Tensor.add_": lambda g, buf: g.call_function(torch.Tensor.add_, (buf, 1.0)),
+    "torch.Tensor.__iadd__": lambda g, buf: g.call_function(torch.Tensor.__iadd__, (buf, 1.0)),
+    "torch.Tensor.__setitem__": lambda g, buf: g.call_function(
+        torch.Tensor.__setitem__, (buf, 0, 5.0)
+    ),
     "out=": lambda g, buf: g.call_function(torch.add, (buf, 1.0), {"out": buf}),
+    "an op packet": lambda g, buf: g.call_function(aten.add_, (buf, 1.0)),
+    "an op packet with out=": lambda g, buf: g.call_function(aten.add, (buf, 1.0), {"out": buf}),
+    "inplace=True": lambda g, buf: g.call_function(
+        torch.nn.functional.relu, (buf,), {"inplace": True}
+    ),
+    "batch_norm's running mean": _batch_norm,
     "a user's function": lambda g, buf: g.call_function(_bump, (buf,)),
 }
 
@@ -250,9 +267,9 @@ def _mutating_graph(mutate) -> torch.fx.GraphModule:
 @pytest.mark.parametrize("how", _MUTATIONS)
 def test_a_call_that_may_mutate_is_a_barrier(how):
     """A graph handed to ``compile_graph`` that mutates a value between two ops reading it, by
-    a method, a module or a plain Python callable (which torch's purity check calls pure): no
-    region spans the call, and each op reads the value as eager's does (a region spanning it
-    would read the mutated value for both)."""
+    a method, a module, an op packet or a plain Python callable (which torch's purity check
+    calls pure, but for ``setitem``): no region spans the call, and each op reads the value as
+    eager's does (a region spanning it would read the mutated value for both)."""
     gm = _mutating_graph(_MUTATIONS[how])
     x, buf = torch.randn(4, 6), torch.randn(4, 6)
     buf_e, buf_c = buf.clone(), buf.clone()
@@ -268,10 +285,12 @@ def test_a_call_that_may_mutate_is_a_barrier(how):
     assert c.vm_calls == 2
 
 
-def test_a_pure_python_call_between_ops_is_no_barrier():
-    """``torch.neg`` called as a function (as symbolic tracing records it) mutates nothing:
-    the ops around it still make one region."""
-    gm = _mutating_graph(lambda g, buf: g.call_function(torch.neg, (buf,)))
+@pytest.mark.parametrize("pure", [operator.neg, operator.getitem, math.fabs])
+def test_a_call_known_to_be_pure_is_no_barrier(pure):
+    """A call of a plain callable known to mutate nothing (Python's operators, ``math``'s
+    functions): the ops around it still make one region."""
+    args = {operator.getitem: lambda buf: (buf, 0), math.fabs: lambda buf: (2.0,)}
+    gm = _mutating_graph(lambda g, buf: g.call_function(pure, args.get(pure, lambda b: (b,))(buf)))
     x, buf = torch.randn(4, 6), torch.randn(4, 6)
     c = compile_graph(gm, [x, buf])
     for got, want in zip(c(x, buf), gm(x, buf), strict=True):

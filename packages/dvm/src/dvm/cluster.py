@@ -11,13 +11,15 @@ becomes a region boundary and the value is loaded with its real shape).
 Regions grow by merging along producer->consumer edges when the union: has one domain that
 some member already spans (no outer-product blow-up), stores only full or row-reduced
 outputs, keeps within MAX_INPUTS/MAX_OUTPUTS/MAX_INSTRS, and leaves no path that goes out
-of the union and comes back (cycle check). Side-effecting nodes (impure ops, and any method
-or module call) are barriers no region crosses. A region whose program still exceeds a limit
-(registers) is split into consecutive runs in graph order, each a valid region.
+of the union and comes back (cycle check). Nodes that may have a side effect (impure ops,
+method and module calls, callables not known to be pure) are barriers no region crosses. A
+region whose program still exceeds a limit (registers) is split into consecutive runs in
+graph order, each a valid region.
 """
 
 from __future__ import annotations
 
+import math
 import operator
 import time
 from dataclasses import dataclass, field
@@ -97,67 +99,33 @@ _BY_FIRST_ARG = {  # wrappers whose side effect is the wrapped op's (their first
     id(torch.ops.higher_order.auto_functionalized),
     id(torch.ops.higher_order.auto_functionalized_v2),
 }
-_TORCH_OPS = (torch._ops.OpOverload, torch._ops.OpOverloadPacket, torch._ops.HigherOrderOperator)
-_MUTATING = frozenset(
+_PURE = frozenset(  # plain callables known to mutate nothing (all live as long as the process)
     id(f)
     for f in (
-        operator.setitem,
-        operator.delitem,
-        operator.iadd,
-        operator.iand,
-        operator.iconcat,
-        operator.ifloordiv,
-        operator.ilshift,
-        operator.imatmul,
-        operator.imod,
-        operator.imul,
-        operator.ior,
-        operator.ipow,
-        operator.irshift,
-        operator.isub,
-        operator.itruediv,
-        operator.ixor,
+        operator.getitem,
+        *(getattr(operator, name) for name in ("add", "sub", "mul", "truediv", "floordiv")),
+        *(getattr(operator, name) for name in ("mod", "pow", "neg", "pos", "abs", "invert")),
+        *(getattr(operator, name) for name in ("eq", "ne", "lt", "le", "gt", "ge", "not_")),
+        *(getattr(operator, name) for name in ("and_", "or_", "xor", "truth", "index")),
+        *(f for f in vars(math).values() if callable(f)),
+        *(getattr(torch, name) for name in dir(torch) if name.startswith("sym_")),
     )
 )
-_KNOWN_MODULES = frozenset({"torch", "_operator", "operator", "math", "builtins"})
-
-
-def _may_mutate(n: Node) -> bool:
-    """For a call of a plain Python callable (not a torch op, whose schema says whether it
-    mutates): whether it may mutate an argument. Python's in-place operators and item
-    assignment (``x += y``, ``x[i] = y`` traced symbolically), a name ending in ``_`` (torch's
-    in-place convention: ``torch.Tensor.add_``), an ``out=`` argument, or a function from
-    outside torch and Python's own modules (a user's, opaque)."""
-    t = n.target
-    name = getattr(t, "__name__", "")
-    module = getattr(t, "__module__", None) or getattr(
-        getattr(t, "__objclass__", None), "__module__", ""
-    )
-    return (
-        id(t) in _MUTATING
-        or (name.endswith("_") and not name.endswith("__"))
-        or "out" in n.kwargs
-        or (module or "").split(".")[0] not in _KNOWN_MODULES
-    )
-
-
-def _lasting(target: Any) -> bool:
-    """Whether ``target`` lives as long as the process (a torch op, ``operator.getitem``), so
-    that a verdict on it may be remembered by its id, and depends on it alone."""
-    return isinstance(target, (torch._ops.OpOverload, torch._ops.HigherOrderOperator)) or (
-        target is operator.getitem
-    )
+_OPS = (torch._ops.OpOverload, torch._ops.HigherOrderOperator)  # their schemas say if they mutate
 
 
 def is_barrier(n: Node) -> bool:
-    """Whether ``n`` has a side effect (no region spans it; it keeps its place): an impure
-    op, a call that may mutate an argument (:func:`_may_mutate`), or any method or module call
-    (``x.add_(y)`` in a hand-built or symbolically traced graph; what it mutates is not
-    known)."""
+    """Whether ``n`` may have a side effect (no region spans it; it keeps its place): an op
+    whose schema mutates or that is impure by torch's check, any method or module call, and
+    any other callable but the pure ones of :data:`_PURE` (``operator.getitem``, Python's
+    arithmetic and comparison operators, ``math``'s functions, ``torch.sym_*``). What a method,
+    a module, a torch function called as a plain function (``F.relu(x, inplace=True)``), an op
+    packet (``aten.add_``, no single schema) or a user's function mutates is not known. The
+    ``dvm`` backend's graphs hold ops and ``operator.getitem`` only."""
     if n.op != "call_function":
         return n.op in ("call_method", "call_module")
-    if not _lasting(n.target):
-        return n.is_impure() or (not isinstance(n.target, _TORCH_OPS) and _may_mutate(n))
+    if not isinstance(n.target, _OPS):
+        return id(n.target) not in _PURE
     key: Any = id(n.target)
     if key in _BY_FIRST_ARG and n.args:
         key = (key, id(n.args[0]))
@@ -172,10 +140,12 @@ _EAGER: dict[int, bool | str] = {}  # _eager's results by id(target), read first
 
 def _eager(n: Node) -> bool | str:
     """For a call node whose op has no VM rule: ``True`` when it has a side effect, else why it
-    stays eager; remembered in ``_EAGER`` where the op alone decides (a lasting target, not a
-    wrapper of ``_BY_FIRST_ARG``)."""
+    stays eager; remembered in ``_EAGER`` where the op alone decides: an op (not a wrapper of
+    ``_BY_FIRST_ARG``) or a callable of :data:`_PURE`, which live as long as the process (a
+    user's function may be freed and its id reused)."""
     fact = True if is_barrier(n) else unsupported_reason(n)
-    if _lasting(n.target) and id(n.target) not in _BY_FIRST_ARG:
+    lasting = isinstance(n.target, _OPS) or id(n.target) in _PURE
+    if lasting and id(n.target) not in _BY_FIRST_ARG:
         _EAGER[id(n.target)] = fact
     return fact
 

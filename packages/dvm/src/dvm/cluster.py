@@ -108,7 +108,8 @@ _PURE = frozenset(  # plain callables known to mutate nothing (all live as long 
         *(getattr(operator, name) for name in ("eq", "ne", "lt", "le", "gt", "ge", "not_")),
         *(getattr(operator, name) for name in ("and_", "or_", "xor", "truth", "index")),
         *(f for f in vars(math).values() if callable(f)),
-        *(getattr(torch, name) for name in dir(torch) if name.startswith("sym_")),
+        *(getattr(torch, f"sym_{name}") for name in ("float", "int", "ite", "max", "min")),
+        *(getattr(torch, f"sym_{name}") for name in ("not", "sqrt", "sum")),
     )
 )
 _OPS = (torch._ops.OpOverload, torch._ops.HigherOrderOperator)  # their schemas say if they mutate
@@ -118,10 +119,11 @@ def is_barrier(n: Node) -> bool:
     """Whether ``n`` may have a side effect (no region spans it; it keeps its place): an op
     whose schema mutates or that is impure by torch's check, any method or module call, and
     any other callable but the pure ones of :data:`_PURE` (``operator.getitem``, Python's
-    arithmetic and comparison operators, ``math``'s functions, ``torch.sym_*``). What a method,
-    a module, a torch function called as a plain function (``F.relu(x, inplace=True)``), an op
-    packet (``aten.add_``, no single schema) or a user's function mutates is not known. The
-    ``dvm`` backend's graphs hold ops and ``operator.getitem`` only."""
+    arithmetic and comparison operators, ``math``'s functions, ``torch.sym_*`` arithmetic).
+    What a method, a module, a torch function called as a plain function
+    (``F.relu(x, inplace=True)``), an op packet (``aten.add_``, no single schema) or a user's
+    function mutates is not known. The ``dvm`` backend's graphs hold ops and
+    ``operator.getitem`` only."""
     if n.op != "call_function":
         return n.op in ("call_method", "call_module")
     if not isinstance(n.target, _OPS):

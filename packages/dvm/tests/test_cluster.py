@@ -7,10 +7,11 @@ import pytest
 import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 
-from dvm.cluster import ALONE, _Analysis, build_region, cluster, is_barrier
+from dvm.cluster import ALONE, _Analysis, build_region, cluster
 from dvm.compile import compile_graph
 from dvm.lower import unsupported_reason
 from dvm.program import MAX_INPUTS, MAX_OUTPUTS, MAX_REGS
+from spore.side_effects import has_side_effect
 
 aten = torch.ops.aten
 
@@ -217,22 +218,6 @@ def test_two_regions_never_read_each_others_outputs():
     assert sum(hasattr(t, "region") for t in c.run.targets) == len(c.regions)
 
 
-def test_an_auto_functionalized_op_is_a_barrier_by_the_op_it_wraps():
-    """Its side effect is the wrapped op's: the purity cache keyed by the wrapper alone gave
-    every later auto_functionalized node the first one's answer (a gradient accumulation seen
-    as pure after a pure mutating op, or the other way)."""
-    from torch.fx import Graph
-
-    wrapper = torch.ops.higher_order.auto_functionalized
-    g = Graph()
-    x = g.placeholder("x")
-    pure = g.call_function(wrapper, (torch.ops.aten.add_.Tensor,), {"self": x, "other": x})
-    effect = g.call_function(wrapper, (torch.ops.inductor.accumulate_grad_.default,), {})
-    assert [is_barrier(pure), is_barrier(effect)] == [pure.is_impure(), effect.is_impure()]
-    assert is_barrier(effect)
-    assert not is_barrier(pure)
-
-
 def test_the_analysis_remembers_eager_ops_by_op_and_a_wrapper_by_what_it_wraps():
     """Ops without a VM rule: the analysis asks Python once per op (a side effect, or why it
     stays eager) and then reads what it remembered; an auto_functionalized node is asked
@@ -304,7 +289,7 @@ def _verdicts(gm):
     nodes = list(gm.graph.nodes)
     a = _Analysis(nodes)
     reasons = dict(a.fallbacks)
-    calls = [n for n in nodes if n.op == "call_function" and not is_barrier(n)]
+    calls = [n for n in nodes if n.op == "call_function" and not has_side_effect(n)]
     return [(reasons.get(n), unsupported_reason(n)) for n in calls], a
 
 

@@ -5,6 +5,7 @@ Python registration API and the pass with no compiler."""
 from __future__ import annotations
 
 import logging
+import operator
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -75,6 +76,34 @@ def test_outlined_graph_equals_the_original() -> None:
     for _ in range(3):
         x, y = torch.randn(4, 4), torch.randn(4, 4)
         torch.testing.assert_close(gm(x, y), branches(x, y), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("how", ["call_method", "operator.iadd"])
+def test_no_region_spans_a_mutation_torch_calls_pure(how: str) -> None:
+    """A hand-built graph mutating ``buf`` between ops that read it, by a method or a plain
+    callable (both pure to ``Node.is_impure``): the ops before and after make a region each,
+    and each reads ``buf`` as the original graph does (one region spanning the mutation ran
+    after it and read the mutated value twice)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.passes.fake_tensor_prop import FakeTensorProp
+
+    aten = torch.ops.aten
+    g = torch.fx.Graph()
+    x, buf = g.placeholder("x"), g.placeholder("buf")
+    before = g.call_function(aten.sigmoid.default, (g.call_function(aten.mul.Tensor, (x, buf)),))
+    if how == "call_method":
+        g.call_method("add_", (buf, 1.0))
+    else:
+        g.call_function(operator.iadd, (buf, 1.0))
+    after = g.call_function(aten.exp.default, (g.call_function(aten.add.Tensor, (before, buf)),))
+    g.output((after,))
+    gm = torch.fx.GraphModule(torch.nn.Module(), g)
+    x, buf = torch.randn(4, 6), torch.randn(4, 6)
+    want = gm(x, buf.clone())
+    FakeTensorProp(gm, FakeTensorMode(allow_non_fake_inputs=True)).propagate(x, buf.clone())
+    assert fuse(gm, [EagerRegionCompiler()]) == 2
+    gm.recompile()
+    torch.testing.assert_close(gm(x, buf.clone()), want, rtol=0, atol=0)
 
 
 def test_regions_that_cross_through_outside_nodes_are_placed_one_by_one() -> None:

@@ -11,19 +11,17 @@ becomes a region boundary and the value is loaded with its real shape).
 Regions grow by merging along producer->consumer edges when the union: has one domain that
 some member already spans (no outer-product blow-up), stores only full or row-reduced
 outputs, keeps within MAX_INPUTS/MAX_OUTPUTS/MAX_INSTRS, and leaves no path that goes out
-of the union and comes back (cycle check). Nodes that may have a side effect (impure ops,
-method and module calls, callables not known to be pure) are barriers no region crosses. A
-region whose program still exceeds a limit (registers) is split into consecutive runs in
-graph order, each a valid region.
+of the union and comes back (cycle check). Nodes that may have a side effect
+(:func:`spore.side_effects.has_side_effect`: impure ops, method and module calls, callables
+not known to be pure) are barriers no region crosses. A region whose program still exceeds a
+limit (registers) is split into consecutive runs in graph order, each a valid region.
 """
 
 from __future__ import annotations
 
-import math
 import operator
 import time
 from dataclasses import dataclass, field
-from typing import Any
 
 import torch
 from torch.fx import GraphModule, Node
@@ -47,6 +45,7 @@ from dvm.lower import (
     value_fact,
 )
 from dvm.program import DTYPE_CODES, MAX_DIMS, MAX_INPUTS, MAX_INSTRS, MAX_OUTPUTS, Program
+from spore.side_effects import has_side_effect
 
 Shape = tuple[int, ...]
 aten = torch.ops.aten
@@ -94,60 +93,17 @@ def _op_name(n: Node) -> str:
     return getattr(t, "__name__", str(t)) if not isinstance(t, torch._ops.OpOverload) else str(t)
 
 
-_IMPURE: dict[Any, bool] = {}  # by id(target) (an OpOverload's hash is Python code)
-_BY_FIRST_ARG = {  # wrappers whose side effect is the wrapped op's (their first argument)
-    id(torch.ops.higher_order.auto_functionalized),
-    id(torch.ops.higher_order.auto_functionalized_v2),
-}
-_PURE = frozenset(  # plain callables known to mutate nothing (all live as long as the process)
-    id(f)
-    for f in (
-        operator.getitem,
-        *(getattr(operator, name) for name in ("add", "sub", "mul", "truediv", "floordiv")),
-        *(getattr(operator, name) for name in ("mod", "pow", "neg", "pos", "abs", "invert")),
-        *(getattr(operator, name) for name in ("eq", "ne", "lt", "le", "gt", "ge", "not_")),
-        *(getattr(operator, name) for name in ("and_", "or_", "xor", "truth", "index")),
-        *(f for f in vars(math).values() if callable(f)),
-        *(getattr(torch, f"sym_{name}") for name in ("float", "int", "ite", "max", "min")),
-        *(getattr(torch, f"sym_{name}") for name in ("not", "sqrt", "sum")),
-    )
-)
-_OPS = (torch._ops.OpOverload, torch._ops.HigherOrderOperator)  # their schemas say if they mutate
-
-
-def is_barrier(n: Node) -> bool:
-    """Whether ``n`` may have a side effect (no region spans it; it keeps its place): an op
-    whose schema mutates or that is impure by torch's check, any method or module call, and
-    any other callable but the pure ones of :data:`_PURE` (``operator.getitem``, Python's
-    arithmetic and comparison operators, ``math``'s functions, ``torch.sym_*`` arithmetic).
-    What a method, a module, a torch function called as a plain function
-    (``F.relu(x, inplace=True)``), an op packet (``aten.add_``, no single schema) or a user's
-    function mutates is not known. The ``dvm`` backend's graphs hold ops and
-    ``operator.getitem`` only."""
-    if n.op != "call_function":
-        return n.op in ("call_method", "call_module")
-    if not isinstance(n.target, _OPS):
-        return id(n.target) not in _PURE
-    key: Any = id(n.target)
-    if key in _BY_FIRST_ARG and n.args:
-        key = (key, id(n.args[0]))
-    impure = _IMPURE.get(key)
-    if impure is None:
-        impure = _IMPURE[key] = n.is_impure()
-    return impure
-
-
 _EAGER: dict[int, bool | str] = {}  # _eager's results by id(target), read first by the C
 
 
 def _eager(n: Node) -> bool | str:
-    """For a call node whose op has no VM rule: ``True`` when it has a side effect, else why it
-    stays eager; remembered in ``_EAGER`` where the op alone decides: an op (not a wrapper of
-    ``_BY_FIRST_ARG``) or a callable of :data:`_PURE`, which live as long as the process (a
-    user's function may be freed and its id reused)."""
-    fact = True if is_barrier(n) else unsupported_reason(n)
-    lasting = isinstance(n.target, _OPS) or id(n.target) in _PURE
-    if lasting and id(n.target) not in _BY_FIRST_ARG:
+    """For a call node whose op has no VM rule: ``True`` when it may have a side effect
+    (:func:`spore.side_effects.has_side_effect`), else why it stays eager; remembered in
+    ``_EAGER`` where the op alone decides and lives as long as the process (an aten op,
+    ``operator.getitem``; not a wrapper such as ``auto_functionalized``, whose answer is the
+    wrapped op's, nor a user's function, which may be freed and its id reused)."""
+    fact = True if has_side_effect(n) else unsupported_reason(n)
+    if isinstance(n.target, torch._ops.OpOverload) or n.target is operator.getitem:
         _EAGER[id(n.target)] = fact
     return fact
 

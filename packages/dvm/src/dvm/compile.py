@@ -20,9 +20,10 @@ import torch
 from torch.fx import GraphModule, Node
 from torch.fx.node import map_arg
 
-from dvm.cluster import MIN_OPS, Clustering, Region, cluster, is_barrier
+from dvm.cluster import MIN_OPS, Clustering, Region, cluster
 from dvm.executor import Executor, RegionCall
 from dvm.program import Program, run_reference
+from spore.side_effects import has_side_effect
 
 Strides = tuple[int, ...]
 
@@ -406,7 +407,7 @@ def _reordered(nodes: list[Node], runners: list[RegionRunner]) -> list[Node | Re
             for p in n.all_input_nodes:
                 if unit_of[p] != u:
                     deps[u].add(unit_of[p])
-        impure = members[u] is not None and is_barrier(members[u])
+        impure = members[u] is not None and has_side_effect(members[u])
         if impure or (members[u] is not None and members[u].op == "output"):
             deps[u].update(since_barrier)
             last_barrier_unit = u

@@ -9,6 +9,7 @@ import torch
 
 from mfusion.autofuse.protocol import RegionCompiler
 from mfusion.passes._match import rounds_as_eager
+from spore.side_effects import has_side_effect
 
 REGION_NAMESPACE = "mfusion_regions"
 
@@ -23,10 +24,9 @@ def static_tensor(value: Any) -> bool:
 
 
 def is_barrier(node: torch.fx.Node) -> bool:
-    """Whether ``node`` has side effects (a mutation, say): no region spans it or moves past it."""
-    return node.op in ("call_function", "call_method", "call_module") and node.is_impure(
-        impure_random=False
-    )
+    """Whether ``node`` may have side effects (a mutation, say; a random op does not count):
+    no region spans it or moves past it (:func:`spore.side_effects.has_side_effect`)."""
+    return has_side_effect(node, random=False)
 
 
 def _eligible(node: torch.fx.Node) -> bool:

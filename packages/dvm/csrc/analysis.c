@@ -516,42 +516,39 @@ static int fallback(Tables* t, PyObject* node, PyObject* why) {
     return failed;
 }
 
-// A node with a side effect: a segment of its own, between the nodes before and after it.
-static int barrier(Tables* t, PyObject* node, Py_ssize_t* seg) {
-    if (set_int(t->segment, node, *seg + 1) < 0) return -1;
-    *seg += 2;
-    return 0;
-}
-
 // One node: 0, or -1 with an exception.
 static int node_step(Tables* t, PyObject* node, Py_ssize_t i, Py_ssize_t* seg) {
     if (set_int(t->index, node, i) < 0 || set_int(t->segment, node, *seg) < 0) return -1;
     PyObject* op = PyObject_GetAttr(node, g.s_op);
     if (op == NULL) return -1;
     int call = PyObject_RichCompareBool(op, g.s_call_function, Py_EQ);
-    int other = 0;  // a call_method or call_module
+    int other = 0;  // a call_method or call_module: no VM rule, asked of Python as eager ops
     if (call == 0) other = PyObject_RichCompareBool(op, g.s_call_method, Py_EQ);
     if (call == 0 && other == 0) other = PyObject_RichCompareBool(op, g.s_call_module, Py_EQ);
     Py_DECREF(op);
     if (call < 0 || other < 0) return -1;
-    if (other) return barrier(t, node, seg);  // a method or module may mutate what it is handed
-    if (!call) return 0;
+    if (!call && !other) return 0;
     PyObject* target = PyObject_GetAttr(node, g.s_target);
     if (target == NULL) return -1;
     PyObject* key = PyLong_FromVoidPtr(target);  // id(target): an OpOverload hashes in Python
     Py_DECREF(target);
     if (key == NULL) return -1;
-    PyObject* rule = PyDict_GetItemWithError(g.rules, key);
-    if (rule == NULL) {  // eager: True for a side effect, else why (remembered by op in Python)
-        PyObject* fact = PyErr_Occurred() ? NULL : PyDict_GetItemWithError(g.eager_memo, key);
+    PyObject* rule = call ? PyDict_GetItemWithError(g.rules, key) : NULL;
+    // eager: True for a side effect, else why; remembered by op in Python (a method's or a
+    // module's target is a name: such a call is asked each time)
+    if (rule == NULL) {
+        PyObject* fact = PyErr_Occurred() || !call ? NULL
+                                                   : PyDict_GetItemWithError(g.eager_memo, key);
         Py_DECREF(key);
         if (fact != NULL)
             Py_INCREF(fact);
         else if (!PyErr_Occurred())
             fact = PyObject_CallOneArg(g.eager, node);
         if (fact != Py_True) return fallback(t, node, fact);
-        Py_DECREF(fact);
-        return barrier(t, node, seg);
+        Py_DECREF(fact);  // a side effect: a segment of its own, between those around it
+        if (set_int(t->segment, node, *seg + 1) < 0) return -1;
+        *seg += 2;
+        return 0;
     }
     Py_DECREF(key);
     Py_INCREF(rule);

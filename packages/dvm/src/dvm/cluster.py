@@ -97,11 +97,11 @@ _EAGER: dict[int, bool | str] = {}  # _eager's results by id(target), read first
 
 
 def _eager(n: Node) -> bool | str:
-    """For a call node whose op has no VM rule: ``True`` when it may have a side effect
-    (:func:`spore.side_effects.has_side_effect`), else why it stays eager; remembered in
-    ``_EAGER`` where the op alone decides and lives as long as the process (an aten op,
-    ``operator.getitem``; not a wrapper such as ``auto_functionalized``, whose answer is the
-    wrapped op's, nor a user's function, which may be freed and its id reused)."""
+    """For a call node without a VM rule (a method or module call too): ``True`` when it may
+    have a side effect (:func:`spore.side_effects.has_side_effect`), else why it stays eager;
+    remembered in ``_EAGER`` where the op alone decides and lives as long as the process (an
+    aten op, ``operator.getitem``; not a wrapper such as ``auto_functionalized``, whose answer
+    is the wrapped op's, nor a user's function, which may be freed and its id reused)."""
     fact = True if has_side_effect(n) else unsupported_reason(n)
     if isinstance(n.target, torch._ops.OpOverload) or n.target is operator.getitem:
         _EAGER[id(n.target)] = fact

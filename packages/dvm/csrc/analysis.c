@@ -534,8 +534,8 @@ static int node_step(Tables* t, PyObject* node, Py_ssize_t i, Py_ssize_t* seg) {
     Py_DECREF(target);
     if (key == NULL) return -1;
     PyObject* rule = call ? PyDict_GetItemWithError(g.rules, key) : NULL;
-    // eager: True for a side effect, else why; remembered by op in Python (a method's or a
-    // module's target is a name: such a call is asked each time)
+    // eager: (whether it has a side effect, why it stays eager); remembered by op in Python
+    // (a method's or a module's target is a name: such a call is asked each time)
     if (rule == NULL) {
         PyObject* fact = PyErr_Occurred() || !call ? NULL
                                                    : PyDict_GetItemWithError(g.eager_memo, key);
@@ -544,11 +544,23 @@ static int node_step(Tables* t, PyObject* node, Py_ssize_t i, Py_ssize_t* seg) {
             Py_INCREF(fact);
         else if (!PyErr_Occurred())
             fact = PyObject_CallOneArg(g.eager, node);
-        if (fact != Py_True) return fallback(t, node, fact);
-        Py_DECREF(fact);  // a side effect: a segment of its own, between those around it
-        if (set_int(t->segment, node, *seg + 1) < 0) return -1;
-        *seg += 2;
-        return 0;
+        if (fact == NULL) return -1;
+        if (!PyTuple_Check(fact) || PyTuple_GET_SIZE(fact) != 2) {
+            Py_DECREF(fact);
+            PyErr_SetString(PyExc_TypeError, "dvm analysis: _eager must give (bool, str)");
+            return -1;
+        }
+        PyObject* why = Py_NewRef(PyTuple_GET_ITEM(fact, 1));
+        int barrier = PyTuple_GET_ITEM(fact, 0) == Py_True;
+        Py_DECREF(fact);
+        if (barrier) {  // a side effect: a segment of its own, between those around it
+            if (set_int(t->segment, node, *seg + 1) < 0) {
+                Py_DECREF(why);
+                return -1;
+            }
+            *seg += 2;
+        }
+        return fallback(t, node, why);
     }
     Py_DECREF(key);
     Py_INCREF(rule);
@@ -1099,8 +1111,8 @@ static PyObject* py_storable(PyObject* module, PyObject* const* argv, Py_ssize_t
 // setup(rules, tensor, cpu, dtype_codes, limits, bool_dtype, max_dims, kinds, callbacks,
 // merging): rules by id(target); torch.Tensor; torch.device("cpu"); the VM's dtypes; each
 // float dtype's largest finite value; torch.bool; MAX_DIMS; (POINTWISE, REDUCE, ROW, EXPAND,
-// CONST); (eager, eager_memo, rule_reason, value_fact, reduced_dims), eager(node) giving True
-// for a node with no rule that has a side effect, else why it stays eager, and eager_memo
+// CONST); (eager, eager_memo, rule_reason, value_fact, reduced_dims), eager(node) giving
+// (whether it has a side effect, why it stays eager) for a node with no rule, and eager_memo
 // the dict of those results by id(target) that it fills where the op alone decides; (the
 // aliasing ops, aten.expand, MAX_INPUTS, MAX_OUTPUTS, MAX_INSTRS).
 static PyObject* setup(PyObject* module, PyObject* args) {

@@ -246,8 +246,11 @@ def test_the_analysis_remembers_eager_ops_by_op_and_a_wrapper_by_what_it_wraps()
     warm = _Analysis(graph_nodes)
     for a in (cold, warm):
         assert [a.segment[n] for n in nodes] == [0, 0, 1, 2, 3, 4]  # two side effects
-        assert [n for n, _ in a.fallbacks] == [nodes[0], nodes[1], nodes[3], nodes[5]]
-        assert dict(a.fallbacks)[nodes[0]] == unsupported_reason(nodes[0])
+        assert [n for n, _ in a.fallbacks] == nodes  # the side effects with their reason
+        reasons = dict(a.fallbacks)
+        assert reasons[nodes[0]] == unsupported_reason(nodes[0])
+        assert "accumulate_grad_.default has a side effect" in reasons[nodes[4]]
+        assert "no region spans it" in reasons[nodes[2]]
     assert warm.fallbacks == cold.fallbacks
 
 

@@ -275,6 +275,13 @@ def test_a_call_that_may_mutate_is_a_barrier(how):
         ["aten.add.Tensor", "aten.exp.default"],
     ]
     assert c.vm_calls == 2
+    (node,) = [n for n, why in c.fallbacks if "no region spans it" in why]
+    assert node is side_effect_node(gm), c.fallbacks
+
+
+def side_effect_node(gm: torch.fx.GraphModule) -> torch.fx.Node:
+    """The mutating call of :func:`_mutating_graph`'s graph: the second output."""
+    return gm.graph.output_node().args[0][1]
 
 
 @pytest.mark.parametrize("pure", [operator.neg, operator.getitem, math.fabs])

@@ -38,6 +38,24 @@ def test_forward_regions_and_fallbacks():
     assert fb.reason in text
 
 
+def test_a_random_op_is_explained_and_splits_the_regions():
+    """Dropout draws random numbers: it stays eager with that reason, and the ops on each
+    side of it make regions of their own."""
+
+    def fn(x):
+        y = F.dropout(torch.sigmoid(x) * x, 0.5, training=True)
+        return torch.exp(y) * y
+
+    e = dvm.explain(fn, torch.randn(8, 16))
+    (dropout,) = [f for f in e.fallbacks if f.op == "aten.native_dropout.default"]
+    assert "draws random numbers" in dropout.reason
+    assert dropout.reason in str(e)
+    assert [r.ops for r in e.regions] == [
+        ["aten.sigmoid.default", "aten.mul.Tensor"],
+        ["aten.exp.default", "aten.mul.Tensor"],
+    ]
+
+
 def test_backward_is_explained_and_grads_untouched():
     w = torch.randn(6, requires_grad=True)
     x = torch.randn(3, 6, requires_grad=True)

@@ -93,19 +93,37 @@ def _op_name(n: Node) -> str:
     return getattr(t, "__name__", str(t)) if not isinstance(t, torch._ops.OpOverload) else str(t)
 
 
-_EAGER: dict[int, bool | str] = {}  # _eager's results by id(target), read first by the C
+_EAGER: dict[int, tuple[bool, str]] = {}  # _eager's results by id(target), read first by the C
 
 
-def _eager(n: Node) -> bool | str:
-    """For a call node without a VM rule (a method or module call too): ``True`` when it may
-    have a side effect (:func:`spore.side_effects.has_side_effect`), else why it stays eager;
-    remembered in ``_EAGER`` where the op alone decides and lives as long as the process (an
-    aten op, ``operator.getitem``; not a wrapper such as ``auto_functionalized``, whose answer
-    is the wrapped op's, nor a user's function, which may be freed and its id reused)."""
-    fact = True if has_side_effect(n) else unsupported_reason(n)
+def _eager(n: Node) -> tuple[bool, str]:
+    """For a call node without a VM rule (a method or module call too): whether it may have a
+    side effect (:func:`spore.side_effects.has_side_effect`: no region spans it), and why it
+    stays eager; remembered in ``_EAGER`` where the op alone decides and lives as long as the
+    process (an aten op, ``operator.getitem``; not a wrapper such as ``auto_functionalized``,
+    whose answer is the wrapped op's, nor a user's function, which may be freed and its id
+    reused)."""
+    barrier = has_side_effect(n)
+    fact = (barrier, _side_effect_reason(n) if barrier else unsupported_reason(n))
     if isinstance(n.target, torch._ops.OpOverload) or n.target is operator.getitem:
         _EAGER[id(n.target)] = fact
     return fact
+
+
+_OPS = (torch._ops.OpOverload, torch._ops.HigherOrderOperator)
+
+
+def _side_effect_reason(n: Node) -> str:
+    """Why a node with a side effect stays eager and splits the regions around it."""
+    what = {
+        "call_method": f"a method call ({n.target}) may mutate its arguments",
+        "call_module": f"a module call ({n.target}) may mutate its arguments or state",
+    }.get(n.op)
+    if what is None and isinstance(n.target, _OPS):
+        what = f"op {_op_name(n)} has a side effect (it mutates or draws random numbers)"
+    if what is None:
+        what = f"{_op_name(n)} is not known to be pure (it may mutate its arguments)"
+    return f"{what}: kept in place, no region spans it"
 
 
 _RULES_BY_ID = {id(t): rule for t, rule in RULES.items()}

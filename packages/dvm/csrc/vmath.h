@@ -142,7 +142,8 @@ inline float log1p_f(float x) {
     float f;
     const float l = log_special(u, log_core(u, f));
     const float c = (x - (u - 1.0f)) / u;
-    return l + (fabs_(c) < INF ? c : 0.0f);  // u = 0 or inf: no correction
+    const float r = l + (fabs_(c) < INF ? c : 0.0f);  // u = 0 or inf: no correction
+    return x == 0.0f ? x : r;                          // log1p(-0) = -0
 }
 
 // e^x - 1 for x in [0, 20]: 2^n (e^r - 1) + (2^n - 1), e^r - 1 by Taylor to r^8.
@@ -304,7 +305,8 @@ constexpr float SIN_COS_LIMIT = 1.0e6f;
 
 inline double sin_poly(double r) {
     const double z = r * r;
-    return r + r * z * poly(z, -1.0 / 6, 1.0 / 120, -1.0 / 5040, 1.0 / 362880, -1.0 / 39916800);
+    // r (1 + ...), not r + r (...): sin(-0) = -0; the double's rounding is far below a float's
+    return r * (1.0 + z * poly(z, -1.0 / 6, 1.0 / 120, -1.0 / 5040, 1.0 / 362880, -1.0 / 39916800));
 }
 
 inline double cos_poly(double r) {

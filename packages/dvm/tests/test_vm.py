@@ -783,6 +783,19 @@ def test_every_isa_build(isa: str) -> None:
     assert "base" in _lib.builds()
 
 
+@pytest.mark.parametrize("isa", _lib.builds())
+def test_every_isa_build_keeps_the_sign_of_a_zero_result(isa: str) -> None:
+    """A zero result has the reference's sign (log1p(-0) and sin(-0) are -0; both gave +0):
+    1 / y is -inf or inf by it. Vector body and scalar tail."""
+    x = torch.tensor([-0.0, 0.0, -1e-30, 1e-30] * 9)
+    for op in sorted(UNARY):
+        for dtype in DTYPES:
+            (got,) = vm.Kernel(unary(op), [dtype], isa=isa)([x.to(dtype)], x.shape)
+            (want,) = run_reference(unary(op), [x.to(dtype)], x.shape, [dtype])
+            zero = want == 0
+            assert torch.equal(got[zero].signbit(), want[zero].signbit()), (op.name, dtype)
+
+
 @pytest.mark.parametrize("wanted", ["avx2", "V3", "v5"])
 def test_a_dvm_isa_this_machine_cannot_run_is_an_error(monkeypatch, wanted: str) -> None:
     """A misspelt or unusable DVM_ISA used to switch every compile to the Python reference

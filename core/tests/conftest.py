@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import importlib
+import importlib.metadata as metadata
 import os
 import subprocess
 import sys
@@ -12,6 +13,32 @@ import pytest
 
 FIXTURES = Path(__file__).resolve().parents[2] / "tests" / "fixtures" / "plugins"
 FIXTURE_MODULES = ("spore_fixture_", "torch_npu")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers",
+        "core_alone: checks whole listings of plugins, backends, commands or ops, so needs "
+        "spore-core without installed plugins (as `nox -s core` installs it)",
+    )
+
+
+@pytest.fixture(autouse=True)
+def _core_alone(request: pytest.FixtureRequest) -> None:
+    """A ``core_alone`` test fails at once, saying why, where plugins are installed (a venv
+    holding every package): its listings would hold theirs too."""
+    if request.node.get_closest_marker("core_alone") is None:
+        return
+    from spore.discovery import ENTRY_POINT_GROUP
+
+    installed = sorted({ep.name for ep in metadata.entry_points(group=ENTRY_POINT_GROUP)})
+    if installed:
+        pytest.fail(
+            f"this test compares whole listings and needs spore-core alone, but plugins are "
+            f"installed here ({', '.join(installed)}): run `nox -s core`, or pytest in a venv "
+            f"with only `pip install -c constraints.txt ./core[test]`",
+            pytrace=False,
+        )
 
 
 def _forget_fixture_modules() -> None:

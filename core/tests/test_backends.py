@@ -136,6 +136,7 @@ def test_dynamo_entry_point_found_by_torch_compile_alone(fixtures_dir) -> None:
     assert "[2.0, 2.0]" in out.stdout
 
 
+@pytest.mark.core_alone
 def test_spore_backends_cli(run_spore) -> None:
     out = run_spore("backends", "--json", plugins=("dynamo",))
     assert json.loads(out.stdout) == [

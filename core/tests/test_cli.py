@@ -4,6 +4,7 @@ import io
 import json
 import sys
 
+import pytest
 from rich.console import Console
 
 import spore
@@ -33,6 +34,7 @@ def test_version_verbose_lists_plugins_without_importing_them(run_spore, tmp_pat
     assert not log.exists()
 
 
+@pytest.mark.core_alone
 def test_plugins_json_statuses_and_registrations(run_spore) -> None:
     # noeol prints at import without ending its line: the probe's JSON still reads
     out = run_spore("plugins", "--json", plugins=("healthy", "broken", "future", "noeol"))
@@ -51,6 +53,7 @@ def test_plugins_json_statuses_and_registrations(run_spore) -> None:
     assert rows["future"]["status"] == "incompatible"
 
 
+@pytest.mark.core_alone
 def test_plugins_all_includes_core_and_table_renders(run_spore) -> None:
     out = run_spore("plugins", "--all", "--json")
     assert [r["name"] for r in json.loads(out.stdout)] == ["core"]
@@ -153,6 +156,7 @@ def test_bench_under_an_applied_runtime_refuses_other_settings(run_spore) -> Non
     assert "settings (both sides): allocator system" in same.stdout
 
 
+@pytest.mark.core_alone
 def test_bench_list_filter_and_errors(run_spore) -> None:
     listed = run_spore("bench", "--list", plugins=("healthy", "dup_a"))
     assert listed.stdout.splitlines() == [
@@ -208,6 +212,7 @@ def test_json_stdout_is_only_json_when_a_plugin_prints(run_spore) -> None:
     assert table.stdout.startswith("noeol: warming up...")  # without --json it stays as it was
 
 
+@pytest.mark.core_alone
 def test_doctor_explains_torch_npu_autoload(run_spore) -> None:
     broken = run_spore("doctor", "--json", "--quick", plugins=("fake_torch_npu",))
     assert broken.returncode == 1

@@ -371,6 +371,7 @@ def test_plugin_with_ops_keeps_the_contract(fixture_plugins, spore_plugin_contra
     assert info.registered["passes"] == ["fixture-count-nodes"]
 
 
+@pytest.mark.core_alone
 def test_spore_ops_cli(run_spore) -> None:
     out = run_spore("ops", "--json", plugins=("ops",))
     assert out.returncode == 0, out.stderr

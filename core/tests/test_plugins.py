@@ -17,6 +17,7 @@ def _statuses(manager) -> dict[str, tuple[Status, str]]:
     return {i.name: (i.status, i.reason) for i in manager.plugins()}
 
 
+@pytest.mark.core_alone
 def test_healthy_plugin_is_lazy_active_and_attributed(fixture_plugins, spore_manager) -> None:
     fixture_plugins("healthy")
     manager = spore_manager()
@@ -48,6 +49,7 @@ def test_loads_once_per_manager_and_thread_safe(fixture_plugins, spore_manager) 
     assert sys.modules["spore_fixture_healthy"].LOADS == ["benchmarks"]
 
 
+@pytest.mark.core_alone
 def test_reentrant_registry_use_during_load(fixture_plugins, spore_manager) -> None:
     fixture_plugins("reentrant", "healthy")
     manager = spore_manager()
@@ -219,6 +221,7 @@ def test_request_after_load_checks_status(fixture_plugins, spore_manager) -> Non
         ({"SPORE_NO_PLUGINS": "0"}, {"healthy", "reentrant"}),
     ],
 )
+@pytest.mark.core_alone
 def test_environment_precedence(fixture_plugins, spore_manager, env, active) -> None:
     fixture_plugins("healthy", "reentrant")
     manager = spore_manager(env)
@@ -252,6 +255,7 @@ def test_allow_list_names_are_requested(fixture_plugins, spore_manager) -> None:
         manager.load()
 
 
+@pytest.mark.core_alone
 def test_commands_are_added_and_clashes_fail(fixture_plugins, spore_manager) -> None:
     fixture_plugins("healthy")
     manager = spore_manager()
@@ -277,6 +281,7 @@ def test_commands_are_added_and_clashes_fail(fixture_plugins, spore_manager) -> 
     assert "sleep" not in clash.registry("benchmarks")
 
 
+@pytest.mark.core_alone
 def test_core_builtin_plugin_is_listed_with_include_builtin(spore_manager) -> None:
     manager = spore_manager()
     assert manager.plugins() == []

@@ -12,6 +12,7 @@ import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from dvm.backend import dvm_backend, make_backend
+from dvm.compile import compile_graph
 
 
 def test_backend_is_found_by_name():
@@ -25,6 +26,55 @@ def test_dvm_backend_function_compiles():
     x = torch.randn(3, 9)
     fn = torch.compile(lambda t: torch.softmax(t, -1), backend=dvm_backend)
     torch.testing.assert_close(fn(x), torch.softmax(x, -1))
+
+
+@pytest.mark.parametrize("min_ops", [None, 1])
+def test_torch_compile_options_set_min_ops(monkeypatch, min_ops):
+    """``options={"min_ops": 1}`` runs a lone op's region on the VM; by default it stays
+    PyTorch's kernel."""
+    import dvm.backend
+
+    compiled = []
+
+    def recording(*args, **kwargs):
+        compiled.append(compile_graph(*args, **kwargs))
+        return compiled[-1]
+
+    monkeypatch.setattr(dvm.backend, "compile_graph", recording)
+    torch._dynamo.reset()
+    options = None if min_ops is None else {"min_ops": min_ops}
+    fn = torch.compile(lambda t: torch.exp(t), backend="dvm", options=options)
+    x = torch.randn(4, 6)
+    torch.testing.assert_close(fn(x), torch.exp(x))
+    (graph,) = compiled
+    assert (graph.vm_calls, len(graph.regions)) == ((0, 0) if min_ops is None else (1, 1))
+
+
+@pytest.mark.parametrize(
+    ("options", "problem"),
+    [
+        ({"min_op": 1}, "min_op: Extra inputs are not permitted"),
+        ({"min_ops": 0}, "min_ops: Input should be greater than or equal to 1"),
+        ({"min_ops": "2"}, "min_ops: Input should be a valid integer"),
+    ],
+)
+def test_bad_torch_compile_options_are_named(options, problem):
+    torch._dynamo.reset()
+    fn = torch.compile(lambda t: torch.exp(t) * 2, backend="dvm", options=options)
+    failed = torch._dynamo.exc.BackendCompilerFailed
+    with pytest.raises(failed, match=r"dvm: bad torch\.compile options") as info:
+        fn(torch.randn(3))
+    assert problem in str(info.value)
+    assert "dvm takes min_ops (eager kernels a region must stand for" in str(info.value)
+
+
+def test_an_inductor_mode_is_ignored_with_a_warning():
+    torch._dynamo.reset()
+    fn = torch.compile(lambda t: F.silu(t) * 2, backend="dvm", mode="max-autotune")
+    x = torch.randn(5, 7)
+    with pytest.warns(UserWarning, match="dvm has no compile modes: mode='max-autotune'"):
+        got = fn(x)
+    torch.testing.assert_close(got, F.silu(x) * 2)
 
 
 def _record():

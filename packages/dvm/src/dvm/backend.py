@@ -3,10 +3,13 @@ backward graphs both go through :func:`dvm.compile.compile_graph`."""
 
 from __future__ import annotations
 
+import functools
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError
 
 from dvm.cluster import MIN_OPS
 from dvm.compile import CompiledGraph, compile_graph
@@ -62,13 +65,53 @@ def _boxed(compiled: CompiledGraph | Specializing) -> Callable[[list[Any]], Any]
     return run
 
 
-_DEFAULT: Callable[..., Any] | None = None
+class DvmOptions(BaseModel):
+    """``torch.compile(model, backend="dvm", options={...})``: what dvm takes there."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    min_ops: StrictInt = Field(
+        MIN_OPS,
+        ge=1,
+        description="eager kernels a region must stand for to run on the VM; 1 runs every region",
+    )
 
 
-def dvm_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Callable[..., Any]:
+def parse_options(options: Mapping[str, Any] | None) -> DvmOptions:
+    """``options`` as :class:`DvmOptions`; a ``ValueError`` naming what is wrong and what dvm
+    takes."""
+    try:
+        return DvmOptions(**dict(options or {}))
+    except ValidationError as e:
+        problems = "; ".join(
+            f"{'.'.join(map(str, err['loc'])) or 'options'}: {err['msg']}" for err in e.errors()
+        )
+        takes = ", ".join(
+            f"{name} ({field.description})" for name, field in DvmOptions.model_fields.items()
+        )
+        why = f"dvm: bad torch.compile options ({problems}); dvm takes {takes}"
+        raise ValueError(why) from None
+
+
+@functools.cache
+def _backend(options: DvmOptions) -> Callable[..., Any]:
+    return make_backend(min_ops=options.min_ops)
+
+
+def dvm_backend(
+    gm: torch.fx.GraphModule,
+    example_inputs: Sequence[Any],
+    *,
+    mode: str | None = None,
+    options: Mapping[str, Any] | None = None,
+) -> Callable[..., Any]:
     """``torch.compile(model, backend="dvm")``: regions on the VM, the rest eager aten,
-    training included (AOT autograd)."""
-    global _DEFAULT
-    if _DEFAULT is None:
-        _DEFAULT = make_backend()
-    return _DEFAULT(gm, example_inputs)
+    training included (AOT autograd). ``options`` as :class:`DvmOptions`; dvm has no modes,
+    so a ``mode`` other than ``"default"`` (an Inductor mode) is ignored with a warning."""
+    if mode not in (None, "default"):
+        warnings.warn(
+            f"dvm has no compile modes: mode={mode!r} is Inductor's and is ignored",
+            UserWarning,
+            stacklevel=2,
+        )
+    return _backend(parse_options(options))(gm, example_inputs)

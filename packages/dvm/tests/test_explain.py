@@ -38,6 +38,17 @@ def test_forward_regions_and_fallbacks():
     assert fb.reason in text
 
 
+def test_keyword_arguments_reach_the_function():
+    def fn(x, *, scale, fn=None):  # a keyword named like explain's own argument too
+        return F.silu(x) * scale + x
+
+    x, scale = torch.randn(4, 8), torch.randn(8)
+    e = dvm.explain(fn, x, scale=scale, fn=None)
+    (region,) = e.regions
+    assert region.inputs == ["arg0_1", "arg1_1"]  # scale is a graph input, not a constant
+    assert "aten.silu.default" in region.ops
+
+
 def test_a_random_op_is_explained_and_splits_the_regions():
     """Dropout draws random numbers: it stays eager with that reason, and the ops on each
     side of it make regions of their own."""

@@ -92,9 +92,9 @@ def _record(explanation: Explanation, name: str, compiled: CompiledGraph) -> Non
         explanation.fallbacks.append(Fallback(name, node.name, op, reason))
 
 
-def explain(fn: Callable[..., Any], *inputs: Any) -> Explanation:
-    """Compile ``fn`` with the dvm backend, run it on ``inputs`` (and its backward when a
-    result needs grad, without touching any ``.grad``) and say what dvm did."""
+def explain(fn: Callable[..., Any], /, *inputs: Any, **kwargs: Any) -> Explanation:
+    """Compile ``fn`` with the dvm backend, run it on ``inputs`` and ``kwargs`` (and its
+    backward when a result needs grad, without touching any ``.grad``) and say what dvm did."""
     from dvm.backend import make_backend
 
     explanation = Explanation()
@@ -105,15 +105,15 @@ def explain(fn: Callable[..., Any], *inputs: Any) -> Explanation:
         name = kind if counts[kind] == 1 else f"{kind} {counts[kind]}"
         _record(explanation, name, compiled)
 
-    def run(*args: Any) -> Any:
-        return fn(*args)
+    def run(*args: Any, **kw: Any) -> Any:
+        return fn(*args, **kw)
 
     # a code object of its own for each call: dynamo keeps its compiles per code object, so
     # compiling ``fn`` itself would count each explain as a recompile of ``fn`` (a new backend
     # each time) until its recompile limit left later explains, and the user's own compile of
     # ``fn``, running eagerly
     run.__code__ = run.__code__.replace()
-    out = torch.compile(run, backend=make_backend(on_compile))(*inputs)
+    out = torch.compile(run, backend=make_backend(on_compile))(*inputs, **kwargs)
     results = [t for t in _tensors(out) if t.requires_grad]
     leaves = _leaves(results)
     if leaves:

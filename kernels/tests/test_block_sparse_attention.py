@@ -304,6 +304,43 @@ def test_a_nan_reaches_exactly_the_rows_that_attend_to_it(dtype) -> None:
     assert torch.equal(op.reference(*args).isnan().any(-1), expected)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=str)
+def test_a_nan_in_a_block_no_row_lists_reaches_no_row_nor_gradient(dtype) -> None:
+    """A query block listing fewer blocks than the lists' width leaves slots unlisted; a NaN
+    (or inf) in k or v of a block that only such slots name reaches no output and no
+    gradient: the kernel's forward, the reference's (float64 runs it), and autograd's
+    backward (through the reference). The reference used to read block 0 in an unlisted slot
+    and multiply its v by a zero weight: 0 * NaN."""
+    q, k, v = _qkv(1, 2, 8, 16, 4, dtype, 21)  # 2 query blocks, 4 KV blocks
+    index = torch.tensor([[[1, 9], [3, 9]], [[2, 1], [1, 9]]]).unsqueeze(0)
+    count = torch.tensor([[[1, 1], [2, 1]]])  # head 0 lists blocks 1 and 3, head 1 blocks 1, 2
+    k[0, :, 0, 1] = float("nan")  # KV block 0 (rows 0-3), listed by no query block
+    v[0, :, 1, 2] = float("inf")
+    args = [t.clone().requires_grad_() for t in (q, k, v)]
+    out = torch.ops.spore.block_sparse_attention(*args, index, count, 4)
+    assert torch.isfinite(out).all()
+    assert torch.isfinite(op.reference(q, k, v, index, count, 4)).all()
+    out.sum().backward()
+    for t in args:
+        assert torch.isfinite(t.grad).all()
+    _close(
+        out.detach(), _oracle(q, k.nan_to_num(), v.nan_to_num(posinf=0.0), index, count, 4), dtype
+    )
+
+
+@pytest.mark.parametrize(("b", "h"), [(0, 2), (2, 0)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=str)
+def test_no_batch_or_no_heads(b, h, dtype) -> None:
+    """An empty batch or no heads: an empty result and gradient on every path (the
+    reference divided by zero)."""
+    q, k, v = (t.requires_grad_() for t in _qkv(b, h, 8, 8, 4, dtype, 22))
+    index, count = _lists(b, h, 8, 8, 4, 2, torch.int64, 22)
+    out = torch.ops.spore.block_sparse_attention(q, k, v, index, count, 4)
+    assert out.shape == q.shape
+    out.sum().backward()
+    assert q.grad.shape == q.shape
+
+
 def test_inputs_the_kernel_does_not_take_run_the_reference() -> None:
     q, k, v = _qkv(1, 2, 16, 16, 8, torch.float32, 10)
     index, count = _lists(1, 2, 16, 16, 4, 2, torch.int64, 10)

@@ -236,7 +236,7 @@ def reference(
     bs = span(block_size, sq, skv)
     nq, nk, m = blocks(sq, bs), blocks(skv, bs), kv_block_index.shape[-1]
     out = q.new_zeros(b, h, nq * bs, d, dtype=compute)
-    if sq == 0 or m == 0 or d == 0 or nk == 0:  # nothing listed, or nothing to attend to
+    if b * h == 0 or sq == 0 or m == 0 or d == 0 or nk == 0:  # nothing listed or to attend to
         unread = sum(t.narrow(2, 0, 0).sum() for t in (q, k, v))  # zero gradients, not None
         return (out[:, :, :sq] + unread).to(q.dtype).contiguous()  # as the fake
     qf = _pad(q.to(compute), nq * bs).view(b, h, nq, bs, d)
@@ -253,11 +253,14 @@ def reference(
     parts = []
     for i0 in range(0, nq, step):
         sl = slice(i0, min(i0 + step, nq))
-        kg = kf[heads, ids[:, sl]].flatten(2, 3)  # (B*H, n, M*bs, D)
-        vg = vf[heads, ids[:, sl]].flatten(2, 3)
+        # an unlisted slot holds block 0: zeroed, so that its NaN or inf reaches no row
+        # (0 * NaN in p @ v) and no gradient
+        off = ~key_ok[:, sl].flatten(2, 3)  # (B*H, n, M*bs)
+        kg = kf[heads, ids[:, sl]].flatten(2, 3).masked_fill(off.unsqueeze(-1), 0.0)
+        vg = vf[heads, ids[:, sl]].flatten(2, 3).masked_fill(off.unsqueeze(-1), 0.0)
         qc = qf[:, :, sl].reshape(b * h, -1, bs, d)
         s = torch.matmul(qc, kg.transpose(-1, -2)) * scale  # (B*H, n, bs, M*bs)
-        s = s.masked_fill(~key_ok[:, sl].flatten(2, 3).unsqueeze(2), float("-inf"))
+        s = s.masked_fill(off.unsqueeze(2), float("-inf"))
         top = s.amax(-1, keepdim=True).detach()
         p = torch.exp(s - torch.where(torch.isinf(top), 0.0, top))
         total = p.sum(-1, keepdim=True)

@@ -659,6 +659,27 @@ def test_var_mean_over_no_dims_is_over_every_dim(dims):
         torch.testing.assert_close(g, w)
 
 
+@pytest.mark.parametrize(
+    "fn",
+    [
+        lambda t: torch.var_mean(t, -1, keepdim=True),
+        lambda t: t.var(-1) * 2,
+        lambda t: t.std(0, keepdim=True) + 1,
+        lambda t: t.var(-1, correction=0) + 1,
+    ],
+    ids=["var_mean", "var", "std", "var_correction_0"],
+)
+def test_moments_of_a_0_d_tensor_over_its_dim(fn):
+    """A 0-d tensor takes dim 0 or -1 (one value), as eager: the decompositions looked its
+    size up in an empty shape (an IndexError under ``backend="dvm"``)."""
+    x = torch.tensor(2.5)
+    gm = make_fx(fn, decomposition_table=decomposition_table())(x)
+    got = compile_graph(gm, [x], min_ops=1)(x)
+    torch.testing.assert_close(got, fn(x), equal_nan=True)
+    torch._dynamo.reset()
+    torch.testing.assert_close(torch.compile(fn, backend="dvm")(x), fn(x), equal_nan=True)
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
 @pytest.mark.parametrize("dim", [0, 1])  # over dim 0 the reductions stay eager aten
 def test_var_mean_of_16_bit_inputs_accumulates_in_float32(dtype, dim):

@@ -835,7 +835,7 @@ def _moments(x: torch.Tensor, dim, correction, keepdim: bool):
     dims = list(dim) if dim else list(range(x.dim()))
     n = 1
     for d in dims:
-        n *= x.shape[d]
+        n *= x.shape[d] if x.dim() else 1  # a 0-d x takes dim 0 or -1 as eager does: one value
     wide = x.float() if x.dtype in (torch.bfloat16, torch.float16) else x
     mean = torch.mean(wide, dims, keepdim=True)
     centred = wide - mean

@@ -100,6 +100,14 @@ def test_bad_options_and_unknown_models_are_refused(toy_booster):
     for not_an_int in (64.0, True, "64"):
         with pytest.raises(pydantic.ValidationError, match="valid integer"):
             boosters.boost(ToyChild(), block_size=not_an_int)
+    for not_a_number in ("0.5", False, torch.tensor(0.5)):  # pydantic would convert each
+        with pytest.raises(pydantic.ValidationError, match=r"sparsity\n.*must be a number"):
+            boosters.boost(ToyChild(), sparsity=not_a_number)
+    assert boosters.boost(ToyChild(), sparsity=np.float32(0.25)).lite_boost_options.sparsity == 0.25
+    with pytest.raises(TypeError, match=r"boost\(\) patches a model .* got str"):
+        boosters.boost("WanTransformer3DModel")
+    with pytest.raises(TypeError, match="class_name must be a class's name"):
+        boosters.register_booster(123)(lambda m, o: None)
     with pytest.raises(LookupError, match=r"no lite-boost booster for Linear \(boosters exist"):
         boosters.boost(torch.nn.Linear(2, 2))
     with pytest.raises(ValueError, match="already registered"):

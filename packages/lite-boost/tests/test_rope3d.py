@@ -141,6 +141,7 @@ def test_cache_hits_misses_and_lru_eviction():
         ({"grid": (2, 0, 2), "head_dim": 12}, ValueError, "three positive ints"),
         ({"grid": (2, 2, 2), "head_dim": 12, "dtype": torch.int32}, TypeError, "floating"),
         ({"grid": (2, 2, 2), "head_dim": 12, "theta": 0.0}, ValueError, "theta"),
+        ({"grid": (2, 2, 2), "head_dim": 12, "theta": float("inf")}, ValueError, "finite"),
     ],
 )
 def test_bad_table_requests(kwargs, error, match):

@@ -185,6 +185,8 @@ def test_grouped_kv_heads_are_expanded():
     ("kwargs", "match"),
     [
         ({"latent_shape": (2, 4, 4), "sparsity": 1.0}, "sparsity must be in"),
+        ({"latent_shape": (2, 4, 4), "sparsity": "0.5"}, "sparsity must be a number.*str '0.5'"),
+        ({"latent_shape": (2, 4, 4), "sparsity": True}, "sparsity must be a number.*bool"),
         ({"latent_shape": (2, 4, 5), "sparsity": 0.5}, "must hold 40 video tokens"),
         ({"latent_shape": (2, 4), "sparsity": 0.5}, "latent_shape must be"),
         ({"latent_shape": (2, 4, 4), "sparsity": 0.5, "block_size": 0}, "block_size must be"),

@@ -21,6 +21,7 @@ of the channels is needed.
 
 from __future__ import annotations
 
+import math
 import threading
 from collections import OrderedDict
 from typing import NamedTuple
@@ -127,8 +128,8 @@ def rope_tables(
     split(head_dim)
     if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
         raise TypeError(f"dtype must be a floating torch.dtype, got {dtype!r}")
-    if not isinstance(theta, (int, float)) or isinstance(theta, bool) or not theta > 0:
-        raise ValueError(f"theta must be a positive number, got {theta!r}")
+    if not isinstance(theta, (int, float)) or isinstance(theta, bool) or not 0 < theta < math.inf:
+        raise ValueError(f"theta must be a positive finite number, got {theta!r}")
     dev = _device(device)
     key: _Key = (sizes, head_dim, str(dev), dtype, float(theta))
     with _cache.lock:

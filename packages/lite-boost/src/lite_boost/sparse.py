@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import functools
 import math
+import numbers
 import operator
 from typing import Any
 
@@ -100,6 +101,10 @@ def _check(
         raise ValueError(
             f"q and k must hold {video} video tokens {tuple(latent_shape)} + {text_len} text "
             f"tokens = {video + text_len}, got {q.shape[2]} and {k.shape[2]} (self-attention)"
+        )
+    if isinstance(sparsity, bool) or not isinstance(sparsity, numbers.Real):
+        raise ValueError(
+            f"sparsity must be a number in [0, 1), got {type(sparsity).__name__} {sparsity!r}"
         )
     if not 0.0 <= sparsity < 1.0:
         raise ValueError(f"sparsity must be in [0, 1), got {sparsity}")

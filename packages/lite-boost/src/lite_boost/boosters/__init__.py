@@ -8,6 +8,7 @@ model's class name or the name of one of its base classes. :func:`boost` applies
 
 from __future__ import annotations
 
+import numbers
 import threading
 import weakref
 from collections.abc import Callable
@@ -29,12 +30,22 @@ def _integer(value: Any) -> Any:
     return value if n is None else n
 
 
+def _real(value: Any) -> Any:
+    """``value`` when it is a real number (numpy's too), not a bool, a string or a tensor
+    (which pydantic would convert)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise ValueError(f"must be a number, got {type(value).__name__} {value!r}")
+    return value
+
+
 class BoostOptions(BaseModel):
     """What :func:`boost` was asked for."""
 
     model_config = ConfigDict(arbitrary_types_allowed=True, frozen=True)
 
-    sparsity: float = Field(0.0, ge=0.0, lt=1.0, description="share of KV blocks skipped")
+    sparsity: Annotated[float, BeforeValidator(_real)] = Field(
+        0.0, ge=0.0, lt=1.0, description="share of KV blocks skipped (a number)"
+    )
     block_size: Annotated[StrictInt, BeforeValidator(_integer)] = Field(
         128, gt=0, description="tokens per attention block (an int; numpy ints taken)"
     )
@@ -70,6 +81,8 @@ class BoosterRegistry:
     ) -> Booster:
         """Register ``apply`` for ``class_name``; ``override`` replaces a booster already
         registered for it (else that is a ``ValueError``)."""
+        if not isinstance(class_name, str):
+            raise TypeError(f"class_name must be a class's name (a str), got {class_name!r}")
         if not class_name.isidentifier():
             raise ValueError(f"class_name must be a class name, got {class_name!r}")
         if class_name in self.boosters and not override:
@@ -163,6 +176,11 @@ def boost(
     parallel: Any = None,
 ) -> torch.nn.Module:
     """Patch ``model`` in place with its class's booster and return it."""
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError(
+            f"boost() patches a model (a torch.nn.Module such as diffusers' "
+            f"WanTransformer3DModel), got {type(model).__name__}"
+        )
     options = BoostOptions(sparsity=sparsity, block_size=block_size, parallel=parallel)
     booster = find(model)
     booster.apply(model, options)

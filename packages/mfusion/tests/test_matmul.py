@@ -225,6 +225,11 @@ def test_bmm_with_one_broadcast_matrix_becomes_one_mm(rewrite, dtype: torch.dtyp
             (6, 3, 16),
             id="left not foldable",
         ),
+        pytest.param(  # no b[0] to take (the pass's select failed the compile)
+            lambda a, w: torch.bmm(a, w.expand(0, 16, 8)),
+            (0, 6, 16),
+            id="empty batch",
+        ),
     ],
 )
 def test_bmm_that_needs_its_batch_is_left_alone(

@@ -269,7 +269,7 @@ class BmmToMm(_MatmulPass):
     tall one."""
 
     name = "bmm_to_mm"
-    version = "2"
+    version = "3"
     priority = 40
     summary = "bmm of batch 1 or with a batch-broadcast right operand → one mm with views"
     targets = (aten.bmm.default,)
@@ -298,8 +298,9 @@ class BmmToMm(_MatmulPass):
 
     @staticmethod
     def _broadcast_right(a: torch.Tensor, b: torch.Tensor) -> bool:
-        """``b`` is stride 0 over the batch and ``a`` ([B, M, K]) folds to [B * M, K] by a view."""
-        if not (_static(*a.shape, *a.stride(), *b.shape) and b.stride(0) == 0):
+        """``b`` is stride 0 over a batch of one or more (its matrix is ``b[0]``) and ``a``
+        ([B, M, K]) folds to [B * M, K] by a view."""
+        if not (_static(*a.shape, *a.stride(), *b.shape) and b.stride(0) == 0 and b.shape[0]):
             return False
         return a.shape[1] == 1 or a.stride(0) == a.shape[1] * a.stride(1)
 

@@ -28,6 +28,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch.fx import Graph, GraphModule, Node
+from torch.multiprocessing.reductions import StorageWeakRef
 
 import spore
 from mfusion.passes import norms
@@ -65,46 +66,35 @@ def _mutation_free(graph: Graph, nodes: list[Node]) -> bool:
     return not wanted
 
 
-_VIEWS = frozenset(
-    (
-        "view", "view_as", "reshape", "reshape_as", "transpose", "swapaxes", "permute", "movedim",
-        "t", "unsqueeze", "squeeze", "expand", "expand_as", "flatten", "unflatten", "narrow",
-        "select", "diagonal", "as_strided", "split", "chunk", "unbind", "contiguous", "detach",
-        "getitem", "__getitem__",
-    )
-)  # fmt: skip
-"""Methods and functions (``torch.*``, ``operator.getitem``) by name whose result may share
-its first argument's storage."""
-
-
 def _changed_later(graph: Graph, x: Node) -> bool:
     """Whether an in-place op after ``x`` writes its storage: ``x``, the tensor it is a view of,
-    or any view of that. A rewrite whose op saves ``x`` for its backward would then fail where
-    eager saved a copy of its own."""
-    base = x
-    while _is_view(base) and isinstance(base.args[0], Node):
-        base = base.args[0]
-    aliases, after = {base}, False
+    or any view of that (``x.T``, ``x.unfold(...)``, ``x.ravel()``...), told by their fake
+    values sharing ``x``'s storage; a node without a fake value that takes such an alias first
+    counts as one. A rewrite whose op saves ``x`` for its backward would then fail where eager
+    saved a copy of its own. ``True`` when ``x`` has no fake value (nothing to tell by)."""
+    storage = _storage(x)
+    if storage is None:
+        return True
+    aliases: set[Node] = set()
+    after = False
     for node in graph.nodes:
-        after = after or node is x
-        if node.op not in ("call_method", "call_function") or not node.args:
-            continue
-        if not isinstance(node.args[0], Node) or node.args[0] not in aliases:
-            continue
-        if after and _writes_in_place(node):
-            return True
-        if _is_view(node):
+        first = node.args[0] if node.op in ("call_method", "call_function") and node.args else None
+        shared = _storage(node)
+        if shared is None:
+            if isinstance(first, Node) and first in aliases:
+                aliases.add(node)
+        elif shared == storage:
             aliases.add(node)
+        if after and isinstance(first, Node) and first in aliases and _writes_in_place(node):
+            return True
+        after = after or node is x
     return False
 
 
-def _is_view(node: Node) -> bool:
-    """A call of one of :data:`_VIEWS` (its result may share its first argument's storage)."""
-    if node.op == "call_method":
-        return node.target in _VIEWS and bool(node.args)
-    if node.op == "call_function":
-        return getattr(node.target, "__name__", "") in _VIEWS and bool(node.args)
-    return False
+def _storage(node: Node) -> StorageWeakRef | None:
+    """The storage of ``node``'s fake tensor value, ``None`` when it has none."""
+    found = value(node)
+    return StorageWeakRef(found.untyped_storage()) if isinstance(found, torch.Tensor) else None
 
 
 def _writes_in_place(node: Node) -> bool:
@@ -164,7 +154,7 @@ def _training_rms_norms(gm: GraphModule) -> Iterator[tuple[norms.RMSNormMatch, b
 
 class _TrainingPass(spore.GraphPass):
     stage = "pre_grad"
-    version = "2"
+    version = "3"
     on_cpu = False  # Inductor's fused forward and backward norm kernels are as fast on CPU
 
 
@@ -245,6 +235,8 @@ def _functional_norm(node: Node, function: Callable[..., Any]) -> tuple[Any, ...
     x, eps = args["input"], args["eps"]
     x_value = value(x)
     if not isinstance(x_value, torch.Tensor) or x_value.dtype not in norms.FLOATS:
+        return None
+    if _changed_later(node.graph, x):  # the op would save x; eager's autograd saved its own
         return None
     if x_value.dim() < 1 or not isinstance(eps, float):
         return None

@@ -349,9 +349,15 @@ def test_msa_module_bad_inputs() -> None:
     feats = msa_features()
     with pytest.raises(ValueError, match="token counts differ"):
         module(feats, torch.randn(7, 7, 5), torch.randn(7, 4), None)
+    for bad in (32, -1):  # a raw IndexError from the embedding
+        feats["msa"][:, 0] = bad  # in every row: the module samples rows
+        with pytest.raises(ValueError, match=r"class indices in \[0, 32\), got values from"):
+            module(feats, z, s_inputs, None)
     feats["msa"] = feats["msa"].float()
     with pytest.raises(TypeError, match="must hold class indices"):
         module(feats, z, s_inputs, None)
+    with pytest.raises(ValueError, match="n_blocks must be an int >= 0, got -1"):
+        MSAModule(n_blocks=-1)
     with pytest.raises(ValueError, match="strategy'\\] must be 'random' or 'topk'"):
         MSAModule(msa_configs={"strategy": "best"})
 

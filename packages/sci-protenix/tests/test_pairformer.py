@@ -255,6 +255,11 @@ def test_bad_inputs() -> None:
         block(s, z, mask, chunk_size=0)
     with pytest.raises(ValueError, match="blocks_per_ckpt"):
         PairformerStack(n_blocks=2, blocks_per_ckpt=0, **SMALL)
+    for n_blocks in (-1, 2.0, True):  # -1 made an empty stack, 2.0 failed inside range()
+        with pytest.raises(ValueError, match=f"n_blocks must be an int >= 0, got {n_blocks}"):
+            PairformerStack(n_blocks=n_blocks, **SMALL)
+    with pytest.raises(TypeError, match=r"z must be a floating-point tensor, got torch\.int64"):
+        block(s, z.long(), mask)  # a raw "mixed dtype" error from layer_norm
     with pytest.raises(ValueError, match=r"z's batch dims \(3, 2\) must broadcast to a's \(2,\)"):
         block(s, z.expand(3, *z.shape), mask)  # batched z, s without that batch
     with pytest.raises(ValueError, match="dropout"):

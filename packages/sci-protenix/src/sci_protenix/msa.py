@@ -23,7 +23,14 @@ from torch import nn
 from sci_protenix.chunking import chunked, grad_free, inplace_requested, plan_chunk_size
 from sci_protenix.memory_plan import MemoryPlan
 from sci_protenix.pairformer import PairformerBlock, recompute_policy, run_blocks, save_ops
-from sci_protenix.primitives import Linear, check_channels, check_mask, check_square, layer_norm
+from sci_protenix.primitives import (
+    Linear,
+    check_blocks,
+    check_channels,
+    check_mask,
+    check_square,
+    layer_norm,
+)
 from sci_protenix.transition import Transition
 
 
@@ -330,6 +337,7 @@ class MSAModule(nn.Module):
         hidden_scale_up: bool = False,
     ) -> None:
         super().__init__()
+        check_blocks(n_blocks)
         self.n_blocks = n_blocks
         self.c_m = c_m
         self.c_z = c_z
@@ -390,6 +398,13 @@ class MSAModule(nn.Module):
             raise TypeError(f"input_feature_dict['msa'] must hold class indices, got {msa.dtype}")
         weight = self.linear_no_bias_m.weight  # [c_m, 32 + 1 + 1]
         classes = _MSA_FEATURES["msa"]
+        if msa.numel():
+            low, high = (int(v) for v in torch.aminmax(msa))
+            if low < 0 or high >= classes:
+                raise ValueError(
+                    f"input_feature_dict['msa'] must hold class indices in [0, {classes}), got "
+                    f"values from {low} to {high}"
+                )
         m = F.embedding(msa.long(), weight[:, :classes].t())
         for offset, name in enumerate(("has_deletion", "deletion_value")):
             value = features[name].to(weight.dtype).reshape(msa.shape).unsqueeze(-1)

@@ -34,7 +34,7 @@ from torch.utils.checkpoint import (
 from sci_protenix.attention import AttentionPairBias
 from sci_protenix.chunking import grad_free, inplace_requested
 from sci_protenix.memory_plan import SELECTIVE_SAVE_OPS, MemoryPlan
-from sci_protenix.primitives import check_channels
+from sci_protenix.primitives import check_blocks, check_channels
 from sci_protenix.transition import Transition
 from sci_protenix.triangle import (
     TriangleAttention,
@@ -199,6 +199,7 @@ class PairformerStack(nn.Module):
         hidden_scale_up: bool = False,
     ) -> None:
         super().__init__()
+        check_blocks(n_blocks)
         if blocks_per_ckpt is not None and (
             isinstance(blocks_per_ckpt, bool)
             or not isinstance(blocks_per_ckpt, int)

@@ -10,7 +10,7 @@ layers use, so a module built here starts where Protenix's does. :func:`layer_no
 from __future__ import annotations
 
 import math
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 from torch import nn
@@ -52,11 +52,19 @@ def check_channels(name: str, x: torch.Tensor, channels: int, what: str, min_dim
     """A ValueError naming ``name`` unless ``x`` has ``min_dim`` dims and ``channels`` last."""
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+    if not x.is_floating_point():
+        raise TypeError(f"{name} must be a floating-point tensor, got {x.dtype}")
     if x.dim() < min_dim or x.shape[-1] != channels:
         raise ValueError(
             f"{name} must be {what} with {channels} channels last, got shape {tuple(x.shape)}; "
             f"build the module with the channel count of the input"
         )
+
+
+def check_blocks(n_blocks: Any) -> None:
+    """A ValueError unless ``n_blocks`` is an int >= 0 (0: the module returns its input)."""
+    if isinstance(n_blocks, bool) or not isinstance(n_blocks, int) or n_blocks < 0:
+        raise ValueError(f"n_blocks must be an int >= 0, got {n_blocks!r}")
 
 
 def check_square(name: str, z: torch.Tensor) -> None:

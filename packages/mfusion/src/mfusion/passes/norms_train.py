@@ -92,9 +92,15 @@ def _changed_later(graph: Graph, x: Node) -> bool:
 
 
 def _storage(node: Node) -> StorageWeakRef | None:
-    """The storage of ``node``'s fake tensor value, ``None`` when it has none."""
+    """The storage of ``node``'s fake tensor value, ``None`` when it has none (not a tensor,
+    or one without storage: sparse, nested)."""
     found = value(node)
-    return StorageWeakRef(found.untyped_storage()) if isinstance(found, torch.Tensor) else None
+    if not isinstance(found, torch.Tensor):
+        return None
+    try:
+        return StorageWeakRef(found.untyped_storage())
+    except (RuntimeError, NotImplementedError):
+        return None
 
 
 def _writes_in_place(node: Node) -> bool:

@@ -276,10 +276,10 @@ def test_a_call_that_may_mutate_is_a_barrier(how):
     ]
     assert c.vm_calls == 2
     (node,) = [n for n, why in c.fallbacks if "no region spans it" in why]
-    assert node is side_effect_node(gm), c.fallbacks
+    assert node is _side_effect_node(gm), c.fallbacks
 
 
-def side_effect_node(gm: torch.fx.GraphModule) -> torch.fx.Node:
+def _side_effect_node(gm: torch.fx.GraphModule) -> torch.fx.Node:
     """The mutating call of :func:`_mutating_graph`'s graph: the second output."""
     return gm.graph.output_node().args[0][1]
 

@@ -66,6 +66,11 @@ def as_int(value: Any) -> int | None:
         return None
 
 
+def is_number(value: Any) -> bool:
+    """Whether ``value`` is a real number (numpy's too), not a bool, a string or a tensor."""
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
+
+
 def _latent(shape: Any) -> tuple[int, ...]:
     """``shape``'s sizes as ints (see :func:`as_int`)."""
     try:
@@ -102,7 +107,7 @@ def _check(
             f"q and k must hold {video} video tokens {tuple(latent_shape)} + {text_len} text "
             f"tokens = {video + text_len}, got {q.shape[2]} and {k.shape[2]} (self-attention)"
         )
-    if isinstance(sparsity, bool) or not isinstance(sparsity, numbers.Real):
+    if not is_number(sparsity):
         raise ValueError(
             f"sparsity must be a number in [0, 1), got {type(sparsity).__name__} {sparsity!r}"
         )

@@ -49,7 +49,8 @@ def layer_norm(c: int, create_scale: bool = True, create_offset: bool = True) ->
 
 
 def check_channels(name: str, x: torch.Tensor, channels: int, what: str, min_dim: int) -> None:
-    """A ValueError naming ``name`` unless ``x`` has ``min_dim`` dims and ``channels`` last."""
+    """A TypeError naming ``name`` unless ``x`` is a floating-point tensor, a ValueError unless
+    it has ``min_dim`` dims and ``channels`` last."""
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
     if not x.is_floating_point():

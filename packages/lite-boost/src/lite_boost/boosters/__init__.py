@@ -8,7 +8,6 @@ model's class name or the name of one of its base classes. :func:`boost` applies
 
 from __future__ import annotations
 
-import numbers
 import threading
 import weakref
 from collections.abc import Callable
@@ -18,7 +17,7 @@ from typing import Annotated, Any
 import torch
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictInt
 
-from lite_boost.sparse import as_int
+from lite_boost.sparse import as_int, is_number
 
 HOOK = "lite_boost_register_boosters"
 
@@ -33,7 +32,7 @@ def _integer(value: Any) -> Any:
 def _real(value: Any) -> Any:
     """``value`` when it is a real number (numpy's too), not a bool, a string or a tensor
     (which pydantic would convert)."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+    if not is_number(value):
         raise ValueError(f"must be a number, got {type(value).__name__} {value!r}")
     return value
 

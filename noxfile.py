@@ -17,6 +17,7 @@ import tomllib
 from pathlib import Path
 
 import nox
+from nox.virtualenv import VirtualEnv
 
 ROOT = Path(__file__).resolve().parent
 sys.path.insert(0, str(ROOT / "plugins_registry"))
@@ -95,9 +96,17 @@ def _install(session: nox.Session, *paths: str, test: str | None = None) -> None
 def _pytest(session: nox.Session, *args: str, env: dict[str, str] | None = None) -> None:
     """pytest ``args`` with TMPDIR in the session's own folder: pytest's tmp_path, the tests'
     child processes and Inductor's default cache (/tmp/torchinductor_<user>, never cleaned)
-    all write there, so a run leaves nothing behind in the system's /tmp."""
+    all write there, so a run leaves nothing behind in the system's /tmp.
+
+    When the tests pass and the venv is not kept for reuse (``-r``), the session's folder
+    (venv and tmp) is removed: nox would recreate it on the next run anyway, and a full run
+    would otherwise hold about 15 GB at its end. A failed session's folder stays for
+    inspection."""
     session.create_tmp()
     session.run("pytest", *args, *session.posargs, env=env)
+    venv = session.virtualenv
+    if isinstance(venv, VirtualEnv) and not venv.reuse_existing:
+        shutil.rmtree(venv.location)
 
 
 def _all_packages() -> list[str]:

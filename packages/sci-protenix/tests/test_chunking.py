@@ -72,9 +72,28 @@ def test_bad_chunk_sizes_are_refused(bad: object) -> None:
         chunked(lambda sl: torch.zeros(1), 4, bad, 0)  # type: ignore[arg-type]
 
 
-def test_empty_axis_is_refused() -> None:
-    with pytest.raises(ValueError, match="at least one entry"):
-        chunked(lambda sl: torch.zeros(0), 0, 2, 0)
+def test_empty_axis_is_one_call_over_the_empty_slice() -> None:
+    calls: list[slice] = []
+
+    def fn(sl: slice, x: torch.Tensor) -> torch.Tensor:
+        calls.append(sl)
+        return x[sl] * 2.0
+
+    x = torch.randn(0, 3)
+    for size in (None, 2):
+        for split in (None, 0):
+            calls.clear()
+            got = chunked(fn, 0, size, 0, args=(x,), split=split)
+            assert calls == [slice(0, 0)]
+            assert got.shape == (0, 3)
+    out = torch.ones(2, 0)
+    assert chunked(fn, 0, 2, 1, args=(x,), out=out, accumulate=True) is out
+    assert calls == [slice(0, 0)]  # nothing more to write into ``out``
+
+
+def test_negative_length_is_refused() -> None:
+    with pytest.raises(ValueError, match="negative length"):
+        chunked(lambda sl: torch.zeros(0), -1, 2, 0)
 
 
 def test_plan_chunk_size_prefers_the_plan() -> None:

@@ -191,10 +191,11 @@ def _stack_reference(stack: MSAStack, m: torch.Tensor, z: torch.Tensor) -> torch
     return m + stack.transition_m(m)
 
 
+@pytest.mark.parametrize("rows", [5, 0])
 @pytest.mark.parametrize("msa_chunk_size", [None, 1, 2, 6])
-def test_msa_stack_chunked_equals_reference(msa_chunk_size: int | None) -> None:
+def test_msa_stack_chunked_equals_reference(msa_chunk_size: int | None, rows: int) -> None:
     stack = randomized(MSAStack(c_m=6, c_z=5, c=3, msa_chunk_size=msa_chunk_size)).eval()
-    m, z = torch.randn(5, 6, 6), torch.randn(6, 6, 5)
+    m, z = torch.randn(rows, 6, 6), torch.randn(6, 6, 5)
     with torch.no_grad():
         expected = _stack_reference(stack, m, z)
         got = stack(m, z)

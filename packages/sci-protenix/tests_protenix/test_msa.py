@@ -169,6 +169,24 @@ def test_msa_module_training(px: SimpleNamespace, twin: Twin) -> None:
         torch.testing.assert_close(got, expected, rtol=1e-5, atol=atol)
 
 
+@pytest.mark.parametrize("training", [False, True])
+@pytest.mark.parametrize("n_blocks", [1, 2])
+def test_msa_module_with_an_msa_of_no_rows(
+    px: SimpleNamespace, twin: Twin, n_blocks: int, training: bool
+) -> None:
+    """No MSA rows: the outer product mean is its bias over eps, the MSA stack has nothing to do."""
+    kwargs = {"n_blocks": n_blocks, "c_m": 8, "c_z": 6, "c_s_inputs": 5, "msa_chunk_size": 4}
+    theirs, ours = twin(px.pairformer.MSAModule, MSAModule, **kwargs, msa_configs=MSA_CONFIGS)
+    feats, z, s_inputs = msa_features(0, 7), torch.randn(7, 7, 6), torch.randn(7, 5)
+    results = []
+    for module in (theirs.train(training), ours.train(training)):
+        torch.manual_seed(13)
+        results.append(module(feats, z.clone(), s_inputs, pair_mask=None))
+    assert results[0].isfinite().all()
+    assert not torch.allclose(results[0], z, atol=1e-2)
+    torch.testing.assert_close(results[1], results[0], **TOL)
+
+
 def test_msa_module_without_msa_returns_z(px: SimpleNamespace, twin: Twin) -> None:
     kwargs = {"n_blocks": 1, "c_m": 8, "c_z": 6, "c_s_inputs": 5, "msa_configs": MSA_CONFIGS}
     theirs, ours = twin(px.pairformer.MSAModule, MSAModule, **kwargs)

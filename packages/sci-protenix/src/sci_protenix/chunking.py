@@ -56,7 +56,8 @@ def chunked(
     ``accumulate``) and ``out`` is returned. Without, pieces that need a gradient are
     concatenated (whose backward only slices the gradient), others are written into one tensor
     the first piece shapes. ``size=None`` (or ``size >= length`` with no ``out``) calls ``fn``
-    once. With ``recompute`` and grad on, each piece is a non-reentrant
+    once; so does an axis of ``length`` 0, over the empty slice (with ``out``, ``out`` is
+    returned untouched). With ``recompute`` and grad on, each piece is a non-reentrant
     ``torch.utils.checkpoint``: backward reruns ``fn`` one piece at a time instead of keeping
     every piece's activations. Tensors ``fn`` reads go in ``args``, not in its closure: a
     checkpoint saves its arguments as autograd does (so an enclosing block checkpoint drops and
@@ -68,8 +69,10 @@ def chunked(
     whole-size gradient for every chunk.
     """
     check_chunk_size(size)
-    if length <= 0:
-        raise ValueError(f"the chunked axis must have at least one entry, got length {length}")
+    if length < 0:
+        raise ValueError(f"the chunked axis cannot have a negative length, got {length}")
+    if length == 0:  # an empty axis (e.g. an MSA of no rows): one call over the empty slice
+        return fn(slice(0, 0), *args) if out is None else out
 
     step = length if size is None else size
     pieces = None if split is None else args[0].split(step, split)

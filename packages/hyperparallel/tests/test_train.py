@@ -18,6 +18,8 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
+from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 from train_helpers import Run, losses, run_train, small_args, spore_command, train_run
 
 from hyperparallel import checkpoint, launch
@@ -216,12 +218,72 @@ def test_a_diverging_run_stops_before_saving_a_non_finite_state(tmp_path) -> Non
         for line in (out / "metrics.jsonl").read_text().splitlines()
     ]
     bad = records[-1]["step"]
-    assert records[-1]["loss"] is None
+    # the first step with NaN gradients (its loss, taken before the update, is finite) stops it
+    assert records[-1]["grad_norm"] is None  # inf or NaN: strict JSON writes null
     assert all(r["loss"] is not None for r in records[:-1])
+    assert all(r["grad_norm"] is not None for r in records[:-1])  # worked out without clipping
     (kept,) = checkpoint.complete(out)
     assert kept.name == f"step_{bad - 1:08d}"
     assert f"({kept.name} is the last checkpoint)" in done.stderr
+    assert "lower optim.lr (or set optim.grad_clip)" in done.stderr
     assert not (out / "final").exists()
+    flat = tmp_path / "kept.pt"
+    dcp_to_torch_save(kept, flat)
+    weights = torch.load(flat, weights_only=True)["train"]["model"]
+    assert weights
+    assert all(w.isfinite().all() for w in weights.values())
+
+
+def test_a_resume_with_more_steps_follows_the_new_schedule_from_its_first_step(tmp_path) -> None:
+    """Its first step took the saved rate of the old, shorter schedule (lower there: its cosine
+    decays sooner), and the schedule's own rate only from the second."""
+    args = ("checkpoint.every=2", "checkpoint.export=false", "schedule.warmup_steps=1")
+    part, whole = tmp_path / "part", tmp_path / "whole"
+    run_train("--output", str(part), *small_args(*args, "run.steps=4", "run.stop_at=2"))
+    run_train("--output", str(part), "--resume", *small_args(*args, "run.steps=6"))
+    run_train("--output", str(whole), *small_args(*args, "run.steps=6"))
+
+    def records(out: Path) -> dict[int, dict]:
+        lines = (out / "metrics.jsonl").read_text().splitlines()
+        return {r["step"]: r for r in map(json.loads, lines)}
+
+    got, want = records(part), records(whole)
+    assert sorted(got) == list(range(1, 7))
+    assert [got[s]["lr"] for s in got] == [want[s]["lr"] for s in got]
+    assert [got[s]["loss"] for s in got] == [want[s]["loss"] for s in got]  # bitwise
+
+
+def _truncate_shard(step: Path) -> None:
+    (shard,) = step.glob("*.distcp")
+    shard.write_bytes(shard.read_bytes()[:1000])
+
+
+def _drop_world_size(step: Path) -> None:
+    meta = json.loads((step / "meta.json").read_text())
+    del meta["world_size"]
+    (step / "meta.json").write_text(json.dumps(meta))
+
+
+def test_a_damaged_checkpoint_is_named_with_the_older_one_to_resume_from(tmp_path) -> None:
+    """A cut-short shard or a meta.json without its world size gave DCP's or a KeyError's
+    traceback, and the hint after it named the damaged checkpoint to resume from."""
+    ref = tmp_path / "ref"
+    args = small_args("checkpoint.every=1", "checkpoint.export=false", "run.steps=3")
+    run_train("--output", str(ref), *args, "--set", "run.stop_at=2")
+    for damage in (_truncate_shard, _drop_world_size):
+        out = tmp_path / damage.__name__
+        shutil.copytree(ref, out)
+        newest = checkpoint.find(out)
+        damage(newest)
+        done = run_train("--output", str(out), "--resume", *args, check=False)
+        assert done.returncode == 1
+        assert "Traceback" not in done.stderr
+        assert f"error: checkpoint {newest} cannot be loaded (" in done.stderr
+        older = checkpoint.directory(out) / "step_00000001"
+        assert f"resume from an older checkpoint with --resume {older}," in done.stderr
+        assert f"This run saved no checkpoint; the newest is still {newest}." in done.stderr
+        assert "(continue with --resume)" not in done.stderr
+        assert sorted(losses(out)) == [1, 2]
 
 
 def test_a_resume_of_a_finished_run_says_there_is_nothing_to_train(tmp_path) -> None:

@@ -28,6 +28,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 from torch.distributed.checkpoint.stateful import Stateful
 
@@ -188,19 +189,43 @@ def save(
     return final
 
 
+class Unreadable(Exception):
+    """A checkpoint's files cannot be loaded (damaged, cut short or partly deleted); the
+    message names the checkpoint, the first failure and the older checkpoints to resume from."""
+
+
 def load(path: Path, state: TrainState) -> dict[str, Any]:
-    """Restore model, optimizer and this rank's RNG from ``path``; returns the trainer extras."""
+    """Restore model, optimizer and this rank's RNG from ``path``; returns the trainer extras.
+    :class:`Unreadable` when a file of it cannot be read."""
     rank = dist.get_rank()
-    meta = json.loads((path / "meta.json").read_text())
-    with _collectives() as group:
-        dcp.load({"train": state}, checkpoint_id=str(path), process_group=group)
-    rng_file = path / f"rng_rank{rank:05d}.pt"
-    if meta["world_size"] == dist.get_world_size() and rng_file.is_file():
-        rng = torch.load(rng_file, weights_only=True)["rng"]
-        torch.set_rng_state(rng["cpu"])
-        if "cuda" in rng and torch.cuda.is_available():
-            torch.cuda.set_rng_state(rng["cuda"])
-    return torch.load(path / "trainer.pt", weights_only=False)
+    try:
+        world = int(json.loads((path / "meta.json").read_text())["world_size"])
+        with _collectives() as group:
+            dcp.load({"train": state}, checkpoint_id=str(path), process_group=group)
+        rng_file = path / f"rng_rank{rank:05d}.pt"
+        if world == dist.get_world_size() and rng_file.is_file():
+            rng = torch.load(rng_file, weights_only=True)["rng"]
+            torch.set_rng_state(rng["cpu"])
+            if "cuda" in rng and torch.cuda.is_available():
+                torch.cuda.set_rng_state(rng["cuda"])
+        return torch.load(path / "trainer.pt", weights_only=False)
+    except (Exception, CheckpointException) as exc:  # CheckpointException is a BaseException
+        older = [p for p in complete(path.parent.parent) if p.name < path.name]
+        fix = f"--resume {older[-1]}" if older else "start the run again without --resume"
+        raise Unreadable(
+            f"checkpoint {path} cannot be loaded ({_first_failure(exc)}): its files are "
+            f"damaged or incomplete (a full disk, a copy cut short); resume from an older "
+            f"checkpoint with {fix}, or delete {path.name}"
+        ) from exc
+
+
+def _first_failure(exc: BaseException) -> str:
+    """One line for ``exc``: for DCP's :class:`CheckpointException`, which gathers each rank's
+    exception with its traceback, the first rank's exception."""
+    if isinstance(exc, CheckpointException) and exc.failures:
+        exc = exc.failures[min(exc.failures)][0]  # (exception, traceback)
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0] if text else ''}".rstrip(": ")
 
 
 def data_layout(path: Path) -> dict[str, int] | None:

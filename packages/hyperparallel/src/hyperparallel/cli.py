@@ -79,19 +79,30 @@ def train(
     if print_config:
         click.echo(cfg.to_yaml(), nl=False)
         return
+    before = _saves(cfg.run.output)
     try:
         launch.launch(cfg, resume, echo=lambda line: click.echo(line, err=True))
     except launch.TrainingFailed as exc:
-        raise click.ClickException(f"{exc}. {_resume_hint(cfg.run.output)}") from None
+        raise click.ClickException(f"{exc}. {_resume_hint(cfg.run.output, before)}") from None
     except launch.TrainingInterrupted as exc:
-        click.echo(f"spore train: {exc}. {_resume_hint(cfg.run.output)}", err=True)
+        click.echo(f"spore train: {exc}. {_resume_hint(cfg.run.output, before)}", err=True)
         raise SystemExit(128 + exc.signum) from None
 
 
-def _resume_hint(output: str) -> str:
+def _saves(output: str) -> list[tuple[Path, float]]:
+    """The complete checkpoints under ``output`` with the time of their ``meta.json``."""
     from hyperparallel import checkpoint
 
-    done = checkpoint.complete(output)
+    return [(p, (p / "meta.json").stat().st_mtime) for p in checkpoint.complete(output)]
+
+
+def _resume_hint(output: str, before: list[tuple[Path, float]]) -> str:
+    """Where to go on from after a failed run, given the checkpoints there were ``before`` it.
+    A run that saved none does not offer its starting checkpoint again: the failure may be
+    that checkpoint's (its error names an older one)."""
+    done = _saves(output)
     if not done:
         return "No checkpoint was complete yet."
-    return f"Newest complete checkpoint: {done[-1]} (continue with --resume)."
+    if done == before:
+        return f"This run saved no checkpoint; the newest is still {done[-1][0]}."
+    return f"Newest complete checkpoint: {done[-1][0]} (continue with --resume)."

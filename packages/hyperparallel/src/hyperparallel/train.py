@@ -25,6 +25,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch.distributed.checkpoint.api import CheckpointException
+from torch.optim.lr_scheduler import LambdaLR
 
 from hyperparallel import checkpoint, data, parallel, registries, report
 from hyperparallel import config as config_mod
@@ -93,17 +94,27 @@ class Diverged(InputError):
     """The loss or the gradient norm is not finite: the run stops before saving that state."""
 
 
-def _check_finite(step: int, loss: float, grad_norm: float | None, output: Path) -> None:
+def _check_finite(step: int, loss: float, grad_norm: float, output: Path, clip: float) -> None:
     """:class:`Diverged` when ``loss`` or ``grad_norm`` is inf or NaN (the same on every rank:
     both are reduced over the ranks), naming the last checkpoint saved before."""
-    if math.isfinite(loss) and (grad_norm is None or math.isfinite(grad_norm)):
+    if math.isfinite(loss) and math.isfinite(grad_norm):
         return
     saved = checkpoint.complete(output)
     last = f"{saved[-1].name} is the last checkpoint" if saved else "no checkpoint was saved"
+    fix = f"optim.grad_clip is {clip}" if clip > 0 else "or set optim.grad_clip"
     raise Diverged(
         f"step {step}: the loss is {loss}, the gradient norm {grad_norm}: training diverged and "
-        f"stopped without saving this state ({last}); lower optim.lr, or set optim.grad_clip"
+        f"stopped without saving this state ({last}); lower optim.lr ({fix})"
     )
+
+
+def _rate_at(scheduler: Any, step: int) -> None:
+    """Set the optimizer's rate to this run's schedule at ``step``, for the closed-form
+    (``LambdaLR``) schedules, the built-in ones: the checkpoint holds the rate of the schedule
+    it was saved under, which a resume with another ``run.steps`` has changed."""
+    if isinstance(scheduler, LambdaLR):
+        scheduler.last_epoch = step - 1
+        scheduler.step()  # sets each group's rate for last_epoch = step
 
 
 _NOT_SETTINGS = frozenset({"params", "lr", "initial_lr"})
@@ -253,10 +264,14 @@ def train(
     if resume is not None:
         path = checkpoint.find(output if resume == "latest" else resume)
         asked = _hyperparameters(optimizer, scheduler)
-        extra = checkpoint.load(path, state)
+        try:
+            extra = checkpoint.load(path, state)
+        except checkpoint.Unreadable as exc:
+            raise InputError(str(exc)) from None
         step = extra["step"]
         scheduler.load_state_dict(extra["scheduler"])
         _check_same_hyperparameters(path, asked, _hyperparameters(optimizer, scheduler))
+        _rate_at(scheduler, step)
         try:
             sampler.load_state_dict(extra["sampler"])
         except ValueError as exc:  # other documents than the checkpoint's
@@ -313,7 +328,7 @@ def train(
                 loss = F.cross_entropy(logits.float().flatten(0, 1), labels.to(device).flatten())
                 (loss / accum).backward()
                 loss_sum += loss.detach()
-            grad_norm = _clip(model, cfg.optim.grad_clip)
+            grad_norm = _grad_norm(model, cfg.optim.grad_clip)
             lr = scheduler.get_last_lr()[0]  # the rate this update uses
             optimizer.step()
             scheduler.step()
@@ -338,7 +353,7 @@ def train(
                     }
                 )
                 display.update(step, mean_loss, tokens / dt, dt)
-            _check_finite(step, mean_loss, grad_norm, output)
+            _check_finite(step, mean_loss, grad_norm, output, cfg.optim.grad_clip)
             every = cfg.checkpoint.every
             if (every and step % every == 0) or step == end:
                 extra = {
@@ -364,10 +379,14 @@ def train(
     return outcome
 
 
-def _clip(model: torch.nn.Module, max_norm: float) -> float | None:
-    if max_norm <= 0:
-        return None
-    norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+def _grad_norm(model: torch.nn.Module, max_norm: float) -> float:
+    """The global gradient norm, before clipping to ``max_norm`` (0: no clipping). Worked out
+    either way: a non-finite gradient must stop the run before its update is saved."""
+    params = [p for p in model.parameters() if p.grad is not None]
+    if max_norm > 0:
+        norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
+    else:
+        norm = torch.nn.utils.get_total_norm([p.grad for p in params])
     if hasattr(norm, "full_tensor"):
         norm = norm.full_tensor()
     return float(norm)

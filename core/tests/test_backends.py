@@ -83,6 +83,8 @@ def test_duplicates_override_and_reload(spore_manager) -> None:
     assert "inductor" not in spore.get_registry("backends")
     with pytest.raises(ValueError, match="Python identifier"):
         Backend("not a name", lambda gm, ex: gm.forward)
+    with pytest.raises(TypeError, match="backend name must be a str, got int"):  # AttributeError
+        spore.register_custom_backend(5, lambda gm, ex: gm.forward)  # type: ignore[arg-type]
     with pytest.raises(TypeError, match=r"register a spore\.backends\.Backend"):
         spore.get_registry("backends").add(object())
 

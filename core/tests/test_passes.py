@@ -385,6 +385,12 @@ def test_bad_registrations(spore_manager) -> None:
         spore.register_custom_pass(TimesThree(), backend="tvm")
     with pytest.raises(TypeError, match="must be callable"):
         spore.register_custom_pass(42)
+    # each was accepted: "high" failed every later compile's sort, 5 never matched a device
+    with pytest.raises(TypeError, match="priority must be an int, got 'high'"):
+        spore.register_custom_pass(TimesThree(), priority="high")
+    with pytest.raises(TypeError, match=r"device must be a device type .* got 5"):
+        spore.register_custom_pass(TimesThree(), device=5)
+    assert "times-three" not in spore.get_registry("passes")
 
 
 CACHE_SCRIPT = textwrap.dedent(

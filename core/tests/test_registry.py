@@ -58,6 +58,10 @@ def test_bad_names_are_clear_errors() -> None:
         reg.add(object())
     with pytest.raises(ValueError, match="non-empty"):
         reg.add(object(), name="")
+    for bad in (5, b"x"):  # sorted with str names, they broke names(), get() and listings
+        with pytest.raises(TypeError, match=f"a op name must be a str, got {type(bad).__name__}"):
+            reg.add(object(), name=bad)  # type: ignore[arg-type]
+    assert list(reg) == []
     with pytest.raises(KeyError, match=r"no op named 'missing' \(registered: none\)"):
         reg.get("missing")
 

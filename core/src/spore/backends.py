@@ -40,6 +40,8 @@ class Backend:
     description: str = ""
 
     def __post_init__(self) -> None:
+        if not isinstance(self.name, str):
+            raise TypeError(f"backend name must be a str, got {type(self.name).__name__}")
         if not self.name.isidentifier():
             raise ValueError(f"backend name must be a Python identifier, got {self.name!r}")
         if not callable(self.compiler_fn):

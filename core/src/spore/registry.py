@@ -63,6 +63,8 @@ class Registry(Generic[T]):
                     f"cannot register {value!r} as a {self.kind}: it has no 'name' attribute; "
                     f"pass name=..."
                 )
+        if not isinstance(name, str):
+            raise TypeError(f"a {self.kind} name must be a str, got {type(name).__name__} {name!r}")
         if not name:
             raise ValueError(f"a {self.kind} name must be a non-empty string")
         old = self._entries.get(name)
@@ -207,6 +209,12 @@ class PassRegistry(Registry[graph_passes.PassEntry]):
         graph_passes.check_stage(stage)
         if not callable(value):
             raise TypeError(f"a pass must be callable (gm) -> int, got {type(value).__name__}")
+        if type(priority) is not int:  # a bool too: it would sort as 0/1 without a word
+            raise TypeError(f"a pass's priority must be an int, got {priority!r}")
+        if device is not None and not isinstance(device, str):
+            raise TypeError(
+                f"a pass's device must be a device type ('cpu', 'cuda') or None, got {device!r}"
+            )
         name = name or getattr(value, "name", "") or getattr(value, "__name__", "")
         name = name or type(value).__name__
         entry = graph_passes.PassEntry(name, value, stage, priority, device)

@@ -107,6 +107,23 @@ def test_probe_reads_ipv6_hosts_and_trailing_slashes() -> None:
     assert rendezvous.probe("tcp://127.0.0.1:99999") is None  # no such port
 
 
+def test_a_raw_ipv6_master_addr_is_read_as_torch_reads_it(monkeypatch) -> None:
+    """``MASTER_ADDR=::1`` (torch's env:// takes it) made ``env://::1:PORT``, which names no
+    host and port: doctor warned of a bad address and an init's timeout lost its hint."""
+    try:
+        server = socket.create_server(("::1", 0), family=socket.AF_INET6)
+    except OSError as exc:
+        pytest.skip(f"no IPv6 loopback here: {exc}")
+    with server:
+        port = server.getsockname()[1]
+        monkeypatch.setenv("MASTER_ADDR", "::1")
+        monkeypatch.setenv("MASTER_PORT", str(port))
+        assert rendezvous.address({}) == f"env://[::1]:{port}"
+        assert rendezvous.probe(rendezvous.address({})) == rendezvous.Probe("::1", port, None)
+        listening = _mccl_checks(monkeypatch, "::1", str(port))["mccl rendezvous"]
+    assert (listening.status, listening.detail) == ("ok", f"[::1]:{port} accepts connections")
+
+
 def _mccl_checks(monkeypatch, addr: str | None, port: str | None) -> dict[str, Check]:
     for name, value in (("MASTER_ADDR", addr), ("MASTER_PORT", port)):
         if value is None:

@@ -45,7 +45,7 @@ def spore_doctor(report: Report) -> None:
             "MASTER_ADDR/MASTER_PORT not set: pass init_method= or store=, or launch with torchrun",
         )
         return
-    found = rendezvous.probe(f"env://{host}:{port}")
+    found = rendezvous.probe(rendezvous.address({}))
     if found is None:
         report.add(
             "mccl rendezvous",
@@ -53,12 +53,14 @@ def spore_doctor(report: Report) -> None:
             f"MASTER_ADDR/MASTER_PORT ({host}:{port}) do not name a host and a port number",
         )
     elif found.reachable:
-        report.add("mccl rendezvous", "ok", f"{found.host}:{found.port} accepts connections")
+        where = rendezvous.host_port(found.host, found.port)
+        report.add("mccl rendezvous", "ok", f"{where} accepts connections")
     else:
         report.add(
             "mccl rendezvous",
             "info",
-            f"{found.host}:{found.port} is not reachable ({found.error}): normal on rank 0 "
+            f"{rendezvous.host_port(found.host, found.port)} is not reachable ({found.error}): "
+            "normal on rank 0 "
             "before it starts the store, else check the address",
         )
 

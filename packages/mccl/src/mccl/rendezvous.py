@@ -9,6 +9,11 @@ from typing import Any
 from urllib.parse import urlsplit
 
 
+def host_port(host: str, port: object) -> str:
+    """``host:port``, an IPv6 host in brackets (``[::1]:29500``) as in a URL."""
+    return f"[{host}]:{port}" if ":" in host and not host.startswith("[") else f"{host}:{port}"
+
+
 def address(kwargs: dict[str, Any]) -> str:
     """The rendezvous of ``init_process_group(**kwargs)``, as a human reads it."""
     store = kwargs.get("store")
@@ -16,12 +21,14 @@ def address(kwargs: dict[str, Any]) -> str:
         host, port = getattr(store, "host", None), getattr(store, "port", None)
         if not host:
             return f"store {type(store).__name__}"
-        return f"store [{host}]:{port}" if ":" in host else f"store {host}:{port}"
+        return f"store {host_port(host, port)}"
     init_method = kwargs.get("init_method")
     if init_method and init_method != "env://":
         return init_method
     host, port = os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT")
-    return f"env://{host}:{port}" if host and port else "env:// (MASTER_ADDR/MASTER_PORT unset)"
+    if not (host and port):
+        return "env:// (MASTER_ADDR/MASTER_PORT unset)"
+    return f"env://{host_port(host, port)}"
 
 
 @dataclass(frozen=True)
@@ -38,10 +45,10 @@ class Probe:
 
     def hint(self) -> str:
         """What the attempt means for an init that is still waiting."""
-        host = f"[{self.host}]" if ":" in self.host else self.host  # IPv6, as in a URL
+        where = host_port(self.host, self.port)
         if self.reachable:
-            return f"{host}:{self.port} accepts connections, so a peer has not joined yet"
-        return f"{host}:{self.port} is not reachable ({self.error}): check the address"
+            return f"{where} accepts connections, so a peer has not joined yet"
+        return f"{where} is not reachable ({self.error}): check the address"
 
 
 def probe(address: str, timeout: float = 0.5) -> Probe | None:

@@ -506,11 +506,13 @@ class Training(nn.Module):
         self.gemma, self.t5 = GemmaRMSNorm(H, eps=1e-6), T5LayerNorm(H, eps=1e-6)
         self.ln, self.ln_plain = nn.LayerNorm(H), nn.LayerNorm(H, elementwise_affine=False)
         self.rms, self.post = nn.RMSNorm(H, eps=1e-5), LlamaRMSNorm(H)
+        self.rms_default = nn.RMSNorm(H)  # eps=None: float32's epsilon, also for bfloat16
 
     def forward(self, xs: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, ...]:
         norms = (self.llama, self.qwen2, self.gemma, self.t5, self.ln, self.ln_plain, self.rms)
         stream = self.llama(xs[7]) + residual
-        return (*(m(xs[i]) for i, m in enumerate(norms)), self.post(stream), stream * 2)
+        small = self.rms_default(xs[8] * 0.01)  # a mean square near eps: a wrong eps shows
+        return (*(m(xs[i]) for i, m in enumerate(norms)), self.post(stream), stream * 2, small)
 
 
 def _grads(outputs: Any, wrt: list[torch.Tensor]) -> tuple[torch.Tensor, ...]:
@@ -522,7 +524,7 @@ def _grads(outputs: Any, wrt: list[torch.Tensor]) -> tuple[torch.Tensor, ...]:
 
 @pytest.mark.parametrize(
     ("dtype", "rms_norms"),
-    [(torch.float32, 6), (BF16, 5)],  # bfloat16 Gemma's float32 (1 + w) is left alone
+    [(torch.float32, 7), (BF16, 6)],  # bfloat16 Gemma's float32 (1 + w) is left alone
 )
 def test_training_passes_on_dynamo_graph(dtype: torch.dtype, rms_norms: int) -> None:
     """Every form → its op in dynamo's graph; run eagerly, the rewritten graph's outputs and
@@ -534,6 +536,8 @@ def test_training_passes_on_dynamo_graph(dtype: torch.dtype, rms_norms: int) -> 
     gm.graph.lint()
     gm.recompile()
     assert _ops(gm) == {ADD_RMS: 1, RMS: rms_norms, LN: 2}
+    eps = [n.args[2] for n in gm.graph.nodes if str(n.target) == RMS]
+    assert torch.finfo(torch.float32).eps in eps  # nn.RMSNorm's eps=None (was left alone)
     wrt = [t for t in inputs if t.requires_grad]
     got, want = gm(*inputs), model(*args)
     _close(got, want, dtype)
@@ -682,10 +686,6 @@ def _layer_norm_two_dims(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     return torch.nn.functional.layer_norm(x, x.shape[-2:])
 
 
-def _rms_norm_default_eps(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    return torch.nn.functional.rms_norm(x, (x.shape[-1],), w)
-
-
 def _layer_norm_fp32_weight(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     return torch.nn.functional.layer_norm(x, (x.shape[-1],), w.float())
 
@@ -704,7 +704,6 @@ def _layer_norm_fp32_weight(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         (_functional_changed_after_the_norm, torch.float32),
         (_functional_changed_after_the_norm, BF16),
         (_layer_norm_two_dims, torch.float32),
-        (_rms_norm_default_eps, torch.float32),
         (_layer_norm_fp32_weight, BF16),
     ],
 )

@@ -11,8 +11,9 @@ each as one op in the forward graph and differentiates it with the op's register
 The RMSNorm forms, and what is left alone, are the post-grad passes' (the same matcher walks
 :func:`mfusion.passes._torch_ir.aten_view` of the graph, with the same numerics decisions);
 ``F.layer_norm`` and ``F.rms_norm`` (also ``torch.layer_norm``/``torch.rms_norm``) over the
-last dimension, with weight (and bias) of x's dtype or none and an explicit eps, are one call
-each in dynamo's graph and computed as the ops compute them (float32, one rounding: measured
+last dimension, with weight (and bias) of x's dtype or none and any eps (``F.rms_norm``'s
+``None``, ``nn.RMSNorm``'s default, read as the epsilon eager uses), are one call each in
+dynamo's graph and computed as the ops compute them (float32, one rounding: measured
 bit-equal for bfloat16 ``F.rms_norm`` on CPU). Only a norm whose result requires grad is rewritten:
 inference graphs stay with the post-grad passes. A form with an in-place op between its nodes
 (dynamo's graph is not functional) is left alone.
@@ -160,7 +161,7 @@ def _training_rms_norms(gm: GraphModule) -> Iterator[tuple[norms.RMSNormMatch, b
 
 class _TrainingPass(spore.GraphPass):
     stage = "pre_grad"
-    version = "3"
+    version = "4"
     on_cpu = False  # Inductor's fused forward and backward norm kernels are as fast on CPU
 
 
@@ -244,6 +245,10 @@ def _functional_norm(node: Node, function: Callable[..., Any]) -> tuple[Any, ...
         return None
     if _changed_later(node.graph, x):  # the op would save x; eager's autograd saved its own
         return None
+    if eps is None and function is F.rms_norm:  # nn.RMSNorm's default
+        eps = _default_rms_eps(x_value.dtype)
+    elif type(eps) is int:
+        eps = float(eps)
     if x_value.dim() < 1 or not isinstance(eps, float):
         return None
     shape = args["normalized_shape"]  # a node when dynamo traced x.shape[-1:] symbolically
@@ -261,6 +266,12 @@ def _functional_norm(node: Node, function: Callable[..., Any]) -> tuple[Any, ...
     if function is F.layer_norm:
         return x, *params, eps
     return x, params[0], eps
+
+
+def _default_rms_eps(dtype: torch.dtype) -> float:
+    """``F.rms_norm``'s epsilon for ``eps=None``: that of the dtype it computes in (float32 for
+    16-bit inputs, not the input's own, whatever ``nn.RMSNorm``'s docs say)."""
+    return torch.finfo(torch.float64 if dtype == torch.float64 else torch.float32).eps
 
 
 def _rewrite_functional(graph: Graph, function: Callable[..., Any], op: str) -> int:

@@ -35,6 +35,14 @@ def test_duplicate_names_both_owners_and_override() -> None:
     assert "'alpha'" in str(info.value)
     assert "'beta'" in str(info.value)
     assert "override=True" in str(info.value)
+    with reg.owned_by("beta"):
+        reg.add(Thing("y"))
+    with reg.owned_by("beta"), pytest.raises(DuplicateRegistrationError) as again:
+        reg.add(Thing("y"))
+    assert str(again.value) == (  # it said "registered by both 'beta' and 'beta'"
+        "thing 'y' is already registered by 'beta'; use another name, or pass override=True "
+        "to replace it"
+    )
     replacement = Thing("x")
     with reg.owned_by("beta"):
         reg.add(replacement, override=True)

@@ -69,6 +69,11 @@ class Registry(Generic[T]):
             raise ValueError(f"a {self.kind} name must be a non-empty string")
         old = self._entries.get(name)
         if old is not None and not override:
+            if old.owner == self._owner:
+                raise DuplicateRegistrationError(
+                    f"{self.kind} {name!r} is already registered by {old.owner!r}; use another "
+                    f"name, or pass override=True to replace it"
+                )
             raise DuplicateRegistrationError(
                 f"{self.kind} {name!r} is registered by both {old.owner!r} and "
                 f"{self._owner!r}; rename one, disable one plugin, or pass override=True"

@@ -30,7 +30,8 @@ def probe_plugins() -> list[dict[str, Any]]:
             f"import): {exc}"
         ) from exc
     if "error" in data:
-        raise click.ClickException(f"{data['error']} (cause: {data['cause']})")
+        cause = f" (cause: {data['cause']})" if data.get("cause") else ""
+        raise click.ClickException(f"{data['error']}{cause}")
     return data["plugins"]
 
 

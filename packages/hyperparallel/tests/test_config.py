@@ -233,7 +233,7 @@ def test_values_transformers_refuses_and_infinite_numbers_are_config_errors() ->
     )
     assert "not a multiple of the number of attention heads" in str(info.value)
     for key in ("optim.lr", "parallel.init_timeout"):
-        with pytest.raises(config.ConfigError, match=rf"{key}: expected a number, got inf"):
+        with pytest.raises(config.ConfigError, match=rf"{key} must be a finite number, got inf"):
             config.load(None, [f"{key}=.inf"])
     with pytest.raises(config.ConfigError, match=r"parallel\.init_timeout"):
         config.load(None, ["parallel.init_timeout=1e12"])

@@ -529,6 +529,8 @@ def _describe(error: Any, schema: type[BaseModel], data: Mapping[str, Any]) -> t
         return path, f"{path} must be {_range(field)}, got {value}"
     if kind == "value_error":
         return path, f"{path}: {error['ctx']['error']}"
+    if kind == "finite_number":
+        return path, f"{path} must be a finite number, got {value}"
     return path, f"{path}: expected {_type_name(field.annotation)}, got {value!r}"
 
 

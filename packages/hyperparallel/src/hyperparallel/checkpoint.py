@@ -82,6 +82,17 @@ def complete(output: str | Path) -> list[Path]:
     return [p for _, p in sorted(found, key=lambda item: (item[0], item[1].name))]
 
 
+def unreadable(output: str | Path) -> list[Path]:
+    """The ``step_N`` folders under ``output`` that :func:`complete` skips: their ``meta.json``
+    is missing or unreadable (a save renames its folder into place only after writing it, so
+    such a folder was damaged since)."""
+    root = directory(output)
+    if not root.is_dir():
+        return []
+    found = [p for p in root.iterdir() if STEP_DIR.match(p.name) and _save_number(p) is None]
+    return sorted(found, key=lambda p: p.name)
+
+
 def _recover(root: Path) -> None:
     """Put back a checkpoint a save was replacing when the process died (it had moved the old
     ``step_N`` to ``.old-step_N`` and not yet renamed the new one into place). A ``root``

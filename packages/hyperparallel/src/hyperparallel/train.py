@@ -283,6 +283,13 @@ def train(
                 f"continues the saved order: resume with run.seed={sampler.seed} (its "
                 f"config.yaml), or start a new run from its export (model.pretrained) to change it"
             )
+        if rank == 0 and resume == "latest" and (skipped := checkpoint.unreadable(output)):
+            print(
+                f"note: skipped {', '.join(p.name for p in skipped)} (meta.json missing or "
+                f"unreadable: damaged); resuming from {path.name}",
+                file=sys.stderr,
+                flush=True,
+            )
         if rank == 0 and (later := checkpoint.newer_than(output, path)):
             print(
                 f"resuming from {path.name}, older than {', '.join(p.name for p in later)}: "

@@ -320,7 +320,13 @@ def train(
     if rank == 0:
         output.mkdir(parents=True, exist_ok=True)
         report.write_atomic(output / "config.yaml", cfg.to_yaml())
-        metrics = report.Metrics(output / "metrics.jsonl", step)
+        try:
+            metrics = report.Metrics(output / "metrics.jsonl", step)
+        except ValueError as exc:  # a damaged line of the log a resume continues
+            raise InputError(
+                f"{exc}: fix or delete that line (metrics.jsonl is the run's log; the "
+                f"checkpoint does not need it)"
+            ) from None
         display = report.ProgressDisplay(cfg.run.name, cfg.run.steps, step, cfg.run.log_every)
     started = time.perf_counter()
     try:

@@ -71,7 +71,7 @@ def test_duplicates_override_and_reload(spore_manager) -> None:
     spore_manager()
     name = _name()
     first = spore.register_custom_backend(name, lambda gm, ex: gm.forward)
-    with pytest.raises(DuplicateRegistrationError, match="registered by both 'user' and 'user'"):
+    with pytest.raises(DuplicateRegistrationError, match="is already registered by 'user'"):
         spore.register_custom_backend(name, lambda gm, ex: gm.forward)
     replacement = spore.register_custom_backend(name, lambda gm, ex: gm.forward, override=True)
     assert active()[name] is replacement is not first

@@ -71,11 +71,14 @@ def run_spore(run_spore: Callable[..., subprocess.CompletedProcess[str]]) -> Cal
     """spore.testing's ``run_spore``, with only the fixture plugins named in ``plugins=``."""
 
     def run(
-        *args: str, plugins: tuple[str, ...] = (), env: dict[str, str] | None = None
+        *args: str,
+        plugins: tuple[str, ...] = (),
+        env: dict[str, str] | None = None,
+        cwd: Path | None = None,
     ) -> subprocess.CompletedProcess[str]:
         child_env = {"PYTHONPATH": os.pathsep.join(str(FIXTURES / p) for p in plugins)}
         child_env["COLUMNS"] = "200"
         child_env.update(env or {})
-        return run_spore(*args, env=child_env, timeout=240)
+        return run_spore(*args, env=child_env, timeout=240, cwd=cwd)
 
     return run

@@ -156,6 +156,25 @@ def test_bench_under_an_applied_runtime_refuses_other_settings(run_spore) -> Non
     assert "settings (both sides): allocator system" in same.stdout
 
 
+@pytest.mark.parametrize("bad", ["nan", "inf", "1e308"])
+def test_bench_refuses_a_min_time_that_is_no_number_of_seconds(run_spore, bad: str) -> None:
+    """Each passed ``FloatRange(min=0)``, then every case failed converting it to a count."""
+    done = run_spore("bench", "healthy", "--repeat", "1", "--min-time", bad, plugins=("healthy",))
+    assert done.returncode == 2
+    assert "Invalid value for '--min-time'" in done.stderr
+
+
+def test_a_spore_module_in_the_current_folder_is_not_imported(run_spore, tmp_path) -> None:
+    """The plugin probe, bench's restart and doctor's children ran ``python -m spore...``, which
+    put the current folder first on sys.path: a ``spore.py`` there was imported instead."""
+    (tmp_path / "spore.py").write_text("print('the spore.py of the current folder')\n")
+    for args in (("plugins", "--json"), ("bench", "healthy", "--repeat", "1", "--min-time", "0")):
+        done = run_spore(*args, plugins=("healthy",), cwd=tmp_path)
+        assert done.returncode == 0, done.stderr
+        assert "the spore.py of the current folder" not in done.stdout + done.stderr
+        assert "healthy" in done.stdout
+
+
 @pytest.mark.core_alone
 def test_bench_list_filter_and_errors(run_spore) -> None:
     listed = run_spore("bench", "--list", plugins=("healthy", "dup_a"))

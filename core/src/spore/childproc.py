@@ -15,6 +15,7 @@ import os
 import shlex
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Mapping, Sequence
 from contextlib import suppress
@@ -50,6 +51,13 @@ class ChildError(RuntimeError):
                 message += f"\n--- {name} (last {TAIL_CHARS} characters) ---\n"
                 message += text.strip()[-TAIL_CHARS:]
         super().__init__(message)
+
+
+def python_module(module: str, *args: str) -> list[str]:
+    """The command running ``python -m module args`` in this interpreter with ``-P``: the
+    current folder is not put first on ``sys.path``, so a ``spore.py`` or ``spore/`` there
+    cannot stand in for the installed package."""
+    return [sys.executable, "-P", "-m", module, *args]
 
 
 def last_json(stdout: str) -> dict[str, Any] | None:

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import math
 import os
 import sys
 from typing import TYPE_CHECKING, Any
 
 import click
 
+from spore import childproc
 from spore.cli.render import JSON_OPTION, Column, console, echo_json, print_table, styled
 from spore.cli.run import plan, report_plan, runtime_options
 from spore.plugins import get_manager
@@ -26,6 +28,13 @@ def format_time(seconds: float | None) -> str:
     return f"{seconds / 1e-9:.3g} ns"
 
 
+def _finite(param: click.Parameter, value: float) -> float:
+    """``value`` unless NaN (which passes ``FloatRange``'s bounds)."""
+    if math.isnan(value):
+        raise click.BadParameter(f"{value} is not a number of seconds", param=param)
+    return value
+
+
 @click.command("bench")
 @click.argument("plugins", nargs=-1)
 @JSON_OPTION
@@ -34,7 +43,8 @@ def format_time(seconds: float | None) -> str:
     "--min-time",
     default=0.05,
     show_default=True,
-    type=click.FloatRange(min=0),
+    type=click.FloatRange(min=0, max=3600),
+    callback=lambda ctx, param, value: _finite(param, value),
     help=(
         "Seconds each timed sample lasts at least (calls are looped to reach it). Self-timed "
         "cases (marked in --list) time themselves, one call a sample, and ignore it."
@@ -123,7 +133,7 @@ def _restart_tuned(ctx: click.Context, allocator: str, threads: int | None) -> N
         return
     runtime_plan = plan(allocator, threads)
     report_plan(runtime_plan, "spore bench")
-    os.execve(sys.executable, [sys.executable, "-m", "spore", *argv], runtime_plan.env)
+    os.execve(sys.executable, childproc.python_module("spore", *argv), runtime_plan.env)
 
 
 def _check_applied(ctx: click.Context, applied: str, allocator: str, threads: int | None) -> None:

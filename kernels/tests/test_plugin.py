@@ -144,6 +144,29 @@ def test_loading_the_plugin_after_the_import_records_the_ops_as_its_own(
         assert f"{name}[cpu]@kernels" in owned, name
 
 
+PLUGIN_STATUS = """
+    import json
+    import spore
+
+    info = {i.name: i for i in spore.get_manager().plugins()}["kernels"]
+    print(json.dumps({"status": str(info.status), "reason": info.reason}))
+"""
+
+
+@pytest.mark.parametrize("isa", ["bogus", "V3"])
+def test_a_build_that_cannot_load_fails_the_plugin_with_the_reason(
+    sentinel_path: Path, tmp_path: Path, isa: str
+) -> None:
+    """It was reported active (and doctor ok) while every op call then raised."""
+    found = _child(PLUGIN_STATUS, sentinel_path, tmp_path, SPORE_KERNELS_ISA=isa)
+    assert found["status"] == "failed"
+    assert f"unknown spore-kernels build {isa!r}: choose one of v4, v3, base" in found["reason"]
+    assert _child(PLUGIN_STATUS, sentinel_path, tmp_path, SPORE_KERNELS_ISA="base") == {
+        "status": "active",
+        "reason": "",
+    }
+
+
 def test_spore_ops_names_kernels_as_the_owner(sentinel_path: Path, tmp_path: Path) -> None:
     environ = {k: v for k, v in os.environ.items() if not k.startswith("SPORE_")}
     done = subprocess.run(

@@ -4,10 +4,11 @@ benchmarks. ``import spore_kernels`` has already defined the ops; see
 
 from __future__ import annotations
 
+import os
 from typing import TYPE_CHECKING
 
 import spore
-from spore_kernels import registration
+from spore_kernels import _lib, registration
 
 if TYPE_CHECKING:
     from spore.registry import OpRegistry, Registry
@@ -15,6 +16,8 @@ if TYPE_CHECKING:
 
 @spore.hookimpl
 def spore_register_ops(registry: OpRegistry) -> None:
+    if os.environ.get("SPORE_KERNELS_ISA", "").strip():
+        _lib.library()  # a build this machine cannot load fails the plugin here, with why
     registration.register(registry)
 
 

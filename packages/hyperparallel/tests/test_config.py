@@ -237,6 +237,11 @@ def test_values_transformers_refuses_and_infinite_numbers_are_config_errors() ->
             config.load(None, [f"{key}=.inf"])
     with pytest.raises(config.ConfigError, match=r"parallel\.init_timeout"):
         config.load(None, ["parallel.init_timeout=1e12"])
+    for seed in ("99999999999999999999999", "-1"):  # the first failed in rank 0 ("Overflow")
+        with pytest.raises(
+            config.ConfigError, match=r"run\.seed must be >= 0, < 9223372036854775808"
+        ):
+            config.load(None, [f"run.seed={seed}"])
 
 
 def test_data_globs_match_recursively_as_the_loader_reads_them(tmp_path) -> None:

@@ -68,7 +68,7 @@ class RunSection(Section):
     output: str = Field(
         "runs/default", description="output directory (checkpoints, metrics, plot, config)"
     )
-    seed: int = Field(0, description="seed for model initialisation and data order")
+    seed: int = Field(0, ge=0, lt=2**63, description="seed for model initialisation and data order")
     steps: int = Field(
         300, gt=0, description="optimizer steps to train for (the schedule spans them)"
     )

@@ -20,6 +20,7 @@ from sci_protenix.budget import format_bytes, free_memory, parse_budget
         ("64KiB", 65536),
         ("1000", 1000),
         (123456, 123456),
+        ("9007199254740993", 2**53 + 1),  # exact (through a float it lost its last byte)
     ],
 )
 def test_sizes_and_bytes(text, expected) -> None:
@@ -52,6 +53,8 @@ def test_free_cpu_memory_matches_proc_meminfo() -> None:
         (-5, ValueError, "must be positive"),
         ("1.5", ValueError, r"must be in \(0, 1\]"),
         (0.0, ValueError, r"must be in \(0, 1\]"),
+        (2**64 + 1, ValueError, "more than 16 EiB"),
+        ("17179869185GiB", ValueError, "more than 16 EiB"),
         (True, TypeError, "budget must be bytes"),
         ([4], TypeError, "budget must be bytes"),
     ],

@@ -65,6 +65,9 @@ def test_a_block_without_a_single_track_shows_no_pair_bias_chunk() -> None:
         (["--tokens", "30", "--budget", "lots"], "is not a size"),
         (["--tokens", "0", "--budget", "1GiB"], "tokens must be a positive int"),
         (["--tokens", "30", "--budget", "1GiB", "--c-s", "30"], "multiple of n_heads"),
+        # a traceback (float overflow), then torch's message with its C++ frames
+        (["--tokens", "30", "--budget", "9" * 400], "is more than 16 EiB"),
+        (["--tokens", "30", "--budget", "8GiB", "--c-z", "9" * 20], "too large to plan"),
     ],
 )
 def test_errors_are_click_errors(args, message) -> None:
@@ -72,6 +75,7 @@ def test_errors_are_click_errors(args, message) -> None:
     assert result.exit_code == 1
     assert message in result.output
     assert "Traceback" not in result.output
+    assert len(result.output.strip().splitlines()) == 1
 
 
 def test_through_the_spore_command(run_spore) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import re
+from decimal import Decimal
 
 import torch
 
@@ -19,6 +20,9 @@ UNITS = {
     "gib": 2**30,
     "tib": 2**40,
 }
+MAX_BYTES = 2**64
+"""The largest budget taken: no machine comes near it, and a float would no longer count its
+bytes exactly."""
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*([a-zA-Z]*)\s*$")
 _HINT = (
     "write it as bytes (an int), a size such as '4GiB' or '512MiB', "
@@ -74,6 +78,8 @@ def parse_budget(budget: int | float | str, *, device: str | torch.device = "cpu
     if isinstance(budget, int):
         if budget <= 0:
             raise ValueError(f"budget must be positive, got {budget} bytes; {_HINT}")
+        if budget > MAX_BYTES:
+            raise ValueError(f"budget {budget} is more than 16 EiB (2**64 bytes); {_HINT}")
         return budget
     if isinstance(budget, float):
         return _fraction(budget, device)
@@ -90,9 +96,11 @@ def parse_budget(budget: int | float | str, *, device: str | torch.device = "cpu
         )
     if not unit and "." in number:
         return _fraction(float(number), device)
-    size = int(float(number) * UNITS[unit.lower()])
+    size = int(Decimal(number) * UNITS[unit.lower()])  # exact, for any number of digits
     if size <= 0:
         raise ValueError(f"budget {budget!r} is not positive; {_HINT}")
+    if size > MAX_BYTES:
+        raise ValueError(f"budget {budget!r} is more than 16 EiB (2**64 bytes); {_HINT}")
     return size
 
 

@@ -77,7 +77,10 @@ def plan_command(
         limit = parse_budget(budget, device=device)
         chosen = plan(tokens, limit, training=training, dtype=torch_dtype, **widths)
     except (ValueError, TypeError, RuntimeError) as exc:
-        raise click.ClickException(str(exc)) from None
+        line = str(exc).strip().splitlines()[0]  # torch's errors: not their C++ frames
+        if "Overflow" in line:
+            line = f"these sizes are too large to plan (a tensor of over 2**63 elements): {line}"
+        raise click.ClickException(line) from None
     dims = Dims(**widths)
     peak = predict_peak(tokens, chosen, training=training, dtype=torch_dtype, dims=dims)
     resident = resident_bytes(tokens, dtype=torch_dtype, dims=dims)

@@ -187,6 +187,9 @@ def test_spore_run_exit_codes(run_spore) -> None:
     assert empty.returncode == 2
     assert "the command is empty" in empty.stderr
     assert "Traceback" not in empty.stderr
+    typo = run_spore("run", "--thread", "2", "--", "true")  # ran '--thread' as the command
+    assert typo.returncode == 2
+    assert "No such option '--thread'. Did you mean '--threads'?" in typo.stderr
 
 
 def test_tuned_child_stops_page_faulting_on_fresh_tensors(run_spore) -> None:

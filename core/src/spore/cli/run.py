@@ -63,6 +63,9 @@ def run_cmd(allocator: str, threads: int | None, quiet: bool, command: tuple[str
     """
     if not command[0]:
         raise click.UsageError('the command is empty (an unset variable in `spore run -- "$CMD"`?)')
+    if command[0].startswith("-"):  # unknown options are passed on: no command starts so
+        known = [opt for param in click.get_current_context().command.params for opt in param.opts]
+        raise click.NoSuchOption(command[0].split("=")[0], possibilities=known)
     runtime_plan = plan(allocator, threads)
     if not quiet:
         report_plan(runtime_plan, "spore run")

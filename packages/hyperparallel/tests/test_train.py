@@ -312,6 +312,9 @@ def test_a_resume_of_a_finished_run_says_there_is_nothing_to_train(tmp_path) -> 
     run_train("--output", str(out), "--resume", *args)  # past stop_at: on to run.steps
     done = run_train("--output", str(out), "--resume", *args)
     assert "resuming at step 2: run.steps=2 is reached, nothing to train" in done.stderr
+    assert "- (no step trained)" in done.stdout  # it printed "nan (first 10) -> nan"
+    assert "nan" not in done.stdout
+    assert str(checkpoint.find(out)) in done.stdout  # the checkpoint row said "-"
     assert "training on to run.steps" not in done.stderr
     assert sorted(losses(out)) == [1, 2]
 

@@ -260,7 +260,7 @@ def train(
     optimizer = registries.optimizers.get(cfg.optim.name)(model, cfg.optim)
     scheduler = registries.schedules.get(cfg.schedule.name)(optimizer, cfg.schedule, cfg.run.steps)
     state = checkpoint.TrainState(model, optimizer)
-    step = 0
+    step, resumed = 0, None
     if resume is not None:
         path = checkpoint.find(output if resume == "latest" else resume)
         asked = _hyperparameters(optimizer, scheduler)
@@ -290,6 +290,7 @@ def train(
                 file=sys.stderr,
                 flush=True,
             )
+        resumed = path
         if rank == 0 and (later := checkpoint.newer_than(output, path)):
             print(
                 f"resuming from {path.name}, older than {', '.join(p.name for p in later)}: "
@@ -315,7 +316,7 @@ def train(
         )
     accum = cfg.optim.grad_accum
     tokens = cfg.data.batch_size * cfg.data.seq_len * accum * world
-    outcome = Outcome(steps_done=step, tokens_per_step=tokens)
+    outcome = Outcome(steps_done=step, tokens_per_step=tokens, checkpoint=resumed)
     metrics = display = None
     if rank == 0:
         output.mkdir(parents=True, exist_ok=True)
@@ -410,9 +411,14 @@ def _summary(
 ) -> None:
     output = Path(cfg.run.output)
     losses, times = outcome.losses, outcome.step_times
-    head = statistics.fmean(losses[:10]) if losses else float("nan")
-    tail = statistics.fmean(losses[-10:]) if losses else float("nan")
-    step_s = statistics.median(times) if times else float("nan")
+    first = min(10, len(losses))
+    loss, throughput = "- (no step trained)", "-"
+    if losses:
+        head, tail = statistics.fmean(losses[:first]), statistics.fmean(losses[-first:])
+        loss = f"{head:.4f} (first {first}) -> {tail:.4f} (last {first})"
+        step_s = statistics.median(times)
+        rate = outcome.tokens_per_step / step_s
+        throughput = f"{rate:,.0f} tokens/s (median step {step_s:.3f} s)"
     if cfg.parallel.replicate > 1:
         layout = f"{world} ranks, HSDP {cfg.parallel.replicate} x {world // cfg.parallel.replicate}"
     elif parallel.uses_fsdp(world, cfg.parallel):
@@ -428,11 +434,8 @@ def _summary(
         ("data", source),
         ("parallel", layout),
         ("steps", f"{outcome.steps_done} / {cfg.run.steps} (this invocation: {len(losses)})"),
-        ("loss", f"{head:.4f} (first 10) -> {tail:.4f} (last 10)"),
-        (
-            "throughput",
-            f"{outcome.tokens_per_step / step_s:,.0f} tokens/s (median step {step_s:.3f} s)",
-        ),
+        ("loss", loss),
+        ("throughput", throughput),
         ("metrics", str(output / "metrics.jsonl")),
         ("loss curve", str(output / "loss.png")),
         ("checkpoint", str(outcome.checkpoint or "-")),

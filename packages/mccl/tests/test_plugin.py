@@ -6,6 +6,7 @@ import datetime
 import json
 import socket
 import sys
+from collections.abc import Iterator
 
 import pytest
 import torch.distributed as dist
@@ -87,40 +88,41 @@ def test_rendezvous_address_and_probe(monkeypatch) -> None:
     assert found.hint().endswith("accepts connections, so a peer has not joined yet")
 
 
-def test_probe_reads_ipv6_hosts_and_trailing_slashes() -> None:
-    """``tcp://[::1]:PORT`` was probed with its brackets (a name that resolves to nothing:
-    "not reachable, check the address" while the store listened); ``tcp://host:PORT/`` named no
-    port at all."""
+@pytest.fixture
+def ipv6_port() -> Iterator[int]:
+    """The port of a server listening on the IPv6 loopback (skips where there is none)."""
     try:
         server = socket.create_server(("::1", 0), family=socket.AF_INET6)
     except OSError as exc:
         pytest.skip(f"no IPv6 loopback here: {exc}")
     with server:
-        port = server.getsockname()[1]
-        for where in (f"tcp://[::1]:{port}", f"tcp://[::1]:{port}/", f"store [::1]:{port}"):
-            found = rendezvous.probe(where)
-            assert found == rendezvous.Probe("::1", port, None), where
-        assert found.hint().startswith(f"[::1]:{port} accepts connections")
+        yield server.getsockname()[1]
+
+
+def test_probe_reads_ipv6_hosts_and_trailing_slashes(ipv6_port: int) -> None:
+    """``tcp://[::1]:PORT`` was probed with its brackets (a name that resolves to nothing:
+    "not reachable, check the address" while the store listened); ``tcp://host:PORT/`` named no
+    port at all."""
+    port = ipv6_port
+    for where in (f"tcp://[::1]:{port}", f"tcp://[::1]:{port}/", f"store [::1]:{port}"):
+        found = rendezvous.probe(where)
+        assert found == rendezvous.Probe("::1", port, None), where
+    assert found.hint().startswith(f"[::1]:{port} accepts connections")
     with socket.create_server(("127.0.0.1", 0)) as server:
         port = server.getsockname()[1]
         assert rendezvous.probe(f"tcp://127.0.0.1:{port}/").reachable
     assert rendezvous.probe("tcp://127.0.0.1:99999") is None  # no such port
 
 
-def test_a_raw_ipv6_master_addr_is_read_as_torch_reads_it(monkeypatch) -> None:
+def test_a_raw_ipv6_master_addr_is_read_as_torch_reads_it(monkeypatch, ipv6_port: int) -> None:
     """``MASTER_ADDR=::1`` (torch's env:// takes it) made ``env://::1:PORT``, which names no
     host and port: doctor warned of a bad address and an init's timeout lost its hint."""
-    try:
-        server = socket.create_server(("::1", 0), family=socket.AF_INET6)
-    except OSError as exc:
-        pytest.skip(f"no IPv6 loopback here: {exc}")
-    with server:
-        port = server.getsockname()[1]
-        monkeypatch.setenv("MASTER_ADDR", "::1")
-        monkeypatch.setenv("MASTER_PORT", str(port))
-        assert rendezvous.address({}) == f"env://[::1]:{port}"
-        assert rendezvous.probe(rendezvous.address({})) == rendezvous.Probe("::1", port, None)
-        listening = _mccl_checks(monkeypatch, "::1", str(port))["mccl rendezvous"]
+    port = ipv6_port
+    monkeypatch.setenv("MASTER_ADDR", "::1")
+    monkeypatch.setenv("MASTER_PORT", str(port))
+    assert rendezvous.address({}) == f"env://[::1]:{port}"
+    assert rendezvous.probe(rendezvous.address({})) == rendezvous.Probe("::1", port, None)
+    listening = _mccl_checks(monkeypatch, "::1", str(port))["mccl rendezvous"]
     assert (listening.status, listening.detail) == ("ok", f"[::1]:{port} accepts connections")
 
 

@@ -310,7 +310,7 @@ def test_a_resume_of_a_finished_run_says_there_is_nothing_to_train(tmp_path) -> 
     args = small_args("run.steps=2", "checkpoint.export=false", "run.stop_at=1")
     run_train("--output", str(out), *args)
     run_train("--output", str(out), "--resume", *args)  # past stop_at: on to run.steps
-    done = run_train("--output", str(out), "--resume", *args)
+    done = run_train("--output", str(out), "--resume", *args, env={"COLUMNS": "1000"})  # no wrap
     assert "resuming at step 2: run.steps=2 is reached, nothing to train" in done.stderr
     assert "- (no step trained)" in done.stdout  # it printed "nan (first 10) -> nan"
     assert "nan" not in done.stdout

@@ -134,7 +134,7 @@ def measure(name: str, iters: int, warmup: int = 12) -> dict[str, float]:
 
 def run_workload(workload: str, env: dict[str, str], iters: int = 5) -> dict[str, float]:
     """Run ``workload`` in a child process with environment ``env``; its JSON figures."""
-    command = childproc.python_module("spore._workloads", workload, "--iters", str(iters))
+    command = childproc.python("-m", "spore._workloads", workload, "--iters", str(iters))
     return childproc.run_json(command, env=env, timeout=600)
 
 

@@ -53,11 +53,11 @@ class ChildError(RuntimeError):
         super().__init__(message)
 
 
-def python_module(module: str, *args: str) -> list[str]:
-    """The command running ``python -m module args`` in this interpreter with ``-P``: the
-    current folder is not put first on ``sys.path``, so a ``spore.py`` or ``spore/`` there
-    cannot stand in for the installed package."""
-    return [sys.executable, "-P", "-m", module, *args]
+def python(*args: str) -> list[str]:
+    """The command running this interpreter with ``-P`` and ``args`` (``"-m", module, ...`` or
+    ``"-c", code``): the current folder is not put first on ``sys.path``, so a ``spore.py``
+    or ``spore/`` there cannot stand in for the installed package."""
+    return [sys.executable, "-P", *args]
 
 
 def last_json(stdout: str) -> dict[str, Any] | None:

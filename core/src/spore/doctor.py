@@ -284,7 +284,7 @@ def measure_warmup(env: Mapping[str, str]) -> dict[str, list[float]]:
     from spore import childproc
 
     code = "import json; from spore.doctor import clone_warmup; print(json.dumps(clone_warmup()))"
-    return childproc.run_json([sys.executable, "-c", code], env=env, timeout=300)
+    return childproc.run_json(childproc.python("-c", code), env=env, timeout=300)
 
 
 def describe_warmup(warmup: Mapping[str, list[float]]) -> tuple[str, bool]:

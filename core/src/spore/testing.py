@@ -85,7 +85,7 @@ def _listed(name: str) -> dict[str, Any]:
     """Plugin ``name``'s row in ``spore plugins --json`` run by a fresh interpreter that sees
     this one's ``sys.path`` (every plugin installed here loads beside it)."""
     path = os.pathsep.join(p for p in sys.path if p)
-    command = childproc.python_module("spore", "plugins", "--json")
+    command = childproc.python("-m", "spore", "plugins", "--json")
     with tempfile.TemporaryDirectory(prefix="spore-contract-") as cwd:
         done = childproc.run(
             command, env=clean_environ({"PYTHONPATH": path}), cwd=cwd, timeout=LISTING_TIMEOUT_S
@@ -243,7 +243,7 @@ def run_spore(tmp_path_factory: pytest.TempPathFactory) -> SporeRunner:
         if cwd is None:
             default_cwd = default_cwd or tmp_path_factory.mktemp("spore-cwd")
             cwd = default_cwd
-        command = childproc.python_module("spore", *args)
+        command = childproc.python("-m", "spore", *args)
         try:
             return childproc.run(
                 command, env=clean_environ(env), timeout=timeout, cwd=cwd, check=False

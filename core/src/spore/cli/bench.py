@@ -133,7 +133,7 @@ def _restart_tuned(ctx: click.Context, allocator: str, threads: int | None) -> N
         return
     runtime_plan = plan(allocator, threads)
     report_plan(runtime_plan, "spore bench")
-    os.execve(sys.executable, childproc.python_module("spore", *argv), runtime_plan.env)
+    os.execve(sys.executable, childproc.python("-m", "spore", *argv), runtime_plan.env)
 
 
 def _check_applied(ctx: click.Context, applied: str, allocator: str, threads: int | None) -> None:

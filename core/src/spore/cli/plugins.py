@@ -18,7 +18,7 @@ PROBE_TIMEOUT_S = 300
 def probe_plugins() -> list[dict[str, Any]]:
     """Load the plugins in a child process and return their status (see spore._probe)."""
     try:
-        data = childproc.run_json(childproc.python_module("spore._probe"), timeout=PROBE_TIMEOUT_S)
+        data = childproc.run_json(childproc.python("-m", "spore._probe"), timeout=PROBE_TIMEOUT_S)
     except childproc.ChildError as exc:
         if exc.timed_out:
             raise click.ClickException(

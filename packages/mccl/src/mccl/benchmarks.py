@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import socket
-import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -23,7 +22,7 @@ def free_port() -> int:
 def run_ranks(what: str, mode: str, ranks: int, *extra: str) -> dict[str, float]:
     """Start ``ranks`` child processes of ``mccl._startup`` at once; return rank 0's figures."""
     port = str(free_port())
-    command = [sys.executable, "-m", "mccl._startup", what, "--mode", mode, "--port", port]
+    command = childproc.python("-m", "mccl._startup", what, "--mode", mode, "--port", port)
     results = childproc.run_json_all(
         [[*command, "--rank", str(rank), *extra] for rank in range(ranks)],
         timeout=CHILD_TIMEOUT_S,

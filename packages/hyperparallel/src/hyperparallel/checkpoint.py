@@ -72,13 +72,17 @@ def _save_number(path: Path) -> int | None:
     return number if isinstance(number, int) else None
 
 
-def complete(output: str | Path) -> list[Path]:
-    """Complete checkpoints (``meta.json`` readable), oldest written first."""
+def _numbered(output: str | Path) -> list[tuple[int | None, Path]]:
+    """Each ``step_N`` folder under ``output`` with its save number (None: unreadable)."""
     root = directory(output)
     if not root.is_dir():
         return []
-    numbered = [(_save_number(p), p) for p in root.iterdir() if STEP_DIR.match(p.name)]
-    found = [(n, p) for n, p in numbered if n is not None]
+    return [(_save_number(p), p) for p in root.iterdir() if STEP_DIR.match(p.name)]
+
+
+def complete(output: str | Path) -> list[Path]:
+    """Complete checkpoints (``meta.json`` readable), oldest written first."""
+    found = [(n, p) for n, p in _numbered(output) if n is not None]
     return [p for _, p in sorted(found, key=lambda item: (item[0], item[1].name))]
 
 
@@ -86,11 +90,7 @@ def unreadable(output: str | Path) -> list[Path]:
     """The ``step_N`` folders under ``output`` that :func:`complete` skips: their ``meta.json``
     is missing or unreadable (a save renames its folder into place only after writing it, so
     such a folder was damaged since)."""
-    root = directory(output)
-    if not root.is_dir():
-        return []
-    found = [p for p in root.iterdir() if STEP_DIR.match(p.name) and _save_number(p) is None]
-    return sorted(found, key=lambda p: p.name)
+    return sorted((p for n, p in _numbered(output) if n is None), key=lambda p: p.name)
 
 
 def _recover(root: Path) -> None:

@@ -10,6 +10,7 @@ bandwidth achieved; the kernel's own median time is in the last column.
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 from collections import defaultdict
@@ -56,7 +57,24 @@ def table(results: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def main(argv: list[str]) -> str:
+    """The table for the file named in ``argv``; ``SystemExit`` with the problem when the file
+    is not ``spore bench kernels --json`` output."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("bench_json", help="the output of spore bench kernels --json")
+    path = parser.parse_args(argv).bench_json
+    try:
+        with open(path) as f:
+            results = json.load(f)["results"]
+        return table(results)
+    except OSError as exc:
+        raise SystemExit(f"bench_table: cannot read {path}: {exc.strerror}") from None
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise SystemExit(
+            f"bench_table: {path} is not `spore bench kernels --json` output "
+            f"({type(exc).__name__}: {exc})"
+        ) from None
+
+
 if __name__ == "__main__":
-    with open(sys.argv[1]) as f:
-        data = json.load(f)
-    print(table(data["results"]))
+    print(main(sys.argv[1:]))

@@ -143,10 +143,17 @@ def test_spore_backends_cli(run_spore) -> None:
     out = run_spore("backends", "--json", plugins=("dynamo",))
     assert json.loads(out.stdout) == [
         {
+            "name": "spore",
+            "registered_by": "core",
+            "fallback": False,
+            "description": "Inductor with the graph passes registered through Spore (spore passes)",
+        },
+        {
             "name": "spore_fixture_counting",
             "registered_by": "dynamo",
             "fallback": False,
             "description": "counts graphs",
-        }
+        },
     ]
-    assert "No backends registered" in run_spore("backends").stdout
+    alone = json.loads(run_spore("backends", "--json").stdout)
+    assert [r["name"] for r in alone] == ["spore"]  # the core's own, dynamo's entry point

@@ -78,10 +78,15 @@ def test_plugins_listing_process_imports_no_plugin(tmp_path, fixtures_dir) -> No
 
 
 def test_strict_env_turns_listing_into_an_error(run_spore) -> None:
-    out = run_spore("plugins", plugins=("broken",), env={"SPORE_STRICT_PLUGINS": "1"})
-    assert out.returncode == 1
-    assert "'broken'" in out.stderr
-    assert "ImportError" in out.stderr
+    strict = {"SPORE_STRICT_PLUGINS": "1"}
+    out = run_spore("plugins", plugins=("broken",), env=strict)
+    assert out.returncode == 2  # a plugin error, as in the other commands
+    assert "Error: spore plugin 'broken'" in out.stderr
+    assert "caused by: ImportError" in out.stderr
+    check = run_spore("plugins", "check", plugins=("broken",), env=strict)
+    assert check.returncode == 1  # check's own status: a plugin is not active
+    assert "'broken'" in check.stderr
+    assert "ImportError" in check.stderr
 
 
 def test_plugins_check_exit_codes(run_spore) -> None:
@@ -91,6 +96,8 @@ def test_plugins_check_exit_codes(run_spore) -> None:
     data = json.loads(bad.stdout)
     assert data["ok"] is False
     assert [p.split(":")[0] for p in data["problems"]] == ["broken"]
+    group_json = run_spore("plugins", "--json", "check", plugins=("healthy", "broken"))
+    assert json.loads(group_json.stdout) == data  # --json before `check` is the same
     assert run_spore("plugins", "check", "healthy", plugins=("healthy", "broken")).returncode == 0
     missing = run_spore("plugins", "check", "nope", plugins=("healthy",))
     assert missing.returncode == 1

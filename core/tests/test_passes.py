@@ -544,6 +544,8 @@ print("ran with", sys.argv[1:])
 torch.compile(lambda x: x * 2 * x)(torch.randn(4))
 if sys.argv[1:] == ["fail"]:
     raise RuntimeError("boom")
+if sys.argv[1:] == ["exit"]:
+    sys.exit(3)
 """
 
 
@@ -561,6 +563,9 @@ def test_spore_passes_run_lists_the_rewrites_a_script_caused(run_spore, tmp_path
     failed = run_spore("passes", f"--run={script}", "fail")
     assert failed.returncode == 1
     assert "model.py raised RuntimeError: boom" in failed.stderr
+    exited = run_spore("passes", "--run", str(script), "exit")
+    assert exited.returncode == 3  # the script's own status, as under `python model.py`
+    assert "model.py exited with status 3" in exited.stderr
     stray = run_spore("passes", "extra")
     assert stray.returncode == 2
     assert "use --run SCRIPT ARGS" in stray.stderr

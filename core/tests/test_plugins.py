@@ -104,6 +104,15 @@ def test_a_disabled_plugin_is_disabled_whatever_its_metadata(fixture_plugins, sp
     assert disabled["badmeta"] == (Status.DISABLED, "listed in SPORE_DISABLE_PLUGINS")
 
 
+def test_an_unknown_name_in_the_deny_list_is_logged(fixture_plugins, spore_manager, caplog):
+    fixture_plugins("healthy")
+    with caplog.at_level(logging.WARNING, logger="spore.plugins"):
+        statuses = _statuses(spore_manager({"SPORE_DISABLE_PLUGINS": "healthyy,core"}))
+    assert statuses["healthy"][0] is Status.ACTIVE  # the typo disabled nothing
+    (record,) = [r.getMessage() for r in caplog.records if "SPORE_DISABLE" in r.getMessage()]
+    assert "names 'healthyy', which is not an installed plugin (did you mean 'healthy'?" in record
+
+
 @pytest.mark.parametrize(
     ("fixture", "reason"),
     [

@@ -137,6 +137,7 @@ class PluginManager:
         self._infos[CORE_PLUGIN] = core
         self.pm.register(builtin, name=CORE_PLUGIN)
         core.hooks = sorted(h.name for h in self.pm.get_hookcallers(builtin) or [])
+        self._warn_unknown_denied()
         for info in self.discover():
             self._infos.setdefault(info.name, info)
             if info.status is None:
@@ -152,6 +153,21 @@ class PluginManager:
         for info in self._infos.values():
             if info.status is None:
                 info.status = Status.ACTIVE
+
+    def _warn_unknown_denied(self) -> None:
+        """A name in ``SPORE_DISABLE_PLUGINS`` that no installed plugin has (a typo leaves the
+        plugin meant enabled) is logged with the closest installed name."""
+        installed = sorted({i.name for i in self.discover()})
+        for name in sorted(self.selection.deny - {*installed, CORE_PLUGIN}):
+            close = difflib.get_close_matches(name, installed, n=1)
+            hint = f"did you mean {close[0]!r}? " if close else ""
+            log.warning(
+                "SPORE_DISABLE_PLUGINS names %r, which is not an installed plugin (%sinstalled: "
+                "%s)",
+                name,
+                hint,
+                ", ".join(installed) or "none",
+            )
 
     def _import_and_register(self, info: PluginInfo) -> None:
         assert info.entry_point is not None

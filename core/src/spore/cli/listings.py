@@ -9,6 +9,7 @@ from typing import Any
 import click
 
 from spore.cli.render import JSON_OPTION, Column, emit
+from spore.discovery import CORE_PLUGIN
 from spore.plugins import get_manager
 
 
@@ -86,7 +87,10 @@ def _run_script(script: str, args: tuple[str, ...]) -> dict[str, int]:
             runpy.run_path(script, run_name="__main__")
     except SystemExit as exc:
         if exc.code not in (None, 0):
-            raise click.ClickException(f"{script} exited with status {exc.code}") from exc
+            failed = click.ClickException(f"{script} exited with status {exc.code}")
+            code = exc.code if isinstance(exc.code, int) and 0 < exc.code < 256 else 1
+            failed.exit_code = code  # the script's own status, as under `python SCRIPT`
+            raise failed from exc
     except Exception as exc:
         raise click.ClickException(f"{script} raised {type(exc).__name__}: {exc}") from exc
     finally:
@@ -132,7 +136,8 @@ def _run_order(entry: Any) -> tuple[int, int, str]:
 def passes_cmd(as_json: bool, script: str | None, script_args: tuple[str, ...]) -> None:
     """List the graph passes registered through Spore: stage, priority, device, owner.
 
-    With --run SCRIPT, also the number of rewrites each pass made while SCRIPT ran.
+    With --run SCRIPT, also the number of rewrites each pass made while SCRIPT ran; a script
+    that exits with a status ends the command with that status.
     """
     if script_args and script is None:
         raise click.UsageError(f"unexpected arguments {list(script_args)}: use --run SCRIPT ARGS")
@@ -172,9 +177,18 @@ def passes_cmd(as_json: bool, script: str | None, script_args: tuple[str, ...]) 
 @click.command("backends")
 @JSON_OPTION
 def backends_cmd(as_json: bool) -> None:
-    """List the torch.compile backends registered through Spore, and by whom."""
+    """List the torch.compile backends of spore-core and those registered through Spore.
+
+    torch's own backends are listed by torch._dynamo.list_backends().
+    """
     registry = get_manager().registry("backends")
-    rows = [
+    core = {
+        "name": "spore",
+        "registered_by": CORE_PLUGIN,
+        "fallback": False,
+        "description": "Inductor with the graph passes registered through Spore (spore passes)",
+    }
+    rows = [core] + [
         {
             "name": e.name,
             "registered_by": e.owner,
@@ -186,7 +200,7 @@ def backends_cmd(as_json: bool) -> None:
     emit(
         rows,
         as_json=as_json,
-        empty="No backends registered through Spore (torch's own: torch._dynamo.list_backends()).",
+        empty="",
         title="spore backends (torch.compile(model, backend=NAME))",
         columns=[
             Column("name", lambda r: r["name"], "name"),

@@ -29,9 +29,9 @@ def probe_plugins() -> list[dict[str, Any]]:
             f"the plugin probe printed no status (a plugin may crash the interpreter on "
             f"import): {exc}"
         ) from exc
-    if "error" in data:
-        cause = f" (cause: {data['cause']})" if data.get("cause") else ""
-        raise click.ClickException(f"{data['error']}{cause}")
+    if "error" in data:  # spore's main() prints it and exits 2, as for any plugin error
+        cause = f"\n  caused by: {data['cause']}" if data.get("cause") else ""
+        raise PluginError(f"{data['error']}{cause}")
     return data["plugins"]
 
 
@@ -83,12 +83,13 @@ def plugins_check(ctx: click.Context, names: tuple[str, ...], as_json: bool) -> 
     """
     from spore.plugins import normalize
 
+    as_json = as_json or ctx.parent.params["as_json"]  # `spore plugins --json check` too
     manager = get_manager()
     wanted = [normalize(n) for n in names]
     try:
         manager.add_commands(ctx.find_root().command)
         rows = [i.to_dict() for i in manager.plugins(include_builtin=CORE_PLUGIN in wanted)]
-    except PluginError as exc:
+    except PluginError as exc:  # strict mode: a plugin that is not active, so exit 1 too
         cause = f" (cause: {exc.__cause__!r})" if exc.__cause__ else ""
         raise click.ClickException(f"{exc}{cause}") from exc
     known = {r["name"] for r in rows}

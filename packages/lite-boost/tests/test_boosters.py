@@ -3,6 +3,7 @@ boosters from another plugin's hook (and one whose hook raises), the CLI."""
 
 from __future__ import annotations
 
+import json
 import logging
 import subprocess
 import sys
@@ -191,3 +192,10 @@ def test_cli_explains_a_booster_and_refuses_an_unknown_class(toy_booster):
     assert "no lite-boost booster for NoSuchModel" in result.output
     listed = CliRunner().invoke(group, ["boosters"])
     assert "ToyBase  (python)" in listed.output
+    toy = {"model_class": "ToyBase", "registered_by": "python", "changes": ["records the options"]}
+    rows = json.loads(CliRunner().invoke(group, ["boosters", "--json"]).output)
+    assert toy in rows
+    owners = {r["model_class"]: r["registered_by"] for r in rows}
+    assert owners["WanTransformer3DModel"] == owners["AutoencoderKLWan"] == "lite-boost"
+    assert [r["model_class"] for r in rows] == sorted(r["model_class"] for r in rows)
+    assert json.loads(CliRunner().invoke(group, ["explain", "ToyBase", "--json"]).output) == toy

@@ -197,7 +197,7 @@ def test_registry_finds_the_boosters_by_class_name():
 def test_explain_shows_the_changes(run_spore):
     result = run_spore("lite-boost", "explain", "WanTransformer3DModel")
     assert result.returncode == 0, result.stderr
-    assert "WanTransformer3DModel: booster from python" in result.stdout
+    assert "WanTransformer3DModel: booster from lite-boost" in result.stdout
     for change in W.TRANSFORMER_CHANGES:
         assert f"  - {change}" in result.stdout
 

@@ -77,6 +77,7 @@ class BoosterRegistry:
         changes: tuple[str, ...] | list[str] = (),
         *,
         override: bool = False,
+        _owner: str | None = None,
     ) -> Booster:
         """Register ``apply`` for ``class_name``; ``override`` replaces a booster already
         registered for it (else that is a ``ValueError``)."""
@@ -89,7 +90,7 @@ class BoosterRegistry:
                 f"a booster for {class_name} is already registered; pass override=True to "
                 "replace it"
             )
-        booster = Booster(class_name, apply, tuple(changes), self.owner)
+        booster = Booster(class_name, apply, tuple(changes), _owner or self.owner)
         self.boosters[class_name] = booster
         return booster
 
@@ -104,14 +105,29 @@ def register_booster(
 ) -> Callable[[Callable[[torch.nn.Module, BoostOptions], None]], Any]:
     """Decorator: ``fn(model, options)`` boosts models of class ``class_name``; ``override``
     replaces a booster registered for it before (lite-boost's own included)."""
+    return _registering(class_name, changes, override, "python")
+
+
+def _registering(
+    class_name: str, changes: tuple[str, ...] | list[str], override: bool, owner: str
+) -> Callable[[Callable[[torch.nn.Module, BoostOptions], None]], Any]:
+    """:func:`register_booster` with the owner the listings name (lite-boost's own:
+    ``lite-boost``)."""
 
     def decorate(fn: Callable[[torch.nn.Module, BoostOptions], None]) -> Any:
         _load_builtin()  # first: a clash with one of ours is found here, not at a later find()
         with _lock:
-            _python.add(class_name, fn, changes, override=override)
+            _python.add(class_name, fn, changes, override=override, _owner=owner)
         return fn
 
     return decorate
+
+
+def _builtin_booster(
+    class_name: str, *, changes: tuple[str, ...]
+) -> Callable[[Callable[[torch.nn.Module, BoostOptions], None]], Any]:
+    """:func:`register_booster` for lite-boost's own boosters (``BUILTIN``)."""
+    return _registering(class_name, changes, False, "lite-boost")
 
 
 def _plugin_boosters() -> dict[str, Booster]:

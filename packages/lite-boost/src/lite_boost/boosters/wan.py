@@ -28,7 +28,7 @@ from typing import Any
 import torch
 
 from lite_boost import backends
-from lite_boost.boosters import BoostOptions, register_booster
+from lite_boost.boosters import BoostOptions, _builtin_booster
 from lite_boost.rope3d import apply_rope, rope_tables, split
 
 TRANSFORMER_CHANGES = (
@@ -235,7 +235,7 @@ def _sequence_hooks(model: torch.nn.Module, manager: Any) -> list[Any]:
     return handles
 
 
-@register_booster("WanTransformer3DModel", changes=TRANSFORMER_CHANGES)
+@_builtin_booster("WanTransformer3DModel", changes=TRANSFORMER_CHANGES)
 def boost_transformer(model: torch.nn.Module, options: BoostOptions) -> None:
     """Patch a diffusers ``WanTransformer3DModel`` in place (see :data:`TRANSFORMER_CHANGES`)."""
     from diffusers.models.transformers.transformer_wan import WanAttention
@@ -264,7 +264,7 @@ def boost_transformer(model: torch.nn.Module, options: BoostOptions) -> None:
         model._lite_boost_handles = _sequence_hooks(model, manager)
 
 
-@register_booster("AutoencoderKLWan", changes=VAE_CHANGES)
+@_builtin_booster("AutoencoderKLWan", changes=VAE_CHANGES)
 def boost_vae(vae: torch.nn.Module, options: BoostOptions) -> None:
     """Patch a diffusers ``AutoencoderKLWan`` in place (see :data:`VAE_CHANGES`)."""
     manager = _manager(options)

@@ -2,7 +2,15 @@
 
 from __future__ import annotations
 
+import json
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
+
+from mccl.benchmarks import free_port
 
 
 @pytest.mark.parametrize("world", [2, 4])
@@ -95,6 +103,19 @@ def test_process_exit_while_pending_does_not_hang(ranks) -> None:
     (r,), elapsed = ranks("exit_pending", 2, ranks=[0], timeout=600)
     assert r == {"exited_while_pending": True}
     assert elapsed < 30
+
+
+def test_ctrl_c_while_pending_ends_the_process_by_sigint(tmp_path) -> None:
+    """As CPython ends a program on an uncaught KeyboardInterrupt (a shell reports 130), not
+    with status 1."""
+    worker = Path(__file__).with_name("worker.py")
+    command = [sys.executable, str(worker), "interrupted_pending", "0", "2", str(free_port())]
+    done = subprocess.run(
+        [*command, "600"], capture_output=True, text=True, timeout=60, cwd=tmp_path
+    )
+    assert json.loads(done.stdout) == {"pending": True}
+    assert "KeyboardInterrupt" in done.stderr
+    assert done.returncode == -signal.SIGINT
 
 
 def test_a_child_forked_while_pending_does_not_wait_for_the_init(ranks) -> None:

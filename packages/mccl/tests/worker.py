@@ -168,6 +168,13 @@ def exit_pending() -> dict:
     return {"exited_while_pending": mccl.pending() is not None}
 
 
+def interrupted_pending() -> dict:
+    """A KeyboardInterrupt (Ctrl-C) uncaught while the init is pending."""
+    start()
+    print(json.dumps({"pending": mccl.pending() is not None}), flush=True)
+    raise KeyboardInterrupt
+
+
 def fork_pending() -> dict:
     """A child forked while the init is pending (as a fork-started DataLoader worker): it is
     no rank of the group, so it must not wait for the parent's init (whose thread it lacks)."""
@@ -203,6 +210,7 @@ SCENARIOS = {
         double_init,
         destroy_pending,
         exit_pending,
+        interrupted_pending,
         fork_pending,
     )
 }

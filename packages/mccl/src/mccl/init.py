@@ -13,6 +13,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import os
+import signal
 import sys
 import threading
 import time
@@ -236,8 +237,9 @@ def _release_at_exit() -> None:
     (SIGABRT) during interpreter teardown once a peer has exited, so a default group mccl
     created is destroyed here if the program did not. Exit handlers must not block on the
     guard, and a rendezvous still running has the same teardown problem, so with an init still
-    pending the process ends here with ``os._exit``: status 1 after an uncaught exception,
-    else 0 (a ``sys.exit(n)`` status is not preserved in that case).
+    pending the process ends here: by SIGINT after an uncaught ``KeyboardInterrupt`` (as
+    CPython ends such a program; a shell reports 130), else with ``os._exit``: status 1 after
+    an uncaught exception, else 0 (a ``sys.exit(n)`` status is not preserved in that case).
     """
     global _pending
     with _lock:
@@ -248,8 +250,11 @@ def _release_at_exit() -> None:
         with contextlib.suppress(Exception):  # exiting anyway; the group is unusable
             c10d.destroy_process_group()
     if handle is not None and handle._thread.is_alive():
-        status = 1 if getattr(sys, "last_value", None) is not None else 0
+        last = getattr(sys, "last_value", None)
         for stream in (sys.stdout, sys.stderr):
             with contextlib.suppress(OSError, ValueError):
                 stream.flush()
-        os._exit(status)
+        if isinstance(last, KeyboardInterrupt):
+            signal.signal(signal.SIGINT, signal.SIG_DFL)
+            os.kill(os.getpid(), signal.SIGINT)
+        os._exit(1 if last is not None else 0)

@@ -173,6 +173,53 @@ def test_a_plugin_provides_boosters_and_a_broken_hook_is_skipped(
     ) in caplog.text
 
 
+CLASHING = """
+import spore
+
+def boost(model, options):
+    model.boosted_by = {name!r}
+
+@spore.hookimpl(optionalhook=True)
+def lite_boost_register_boosters(registry):
+    registry.add("WanTransformer3DModel", boost, override={override})
+    registry.add("PluginToy", boost)
+"""
+
+
+def test_clashing_boosters_are_settled_by_precedence_and_logged(
+    spore_plugin_source: Callable[[str, str], None],
+    spore_manager: Callable[..., Any],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A plugin's booster for a class lite-boost boosts was dropped silently even with
+    ``override=True``, and a user's ``register_booster`` replaced a plugin's silently."""
+    spore_plugin_source("clasha", CLASHING.format(name="clasha", override=False))
+    spore_plugin_source("clashb", CLASHING.format(name="clashb", override=True))
+    spore_manager(_only("lite-boost", "kernels", "clasha", "clashb"))
+    with caplog.at_level(logging.WARNING, logger="lite_boost"):
+        table = boosters.boosters()
+    assert table["WanTransformer3DModel"].owner == "clashb"  # override=True replaces ours
+    assert table["PluginToy"].owner == "clasha"  # the first by plugin name
+    assert (
+        "spore plugin 'clasha' registers a booster for WanTransformer3DModel, which lite-boost "
+        "boosts itself; lite-boost's is used"
+    ) in caplog.text
+    assert "plugins 'clasha' and 'clashb' both register a booster for PluginToy" in caplog.text
+    caplog.clear()
+
+    @boosters.register_booster("PluginToy")
+    def mine(model: torch.nn.Module, options: boosters.BoostOptions) -> None:
+        model.boosted_by = "python"
+
+    try:
+        with caplog.at_level(logging.WARNING, logger="lite_boost"):
+            assert boosters.boost(PluginToy()).boosted_by == "python"
+            boosters.boost(PluginToy())
+        assert caplog.text.count("replaces spore plugin 'clasha'") == 1  # logged once
+    finally:
+        del boosters._python.boosters["PluginToy"]
+
+
 def test_a_broken_hook_is_an_error_when_asked_for_by_name(
     booster_plugins: None, spore_manager: Callable[..., Any]
 ) -> None:

@@ -8,6 +8,7 @@ model's class name or the name of one of its base classes. :func:`boost` applies
 
 from __future__ import annotations
 
+import logging
 import threading
 import weakref
 from collections.abc import Callable
@@ -20,6 +21,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictInt
 from lite_boost.sparse import as_int, is_number
 
 HOOK = "lite_boost_register_boosters"
+log = logging.getLogger("lite_boost")
 
 
 def _integer(value: Any) -> Any:
@@ -60,6 +62,7 @@ class Booster:
     apply: Callable[[torch.nn.Module, BoostOptions], None]
     changes: tuple[str, ...]
     owner: str = "python"
+    override: bool = False
 
 
 class BoosterRegistry:
@@ -80,7 +83,9 @@ class BoosterRegistry:
         _owner: str | None = None,
     ) -> Booster:
         """Register ``apply`` for ``class_name``; ``override`` replaces a booster already
-        registered for it (else that is a ``ValueError``)."""
+        registered for it here (else that is a ``ValueError``), and from a plugin's hook,
+        lite-boost's own booster for that class (else the plugin's is skipped with a
+        warning)."""
         if not isinstance(class_name, str):
             raise TypeError(f"class_name must be a class's name (a str), got {class_name!r}")
         if not class_name.isidentifier():
@@ -90,13 +95,16 @@ class BoosterRegistry:
                 f"a booster for {class_name} is already registered; pass override=True to "
                 "replace it"
             )
-        booster = Booster(class_name, apply, tuple(changes), _owner or self.owner)
+        booster = Booster(class_name, apply, tuple(changes), _owner or self.owner, override)
         self.boosters[class_name] = booster
         return booster
 
 
 _lock = threading.RLock()
-_python = BoosterRegistry()
+_python = BoosterRegistry()  # lite-boost's own (owner "lite-boost") and the user's
+_OWN = "lite-boost"
+_own_classes: set[str] = set()  # the classes lite-boost's own boosters are for
+_shadowed: set[tuple[str, str]] = set()  # (class, plugin) a user's booster replaced, logged
 _from_plugins: weakref.WeakKeyDictionary[Any, dict[str, Booster]] = weakref.WeakKeyDictionary()
 
 
@@ -104,7 +112,9 @@ def register_booster(
     class_name: str, *, changes: tuple[str, ...] | list[str] = (), override: bool = False
 ) -> Callable[[Callable[[torch.nn.Module, BoostOptions], None]], Any]:
     """Decorator: ``fn(model, options)`` boosts models of class ``class_name``; ``override``
-    replaces a booster registered for it before (lite-boost's own included)."""
+    replaces a booster registered for it before in Python (lite-boost's own included; else a
+    ``ValueError``). It takes precedence over a plugin's booster for the class, which is
+    logged unless ``override`` says so."""
     return _registering(class_name, changes, override, "python")
 
 
@@ -127,7 +137,8 @@ def _builtin_booster(
     class_name: str, *, changes: tuple[str, ...]
 ) -> Callable[[Callable[[torch.nn.Module, BoostOptions], None]], Any]:
     """:func:`register_booster` for lite-boost's own boosters (``BUILTIN``)."""
-    return _registering(class_name, changes, False, "lite-boost")
+    _own_classes.add(class_name)
+    return _registering(class_name, changes, False, _OWN)
 
 
 def _plugin_boosters() -> dict[str, Booster]:
@@ -138,9 +149,27 @@ def _plugin_boosters() -> dict[str, Booster]:
         if manager not in _from_plugins:
             found: dict[str, Booster] = {}
             calls = manager.collect(HOOK, BoosterRegistry, skipped="its boosters are skipped")
-            for _, registry in calls:
+            for plugin, registry in calls:  # by plugin name
                 for name, booster in registry.boosters.items():
-                    found.setdefault(name, booster)
+                    if name in found:
+                        log.warning(
+                            "spore plugins %r and %r both register a booster for %s; %r's is "
+                            "used (the first by plugin name)",
+                            found[name].owner,
+                            plugin,
+                            name,
+                            found[name].owner,
+                        )
+                    elif name in _own_classes and not booster.override:
+                        log.warning(
+                            "spore plugin %r registers a booster for %s, which lite-boost "
+                            "boosts itself; lite-boost's is used (registry.add(..., "
+                            "override=True) replaces it)",
+                            plugin,
+                            name,
+                        )
+                    else:
+                        found[name] = booster
             _from_plugins[manager] = found
         return _from_plugins[manager]
 
@@ -157,13 +186,28 @@ def _load_builtin() -> None:
 
 
 def boosters() -> dict[str, Booster]:
-    """Every known booster by class name: registered in Python first (lite-boost's own
-    included), then the plugins'."""
+    """Every known booster by class name: the user's (:func:`register_booster`) first, then a
+    plugin's, then lite-boost's own (which a plugin replaces only with ``override=True``)."""
     _load_builtin()
     with _lock:
-        table = dict(_python.boosters)
-    for name, booster in _plugin_boosters().items():
-        table.setdefault(name, booster)
+        python = dict(_python.boosters)
+    table = {name: b for name, b in python.items() if b.owner == _OWN}
+    plugins = _plugin_boosters()
+    table.update(plugins)
+    for name, booster in python.items():
+        if booster.owner == _OWN:
+            continue
+        if name in plugins and not booster.override:
+            key = (name, plugins[name].owner)
+            if key not in _shadowed:
+                _shadowed.add(key)
+                log.warning(
+                    "the booster registered in Python for %s replaces spore plugin %r's "
+                    "(register_booster(..., override=True) says so without this warning)",
+                    name,
+                    plugins[name].owner,
+                )
+        table[name] = booster
     return table
 
 

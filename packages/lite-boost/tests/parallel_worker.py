@@ -95,6 +95,15 @@ def ulysses(m: ParallelManager) -> dict:
         "round_trip": gather_sequence(shard_sequence(x, -2, m), 0, m).equal(x),
         "gather_uneven": gather_sequence(x[: 3 if r == 0 else 0], 0, m).tolist(),
         "gather_mismatch": _error(lambda: gather_sequence(mismatch, 0, m)),
+        "ulysses_mismatch": {
+            what: _error(lambda t=t: ulysses_attention(backends.attention, t, t, t, manager=m))
+            for what, t in (
+                ("head_dim", torch.randn(1, 2, 4, 8 + 8 * r)),
+                ("q heads", torch.randn(1, 2 + 2 * r, 4, 8)),
+                ("batch", torch.randn(1 + r, 2, 4, 8)),
+                ("dtype", torch.randn(1, 2, 4, 8, dtype=(torch.float32, torch.float16)[r])),
+            )
+        },
     }
 
 
@@ -172,6 +181,14 @@ def vae(m: ParallelManager) -> dict:
         "bad_overlap": _error(
             lambda: decode_temporal_parallel(lambda z: z, torch.zeros(1, 3), manager=m, overlap=-1)
         ),
+        "bad_frames_per_latent": [
+            _error(
+                lambda f=f: decode_temporal_parallel(
+                    lambda z: z, torch.zeros(1, 3), manager=m, overlap=1, frames_per_latent=f
+                )
+            )
+            for f in (2.5, True, 0)
+        ],
         "one_rank_fails": _error(
             lambda: decode_temporal_parallel(
                 lambda z: _fail_on_rank_1(m, model, z),

@@ -64,3 +64,12 @@ def test_gather_mismatched_shapes_raise_on_every_rank(ranks):
         assert rank["gather_mismatch"].startswith("ValueError")
         assert "(2, 3)" in rank["gather_mismatch"]
         assert "(2, 4)" in rank["gather_mismatch"]
+
+
+def test_ranks_disagreeing_on_more_than_the_length_raise_on_every_rank(ranks):
+    """Only the lengths were exchanged: gloo then aborted the process (SIGABRT)."""
+    for me, rank in enumerate(ranks):
+        other = 1 - me
+        for what, error in rank["ulysses_mismatch"].items():
+            assert error.startswith("ValueError: Ulysses attention needs every rank's"), error
+            assert f"rank {other}'s {what} differs" in error

@@ -59,6 +59,8 @@ def test_bf16_is_kept_and_exact(ranks):
 def test_bad_input_and_a_failing_rank_raise_on_every_rank(ranks):
     for rank in ranks:
         assert rank["bad_overlap"].startswith("ValueError: overlap must be an int >= 0")
+        for error in rank["bad_frames_per_latent"]:  # 2.5 and True were taken
+            assert error.startswith("ValueError: frames_per_latent must be an int >= 1"), error
         assert rank["bad_decode"].startswith("TypeError: decode must return a tensor")
         assert rank["needs_grad"].startswith(
             "RuntimeError: decode_temporal_parallel is inference-only"

@@ -254,3 +254,24 @@ def test_blocks_pool_to_their_mean_without_an_fp32_copy_of_all_heads(dtype):
     assert got.dtype == torch.float32
     fp32_copy = x.numel() * 4
     assert seen.largest < fp32_copy / 4  # two of the eight heads' worth at most
+
+
+def test_a_block_longer_than_the_sequence_is_its_one_block():
+    """Pooling padded every row to ``block_size``: 2**22 took 1 GB for 24 tokens, and 10**20
+    failed with an overflow in ``torch.zeros``."""
+    q, k, v = _qkv((2, 3, 4), text_len=3)
+    one_block = sparse_attention(
+        q, k, v, latent_shape=(2, 3, 4), text_len=3, sparsity=0.5, block_size=27
+    )
+    for huge in (2**22, 10**20):
+        with _tool("block_choice_cost").LargestAlloc() as seen:
+            got = sparse_attention(
+                q, k, v, latent_shape=(2, 3, 4), text_len=3, sparsity=0.5, block_size=huge
+            )
+        torch.testing.assert_close(got, one_block, rtol=0, atol=0)
+        assert seen.largest < 2**20
+    index, count = select_blocks(
+        q, k, video_len=24, first_frame_len=12, text_first=False, sparsity=0.5, block_size=10**20
+    )
+    assert index.shape == (2, 2, 1, 1)
+    assert count.tolist() == [[[1], [1]], [[1], [1]]]

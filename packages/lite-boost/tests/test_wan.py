@@ -9,6 +9,7 @@ import math
 import os
 import socket
 import sys
+import types
 
 import pytest
 import torch
@@ -227,6 +228,18 @@ def test_a_head_too_small_for_3d_rope_is_refused_at_boost_and_the_model_kept():
         boost(model, sparsity=0.5)
     assert model.rope is rope
     assert model.blocks[0].attn1.processor is processor
+
+
+def test_a_model_without_blocks_is_refused_parallel_before_any_change():
+    """A bare IndexError came after the rope had been replaced (the hooks go on the first and
+    last block)."""
+    model = _model(num_layers=0)
+    rope = model.rope
+    two_ranks = types.SimpleNamespace(rank=0, world=2, group=None)  # read only at a forward
+    with pytest.raises(ValueError, match=r"this model has none \(num_layers=0\)"):
+        boost(model, parallel=two_ranks)
+    assert model.rope is rope
+    assert not hasattr(model, "lite_boost_options")
 
 
 def test_vae_without_parallel_is_unchanged():

@@ -152,6 +152,7 @@ def select_blocks(
     ``(kv_block_index, kv_block_count)`` as ``torch.ops.spore.block_sparse_attention`` takes
     them (int64; (B, H, blocks, blocks) and (B, H, blocks))."""
     s = q.shape[2]
+    block_size = min(block_size, max(s, 1))  # a longer block is the one block there is
     blocks = -(-s // block_size)
     scores = _pool(q, block_size) @ _pool(k, block_size).transpose(-1, -2)
     start = s - video_len if text_first else 0  # where the video tokens begin
@@ -205,6 +206,7 @@ def sparse_attention(
     text_len = _count(text_len, "text_len", 0)
     block_size = _count(block_size, "block_size", 1)
     _check(q, k, v, latent_shape, text_len, sparsity)
+    block_size = min(block_size, max(q.shape[2], 1))  # one block, in memory of the sequence's
     if sparsity == 0.0:
         return backends.attention(q, k, v)
     groups = q.shape[1] // k.shape[1]

@@ -243,6 +243,12 @@ def boost_transformer(model: torch.nn.Module, options: BoostOptions) -> None:
     manager = _manager(options)
     attentions = [m for m in model.modules() if isinstance(m, WanAttention)]
     if manager is not None:
+        if len(model.blocks) == 0:
+            raise ValueError(
+                "Ulysses parallel splits the tokens over ranks at the first transformer block "
+                "and gathers them after the last; this model has none (num_layers=0): boost "
+                "it without parallel="
+            )
         for attn in attentions:
             if attn.heads % manager.world:
                 raise ValueError(

@@ -13,6 +13,7 @@ concatenated sequence.
 
 from __future__ import annotations
 
+import zlib
 from collections.abc import Callable
 
 import torch
@@ -45,7 +46,7 @@ def ulysses_attention(
     world = manager.world
     if world == 1:
         return attn(q, k, v)
-    lengths = _lengths(q, manager)
+    lengths = _lengths(q, k, manager)
     if max(lengths) == 0:
         return attn(q, k, v)
     batch, hq, _, dim = q.shape
@@ -86,12 +87,30 @@ def _check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, world: int) -> Non
             )
 
 
-def _lengths(x: torch.Tensor, manager: ParallelManager) -> list[int]:
-    """Every rank's sequence length (dim 2), in rank order."""
-    mine = torch.tensor([x.shape[2]], dtype=torch.int64, device=x.device)
+_LAYOUT = ("batch", "q heads", "k/v heads", "head_dim", "dtype")
+
+
+def _lengths(q: torch.Tensor, k: torch.Tensor, manager: ParallelManager) -> list[int]:
+    """Every rank's sequence length (dim 2), in rank order; a ``ValueError`` on every rank
+    when the ranks disagree on anything else the exchange needs equal (in gloo such a
+    mismatch aborts the process)."""
+    dtype = zlib.crc32(str(q.dtype).encode())  # the same on every rank, for any dtype
+    layout = (q.shape[0], q.shape[1], k.shape[1], q.shape[3], dtype)
+    mine = torch.tensor([q.shape[2], *layout], dtype=torch.int64, device=q.device)
     every = [torch.empty_like(mine) for _ in range(manager.world)]
     dist.all_gather(every, mine, group=manager.group)
-    return [int(n) for n in torch.cat(every).tolist()]
+    rows = [[int(n) for n in t.tolist()] for t in every]
+    for r, row in enumerate(rows):
+        for name, theirs, ours in zip(_LAYOUT, row[1:], layout, strict=True):
+            if theirs != ours:
+                shapes = [f"rank {i}: {tuple(row[1:5])}" for i, row in enumerate(rows)]
+                raise ValueError(
+                    f"Ulysses attention needs every rank's q, k, v to agree on all but the "
+                    f"sequence length: rank {r}'s {name} differs from rank {manager.rank}'s "
+                    f"((batch, q heads, k/v heads, head_dim) {'; '.join(shapes)}; dtypes "
+                    f"must match too)"
+                )
+    return [row[0] for row in rows]
 
 
 class _Exchange(torch.autograd.Function):

@@ -59,8 +59,14 @@ def decode_temporal_parallel(
         )
     if isinstance(overlap, bool) or not isinstance(overlap, int) or overlap < 0:
         raise ValueError(f"overlap must be an int >= 0 (latent frames), got {overlap!r}")
-    if frames_per_latent is not None and frames_per_latent < 1:
-        raise ValueError(f"frames_per_latent must be >= 1, got {frames_per_latent}")
+    if frames_per_latent is not None and (
+        isinstance(frames_per_latent, bool)
+        or not isinstance(frames_per_latent, int)
+        or frames_per_latent < 1
+    ):
+        raise ValueError(
+            f"frames_per_latent must be an int >= 1 (output frames), got {frames_per_latent!r}"
+        )
     if not -latents.dim() <= time_dim < latents.dim():
         raise ValueError(f"time_dim {time_dim} is out of range for latents of {latents.dim()} dims")
     time_dim %= latents.dim()

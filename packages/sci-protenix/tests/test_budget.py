@@ -32,6 +32,9 @@ def test_a_fraction_is_of_the_free_memory(monkeypatch: pytest.MonkeyPatch) -> No
     assert parse_budget("0.5") == 5 * 2**30
     assert parse_budget(0.25) == 10 * 2**30 // 4
     assert parse_budget("1.0") == 10 * 2**30
+    for tiny in ("0.000000000001", 1e-12):  # returned 0 bytes
+        with pytest.raises(ValueError, match="less than a byte of free memory"):
+            parse_budget(tiny)
 
 
 def test_free_cpu_memory_matches_proc_meminfo() -> None:
@@ -85,3 +88,5 @@ def test_format_bytes() -> None:
     assert format_bytes(3 * 2**29) == "1.50 GiB"
     assert format_bytes(512) == "512 B"
     assert format_bytes(2**20) == "1.00 MiB"
+    assert format_bytes(2**30 + 1, up=True) == "1.01 GiB"
+    assert format_bytes(10**400).endswith(" TiB")  # a float overflowed

@@ -68,6 +68,9 @@ def test_a_block_without_a_single_track_shows_no_pair_bias_chunk() -> None:
         # a traceback (float overflow), then torch's message with its C++ frames
         (["--tokens", "30", "--budget", "9" * 400], "is more than 16 EiB"),
         (["--tokens", "30", "--budget", "8GiB", "--c-z", "9" * 20], "too large to plan"),
+        # an OverflowError traceback from the float in format_bytes
+        (["--tokens", "1" + "0" * 160, "--budget", "8GiB"], "do not fit in 8.00 GiB"),
+        (["--tokens", "8", "--blocks", "1" + "0" * 320, "--budget", "8GiB"], "do not fit"),
     ],
 )
 def test_errors_are_click_errors(args, message) -> None:

@@ -357,6 +357,14 @@ def test_msa_module_bad_inputs() -> None:
     feats["msa"] = feats["msa"].float()
     with pytest.raises(TypeError, match="must hold class indices"):
         module(feats, z, s_inputs, None)
+    feats = msa_features()
+    rows = feats["msa"].shape[0]
+    for name, bad in (("has_deletion", (rows + 2, 6)), ("deletion_value", (rows, 5))):
+        wrong = {**feats, name: torch.zeros(bad)}  # more rows were paired silently
+        with pytest.raises(ValueError, match=f"{name}'\\] must have msa's shape"):
+            module(wrong, z, s_inputs, None)
+    with pytest.raises(ValueError, match=r"s_inputs \(2, 6, 4\) does not broadcast"):
+        module(feats, z, torch.randn(2, 6, 4), None)
     with pytest.raises(ValueError, match="n_blocks must be an int >= 0, got -1"):
         MSAModule(n_blocks=-1)
     with pytest.raises(ValueError, match="strategy'\\] must be 'random' or 'topk'"):

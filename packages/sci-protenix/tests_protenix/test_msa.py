@@ -145,6 +145,23 @@ def test_msa_module(px: SimpleNamespace, twin: Twin, plan: MemoryPlan | None) ->
     torch.testing.assert_close(got, expected, **TOL)
 
 
+def test_msa_module_with_a_size_one_batch_dim_on_s_inputs_only(
+    px: SimpleNamespace, twin: Twin
+) -> None:
+    """Unbatched MSA features with ``s_inputs`` [1, N, c]: Protenix's out-of-place add takes it;
+    ours failed in an in-place add with torch's broadcast message."""
+    kwargs = {"n_blocks": 1, "c_m": 8, "c_z": 6, "c_s_inputs": 5, "msa_chunk_size": 4}
+    theirs, ours = twin(px.pairformer.MSAModule, MSAModule, **kwargs, msa_configs=MSA_CONFIGS)
+    feats, z, s_inputs = msa_features(9, 7), torch.randn(7, 7, 6), torch.randn(1, 7, 5)
+    with torch.no_grad():
+        torch.manual_seed(14)
+        expected = theirs(feats, z, s_inputs, pair_mask=None)
+        torch.manual_seed(14)
+        got = ours(feats, z, s_inputs, pair_mask=None)
+    assert got.shape == expected.shape == z.shape
+    torch.testing.assert_close(got, expected, **TOL)
+
+
 def test_msa_module_training(px: SimpleNamespace, twin: Twin) -> None:
     """Training mode without dropout (Protenix: padded MSA stack, per-block checkpoints)."""
     kwargs = {"n_blocks": 2, "c_m": 8, "c_z": 6, "c_s_inputs": 5, "msa_dropout": 0.0}

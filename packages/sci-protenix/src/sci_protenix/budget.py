@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-import math
 import re
-from decimal import Decimal
+from decimal import ROUND_CEILING, Decimal
 
 import torch
 
@@ -109,14 +108,21 @@ def _fraction(value: float, device: str | torch.device) -> int:
         raise ValueError(
             f"a fractional budget must be in (0, 1] (of free memory), got {value}; {_HINT}"
         )
-    return int(value * free_memory(device))
+    size = int(value * free_memory(device))
+    if size <= 0:
+        raise ValueError(
+            f"a fractional budget of {value} is less than a byte of free memory; {_HINT}"
+        )
+    return size
 
 
 def format_bytes(n: int, *, up: bool = False) -> str:
     """``n`` bytes with a binary unit, e.g. ``'1.50 GiB'``; ``up`` rounds up, not to nearest
     (a budget named as the least that fits must fit)."""
     for unit, size in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if abs(n) >= size:
-            value = math.ceil(n * 100 / size) / 100 if up else n / size
+        if abs(n) >= size:  # in Decimal: a float overflows past 2**1064 bytes
+            value = Decimal(n) / size
+            if up:
+                value = (value * 100).to_integral_value(rounding=ROUND_CEILING) / 100
             return f"{value:.2f} {unit}"
     return f"{n} B"

@@ -409,7 +409,17 @@ class MSAModule(nn.Module):
         for offset, name in enumerate(("has_deletion", "deletion_value")):
             value = features[name].to(weight.dtype).reshape(msa.shape).unsqueeze(-1)
             m = m.addcmul_(value, weight[:, classes + offset])
-        return m.add_(self.linear_no_bias_s(s_inputs).unsqueeze(-3))
+        s = self.linear_no_bias_s(s_inputs)
+        extra = s.dim() - (m.dim() - 1)  # leading dims the MSA lacks: Protenix takes size-1 ones
+        if extra > 0 and all(n == 1 for n in s.shape[:extra]):
+            s, extra = s.reshape(s.shape[extra:]), 0
+        s = s.unsqueeze(-3)
+        if extra > 0 or torch.broadcast_shapes(m.shape, s.shape) != m.shape:
+            raise ValueError(
+                f"s_inputs {tuple(s_inputs.shape)} does not broadcast onto the MSA features "
+                f"{tuple(msa.shape)}: give both the same batch dims"
+            )
+        return m.add_(s)
 
     def forward(
         self,
@@ -434,6 +444,13 @@ class MSAModule(nn.Module):
                 f"token counts differ: msa {tuple(msa.shape)}, z {tuple(z.shape)}, s_inputs "
                 f"{tuple(s_inputs.shape)}; pass the features and embeddings of one complex"
             )
+        for name in ("has_deletion", "deletion_value"):
+            feature = input_feature_dict.get(name)  # a missing one: sample_msa names it
+            if isinstance(feature, torch.Tensor) and feature.shape != msa.shape:
+                raise ValueError(
+                    f"input_feature_dict[{name!r}] must have msa's shape {tuple(msa.shape)} "
+                    f"(one value per MSA row and token), got {tuple(feature.shape)}"
+                )
         m = self.embed_msa(self.sample_msa(input_feature_dict), s_inputs)
         blocks = [
             functools.partial(

@@ -205,12 +205,13 @@ def predict_peak(
     block_saved = sum(m.saved for m in mods) + 4 * z + 2 * s  # + the residual sums
     grads = parameter_count(d)
     segments = -(-d.n_blocks // plan.blocks_per_checkpoint)
+    per = min(plan.blocks_per_checkpoint, d.n_blocks)  # the blocks a segment can hold
     if plan.recompute == "block":
         # each pair module reruns in its own backward: a segment's rerun keeps only the module
         # inputs, and the inputs of the modules not yet differentiated stay until theirs runs
         alive = [0, 1, 2, 3, 4, 4, 4]
         transient = max(k * z + m.backward for k, m in zip(alive, mods, strict=False))
-        others = (plan.blocks_per_checkpoint - 1) * (block_saved + z)
+        others = (per - 1) * (block_saved + z)
         kept = segments * (z + s) + others + block_saved - 4 * z
         return size * (kept + z + s + z + transient + grads)
     if plan.recompute == "none":
@@ -218,7 +219,6 @@ def predict_peak(
     else:  # "selective": the segment inputs and every block's kept matmul and attention
         # outputs (counted as all the block saves: errs high), then in a segment's backward
         # the rest of its other blocks' activations again
-        per = min(plan.blocks_per_checkpoint, d.n_blocks)
         kept = segments * (z + s) + (d.n_blocks + per - 1) * block_saved
     transient = max(m.backward for m in mods)
     activations = kept + z + s + 2 * z + transient  # output, its grad, d(z)

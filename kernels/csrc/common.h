@@ -3,6 +3,7 @@
 // No torch or Python headers: the library has a plain C ABI and is loaded with ctypes.
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -121,6 +122,48 @@ inline float fold(float* acc) {
         for (int64_t l = 0; l < w; ++l) acc[l] += acc[l + w];
     }
     return acc[0];
+}
+
+// A long row's fp32 lane sums lose their small terms once a lane is large (a lane holding 1e8
+// drops every later term under 4): a row reduction moves its lanes into fp64 ones every SPILL
+// columns (Lanes::spill), so at most SPILL / LANES terms of a lane meet one fp32 total.
+constexpr int64_t SPILL = 16 * LANES;
+
+struct Lanes {
+    float part[LANES] = {};
+    double total[LANES] = {};
+
+    void spill() {
+#pragma omp simd
+        for (int64_t l = 0; l < LANES; ++l) {
+            total[l] += part[l];
+            part[l] = 0.0f;
+        }
+    }
+
+    // Every term so far, summed pairwise in fp64 and rounded once to fp32.
+    float sum() {
+        spill();
+        for (int64_t w = LANES / 2; w >= 1; w /= 2) {
+            for (int64_t l = 0; l < w; ++l) total[l] += total[l + w];
+        }
+        const float result = static_cast<float>(total[0]);
+        std::fill(total, total + LANES, 0.0);
+        return result;
+    }
+};
+
+// Column sums over many rows (a weight's gradient) move from fp32 into fp64 every SPILL_ROWS
+// rows of a thread, for the same reason.
+constexpr int64_t SPILL_ROWS = 256;
+
+// acc[c] into wide[c], acc cleared.
+inline void spill_columns(float* acc, double* wide, int64_t cols) {
+#pragma omp simd
+    for (int64_t c = 0; c < cols; ++c) {
+        wide[c] += acc[c];
+        acc[c] = 0.0f;
+    }
 }
 
 }  // namespace spore

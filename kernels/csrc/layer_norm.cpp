@@ -1,7 +1,8 @@
 // layer_norm over the last dimension, forward and backward. Statistics are fp32 and two-pass
 // per row (a first mean, then the deviations from it and their squares; the row is in cache for
 // the second pass), the mean kept as that first mean plus the mean deviation from it (see
-// Centre); one rounding per output. weight and bias are optional (null: 1 and 0).
+// Centre); one rounding per output; long sums spill from fp32 into fp64 (common.h: Lanes,
+// spill_columns). weight and bias are optional (null: 1 and 0).
 #include <omp.h>
 
 #include <algorithm>
@@ -46,24 +47,29 @@ struct RowStats {
 template <typename T>
 inline RowStats row_stats(const typename T::storage* xr, int64_t cols, float eps) {
     const float shift = row_shift<T>(xr, cols);
-    float sum[LANES] = {}, sq[LANES] = {};
-    int64_t c0 = 0;
-    for (; c0 + LANES <= cols; c0 += LANES) {
+    Lanes sum, sq;
+    const int64_t full = cols - cols % LANES;
+    for (int64_t b0 = 0; b0 < full; b0 += SPILL) {
+        const int64_t b1 = std::min(b0 + SPILL, full);
+        for (int64_t c0 = b0; c0 < b1; c0 += LANES) {
 #pragma omp simd
-        for (int64_t l = 0; l < LANES; ++l) {
-            const float d = T::load(xr[c0 + l]) - shift;
-            sum[l] += d;
-            sq[l] += d * d;
+            for (int64_t l = 0; l < LANES; ++l) {
+                const float d = T::load(xr[c0 + l]) - shift;
+                sum.part[l] += d;
+                sq.part[l] += d * d;
+            }
         }
+        sum.spill();
+        sq.spill();
     }
-    for (int64_t c = c0; c < cols; ++c) {
+    for (int64_t c = full; c < cols; ++c) {
         const float d = T::load(xr[c]) - shift;
-        sum[c - c0] += d;
-        sq[c - c0] += d * d;
+        sum.part[c - full] += d;
+        sq.part[c - full] += d * d;
     }
     const float n = static_cast<float>(cols);
-    const float offset = fold(sum) / n;
-    const float var = std::max(fold(sq) / n - offset * offset, 0.0f);
+    const float offset = sum.sum() / n;
+    const float var = std::max(sq.sum() / n - offset * offset, 0.0f);
     return {{shift, offset}, 1.0f / std::sqrt(var + eps)};
 }
 
@@ -102,35 +108,42 @@ inline RowGrad row_grad(const typename T::storage* gr, const typename T::storage
                         const float* w, int64_t cols, float eps) {
     const float n = static_cast<float>(cols);
     const float shift = row_shift<T>(xr, cols);
-    float sum[LANES] = {}, sq[LANES] = {}, sum_gw[LANES] = {}, dot[LANES] = {};
-    int64_t c0 = 0;
-    for (; c0 + LANES <= cols; c0 += LANES) {
+    Lanes sum, sq, sum_gw, dot;
+    const int64_t full = cols - cols % LANES;
+    for (int64_t b0 = 0; b0 < full; b0 += SPILL) {
+        const int64_t b1 = std::min(b0 + SPILL, full);
+        for (int64_t c0 = b0; c0 < b1; c0 += LANES) {
 #pragma omp simd
-        for (int64_t l = 0; l < LANES; ++l) {
-            const float d = T::load(xr[c0 + l]) - shift;
-            float gw = T::load(gr[c0 + l]);
-            if constexpr (HasW) gw *= w[c0 + l];
-            sum[l] += d;
-            sq[l] += d * d;
-            sum_gw[l] += gw;
-            dot[l] += gw * d;
+            for (int64_t l = 0; l < LANES; ++l) {
+                const float d = T::load(xr[c0 + l]) - shift;
+                float gw = T::load(gr[c0 + l]);
+                if constexpr (HasW) gw *= w[c0 + l];
+                sum.part[l] += d;
+                sq.part[l] += d * d;
+                sum_gw.part[l] += gw;
+                dot.part[l] += gw * d;
+            }
         }
+        sum.spill();
+        sq.spill();
+        sum_gw.spill();
+        dot.spill();
     }
-    for (int64_t c = c0; c < cols; ++c) {
+    for (int64_t c = full; c < cols; ++c) {
         const float d = T::load(xr[c]) - shift;
         float gw = T::load(gr[c]);
         if constexpr (HasW) gw *= w[c];
-        sum[c - c0] += d;
-        sq[c - c0] += d * d;
-        sum_gw[c - c0] += gw;
-        dot[c - c0] += gw * d;
+        sum.part[c - full] += d;
+        sq.part[c - full] += d * d;
+        sum_gw.part[c - full] += gw;
+        dot.part[c - full] += gw * d;
     }
-    const float offset = fold(sum) / n;
-    const float var = std::max(fold(sq) / n - offset * offset, 0.0f);
+    const float offset = sum.sum() / n;
+    const float var = std::max(sq.sum() / n - offset * offset, 0.0f);
     const float rstd = 1.0f / std::sqrt(var + eps);
-    const float total_gw = fold(sum_gw);
+    const float total_gw = sum_gw.sum();
     // sum of gw * (d - offset) = sum of gw * d - offset * sum of gw
-    const float k = (fold(dot) - offset * total_gw) * rstd / n;
+    const float k = (dot.sum() - offset * total_gw) * rstd / n;
     return {{shift, offset}, rstd, total_gw / n, k};
 }
 
@@ -171,13 +184,20 @@ void layer_norm_bwd(const void* gp, const void* xp, const void* wp, void* dxp, v
     auto* dx = out<T>(dxp);
     const int64_t slots = (NeedDw ? cols : 0) + (NeedDb ? cols : 0);
     std::vector<float> partial(static_cast<size_t>(threads) * slots, 0.0f);
+    std::vector<double> wide(static_cast<size_t>(threads) * slots, 0.0);
     const int64_t groups = (rows + GROUP - 1) / GROUP;
 #pragma omp parallel num_threads(threads)
     {
-        float* acc_w = partial.data() + static_cast<int64_t>(omp_get_thread_num()) * slots;
+        const int64_t at_thread = static_cast<int64_t>(omp_get_thread_num()) * slots;
+        float* acc_w = partial.data() + at_thread;
         float* acc_b = acc_w + (NeedDw ? cols : 0);
+        int64_t since = 0;  // groups added into the accumulators since their last spill
 #pragma omp for schedule(static)
         for (int64_t group = 0; group < groups; ++group) {
+            if (++since * GROUP > SPILL_ROWS) {
+                spill_columns(acc_w, wide.data() + at_thread, slots);
+                since = 1;
+            }
             const int64_t r0 = group * GROUP, count = std::min(GROUP, rows - r0);
             RowGrad st[GROUP];
             for (int64_t i = 0; i < count; ++i) {
@@ -196,20 +216,21 @@ void layer_norm_bwd(const void* gp, const void* xp, const void* wp, void* dxp, v
                 }
             }
         }
+        spill_columns(acc_w, wide.data() + at_thread, slots);
     }
     if (slots == 0) return;
     auto* dw = out<T>(dwp);
     auto* db = out<T>(dbp);
 #pragma omp parallel for num_threads(threads) schedule(static)
     for (int64_t c = 0; c < cols; ++c) {
-        float total_w = 0.0f, total_b = 0.0f;
+        double total_w = 0.0, total_b = 0.0;
         for (int32_t t = 0; t < threads; ++t) {
-            const float* acc = partial.data() + static_cast<int64_t>(t) * slots;
+            const double* acc = wide.data() + static_cast<int64_t>(t) * slots;
             if constexpr (NeedDw) total_w += acc[c];
             if constexpr (NeedDb) total_b += acc[(NeedDw ? cols : 0) + c];
         }
-        if constexpr (NeedDw) dw[c] = T::store(total_w);
-        if constexpr (NeedDb) db[c] = T::store(total_b);
+        if constexpr (NeedDw) dw[c] = T::store(static_cast<float>(total_w));
+        if constexpr (NeedDb) db[c] = T::store(static_cast<float>(total_b));
     }
 }
 

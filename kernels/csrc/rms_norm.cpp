@@ -1,6 +1,6 @@
 // rms_norm forward and backward: fp32 accumulation, one rounding per output. The forward's row
 // routine (rms_norm_row) and the backward (rms_norm_backward), declared in rms_norm.h, also
-// serve add_rms_norm.
+// serve add_rms_norm. Long sums spill from fp32 into fp64 (common.h: Lanes, spill_columns).
 #include <omp.h>
 
 #include <algorithm>
@@ -14,20 +14,24 @@ namespace spore {
 template <typename T>
 __attribute__((noinline)) void rms_norm_row(const typename T::storage* x, const float* w,
                                             typename T::storage* y, int64_t cols, float eps) {
-    float sum[LANES] = {};
-    int64_t c0 = 0;
-    for (; c0 + LANES <= cols; c0 += LANES) {
+    Lanes sq;
+    const int64_t full = cols - cols % LANES;
+    for (int64_t b0 = 0; b0 < full; b0 += SPILL) {
+        const int64_t b1 = std::min(b0 + SPILL, full);
+        for (int64_t c0 = b0; c0 < b1; c0 += LANES) {
 #pragma omp simd
-        for (int64_t l = 0; l < LANES; ++l) {
-            const float v = T::load(x[c0 + l]);
-            sum[l] += v * v;
+            for (int64_t l = 0; l < LANES; ++l) {
+                const float v = T::load(x[c0 + l]);
+                sq.part[l] += v * v;
+            }
         }
+        sq.spill();
     }
-    for (int64_t c = c0; c < cols; ++c) {
+    for (int64_t c = full; c < cols; ++c) {
         const float v = T::load(x[c]);
-        sum[c - c0] += v * v;
+        sq.part[c - full] += v * v;
     }
-    const float rstd = 1.0f / std::sqrt(fold(sum) / static_cast<float>(cols) + eps);
+    const float rstd = 1.0f / std::sqrt(sq.sum() / static_cast<float>(cols) + eps);
 #pragma omp simd
     for (int64_t c = 0; c < cols; ++c) y[c] = T::store(T::load(x[c]) * rstd * w[c]);
 }
@@ -59,26 +63,31 @@ struct RowGrad {
 template <typename T>
 inline RowGrad row_grad(const typename T::storage* gr, const typename T::storage* sr,
                         const float* w, int64_t cols, float eps) {
-    float sum[LANES] = {}, dot[LANES] = {};
-    int64_t c0 = 0;
-    for (; c0 + LANES <= cols; c0 += LANES) {
+    Lanes sq, dot;
+    const int64_t full = cols - cols % LANES;
+    for (int64_t b0 = 0; b0 < full; b0 += SPILL) {
+        const int64_t b1 = std::min(b0 + SPILL, full);
+        for (int64_t c0 = b0; c0 < b1; c0 += LANES) {
 #pragma omp simd
-        for (int64_t l = 0; l < LANES; ++l) {
-            const float sv = T::load(sr[c0 + l]);
-            sum[l] += sv * sv;
-            dot[l] += T::load(gr[c0 + l]) * w[c0 + l] * sv;
+            for (int64_t l = 0; l < LANES; ++l) {
+                const float sv = T::load(sr[c0 + l]);
+                sq.part[l] += sv * sv;
+                dot.part[l] += T::load(gr[c0 + l]) * w[c0 + l] * sv;
+            }
         }
+        sq.spill();
+        dot.spill();
     }
-    for (int64_t c = c0; c < cols; ++c) {
+    for (int64_t c = full; c < cols; ++c) {
         const float sv = T::load(sr[c]);
-        sum[c - c0] += sv * sv;
-        dot[c - c0] += T::load(gr[c]) * w[c] * sv;
+        sq.part[c - full] += sv * sv;
+        dot.part[c - full] += T::load(gr[c]) * w[c] * sv;
     }
     const float n = static_cast<float>(cols);
-    const float rstd = 1.0f / std::sqrt(fold(sum) / n + eps);
+    const float rstd = 1.0f / std::sqrt(sq.sum() / n + eps);
     // ds = rstd * (g*w - s*k): k times s, never rstd^3 or rstd^2 times s, which overflow for
     // tiny rows (rstd ~ 1e20) where ds is finite
-    return {rstd, rstd * (rstd * (fold(dot) / n))};
+    return {rstd, rstd * (rstd * (dot.sum() / n))};
 }
 
 // ds for N consecutive rows in one pass over the columns; their dw contributions are summed
@@ -119,12 +128,19 @@ void rms_norm_bwd(const void* gp, const void* gsp, const void* sp, const void* w
     const float* w = as_f32<T>(wp, cols, wbuf);
     auto* ds = out<T>(dsp);
     std::vector<float> partial(static_cast<size_t>(threads) * cols, 0.0f);
+    std::vector<double> wide(static_cast<size_t>(threads) * cols, 0.0);
     const int64_t groups = (rows + GROUP - 1) / GROUP;
 #pragma omp parallel num_threads(threads)
     {
-        float* acc = partial.data() + static_cast<int64_t>(omp_get_thread_num()) * cols;
+        const int64_t at_thread = static_cast<int64_t>(omp_get_thread_num()) * cols;
+        float* acc = partial.data() + at_thread;
+        int64_t since = 0;  // groups added into acc since its last spill
 #pragma omp for schedule(static)
         for (int64_t group = 0; group < groups; ++group) {
+            if (++since * GROUP > SPILL_ROWS) {
+                spill_columns(acc, wide.data() + at_thread, cols);
+                since = 1;
+            }
             const int64_t r0 = group * GROUP, count = std::min(GROUP, rows - r0);
             RowGrad st[GROUP];
             for (int64_t i = 0; i < count; ++i) {
@@ -143,13 +159,14 @@ void rms_norm_bwd(const void* gp, const void* gsp, const void* sp, const void* w
                 }
             }
         }
+        spill_columns(acc, wide.data() + at_thread, cols);
     }
     auto* dw = out<T>(dwp);
 #pragma omp parallel for num_threads(threads) schedule(static)
     for (int64_t c = 0; c < cols; ++c) {
-        float total = 0.0f;
-        for (int32_t t = 0; t < threads; ++t) total += partial[static_cast<int64_t>(t) * cols + c];
-        dw[c] = T::store(total);
+        double total = 0.0;
+        for (int32_t t = 0; t < threads; ++t) total += wide[static_cast<int64_t>(t) * cols + c];
+        dw[c] = T::store(static_cast<float>(total));
     }
 }
 

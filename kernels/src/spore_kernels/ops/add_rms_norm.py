@@ -3,8 +3,10 @@
 Numerics contract: ``s = x + residual`` rounded to x's dtype (exactly torch's ``x + residual``;
 it is the residual stream the next layer uses), and ``y`` is computed from that rounded ``s``
 with rms_norm's contract (float32, normalise and multiply by the weight, rounded once), so
-``y == torch.ops.spore.rms_norm(s, weight, eps)``. In C++ one pass per row writes ``s`` and
-rms_norm's own row routine normalises it, so that equality holds by construction.
+``y == torch.ops.spore.rms_norm(s, weight, eps)`` where the C++ kernel runs: one pass per row
+writes ``s`` and rms_norm's own row routine normalises it, so that equality holds by
+construction. The reference (inputs the kernel does not take, e.g. a non-contiguous ``x``)
+computes the same formula with torch's ops, equal within fp32 rounding.
 Backward: ``add_rms_norm_backward(grad, grad_sum, sum, weight, eps) -> (dsum, dweight)`` with
 ``dsum`` = the rms_norm gradient at ``s`` plus ``grad_sum`` (float32, rounded once); it is the
 gradient of both x and residual. Forward saves ``s`` and the weight.

@@ -125,31 +125,38 @@ inline float fold(float* acc) {
 }
 
 // A long row's fp32 lane sums lose their small terms once a lane is large (a lane holding 1e8
-// drops every later term under 4): a row reduction moves its lanes into fp64 ones every SPILL
-// columns (Lanes::spill), so at most SPILL / LANES terms of a lane meet one fp32 total.
+// drops every later term under 4): a row reduction moves its lanes into fp64 ones after every
+// SPILL columns that more columns follow (Lanes::spill), so at most SPILL / LANES terms of a
+// lane meet one fp32 total. A row of at most SPILL columns never spills: its sum is the fp32
+// fold, at no extra cost.
 constexpr int64_t SPILL = 16 * LANES;
 
 struct Lanes {
     float part[LANES] = {};
-    double total[LANES] = {};
+    double total[LANES];  // set by the first spill
+    bool spilled = false;
 
     void spill() {
+        if (spilled) {
 #pragma omp simd
-        for (int64_t l = 0; l < LANES; ++l) {
-            total[l] += part[l];
-            part[l] = 0.0f;
+            for (int64_t l = 0; l < LANES; ++l) total[l] += part[l];
+        } else {
+#pragma omp simd
+            for (int64_t l = 0; l < LANES; ++l) total[l] = part[l];
+            spilled = true;
         }
+        std::fill(part, part + LANES, 0.0f);
     }
 
-    // Every term so far, summed pairwise in fp64 and rounded once to fp32.
+    // Every term so far: the fp32 fold when nothing spilled, else summed pairwise in fp64 and
+    // rounded once to fp32.
     float sum() {
+        if (!spilled) return fold(part);
         spill();
         for (int64_t w = LANES / 2; w >= 1; w /= 2) {
             for (int64_t l = 0; l < w; ++l) total[l] += total[l + w];
         }
-        const float result = static_cast<float>(total[0]);
-        std::fill(total, total + LANES, 0.0);
-        return result;
+        return static_cast<float>(total[0]);
     }
 };
 

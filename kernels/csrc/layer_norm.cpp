@@ -59,8 +59,10 @@ inline RowStats row_stats(const typename T::storage* xr, int64_t cols, float eps
                 sq.part[l] += d * d;
             }
         }
-        sum.spill();
-        sq.spill();
+        if (b1 < full) {
+            sum.spill();
+            sq.spill();
+        }
     }
     for (int64_t c = full; c < cols; ++c) {
         const float d = T::load(xr[c]) - shift;
@@ -124,10 +126,12 @@ inline RowGrad row_grad(const typename T::storage* gr, const typename T::storage
                 dot.part[l] += gw * d;
             }
         }
-        sum.spill();
-        sq.spill();
-        sum_gw.spill();
-        dot.spill();
+        if (b1 < full) {
+            sum.spill();
+            sq.spill();
+            sum_gw.spill();
+            dot.spill();
+        }
     }
     for (int64_t c = full; c < cols; ++c) {
         const float d = T::load(xr[c]) - shift;

@@ -25,7 +25,7 @@ __attribute__((noinline)) void rms_norm_row(const typename T::storage* x, const 
                 sq.part[l] += v * v;
             }
         }
-        sq.spill();
+        if (b1 < full) sq.spill();
     }
     for (int64_t c = full; c < cols; ++c) {
         const float v = T::load(x[c]);
@@ -75,8 +75,10 @@ inline RowGrad row_grad(const typename T::storage* gr, const typename T::storage
                 dot.part[l] += T::load(gr[c0 + l]) * w[c0 + l] * sv;
             }
         }
-        sq.spill();
-        dot.spill();
+        if (b1 < full) {
+            sq.spill();
+            dot.spill();
+        }
     }
     for (int64_t c = full; c < cols; ++c) {
         const float sv = T::load(sr[c]);

@@ -9,10 +9,10 @@
 namespace spore {
 
 // One row of the RMS forward: y = x * rstd * w, rstd = 1 / sqrt(mean(x^2) + eps), in fp32 (LANES
-// partial sums of squares, folded pairwise), each y rounded once; x, y [cols] of T, w [cols] in
-// fp32. The only forward arithmetic of spore_rms_norm and spore_add_rms_norm (which passes its
-// rounded sum), so add_rms_norm's y is bitwise rms_norm's of its sum. Instantiated for F32, BF16
-// and F16.
+// partial sums of squares, spilled into fp64 on long rows: common.h's Lanes), each y rounded
+// once; x, y [cols] of T, w [cols] in fp32. The only forward arithmetic of spore_rms_norm and
+// spore_add_rms_norm (which passes its rounded sum), so add_rms_norm's y is bitwise rms_norm's of
+// its sum. Instantiated for F32, BF16 and F16.
 template <typename T>
 void rms_norm_row(const typename T::storage* x, const float* w, typename T::storage* y,
                   int64_t cols, float eps);

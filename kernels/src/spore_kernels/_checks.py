@@ -24,19 +24,6 @@ def floating(op: str, **tensors: torch.Tensor) -> None:
             raise TypeError(f"{op}: {name} must be a floating-point tensor, got {t.dtype}")
 
 
-FLOAT32_MAX = torch.finfo(torch.float32).max
-
-
-def scale(op: str, value: float | None) -> None:
-    """An attention ``scale``: ``None``, or finite in float32 (the kernels take it as a C float,
-    where 1e39 is inf and every output NaN)."""
-    if value is not None and not (math.isfinite(value) and abs(value) <= FLOAT32_MAX):
-        raise ValueError(
-            f"{op}: scale must be a finite float32 (|scale| <= {FLOAT32_MAX:.6g}) or None, "
-            f"got {value}"
-        )
-
-
 def same_device(op: str, **tensors: torch.Tensor) -> None:
     """ValueError naming the two devices when the tensors are not on one device."""
     items = list(tensors.items())

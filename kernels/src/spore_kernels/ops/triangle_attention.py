@@ -98,7 +98,8 @@ def check(
             raise ValueError(
                 f"{OP}: mask must be [*, I, K] = {(*batch, i, keys)}, got {tuple(mask.shape)}"
             )
-    _checks.scale(OP, scale)
+    if scale is not None and not math.isfinite(scale):
+        raise ValueError(f"{OP}: scale must be finite or None, got {scale}")
     named = tensors | ({} if mask is None else {"mask": mask})
     _checks.same_device(OP, **named)
 

@@ -202,7 +202,7 @@ def test_clashing_boosters_are_settled_by_precedence_and_logged(
     assert table["PluginToy"].owner == "clasha"  # the first by plugin name
     assert (
         "spore plugin 'clasha' registers a booster for WanTransformer3DModel, which lite-boost "
-        "boosts itself; lite-boost's is used"
+        "boosts itself; the plugin's is skipped"
     ) in caplog.text
     assert "plugins 'clasha' and 'clashb' both register a booster for PluginToy" in caplog.text
     caplog.clear()

@@ -365,6 +365,13 @@ def test_msa_module_bad_inputs() -> None:
             module(wrong, z, s_inputs, None)
     with pytest.raises(ValueError, match=r"s_inputs \(2, 6, 4\) does not broadcast"):
         module(feats, z, torch.randn(2, 6, 4), None)
+    batched = {k: v.expand(2, *v.shape) for k, v in feats.items()}  # torch's RuntimeError
+    with pytest.raises(
+        ValueError,
+        match=r"s_inputs \(3, 6, 4\) does not broadcast onto the "
+        r"MSA features \(2, 8, 6\)",
+    ):
+        module(batched, z, torch.randn(3, 6, 4), None)
     with pytest.raises(ValueError, match="n_blocks must be an int >= 0, got -1"):
         MSAModule(n_blocks=-1)
     with pytest.raises(ValueError, match="strategy'\\] must be 'random' or 'topk'"):

@@ -306,6 +306,26 @@ def sampling_configs(msa_configs: Mapping[str, Any] | None) -> dict[str, Any]:
     }
 
 
+def _batch_like(s_inputs: torch.Tensor, msa: torch.Tensor) -> torch.Tensor:
+    """``s_inputs`` [*, N, c] with batch dims that broadcast onto ``msa``'s [*, S, N]: leading
+    size-1 dims ``msa`` lacks are dropped, as Protenix's broadcasting add takes them; other
+    batch dims that do not broadcast are a ``ValueError``."""
+    given, batch, own = tuple(s_inputs.shape), msa.shape[:-2], s_inputs.shape[:-2]
+    extra = len(own) - len(batch)
+    if extra > 0 and all(n == 1 for n in own[:extra]):
+        s_inputs, own, extra = s_inputs.reshape(s_inputs.shape[extra:]), own[extra:], 0
+    try:
+        fits = extra <= 0 and torch.broadcast_shapes(batch, own) == batch
+    except RuntimeError:
+        fits = False
+    if not fits:
+        raise ValueError(
+            f"s_inputs {given} does not broadcast onto the MSA features "
+            f"{tuple(msa.shape)}: give both the same batch dims"
+        )
+    return s_inputs
+
+
 class MSAModule(nn.Module):
     """AF3's MSA module (algorithm 8), Protenix's constructor, names and ``forward``.
 
@@ -409,17 +429,7 @@ class MSAModule(nn.Module):
         for offset, name in enumerate(("has_deletion", "deletion_value")):
             value = features[name].to(weight.dtype).reshape(msa.shape).unsqueeze(-1)
             m = m.addcmul_(value, weight[:, classes + offset])
-        s = self.linear_no_bias_s(s_inputs)
-        extra = s.dim() - (m.dim() - 1)  # leading dims the MSA lacks: Protenix takes size-1 ones
-        if extra > 0 and all(n == 1 for n in s.shape[:extra]):
-            s, extra = s.reshape(s.shape[extra:]), 0
-        s = s.unsqueeze(-3)
-        if extra > 0 or torch.broadcast_shapes(m.shape, s.shape) != m.shape:
-            raise ValueError(
-                f"s_inputs {tuple(s_inputs.shape)} does not broadcast onto the MSA features "
-                f"{tuple(msa.shape)}: give both the same batch dims"
-            )
-        return m.add_(s)
+        return m.add_(self.linear_no_bias_s(s_inputs).unsqueeze(-3))
 
     def forward(
         self,
@@ -444,6 +454,7 @@ class MSAModule(nn.Module):
                 f"token counts differ: msa {tuple(msa.shape)}, z {tuple(z.shape)}, s_inputs "
                 f"{tuple(s_inputs.shape)}; pass the features and embeddings of one complex"
             )
+        s_inputs = _batch_like(s_inputs, msa)
         for name in ("has_deletion", "deletion_value"):
             feature = input_feature_dict.get(name)  # a missing one: sample_msa names it
             if isinstance(feature, torch.Tensor) and feature.shape != msa.shape:

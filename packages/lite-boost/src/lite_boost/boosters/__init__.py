@@ -163,8 +163,8 @@ def _plugin_boosters() -> dict[str, Booster]:
                     elif name in _own_classes and not booster.override:
                         log.warning(
                             "spore plugin %r registers a booster for %s, which lite-boost "
-                            "boosts itself; lite-boost's is used (registry.add(..., "
-                            "override=True) replaces it)",
+                            "boosts itself; the plugin's is skipped (registry.add(..., "
+                            "override=True) replaces lite-boost's)",
                             plugin,
                             name,
                         )

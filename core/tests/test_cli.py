@@ -89,6 +89,20 @@ def test_strict_env_turns_listing_into_an_error(run_spore) -> None:
     assert "ImportError" in check.stderr
 
 
+def test_plugins_listing_notes_an_unknown_name_in_the_deny_list(run_spore) -> None:
+    """The note was logged in the probe's child only: the listing, where a user looks after
+    disabling a plugin, showed nothing."""
+    typo = {"SPORE_DISABLE_PLUGINS": "healthyy"}
+    for args in (("plugins",), ("plugins", "--json")):
+        out = run_spore(*args, plugins=("healthy",), env=typo)
+        assert out.returncode == 0, out.stderr
+        assert (
+            "Note: SPORE_DISABLE_PLUGINS names 'healthyy', which is not an installed plugin "
+            "(did you mean 'healthy'?" in " ".join(out.stderr.split())
+        )
+    assert json.loads(out.stdout)[0]["status"] == "active"  # stdout is still only the JSON
+
+
 def test_plugins_check_exit_codes(run_spore) -> None:
     assert run_spore("plugins", "check", plugins=("healthy",)).returncode == 0
     bad = run_spore("plugins", "check", "--json", plugins=("healthy", "broken"))

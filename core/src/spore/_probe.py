@@ -29,7 +29,7 @@ def main() -> int:
         cause = exc.__cause__
         _report({"error": str(exc), "cause": repr(cause) if cause else None})
         return 0
-    _report({"plugins": [i.to_dict() for i in infos]})
+    _report({"plugins": [i.to_dict() for i in infos], "notes": manager.notes})
     return 0
 
 

@@ -82,6 +82,7 @@ class PluginManager:
         self._discovered: list[PluginInfo] | None = None
         self._infos: dict[str, PluginInfo] = {}
         self._commands: dict[str, list[str]] = {}
+        self.notes: list[str] = []  # what loading logged about the selection (spore plugins)
         self._cli: click.Group | None = None
         self.pm = pluggy.PluginManager("spore")
         self.pm.add_hookspecs(hookspecs)
@@ -161,13 +162,12 @@ class PluginManager:
         for name in sorted(self.selection.deny - {*installed, CORE_PLUGIN}):
             close = difflib.get_close_matches(name, installed, n=1)
             hint = f"did you mean {close[0]!r}? " if close else ""
-            log.warning(
-                "SPORE_DISABLE_PLUGINS names %r, which is not an installed plugin (%sinstalled: "
-                "%s)",
-                name,
-                hint,
-                ", ".join(installed) or "none",
+            note = (
+                f"SPORE_DISABLE_PLUGINS names {name!r}, which is not an installed plugin "
+                f"({hint}installed: {', '.join(installed) or 'none'})"
             )
+            self.notes.append(note)
+            log.warning("%s", note)
 
     def _import_and_register(self, info: PluginInfo) -> None:
         assert info.entry_point is not None

@@ -15,8 +15,9 @@ from spore.plugins import PluginError, get_manager
 PROBE_TIMEOUT_S = 300
 
 
-def probe_plugins() -> list[dict[str, Any]]:
-    """Load the plugins in a child process and return their status (see spore._probe)."""
+def probe_plugins() -> tuple[list[dict[str, Any]], list[str]]:
+    """Load the plugins in a child process; their status, and the notes loading logged about
+    the selection (see spore._probe)."""
     try:
         data = childproc.run_json(childproc.python("-m", "spore._probe"), timeout=PROBE_TIMEOUT_S)
     except childproc.ChildError as exc:
@@ -32,7 +33,7 @@ def probe_plugins() -> list[dict[str, Any]]:
     if "error" in data:  # spore's main() prints it and exits 2, as for any plugin error
         cause = f"\n  caused by: {data['cause']}" if data.get("cause") else ""
         raise PluginError(f"{data['error']}{cause}")
-    return data["plugins"]
+    return data["plugins"], data.get("notes", [])
 
 
 def _registered(row: dict[str, Any]) -> str:
@@ -61,7 +62,10 @@ def plugins_cmd(ctx: click.Context, as_json: bool, show_all: bool) -> None:
     """
     if ctx.invoked_subcommand is not None:
         return
-    rows = [r for r in probe_plugins() if show_all or not r["builtin"]]
+    plugins, notes = probe_plugins()
+    rows = [r for r in plugins if show_all or not r["builtin"]]
+    for note in notes:  # stderr, so --json's stdout stays JSON
+        click.echo(f"Note: {note}", err=True)
     emit(
         rows,
         as_json=as_json,

@@ -56,6 +56,7 @@ def test_torch_compile_options_set_min_ops(monkeypatch, min_ops):
         ({"min_op": 1}, "min_op: Extra inputs are not permitted"),
         ({"min_ops": 0}, "min_ops: Input should be greater than or equal to 1"),
         ({"min_ops": "2"}, "min_ops: Input should be a valid integer"),
+        ({1: 2}, "1: Keys should be strings"),  # was a TypeError from DvmOptions(**options)
     ],
 )
 def test_bad_torch_compile_options_are_named(options, problem):

@@ -433,6 +433,28 @@ def test_a_view_output_is_its_own_tensor_on_the_same_storage():
     assert y.shape == (3, 4)
 
 
+@pytest.mark.parametrize("clone_first", [False, True])
+def test_a_view_output_keeps_its_base_when_a_clone_of_it_is_an_output(clone_first):
+    """The clone's store replaced its base's in the region's table: the later view of ``y``
+    became a copy, and ``y.add_`` no longer showed through it."""
+
+    def outputs(x):
+        y = x * 2 + 1
+        c = y.clone()
+        return (c, y, y.view(2, 4)) if clone_first else (y, c, y.unsqueeze(0))
+
+    x = torch.randn(2, 4)
+    c = _compiled(outputs, x)
+    got = c(x)
+    assert c.vm_calls == 1
+    y, copy, view = (got[1], got[0], got[2]) if clone_first else got
+    assert view.untyped_storage().data_ptr() == y.untyped_storage().data_ptr()
+    assert copy.untyped_storage().data_ptr() != y.untyped_storage().data_ptr()
+    y.add_(100)
+    torch.testing.assert_close(view.reshape(y.shape), y)
+    torch.testing.assert_close(copy, x * 2 + 1)
+
+
 def _squeezed_batch(x):  # attention-like, batch 1: the output is the domain less a size-1 dim
     y = (x.transpose(1, 2) * 2).sigmoid()
     return (y * y.sum(-1, keepdim=True)).squeeze(0).transpose(0, 1).reshape(3, 8)
@@ -547,3 +569,12 @@ def test_fill_values_past_the_dtype_raise_or_saturate_as_eager(op, dtype):
                 compiled(x)
         else:
             torch.testing.assert_close(compiled(x), want, rtol=0, atol=0, msg=str(value))
+
+
+@pytest.mark.parametrize("min_ops", [0, -1, 1.5, True, "2", None])
+def test_a_bad_min_ops_is_a_value_error(min_ops):
+    """0, -1 and 1.5 were taken; "2" and None failed inside and ran the graph eagerly."""
+    x = torch.randn(3, 4)
+    gm = make_fx(lambda t: t.exp() * 2, tracing_mode="fake")(x)
+    with pytest.raises(ValueError, match="min_ops must be an int >= 1"):
+        compile_graph(gm, [x], min_ops=min_ops)

@@ -633,6 +633,21 @@ def test_comparisons_round_a_scalar_to_the_16_bit_dtype_as_eager(dtype):
         _check(fn, [x, t], atol=0, rtol=0)
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+def test_comparisons_round_a_computed_16_bit_operand_as_eager(dtype):
+    """A 16-bit value the region computed is float32 until stored: ``x.clamp(max=0.1) == 0.1``
+    compared the exact 0.1 with the rounded scalar, False on every clipped element."""
+    x = torch.linspace(-1, 1, 24).reshape(4, 6).to(dtype)
+    for fn in (
+        lambda a: (a.clamp(max=0.1) == 0.1) * 2.0 + a,
+        lambda a: (a.clamp(min=0.1) <= 0.1) * 2.0 + a,
+        lambda a: ((a * 0 + 0.1) == 0.1) * 2.0 + a,
+        lambda a: ((a * 0 + 0.1) == (a * 0 + 0.1).clamp(max=0.1)) * 2.0 + a,
+    ):
+        assert (fn(x) != x).any()  # eager's mask holds a True: all False was the bug
+        _check(fn, [x], atol=0, rtol=0)
+
+
 @pytest.mark.parametrize("dtype", [torch.bool, torch.bfloat16, torch.float16], ids=str)
 def test_full_and_scalar_tensor_hold_their_dtype_s_value(dtype):
     """``full(2, dtype=bool)`` is True (1), ``scalar_tensor(0.1, dtype=bfloat16)`` is

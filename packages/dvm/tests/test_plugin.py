@@ -42,7 +42,9 @@ def test_the_backend_is_registered_with_spore_and_dynamo(spore_manager: Any) -> 
 def test_spore_backends_lists_dvm(run_spore: Any) -> None:
     out = run_spore("backends", "--json", env={"SPORE_PLUGINS": "dvm"}, timeout=300)
     assert out.returncode == 0, out.stderr
-    (row,) = json.loads(out.stdout)
+    rows = {r["name"]: r for r in json.loads(out.stdout)}
+    assert sorted(rows) == ["dvm", "spore"]  # spore-core's own backend, and dvm's
+    row = rows["dvm"]
     assert (row["name"], row["registered_by"], row["fallback"]) == ("dvm", "dvm", False)
     assert "VM" in row["description"]
 

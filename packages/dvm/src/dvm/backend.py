@@ -81,7 +81,7 @@ def parse_options(options: Mapping[str, Any] | None) -> DvmOptions:
     """``options`` as :class:`DvmOptions`; a ``ValueError`` naming what is wrong and what dvm
     takes."""
     try:
-        return DvmOptions(**dict(options or {}))
+        return DvmOptions.model_validate(dict(options or {}))  # names that are not str too
     except ValidationError as e:
         problems = "; ".join(
             f"{'.'.join(map(str, err['loc'])) or 'options'}: {err['msg']}" for err in e.errors()

@@ -187,7 +187,7 @@ def build_region(members: list[Node], a: _Analysis) -> Region:
     slots: dict[tuple[Node, Shape], int] = {}
     outputs: list[Node] = []
     slots_out: list[int] = []
-    stored: dict[tuple[int, torch.dtype, bool], tuple[int, Node]] = {}  # slot, whose values
+    stored: dict[tuple[int, torch.dtype, bool, Node], int] = {}  # by value and alias base
     out_dtypes: list[torch.dtype] = []
     reduced: list[bool] = []
     reader: Node = members[0]
@@ -215,15 +215,15 @@ def build_region(members: list[Node], a: _Analysis) -> Region:
         red = _analysis.storable(a.dshape[n], domain)
         if red is None:
             raise ValueError(f"output {n.name} {a.dshape[n]} is neither {domain} nor row-reduced")
-        key = (value, a.facts[n][1], red)
-        base = _alias_base(n, mset)
-        earlier = stored.get(key)
-        if earlier is None or earlier[1] is not base:  # a view shares its base's output only
-            earlier = stored[key] = (em.store(value), base)
+        # a view shares its base's output only (a clone of the same value has its own)
+        key = (value, a.facts[n][1], red, _alias_base(n, mset))
+        slot = stored.get(key)
+        if slot is None:
+            slot = stored[key] = em.store(value)
             out_dtypes.append(key[1])
             reduced.append(red)
         outputs.append(n)
-        slots_out.append(earlier[0])
+        slots_out.append(slot)
     if not outputs:
         raise ValueError("no output")
     if len(slots) > MAX_INPUTS:

@@ -446,6 +446,8 @@ def compile_graph(
 ) -> CompiledGraph:
     """``gm`` with its VM-able regions running on the VM and the rest as eager aten; regions
     of fewer than ``min_ops`` eager kernels stay eager (see :func:`dvm.cluster.cluster`)."""
+    if isinstance(min_ops, bool) or not isinstance(min_ops, int) or min_ops < 1:
+        raise ValueError(f"min_ops must be an int >= 1 (1 runs every region), got {min_ops!r}")
     t0 = time.perf_counter()
     _ensure_meta(gm, example_inputs)
     try:

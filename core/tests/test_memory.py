@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 import weakref
+from contextlib import nullcontext
 
 import pytest
 import torch
@@ -145,6 +146,56 @@ def test_offload_spills_to_files_and_cleans_up(tmp_path) -> None:
     loss.backward()
     del loss
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("min_bytes", [0, 1 << 30])  # spilled, and kept in memory
+def test_offload_refuses_a_saved_tensor_modified_in_place(tmp_path, min_bytes) -> None:
+    """A kept tensor had no version check, a spilled one used its values from save time: the
+    gradient was silently wrong where autograd raises."""
+    x = torch.tensor([0.5, 1.0], requires_grad=True)
+    with memory.offload("disk", min_bytes=min_bytes, directory=str(tmp_path)):
+        a = x * 2
+        b = a.sin()  # saves a
+    a.add_(1)
+    with pytest.raises(RuntimeError, match=r"modified by an inplace operation.*version is 1"):
+        b.sum().backward()
+
+
+def test_offloaded_tensors_come_back_with_their_strides(tmp_path) -> None:
+    """A channels_last activation came back contiguous: gradients 1.8e-4 off, and Inductor's
+    backward failed its stride assertion."""
+    g = torch.Generator().manual_seed(0)
+    x0 = torch.randn(2, 3, 9, 9, generator=g).contiguous(memory_format=torch.channels_last)
+    w0 = torch.randn(8, 3, 3, 3, generator=g)
+
+    def grads(offloaded):
+        x, w = x0.clone().requires_grad_(), w0.clone().requires_grad_()
+        spill = memory.offload("disk", min_bytes=0, directory=str(tmp_path))
+        with spill if offloaded else nullcontext() as stats:
+            y = torch.nn.functional.conv2d(x * 1, w, padding=1).transpose(2, 3) * 1
+        (y * y).sum().backward()
+        return x.grad, w.grad, stats
+
+    (*plain, _), (*spilled, stats) = grads(False), grads(True)
+    assert stats.offloaded == 1  # the conv's channels_last input (w is a leaf: kept)
+    assert _bitwise_equal(plain[0], spilled[0])
+    assert _bitwise_equal(plain[1], spilled[1])
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_offload_keeps_what_a_copy_would_not_free(tmp_path) -> None:
+    """Views of a parameter (``weight.t()`` of a linear) were spilled every step, an expanded
+    row was written at its expanded size, and a tensor subclass came back a plain tensor."""
+    linear = torch.nn.Linear(512, 512)
+    row = torch.randn(1, 4096, requires_grad=True)
+    with memory.offload("disk", min_bytes=0, directory=str(tmp_path)) as stats:
+        y = linear(torch.randn(4, 512))  # saves the input and weight.t()
+        z = row.expand(4096, 4096) * torch.randn(4096, 4096)  # saves the expanded row
+        fallback = spore.FallbackTensor(torch.randn(3, requires_grad=True)).sin()
+    written = sum(f.stat().st_size for f in tmp_path.iterdir())
+    assert written == stats.offloaded_bytes < (4096 * 4096 + 512 * 512) * 4
+    assert type(fallback.grad_fn._saved_self) is spore.FallbackTensor
+    (y.sum() + z.sum()).backward()
 
 
 def test_offload_outer_and_track_inner_compose() -> None:

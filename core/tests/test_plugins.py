@@ -266,7 +266,7 @@ def test_allow_list_names_are_requested(fixture_plugins, spore_manager) -> None:
 
 def test_a_listing_of_a_missing_plugin_names_no_empty_cause(run_spore) -> None:
     done = run_spore("plugins", env={"SPORE_PLUGINS": "missing"})
-    assert done.returncode == 1
+    assert done.returncode == 2  # a plugin error, as in the other commands
     assert "spore plugin 'missing' was asked for but is not installed" in done.stderr
     assert "cause" not in done.stderr  # it ended "(cause: None)"
 

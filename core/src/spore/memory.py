@@ -153,14 +153,19 @@ class _Held:
         self.version = _version(value)
 
     def unpack(self) -> torch.Tensor:
-        if self.version is not None and _version(self.value) != self.version:
-            raise RuntimeError(
-                f"a tensor autograd saved ({_describe(self.value)}) was modified by an inplace "
-                f"operation after it was saved: its version is {_version(self.value)}, it was "
-                f"saved at {self.version} (spore.memory.track() checks this as autograd does "
-                "without hooks); clone it before modifying it"
-            )
+        _check_version(self.value, self.version, "spore.memory.track()")
         return self.value
+
+
+def _check_version(t: torch.Tensor, saved: int | None, who: str) -> None:
+    """Raise as autograd does without hooks when ``t`` changed in place after it was saved at
+    version ``saved`` (``None``: not known)."""
+    if saved is not None and _version(t) != saved:
+        raise RuntimeError(
+            f"a tensor autograd saved ({_describe(t)}) was modified by an inplace operation "
+            f"after it was saved: its version is {_version(t)}, it was saved at {saved} ({who} "
+            "checks this as autograd does without hooks); clone it before modifying it"
+        )
 
 
 def _version(t: torch.Tensor) -> int | None:
@@ -213,21 +218,38 @@ class OffloadStats:
 
 
 class _OnDisk:
-    """A saved tensor spilled to a file; the file is removed when autograd drops the handle."""
+    """A saved tensor spilled to a file, its elements in their memory order, so that it comes
+    back with its strides (channels_last, transposed); the file is removed when autograd drops
+    the handle, or at once when writing it fails. The tensor's version is checked on load as
+    autograd checks it, while the tensor is alive to tell."""
 
-    __slots__ = ("__weakref__", "dtype", "numel", "path", "shape")
+    __slots__ = ("__weakref__", "dtype", "numel", "path", "shape", "source", "stride", "version")
 
     def __init__(self, tensor: torch.Tensor, directory: str) -> None:
         self.path = os.path.join(directory, f"spore-saved-{uuid.uuid4().hex}.bin")
-        self.shape, self.dtype, self.numel = tensor.shape, tensor.dtype, tensor.numel()
-        mapped = torch.from_file(self.path, shared=True, size=self.numel, dtype=self.dtype)
-        mapped.copy_(tensor.reshape(-1))
-        del mapped  # unmapped: the pages now belong to the page cache, not to this process
-        weakref.finalize(self, _unlink, self.path)
+        self.shape, self.stride = tensor.shape, tensor.stride()
+        self.dtype, self.numel = tensor.dtype, tensor.numel()
+        self.source, self.version = weakref.ref(tensor), _version(tensor)
+        finalizer = weakref.finalize(self, _unlink, self.path)
+        try:
+            mapped = torch.from_file(self.path, shared=True, size=self.numel, dtype=self.dtype)
+            mapped.copy_(_memory_order(tensor))
+            del mapped  # unmapped: the pages now belong to the page cache, not to this process
+        except BaseException:
+            finalizer()
+            raise
 
     def load(self) -> torch.Tensor:
+        source = self.source()
+        if source is not None:
+            _check_version(source, self.version, "spore.memory.offload()")
         data = torch.from_file(self.path, shared=False, size=self.numel, dtype=self.dtype)
-        return data.view(self.shape)
+        return data.as_strided(self.shape, self.stride)
+
+
+def _memory_order(t: torch.Tensor) -> torch.Tensor:
+    """The elements of ``t`` (non-overlapping and dense) in the order they lie in memory."""
+    return t.as_strided((t.numel(),), (1,), t.storage_offset())
 
 
 def _unlink(path: str) -> None:
@@ -268,13 +290,33 @@ class _OnHost:
 
 
 def _offloadable(value: Any, device_type: str, min_bytes: int) -> bool:
+    """A plain dense tensor of its own memory (not a subclass, a nested tensor, an expanded or
+    sliced view, whose copy would not free its storage or would be larger), not a parameter
+    or a view of one (``weight.t()``), which stays resident anyway."""
+    if type(value) is not torch.Tensor or value.is_nested:
+        return False
+    base = value._base if value._base is not None else value
     return (
-        isinstance(value, torch.Tensor)
-        and value.device.type == device_type
+        value.device.type == device_type
         and value.layout == torch.strided
         and _nbytes(value) >= min_bytes
-        and not (value.is_leaf and value.requires_grad)  # parameters stay resident anyway
+        and _dense(value)
+        and not (base.is_leaf and base.requires_grad)
     )
+
+
+def _dense(t: torch.Tensor) -> bool:
+    """Whether ``t`` covers a block of memory once, without gaps or repeats: its dims of size
+    above 1, ordered by stride, are contiguous (expanded and sliced views are not)."""
+    if t.numel() == 0:
+        return False
+    expected = 1
+    for size, stride in sorted(zip(t.shape, t.stride(), strict=True), key=lambda p: p[1]):
+        if size != 1:
+            if stride != expected:
+                return False
+            expected *= size
+    return True
 
 
 @contextmanager
@@ -302,7 +344,7 @@ def offload(
     if min_bytes < 0:
         raise ValueError(f"min_bytes must be >= 0, got {min_bytes}")
     stats = OffloadStats()
-    folder = directory or tempfile.gettempdir()
+    folder = os.path.abspath(directory or tempfile.gettempdir())  # as at pack, whatever cwd
     if target == "disk" and not os.access(folder, os.W_OK):
         raise PermissionError(f"offload directory {folder!r} is not writable")
     stream = torch.cuda.Stream() if target == "host" else None
@@ -311,7 +353,11 @@ def offload(
     def pack(value: Any) -> Any:
         if not _offloadable(value, "cpu" if target == "disk" else "cuda", min_bytes):
             stats.kept += 1
-            return value.detach() if isinstance(value, torch.Tensor) else value  # as _Held
+            if not isinstance(value, torch.Tensor):
+                return value
+            kept = value.detach()  # a tensor still, for the hooks around (track counts it)
+            kept._spore_saved_version = _version(value)
+            return kept
         stats.offloaded += 1
         stats.offloaded_bytes += _nbytes(value)
         if target == "disk":
@@ -322,6 +368,11 @@ def offload(
         return handle
 
     def unpack(value: Any) -> Any:
+        if isinstance(value, torch.Tensor):
+            _check_version(
+                value, getattr(value, "_spore_saved_version", None), "spore.memory.offload()"
+            )
+            return value
         if isinstance(value, _OnDisk):
             return value.load()
         if isinstance(value, _OnHost):

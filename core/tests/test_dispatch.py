@@ -302,6 +302,18 @@ def test_duplicates_redefinition_and_bad_input() -> None:
         dispatch.define("half", "(Tensor x) -> Tensor", reference=_rms, backward=_rms)
     with pytest.raises(ValueError, match="lower-case device type"):
         dispatch.register_kernel(op, "CPU", _rms, provider="q")
+    for device in ("cuda:0", " cpu"):  # taken, and never matched
+        with pytest.raises(ValueError, match="not a device such as 'cuda:0'"):
+            dispatch.register_kernel(op, device, _rms, provider="q")
+    # a str priority was taken, then every call of the op raised in the kernels' sort
+    for priority in ("10", None, 1.5, True):
+        with pytest.raises(TypeError, match="a kernel's priority must be an int"):
+            dispatch.register_kernel(op, "cpu", _rms, provider="q", priority=priority)
+    with pytest.raises(TypeError, match="a kernel must be callable"):
+        dispatch.register_kernel(op, "cpu", None, provider="q")
+    with pytest.raises(TypeError, match="supports must be callable"):
+        dispatch.register_kernel(op, "cpu", _rms, provider="q", supports=True)
+    assert set(op.kernels) == {("cpu", "p")}  # nothing refused was registered
     with pytest.raises(KeyError, match="no spore op named 'nope'"):
         dispatch.get("nope")
 

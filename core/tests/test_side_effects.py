@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import gc
 import math
 import operator
+import weakref
 
 import pytest
 import torch
@@ -95,3 +97,19 @@ def test_an_auto_functionalized_op_has_the_side_effect_of_the_op_it_wraps():
     effect = g.call_function(wrapper, (torch.ops.inductor.accumulate_grad_.default,), {})
     assert [has_side_effect(pure), has_side_effect(effect)] == [False, True]
     assert [pure.is_impure(), effect.is_impure()] == [False, True]
+
+
+def test_a_cached_verdict_holds_its_op_so_no_other_op_takes_its_id() -> None:
+    """Verdicts were cached by id(op) alone: once a library was destroyed, a new (mutating)
+    op could get the freed op's id and its verdict, "no side effect"."""
+    lib = torch.library.Library("spore_side_effects_test", "FRAGMENT")
+    lib.define("pure_once(Tensor x) -> Tensor")
+    op = torch.ops.spore_side_effects_test.pure_once.default
+    graph = Graph()
+    assert has_side_effect(graph.call_function(op, (graph.placeholder("x"),))) is False
+    alive = weakref.ref(op)
+    del op, graph
+    lib._destroy()
+    del lib
+    gc.collect()
+    assert alive() is not None

@@ -387,8 +387,17 @@ def register_kernel(
     or it is the very same function (a plugin loaded twice).
     """
     target = _as_op(op)
-    if not device or device != device.lower():
-        raise ValueError(f"device must be a lower-case device type like 'cpu', got {device!r}")
+    if not isinstance(device, str) or not device.isidentifier() or device != device.lower():
+        raise ValueError(
+            f"device must be a lower-case device type like 'cpu' or 'cuda' (not a device such "
+            f"as 'cuda:0'), got {device!r}"
+        )
+    if isinstance(priority, bool) or not isinstance(priority, int):
+        raise TypeError(f"a kernel's priority must be an int, got {priority!r}")
+    if not callable(fn):
+        raise TypeError(f"a kernel must be callable, got {fn!r}")
+    if supports is not None and not callable(supports):
+        raise TypeError(f"supports must be callable or None, got {supports!r}")
     kernel = Kernel(target.name, device, provider, fn, priority, supports)
     with _lock:
         old = target.kernels.get((device, provider))

@@ -38,7 +38,9 @@ _BY_FIRST_ARG = {  # wrappers whose side effect is the wrapped op's (their first
     id(torch.ops.higher_order.auto_functionalized),
     id(torch.ops.higher_order.auto_functionalized_v2),
 }
-_VERDICTS: dict[Any, bool] = {}  # by id(op) (an OpOverload's hash is Python code) and `random`
+# by id(op) (an OpOverload's hash is Python code) and `random`; each verdict holds its op (and
+# a wrapper's wrapped op), so that no other op can take a cached id after a library is freed
+_VERDICTS: dict[Any, tuple[bool, Any]] = {}
 
 
 def has_side_effect(node: torch.fx.Node, *, random: bool = True) -> bool:
@@ -52,9 +54,10 @@ def has_side_effect(node: torch.fx.Node, *, random: bool = True) -> bool:
     if not isinstance(target, _OPS):
         return id(target) not in _PURE
     key: Any = (id(target), random)
+    held: Any = target
     if key[0] in _BY_FIRST_ARG and node.args:
-        key = (key, id(node.args[0]))
-    verdict = _VERDICTS.get(key)
-    if verdict is None:
-        verdict = _VERDICTS[key] = node.is_impure(impure_random=random)
-    return verdict
+        key, held = (key, id(node.args[0])), (target, node.args[0])
+    cached = _VERDICTS.get(key)
+    if cached is None:
+        cached = _VERDICTS[key] = (node.is_impure(impure_random=random), held)
+    return cached[0]

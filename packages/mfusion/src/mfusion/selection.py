@@ -46,7 +46,13 @@ def known_names() -> list[str]:
 
 def _checked(names: tuple[str, ...]) -> set[str]:
     """The short names of ``names``, in any case (as the environment's); ``ValueError`` for
-    one that names no pass."""
+    one that names no pass, or that is not a str (a list: pass the names one by one)."""
+    for n in names:
+        if not isinstance(n, str):
+            raise ValueError(
+                f"mfusion pass names are strs, got {n!r}; pass each name as its own argument "
+                f"(disable_passes('rope', 'gelu')); the passes are {', '.join(known_names())}"
+            )
     wanted = {short_name(n.strip().lower()) for n in names}
     unknown = sorted(wanted - {ALL, *known_names()})
     if unknown:

@@ -103,7 +103,7 @@ def _lengths(q: torch.Tensor, k: torch.Tensor, manager: ParallelManager) -> list
     for r, row in enumerate(rows):
         for name, theirs, ours in zip(_LAYOUT, row[1:], layout, strict=True):
             if theirs != ours:
-                shapes = [f"rank {i}: {tuple(row[1:5])}" for i, row in enumerate(rows)]
+                shapes = [f"rank {i}: {tuple(each[1:5])}" for i, each in enumerate(rows)]
                 raise ValueError(
                     f"Ulysses attention needs every rank's q, k, v to agree on all but the "
                     f"sequence length: rank {r}'s {name} differs from rank {manager.rank}'s "

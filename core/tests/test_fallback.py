@@ -130,6 +130,33 @@ def test_inplace_shape_changes_reach_the_wrapper(change) -> None:
     assert (wrapped + 1).shape == plain.shape
 
 
+@pytest.mark.parametrize(
+    "op",
+    [
+        lambda t: t.conj() * 2,
+        lambda t: t.conj().imag,
+        lambda t: t.conj().clone(),
+        lambda t: t.conj().resolve_conj(),
+        lambda t: torch._neg_view(t) + 1,
+        lambda t: torch._neg_view(t.conj()).real,
+        lambda t: t.conj() @ t.conj().T,
+    ],
+    ids=["mul", "imag", "clone", "resolve", "neg_view", "neg_conj_real", "matmul"],
+)
+def test_conjugate_and_negative_views_keep_their_bits(op) -> None:
+    plain = torch.tensor([[1 + 2j, 3 - 1j], [-0.5 + 0.25j, 2j]])
+    out = op(Sharded(plain.clone(), {"placement": "replicate"}))
+    torch.testing.assert_close(out.unwrap().resolve_conj().resolve_neg(), op(plain).resolve_conj())
+
+
+def test_gradient_through_a_conjugate_matches_plain() -> None:
+    plain = torch.tensor([1 + 2j, 3 - 1j], requires_grad=True)
+    wrapped = Sharded(plain.detach().clone(), {"placement": "replicate"}).requires_grad_()
+    for t in (plain, wrapped):
+        ((t.conj() * torch.tensor([1j, 2.0])) ** 2).real.sum().backward()
+    torch.testing.assert_close(wrapped.grad.unwrap(), plain.grad)
+
+
 def test_save_and_load_keep_data_and_meta() -> None:
     t = Sharded(torch.arange(3.0), {"placement": "shard0"})
     buf = io.BytesIO()

@@ -56,6 +56,10 @@ class FallbackTensor(torch.Tensor):
             layout=data.layout,
             requires_grad=requires_grad,
         )
+        # the conjugate and negative bits live on the tensor, not in its data: copy them so
+        # that torch resolves them above the wrapper as it would on ``data`` (issue #130646)
+        torch._C._set_conj(out, data.is_conj())
+        torch._C._set_neg(out, data.is_neg())
         out._spore_data = data.detach() if data.requires_grad else data
         out._spore_meta = dict(meta or {})
         return out

@@ -218,6 +218,37 @@ def test_track_outer_and_offload_inner_compose() -> None:
     assert tracked.packed_elsewhere == stats.offloaded
 
 
+@pytest.mark.parametrize("hooks", ["track", "offload", "pair"])
+def test_hooks_inside_torch_checkpoint_keep_it_recomputing(hooks, tmp_path) -> None:
+    """A Spore pair entered inside ``torch.utils.checkpoint`` composes with the checkpoint's
+    own (installed with torch's ``saved_tensors_hooks``) instead of shadowing it: the
+    checkpoint still saves nothing of the block and recomputes it in backward."""
+    runs = []
+    packed = []
+
+    def block(x, w1, w2):
+        runs.append(1)
+        context = {
+            "track": memory.track(),
+            "offload": memory.offload("disk", directory=tmp_path, min_bytes=0),
+            "pair": spore.saved_tensors_hooks(lambda v: packed.append(v) or v, lambda v: v),
+        }[hooks]
+        with context as seen:
+            out = _step(x, w1, w2)
+        if hooks == "track":
+            assert seen.bytes == 0
+            assert seen.packed_elsewhere == seen.count > 0
+        return out
+
+    x, w1, w2 = _params()
+    loss = torch.utils.checkpoint.checkpoint(block, x, w1, w2, use_reentrant=False)
+    assert not list(tmp_path.iterdir())
+    loss.backward()
+    assert len(runs) == 2
+    assert not any(isinstance(v, torch.Tensor) for v in packed[: len(packed) // 2])
+    assert _bitwise_equal([t.grad for t in (x, w1, w2)], _grads())
+
+
 def test_offload_bad_arguments(tmp_path) -> None:
     with pytest.raises(ValueError, match="offload target must be"), memory.offload("tape"):
         pass

@@ -27,17 +27,8 @@ from torch.utils._pytree import tree_leaves
 Pack = Callable[[Any], Any]
 Unpack = Callable[[Any], Any]
 
-_local = threading.local()
-
-
 Entry = tuple[Pack, Unpack, bool]
-"""A stacked pair and whether it only observes (it then packs innermost: :func:`compose`)."""
-
-
-def _stack() -> list[Entry]:
-    if not hasattr(_local, "stack"):
-        _local.stack = []
-    return _local.stack
+"""A composed pair and whether it only observes (it then packs innermost: :func:`compose`)."""
 
 
 def compose(entries: list[Entry]) -> tuple[Pack, Unpack]:
@@ -57,30 +48,35 @@ def compose(entries: list[Entry]) -> tuple[Pack, Unpack]:
             value = u(value)
         return value
 
+    pack_all._spore_entries = entries  # type: ignore[attr-defined]
     return pack_all, unpack_all
 
 
 @contextmanager
 def stacked(
-    stack: list[Entry],
     pack: Pack,
     unpack: Unpack,
     install: Callable[[Pack, Unpack], Any],
+    active: Callable[[], tuple[Pack, Unpack] | None],
     *,
     observes: bool = False,
 ) -> Iterator[None]:
-    """Push (pack, unpack) on ``stack`` and install the composed pair with ``install``."""
-    stack.append((pack, unpack, observes))
-    try:
-        with install(*compose(list(stack))):
-            yield
-    finally:
-        stack.pop()
+    """Install with ``install`` the pair (pack, unpack) composed with ``active()``, the pair the
+    framework runs now: with the entries of a pair composed here, or with one installed without
+    Spore (torch's checkpoint) as the outermost entry, since it shadows the entries outside it."""
+    top = active()
+    below = [] if top is None else getattr(top[0], "_spore_entries", [(*top, False)])
+    with install(*compose([*below, (pack, unpack, observes)])):
+        yield
+
+
+def _torch_active() -> tuple[Pack, Unpack] | None:
+    return torch._C._autograd._top_saved_tensors_default_hooks(False)
 
 
 def saved_tensors_hooks(pack: Pack, unpack: Unpack) -> Any:
     """Add a (pack, unpack) pair on top of the active ones for the block (see module doc)."""
-    return stacked(_stack(), pack, unpack, torch.autograd.graph.saved_tensors_hooks)
+    return stacked(pack, unpack, torch.autograd.graph.saved_tensors_hooks, _torch_active)
 
 
 def _nbytes(t: torch.Tensor) -> int:
@@ -203,7 +199,7 @@ def track() -> Iterator[SavedTensorTracker]:
         return value.unpack() if isinstance(value, _Held) else value
 
     install = torch.autograd.graph.saved_tensors_hooks
-    with stacked(_stack(), pack, unpack, install, observes=True), current:
+    with stacked(pack, unpack, install, _torch_active, observes=True), current:
         yield tracker
 
 

@@ -15,6 +15,8 @@ from __future__ import annotations
 import os
 import threading
 from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 try:
@@ -55,9 +57,29 @@ class OpCounter(DispatchMode):
 
 def saved_tensors_hooks(pack: Pack, unpack: Unpack) -> Any:
     """Composable ``mindspore.saved_tensors_hooks`` (see :func:`spore.saved_tensors_hooks`)."""
-    if not hasattr(_local, "stack"):
-        _local.stack = []
-    return stacked(_local.stack, pack, unpack, mindspore.saved_tensors_hooks)
+    return stacked(pack, unpack, _install, _active)
+
+
+def _installed() -> list[tuple[Pack, Unpack]]:
+    if not hasattr(_local, "installed"):
+        _local.installed = []
+    return _local.installed
+
+
+def _active() -> tuple[Pack, Unpack] | None:
+    installed = _installed()
+    return installed[-1] if installed else None
+
+
+@contextmanager
+def _install(pack: Pack, unpack: Unpack) -> Iterator[None]:
+    """``mindspore.saved_tensors_hooks``, remembered so that an inner pair composes with it."""
+    _installed().append((pack, unpack))
+    try:
+        with mindspore.saved_tensors_hooks(pack, unpack):
+            yield
+    finally:
+        _installed().pop()
 
 
 def _plugin_path(path: str) -> str:

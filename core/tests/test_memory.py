@@ -257,6 +257,14 @@ def test_offload_bad_arguments(tmp_path) -> None:
     if not torch.cuda.is_available():
         with pytest.raises(RuntimeError, match="needs CUDA"), memory.offload("host"):
             pass
+    for where in (tmp_path / "a-file", tmp_path / "missing"):
+        where.with_name("a-file").write_text("")
+        with (
+            pytest.raises(NotADirectoryError, match="is not a directory: create it"),
+            memory.offload("disk", directory=str(where)),
+        ):
+            pass
+    assert (tmp_path / "a-file").read_text() == ""
     locked = tmp_path / "locked"
     locked.mkdir(mode=0o500)
     if not os.access(locked, os.W_OK):  # root can write anyway

@@ -124,6 +124,9 @@ def test_ranks_split_cores_and_pin_with_affinity() -> None:
         ({"allocator": "mimalloc"}, "unknown allocator 'mimalloc'"),
         ({"ranks": 2, "rank": 2}, "rank 2 of 2 ranks"),
         ({"threads": 0}, "threads must be >= 1"),
+        ({"threads": 2.5}, "threads must be an int, got 2.5"),
+        ({"threads": True}, "threads must be an int, got True"),
+        ({"ranks": "2"}, "ranks must be an int, got '2'"),
     ],
 )
 def test_bad_settings_are_clear_errors(kwargs, message) -> None:

@@ -341,7 +341,12 @@ def offload(
         raise ValueError(f"min_bytes must be >= 0, got {min_bytes}")
     stats = OffloadStats()
     folder = os.path.abspath(directory or tempfile.gettempdir())  # as at pack, whatever cwd
-    if target == "disk" and not os.access(folder, os.W_OK):
+    if target == "disk" and not os.path.isdir(folder):
+        raise NotADirectoryError(
+            f"offload directory {folder!r} is not a directory: create it, or pass "
+            "directory=None for the temp dir"
+        )
+    if target == "disk" and not os.access(folder, os.W_OK | os.X_OK):
         raise PermissionError(f"offload directory {folder!r} is not writable")
     stream = torch.cuda.Stream() if target == "host" else None
     order: list[_OnHost] = []

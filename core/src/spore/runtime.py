@@ -156,6 +156,9 @@ def cpu_plan(
         raise RuntimeConfigError(
             f"unknown allocator {allocator!r}; choose one of {', '.join(ALLOCATORS)}"
         )
+    for name, value in (("threads", threads), ("ranks", ranks), ("rank", rank)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+            raise RuntimeConfigError(f"{name} must be an int, got {value!r}")
     if ranks < 1 or not 0 <= rank < ranks:
         raise RuntimeConfigError(f"rank {rank} of {ranks} ranks: need 0 <= rank < ranks >= 1")
     if threads is not None and threads < 1:

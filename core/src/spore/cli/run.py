@@ -51,7 +51,9 @@ def report_plan(runtime_plan: Any, prefix: str) -> None:
     "run",
     context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False},
 )
-@runtime_options("auto: tcmalloc if installed, else tuned glibc malloc; system: change nothing.")
+@runtime_options(
+    "auto: tcmalloc if installed, else tuned glibc malloc; system: the allocator as it is."
+)
 @click.option("-q", "--quiet", is_flag=True, help="Do not report the settings on stderr.")
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
 def run_cmd(allocator: str, threads: int | None, quiet: bool, command: tuple[str, ...]) -> None:
@@ -59,7 +61,8 @@ def run_cmd(allocator: str, threads: int | None, quiet: bool, command: tuple[str
 
     Settings are environment variables set before COMMAND starts; variables you already set
     are kept (and reported). The tuned allocators keep freed memory for reuse: resident memory
-    stays higher. Use --allocator system to change nothing.
+    stays higher. --allocator system leaves the allocator as it is; the thread variables are
+    still set unless you set them yourself.
     """
     if not command[0]:
         raise click.UsageError('the command is empty (an unset variable in `spore run -- "$CMD"`?)')

@@ -10,6 +10,7 @@ reference. ``explain`` says which would run and why the others would not.
 
 from __future__ import annotations
 
+import inspect
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -93,7 +94,10 @@ class Op:
     kernels: dict[tuple[str, str], Kernel] = field(default_factory=dict)
     _ranked: dict[str, list[Kernel]] = field(default_factory=dict, repr=False, compare=False)
     _defaults: tuple[Any, ...] = field(default=(), repr=False, compare=False)
-    _names: tuple[str, ...] = field(default=(), repr=False, compare=False)
+    _signature: inspect.Signature = field(
+        default_factory=inspect.Signature, repr=False, compare=False
+    )
+    _tensors: tuple[tuple[str, bool], ...] = field(default=(), repr=False, compare=False)
 
     @property
     def qualname(self) -> str:
@@ -141,14 +145,21 @@ class Op:
 
     def as_called(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...]:
         """A user's call's arguments as a kernel receives them: all by position (the schema has
-        no keyword-only ones), the omitted ones at their defaults."""
-        if kwargs:
-            given = dict(kwargs)
-            rest = zip(self._names[len(args) :], self._defaults[len(args) :], strict=True)
-            args = (*args, *(given.pop(name, default) for name, default in rest))
-            if given:
-                raise TypeError(f"{self.name}() got unexpected keyword arguments {sorted(given)}")
-        return self.complete(args)
+        no keyword-only ones), the omitted ones at their defaults. A call the schema refuses
+        (an argument missing or unknown, a non-tensor for a tensor) is a ``TypeError``."""
+        try:
+            bound = self._signature.bind(*args, **kwargs)
+        except TypeError as exc:
+            raise TypeError(f"{self.name}(): {exc} (schema: {self.name}{self.schema})") from None
+        bound.apply_defaults()
+        for name, optional in self._tensors:
+            value = bound.arguments[name]
+            if not isinstance(value, torch.Tensor) and not (optional and value is None):
+                raise TypeError(
+                    f"{self.name}(): argument {name!r} must be a Tensor, got "
+                    f"{type(value).__name__} (schema: {self.name}{self.schema})"
+                )
+        return tuple(bound.arguments.values())
 
     def _route(self, *args: Any, **kwargs: Any) -> Any:
         args = self.complete(args)
@@ -328,7 +339,21 @@ def define(
                 "are functional (their autograd would not see the write): return a new tensor"
             )
         op._defaults = tuple(a.default_value for a in parsed.arguments)
-        op._names = tuple(a.name for a in parsed.arguments)
+        op._signature = inspect.Signature(
+            [
+                inspect.Parameter(
+                    a.name,
+                    inspect.Parameter.POSITIONAL_OR_KEYWORD,
+                    default=a.default_value if a.has_default_value() else inspect.Parameter.empty,
+                )
+                for a in parsed.arguments
+            ]
+        )
+        op._tensors = tuple(
+            (a.name, isinstance(a.type, torch._C.OptionalType))
+            for a in parsed.arguments
+            if "Tensor" in str(a.type) and not _tensor_list(a.type)
+        )
         lib.define(f"{name}{schema}")
         lib.impl(name, op._route, "CompositeExplicitAutograd")
         shapes = fake or reference

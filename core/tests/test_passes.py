@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import functools
 import json
 import os
 import subprocess
@@ -388,9 +389,32 @@ def test_bad_registrations(spore_manager) -> None:
     # each was accepted: "high" failed every later compile's sort, 5 never matched a device
     with pytest.raises(TypeError, match="priority must be an int, got 'high'"):
         spore.register_custom_pass(TimesThree(), priority="high")
-    with pytest.raises(TypeError, match=r"device must be a device type .* got 5"):
-        spore.register_custom_pass(TimesThree(), device=5)
+    # so were these, then never ran: the device matched no graph, the class was called with gm
+    for device in (5, "CPU", "cpu:0"):
+        with pytest.raises(ValueError, match=r"device .* must be a lower-case device type"):
+            spore.register_custom_pass(TimesThree(), device=device)
+    with pytest.raises(TypeError, match=r"an instance of the pass class TimesThree, not the"):
+        spore.register_custom_pass(TimesThree)
     assert "times-three" not in spore.get_registry("passes")
+
+
+def test_a_partial_pass_is_keyed_by_what_it_wraps() -> None:
+    """Every functools.partial had the key 'functools.partial:1': a changed one hit the FX
+    graph cache and never ran."""
+    from spore.graph_passes import PassEntry
+
+    def keyed(fn):
+        return PassEntry("p", fn, "post_grad").cache_key()
+
+    def scale(gm, factor):
+        return 0
+
+    def shift(gm, factor):
+        return 0
+
+    assert keyed(functools.partial(scale, factor=2)) != keyed(functools.partial(shift, factor=2))
+    assert keyed(functools.partial(scale, factor=2)) != keyed(functools.partial(scale, factor=3))
+    assert keyed(functools.partial(scale, factor=2)) == keyed(functools.partial(scale, factor=2))
 
 
 CACHE_SCRIPT = textwrap.dedent(

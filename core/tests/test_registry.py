@@ -60,6 +60,52 @@ def test_remove_owner() -> None:
     assert list(reg) == ["three"]
 
 
+def test_removing_an_owner_brings_back_what_it_replaced() -> None:
+    """A failing plugin that had replaced another's entry (override=True) took that name
+    away with it; the replaced entry now comes back, whatever order owners leave in."""
+    reg: Registry[Thing] = Registry("thing")
+    first, second, third = Thing("x"), Thing("x"), Thing("x")
+    for owner, thing in (("alpha", first), ("beta", second), ("gamma", third)):
+        with reg.owned_by(owner):
+            reg.add(thing, override=True)
+    with reg.owned_by("beta"):
+        reg.add(Thing("x"), override=True)  # an owner replacing its own entry shadows nothing
+    assert reg.remove_owner("gamma") == []  # beta's entry was on top
+    assert reg.entry("x").owner == "beta"
+    assert [e.value for e in reg.remove_owner("beta")] == [first]
+    assert reg.get("x") is first
+    assert reg.remove_owner("alpha") == []
+    assert "x" not in reg
+
+
+def test_a_failed_plugin_hands_a_backend_and_a_pass_back(spore_manager) -> None:
+    import torch
+
+    from spore.backends import Backend
+    from spore.registry import BackendRegistry, PassRegistry
+
+    name = f"spore_test_restored_{id(object())}"
+    calls = []
+    backends = BackendRegistry("backend")
+    passes = PassRegistry("pass")
+    with backends.owned_by("alpha"), passes.owned_by("alpha"):
+        backends.add(Backend(name, lambda gm, ex: calls.append("alpha") or gm.forward))
+        passes.add(lambda gm: 0, name="tidy")
+    with backends.owned_by("beta"), passes.owned_by("beta"):
+        backends.add(Backend(name, lambda gm, ex: gm.forward), override=True)
+        passes.add(lambda gm: 1, name="tidy", override=True)
+    backends.remove_owner("beta")
+    passes.remove_owner("beta")
+    assert passes.entry("tidy").owner == "alpha"
+    torch._dynamo.reset()
+    torch.compile(lambda x: x.sin() + 1, backend=name)(torch.ones(2))
+    assert calls == ["alpha"]
+    backends.remove_owner("alpha")
+    torch._dynamo.reset()
+    with pytest.raises(Exception, match="withdrawn"):
+        torch.compile(lambda x: x.cos() + 1, backend=name)(torch.ones(2))
+
+
 def test_bad_names_are_clear_errors() -> None:
     reg: Registry[object] = Registry("op")
     with pytest.raises(TypeError, match="no 'name' attribute; pass name="):

@@ -19,7 +19,7 @@ from typing import Any
 import torch
 from torch.autograd import forward_ad
 
-from spore.errors import DuplicateRegistrationError
+from spore.errors import DuplicateRegistrationError, check_device_type
 
 NAMESPACE = "spore"
 REFERENCE = "reference"
@@ -412,11 +412,7 @@ def register_kernel(
     or it is the very same function (a plugin loaded twice).
     """
     target = _as_op(op)
-    if not isinstance(device, str) or not device.isidentifier() or device != device.lower():
-        raise ValueError(
-            f"device must be a lower-case device type like 'cpu' or 'cuda' (not a device such "
-            f"as 'cuda:0'), got {device!r}"
-        )
+    check_device_type(device, "device")
     if isinstance(priority, bool) or not isinstance(priority, int):
         raise TypeError(f"a kernel's priority must be an int, got {priority!r}")
     if not callable(fn):

@@ -174,8 +174,7 @@ class PassEntry:
         """This pass's part of the FX graph cache key: what it is (its function or class), its
         version and, for a pass with a ``uuid()`` (Inductor's ``CustomGraphPass``), that;
         ``None`` when that ``uuid()`` is ``None`` (the cache is then bypassed)."""
-        kind = self.pass_ if hasattr(self.pass_, "__qualname__") else type(self.pass_)
-        key = f"{getattr(kind, '__module__', '')}.{kind.__qualname__}:{self.version}"
+        key = f"{_identity(self.pass_)}:{self.version}"
         own = getattr(self.pass_, "uuid", None)
         if callable(own):
             uuid = own()
@@ -183,6 +182,14 @@ class PassEntry:
                 return None
             key += f":{uuid!r}"
         return key
+
+
+def _identity(fn: Any) -> str:
+    """What a pass is, for the cache key: its function or class, and a partial's arguments."""
+    if isinstance(fn, functools.partial):
+        return f"partial({_identity(fn.func)}, {fn.args!r}, {fn.keywords!r})"
+    kind = fn if hasattr(fn, "__qualname__") else type(fn)
+    return f"{getattr(kind, '__module__', '')}.{kind.__qualname__}"
 
 
 def _graph_device(gm: Any) -> str | None:

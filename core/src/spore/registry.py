@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 from spore import backends, graph_passes
-from spore.errors import DuplicateRegistrationError
+from spore.errors import DuplicateRegistrationError, check_device_type
 
 T = TypeVar("T")
 
@@ -41,12 +41,14 @@ class Registry(Generic[T]):
     """A name → value table for one kind of thing (``"benchmark"``, ``"op"``, ...).
 
     Entries registered while the plugin manager calls a plugin's hook are owned by that
-    plugin; the manager removes them again if the plugin fails.
+    plugin; the manager removes them again if the plugin fails, and an entry that one replaced
+    with ``override=True`` comes back.
     """
 
     def __init__(self, kind: str) -> None:
         self.kind = kind
         self._entries: dict[str, Entry[T]] = {}
+        self._shadowed: dict[str, list[Entry[T]]] = {}  # replaced by another owner, oldest first
         self._owner = USER
         self._owner_version = ""
 
@@ -78,8 +80,20 @@ class Registry(Generic[T]):
                 f"{self.kind} {name!r} is registered by both {old.owner!r} and "
                 f"{self._owner!r}; rename one, disable one plugin, or pass override=True"
             )
+        if old is not None and old.owner != self._owner:
+            self._shadowed.setdefault(name, []).append(old)
         self._entries[name] = Entry(name, value, self._owner, self._owner_version)
         return value
+
+    def _undo_add(self, name: str, before: Entry[T] | None) -> None:
+        """Put back the entry ``name`` had before the :meth:`add` that just succeeded."""
+        if before is None:
+            del self._entries[name]
+            return
+        shadowed = self._shadowed.get(name)
+        if shadowed and shadowed[-1] is before:
+            shadowed.pop()
+        self._entries[name] = before
 
     def get(self, name: str) -> T:
         """Return the value registered as ``name``; ``KeyError`` lists the known names."""
@@ -102,9 +116,26 @@ class Registry(Generic[T]):
         """Sorted names, optionally only those registered by ``owner``."""
         return sorted(n for n, e in self._entries.items() if owner is None or e.owner == owner)
 
-    def remove_owner(self, owner: str) -> None:
-        """Forget every entry registered by ``owner``."""
-        self._entries = {n: e for n, e in self._entries.items() if e.owner != owner}
+    def remove_owner(self, owner: str) -> list[Entry[T]]:
+        """Forget every entry registered by ``owner``; where one had replaced another owner's
+        entry (``override=True``), that entry comes back. Returns the entries that came back."""
+        for name, shadowed in list(self._shadowed.items()):
+            shadowed[:] = [e for e in shadowed if e.owner != owner]
+            if not shadowed:
+                del self._shadowed[name]
+        restored = []
+        for name, entry in list(self._entries.items()):
+            if entry.owner != owner:
+                continue
+            shadowed = self._shadowed.get(name)
+            if not shadowed:
+                del self._entries[name]
+                continue
+            self._entries[name] = shadowed.pop()
+            restored.append(self._entries[name])
+            if not shadowed:
+                del self._shadowed[name]
+        return restored
 
     @contextmanager
     def owned_by(self, owner: str, version: str = "") -> Iterator[None]:
@@ -184,12 +215,13 @@ class OpRegistry(Registry[Any]):
         self.add(kernel, name=f"{kernel.op}[{device}]@{provider}", override=True)
         return kernel
 
-    def remove_owner(self, owner: str) -> None:
+    def remove_owner(self, owner: str) -> list[Entry[Any]]:
         """Forget ``owner``'s entries and withdraw its kernels from dispatch."""
-        super().remove_owner(owner)
+        restored = super().remove_owner(owner)
         dispatch = sys.modules.get("spore.dispatch")
         if dispatch is not None:
             dispatch.unregister_provider(owner)
+        return restored
 
 
 class PassRegistry(Registry[graph_passes.PassEntry]):
@@ -212,14 +244,17 @@ class PassRegistry(Registry[graph_passes.PassEntry]):
         device: str | None = None,
     ) -> graph_passes.PassEntry:
         graph_passes.check_stage(stage)
+        if isinstance(value, type):
+            raise TypeError(
+                f"register an instance of the pass class {value.__name__}, not the class: "
+                f"add({value.__name__}())"
+            )
         if not callable(value):
             raise TypeError(f"a pass must be callable (gm) -> int, got {type(value).__name__}")
         if type(priority) is not int:  # a bool too: it would sort as 0/1 without a word
             raise TypeError(f"a pass's priority must be an int, got {priority!r}")
-        if device is not None and not isinstance(device, str):
-            raise TypeError(
-                f"a pass's device must be a device type ('cpu', 'cuda') or None, got {device!r}"
-            )
+        if device is not None:
+            check_device_type(device, "a pass's device (or None: every device)")
         name = name or getattr(value, "name", "") or getattr(value, "__name__", "")
         name = name or type(value).__name__
         entry = graph_passes.PassEntry(name, value, stage, priority, device)
@@ -249,17 +284,19 @@ class BackendRegistry(Registry[backends.Backend]):
         try:
             backends.register_with_dynamo(value)
         except BaseException:  # dynamo refused the name: the registry keeps what it had
-            if before is None:
-                del self._entries[value.name]
-            else:
-                self._entries[value.name] = before
+            self._undo_add(value.name, before)
             raise
         return value
 
-    def remove_owner(self, owner: str) -> None:
-        """Forget ``owner``'s backends; dynamo's entries then fail with a clear message."""
-        backends.withdraw(self.names(owner=owner))
-        super().remove_owner(owner)
+    def remove_owner(self, owner: str) -> list[Entry[backends.Backend]]:
+        """Forget ``owner``'s backends: one it had replaced is dynamo's again, and dynamo's
+        entries for the others then fail with a clear message."""
+        owned = self.names(owner=owner)
+        restored = super().remove_owner(owner)
+        for entry in restored:
+            backends.register_with_dynamo(entry.value)
+        backends.withdraw([name for name in owned if name not in self])
+        return restored
 
 
 def make_registries() -> dict[str, Registry[Any]]:

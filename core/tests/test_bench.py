@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import time
+from types import SimpleNamespace
 
 import pytest
 
@@ -59,3 +60,30 @@ def test_invalid_cases_and_arguments() -> None:
     case = Benchmark("x", lambda s: None, lambda s: None, baseline_label="b")
     with pytest.raises(ValueError, match="repeat must be >= 1"):
         bench.run(case, "tests", repeat=0)
+
+
+def test_self_timed_samples_with_changing_keys_are_that_case_s_error() -> None:
+    """A self-timed side whose samples reported different extras raised KeyError out of
+    run(), ending a whole `spore bench` run."""
+    samples = iter([{"seconds": 1.0, "peak_mib": 3.0}, {"seconds": 1.0}])
+    case = Benchmark(
+        "drift",
+        lambda s: next(samples),
+        lambda s: {"seconds": 0.5},
+        baseline_label="b",
+        self_timed=True,
+    )
+    result = bench.run(case, "tests", repeat=2)
+    assert result.error == (
+        "ValueError: self-timed baseline returned the keys ['seconds'] after ['peak_mib', "
+        "'seconds']: every sample must report the same ones"
+    )
+
+
+def test_the_benchmark_registry_takes_only_benchmarks() -> None:
+    from spore.registry import BenchmarkRegistry
+
+    registry = BenchmarkRegistry("benchmark")
+    with pytest.raises(TypeError, match=r"register a spore.bench.Benchmark, got SimpleNamespace"):
+        registry.add(SimpleNamespace(name="fake"))
+    assert "fake" not in registry

@@ -234,6 +234,16 @@ def test_doctor_json_and_plugin_checks(run_spore) -> None:
     assert out.returncode == (1 if data["worst"] == "error" else 0)
 
 
+def test_doctor_reports_a_plugin_whose_commands_fail(run_spore) -> None:
+    """doctor never asked plugins for their commands, and called such a plugin active."""
+    out = run_spore("doctor", "--json", "--quick", plugins=("badcommand",))
+    checks = {(c["source"], c["name"]): c for c in json.loads(out.stdout)["checks"]}
+    check = checks[("core", "plugin badcommand")]
+    assert check["status"] == "error"
+    assert "hook spore_add_commands raised: RuntimeError: no commands today" in check["detail"]
+    assert out.returncode == 1
+
+
 def test_json_stdout_is_only_json_when_a_plugin_prints(run_spore) -> None:
     # noeol prints at import; each --json command loading it in-process kept that on stdout
     for command in (

@@ -199,6 +199,21 @@ def test_strict_mode_raises_with_cause(fixture_plugins, spore_manager) -> None:
         manager.registry("ops")
 
 
+@pytest.mark.parametrize(
+    ("plugins", "message"),
+    [(("badmeta",), "malformed requirement"), (("badmeta", "badmeta_twin"), "also provided by")],
+)
+def test_strict_mode_raises_for_a_plugin_failed_at_discovery(
+    fixture_plugins, spore_manager, plugins, message
+) -> None:
+    """Bad metadata and a name two distributions provide fail a plugin before its import;
+    strict mode let both through."""
+    fixture_plugins(*plugins)
+    manager = spore_manager({"SPORE_STRICT_PLUGINS": "1"})
+    with pytest.raises(PluginError, match=rf"spore plugin 'badmeta' \(.*\) .*{message}"):
+        manager.load()
+
+
 def test_plugin_asked_for_by_name_fails_hard(fixture_plugins, spore_manager) -> None:
     fixture_plugins("raises", "healthy")
     manager = spore_manager(requested=["raises"])

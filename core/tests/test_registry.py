@@ -135,7 +135,7 @@ def test_every_kind_has_its_registry_class_from_one_module() -> None:
         "ops": "OpRegistry",
         "passes": "PassRegistry",
         "backends": "BackendRegistry",
-        "benchmarks": "Registry",
+        "benchmarks": "BenchmarkRegistry",
     }
     assert {type(r).__module__ for r in registries.values()} == {"spore.registry"}
     assert make_registries()["ops"] is not registries["ops"]

@@ -156,14 +156,22 @@ def _run_self_timed(bench: Benchmark, result: Result) -> Result:
                 samples[side].append(sample)
         if bench.check is not None:
             bench.check(samples["baseline"][0], samples["candidate"][0])
+        for side, runs in samples.items():
+            for sample in runs[1:]:
+                if sample.keys() != runs[0].keys():
+                    raise ValueError(
+                        f"self-timed {side} returned the keys {sorted(sample)} after "
+                        f"{sorted(runs[0])}: every sample must report the same ones"
+                    )
+        extras = {
+            side: {k: statistics.median(s[k] for s in runs) for k in runs[0] if k != "seconds"}
+            for side, runs in samples.items()
+        }
     except Exception as exc:
         result.error = f"{type(exc).__name__}: {exc}"
         return result
     result.loops = (1, 1)
-    result.extras = {
-        side: {key: statistics.median(s[key] for s in runs) for key in runs[0] if key != "seconds"}
-        for side, runs in samples.items()
-    }
+    result.extras = extras
     return _summarise(
         result,
         [s["seconds"] for s in samples["baseline"]],

@@ -143,6 +143,10 @@ class PluginManager:
             self._infos.setdefault(info.name, info)
             if info.status is None:
                 self._import_and_register(info)
+            elif info.status is Status.FAILED and self.strict:  # found failed: a name clash,
+                raise PluginError(  # bad metadata
+                    f"spore plugin {info.name!r} ({info.distribution} {info.version}) {info.reason}"
+                )
         self._check_unknown_hooks()
         for kind, hookname in REGISTRY_HOOKS.items():
             registry = self.registries[kind]

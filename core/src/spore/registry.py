@@ -3,7 +3,8 @@
 The rule: every registry class lives here. :class:`Registry` is the table; a kind whose
 entries act on something else has a subclass here that hands each entry to its mechanism
 (:class:`OpRegistry` → :mod:`spore.dispatch`, :class:`PassRegistry` → the entry types of
-:mod:`spore.graph_passes`, :class:`BackendRegistry` → :mod:`spore.backends`). Mechanisms define
+:mod:`spore.graph_passes`, :class:`BackendRegistry` → :mod:`spore.backends`); one whose entries
+must be of a mechanism's type checks it (:class:`BenchmarkRegistry`). Mechanisms define
 their entry types and receive a registry (or its entries) as an argument; they never import
 this module's subclasses, the plugin manager or the ``spore`` package. The plugin manager
 (:mod:`spore.plugins`) creates one registry per kind with :func:`make_registries` and fills
@@ -18,7 +19,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
-from spore import backends, graph_passes
+from spore import backends, bench, graph_passes
 from spore.errors import DuplicateRegistrationError, check_device_type
 
 T = TypeVar("T")
@@ -299,19 +300,31 @@ class BackendRegistry(Registry[backends.Backend]):
         return restored
 
 
+class BenchmarkRegistry(Registry[bench.Benchmark]):
+    """What ``spore_register_benchmarks`` receives: ``registry.add(Benchmark(...))``."""
+
+    def add(
+        self, value: bench.Benchmark, *, name: str | None = None, override: bool = False
+    ) -> bench.Benchmark:
+        if not isinstance(value, bench.Benchmark):
+            raise TypeError(f"register a spore.bench.Benchmark, got {type(value).__name__}")
+        return super().add(value, name=name, override=override)
+
+
 def make_registries() -> dict[str, Registry[Any]]:
     """A new, empty registry of each kind: ``ops``, ``passes``, ``backends``, ``benchmarks``."""
     return {
         "ops": OpRegistry("op"),
         "passes": PassRegistry("pass"),
         "backends": BackendRegistry("backend"),
-        "benchmarks": Registry("benchmark"),
+        "benchmarks": BenchmarkRegistry("benchmark"),
     }
 
 
 __all__ = [
     "USER",
     "BackendRegistry",
+    "BenchmarkRegistry",
     "DuplicateRegistrationError",
     "Entry",
     "OpRegistry",

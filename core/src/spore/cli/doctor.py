@@ -29,7 +29,11 @@ def doctor_cmd(as_json: bool, quick: bool) -> None:
     """
     from spore import doctor
 
-    report = doctor.run(get_manager(), quick=quick)
+    manager = get_manager()
+    root = click.get_current_context().find_root().command
+    if isinstance(root, click.Group):  # a plugin failing to add its commands is not healthy
+        manager.add_commands(root)
+    report = doctor.run(manager, quick=quick)
     if as_json:
         echo_json(report.to_dict())
     else:

@@ -258,6 +258,15 @@ def test_json_stdout_is_only_json_when_a_plugin_prints(run_spore) -> None:
         assert out.returncode == 0, (command, out.stderr)
         json.loads(out.stdout)
         assert "noeol: warming up..." in out.stderr, command
+    for command in (("ops",), ("doctor", "--quick"), ("bench", "--list")):
+        out = run_spore(*command, "--json", plugins=("fdnoise",))  # written to fd 1 itself
+        json.loads(out.stdout)
+        assert "fdnoise: straight to fd 1" in out.stderr, command
+    run = run_spore(  # restarted under the runtime plan: the new process must get stdout back
+        "bench", "healthy", "--json", "--repeat", "1", "--min-time", "0", plugins=("healthy",)
+    )
+    assert "spore bench: allocator" in run.stderr
+    assert [r["name"] for r in json.loads(run.stdout)["results"]] == ["sleep"]
     table = run_spore("ops", plugins=("noeol",))
     assert table.stdout.startswith("noeol: warming up...")  # without --json it stays as it was
 

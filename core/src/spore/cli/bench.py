@@ -133,6 +133,7 @@ def _restart_tuned(ctx: click.Context, allocator: str, threads: int | None) -> N
         return
     runtime_plan = plan(allocator, threads)
     report_plan(runtime_plan, "spore bench")
+    ctx.close()  # undo --json's redirection of stdout: the new process inherits fd 1
     os.execve(sys.executable, childproc.python("-m", "spore", *argv), runtime_plan.env)
 
 

@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, TextIO
 
 import click
 
@@ -73,11 +74,37 @@ _JSON_STDOUT = "spore.json_stdout"  # ctx.meta key: the stdout that --json's JSO
 
 def _json_flag(ctx: click.Context, _param: click.Parameter, value: bool) -> bool:
     """With ``--json``, whatever else the command prints (a plugin printing at import, a
-    benchmark's own output) goes to stderr until the command ends: stdout holds the JSON."""
+    benchmark's own output, a C extension or a child process writing to file descriptor 1)
+    goes to stderr until the command ends: stdout holds the JSON."""
     if value:
-        ctx.meta[_JSON_STDOUT] = sys.stdout
-        ctx.with_resource(contextlib.redirect_stdout(sys.stderr))
+        ctx.meta[_JSON_STDOUT] = ctx.with_resource(_stdout_to_stderr())
     return value
+
+
+@contextlib.contextmanager
+def _stdout_to_stderr() -> Iterator[TextIO]:
+    """Point stdout, Python's and file descriptor 1 where it is one, at stderr; yields a
+    stream to the original stdout."""
+    try:
+        real = sys.stdout.fileno() == 1
+    except (AttributeError, OSError, ValueError):  # a test runner's or a user's stream
+        real = False
+    if not real:
+        with contextlib.redirect_stdout(sys.stderr):
+            yield sys.stdout
+        return
+    sys.stdout.flush()
+    saved = os.dup(1)
+    original = os.fdopen(os.dup(saved), "w", encoding=sys.stdout.encoding)
+    os.dup2(sys.stderr.fileno(), 1)
+    try:
+        with contextlib.redirect_stdout(sys.stderr):
+            yield original
+    finally:
+        original.close()
+        sys.stdout.flush()
+        os.dup2(saved, 1)
+        os.close(saved)
 
 
 JSON_OPTION = click.option(

@@ -557,6 +557,57 @@ def test_training_passes_leave_inference_alone() -> None:
     assert [p(gm) for p in TRAIN_PASSES] == [0, 0, 0]
 
 
+def _one_sum_two_norms(
+    a: torch.Tensor, b: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor
+) -> tuple[torch.Tensor, ...]:
+    total = a + b
+    return _llama(total, w1), _llama(total, w2), total
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, BF16])
+def test_training_sum_read_by_two_norms(dtype: torch.dtype) -> None:
+    """The first norm's rewrite replaces the sum by add_rms_norm's; the second was still
+    taken for a plain sum and got that op's (result, sum) tuple as x: the compile failed."""
+    g = torch.Generator().manual_seed(5)
+    args = [torch.randn(4, 5, H, generator=g).to(dtype).requires_grad_() for _ in range(2)]
+    args += [torch.randn(H, generator=g).to(dtype).requires_grad_() for _ in range(2)]
+    gm, inputs = _dynamo_graph(_one_sum_two_norms, *args)
+    assert [p(gm) for p in TRAIN_PASSES] == [1, 1, 0]
+    gm.recompile()
+    assert _ops(gm) == {ADD_RMS: 1, RMS: 1}
+    got, want = gm(*inputs), _one_sum_two_norms(*args)
+    _close(got, want, dtype)
+    for g, e in zip(_grads(got, args), _grads(want, args), strict=True):
+        torch.testing.assert_close(g, e, **GRAD_TOL[dtype])
+
+
+def test_training_llama_order_left_alone_when_inductor_emulates_casts() -> None:
+    """The training passes read dynamo's ``example_value``; the check looked at ``val`` only
+    and rewrote the bf16 Llama form that inference leaves to Inductor under this flag."""
+    from torch._inductor import config
+
+    x, w = (t.requires_grad_() for t in _x_w(BF16))
+    gm, _ = _dynamo_graph(_llama, x, w)
+    with config.patch(emulate_precision_casts=True):
+        assert [p(gm) for p in TRAIN_PASSES] == [0, 0, 0]
+
+
+@pytest.mark.parametrize("grad", [False, True])
+def test_zero_dim_norm_forms_left_alone(grad: bool) -> None:
+    """``mean(-1)`` is legal on a 0-d tensor; the matchers indexed its empty shape."""
+
+    def norms(x: torch.Tensor, w: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        var, mean = torch.var_mean(x, -1, keepdim=True, correction=0)
+        return w * _rms(x), (x - mean) * torch.rsqrt(var + 1e-5) * w
+
+    x = torch.tensor(3.0, requires_grad=grad)
+    w = torch.tensor(2.0, requires_grad=grad)
+    for pass_ in (RMSNormPass(), LayerNormPass(), MeanVarPass()):
+        assert _ops(_rewritten(pass_, norms, x.detach(), w.detach())) == {}
+    gm, _ = _dynamo_graph(norms, x, w)
+    assert [p(gm) for p in TRAIN_PASSES] == [0, 0, 0]
+
+
 def _mutated_between(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     """T5's form with its x changed in place between the statistics and the product."""
     h = x * 1.0

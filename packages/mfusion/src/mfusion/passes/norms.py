@@ -137,6 +137,8 @@ def _only_user(node: Node) -> Node | None:
 
 
 def _single_last_dim(dims: Any, rank: int) -> bool:
+    if rank < 1:  # a 0-d tensor: mean(-1) is legal there, but no op takes it
+        return False
     return isinstance(dims, (list, tuple)) and len(dims) == 1 and dims[0] in (-1, rank - 1)
 
 
@@ -322,7 +324,7 @@ def _rms_tail(
         return RMSNormMatch(x, weight, eps, cast, xf, [*inner, cast])
     llama = _follow(cast, width, _MUL)
     if llama is not None and _dtype(llama[0]) == dtype:
-        if _dtype(llama[1]) != dtype or rounds_as_eager(x.meta.get("val")):
+        if _dtype(llama[1]) != dtype or rounds_as_eager(_val(x)):
             return None
         return RMSNormMatch(x, llama[1], eps, llama[0], xf, [*inner, cast, llama[0]])
     if _multiplied(cast) or _multiplied(end):

@@ -156,12 +156,14 @@ def _training_rms_norms(gm: GraphModule) -> Iterator[tuple[norms.RMSNormMatch, b
             continue
         if _changed_later(gm.graph, match.x):
             continue
-        yield match, norms.plain_add(found.x), renamed
+        # a sum an earlier rewrite replaced (by add_rms_norm's own) is no longer one
+        plain = norms.plain_add(found.x) and match.x is renamed.view.original(found.x)
+        yield match, plain, renamed
 
 
 class _TrainingPass(spore.GraphPass):
     stage = "pre_grad"
-    version = "4"
+    version = "5"
     on_cpu = False  # Inductor's fused forward and backward norm kernels are as fast on CPU
 
 

@@ -176,14 +176,36 @@ def test_a_resume_with_other_optimizer_settings_fails_plainly(tmp_path) -> None:
     run_train("--output", str(out), *args, "--set", "run.stop_at=1")
     written = (out / "config.yaml").read_text()
     done = run_train(
-        "--output", str(out), "--resume", *args, "--set", "optim.lr=1e-5", check=False
+        "--output", str(out), "--resume", *args, "--set", "optim.betas=[0.8,0.9]", check=False
     )  # fmt: skip
     assert done.returncode == 1
     assert "Traceback" not in done.stderr
     assert done.stderr.count("the checkpoint's optimizer settings differ") == 1
-    assert "(lr: [0.003, 0.003] saved, [1e-05, 1e-05] asked)" in done.stderr  # two groups
+    assert "(betas (group 0): [0.9, 0.95] saved, [0.8, 0.9] asked; betas (group 1)" in done.stderr
+    assert "(optim.lr may change, the others not)" in done.stderr
     assert (out / "config.yaml").read_text() == written  # not rewritten by the refused run
     assert sorted(losses(out)) == [1]
+
+
+def test_a_resume_may_lower_the_rate(tmp_path) -> None:
+    """The divergence message says to resume with a lower optim.lr, which the settings check
+    refused; the schedule now goes on at the new peak rate, as a run started with it would."""
+    out, fresh = tmp_path / "run", tmp_path / "fresh"
+    args = small_args("run.steps=3", "checkpoint.export=false", "schedule.warmup_steps=0")
+    run_train("--output", str(out), *args, "--set", "run.stop_at=1")
+    done = run_train("--output", str(out), "--resume", *args, "--set", "optim.lr=1e-5")
+    assert "note: --resume step_00000001: optim.lr is 1e-05 (the checkpoint's was 0.003)" in (
+        done.stderr
+    )
+    run_train("--output", str(fresh), *args, "--set", "optim.lr=1e-5")
+
+    def rates(where: Path) -> list[float]:
+        lines = (where / "metrics.jsonl").read_text().splitlines()
+        return [r["lr"] for r in map(json.loads, lines)]
+
+    assert rates(out)[1:] == rates(fresh)[1:]
+    assert rates(out)[0] > rates(fresh)[0]  # step 1 ran at the old rate
+    assert "lr: 1.0e-05" in (out / "config.yaml").read_text()
 
 
 def test_a_resume_with_another_seed_fails_plainly(tmp_path) -> None:

@@ -131,22 +131,34 @@ def _hyperparameters(optimizer: Any, scheduler: Any) -> dict[str, Any]:
     return found
 
 
-def _check_same_hyperparameters(path: Path, asked: dict[str, Any], saved: dict[str, Any]) -> None:
+def _check_same_hyperparameters(
+    path: Path, asked: dict[str, Any], saved: dict[str, Any], rate_may_change: bool
+) -> None:
     """A resume continues the checkpoint's optimizer state and schedule, settings included: one
-    whose config asks for others (``--set optim.lr=...``) would train with the saved ones while
-    its config.yaml said otherwise, so it is refused."""
+    whose config asks for others (``--set optim.betas=...``) would train with the saved ones
+    while its config.yaml said otherwise, so it is refused. The peak rate may change where the
+    schedule is worked out from it at each step (``rate_may_change``: the built-in ones)."""
     differ = [
         f"{key}: {saved.get(key)!r} saved, {value!r} asked"
         for key, value in asked.items()
-        if saved.get(key) != value
+        if saved.get(key) != value and not (key == "lr" and rate_may_change)
     ]
     if differ:
+        allowed = "optim.lr may change, " if rate_may_change else ""
         raise InputError(
             f"--resume {path.name}: the checkpoint's optimizer settings differ from this run's "
-            f"optim section ({'; '.join(differ)}); a resume continues the saved ones: resume "
-            f"with the run's own optim settings (its config.yaml), or start a new run from its "
-            f"export (model.pretrained) to change them"
+            f"optim section ({'; '.join(differ)}); a resume continues the saved ones ({allowed}"
+            f"the others not): resume with the run's own optim settings (its config.yaml), or "
+            f"start a new run from its export (model.pretrained) to change them"
         )
+
+
+def _set_peak_rates(optimizer: Any, scheduler: LambdaLR, rates: list[float]) -> None:
+    """Give the loaded schedule this run's peak rates (``optim.lr``), e.g. a lower one after
+    the run diverged; :func:`_rate_at` then works out each step's rate from them."""
+    scheduler.base_lrs = list(rates)
+    for group, rate in zip(optimizer.param_groups, rates, strict=True):
+        group["initial_lr"] = rate
 
 
 def worker(settings: dict[str, Any], resume: str | None, report_to_launcher: bool = False) -> None:
@@ -270,7 +282,18 @@ def train(
             raise InputError(str(exc)) from None
         step = extra["step"]
         scheduler.load_state_dict(extra["scheduler"])
-        _check_same_hyperparameters(path, asked, _hyperparameters(optimizer, scheduler))
+        saved = _hyperparameters(optimizer, scheduler)
+        closed_form = isinstance(scheduler, LambdaLR)
+        _check_same_hyperparameters(path, asked, saved, rate_may_change=closed_form)
+        if saved["lr"] != asked["lr"]:
+            _set_peak_rates(optimizer, scheduler, asked["lr"])
+            if rank == 0:
+                print(
+                    f"note: --resume {path.name}: optim.lr is {cfg.optim.lr:g} (the checkpoint's "
+                    f"was {saved['lr'][0]:g}); the schedule goes on from step {step} at the "
+                    f"new rate",
+                    file=sys.stderr,
+                )
         _rate_at(scheduler, step)
         try:
             sampler.load_state_dict(extra["sampler"])

@@ -359,6 +359,34 @@ def test_gradient_accumulation_matches_one_large_batch(two_ranks: Run, tmp_path)
     _close(run.losses, two_ranks.losses, range(1, 6))
 
 
+def test_tied_embeddings_of_a_bert_shard_with_the_root(tmp_path) -> None:
+    """BERT lists its embeddings among its blocks, and their word embeddings are tied to the
+    LM head (the root's): sharding them alone failed every FSDP2 run ("shared with a parameter
+    already managed by another FSDP group"). Two ranks now match one process."""
+    bert = [
+        f"model.config.{k}={v}"
+        for k, v in (
+            ("hidden_size", 32),
+            ("num_hidden_layers", 2),
+            ("num_attention_heads", 2),
+            ("hidden_dropout_prob", 0.0),  # each rank draws its own masks
+            ("attention_probs_dropout_prob", 0.0),
+        )
+    ]
+    args = (
+        "model.type=bert", *bert, "data.seq_len=32", "run.steps=2", "optim.lr=0.01",
+        "parallel.threads=1", "checkpoint.export=false",
+    )  # fmt: skip
+    two, one = tmp_path / "two", tmp_path / "one"
+    run_train("--output", str(two), "--nproc", "2", *_sets(*args, "data.batch_size=4"))
+    run_train("--output", str(one), *_sets(*args, "data.batch_size=8"))
+    _close(losses(two), losses(one), range(1, 3))
+
+
+def _sets(*items: str) -> list[str]:
+    return [part for item in items for part in ("--set", item)]
+
+
 def test_hsdp_runs_and_matches_fsdp(two_ranks: Run, tmp_path) -> None:
     """HSDP 2 x 2 over 4 ranks with 4 sequences each: the reference's global batch."""
     extra = ("parallel.replicate=2", "data.batch_size=4", "run.stop_at=4")

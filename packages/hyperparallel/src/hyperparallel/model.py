@@ -148,9 +148,18 @@ def build(model: ModelSection, vocab_size: int, seed: int) -> torch.nn.Module:
 
 
 def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
-    """The repeated blocks, by the class names transformers lists in ``_no_split_modules``."""
+    """The repeated blocks, by the class names transformers lists in ``_no_split_modules``,
+    but for a block holding a parameter tied to one outside it (BERT's embeddings, tied to
+    its LM head): FSDP2 shards a parameter in one group only, so the root's group keeps it."""
     names = set(getattr(model, "_no_split_modules", None) or [])
-    layers = [m for m in model.modules() if type(m).__name__ in names]
+    every = list(model.named_parameters(remove_duplicate=False))
+    layers = []
+    for prefix, module in model.named_modules():
+        if type(module).__name__ not in names:
+            continue
+        inside = {id(p) for p in module.parameters()}
+        if not any(id(p) in inside and not n.startswith(f"{prefix}.") for n, p in every):
+            layers.append(module)
     if not layers:
         raise ModelConfigError(
             f"{type(model).__name__} does not name its decoder layers (_no_split_modules); "

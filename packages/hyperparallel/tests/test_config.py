@@ -39,6 +39,20 @@ def test_unknown_key_names_the_line_and_suggests(tmp_path) -> None:
     )
 
 
+@pytest.mark.parametrize(
+    ("text", "problem"),
+    [
+        ("run:\n  steps: 5\n1: 2\n", "run.yaml:3: key 1 is not a setting name"),
+        ("run:\n  steps: 5\n  10: 2\n", "run.yaml:3: key 10 in run is not a setting name"),
+    ],
+)
+def test_a_key_yaml_reads_as_a_number_is_named_with_its_line(tmp_path, text, problem) -> None:
+    """It was "config: : Keys should be strings", or "run: expected a mapping of settings"."""
+    with pytest.raises(config.ConfigError) as info:
+        config.load(_write(tmp_path, text))
+    assert problem in str(info.value)
+
+
 def test_unknown_section_suggests(tmp_path) -> None:
     path = _write(tmp_path, "optimizer:\n  lr: 0.01\n")
     with pytest.raises(
@@ -161,6 +175,30 @@ def test_a_resume_never_writes_over_another_run(tmp_path) -> None:
     ) in str(info.value)
     assert preflight.resolve(None, [f"run.output={b}"], resume="latest")  # its own: fine
     assert preflight.resolve(None, [f"run.output={tmp_path / 'c'}"], resume=str(a))  # empty
+
+
+def test_a_new_run_never_writes_over_damaged_checkpoints(tmp_path) -> None:
+    """Checkpoints whose meta.json was damaged counted as none: a new run went ahead and its
+    saves replaced them."""
+    out = tmp_path / "out"
+    _checkpoint(out, 2)
+    (out / "checkpoints" / "step_00000002" / "meta.json").write_text("{not json")
+    with pytest.raises(config.ConfigError, match=r"\(step_00000002: damaged\); choose another"):
+        preflight.resolve(None, [f"run.output={out}"])
+
+
+def test_a_config_in_the_output_is_replaced_only_if_a_run_wrote_it(tmp_path) -> None:
+    """A run writes its resolved config to run.output/config.yaml: a hand-written config kept
+    there (comments, a short form) was replaced by it."""
+    out = tmp_path / "exp"
+    out.mkdir()
+    mine = out / "config.yaml"
+    mine.write_text(f"# lab notes: keep lr at 3e-3\nrun:\n  output: {out}\n")
+    with pytest.raises(config.ConfigError, match=r"config.yaml, where spore train writes"):
+        preflight.resolve(str(mine), ["optim.lr=0.01"])
+    mine.write_text(config.load(None, [f"run.output={out}"]).to_yaml())  # as a run writes it
+    assert preflight.resolve(str(mine), ["optim.lr=0.01"]).optim.lr == 0.01
+    assert preflight.resolve(str(mine), [], outputs=False)
 
 
 def test_a_resume_with_other_model_shapes_fails_before_any_process_starts(tmp_path) -> None:
@@ -549,6 +587,17 @@ def test_preflight_builds_the_model_not_only_its_config(setting, why) -> None:
     (problem,) = info.value.problems
     assert problem.startswith(f"--set {setting}: model: transformers cannot build ")
     assert why in problem
+
+
+@pytest.mark.parametrize("groups", [3, 0])
+def test_key_value_heads_must_divide_the_attention_heads(groups: int) -> None:
+    """transformers builds such a model, then its first forward fails in every rank."""
+    setting = f"model.config.num_key_value_heads={groups}"
+    with pytest.raises(config.ConfigError) as info:
+        preflight.resolve(None, ["model.config.num_attention_heads=4", setting], outputs=False)
+    (problem,) = info.value.problems
+    assert f"{setting} does not divide num_attention_heads=4" in problem
+    assert preflight.resolve(None, [setting.replace(f"={groups}", "=2")], outputs=False)
 
 
 @pytest.mark.parametrize(

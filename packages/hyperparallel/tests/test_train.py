@@ -417,6 +417,9 @@ def test_export_is_a_pretrained_directory_that_trains_on(two_ranks: Run, tmp_pat
     assert (model.config.bos_token_id, model.config.eos_token_id) == specials[:2]
     assert model.config.pad_token_id == specials[2]
     assert model.generation_config.eos_token_id == ByteTokenizer.eos_id
+    # training turns the KV cache off; an export that kept it off generated without one
+    assert model.config.use_cache is True
+    assert model.generation_config.use_cache is True
     extra = ("run.steps=2", "schedule.warmup_steps=0", f"model.pretrained={final}")
     again = train_run(tmp_path / "again", *small_args(*extra))
     start = two_ranks.losses

@@ -289,6 +289,7 @@ def export(model: torch.nn.Module, output: str | Path) -> Path | None:
     config = copy.deepcopy(model.config)
     config.bos_token_id, config.eos_token_id = ByteTokenizer.bos_id, ByteTokenizer.eos_id
     config.pad_token_id = ByteTokenizer.pad_id  # not in training: it fixes the row's gradient
+    config.use_cache = getattr(type(config)(), "use_cache", True)  # training turned it off
     plain = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     plain.load_state_dict(full)
     plain.save_pretrained(tmp)

@@ -518,6 +518,10 @@ def _describe(error: Any, schema: type[BaseModel], data: Mapping[str, Any]) -> t
             return unknown, f"unknown section {unknown!r}{_suggest(unknown, known)}"
         key = f"{path}.{unknown}"
         return key, f"unknown key {key}{_suggest(unknown, known)}"
+    if kind == "invalid_key":  # YAML read ``10:`` as the number 10
+        key = ".".join([*keys, loc[len(keys)]])
+        where = f" in {path}" if path else ""
+        return key, f"key {error['input']!r}{where} is not a setting name (keys are names)"
     if field is None:
         return path, f"{path}: {error['msg']}"
     if isinstance(field.annotation, type) and issubclass(field.annotation, BaseModel):

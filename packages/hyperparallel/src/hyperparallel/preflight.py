@@ -42,6 +42,7 @@ def resolve(
     if outputs:
         problems += _device_problems(cfg)
         problems += _output_problems(cfg, resume, world or cfg.parallel.nproc)
+        problems += _config_file_problems(path, cfg, world)
     if problems:
         raise ConfigError(problems)
     return cfg
@@ -78,8 +79,17 @@ def _model_and_data_problems(sections: Mapping[str, Any], origins: Mapping[str, 
 
 
 def _build_problems(section: Any, architecture: Any, origins: Mapping[str, str]) -> list[str]:
-    """transformers builds the model (on the meta device), it names its decoder layers, and
-    ``model.config`` keeps a pretrained model's parameter shapes."""
+    """Key-value heads divide the attention heads, transformers builds the model (on the meta
+    device), it names its decoder layers, and ``model.config`` keeps a pretrained model's
+    parameter shapes."""
+    heads = getattr(architecture, "num_attention_heads", None)
+    groups = getattr(architecture, "num_key_value_heads", None)
+    if isinstance(heads, int) and isinstance(groups, int) and (groups < 1 or heads % groups):
+        return [  # transformers builds some such; their first forward fails
+            f"{_where(origins, 'model.config')}: model.config.num_key_value_heads={groups} "
+            f"does not divide num_attention_heads={heads}; each key-value head serves a "
+            f"whole group of attention heads (1, or a divisor of {heads})"
+        ]
     try:
         built = model.on_meta(architecture)
         model.decoder_layers(built)
@@ -189,6 +199,25 @@ def _unwritable(existing: Path) -> str | None:
     return None
 
 
+def _config_file_problems(path: str | None, cfg: Config, world: int | None) -> list[str]:
+    """A run writes its resolved config to ``run.output/config.yaml``: a CONFIG there that a
+    run did not write (its text is not the resolved form of its own settings: a user's
+    comments, order or spelling) would be replaced."""
+    written = Path(cfg.run.output) / "config.yaml"
+    if path is None or not written.is_file() or Path(path).resolve() != written.resolve():
+        return []
+    try:
+        if written.read_text() == load(path, (), world).to_yaml():
+            return []  # a run's own config.yaml, resumed: rewriting it loses nothing
+    except ConfigError:
+        pass  # valid only with the overrides: not a run's
+    return [
+        f"{path}: this is run.output's config.yaml, where spore train writes the resolved "
+        f"config of the run, and it is not one it wrote: it would be replaced; keep your "
+        f"config outside {cfg.run.output}"
+    ]
+
+
 def _output_problems(cfg: Config, resume: str | None, world: int) -> list[str]:
     """The checkpoint to resume from exists and was saved with this run's data layout; neither
     a new run nor one resumed from elsewhere finds another run's checkpoints in its output;
@@ -240,5 +269,12 @@ def _output_problems(cfg: Config, resume: str | None, world: int) -> list[str]:
             f"{at}: run.output {cfg.run.output} already holds checkpoints of an earlier run "
             f"(newest {earlier[-1].name}); continue it with --resume, or choose another "
             f"--output (nothing there is overwritten)"
+        ]
+    if damaged := checkpoint.unreadable(cfg.run.output):
+        return [
+            f"{at}: run.output {cfg.run.output} already holds checkpoints of an earlier run "
+            f"whose meta.json is missing or unreadable ({', '.join(p.name for p in damaged)}: "
+            f"damaged); choose another --output, or move them away (nothing there is "
+            f"overwritten)"
         ]
     return []

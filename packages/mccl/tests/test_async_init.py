@@ -87,6 +87,18 @@ def test_exception_inside_init_surfaces_at_wait(ranks) -> None:
     assert r["is_initialized"] is False
 
 
+def test_a_failure_before_anything_waits_reaches_the_first_call(ranks) -> None:
+    """The failed init removed the guard at once: the rank's first collective then said only
+    that the default group was not initialized, and the init's own error was lost."""
+    (r,), _ = ranks("init_error_unwaited", 1)
+    assert r["guard_kept"] is True
+    assert r["first"].startswith("InitFailedError: background init_process_group failed")
+    assert "No rendezvous handler for nosuchscheme://" in r["first"]
+    assert r["cause"] == "RuntimeError"
+    assert r["then_initialized"] is False
+    assert r["guard_after"] is False
+
+
 def test_double_init_is_a_clear_error(ranks) -> None:
     results, _ = ranks("double_init", 2)
     for r in results:

@@ -142,6 +142,23 @@ def init_error() -> dict:
     return {"message": None}
 
 
+def init_error_unwaited() -> dict:
+    """The init fails before anything waits for it: the first read of the default group is
+    told, later ones are torch's own."""
+    handle = start(init_method="nosuchscheme://x")
+    while not handle.done():
+        time.sleep(0.01)
+    found = {"guard_kept": mccl.guard_installed()}
+    try:
+        dist.all_reduce(torch.ones(1))
+    except mccl.InitFailedError as exc:
+        found["first"] = f"{type(exc).__name__}: {exc}"
+        found["cause"] = type(exc.__cause__).__name__
+    found["then_initialized"] = dist.is_initialized()
+    found["guard_after"] = mccl.guard_installed()
+    return found
+
+
 def double_init() -> dict:
     handle = start()
     try:
@@ -207,6 +224,7 @@ SCENARIOS = {
         retry_after_timeout,
         bad_rank_env,
         init_error,
+        init_error_unwaited,
         double_init,
         destroy_pending,
         exit_pending,

@@ -5,7 +5,8 @@ While an init is pending, every read of the default process group waits for it. 
 ``get_rank()``/``get_world_size()``, every collective given no group, ``new_group``,
 ``barrier``, ``destroy_process_group``, ``DeviceMesh``/DTensor/FSDP2/DCP all go through it. The
 guard replaces that property for the duration of the init and puts torch's own back the
-moment the init ends, so afterwards it costs nothing.
+moment the init succeeds, so afterwards it costs nothing. After a failed init it stays until a
+caller has been told (``wait()`` or the first read raises :class:`InitFailedError`).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ DEFAULT_INIT_TIMEOUT_S = 1800.0  # torch's own default process-group timeout
 
 _lock = threading.Lock()
 _pending: InitHandle | None = None
+_failed: InitHandle | None = None  # a failed init nobody has been told of yet
 _in_init = threading.local()
 _created: list[weakref.ref[c10d.ProcessGroup]] = []  # the last group a background init made
 _ORIGINAL = c10d._World.__dict__["default_pg"]
@@ -100,6 +102,7 @@ class InitHandle:
         if not self._done.wait(max(0.0, limit)):
             raise InitTimeoutError(self._timeout_message())
         if self._error is not None:
+            _told(self)
             raise InitFailedError(
                 f"background init_process_group failed ({self._where()}): "
                 f"{type(self._error).__name__}: {self._error}"
@@ -137,7 +140,7 @@ class InitHandle:
         )
 
     def _run(self) -> None:
-        global _pending
+        global _pending, _failed
         _in_init.active = True
         try:
             c10d.init_process_group(backend=self._backend_arg, **self._kwargs)
@@ -148,14 +151,28 @@ class InitHandle:
             with _lock:
                 if _pending is self:
                     _pending = None
-                    _set_guard(False)
+                    if self._error is None:
+                        _set_guard(False)
+                    else:  # the guard stays until a caller is told (wait() or the next read)
+                        _failed = self
             self._done.set()
 
 
+def _told(handle: InitHandle) -> None:
+    """A caller has been told that ``handle`` failed: later reads go to torch directly."""
+    global _failed
+    with _lock:
+        if _failed is handle:
+            _failed = None
+            if _pending is None:
+                _set_guard(False)
+
+
 def _guarded_default_pg(world: c10d._World) -> c10d.ProcessGroup | None:
-    handle = _pending
-    if handle is not None and not getattr(_in_init, "active", False):
-        handle.wait()
+    if not getattr(_in_init, "active", False):
+        handle = _pending or _failed
+        if handle is not None:
+            handle.wait()
     return _ORIGINAL.fget(world)
 
 
@@ -189,7 +206,7 @@ def init_process_group_async(
     (seconds or a timedelta; default: ``kwargs["timeout"]``, else 30 minutes) bounds that wait:
     past it the waiting call raises :class:`InitTimeoutError`.
     """
-    global _pending
+    global _pending, _failed
     given = init_timeout if init_timeout is not None else kwargs.get("timeout")
     limit = DEFAULT_INIT_TIMEOUT_S if given is None else _seconds(given)
     if not limit > 0 or limit == float("inf"):  # NaN fails the first test
@@ -204,7 +221,7 @@ def init_process_group_async(
                 "torch.distributed.destroy_process_group() first"
             )
         handle = InitHandle(backend, kwargs, limit)
-        _pending = handle
+        _pending, _failed = handle, None
         _set_guard(True)
         try:
             handle._thread.start()
@@ -219,10 +236,10 @@ def _forget_in_child() -> None:
     """A child forked while an init is pending (a fork-started DataLoader worker) is no rank of
     that group, and has no copy of the init thread: it starts with no init pending, as
     torch would have it, instead of waiting for one that never ends there."""
-    global _lock, _pending
+    global _lock, _pending, _failed
     _lock = threading.Lock()  # the parent's init thread may have held it at the fork
-    if _pending is not None:
-        _pending = None
+    if _pending is not None or _failed is not None:
+        _pending = _failed = None
         _set_guard(False)
 
 
@@ -241,9 +258,9 @@ def _release_at_exit() -> None:
     CPython ends such a program; a shell reports 130), else with ``os._exit``: status 1 after
     an uncaught exception, else 0 (a ``sys.exit(n)`` status is not preserved in that case).
     """
-    global _pending
+    global _pending, _failed
     with _lock:
-        handle, _pending = _pending, None
+        handle, _pending, _failed = _pending, None, None
         _set_guard(False)
     current = _ORIGINAL.fget(c10d._world)
     if current is not None and any(current is ref() for ref in _created):

@@ -80,6 +80,19 @@ def test_self_timed_samples_with_changing_keys_are_that_case_s_error() -> None:
     )
 
 
+@pytest.mark.parametrize("seconds", [None, "0.1", True])
+def test_a_self_timed_sample_without_a_number_of_seconds_is_that_case_s_error(seconds) -> None:
+    case = Benchmark(
+        "odd",
+        lambda s: {"seconds": seconds},
+        lambda s: {"seconds": 0.5},
+        baseline_label="b",
+        self_timed=True,
+    )
+    result = bench.run(case, "tests", repeat=1)
+    assert result.error.startswith("TypeError: self-timed baseline must return a dict with a")
+
+
 def test_the_benchmark_registry_takes_only_benchmarks() -> None:
     from spore.registry import BenchmarkRegistry
 

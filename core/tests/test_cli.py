@@ -2,9 +2,12 @@ from __future__ import annotations
 
 import io
 import json
+import subprocess
 import sys
 
+import click
 import pytest
+from click.testing import CliRunner
 from rich.console import Console
 
 import spore
@@ -232,6 +235,44 @@ def test_doctor_json_and_plugin_checks(run_spore) -> None:
     assert checks[("healthy", "fixture")]["detail"] == "healthy fixture plugin is fine"
     assert checks[("core", "plugin future")]["status"] == "warn"
     assert out.returncode == (1 if data["worst"] == "error" else 0)
+
+
+def test_json_goes_to_a_python_stdout_that_is_no_descriptor() -> None:
+    """Where stdout is a Python stream (a test runner, a notebook), --json's JSON went to
+    stderr with the noise."""
+    from spore.cli.render import JSON_OPTION, echo_json
+
+    @click.command()
+    @JSON_OPTION
+    def show(as_json: bool) -> None:
+        print("noise")
+        echo_json({"a": 1})
+
+    result = CliRunner().invoke(show, ["--json"])
+    assert json.loads(result.stdout) == {"a": 1}
+    assert result.stderr == "noise\n"
+
+
+def test_json_works_when_stderr_has_no_descriptor(tmp_path) -> None:
+    """With stderr a Python stream (or closed), moving fd 1 onto it raised, leaking the
+    descriptors it had opened."""
+    script = (
+        "import contextlib, io, os, sys\n"
+        "from spore.cli import main\n"
+        "before = len(os.listdir('/proc/self/fd'))\n"
+        "with contextlib.redirect_stderr(io.StringIO()):\n"
+        "    try:\n"
+        "        main(['backends', '--json'])\n"
+        "    except SystemExit as exc:\n"
+        "        assert not exc.code, exc.code\n"
+        "print(len(os.listdir('/proc/self/fd')) - before, file=sys.stderr)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120, cwd=tmp_path
+    )
+    assert done.returncode == 0, done.stderr
+    assert isinstance(json.loads(done.stdout), list)
+    assert done.stderr.strip().splitlines()[-1] == "0"
 
 
 def test_doctor_reports_a_plugin_whose_commands_fail(run_spore) -> None:

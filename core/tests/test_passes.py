@@ -415,6 +415,24 @@ def test_a_partial_pass_is_keyed_by_what_it_wraps() -> None:
     assert keyed(functools.partial(scale, factor=2)) != keyed(functools.partial(shift, factor=2))
     assert keyed(functools.partial(scale, factor=2)) != keyed(functools.partial(scale, factor=3))
     assert keyed(functools.partial(scale, factor=2)) == keyed(functools.partial(scale, factor=2))
+    # a tensor's repr is shortened: two that differ in one element had one key; no caching
+    big = torch.zeros(5000)
+    assert keyed(functools.partial(scale, factor=big)) is None
+
+    class Versioned:
+        version = "1"
+
+        def __call__(self, gm, factor):
+            return 0
+
+        def uuid(self):
+            return None  # "do not cache": a partial of it hit the cache all the same
+
+    assert keyed(functools.partial(Versioned(), factor=2)) is None
+    Versioned.uuid = lambda self: "u"
+    first = keyed(functools.partial(Versioned(), factor=2))
+    Versioned.version = "2"  # read from the partial, not the pass: the key did not change
+    assert keyed(functools.partial(Versioned(), factor=2)) not in (None, first)
 
 
 CACHE_SCRIPT = textwrap.dedent(

@@ -149,9 +149,11 @@ def _run_self_timed(bench: Benchmark, result: Result) -> Result:
             order = ("baseline", "candidate") if r % 2 == 0 else ("candidate", "baseline")
             for side in order:
                 sample = getattr(bench, side)(state)
-                if not isinstance(sample, dict) or "seconds" not in sample:
+                seconds = sample.get("seconds") if isinstance(sample, dict) else None
+                if isinstance(seconds, bool) or not isinstance(seconds, int | float):
                     raise TypeError(
-                        f"self-timed {side} must return a dict with 'seconds', got {sample!r}"
+                        f"self-timed {side} must return a dict with a number 'seconds', got "
+                        f"{sample!r}"
                     )
                 samples[side].append(sample)
         if bench.check is not None:

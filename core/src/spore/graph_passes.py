@@ -168,14 +168,21 @@ class PassEntry:
 
     @property
     def version(self) -> str:
-        return str(getattr(self.pass_, "version", "1"))
+        return str(getattr(_unbound(self.pass_)[0], "version", "1"))
 
     def cache_key(self) -> str | None:
-        """This pass's part of the FX graph cache key: what it is (its function or class), its
-        version and, for a pass with a ``uuid()`` (Inductor's ``CustomGraphPass``), that;
-        ``None`` when that ``uuid()`` is ``None`` (the cache is then bypassed)."""
-        key = f"{_identity(self.pass_)}:{self.version}"
-        own = getattr(self.pass_, "uuid", None)
+        """This pass's part of the FX graph cache key: what it is (its function or class, and
+        the arguments a ``functools.partial`` binds), its version and, for a pass with a
+        ``uuid()`` (Inductor's ``CustomGraphPass``), that; ``None`` (the cache is then
+        bypassed) when that ``uuid()`` is ``None`` or a bound argument is not a plain
+        constant whose repr stands for its value (a tensor's repr is shortened)."""
+        fn, bound = _unbound(self.pass_)
+        if not all(_constant(value) for value in bound):
+            return None
+        kind = fn if hasattr(fn, "__qualname__") else type(fn)
+        key = f"{getattr(kind, '__module__', '')}.{kind.__qualname__}"
+        key += "".join(f"({b!r})" for b in bound) + f":{self.version}"
+        own = getattr(fn, "uuid", None)
         if callable(own):
             uuid = own()
             if uuid is None:
@@ -184,12 +191,27 @@ class PassEntry:
         return key
 
 
-def _identity(fn: Any) -> str:
-    """What a pass is, for the cache key: its function or class, and a partial's arguments."""
-    if isinstance(fn, functools.partial):
-        return f"partial({_identity(fn.func)}, {fn.args!r}, {fn.keywords!r})"
-    kind = fn if hasattr(fn, "__qualname__") else type(fn)
-    return f"{getattr(kind, '__module__', '')}.{kind.__qualname__}"
+def _unbound(fn: Any) -> tuple[Any, list[Any]]:
+    """The callable under any ``functools.partial`` layers, and what those bind (outermost
+    first: each layer's positional arguments, then its keywords as pairs)."""
+    bound: list[Any] = []
+    while isinstance(fn, functools.partial):
+        bound += [*fn.args, *sorted(fn.keywords.items())]
+        fn = fn.func
+    return fn, bound
+
+
+_CONSTANTS = (bool, int, float, complex, str, bytes, type(None))
+
+
+def _constant(value: Any) -> bool:
+    """A value whose repr stands for it: a plain constant, or a tuple, list or dict of them
+    (a keyword is a (name, value) pair)."""
+    if isinstance(value, (tuple, list, frozenset)):
+        return all(_constant(v) for v in value)
+    if isinstance(value, dict):
+        return all(_constant(k) and _constant(v) for k, v in value.items())
+    return type(value) in _CONSTANTS
 
 
 def _graph_device(gm: Any) -> str | None:

@@ -143,8 +143,12 @@ class PluginManager:
             self._infos.setdefault(info.name, info)
             if info.status is None:
                 self._import_and_register(info)
-            elif info.status is Status.FAILED and self.strict:  # found failed: a name clash,
-                raise PluginError(  # bad metadata
+            elif (  # found failed (a name clash, bad metadata) and not switched off
+                info.status is Status.FAILED
+                and self.strict
+                and self.selection.why_disabled(info.name) is None
+            ):
+                raise PluginError(
                     f"spore plugin {info.name!r} ({info.distribution} {info.version}) {info.reason}"
                 )
         self._check_unknown_hooks()

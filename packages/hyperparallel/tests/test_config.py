@@ -42,12 +42,19 @@ def test_unknown_key_names_the_line_and_suggests(tmp_path) -> None:
 @pytest.mark.parametrize(
     ("text", "problem"),
     [
-        ("run:\n  steps: 5\n1: 2\n", "run.yaml:3: key 1 is not a setting name"),
-        ("run:\n  steps: 5\n  10: 2\n", "run.yaml:3: key 10 in run is not a setting name"),
+        ("run:\n  steps: 5\n1: 2\n", "run.yaml:3: key '1' is read by YAML as 1, not a name"),
+        ("run:\n  steps: 5\n  10: 2\n", "run.yaml:3: key '10' in run is read by YAML as 10,"),
+        ("model:\n  config:\n    10: 2\n", "run.yaml:3: key '10' in model.config is read"),
+        (
+            "run: {steps: 5}\non: 2\n",
+            """run.yaml:2: key 'on' is read by YAML as True, not a name;
+        quote it ("on")""".replace("\n        ", " "),
+        ),
     ],
 )
 def test_a_key_yaml_reads_as_a_number_is_named_with_its_line(tmp_path, text, problem) -> None:
-    """It was "config: : Keys should be strings", or "run: expected a mapping of settings"."""
+    """It was "config: : Keys should be strings", or "run: expected a mapping of settings",
+    or, for a boolean, a line of none."""
     with pytest.raises(config.ConfigError) as info:
         config.load(_write(tmp_path, text))
     assert problem in str(info.value)

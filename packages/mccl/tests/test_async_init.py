@@ -97,6 +97,8 @@ def test_a_failure_before_anything_waits_reaches_the_first_call(ranks) -> None:
     assert r["cause"] == "RuntimeError"
     assert r["then_initialized"] is False
     assert r["guard_after"] is False
+    assert r["polled"] == "RuntimeError"
+    assert r["retried"] is True
 
 
 def test_double_init_is_a_clear_error(ranks) -> None:

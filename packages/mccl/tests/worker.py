@@ -156,6 +156,12 @@ def init_error_unwaited() -> dict:
         found["cause"] = type(exc.__cause__).__name__
     found["then_initialized"] = dist.is_initialized()
     found["guard_after"] = mccl.guard_installed()
+    polled = start(init_method="nosuchscheme://y")  # told through exception(): a retry works
+    while not polled.done():
+        time.sleep(0.01)
+    found["polled"] = type(polled.exception()).__name__
+    dist.init_process_group("gloo", init_method=ADDRESS, rank=rank, world_size=world)
+    found["retried"] = dist.is_initialized()
     return found
 
 

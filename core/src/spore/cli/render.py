@@ -83,26 +83,29 @@ def _json_flag(ctx: click.Context, _param: click.Parameter, value: bool) -> bool
 
 @contextlib.contextmanager
 def _stdout_to_stderr() -> Iterator[TextIO]:
-    """Point stdout, Python's and file descriptor 1 where it is one, at stderr; yields a
-    stream to the original stdout."""
+    """Point stdout, Python's and file descriptor 1 where both are real descriptors, at
+    stderr; yields a stream to the original stdout."""
+    json_out = sys.stdout
     try:
-        real = sys.stdout.fileno() == 1
-    except (AttributeError, OSError, ValueError):  # a test runner's or a user's stream
+        real = json_out.fileno() == 1 and sys.stderr.fileno() != 1
+    except (AttributeError, OSError, ValueError):  # a test runner's, a notebook's, closed
         real = False
     if not real:
         with contextlib.redirect_stdout(sys.stderr):
-            yield sys.stdout
+            yield json_out
         return
-    sys.stdout.flush()
+    json_out.flush()
     saved = os.dup(1)
-    original = os.fdopen(os.dup(saved), "w", encoding=sys.stdout.encoding)
-    os.dup2(sys.stderr.fileno(), 1)
     try:
-        with contextlib.redirect_stdout(sys.stderr):
-            yield original
+        original = os.fdopen(os.dup(saved), "w", encoding=json_out.encoding)
+        try:
+            os.dup2(sys.stderr.fileno(), 1)
+            with contextlib.redirect_stdout(sys.stderr):
+                yield original
+        finally:
+            original.close()
+            sys.stdout.flush()
     finally:
-        original.close()
-        sys.stdout.flush()
         os.dup2(saved, 1)
         os.close(saved)
 

@@ -359,10 +359,11 @@ def _lines(text: str, source: str) -> tuple[dict[str, str], dict[str, str]]:
     """``dotted.key -> "source:LINE"`` for every mapping key in the YAML text, and
     ``dotted.key -> text`` for every scalar value (as written, before YAML reads it).
     :class:`ConfigError` for a key given twice in one mapping: YAML would keep only the last
-    (a second ``optim:`` section dropped every setting of the first)."""
+    (a second ``optim:`` section dropped every setting of the first), and for a key YAML
+    reads as no name (``10:``, ``on:``: a number, a boolean)."""
     where: dict[str, str] = {}
     texts: dict[str, str] = {}
-    twice: list[str] = []
+    problems: list[str] = []
 
     def walk(node: yaml.Node, prefix: str) -> None:
         if isinstance(node, yaml.MappingNode):
@@ -370,8 +371,14 @@ def _lines(text: str, source: str) -> tuple[dict[str, str], dict[str, str]]:
             for key, value in node.value:
                 path = f"{prefix}{key.value}"
                 at = f"{source}:{key.start_mark.line + 1}"
+                if key.tag != "tag:yaml.org,2002:str":
+                    read = yaml.load(key.value, Loader=_Loader)
+                    problems.append(
+                        f"{at}: key {key.value!r}{f' in {prefix[:-1]}' if prefix else ''} is "
+                        f'read by YAML as {read!r}, not a name; quote it ("{key.value}")'
+                    )
                 if path in first:
-                    twice.append(
+                    problems.append(
                         f"{at}: {path} is given again (first at {first[path]}); YAML keeps only "
                         f"the last: give each key once, merging the two"
                     )
@@ -380,11 +387,11 @@ def _lines(text: str, source: str) -> tuple[dict[str, str], dict[str, str]]:
                     texts[path] = value.value
                 walk(value, path + ".")
 
-    root = yaml.compose(text)
+    root = yaml.compose(text, Loader=_Loader)
     if root is not None:
         walk(root, "")
-    if twice:
-        raise ConfigError(twice)
+    if problems:
+        raise ConfigError(problems)
     return where, texts
 
 
@@ -518,10 +525,6 @@ def _describe(error: Any, schema: type[BaseModel], data: Mapping[str, Any]) -> t
             return unknown, f"unknown section {unknown!r}{_suggest(unknown, known)}"
         key = f"{path}.{unknown}"
         return key, f"unknown key {key}{_suggest(unknown, known)}"
-    if kind == "invalid_key":  # YAML read ``10:`` as the number 10
-        key = ".".join([*keys, loc[len(keys)]])
-        where = f" in {path}" if path else ""
-        return key, f"key {error['input']!r}{where} is not a setting name (keys are names)"
     if field is None:
         return path, f"{path}: {error['msg']}"
     if isinstance(field.annotation, type) and issubclass(field.annotation, BaseModel):

@@ -87,7 +87,10 @@ class InitHandle:
         return self._done.is_set()
 
     def exception(self) -> BaseException | None:
-        """What init raised, once done; ``None`` while pending or on success."""
+        """What init raised, once done; ``None`` while pending or on success. Reading a
+        failure counts as being told of it (as :meth:`wait` raising it does)."""
+        if self._error is not None:
+            _told(self)
         return self._error
 
     def wait(self, timeout: float | None = None) -> c10d.ProcessGroup:
@@ -184,7 +187,8 @@ def _set_guard(on: bool) -> None:
 
 
 def guard_installed() -> bool:
-    """True while the default-group guard is in place (only while an init is pending)."""
+    """True while the default-group guard is in place: while an init is pending, and after a
+    failed one until a caller is told (``wait()``, ``exception()`` or the next read)."""
     return c10d._World.__dict__["default_pg"] is _GUARD
 
 

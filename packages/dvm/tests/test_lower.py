@@ -648,6 +648,22 @@ def test_comparisons_round_a_computed_16_bit_operand_as_eager(dtype):
         _check(fn, [x], atol=0, rtol=0)
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+def test_a_computed_16_bit_operand_is_rounded_against_a_float32_tensor(dtype):
+    """Against a float32 tensor the comparison is float32's, of the 16-bit value eager holds:
+    dvm compared its unrounded float32 intermediate (as Inductor's kernels do), and flipped
+    631 of 4,096 elements of ``sigmoid(x) > t``."""
+    x = (torch.randn(64, 64, generator=torch.Generator().manual_seed(0)) * 3).to(dtype)
+    t = torch.full((64,), 0.5)
+    y = torch.randn(64, 64, generator=torch.Generator().manual_seed(1))
+    for fn in (
+        lambda a, b, c: (a.sigmoid() > b) * 2.0 + c,
+        lambda a, b, c: ((a * 3) == c.to(a.dtype).float()) * 2.0 + c,
+        lambda a, b, c: ((a * 3) > c) * 2.0 + c,
+    ):
+        _check(fn, [x, t, y], atol=0, rtol=0)
+
+
 @pytest.mark.parametrize("dtype", [torch.bool, torch.bfloat16, torch.float16], ids=str)
 def test_full_and_scalar_tensor_hold_their_dtype_s_value(dtype):
     """``full(2, dtype=bool)`` is True (1), ``scalar_tensor(0.1, dtype=bfloat16)`` is

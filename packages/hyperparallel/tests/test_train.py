@@ -578,9 +578,9 @@ def test_failures_in_a_rank_are_reported_once_and_plainly(tmp_path) -> None:
         "--output",
         str(tmp_path / "b"),
         "--set",
-        "model.config.num_key_value_heads=3",
+        "model.config.head_dim=3",  # odd: the rotary tables have 4 columns
         check=False,
     )
     assert unexpected.returncode == 1
     assert unexpected.stderr.count("Traceback") == 1  # the rank's own, not the launcher's copy
-    assert "RuntimeError: The size of tensor a (4) must match" in unexpected.stderr
+    assert "RuntimeError: The size of tensor a (3) must match" in unexpected.stderr

@@ -143,9 +143,10 @@ _16_BIT = (torch.bfloat16, torch.float16)
 def _compared(em: Emitter, n: Node, r: Resolve) -> tuple[int, int]:
     """A comparison's operands as eager compares them: in their common dtype. When that is
     16-bit, a Python scalar or a wider 0-d tensor is rounded to it first (``x == 0.1`` on a
-    bfloat16 ``x`` compares with bfloat16's 0.1), and so is a 16-bit value the region computed
-    (held in float32 until stored: ``x.clamp(max=0.1) == 0.1`` compares two rounded 0.1s, as
-    eager does); bool operands widen exactly."""
+    bfloat16 ``x`` compares with bfloat16's 0.1). A 16-bit value the region computed is held
+    in float32 until stored, and is rounded to its dtype first, as eager holds it, whatever the
+    common dtype (``x.clamp(max=0.1) == 0.1`` compares two rounded 0.1s; ``sigmoid(x) > t``
+    for a float32 ``t`` compares the rounded sigmoid); bool operands widen exactly."""
     a, b = n.args[0], n.args[1]
     operands = [x.meta["val"] if isinstance(x, Node) else x for x in (a, b)]
     if not any(isinstance(v, torch.Tensor) and v.dtype in _16_BIT for v in operands):
@@ -160,10 +161,12 @@ def _compared(em: Emitter, n: Node, r: Resolve) -> tuple[int, int]:
     for x, v in zip((a, b), operands, strict=True):
         if not isinstance(x, Node):
             values.append(em.const(_rounded(x, common) if rounds else x))
-        elif not rounds or v.dtype == torch.bool:
+        elif v.dtype == torch.bool:
             values.append(r(x))
+        elif rounds or v.dtype in _16_BIT:
+            values.append(_cast(em, r(x), common if rounds else v.dtype))
         else:
-            values.append(_cast(em, r(x), common))
+            values.append(r(x))
     return values[0], values[1]
 
 

@@ -247,6 +247,23 @@ def test_best_supported_kernel_runs_and_explain_says_why() -> None:
     assert dispatch.explain(op, x.double(), w.double(), 1e-6).chosen == "low"
 
 
+def test_batched_gradients_of_an_op_with_an_optional_result() -> None:
+    """autograd.grad(is_grads_batched=True) and gradcheck's batched check run the older vmap,
+    whose per-sample fallback refuses an op returning an optional tensor: such an op raised."""
+    op = dispatch.define(
+        f"t_opt_{next(_names)}",
+        "(Tensor x, Tensor? w) -> (Tensor, Tensor?)",
+        reference=lambda x, w: (x * 2.0, None if w is None else w * x),
+    )
+    x = torch.randn(3, 4, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(3, 4, dtype=torch.float64)
+    grads = torch.randn(5, 3, 4, dtype=torch.float64)
+    out, scaled = op(x, w)
+    got = torch.autograd.grad((out, scaled), x, (grads, grads), is_grads_batched=True)[0]
+    torch.testing.assert_close(got, grads * 2.0 + grads * w)
+    assert torch.autograd.gradcheck(lambda t: op(t, w)[1], (x,), check_batched_grad=True)
+
+
 def test_explain_takes_keyword_arguments_as_a_call_does() -> None:
     """A call's keyword arguments reach kernels by position; explain passed them by keyword
     after filling their positions with defaults, so supports() raised and it named the

@@ -180,6 +180,26 @@ def test_non_contiguous_and_float64_use_the_reference() -> None:
     assert dispatch.explain("gelu_backward", x, x, "none").chosen == "kernels"
 
 
+@pytest.mark.parametrize("mode", MODES)
+def test_the_reference_keeps_the_negative_tail_under_transforms(mode) -> None:
+    """torch.func transforms and forward AD run the reference, which was float32 F.gelu: its
+    ``1 + erf`` (``1 + tanh``) cancels below x = -4, so vmap gave -0.0 where the kernel gives
+    -5.9e-9, and torch.func.grad lost the derivative's every digit alike."""
+
+    def tail_exact(t: torch.Tensor) -> torch.Tensor:  # float64, no cancellation (F.gelu's
+        if mode == "tanh":  # float64 1 + erf cancels too, below x = -8)
+            return t * torch.sigmoid(2 * op.TANH_K0 * (t + op.TANH_K1 * t**3))
+        return 0.5 * t * torch.erfc(-t / math.sqrt(2))
+
+    x = torch.tensor([-4.0, -6.0, -8.0, -10.0, -12.0])
+    exact = tail_exact(x.double())
+    slope = torch.func.vmap(torch.func.grad(lambda t: torch.ops.spore.gelu(t, mode)))(x)
+    for got in (torch.func.vmap(lambda t: torch.ops.spore.gelu(t, mode))(x), op.reference(x, mode)):
+        torch.testing.assert_close(got, exact.float(), rtol=1e-5, atol=1e-44)  # subnormals
+    d64 = torch.func.vmap(torch.func.grad(tail_exact))(x.double())
+    torch.testing.assert_close(slope, d64.float(), rtol=1e-5, atol=1e-44)
+
+
 @pytest.mark.parametrize(
     ("x", "mode", "error", "message"),
     [

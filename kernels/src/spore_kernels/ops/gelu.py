@@ -46,8 +46,15 @@ def check(x: torch.Tensor, approximate: str) -> None:
 
 
 def reference(x: torch.Tensor, approximate: str = "none") -> torch.Tensor:
+    """The kernel's cancellation-free forms, ``0.5 x erfc(-x / sqrt 2)`` and ``x sigmoid(2y)``
+    (F.gelu's ``1 + erf`` and ``1 + tanh`` lose every digit of the negative tail); it also
+    runs under torch.func transforms and forward-mode AD, whose derivatives it gives."""
     check(x, approximate)
-    return F.gelu(x.to(_checks.compute_dtype(x)), approximate=approximate).to(x.dtype)
+    xf = x.to(_checks.compute_dtype(x))
+    if approximate == "tanh":
+        y = TANH_K0 * (xf + TANH_K1 * xf * xf * xf)
+        return (xf * torch.sigmoid(2 * y)).to(x.dtype)
+    return (0.5 * xf * torch.erfc(-xf * math.sqrt(0.5))).to(x.dtype)
 
 
 def reference_backward(

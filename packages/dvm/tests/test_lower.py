@@ -615,6 +615,14 @@ def test_an_emitted_program_is_a_valid_program_with_its_encoding():
     assert built.encode()[1][4] == 1.5
 
 
+def test_a_positional_alpha_of_the_scalar_overloads_is_read():
+    """``add.Scalar`` and ``sub.Scalar`` take alpha by position (the .Tensor ones by keyword
+    only): the rules read the keyword alone and computed ``x + 1`` for ``add(x, 1, 3)``."""
+    x = _x(4, 6)
+    _check(lambda t: aten.sub.Scalar(aten.add.Scalar(t * 2, 1.0, 3), 1.0, 5).exp(), [x])
+    _check(lambda t: aten.add.Tensor(t, t * 2, alpha=3) - t, [x])
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
 def test_comparisons_round_a_scalar_to_the_16_bit_dtype_as_eager(dtype):
     """``x == 0.1`` on a 16-bit x compares with 0.1 in x's dtype (eager's type promotion), as

@@ -151,6 +151,23 @@ def test_a_second_run_rewrites_nothing() -> None:
     assert len(compiler.compiled) == 1
 
 
+def test_a_region_nothing_reads_is_left_alone(warnings: pytest.LogCaptureFixture) -> None:
+    """A dead chain (a pass before may leave one) formed a region with no outputs: outlining
+    it inserted the call, then failed on its outputs, leaving the graph half rewritten."""
+
+    def dead(x: torch.Tensor) -> torch.Tensor:
+        (x + 1) * 2
+        return torch.cos(x)
+
+    gm = trace(dead, torch.randn(4, 4))
+    compiler = EagerRegionCompiler()
+    code = gm.code
+    assert fuse(gm, [compiler]) == 0
+    assert gm.code == code
+    assert compiler.compiled == []
+    assert not warnings.records
+
+
 def test_identical_regions_share_one_compile_and_one_op() -> None:
     def twice(x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return (x * 2 + 1).relu(), (y * 2 + 1).relu()

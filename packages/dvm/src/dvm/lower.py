@@ -220,13 +220,13 @@ def _scaled(em: Emitter, value: int, alpha: Any) -> int:
 
 @_rule([aten.add.Tensor, aten.add.Scalar], POINTWISE, cost=2)
 def _add(em: Emitter, n: Node, r: Resolve) -> int:
-    other = _scaled(em, r(n.args[1]), n.kwargs.get("alpha", 1))
+    other = _scaled(em, r(n.args[1]), _arg(n, 2, "alpha", 1))  # .Scalar: positional
     return em.binary(Op.ADD, r(n.args[0]), other)
 
 
 @_rule([aten.sub.Tensor, aten.sub.Scalar], POINTWISE, cost=2)
 def _sub(em: Emitter, n: Node, r: Resolve) -> int:
-    other = _scaled(em, r(n.args[1]), n.kwargs.get("alpha", 1))
+    other = _scaled(em, r(n.args[1]), _arg(n, 2, "alpha", 1))  # .Scalar: positional
     return em.binary(Op.SUB, r(n.args[0]), other)
 
 

@@ -20,7 +20,7 @@ def outline(
     """Replace ``nodes`` (graph order, with an insertion point, no side effect among them) by
     one op ``compiler`` compiled; the op goes right after the last node it reads (or the last
     side effect before the region), its outputs are read through ``getitem``. ``False``
-    (graph unchanged) when the compile failed."""
+    (graph unchanged) when the compile failed or nothing reads the region."""
     graph = gm.graph
     order = list(graph.nodes)
     pos = positions(graph)
@@ -28,6 +28,8 @@ def outline(
     if not last < first:  # a run from split() keeps its insertion point; this guards the rule
         return False
     region = Region.of(nodes)
+    if not region.outputs:  # dead code, which Inductor drops: nothing to compile
+        return False
     op = region_op(compiler, region)
     if op is None:
         return False

@@ -262,6 +262,8 @@ def test_batched_gradients_of_an_op_with_an_optional_result() -> None:
     got = torch.autograd.grad((out, scaled), x, (grads, grads), is_grads_batched=True)[0]
     torch.testing.assert_close(got, grads * 2.0 + grads * w)
     assert torch.autograd.gradcheck(lambda t: op(t, w)[1], (x,), check_batched_grad=True)
+    older_vmap = torch._vmap_internals._vmap  # what both run the backward's ops under
+    torch.testing.assert_close(older_vmap(lambda a, b: op(a, b)[1])(grads, grads), grads * grads)
 
 
 def test_explain_takes_keyword_arguments_as_a_call_does() -> None:

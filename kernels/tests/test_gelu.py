@@ -184,20 +184,30 @@ def test_non_contiguous_and_float64_use_the_reference() -> None:
 def test_the_reference_keeps_the_negative_tail_under_transforms(mode) -> None:
     """torch.func transforms and forward AD run the reference, which was float32 F.gelu: its
     ``1 + erf`` (``1 + tanh``) cancels below x = -4, so vmap gave -0.0 where the kernel gives
-    -5.9e-9, and torch.func.grad lost the derivative's every digit alike."""
+    -5.9e-9, and torch.func.grad lost the derivative's every digit alike; the tanh form's
+    ``sigmoid(2y)`` underflowed first; -inf gave NaN where the kernel gives -0."""
 
     def tail_exact(t: torch.Tensor) -> torch.Tensor:  # float64, no cancellation (F.gelu's
         if mode == "tanh":  # float64 1 + erf cancels too, below x = -8)
             return t * torch.sigmoid(2 * op.TANH_K0 * (t + op.TANH_K1 * t**3))
         return 0.5 * t * torch.erfc(-t / math.sqrt(2))
 
-    x = torch.tensor([-4.0, -6.0, -8.0, -10.0, -12.0])
+    x = torch.tensor([-4.0, -6.0, -8.0, -10.0, -10.3, -12.0])  # -10.3: sigmoid(2y) underflows
     exact = tail_exact(x.double())
-    slope = torch.func.vmap(torch.func.grad(lambda t: torch.ops.spore.gelu(t, mode)))(x)
     for got in (torch.func.vmap(lambda t: torch.ops.spore.gelu(t, mode))(x), op.reference(x, mode)):
-        torch.testing.assert_close(got, exact.float(), rtol=1e-5, atol=1e-44)  # subnormals
-    d64 = torch.func.vmap(torch.func.grad(tail_exact))(x.double())
-    torch.testing.assert_close(slope, d64.float(), rtol=1e-5, atol=1e-44)
+        torch.testing.assert_close(got, exact.float(), rtol=2e-5, atol=1e-43)  # subnormals
+    d64 = torch.func.vmap(torch.func.grad(tail_exact))(x.double()).float()
+    slope = torch.func.vmap(torch.func.grad(lambda t: torch.ops.spore.gelu(t, mode)))(x)
+    x_leaf = x.clone().requires_grad_()  # the older vmap runs gelu_backward's reference
+    (batched,) = torch.autograd.grad(
+        torch.ops.spore.gelu(x_leaf, mode), x_leaf, torch.eye(6), is_grads_batched=True
+    )
+    for got in (slope, batched.sum(0), op.reference_backward(torch.ones(6), x, mode)):
+        torch.testing.assert_close(got, d64, rtol=2e-5, atol=1e-43)
+    special = torch.tensor([float("inf"), float("-inf"), float("nan"), -0.0])
+    torch.testing.assert_close(
+        op.reference(special, mode), torch.ops.spore.gelu(special, mode), equal_nan=True
+    )
 
 
 @pytest.mark.parametrize(

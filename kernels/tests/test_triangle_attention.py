@@ -104,7 +104,7 @@ def test_op_gradcheck_and_compile() -> None:
     def run(q, k, v, b):
         return torch.ops.spore.triangle_attention(q, k, v, b, mask)
 
-    assert torch.autograd.gradcheck(run, leaves, fast_mode=True)
+    assert torch.autograd.gradcheck(run, leaves, fast_mode=True, check_batched_grad=True)
     out = run(*leaves)
     assert torch.equal(out[0, 1], torch.zeros_like(out[0, 1]))
     compiled = torch.compile(run, fullgraph=True)

@@ -362,16 +362,17 @@ def define(
             backward, setup_context = _reference_backward(op)
         lib.impl(name, _autograd_kernel(op, backward, setup_context), "Autograd", with_keyset=True)
         # under vmap: the reference on the batched tensors, whose own ops have batching rules
-        # (with none registered torch runs the kernel once a sample, warning each call, and
-        # cannot for an op returning an optional tensor). "Batched" is the older vmap that
-        # autograd.grad(is_grads_batched=True) and gradcheck's batched check use.
+        # (with none registered torch runs the kernel once a sample, warning each call)
         lib.impl(
             name,
             lambda _, *args: reference(*op.complete(args)),
             "FuncTorchBatched",
             with_keyset=True,
         )
-        lib.impl(name, lambda *args: reference(*op.complete(args)), "Batched")
+        if any(isinstance(r.type, torch._C.OptionalType) for r in parsed.returns):
+            # the older vmap (autograd.grad(is_grads_batched=True), gradcheck's batched check)
+            # runs the kernel once a sample too, but not for an optional result: the reference
+            lib.impl(name, lambda *args: reference(*op.complete(args)), "Batched")
         _ops[name] = op
         return op
 

@@ -45,30 +45,41 @@ def check(x: torch.Tensor, approximate: str) -> None:
         )
 
 
+TAIL = -1e4
+"""Below it both forms are -0 in every dtype: -inf is clamped there, as the kernel's -0."""
+
+
 def reference(x: torch.Tensor, approximate: str = "none") -> torch.Tensor:
     """The kernel's cancellation-free forms, ``0.5 x erfc(-x / sqrt 2)`` and ``x sigmoid(2y)``
-    (F.gelu's ``1 + erf`` and ``1 + tanh`` lose every digit of the negative tail); it also
-    runs under torch.func transforms and forward-mode AD, whose derivatives it gives."""
+    (F.gelu's ``1 + erf`` and ``1 + tanh`` lose every digit of the negative tail), the sigmoid
+    as ``exp(logsigmoid)``, which stays above 0 where ``sigmoid`` underflows but the product
+    does not; it also runs under torch.func transforms and forward-mode AD, whose
+    derivatives it gives."""
     check(x, approximate)
-    xf = x.to(_checks.compute_dtype(x))
+    xf = x.to(_checks.compute_dtype(x)).clamp(min=TAIL)
     if approximate == "tanh":
-        y = TANH_K0 * (xf + TANH_K1 * xf * xf * xf)
-        return (xf * torch.sigmoid(2 * y)).to(x.dtype)
+        return (xf * torch.exp(F.logsigmoid(2 * _tanh_arg(xf)))).to(x.dtype)
     return (0.5 * xf * torch.erfc(-xf * math.sqrt(0.5))).to(x.dtype)
+
+
+def _tanh_arg(x: torch.Tensor) -> torch.Tensor:
+    return TANH_K0 * (x + TANH_K1 * x * x * x)
 
 
 def reference_backward(
     grad: torch.Tensor, x: torch.Tensor, approximate: str = "none"
 ) -> torch.Tensor:
-    """The closed form: Phi(x) + x phi(x) (exact), or the derivative of the tanh form."""
+    """The closed form: Phi(x) + x phi(x) (exact), or the tanh form's ``s + 2 x s (1 - s) y'``
+    for ``s = sigmoid(2y)`` (no ``1 + tanh`` to cancel)."""
     check(x, approximate)
     _checks.upstream("gelu_backward", x.shape, grad=grad)
     compute = _checks.compute_dtype(x)
-    xf, gf = x.to(compute), grad.to(compute)
+    xf, gf = x.to(compute).clamp(min=TAIL), grad.to(compute)
     if approximate == "tanh":
-        t = torch.tanh(TANH_K0 * (xf + TANH_K1 * xf.pow(3)))
-        slope = TANH_K0 * (1 + 3 * TANH_K1 * xf.pow(2))
-        d = 0.5 * (1 + t) + 0.5 * xf * (1 - t * t) * slope
+        y = _tanh_arg(xf)
+        s = torch.exp(F.logsigmoid(2 * y))
+        slope = TANH_K0 * (1 + 3 * TANH_K1 * xf * xf)
+        d = s + 2 * xf * s * torch.sigmoid(-2 * y) * slope
     else:
         d = 0.5 * torch.erfc(-xf * math.sqrt(0.5)) + xf * torch.exp(-0.5 * xf * xf) / math.sqrt(
             2 * math.pi

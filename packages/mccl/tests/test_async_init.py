@@ -51,6 +51,7 @@ def test_a_rank_that_never_joins_times_out_everywhere(ranks, world) -> None:
         assert "backend gloo" in message
         assert "rendezvous tcp://127.0.0.1:" in message
         assert "process group not ready after" in message
+        assert r.get("later", False) is False  # rank 0 has no later read; the others: torch's
 
 
 def test_unreachable_rendezvous_is_named(ranks) -> None:

@@ -95,13 +95,22 @@ def absent_peer() -> dict:
     that follows when the store's host exits.
     """
     started = time.monotonic()
-    start()
+    handle = start()
     try:
         dist.all_reduce(torch.ones(1))
     except (mccl.InitTimeoutError, mccl.InitFailedError) as exc:
         after = time.monotonic() - started
         time.sleep(3)
-        return {"error": type(exc).__name__, "message": str(exc), "after": after}
+        found = {"error": type(exc).__name__, "message": str(exc), "after": after}
+        if rank > 0:  # rank 0's store goes with its process: this init then fails
+            deadline = time.monotonic() + 20
+            while not handle.done() and time.monotonic() < deadline:
+                time.sleep(0.05)
+            try:  # told of the timeout already: the failure after it is no news
+                found["later"] = dist.is_initialized()
+            except Exception as later:
+                found["later"] = type(later).__name__
+        return found
     return {"error": None}
 
 

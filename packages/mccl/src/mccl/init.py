@@ -76,6 +76,7 @@ class InitHandle:
         self._kwargs = kwargs
         self._done = threading.Event()
         self._error: BaseException | None = None
+        self._timed_out = False  # a caller was told it timed out: a later failure is no news
         self._thread = threading.Thread(target=self._run, name="mccl-init", daemon=True)
 
     def __repr__(self) -> str:
@@ -103,6 +104,9 @@ class InitHandle:
         remaining = self.started + self.init_timeout - time.monotonic()
         limit = remaining if timeout is None else min(timeout, remaining)
         if not self._done.wait(max(0.0, limit)):
+            if limit >= remaining:  # the init's own deadline, not a shorter poll
+                self._timed_out = True
+                _told(self)
             raise InitTimeoutError(self._timeout_message())
         if self._error is not None:
             _told(self)
@@ -154,7 +158,7 @@ class InitHandle:
             with _lock:
                 if _pending is self:
                     _pending = None
-                    if self._error is None:
+                    if self._error is None or self._timed_out:
                         _set_guard(False)
                     else:  # the guard stays until a caller is told (wait() or the next read)
                         _failed = self
@@ -162,7 +166,8 @@ class InitHandle:
 
 
 def _told(handle: InitHandle) -> None:
-    """A caller has been told that ``handle`` failed: later reads go to torch directly."""
+    """A caller has been told that ``handle`` failed (or timed out at its deadline): later
+    reads go to torch directly."""
     global _failed
     with _lock:
         if _failed is handle:

@@ -56,6 +56,11 @@ class PluginInfo:
     registered: dict[str, list[str]] = field(default_factory=dict)
     entry_point: metadata.EntryPoint | None = field(default=None, repr=False, compare=False)
 
+    @property
+    def label(self) -> str:
+        """How messages name it: ``spore plugin 'name' (distribution version)``."""
+        return f"spore plugin {self.name!r} ({self.distribution} {self.version})"
+
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready view (what ``spore plugins --json`` prints)."""
         return {

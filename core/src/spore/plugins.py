@@ -148,9 +148,7 @@ class PluginManager:
                 and self.strict
                 and self.selection.why_disabled(info.name) is None
             ):
-                raise PluginError(
-                    f"spore plugin {info.name!r} ({info.distribution} {info.version}) {info.reason}"
-                )
+                raise PluginError(f"{info.label} {info.reason}")
         self._check_unknown_hooks()
         for kind, hookname in REGISTRY_HOOKS.items():
             registry = self.registries[kind]
@@ -245,7 +243,7 @@ class PluginManager:
                 self._cli.commands.pop(command, None)
         if self.pm.get_plugin(info.name) is not None:
             self.pm.unregister(name=info.name)
-        message = f"spore plugin {info.name!r} ({info.distribution} {info.version}) {what}"
+        message = f"{info.label} {what}"
         if info.builtin or self.strict or info.name in self.requested:
             raise PluginError(f"{message}: {exc}") from exc
         log.warning("%s: %s: %s; continuing without it", message, type(exc).__name__, exc)
@@ -261,8 +259,8 @@ class PluginManager:
                 )
             if info.status is not Status.ACTIVE:
                 raise PluginError(
-                    f"spore plugin {name!r} ({info.distribution} {info.version}) was asked for "
-                    f"but is {info.status.value if info.status else 'not loaded'}: {info.reason}"
+                    f"{info.label} was asked for but is "
+                    f"{info.status.value if info.status else 'not loaded'}: {info.reason}"
                 )
 
     # what the host uses --------------------------------------------------------------------

@@ -676,6 +676,30 @@ def test_a_computed_16_bit_operand_is_rounded_against_a_float32_tensor(dtype):
         _check(fn, [x, b], atol=0, rtol=0)
 
 
+def test_tests_inside_rules_read_a_computed_16_bit_value_as_eager_holds_it():
+    """The tests inside the activations' backward rules and the logical ops read a 16-bit
+    value the region computed: ``t * 1e-6`` is nonzero in float32 where fp16 holds 0 (and
+    0.1 rounds up to 0.1000977 there), so dvm's float32 test kept gradients and truths that
+    eager's rounded one drops."""
+    x = torch.linspace(-1, 1, 96).reshape(8, 12).to(torch.float16)
+    g = _x(8, 12, dtype=torch.float16, seed=1)
+    tiny = (x * 1e-6) != 0
+    assert (tiny != (x.float() * 1e-6 != 0)).any()  # some products round to zero in fp16
+    for fn in (
+        lambda a, b: aten.threshold_backward(b, a * 1e-6, 0.0) + b,
+        lambda a, b: aten.leaky_relu_backward(b, a * 1e-6, 0.5, False) + b,
+        lambda a, b: aten.hardtanh_backward(b, a * 1e-6, 0.0, 0.5) + b,
+        lambda a, b: aten.threshold_backward(b, a * 0.1, 0.1) + b,
+        lambda a, b: (a * 1e-6).bool() * 2.0 + b,
+        lambda a, b: (a * 1e-6).bfloat16() * 2.0 + b,
+        lambda a, b: aten.logical_not(a * 1e-6) * 2.0 + b,
+        lambda a, b: aten.logical_and(a * 1e-6, b) * 2.0 + b,
+        lambda a, b: aten.logical_or(a * 1e-6, b * 0) * 2.0 + b,
+        lambda a, b: aten.logical_xor(a * 1e-6, b * 0) * 2.0 + b,
+    ):
+        _check(fn, [x, g], atol=0, rtol=0)
+
+
 @pytest.mark.parametrize("dtype", [torch.bool, torch.bfloat16, torch.float16], ids=str)
 def test_full_and_scalar_tensor_hold_their_dtype_s_value(dtype):
     """``full(2, dtype=bool)`` is True (1), ``scalar_tensor(0.1, dtype=bfloat16)`` is

@@ -204,6 +204,7 @@ def build_region(members: list[Node], a: _Analysis) -> Region:
             value = em.load(slot)
         return value
 
+    resolve.computed = env.__contains__  # type: ignore[attr-defined]
     for n in members:
         reader = n
         value = env[n] = _RULES_BY_ID[id(n.target)].emit(em, n, resolve)

@@ -17,7 +17,7 @@ import math
 import operator
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 from torch.fx import Node
@@ -35,7 +35,15 @@ VIEW = "view"  # same values, only size-1 dimensions added or removed (or none)
 EXPAND = "expand"
 CONST = "const"
 
-Resolve = Callable[[Any], int]
+
+class Resolve(Protocol):
+    """A rule's ``r``: ``r(arg)`` is a node argument's value (a constant for a non-node);
+    ``r.computed(node)`` whether the region computes ``node`` (else it is loaded, and holds
+    its dtype's value exactly)."""
+
+    def __call__(self, x: Any, /) -> int: ...
+
+    def computed(self, node: Node, /) -> bool: ...
 
 
 class LimitError(ValueError):
@@ -102,7 +110,6 @@ _UNARY = {
     aten.erf.default: Op.ERF,
     aten.sin.default: Op.SIN,
     aten.cos.default: Op.COS,
-    aten.logical_not.default: Op.NOT,
 }
 for _t, _op in _UNARY.items():
     RULES[_t] = Rule(POINTWISE, lambda em, n, r, _op=_op: em.unary(_op, r(n.args[0])))
@@ -115,8 +122,6 @@ _BINARY = {
     aten.true_divide.Tensor: Op.DIV,
     aten.maximum.default: Op.MAX,
     aten.minimum.default: Op.MIN,
-    aten.logical_and.default: Op.AND,
-    aten.logical_or.default: Op.OR,
 }
 for _t, _op in _BINARY.items():
     RULES[_t] = Rule(
@@ -163,11 +168,19 @@ def _compared(em: Emitter, n: Node, r: Resolve) -> tuple[int, int]:
             values.append(em.const(_rounded(x, common) if rounds else x))
         elif v.dtype == torch.bool:
             values.append(r(x))
-        elif rounds or v.dtype in _16_BIT:
-            values.append(_cast(em, r(x), common if rounds else v.dtype))
+        elif rounds and v.dtype != common:
+            values.append(_cast(em, r(x), common))
         else:
-            values.append(r(x))
+            values.append(_held(em, x, r))
     return values[0], values[1]
+
+
+def _held(em: Emitter, x: Any, r: Resolve) -> int:
+    """``x``'s value as eager holds it, for a test to read: a 16-bit value the region computed
+    is float32 until stored, and is rounded to its dtype first (a loaded one holds it)."""
+    if isinstance(x, Node) and x.meta["val"].dtype in _16_BIT and r.computed(x):
+        return _cast(em, r(x), x.meta["val"].dtype)
+    return r(x)
 
 
 def _rounded(value: Any, dtype: torch.dtype) -> Any:
@@ -181,14 +194,29 @@ def _rounded(value: Any, dtype: torch.dtype) -> Any:
 
 
 for _t, _op in _COMPARISONS.items():
-    RULES[_t] = Rule(POINTWISE, lambda em, n, r, _op=_op: em.binary(_op, *_compared(em, n, r)))
+    RULES[_t] = Rule(
+        POINTWISE, lambda em, n, r, _op=_op: em.binary(_op, *_compared(em, n, r)), cost=3
+    )
 
 
-@_rule([aten.logical_xor.default], POINTWISE, cost=3)
+# the logical ops test their operands against zero as eager holds them (see _held): an fp16
+# value too small for fp16 is zero there
+RULES[aten.logical_not.default] = Rule(
+    POINTWISE, lambda em, n, r: em.unary(Op.NOT, _held(em, n.args[0], r)), cost=2
+)
+for _t, _op in {aten.logical_and.default: Op.AND, aten.logical_or.default: Op.OR}.items():
+    RULES[_t] = Rule(
+        POINTWISE,
+        lambda em, n, r, _op=_op: em.binary(_op, _held(em, n.args[0], r), _held(em, n.args[1], r)),
+        cost=3,
+    )
+
+
+@_rule([aten.logical_xor.default], POINTWISE, cost=5)
 def _xor(em: Emitter, n: Node, r: Resolve) -> int:
     zero = em.const(0.0)
-    a = em.binary(Op.NE, r(n.args[0]), zero)
-    return em.binary(Op.NE, a, em.binary(Op.NE, r(n.args[1]), zero))
+    a = em.binary(Op.NE, _held(em, n.args[0], r), zero)
+    return em.binary(Op.NE, a, em.binary(Op.NE, _held(em, n.args[1], r), zero))
 
 
 def _check_bitwise(node: Node) -> str | None:
@@ -461,9 +489,9 @@ def _lerp(em: Emitter, n: Node, r: Resolve) -> int:
     return em.where(is_small, small(), large())
 
 
-@_rule([aten.threshold_backward.default], POINTWISE, cost=4)
+@_rule([aten.threshold_backward.default], POINTWISE, cost=5)
 def _threshold_backward(em: Emitter, n: Node, r: Resolve) -> int:
-    below = em.binary(Op.LE, r(n.args[1]), em.const(n.args[2]))
+    below = em.binary(Op.LE, _held(em, n.args[1], r), em.const(n.args[2]))
     return em.where(below, em.const(0.0), r(n.args[0]))
 
 
@@ -479,18 +507,18 @@ def _tanh_backward(em: Emitter, n: Node, r: Resolve) -> int:
     return em.binary(Op.MUL, grad, em.binary(Op.SUB, em.const(1.0), em.binary(Op.MUL, y, y)))
 
 
-@_rule([aten.leaky_relu_backward.default], POINTWISE, cost=5)
+@_rule([aten.leaky_relu_backward.default], POINTWISE, cost=6)
 def _leaky_relu_backward(em: Emitter, n: Node, r: Resolve) -> int:
-    grad, x = r(n.args[0]), r(n.args[1])
+    grad, x = r(n.args[0]), _held(em, n.args[1], r)
     scaled = em.binary(Op.MUL, grad, em.const(n.args[2]))
     return em.where(em.binary(Op.GT, x, em.const(0.0)), grad, scaled)
 
 
-@_rule([aten.hardtanh_backward.default], POINTWISE, cost=6)
+@_rule([aten.hardtanh_backward.default], POINTWISE, cost=7)
 def _hardtanh_backward(em: Emitter, n: Node, r: Resolve) -> int:
     """``grad`` strictly inside (min, max), else 0: a NaN input gives 0, as PyTorch's vector
     loop does (its scalar tail gives ``grad``)."""
-    grad, x = r(n.args[0]), r(n.args[1])
+    grad, x = r(n.args[0]), _held(em, n.args[1], r)
     above = em.binary(Op.GT, x, em.const(n.args[2]))
     inside = em.binary(Op.AND, above, em.binary(Op.LT, x, em.const(n.args[3])))
     return em.where(inside, grad, em.const(0.0))
@@ -548,14 +576,21 @@ def _check_to_copy(node: Node) -> str | None:
     return None
 
 
-@_rule([aten._to_copy.default], VIEW, check=_check_to_copy, cost=2)
+def _converted(em: Emitter, x: Any, dtype: torch.dtype, r: Resolve) -> int:
+    """``x`` cast to ``dtype``: a computed 16-bit value goes on in float32 across a cast to
+    float32 (as in Inductor's code), and is first rounded as eager holds it for any other
+    (``.bool()`` of an fp16 value too small for fp16 is False; fp16 to bf16 rounds twice)."""
+    return _cast(em, r(x) if dtype == torch.float32 else _held(em, x, r), dtype)
+
+
+@_rule([aten._to_copy.default], VIEW, check=_check_to_copy, cost=3)
 def _to_copy(em: Emitter, n: Node, r: Resolve) -> int:
-    return _cast(em, r(n.args[0]), n.meta["val"].dtype)
+    return _converted(em, n.args[0], n.meta["val"].dtype, r)
 
 
-@_rule([prims.convert_element_type.default], VIEW, cost=2)
+@_rule([prims.convert_element_type.default], VIEW, cost=3)
 def _convert(em: Emitter, n: Node, r: Resolve) -> int:
-    return _cast(em, r(n.args[0]), n.args[1])
+    return _converted(em, n.args[0], n.args[1], r)
 
 
 def _check_view(node: Node) -> str | None:

@@ -354,6 +354,24 @@ def test_inputs_the_kernel_does_not_take_run_the_reference() -> None:
         _close(torch.ops.spore.block_sparse_attention(*args), _oracle(*args), args[0].dtype)
 
 
+def test_the_reference_takes_any_layout_of_its_inputs() -> None:
+    """k and v as (B, S, H, D) projections transposed to (B, H, S, D) (the usual layout) and
+    lists transposed over B and H: the reference merged B and H with ``view``, which such
+    strides refuse (a RuntimeError telling the user to use reshape)."""
+    b, h, s, d = 2, 3, 16, 8
+    q, k, v = (
+        t.view(b, h, s, d).transpose(1, 2).contiguous().transpose(1, 2)
+        for t in _qkv(b, h, s, s, d, torch.float32, 12)
+    )
+    assert not k.is_contiguous()
+    index, count = _lists(b, h, s, s, 4, 2, torch.int64, 12)
+    index = index.transpose(0, 1).contiguous().transpose(0, 1)
+    count = count.transpose(0, 1).contiguous().transpose(0, 1)
+    for args in ((q, k, v, index, count, 4), (q.double(), k.double(), v.double(), index, count, 4)):
+        assert dispatch.explain("block_sparse_attention", *args).chosen == "reference"
+        _close(torch.ops.spore.block_sparse_attention(*args), _oracle(*args), args[0].dtype)
+
+
 def test_the_kernel_takes_non_contiguous_block_lists() -> None:
     q, k, v = _qkv(2, 2, 16, 16, 8, torch.float32, 10)
     index, count = _lists(2, 2, 16, 16, 4, 2, torch.int64, 10)

@@ -240,14 +240,14 @@ def reference(
         unread = sum(t.narrow(2, 0, 0).sum() for t in (q, k, v))  # zero gradients, not None
         return (out[:, :, :sq] + unread).to(q.dtype).contiguous()  # as the fake
     qf = _pad(q.to(compute), nq * bs).view(b, h, nq, bs, d)
-    kf = _pad(k.to(compute), nk * bs).view(b * h, nk, bs, d)
-    vf = _pad(v.to(compute), nk * bs).view(b * h, nk, bs, d)
+    kf = _pad(k.to(compute), nk * bs).reshape(b * h, nk, bs, d)  # (B, S, H, D) transposed too
+    vf = _pad(v.to(compute), nk * bs).reshape(b * h, nk, bs, d)
     listed = torch.arange(m, device=q.device) < kv_block_count.to(torch.int64).unsqueeze(-1)
-    ids = torch.where(listed, kv_block_index.to(torch.int64), 0).view(b * h, nq, m)
+    ids = torch.where(listed, kv_block_index.to(torch.int64), 0).reshape(b * h, nq, m)
     heads = torch.arange(b * h, device=q.device).view(-1, 1, 1)
     within = torch.arange(bs, device=q.device)
     # keys that exist: a listed block, and inside the sequence (the last block may be short)
-    key_ok = listed.view(b * h, nq, m, 1) & (ids.unsqueeze(-1) * bs + within < skv)
+    key_ok = listed.reshape(b * h, nq, m, 1) & (ids.unsqueeze(-1) * bs + within < skv)
     scale = _default_scale(q, scale)
     step = max(1, CHUNK_ELEMENTS // (b * h * bs * m * bs))
     parts = []

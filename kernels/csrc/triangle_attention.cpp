@@ -173,9 +173,12 @@ struct Keys {
         for (int64_t c = 0; c < s.nk; ++c) {
             const auto* krow = k + s.k_at(b, i, c, h);
             const auto* vrow = v + s.k_at(b, i, c, h);
+            // a masked key's k and v are packed as 0: its probability (and dS) is 0, and 0 * NaN
+            // or inf in padding would reach the row (and dP and dq in backward)
+            const bool kept = mask == nullptr || mask[s.mask_at(b, i) + c] != 0;
             for (int64_t e = 0; e < d; ++e) {
-                const float kv = T::load(krow[e]);
-                const float vv = T::load(vrow[e]);
+                const float kv = kept ? T::load(krow[e]) : 0.0f;
+                const float vv = kept ? T::load(vrow[e]) : 0.0f;
                 if (kt != nullptr) kt[e * kp + c] = kv;
                 if (kr != nullptr) kr[c * dp + e] = kv;
                 if (vr != nullptr) vr[c * dp + e] = vv;
@@ -434,7 +437,7 @@ void backward_one(const typename T::storage* g, const typename T::storage* q,
         }
         for (int64_t r = 0; r < rows; ++r) {
             const float total = exp2_shift(strip + r * kp, kp, lanes_max(top + r * W));
-            inv[r] = total > 0.0f ? 1.0f / total : 0.0f;
+            inv[r] = total == 0.0f ? 0.0f : 1.0f / total;  // all masked: 0; a NaN row: NaN
             const vec scale_r = splat(inv[r]);  // do / sum: dv += e^T (do / sum) = p^T do
             for (int64_t e = 0; e < dp; e += W) {
                 vstore(gn + r * dp + e, vload(go + r * dp + e) * scale_r);

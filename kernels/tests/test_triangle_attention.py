@@ -229,21 +229,51 @@ def test_fully_masked_rows_are_zero_with_zero_gradients_in_the_kernel() -> None:
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_garbage_at_masked_keys_does_not_reach_the_kept_ones(dtype) -> None:
-    """NaN in a masked key's k or bias, or a +inf bias there (padding holding garbage): the
-    kernel added the mask's -inf to it, and -inf + NaN (or + inf) is a NaN that spread over
-    the row. The output and dq are the reference's, computed on clean padding."""
-    q, k, v, b, m = _inputs((1,), 2, 5, 37, 2, 8, dtype, 11)
-    m[..., 3] = m[..., 30] = False
-    k[0, :, 3] = float("nan")
-    b[..., 30] = float("nan")
-    b[..., 3] = float("inf")
-    clean_k, clean_b = k.clone(), b.clone()
-    clean_k[0, :, 3] = 0
-    clean_b[..., 3] = clean_b[..., 30] = 0
-    out = torch.ops.spore.triangle_attention(q, k, v, b, m)
-    assert bool(torch.isfinite(out).all())
-    clean = (t.double() for t in (q, clean_k, v, clean_b))
-    _close(out, op.reference(*clean, m), dtype)
+    """NaN in a masked key's k, v or bias, or a +inf bias or v there (padding holding
+    garbage): the kernel added the mask's -inf to the score, and -inf + NaN (or + inf) is a
+    NaN that spread over the row; and a masked key's v times its 0 probability, and its k
+    times its 0 dS, were 0 * NaN (or inf): NaN in the row, in dP and in dq, in the kernel and
+    the reference alike. Both, forward and backward, are the float64 reference's on clean
+    padding (K = 300 also has a key tile whose keys are all masked, which the kernel skips)."""
+    for keys, masked in ((37, [3, 30]), (300, [3, *range(128, 256)])):
+        q, k, v, b, m = _inputs((1,), 2, 5, keys, 2, 8, dtype, 11)
+        m[..., masked] = False
+        k[0, :, 3] = float("nan")
+        v[0, :, 3] = float("inf")
+        v[0, :, masked[-1]] = float("nan")
+        b[..., masked[-1]] = float("nan")
+        b[..., 3] = float("inf")
+        clean_k, clean_v, clean_b = k.clone(), v.clone(), b.clone()
+        clean_k[0, :, masked] = clean_v[0, :, masked] = clean_b[..., masked] = 0
+        clean = [t.double() for t in (q, clean_k, clean_v, clean_b)]
+        want = op.reference(*clean, m)
+        g = torch.randn(want.shape, generator=torch.Generator().manual_seed(keys))
+        want_grads = op.reference_backward(g.double(), *clean, m, want, None)
+        spore = torch.ops.spore
+        for forward, backward in (
+            (spore.triangle_attention, spore.triangle_attention_backward),
+            (op.reference, op.reference_backward),
+        ):
+            out = forward(q, k, v, b, m)
+            assert bool(torch.isfinite(out).all())
+            _close(out, want, dtype)
+            grads = backward(g.to(dtype), q, k, v, b, m, out, None)
+            for got, w in zip(grads, want_grads, strict=True):
+                _close(got, w, dtype)
+
+
+def test_a_nan_bias_makes_the_whole_row_and_its_gradients_nan_as_the_reference() -> None:
+    """One NaN bias makes its row's probabilities NaN: dv = P^T dO is NaN at every key. The
+    kernel took the row's NaN sum as a fully masked row's 0 and kept dv NaN at one key."""
+    q, k, v, b, _ = _inputs((), 1, 2, 4, 1, 4, torch.float32, 3, mask=None)
+    b[0, 0, 1] = float("nan")
+    out = op.reference(q, k, v, b, None)
+    g = torch.randn(out.shape, generator=torch.Generator().manual_seed(0))
+    got = torch.ops.spore.triangle_attention_backward(g, q, k, v, b, None, out, None)
+    want = op.reference_backward(g, q, k, v, b, None, out, None)
+    assert bool(want[2].isnan().all())
+    for a, w in zip(got, want, strict=True):
+        assert torch.equal(a.isnan(), w.isnan())
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)

@@ -144,7 +144,14 @@ def composite(
     """The unfused composite (no checks): einsum, + bias, mask, softmax, einsum, in float32
     (float64 stays float64). Materialises the ``[*, I, H, J, K]`` logits."""
     p = probabilities(q, k, bias, mask, scale)
-    return torch.einsum("...ihjk,...ikhd->...ijhd", p, v.to(p.dtype)).to(q.dtype)
+    return torch.einsum("...ihjk,...ikhd->...ijhd", p, _kept(v, mask, p.dtype)).to(q.dtype)
+
+
+def _kept(x: torch.Tensor, mask: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor:
+    """Keys or values ``x`` in ``dtype``, 0 at a masked key: its probability (and dS) is 0, and
+    0 * NaN or inf in padding would reach the row (or dq)."""
+    x = x.to(dtype)
+    return x if mask is None else x.masked_fill(~mask[..., None, None], 0.0)
 
 
 def additive_mask_composite(
@@ -196,7 +203,8 @@ def reference_backward(
     dbias = dS summed over I; each rounded once."""
     check_backward(grad, q, k, v, bias, mask, out, scale)
     p = probabilities(q, k, bias, mask, scale)
-    qf, kf, vf, g = (t.to(p.dtype) for t in (q, k, v, grad))
+    qf, g = (t.to(p.dtype) for t in (q, grad))
+    kf, vf = (_kept(t, mask, p.dtype) for t in (k, v))
     dv = torch.einsum("...ihjk,...ijhd->...ikhd", p, g)
     dp = torch.einsum("...ijhd,...ikhd->...ihjk", g, vf)
     ds = p * (dp - (p * dp).sum(-1, keepdim=True))

@@ -181,6 +181,21 @@ def test_non_contiguous_and_float64_use_the_reference() -> None:
 
 
 @pytest.mark.parametrize("mode", MODES)
+def test_the_reference_s_derivative_is_one_at_the_top_as_the_kernel_s(mode) -> None:
+    """Where gelu is x its derivative is 1: the references (float64 and transforms run them)
+    gave NaN at +inf (``x * exp(-x*x/2)`` is inf * 0) and, in the tanh form, at large finite
+    x (its derivative's cube overflows, times a 0 sigmoid)."""
+    x = torch.tensor([9e3, 1e4, 1.5e4, 1e20, 3e38, math.inf])
+    ones = torch.ones_like(x)
+    assert torch.equal(torch.ops.spore.gelu_backward(ones, x, mode), ones)  # the kernel
+    assert torch.equal(op.reference_backward(ones, x, mode), ones)
+    assert torch.equal(op.reference_backward(ones.double(), x.double(), mode), ones.double())
+    assert torch.equal(op.reference(x, mode), x)
+    slope = torch.func.vmap(torch.func.grad(lambda t: torch.ops.spore.gelu(t, mode)))(x)
+    assert torch.equal(slope, ones)
+
+
+@pytest.mark.parametrize("mode", MODES)
 def test_the_reference_keeps_the_negative_tail_under_transforms(mode) -> None:
     """torch.func transforms and forward AD run the reference, which was float32 F.gelu: its
     ``1 + erf`` (``1 + tanh``) cancels below x = -4, so vmap gave -0.0 where the kernel gives

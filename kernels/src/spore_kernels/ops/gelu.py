@@ -47,6 +47,9 @@ def check(x: torch.Tensor, approximate: str) -> None:
 
 TAIL = -1e4
 """Below it both forms are -0 in every dtype: -inf is clamped there, as the kernel's -0."""
+HEAD = 1e4
+"""Above it both forms are x, and their derivative 1, in every dtype: their gates are worked
+out no higher (the tanh form's cube, and its derivative's ``x * 0``, gave NaN up there)."""
 
 
 def reference(x: torch.Tensor, approximate: str = "none") -> torch.Tensor:
@@ -57,9 +60,12 @@ def reference(x: torch.Tensor, approximate: str = "none") -> torch.Tensor:
     derivatives it gives."""
     check(x, approximate)
     xf = x.to(_checks.compute_dtype(x)).clamp(min=TAIL)
+    xs = xf.clamp(max=HEAD)  # also where x is not taken: its zero gradient must stay finite
     if approximate == "tanh":
-        return (xf * torch.exp(F.logsigmoid(2 * _tanh_arg(xf)))).to(x.dtype)
-    return (0.5 * xf * torch.erfc(-xf * math.sqrt(0.5))).to(x.dtype)
+        gated = xs * torch.exp(F.logsigmoid(2 * _tanh_arg(xs)))
+    else:
+        gated = 0.5 * xs * torch.erfc(-xs * math.sqrt(0.5))
+    return torch.where(xf > HEAD, xf, gated).to(x.dtype)
 
 
 def _tanh_arg(x: torch.Tensor) -> torch.Tensor:
@@ -74,7 +80,7 @@ def reference_backward(
     check(x, approximate)
     _checks.upstream("gelu_backward", x.shape, grad=grad)
     compute = _checks.compute_dtype(x)
-    xf, gf = x.to(compute).clamp(min=TAIL), grad.to(compute)
+    xf, gf = x.to(compute).clamp(min=TAIL, max=HEAD), grad.to(compute)
     if approximate == "tanh":
         y = _tanh_arg(xf)
         s = torch.exp(F.logsigmoid(2 * y))

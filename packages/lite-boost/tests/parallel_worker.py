@@ -95,6 +95,11 @@ def ulysses(m: ParallelManager) -> dict:
         "round_trip": gather_sequence(shard_sequence(x, -2, m), 0, m).equal(x),
         "gather_uneven": gather_sequence(x[: 3 if r == 0 else 0], 0, m).tolist(),
         "gather_mismatch": _error(lambda: gather_sequence(mismatch, 0, m)),
+        "one_rank_refuses": _error(
+            lambda: ulysses_attention(
+                backends.attention, *[torch.randn(1, 2 + r, 4, 8)] * 3, manager=m
+            )
+        ),
         "ulysses_mismatch": {
             what: _error(lambda t=t: ulysses_attention(backends.attention, t, t, t, manager=m))
             for what, t in (

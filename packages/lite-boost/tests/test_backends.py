@@ -89,10 +89,11 @@ def test_unknown_backends_are_refused(monkeypatch):
         pass
     monkeypatch.setenv(A.ENV, "flash")
     q, k, v = _qkv()
-    with pytest.raises(
-        ValueError, match="LITE_BOOST_ATTENTION='flash' is not an attention backend"
-    ):
-        A.attention(q, k, v)
+    for call in (A.attention, torch.ops.spore.lite_boost_attention):  # the op ran SDPA
+        with pytest.raises(
+            ValueError, match="LITE_BOOST_ATTENTION='flash' is not an attention backend"
+        ):
+            call(q, k, v)
 
 
 @pytest.mark.parametrize(
@@ -101,6 +102,7 @@ def test_unknown_backends_are_refused(monkeypatch):
         (((2, 4, 8), (2, 4, 8), (2, 4, 8)), "takes \\(batch, heads, seq, head_dim\\)"),
         (((2, 4, 8, 16), (2, 3, 8, 16), (2, 3, 8, 16)), "multiple of k/v's 3"),
         (((2, 4, 8, 16), (2, 4, 8, 8), (2, 4, 8, 8)), "in batch and head_dim"),
+        (((2, 0, 8, 16), (2, 2, 8, 16), (2, 2, 8, 16)), "need at least one head each"),
     ],
 )
 def test_bad_shapes_raise(shapes, match):
@@ -127,3 +129,34 @@ def test_a_broken_backend_is_skipped_with_a_reason(monkeypatch, caplog):
     finally:
         A._implementation.cache_clear()
     assert "flash_attn_2 skipped: importing flash_attn raised OSError: libcudart" in caplog.text
+
+
+@pytest.mark.parametrize(
+    ("missing", "logged"),
+    [("flash_attn", False), ("flash_attn_2_cuda", True)],
+)
+def test_a_backend_whose_compiled_part_is_missing_is_broken_not_absent(
+    monkeypatch, caplog, missing, logged
+):
+    """flash-attn installed without its compiled extension raises ModuleNotFoundError for
+    that extension: it was taken for flash-attn not being installed, and skipped unlogged."""
+    import importlib
+
+    real = importlib.import_module
+
+    def fake(name, *args):
+        if name == "flash_attn":
+            raise ModuleNotFoundError(f"No module named {missing!r}", name=missing)
+        return real(name, *args)
+
+    backend = next(b for b in A.BACKENDS if b.name == "flash_attn_2")
+    monkeypatch.setattr(A.importlib, "import_module", fake)
+    A._implementation.cache_clear()
+    try:
+        with caplog.at_level(logging.WARNING, logger="lite_boost"):
+            assert A._implementation(backend) is None
+    finally:
+        A._implementation.cache_clear()
+    assert ("flash_attn_2 skipped" in caplog.text) == logged
+    if logged:
+        assert "No module named 'flash_attn_2_cuda'" in caplog.text

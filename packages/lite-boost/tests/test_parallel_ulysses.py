@@ -73,3 +73,12 @@ def test_ranks_disagreeing_on_more_than_the_length_raise_on_every_rank(ranks):
         for what, error in rank["ulysses_mismatch"].items():
             assert error.startswith("ValueError: Ulysses attention needs every rank's"), error
             assert f"rank {other}'s {what} differs" in error
+
+
+def test_a_rank_refusing_its_inputs_is_an_error_on_every_rank(ranks):
+    """Rank 1's 3 heads do not split over 2 ranks: it raised at once, while rank 0 waited in
+    the length exchange until the process group's timeout."""
+    assert "q has 3 heads" in ranks[1]["one_rank_refuses"]
+    assert ranks[0]["one_rank_refuses"].startswith(
+        "ValueError: Ulysses attention: rank 1 refused its q, k, v"
+    )

@@ -162,6 +162,25 @@ def test_text_blocks_and_the_first_frame_are_always_kept():
     assert (count[..., 8] == blocks).all()  # the text queries attend everywhere
 
 
+def test_a_nan_token_does_not_push_out_its_block_s_forced_blocks():
+    """argsort ranks NaN above the forced blocks' +inf: one NaN query token made its block
+    list its NaN-scored key blocks first, and the block's other, finite rows lost their own
+    block and the first frame. They attend as promised; only the NaN row is NaN."""
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 1, 64, 8, generator=g) for _ in range(3))
+    q[0, 0, 40, 0] = float("nan")  # block 2 of 4 (one frame a block)
+    index, count = select_blocks(
+        q, k, video_len=64, first_frame_len=16, text_first=False, sparsity=0.5, block_size=16
+    )
+    assert set(index[0, 0, 2, : count[0, 0, 2]].tolist()) == {0, 2}
+    out = sparse_attention(q, k, v, latent_shape=(4, 4, 4), sparsity=0.5, block_size=16)
+    mask = torch.zeros(64, 64, dtype=torch.bool)
+    mask[32:48, 0:16] = mask[32:48, 32:48] = True
+    rows = [r for r in range(32, 48) if r != 40]
+    want = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)[0, 0, rows]
+    torch.testing.assert_close(out[0, 0, rows], want, rtol=1e-5, atol=1e-6)
+
+
 @pytest.mark.parametrize("sparsity", [0.5, 0.75])
 def test_structured_inputs_stay_close_to_dense(sparsity):
     latent = (4, 16, 16)

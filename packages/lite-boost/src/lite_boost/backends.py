@@ -94,6 +94,7 @@ def reference(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | None = None
 ) -> torch.Tensor:
     """PyTorch's SDPA (grouped heads expanded), the oracle and the portable backend."""
+    forced()  # a misspelt LITE_BOOST_ATTENTION is an error (dispatch ignores supports' errors)
     check_qkv(q, k, v)
     groups = q.shape[1] // k.shape[1]
     if groups > 1:
@@ -113,7 +114,9 @@ def check_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
             f"k {tuple(k.shape)} and v {tuple(v.shape)} must match each other and q "
             f"{tuple(q.shape)} in batch and head_dim"
         )
-    if k.shape[1] == 0 or q.shape[1] % k.shape[1]:
+    if q.shape[1] == 0 or k.shape[1] == 0:
+        raise ValueError(f"q ({q.shape[1]}) and k/v ({k.shape[1]}) need at least one head each")
+    if q.shape[1] % k.shape[1]:
         raise ValueError(f"q's {q.shape[1]} heads must be a multiple of k/v's {k.shape[1]}")
 
 
@@ -164,13 +167,15 @@ def _implementation(backend: Backend) -> Callable[..., torch.Tensor] | None:
         return reference
     try:
         module = importlib.import_module(backend.module)
-    except ModuleNotFoundError:
-        return None
-    except Exception as exc:  # installed but broken: say so, keep the others
-        log.warning(
-            "lite-boost: attention backend %s skipped: importing %s raised %s: %s",
-            backend.name, backend.module, type(exc).__name__, exc,
-        )  # fmt: skip
+    except Exception as exc:
+        absent = isinstance(exc, ModuleNotFoundError) and (
+            exc.name is not None and f"{backend.module}.".startswith(f"{exc.name}.")
+        )  # the package itself; a module it imports missing (its compiled part) is broken
+        if not absent:  # installed but broken: say so, keep the others
+            log.warning(
+                "lite-boost: attention backend %s skipped: importing %s raised %s: %s",
+                backend.name, backend.module, type(exc).__name__, exc,
+            )  # fmt: skip
         return None
     if backend.name == "torch_npu":
         return _npu(module)
@@ -202,5 +207,4 @@ def attention(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scale: float | None = None
 ) -> torch.Tensor:
     """Attention of ``(batch, heads, seq, head_dim)`` tensors on the best available backend."""
-    forced()  # a misspelt LITE_BOOST_ATTENTION is an error here, not a silent fallback
     return torch.ops.spore.lite_boost_attention(q, k, v, scale)

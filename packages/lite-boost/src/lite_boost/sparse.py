@@ -161,6 +161,8 @@ def select_blocks(
     text = (first < start) | (last >= start + video_len)  # blocks holding text tokens
     first_frame = (first < start + first_frame_len) & (last >= start)
     forced = text | first_frame
+    # a NaN score (a NaN token) ranks last: argsort puts NaN above the forced blocks' inf
+    scores = scores.nan_to_num(nan=-math.inf, posinf=math.inf, neginf=-math.inf)
     scores = scores.masked_fill(forced, math.inf)
     scores.diagonal(dim1=-2, dim2=-1).fill_(math.inf)  # a query block keeps its own block
     keep = keep_count(sparsity, blocks)

@@ -90,6 +90,10 @@ class BoosterRegistry:
             raise TypeError(f"class_name must be a class's name (a str), got {class_name!r}")
         if not class_name.isidentifier():
             raise ValueError(f"class_name must be a class name, got {class_name!r}")
+        if isinstance(changes, str):
+            raise TypeError(f"changes is a list of str, one per change: give [{changes!r}]")
+        if not all(isinstance(c, str) for c in changes):
+            raise TypeError(f"changes must be a list of str, got {changes!r}")
         if class_name in self.boosters and not override:
             raise ValueError(
                 f"a booster for {class_name} is already registered; pass override=True to "

@@ -42,8 +42,13 @@ def ulysses_attention(
         raise TypeError(
             f"ulysses_attention needs manager=ParallelManager(...), got {type(manager).__name__}"
         )
-    _check(q, k, v, manager.world)
     world = manager.world
+    try:
+        _check(q, k, v, world)
+    except ValueError:
+        if world > 1:  # the other ranks learn it from the exchange, rather than wait there
+            _lengths(q, k, manager, refused=True)
+        raise
     if world == 1:
         return attn(q, k, v)
     lengths = _lengths(q, k, manager)
@@ -90,17 +95,31 @@ def _check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, world: int) -> Non
 _LAYOUT = ("batch", "q heads", "k/v heads", "head_dim", "dtype")
 
 
-def _lengths(q: torch.Tensor, k: torch.Tensor, manager: ParallelManager) -> list[int]:
+def _lengths(
+    q: torch.Tensor, k: torch.Tensor, manager: ParallelManager, *, refused: bool = False
+) -> list[int]:
     """Every rank's sequence length (dim 2), in rank order; a ``ValueError`` on every rank
     when the ranks disagree on anything else the exchange needs equal (in gloo such a
-    mismatch aborts the process)."""
-    dtype = zlib.crc32(str(q.dtype).encode())  # the same on every rank, for any dtype
-    layout = (q.shape[0], q.shape[1], k.shape[1], q.shape[3], dtype)
-    mine = torch.tensor([q.shape[2], *layout], dtype=torch.int64, device=q.device)
+    mismatch aborts the process), or when a rank refused its own inputs (``refused``: this
+    one did, and raises its own error after this exchange)."""
+    if refused:
+        layout: tuple[int, ...] = (-1,) * len(_LAYOUT)
+        mine = torch.full((1 + len(_LAYOUT),), -1, dtype=torch.int64, device=q.device)
+    else:
+        dtype = zlib.crc32(str(q.dtype).encode())  # the same on every rank, for any dtype
+        layout = (q.shape[0], q.shape[1], k.shape[1], q.shape[3], dtype)
+        mine = torch.tensor([q.shape[2], *layout], dtype=torch.int64, device=q.device)
     every = [torch.empty_like(mine) for _ in range(manager.world)]
     dist.all_gather(every, mine, group=manager.group)
     rows = [[int(n) for n in t.tolist()] for t in every]
+    if refused:
+        return []
     for r, row in enumerate(rows):
+        if row[0] < 0:
+            raise ValueError(
+                f"Ulysses attention: rank {r} refused its q, k, v (its own error says why); "
+                f"every rank must pass inputs it takes"
+            )
         for name, theirs, ours in zip(_LAYOUT, row[1:], layout, strict=True):
             if theirs != ours:
                 shapes = [f"rank {i}: {tuple(each[1:5])}" for i, each in enumerate(rows)]

@@ -211,6 +211,9 @@ def test_a_plan_refuses_ops_that_do_not_exist_and_bool_sizes() -> None:
         MemoryPlan(recompute="selective", save_ops=("mmm",))
     with pytest.raises(ValueError, match=r"no op 'nope::mm'"):
         MemoryPlan(save_ops=("nope::mm",))
+    for not_an_op in ("mm.", "aten::name", "aten::mm.overloads"):  # were taken, kept nothing
+        with pytest.raises(ValueError, match="save_ops: no op"):
+            MemoryPlan(save_ops=(not_an_op,))
     for field in ("tri_mul", "tri_att", "transition", "pair_bias", "blocks_per_checkpoint"):
         with pytest.raises(ValueError, match="valid integer"):
             MemoryPlan(**{field: True})

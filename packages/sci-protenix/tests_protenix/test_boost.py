@@ -253,6 +253,21 @@ def test_frozen_parameters_stay_frozen(px: SimpleNamespace) -> None:
     }
 
 
+def test_each_submodule_keeps_its_train_or_eval_mode(px: SimpleNamespace) -> None:
+    """A stack in training with its last block in eval came back all in training: the swap
+    set every submodule to the stack's own mode."""
+    model = stack(px).train()
+    model.blocks[1].eval()
+    before = {name: m.training for name, m in model.named_modules()}
+    boosted = boost(model)
+    after = {name: m.training for name, m in boosted.named_modules()}
+    assert after["blocks.1"] is False
+    assert after["blocks.0"] is True
+    shared = before.keys() & after.keys()  # Protenix has modules ours does not, and back
+    assert {name: after[name] for name in shared} == {name: before[name] for name in shared}
+    assert not any(mode for name, mode in after.items() if name.startswith("blocks.1."))
+
+
 def test_boosting_twice_changes_only_the_plan(px: SimpleNamespace) -> None:
     model = nn.Sequential(stack(px, n_blocks=1))
     boost(model)

@@ -214,7 +214,18 @@ def _swap(px: nn.Module, path: str) -> nn.Module:
     left = [name for name, t in (*ours.named_parameters(), *ours.named_buffers()) if t.is_meta]
     if left:
         raise BoostError(f"cannot swap {where}: no Protenix tensor for {left}")
-    return ours.train(px.training)
+    return _same_modes(ours, px)
+
+
+def _same_modes(ours: nn.Module, px: nn.Module) -> nn.Module:
+    """``ours`` with each submodule in the train/eval mode of Protenix's of that name (one
+    Protenix lacks: its parent's)."""
+    theirs = {name: m.training for name, m in px.named_modules()}
+    modes: dict[str, bool] = {}
+    for name, module in ours.named_modules():  # parents before their children
+        mode = theirs.get(name, modes.get(name.rpartition(".")[0], px.training))
+        module.training = modes[name] = mode
+    return ours
 
 
 def _targets(parent: nn.Module, prefix: str) -> list[tuple[nn.Module, str, str]]:

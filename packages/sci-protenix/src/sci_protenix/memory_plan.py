@@ -73,12 +73,15 @@ class MemoryPlan(BaseModel):
         )
         for name in qualified:
             namespace, _, op = name.partition("::")
-            packet, _, overload = op.partition(".")
+            packet, dot, overload = op.partition(".")
             try:
                 found = getattr(getattr(torch.ops, namespace), packet)
-                if overload:
-                    getattr(found, overload)
             except (AttributeError, RuntimeError):
+                found = None
+            if (
+                not isinstance(found, torch._ops.OpOverloadPacket)  # a namespace's attribute
+                or (dot and overload not in found.overloads())
+            ):
                 raise ValueError(
                     f"save_ops: no op {name!r}; give names as torch reports them, e.g. "
                     f"{', '.join(map(repr, SELECTIVE_SAVE_OPS))}"

@@ -78,9 +78,15 @@ def _module(kind: PairKind, n: int, c: int | None, d: Dims, recompute: bool) -> 
     a = d.pair_heads * d.c_hidden_pair_att
     hid = d.transition_n * cz
     if kind == "tri_mul":
-        # layer-normed z, a and b (gate, projection, masked), the product, its norm, out, gate
+        # layer-normed z, a and b (gate, projection, masked), the product, its norm, out, gate;
+        # a forward's most is either while the near projection is made beside the far one
+        # (gate, its sigmoid, the projection, their product: wide c_hidden) or while the
+        # output is gated (wide c_z), measured on the module (chunked: bounds, 1-1.1x)
         per = 3 * cz + 8 * ch
-        work = e * (3 * cz + 3 * ch) if whole else e * (ch + cz) + r * (3 * cz + 3 * ch)
+        if whole:
+            work = e * max(cz + 5 * ch, 4 * cz + 2 * ch)
+        else:
+            work = e * (ch + cz) + r * max(5 * cz + ch, 2 * cz + 9 * ch // 2)
         if whole:
             return _rerun(ModuleMemory(work, e * per, e * 3 * cz), e * cz, recompute)
         if recompute:  # the far projection, its gradient and the next one, the input's gradient

@@ -56,6 +56,19 @@ def test_plugins_json_statuses_and_registrations(run_spore) -> None:
     assert rows["future"]["status"] == "incompatible"
 
 
+def test_a_plugin_that_ends_the_interpreter_does_not_take_the_listing_down(run_spore) -> None:
+    """The probe loading every plugin died with the plugin's os._exit, and `spore plugins`
+    listed nothing; each plugin is then loaded alone, the one that ends it is `failed`."""
+    for env in ({}, {"SPORE_PLUGINS": "crasher,healthy"}):
+        out = run_spore("plugins", "--json", plugins=("crasher", "healthy"), env=env)
+        assert out.returncode == 0, out.stderr
+        rows = {r["name"]: r for r in json.loads(out.stdout)}
+        assert rows["crasher"]["status"] == "failed"
+        assert "exited with status 3 while importing it" in rows["crasher"]["reason"]
+        assert rows["healthy"]["status"] == "active"
+        assert rows["healthy"]["registered"]["ops"] == ["fixture_identity"]
+
+
 @pytest.mark.core_alone
 def test_plugins_all_includes_core_and_table_renders(run_spore) -> None:
     out = run_spore("plugins", "--all", "--json")
@@ -251,6 +264,25 @@ def test_json_goes_to_a_python_stdout_that_is_no_descriptor() -> None:
     result = CliRunner().invoke(show, ["--json"])
     assert json.loads(result.stdout) == {"a": 1}
     assert result.stderr == "noise\n"
+
+
+def test_json_has_null_for_a_nan_or_an_infinity() -> None:
+    """JSON has no NaN nor Infinity: a self-timed bench case reporting an infinite time or a
+    NaN extra printed them, which strict parsers refuse."""
+    from spore.cli.render import JSON_OPTION, echo_json
+
+    @click.command()
+    @JSON_OPTION
+    def show(as_json: bool) -> None:
+        echo_json({"s": float("inf"), "extras": {"rss": [float("nan"), 1.5, -float("inf")]}})
+
+    result = CliRunner().invoke(show, ["--json"])
+
+    def refuse(constant: str) -> None:
+        raise ValueError(constant)
+
+    data = json.loads(result.stdout, parse_constant=refuse)
+    assert data == {"s": None, "extras": {"rss": [None, 1.5, None]}}
 
 
 def test_json_works_when_stderr_has_no_descriptor(tmp_path) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from typing import Any
 
@@ -15,25 +16,67 @@ from spore.plugins import PluginError, get_manager
 PROBE_TIMEOUT_S = 300
 
 
+def _probe(env: dict[str, str] | None = None) -> dict[str, Any]:
+    return childproc.run_json(
+        childproc.python("-m", "spore._probe"), timeout=PROBE_TIMEOUT_S, env=env
+    )
+
+
 def probe_plugins() -> tuple[list[dict[str, Any]], list[str]]:
     """Load the plugins in a child process; their status, and the notes loading logged about
-    the selection (see spore._probe)."""
+    the selection (see spore._probe). When loading ends that process, each plugin is loaded
+    alone to find the ones that do: they are listed ``failed``, the others as they load."""
     try:
-        data = childproc.run_json(childproc.python("-m", "spore._probe"), timeout=PROBE_TIMEOUT_S)
+        data = _probe()
     except childproc.ChildError as exc:
         if exc.timed_out:
             raise click.ClickException(
                 f"loading the plugins took more than {PROBE_TIMEOUT_S}s; run `spore plugins "
                 f"check` to see which one hangs"
             ) from exc
-        raise click.ClickException(
-            f"the plugin probe printed no status (a plugin may crash the interpreter on "
-            f"import): {exc}"
-        ) from exc
+        data = _probe_without_crashes(exc)
     if "error" in data:  # spore's main() prints it and exits 2, as for any plugin error
         cause = f"\n  caused by: {data['cause']}" if data.get("cause") else ""
         raise PluginError(f"{data['error']}{cause}")
     return data["plugins"], data.get("notes", [])
+
+
+def _probe_without_crashes(crash: childproc.ChildError) -> dict[str, Any]:
+    """The probe's status with each plugin that ends the interpreter when loaded alone left
+    out of the loading and reported ``failed``; ``crash`` is the first probe's error."""
+    from spore.discovery import Selection, discover_entry_points
+
+    selection = Selection.from_env(os.environ)
+    crashed: dict[str, str] = {}
+    for info in discover_entry_points(selection):
+        if info.status is not None:  # disabled, incompatible, ...: never imported
+            continue
+        try:
+            _probe({**os.environ, "SPORE_PLUGINS": info.name})
+        except childproc.ChildError as exc:
+            code = exc.returncode
+            how = (
+                f"was killed by signal {-code}"
+                if code and code < 0
+                else f"exited with status {code}"
+            )
+            last = exc.stderr.strip().splitlines()[-1:] or ["nothing on stderr"]
+            crashed[info.name] = f"the interpreter {how} while importing it: {last[0]}"
+    if not crashed:  # only plugins together end it
+        raise click.ClickException(
+            f"the plugin probe printed no status (the plugins loaded together crash the "
+            f"interpreter; each loads alone): {crash}"
+        ) from crash
+    env = dict(os.environ)
+    if selection.allow is not None:
+        env["SPORE_PLUGINS"] = ",".join(sorted(selection.allow - crashed.keys()))
+    else:
+        env["SPORE_DISABLE_PLUGINS"] = ",".join(sorted(selection.deny | crashed.keys()))
+    data = _probe(env)
+    for row in data.get("plugins", []):
+        if row["name"] in crashed:
+            row["status"], row["reason"] = "failed", crashed[row["name"]]
+    return data
 
 
 def _registered(row: dict[str, Any]) -> str:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import sys
 from collections.abc import Callable, Iterator, Sequence
@@ -120,10 +121,22 @@ JSON_OPTION = click.option(
 
 
 def echo_json(data: Any) -> None:
-    """``data`` as JSON on the command's stdout (kept apart by ``--json``, see JSON_OPTION)."""
+    """``data`` as JSON on the command's stdout (kept apart by ``--json``, see JSON_OPTION);
+    a NaN or infinite number is ``null`` (JSON has neither)."""
     ctx = click.get_current_context(silent=True)
     out = ctx.meta.get(_JSON_STDOUT) if ctx is not None else None
-    click.echo(json.dumps(data, indent=2, sort_keys=False), file=out)
+    click.echo(json.dumps(_finite(data), indent=2, sort_keys=False, allow_nan=False), file=out)
+
+
+def _finite(value: Any) -> Any:
+    """``value`` with each non-finite float inside dicts, lists and tuples as ``None``."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(v) for v in value]
+    return value
 
 
 def _min_width(column: Column, texts: list[Text]) -> int:

@@ -56,6 +56,17 @@ def test_plugins_json_statuses_and_registrations(run_spore) -> None:
     assert rows["future"]["status"] == "incompatible"
 
 
+def test_an_unknown_command_names_the_plugins_that_did_not_load(run_spore) -> None:
+    """`spore hello` with the plugin providing it disabled said only "No such command"."""
+    out = run_spore("hello", plugins=("healthy",), env={"SPORE_DISABLE_PLUGINS": "healthy"})
+    assert out.returncode == 2
+    assert (
+        "No such command 'hello'. Plugins not loaded, which may provide it: healthy "
+        "(disabled: listed in SPORE_DISABLE_PLUGINS)." in out.stderr
+    )
+    assert run_spore("hello", plugins=("healthy",)).returncode == 0
+
+
 def test_a_plugin_that_ends_the_interpreter_does_not_take_the_listing_down(run_spore) -> None:
     """The probe loading every plugin died with the plugin's os._exit, and `spore plugins`
     listed nothing; each plugin is then loaded alone, the one that ends it is `failed`."""

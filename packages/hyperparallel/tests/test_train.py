@@ -142,6 +142,14 @@ def test_a_resume_from_an_older_checkpoint_continues_its_own_branch(tmp_path) ->
     args = (*COMMON, "checkpoint.every=2", "checkpoint.export=false")
     run_train("--output", str(out), *small_args(*args, "run.stop_at=4"))
     older = checkpoint.directory(out) / "step_00000002"
+    # one with nothing to train cut the log to its step, and wrote its config.yaml
+    config = (out / "config.yaml").read_text()
+    noop = run_train(
+        "--output", str(out), "--resume", str(older), *small_args(*args, "run.steps=2")
+    )
+    assert "nothing to train" in noop.stderr
+    assert sorted(losses(out)) == [1, 2, 3, 4]
+    assert (out / "config.yaml").read_text() == config
     branch = run_train(
         "--output", str(out), "--resume", str(older), *small_args(*args, "run.stop_at=3")
     )
@@ -149,6 +157,23 @@ def test_a_resume_from_an_older_checkpoint_continues_its_own_branch(tmp_path) ->
     assert checkpoint.find(out).name == "step_00000003"
     run_train("--output", str(out), "--resume", *small_args(*args, "run.stop_at=6"))
     assert sorted(losses(out)) == list(range(1, 7))
+
+
+def test_a_second_run_on_an_output_in_use_is_refused(tmp_path) -> None:
+    """Two runs on one output removed each other's checkpoints in progress and mixed their
+    logs; the second is refused while the first holds it, and runs once it is let go."""
+    out = tmp_path / "run"
+    args = small_args("run.steps=1", "checkpoint.export=false")
+    with launch.hold_output(str(out)):
+        done = run_train("--output", str(out), *args, check=False)
+    assert done.returncode == 1
+    assert f"run.output {out} is in use by another spore train (pid {os.getpid()} on " in (
+        done.stderr
+    )
+    assert "Traceback" not in done.stderr
+    assert not (out / "metrics.jsonl").exists()
+    run_train("--output", str(out), *args)
+    assert sorted(losses(out)) == [1]
 
 
 @pytest.mark.parametrize(("repeat", "why"), [(900, "num_blocks="), (300, "other documents")])
@@ -286,13 +311,17 @@ def _drop_world_size(step: Path) -> None:
     (step / "meta.json").write_text(json.dumps(meta))
 
 
+def _drop_dcp_metadata(step: Path) -> None:  # DCP logged its tracebacks on the root logger
+    (step / ".metadata").unlink()
+
+
 def test_a_damaged_checkpoint_is_named_with_the_older_one_to_resume_from(tmp_path) -> None:
     """A cut-short shard or a meta.json without its world size gave DCP's or a KeyError's
     traceback, and the hint after it named the damaged checkpoint to resume from."""
     ref = tmp_path / "ref"
     args = small_args("checkpoint.every=1", "checkpoint.export=false", "run.steps=3")
     run_train("--output", str(ref), *args, "--set", "run.stop_at=2")
-    for damage in (_truncate_shard, _drop_world_size):
+    for damage in (_truncate_shard, _drop_world_size, _drop_dcp_metadata):
         out = tmp_path / damage.__name__
         shutil.copytree(ref, out)
         newest = checkpoint.find(out)

@@ -34,6 +34,21 @@ class SporeGroup(click.Group):
             self._with_plugins()
         return super().get_command(ctx, cmd_name)
 
+    def resolve_command(
+        self, ctx: click.Context, args: list[str]
+    ) -> tuple[str | None, click.Command | None, list[str]]:
+        """As click's; an unknown command's error names the plugins that did not load (one
+        of them may provide it: ``spore train`` with hyperparallel disabled)."""
+        try:
+            return super().resolve_command(ctx, args)
+        except click.UsageError as exc:
+            if args and args[0] not in self.commands:
+                idle = [i for i in get_manager().plugins() if i.status != "active"]
+                if idle:
+                    listed = "; ".join(f"{i.name} ({i.status}: {i.reason})" for i in idle)
+                    exc.message += f" Plugins not loaded, which may provide it: {listed}."
+            raise
+
 
 def _dist_version(name: str) -> str:
     import importlib.metadata as metadata

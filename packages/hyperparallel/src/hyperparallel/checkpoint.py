@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import json
+import logging
 import os
 import re
 import shutil
@@ -200,6 +201,19 @@ def save(
     return final
 
 
+@contextlib.contextmanager
+def _root_warnings_off() -> Iterator[None]:
+    """The root logger above WARNING: ``dcp.load`` logs each file it cannot read there with its
+    traceback, before raising the error :func:`load` reports in one line."""
+    root = logging.getLogger()
+    level = root.level
+    root.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        root.setLevel(level)
+
+
 class Unreadable(Exception):
     """A checkpoint's files cannot be loaded (damaged, cut short or partly deleted); the
     message names the checkpoint, the first failure and the older checkpoints to resume from."""
@@ -211,7 +225,7 @@ def load(path: Path, state: TrainState) -> dict[str, Any]:
     rank = dist.get_rank()
     try:
         world = int(json.loads((path / "meta.json").read_text())["world_size"])
-        with _collectives() as group:
+        with _collectives() as group, _root_warnings_off():
             dcp.load({"train": state}, checkpoint_id=str(path), process_group=group)
         rng_file = path / f"rng_rank{rank:05d}.pt"
         if world == dist.get_world_size() and rng_file.is_file():

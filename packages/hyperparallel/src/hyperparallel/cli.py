@@ -81,7 +81,10 @@ def train(
         return
     before = _saves(cfg.run.output)
     try:
-        launch.launch(cfg, resume, echo=lambda line: click.echo(line, err=True))
+        with launch.hold_output(cfg.run.output):
+            launch.launch(cfg, resume, echo=lambda line: click.echo(line, err=True))
+    except launch.OutputBusy as exc:
+        raise click.ClickException(str(exc)) from None
     except launch.TrainingFailed as exc:
         raise click.ClickException(f"{exc}. {_resume_hint(cfg.run.output, before)}") from None
     except launch.TrainingInterrupted as exc:

@@ -3,12 +3,17 @@ processes with torch's elastic launcher, under the CPU runtime plan (allocator, 
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import logging
 import os
 import signal
+import socket
 import sys
 import tempfile
 import uuid
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 from hyperparallel.config import Config
@@ -26,6 +31,41 @@ class TrainingInterrupted(RuntimeError):
     def __init__(self, signum: int) -> None:
         self.signum = signum
         super().__init__(f"interrupted by {signal.Signals(signum).name}; the ranks were stopped")
+
+
+class OutputBusy(RuntimeError):
+    """Another ``spore train`` holds the run's output directory."""
+
+
+LOCK_FILE = ".spore-train.lock"
+
+
+@contextlib.contextmanager
+def hold_output(output: str) -> Iterator[None]:
+    """Hold ``run.output`` while this run writes it (rank 0 under torchrun): a second
+    ``spore train`` on it is refused with :class:`OutputBusy`, where the two used to remove
+    each other's checkpoints in progress and mix their logs. The lock (``flock`` on
+    ``LOCK_FILE`` there) ends with the process."""
+    if os.environ.get("RANK", "0") != "0":
+        yield
+        return
+    path = Path(output)
+    path.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 200, 0).decode(errors="replace").strip() or "a process"
+            raise OutputBusy(
+                f"run.output {output} is in use by another spore train ({holder}); wait for it "
+                f"to end, or choose another --output"
+            ) from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()}".encode(), 0)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
 
 
 def under_torchrun(env: dict[str, str] | os._Environ[str] = os.environ) -> bool:

@@ -24,16 +24,21 @@ def write_atomic(path: Path, text: str) -> None:
 
 
 class Metrics:
-    """``metrics.jsonl``: one line per step; on resume, lines past the checkpoint are dropped."""
+    """``metrics.jsonl``: one line per step; on resume, lines past the checkpoint are dropped,
+    when the first step is written (a run that logs no step leaves the file as it was)."""
 
     def __init__(self, path: Path, resume_step: int) -> None:
         self.path = path
-        kept = [r for r in read_metrics(path) if r["step"] <= resume_step] if resume_step else []
-        write_atomic(path, "".join(json.dumps(r) + "\n" for r in kept))
-        self._file = path.open("a")
+        self._kept = (
+            [r for r in read_metrics(path) if r["step"] <= resume_step] if resume_step else []
+        )
+        self._file: Any = None
 
     def write(self, record: dict[str, Any]) -> None:
         """Append ``record``; a float that is inf or NaN is written ``null`` (JSON has none)."""
+        if self._file is None:
+            write_atomic(self.path, "".join(json.dumps(r) + "\n" for r in self._kept))
+            self._file = self.path.open("a")
         finite = {
             k: None if isinstance(v, float) and not math.isfinite(v) else v
             for k, v in record.items()
@@ -42,7 +47,8 @@ class Metrics:
         self._file.flush()
 
     def close(self) -> None:
-        self._file.close()
+        if self._file is not None:
+            self._file.close()
 
 
 def read_metrics(path: Path) -> list[dict[str, Any]]:

@@ -343,7 +343,8 @@ def train(
     metrics = display = None
     if rank == 0:
         output.mkdir(parents=True, exist_ok=True)
-        report.write_atomic(output / "config.yaml", cfg.to_yaml())
+        if step < end:  # a resume with nothing to train leaves the run's files as they are
+            report.write_atomic(output / "config.yaml", cfg.to_yaml())
         try:
             metrics = report.Metrics(output / "metrics.jsonl", step)
         except ValueError as exc:  # a damaged line of the log a resume continues

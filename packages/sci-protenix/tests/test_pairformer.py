@@ -263,6 +263,11 @@ def test_bad_inputs() -> None:
             PairformerStack(n_blocks=n_blocks, **SMALL)
     with pytest.raises(TypeError, match=r"z must be a floating-point tensor, got torch\.int64"):
         block(s, z.long(), mask)  # a raw "mixed dtype" error from layer_norm
+    for other in (torch.float64, torch.bfloat16):  # raw "mixed dtype" / matmul dtype errors
+        with pytest.raises(TypeError, match=f"z is {other} and the module's parameters are "):
+            block(s, z.to(other), mask)
+    with torch.autocast("cpu", dtype=torch.bfloat16):  # mixed on purpose: let through
+        assert block(s, z.bfloat16(), mask)[1].shape == z.shape
     with pytest.raises(ValueError, match=r"z's batch dims \(3, 2\) must broadcast to a's \(2,\)"):
         block(s, z.expand(3, *z.shape), mask)  # batched z, s without that batch
     with pytest.raises(ValueError, match="dropout"):

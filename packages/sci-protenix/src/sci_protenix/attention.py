@@ -136,8 +136,8 @@ class AttentionPairBias(nn.Module):
                 "AttentionPairBias: local attention (n_queries/n_keys) is not provided here; "
                 "call it without them for global attention, or keep Protenix's module for it"
             )
-        check_channels("a", a, self.c_a, "[..., N, c_a]", 2)
-        check_channels("z", z, self.c_z, "[..., N, N, c_z]", 3)
+        check_channels("a", a, self.c_a, "[..., N, c_a]", 2, self)
+        check_channels("z", z, self.c_z, "[..., N, N, c_z]", 3, self)
         n = a.shape[-2]
         if z.shape[-3:-1] != (n, n):
             raise ValueError(
@@ -157,7 +157,7 @@ class AttentionPairBias(nn.Module):
         if self.has_s:
             if s is None:
                 raise ValueError("AttentionPairBias(has_s=True) needs s [..., N, c_s], got None")
-            check_channels("s", s, self.c_s, "[..., N, c_s]", 2)
+            check_channels("s", s, self.c_s, "[..., N, c_s]", 2, self)
         size = plan_chunk_size(self, "pair_bias", chunk_size)
         a_n = self._norm(self.layernorm_a, a, s)
         kv = self._norm(self.layernorm_kv, a_n, s) if self.cross_attention_mode else a_n

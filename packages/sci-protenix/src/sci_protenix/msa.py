@@ -69,7 +69,7 @@ class OuterProductMean(nn.Module):
         normalised where it is written, so there is nothing to do in place.
         """
         del inplace_safe
-        check_channels("m", m, self.c_m, "an MSA [*, S, N, c_m]", 3)
+        check_channels("m", m, self.c_m, "an MSA [*, S, N, c_m]", 3, self)
         check_mask(mask, m.shape[:-1], "an MSA mask [*, S, N]")
         size = plan_chunk_size(self, "outer_product", chunk_size)
         normed = self.layer_norm(m)
@@ -122,7 +122,7 @@ class MSAPairWeightedAveraging(nn.Module):
 
     def pair_weights(self, z: torch.Tensor) -> torch.Tensor:
         """The averaging weights [*, N, N, n_heads] (softmax over the second token) from ``z``."""
-        check_channels("z", z, self.c_z, "a pair tensor [*, N, N, c_z]", 3)
+        check_channels("z", z, self.c_z, "a pair tensor [*, N, N, c_z]", 3, self)
         check_square("z", z)
         return torch.softmax(self.linear_no_bias_z(self.layernorm_z(z)), dim=-2)
 
@@ -137,8 +137,8 @@ class MSAPairWeightedAveraging(nn.Module):
 
     def check_inputs(self, m: torch.Tensor, z: torch.Tensor) -> None:
         """ValueError unless ``m`` is [*, S, N, c_m] and ``z`` [*, N, N, c_z] with the same N."""
-        check_channels("m", m, self.c_m, "an MSA [*, S, N, c_m]", 3)
-        check_channels("z", z, self.c_z, "a pair tensor [*, N, N, c_z]", 3)
+        check_channels("m", m, self.c_m, "an MSA [*, S, N, c_m]", 3, self)
+        check_channels("z", z, self.c_z, "a pair tensor [*, N, N, c_z]", 3, self)
         check_square("z", z)
         if z.shape[-2] != m.shape[-2]:
             raise ValueError(
@@ -447,8 +447,8 @@ class MSAModule(nn.Module):
         msa = input_feature_dict.get("msa")
         if self.n_blocks < 1 or msa is None or msa.dim() < 2:
             return z
-        check_channels("z", z, self.c_z, "a pair tensor [*, N, N, c_z]", 3)
-        check_channels("s_inputs", s_inputs, self.c_s_inputs, "[*, N, c_s_inputs]", 2)
+        check_channels("z", z, self.c_z, "a pair tensor [*, N, N, c_z]", 3, self)
+        check_channels("s_inputs", s_inputs, self.c_s_inputs, "[*, N, c_s_inputs]", 2, self)
         if not msa.shape[-1] == z.shape[-2] == s_inputs.shape[-2]:
             raise ValueError(
                 f"token counts differ: msa {tuple(msa.shape)}, z {tuple(z.shape)}, s_inputs "

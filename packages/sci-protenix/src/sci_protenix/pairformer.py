@@ -138,11 +138,11 @@ class PairformerBlock(nn.Module):
     ) -> tuple[torch.Tensor | None, torch.Tensor]:
         """Updated ``(s, z)`` for ``s`` [*, N, c_s] (None when ``c_s = 0``), ``z`` [*, N, N, c_z]
         and ``pair_mask`` [*, N, N] or None. The kernel-choice strings are accepted and ignored."""
-        check_channels("z", z, self.c_z, "[*, N, N, c_z]", 3)
+        check_channels("z", z, self.c_z, "[*, N, N, c_z]", 3, self)
         if self.c_s > 0:
             if s is None:
                 raise ValueError(f"s [*, N, c_s={self.c_s}] is required when c_s > 0, got None")
-            check_channels("s", s, self.c_s, "[*, N, c_s]", 2)
+            check_channels("s", s, self.c_s, "[*, N, c_s]", 2, self)
         mask = pair_mask
         dropping = self.training and self.p_drop > 0.0
         if not dropping and inplace_requested(self, inplace_safe) and grad_free(self, s, z):

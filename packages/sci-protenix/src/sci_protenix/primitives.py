@@ -48,13 +48,33 @@ def layer_norm(c: int, create_scale: bool = True, create_offset: bool = True) ->
     return nn.LayerNorm(c, eps=1e-5, elementwise_affine=create_scale, bias=create_offset)
 
 
-def check_channels(name: str, x: torch.Tensor, channels: int, what: str, min_dim: int) -> None:
-    """A TypeError naming ``name`` unless ``x`` is a floating-point tensor, a ValueError unless
-    it has ``min_dim`` dims and ``channels`` last."""
+def check_channels(
+    name: str,
+    x: torch.Tensor,
+    channels: int,
+    what: str,
+    min_dim: int,
+    module: nn.Module | None = None,
+) -> None:
+    """A TypeError naming ``name`` unless ``x`` is a floating-point tensor of ``module``'s
+    parameters' dtype (any, under autocast), a ValueError unless it has ``min_dim`` dims and
+    ``channels`` last."""
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
     if not x.is_floating_point():
         raise TypeError(f"{name} must be a floating-point tensor, got {x.dtype}")
+    param = (
+        next((p for p in module.parameters() if p.is_floating_point()), None) if module else None
+    )
+    if (
+        param is not None
+        and x.dtype != param.dtype
+        and not torch.is_autocast_enabled(x.device.type)
+    ):
+        raise TypeError(
+            f"{name} is {x.dtype} and the module's parameters are {param.dtype}: cast one to the "
+            f"other ({name}.to({param.dtype}) or module.to({x.dtype})), or run under torch.autocast"
+        )
     if x.dim() < min_dim or x.shape[-1] != channels:
         raise ValueError(
             f"{name} must be {what} with {channels} channels last, got shape {tuple(x.shape)}; "

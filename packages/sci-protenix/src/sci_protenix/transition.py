@@ -51,7 +51,7 @@ class Transition(nn.Module):
         """The update for ``x`` [..., c_in]; with in-place inference asked for (``inplace_safe``
         or ``plan.inplace``) and ``_add_with_inplace``, ``x + update`` instead, accumulated in
         ``x`` itself when no gradient is needed."""
-        check_channels("x", x, self.c_in, "[..., L, c_in]", 2)
+        check_channels("x", x, self.c_in, "[..., L, c_in]", 2, self)
         size = plan_chunk_size(self, "transition", chunk_size)
         add = _add_with_inplace and inplace_requested(self, inplace_safe)
         inplace = add and x.is_contiguous() and grad_free(self, x)

@@ -35,10 +35,15 @@ from sci_protenix.primitives import Linear, check_channels, check_mask, check_sq
 
 
 def _pair_inputs(
-    name: str, z: torch.Tensor, c: int, mask: torch.Tensor | None, transpose: bool
+    name: str,
+    z: torch.Tensor,
+    c: int,
+    mask: torch.Tensor | None,
+    transpose: bool,
+    module: nn.Module,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """``z`` [*, N, N, c] and its mask (expanded to [*, N, N]), both transposed when asked."""
-    check_channels(name, z, c, "[*, N, N, c]", 3)
+    check_channels(name, z, c, "[*, N, N, c]", 3, module)
     check_square(name, z)
     check_mask(mask, z.shape[:-1], "[*, N, N] like the pair tensor without channels")
     if mask is not None:
@@ -97,7 +102,7 @@ class TriangleMultiplicativeUpdate(nn.Module):
         no gradient is needed (Protenix's contract). ``triangle_multiplicative`` (Protenix's
         kernel choice) is accepted and ignored.
         """
-        zz, mm = _pair_inputs("z", z, self.c_z, mask, transpose=not self._outgoing)
+        zz, mm = _pair_inputs("z", z, self.c_z, mask, not self._outgoing, self)
         size = plan_chunk_size(self, "tri_mul", chunk_size)
         requested = inplace_requested(self, inplace_safe)
         if size is None and requested:
@@ -202,7 +207,7 @@ class TriangleAttention(nn.Module):
         ``_add_with_inplace``, returns ``x + update``, accumulated into ``x`` itself when no
         gradient is needed. ``triangle_attention`` (Protenix's kernel choice) is ignored.
         """
-        xx, mm = _pair_inputs("x", x, self.c_in, mask, transpose=not self.starting)
+        xx, mm = _pair_inputs("x", x, self.c_in, mask, not self.starting, self)
         size = plan_chunk_size(self, "tri_att", chunk_size)
         add = _add_with_inplace and inplace_requested(self, inplace_safe)
         inplace = add and grad_free(self, x)

@@ -23,6 +23,7 @@ from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 from train_helpers import Run, losses, run_train, small_args, spore_command, train_run
 
 from hyperparallel import checkpoint, launch
+from hyperparallel.config import load
 from hyperparallel.data import ByteTokenizer
 from spore import childproc
 from spore.testing import clean_environ
@@ -166,6 +167,10 @@ def test_a_second_run_on_an_output_in_use_is_refused(tmp_path) -> None:
     args = small_args("run.steps=1", "checkpoint.export=false")
     with launch.hold_output(str(out)):
         done = run_train("--output", str(out), *args, check=False)
+        # the Python API too (preflight, which the command runs first, is not asked here)
+        cfg = load(None, ["run.steps=1", f"run.output={out}"])
+        with pytest.raises(launch.OutputBusy, match=f"pid {os.getpid()} on "):
+            launch.launch(cfg)
     assert done.returncode == 1
     assert f"run.output {out} is in use by another spore train (pid {os.getpid()} on " in (
         done.stderr

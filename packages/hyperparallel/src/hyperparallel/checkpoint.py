@@ -203,15 +203,19 @@ def save(
 
 @contextlib.contextmanager
 def _root_warnings_off() -> Iterator[None]:
-    """The root logger above WARNING: ``dcp.load`` logs each file it cannot read there with its
-    traceback, before raising the error :func:`load` reports in one line."""
+    """No record logged on the root logger itself: ``dcp.load`` logs each file it cannot read
+    there with its traceback, before raising the error :func:`load` reports in one line (a
+    logger's filter sees only its own records, not those its children pass up)."""
     root = logging.getLogger()
-    level = root.level
-    root.setLevel(logging.ERROR)
+    root.addFilter(_drop)
     try:
         yield
     finally:
-        root.setLevel(level)
+        root.removeFilter(_drop)
+
+
+def _drop(record: logging.LogRecord) -> bool:
+    return False
 
 
 class Unreadable(Exception):

@@ -81,8 +81,7 @@ def train(
         return
     before = _saves(cfg.run.output)
     try:
-        with launch.hold_output(cfg.run.output):
-            launch.launch(cfg, resume, echo=lambda line: click.echo(line, err=True))
+        launch.launch(cfg, resume, echo=lambda line: click.echo(line, err=True))
     except launch.OutputBusy as exc:
         raise click.ClickException(str(exc)) from None
     except launch.TrainingFailed as exc:

@@ -40,13 +40,39 @@ class OutputBusy(RuntimeError):
 LOCK_FILE = ".spore-train.lock"
 
 
+def holder() -> bool:
+    """Whether this process holds the output for its run: the launcher, or rank 0 of a
+    torchrun job (the other ranks run beside it)."""
+    return not under_torchrun() or os.environ.get("RANK") == "0"
+
+
+def busy(output: str) -> str | None:
+    """Why ``output`` cannot be written now: another run holds it (see :func:`hold_output`);
+    ``None`` when none does."""
+    lock = Path(output) / LOCK_FILE
+    if not lock.is_file():
+        return None
+    fd = os.open(lock, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.pread(fd, 200, 0).decode(errors="replace").strip() or "a process"
+        return (
+            f"run.output {output} is in use by another spore train ({holder}); wait for it to "
+            f"end, or choose another --output"
+        )
+    finally:
+        os.close(fd)  # and the shared lock with it
+    return None
+
+
 @contextlib.contextmanager
 def hold_output(output: str) -> Iterator[None]:
-    """Hold ``run.output`` while this run writes it (rank 0 under torchrun): a second
-    ``spore train`` on it is refused with :class:`OutputBusy`, where the two used to remove
-    each other's checkpoints in progress and mix their logs. The lock (``flock`` on
-    ``LOCK_FILE`` there) ends with the process."""
-    if os.environ.get("RANK", "0") != "0":
+    """Hold ``run.output`` while this run writes it (the launcher, or rank 0 of a torchrun
+    job): another run on it is refused with :class:`OutputBusy`, where two used to remove each
+    other's checkpoints in progress and mix their logs. The lock (``flock`` on ``LOCK_FILE``
+    there) ends with the process."""
+    if not holder():
         yield
         return
     path = Path(output)
@@ -56,11 +82,7 @@ def hold_output(output: str) -> Iterator[None]:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            holder = os.pread(fd, 200, 0).decode(errors="replace").strip() or "a process"
-            raise OutputBusy(
-                f"run.output {output} is in use by another spore train ({holder}); wait for it "
-                f"to end, or choose another --output"
-            ) from None
+            raise OutputBusy(busy(output) or f"run.output {output} is in use") from None
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()}".encode(), 0)
         yield
@@ -103,7 +125,13 @@ def _failure_lines(failures: dict[int, Any]) -> list[str]:
 
 
 def launch(config: Config, resume: str | None = None, *, echo: Any = print) -> None:
-    """Run the training described by ``config``; raises :class:`TrainingFailed` on failure."""
+    """Run the training described by ``config``, holding its output; raises
+    :class:`TrainingFailed` on failure, :class:`OutputBusy` when another run holds it."""
+    with hold_output(config.run.output):
+        _launch(config, resume, echo)
+
+
+def _launch(config: Config, resume: str | None, echo: Any) -> None:
     from hyperparallel.train import device_type, worker
 
     settings = config.to_dict()

@@ -223,6 +223,8 @@ def _output_problems(cfg: Config, resume: str | None, world: int) -> list[str]:
     a new run nor one resumed from elsewhere finds another run's checkpoints in its output;
     the output is a directory, or can be made one."""
     at = cfg.origins.get("run.output", "default")
+    if launch.holder() and (why := launch.busy(cfg.run.output)):
+        return [f"{at}: {why}"]
     blocked = next(
         (p for p in (Path(cfg.run.output), *Path(cfg.run.output).parents) if p.exists()), None
     )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 from typing import Any
@@ -16,10 +17,11 @@ from spore.plugins import PluginError, get_manager
 PROBE_TIMEOUT_S = 300
 
 
+_PROBE = childproc.python("-m", "spore._probe")
+
+
 def _probe(env: dict[str, str] | None = None) -> dict[str, Any]:
-    return childproc.run_json(
-        childproc.python("-m", "spore._probe"), timeout=PROBE_TIMEOUT_S, env=env
-    )
+    return childproc.run_json(_PROBE, timeout=PROBE_TIMEOUT_S, env=env)
 
 
 def probe_plugins() -> tuple[list[dict[str, Any]], list[str]]:
@@ -42,26 +44,27 @@ def probe_plugins() -> tuple[list[dict[str, Any]], list[str]]:
 
 
 def _probe_without_crashes(crash: childproc.ChildError) -> dict[str, Any]:
-    """The probe's status with each plugin that ends the interpreter when loaded alone left
-    out of the loading and reported ``failed``; ``crash`` is the first probe's error."""
+    """The probe's status with each plugin that ends the interpreter (or hangs) when loaded
+    alone, each in a probe of its own run at once, left out of the loading and reported
+    ``failed``; ``crash`` is the first probe's error."""
+    import time
+
     from spore.discovery import Selection, discover_entry_points
 
     selection = Selection.from_env(os.environ)
+    names = [i.name for i in discover_entry_points(selection) if i.status is None]
     crashed: dict[str, str] = {}
-    for info in discover_entry_points(selection):
-        if info.status is not None:  # disabled, incompatible, ...: never imported
-            continue
-        try:
-            _probe({**os.environ, "SPORE_PLUGINS": info.name})
-        except childproc.ChildError as exc:
-            code = exc.returncode
-            how = (
-                f"was killed by signal {-code}"
-                if code and code < 0
-                else f"exited with status {code}"
-            )
-            last = exc.stderr.strip().splitlines()[-1:] or ["nothing on stderr"]
-            crashed[info.name] = f"the interpreter {how} while importing it: {last[0]}"
+    deadline = time.monotonic() + PROBE_TIMEOUT_S
+    with contextlib.ExitStack() as running:  # each killed if still running when this ends
+        children = [
+            (name, running.enter_context(childproc.start_json(_PROBE, env=_alone(name))))
+            for name in names
+        ]
+        for name, child in children:
+            try:
+                child.result(max(0.0, deadline - time.monotonic()))
+            except childproc.ChildError as exc:
+                crashed[name] = _how_it_ended(exc)
     if not crashed:  # only plugins together end it
         raise click.ClickException(
             f"the plugin probe printed no status (the plugins loaded together crash the "
@@ -72,11 +75,36 @@ def _probe_without_crashes(crash: childproc.ChildError) -> dict[str, Any]:
         env["SPORE_PLUGINS"] = ",".join(sorted(selection.allow - crashed.keys()))
     else:
         env["SPORE_DISABLE_PLUGINS"] = ",".join(sorted(selection.deny | crashed.keys()))
-    data = _probe(env)
+    try:
+        data = _probe(env)
+    except childproc.ChildError as exc:  # the others crash together
+        raise click.ClickException(
+            f"the plugin probe printed no status, also without "
+            f"{', '.join(sorted(crashed))} (each of which ends it alone): {exc}"
+        ) from exc
     for row in data.get("plugins", []):
         if row["name"] in crashed:
             row["status"], row["reason"] = "failed", crashed[row["name"]]
     return data
+
+
+def _alone(name: str) -> dict[str, str]:
+    """This process's environment, with only plugin ``name`` selected."""
+    return {**os.environ, "SPORE_PLUGINS": name}
+
+
+def _how_it_ended(exc: childproc.ChildError) -> str:
+    """A plugin's reason from the error of the probe that loaded it alone."""
+    if exc.timed_out:
+        return f"loading it took more than {PROBE_TIMEOUT_S}s"
+    code = exc.returncode
+    how = (
+        f"was killed by signal {-code}"
+        if code is not None and code < 0
+        else f"exited with status {code}"
+    )
+    last = exc.stderr.strip().splitlines()[-1:] or ["nothing on stderr"]
+    return f"the interpreter {how} while importing it: {last[0]}"
 
 
 def _registered(row: dict[str, Any]) -> str:

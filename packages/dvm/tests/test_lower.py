@@ -15,6 +15,7 @@ from dvm.cluster import ALONE
 from dvm.compile import compile_graph
 from dvm.lower import (
     KEPT_WHOLE,
+    RULES,
     Emitter,
     LimitError,
     decomposition_table,
@@ -678,9 +679,9 @@ def test_a_computed_16_bit_operand_is_rounded_against_a_float32_tensor(dtype):
 
 def test_tests_inside_rules_read_a_computed_16_bit_value_as_eager_holds_it():
     """The tests inside the activations' backward rules and the logical ops read a 16-bit
-    value the region computed: ``t * 1e-6`` is nonzero in float32 where fp16 holds 0 (and
-    0.1 rounds up to 0.1000977 there), so dvm's float32 test kept gradients and truths that
-    eager's rounded one drops."""
+    value the region computed: ``t * 1e-6`` is nonzero in float32 where fp16 holds 0, so dvm's
+    float32 test kept gradients and truths that eager's rounded one drops (SELU's gradient
+    jumps at 0; a 0-d fp16 value compared with bf16 went to bf16 from float32)."""
     x = torch.linspace(-1, 1, 96).reshape(8, 12).to(torch.float16)
     g = _x(8, 12, dtype=torch.float16, seed=1)
     tiny = (x * 1e-6) != 0
@@ -689,7 +690,10 @@ def test_tests_inside_rules_read_a_computed_16_bit_value_as_eager_holds_it():
         lambda a, b: aten.threshold_backward(b, a * 1e-6, 0.0) + b,
         lambda a, b: aten.leaky_relu_backward(b, a * 1e-6, 0.5, False) + b,
         lambda a, b: aten.hardtanh_backward(b, a * 1e-6, 0.0, 0.5) + b,
-        lambda a, b: aten.threshold_backward(b, a * 0.1, 0.1) + b,
+        lambda a, b: (
+            (aten.elu_backward(b * 0 + 1, 1.6733, 1.0507, 1.0, False, a * 1e-6) > 1.4) * 2.0 + b
+        ),  # SELU's: 1.758 at or below 0, 1.0507 above
+        lambda a, b: (a[0, 0] * -1e-8 > (b * 0).bfloat16()) * 2.0 + b,  # 0-d fp16 vs bf16
         lambda a, b: (a * 1e-6).bool() * 2.0 + b,
         lambda a, b: (a * 1e-6).bfloat16() * 2.0 + b,
         lambda a, b: aten.logical_not(a * 1e-6) * 2.0 + b,
@@ -698,6 +702,48 @@ def test_tests_inside_rules_read_a_computed_16_bit_value_as_eager_holds_it():
         lambda a, b: aten.logical_xor(a * 1e-6, b * 0) * 2.0 + b,
     ):
         _check(fn, [x, g], atol=0, rtol=0)
+
+
+ROUNDING_RULES = {
+    "xor": lambda a, b: aten.logical_xor(a * 2, b * 2),
+    "and": lambda a, b: aten.logical_and(a * 2, b * 2),
+    "not": lambda a, b: aten.logical_not(a * 2),
+    "gt": lambda a, b: (a * 2) > (b * 2),
+    "gt_0d": lambda a, b: (a[0, 0] * 2) > (b * 2).bfloat16(),
+    "threshold_backward": lambda a, b: aten.threshold_backward(b * 2, a * 2, 0.0),
+    "leaky_relu_backward": lambda a, b: aten.leaky_relu_backward(b * 2, a * 2, 0.5, False),
+    "hardtanh_backward": lambda a, b: aten.hardtanh_backward(b * 2, a * 2, 0.0, 0.5),
+    "elu_backward": lambda a, b: aten.elu_backward(b * 2, 1.6733, 1.0507, 1.0, False, a * 2),
+    "bool": lambda a, b: (a * 2).bool(),
+    "bfloat16": lambda a, b: (a * 2).bfloat16(),
+}
+
+
+@pytest.mark.parametrize("name", list(ROUNDING_RULES))
+def test_a_rule_emits_no_more_instructions_than_its_cost(name):
+    """A rule's cost (plus one per scalar argument) bounds what it emits, on computed 16-bit
+    operands (each rounded first): the merging keeps regions within the VM's instruction
+    limit by it. logical_xor's emitted one more."""
+    x = torch.randn(4, 4, dtype=torch.float16)
+    gm = make_fx(ROUNDING_RULES[name])(x, x)
+    target = [n for n in gm.graph.nodes if n.op == "call_function"][-1]
+    em, values = Emitter(), {}
+
+    def r(v):
+        if not isinstance(v, torch.fx.Node):
+            return em.const(v)
+        if v not in values:
+            values[v] = em.load(len(values))
+        return values[v]
+
+    r.computed = lambda v: True
+    for v in target.args:
+        if isinstance(v, torch.fx.Node):
+            r(v)
+    before = em.n_instrs
+    RULES[target.target].emit(em, target, r)
+    scalars = sum(isinstance(a, (int, float)) for a in (*target.args, *target.kwargs.values()))
+    assert em.n_instrs - before <= RULES[target.target].cost + scalars
 
 
 @pytest.mark.parametrize("dtype", [torch.bool, torch.bfloat16, torch.float16], ids=str)

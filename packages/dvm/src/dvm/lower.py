@@ -168,8 +168,8 @@ def _compared(em: Emitter, n: Node, r: Resolve) -> tuple[int, int]:
             values.append(em.const(_rounded(x, common) if rounds else x))
         elif v.dtype == torch.bool:
             values.append(r(x))
-        elif rounds and v.dtype != common:
-            values.append(_cast(em, r(x), common))
+        elif rounds and v.dtype != common:  # a 0-d tensor of another dtype: held, then cast
+            values.append(_cast(em, _held(em, x, r), common))
         else:
             values.append(_held(em, x, r))
     return values[0], values[1]
@@ -195,7 +195,7 @@ def _rounded(value: Any, dtype: torch.dtype) -> Any:
 
 for _t, _op in _COMPARISONS.items():
     RULES[_t] = Rule(
-        POINTWISE, lambda em, n, r, _op=_op: em.binary(_op, *_compared(em, n, r)), cost=3
+        POINTWISE, lambda em, n, r, _op=_op: em.binary(_op, *_compared(em, n, r)), cost=4
     )
 
 
@@ -212,7 +212,7 @@ for _t, _op in {aten.logical_and.default: Op.AND, aten.logical_or.default: Op.OR
     )
 
 
-@_rule([aten.logical_xor.default], POINTWISE, cost=5)
+@_rule([aten.logical_xor.default], POINTWISE, cost=6)
 def _xor(em: Emitter, n: Node, r: Resolve) -> int:
     zero = em.const(0.0)
     a = em.binary(Op.NE, _held(em, n.args[0], r), zero)
@@ -524,10 +524,10 @@ def _hardtanh_backward(em: Emitter, n: Node, r: Resolve) -> int:
     return em.where(inside, grad, em.const(0.0))
 
 
-@_rule([aten.elu_backward.default], POINTWISE, cost=9)
+@_rule([aten.elu_backward.default], POINTWISE, cost=10)
 def _elu_backward(em: Emitter, n: Node, r: Resolve) -> int:
     grad, alpha, scale, input_scale, is_result, b = n.args[:6]
-    g, v = r(grad), r(b)
+    g, v = r(grad), _held(em, b, r)
     negcoef = alpha * scale
     if is_result:  # b is the forward's result
         negative = em.binary(Op.ADD, v, em.const(negcoef))

@@ -92,6 +92,7 @@ class BoosterRegistry:
             raise ValueError(f"class_name must be a class name, got {class_name!r}")
         if isinstance(changes, str):
             raise TypeError(f"changes is a list of str, one per change: give [{changes!r}]")
+        changes = tuple(changes)  # once: an iterator is read here
         if not all(isinstance(c, str) for c in changes):
             raise TypeError(f"changes must be a list of str, got {changes!r}")
         if class_name in self.boosters and not override:
@@ -99,7 +100,7 @@ class BoosterRegistry:
                 f"a booster for {class_name} is already registered; pass override=True to "
                 "replace it"
             )
-        booster = Booster(class_name, apply, tuple(changes), _owner or self.owner, override)
+        booster = Booster(class_name, apply, changes, _owner or self.owner, override)
         self.boosters[class_name] = booster
         return booster
 

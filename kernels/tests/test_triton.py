@@ -375,6 +375,35 @@ def test_triangle_attention_bf16_backward_at_three_keys_and_one_dim() -> None:
         torch.testing.assert_close(a.double(), w, rtol=2e-2, atol=tol)
 
 
+@ieee
+def test_triangle_attention_keeps_garbage_at_masked_keys_out() -> None:
+    """inf or NaN in a masked key's k, v or bias (padding holding garbage): the kernels read k
+    and v at every key inside the sequence, and 0 * inf (or NaN) in P v, dP = dO v^T and
+    dq = dS k made rows and gradients NaN. The results are the reference's on clean padding;
+    40 keys span two key blocks, the masked ones in both."""
+    g = torch.Generator().manual_seed(5)
+    q = randn(g, 1, 2, 5, 2, 8, dtype=torch.float32)
+    k, v = (randn(g, 1, 2, 40, 2, 8, dtype=torch.float32) for _ in range(2))
+    bias = randn(g, 1, 2, 5, 40, dtype=torch.float32)
+    mask = torch.ones(1, 2, 40, dtype=torch.bool)
+    mask[..., [3, 35]] = False
+    clean = [t.clone() for t in (k, v)]
+    for t in clean:
+        t[:, :, [3, 35]] = 0
+    clean.append(bias.clone())
+    clean[2][..., [3, 35]] = 0
+    k[0, :, 3] = v[0, :, 35] = bias[..., 35] = float("nan")
+    v[0, :, 3] = float("inf")
+    want = reference("triangle_attention", q, *clean, mask, None)
+    out = run("triangle_attention", q, k, v, bias, mask, None)
+    assert bool(out.isfinite().all())
+    assert_matches(out, want, torch.float32)
+    grad = randn(g, *out.shape, dtype=torch.float32)
+    expected = reference("triangle_attention_backward", grad, q, *clean, mask, want, None)
+    got = run("triangle_attention_backward", grad, q, k, v, bias, mask, out, None)
+    assert_matches(got, expected, torch.float32, scale=10)
+
+
 def test_triangle_attention_rows_with_no_key_are_zero() -> None:
     g = torch.Generator().manual_seed(3)
     q, k, v = (randn(g, 2, 3, 4, 2, 8, dtype=torch.float32) for _ in range(3))

@@ -66,6 +66,17 @@ def _logits(
 
 
 @triton.jit
+def _read_keys(MASK, mask_row, offs_n, offs_d, nk, dim, HAS_MASK: tl.constexpr):
+    # Where a [BN, BD] tile of k or v is read: inside the keys and the head dim, and the key
+    # kept; a masked key's k and v are read as 0 (0 * NaN or inf in padding is NaN).
+    ok = (offs_n[:, None] < nk) & (offs_d[None, :] < dim)
+    if HAS_MASK:
+        kept = tl.load(MASK + mask_row + offs_n, mask=offs_n < nk, other=0)
+        ok = ok & (kept[:, None] != 0)
+    return ok
+
+
+@triton.jit
 def _tri_attn_fwd(
     Q,
     K,
@@ -108,7 +119,7 @@ def _tri_attn_fwd(
     for start in range(0, nk, BN):
         offs_n = start + offs_n0
         kv_at = kv_row + offs_n[:, None].to(tl.int64) * row + offs_d[None, :]
-        kv_ok = (offs_n[:, None] < nk) & (offs_d[None, :] < dim)
+        kv_ok = _read_keys(MASK, mask_row, offs_n, offs_d, nk, dim, HAS_MASK)
         k = tl.load(K + kv_at, mask=kv_ok, other=0.0).to(tl.float32)
         s = _logits(
             q, k, BIAS, MASK, bias_row, mask_row, offs_m, offs_n, nj, nk, scale2, HAS_BIAS, HAS_MASK
@@ -174,11 +185,12 @@ def _tri_attn_bwd_dkdv(
     offs_m0 = tl.arange(0, BM)
     kv_at = bi * nk * row + h * dim + offs_n[:, None].to(tl.int64) * row + offs_d[None, :]
     kv_ok = (offs_n[:, None] < nk) & (offs_d[None, :] < dim)
-    k = tl.load(K + kv_at, mask=kv_ok, other=0.0).to(tl.float32)
-    v = tl.load(V + kv_at, mask=kv_ok, other=0.0).to(tl.float32)
+    mask_row = bi * nk
+    read = _read_keys(MASK, mask_row, offs_n, offs_d, nk, dim, HAS_MASK)
+    k = tl.load(K + kv_at, mask=read, other=0.0).to(tl.float32)
+    v = tl.load(V + kv_at, mask=read, other=0.0).to(tl.float32)
     q_row = bi * nj * row + h * dim
     bias_row = (b * heads + h) * nj * nk
-    mask_row = bi * nk
     dk = tl.zeros([BN, BD], tl.float32)
     dv = tl.zeros([BN, BD], tl.float32)
     for start in range(0, nj, BM):
@@ -245,7 +257,7 @@ def _tri_attn_bwd_dq(
     for start in range(0, nk, BN):
         offs_n = start + offs_n0
         kv_at = kv_row + offs_n[:, None].to(tl.int64) * row + offs_d[None, :]
-        kv_ok = (offs_n[:, None] < nk) & (offs_d[None, :] < dim)
+        kv_ok = _read_keys(MASK, mask_row, offs_n, offs_d, nk, dim, HAS_MASK)
         k = tl.load(K + kv_at, mask=kv_ok, other=0.0).to(tl.float32)
         v = tl.load(V + kv_at, mask=kv_ok, other=0.0).to(tl.float32)
         s = _logits(
@@ -289,7 +301,6 @@ def _tri_attn_bwd_dbias(
     offs_n = tl.program_id(1) * BN + tl.arange(0, BN)
     offs_d = tl.arange(0, BD)
     q_ok = (offs_m[:, None] < nj) & (offs_d[None, :] < dim)
-    kv_ok = (offs_n[:, None] < nk) & (offs_d[None, :] < dim)
     bias_row = bh * nj * nk
     acc = tl.zeros([BM, BN], tl.float32)
     for i in range(0, ni):
@@ -299,8 +310,9 @@ def _tri_attn_bwd_dbias(
         kv_at = bi * nk * row + h * dim + offs_n[:, None].to(tl.int64) * row + offs_d[None, :]
         q = tl.load(Q + q_at, mask=q_ok, other=0.0).to(tl.float32)
         g = tl.load(G + q_at, mask=q_ok, other=0.0).to(tl.float32)
-        k = tl.load(K + kv_at, mask=kv_ok, other=0.0).to(tl.float32)
-        v = tl.load(V + kv_at, mask=kv_ok, other=0.0).to(tl.float32)
+        read = _read_keys(MASK, bi * nk, offs_n, offs_d, nk, dim, HAS_MASK)
+        k = tl.load(K + kv_at, mask=read, other=0.0).to(tl.float32)
+        v = tl.load(V + kv_at, mask=read, other=0.0).to(tl.float32)
         delta = tl.load(DELTA + bih * nj + offs_m, mask=offs_m < nj, other=0.0)
         s = _logits(
             q, k, BIAS, MASK, bias_row, bi * nk, offs_m, offs_n, nj, nk, scale2, True, HAS_MASK

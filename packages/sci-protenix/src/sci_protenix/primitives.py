@@ -56,30 +56,33 @@ def check_channels(
     min_dim: int,
     module: nn.Module | None = None,
 ) -> None:
-    """A TypeError naming ``name`` unless ``x`` is a floating-point tensor of ``module``'s
-    parameters' dtype (any, under autocast), a ValueError unless it has ``min_dim`` dims and
-    ``channels`` last."""
+    """A TypeError naming ``name`` unless ``x`` is a floating-point tensor of a dtype of
+    ``module``'s parameters (any, under autocast), a ValueError unless it has ``min_dim`` dims
+    and ``channels`` last."""
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
     if not x.is_floating_point():
         raise TypeError(f"{name} must be a floating-point tensor, got {x.dtype}")
-    param = (
-        next((p for p in module.parameters() if p.is_floating_point()), None) if module else None
-    )
-    if (
-        param is not None
-        and x.dtype != param.dtype
-        and not torch.is_autocast_enabled(x.device.type)
-    ):
+    dtypes = {p.dtype for p in module.parameters() if p.is_floating_point()} if module else set()
+    if dtypes and x.dtype not in dtypes and not _autocast(x.device.type):
+        wanted = " or ".join(sorted(map(str, dtypes)))
         raise TypeError(
-            f"{name} is {x.dtype} and the module's parameters are {param.dtype}: cast one to the "
-            f"other ({name}.to({param.dtype}) or module.to({x.dtype})), or run under torch.autocast"
+            f"{name} is {x.dtype} and the module's parameters are {wanted}: cast one to the "
+            f"other ({name}.to(...) or module.to({x.dtype})), or run under torch.autocast"
         )
     if x.dim() < min_dim or x.shape[-1] != channels:
         raise ValueError(
             f"{name} must be {what} with {channels} channels last, got shape {tuple(x.shape)}; "
             f"build the module with the channel count of the input"
         )
+
+
+def _autocast(device_type: str) -> bool:
+    """Whether autocast is on for ``device_type`` (one it does not know, e.g. meta: no)."""
+    try:
+        return torch.is_autocast_enabled(device_type)
+    except RuntimeError:
+        return False
 
 
 def check_blocks(n_blocks: Any) -> None:

@@ -161,6 +161,22 @@ def test_offload_refuses_a_saved_tensor_modified_in_place(tmp_path, min_bytes) -
         b.sum().backward()
 
 
+def test_offload_checks_a_saved_view_against_its_base(tmp_path) -> None:
+    """A contiguous row slice ``h[1:]`` was spilled although its storage stays resident, and a
+    spilled view (``h.t()``) was checked through the view object, gone after the forward:
+    ``h.add_(1)`` then went unnoticed and the gradients used the old values."""
+    x = torch.randn(8, 16, requires_grad=True)
+    w = torch.randn(4, 16, requires_grad=True)
+    for saves in (lambda h: h[1:].sin(), lambda h: w @ h.t()):
+        with memory.offload("disk", min_bytes=0, directory=str(tmp_path)) as stats:
+            h = x * 2
+            y = saves(h)
+        h.add_(1)
+        with pytest.raises(RuntimeError, match=r"modified by an inplace operation.*version is 1"):
+            y.sum().backward()
+    assert stats.offloaded == 1  # h.t() (h's whole storage); the slice stayed in memory
+
+
 def test_offloaded_tensors_come_back_with_their_strides(tmp_path) -> None:
     """A channels_last activation came back contiguous: gradients 1.8e-4 off, and Inductor's
     backward failed its stride assertion."""

@@ -225,7 +225,9 @@ class _OnDisk:
         self.path = os.path.join(directory, f"spore-saved-{uuid.uuid4().hex}.bin")
         self.shape, self.stride = tensor.shape, tensor.stride()
         self.dtype, self.numel = tensor.dtype, tensor.numel()
-        self.source, self.version = weakref.ref(tensor), _version(tensor)
+        # a view's version is its base's, which outlives it (the saved view object does not)
+        owner = tensor._base if tensor._base is not None else tensor
+        self.source, self.version = weakref.ref(owner), _version(tensor)
         finalizer = weakref.finalize(self, _unlink, self.path)
         try:
             mapped = torch.from_file(self.path, shared=True, size=self.numel, dtype=self.dtype)
@@ -297,6 +299,7 @@ def _offloadable(value: Any, device_type: str, min_bytes: int) -> bool:
         and value.layout == torch.strided
         and _nbytes(value) >= min_bytes
         and _dense(value)
+        and _nbytes(value) == value.untyped_storage().nbytes()  # not a slice of a larger one
         and not (base.is_leaf and base.requires_grad)
     )
 

@@ -435,6 +435,53 @@ def test_a_partial_pass_is_keyed_by_what_it_wraps() -> None:
     assert keyed(functools.partial(Versioned(), factor=2)) not in (None, first)
 
 
+def test_a_pass_returning_anything_but_a_count_is_named() -> None:
+    """A pass returning the graph (FX's habit) failed with int()'s TypeError, naming neither
+    the pass nor what it should return."""
+    from spore.graph_passes import PassEntry, run_passes
+
+    gm = torch.fx.symbolic_trace(lambda x: x + 1)
+    counts = run_passes(
+        gm,
+        [PassEntry("n", lambda g: None, "post_grad"), PassEntry("b", lambda g: True, "post_grad")],
+    )
+    assert counts == {"b": 1, "n": 0}
+    with pytest.raises(TypeError, match=r"pass 'gm' returned GraphModule; a spore pass rewrites"):
+        run_passes(gm, [PassEntry("gm", lambda g: g, "post_grad")])
+
+
+def test_an_instance_or_closure_pass_is_keyed_by_the_constants_it_holds() -> None:
+    """ScaleMul(3.0) and ScaleMul(5.0) had one FX-cache key (the class and its version): after
+    replacing one by the other the cache replayed the old rewrite. Closures from one factory
+    alike. Other state is not seen (a function it holds), nor private attributes (caches)."""
+    from spore.graph_passes import PassEntry
+
+    def keyed(fn):
+        return PassEntry("p", fn, "post_grad").cache_key()
+
+    class ScaleMul:
+        def __init__(self, factor, helper=None):
+            self.factor, self.helper, self._cache = factor, helper, object()
+
+        def __call__(self, gm):
+            return 0
+
+    def scaling(factor):
+        def scale(gm):
+            return factor * 0
+
+        return scale
+
+    assert keyed(ScaleMul(3.0)) != keyed(ScaleMul(5.0))
+    assert keyed(ScaleMul(3.0, helper=len)) == keyed(ScaleMul(3.0, helper=print))
+    registered = PassEntry("p", ScaleMul(3.0), "post_grad")
+    before = registered.cache_key()
+    registered.pass_.factor = 4.0  # as registered: a run counter must not change the key
+    assert registered.cache_key() == before
+    assert keyed(scaling(3.0)) != keyed(scaling(5.0))
+    assert keyed(scaling(3.0)) == keyed(scaling(3.0))
+
+
 CACHE_SCRIPT = textwrap.dedent(
     """
     import json, torch, spore, spore.passes

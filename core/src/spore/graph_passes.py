@@ -21,12 +21,15 @@ later compile in the process (:func:`install`).
 from __future__ import annotations
 
 import collections
+import contextlib
 import difflib
 import functools
 import hashlib
+import inspect
+import operator
 import threading
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -165,23 +168,31 @@ class PassEntry:
     stage: str
     priority: int = 0
     device: str | None = None
+    held: tuple[Any, ...] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:  # the pass's settings as registered (see cache_key)
+        object.__setattr__(self, "held", tuple(_held(_unbound(self.pass_)[0])))
 
     @property
     def version(self) -> str:
         return str(getattr(_unbound(self.pass_)[0], "version", "1"))
 
     def cache_key(self) -> str | None:
-        """This pass's part of the FX graph cache key: what it is (its function or class, and
-        the arguments a ``functools.partial`` binds), its version and, for a pass with a
-        ``uuid()`` (Inductor's ``CustomGraphPass``), that; ``None`` (the cache is then
-        bypassed) when that ``uuid()`` is ``None`` or a bound argument is not a plain
-        constant whose repr stands for its value (a tensor's repr is shortened)."""
+        """This pass's part of the FX graph cache key: what it is (its function or class, the
+        arguments a ``functools.partial`` binds, and the plain constants an instance's public
+        attributes or a closure's cells held when it was registered), its version and, for a
+        pass with a ``uuid()`` (Inductor's ``CustomGraphPass``), that; ``None`` (the cache is
+        then bypassed) when that ``uuid()`` is ``None`` or a bound argument is not a plain
+        constant whose repr stands for its value (a tensor's repr is shortened). Other state,
+        and what changes after registration (a run counter), is not seen: a pass whose
+        behaviour depends on it changes its version or its ``uuid()``."""
         fn, bound = _unbound(self.pass_)
         if not all(_constant(value) for value in bound):
             return None
         kind = fn if hasattr(fn, "__qualname__") else type(fn)
         key = f"{getattr(kind, '__module__', '')}.{kind.__qualname__}"
-        key += "".join(f"({b!r})" for b in bound) + f":{self.version}"
+        key += "".join(f"({b!r})" for b in bound) + "".join(f"[{v!r}]" for v in self.held)
+        key += f":{self.version}"
         own = getattr(fn, "uuid", None)
         if callable(own):
             uuid = own()
@@ -199,6 +210,20 @@ def _unbound(fn: Any) -> tuple[Any, list[Any]]:
         bound += [*fn.args, *sorted(fn.keywords.items())]
         fn = fn.func
     return fn, bound
+
+
+def _held(fn: Any) -> list[Any]:
+    """The plain constants a pass object holds beyond its qualname: a closure's cells, or an
+    instance's public attributes as (name, value) pairs (``ScaleMul(3.0)`` and ``ScaleMul(5.0)``
+    are two passes)."""
+    if inspect.isfunction(fn):
+        cells = []
+        for cell in fn.__closure__ or ():
+            with contextlib.suppress(ValueError):  # a cell not yet filled
+                cells.append(cell.cell_contents)
+        return [v for v in cells if _constant(v)]
+    attrs = getattr(fn, "__dict__", {})
+    return [(k, v) for k, v in sorted(attrs.items()) if not k.startswith("_") and _constant(v)]
 
 
 _CONSTANTS = (bool, int, float, complex, str, bytes, type(None))
@@ -232,7 +257,7 @@ def run_passes(gm: Any, entries: list[PassEntry]) -> dict[str, int]:
     for entry in sorted(entries, key=lambda e: (-e.priority, e.name)):
         if entry.device is not None and device is not None and entry.device != device:
             continue
-        counts[entry.name] = int(entry.pass_(gm) or 0)
+        counts[entry.name] = _count(entry.name, entry.pass_(gm))
         if counts[entry.name]:
             gm.graph.lint()
             gm.recompile()
@@ -240,6 +265,22 @@ def run_passes(gm: Any, entries: list[PassEntry]) -> dict[str, int]:
         _stats.update(counts)
         _totals.update(counts)
     return counts
+
+
+def _count(name: str, result: Any) -> int:
+    """A pass's result as its number of rewrites (``None``: 0); a clear error for any other
+    (a pass returning the graph, as FX passes often do)."""
+    if result is None:
+        return 0
+    try:
+        return operator.index(result)  # an int, a bool, a numpy integer
+    except TypeError:
+        # FX names a GraphModule's class after what it traced ("<lambda>"): its first named base
+        kind = next(c.__name__ for c in type(result).__mro__ if not c.__name__.startswith("<"))
+        raise TypeError(
+            f"pass {name!r} returned {kind}; a spore pass rewrites the graph in place and "
+            f"returns how many rewrites it made (an int, or None)"
+        ) from None
 
 
 def apply(gm: Any, registry: PassRegistry, stage: str = "post_grad") -> dict[str, int]:

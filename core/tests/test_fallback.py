@@ -189,6 +189,53 @@ def test_compiles_with_aot_autograd() -> None:
     torch.testing.assert_close(out.unwrap(), (x.unwrap() * 2).sin())
 
 
+def test_deepcopy_of_a_view_and_of_a_module_holding_one() -> None:
+    """deepcopy(w[2:]) raised (torch's deepcopy took the wrapper, at an offset, for a tensor
+    with storage); views of one tensor stay views of one copy, and the metadata is copied."""
+    import copy
+
+    w = Sharded(torch.arange(6.0), {"shard": 1})
+    a, b = copy.deepcopy([w[2:], w[:3]])
+    assert torch.equal(a.unwrap(), torch.tensor([2.0, 3.0, 4.0, 5.0]))
+    assert a.meta == {"shard": 1}
+    assert a.meta is not w.meta
+    a.unwrap().add_(10)  # the two copies still share one storage, not the original's
+    assert b.unwrap()[2] == 12.0
+    assert w.unwrap()[2] == 2.0
+    leaf = Sharded(torch.ones(3, requires_grad=True))
+    leaf.sum().backward()
+    copied = copy.deepcopy(leaf)
+    assert copied.requires_grad
+    assert torch.equal(copied.grad, torch.ones(3))
+    with pytest.raises(RuntimeError, match="graph leaves"):
+        copy.deepcopy(leaf * 2)
+
+
+def test_setting_data_replaces_the_wrapped_tensor() -> None:
+    """t.data = x changed the wrapper's shape, but the values were still the old ones."""
+    t = Sharded(torch.ones(3))
+    t.data = torch.zeros(5)
+    assert t.shape == (5,)
+    assert t.sum() == 0
+    assert torch.equal(t.unwrap(), torch.zeros(5))
+    t.data = Sharded(torch.full((2,), 2.0))
+    assert torch.equal(t.unwrap(), torch.full((2,), 2.0))
+
+
+@pytest.mark.parametrize("op", ["t_", "unsqueeze_"])
+def test_compile_with_an_in_place_view_of_an_input(op) -> None:
+    """dynamo breaks the graph on an in-place view of an input and runs it eagerly; its frame
+    hook then traced __torch_dispatch__ as user code, which failed."""
+    torch._dynamo.reset()
+    x = torch.randn(2, 3)
+    out = torch.compile(lambda a: getattr(a, op)(*(() if op == "t_" else (0,))), backend="eager")(
+        Sharded(x.clone())
+    )
+    want = getattr(x.clone(), op)(*(() if op == "t_" else (0,)))
+    assert out.shape == want.shape
+    assert torch.equal(out.unwrap(), want)
+
+
 def test_bad_input() -> None:
     with pytest.raises(TypeError, match=r"wraps a torch\.Tensor, got list"):
         Sharded([1, 2])  # type: ignore[arg-type]

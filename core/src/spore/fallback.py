@@ -23,6 +23,7 @@ handlers must be traceable (no data-dependent Python control flow).
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable
 from typing import Any, ClassVar
 
@@ -114,7 +115,37 @@ class FallbackTensor(torch.Tensor):
         return _map(wrap, out)
 
     # torch integration ------------------------------------------------------------------------
+    @property  # type: ignore[override]
+    def data(self) -> torch.Tensor:
+        """As torch's; setting it replaces the wrapped tensor too (torch's setter changed only
+        the wrapper's shape: its values stayed the old ones)."""
+        return torch.Tensor.data.__get__(self)
+
+    @data.setter
+    def data(self, value: torch.Tensor) -> None:
+        inner = value._spore_data if isinstance(value, FallbackTensor) else value
+        torch.Tensor.data.__set__(self, value)
+        self._spore_data = inner.detach()
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> FallbackTensor:
+        """A copy of the wrapped tensor, its metadata and gradient, as ``torch.Tensor``'s own
+        (which took a wrapper at an offset for a tensor with storage, and failed)."""
+        if not self.is_leaf:
+            raise RuntimeError(
+                "Only Tensors created explicitly by the user (graph leaves) support the "
+                "deepcopy protocol; detach() it first"
+            )
+        if id(self) in memo:
+            return memo[id(self)]
+        data = copy.deepcopy(self._spore_data, memo)
+        out = _rebuild(type(self), data, copy.deepcopy(self._spore_meta, memo), self.requires_grad)
+        if self.grad is not None:
+            out.grad = copy.deepcopy(self.grad, memo)
+        memo[id(self)] = out
+        return out
+
     @classmethod
+    @torch._dynamo.disable  # a graph break runs an op here: dynamo must not trace this as user code
     def __torch_dispatch__(
         cls, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: dict | None = None
     ) -> Any:

@@ -266,6 +266,19 @@ def test_batched_gradients_of_an_op_with_an_optional_result() -> None:
     torch.testing.assert_close(older_vmap(lambda a, b: op(a, b)[1])(grads, grads), grads * grads)
 
 
+def test_explain_says_how_a_tie_was_broken() -> None:
+    """The loser of a tie was told the winner had "a higher priority" (both had 5)."""
+    op = _define()
+    for provider in ("beta", "alpha"):
+        dispatch.register_kernel(op, "cpu", _rms, priority=5, provider=provider)
+    why = dispatch.explain(op, *_inputs(), 1e-6)
+    (beta,) = [c for c in why.candidates if c.provider == "beta"]
+    assert beta.reason == (
+        "alpha sorts first at the same priority (provider names break ties) and accepts the "
+        "arguments"
+    )
+
+
 def test_explain_takes_keyword_arguments_as_a_call_does() -> None:
     """A call's keyword arguments reach kernels by position; explain passed them by keyword
     after filling their positions with defaults, so supports() raised and it named the

@@ -497,7 +497,12 @@ def explain(op: Op | str | Any, *args: Any, **kwargs: Any) -> Explanation:
     candidates = []
     for kernel in target.candidates(device):
         if chosen is not None:
-            reason = f"{chosen.provider} has a higher priority and accepts the arguments"
+            rank = (
+                "has a higher priority"
+                if chosen.priority > kernel.priority
+                else "sorts first at the same priority (provider names break ties)"
+            )
+            reason = f"{chosen.provider} {rank} and accepts the arguments"
             candidates.append(Candidate(kernel.provider, kernel.priority, False, reason))
             continue
         ok, reason = _accepts(kernel, args, kwargs)

@@ -733,6 +733,25 @@ def test_a_norm_whose_input_is_only_read_later_is_rewritten() -> None:
     _close(gm(*inputs), _read_after_the_norm(x, w), BF16)
 
 
+def _and_between(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """``a & b`` (dynamo: operator.and_, out of place) between the statistics and the product,
+    as HF Llama's mask before its first norm with use_cache=False."""
+    h = x * 1.0
+    variance = h.pow(2).mean(-1, keepdim=True)
+    inside = (h > 0) & (h < 1) | (h > 2)
+    return w * (h * torch.rsqrt(variance + 1e-6)) * inside
+
+
+def test_an_out_of_place_operator_between_a_norm_s_nodes_is_no_write() -> None:
+    """and_ and or_ end in '_', which Inductor's is_mutation_op takes for in place: the
+    training passes left the norm alone."""
+    x, w = (t.requires_grad_() for t in _x_w(torch.float32))
+    gm, inputs = _dynamo_graph(_and_between, x, w)
+    assert [p(gm) for p in TRAIN_PASSES] == [0, 1, 0]
+    (got,) = gm(*inputs)
+    _close(got, _and_between(x, w), torch.float32)
+
+
 def _layer_norm_two_dims(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     return torch.nn.functional.layer_norm(x, x.shape[-2:])
 

@@ -105,13 +105,14 @@ def _storage(node: Node) -> StorageWeakRef | None:
 
 
 def _writes_in_place(node: Node) -> bool:
-    """An in-place op: by its name (Inductor's ``is_mutation_op``) or an operator of
-    :data:`_IN_PLACE_OPERATORS`."""
+    """An in-place op: an operator of :data:`_IN_PLACE_OPERATORS` (another of the operator
+    module, ``a & b``'s ``and_``, is not, though its name ends in ``_``), else by its name
+    (Inductor's ``is_mutation_op``)."""
     from torch._inductor.pattern_matcher import is_mutation_op
 
-    return is_mutation_op(node) or (
-        node.op == "call_function" and node.target in _IN_PLACE_OPERATORS
-    )
+    if node.op == "call_function" and getattr(node.target, "__module__", None) == "_operator":
+        return node.target in _IN_PLACE_OPERATORS
+    return is_mutation_op(node)
 
 
 class _Renamed:
@@ -163,7 +164,7 @@ def _training_rms_norms(gm: GraphModule) -> Iterator[tuple[norms.RMSNormMatch, b
 
 class _TrainingPass(spore.GraphPass):
     stage = "pre_grad"
-    version = "5"
+    version = "6"
     on_cpu = False  # Inductor's fused forward and backward norm kernels are as fast on CPU
 
 

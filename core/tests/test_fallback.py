@@ -209,6 +209,14 @@ def test_deepcopy_of_a_view_and_of_a_module_holding_one() -> None:
     assert torch.equal(copied.grad, torch.ones(3))
     with pytest.raises(RuntimeError, match="graph leaves"):
         copy.deepcopy(leaf * 2)
+    module = torch.nn.Linear(3, 2)  # a parameter wrapping a view at an offset, an attribute
+    module.weight = torch.nn.Parameter(Sharded(torch.arange(9.0)[3:].view(2, 3)))
+    module.weight.note = "kept"
+    twin = copy.deepcopy(module)
+    assert isinstance(twin.weight, torch.nn.Parameter)
+    assert twin.weight.note == "kept"
+    assert torch.equal(twin.weight.unwrap(), module.weight.unwrap())
+    twin.weight = twin.weight  # still a parameter to the module
 
 
 def test_setting_data_replaces_the_wrapped_tensor() -> None:

@@ -480,6 +480,10 @@ def test_an_instance_or_closure_pass_is_keyed_by_the_constants_it_holds() -> Non
     assert registered.cache_key() == before
     assert keyed(scaling(3.0)) != keyed(scaling(5.0))
     assert keyed(scaling(3.0)) == keyed(scaling(3.0))
+    assert keyed(ScaleMul(3.0).__call__) != keyed(ScaleMul(5.0).__call__)  # a bound method
+    assert keyed(lambda gm, f=3.0: 0) != keyed(lambda gm, f=5.0: 0)  # a default
+    # a set's repr follows the hash seed: never part of a key (the cache would always miss)
+    assert keyed(ScaleMul(frozenset({"mm", "addmm"}))) == keyed(ScaleMul(frozenset()))
 
 
 CACHE_SCRIPT = textwrap.dedent(

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Callable
+from contextlib import suppress
 from typing import Any, ClassVar
 
 import torch
@@ -128,8 +129,9 @@ class FallbackTensor(torch.Tensor):
         self._spore_data = inner.detach()
 
     def __deepcopy__(self, memo: dict[int, Any]) -> FallbackTensor:
-        """A copy of the wrapped tensor, its metadata and gradient, as ``torch.Tensor``'s own
-        (which took a wrapper at an offset for a tensor with storage, and failed)."""
+        """A copy of the wrapped tensor, its metadata, gradient and attributes, as
+        ``torch.Tensor``'s own (which took a wrapper at an offset for a tensor with storage,
+        and failed)."""
         if not self.is_leaf:
             raise RuntimeError(
                 "Only Tensors created explicitly by the user (graph leaves) support the "
@@ -139,13 +141,15 @@ class FallbackTensor(torch.Tensor):
             return memo[id(self)]
         data = copy.deepcopy(self._spore_data, memo)
         out = _rebuild(type(self), data, copy.deepcopy(self._spore_meta, memo), self.requires_grad)
+        memo[id(self)] = out
         if self.grad is not None:
             out.grad = copy.deepcopy(self.grad, memo)
-        memo[id(self)] = out
+        for name, value in self.__dict__.items():  # a subclass's attributes, nn.Parameter's mark
+            if name not in ("_spore_data", "_spore_meta"):
+                setattr(out, name, copy.deepcopy(value, memo))
         return out
 
     @classmethod
-    @torch._dynamo.disable  # a graph break runs an op here: dynamo must not trace this as user code
     def __torch_dispatch__(
         cls, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: dict | None = None
     ) -> Any:
@@ -181,6 +185,25 @@ class FallbackTensor(torch.Tensor):
 
     def __reduce_ex__(self, protocol: int) -> tuple[Any, ...]:
         return (_rebuild, (type(self), self._spore_data, self._spore_meta, self.requires_grad))
+
+
+def _untraced(fn: Any) -> None:
+    """Dynamo never traces ``fn``'s frames or those it calls: after a graph break an op runs
+    through ``__torch_dispatch__``, which dynamo would trace as user code, and fail. Marked on
+    the code object through torch's C eval-frame API, as ``torch._dynamo.disable`` would
+    without importing dynamo (a second at import); a torch without that API leaves it traced."""
+    with suppress(ImportError, AttributeError):
+        from torch._C._dynamo.eval_frame import (
+            _FrameAction,
+            _FrameExecStrategy,
+            set_code_exec_strategy,
+        )
+
+        skip = _FrameExecStrategy(_FrameAction.SKIP, _FrameAction.SKIP)
+        set_code_exec_strategy(fn.__code__, skip)
+
+
+_untraced(FallbackTensor.__dict__["__torch_dispatch__"].__func__)
 
 
 def _rebuild(

@@ -213,15 +213,17 @@ def _unbound(fn: Any) -> tuple[Any, list[Any]]:
 
 
 def _held(fn: Any) -> list[Any]:
-    """The plain constants a pass object holds beyond its qualname: a closure's cells, or an
-    instance's public attributes as (name, value) pairs (``ScaleMul(3.0)`` and ``ScaleMul(5.0)``
-    are two passes)."""
+    """The plain constants a pass object holds beyond its qualname: a function's closure cells
+    and defaults, an instance's (or a bound method's instance's) public attributes as (name,
+    value) pairs (``ScaleMul(3.0)`` and ``ScaleMul(5.0)`` are two passes)."""
+    if inspect.ismethod(fn):
+        return [*_held(fn.__func__), *_held(fn.__self__)]
     if inspect.isfunction(fn):
-        cells = []
+        held = [*(fn.__defaults__ or ()), *sorted((fn.__kwdefaults__ or {}).items())]
         for cell in fn.__closure__ or ():
             with contextlib.suppress(ValueError):  # a cell not yet filled
-                cells.append(cell.cell_contents)
-        return [v for v in cells if _constant(v)]
+                held.append(cell.cell_contents)
+        return [v for v in held if _constant(v)]
     attrs = getattr(fn, "__dict__", {})
     return [(k, v) for k, v in sorted(attrs.items()) if not k.startswith("_") and _constant(v)]
 
@@ -232,7 +234,7 @@ _CONSTANTS = (bool, int, float, complex, str, bytes, type(None))
 def _constant(value: Any) -> bool:
     """A value whose repr stands for it: a plain constant, or a tuple, list or dict of them
     (a keyword is a (name, value) pair)."""
-    if isinstance(value, (tuple, list, frozenset)):
+    if isinstance(value, (tuple, list)):  # not sets: their repr's order is the hash seed's
         return all(_constant(v) for v in value)
     if isinstance(value, dict):
         return all(_constant(k) and _constant(v) for k, v in value.items())

@@ -690,6 +690,7 @@ def test_tests_inside_rules_read_a_computed_16_bit_value_as_eager_holds_it():
         lambda a, b: aten.threshold_backward(b, a * 1e-6, 0.0) + b,
         lambda a, b: aten.leaky_relu_backward(b, a * 1e-6, 0.5, False) + b,
         lambda a, b: aten.hardtanh_backward(b, a * 1e-6, 0.0, 0.5) + b,
+        lambda a, b: aten.threshold_backward(b, a * 0.1, 0.1) + b,  # a threshold above 0
         lambda a, b: (
             (aten.elu_backward(b * 0 + 1, 1.6733, 1.0507, 1.0, False, a * 1e-6) > 1.4) * 2.0 + b
         ),  # SELU's: 1.758 at or below 0, 1.0507 above

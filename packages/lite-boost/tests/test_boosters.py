@@ -111,7 +111,7 @@ def test_bad_options_and_unknown_models_are_refused(toy_booster):
         boosters.register_booster(123)(lambda m, o: None)
     with pytest.raises(TypeError, match=r"one per change: give \['swaps attention'\]"):
         boosters.register_booster("Other", changes="swaps attention")(lambda m, o: None)
-    with pytest.raises(TypeError, match=r"changes must be a list of str, got \(1,\)"):
+    with pytest.raises(TypeError, match=r"changes must be a list of str, got \[1\]"):
         boosters.register_booster("Other", changes=[1])(lambda m, o: None)
     registry = boosters.BoosterRegistry()  # an iterator is read once, and kept
     kept = registry.add("Other", lambda m, o: None, (c for c in ("one", "two")))

@@ -61,8 +61,8 @@ def _probe_without_crashes(crash: childproc.ChildError) -> dict[str, Any]:
             for name in names
         ]
         for name, child in children:
-            try:
-                child.result(max(0.0, deadline - time.monotonic()))
+            try:  # a second at least: one that hung must not make the others' late
+                child.result(max(1.0, deadline - time.monotonic()))
             except childproc.ChildError as exc:
                 crashed[name] = _how_it_ended(exc)
     if not crashed:  # only plugins together end it

@@ -202,10 +202,11 @@ def save(
 
 
 @contextlib.contextmanager
-def _root_warnings_off() -> Iterator[None]:
-    """No record logged on the root logger itself: ``dcp.load`` logs each file it cannot read
-    there with its traceback, before raising the error :func:`load` reports in one line (a
-    logger's filter sees only its own records, not those its children pass up)."""
+def _root_records_off() -> Iterator[None]:
+    """No record logged on the root logger itself (any level, any thread) while it runs:
+    ``dcp.load`` logs each file it cannot read there with its traceback, before raising the
+    error :func:`load` reports in one line (a logger's filter sees only its own records, not
+    those its children pass up)."""
     root = logging.getLogger()
     root.addFilter(_drop)
     try:
@@ -229,7 +230,7 @@ def load(path: Path, state: TrainState) -> dict[str, Any]:
     rank = dist.get_rank()
     try:
         world = int(json.loads((path / "meta.json").read_text())["world_size"])
-        with _collectives() as group, _root_warnings_off():
+        with _collectives() as group, _root_records_off():
             dcp.load({"train": state}, checkpoint_id=str(path), process_group=group)
         rng_file = path / f"rng_rank{rank:05d}.pt"
         if world == dist.get_world_size() and rng_file.is_file():

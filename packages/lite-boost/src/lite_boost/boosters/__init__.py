@@ -92,9 +92,9 @@ class BoosterRegistry:
             raise ValueError(f"class_name must be a class name, got {class_name!r}")
         if isinstance(changes, str):
             raise TypeError(f"changes is a list of str, one per change: give [{changes!r}]")
-        changes = tuple(changes)  # once: an iterator is read here
+        given, changes = changes, tuple(changes)  # once: an iterator is read here
         if not all(isinstance(c, str) for c in changes):
-            raise TypeError(f"changes must be a list of str, got {changes!r}")
+            raise TypeError(f"changes must be a list of str, got {given!r}")
         if class_name in self.boosters and not override:
             raise ValueError(
                 f"a booster for {class_name} is already registered; pass override=True to "

@@ -631,6 +631,7 @@ HELPERS = {
     "layer_norm._row_mean",
     "triangle_attention._logits",
     "triangle_attention._probs",
+    "triangle_attention._read_keys",
 }  # jitted functions compiled inside the kernels that call them
 TRITON_DTYPE = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
 

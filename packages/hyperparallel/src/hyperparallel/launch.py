@@ -56,9 +56,9 @@ def busy(output: str) -> str | None:
     try:
         fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
     except BlockingIOError:
-        holder = os.pread(fd, 200, 0).decode(errors="replace").strip() or "a process"
+        who = os.pread(fd, 200, 0).decode(errors="replace").strip() or "a process"
         return (
-            f"run.output {output} is in use by another spore train ({holder}); wait for it to "
+            f"run.output {output} is in use by another spore train ({who}); wait for it to "
             f"end, or choose another --output"
         )
     finally:

@@ -103,7 +103,6 @@ def _lengths(
     mismatch aborts the process), or when a rank refused its own inputs (``refused``: this
     one did, and raises its own error after this exchange)."""
     if refused:
-        layout: tuple[int, ...] = (-1,) * len(_LAYOUT)
         mine = torch.full((1 + len(_LAYOUT),), -1, dtype=torch.int64, device=q.device)
     else:
         dtype = zlib.crc32(str(q.dtype).encode())  # the same on every rank, for any dtype

@@ -115,5 +115,9 @@ def test_bad_inputs() -> None:
         m(a, None, z, chunk_size=0)
     with pytest.raises(ValueError, match="multiple of n_heads"):
         AttentionPairBias(n_heads=3, c_a=CA)
+    with_s = AttentionPairBias(has_s=True, n_heads=H, c_a=CA, c_s=CS, c_z=CZ)
     with pytest.raises(ValueError, match="needs s"):
-        AttentionPairBias(has_s=True, n_heads=H, c_a=CA, c_s=CS, c_z=CZ)(a, None, z)
+        with_s(a, None, z)
+    for bad in (_s[:, 1:], _s.expand(3, *_s.shape)):  # a raw error; an update grown past a's
+        with pytest.raises(ValueError, match=r"s must be \[\.\.\., N, c_s\] with a's N"):
+            with_s(a, bad, z)

@@ -17,6 +17,7 @@ import sci_protenix
 from sci_protenix.chunking import apply_plan
 from sci_protenix.memory_plan import MemoryPlan
 from sci_protenix.msa import (
+    MSABlock,
     MSAModule,
     MSAPairWeightedAveraging,
     MSAStack,
@@ -249,6 +250,11 @@ def test_bad_shapes_are_rejected_with_the_fix() -> None:
         pwa(torch.randn(2, 3, 4), torch.randn(3, 4, 3))
     with pytest.raises(ValueError, match="m has 3 tokens"):
         pwa(torch.randn(2, 3, 4), torch.randn(5, 5, 3))
+    m, z = torch.randn(2, 4, 3, 4), torch.randn(3, 3, 3, 3)  # batch dims 2 and 3: torch's errors
+    block = MSABlock(c_m=4, c_z=3, c_hidden=2)
+    for run in (pwa, MSAStack(c_m=4, c_z=3), lambda m, z: block(m, z, None)):
+        with pytest.raises(ValueError, match=r"m's batch dims \(2,\) and z's \(3,\) do not"):
+            run(m, z)
     with pytest.raises(TypeError, match=r"m must be a torch\.Tensor"):
         opm([[1.0]])
 

@@ -268,8 +268,10 @@ def test_bad_inputs() -> None:
             block(s, z.to(other), mask)
     with torch.autocast("cpu", dtype=torch.bfloat16):  # mixed on purpose: let through
         assert block(s, z.bfloat16(), mask)[1].shape == z.shape
-    with pytest.raises(ValueError, match=r"z's batch dims \(3, 2\) must broadcast to a's \(2,\)"):
+    with pytest.raises(ValueError, match=r"z's batch dims \(3, 2\) must broadcast to s's \(2,\)"):
         block(s, z.expand(3, *z.shape), mask)  # batched z, s without that batch
+    with pytest.raises(ValueError, match=r"s has 4 tokens \(shape \(2, 4, 8\)\) but z has 8"):
+        block(s[:, :4], z, mask)  # a raw broadcast error from the single track's attention
     with pytest.raises(ValueError, match="dropout"):
         PairformerBlock(dropout=1.0, **SMALL)
 

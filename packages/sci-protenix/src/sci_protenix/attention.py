@@ -10,7 +10,7 @@ from torch import Tensor, nn
 import spore_kernels  # noqa: F401  (defines torch.ops.spore.triangle_attention)
 from sci_protenix.chunking import chunk_recompute, chunked, plan_chunk_size
 from sci_protenix.memory_plan import MemoryPlan
-from sci_protenix.primitives import Linear, check_channels, layer_norm
+from sci_protenix.primitives import Linear, broadcast, check_channels, layer_norm
 
 
 class GatedAttention(nn.Module):
@@ -144,11 +144,7 @@ class AttentionPairBias(nn.Module):
                 f"z must be [..., N, N, c_z] with a's N = {n}, got z {tuple(z.shape)} for a "
                 f"{tuple(a.shape)}"
             )
-        try:
-            grown = torch.broadcast_shapes(z.shape[:-3], a.shape[:-2])
-        except RuntimeError:
-            grown = None
-        if grown != a.shape[:-2]:
+        if broadcast(z.shape[:-3], a.shape[:-2]) != a.shape[:-2]:
             raise ValueError(
                 f"z's batch dims {tuple(z.shape[:-3])} must broadcast to a's "
                 f"{tuple(a.shape[:-2])}: the update has a's shape; give a (and s) z's batch dims, "
@@ -158,6 +154,12 @@ class AttentionPairBias(nn.Module):
             if s is None:
                 raise ValueError("AttentionPairBias(has_s=True) needs s [..., N, c_s], got None")
             check_channels("s", s, self.c_s, "[..., N, c_s]", 2, self)
+            if s.shape[-2] != n or broadcast(s.shape[:-2], a.shape[:-2]) != a.shape[:-2]:
+                raise ValueError(
+                    f"s must be [..., N, c_s] with a's N = {n} and batch dims that broadcast to "
+                    f"a's, got s {tuple(s.shape)} for a {tuple(a.shape)}; pass the single "
+                    f"representation that goes with a"
+                )
         size = plan_chunk_size(self, "pair_bias", chunk_size)
         a_n = self._norm(self.layernorm_a, a, s)
         kv = self._norm(self.layernorm_kv, a_n, s) if self.cross_attention_mode else a_n

@@ -19,6 +19,8 @@ from typing import Literal
 import torch
 from torch.utils.checkpoint import checkpoint
 
+from sci_protenix.primitives import broadcast
+
 THRESHOLDS = (0.5, 1.0, 2.0, 4.0)
 PROTEIN_RADIUS = 15.0
 NUCLEOTIDE_RADIUS = 30.0
@@ -136,12 +138,11 @@ def _check(
             shape = tuple(per_atom.shape) if isinstance(per_atom, torch.Tensor) else type(per_atom)
             raise ValueError(f"{name} must have shape [..., N] with N = {n} atoms, got {shape}")
         batch.append(per_atom.shape[:-1])
-    try:
-        shape = torch.broadcast_shapes(*batch)
-    except RuntimeError:
+    shape = broadcast(*batch)
+    if shape is None:
         raise ValueError(
             f"the batch dims of the inputs do not broadcast: {[tuple(b) for b in batch]}"
-        ) from None
+        )
     if chunk_size is not None and (
         isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1
     ):

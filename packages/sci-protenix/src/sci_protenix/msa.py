@@ -25,6 +25,7 @@ from sci_protenix.memory_plan import MemoryPlan
 from sci_protenix.pairformer import PairformerBlock, recompute_policy, run_blocks, save_ops
 from sci_protenix.primitives import (
     Linear,
+    broadcast,
     check_blocks,
     check_channels,
     check_mask,
@@ -32,6 +33,24 @@ from sci_protenix.primitives import (
     layer_norm,
 )
 from sci_protenix.transition import Transition
+
+
+def check_msa_and_pair(m: torch.Tensor, z: torch.Tensor, module: nn.Module) -> None:
+    """ValueError unless ``m`` is [*, S, N, module.c_m] and ``z`` [*, N, N, module.c_z] with the
+    same N and batch dims that broadcast together."""
+    check_channels("m", m, module.c_m, "an MSA [*, S, N, c_m]", 3, module)
+    check_channels("z", z, module.c_z, "a pair tensor [*, N, N, c_z]", 3, module)
+    check_square("z", z)
+    if z.shape[-2] != m.shape[-2]:
+        raise ValueError(
+            f"m has {m.shape[-2]} tokens (shape {tuple(m.shape)}) but z has {z.shape[-2]} "
+            f"(shape {tuple(z.shape)}); pass the MSA and pair tensors of one complex"
+        )
+    if broadcast(m.shape[:-3], z.shape[:-3]) is None:
+        raise ValueError(
+            f"m's batch dims {tuple(m.shape[:-3])} and z's {tuple(z.shape[:-3])} do not "
+            f"broadcast (m {tuple(m.shape)}, z {tuple(z.shape)}); give both the same batch dims"
+        )
 
 
 class OuterProductMean(nn.Module):
@@ -137,14 +156,7 @@ class MSAPairWeightedAveraging(nn.Module):
 
     def check_inputs(self, m: torch.Tensor, z: torch.Tensor) -> None:
         """ValueError unless ``m`` is [*, S, N, c_m] and ``z`` [*, N, N, c_z] with the same N."""
-        check_channels("m", m, self.c_m, "an MSA [*, S, N, c_m]", 3, self)
-        check_channels("z", z, self.c_z, "a pair tensor [*, N, N, c_z]", 3, self)
-        check_square("z", z)
-        if z.shape[-2] != m.shape[-2]:
-            raise ValueError(
-                f"m has {m.shape[-2]} tokens (shape {tuple(m.shape)}) but z has {z.shape[-2]} "
-                f"(shape {tuple(z.shape)}); pass the MSA and pair tensors of one complex"
-            )
+        check_msa_and_pair(m, z, self)
 
     def forward(
         self,
@@ -271,6 +283,7 @@ class MSABlock(nn.Module):
     ) -> tuple[torch.Tensor | None, torch.Tensor]:
         """Updated ``(m, z)`` for ``m`` [*, S, N, c_m], ``z`` [*, N, N, c_z] and ``pair_mask``
         [*, N, N] or None; the kernel-choice strings are accepted and ignored."""
+        check_msa_and_pair(m, z, self)
         update = self.outer_product_mean_msa(m, chunk_size=chunk_size)
         if inplace_requested(self, inplace_safe) and grad_free(self, m, z):
             z += update
@@ -314,11 +327,7 @@ def _batch_like(s_inputs: torch.Tensor, msa: torch.Tensor) -> torch.Tensor:
     extra = len(own) - len(batch)
     if extra > 0 and all(n == 1 for n in own[:extra]):
         s_inputs, own, extra = s_inputs.reshape(s_inputs.shape[extra:]), own[extra:], 0
-    try:
-        fits = extra <= 0 and torch.broadcast_shapes(batch, own) == batch
-    except RuntimeError:
-        fits = False
-    if not fits:
+    if extra > 0 or broadcast(batch, own) != batch:
         raise ValueError(
             f"s_inputs {given} does not broadcast onto the MSA features "
             f"{tuple(msa.shape)}: give both the same batch dims"

@@ -97,17 +97,21 @@ def check_square(name: str, z: torch.Tensor) -> None:
         raise ValueError(f"{name} must be square [*, N, N, c], got shape {tuple(z.shape)}")
 
 
+def broadcast(*shapes: tuple[int, ...]) -> torch.Size | None:
+    """The shape ``shapes`` broadcast to together, or None where they do not."""
+    try:
+        return torch.broadcast_shapes(*shapes)
+    except RuntimeError:
+        return None
+
+
 def check_mask(mask: torch.Tensor | None, shape: torch.Size, what: str) -> None:
     """Raise a ValueError unless ``mask`` is None or broadcasts to ``shape``."""
     if mask is None:
         return
     if not isinstance(mask, torch.Tensor):
         raise TypeError(f"mask must be a torch.Tensor or None, got {type(mask).__name__}")
-    try:
-        fits = torch.broadcast_shapes(mask.shape, shape) == shape
-    except RuntimeError:
-        fits = False
-    if not fits:
+    if broadcast(mask.shape, shape) != shape:
         raise ValueError(
             f"mask must be {what} (broadcasting to {tuple(shape)}), got shape {tuple(mask.shape)}"
         )

@@ -632,7 +632,19 @@ def test_output_option_is_the_directory_name_as_typed(tmp_path, monkeypatch) -> 
         assert name in result.output  # printed as written, not escaped
     result = CliRunner().invoke(train, ["--print-config", "--output", ""])
     assert result.exit_code != 0
-    assert "run.output: needs a directory name" in result.output
+    assert '--output "": run.output: needs a directory name' in result.output  # not --set
+
+
+def test_option_problems_name_the_option(tmp_path) -> None:
+    """``--output`` and ``--nproc`` were reported as ``--set run.output=...`` and so on."""
+    (tmp_path / "file").write_text("")
+    bad = tmp_path / "file" / "run"
+    result = CliRunner().invoke(train, ["--output", str(bad)])
+    assert result.exit_code != 0
+    assert f'--output "{bad}": run.output {bad}: ' in result.output
+    result = CliRunner().invoke(train, ["--nproc", "3", "--set", "parallel.replicate=2"])
+    assert result.exit_code != 0
+    assert "parallel.replicate=2 does not divide parallel.nproc=3 (--nproc 3)" in result.output
 
 
 def test_a_config_file_that_is_not_utf8_is_a_config_error(tmp_path) -> None:

@@ -57,18 +57,19 @@ def train(
     print_config: bool,
 ) -> None:
     from hyperparallel import launch, preflight
-    from hyperparallel.config import ConfigError, notes
+    from hyperparallel.config import ConfigError, Override, notes
 
     if config is None and resume and Path(resume).suffix in (".yaml", ".yml"):
         raise click.UsageError(
             f"--resume took {resume} as the checkpoint to resume from, and no config was given; "
             f"put the config first: spore train {resume} --resume"
         )
-    extra = list(overrides)
+    extra: list[Override] = list(overrides)
     if nproc is not None:
-        extra.append(f"parallel.nproc={nproc}")
+        extra.append((f"parallel.nproc={nproc}", f"--nproc {nproc}"))
     if output is not None:  # quoted: the directory's name as typed, never YAML (`a: b`, `[x]`)
-        extra.append(f"run.output={json.dumps(output, ensure_ascii=False)}")
+        quoted = json.dumps(output, ensure_ascii=False)
+        extra.append((f"run.output={quoted}", f"--output {quoted}"))
     try:
         cfg = preflight.resolve(config, extra, resume, outputs=not print_config)
     except ConfigError as exc:

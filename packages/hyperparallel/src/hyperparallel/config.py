@@ -440,15 +440,21 @@ def _origin(where: Mapping[str, str], key: str) -> str:
     return under or where.get(key.split(".", 1)[0], "config")
 
 
+Override = str | tuple[str, str]
+"""A ``key.path=value`` override, or one and the option it came from, e.g.
+``("run.output=out", "--output out")``, which its errors name instead of ``--set``."""
+
+
 def _apply_set(
-    data: dict[str, Any], origins: dict[str, str], texts: dict[str, str], item: str
+    data: dict[str, Any], origins: dict[str, str], texts: dict[str, str], override: Override
 ) -> list[str]:
+    item, label = (override, f"--set {override}") if isinstance(override, str) else override
     if "=" not in item:
-        return [f"--set {item}: expected key.path=value, e.g. --set optim.lr=1e-3"]
+        return [f"{label}: expected key.path=value, e.g. --set optim.lr=1e-3"]
     path, raw = item.split("=", 1)
     keys = path.strip().split(".")
     if len(keys) < 2 or not all(keys):
-        return [f"--set {item}: the key must be section.name, e.g. optim.lr"]
+        return [f"{label}: the key must be section.name, e.g. optim.lr"]
     try:
         value = yaml.load(raw, Loader=_Loader) if raw.strip() else None
     except yaml.YAMLError:
@@ -459,9 +465,9 @@ def _apply_set(
     for key in keys[:-1]:
         node = node.setdefault(key, {})
         if not isinstance(node, dict):
-            return [f"--set {item}: {key} is not a mapping"]
+            return [f"{label}: {key} is not a mapping"]
     node[keys[-1]] = value
-    origins[".".join(keys)] = f"--set {item}"
+    origins[".".join(keys)] = label
     texts[".".join(keys)] = raw.strip()
     return []
 
@@ -586,7 +592,7 @@ def build(
     data: Mapping[str, Any] | None = None,
     *,
     origins: Mapping[str, str] | None = None,
-    overrides: Sequence[str] = (),
+    overrides: Sequence[Override] = (),
     world: int | None = None,
     texts: Mapping[str, str] | None = None,
 ) -> Config:
@@ -627,7 +633,7 @@ def build(
 
 
 def load(
-    path: str | Path | None = None, overrides: Sequence[str] = (), world: int | None = None
+    path: str | Path | None = None, overrides: Sequence[Override] = (), world: int | None = None
 ) -> Config:
     """Read a YAML file (``None``: the embedded defaults) and apply ``key.path=value`` overrides."""
     if path is None:

@@ -14,13 +14,13 @@ import torch
 
 from hyperparallel import checkpoint, launch, model, registries
 from hyperparallel import data as corpus
-from hyperparallel.config import Config, ConfigError, load
+from hyperparallel.config import Config, ConfigError, Override, load
 from hyperparallel.data import ByteTokenizer
 
 
 def resolve(
     path: str | None,
-    overrides: Sequence[str],
+    overrides: Sequence[Override],
     resume: str | None = None,
     *,
     outputs: bool = True,

@@ -673,6 +673,19 @@ def test_an_output_that_is_a_file_is_a_config_error(tmp_path) -> None:
     assert (tmp_path / "notes").read_text() == "mine"
 
 
+@pytest.mark.parametrize(
+    ("name", "folder"),
+    [("checkpoints", False), ("metrics.jsonl", True), (".spore-train.lock", True)],
+)
+def test_what_a_run_writes_of_the_wrong_kind_is_a_config_error(tmp_path, name, folder) -> None:
+    """A file named checkpoints passed preflight, and rank 0 died at the first save after
+    training up to it; a directory named metrics.jsonl at the first step."""
+    (tmp_path / name).mkdir() if folder else (tmp_path / name).write_text("mine")
+    kind = "a file" if folder else "a directory"
+    with pytest.raises(config.ConfigError, match=f"writes {re.escape(name)} there as {kind}"):
+        preflight.resolve(None, [f"run.output={tmp_path}"])
+
+
 @pytest.mark.skipif(not Path("/proc/self").is_dir(), reason="needs Linux's /proc")
 def test_an_output_that_cannot_be_written_is_a_config_error() -> None:
     """It passed preflight, and rank 0 died with a FileNotFoundError traceback at mkdir.

@@ -89,6 +89,10 @@ def test_adamw_decays_matrices_only_and_takes_the_options() -> None:
     assert (decayed["weight_decay"], plain["weight_decay"]) == (0.2, 0.0)
     assert decayed["betas"] == (0.8, 0.9)
     assert decayed["amsgrad"] is True
+    with pytest.raises(ValueError, match=r"set optim\.weight_decay, not optim\.options"):
+        registries.optimizers.get("adamw")(
+            model, optim.model_copy(update={"options": {"weight_decay": 0.5}})
+        )  # ignored: each group set its own
 
 
 def test_unknown_names_list_the_known_ones() -> None:

@@ -41,6 +41,12 @@ def test_an_unreadable_metrics_line_is_named(tmp_path) -> None:
     path.write_text('{"step": 1, "loss": 2.0}\n{"step": 2, "lo\n')  # a whole line: not a cut
     with pytest.raises(ValueError, match=r"metrics.jsonl:2: not a metrics record"):
         report.read_metrics(path)
+    for line in ('{"loss": 1.0}', "[1, 2]", '"x"', "null", '{"step": 2, "loss": "1"}'):
+        path.write_text(f'{{"step": 1, "loss": 2.0}}\n{line}\n')  # KeyError/TypeError raw
+        with pytest.raises(ValueError, match=r"metrics.jsonl:2: not a metrics record \(a JSON"):
+            report.read_metrics(path)
+    path.write_text('{"step": 1, "loss": null}\n')  # a diverged step's loss, as written
+    assert report.read_metrics(path) == [{"step": 1, "loss": None}]
 
 
 def test_the_summary_shows_paths_as_written(capsys: pytest.CaptureFixture[str]) -> None:

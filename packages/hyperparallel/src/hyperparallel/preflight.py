@@ -218,6 +218,17 @@ def _config_file_problems(path: str | None, cfg: Config, world: int | None) -> l
     ]
 
 
+_WRITTEN = (
+    ("checkpoints", True),
+    ("final", True),
+    ("metrics.jsonl", False),
+    ("config.yaml", False),
+    ("loss.png", False),
+    (launch.LOCK_FILE, False),
+)
+"""What a run writes in ``run.output``, and whether each is a directory."""
+
+
 def _output_problems(cfg: Config, resume: str | None, world: int) -> list[str]:
     """The checkpoint to resume from exists and was saved with this run's data layout; neither
     a new run nor one resumed from elsewhere finds another run's checkpoints in its output;
@@ -233,6 +244,14 @@ def _output_problems(cfg: Config, resume: str | None, world: int) -> list[str]:
             return [f"{at}: run.output {cfg.run.output}: {blocked} is a file, not a directory"]
         if why := _unwritable(blocked):
             return [f"{at}: run.output {cfg.run.output}: {why}; choose another --output"]
+    for name, folder in _WRITTEN:
+        path = Path(cfg.run.output) / name
+        if path.exists() and path.is_dir() != folder:
+            kind = "a directory" if folder else "a file"
+            return [
+                f"{at}: run.output {cfg.run.output}: spore train writes {name} there as {kind}, "
+                f"and {path} is not one; move it away, or choose another --output"
+            ]
     if resume is not None:
         try:
             path = checkpoint.find(cfg.run.output if resume == "latest" else resume)

@@ -70,6 +70,8 @@ def _decay_groups(model: torch.nn.Module, weight_decay: float) -> list[dict[str,
 @optimizers.register("adamw")
 def adamw(model: torch.nn.Module, optim: OptimSection) -> torch.optim.Optimizer:
     """torch.optim.AdamW over the model's parameters (foreach; decay on matrices only)."""
+    if "weight_decay" in optim.options:  # each group's own decay would win over it
+        raise ValueError("set optim.weight_decay, not optim.options.weight_decay")
     beta1, beta2 = optim.betas
     return torch.optim.AdamW(
         _decay_groups(model, optim.weight_decay),

@@ -53,7 +53,8 @@ class Metrics:
 
 def read_metrics(path: Path) -> list[dict[str, Any]]:
     """The records of ``metrics.jsonl``; a last line cut short (the process killed while
-    writing it) is left out, any other unreadable line is a ``ValueError`` naming it."""
+    writing it) is left out, any other line that is not a record (a JSON object with an integer
+    ``step`` and a number or null ``loss``) is a ``ValueError`` naming it."""
     if not path.is_file():
         return []
     text = path.read_text(encoding="utf-8")
@@ -63,12 +64,27 @@ def read_metrics(path: Path) -> list[dict[str, Any]]:
         if not line.strip():
             continue
         try:
-            records.append(json.loads(line))
+            record = json.loads(line)
         except json.JSONDecodeError as exc:
             if number == len(lines) and not text.endswith("\n"):
                 break
             raise ValueError(f"{path}:{number}: not a metrics record ({exc})") from None
+        if not _is_record(record):
+            raise ValueError(
+                f"{path}:{number}: not a metrics record (a JSON object with an integer step "
+                f"and a number loss)"
+            )
+        records.append(record)
     return records
+
+
+def _is_record(record: Any) -> bool:
+    """Whether a parsed ``metrics.jsonl`` line is a step's record, as :class:`Metrics` writes."""
+    if not isinstance(record, dict):
+        return False
+    step, loss = record.get("step"), record.get("loss", False)
+    number = loss is None or (isinstance(loss, int | float) and not isinstance(loss, bool))
+    return type(step) is int and number
 
 
 def slowdown(before: list[float], after: list[float]) -> float:

@@ -10,7 +10,13 @@ from torch import Tensor, nn
 import spore_kernels  # noqa: F401  (defines torch.ops.spore.triangle_attention)
 from sci_protenix.chunking import chunk_recompute, chunked, plan_chunk_size
 from sci_protenix.memory_plan import MemoryPlan
-from sci_protenix.primitives import Linear, broadcast, check_channels, layer_norm
+from sci_protenix.primitives import (
+    Linear,
+    broadcast,
+    check_channels,
+    check_pair_for,
+    layer_norm,
+)
 
 
 class GatedAttention(nn.Module):
@@ -138,18 +144,8 @@ class AttentionPairBias(nn.Module):
             )
         check_channels("a", a, self.c_a, "[..., N, c_a]", 2, self)
         check_channels("z", z, self.c_z, "[..., N, N, c_z]", 3, self)
+        check_pair_for("a", a, z)
         n = a.shape[-2]
-        if z.shape[-3:-1] != (n, n):
-            raise ValueError(
-                f"z must be [..., N, N, c_z] with a's N = {n}, got z {tuple(z.shape)} for a "
-                f"{tuple(a.shape)}"
-            )
-        if broadcast(z.shape[:-3], a.shape[:-2]) != a.shape[:-2]:
-            raise ValueError(
-                f"z's batch dims {tuple(z.shape[:-3])} must broadcast to a's "
-                f"{tuple(a.shape[:-2])}: the update has a's shape; give a (and s) z's batch dims, "
-                f"e.g. a.expand(*z.shape[:-3], *a.shape[-2:])"
-            )
         if self.has_s:
             if s is None:
                 raise ValueError("AttentionPairBias(has_s=True) needs s [..., N, c_s], got None")

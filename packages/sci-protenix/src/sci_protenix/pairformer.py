@@ -34,7 +34,7 @@ from torch.utils.checkpoint import (
 from sci_protenix.attention import AttentionPairBias
 from sci_protenix.chunking import grad_free, inplace_requested
 from sci_protenix.memory_plan import SELECTIVE_SAVE_OPS, MemoryPlan
-from sci_protenix.primitives import broadcast, check_blocks, check_channels
+from sci_protenix.primitives import check_blocks, check_channels, check_pair_for
 from sci_protenix.transition import Transition
 from sci_protenix.triangle import (
     TriangleAttention,
@@ -143,18 +143,7 @@ class PairformerBlock(nn.Module):
             if s is None:
                 raise ValueError(f"s [*, N, c_s={self.c_s}] is required when c_s > 0, got None")
             check_channels("s", s, self.c_s, "[*, N, c_s]", 2, self)
-            if s.shape[-2] != z.shape[-2]:
-                raise ValueError(
-                    f"s has {s.shape[-2]} tokens (shape {tuple(s.shape)}) but z has "
-                    f"{z.shape[-2]} (shape {tuple(z.shape)}); pass the single and pair "
-                    f"representations of one complex"
-                )
-            if broadcast(z.shape[:-3], s.shape[:-2]) != s.shape[:-2]:
-                raise ValueError(
-                    f"z's batch dims {tuple(z.shape[:-3])} must broadcast to s's "
-                    f"{tuple(s.shape[:-2])}: the single update has s's shape; give s z's batch "
-                    f"dims, e.g. s.expand(*z.shape[:-3], *s.shape[-2:])"
-                )
+            check_pair_for("s", s, z)
         mask = pair_mask
         dropping = self.training and self.p_drop > 0.0
         if not dropping and inplace_requested(self, inplace_safe) and grad_free(self, s, z):

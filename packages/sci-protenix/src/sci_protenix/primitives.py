@@ -105,6 +105,23 @@ def broadcast(*shapes: tuple[int, ...]) -> torch.Size | None:
         return None
 
 
+def check_pair_for(name: str, x: torch.Tensor, z: torch.Tensor) -> None:
+    """A ValueError unless ``z`` is [*, N, N, c] with the N of ``x`` [*, N, c] and batch dims
+    that broadcast to ``x``'s (the update made from both has ``x``'s shape)."""
+    n = x.shape[-2]
+    if z.shape[-3:-1] != (n, n):
+        raise ValueError(
+            f"z must be [..., N, N, c_z] with {name}'s N = {n}, got z {tuple(z.shape)} for "
+            f"{name} {tuple(x.shape)}; pass the single and pair representations of one complex"
+        )
+    if broadcast(z.shape[:-3], x.shape[:-2]) != x.shape[:-2]:
+        raise ValueError(
+            f"z's batch dims {tuple(z.shape[:-3])} must broadcast to {name}'s "
+            f"{tuple(x.shape[:-2])}: the update has {name}'s shape; give {name} z's batch dims, "
+            f"e.g. {name}.expand(*z.shape[:-3], *{name}.shape[-2:])"
+        )
+
+
 def check_mask(mask: torch.Tensor | None, shape: torch.Size, what: str) -> None:
     """Raise a ValueError unless ``mask`` is None or broadcasts to ``shape``."""
     if mask is None:

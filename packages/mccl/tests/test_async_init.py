@@ -102,6 +102,16 @@ def test_a_failure_before_anything_waits_reaches_the_first_call(ranks) -> None:
     assert r["retried"] is True
 
 
+def test_wait_returns_the_group_this_init_created(ranks) -> None:
+    """wait() returned the default group of the moment: None after destroy_process_group(),
+    and an unrelated group started later."""
+    (r,), _ = ranks("wait_after_destroy", 1)
+    assert r["first"] is True
+    for later in (r["after_destroy"], r["after_another_init"]):
+        assert later.startswith("the process group this init created (backend gloo, rank 0")
+        assert "has been destroyed" in later
+
+
 def test_double_init_is_a_clear_error(ranks) -> None:
     results, _ = ranks("double_init", 2)
     for r in results:

@@ -174,6 +174,23 @@ def init_error_unwaited() -> dict:
     return found
 
 
+def wait_after_destroy() -> dict:
+    """wait() returns the group this init created, not whatever the default group is now."""
+    handle = start()
+    found = {"first": handle.wait() is dist.group.WORLD}
+    dist.destroy_process_group()
+    try:
+        found["after_destroy"] = repr(handle.wait())
+    except RuntimeError as exc:
+        found["after_destroy"] = str(exc)
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        found["after_another_init"] = repr(handle.wait())
+    except RuntimeError as exc:
+        found["after_another_init"] = str(exc)
+    return found
+
+
 def double_init() -> dict:
     handle = start()
     try:
@@ -240,6 +257,7 @@ SCENARIOS = {
         bad_rank_env,
         init_error,
         init_error_unwaited,
+        wait_after_destroy,
         double_init,
         destroy_pending,
         exit_pending,

@@ -65,6 +65,8 @@ def _seconds(value: float | timedelta | None) -> float | None:
 class InitHandle:
     """A pending (or finished) background ``init_process_group``."""
 
+    _group: weakref.ref[c10d.ProcessGroup]  # the group this init created, set on success
+
     def __init__(self, backend: str | None, kwargs: dict[str, Any], init_timeout: float) -> None:
         self.backend = backend or "default"
         self.rank = kwargs["rank"] if "rank" in kwargs else _env_int("RANK")
@@ -95,11 +97,11 @@ class InitHandle:
         return self._error
 
     def wait(self, timeout: float | None = None) -> c10d.ProcessGroup:
-        """Block until the group is ready and return it.
+        """Block until the group is ready and return it: the group this init created.
 
         Waits at most until the init deadline (``timeout`` can shorten it), then raises
         :class:`InitTimeoutError`; if init failed, raises :class:`InitFailedError` from the
-        original exception.
+        original exception; if the group has since been destroyed, raises ``RuntimeError``.
         """
         remaining = self.started + self.init_timeout - time.monotonic()
         limit = remaining if timeout is None else min(timeout, remaining)
@@ -114,7 +116,13 @@ class InitHandle:
                 f"background init_process_group failed ({self._where()}): "
                 f"{type(self._error).__name__}: {self._error}"
             ) from self._error
-        return _ORIGINAL.fget(c10d._world)
+        group = self._group()
+        if group is None or group not in c10d._world.pg_map:
+            raise RuntimeError(
+                f"the process group this init created ({self._where()}) has been destroyed "
+                f"(torch.distributed.destroy_process_group()); start a new init for another"
+            )
+        return group
 
     def _where(self) -> str:
         return (
@@ -151,7 +159,8 @@ class InitHandle:
         _in_init.active = True
         try:
             c10d.init_process_group(backend=self._backend_arg, **self._kwargs)
-            _created[:] = [weakref.ref(_ORIGINAL.fget(c10d._world))]
+            self._group = weakref.ref(_ORIGINAL.fget(c10d._world))
+            _created[:] = [self._group]
         except BaseException as exc:
             self._error = exc
         finally:

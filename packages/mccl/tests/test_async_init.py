@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -130,17 +131,34 @@ def test_process_exit_while_pending_does_not_hang(ranks) -> None:
     assert elapsed < 30
 
 
+def run_alone(scenario: str, tmp_path: Path) -> subprocess.CompletedProcess:
+    """Rank 0 of 2 on its own (its init stays pending), with a hard timeout."""
+    worker = Path(__file__).with_name("worker.py")
+    command = [sys.executable, str(worker), scenario, "0", "2", str(free_port()), "600"]
+    env = dict(os.environ, TMPDIR=str(tmp_path))
+    return subprocess.run(
+        command, capture_output=True, text=True, timeout=60, cwd=tmp_path, env=env
+    )
+
+
 def test_ctrl_c_while_pending_ends_the_process_by_sigint(tmp_path) -> None:
     """As CPython ends a program on an uncaught KeyboardInterrupt (a shell reports 130), not
     with status 1."""
-    worker = Path(__file__).with_name("worker.py")
-    command = [sys.executable, str(worker), "interrupted_pending", "0", "2", str(free_port())]
-    done = subprocess.run(
-        [*command, "600"], capture_output=True, text=True, timeout=60, cwd=tmp_path
-    )
+    done = run_alone("interrupted_pending", tmp_path)
     assert json.loads(done.stdout) == {"pending": True}
     assert "KeyboardInterrupt" in done.stderr
     assert done.returncode == -signal.SIGINT
+
+
+def test_exit_handlers_run_when_exiting_while_pending(tmp_path) -> None:
+    """The process ended in mccl's exit handler, skipping those registered before it."""
+    done = run_alone("exit_handlers_pending", tmp_path)
+    result, *after = done.stdout.splitlines()
+    found = json.loads(result)
+    assert found["registered_before_mccl"]
+    assert after == ["exit handler ran"]
+    assert not Path(found["directory"]).exists()
+    assert done.returncode == 0
 
 
 def test_a_child_forked_while_pending_does_not_wait_for_the_init(ranks) -> None:

@@ -5,10 +5,12 @@ Prints one JSON line with what the rank observed.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import json
 import os
 import sys
+import tempfile
 import time
 import traceback
 
@@ -217,6 +219,17 @@ def exit_pending() -> dict:
     return {"exited_while_pending": mccl.pending() is not None}
 
 
+def exit_handlers_pending() -> dict:
+    """Exit handlers registered before mccl's (a user's, a temporary directory's cleanup) while
+    the process exits with the init pending."""
+    found = {"registered_before_mccl": "mccl.init" not in sys.modules}
+    atexit.register(print, "exit handler ran", flush=True)
+    global directory  # alive until exit, cleaned up by tempfile's exit handler
+    directory = tempfile.TemporaryDirectory()
+    start()
+    return {**found, "directory": directory.name}
+
+
 def interrupted_pending() -> dict:
     """A KeyboardInterrupt (Ctrl-C) uncaught while the init is pending."""
     start()
@@ -261,6 +274,7 @@ SCENARIOS = {
         double_init,
         destroy_pending,
         exit_pending,
+        exit_handlers_pending,
         interrupted_pending,
         fork_pending,
     )

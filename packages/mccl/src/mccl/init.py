@@ -271,25 +271,44 @@ def _release_at_exit() -> None:
     A gloo group created in a background thread and never destroyed can abort the process
     (SIGABRT) during interpreter teardown once a peer has exited, so a default group mccl
     created is destroyed here if the program did not. Exit handlers must not block on the
-    guard, and a rendezvous still running has the same teardown problem, so with an init still
-    pending the process ends here: by SIGINT after an uncaught ``KeyboardInterrupt`` (as
-    CPython ends such a program; a shell reports 130), else with ``os._exit``: status 1 after
-    an uncaught exception, else 0 (a ``sys.exit(n)`` status is not preserved in that case).
+    guard: it is removed first.
     """
     global _pending, _failed
     with _lock:
-        handle, _pending, _failed = _pending, None, None
+        _pending = _failed = None
         _set_guard(False)
     current = _ORIGINAL.fget(c10d._world)
     if current is not None and any(current is ref() for ref in _created):
         with contextlib.suppress(Exception):  # exiting anyway; the group is unusable
             c10d.destroy_process_group()
-    if handle is not None and handle._thread.is_alive():
-        last = getattr(sys, "last_value", None)
-        for stream in (sys.stdout, sys.stderr):
-            with contextlib.suppress(OSError, ValueError):
-                stream.flush()
-        if isinstance(last, KeyboardInterrupt):
-            signal.signal(signal.SIGINT, signal.SIG_DFL)
-            os.kill(os.getpid(), signal.SIGINT)
-        os._exit(1 if last is not None else 0)
+
+
+def _end_pending_at_exit() -> None:
+    """The first exit handler: with an init still pending, run the others, then end the process.
+
+    The init thread returning from torch's rendezvous while the interpreter is being torn down
+    aborts the process (SIGABRT), so it must not be torn down: the process ends here, after the
+    other exit handlers have run (without the guard, so they do not wait for the init): by
+    SIGINT after an uncaught ``KeyboardInterrupt`` (as CPython ends such a program; a shell
+    reports 130), else with ``os._exit``: status 1 after an uncaught exception, else 0.
+    """
+    global _pending, _failed
+    with _lock:
+        if _pending is None:
+            return
+        _pending = _failed = None
+        _set_guard(False)
+    atexit.unregister(_end_pending_at_exit)
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError, ValueError):
+            stream.flush()
+    last = getattr(sys, "last_value", None)
+    if isinstance(last, KeyboardInterrupt):
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGINT)
+    os._exit(1 if last is not None else 0)
+
+
+# At shutdown, before any exit handler runs, so that it is registered last and runs first.
+threading._register_atexit(atexit.register, _end_pending_at_exit)

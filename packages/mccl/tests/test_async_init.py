@@ -161,6 +161,24 @@ def test_exit_handlers_run_when_exiting_while_pending(tmp_path) -> None:
     assert done.returncode == 0
 
 
+@pytest.mark.parametrize(
+    ("scenario", "status"),
+    [("sys_exit_pending", 3), ("sys_exit_message_pending", 1), ("caught_sys_exit_pending", 0)],
+)
+def test_the_exit_status_survives_exiting_while_pending(tmp_path, scenario, status) -> None:
+    """mccl ended the process with status 0 whatever sys.exit() asked for."""
+    done = run_alone(scenario, tmp_path)
+    assert done.returncode == status, done.stderr
+    if scenario == "sys_exit_message_pending":
+        assert done.stderr.endswith("fatal: bad config\n")
+
+
+def test_a_spawned_child_that_raises_while_pending_fails(ranks) -> None:
+    """It exited 0, so multiprocessing and torch.multiprocessing.spawn reported success."""
+    (r,), _ = ranks("spawned_raise_pending", 2, ranks=[0], timeout=600)
+    assert r == {"exitcode": 1}
+
+
 def test_a_child_forked_while_pending_does_not_wait_for_the_init(ranks) -> None:
     """It waited for the parent's init, whose thread a fork does not copy: until the timeout."""
     (r,), _ = ranks("fork_pending", 2, ranks=[0], timeout=30.0)

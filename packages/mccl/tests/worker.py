@@ -230,6 +230,42 @@ def exit_handlers_pending() -> dict:
     return {**found, "directory": directory.name}
 
 
+def sys_exit_pending() -> dict:
+    """sys.exit(3) while the init is pending, through a with block (a handler on the way)."""
+    start()
+    with contextlib.nullcontext():
+        sys.exit(3)
+
+
+def sys_exit_message_pending() -> dict:
+    start()
+    sys.exit("fatal: bad config")
+
+
+def caught_sys_exit_pending() -> dict:
+    """A sys.exit(3) caught on the way: the program then ends normally, with the init pending."""
+    start()
+    with contextlib.suppress(SystemExit):
+        sys.exit(3)
+    return {"pending": mccl.pending() is not None}
+
+
+def _raise_while_pending() -> None:
+    start()
+    raise ValueError("failed while the init is pending")
+
+
+def spawned_raise_pending() -> dict:
+    """A multiprocessing (spawn) child raises with its init pending: it exits by sys.exit(1)
+    (as torch.multiprocessing.spawn's children do)."""
+    import multiprocessing
+
+    child = multiprocessing.get_context("spawn").Process(target=_raise_while_pending)
+    child.start()
+    child.join(60)
+    return {"exitcode": child.exitcode}
+
+
 def interrupted_pending() -> dict:
     """A KeyboardInterrupt (Ctrl-C) uncaught while the init is pending."""
     start()
@@ -275,6 +311,10 @@ SCENARIOS = {
         destroy_pending,
         exit_pending,
         exit_handlers_pending,
+        sys_exit_pending,
+        sys_exit_message_pending,
+        caught_sys_exit_pending,
+        spawned_raise_pending,
         interrupted_pending,
         fork_pending,
     )

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import dis
+import functools
 import os
 import signal
 import sys
@@ -20,7 +22,7 @@ import threading
 import time
 import weakref
 from datetime import timedelta
-from typing import Any
+from typing import Any, NoReturn
 
 from torch.distributed import distributed_c10d as c10d
 
@@ -34,6 +36,7 @@ _failed: InitHandle | None = None  # a failed init nobody has been told of yet
 _in_init = threading.local()
 _created: list[weakref.ref[c10d.ProcessGroup]] = []  # the last group a background init made
 _ORIGINAL = c10d._World.__dict__["default_pg"]
+_exit_raised: SystemExit | None = None  # the main thread's last sys.exit(), for the exit status
 
 
 class InitTimeoutError(TimeoutError):
@@ -283,6 +286,40 @@ def _release_at_exit() -> None:
             c10d.destroy_process_group()
 
 
+@functools.wraps(sys.exit)  # sys.exit, noting its SystemExit for _exit_status
+def _recording_exit(status: object = None, /) -> NoReturn:
+    global _exit_raised
+    raised = SystemExit() if status is None else SystemExit(status)
+    if threading.current_thread() is threading.main_thread():
+        _exit_raised = raised
+    raise raised
+
+
+sys.exit = _recording_exit
+
+
+_RAISES = {dis.opmap["RAISE_VARARGS"], dis.opmap["RERAISE"]}
+
+
+def _exit_status() -> int:
+    """The status of the ``sys.exit()`` that ended the program, as Python computes it; 0 if
+    none did (the main thread's last one, if any, was caught).
+
+    Its traceback starts at the outermost frame it reached (on Python 3.11: that handled it
+    on the way; with none it has no traceback): a frame that caught it ran on from there, one
+    that it left stopped there or at the statement that raised it again.
+    """
+    raised = _exit_raised
+    if raised is None or raised.code is None:
+        return 0
+    tb = raised.__traceback__
+    if tb is not None:
+        frame = tb.tb_frame
+        if frame.f_lasti != tb.tb_lasti and frame.f_code.co_code[frame.f_lasti] not in _RAISES:
+            return 0
+    return raised.code & 0xFF if isinstance(raised.code, int) else 1
+
+
 def _end_pending_at_exit() -> None:
     """The first exit handler: with an init still pending, run the others, then end the process.
 
@@ -290,7 +327,8 @@ def _end_pending_at_exit() -> None:
     aborts the process (SIGABRT), so it must not be torn down: the process ends here, after the
     other exit handlers have run (without the guard, so they do not wait for the init): by
     SIGINT after an uncaught ``KeyboardInterrupt`` (as CPython ends such a program; a shell
-    reports 130), else with ``os._exit``: status 1 after an uncaught exception, else 0.
+    reports 130), else with ``os._exit``: status 1 after an uncaught exception, else that of
+    the ``sys.exit()`` that ended the program, else 0.
     """
     global _pending, _failed
     with _lock:
@@ -307,7 +345,7 @@ def _end_pending_at_exit() -> None:
     if isinstance(last, KeyboardInterrupt):
         signal.signal(signal.SIGINT, signal.SIG_DFL)
         os.kill(os.getpid(), signal.SIGINT)
-    os._exit(1 if last is not None else 0)
+    os._exit(1 if last is not None else _exit_status())
 
 
 # At shutdown, before any exit handler runs, so that it is registered last and runs first.

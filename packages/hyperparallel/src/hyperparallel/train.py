@@ -191,9 +191,9 @@ def worker(settings: dict[str, Any], resume: str | None, report_to_launcher: boo
 
 
 def _exit_failed() -> NoReturn:
-    """End this rank with status 1. With a process-group init still running in the background
-    (a peer never joined), the plugin that started it ends the process from an exit handler,
-    which cannot see a ``SystemExit`` status (mccl then exits 0): so leave at once."""
+    """End this rank with status 1, at once: with a process-group init still running in the
+    background (a peer never joined), the plugin that started it ends the process from an exit
+    handler, which sees only a ``sys.exit()`` status (mccl's: not a ``raise SystemExit``)."""
     for stream in (sys.stdout, sys.stderr):
         stream.flush()
     os._exit(1)

@@ -10,6 +10,7 @@ process, over a real one-rank gloo group.
 from __future__ import annotations
 
 import datetime
+import logging
 import os
 import sys
 import time
@@ -150,3 +151,15 @@ def test_a_save_killed_while_replacing_a_step_loses_nothing(one_rank, tmp_path) 
     (saved / "meta.json").write_text("{not json")  # unreadable: not complete, no exception
     assert checkpoint.complete(out) == []
     assert checkpoint.data_layout(saved) is None  # this trainer.pt holds no sampler state
+
+
+def test_a_load_silences_only_dcps_root_records(caplog: pytest.LogCaptureFixture) -> None:
+    """DCP logs each file it cannot read on the root logger with its traceback; the load's
+    filter dropped every root record, the program's own (or another thread's) too."""
+    in_dcp = os.path.join(os.path.dirname(dcp.__file__), "state_dict_loader.py")
+    root = logging.getLogger()
+    with checkpoint._root_records_off():
+        root.handle(root.makeRecord("root", logging.ERROR, in_dcp, 1, "dcp's", (), None))
+        root.warning("the program's")
+    root.handle(root.makeRecord("root", logging.ERROR, in_dcp, 1, "after", (), None))
+    assert caplog.messages == ["the program's", "after"]

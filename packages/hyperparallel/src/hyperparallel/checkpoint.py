@@ -203,20 +203,23 @@ def save(
 
 @contextlib.contextmanager
 def _root_records_off() -> Iterator[None]:
-    """No record logged on the root logger itself (any level, any thread) while it runs:
-    ``dcp.load`` logs each file it cannot read there with its traceback, before raising the
-    error :func:`load` reports in one line (a logger's filter sees only its own records, not
-    those its children pass up)."""
+    """No record DCP's own modules log on the root logger while it runs: ``dcp.load`` logs
+    each file it cannot read there with its traceback, before raising the error :func:`load`
+    reports in one line (a logger's filter sees only its own records, not those its children
+    pass up). Other code's root-logger records pass."""
     root = logging.getLogger()
-    root.addFilter(_drop)
+    root.addFilter(_not_dcp)
     try:
         yield
     finally:
-        root.removeFilter(_drop)
+        root.removeFilter(_not_dcp)
 
 
-def _drop(record: logging.LogRecord) -> bool:
-    return False
+_DCP_DIR = os.path.join(os.path.dirname(dcp.__file__), "")
+
+
+def _not_dcp(record: logging.LogRecord) -> bool:
+    return not record.pathname.startswith(_DCP_DIR)
 
 
 class Unreadable(Exception):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 import time
 from pathlib import Path
@@ -12,7 +13,7 @@ import yaml
 from click.testing import CliRunner
 from transformers import AutoModelForCausalLM, LlamaConfig
 
-from hyperparallel import config, model, preflight
+from hyperparallel import config, launch, model, preflight
 from hyperparallel.cli import train
 
 
@@ -722,3 +723,19 @@ def test_a_config_taken_by_resume_is_a_usage_error(tmp_path, monkeypatch) -> Non
     result = CliRunner().invoke(train, ["--resume", "run.yaml"])
     assert result.exit_code == 2
     assert "put the config first: spore train run.yaml --resume" in result.output
+
+
+def test_a_lock_file_that_cannot_be_opened_is_a_config_error(tmp_path, monkeypatch) -> None:
+    """Another user's lock file that this one may not open failed preflight with a
+    PermissionError traceback (root, which runs the tests, may open any: open is refused here)."""
+    (tmp_path / launch.LOCK_FILE).write_text("")
+    real = os.open
+
+    def refuse(path, flags, *args):
+        if Path(path).name == launch.LOCK_FILE:
+            raise PermissionError(13, "Permission denied")
+        return real(path, flags, *args)
+
+    monkeypatch.setattr(os, "open", refuse)
+    with pytest.raises(config.ConfigError, match=r"cannot be opened \(Permission denied\)"):
+        preflight.resolve(None, [f"run.output={tmp_path}"])

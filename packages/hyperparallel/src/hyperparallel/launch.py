@@ -52,7 +52,13 @@ def busy(output: str) -> str | None:
     lock = Path(output) / LOCK_FILE
     if not lock.is_file():
         return None
-    fd = os.open(lock, os.O_RDONLY)
+    try:
+        fd = os.open(lock, os.O_RDWR)  # as hold_output opens it
+    except OSError as exc:
+        return (
+            f"run.output {output}: its lock file {LOCK_FILE} cannot be opened "
+            f"({exc.strerror}); choose another --output"
+        )
     try:
         fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
     except BlockingIOError:

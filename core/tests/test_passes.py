@@ -450,6 +450,22 @@ def test_a_pass_returning_anything_but_a_count_is_named() -> None:
         run_passes(gm, [PassEntry("gm", lambda g: g, "post_grad")])
 
 
+def test_a_pass_returning_none_after_rewriting_in_place_is_recompiled() -> None:
+    """A pass that edits the graph and returns None ("an int, or None") left the GraphModule
+    running its old code: it was recompiled only after a count above 0."""
+    from spore.graph_passes import PassEntry, run_passes
+
+    def sin_to_cos(gm):
+        for node in gm.graph.nodes:
+            if node.target is torch.ops.aten.sin.default:
+                node.target = torch.ops.aten.cos.default
+
+    gm = make_fx(lambda x: x.sin())(torch.randn(4))
+    assert run_passes(gm, [PassEntry("sin_to_cos", sin_to_cos, "post_grad")]) == {"sin_to_cos": 0}
+    x = torch.randn(4)
+    torch.testing.assert_close(gm(x), x.cos())
+
+
 def test_an_instance_or_closure_pass_is_keyed_by_the_constants_it_holds() -> None:
     """ScaleMul(3.0) and ScaleMul(5.0) had one FX-cache key (the class and its version): after
     replacing one by the other the cache replayed the old rewrite. Closures from one factory

@@ -253,14 +253,16 @@ def _graph_device(gm: Any) -> str | None:
 
 
 def run_passes(gm: Any, entries: list[PassEntry]) -> dict[str, int]:
-    """Run ``entries`` on ``gm`` in priority order; rewrites per pass name."""
+    """Run ``entries`` on ``gm`` in priority order; rewrites per pass name. ``gm`` is
+    recompiled after each pass that counted a rewrite or returned ``None`` (not counted)."""
     device = _graph_device(gm)
     counts: dict[str, int] = {}
     for entry in sorted(entries, key=lambda e: (-e.priority, e.name)):
         if entry.device is not None and device is not None and entry.device != device:
             continue
-        counts[entry.name] = _count(entry.name, entry.pass_(gm))
-        if counts[entry.name]:
+        result = entry.pass_(gm)
+        counts[entry.name] = _count(entry.name, result)
+        if result is None or counts[entry.name]:
             gm.graph.lint()
             gm.recompile()
     with _lock:

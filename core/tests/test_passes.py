@@ -446,8 +446,23 @@ def test_a_pass_returning_anything_but_a_count_is_named() -> None:
         [PassEntry("n", lambda g: None, "post_grad"), PassEntry("b", lambda g: True, "post_grad")],
     )
     assert counts == {"b": 1, "n": 0}
-    with pytest.raises(TypeError, match=r"pass 'gm' returned GraphModule; a spore pass rewrites"):
+    with pytest.raises(TypeError, match=r"pass 'gm' returned the GraphModule; a spore pass rewr"):
         run_passes(gm, [PassEntry("gm", lambda g: g, "post_grad")])
+    with pytest.raises(TypeError, match=r"pass 's' returned str; a spore pass rewrites"):
+        run_passes(gm, [PassEntry("s", lambda g: "done", "post_grad")])
+
+
+def test_a_pass_returning_a_graph_traced_from_a_function_is_named_as_the_graph() -> None:
+    """FX names a GraphModule's class after the function it traced: the error said the pass
+    "returned model_forward"."""
+    from spore.graph_passes import PassEntry, run_passes
+
+    def model_forward(x):
+        return x.sin()
+
+    gm = make_fx(model_forward)(torch.randn(3))
+    with pytest.raises(TypeError, match=r"pass 'fx' returned the GraphModule; a spore pass"):
+        run_passes(gm, [PassEntry("fx", lambda g: g, "post_grad")])
 
 
 def test_a_pass_returning_none_after_rewriting_in_place_is_recompiled() -> None:

@@ -279,8 +279,9 @@ def _count(name: str, result: Any) -> int:
     try:
         return operator.index(result)  # an int, a bool, a numpy integer
     except TypeError:
-        # FX names a GraphModule's class after what it traced ("<lambda>"): its first named base
-        kind = next(c.__name__ for c in type(result).__mro__ if not c.__name__.startswith("<"))
+        from torch.fx import GraphModule  # FX names its class after what it traced
+
+        kind = "the GraphModule" if isinstance(result, GraphModule) else type(result).__name__
         raise TypeError(
             f"pass {name!r} returned {kind}; a spore pass rewrites the graph in place and "
             f"returns how many rewrites it made (an int, or None)"

@@ -465,6 +465,37 @@ def test_a_pass_returning_a_graph_traced_from_a_function_is_named_as_the_graph()
         run_passes(gm, [PassEntry("fx", lambda g: g, "post_grad")])
 
 
+def test_a_pass_class_missing_a_method_names_the_pass_and_the_method() -> None:
+    """A PatternToPatternPass without example_inputs() registered fine, then failed every
+    compile with a bare NotImplementedError('')."""
+    from spore.graph_passes import PassEntry, run_passes
+
+    class NoExamples(spore.PatternToPatternPass):
+        name = "no-examples"
+
+        def pattern(self, x):
+            return x * 2 + x
+
+        def replacement(self, x):
+            return x * 3
+
+    class NoCall(spore.GraphPass):
+        pass
+
+    gm = make_fx(_f)(torch.randn(8))
+    with pytest.raises(
+        NotImplementedError,
+        match=r"pass 'no-examples' \(.*NoExamples\) does not define example_inputs\(\); a "
+        r"PatternToPatternPass defines pattern\(\), replacement\(\) and example_inputs\(\)",
+    ):
+        run_passes(gm, [PassEntry("no-examples", NoExamples(), "post_grad")])
+    with pytest.raises(
+        NotImplementedError,
+        match=r"pass 'NoCall' \(.*NoCall\) does not define __call__\(gm\); a GraphPass defines",
+    ):
+        run_passes(gm, [PassEntry("NoCall", NoCall(), "post_grad")])
+
+
 def test_a_pass_returning_none_after_rewriting_in_place_is_recompiled() -> None:
     """A pass that edits the graph and returns None ("an int, or None") left the GraphModule
     running its old code: it was recompiled only after a count above 0."""

@@ -59,7 +59,22 @@ class GraphPass:
     version: str = "1"
 
     def __call__(self, gm: Any) -> int:
-        raise NotImplementedError
+        raise _undefined(self, "__call__(gm)", "a GraphPass defines __call__(gm) -> int")
+
+
+def _undefined(pass_: GraphPass, method: str, needs: str) -> NotImplementedError:
+    """The error for a pass class that left out ``method``: names the pass, the class and
+    what it must define (``needs``)."""
+    name = pass_.name or type(pass_).__name__
+    return NotImplementedError(
+        f"pass {name!r} ({type(pass_).__qualname__}) does not define {method}; {needs}"
+    )
+
+
+_PATTERN_NEEDS = (
+    "a PatternToPatternPass defines pattern(), replacement() and example_inputs() (or "
+    "search_forms())"
+)
 
 
 @dataclass(frozen=True)
@@ -102,13 +117,13 @@ class PatternToPatternPass(GraphPass):
     reshape_views: bool = False
 
     def pattern(self, *args: Any) -> Any:
-        raise NotImplementedError
+        raise _undefined(self, "pattern()", _PATTERN_NEEDS)
 
     def replacement(self, *args: Any) -> Any:
-        raise NotImplementedError
+        raise _undefined(self, "replacement()", _PATTERN_NEEDS)
 
     def example_inputs(self) -> list[Any]:
-        raise NotImplementedError
+        raise _undefined(self, "example_inputs()", _PATTERN_NEEDS)
 
     def extra_check(self, match: Any) -> bool:
         return True

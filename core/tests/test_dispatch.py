@@ -413,6 +413,33 @@ def test_plugin_ops_are_registered_owned_and_withdrawn(fixture_plugins, spore_ma
     assert dispatch.get("fixture_scale").kernels == {}
 
 
+def test_a_provider_must_be_a_non_empty_str() -> None:
+    """A provider of None, '' or 3 was taken; then every call of the op failed sorting the
+    kernels, and unregister_provider (a failed plugin's cleanup) raised AttributeError."""
+    from spore.registry import OpRegistry
+
+    op = _define()
+    for provider in (None, 3):
+        with pytest.raises(TypeError, match="a kernel's provider must be a str naming the plugin"):
+            dispatch.register_kernel(op, "cpu", _rms, provider=provider)
+        with pytest.raises(TypeError, match="Registrar's provider must be a str naming"):
+            dispatch.Registrar(provider)
+    with pytest.raises(ValueError, match="a kernel's provider must name the plugin or package"):
+        dispatch.register_kernel(op, "cpu", _rms, provider="")
+    with pytest.raises(ValueError, match="Registrar's provider must name the plugin or package"):
+        dispatch.Registrar("")
+    registrar, registry = dispatch.Registrar("acme"), OpRegistry("op")
+    for provider in ("acme:", "", 3):  # a sub-provider with no name, or no provider at all
+        with pytest.raises(ValueError, match="as 'acme' or 'acme':<name>"):
+            registrar.kernel(op, "cpu", _rms, provider=provider)
+        with registry.owned_by("acme"), pytest.raises(ValueError, match="as 'acme' or"):
+            registry.kernel(op, "cpu", _rms, provider=provider)
+    assert op.kernels == {}
+    x, w = _inputs()
+    torch.testing.assert_close(op(x, w, 1e-6), _rms(x, w, 1e-6))
+    dispatch.unregister_provider("other")
+
+
 def test_a_plugin_registers_kernels_under_sub_providers() -> None:
     from spore.registry import OpRegistry
 

@@ -400,6 +400,18 @@ def _as_op(op: Op | str | Any) -> Op:
     return get(str(name).split(".")[0])
 
 
+def _check_provider(provider: object, what: str) -> None:
+    """Refuse anything but a non-empty str (a plugin or package name) for ``what``: kernels
+    are ranked and withdrawn by it."""
+    if not isinstance(provider, str):
+        raise TypeError(
+            f"{what} must be a str naming the plugin or package that registers it, got "
+            f"{type(provider).__name__} {provider!r}"
+        )
+    if not provider:
+        raise ValueError(f"{what} must name the plugin or package that registers it, got ''")
+
+
 def register_kernel(
     op: Op | str,
     device: str,
@@ -417,6 +429,7 @@ def register_kernel(
     """
     target = _as_op(op)
     check_device_type(device, "device")
+    _check_provider(provider, "a kernel's provider")
     if isinstance(priority, bool) or not isinstance(priority, int):
         raise TypeError(f"a kernel's priority must be an int, got {priority!r}")
     if not callable(fn):
@@ -446,6 +459,7 @@ class Registrar:
     """
 
     def __init__(self, provider: str) -> None:
+        _check_provider(provider, "Registrar's provider")
         self.provider = provider
 
     def define(self, name: str, schema: str, **kwargs: Any) -> Op:
@@ -464,7 +478,10 @@ class Registrar:
     ) -> Kernel:
         """:func:`register_kernel` as ``provider`` or the given sub-provider
         ``"<provider>:<name>"``."""
-        if provider is not None and not provider.startswith(f"{self.provider}:"):
+        prefix = f"{self.provider}:"
+        if provider is not None and (
+            not isinstance(provider, str) or not provider.startswith(prefix) or provider == prefix
+        ):
             raise ValueError(
                 f"registrar {self.provider!r} registers kernels as {self.provider!r} or "
                 f"{self.provider!r}:<name>, not {provider!r}"

@@ -199,7 +199,11 @@ class OpRegistry(Registry[Any]):
         owner = self._owner
         if provider is None:
             provider = owner
-        elif not provider.startswith(f"{owner}:") or provider == f"{owner}:":
+        elif (
+            not isinstance(provider, str)
+            or not provider.startswith(f"{owner}:")
+            or provider == f"{owner}:"
+        ):
             raise ValueError(
                 f"plugin {owner!r} registers kernels as {owner!r} or {owner!r}:<name>, "
                 f"not {provider!r}"

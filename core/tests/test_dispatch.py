@@ -413,6 +413,22 @@ def test_plugin_ops_are_registered_owned_and_withdrawn(fixture_plugins, spore_ma
     assert dispatch.get("fixture_scale").kernels == {}
 
 
+def test_define_refuses_a_reference_fake_or_backward_that_is_not_callable() -> None:
+    """reference=None was taken: the op was defined for good, every call failed with
+    "'NoneType' object is not callable", and defining it again returned the broken op."""
+    name = f"t_uncallable_{next(_names)}"
+    schema = "(Tensor x) -> Tensor"
+    with pytest.raises(TypeError, match=f"op '{name}': reference must be callable"):
+        dispatch.define(name, schema, reference=None)
+    for what in ("fake", "backward", "setup_context"):
+        kwargs = {"backward": _rms, "setup_context": _rms, what: torch}
+        with pytest.raises(TypeError, match=f"op '{name}': {what} must be callable or None"):
+            dispatch.define(name, schema, reference=torch.neg, **kwargs)
+    assert name not in [op.name for op in dispatch.defined()]
+    op = dispatch.define(name, schema, reference=torch.neg)
+    assert torch.equal(op(torch.ones(2)), -torch.ones(2))
+
+
 def test_a_provider_must_be_a_non_empty_str() -> None:
     """A provider of None, '' or 3 was taken; then every call of the op failed sorting the
     kernels, and unregister_provider (a failed plugin's cleanup) raised AttributeError."""

@@ -310,6 +310,13 @@ def define(
     """
     if not name.isidentifier():
         raise ValueError(f"op name must be a Python identifier, got {name!r}")
+    if not callable(reference):
+        raise TypeError(
+            f"op {name!r}: reference must be callable (the op in plain torch), got {reference!r}"
+        )
+    for what, fn in (("fake", fake), ("backward", backward), ("setup_context", setup_context)):
+        if fn is not None and not callable(fn):
+            raise TypeError(f"op {name!r}: {what} must be callable or None, got {fn!r}")
     if (backward is None) != (setup_context is None):
         raise ValueError(f"op {name!r}: give both backward and setup_context, or neither")
     with _lock:

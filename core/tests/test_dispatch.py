@@ -429,6 +429,29 @@ def test_define_refuses_a_reference_fake_or_backward_that_is_not_callable() -> N
     assert torch.equal(op(torch.ones(2)), -torch.ones(2))
 
 
+def test_ops_of_another_namespace_are_refused() -> None:
+    """register_kernel(torch.ops.aten.add.Tensor, ...) and explain() of it took the spore op of
+    the same base name: a kernel meant for aten.add ran for spore::add."""
+    name = f"t_ns_{next(_names)}"
+    op = dispatch.define(name, "(Tensor x) -> Tensor", reference=torch.neg)
+    # an op of that name in another namespace: the base name alone finds the spore op
+    lib = torch.library.Library("spore_test_other", "FRAGMENT")
+    lib.define(f"{name}(Tensor x) -> Tensor")
+    packet = getattr(torch.ops.spore_test_other, name)
+    for other in (packet, packet.default):
+        with pytest.raises(ValueError, match=f"spore_test_other::{name} is not a spore op"):
+            dispatch.register_kernel(other, "cpu", torch.abs, provider="p")
+        with pytest.raises(ValueError, match=f"spore_test_other::{name} is not a spore op"):
+            dispatch.explain(other, torch.ones(1))
+    with pytest.raises(ValueError, match="aten::add is not a spore op"):
+        dispatch.register_kernel(torch.ops.aten.add.Tensor, "cpu", torch.abs, provider="p")
+    with pytest.raises(TypeError, match=r"expected a spore op \(.*\), got builtin_function"):
+        dispatch.register_kernel(torch.neg, "cpu", torch.abs, provider="p")
+    assert op.kernels == {}
+    for same in (op, name, f"spore::{name}", op.packet, op.packet.default):
+        assert dispatch.explain(same, torch.ones(1)).op == name
+
+
 def test_a_provider_must_be_a_non_empty_str() -> None:
     """A provider of None, '' or 3 was taken; then every call of the op failed sorting the
     kernels, and unregister_provider (a failed plugin's cleanup) raised AttributeError."""

@@ -399,12 +399,28 @@ def defined() -> list[Op]:
 
 
 def _as_op(op: Op | str | Any) -> Op:
+    """The spore op ``op`` names: an :class:`Op`, its name, or ``torch.ops.spore.<name>`` (or
+    one of its overloads); an op of another namespace (``torch.ops.aten.add``) is refused."""
     if isinstance(op, Op):
         return op
     if isinstance(op, str):
         return get(op)
-    name = getattr(op, "__name__", None) or getattr(op, "_qualified_op_name", "")
-    return get(str(name).split(".")[0])
+    if isinstance(op, torch._ops.OpOverload):
+        qualname = op._schema.name
+    elif isinstance(op, torch._ops.OpOverloadPacket):
+        qualname = op._qualified_op_name
+    else:
+        raise TypeError(
+            f"expected a spore op (a spore.dispatch.Op, its name or torch.ops.spore.<name>), "
+            f"got {type(op).__name__} {op!r}"
+        )
+    namespace, _, name = qualname.partition("::")
+    if namespace != NAMESPACE:
+        raise ValueError(
+            f"{qualname} is not a spore op: kernels and explain() take ops defined through "
+            f"spore.dispatch.define (torch.ops.spore.<name>)"
+        )
+    return get(name)
 
 
 def _check_provider(provider: object, what: str) -> None:

@@ -150,6 +150,39 @@ def test_hook_exception_fails_plugin_and_withdraws_its_entries(
     assert health.status == "error"
 
 
+def test_a_load_interrupted_by_a_base_exception_is_undone_and_retried(
+    spore_plugin_source, spore_manager
+) -> None:
+    """A KeyboardInterrupt (or a test's skip) out of a plugin's hook left the manager marked
+    loaded: later uses got half-filled registries, the plugin no status, and the plugins after
+    it were never loaded."""
+    spore_plugin_source(
+        "interrupted",
+        "import spore\n"
+        "CALLS = []\n"
+        "@spore.hookimpl\n"
+        "def spore_register_passes(registry):\n"
+        "    registry.add(lambda gm: 0, name='half_registered')\n"
+        "    CALLS.append(1)\n"
+        "    if len(CALLS) == 1:\n"
+        "        raise KeyboardInterrupt\n",
+    )
+    spore_plugin_source(
+        "zlater",
+        "import spore\n"
+        "@spore.hookimpl\n"
+        "def spore_register_passes(registry):\n"
+        "    registry.add(lambda gm: 0, name='zlater_pass')\n",
+    )
+    manager = spore_manager({"SPORE_PLUGINS": "interrupted,zlater"})
+    with pytest.raises(KeyboardInterrupt):
+        manager.registry("passes")
+    assert [r.names() for r in manager.registries.values()] == [[], [], [], []]
+    assert manager.registry("passes").names() == ["half_registered", "zlater_pass"]
+    statuses = _statuses(manager)
+    assert statuses["interrupted"][0] is statuses["zlater"][0] is Status.ACTIVE
+
+
 def test_hook_with_unknown_arguments_fails(fixture_plugins, spore_manager) -> None:
     fixture_plugins("badargs")
     status, reason = _statuses(spore_manager())["badargs"]

@@ -120,9 +120,26 @@ class PluginManager:
                 self._check_requested(self.requested)
             except Exception as exc:  # every later call raises it too, never empty registries
                 self._error = exc
-                raise
-            finally:
                 self._state = "loaded"
+                raise
+            except BaseException:  # Ctrl-C, a test's skip: undone, the next use loads again
+                self._unload()
+                raise
+            self._state = "loaded"
+
+    def _unload(self) -> None:
+        """Withdraw what a load interrupted midway registered and forget what it found, so
+        that the next use loads from the start (a new pluggy manager: the historic
+        ``spore_addhooks`` call and the hooks it added are gone too)."""
+        for registry in self.registries.values():
+            for name in self._infos:
+                registry.remove_owner(name)
+        self.pm = pluggy.PluginManager("spore")
+        self.pm.add_hookspecs(hookspecs)
+        self._infos = {}
+        self._discovered = None
+        self.notes = []
+        self._state = "new"
 
     def _load(self) -> None:
         from spore import builtin

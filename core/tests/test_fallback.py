@@ -168,6 +168,28 @@ def test_save_and_load_keep_data_and_meta() -> None:
     assert loaded.unwrap().tolist() == [0.0, 1.0, 2.0]
 
 
+def test_a_weights_only_load_needs_only_the_subclass_allowed() -> None:
+    """The docs said add_safe_globals([MyTensor]) was enough for torch.load(weights_only=True);
+    it also needed spore.fallback._rebuild allowed. That rebuilds FallbackTensor subclasses
+    only, and the subclass itself must still be allowed."""
+    from spore.fallback import _rebuild
+
+    buf = io.BytesIO()
+    torch.save(Sharded(torch.arange(3.0), {"placement": "shard0"}).requires_grad_(), buf)
+    buf.seek(0)
+    with pytest.raises(Exception, match="Sharded"):
+        torch.load(buf, weights_only=True)
+    buf.seek(0)
+    with torch.serialization.safe_globals([Sharded]):
+        loaded = torch.load(buf, weights_only=True)
+    assert type(loaded) is Sharded
+    assert loaded.requires_grad
+    assert loaded.meta == {"placement": "shard0"}
+    assert loaded.unwrap().tolist() == [0.0, 1.0, 2.0]
+    with pytest.raises(TypeError, match="names <class 'dict'>, not a FallbackTensor subclass"):
+        _rebuild(dict, torch.ones(1), {})
+
+
 @pytest.mark.parametrize("requires_grad", [True, False])
 def test_requires_grad_survives_rewrapping_and_save_and_load(requires_grad) -> None:
     wrapper = Sharded(torch.ones(2), {"placement": "shard0"}).requires_grad_(requires_grad)

@@ -15,8 +15,9 @@ that win over it::
 
 In-place ops return the wrapper they modified; view ops return a new wrapper around the view.
 Autograd runs above the wrapper (gradients are wrappers too). ``torch.save`` stores the plain
-data and the metadata; ``torch.load`` needs ``weights_only=False`` (or the subclass added to
-``torch.serialization.add_safe_globals``). ``torch.compile`` traces wrappers through
+data and the metadata; ``torch.load`` needs ``weights_only=False`` or the subclass added to
+``torch.serialization.add_safe_globals`` (this module allows its own rebuild function, which
+constructs only an allowed subclass). ``torch.compile`` traces wrappers through
 ``__tensor_flatten__``/``__tensor_unflatten__``: the metadata must be picklable constants and
 handlers must be traceable (no data-dependent Python control flow).
 """
@@ -209,8 +210,16 @@ _untraced(FallbackTensor.__dict__["__torch_dispatch__"].__func__)
 def _rebuild(
     cls: type[FallbackTensor], data: torch.Tensor, meta: dict[str, Any], requires_grad: bool = False
 ) -> Any:
+    """Rebuild a saved wrapper (see ``__reduce_ex__``). ``torch.load(weights_only=True)`` calls
+    it with a class the checkpoint names and the user allowed: it must be a ``FallbackTensor``
+    subclass."""
+    if not (isinstance(cls, type) and issubclass(cls, FallbackTensor)):
+        raise TypeError(f"a saved FallbackTensor names {cls!r}, not a FallbackTensor subclass")
     out = cls(data, meta)
     return out.requires_grad_() if requires_grad else out
+
+
+torch.serialization.add_safe_globals([_rebuild])
 
 
 def _map(fn: Callable[[Any], Any], value: Any) -> Any:

@@ -77,6 +77,8 @@ def test_duplicates_override_and_reload(spore_manager) -> None:
     assert active()[name] is replacement is not first
     spore_manager()  # a second manager re-registers the same backend: harmless
     spore.get_registry("backends").add(replacement)
+    with pytest.raises(DuplicateRegistrationError, match="is already registered by 'user'"):
+        spore.get_registry("backends").add(replacement)  # the same object, the same registry
     for _ in range(2):  # refused by dynamo, the name is not left behind in Spore's registry
         with pytest.raises(DuplicateRegistrationError, match=r"torch\._dynamo already has"):
             spore.register_custom_backend("inductor", lambda gm, ex: gm.forward)

@@ -55,6 +55,9 @@ def test_failing_backend_raises_with_cause_unless_fallback(spore_manager) -> Non
     with pytest.raises(Exception, match="no code generator today") as info:
         torch.compile(_fn, backend=strict)(torch.randn(3))
     assert "BackendCompilerFailed" in type(info.value).__name__
+    # raised from None (as the docs say): the error is on .inner_exception, not the cause
+    assert info.value.__cause__ is None
+    assert isinstance(info.value.inner_exception, RuntimeError)
 
     lenient = _name()
     spore.register_custom_backend(lenient, broken, fallback=True)

@@ -233,6 +233,8 @@ def test_backend_spore_applies_mode_and_options(spore_manager) -> None:
     with pytest.raises(Exception, match="unknown Inductor option 'epilogue_fusio'") as info:
         torch.compile(_g, backend="spore", options={"epilogue_fusio": False})(x)
     assert "did you mean 'epilogue_fusion'?" in str(info.value)
+    assert info.value.__cause__ is None  # dynamo raises from None (as the docs say)
+    assert isinstance(info.value.inner_exception, ValueError)
 
 
 def test_apply_without_compiling_is_idempotent(spore_manager) -> None:

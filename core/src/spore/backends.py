@@ -6,8 +6,8 @@ This is the mechanism behind :class:`spore.registry.BackendRegistry` (what plugi
 thin entry that calls whatever Spore holds for that name at compile time, so ``override=True``
 takes effect and registering the same backend again (a plugin loaded twice) is harmless. With
 ``fallback=True`` a compiler that raises is reported as a warning and the graph runs eagerly;
-otherwise the error propagates (dynamo reports it as ``BackendCompilerFailed`` with the cause
-chained).
+otherwise the error propagates (dynamo raises ``BackendCompilerFailed`` ``from None``, the
+error in its message and ``.inner_exception``).
 
 Plugins may also declare dynamo's own ``torch_dynamo_backends`` entry point, so the backend is
 found by ``torch.compile`` without importing Spore first.

@@ -687,6 +687,16 @@ def test_what_a_run_writes_of_the_wrong_kind_is_a_config_error(tmp_path, name, f
         preflight.resolve(None, [f"run.output={tmp_path}"])
 
 
+def test_only_what_a_run_will_write_is_checked_and_a_dangling_link_is_of_no_kind(tmp_path) -> None:
+    (tmp_path / "final").write_text("mine")  # a run that exports nothing never writes final/
+    with pytest.raises(config.ConfigError, match="writes final there as a directory"):
+        preflight.resolve(None, [f"run.output={tmp_path}", "checkpoint.export=true"])
+    assert preflight.resolve(None, [f"run.output={tmp_path}", "checkpoint.export=false"])
+    (tmp_path / "checkpoints").symlink_to(tmp_path / "gone")  # mkdir would fail on it
+    with pytest.raises(config.ConfigError, match="writes checkpoints there as a directory"):
+        preflight.resolve(None, [f"run.output={tmp_path}", "checkpoint.export=false"])
+
+
 @pytest.mark.skipif(not Path("/proc/self").is_dir(), reason="needs Linux's /proc")
 def test_an_output_that_cannot_be_written_is_a_config_error() -> None:
     """It passed preflight, and rank 0 died with a FileNotFoundError traceback at mkdir.
@@ -738,4 +748,8 @@ def test_a_lock_file_that_cannot_be_opened_is_a_config_error(tmp_path, monkeypat
 
     monkeypatch.setattr(os, "open", refuse)
     with pytest.raises(config.ConfigError, match=r"cannot be opened \(Permission denied\)"):
+        preflight.resolve(None, [f"run.output={tmp_path}"])
+    monkeypatch.setattr(os, "open", real)  # readable, but not writable by this user
+    monkeypatch.setattr(os, "access", lambda path, mode: Path(path).name != launch.LOCK_FILE)
+    with pytest.raises(config.ConfigError, match=r"cannot be written by this user"):
         preflight.resolve(None, [f"run.output={tmp_path}"])

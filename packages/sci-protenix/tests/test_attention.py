@@ -118,6 +118,7 @@ def test_bad_inputs() -> None:
     with_s = AttentionPairBias(has_s=True, n_heads=H, c_a=CA, c_s=CS, c_z=CZ)
     with pytest.raises(ValueError, match="needs s"):
         with_s(a, None, z)
-    for bad in (_s[:, 1:], _s.expand(3, *_s.shape)):  # a raw error; an update grown past a's
+    for bad in (_s[:, 1:], torch.randn(3, N, CS)):  # torch's errors: N, batch (3,) against (2,)
         with pytest.raises(ValueError, match=r"s must be \[\.\.\., N, c_s\] with a's N"):
             with_s(a, bad, z)
+    assert with_s(a, _s.expand(3, *_s.shape), z).shape == (3, 2, N, CA)  # broadcast, as Protenix

@@ -273,7 +273,8 @@ class Config(BaseModel):
 
     @property
     def origins(self) -> dict[str, str]:
-        """``dotted.key -> "file.yaml:LINE"`` or ``"--set KEY=VALUE"`` for every key given."""
+        """``dotted.key -> "file.yaml:LINE"``, ``"--set KEY=VALUE"`` or the option that set it
+        (``--output "DIR"``, ``--nproc N``) for every key given."""
         return self._origins
 
     def section(self, model: type[S]) -> S:

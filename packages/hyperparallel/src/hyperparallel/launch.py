@@ -47,13 +47,13 @@ def holder() -> bool:
 
 
 def busy(output: str) -> str | None:
-    """Why ``output`` cannot be written now: another run holds it (see :func:`hold_output`);
-    ``None`` when none does."""
+    """Why ``output`` cannot be written now: another run holds it (see :func:`hold_output`), or
+    its lock file cannot be opened or written; ``None`` when neither."""
     lock = Path(output) / LOCK_FILE
     if not lock.is_file():
         return None
     try:
-        fd = os.open(lock, os.O_RDWR)  # as hold_output opens it
+        fd = os.open(lock, os.O_RDONLY)
     except OSError as exc:
         return (
             f"run.output {output}: its lock file {LOCK_FILE} cannot be opened "
@@ -69,6 +69,11 @@ def busy(output: str) -> str | None:
         )
     finally:
         os.close(fd)  # and the shared lock with it
+    if not os.access(lock, os.W_OK):  # hold_output opens it for writing
+        return (
+            f"run.output {output}: its lock file {LOCK_FILE} cannot be written by this user; "
+            f"choose another --output"
+        )
     return None
 
 

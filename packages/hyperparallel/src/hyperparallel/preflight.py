@@ -246,7 +246,9 @@ def _output_problems(cfg: Config, resume: str | None, world: int) -> list[str]:
             return [f"{at}: run.output {cfg.run.output}: {why}; choose another --output"]
     for name, folder in _WRITTEN:
         path = Path(cfg.run.output) / name
-        if path.exists() and path.is_dir() != folder:
+        if name == "final" and not cfg.checkpoint.export:
+            continue
+        if os.path.lexists(path) and path.is_dir() != folder:  # a dangling link is neither
             kind = "a directory" if folder else "a file"
             return [
                 f"{at}: run.output {cfg.run.output}: spore train writes {name} there as {kind}, "

@@ -72,7 +72,7 @@ def read_metrics(path: Path) -> list[dict[str, Any]]:
         if not _is_record(record):
             raise ValueError(
                 f"{path}:{number}: not a metrics record (a JSON object with an integer step "
-                f"and a number loss)"
+                f"and a number or null loss)"
             )
         records.append(record)
     return records

@@ -150,9 +150,9 @@ class AttentionPairBias(nn.Module):
             if s is None:
                 raise ValueError("AttentionPairBias(has_s=True) needs s [..., N, c_s], got None")
             check_channels("s", s, self.c_s, "[..., N, c_s]", 2, self)
-            if s.shape[-2] != n or broadcast(s.shape[:-2], a.shape[:-2]) != a.shape[:-2]:
+            if s.shape[-2] != n or broadcast(s.shape[:-2], a.shape[:-2]) is None:
                 raise ValueError(
-                    f"s must be [..., N, c_s] with a's N = {n} and batch dims that broadcast to "
+                    f"s must be [..., N, c_s] with a's N = {n} and batch dims that broadcast with "
                     f"a's, got s {tuple(s.shape)} for a {tuple(a.shape)}; pass the single "
                     f"representation that goes with a"
                 )

@@ -155,7 +155,8 @@ class MSAPairWeightedAveraging(nn.Module):
         return self.linear_no_bias_out((gates * averaged).flatten(-2))
 
     def check_inputs(self, m: torch.Tensor, z: torch.Tensor) -> None:
-        """ValueError unless ``m`` is [*, S, N, c_m] and ``z`` [*, N, N, c_z] with the same N."""
+        """ValueError unless ``m`` is [*, S, N, c_m] and ``z`` [*, N, N, c_z] with the same N and
+        batch dims that broadcast together (:func:`check_msa_and_pair`)."""
         check_msa_and_pair(m, z, self)
 
     def forward(

@@ -20,6 +20,7 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.api import CheckpointException
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from hyperparallel import checkpoint
@@ -163,3 +164,30 @@ def test_a_load_silences_only_dcps_root_records(caplog: pytest.LogCaptureFixture
         root.warning("the program's")
     root.handle(root.makeRecord("root", logging.ERROR, in_dcp, 1, "after", (), None))
     assert caplog.messages == ["the program's", "after"]
+
+
+def test_a_missing_rng_file_is_damage_and_the_only_checkpoint_says_start_again(
+    one_rank, tmp_path
+) -> None:
+    """A missing rng_rank*.pt was skipped, and the resume drew other random numbers (dropout)
+    with no word; with no older checkpoint, the hint read "... with start the run again"."""
+    out, state = tmp_path / "run", _small_state()
+    saved = checkpoint.save(out, 1, state, {"step": 1}, keep=1)
+    (saved / "rng_rank00000.pt").unlink()
+    with pytest.raises(checkpoint.Unreadable, match=r"rng_rank00000\.pt") as info:
+        checkpoint.load(saved, state)
+    assert "; start the run again without --resume, or delete step_00000001" in str(info.value)
+
+
+def test_ctrl_c_during_a_load_is_an_interrupt_not_damage(one_rank, tmp_path, monkeypatch) -> None:
+    """DCP gathers a rank's KeyboardInterrupt into its CheckpointException, which the load
+    reported as a damaged checkpoint to delete."""
+    out, state = tmp_path / "run", _small_state()
+    saved = checkpoint.save(out, 1, state, {"step": 1}, keep=1)
+
+    def interrupted(*args, **kwargs):
+        raise CheckpointException("load", {0: (KeyboardInterrupt(), None)})
+
+    monkeypatch.setattr(dcp, "load", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        checkpoint.load(saved, state)

@@ -143,14 +143,19 @@ def test_a_resume_from_an_older_checkpoint_continues_its_own_branch(tmp_path) ->
     args = (*COMMON, "checkpoint.every=2", "checkpoint.export=false")
     run_train("--output", str(out), *small_args(*args, "run.stop_at=4"))
     older = checkpoint.directory(out) / "step_00000002"
-    # one with nothing to train cut the log to its step, and wrote its config.yaml
+    # one with nothing to train cut the log to its step, wrote its config.yaml, and replaced
+    # final/ with the older checkpoint's weights
     config = (out / "config.yaml").read_text()
+    (out / "final").mkdir()
+    (out / "final" / "export").write_text("step 4's")
     noop = run_train(
-        "--output", str(out), "--resume", str(older), *small_args(*args, "run.steps=2")
-    )
+        "--output", str(out), "--resume", str(older),
+        *small_args(*args, "run.steps=2", "checkpoint.export=true"),
+    )  # fmt: skip
     assert "nothing to train" in noop.stderr
     assert sorted(losses(out)) == [1, 2, 3, 4]
     assert (out / "config.yaml").read_text() == config
+    assert [p.name for p in (out / "final").iterdir()] == ["export"]
     branch = run_train(
         "--output", str(out), "--resume", str(older), *small_args(*args, "run.stop_at=3")
     )

@@ -236,20 +236,33 @@ def load(path: Path, state: TrainState) -> dict[str, Any]:
         with _collectives() as group, _root_records_off():
             dcp.load({"train": state}, checkpoint_id=str(path), process_group=group)
         rng_file = path / f"rng_rank{rank:05d}.pt"
-        if world == dist.get_world_size() and rng_file.is_file():
+        if world == dist.get_world_size():  # a missing one would resume other random draws
             rng = torch.load(rng_file, weights_only=True)["rng"]
             torch.set_rng_state(rng["cpu"])
             if "cuda" in rng and torch.cuda.is_available():
                 torch.cuda.set_rng_state(rng["cuda"])
         return torch.load(path / "trainer.pt", weights_only=False)
     except (Exception, CheckpointException) as exc:  # CheckpointException is a BaseException
+        if _interrupted(exc):
+            raise KeyboardInterrupt from exc
         older = [p for p in complete(path.parent.parent) if p.name < path.name]
-        fix = f"--resume {older[-1]}" if older else "start the run again without --resume"
+        fix = (
+            f"resume from an older checkpoint with --resume {older[-1]}"
+            if older
+            else "start the run again without --resume"
+        )
         raise Unreadable(
             f"checkpoint {path} cannot be loaded ({_first_failure(exc)}): its files are "
-            f"damaged or incomplete (a full disk, a copy cut short); resume from an older "
-            f"checkpoint with {fix}, or delete {path.name}"
+            f"damaged or incomplete (a full disk, a copy cut short); {fix}, or delete "
+            f"{path.name}"
         ) from exc
+
+
+def _interrupted(exc: BaseException) -> bool:
+    """Whether ``exc`` is DCP's :class:`CheckpointException` for a rank's ``KeyboardInterrupt``
+    (Ctrl-C during a load: no damage)."""
+    failures = exc.failures.values() if isinstance(exc, CheckpointException) else ()
+    return any(isinstance(failure, KeyboardInterrupt) for failure, _ in failures)
 
 
 def _first_failure(exc: BaseException) -> str:

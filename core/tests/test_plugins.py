@@ -7,9 +7,11 @@ import threading
 import click
 import pluggy
 import pytest
+import torch
 from click.testing import CliRunner
 
 import spore
+from spore import dispatch
 from spore.plugins import PluginError, PluginManager, Selection, Status
 
 
@@ -183,6 +185,27 @@ def test_a_load_interrupted_by_a_base_exception_is_undone_and_retried(
     assert statuses["interrupted"][0] is statuses["zlater"][0] is Status.ACTIVE
 
 
+def test_an_undone_load_keeps_a_disabled_plugins_kernels(
+    spore_plugin_source, spore_manager
+) -> None:
+    """Undoing withdrew the kernels of every plugin found, a disabled one's too: those its
+    package registered when imported (spore_kernels does) were gone for good."""
+    spore_plugin_source("switchedoff", "")
+    spore_plugin_source(
+        "interrupting",
+        "import spore\n"
+        "@spore.hookimpl\n"
+        "def spore_register_passes(registry):\n"
+        "    raise KeyboardInterrupt\n",
+    )
+    op = dispatch.define("t_undone_load", "(Tensor x) -> Tensor", reference=torch.neg)
+    dispatch.register_kernel(op, "cpu", torch.neg, provider="switchedoff")
+    manager = spore_manager({"SPORE_DISABLE_PLUGINS": "switchedoff"})
+    with pytest.raises(KeyboardInterrupt):
+        manager.registry("passes")
+    assert list(op.kernels) == [("cpu", "switchedoff")]
+
+
 def test_hook_with_unknown_arguments_fails(fixture_plugins, spore_manager) -> None:
     fixture_plugins("badargs")
     status, reason = _statuses(spore_manager())["badargs"]
@@ -245,8 +268,8 @@ def test_strict_mode_raises_for_a_plugin_failed_at_discovery(
     manager = spore_manager({"SPORE_STRICT_PLUGINS": "1"})
     with pytest.raises(PluginError, match=rf"spore plugin 'badmeta' \(.*\) .*{message}"):
         manager.load()
-    for switched_off in ({"SPORE_DISABLE_PLUGINS": "badmeta"}, {"SPORE_PLUGINS": "healthy"}):
-        quiet = spore_manager({"SPORE_STRICT_PLUGINS": "1", **switched_off})
+    for switchedoff in ({"SPORE_DISABLE_PLUGINS": "badmeta"}, {"SPORE_PLUGINS": "healthy"}):
+        quiet = spore_manager({"SPORE_STRICT_PLUGINS": "1", **switchedoff})
         assert "sleep" in quiet.registry("benchmarks")  # the remedy the message suggests
 
 

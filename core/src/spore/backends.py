@@ -4,7 +4,7 @@ This is the mechanism behind :class:`spore.registry.BackendRegistry` (what plugi
 ``spore.register_custom_backend`` (user code): each backend added there is handed to
 :func:`register_with_dynamo`, so ``torch.compile(model, backend=name)`` works. Dynamo keeps a
 thin entry that calls whatever Spore holds for that name at compile time, so ``override=True``
-takes effect and registering the same backend again (a plugin loaded twice) is harmless. With
+takes effect and the same backend registered by a second plugin manager is harmless. With
 ``fallback=True`` a compiler that raises is reported as a warning and the graph runs eagerly;
 otherwise the error propagates (dynamo raises ``BackendCompilerFailed`` ``from None``, the
 error in its message and ``.inner_exception``).

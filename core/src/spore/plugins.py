@@ -131,8 +131,9 @@ class PluginManager:
         """Withdraw what a load interrupted midway registered and forget what it found, so
         that the next use loads from the start (a new pluggy manager: the historic
         ``spore_addhooks`` call and the hooks it added are gone too)."""
+        ran = [n for n, i in self._infos.items() if i.status in (None, Status.ACTIVE)]
         for registry in self.registries.values():
-            for name in self._infos:
+            for name in ran:  # not a disabled plugin's (its import-time kernels stay)
                 registry.remove_owner(name)
         self.pm = pluggy.PluginManager("spore")
         self.pm.add_hookspecs(hookspecs)

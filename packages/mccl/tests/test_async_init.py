@@ -163,7 +163,14 @@ def test_exit_handlers_run_when_exiting_while_pending(tmp_path) -> None:
 
 @pytest.mark.parametrize(
     ("scenario", "status"),
-    [("sys_exit_pending", 3), ("sys_exit_message_pending", 1), ("caught_sys_exit_pending", 0)],
+    [
+        ("sys_exit_pending", 3),
+        ("sys_exit_message_pending", 1),
+        ("caught_sys_exit_pending", 0),
+        ("converted_sys_exit_pending", 0),  # 2: the ValueError's raise was taken for a re-raise
+        ("handler_sys_exit_pending", 3),  # 0: read after the handlers ran
+        ("huge_sys_exit_pending", 255),  # 0: 2**63 & 0xFF
+    ],
 )
 def test_the_exit_status_survives_exiting_while_pending(tmp_path, scenario, status) -> None:
     """mccl ended the process with status 0 whatever sys.exit() asked for."""

@@ -250,6 +250,35 @@ def caught_sys_exit_pending() -> dict:
     return {"pending": mccl.pending() is not None}
 
 
+def _parse_arguments() -> None:
+    try:
+        sys.exit(2)  # as argparse does
+    except SystemExit:
+        raise ValueError("bad arguments") from None
+
+
+def converted_sys_exit_pending() -> dict:
+    """argparse's sys.exit(2) turned into another error, which the caller catches: the program
+    then ends normally (the frame that caught the SystemExit ended on another raise)."""
+    start()
+    with contextlib.suppress(ValueError):
+        _parse_arguments()
+    return {"pending": mccl.pending() is not None}
+
+
+def handler_sys_exit_pending() -> dict:
+    """sys.exit(3), then an exit handler's sys.exit(0), which Python ignores."""
+    atexit.register(lambda: sys.exit(0))  # the sys.exit of the moment: mccl's
+    start()
+    sys.exit(3)
+
+
+def huge_sys_exit_pending() -> dict:
+    """A status past C's long: Python exits 255."""
+    start()
+    sys.exit(2**63)
+
+
 def _raise_while_pending() -> None:
     start()
     raise ValueError("failed while the init is pending")
@@ -314,6 +343,9 @@ SCENARIOS = {
         sys_exit_pending,
         sys_exit_message_pending,
         caught_sys_exit_pending,
+        converted_sys_exit_pending,
+        handler_sys_exit_pending,
+        huge_sys_exit_pending,
         spawned_raise_pending,
         interrupted_pending,
         fork_pending,

@@ -289,7 +289,10 @@ def _release_at_exit() -> None:
 @functools.wraps(sys.exit)  # sys.exit, noting its SystemExit for _exit_status
 def _recording_exit(status: object = None, /) -> NoReturn:
     global _exit_raised
-    raised = SystemExit() if status is None else SystemExit(status)
+    if isinstance(status, SystemExit):  # raised as it is, as sys.exit does
+        raised = status
+    else:
+        raised = SystemExit() if status is None else SystemExit(status)
     if threading.current_thread() is threading.main_thread():
         _exit_raised = raised
     raise raised
@@ -298,7 +301,7 @@ def _recording_exit(status: object = None, /) -> NoReturn:
 sys.exit = _recording_exit
 
 
-_RAISES = {dis.opmap["RAISE_VARARGS"], dis.opmap["RERAISE"]}
+_RERAISE, _RAISE_VARARGS = dis.opmap["RERAISE"], dis.opmap["RAISE_VARARGS"]
 
 
 def _exit_status() -> int:
@@ -315,9 +318,15 @@ def _exit_status() -> int:
     tb = raised.__traceback__
     if tb is not None:
         frame = tb.tb_frame
-        if frame.f_lasti != tb.tb_lasti and frame.f_code.co_code[frame.f_lasti] not in _RAISES:
+        code = frame.f_code.co_code
+        op, arg = code[frame.f_lasti], code[frame.f_lasti + 1]
+        # only RERAISE and a bare raise pass it on without a traceback entry of their own
+        reraised = op == _RERAISE or (op == _RAISE_VARARGS and arg == 0)
+        if frame.f_lasti != tb.tb_lasti and not reraised:
             return 0
-    return raised.code & 0xFF if isinstance(raised.code, int) else 1
+    if not isinstance(raised.code, int):
+        return 1
+    return raised.code & 0xFF if -(2**63) <= raised.code < 2**63 else 255
 
 
 def _end_pending_at_exit() -> None:
@@ -336,17 +345,20 @@ def _end_pending_at_exit() -> None:
             return
         _pending = _failed = None
         _set_guard(False)
+    last = getattr(sys, "last_value", None)
+    status = 1 if last is not None else _exit_status()  # before a handler's sys.exit()
     atexit.unregister(_end_pending_at_exit)
     atexit._run_exitfuncs()
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(OSError, ValueError):
             stream.flush()
-    last = getattr(sys, "last_value", None)
     if isinstance(last, KeyboardInterrupt):
         signal.signal(signal.SIGINT, signal.SIG_DFL)
         os.kill(os.getpid(), signal.SIGINT)
-    os._exit(1 if last is not None else _exit_status())
+    os._exit(status)
 
 
-# At shutdown, before any exit handler runs, so that it is registered last and runs first.
-threading._register_atexit(atexit.register, _end_pending_at_exit)
+# At shutdown, before any exit handler runs, so that it is registered last and runs first
+# (imported during shutdown, too late for that: no init can start then either).
+with contextlib.suppress(RuntimeError):
+    threading._register_atexit(atexit.register, _end_pending_at_exit)

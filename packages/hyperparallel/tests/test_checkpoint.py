@@ -179,6 +179,29 @@ def test_a_missing_rng_file_is_damage_and_the_only_checkpoint_says_start_again(
     assert "; start the run again without --resume, or delete step_00000001" in str(info.value)
 
 
+def test_a_load_into_other_settings_is_not_called_damage(one_rank, tmp_path) -> None:
+    """Whole files that do not fit this run's model (untied embeddings here, which preflight
+    refuses before any rank starts) were reported as damage, with the advice to delete the
+    checkpoint; a shard cut short still is damage."""
+    out, state = tmp_path / "run", _trained_state()
+    saved = checkpoint.save(out, 1, state, {"step": 1}, keep=1)
+    model = LlamaForCausalLM(
+        LlamaConfig(**{**state.model.config.to_dict(), "tie_word_embeddings": False})
+    )
+    untied = checkpoint.TrainState(model, torch.optim.AdamW(model.parameters()))
+    with pytest.raises(checkpoint.Unreadable) as info:
+        checkpoint.load(saved, untied)
+    message = str(info.value)
+    assert "lm_head.weight" in message
+    assert "its files are all there, so this run's model or optimizer settings likely" in message
+    assert "delete" not in message
+    (shard,) = saved.glob("*.distcp")
+    shard.write_bytes(shard.read_bytes()[:-1])
+    with pytest.raises(checkpoint.Unreadable, match="damaged or incomplete") as info:
+        checkpoint.load(saved, untied)
+    assert str(info.value).endswith("or delete step_00000001")
+
+
 def test_ctrl_c_during_a_load_is_an_interrupt_not_damage(one_rank, tmp_path, monkeypatch) -> None:
     """DCP gathers a rank's KeyboardInterrupt into its CheckpointException, which the load
     reported as a damaged checkpoint to delete."""

@@ -236,6 +236,35 @@ def test_a_resume_with_other_model_shapes_fails_before_any_process_starts(tmp_pa
     assert "model.layers.1.self_attn.q_proj.weight None -> (64, 64)" in str(info.value)
 
 
+def test_a_resume_that_ties_or_unties_the_embeddings_fails_before_any_process_starts(
+    tmp_path,
+) -> None:
+    """Tied and untied embeddings have the same state-dict shapes, but the optimizer trains one
+    parameter fewer when tied: the load failed in every rank, as a damaged checkpoint to
+    delete. DCP's metadata names the parameters the optimizer saved state for."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    small = ["model.config.hidden_size=64", "model.config.num_hidden_layers=1"]
+    for tied, flip in ((True, "lm_head.weight trained here"), (False, "lm_head.weight saved")):
+        out = tmp_path / str(tied)
+        _checkpoint(out, 2)
+        setting = f"model.config.tie_word_embeddings={str(tied).lower()}"
+        built = model.build(preflight.resolve(None, [*small, setting], outputs=False).model, 259, 0)
+        model_sd, optim_sd = get_state_dict(built, torch.optim.AdamW(built.parameters()))
+        step = str(out / "checkpoints/step_00000002")
+        dcp.save({"train": {"model": model_sd, "optim": optim_sd}}, checkpoint_id=step)
+        args = [f"run.output={out}", *small]
+        assert preflight.resolve(None, [*args, setting], resume="latest")
+        other = f"model.config.tie_word_embeddings={str(not tied).lower()}"
+        with pytest.raises(config.ConfigError) as info:
+            preflight.resolve(None, [*args, other], resume="latest")
+        assert (
+            f"--resume: step_00000002 holds optimizer state for other parameters ({flip}"
+        ) in str(info.value)
+        assert "resume with the model settings it was saved with" in str(info.value)
+
+
 def test_a_home_relative_output_is_expanded(tmp_path, monkeypatch) -> None:
     monkeypatch.setenv("HOME", str(tmp_path))
     cfg = preflight.resolve(None, ["run.output=~/runs/x"], outputs=False)

@@ -229,12 +229,15 @@ class Unreadable(Exception):
 
 def load(path: Path, state: TrainState) -> dict[str, Any]:
     """Restore model, optimizer and this rank's RNG from ``path``; returns the trainer extras.
-    :class:`Unreadable` when a file of it cannot be read."""
+    :class:`Unreadable` when a file of it cannot be read, or its state does not fit ``state``."""
     rank = dist.get_rank()
+    in_dcp = False
     try:
         world = int(json.loads((path / "meta.json").read_text())["world_size"])
+        in_dcp = True
         with _collectives() as group, _root_records_off():
             dcp.load({"train": state}, checkpoint_id=str(path), process_group=group)
+        in_dcp = False
         rng_file = path / f"rng_rank{rank:05d}.pt"
         if world == dist.get_world_size():  # a missing one would resume other random draws
             rng = torch.load(rng_file, weights_only=True)["rng"]
@@ -251,11 +254,33 @@ def load(path: Path, state: TrainState) -> dict[str, Any]:
             if older
             else "start the run again without --resume"
         )
+        failure = f"checkpoint {path} cannot be loaded ({_first_failure(exc)})"
+        if in_dcp and _files_whole(path):
+            raise Unreadable(
+                f"{failure}: its files are all there, so this run's model or optimizer settings "
+                f"likely differ from those it was saved with; resume with those (its run's "
+                f"config.yaml). If they are the same, its files are damaged: {fix}"
+            ) from exc
         raise Unreadable(
-            f"checkpoint {path} cannot be loaded ({_first_failure(exc)}): its files are "
-            f"damaged or incomplete (a full disk, a copy cut short); {fix}, or delete "
-            f"{path.name}"
+            f"{failure}: its files are damaged or incomplete (a full disk, a copy cut short); "
+            f"{fix}, or delete {path.name}"
         ) from exc
+
+
+def _files_whole(path: Path) -> bool:
+    """Whether every byte range DCP's metadata lists in ``path`` is there (no file missing or
+    cut short)."""
+    from torch.distributed.checkpoint import FileSystemReader
+
+    try:
+        ends: dict[str, int] = {}
+        for info in FileSystemReader(str(path)).read_metadata().storage_data.values():
+            ends[info.relative_path] = max(
+                ends.get(info.relative_path, 0), info.offset + info.length
+            )
+        return all((path / name).stat().st_size >= end for name, end in ends.items())
+    except Exception:  # unreadable metadata, a missing file
+        return False
 
 
 def _interrupted(exc: BaseException) -> bool:
@@ -288,20 +313,39 @@ def data_layout(path: Path) -> dict[str, int] | None:
         return None
 
 
-def model_shapes(path: Path) -> dict[str, tuple[int, ...]]:
-    """The saved model's tensor shapes by name, from DCP's metadata (empty when unreadable)."""
+def _entries(path: Path) -> dict[str, Any]:
+    """DCP's metadata of the checkpoint's entries by key (empty when unreadable)."""
     from torch.distributed.checkpoint import FileSystemReader
 
-    prefix = "train.model."
     try:
-        saved = FileSystemReader(str(path)).read_metadata().state_dict_metadata
+        return FileSystemReader(str(path)).read_metadata().state_dict_metadata
     except Exception:  # missing or truncated .metadata: the load reports it
         return {}
+
+
+def model_shapes(path: Path) -> dict[str, tuple[int, ...]]:
+    """The saved model's tensor shapes by name, from DCP's metadata (empty when unreadable)."""
+    prefix = "train.model."
     return {
         k.removeprefix(prefix): tuple(v.size)
-        for k, v in saved.items()
+        for k, v in _entries(path).items()
         if k.startswith(prefix) and hasattr(v, "size")
     }
+
+
+def optimized(path: Path) -> set[str]:
+    """The saved model's parameters that the saved optimizer holds state for, by name (a tied
+    weight under its first name; empty when it holds none, or the metadata is unreadable)."""
+    entries = _entries(path)
+    names = {k.removeprefix("train.model.") for k in entries if k.startswith("train.model.")}
+    found: set[str] = set()
+    for key in entries:
+        if key.startswith("train.optim.state."):  # train.optim.state.<name>.<state, e.g. exp_avg>
+            name = key.removeprefix("train.optim.state.")
+            while name and name not in names:
+                name = name.rpartition(".")[0]
+            found.add(name)
+    return found - {""}
 
 
 def export(model: torch.nn.Module, output: str | Path) -> Path | None:

@@ -167,7 +167,8 @@ def _device_problems(cfg: Config) -> list[str]:
 
 def _resumed_model_problems(cfg: Config, path: Path) -> list[str]:
     """The checkpoint holds this run's model's parameters (built on the meta device): the same
-    names, the same shapes."""
+    names, the same shapes, and optimizer state for the same trained parameters (tied weights
+    are one)."""
     saved = checkpoint.model_shapes(path)
     if not saved:  # unreadable metadata: the load reports it
         return []
@@ -180,12 +181,25 @@ def _resumed_model_problems(cfg: Config, path: Path) -> list[str]:
     changed = [
         f"{k} {saved.get(k)} -> {asked.get(k)}" for k in names if saved.get(k) != asked.get(k)
     ]
-    if not changed:
+    fix = "resume with the model settings it was saved with (its run's config.yaml)"
+    where = _where(cfg.origins, "model")
+    if changed:
+        return [
+            f"{where}: --resume: {path.name} holds a model of other shapes "
+            f"({_first_three(changed)}); {fix}"
+        ]
+    trained = checkpoint.optimized(path)
+    if not trained:  # an optimizer without state (e.g. SGD without momentum)
+        return []
+    ours = {n for n, p in built.named_parameters() if p.requires_grad}
+    other = [f"{n} saved, not trained here" for n in sorted(trained - ours)]
+    other += [f"{n} trained here, not saved" for n in sorted(ours - trained)]
+    if not other:
         return []
     return [
-        f"{_where(cfg.origins, 'model')}: --resume: {path.name} holds a model of other "
-        f"shapes ({_first_three(changed)}); resume with "
-        f"the model settings it was saved with (its run's config.yaml)"
+        f"{where}: --resume: {path.name} holds optimizer state for other parameters "
+        f"({_first_three(other)}; tied weights, model.config.tie_word_embeddings, are one "
+        f"parameter); {fix}"
     ]
 
 

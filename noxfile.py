@@ -1,5 +1,6 @@
 """Spore's sessions: lint, core, tests(<package>) per catalog entry, integration, protenix; and,
-not run by default, mfusion_full, mindspore, bench and build (the release artifacts).
+not run by default, mfusion_full, setup_command, mindspore, bench and build (the release
+artifacts).
 
 Every install uses `-c constraints.txt`, so torch resolves to the 2.13.0 CPU build.
 """
@@ -155,6 +156,15 @@ def integration(session: nox.Session) -> None:
     """Everything installed together: catalog, docs, README commands and CLI end to end."""
     _install(session, *_all_packages(), test=f"./{CORE}")
     _pytest(session, "tests")
+
+
+@nox.session(default=False)
+def setup_command(session: nox.Session) -> None:
+    """The README's set-up command in a fresh copy of the checkout (not default: CI runs it).
+
+    CI runs that command itself, in a clean clone, before the tests."""
+    session.install(*CONSTRAINTS, "./core[test]")
+    _pytest(session, "tests/test_readme.py", "-m", "setup_command")
 
 
 @nox.session(default=False)

@@ -53,6 +53,7 @@ def test_ci_runs_the_readme_setup_then_test_command() -> None:
     assert "nox" in test
 
 
+@pytest.mark.setup_command
 def test_setup_command_works_in_a_fresh_venv(tmp_path) -> None:
     command = _block_after("<!-- ci:setup -->")
     checkout = tmp_path / "checkout"

@@ -9,6 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from lite_boost import backends as A
+from lite_boost import sparse_attention
 from spore import dispatch
 
 
@@ -108,6 +109,20 @@ def test_unknown_backends_are_refused(monkeypatch):
 def test_bad_shapes_raise(shapes, match):
     with pytest.raises(ValueError, match=match):
         A.attention(*(torch.randn(s) for s in shapes))
+
+
+@pytest.mark.parametrize(
+    "dtypes",
+    [(torch.int64,) * 3, (torch.float32, torch.bfloat16, torch.float32), (torch.bool,) * 3],
+)
+def test_integer_or_mixed_dtypes_raise_a_type_error_naming_them(dtypes):
+    """SDPA's own error for these ("expected scalar type Float but found Long") named neither
+    the argument nor the fix; the sparse path's kernel already named them."""
+    q, k, v = (torch.ones(1, 2, 4, 8).to(d) for d in dtypes)
+    with pytest.raises(TypeError, match="floating-point q, k and v of one dtype, got "):
+        A.attention(q, k, v)
+    with pytest.raises(TypeError, match="floating-point q, k and v of one dtype"):
+        sparse_attention(q, k, v, latent_shape=(1, 1, 4), text_len=0, sparsity=0.0)
 
 
 @pytest.mark.parametrize(

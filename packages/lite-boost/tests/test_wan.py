@@ -98,6 +98,21 @@ def test_sparsity_zero_equals_the_original(per_token):
     torch.testing.assert_close(got, want, atol=ATOL, rtol=RTOL)
 
 
+def test_a_boosted_model_compiles_as_one_graph():
+    """The RoPE tables' cache takes a lock, which dynamo cannot trace: a boosted model failed
+    ``torch.compile(fullgraph=True)``, which the original passes. Traced, the tables are made
+    in the graph, equal to the cached ones."""
+    model = _model()
+    inputs = _inputs()
+    want = _run(model, *inputs)
+    boosted = boost(copy.deepcopy(model), sparsity=0.0)
+    torch._dynamo.reset()
+    compiled = torch.compile(boosted, backend="aot_eager", fullgraph=True)
+    hits = rope3d.cache_info().hits
+    torch.testing.assert_close(_run(compiled, *inputs), want, atol=ATOL, rtol=RTOL)
+    assert rope3d.cache_info().hits == hits  # the compiled model did not read the cache
+
+
 @pytest.mark.parametrize("sparsity", [0.0, 0.5])
 def test_a_step_under_inference_mode_leaves_training_working(sparsity):
     """A validation step under torch.inference_mode, then a training step on the same grid: the
@@ -187,6 +202,14 @@ def test_bfloat16_is_as_close_as_diffusers_own_bfloat16():
     theirs = (_run(low, *args).float() - want).abs().max().item()
     ours = (_run(boost(low), *args).float() - want).abs().max().item()
     assert ours <= 1.5 * theirs, (ours, theirs)
+
+
+def test_boosting_a_compiled_model_says_to_boost_before_compiling():
+    """``boost(torch.compile(model))`` said only that no booster exists for OptimizedModule."""
+    model = _model()
+    with pytest.raises(LookupError, match=r"torch.compile wrapped the WanTransformer3DModel; "):
+        boost(torch.compile(model))
+    assert not isinstance(model.rope, W.CachedWanRope)  # the model was left as it was
 
 
 def test_registry_finds_the_boosters_by_class_name():

@@ -103,7 +103,14 @@ def reference(
 
 
 def check_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
-    """(batch, heads, seq, head_dim) tensors; k and v alike; q's heads a multiple of k's."""
+    """(batch, heads, seq, head_dim) floating-point tensors of one dtype; k and v alike; q's
+    heads a multiple of k's."""
+    dtypes = (q.dtype, k.dtype, v.dtype)
+    if not all(d.is_floating_point for d in dtypes) or len(set(dtypes)) > 1:
+        raise TypeError(
+            f"lite_boost attention takes floating-point q, k and v of one dtype, got "
+            f"{', '.join(map(str, dtypes))}; convert them to one (e.g. q.float())"
+        )
     if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
         raise ValueError(
             "lite_boost attention takes (batch, heads, seq, head_dim) tensors, got shapes "

@@ -12,7 +12,9 @@ cosines and sines are evaluated in float64 on the CPU at a cache miss (as diffus
 own tables) and stored rounded once to ``dtype`` (float32 by default) on ``device``; later calls
 for the same key return the cached tensors (shared: do not modify them). The cache is a bounded
 LRU of :data:`CACHE_SIZE` entries keyed by (grid, head_dim, device, dtype, theta); a 21x30x52
-grid at head_dim 128 is about 17 MB of float32 tables.
+grid at head_dim 128 is about 17 MB of float32 tables. Under ``torch.compile`` the tables are
+computed in the graph instead (the same float64 evaluation; no cache, no lock to trace), so a
+boosted model compiles with ``fullgraph=True``.
 
 :func:`apply_rope` rotates ``x`` with such tables through ``torch.ops.spore.rope`` in its
 ``"interleaved"`` mode (computed in float32, rounded once to ``x``'s dtype), so no permutation
@@ -131,6 +133,9 @@ def rope_tables(
     if not isinstance(theta, (int, float)) or isinstance(theta, bool) or not 0 < theta < math.inf:
         raise ValueError(f"theta must be a positive finite number, got {theta!r}")
     dev = _device(device)
+    if torch.compiler.is_compiling():  # dynamo cannot trace the cache's lock: made in the graph
+        angles = _angles(sizes, head_dim, float(theta))
+        return angles.cos().to(dev, dtype), angles.sin().to(dev, dtype)
     key: _Key = (sizes, head_dim, str(dev), dtype, float(theta))
     with _cache.lock:
         found = _cache.entries.get(key)

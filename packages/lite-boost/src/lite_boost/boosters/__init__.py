@@ -229,6 +229,13 @@ def find(model_or_class: torch.nn.Module | type | str) -> Booster:
         if name in table:
             return table[name]
     known = ", ".join(sorted(table)) or "none"
+    wrapped = getattr(model_or_class, "_orig_mod", None)  # torch.compile's OptimizedModule
+    if isinstance(model_or_class, torch.nn.Module) and isinstance(wrapped, torch.nn.Module):
+        raise LookupError(
+            f"no lite-boost booster for {names[0]}: torch.compile wrapped the "
+            f"{type(wrapped).__name__}; boost the model before compiling it "
+            f"(lite_boost.boost(model), then torch.compile(model))"
+        )
     raise LookupError(f"no lite-boost booster for {names[0]} (boosters exist for: {known})")
 
 

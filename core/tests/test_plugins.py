@@ -206,6 +206,68 @@ def test_an_undone_load_keeps_a_disabled_plugins_kernels(
     assert list(op.kernels) == [("cpu", "switchedoff")]
 
 
+def test_an_interrupted_add_commands_is_undone_and_retried(
+    spore_plugin_source, spore_manager
+) -> None:
+    """A KeyboardInterrupt out of a plugin's spore_add_commands was not undone: the commands
+    of the plugins after it were never added, and every later call added none."""
+    spore_plugin_source(
+        "interrupted",
+        "import click, spore\n"
+        "CALLS = []\n"
+        "@spore.hookimpl\n"
+        "def spore_add_commands(cli):\n"
+        "    cli.add_command(click.Command('half'))\n"
+        "    CALLS.append(1)\n"
+        "    if len(CALLS) == 1:\n"
+        "        raise KeyboardInterrupt\n",
+    )
+    spore_plugin_source(
+        "zlater",
+        "import click, spore\n"
+        "@spore.hookimpl\n"
+        "def spore_add_commands(cli):\n"
+        "    cli.add_command(click.Command('later'))\n",
+    )
+    manager = spore_manager({"SPORE_PLUGINS": "interrupted,zlater"})
+    cli = click.Group(commands=[click.Command("own")])
+    with pytest.raises(KeyboardInterrupt):
+        manager.add_commands(cli)
+    assert list(cli.commands) == ["own"]
+    manager.add_commands(cli)
+    assert sorted(cli.commands) == ["half", "later", "own"]
+    registered = {i.name: i.registered["commands"] for i in manager.plugins()}
+    assert (registered["interrupted"], registered["zlater"]) == (["half"], ["later"])
+
+
+def test_an_interrupted_load_whose_undoing_fails_raises_at_each_later_use(
+    spore_plugin_source, spore_manager, monkeypatch
+) -> None:
+    """An undo that raised left the manager "loading": later uses returned at once, with
+    half-filled registries and no word."""
+    spore_plugin_source(
+        "interrupting",
+        "import spore\n"
+        "@spore.hookimpl\n"
+        "def spore_register_passes(registry):\n"
+        "    registry.add(lambda gm: 0, name='half_registered')\n"
+        "    raise KeyboardInterrupt\n",
+    )
+    manager = spore_manager({"SPORE_PLUGINS": "interrupting"})
+
+    def refuse(owner: str) -> None:
+        raise RuntimeError("cannot withdraw")
+
+    monkeypatch.setattr(manager.registries["passes"], "remove_owner", refuse)
+    with pytest.raises(KeyboardInterrupt):
+        manager.registry("passes")
+    for _ in range(2):
+        with pytest.raises(PluginError, match=r"interrupted \(KeyboardInterrupt\) and") as err:
+            manager.registry("passes")
+        assert "RuntimeError: cannot withdraw" in str(err.value)
+        assert "start a new process" in str(err.value)
+
+
 def test_hook_with_unknown_arguments_fails(fixture_plugins, spore_manager) -> None:
     fixture_plugins("badargs")
     status, reason = _statuses(spore_manager())["badargs"]

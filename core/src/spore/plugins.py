@@ -122,9 +122,23 @@ class PluginManager:
                 self._error = exc
                 self._state = "loaded"
                 raise
-            except BaseException:  # Ctrl-C, a test's skip: undone, the next use loads again
-                self._unload()
+            except BaseException as interrupt:  # Ctrl-C, a test's skip: undone, loaded again
+                self._undo_load(interrupt)
                 raise
+            self._state = "loaded"
+
+    def _undo_load(self, interrupt: BaseException) -> None:
+        """Undo a load that ``interrupt`` stopped midway; where undoing fails too, every later
+        use raises a :class:`PluginError` saying so, never half-filled registries."""
+        try:
+            self._unload()
+        except BaseException as exc:
+            self._error = PluginError(
+                f"loading the plugins was interrupted ({type(interrupt).__name__}) and undoing "
+                f"it failed ({type(exc).__name__}: {exc}), leaving the registries half-filled; "
+                f"start a new process"
+            )
+            self._error.__cause__ = exc
             self._state = "loaded"
 
     def _unload(self) -> None:
@@ -311,7 +325,21 @@ class PluginManager:
             if self._cli is cli:
                 return
             self._cli = cli
-            self._call_each("spore_add_commands", self._commands_scope, cli=cli)
+            try:
+                self._call_each("spore_add_commands", self._commands_scope, cli=cli)
+            except Exception:  # a plugin error: the failed plugin's commands are withdrawn
+                raise
+            except BaseException:  # Ctrl-C, a test's skip: undone, the next call adds again
+                self._withdraw_commands(cli)
+                raise
+
+    def _withdraw_commands(self, cli: click.Group) -> None:
+        """Take the commands plugins added out of ``cli`` and forget them and ``cli``."""
+        for names in self._commands.values():
+            for name in names:
+                cli.commands.pop(name, None)
+        self._commands = {}
+        self._cli = None
 
     @contextmanager
     def _commands_scope(self, owner: str) -> Iterator[None]:

@@ -468,10 +468,15 @@ def test_a_provider_must_be_a_non_empty_str() -> None:
     with pytest.raises(ValueError, match="Registrar's provider must name the plugin or package"):
         dispatch.Registrar("")
     registrar, registry = dispatch.Registrar("acme"), OpRegistry("op")
-    for provider in ("acme:", "", 3):  # a sub-provider with no name, or no provider at all
+    for provider in ("acme:", "", "other:x"):  # a sub-provider with no name, or another's
         with pytest.raises(ValueError, match="as 'acme' or 'acme':<name>"):
             registrar.kernel(op, "cpu", _rms, provider=provider)
         with registry.owned_by("acme"), pytest.raises(ValueError, match="as 'acme' or"):
+            registry.kernel(op, "cpu", _rms, provider=provider)
+    for provider in (3, b"acme:x"):  # not a str: a TypeError, as from register_kernel
+        with pytest.raises(TypeError, match=r"a provider must be a str, got (int 3|bytes)"):
+            registrar.kernel(op, "cpu", _rms, provider=provider)
+        with registry.owned_by("acme"), pytest.raises(TypeError, match="a provider must be"):
             registry.kernel(op, "cpu", _rms, provider=provider)
     assert op.kernels == {}
     x, w = _inputs()

@@ -19,7 +19,7 @@ from typing import Any
 import torch
 from torch.autograd import forward_ad
 
-from spore.errors import DuplicateRegistrationError, check_device_type
+from spore.errors import DuplicateRegistrationError, check_device_type, check_sub_provider
 
 NAMESPACE = "spore"
 REFERENCE = "reference"
@@ -501,14 +501,8 @@ class Registrar:
     ) -> Kernel:
         """:func:`register_kernel` as ``provider`` or the given sub-provider
         ``"<provider>:<name>"``."""
-        prefix = f"{self.provider}:"
-        if provider is not None and (
-            not isinstance(provider, str) or not provider.startswith(prefix) or provider == prefix
-        ):
-            raise ValueError(
-                f"registrar {self.provider!r} registers kernels as {self.provider!r} or "
-                f"{self.provider!r}:<name>, not {provider!r}"
-            )
+        if provider is not None:
+            check_sub_provider(provider, self.provider, f"registrar {self.provider!r}")
         return register_kernel(
             op, device, fn, provider=provider or self.provider, priority=priority, supports=supports
         )

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 from spore import backends, bench, graph_passes
-from spore.errors import DuplicateRegistrationError, check_device_type
+from spore.errors import DuplicateRegistrationError, check_device_type, check_sub_provider
 
 T = TypeVar("T")
 
@@ -199,15 +199,8 @@ class OpRegistry(Registry[Any]):
         owner = self._owner
         if provider is None:
             provider = owner
-        elif (
-            not isinstance(provider, str)
-            or not provider.startswith(f"{owner}:")
-            or provider == f"{owner}:"
-        ):
-            raise ValueError(
-                f"plugin {owner!r} registers kernels as {owner!r} or {owner!r}:<name>, "
-                f"not {provider!r}"
-            )
+        else:
+            check_sub_provider(provider, owner, f"plugin {owner!r}")
         kernel = dispatch.register_kernel(
             op,
             device,

@@ -498,6 +498,21 @@ def test_a_pass_class_missing_a_method_names_the_pass_and_the_method() -> None:
         run_passes(gm, [PassEntry("NoCall", NoCall(), "post_grad")])
 
 
+def test_a_pass_missing_a_method_is_named_as_registered() -> None:
+    """The error named a pass by its class's ``name``: one registered as 'mine' (what
+    ``spore passes`` lists) was called 'half', and two instances under two names looked alike."""
+    from spore.graph_passes import PassEntry, UndefinedPassMethodError, run_passes
+
+    class Half(spore.GraphPass):
+        name = "half"
+
+    gm = make_fx(_f)(torch.randn(8))
+    with pytest.raises(UndefinedPassMethodError, match=r"^pass 'mine' \(.*Half\) does not"):
+        run_passes(gm, [PassEntry("mine", Half(), "post_grad")])
+    with pytest.raises(NotImplementedError, match=r"^pass 'half' \(.*Half\) does not"):
+        Half()(gm)  # not registered: its own name
+
+
 def test_a_pass_returning_none_after_rewriting_in_place_is_recompiled() -> None:
     """A pass that edits the graph and returns None ("an int, or None") left the GraphModule
     running its old code: it was recompiled only after a count above 0."""

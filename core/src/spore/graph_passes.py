@@ -59,16 +59,28 @@ class GraphPass:
     version: str = "1"
 
     def __call__(self, gm: Any) -> int:
-        raise _undefined(self, "__call__(gm)", "a GraphPass defines __call__(gm) -> int")
+        raise UndefinedPassMethodError(
+            self, "__call__(gm)", "a GraphPass defines __call__(gm) -> int"
+        )
 
 
-def _undefined(pass_: GraphPass, method: str, needs: str) -> NotImplementedError:
-    """The error for a pass class that left out ``method``: names the pass, the class and
-    what it must define (``needs``)."""
-    name = pass_.name or type(pass_).__name__
-    return NotImplementedError(
-        f"pass {name!r} ({type(pass_).__qualname__}) does not define {method}; {needs}"
-    )
+class UndefinedPassMethodError(NotImplementedError):
+    """A pass class left out ``method``: names the pass (``name``, else the pass's ``name`` or
+    its class's), the class and what it must define (``needs``).
+
+    .. versionadded:: 0.1.0
+    """
+
+    def __init__(self, pass_: GraphPass, method: str, needs: str, name: str = "") -> None:
+        self.pass_, self.method, self.needs = pass_, method, needs
+        name = name or pass_.name or type(pass_).__name__
+        super().__init__(
+            f"pass {name!r} ({type(pass_).__qualname__}) does not define {method}; {needs}"
+        )
+
+    def named(self, name: str) -> UndefinedPassMethodError:
+        """The same error naming the pass ``name`` (the name it is registered under)."""
+        return UndefinedPassMethodError(self.pass_, self.method, self.needs, name)
 
 
 _PATTERN_NEEDS = (
@@ -117,13 +129,13 @@ class PatternToPatternPass(GraphPass):
     reshape_views: bool = False
 
     def pattern(self, *args: Any) -> Any:
-        raise _undefined(self, "pattern()", _PATTERN_NEEDS)
+        raise UndefinedPassMethodError(self, "pattern()", _PATTERN_NEEDS)
 
     def replacement(self, *args: Any) -> Any:
-        raise _undefined(self, "replacement()", _PATTERN_NEEDS)
+        raise UndefinedPassMethodError(self, "replacement()", _PATTERN_NEEDS)
 
     def example_inputs(self) -> list[Any]:
-        raise _undefined(self, "example_inputs()", _PATTERN_NEEDS)
+        raise UndefinedPassMethodError(self, "example_inputs()", _PATTERN_NEEDS)
 
     def extra_check(self, match: Any) -> bool:
         return True
@@ -275,7 +287,7 @@ def run_passes(gm: Any, entries: list[PassEntry]) -> dict[str, int]:
     for entry in sorted(entries, key=lambda e: (-e.priority, e.name)):
         if entry.device is not None and device is not None and entry.device != device:
             continue
-        result = entry.pass_(gm)
+        result = _run(entry, gm)
         counts[entry.name] = _count(entry.name, result)
         if result is None or counts[entry.name]:
             gm.graph.lint()
@@ -284,6 +296,17 @@ def run_passes(gm: Any, entries: list[PassEntry]) -> dict[str, int]:
         _stats.update(counts)
         _totals.update(counts)
     return counts
+
+
+def _run(entry: PassEntry, gm: Any) -> Any:
+    """``entry``'s pass on ``gm``; a method its class left out is named with the pass's
+    registered name (its ``name`` attribute or class name may differ)."""
+    try:
+        return entry.pass_(gm)
+    except UndefinedPassMethodError as exc:
+        if exc.pass_ is not _unbound(entry.pass_)[0]:  # another pass that it ran
+            raise
+        raise exc.named(entry.name).with_traceback(exc.__traceback__) from None
 
 
 def _count(name: str, result: Any) -> int:
@@ -470,6 +493,7 @@ __all__ = [
     "PassEntry",
     "PatternToPatternPass",
     "SearchForm",
+    "UndefinedPassMethodError",
     "apply",
     "check_stage",
     "compile_fx",

@@ -130,6 +130,18 @@ def test_plugins_listing_notes_an_unknown_name_in_the_deny_list(run_spore) -> No
     assert json.loads(out.stdout)[0]["status"] == "active"  # stdout is still only the JSON
 
 
+def test_doctor_warns_of_a_name_in_the_deny_list_that_is_no_installed_plugin(run_spore) -> None:
+    """doctor logged such a name at most (``core``: not even that), and its report said
+    nothing."""
+    denied = {"SPORE_DISABLE_PLUGINS": "healthyy,core"}
+    out = run_spore("doctor", "--json", "--quick", plugins=("healthy",), env=denied)
+    notes = [c for c in json.loads(out.stdout)["checks"] if c["name"] == "plugin selection"]
+    assert [(c["source"], c["status"]) for c in notes] == [("core", "warn")] * 2
+    assert "names 'core', which is not an installed plugin" in notes[0]["detail"]
+    assert "names 'healthyy', which is not an installed plugin" in notes[1]["detail"]
+    assert out.returncode == (1 if json.loads(out.stdout)["worst"] == "error" else 0)
+
+
 def test_plugins_check_exit_codes(run_spore) -> None:
     assert run_spore("plugins", "check", plugins=("healthy",)).returncode == 0
     bad = run_spore("plugins", "check", "--json", plugins=("healthy", "broken"))

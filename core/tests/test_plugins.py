@@ -111,8 +111,12 @@ def test_an_unknown_name_in_the_deny_list_is_logged(fixture_plugins, spore_manag
     with caplog.at_level(logging.WARNING, logger="spore.plugins"):
         statuses = _statuses(spore_manager({"SPORE_DISABLE_PLUGINS": "healthyy,core"}))
     assert statuses["healthy"][0] is Status.ACTIVE  # the typo disabled nothing
-    (record,) = [r.getMessage() for r in caplog.records if "SPORE_DISABLE" in r.getMessage()]
-    assert "names 'healthyy', which is not an installed plugin (did you mean 'healthy'?" in record
+    core, typo = [r.getMessage() for r in caplog.records if "SPORE_DISABLE" in r.getMessage()]
+    assert "names 'healthyy', which is not an installed plugin (did you mean 'healthy'?" in typo
+    assert (  # 'core' was left out without a word
+        "names 'core', which is not an installed plugin (it is spore-core's built-in plugin, "
+        "which cannot be disabled; to load no other plugin, set SPORE_NO_PLUGINS=1;" in core
+    )
 
 
 @pytest.mark.parametrize(

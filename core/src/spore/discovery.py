@@ -11,7 +11,8 @@ Environment, highest precedence first:
 ``SPORE_PLUGINS=a,b``
     allow-list: only these are loaded (set but empty: none); each is *requested*.
 ``SPORE_DISABLE_PLUGINS=a,b``
-    deny-list.
+    deny-list; a name no installed plugin has (a typo, or ``core``, which cannot be disabled)
+    is logged as a warning when the plugins load.
 ``SPORE_STRICT_PLUGINS=1``
     any plugin failure raises :class:`spore.plugins.PluginError` instead of a warning.
 """

@@ -90,6 +90,7 @@ def run(manager: PluginManager, *, quick: bool = False) -> Report:
     manager.run_doctor(report)
     with report.source("core"):
         check_plugins(report, manager.plugins())
+        check_selection(report, manager.notes)
     return report
 
 
@@ -259,6 +260,13 @@ def check_plugins(report: Report, infos: list[PluginInfo]) -> None:
             f"{detail} ({info.reason})" if info.reason else detail,
             fix="see `spore plugins check` for the full cause" if status == "failed" else None,
         )
+
+
+def check_selection(report: Report, notes: list[str]) -> None:
+    """A warning for each note loading made on the plugin selection (a name in
+    ``SPORE_DISABLE_PLUGINS`` that is no installed plugin)."""
+    for note in notes:
+        report.add("plugin selection", "warn", note)
 
 
 def clone_warmup(clones: int = WARMUP_CLONES, mib: int = 128) -> dict[str, list[float]]:

@@ -195,14 +195,13 @@ class PluginManager:
 
     def _warn_unknown_denied(self) -> None:
         """A name in ``SPORE_DISABLE_PLUGINS`` that no installed plugin has (a typo leaves the
-        plugin meant enabled) is logged with the closest installed name."""
+        plugin meant enabled; ``core`` cannot be disabled) is logged with the closest
+        installed name, and kept in :attr:`notes`."""
         installed = sorted({i.name for i in self.discover()})
-        for name in sorted(self.selection.deny - {*installed, CORE_PLUGIN}):
-            close = difflib.get_close_matches(name, installed, n=1)
-            hint = f"did you mean {close[0]!r}? " if close else ""
+        for name in sorted(self.selection.deny - set(installed)):
             note = (
                 f"SPORE_DISABLE_PLUGINS names {name!r}, which is not an installed plugin "
-                f"({hint}installed: {', '.join(installed) or 'none'})"
+                f"({_unknown_hint(name, installed)}installed: {', '.join(installed) or 'none'})"
             )
             self.notes.append(note)
             log.warning("%s", note)
@@ -418,6 +417,18 @@ class PluginManager:
         """Collect ``spore_doctor`` checks from the core and each live plugin."""
         self.load()
         self._call_each("spore_doctor", report.source, report=report)
+
+
+def _unknown_hint(name: str, installed: list[str]) -> str:
+    """What to say of ``name``, denied but not installed: the closest installed name, or
+    for ``core`` that it cannot be disabled."""
+    if name == CORE_PLUGIN:
+        return (
+            "it is spore-core's built-in plugin, which cannot be disabled; to load no other "
+            "plugin, set SPORE_NO_PLUGINS=1; "
+        )
+    close = difflib.get_close_matches(name, installed, n=1)
+    return f"did you mean {close[0]!r}? " if close else ""
 
 
 class DuplicateCommandError(ValueError):

@@ -340,6 +340,30 @@ def test_doctor_reports_a_plugin_whose_commands_fail(run_spore) -> None:
     assert out.returncode == 1
 
 
+def test_doctor_exits_1_when_a_plugin_asked_for_by_name_fails(
+    spore_plugin_source, spore_manager, capsys
+) -> None:
+    """A failing doctor hook of a plugin in SPORE_PLUGINS exited 2 (the plugin-error status
+    of other commands) where the docs promise 1 for any error; so did one in strict mode."""
+    from spore.cli import main
+
+    spore_plugin_source(
+        "sickly",
+        "import spore\n"
+        "@spore.hookimpl\n"
+        "def spore_doctor(report):\n"
+        "    raise RuntimeError('cannot examine')\n",
+    )
+    for env in ({"SPORE_PLUGINS": "sickly"}, {"SPORE_STRICT_PLUGINS": "1"}):
+        spore_manager(env)
+        with pytest.raises(SystemExit) as exit_:
+            main(["doctor", "--quick"])
+        assert exit_.value.code == 1
+        err = " ".join(capsys.readouterr().err.split())
+        assert "Error: spore plugin 'sickly' (sickly 0.1.0) hook spore_doctor raised" in err
+        assert "(cause: RuntimeError('cannot examine'))" in err
+
+
 def test_json_stdout_is_only_json_when_a_plugin_prints(run_spore) -> None:
     # noeol prints at import; each --json command loading it in-process kept that on stdout
     for command in (

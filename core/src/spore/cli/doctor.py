@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import sys
+from typing import TYPE_CHECKING
 
 import click
 
 from spore.cli.render import JSON_OPTION, Column, echo_json, print_table, styled
-from spore.plugins import get_manager
+from spore.plugins import PluginError, get_manager
+
+if TYPE_CHECKING:
+    from spore.doctor import Report
 
 COLUMNS = [
     Column("from", lambda c: c.source, "name"),
@@ -25,18 +29,29 @@ def doctor_cmd(as_json: bool, quick: bool) -> None:
     """Check the environment: python, torch build, devices, compilers, allocator, plugins.
 
     Measures the fresh-allocation penalty and what `spore run` would gain here (a few seconds;
-    --quick skips it). Exits 1 when any check reports an error.
+    --quick skips it). Exits 1 when any check reports an error, or when a plugin asked for by
+    name (or any, under SPORE_STRICT_PLUGINS=1) fails.
     """
-    from spore import doctor
-
-    manager = get_manager()
-    root = click.get_current_context().find_root().command
-    if isinstance(root, click.Group):  # a plugin failing to add its commands is not healthy
-        manager.add_commands(root)
-    report = doctor.run(manager, quick=quick)
+    report = _report(quick)
     if as_json:
         echo_json(report.to_dict())
     else:
         print_table("spore doctor", COLUMNS, report.checks, label="check")
     if report.worst == "error":
         sys.exit(1)
+
+
+def _report(quick: bool) -> Report:
+    """Run the checks; a plugin error (strict mode, a plugin asked for by name) is an
+    unhealthy plugin, so it exits 1 as a failed check does, not 2 as other commands."""
+    from spore import doctor
+
+    manager = get_manager()
+    root = click.get_current_context().find_root().command
+    try:
+        if isinstance(root, click.Group):  # a plugin failing to add its commands is not healthy
+            manager.add_commands(root)
+        return doctor.run(manager, quick=quick)
+    except PluginError as exc:
+        cause = f" (cause: {exc.__cause__!r})" if exc.__cause__ else ""
+        raise click.ClickException(f"{exc}{cause}") from exc

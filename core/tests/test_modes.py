@@ -1,6 +1,8 @@
 from __future__ import annotations
 
+import copy
 import logging
+import pickle
 
 import pytest
 import torch
@@ -101,3 +103,21 @@ def test_a_failed_enter_leaves_the_mode_usable(monkeypatch) -> None:
     with counter:
         x + 1
     assert counter.counts == {"aten.add.Tensor": 1}
+
+
+@pytest.mark.parametrize(
+    "make_copy", [copy.deepcopy, copy.copy, lambda m: pickle.loads(pickle.dumps(m))]
+)
+def test_a_copy_of_an_entered_mode_is_a_mode_of_its_own(make_copy) -> None:
+    """deepcopy and pickle of a mode once entered raised (its per-thread entry count cannot be
+    pickled); a copy.copy shared that count, so entering the copy inside the original did
+    nothing and the copy saw no op."""
+    x = torch.randn(2)
+    with spore.OpCounter() as counter:
+        x.neg()
+        copied = make_copy(counter)
+        copied.counts = type(counter.counts)()
+        with copied:
+            x.exp()
+    assert copied.counts == {"aten.exp.default": 1}
+    assert counter.counts == {"aten.neg.default": 1, "aten.exp.default": 1}

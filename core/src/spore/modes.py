@@ -4,7 +4,8 @@ Built on PyTorch's ``TorchDispatchMode``. Subclass and override ``__spore_dispat
 instance as a context manager or a decorator. Modes nest: the innermost sees an op first, and
 what it runs is seen by the next one out; leaving the inner mode, the outer resumes. Entering
 an instance that is already active on this thread (a decorated function called inside it, or
-calling itself) changes nothing: it sees each op once.
+calling itself) changes nothing: it sees each op once. A copy is a mode of its own, not
+entered.
 """
 
 from __future__ import annotations
@@ -43,6 +44,11 @@ class DispatchMode(TorchDispatchMode, ContextDecorator):
         if "_spore_depth" not in self.__dict__:
             self.__dict__["_spore_depth"] = threading.local()
         return self.__dict__["_spore_depth"]
+
+    def __getstate__(self) -> dict[str, Any]:
+        """The state without the per-thread entry count: a copy (``copy``, ``deepcopy``,
+        ``pickle``) is a mode of its own, not entered, whatever this one is."""
+        return {k: v for k, v in self.__dict__.items() if k != "_spore_depth"}
 
     def __spore_dispatch__(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         return func(*args, **kwargs)

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import math
 import time
 from types import SimpleNamespace
 
@@ -60,6 +61,18 @@ def test_invalid_cases_and_arguments() -> None:
     case = Benchmark("x", lambda s: None, lambda s: None, baseline_label="b")
     with pytest.raises(ValueError, match="repeat must be >= 1"):
         bench.run(case, "tests", repeat=0)
+
+
+@pytest.mark.parametrize("min_time", [math.nan, math.inf, -0.5, 3600.5])
+def test_run_refuses_a_min_time_that_is_no_number_of_seconds(min_time: float) -> None:
+    """NaN passed ``min_time < 0`` and, like infinity, failed every case with a bare
+    "cannot convert float NaN to integer" in ``Result.error``; ``spore bench`` refused them."""
+    case = Benchmark("x", lambda s: None, lambda s: None, baseline_label="b")
+    with pytest.raises(ValueError, match=r"min_time must be a number of seconds from 0 to 3600"):
+        bench.run(case, "tests", min_time=min_time)
+    with pytest.raises(TypeError, match="min_time must be a number of seconds, got str '1'"):
+        bench.run(case, "tests", min_time="1")  # type: ignore[arg-type]
+    assert bench.run(case, "tests", repeat=1, min_time=0).error is None
 
 
 def test_self_timed_samples_with_changing_keys_are_that_case_s_error() -> None:

@@ -18,6 +18,8 @@ from typing import Any
 from spore.runtime import allocator_in_use, runtime_environment, usable_cores
 
 MAX_LOOPS = 1_000_000
+MAX_MIN_TIME = 3600.0
+"""The longest ``min_time`` (seconds a timed sample lasts at least) :func:`run` takes."""
 
 
 @dataclass(frozen=True)
@@ -98,11 +100,12 @@ def _loops_for(fn: Callable[[Any], Any], state: Any, min_time: float) -> int:
 
 
 def run(bench: Benchmark, owner: str, *, repeat: int = 5, min_time: float = 0.05) -> Result:
-    """Measure one case; errors are captured in ``Result.error`` rather than raised."""
+    """Measure one case; the case's errors are captured in ``Result.error`` rather than
+    raised. ``repeat`` below 1, or a ``min_time`` that is not 0 to :data:`MAX_MIN_TIME`
+    seconds, is a ``ValueError`` (a value of the wrong type: ``TypeError``)."""
     if repeat < 1:
         raise ValueError(f"repeat must be >= 1, got {repeat}")
-    if min_time < 0:
-        raise ValueError(f"min_time must be >= 0, got {min_time}")
+    _check_min_time(min_time)
     result = Result(bench.name, owner, bench.baseline_label, bench.candidate_label, repeat)
     if bench.self_timed:
         return _run_self_timed(bench, result)
@@ -130,6 +133,19 @@ def run(bench: Benchmark, owner: str, *, repeat: int = 5, min_time: float = 0.05
         return result
     result.loops = loops
     return _summarise(result, base_t, cand_t)
+
+
+def _check_min_time(min_time: float) -> None:
+    """Refuse a ``min_time`` that is not a number of seconds from 0 to :data:`MAX_MIN_TIME`
+    (NaN and infinity included: they failed every case)."""
+    if isinstance(min_time, bool) or not isinstance(min_time, int | float):
+        raise TypeError(
+            f"min_time must be a number of seconds, got {type(min_time).__name__} {min_time!r}"
+        )
+    if not 0 <= min_time <= MAX_MIN_TIME:
+        raise ValueError(
+            f"min_time must be a number of seconds from 0 to {MAX_MIN_TIME:g}, got {min_time}"
+        )
 
 
 def _summarise(result: Result, base_t: list[float], cand_t: list[float]) -> Result:

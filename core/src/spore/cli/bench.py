@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from spore import childproc
+from spore.bench import MAX_MIN_TIME
 from spore.cli.render import JSON_OPTION, Column, console, echo_json, print_table, styled
 from spore.cli.run import plan, report_plan, runtime_options
 from spore.plugins import get_manager
@@ -43,7 +44,7 @@ def _finite(param: click.Parameter, value: float) -> float:
     "--min-time",
     default=0.05,
     show_default=True,
-    type=click.FloatRange(min=0, max=3600),
+    type=click.FloatRange(min=0, max=MAX_MIN_TIME),
     callback=lambda ctx, param, value: _finite(param, value),
     help=(
         "Seconds each timed sample lasts at least (calls are looped to reach it). Self-timed "

@@ -440,6 +440,33 @@ def test_a_resume_on_another_data_layout_fails_before_any_process_starts(tmp_pat
     assert preflight.resolve(None, [*args, "parallel.nproc=2", "data.seq_len=64"], resume="latest")
 
 
+def test_a_resume_under_other_schedule_settings_fails_before_any_process_starts(tmp_path) -> None:
+    """The resumed scheduler went on under the new schedule.* settings: the learning rate
+    switched schedules mid-run, without a word. run.steps may change (the schedule spans the
+    new steps), and a checkpoint whose trainer.pt does not name its schedule is not checked."""
+    out = tmp_path / "out"
+    _checkpoint(out, 2)
+    args = [f"run.output={out}"]
+    assert preflight.resolve(None, [*args, "schedule.name=linear"], resume="latest")  # older
+    done = out / "checkpoints" / "step_00000002"
+    saved = {"name": "cosine", "warmup_steps": 20, "min_lr_ratio": 0.1}
+    torch.save({"sampler": {"world": 1, "batch_size": 16}, "schedule": saved}, done / "trainer.pt")
+    assert preflight.resolve(None, [*args, "run.steps=1000"], resume="latest")
+    with pytest.raises(config.ConfigError) as info:
+        preflight.resolve(
+            None, [*args, "schedule.name=linear", "schedule.warmup_steps=5"], resume="latest"
+        )
+    assert (
+        "--set schedule.name=linear, --set schedule.warmup_steps=5: --resume: step_00000002 was "
+        "saved under other schedule settings (schedule.name: 'cosine' saved, 'linear' asked; "
+        "schedule.warmup_steps: 20 saved, 5 asked); resuming under these would switch the "
+        "learning-rate schedule mid-run: resume with the saved ones (--set schedule.name=cosine "
+        "--set schedule.warmup_steps=20; its run's config.yaml)"
+    ) in str(info.value)
+    with pytest.raises(config.ConfigError, match=r"min_lr_ratio: 0\.1 saved, 0\.5 asked"):
+        preflight.resolve(None, [*args, "schedule.min_lr_ratio=0.5"], resume="latest")
+
+
 def test_ranges_and_lengths_are_checked_with_every_other_problem(tmp_path) -> None:
     path = _write(
         tmp_path,

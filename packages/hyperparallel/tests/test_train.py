@@ -305,6 +305,8 @@ def test_a_resume_with_more_steps_follows_the_new_schedule_from_its_first_step(t
         return {r["step"]: r for r in map(json.loads, lines)}
 
     got, want = records(part), records(whole)
+    saved = torch.load(part / "checkpoints/step_00000006/trainer.pt", weights_only=False)
+    assert saved["schedule"] == {"name": "cosine", "warmup_steps": 1, "min_lr_ratio": 0.1}
     assert sorted(got) == list(range(1, 7))
     assert [got[s]["lr"] for s in got] == [want[s]["lr"] for s in got]
     assert [got[s]["loss"] for s in got] == [want[s]["loss"] for s in got]  # bitwise

@@ -313,6 +313,16 @@ def data_layout(path: Path) -> dict[str, int] | None:
         return None
 
 
+def saved_schedule(path: Path) -> dict[str, Any] | None:
+    """The schedule section the checkpoint was saved under (``schedule.*`` by key); None when
+    its ``trainer.pt`` does not name it (older checkpoints) or is unreadable."""
+    try:
+        schedule = torch.load(path / "trainer.pt", weights_only=False).get("schedule")
+    except Exception:  # missing, truncated, or not written by spore train
+        return None
+    return schedule if isinstance(schedule, dict) else None
+
+
 def _entries(path: Path) -> dict[str, Any]:
     """DCP's metadata of the checkpoint's entries by key (empty when unreadable)."""
     from torch.distributed.checkpoint import FileSystemReader

@@ -203,6 +203,28 @@ def _resumed_model_problems(cfg: Config, path: Path) -> list[str]:
     ]
 
 
+def _resumed_schedule_problems(cfg: Config, path: Path) -> list[str]:
+    """The checkpoint was saved under this run's ``schedule`` settings: a resume under others
+    would switch the learning-rate schedule mid-run. ``run.steps`` may change (the schedule
+    then spans the new steps)."""
+    saved = checkpoint.saved_schedule(path)
+    if saved is None:  # saved before trainer.pt named its schedule: nothing to compare
+        return []
+    asked = cfg.schedule.model_dump()
+    changed = [k for k, v in saved.items() if asked.get(k) != v]
+    if not changed:
+        return []
+    where = ", ".join(dict.fromkeys(cfg.origins.get(f"schedule.{k}", "default") for k in changed))
+    differ = "; ".join(f"schedule.{k}: {saved[k]!r} saved, {asked.get(k)!r} asked" for k in changed)
+    fix = " ".join(f"--set schedule.{k}={saved[k]}" for k in changed)
+    return [
+        f"{where}: --resume: {path.name} was saved under other schedule settings ({differ}); "
+        f"resuming under these would switch the learning-rate schedule mid-run: resume with the "
+        f"saved ones ({fix}; its run's config.yaml), or start a new run from its export "
+        f"(model.pretrained) to change them"
+    ]
+
+
 def _unwritable(existing: Path) -> str | None:
     """Why the run cannot make or write its output inside ``existing`` (the output or its
     nearest existing parent), ``None`` when it can: a directory made and removed there."""
@@ -287,6 +309,7 @@ def _output_problems(cfg: Config, resume: str | None, world: int) -> list[str]:
                 f"one of its own checkpoints"
             )
         problems += _resumed_model_problems(cfg, path)
+        problems += _resumed_schedule_problems(cfg, path)
         if (saved["world"], saved["batch_size"]) != (world, cfg.data.batch_size):
             problems.append(
                 f"--resume: {path.name} was saved by {saved['world']} rank(s) of "

@@ -400,6 +400,7 @@ def train(
                     "scheduler": scheduler.state_dict(),
                     "sampler": sampler.state_dict(),
                     "data": {"seq_len": cfg.data.seq_len},
+                    "schedule": cfg.schedule.model_dump(),
                 }
                 outcome.checkpoint = checkpoint.save(
                     output, step, state, extra, keep=cfg.checkpoint.keep

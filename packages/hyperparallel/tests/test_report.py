@@ -27,10 +27,35 @@ def test_metrics_cut_short_by_a_kill_are_read_without_their_last_line(tmp_path) 
     path = tmp_path / "metrics.jsonl"
     path.write_text('{"step": 1, "loss": 2.0}\n{"step": 2, "loss": 1.5}\n{"step": 3, "lo')
     assert [r["step"] for r in report.read_metrics(path)] == [1, 2]
-    metrics = report.Metrics(path, resume_step=2)  # what a resume from step 2 does
+    metrics = report.Metrics(path, 2, path)  # what a resume from step 2 does
     metrics.write({"step": 3, "loss": 1.0})
     metrics.close()
     assert [r["step"] for r in report.read_metrics(path)] == [1, 2, 3]
+
+
+def test_a_resume_of_another_outputs_checkpoint_starts_from_that_outputs_log(tmp_path) -> None:
+    """--resume a/checkpoints/step_N --output b kept b's own lines up to step N, those of an
+    unrelated run, before the resumed run's steps: b's log now starts from a's."""
+    from hyperparallel.train import run_log
+
+    a, b = tmp_path / "a", tmp_path / "b"
+    for out, loss in ((a, 1.0), (b, 9.0)):
+        out.mkdir()
+        (out / "metrics.jsonl").write_text(
+            "".join(f'{{"step": {s}, "loss": {loss}}}\n' for s in (1, 2, 3))
+        )
+    resumed = a / "checkpoints" / "step_00000002"
+    assert run_log(resumed, b) == a / "metrics.jsonl"
+    assert run_log(b / "checkpoints" / "step_00000002", b) == b / "metrics.jsonl"  # its own
+    assert run_log(tmp_path / "step_00000002", b) == b / "metrics.jsonl"  # outside an output
+    metrics = report.Metrics(b / "metrics.jsonl", 2, run_log(resumed, b))
+    metrics.write({"step": 3, "loss": 0.5})
+    metrics.close()
+    assert [(r["step"], r["loss"]) for r in report.read_metrics(b / "metrics.jsonl")] == [
+        (1, 1.0),
+        (2, 1.0),
+        (3, 0.5),
+    ]
 
 
 def test_an_unreadable_metrics_line_is_named(tmp_path) -> None:

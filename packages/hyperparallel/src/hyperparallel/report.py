@@ -24,13 +24,14 @@ def write_atomic(path: Path, text: str) -> None:
 
 
 class Metrics:
-    """``metrics.jsonl``: one line per step; on resume, lines past the checkpoint are dropped,
+    """``metrics.jsonl``: one line per step. A resume starts it from the log of the run it
+    continues, ``earlier`` (``path`` itself, or another output's), up to the checkpoint's step,
     when the first step is written (a run that logs no step leaves the file as it was)."""
 
-    def __init__(self, path: Path, resume_step: int) -> None:
+    def __init__(self, path: Path, resume_step: int, earlier: Path) -> None:
         self.path = path
         self._kept = (
-            [r for r in read_metrics(path) if r["step"] <= resume_step] if resume_step else []
+            [r for r in read_metrics(earlier) if r["step"] <= resume_step] if resume_step else []
         )
         self._file: Any = None
 

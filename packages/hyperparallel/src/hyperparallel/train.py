@@ -53,6 +53,15 @@ def end_step(step: int, steps: int, stop_at: int | None) -> int:
     return min(steps, stop_at) if stop_at is not None and stop_at > step else steps
 
 
+def run_log(resumed: Path | None, output: Path) -> Path:
+    """The metrics log of the run a resume continues: that of the output whose ``checkpoints``
+    folder holds ``resumed`` (``output`` itself, or the run resumed elsewhere), else
+    ``output``'s (a checkpoint kept outside an output, or none)."""
+    if resumed is not None and resumed.parent.name == checkpoint.directory("").name:
+        return resumed.parent.parent / "metrics.jsonl"
+    return output / "metrics.jsonl"
+
+
 def device_type(parallel_cfg: ParallelSection) -> str:
     if parallel_cfg.device == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
@@ -347,7 +356,7 @@ def train(
         if step < end:  # a resume with nothing to train leaves the run's files as they are
             report.write_atomic(output / "config.yaml", cfg.to_yaml())
         try:
-            metrics = report.Metrics(output / "metrics.jsonl", step)
+            metrics = report.Metrics(output / "metrics.jsonl", step, run_log(resumed, output))
         except ValueError as exc:  # a damaged line of the log a resume continues
             raise InputError(
                 f"{exc}: fix or delete that line (metrics.jsonl is the run's log; the "

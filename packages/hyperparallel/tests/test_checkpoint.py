@@ -140,6 +140,22 @@ def test_resume_finds_a_runs_own_checkpoints_not_those_of_a_run_above_it(
     assert checkpoint.find(saved) == saved
 
 
+def test_the_damaged_checkpoints_find_passed_over_are_named_however_the_output_is_given(
+    tmp_path,
+) -> None:
+    """``--resume PATH`` of an output passed over a damaged newer checkpoint without the note
+    ``--resume`` (the run's own output) prints."""
+    out = tmp_path / "run"
+    older, damaged = (checkpoint.directory(out) / f"step_{s:08d}" for s in (2, 4))
+    damaged.mkdir(parents=True)  # no meta.json
+    older.mkdir()
+    (older / "meta.json").write_text('{"step": 2, "save": 1, "world_size": 1}')
+    for target in (out, str(out), checkpoint.directory(out)):
+        assert checkpoint.find(target) == older
+        assert checkpoint.skipped(target, older) == [damaged]
+    assert checkpoint.skipped(older, older) == []  # the checkpoint itself: nothing passed over
+
+
 def test_a_save_killed_while_replacing_a_step_loses_nothing(one_rank, tmp_path) -> None:
     """Killed between moving the old step_N aside and renaming the new one into place: the
     old one is put back by the next resume (or save), not deleted as stale."""

@@ -357,15 +357,18 @@ def test_a_damaged_checkpoint_is_named_with_the_older_one_to_resume_from(tmp_pat
     assert "Traceback" not in done.stderr
     assert f"error: {log}:1: not a metrics record" in done.stderr
     assert "fix or delete that line" in done.stderr
-    # a meta.json cut short: the checkpoint is not complete, and the resume says it skipped it
-    out = tmp_path / "meta_cut"
-    shutil.copytree(ref, out)
-    newest = checkpoint.find(out)
-    (newest / "meta.json").write_text("{")
-    done = run_train("--output", str(out), "--resume", *args)
-    assert f"note: skipped {newest.name} (meta.json missing or unreadable" in done.stderr
-    assert "resuming from step_00000001" in done.stderr
-    assert sorted(losses(out)) == [1, 2, 3]
+    # a meta.json cut short: the checkpoint is not complete, and the resume says it skipped it,
+    # --resume PATH of the output too (it said nothing)
+    for name, resume in (("meta_cut", ()), ("meta_cut_path", ("{out}",))):
+        out = tmp_path / name
+        shutil.copytree(ref, out)
+        newest = checkpoint.find(out)
+        (newest / "meta.json").write_text("{")
+        target = [item.format(out=out) for item in resume]
+        done = run_train("--output", str(out), "--resume", *target, *args)
+        assert f"note: skipped {newest.name} (meta.json missing or unreadable" in done.stderr
+        assert "resuming from step_00000001" in done.stderr
+        assert sorted(losses(out)) == [1, 2, 3]
 
 
 def test_a_resume_of_a_finished_run_says_there_is_nothing_to_train(tmp_path) -> None:

@@ -132,6 +132,15 @@ def find(path: str | Path) -> Path:
     )
 
 
+def skipped(target: str | Path, path: Path) -> list[Path]:
+    """The damaged ``step_N`` folders (see :func:`unreadable`) that :func:`find` passed over
+    for ``target`` to resume from ``path``: none when ``target`` is that checkpoint itself,
+    else those of the output it searched."""
+    if Path(target).expanduser() == path:
+        return []
+    return unreadable(path.parent.parent)
+
+
 @contextlib.contextmanager
 def _collectives() -> Iterator[dist.ProcessGroup]:
     """A gloo group for one save or load (every rank enters), destroyed on exit with its threads.

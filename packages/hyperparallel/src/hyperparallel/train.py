@@ -283,7 +283,8 @@ def train(
     state = checkpoint.TrainState(model, optimizer)
     step, resumed = 0, None
     if resume is not None:
-        path = checkpoint.find(output if resume == "latest" else resume)
+        target = output if resume == "latest" else resume
+        path = checkpoint.find(target)
         asked = _hyperparameters(optimizer, scheduler)
         try:
             extra = checkpoint.load(path, state)
@@ -315,7 +316,7 @@ def train(
                 f"continues the saved order: resume with run.seed={sampler.seed} (its "
                 f"config.yaml), or start a new run from its export (model.pretrained) to change it"
             )
-        if rank == 0 and resume == "latest" and (skipped := checkpoint.unreadable(output)):
+        if rank == 0 and (skipped := checkpoint.skipped(target, path)):
             print(
                 f"note: skipped {', '.join(p.name for p in skipped)} (meta.json missing or "
                 f"unreadable: damaged); resuming from {path.name}",

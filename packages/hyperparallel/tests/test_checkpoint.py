@@ -156,6 +156,20 @@ def test_the_damaged_checkpoints_find_passed_over_are_named_however_the_output_i
     assert checkpoint.skipped(older, older) == []  # the checkpoint itself: nothing passed over
 
 
+@pytest.mark.parametrize("meta", ["{}", '{"save": 3}', '{"step": "2"}', "[2]"])
+def test_a_meta_json_naming_no_step_is_damaged(tmp_path, meta: str) -> None:
+    """A meta.json of ``{}`` counted as a complete checkpoint, the first save (0, the number of
+    those saved before saves were numbered): passed over without a note, removed first."""
+    out = tmp_path / "run"
+    older, damaged = (checkpoint.directory(out) / f"step_{s:08d}" for s in (1, 2))
+    older.mkdir(parents=True)
+    damaged.mkdir()
+    (older / "meta.json").write_text('{"step": 1, "world_size": 1}')  # saved before numbering
+    (damaged / "meta.json").write_text(meta)
+    assert checkpoint.complete(out) == [older]
+    assert checkpoint.unreadable(out) == [damaged]
+
+
 def test_a_save_killed_while_replacing_a_step_loses_nothing(one_rank, tmp_path) -> None:
     """Killed between moving the old step_N aside and renaming the new one into place: the
     old one is put back by the next resume (or save), not deleted as stale."""

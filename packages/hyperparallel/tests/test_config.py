@@ -185,6 +185,38 @@ def test_a_resume_never_writes_over_another_run(tmp_path) -> None:
     assert preflight.resolve(None, [f"run.output={tmp_path / 'c'}"], resume=str(a))  # empty
 
 
+def test_a_renamed_checkpoint_is_told_the_name_a_checkpoint_folder_has(tmp_path) -> None:
+    """A checkpoint folder renamed (step_00000004 -> mycopy) was refused as no checkpoint,
+    without saying what a checkpoint folder is named."""
+    _checkpoint(tmp_path / "a", 4)
+    copy = tmp_path / "mycopy"
+    (tmp_path / "a" / "checkpoints" / "step_00000004").rename(copy)
+    args = [f"run.output={tmp_path / 'b'}"]
+    with pytest.raises(config.ConfigError) as info:
+        preflight.resolve(None, args, resume=str(copy))
+    assert (
+        "point --resume at a checkpoint folder: one named step_ and its step in 8 digits "
+        "(step_00000400), holding meta.json; mycopy holds step 4's meta.json: rename it "
+        "step_00000004"
+    ) in str(info.value)
+    copy.rename(tmp_path / "step_00000004")
+    assert preflight.resolve(None, args, resume=str(tmp_path / "step_00000004"))
+
+
+def test_a_garbage_trainer_pt_names_the_older_checkpoint_to_resume_from(tmp_path) -> None:
+    out = tmp_path / "out"
+    _checkpoint(out, 2)
+    _checkpoint(out, 4)
+    (out / "checkpoints" / "step_00000004" / "trainer.pt").write_text("garbage")
+    with pytest.raises(config.ConfigError) as info:
+        preflight.resolve(None, [f"run.output={out}"], resume="latest")
+    assert (
+        f"--resume: {out}/checkpoints/step_00000004 has no readable trainer.pt (data position, "
+        f"schedule): it is damaged; resume from an older checkpoint with --resume "
+        f"{out}/checkpoints/step_00000002, or delete step_00000004"
+    ) in str(info.value)
+
+
 def test_a_new_run_never_writes_over_damaged_checkpoints(tmp_path) -> None:
     """Checkpoints whose meta.json was damaged counted as none: a new run went ahead and its
     saves replaced them."""

@@ -64,12 +64,15 @@ def directory(output: str | Path) -> Path:
 
 def _save_number(path: Path) -> int | None:
     """The save's number in its output (0 for checkpoints written before saves were numbered;
-    None when ``meta.json`` is unreadable, or went away while it was read)."""
+    None when ``meta.json`` is unreadable, names no step as every save's does, or went away
+    while it was read)."""
     try:
         meta = json.loads((path / "meta.json").read_text())
     except (OSError, ValueError):
         return None
-    number = meta.get("save", 0) if isinstance(meta, dict) else None
+    if not (isinstance(meta, dict) and isinstance(meta.get("step"), int)):
+        return None
+    number = meta.get("save", 0)
     return number if isinstance(number, int) else None
 
 
@@ -128,8 +131,19 @@ def find(path: str | Path) -> Path:
             return found[-1]
     raise FileNotFoundError(
         f"no complete checkpoint in {given} (looked for {directory(given)}/step_*/meta.json); "
-        f"train without --resume first, or point --resume at a checkpoint directory"
+        f"train without --resume first, or point --resume at a checkpoint folder: one named "
+        f"step_ and its step in 8 digits (step_00000400), holding meta.json{_renamed(given)}"
     )
+
+
+def _renamed(given: Path) -> str:
+    """For a checkpoint folder under another name (its ``meta.json`` names its step), the name
+    to give it back; else empty."""
+    try:
+        step = json.loads((given / "meta.json").read_text())["step"]
+        return f"; {given.name} holds step {step}'s meta.json: rename it step_{step:08d}"
+    except (OSError, ValueError, LookupError, TypeError):  # no checkpoint's meta.json
+        return ""
 
 
 def skipped(target: str | Path, path: Path) -> list[Path]:
@@ -257,12 +271,7 @@ def load(path: Path, state: TrainState) -> dict[str, Any]:
     except (Exception, CheckpointException) as exc:  # CheckpointException is a BaseException
         if _interrupted(exc):
             raise KeyboardInterrupt from exc
-        older = [p for p in complete(path.parent.parent) if p.name < path.name]
-        fix = (
-            f"resume from an older checkpoint with --resume {older[-1]}"
-            if older
-            else "start the run again without --resume"
-        )
+        fix = instead(path)
         failure = f"checkpoint {path} cannot be loaded ({_first_failure(exc)})"
         if in_dcp and _files_whole(path):
             raise Unreadable(
@@ -274,6 +283,15 @@ def load(path: Path, state: TrainState) -> dict[str, Any]:
             f"{failure}: its files are damaged or incomplete (a full disk, a copy cut short); "
             f"{fix}, or delete {path.name}"
         ) from exc
+
+
+def instead(path: Path) -> str:
+    """What to do in place of resuming the damaged checkpoint ``path``: resume the newest older
+    one of its output, or start again."""
+    older = [p for p in complete(path.parent.parent) if p.name < path.name]
+    if older:
+        return f"resume from an older checkpoint with --resume {older[-1]}"
+    return "start the run again without --resume"
 
 
 def _files_whole(path: Path) -> bool:

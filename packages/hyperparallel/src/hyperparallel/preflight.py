@@ -297,7 +297,10 @@ def _output_problems(cfg: Config, resume: str | None, world: int) -> list[str]:
             return [f"--resume: {exc}"]
         saved = checkpoint.data_layout(path)
         if saved is None:
-            return [f"--resume: {path} has no readable trainer.pt (data position, schedule)"]
+            return [
+                f"--resume: {path} has no readable trainer.pt (data position, schedule): it is "
+                f"damaged; {checkpoint.instead(path)}, or delete {path.name}"
+            ]
         problems = []
         own = checkpoint.complete(cfg.run.output)
         if own and path.parent.resolve() != checkpoint.directory(cfg.run.output).resolve():

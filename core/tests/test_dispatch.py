@@ -370,8 +370,9 @@ def test_duplicates_redefinition_and_bad_input() -> None:
     with pytest.raises(TypeError, match="supports must be callable"):
         dispatch.register_kernel(op, "cpu", _rms, provider="q", supports=True)
     assert set(op.kernels) == {("cpu", "p")}  # nothing refused was registered
-    with pytest.raises(KeyError, match="no spore op named 'nope'"):
+    with pytest.raises(KeyError, match="no spore op named 'nope'") as info:
         dispatch.get("nope")
+    assert "spore.plugins.get_manager().load() loads every plugin" in str(info.value)
 
 
 def test_compiles_fullgraph_and_picks_the_kernel_at_run_time() -> None:

@@ -390,7 +390,10 @@ def get(name: str) -> Op:
         return _ops[name.removeprefix(f"{NAMESPACE}::")]
     except KeyError:
         known = ", ".join(sorted(_ops)) or "none"
-        raise KeyError(f"no spore op named {name!r} (defined: {known})") from None
+        raise KeyError(
+            f"no spore op named {name!r} (defined: {known}); an op exists once the module "
+            f"defining it is imported (spore.plugins.get_manager().load() loads every plugin)"
+        ) from None
 
 
 def defined() -> list[Op]:

@@ -156,7 +156,10 @@ def test_the_damaged_checkpoints_find_passed_over_are_named_however_the_output_i
     assert checkpoint.skipped(older, older) == []  # the checkpoint itself: nothing passed over
 
 
-@pytest.mark.parametrize("meta", ["{}", '{"save": 3}', '{"step": "2"}', "[2]"])
+@pytest.mark.parametrize(
+    "meta",
+    ["{}", '{"save": 3}', '{"step": "2"}', "[2]", '{"step": true}', '{"step": 2, "save": false}'],
+)
 def test_a_meta_json_naming_no_step_is_damaged(tmp_path, meta: str) -> None:
     """A meta.json of ``{}`` counted as a complete checkpoint, the first save (0, the number of
     those saved before saves were numbered): passed over without a note, removed first."""

@@ -18,10 +18,12 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Without ``-m``, deselect the ``setup_command`` test (``-m setup_command`` runs it)."""
-    if config.option.markexpr:
+    """Deselect the ``setup_command`` test unless ``-m`` names that marker or the test is
+    named on the command line (``tests/test_readme.py::test_setup_command_works...``)."""
+    if "setup_command" in (config.option.markexpr or ""):
         return
-    chosen = [item for item in items if not item.get_closest_marker("setup_command")]
+    named = {arg.partition("::")[2] for arg in config.args if "::" in arg}
+    chosen = [i for i in items if not i.get_closest_marker("setup_command") or i.name in named]
     if len(chosen) < len(items):
         config.hook.pytest_deselected(items=[i for i in items if i not in chosen])
         items[:] = chosen

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import math
 import time
+from fractions import Fraction
 from types import SimpleNamespace
 
 import pytest
@@ -73,6 +74,7 @@ def test_run_refuses_a_min_time_that_is_no_number_of_seconds(min_time: float) ->
     with pytest.raises(TypeError, match="min_time must be a number of seconds, got str '1'"):
         bench.run(case, "tests", min_time="1")  # type: ignore[arg-type]
     assert bench.run(case, "tests", repeat=1, min_time=0).error is None
+    assert bench.run(case, "tests", repeat=1, min_time=Fraction(1, 1000)).error is None  # any Real
 
 
 def test_self_timed_samples_with_changing_keys_are_that_case_s_error() -> None:

@@ -121,3 +121,20 @@ def test_a_copy_of_an_entered_mode_is_a_mode_of_its_own(make_copy) -> None:
             x.exp()
     assert copied.counts == {"aten.exp.default": 1}
     assert counter.counts == {"aten.neg.default": 1, "aten.exp.default": 1}
+
+
+class _Slotted(spore.OpCounter):
+    __slots__ = ("limit",)
+
+
+@pytest.mark.parametrize(
+    "make_copy", [copy.deepcopy, copy.copy, lambda m: pickle.loads(pickle.dumps(m))]
+)
+def test_a_copy_keeps_a_subclass_s_slots(make_copy) -> None:
+    """Leaving out the entry count kept only ``__dict__``: a subclass's ``__slots__`` values
+    were lost in the copy."""
+    mode = _Slotted()
+    mode.limit = 7
+    with mode:
+        copied = make_copy(mode)
+    assert copied.limit == 7

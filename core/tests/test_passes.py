@@ -3,6 +3,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import pickle
 import subprocess
 import sys
 import textwrap
@@ -509,8 +510,11 @@ def test_a_pass_missing_a_method_is_named_as_registered() -> None:
     gm = make_fx(_f)(torch.randn(8))
     with pytest.raises(UndefinedPassMethodError, match=r"^pass 'mine' \(.*Half\) does not"):
         run_passes(gm, [PassEntry("mine", Half(), "post_grad")])
-    with pytest.raises(NotImplementedError, match=r"^pass 'half' \(.*Half\) does not"):
+    with pytest.raises(NotImplementedError, match=r"^pass 'half' \(.*Half\) does not") as info:
         Half()(gm)  # not registered: its own name
+    copied = pickle.loads(pickle.dumps(info.value))  # as a worker process sends it back
+    assert (type(copied), str(copied)) == (UndefinedPassMethodError, str(info.value))
+    assert copied.method == "__call__(gm)"
 
 
 def test_a_pass_returning_none_after_rewriting_in_place_is_recompiled() -> None:

@@ -8,6 +8,7 @@ figure is the median over repeats of ``baseline_time / candidate_time`` (> 1 mea
 from __future__ import annotations
 
 import math
+import numbers
 import statistics
 import sys
 import time
@@ -105,7 +106,7 @@ def run(bench: Benchmark, owner: str, *, repeat: int = 5, min_time: float = 0.05
     seconds, is a ``ValueError`` (a value of the wrong type: ``TypeError``)."""
     if repeat < 1:
         raise ValueError(f"repeat must be >= 1, got {repeat}")
-    _check_min_time(min_time)
+    min_time = _checked_min_time(min_time)
     result = Result(bench.name, owner, bench.baseline_label, bench.candidate_label, repeat)
     if bench.self_timed:
         return _run_self_timed(bench, result)
@@ -135,17 +136,18 @@ def run(bench: Benchmark, owner: str, *, repeat: int = 5, min_time: float = 0.05
     return _summarise(result, base_t, cand_t)
 
 
-def _check_min_time(min_time: float) -> None:
-    """Refuse a ``min_time`` that is not a number of seconds from 0 to :data:`MAX_MIN_TIME`
-    (NaN and infinity included: they failed every case)."""
-    if isinstance(min_time, bool) or not isinstance(min_time, int | float):
+def _checked_min_time(min_time: float) -> float:
+    """``min_time`` as a float, refused unless it is a real number of seconds (numpy's
+    included, not a bool) from 0 to :data:`MAX_MIN_TIME` (NaN and infinity failed every case)."""
+    if isinstance(min_time, bool) or not isinstance(min_time, numbers.Real):
         raise TypeError(
             f"min_time must be a number of seconds, got {type(min_time).__name__} {min_time!r}"
         )
-    if not 0 <= min_time <= MAX_MIN_TIME:
+    if not 0 <= float(min_time) <= MAX_MIN_TIME:
         raise ValueError(
             f"min_time must be a number of seconds from 0 to {MAX_MIN_TIME:g}, got {min_time}"
         )
+    return float(min_time)
 
 
 def _summarise(result: Result, base_t: list[float], cand_t: list[float]) -> Result:

@@ -82,6 +82,20 @@ class UndefinedPassMethodError(NotImplementedError):
         """The same error naming the pass ``name`` (the name it is registered under)."""
         return UndefinedPassMethodError(self.pass_, self.method, self.needs, name)
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Pickled (sent to another process) as its message, the pass left behind."""
+        return (_undefined_from_message, (type(self), str(self), self.method, self.needs))
+
+
+def _undefined_from_message(
+    cls: type[UndefinedPassMethodError], message: str, method: str, needs: str
+) -> UndefinedPassMethodError:
+    """An unpickled :class:`UndefinedPassMethodError`: its message, without the pass."""
+    error = cls.__new__(cls)
+    NotImplementedError.__init__(error, message)
+    error.pass_, error.method, error.needs = None, method, needs
+    return error
+
 
 _PATTERN_NEEDS = (
     "a PatternToPatternPass defines pattern(), replacement() and example_inputs() (or "

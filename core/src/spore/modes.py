@@ -45,10 +45,14 @@ class DispatchMode(TorchDispatchMode, ContextDecorator):
             self.__dict__["_spore_depth"] = threading.local()
         return self.__dict__["_spore_depth"]
 
-    def __getstate__(self) -> dict[str, Any]:
+    def __getstate__(self) -> Any:
         """The state without the per-thread entry count: a copy (``copy``, ``deepcopy``,
-        ``pickle``) is a mode of its own, not entered, whatever this one is."""
-        return {k: v for k, v in self.__dict__.items() if k != "_spore_depth"}
+        ``pickle``) is a mode of its own, not entered, whatever this one is. A subclass's
+        ``__slots__`` are kept, as by Python's own state."""
+        state = super().__getstate__()
+        attrs, slots = state if isinstance(state, tuple) else (state, None)
+        attrs = {k: v for k, v in (attrs or {}).items() if k != "_spore_depth"}
+        return (attrs, slots) if slots else attrs
 
     def __spore_dispatch__(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         return func(*args, **kwargs)

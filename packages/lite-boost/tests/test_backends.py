@@ -125,6 +125,15 @@ def test_integer_or_mixed_dtypes_raise_a_type_error_naming_them(dtypes):
         sparse_attention(q, k, v, latent_shape=(1, 1, 4), text_len=0, sparsity=0.0)
 
 
+def test_mixed_dtypes_under_autocast_are_cast_as_sdpa_casts_them():
+    """Autocast casts SDPA's inputs to one dtype: the dtype check must not refuse them first."""
+    q, k, v = torch.randn(1, 2, 4, 8), torch.randn(1, 2, 4, 8).bfloat16(), torch.randn(1, 2, 4, 8)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        got, want = A.attention(q, k, v), F.scaled_dot_product_attention(q, k, v)
+    assert got.dtype == want.dtype == torch.bfloat16
+    torch.testing.assert_close(got, want, atol=0, rtol=0)
+
+
 @pytest.mark.parametrize(
     ("error", "logged"),
     [

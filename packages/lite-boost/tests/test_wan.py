@@ -210,6 +210,8 @@ def test_boosting_a_compiled_model_says_to_boost_before_compiling():
     with pytest.raises(LookupError, match=r"torch.compile wrapped the WanTransformer3DModel; "):
         boost(torch.compile(model))
     assert not isinstance(model.rope, W.CachedWanRope)  # the model was left as it was
+    with pytest.raises(LookupError, match=r"^no lite-boost booster for Linear \("):
+        boost(torch.compile(torch.nn.Linear(2, 2)))  # not a model to boost, compiled or not
 
 
 def test_registry_finds_the_boosters_by_class_name():

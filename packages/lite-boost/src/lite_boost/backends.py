@@ -103,10 +103,11 @@ def reference(
 
 
 def check_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
-    """(batch, heads, seq, head_dim) floating-point tensors of one dtype; k and v alike; q's
-    heads a multiple of k's."""
+    """(batch, heads, seq, head_dim) floating-point tensors of one dtype (under autocast, which
+    casts them, of any); k and v alike; q's heads a multiple of k's."""
     dtypes = (q.dtype, k.dtype, v.dtype)
-    if not all(d.is_floating_point for d in dtypes) or len(set(dtypes)) > 1:
+    mixed = len(set(dtypes)) > 1 and not torch.is_autocast_enabled(q.device.type)
+    if not all(d.is_floating_point for d in dtypes) or mixed:
         raise TypeError(
             f"lite_boost attention takes floating-point q, k and v of one dtype, got "
             f"{', '.join(map(str, dtypes))}; convert them to one (e.g. q.float())"

@@ -231,6 +231,7 @@ def find(model_or_class: torch.nn.Module | type | str) -> Booster:
     known = ", ".join(sorted(table)) or "none"
     wrapped = getattr(model_or_class, "_orig_mod", None)  # torch.compile's OptimizedModule
     if isinstance(model_or_class, torch.nn.Module) and isinstance(wrapped, torch.nn.Module):
+        find(wrapped)  # no booster for the model itself: that is the error
         raise LookupError(
             f"no lite-boost booster for {names[0]}: torch.compile wrapped the "
             f"{type(wrapped).__name__}; boost the model before compiling it "

@@ -141,7 +141,7 @@ def test_resume_finds_a_runs_own_checkpoints_not_those_of_a_run_above_it(
 
 
 def test_the_damaged_checkpoints_find_passed_over_are_named_however_the_output_is_given(
-    tmp_path,
+    tmp_path, monkeypatch
 ) -> None:
     """``--resume PATH`` of an output passed over a damaged newer checkpoint without the note
     ``--resume`` (the run's own output) prints."""
@@ -154,6 +154,9 @@ def test_the_damaged_checkpoints_find_passed_over_are_named_however_the_output_i
         assert checkpoint.find(target) == older
         assert checkpoint.skipped(target, older) == [damaged]
     assert checkpoint.skipped(older, older) == []  # the checkpoint itself: nothing passed over
+    monkeypatch.chdir(checkpoint.directory(out))  # a path relative to the checkpoints folder
+    assert checkpoint.find(older.name) == older  # absolute: its output is .parent.parent
+    assert checkpoint.skipped(older.name, older) == []
 
 
 @pytest.mark.parametrize(

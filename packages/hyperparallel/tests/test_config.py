@@ -294,7 +294,34 @@ def test_a_resume_that_ties_or_unties_the_embeddings_fails_before_any_process_st
         assert (
             f"--resume: step_00000002 holds optimizer state for other parameters ({flip}"
         ) in str(info.value)
-        assert "resume with the model settings it was saved with" in str(info.value)
+        assert "resume with the model and optim settings it was saved with" in str(info.value)
+
+
+def test_a_resume_under_an_optimizer_of_some_parameters_only_is_not_refused(
+    tmp_path, monkeypatch
+) -> None:
+    """The check took every parameter that requires grad as trained: a registered optimizer
+    over some of them (frozen embeddings) had each resume refused, its settings unchanged."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    from hyperparallel import registries
+
+    def no_embeddings(built, optim):
+        kept = [p for n, p in built.named_parameters() if "embed_tokens" not in n]
+        return torch.optim.AdamW(kept, lr=optim.lr)
+
+    monkeypatch.setitem(registries.optimizers._items, "noembed", no_embeddings)
+    small = ["model.config.hidden_size=64", "model.config.num_hidden_layers=1"]
+    args = [f"run.output={tmp_path / 'out'}", *small, "optim.name=noembed"]
+    _checkpoint(tmp_path / "out", 2)
+    built = model.build(preflight.resolve(None, small, outputs=False).model, 259, 0)
+    model_sd, optim_sd = get_state_dict(built, no_embeddings(built, config.OptimSection()))
+    step = str(tmp_path / "out/checkpoints/step_00000002")
+    dcp.save({"train": {"model": model_sd, "optim": optim_sd}}, checkpoint_id=step)
+    assert preflight.resolve(None, args, resume="latest")
+    with pytest.raises(config.ConfigError, match=r"model.embed_tokens.weight trained here"):
+        preflight.resolve(None, [*args[:-1], "optim.name=adamw"], resume="latest")
 
 
 def test_a_home_relative_output_is_expanded(tmp_path, monkeypatch) -> None:

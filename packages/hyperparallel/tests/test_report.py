@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from hyperparallel import report
@@ -33,7 +35,9 @@ def test_metrics_cut_short_by_a_kill_are_read_without_their_last_line(tmp_path) 
     assert [r["step"] for r in report.read_metrics(path)] == [1, 2, 3]
 
 
-def test_a_resume_of_another_outputs_checkpoint_starts_from_that_outputs_log(tmp_path) -> None:
+def test_a_resume_of_another_outputs_checkpoint_starts_from_that_outputs_log(
+    tmp_path, monkeypatch
+) -> None:
     """--resume a/checkpoints/step_N --output b kept b's own lines up to step N, those of an
     unrelated run, before the resumed run's steps: b's log now starts from a's."""
     from hyperparallel.train import run_log
@@ -48,6 +52,11 @@ def test_a_resume_of_another_outputs_checkpoint_starts_from_that_outputs_log(tmp
     assert run_log(resumed, b) == a / "metrics.jsonl"
     assert run_log(b / "checkpoints" / "step_00000002", b) == b / "metrics.jsonl"  # its own
     assert run_log(tmp_path / "step_00000002", b) == b / "metrics.jsonl"  # outside an output
+    moved = tmp_path / "store" / "checkpoints" / "step_00000002"  # no log beside them: b's
+    assert run_log(moved, b) == b / "metrics.jsonl"
+    (a / "checkpoints").mkdir()
+    monkeypatch.chdir(a / "checkpoints")
+    assert run_log(Path("step_00000002"), b) == a / "metrics.jsonl"  # relative, as typed
     metrics = report.Metrics(b / "metrics.jsonl", 2, run_log(resumed, b))
     metrics.write({"step": 3, "loss": 0.5})
     metrics.close()

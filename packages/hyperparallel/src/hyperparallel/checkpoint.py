@@ -124,8 +124,9 @@ def newer_than(output: str | Path, path: Path) -> list[Path]:
 
 def find(path: str | Path) -> Path:
     """The checkpoint to resume from: ``path`` itself, or the newest complete one of the run
-    ``path`` (an output, or its ``checkpoints`` folder), never of a run in a folder above it."""
-    given = Path(path).expanduser()
+    ``path`` (an output, or its ``checkpoints`` folder), never of a run in a folder above it;
+    absolute, so that its output is ``.parent.parent`` whatever the working directory."""
+    given = Path(path).expanduser().absolute()
     if STEP_DIR.match(given.name) and (given / "meta.json").is_file():
         return given
     outputs = (given, given.parent) if given.name == directory("").name else (given,)
@@ -155,7 +156,7 @@ def skipped(target: str | Path, path: Path) -> list[Path]:
     """The damaged ``step_N`` folders (see :func:`unreadable`) that :func:`find` passed over
     for ``target`` to resume from ``path``: none when ``target`` is that checkpoint itself,
     else those of the output it searched."""
-    if Path(target).expanduser() == path:
+    if Path(target).expanduser().absolute() == path.absolute():
         return []
     return unreadable(path.parent.parent)
 

@@ -181,25 +181,25 @@ def _resumed_model_problems(cfg: Config, path: Path) -> list[str]:
     changed = [
         f"{k} {saved.get(k)} -> {asked.get(k)}" for k in names if saved.get(k) != asked.get(k)
     ]
-    fix = "resume with the model settings it was saved with (its run's config.yaml)"
-    where = _where(cfg.origins, "model")
+    fix = "settings it was saved with (its run's config.yaml)"
     if changed:
         return [
-            f"{where}: --resume: {path.name} holds a model of other shapes "
-            f"({_first_three(changed)}); {fix}"
+            f"{_where(cfg.origins, 'model')}: --resume: {path.name} holds a model of other "
+            f"shapes ({_first_three(changed)}); resume with the model {fix}"
         ]
     trained = checkpoint.optimized(path)
-    if not trained:  # an optimizer without state (e.g. SGD without momentum)
+    ours = _optimized_here(cfg, built)
+    if not trained or ours is None:  # an optimizer without state (SGD without momentum)
         return []
-    ours = {n for n, p in built.named_parameters() if p.requires_grad}
     other = [f"{n} saved, not trained here" for n in sorted(trained - ours)]
     other += [f"{n} trained here, not saved" for n in sorted(ours - trained)]
     if not other:
         return []
+    where = _where(cfg.origins, "model.config.tie_word_embeddings")
     return [
         f"{where}: --resume: {path.name} holds optimizer state for other parameters "
         f"({_first_three(other)}; tied weights, model.config.tie_word_embeddings, are one "
-        f"parameter); {fix}"
+        f"parameter); resume with the model and optim {fix}"
     ]
 
 
@@ -223,6 +223,17 @@ def _resumed_schedule_problems(cfg: Config, path: Path) -> list[str]:
         f"saved ones ({fix}; its run's config.yaml), or start a new run from its export "
         f"(model.pretrained) to change them"
     ]
+
+
+def _optimized_here(cfg: Config, built: torch.nn.Module) -> set[str] | None:
+    """The names of the parameters this run's optimizer trains, from the optimizer built over
+    ``built`` (on the meta device); None when the builder refuses a meta model."""
+    try:
+        optimizer = registries.optimizers.get(cfg.optim.name)(built, cfg.optim)
+    except Exception:  # a builder that needs real weights: nothing to compare
+        return None
+    names = {id(p): n for n, p in built.named_parameters()}
+    return {names[id(p)] for g in optimizer.param_groups for p in g["params"] if id(p) in names}
 
 
 def _unwritable(existing: Path) -> str | None:

@@ -56,9 +56,12 @@ def end_step(step: int, steps: int, stop_at: int | None) -> int:
 def run_log(resumed: Path | None, output: Path) -> Path:
     """The metrics log of the run a resume continues: that of the output whose ``checkpoints``
     folder holds ``resumed`` (``output`` itself, or the run resumed elsewhere), else
-    ``output``'s (a checkpoint kept outside an output, or none)."""
-    if resumed is not None and resumed.parent.name == checkpoint.directory("").name:
-        return resumed.parent.parent / "metrics.jsonl"
+    ``output``'s (a checkpoint kept outside an output, or checkpoints moved away from their
+    log, or none)."""
+    if resumed is not None and resumed.absolute().parent.name == checkpoint.directory("").name:
+        theirs = resumed.absolute().parent.parent / "metrics.jsonl"
+        if theirs.is_file():
+            return theirs
     return output / "metrics.jsonl"
 
 

@@ -64,7 +64,7 @@ def test_invalid_cases_and_arguments() -> None:
         bench.run(case, "tests", repeat=0)
 
 
-@pytest.mark.parametrize("min_time", [math.nan, math.inf, -0.5, 3600.5])
+@pytest.mark.parametrize("min_time", [math.nan, math.inf, -0.5, 3600.5, 10**400])
 def test_run_refuses_a_min_time_that_is_no_number_of_seconds(min_time: float) -> None:
     """NaN passed ``min_time < 0`` and, like infinity, failed every case with a bare
     "cannot convert float NaN to integer" in ``Result.error``; ``spore bench`` refused them."""

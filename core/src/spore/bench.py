@@ -143,7 +143,7 @@ def _checked_min_time(min_time: float) -> float:
         raise TypeError(
             f"min_time must be a number of seconds, got {type(min_time).__name__} {min_time!r}"
         )
-    if not 0 <= float(min_time) <= MAX_MIN_TIME:
+    if not 0 <= min_time <= MAX_MIN_TIME:  # compared as is: float() overflows on a huge int
         raise ValueError(
             f"min_time must be a number of seconds from 0 to {MAX_MIN_TIME:g}, got {min_time}"
         )

@@ -126,12 +126,17 @@ def test_integer_or_mixed_dtypes_raise_a_type_error_naming_them(dtypes):
 
 
 def test_mixed_dtypes_under_autocast_are_cast_as_sdpa_casts_them():
-    """Autocast casts SDPA's inputs to one dtype: the dtype check must not refuse them first."""
+    """Autocast casts SDPA's inputs to one dtype: the dtype check must not refuse them first;
+    float64, which autocast leaves, and tensors of a device without autocast still are."""
     q, k, v = torch.randn(1, 2, 4, 8), torch.randn(1, 2, 4, 8).bfloat16(), torch.randn(1, 2, 4, 8)
     with torch.autocast("cpu", dtype=torch.bfloat16):
         got, want = A.attention(q, k, v), F.scaled_dot_product_attention(q, k, v)
-    assert got.dtype == want.dtype == torch.bfloat16
-    torch.testing.assert_close(got, want, atol=0, rtol=0)
+        assert got.dtype == want.dtype == torch.bfloat16
+        torch.testing.assert_close(got, want, atol=0, rtol=0)
+        with pytest.raises(TypeError, match=r"torch\.float64, torch\.float32, torch\.float32"):
+            A.attention(q.double(), v, v)
+        with pytest.raises(TypeError, match="of one dtype"):
+            A.check_qkv(q.to("meta"), k.to("meta"), v.to("meta"))
 
 
 @pytest.mark.parametrize(

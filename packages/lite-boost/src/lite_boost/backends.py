@@ -102,12 +102,26 @@ def reference(
     return F.scaled_dot_product_attention(q, k, v, scale=scale)
 
 
+_AUTOCAST_CASTS = frozenset({torch.float32, torch.float16, torch.bfloat16})
+
+
+def _autocast_casts(device: str, dtypes: tuple[torch.dtype, ...]) -> bool:
+    """Whether autocast, on for ``device``, casts tensors of ``dtypes`` to one (it leaves
+    float64 as it is)."""
+    return (
+        set(dtypes) <= _AUTOCAST_CASTS
+        and torch.amp.is_autocast_available(device)
+        and torch.is_autocast_enabled(device)
+    )
+
+
 def check_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
-    """(batch, heads, seq, head_dim) floating-point tensors of one dtype (under autocast, which
-    casts them, of any); k and v alike; q's heads a multiple of k's."""
+    """(batch, heads, seq, head_dim) floating-point tensors of one dtype (of any that eager
+    autocast casts to one, where it is on); k and v alike; q's heads a multiple of k's."""
     dtypes = (q.dtype, k.dtype, v.dtype)
-    mixed = len(set(dtypes)) > 1 and not torch.is_autocast_enabled(q.device.type)
-    if not all(d.is_floating_point for d in dtypes) or mixed:
+    if not all(d.is_floating_point for d in dtypes) or (
+        len(set(dtypes)) > 1 and not _autocast_casts(q.device.type, dtypes)
+    ):
         raise TypeError(
             f"lite_boost attention takes floating-point q, k and v of one dtype, got "
             f"{', '.join(map(str, dtypes))}; convert them to one (e.g. q.float())"

@@ -70,15 +70,10 @@ def _save_number(path: Path) -> int | None:
         meta = json.loads((path / "meta.json").read_text())
     except (OSError, ValueError):
         return None
-    if not (isinstance(meta, dict) and _is_int(meta.get("step"))):
+    if not (isinstance(meta, dict) and type(meta.get("step")) is int):  # JSON true: a bool
         return None
     number = meta.get("save", 0)
-    return number if _is_int(number) else None
-
-
-def _is_int(value: object) -> bool:
-    """An int read from JSON, not a bool (``true`` is an int to Python)."""
-    return isinstance(value, int) and not isinstance(value, bool)
+    return number if type(number) is int else None
 
 
 def _numbered(output: str | Path) -> list[tuple[int | None, Path]]:

@@ -116,6 +116,18 @@ def _angles(grid: tuple[int, int, int], head_dim: int, theta: float) -> torch.Te
     return torch.cat(parts, dim=-1).reshape(-1, head_dim // 2)
 
 
+def _tables(
+    grid: tuple[int, int, int],
+    head_dim: int,
+    theta: float,
+    device: torch.device,
+    dtype: torch.dtype,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(cos, sin)`` of :func:`_angles`, evaluated in float64, in ``dtype`` on ``device``."""
+    angles = _angles(grid, head_dim, theta)
+    return angles.cos().to(device, dtype), angles.sin().to(device, dtype)
+
+
 def rope_tables(
     grid: tuple[int, int, int],
     head_dim: int,
@@ -134,8 +146,7 @@ def rope_tables(
         raise ValueError(f"theta must be a positive finite number, got {theta!r}")
     dev = _device(device)
     if torch.compiler.is_compiling():  # dynamo cannot trace the cache's lock: made in the graph
-        angles = _angles(sizes, head_dim, float(theta))
-        return angles.cos().to(dev, dtype), angles.sin().to(dev, dtype)
+        return _tables(sizes, head_dim, float(theta), dev, dtype)
     key: _Key = (sizes, head_dim, str(dev), dtype, float(theta))
     with _cache.lock:
         found = _cache.entries.get(key)
@@ -147,8 +158,7 @@ def rope_tables(
     # made outside inference mode whatever the caller's: a cached inference tensor could never
     # again be saved for a backward (a validation step under inference_mode, then training)
     with torch.inference_mode(False):
-        angles = _angles(sizes, head_dim, float(theta))
-        tables = (angles.cos().to(dev, dtype), angles.sin().to(dev, dtype))
+        tables = _tables(sizes, head_dim, float(theta), dev, dtype)
     with _cache.lock:
         tables = _cache.entries.setdefault(key, tables)
         _cache.entries.move_to_end(key)

@@ -16,6 +16,7 @@ from sci_protenix import PairformerBlock, PairformerStack
 from sci_protenix.chunking import apply_plan
 from sci_protenix.memory_plan import MemoryPlan
 from sci_protenix.pairformer import dropout_add, run_blocks
+from sci_protenix.primitives import broadcast
 from spore.memory import peak
 
 CHUNK = {"rtol": 1e-5, "atol": 2e-5}
@@ -274,6 +275,39 @@ def test_bad_inputs() -> None:
         block(s[:, :4], z, mask)  # a raw broadcast error from the single track's attention
     with pytest.raises(ValueError, match="dropout"):
         PairformerBlock(dropout=1.0, **SMALL)
+
+
+def test_bad_inputs_are_refused_under_torch_compile() -> None:
+    """The checks' ValueErrors, not dynamo's TorchRuntimeError from torch.broadcast_shapes."""
+    block = torch.compile(PairformerBlock(**SMALL).eval(), backend="eager")
+    s, z, mask = _inputs()
+    with torch.no_grad():
+        block(s, z, mask)
+        with pytest.raises(ValueError, match=r"mask must be \[\*, N, N\] like the pair"):
+            block(s, z, mask[..., :-1])
+        with pytest.raises(ValueError, match=r"z's batch dims \(3, 2\) must broadcast"):
+            block(s, z.expand(3, *z.shape), mask)
+
+
+@pytest.mark.parametrize(
+    "shapes",
+    [
+        (),
+        ((0,), (1,)),
+        ((2, 1), (3,)),
+        ((5,), (3, 4)),
+        ((2,), (1, 3, 2)),
+        ((0, 1), (2,)),
+        ((3, 1, 2), (1, 4, 1), (4, 2)),
+        ((2, 3), (3, 3)),
+    ],
+)
+def test_broadcast_is_torch_broadcast_shapes(shapes) -> None:
+    try:
+        expected = torch.broadcast_shapes(*shapes)
+    except RuntimeError:
+        expected = None
+    assert broadcast(*shapes) == expected
 
 
 def test_run_blocks_refuses_unknown_policies() -> None:

@@ -98,11 +98,21 @@ def check_square(name: str, z: torch.Tensor) -> None:
 
 
 def broadcast(*shapes: tuple[int, ...]) -> torch.Size | None:
-    """The shape ``shapes`` broadcast to together, or None where they do not."""
-    try:
-        return torch.broadcast_shapes(*shapes)
-    except RuntimeError:
-        return None
+    """The shape ``shapes`` broadcast to together, or None where they do not.
+
+    Plain Python over the sizes, not ``torch.broadcast_shapes``: under ``torch.compile`` that
+    one's error is raised while dynamo traces it, as a ``TorchRuntimeError``, before the caller
+    can turn it into its own ``ValueError``.
+    """
+    out = [1] * max([0, *map(len, shapes)])
+    for shape in shapes:
+        for i, size in enumerate(shape, start=len(out) - len(shape)):
+            if size == 1 or size == out[i]:
+                continue
+            if out[i] != 1:
+                return None
+            out[i] = size
+    return torch.Size(out)
 
 
 def check_pair_for(name: str, x: torch.Tensor, z: torch.Tensor) -> None:

@@ -203,6 +203,20 @@ def test_a_region_of_one_op_stays_eager():
     assert len(_compiled(fn, x, w, min_ops=1).regions) == 2
 
 
+def test_dead_code_is_listed_as_left_to_eager():
+    """A group whose values nothing reads was left to eager (run as the graph has it) but
+    missing from the fallbacks."""
+
+    def fn(x, y):
+        (y * 3).exp()  # dead: no region, run by eager
+        return x.sin() + 1
+
+    c = _compiled(fn, _x(4, 5), _x(3, 7, seed=1))
+    assert [r.ops for r in c.regions] == [["aten.sin.default", "aten.add.Tensor"]]
+    assert [n.target for n, _ in c.fallbacks] == [aten.mul.Tensor, aten.exp.default]
+    assert all(why.startswith("dead code: nothing reads its value") for _, why in c.fallbacks)
+
+
 def test_two_regions_never_read_each_others_outputs():
     # found by hypothesis: {amax, add} and {abs_2, amax_1, add_1} each pass the node-level
     # cycle check, but each reads the other's output (amax -> add_1, amax_1 -> add)

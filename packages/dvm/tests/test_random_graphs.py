@@ -15,6 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from torch.fx.experimental.proxy_tensor import make_fx
 
+from dvm.cluster import DEAD
 from dvm.compile import compile_graph
 
 SIZES = [1, 2, 3, 5, 8, 17, 33]
@@ -174,4 +175,5 @@ def test_random_graph_equals_eager(case):
     assert compiled.executor == "vm"
     assert compiled.eager_calls == 0
     assert compiled.vm_calls == len(compiled.regions)
-    assert compiled.fallbacks == []  # every op of these graphs lowers
+    # every op of these graphs lowers; the steps no result reads are dead code, left as it is
+    assert all(why == DEAD for _, why in compiled.fallbacks)

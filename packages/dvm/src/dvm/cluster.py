@@ -259,6 +259,7 @@ def _alias_base(n: Node, members: set[Node]) -> Node:
 
 _CASTS = {id(aten._to_copy.default), id(torch.ops.prims.convert_element_type.default)}
 ALONE = "a single op: eager runs it in one pass, the VM would only add its call's cost"
+DEAD = "dead code: nothing reads its value; left as it is, for eager to run"
 MIN_OPS = 2
 """Default ``min_ops``: a region must stand for at least this many eager kernels."""
 
@@ -311,7 +312,8 @@ def cluster(gm: GraphModule, *, min_ops: int = MIN_OPS) -> Clustering:
     for members in a.groups():
         mset = set(members)
         if not any(u not in mset for n in members for u in n.users):
-            continue  # dead code: left as it is
+            fallbacks.extend((n, DEAD) for n in members)
+            continue
         try:
             parts = [build_region(members, a)]
         except ValueError as e:

@@ -526,6 +526,35 @@ def test_a_resume_under_other_schedule_settings_fails_before_any_process_starts(
         preflight.resolve(None, [*args, "schedule.min_lr_ratio=0.5"], resume="latest")
 
 
+def test_a_resume_compares_only_the_schedule_settings_the_saved_schedule_reads(
+    tmp_path, monkeypatch
+) -> None:
+    """constant reads no min_lr_ratio: a resume with another was refused, its rates the same.
+    A schedule registered elsewhere has every setting compared (what it reads is unknown)."""
+    from hyperparallel import registries
+
+    out = tmp_path / "out"
+    _checkpoint(out, 2)
+    done = out / "checkpoints" / "step_00000002"
+    saved = {"name": "constant", "warmup_steps": 20, "min_lr_ratio": 0.1}
+    torch.save({"sampler": {"world": 1, "batch_size": 16}, "schedule": saved}, done / "trainer.pt")
+    args = [f"run.output={out}", "schedule.name=constant"]
+    assert preflight.resolve(None, [*args, "schedule.min_lr_ratio=0.5"], resume="latest")
+    with pytest.raises(config.ConfigError, match=r"\(schedule\.warmup_steps: 20 saved, 5 asked\)"):
+        preflight.resolve(None, [*args, "schedule.warmup_steps=5"], resume="latest")
+    with pytest.raises(config.ConfigError) as info:  # only what constant reads is compared
+        preflight.resolve(None, [f"run.output={out}", "schedule.min_lr_ratio=0.5"], resume="latest")
+    assert "(schedule.name: 'constant' saved, 'cosine' asked); " in str(info.value)
+    monkeypatch.setitem(registries.schedules._items, "flat", registries.constant)
+    torch.save(
+        {"sampler": {"world": 1, "batch_size": 16}, "schedule": {**saved, "name": "flat"}},
+        done / "trainer.pt",
+    )
+    args = [f"run.output={out}", "schedule.name=flat"]
+    with pytest.raises(config.ConfigError, match=r"\(schedule\.min_lr_ratio: 0\.1 saved, 0\.5"):
+        preflight.resolve(None, [*args, "schedule.min_lr_ratio=0.5"], resume="latest")
+
+
 def test_ranges_and_lengths_are_checked_with_every_other_problem(tmp_path) -> None:
     path = _write(
         tmp_path,

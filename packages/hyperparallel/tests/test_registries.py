@@ -41,6 +41,22 @@ def _rates(optimizer, scheduler, count: int) -> list[float]:
     return out
 
 
+@pytest.mark.parametrize("kind", sorted(registries.SCHEDULE_SETTINGS))
+def test_a_schedule_reads_the_settings_it_is_listed_with_and_no_other(kind: str) -> None:
+    """A resume compares only the listed settings: one read but not listed would switch the
+    schedule mid-run unnoticed; one listed but not read refuses a resume that changes nothing."""
+    base = {"warmup_steps": 3, "min_lr_ratio": 0.1}
+    other = {"warmup_steps": 5, "min_lr_ratio": 0.5}
+    assert set(other) == set(config.ScheduleSection.model_fields) - {"name"}
+    before = _rates(*_scheduler(kind, base["warmup_steps"], base["min_lr_ratio"], 12), 13)
+    for key, value in other.items():
+        settings = {**base, key: value}
+        after = _rates(
+            *_scheduler(kind, settings["warmup_steps"], settings["min_lr_ratio"], 12), 13
+        )
+        assert (after != before) == (key in registries.SCHEDULE_SETTINGS[kind]), key
+
+
 @pytest.mark.parametrize("kind", ["constant", "cosine", "linear"])
 @pytest.mark.parametrize(
     ("warm", "floor", "steps"), [(20, 0.1, 300), (0, 0.1, 10), (5, 0.0, 12), (3, 1.0, 7)]

@@ -204,14 +204,15 @@ def _resumed_model_problems(cfg: Config, path: Path) -> list[str]:
 
 
 def _resumed_schedule_problems(cfg: Config, path: Path) -> list[str]:
-    """The checkpoint was saved under this run's ``schedule`` settings: a resume under others
-    would switch the learning-rate schedule mid-run. ``run.steps`` may change (the schedule
-    then spans the new steps)."""
+    """The checkpoint was saved under this run's ``schedule`` settings, those its schedule reads
+    (all, for one registered elsewhere): a resume under others would switch the learning-rate
+    schedule mid-run. ``run.steps`` may change (the schedule then spans the new steps)."""
     saved = checkpoint.saved_schedule(path)
     if saved is None:  # saved before trainer.pt named its schedule: nothing to compare
         return []
     asked = cfg.schedule.model_dump()
-    changed = [k for k, v in saved.items() if asked.get(k) != v]
+    reads = registries.SCHEDULE_SETTINGS.get(saved.get("name"), saved.keys())
+    changed = [k for k, v in saved.items() if (k == "name" or k in reads) and asked.get(k) != v]
     if not changed:
         return []
     where = ", ".join(dict.fromkeys(cfg.origins.get(f"schedule.{k}", "default") for k in changed))

@@ -122,3 +122,12 @@ def linear(optimizer: torch.optim.Optimizer, schedule: ScheduleSection, steps: i
         lr_end=schedule.min_lr_ratio * peak,
         power=1.0,
     )
+
+
+SCHEDULE_SETTINGS: dict[str, frozenset[str]] = {
+    "constant": frozenset({"warmup_steps"}),
+    "cosine": frozenset({"warmup_steps", "min_lr_ratio"}),
+    "linear": frozenset({"warmup_steps", "min_lr_ratio"}),
+}
+"""The ``schedule.*`` settings each built-in schedule reads (``name`` aside); one registered
+elsewhere is not listed: what it reads is unknown."""

@@ -185,6 +185,26 @@ def test_a_resume_never_writes_over_another_run(tmp_path) -> None:
     assert preflight.resolve(None, [f"run.output={tmp_path / 'c'}"], resume=str(a))  # empty
 
 
+def test_a_log_the_resume_continues_that_cannot_be_read_fails_before_any_process_starts(
+    tmp_path,
+) -> None:
+    """--resume a/checkpoints/step_N --output b starts b's log from a's: one that could not be
+    read (a PermissionError) was a traceback from rank 0; a directory was passed over, and
+    a's steps left out of b's log without a word."""
+    a, b = tmp_path / "a", tmp_path / "b"
+    _checkpoint(a, 2)
+    (a / "metrics.jsonl").mkdir()
+    with pytest.raises(config.ConfigError) as info:
+        preflight.resolve(None, [f"run.output={b}"], resume=str(a / "checkpoints/step_00000002"))
+    assert (
+        f"--resume: {a / 'metrics.jsonl'} cannot be read (Is a directory): a resume starts this "
+        f"run's metrics.jsonl from it, up to the checkpoint's step; make it a readable file, or "
+        f"move it away to log only the steps after the checkpoint"
+    ) in str(info.value)
+    (a / "metrics.jsonl").rmdir()
+    assert preflight.resolve(None, [f"run.output={b}"], resume=str(a / "checkpoints/step_00000002"))
+
+
 def test_a_renamed_checkpoint_is_told_the_name_a_checkpoint_folder_has(tmp_path) -> None:
     """A checkpoint folder renamed (step_00000004 -> mycopy) was refused as no checkpoint,
     without saying what a checkpoint folder is named."""

@@ -67,6 +67,19 @@ def test_a_resume_of_another_outputs_checkpoint_starts_from_that_outputs_log(
     ]
 
 
+def test_a_log_of_another_output_that_is_no_file_is_not_passed_over(tmp_path) -> None:
+    """A directory where the resumed run's log belongs gave b a fresh log, a's steps left out
+    without a word; it is the log to read, and reading it fails (preflight reports it)."""
+    from hyperparallel.train import run_log
+
+    a, b = tmp_path / "a", tmp_path / "b"
+    (a / "metrics.jsonl").mkdir(parents=True)
+    assert run_log(a / "checkpoints" / "step_00000002", b) == a / "metrics.jsonl"
+    with pytest.raises(IsADirectoryError):
+        report.Metrics(b / "metrics.jsonl", 2, a / "metrics.jsonl")
+    assert report.read_metrics(tmp_path / "none.jsonl") == []
+
+
 def test_an_unreadable_metrics_line_is_named(tmp_path) -> None:
     path = tmp_path / "metrics.jsonl"
     path.write_text('{"step": 1, "loss": 2.0}\nnot json\n{"step": 3, "loss": 1.5}\n')

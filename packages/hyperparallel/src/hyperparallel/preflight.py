@@ -226,6 +226,21 @@ def _resumed_schedule_problems(cfg: Config, path: Path) -> list[str]:
     ]
 
 
+def _resumed_log_problems(cfg: Config, path: Path) -> list[str]:
+    """The metrics log the resume continues (:func:`hyperparallel.train.run_log`) can be read,
+    where there is one."""
+    from hyperparallel.train import run_log, unreadable_log
+
+    log = run_log(path, Path(cfg.run.output))
+    try:
+        log.open("rb").close()
+    except FileNotFoundError:  # none yet: the log starts after the checkpoint
+        return []
+    except OSError as exc:
+        return [f"--resume: {unreadable_log(log, exc)}"]
+    return []
+
+
 def _optimized_here(cfg: Config, built: torch.nn.Module) -> set[str] | None:
     """The names of the parameters this run's optimizer trains, from the optimizer built over
     ``built`` (on the meta device); None when the builder refuses a meta model."""
@@ -325,6 +340,7 @@ def _output_problems(cfg: Config, resume: str | None, world: int) -> list[str]:
             )
         problems += _resumed_model_problems(cfg, path)
         problems += _resumed_schedule_problems(cfg, path)
+        problems += _resumed_log_problems(cfg, path)
         if (saved["world"], saved["batch_size"]) != (world, cfg.data.batch_size):
             problems.append(
                 f"--resume: {path.name} was saved by {saved['world']} rank(s) of "

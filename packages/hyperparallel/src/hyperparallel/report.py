@@ -53,10 +53,11 @@ class Metrics:
 
 
 def read_metrics(path: Path) -> list[dict[str, Any]]:
-    """The records of ``metrics.jsonl``; a last line cut short (the process killed while
-    writing it) is left out, any other line that is not a record (a JSON object with an integer
-    ``step`` and a number or null ``loss``) is a ``ValueError`` naming it."""
-    if not path.is_file():
+    """The records of ``metrics.jsonl`` (none when there is none; ``OSError`` when it cannot be
+    read, a directory too); a last line cut short (the process killed while writing it) is left
+    out, any other line that is not a record (a JSON object with an integer ``step`` and a
+    number or null ``loss``) is a ``ValueError`` naming it."""
+    if not path.exists():
         return []
     text = path.read_text(encoding="utf-8")
     lines = text.splitlines()

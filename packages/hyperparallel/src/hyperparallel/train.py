@@ -55,14 +55,23 @@ def end_step(step: int, steps: int, stop_at: int | None) -> int:
 
 def run_log(resumed: Path | None, output: Path) -> Path:
     """The metrics log of the run a resume continues: that of the output whose ``checkpoints``
-    folder holds ``resumed`` (``output`` itself, or the run resumed elsewhere), else
-    ``output``'s (a checkpoint kept outside an output, or checkpoints moved away from their
-    log, or none)."""
+    folder holds ``resumed`` (``output`` itself, or the run resumed elsewhere) where there is
+    one, readable or not, else ``output``'s (a checkpoint kept outside an output, or
+    checkpoints moved away from their log, or none)."""
     if resumed is not None and resumed.absolute().parent.name == checkpoint.directory("").name:
         theirs = resumed.absolute().parent.parent / "metrics.jsonl"
-        if theirs.is_file():
+        if theirs.exists():
             return theirs
     return output / "metrics.jsonl"
+
+
+def unreadable_log(log: Path, exc: OSError) -> str:
+    """The error for a resume whose :func:`run_log` cannot be read."""
+    return (
+        f"{log} cannot be read ({exc.strerror or exc}): a resume starts this run's metrics.jsonl "
+        f"from it, up to the checkpoint's step; make it a readable file, or move it away to log "
+        f"only the steps after the checkpoint"
+    )
 
 
 def device_type(parallel_cfg: ParallelSection) -> str:
@@ -359,13 +368,16 @@ def train(
         output.mkdir(parents=True, exist_ok=True)
         if step < end:  # a resume with nothing to train leaves the run's files as they are
             report.write_atomic(output / "config.yaml", cfg.to_yaml())
+        log = run_log(resumed, output)
         try:
-            metrics = report.Metrics(output / "metrics.jsonl", step, run_log(resumed, output))
+            metrics = report.Metrics(output / "metrics.jsonl", step, log)
         except ValueError as exc:  # a damaged line of the log a resume continues
             raise InputError(
                 f"{exc}: fix or delete that line (metrics.jsonl is the run's log; the "
                 f"checkpoint does not need it)"
             ) from None
+        except OSError as exc:  # preflight's check, where it ran, passed: changed since
+            raise InputError(unreadable_log(log, exc)) from None
         display = report.ProgressDisplay(cfg.run.name, cfg.run.steps, step, cfg.run.log_every)
     started = time.perf_counter()
     try:

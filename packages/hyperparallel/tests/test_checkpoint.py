@@ -10,6 +10,7 @@ process, over a real one-rank gloo group.
 from __future__ import annotations
 
 import datetime
+import json
 import logging
 import os
 import sys
@@ -124,6 +125,30 @@ def test_a_branch_from_an_older_checkpoint_is_what_resume_finds_and_keep_keeps(
     assert [p.name for p in checkpoint.complete(out)] == ["step_00000003"]
     assert checkpoint.load(checkpoint.find(out), state)["branch"] == "second"
     assert not list(checkpoint.directory(out).glob(".*")), "no temporary directory is left"
+
+
+def test_a_damaged_checkpoint_names_the_one_it_descends_from_not_an_abandoned_one(
+    one_rank, tmp_path
+) -> None:
+    """Resumed from step 2 of steps 2 and 4 with checkpoint.every=5, a damaged step 5 named
+    step 4, the abandoned branch's, as the older checkpoint to resume from (the highest lower
+    step); meta.json now names the checkpoint each save descends from."""
+    out, state = tmp_path / "run", _small_state()
+    two = checkpoint.save(out, 2, state, {"step": 2}, keep=3)
+    checkpoint.save(out, 4, state, {"step": 4}, keep=3, parent=two)
+    five = checkpoint.save(out, 5, state, {"step": 5}, keep=3, parent=two)
+    assert checkpoint.instead(five) == f"resume from an older checkpoint with --resume {two}"
+    meta = json.loads((five / "meta.json").read_text())
+    assert meta["parent"] == "step_00000002"
+    assert json.loads((two / "meta.json").read_text())["parent"] is None  # a new run's first
+    del meta["parent"]  # saved before meta.json named it: the newest of a lower step
+    (five / "meta.json").write_text(json.dumps(meta))
+    assert checkpoint.instead(five).endswith("--resume " + str(out / "checkpoints/step_00000004"))
+    (five / "meta.json").write_text(json.dumps({**meta, "parent": two.name}))
+    checkpoint.save(out, 2, state, {"step": 2}, keep=4)  # a later run's step 2: not its parent
+    assert checkpoint.instead(five) == "start the run again without --resume"
+    elsewhere = checkpoint.save(tmp_path / "other", 6, state, {"step": 6}, keep=1, parent=five)
+    assert json.loads((elsewhere / "meta.json").read_text())["parent"] is None
 
 
 def test_resume_finds_a_runs_own_checkpoints_not_those_of_a_run_above_it(

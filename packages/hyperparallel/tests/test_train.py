@@ -161,6 +161,8 @@ def test_a_resume_from_an_older_checkpoint_continues_its_own_branch(tmp_path) ->
     )
     assert "resuming from step_00000002, older than step_00000004" in branch.stderr
     assert checkpoint.find(out).name == "step_00000003"
+    meta = json.loads((checkpoint.find(out) / "meta.json").read_text())
+    assert meta["parent"] == older.name  # what a damaged step 3 names to resume from
     run_train("--output", str(out), "--resume", *small_args(*args, "run.stop_at=6"))
     assert sorted(losses(out)) == list(range(1, 7))
 

@@ -6,10 +6,11 @@ states, and ``meta.json``); every rank writes into ``.tmp-step_00000100/`` first
 renames it into place after all ranks finished, so a directory named ``step_*`` is always
 whole. ``meta.json`` numbers the saves: "newest" and "oldest" are in the order they were
 written, not by step, so a run resumed from an older checkpoint continues from its own saves,
-never from the abandoned ones with larger steps. Stale temporary directories (a killed save)
-are removed by the next save; the oldest complete ones beyond ``keep`` are deleted after a
-successful save. Saves and loads coordinate over a gloo group of their own, destroyed
-afterwards (see :func:`_collectives`).
+never from the abandoned ones with larger steps; it also names the checkpoint of its output
+that the save descends from (the one the run resumed, or its previous save). Stale temporary
+directories (a killed save) are removed by the next save; the oldest complete ones beyond
+``keep`` are deleted after a successful save. Saves and loads coordinate over a gloo group
+of their own, destroyed afterwards (see :func:`_collectives`).
 """
 
 from __future__ import annotations
@@ -191,8 +192,10 @@ def save(
     extra: dict[str, Any],
     *,
     keep: int,
+    parent: Path | None = None,
 ) -> Path:
-    """Write checkpoint ``step`` collectively (every rank calls this); returns its directory."""
+    """Write checkpoint ``step`` collectively (every rank calls this); returns its directory.
+    ``parent``: the checkpoint the saved state descends from (resumed, or saved before)."""
     rank, world = dist.get_rank(), dist.get_world_size()
     root = directory(output)
     final = root / f"step_{step:08d}"
@@ -212,7 +215,14 @@ def save(
         if rank == 0:
             earlier = complete(output)
             number = (_save_number(earlier[-1]) or 0) + 1 if earlier else 1
-            meta = {"step": step, "save": number, "world_size": world, "time": time.time()}
+            named = parent.name if parent and parent.parent.resolve() == root.resolve() else None
+            meta = {
+                "step": step,
+                "save": number,
+                "parent": named,  # one of another output is not named
+                "world_size": world,
+                "time": time.time(),
+            }
             (tmp / "meta.json").write_text(json.dumps(meta))
             replaced = root / f".old-{final.name}"
             if final.exists():
@@ -287,12 +297,27 @@ def load(path: Path, state: TrainState) -> dict[str, Any]:
 
 
 def instead(path: Path) -> str:
-    """What to do in place of resuming the damaged checkpoint ``path``: resume the newest older
-    one of its output, or start again."""
-    older = [p for p in complete(path.parent.parent) if p.name < path.name]
-    if older:
-        return f"resume from an older checkpoint with --resume {older[-1]}"
+    """What to do in place of resuming the damaged checkpoint ``path``: resume the older one of
+    its output it descends from, or start again."""
+    older = _descends_from(path)
+    if older is not None:
+        return f"resume from an older checkpoint with --resume {older}"
     return "start the run again without --resume"
+
+
+def _descends_from(path: Path) -> Path | None:
+    """The complete checkpoint of ``path``'s output that ``path`` descends from: the one its
+    ``meta.json`` names as ``parent``, unless removed (``keep`` removes the oldest saves first:
+    its own ancestors went before it) or replaced by a later save; for a checkpoint saved
+    before ``meta.json`` named it, the newest of a lower step."""
+    done = complete(path.parent.parent)
+    try:
+        parent = json.loads((path / "meta.json").read_text())["parent"]
+    except (OSError, ValueError, LookupError, TypeError):  # no parent named
+        older = [p for p in done if p.name < path.name]
+        return older[-1] if older else None
+    number = _save_number(path) or 0
+    return next((p for p in done if p.name == parent and (_save_number(p) or 0) < number), None)
 
 
 def _files_whole(path: Path) -> bool:

@@ -428,7 +428,7 @@ def train(
                     "schedule": cfg.schedule.model_dump(),
                 }
                 outcome.checkpoint = checkpoint.save(
-                    output, step, state, extra, keep=cfg.checkpoint.keep
+                    output, step, state, extra, keep=cfg.checkpoint.keep, parent=outcome.checkpoint
                 )
     finally:
         if rank == 0:

@@ -212,7 +212,8 @@ def test_a_save_killed_while_replacing_a_step_loses_nothing(one_rank, tmp_path) 
     assert checkpoint.load(saved, state) == {"step": 2}
     (saved / "meta.json").write_text("{not json")  # unreadable: not complete, no exception
     assert checkpoint.complete(out) == []
-    assert checkpoint.data_layout(saved) is None  # this trainer.pt holds no sampler state
+    assert checkpoint.extras(saved) == {"step": 2}
+    assert checkpoint.data_layout({"step": 2}) is None  # this trainer.pt holds no sampler state
 
 
 def test_a_load_silences_only_dcps_root_records(caplog: pytest.LogCaptureFixture) -> None:

@@ -282,17 +282,16 @@ def load(path: Path, state: TrainState) -> dict[str, Any]:
     except (Exception, CheckpointException) as exc:  # CheckpointException is a BaseException
         if _interrupted(exc):
             raise KeyboardInterrupt from exc
-        fix = instead(path)
         failure = f"checkpoint {path} cannot be loaded ({_first_failure(exc)})"
         if in_dcp and _files_whole(path):
             raise Unreadable(
                 f"{failure}: its files are all there, so this run's model or optimizer settings "
                 f"likely differ from those it was saved with; resume with those (its run's "
-                f"config.yaml). If they are the same, its files are damaged: {fix}"
+                f"config.yaml). If they are the same, its files are damaged: {instead(path)}"
             ) from exc
         raise Unreadable(
             f"{failure}: its files are damaged or incomplete (a full disk, a copy cut short); "
-            f"{fix}, or delete {path.name}"
+            f"{instead_or_delete(path)}"
         ) from exc
 
 
@@ -303,6 +302,11 @@ def instead(path: Path) -> str:
     if older is not None:
         return f"resume from an older checkpoint with --resume {older}"
     return "start the run again without --resume"
+
+
+def instead_or_delete(path: Path) -> str:
+    """What to do about the damaged checkpoint ``path``: :func:`instead`, or delete it."""
+    return f"{instead(path)}, or delete {path.name}"
 
 
 def _descends_from(path: Path) -> Path | None:
@@ -352,31 +356,37 @@ def _first_failure(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text[0] if text else ''}".rstrip(": ")
 
 
-def data_layout(path: Path) -> dict[str, int] | None:
-    """What the checkpoint's data position is valid for: ``world`` (ranks) and ``batch_size``
-    (per rank), and ``seq_len`` where it names it (older checkpoints do not); None when its
-    ``trainer.pt`` does not say (missing or unreadable)."""
+def extras(path: Path) -> dict[str, Any] | None:
+    """The checkpoint's ``trainer.pt``, the extras :func:`save` was given (step, scheduler,
+    data position, schedule); None when missing or unreadable."""
     try:
         saved = torch.load(path / "trainer.pt", weights_only=False)
-        layout = {k: int(saved["sampler"][k]) for k in ("world", "batch_size")}
-        if "seq_len" in saved.get("data", {}):
-            layout["seq_len"] = int(saved["data"]["seq_len"])
-        return layout
     except Exception:  # missing, truncated, or not written by spore train
         return None
+    return saved if isinstance(saved, dict) else None
 
 
-def saved_schedule(path: Path) -> dict[str, Any] | None:
-    """The schedule section the checkpoint was saved under (``schedule.*`` by key); None when
-    its ``trainer.pt`` does not name it (older checkpoints) or is unreadable."""
+def data_layout(extra: dict[str, Any]) -> dict[str, int] | None:
+    """What the data position in a checkpoint's :func:`extras` is valid for: ``world`` (ranks)
+    and ``batch_size`` (per rank), and ``seq_len`` where it names it (older checkpoints do
+    not); None when they do not say."""
     try:
-        schedule = torch.load(path / "trainer.pt", weights_only=False).get("schedule")
-    except Exception:  # missing, truncated, or not written by spore train
+        layout = {k: int(extra["sampler"][k]) for k in ("world", "batch_size")}
+        if "seq_len" in extra.get("data", {}):
+            layout["seq_len"] = int(extra["data"]["seq_len"])
+        return layout
+    except Exception:  # not written by spore train
         return None
+
+
+def saved_schedule(extra: dict[str, Any]) -> dict[str, Any] | None:
+    """The schedule section a checkpoint's :func:`extras` were saved under (``schedule.*`` by
+    key); None when they do not name it (older checkpoints)."""
+    schedule = extra.get("schedule")
     return schedule if isinstance(schedule, dict) else None
 
 
-def _entries(path: Path) -> dict[str, Any]:
+def dcp_entries(path: Path) -> dict[str, Any]:
     """DCP's metadata of the checkpoint's entries by key (empty when unreadable)."""
     from torch.distributed.checkpoint import FileSystemReader
 
@@ -386,20 +396,20 @@ def _entries(path: Path) -> dict[str, Any]:
         return {}
 
 
-def model_shapes(path: Path) -> dict[str, tuple[int, ...]]:
-    """The saved model's tensor shapes by name, from DCP's metadata (empty when unreadable)."""
+def model_shapes(entries: dict[str, Any]) -> dict[str, tuple[int, ...]]:
+    """The saved model's tensor shapes by name, from a checkpoint's :func:`dcp_entries`."""
     prefix = "train.model."
     return {
         k.removeprefix(prefix): tuple(v.size)
-        for k, v in _entries(path).items()
+        for k, v in entries.items()
         if k.startswith(prefix) and hasattr(v, "size")
     }
 
 
-def optimized(path: Path) -> set[str]:
-    """The saved model's parameters that the saved optimizer holds state for, by name (a tied
-    weight under its first name; empty when it holds none, or the metadata is unreadable)."""
-    entries = _entries(path)
+def optimized(entries: dict[str, Any]) -> set[str]:
+    """The saved model's parameters that the saved optimizer holds state for, by name, from a
+    checkpoint's :func:`dcp_entries` (a tied weight under its first name; empty when it holds
+    none)."""
     names = {k.removeprefix("train.model.") for k in entries if k.startswith("train.model.")}
     found: set[str] = set()
     for key in entries:

@@ -169,7 +169,8 @@ def _resumed_model_problems(cfg: Config, path: Path) -> list[str]:
     """The checkpoint holds this run's model's parameters (built on the meta device): the same
     names, the same shapes, and optimizer state for the same trained parameters (tied weights
     are one)."""
-    saved = checkpoint.model_shapes(path)
+    entries = checkpoint.dcp_entries(path)
+    saved = checkpoint.model_shapes(entries)
     if not saved:  # unreadable metadata: the load reports it
         return []
     try:
@@ -187,7 +188,7 @@ def _resumed_model_problems(cfg: Config, path: Path) -> list[str]:
             f"{_where(cfg.origins, 'model')}: --resume: {path.name} holds a model of other "
             f"shapes ({_first_three(changed)}); resume with the model {fix}"
         ]
-    trained = checkpoint.optimized(path)
+    trained = checkpoint.optimized(entries)
     ours = _optimized_here(cfg, built)
     if not trained or ours is None:  # an optimizer without state (SGD without momentum)
         return []
@@ -203,11 +204,12 @@ def _resumed_model_problems(cfg: Config, path: Path) -> list[str]:
     ]
 
 
-def _resumed_schedule_problems(cfg: Config, path: Path) -> list[str]:
-    """The checkpoint was saved under this run's ``schedule`` settings, those its schedule reads
-    (all, for one registered elsewhere): a resume under others would switch the learning-rate
-    schedule mid-run. ``run.steps`` may change (the schedule then spans the new steps)."""
-    saved = checkpoint.saved_schedule(path)
+def _resumed_schedule_problems(cfg: Config, path: Path, extra: dict[str, Any]) -> list[str]:
+    """The checkpoint (``extra``: its trainer.pt) was saved under this run's ``schedule``
+    settings, those its schedule reads (all, for one registered elsewhere): a resume under
+    others would switch the learning-rate schedule mid-run. ``run.steps`` may change (the
+    schedule then spans the new steps)."""
+    saved = checkpoint.saved_schedule(extra)
     if saved is None:  # saved before trainer.pt named its schedule: nothing to compare
         return []
     asked = cfg.schedule.model_dump()
@@ -322,11 +324,12 @@ def _output_problems(cfg: Config, resume: str | None, world: int) -> list[str]:
             path = checkpoint.find(cfg.run.output if resume == "latest" else resume)
         except FileNotFoundError as exc:
             return [f"--resume: {exc}"]
-        saved = checkpoint.data_layout(path)
-        if saved is None:
+        extra = checkpoint.extras(path)
+        saved = None if extra is None else checkpoint.data_layout(extra)
+        if extra is None or saved is None:
             return [
                 f"--resume: {path} has no readable trainer.pt (data position, schedule): it is "
-                f"damaged; {checkpoint.instead(path)}, or delete {path.name}"
+                f"damaged; {checkpoint.instead_or_delete(path)}"
             ]
         problems = []
         own = checkpoint.complete(cfg.run.output)
@@ -339,7 +342,7 @@ def _output_problems(cfg: Config, resume: str | None, world: int) -> list[str]:
                 f"one of its own checkpoints"
             )
         problems += _resumed_model_problems(cfg, path)
-        problems += _resumed_schedule_problems(cfg, path)
+        problems += _resumed_schedule_problems(cfg, path, extra)
         problems += _resumed_log_problems(cfg, path)
         if (saved["world"], saved["batch_size"]) != (world, cfg.data.batch_size):
             problems.append(

@@ -122,6 +122,17 @@ def test_bad_options_and_unknown_models_are_refused(toy_booster):
         boosters.register_booster("ToyBase")(lambda m, o: None)
 
 
+def test_a_booster_that_is_not_callable_is_refused():
+    """``register_booster("X")(None)`` was registered, and failed only when a model was
+    boosted."""
+    for not_callable in (None, 42, "boost_toy"):
+        with pytest.raises(TypeError, match=r"booster must be callable as apply\(model, options\)"):
+            boosters.register_booster("NotCallable")(not_callable)
+        with pytest.raises(TypeError, match=f"got {type(not_callable).__name__} .* for Other"):
+            boosters.BoosterRegistry().add("Other", not_callable)
+    assert "NotCallable" not in boosters.boosters()
+
+
 FIRST_REGISTRATION = """
 import pytest
 from lite_boost.boosters import find, register_booster

@@ -90,6 +90,11 @@ class BoosterRegistry:
             raise TypeError(f"class_name must be a class's name (a str), got {class_name!r}")
         if not class_name.isidentifier():
             raise ValueError(f"class_name must be a class name, got {class_name!r}")
+        if not callable(apply):
+            raise TypeError(
+                f"a booster must be callable as apply(model, options), got "
+                f"{type(apply).__name__} {apply!r} for {class_name}"
+            )
         if isinstance(changes, str):
             raise TypeError(f"changes is a list of str, one per change: give [{changes!r}]")
         given, changes = changes, tuple(changes)  # once: an iterator is read here

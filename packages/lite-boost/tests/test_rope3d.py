@@ -3,6 +3,7 @@ against a float64 complex rotation; the cache; bad input."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
@@ -129,6 +130,25 @@ def test_cache_hits_misses_and_lru_eviction():
     rope3d.rope_tables((2, 2, 3), 12)  # the least recently used one was evicted
     assert rope3d.cache_info().misses == misses + 1
     assert rope3d.cache_info().size == rope3d.CACHE_SIZE
+
+
+def test_numpy_and_tensor_integers_are_taken_as_sparse_attention_takes_them():
+    """``rope_tables`` refused an ``np.int64`` size (one from ``np.array(shape) // patch``) that
+    ``sparse_attention``'s ``latent_shape`` takes; they name the same cached tables now."""
+    first = rope3d.rope_tables((2, 3, 4), 12)
+    for grid, head_dim in [
+        ((np.int64(2), np.int32(3), torch.tensor(4)), np.int64(12)),
+        (np.array([2, 3, 4]), torch.tensor(12)),
+    ]:
+        assert rope3d.rope_tables(grid, head_dim)[0] is first[0]
+    assert rope3d.cache_info().hits == 2
+    assert rope3d.split(np.int64(12)) == (4, 4, 4)
+    with pytest.raises(ValueError, match="three positive ints"):
+        rope3d.rope_tables((True, 2, 2), 12)
+    with pytest.raises(TypeError, match="head_dim must be an int, got bool"):
+        rope3d.rope_tables((2, 2, 2), True)
+    with pytest.raises(ValueError, match="must be even and at least 6, got 13"):
+        rope3d.rope_tables((2, 2, 2), np.int64(13))
 
 
 @pytest.mark.parametrize(

@@ -31,6 +31,7 @@ from typing import NamedTuple
 import torch
 
 import spore_kernels  # noqa: F401  (defines torch.ops.spore.rope)
+from lite_boost.sparse import as_int, as_ints
 
 CACHE_SIZE = 8
 """Most (grid, head_dim, device, dtype, theta) table pairs kept; the least recently used goes."""
@@ -69,27 +70,32 @@ def cache_clear() -> None:
         _cache.hits = _cache.misses = 0
 
 
-def split(head_dim: int) -> tuple[int, int, int]:
-    """The (frame, row, column) channel counts of a head, as Wan splits it."""
-    if isinstance(head_dim, bool) or not isinstance(head_dim, int):
+def _head_dim(head_dim: int) -> int:
+    """``head_dim`` as an int (numpy or 0-d tensor integers taken, see
+    :func:`lite_boost.sparse.as_int`), even and at least 6."""
+    n = as_int(head_dim)
+    if n is None:
         raise TypeError(f"head_dim must be an int, got {type(head_dim).__name__}")
-    if head_dim < 6 or head_dim % 2:
+    if n < 6 or n % 2:
         raise ValueError(
             f"3-D RoPE splits head_dim into even frame/row/column parts (rows and columns get "
             f"2 * (head_dim // 6) channels each): head_dim must be even and at least 6, "
-            f"got {head_dim}"
+            f"got {n}"
         )
-    spatial = 2 * (head_dim // 6)
-    return head_dim - 2 * spatial, spatial, spatial
+    return n
+
+
+def split(head_dim: int) -> tuple[int, int, int]:
+    """The (frame, row, column) channel counts of a head, as Wan splits it."""
+    n = _head_dim(head_dim)
+    spatial = 2 * (n // 6)
+    return n - 2 * spatial, spatial, spatial
 
 
 def _grid(grid: tuple[int, int, int]) -> tuple[int, int, int]:
-    sizes = tuple(grid) if isinstance(grid, (tuple, list, torch.Size)) else None
-    if (
-        sizes is None
-        or len(sizes) != 3
-        or not all(isinstance(n, int) and not isinstance(n, bool) and n > 0 for n in sizes)
-    ):
+    """``grid``'s sizes as ints (see :func:`lite_boost.sparse.as_ints`), three positive ones."""
+    sizes = as_ints(grid)
+    if sizes is None or len(sizes) != 3 or min(sizes) < 1:
         raise ValueError(
             f"grid must be three positive ints (frames, height, width) of latent tokens, "
             f"got {grid!r}"
@@ -139,7 +145,7 @@ def rope_tables(
     """``(cos, sin)``, each ``(f * h * w, head_dim // 2)`` in ``dtype`` on ``device``, for the
     token grid ``grid = (f, h, w)``; cached (see the module docstring)."""
     sizes = _grid(grid)
-    split(head_dim)
+    head_dim = _head_dim(head_dim)
     if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
         raise TypeError(f"dtype must be a floating torch.dtype, got {dtype!r}")
     if not isinstance(theta, (int, float)) or isinstance(theta, bool) or not 0 < theta < math.inf:

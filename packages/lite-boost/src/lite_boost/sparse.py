@@ -66,6 +66,16 @@ def as_int(value: Any) -> int | None:
         return None
 
 
+def as_ints(values: Any) -> tuple[int, ...] | None:
+    """``values``' items as ints (see :func:`as_int`), ``None`` when it is not iterable or an
+    item is not an integer."""
+    try:
+        ints = tuple(as_int(n) for n in values)
+    except TypeError:  # not iterable
+        return None
+    return None if None in ints else ints
+
+
 def is_number(value: Any) -> bool:
     """Whether ``value`` is a real number (numpy's too), not a bool, a string or a tensor."""
     return isinstance(value, numbers.Real) and not isinstance(value, bool)
@@ -73,11 +83,8 @@ def is_number(value: Any) -> bool:
 
 def _latent(shape: Any) -> tuple[int, ...]:
     """``shape``'s sizes as ints (see :func:`as_int`)."""
-    try:
-        sizes = tuple(as_int(n) for n in shape)
-    except TypeError:  # not a sequence
-        sizes = (None,)
-    if None in sizes:
+    sizes = as_ints(shape)
+    if sizes is None:
         raise ValueError(f"latent_shape must be three ints (frames, height, width), got {shape!r}")
     return sizes
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 
 import pytest
@@ -137,6 +138,27 @@ def test_mixed_dtypes_under_autocast_are_cast_as_sdpa_casts_them():
             A.attention(q.double(), v, v)
         with pytest.raises(TypeError, match="of one dtype"):
             A.check_qkv(q.to("meta"), k.to("meta"), v.to("meta"))
+
+
+@pytest.mark.parametrize("path", ["dense", "sparse"])
+def test_mixed_dtypes_under_autocast_compile_and_go_sparse_as_in_eager(path):
+    """The mixes eager autocast takes were refused by ``torch.compile`` (the op's fake saw them
+    uncast) and by the sparse kernel: the op casts them in its autocast kernel now, and
+    ``sparse_attention`` as the op does, so eager, compiled and sparse agree."""
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 2, 16, 8, generator=g) for _ in range(3))
+    k = k.bfloat16()
+    if path == "dense":
+        fn = A.attention
+    else:
+        fn = functools.partial(sparse_attention, latent_shape=(1, 4, 4), sparsity=0.5, block_size=4)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        want = fn(q.bfloat16(), k, v.bfloat16())
+        got = fn(q, k, v)
+        compiled = torch.compile(fn, backend="aot_eager", fullgraph=True)(q, k, v)
+    assert got.dtype == compiled.dtype == torch.bfloat16
+    torch.testing.assert_close(got, want, atol=0, rtol=0)
+    torch.testing.assert_close(compiled, want, atol=0, rtol=0)
 
 
 @pytest.mark.parametrize(

@@ -9,6 +9,9 @@ is installed but fails to import is skipped with a logged reason. ``LITE_BOOST_A
 
 Layout: ``q``, ``k``, ``v`` are ``(batch, heads, seq, head_dim)``, as for SDPA; ``k``/``v`` may
 have fewer heads than ``q`` when ``q``'s head count is a multiple of theirs (grouped queries).
+Under autocast the op casts float32, float16 and bfloat16 ``q``, ``k``, ``v`` (mixed or not) to
+autocast's dtype first, as autocast casts SDPA's: an autocast kernel of the op, so eager, traced
+and compiled calls take the same dtypes.
 """
 
 from __future__ import annotations
@@ -105,23 +108,27 @@ def reference(
 _AUTOCAST_CASTS = frozenset({torch.float32, torch.float16, torch.bfloat16})
 
 
-def _autocast_casts(device: str, dtypes: tuple[torch.dtype, ...]) -> bool:
-    """Whether autocast, on for ``device``, casts tensors of ``dtypes`` to one (it leaves
-    float64 as it is)."""
-    return (
-        set(dtypes) <= _AUTOCAST_CASTS
+def autocast_qkv(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``q``, ``k`` and ``v`` in autocast's dtype where autocast is on for their device and
+    casts each of them (it leaves float64), as it casts SDPA's; else as they are."""
+    device = q.device.type
+    if not (
+        {q.dtype, k.dtype, v.dtype} <= _AUTOCAST_CASTS
         and torch.amp.is_autocast_available(device)
         and torch.is_autocast_enabled(device)
-    )
+    ):
+        return q, k, v
+    dtype = torch.get_autocast_dtype(device)
+    return q.to(dtype), k.to(dtype), v.to(dtype)
 
 
 def check_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
-    """(batch, heads, seq, head_dim) floating-point tensors of one dtype (of any that eager
-    autocast casts to one, where it is on); k and v alike; q's heads a multiple of k's."""
+    """(batch, heads, seq, head_dim) floating-point tensors of one dtype; k and v alike; q's
+    heads a multiple of k's."""
     dtypes = (q.dtype, k.dtype, v.dtype)
-    if not all(d.is_floating_point for d in dtypes) or (
-        len(set(dtypes)) > 1 and not _autocast_casts(q.device.type, dtypes)
-    ):
+    if not all(d.is_floating_point for d in dtypes) or len(set(dtypes)) > 1:
         raise TypeError(
             f"lite_boost attention takes floating-point q, k and v of one dtype, got "
             f"{', '.join(map(str, dtypes))}; convert them to one (e.g. q.float())"
@@ -223,6 +230,29 @@ def register(registry: Any) -> Any:
 
 
 register(dispatch.Registrar(PROVIDER))
+
+_autocast_lib = torch.library.Library(dispatch.NAMESPACE, "FRAGMENT")
+_AUTOCAST_KEYS = tuple(k for k in torch._C.DispatchKey.__members__ if k.startswith("Autocast"))
+
+
+def _autocast_kernel(key: str) -> Callable[..., torch.Tensor]:
+    """The op's kernel for dispatch key ``key`` (autocast on for a device type): q, k and v cast
+    by :func:`autocast_qkv`, then the op with ``key`` off, as autocast runs SDPA. Eager, traced
+    and compiled calls then take the same dtypes."""
+    off = torch._C.DispatchKeySet(getattr(torch._C.DispatchKey, key))
+
+    def kernel(
+        q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | None = None
+    ) -> torch.Tensor:
+        q, k, v = autocast_qkv(q, k, v)
+        with torch._C._ExcludeDispatchKeyGuard(off):
+            return torch.ops.spore.lite_boost_attention(q, k, v, scale)
+
+    return kernel
+
+
+for _key in _AUTOCAST_KEYS:
+    _autocast_lib.impl(OP, _autocast_kernel(_key), _key)
 
 
 def attention(

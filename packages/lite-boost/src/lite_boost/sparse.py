@@ -210,10 +210,13 @@ def sparse_attention(
 ) -> torch.Tensor:
     """Self-attention of (B, H, S, D) tokens — ``latent_shape`` (frames, height, width) video
     tokens in (frame, row, column) order, plus ``text_len`` text tokens after them (before
-    them with ``text_first``) — skipping the key blocks a query block needs least."""
+    them with ``text_first``) — skipping the key blocks a query block needs least. Under
+    autocast, q, k and v are cast first as the attention op casts them
+    (:func:`lite_boost.backends.autocast_qkv`)."""
     latent_shape = _latent(latent_shape)
     text_len = _count(text_len, "text_len", 0)
     block_size = _count(block_size, "block_size", 1)
+    q, k, v = backends.autocast_qkv(q, k, v)  # as the attention op's autocast kernel casts them
     _check(q, k, v, latent_shape, text_len, sparsity)
     block_size = min(block_size, max(q.shape[2], 1))  # one block, in memory of the sequence's
     if sparsity == 0.0:

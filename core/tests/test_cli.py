@@ -344,7 +344,9 @@ def test_doctor_exits_1_when_a_plugin_asked_for_by_name_fails(
     spore_plugin_source, spore_manager, capsys
 ) -> None:
     """A failing doctor hook of a plugin in SPORE_PLUGINS exited 2 (the plugin-error status
-    of other commands) where the docs promise 1 for any error; so did one in strict mode."""
+    of other commands) where the docs promise 1 for any error; so did one in strict mode. Then
+    it exited 1 with the error alone: no report, nor JSON under --json. The error is a check of
+    the report now, after the checks made before it."""
     from spore.cli import main
 
     spore_plugin_source(
@@ -357,11 +359,32 @@ def test_doctor_exits_1_when_a_plugin_asked_for_by_name_fails(
     for env in ({"SPORE_PLUGINS": "sickly"}, {"SPORE_STRICT_PLUGINS": "1"}):
         spore_manager(env)
         with pytest.raises(SystemExit) as exit_:
-            main(["doctor", "--quick"])
+            main(["doctor", "--quick", "--json"])
         assert exit_.value.code == 1
-        err = " ".join(capsys.readouterr().err.split())
-        assert "Error: spore plugin 'sickly' (sickly 0.1.0) hook spore_doctor raised" in err
-        assert "(cause: RuntimeError('cannot examine'))" in err
+        report = json.loads(capsys.readouterr().out)
+        assert report["worst"] == "error"
+        checks = {(c["source"], c["name"]): c for c in report["checks"]}
+        assert checks[("core", "python")]["status"] == "ok"
+        error = checks[("core", "plugin error")]
+        assert error["status"] == "error"
+        assert error["detail"].startswith(
+            "spore plugin 'sickly' (sickly 0.1.0) hook spore_doctor raised: cannot examine"
+        )
+        assert error["detail"].endswith("(cause: RuntimeError('cannot examine'))")
+        assert checks[("core", "plugin sickly")]["status"] == "error"
+    spore_manager({"SPORE_PLUGINS": "absent"})  # the loading fails: the core's checks alone
+    with pytest.raises(SystemExit) as exit_:
+        main(["doctor", "--quick", "--json"])
+    assert exit_.value.code == 1
+    checks = {(c["source"], c["name"]): c for c in json.loads(capsys.readouterr().out)["checks"]}
+    assert checks[("core", "python")]["status"] == "ok"
+    assert checks[("core", "plugin error")]["detail"].startswith(
+        "spore plugin 'absent' was asked for but is not installed"
+    )
+    with pytest.raises(SystemExit) as exit_:  # and as a table
+        main(["doctor", "--quick"])
+    assert exit_.value.code == 1
+    assert "spore doctor" in capsys.readouterr().out
 
 
 def test_json_stdout_is_only_json_when_a_plugin_prints(run_spore) -> None:

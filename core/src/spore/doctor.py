@@ -17,6 +17,7 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
+from spore.errors import PluginError
 from spore.runtime import runtime_environment, usable_cores
 
 if TYPE_CHECKING:
@@ -85,9 +86,25 @@ class Report:
 
 
 def run(manager: PluginManager, *, quick: bool = False) -> Report:
-    """Run every check: the core's, each plugin's ``spore_doctor``, then plugin health."""
+    """Run every check: the core's, each plugin's ``spore_doctor``, then plugin health.
+
+    A :class:`~spore.errors.PluginError` (strict mode, a plugin asked for by name) is an error
+    check, not raised: one that stops the loading leaves the core's checks alone; one from a
+    plugin's ``spore_doctor`` leaves that plugin ``failed`` and the plugins after it unasked.
+    """
     report = Report(quick=quick)
-    manager.run_doctor(report)
+    try:
+        manager.load()
+    except PluginError as exc:
+        with report.source("core"):
+            core_checks(report)
+            check_plugin_error(report, exc)
+        return report
+    try:
+        manager.run_doctor(report)
+    except PluginError as exc:
+        with report.source("core"):
+            check_plugin_error(report, exc)
     with report.source("core"):
         check_plugins(report, manager.plugins())
         check_selection(report, manager.notes)
@@ -260,6 +277,12 @@ def check_plugins(report: Report, infos: list[PluginInfo]) -> None:
             f"{detail} ({info.reason})" if info.reason else detail,
             fix="see `spore plugins check` for the full cause" if status == "failed" else None,
         )
+
+
+def check_plugin_error(report: Report, error: PluginError) -> None:
+    """An error check for a plugin error, with its cause."""
+    cause = f" (cause: {error.__cause__!r})" if error.__cause__ else ""
+    report.add("plugin error", "error", f"{error}{cause}")
 
 
 def check_selection(report: Report, notes: list[str]) -> None:

@@ -1,11 +1,16 @@
 """Exceptions and argument checks shared by the registries and the mechanisms they feed
-(dispatch, backends, graph passes)."""
+(dispatch, backends, graph passes), and the plugin manager's error (raised by
+:mod:`spore.plugins`, reported by :mod:`spore.doctor`)."""
 
 from __future__ import annotations
 
 
 class DuplicateRegistrationError(ValueError):
     """A name was registered twice without ``override=True``."""
+
+
+class PluginError(RuntimeError):
+    """A plugin failed in strict mode, or a plugin asked for by name is not active."""
 
 
 def check_device_type(device: object, what: str) -> None:
@@ -29,4 +34,9 @@ def check_sub_provider(provider: object, owner: str, who: str) -> None:
         raise ValueError(f"{form}, not {provider!r}")
 
 
-__all__ = ["DuplicateRegistrationError", "check_device_type", "check_sub_provider"]
+__all__ = [
+    "DuplicateRegistrationError",
+    "PluginError",
+    "check_device_type",
+    "check_sub_provider",
+]

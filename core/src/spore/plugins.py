@@ -33,6 +33,7 @@ from spore.discovery import (
     discover_entry_points,
     normalize,
 )
+from spore.errors import PluginError
 from spore.registry import Registry, make_registries
 
 if TYPE_CHECKING:
@@ -49,10 +50,6 @@ REGISTRY_HOOKS = {
 
 log = logging.getLogger("spore.plugins")
 T = TypeVar("T")
-
-
-class PluginError(RuntimeError):
-    """A plugin failed in strict mode, or a plugin asked for by name is not active."""
 
 
 class PluginManager:

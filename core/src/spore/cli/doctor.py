@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import sys
 from typing import TYPE_CHECKING
 
@@ -42,16 +43,14 @@ def doctor_cmd(as_json: bool, quick: bool) -> None:
 
 
 def _report(quick: bool) -> Report:
-    """Run the checks; a plugin error (strict mode, a plugin asked for by name) is an
-    unhealthy plugin, so it exits 1 as a failed check does, not 2 as other commands."""
+    """Run the checks; a plugin error (strict mode, a plugin asked for by name) is an error in
+    the report, which is printed and exits 1 as for a failed check, not 2 as other commands."""
     from spore import doctor
 
     manager = get_manager()
     root = click.get_current_context().find_root().command
-    try:
-        if isinstance(root, click.Group):  # a plugin failing to add its commands is not healthy
+    if isinstance(root, click.Group):  # a plugin failing to add its commands is not healthy
+        # reported by doctor.run: the loading's error raised again, or the plugin failed
+        with contextlib.suppress(PluginError):
             manager.add_commands(root)
-        return doctor.run(manager, quick=quick)
-    except PluginError as exc:
-        cause = f" (cause: {exc.__cause__!r})" if exc.__cause__ else ""
-        raise click.ClickException(f"{exc}{cause}") from exc
+    return doctor.run(manager, quick=quick)

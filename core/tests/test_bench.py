@@ -77,6 +77,20 @@ def test_run_refuses_a_min_time_that_is_no_number_of_seconds(min_time: float) ->
     assert bench.run(case, "tests", repeat=1, min_time=Fraction(1, 1000)).error is None  # any Real
 
 
+def test_run_refuses_a_repeat_that_is_no_count() -> None:
+    """``repeat=2.5`` failed the case inside ``range`` (in ``Result.error``) and ``True`` timed
+    it once: the arguments are checked as ``min_time`` is."""
+    case = Benchmark("x", lambda s: None, lambda s: None, baseline_label="b")
+    for not_an_int in (2.5, True, "2", None):
+        kind = type(not_an_int).__name__
+        with pytest.raises(TypeError, match=f"repeat must be an int, got {kind}"):
+            bench.run(case, "tests", repeat=not_an_int, min_time=0)  # type: ignore[arg-type]
+    for too_few in (0, -3):
+        with pytest.raises(ValueError, match=f"repeat must be >= 1, got {too_few}"):
+            bench.run(case, "tests", repeat=too_few, min_time=0)
+    assert bench.run(case, "tests", repeat=2, min_time=0).error is None
+
+
 def test_self_timed_samples_with_changing_keys_are_that_case_s_error() -> None:
     """A self-timed side whose samples reported different extras raised KeyError out of
     run(), ending a whole `spore bench` run."""

@@ -104,8 +104,7 @@ def run(bench: Benchmark, owner: str, *, repeat: int = 5, min_time: float = 0.05
     """Measure one case; the case's errors are captured in ``Result.error`` rather than
     raised. ``repeat`` below 1, or a ``min_time`` that is not 0 to :data:`MAX_MIN_TIME`
     seconds, is a ``ValueError`` (a value of the wrong type: ``TypeError``)."""
-    if repeat < 1:
-        raise ValueError(f"repeat must be >= 1, got {repeat}")
+    repeat = _checked_repeat(repeat)
     min_time = _checked_min_time(min_time)
     result = Result(bench.name, owner, bench.baseline_label, bench.candidate_label, repeat)
     if bench.self_timed:
@@ -134,6 +133,16 @@ def run(bench: Benchmark, owner: str, *, repeat: int = 5, min_time: float = 0.05
         return result
     result.loops = loops
     return _summarise(result, base_t, cand_t)
+
+
+def _checked_repeat(repeat: int) -> int:
+    """``repeat`` as an int, refused unless it is an integer (numpy's included, not a bool) of
+    at least 1 (a float failed the case inside ``range``, and ``True`` timed it once)."""
+    if isinstance(repeat, bool) or not isinstance(repeat, numbers.Integral):
+        raise TypeError(f"repeat must be an int, got {type(repeat).__name__} {repeat!r}")
+    if repeat < 1:
+        raise ValueError(f"repeat must be >= 1, got {repeat}")
+    return int(repeat)
 
 
 def _checked_min_time(min_time: float) -> float:

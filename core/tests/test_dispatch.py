@@ -485,6 +485,23 @@ def test_a_provider_must_be_a_non_empty_str() -> None:
     dispatch.unregister_provider("other")
 
 
+def test_a_registrar_or_plugin_may_name_itself_as_the_provider() -> None:
+    """``Registrar("acme").kernel(..., provider="acme")`` was refused with "registers kernels
+    as 'acme' or 'acme':<name>, not 'acme'"; it is the same as leaving the provider out."""
+    from spore.registry import OpRegistry
+
+    op = _define()
+    kernel = dispatch.Registrar("acme").kernel(op, "cpu", _rms, provider="acme")
+    assert kernel.provider == "acme"
+    registry = OpRegistry("op")
+    with registry.owned_by("beta"):
+        assert registry.kernel(op, "cpu", _rms, provider="beta").provider == "beta"
+    assert sorted(op.kernels) == [("cpu", "acme"), ("cpu", "beta")]
+    registry.remove_owner("beta")
+    dispatch.unregister_provider("acme")
+    assert op.kernels == {}
+
+
 def test_a_plugin_registers_kernels_under_sub_providers() -> None:
     from spore.registry import OpRegistry
 

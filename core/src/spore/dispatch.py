@@ -502,7 +502,7 @@ class Registrar:
         supports: Callable[..., bool] | None = None,
         provider: str | None = None,
     ) -> Kernel:
-        """:func:`register_kernel` as ``provider`` or the given sub-provider
+        """:func:`register_kernel` as ``provider`` (given or not) or the given sub-provider
         ``"<provider>:<name>"``."""
         if provider is not None:
             check_sub_provider(provider, self.provider, f"registrar {self.provider!r}")

@@ -23,14 +23,15 @@ def check_device_type(device: object, what: str) -> None:
 
 
 def check_sub_provider(provider: object, owner: str, who: str) -> None:
-    """Refuse a kernel provider other than ``"<owner>:<name>"`` from ``who`` (e.g. ``plugin
-    'acme'``): ``TypeError`` for a non-str, ``ValueError`` for another str."""
+    """Refuse a kernel provider other than ``owner`` itself or ``"<owner>:<name>"`` from
+    ``who`` (e.g. ``plugin 'acme'``): ``TypeError`` for a non-str, ``ValueError`` for another
+    str."""
     form = f"{who} registers kernels as {owner!r} or {owner!r}:<name>"
     if not isinstance(provider, str):
         raise TypeError(
             f"{form}; a provider must be a str, got {type(provider).__name__} {provider!r}"
         )
-    if not provider.startswith(f"{owner}:") or provider == f"{owner}:":
+    if provider != owner and (not provider.startswith(f"{owner}:") or provider == f"{owner}:"):
         raise ValueError(f"{form}, not {provider!r}")
 
 

@@ -244,6 +244,35 @@ def test_an_interrupted_add_commands_is_undone_and_retried(
     assert (registered["interrupted"], registered["zlater"]) == (["half"], ["later"])
 
 
+def test_a_plugin_error_in_add_commands_keeps_the_other_plugins_commands(
+    spore_plugin_source, spore_manager
+) -> None:
+    """Unlike an interruption, a plugin error is not undone: the failed plugin's commands are
+    withdrawn, the ones added before it stay, and a later call adds nothing again."""
+    spore_plugin_source(
+        "aearly",
+        "import click, spore\n"
+        "@spore.hookimpl\n"
+        "def spore_add_commands(cli):\n"
+        "    cli.add_command(click.Command('early'))\n",
+    )
+    spore_plugin_source(
+        "broken",
+        "import click, spore\n"
+        "@spore.hookimpl\n"
+        "def spore_add_commands(cli):\n"
+        "    cli.add_command(click.Command('half'))\n"
+        "    raise RuntimeError('no more')\n",
+    )
+    manager = spore_manager({"SPORE_PLUGINS": "aearly,broken"})
+    cli = click.Group(commands=[click.Command("own")])
+    with pytest.raises(PluginError, match="hook spore_add_commands raised: no more"):
+        manager.add_commands(cli)
+    assert sorted(cli.commands) == ["early", "own"]
+    manager.add_commands(cli)
+    assert sorted(cli.commands) == ["early", "own"]
+
+
 def test_an_interrupted_load_whose_undoing_fails_raises_at_each_later_use(
     spore_plugin_source, spore_manager, monkeypatch
 ) -> None:

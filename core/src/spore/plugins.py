@@ -323,10 +323,11 @@ class PluginManager:
             self._cli = cli
             try:
                 self._call_each("spore_add_commands", self._commands_scope, cli=cli)
-            except Exception:  # a plugin error: the failed plugin's commands are withdrawn
-                raise
-            except BaseException:  # Ctrl-C, a test's skip: undone, the next call adds again
-                self._withdraw_commands(cli)
+            except BaseException as exc:
+                # Ctrl-C, a test's skip: undone, the next call adds again. A plugin error (an
+                # Exception) is not: the failed plugin's commands are withdrawn, the others kept
+                if not isinstance(exc, Exception):
+                    self._withdraw_commands(cli)
                 raise
 
     def _withdraw_commands(self, cli: click.Group) -> None:

@@ -136,6 +136,18 @@ def test_scalar_args_and_composites(fn):
     _check(fn, [_x(6, 5, seed=3)])
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("exponent", [0.5, -0.5, -1.0])
+def test_pow_of_special_exponents_at_special_values(exponent, dtype):
+    """x ** ±0.5 is sqrt/rsqrt in eager's float32 and bfloat16 but pow in its float16, which
+    differ at -inf and -0.0 (pow(-inf, 0.5) is inf, sqrt(-inf) NaN)."""
+    special = torch.tensor([float("-inf"), -4.0, -0.0, 0.0, 0.3, 4.0, float("inf"), float("nan")])
+    x, rtol = special.to(dtype), 0.0 if dtype == torch.float32 else 1e-2  # a 16-bit ulp
+    got = _check(lambda x: aten.pow.Tensor_Scalar(x, exponent), [x], atol=0, rtol=rtol)(x)
+    want = aten.pow.Tensor_Scalar(x, exponent)
+    assert torch.equal(got.signbit()[~want.isnan()], want.signbit()[~want.isnan()])
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("approximate", ["none", "tanh"])
 def test_gelu_both_forms(approximate, dtype):

@@ -275,6 +275,9 @@ def _div_mode(em: Emitter, n: Node, r: Resolve) -> int:
 
 
 _POW_SPECIAL = {0.5: Op.SQRT, -0.5: Op.RSQRT, -1.0: Op.RECIPROCAL}
+# eager takes x ** ±0.5 as sqrt/rsqrt in float32 and bfloat16, but as pow in float16: at -inf
+# and -0.0 the two differ (pow(-inf, 0.5) is inf, sqrt(-inf) NaN; pow(-0.0, -0.5) is inf)
+_POW_AS_POW = {torch.float16: (0.5, -0.5)}
 
 
 @_rule([aten.pow.Tensor_Scalar, aten.pow.Tensor_Tensor, aten.pow.Scalar], POINTWISE, cost=2)
@@ -289,7 +292,7 @@ def _pow(em: Emitter, n: Node, r: Resolve) -> int:
             return em.binary(Op.MUL, x, x)
         if e == 3.0:
             return em.binary(Op.MUL, em.binary(Op.MUL, x, x), x)
-        if e in _POW_SPECIAL:
+        if e in _POW_SPECIAL and e not in _POW_AS_POW.get(n.meta["val"].dtype, ()):
             return em.unary(_POW_SPECIAL[e], x)
     return em.binary(Op.POW, r(base), r(exponent))
 

@@ -219,6 +219,24 @@ def test_msa_stack_in_place_inference_writes_into_m() -> None:
     assert out.data_ptr() != needs_grad.data_ptr()  # never in place when a gradient is needed
 
 
+@pytest.mark.parametrize(("m_batch", "z_batch"), [((2,), ()), ((), (2,))])
+def test_in_place_with_batch_dims_that_broadcast_equals_out_of_place(
+    m_batch: tuple[int, ...], z_batch: tuple[int, ...]
+) -> None:
+    """Batch dims ``check_msa_and_pair`` lets broadcast: in place, an input the other's batch
+    broadcasts to a larger shape gets a new result; the other is still written into."""
+    block = randomized(MSABlock(c_m=6, c_z=5, c_hidden=2, msa_chunk_size=2)).eval()
+    m, z = torch.randn(*m_batch, 3, 4, 6), torch.randn(*z_batch, 4, 4, 5)
+    with torch.no_grad():
+        expected = block.msa_stack(m, z), *block(m, z, None)
+        target = m.clone()
+        stack = block.msa_stack(target, z, inplace_safe=True)
+        got = stack, *block(m.clone(), z.clone(), None, inplace_safe=True)
+    assert (stack.data_ptr() == target.data_ptr()) == (not z_batch)
+    for out, want in zip(got, expected, strict=True):
+        torch.testing.assert_close(out, want, rtol=1e-5, atol=1e-5)
+
+
 def test_msa_stack_dropout_mask_is_shared_across_chunks() -> None:
     stack = randomized(MSAStack(c_m=6, c_z=5, c=3, dropout=0.5, msa_chunk_size=None)).train()
     m, z = torch.randn(5, 6, 6), torch.randn(6, 6, 5)
@@ -297,6 +315,18 @@ def test_a_batched_msa_module_equals_each_example_alone(rows: int) -> None:
         batched = module(feats, z, s_inputs, None)
         alone = torch.stack([module(batch[b], z[b], s_inputs[b], None) for b in range(2)])
     torch.testing.assert_close(batched, alone, **TOL)
+
+
+def test_msa_module_in_place_with_a_batched_msa_and_an_unbatched_z() -> None:
+    configs = {"strategy": "topk", "sample_cutoff": {"test": 3}, "min_size": {"test": 3}}
+    module = msa_module(msa_configs=configs).eval()
+    batch = [msa_features(rows=3) for _ in range(2)]
+    feats = {k: torch.stack([f[k] for f in batch]) for k in batch[0]}
+    z, s_inputs = torch.randn(6, 6, 5), torch.randn(2, 6, 4)
+    with torch.no_grad():
+        expected = module(feats, z, s_inputs, None)
+        got = module(feats, z.clone(), s_inputs, None, inplace_safe=True)
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
 
 
 def test_msa_sampling_bounds() -> None:

@@ -187,7 +187,8 @@ class MSAStack(nn.Module):
     Protenix's training path, the MSA is not padded to ``msa_max_size`` (the padding only kept
     DDP's graph static; the real rows' results are the same); ``msa_max_size`` is kept for
     reference. In inference with ``inplace_safe`` (or ``plan.inplace``) and no gradient needed,
-    each chunk's result is written back into ``m``, as Protenix's inference path does.
+    each chunk's result is written back into ``m``, as Protenix's inference path does, unless
+    ``z``'s batch dims broadcast ``m`` to a larger shape (then the result is a new tensor).
     """
 
     plan: MemoryPlan | None = None
@@ -219,7 +220,11 @@ class MSAStack(nn.Module):
         if self.training and self.p_drop > 0:
             rowwise = m.new_ones(*m.shape[:-3], 1, *m.shape[-2:])
             keep = F.dropout(rowwise, self.p_drop, training=True)
-        inplace = inplace_requested(self, inplace_safe) and grad_free(self, m, z)
+        inplace = (
+            inplace_requested(self, inplace_safe)
+            and grad_free(self, m, z)
+            and broadcast(m.shape[:-3], z.shape[:-3]) == m.shape[:-3]  # rows keep m's shape
+        )
 
         def rows(sl: slice) -> torch.Tensor:
             part = m[..., sl, :, :]
@@ -237,7 +242,8 @@ class MSABlock(nn.Module):
     ``pair_stack`` (a :class:`~sci_protenix.pairformer.PairformerBlock` without single track)
     updates ``z``. Returns ``(m, z)``, or ``(None, z)`` for the last block, as Protenix. With
     in-place inference asked for (``inplace_safe`` or ``plan.inplace``) and no gradient needed,
-    the caller's ``m`` and ``z`` are overwritten.
+    the caller's ``m`` and ``z`` are overwritten, each unless the other's batch dims broadcast
+    it to a larger shape (then its result is a new tensor).
     """
 
     plan: MemoryPlan | None = None
@@ -286,7 +292,8 @@ class MSABlock(nn.Module):
         [*, N, N] or None; the kernel-choice strings are accepted and ignored."""
         check_msa_and_pair(m, z, self)
         update = self.outer_product_mean_msa(m, chunk_size=chunk_size)
-        if inplace_requested(self, inplace_safe) and grad_free(self, m, z):
+        in_place = inplace_requested(self, inplace_safe) and grad_free(self, m, z)
+        if in_place and broadcast(z.shape, update.shape) == z.shape:
             z += update
         else:
             z = z + update
@@ -347,7 +354,8 @@ class MSAModule(nn.Module):
     one-hot never exists. Recompute while training: the plan's ``recompute`` when a plan is set,
     else "block" per ``blocks_per_ckpt`` as Protenix. With in-place inference asked for
     (``inplace_safe`` or ``plan.inplace``) and no gradient needed, the caller's ``z`` is
-    overwritten, as by the Pairformer blocks.
+    overwritten, as by the Pairformer blocks, unless the MSA's batch dims broadcast it to a
+    larger shape (then the result is a new tensor).
     """
 
     plan: MemoryPlan | None = None

@@ -23,7 +23,7 @@ def formula(t: Transition, x: torch.Tensor) -> torch.Tensor:
     return hidden @ t.linear_no_bias.weight.T
 
 
-@pytest.mark.parametrize("shape", [(7, 6), (2, 7, 7, 6), (3, 5, 6)])
+@pytest.mark.parametrize("shape", [(7, 6), (2, 7, 7, 6), (3, 5, 6), (2, 0, 6), (0, 6)])
 def test_transition_equals_formula_at_every_chunk_size(shape, randomize) -> None:
     t = randomize(Transition(c_in=6, n=2))
     x = torch.randn(*shape)

@@ -98,7 +98,7 @@ def test_triangle_attention_node_classes(px, twin) -> None:
         torch.testing.assert_close(ours(z, mask=mask, chunk_size=5), theirs(z, mask=mask), **MODULE)
 
 
-@pytest.mark.parametrize("shape", [(N, CS), (2, N, N, CZ)])
+@pytest.mark.parametrize("shape", [(N, CS), (2, N, N, CZ), (0, 0, CZ), (2, 0, CZ), (0, CS)])
 def test_transition(px, twin, shape) -> None:
     theirs, ours = twin(px.primitives.Transition, Transition, c_in=shape[-1], n=4)
     x = torch.randn(*shape)
@@ -106,6 +106,9 @@ def test_transition(px, twin, shape) -> None:
         expected = theirs(x)
         for size in CHUNKS:
             torch.testing.assert_close(ours(x, chunk_size=size), expected, **MODULE)
+            target = x.clone()  # in place: x + update left in x
+            ours(target, chunk_size=size, inplace_safe=True, _add_with_inplace=True)
+            torch.testing.assert_close(target, x + expected, **MODULE)
 
 
 @pytest.mark.parametrize("has_s", [False, True])

@@ -55,7 +55,8 @@ class Transition(nn.Module):
         size = plan_chunk_size(self, "transition", chunk_size)
         add = _add_with_inplace and inplace_requested(self, inplace_safe)
         inplace = add and x.is_contiguous() and grad_free(self, x)
-        rows = x.view(-1, *x.shape[-2:]) if inplace else x.reshape(-1, *x.shape[-2:])
+        shape = (x.shape[:-2].numel(), *x.shape[-2:])  # not -1: ambiguous for an empty x
+        rows = x.view(shape) if inplace else x.reshape(shape)
         update = chunked(
             lambda sl, rows: self._update(rows),
             rows.shape[0],

@@ -206,6 +206,19 @@ def test_tri_att_fully_masked_row_gives_zero_update(starting, randomize) -> None
 
 
 @pytest.mark.parametrize("starting", STARTING)
+def test_tri_att_mask_values_below_one_mask_their_key(starting, randomize) -> None:
+    """As Protenix's ``inf * (mask - 1)`` bias: a mask value in (0, 1) masks as 0 (or False)."""
+    module = randomize(TriangleAttention(c_in=CZ, c_hidden=4, no_heads=2, starting=starting))
+    x, mask = _pair(), _mask()
+    soft = torch.where(mask == 1, mask, 0.999 * torch.rand(mask.shape))
+    with torch.no_grad():
+        expected = tri_att_formula(module, x, mask, starting)
+        for size in (None, 4):
+            for given in (soft, mask.bool()):
+                torch.testing.assert_close(module(x, given, size), expected, **FORMULA)
+
+
+@pytest.mark.parametrize("starting", STARTING)
 def test_tri_att_inplace_equals_out_of_place(starting, randomize) -> None:
     module = randomize(TriangleAttention(c_in=CZ, c_hidden=4, no_heads=2, starting=starting))
     x, mask = _pair(), _mask()

@@ -83,6 +83,29 @@ def test_triangle_attention(px, twin, starting, with_mask) -> None:
             torch.testing.assert_close(ours(z, mask=mask, chunk_size=size), expected, **MODULE)
 
 
+@pytest.mark.parametrize("starting", [True, False])
+def test_triangle_attention_soft_mask(px, twin, starting) -> None:
+    """Mask values between 0 and 1 mask their key, as Protenix's ``inf * (mask - 1)`` bias."""
+    theirs, ours = twin(
+        px.triangular.TriangleAttention,
+        TriangleAttention,
+        c_in=CZ,
+        c_hidden=4,
+        no_heads=2,
+        starting=starting,
+    )
+    z, mask = _pair(), _mask()
+    below_one = torch.tensor([0.0, 0.5, 1 - 2**-24])  # the last: float32's largest below 1
+    soft = torch.where(mask == 1, mask, below_one[torch.randint(3, mask.shape)])
+    with torch.no_grad():
+        for size in (None, 5):
+            expected = theirs(z, mask=soft, chunk_size=size)
+            torch.testing.assert_close(ours(z, mask=soft, chunk_size=size), expected, **MODULE)
+            torch.testing.assert_close(
+                ours(z, mask=mask.bool(), chunk_size=size), expected, **MODULE
+            )
+
+
 def test_triangle_attention_node_classes(px, twin) -> None:
     from sci_protenix.triangle import TriangleAttentionEndingNode
 

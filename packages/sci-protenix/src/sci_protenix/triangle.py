@@ -54,6 +54,12 @@ def _pair_inputs(
     return z, mask
 
 
+def kept_keys(mask: torch.Tensor) -> torch.Tensor:
+    """Where ``mask`` keeps a key, as bool: True, or a value of at least 1 (Protenix adds
+    ``inf * (mask - 1)`` to the logits, so any value below 1 masks its key)."""
+    return mask if mask.dtype == torch.bool else mask >= 1
+
+
 class TriangleMultiplicativeUpdate(nn.Module):
     """Triangle multiplication, outgoing (``_outgoing=True``, alg. 12) or incoming (alg. 13).
 
@@ -172,9 +178,10 @@ class TriangleAttention(nn.Module):
 
     Parameters as Protenix's (``layer_norm``, ``linear`` for the bias, ``mha.linear_q/k/v/g/o``).
     The chunk size (rows of z per chunk) is the plan's ``tri_att`` when a plan is set, else
-    ``chunk_size``. ``inf`` is kept for Protenix's constructor: masking here is exact (masked
-    keys get zero weight; a row with every key masked gives a zero update where Protenix's
-    ``-inf``-bias gives the mean of its values).
+    ``chunk_size``. A key is masked where the mask is False or below 1 (:func:`kept_keys`: a
+    soft value masks, as in Protenix). ``inf`` is kept for Protenix's constructor: masking here
+    is exact (masked keys get zero weight; a row with every key masked gives a zero update
+    where Protenix's ``-inf``-bias gives the mean of its values).
     """
 
     plan: MemoryPlan | None = None
@@ -201,7 +208,8 @@ class TriangleAttention(nn.Module):
         inplace_safe: bool = False,
         _add_with_inplace: bool = False,
     ) -> torch.Tensor:
-        """The update of the pair tensor ``x`` [*, I, J, c_in] under ``mask`` [*, I, J].
+        """The update of the pair tensor ``x`` [*, I, J, c_in] under ``mask`` [*, I, J] (True or
+        1 = keep; False or any value below 1 = masked).
 
         With in-place inference asked for (``inplace_safe`` or ``plan.inplace``) and
         ``_add_with_inplace``, returns ``x + update``, accumulated into ``x`` itself when no
@@ -223,7 +231,7 @@ class TriangleAttention(nn.Module):
             return self.linear(normed(sl, xx, whole)).movedim(-1, -3)
 
         bias = chunked(bias_piece, n, size, -2, args=(xx, whole), recompute=again, split=-3)
-        keep = None if mm is None else mm.bool()
+        keep = None if mm is None else kept_keys(mm)
 
         def rows(
             sl: slice, xx: Tensor, whole: Tensor | None, bias: Tensor, keep: Tensor | None

@@ -190,6 +190,20 @@ def test_tri_att_node_classes(randomize) -> None:
         torch.testing.assert_close(end(x), start(x.transpose(-2, -3)).transpose(-2, -3), **CHUNK)
 
 
+@pytest.mark.parametrize(
+    ("make", "message"),
+    [
+        (lambda: TriangleAttentionEndingNode(CZ, 4, 2, starting=True), "starting=False only"),
+        (lambda: TriangleAttentionStartingNode(CZ, 4, 2, 1e4), "starting=True only"),
+        (lambda: TriangleMultiplicationOutgoing(CZ, 4, _outgoing=False), "_outgoing=True only"),
+        (lambda: TriangleMultiplicationIncoming(CZ, 4, _outgoing=True), "_outgoing=False only"),
+    ],
+)
+def test_a_protenix_keyword_against_the_class_is_refused(make, message) -> None:
+    with pytest.raises(ValueError, match=message):
+        make()
+
+
 @pytest.mark.parametrize("starting", STARTING)
 def test_tri_att_fully_masked_row_gives_zero_update(starting, randomize) -> None:
     module = randomize(TriangleAttention(c_in=CZ, c_hidden=4, no_heads=2, starting=starting))

@@ -243,6 +243,27 @@ def test_single_modules(px: SimpleNamespace, randomize: Randomize, cls: str, arg
         torch.testing.assert_close(boosted(x), reference(x), **TOL)
 
 
+@pytest.mark.parametrize(
+    ("cls", "kwargs"),
+    [
+        ("TriangleMultiplicationOutgoing", {"_outgoing": False}),
+        ("TriangleMultiplicationIncoming", {"_outgoing": True}),
+        ("TriangleAttentionEndingNode", {"starting": True}),
+    ],
+)
+def test_a_module_built_against_its_class_name_keeps_its_direction(
+    px: SimpleNamespace, randomize: Randomize, cls: str, kwargs: dict[str, bool]
+) -> None:
+    """Protenix's classes take ``_outgoing``/``starting`` against their names (partialmethod)."""
+    args = (C_Z, 4) if cls.startswith("TriangleMultiplication") else (C_Z, 4, 2)
+    model = randomize(getattr(px.triangular, cls)(*args, **kwargs)).eval()
+    reference = copy.deepcopy(model)
+    boosted = boost(model)
+    x = torch.randn(N, N, C_Z)
+    with torch.no_grad():
+        torch.testing.assert_close(boosted(x), reference(x), **TOL)
+
+
 def test_frozen_parameters_stay_frozen(px: SimpleNamespace) -> None:
     model = stack(px, n_blocks=1)
     model.blocks[0].tri_att_start.requires_grad_(False)

@@ -19,6 +19,7 @@ from sci_protenix import (
     TriangleAttention,
     TriangleMultiplicationIncoming,
     TriangleMultiplicationOutgoing,
+    triangle,
 )
 from sci_protenix.chunking import apply_plan
 from sci_protenix.memory_plan import MemoryPlan
@@ -119,6 +120,25 @@ def test_triangle_attention_node_classes(px, twin) -> None:
     z, mask = _pair(), _mask()
     with torch.no_grad():
         torch.testing.assert_close(ours(z, mask=mask, chunk_size=5), theirs(z, mask=mask), **MODULE)
+
+
+@pytest.mark.parametrize(
+    ("name", "args", "kwargs"),
+    [
+        ("TriangleAttentionEndingNode", (CZ, 4, 2), {"starting": False, "inf": 1e4}),
+        ("TriangleAttentionStartingNode", (CZ, 4, 2, True, 1e4), {}),
+        ("TriangleMultiplicationOutgoing", (CZ, 12), {"_outgoing": True}),
+        ("TriangleMultiplicationIncoming", (CZ, 12), {"_outgoing": False}),
+    ],
+)
+def test_node_and_direction_classes_take_protenix_constructor_calls(
+    px, twin, name, args, kwargs
+) -> None:
+    """Protenix's partialmethod keywords (``starting``, ``_outgoing``) and positions."""
+    theirs, ours = twin(getattr(px.triangular, name), getattr(triangle, name), *args, **kwargs)
+    z, mask = _pair(), _mask()
+    with torch.no_grad():
+        torch.testing.assert_close(ours(z, mask=mask), theirs(z, mask=mask), **MODULE)
 
 
 @pytest.mark.parametrize("shape", [(N, CS), (2, N, N, CZ), (0, 0, CZ), (2, 0, CZ), (0, CS)])

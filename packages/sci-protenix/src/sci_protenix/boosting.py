@@ -33,6 +33,7 @@ from sci_protenix.triangle import (
     TriangleAttention,
     TriangleMultiplicationIncoming,
     TriangleMultiplicationOutgoing,
+    TriangleMultiplicativeUpdate,
 )
 
 M = TypeVar("M", bound=nn.Module)
@@ -156,8 +157,10 @@ def _msa_module(px: nn.Module) -> MSAModule:
     return ours
 
 
-def _triangle_multiplication(ours_cls: type[M]) -> Callable[[nn.Module], M]:
-    return lambda px: ours_cls(c_z=px.c_z, c_hidden=px.c_hidden)
+def _triangle_multiplication(px: nn.Module) -> TriangleMultiplicativeUpdate:
+    """Ours in ``px``'s direction: Protenix's classes take ``_outgoing`` against their name."""
+    ours_cls = TriangleMultiplicationOutgoing if px._outgoing else TriangleMultiplicationIncoming
+    return ours_cls(c_z=px.c_z, c_hidden=px.c_hidden)
 
 
 def _triangle_attention(px: nn.Module) -> TriangleAttention:
@@ -172,12 +175,8 @@ SWAPPED: dict[tuple[str, str], Callable[[nn.Module], nn.Module]] = {
     (_PAIRFORMER, "MSAStack"): _msa_stack,
     (_PAIRFORMER, "MSAPairWeightedAveraging"): _pair_weighted_averaging,
     (_LAYERS, "OuterProductMean"): _outer_product_mean,
-    (_TRIANGULAR, "TriangleMultiplicationOutgoing"): _triangle_multiplication(
-        TriangleMultiplicationOutgoing
-    ),
-    (_TRIANGULAR, "TriangleMultiplicationIncoming"): _triangle_multiplication(
-        TriangleMultiplicationIncoming
-    ),
+    (_TRIANGULAR, "TriangleMultiplicationOutgoing"): _triangle_multiplication,
+    (_TRIANGULAR, "TriangleMultiplicationIncoming"): _triangle_multiplication,
     (_TRIANGULAR, "TriangleAttention"): _triangle_attention,
     (_TRIANGULAR, "TriangleAttentionEndingNode"): _triangle_attention,
 }

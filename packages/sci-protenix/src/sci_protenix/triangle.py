@@ -158,17 +158,31 @@ class TriangleMultiplicativeUpdate(nn.Module):
         return z + update if add else update
 
 
-class TriangleMultiplicationOutgoing(TriangleMultiplicativeUpdate):
-    """Triangle multiplication using outgoing edges (AF3 algorithm 12)."""
+def check_fixed(module: nn.Module, keyword: str, given: object, fixed: bool, other: str) -> None:
+    """A ValueError unless ``given`` is ``fixed``, the value of Protenix's constructor keyword
+    ``keyword`` that ``module``'s class stands for (``other``: the class for the other value)."""
+    if given is not fixed:
+        raise ValueError(
+            f"{type(module).__name__} takes {keyword}={fixed} only (the class fixes it), got "
+            f"{keyword}={given!r}; for {keyword}={not fixed} build {other}"
+        )
 
-    def __init__(self, c_z: int, c_hidden: int) -> None:
+
+class TriangleMultiplicationOutgoing(TriangleMultiplicativeUpdate):
+    """Triangle multiplication using outgoing edges (AF3 algorithm 12); ``_outgoing`` (Protenix's
+    keyword) must be True."""
+
+    def __init__(self, c_z: int, c_hidden: int, _outgoing: bool = True) -> None:
+        check_fixed(self, "_outgoing", _outgoing, True, "TriangleMultiplicationIncoming")
         super().__init__(c_z, c_hidden, _outgoing=True)
 
 
 class TriangleMultiplicationIncoming(TriangleMultiplicativeUpdate):
-    """Triangle multiplication using incoming edges (AF3 algorithm 13)."""
+    """Triangle multiplication using incoming edges (AF3 algorithm 13); ``_outgoing`` (Protenix's
+    keyword) must be False."""
 
-    def __init__(self, c_z: int, c_hidden: int) -> None:
+    def __init__(self, c_z: int, c_hidden: int, _outgoing: bool = False) -> None:
+        check_fixed(self, "_outgoing", _outgoing, False, "TriangleMultiplicationOutgoing")
         super().__init__(c_z, c_hidden, _outgoing=False)
 
 
@@ -260,14 +274,22 @@ class TriangleAttention(nn.Module):
 
 
 class TriangleAttentionStartingNode(TriangleAttention):
-    """Triangle attention around the starting node (AF3 algorithm 14)."""
+    """Triangle attention around the starting node (AF3 algorithm 14); ``starting`` (Protenix's
+    keyword) must be True."""
 
-    def __init__(self, c_in: int, c_hidden: int, no_heads: int, inf: float = 1e9) -> None:
+    def __init__(
+        self, c_in: int, c_hidden: int, no_heads: int, starting: bool = True, inf: float = 1e9
+    ) -> None:
+        check_fixed(self, "starting", starting, True, "TriangleAttentionEndingNode")
         super().__init__(c_in, c_hidden, no_heads, starting=True, inf=inf)
 
 
 class TriangleAttentionEndingNode(TriangleAttention):
-    """Triangle attention around the ending node (AF3 algorithm 15)."""
+    """Triangle attention around the ending node (AF3 algorithm 15); ``starting`` (Protenix's
+    keyword) must be False."""
 
-    def __init__(self, c_in: int, c_hidden: int, no_heads: int, inf: float = 1e9) -> None:
+    def __init__(
+        self, c_in: int, c_hidden: int, no_heads: int, starting: bool = False, inf: float = 1e9
+    ) -> None:
+        check_fixed(self, "starting", starting, False, "TriangleAttentionStartingNode")
         super().__init__(c_in, c_hidden, no_heads, starting=False, inf=inf)

@@ -11,11 +11,12 @@ from __future__ import annotations
 import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils.checkpoint import CheckpointPolicy
 
 from sci_protenix import PairformerBlock, PairformerStack
 from sci_protenix.chunking import apply_plan
 from sci_protenix.memory_plan import MemoryPlan
-from sci_protenix.pairformer import dropout_add, run_blocks
+from sci_protenix.pairformer import _keep, dropout_add, run_blocks
 from sci_protenix.primitives import broadcast
 from spore.memory import peak
 
@@ -212,9 +213,19 @@ def test_a_plan_refuses_ops_that_do_not_exist_and_bool_sizes() -> None:
         MemoryPlan(recompute="selective", save_ops=("mmm",))
     with pytest.raises(ValueError, match=r"no op 'nope::mm'"):
         MemoryPlan(save_ops=("nope::mm",))
-    for not_an_op in ("mm.", "aten::name", "aten::mm.overloads"):  # were taken, kept nothing
-        with pytest.raises(ValueError, match="save_ops: no op"):
+    for not_an_op in ("mm.", "aten::name", "aten::mm.overloads", "aten::mm.default.default"):
+        with pytest.raises(ValueError, match="save_ops: no op"):  # were taken, kept nothing
             MemoryPlan(save_ops=(not_an_op,))
+    aten = torch.ops.aten
+    for given, op in [
+        ("mm", aten.mm.default),
+        ("aten::mm.default", aten.mm.default),
+        ("aten::mm.out", aten.mm.out),
+        ("mul.Tensor", aten.mul.Tensor),
+        ("spore::triangle_attention", torch.ops.spore.triangle_attention.default),
+    ]:  # an accepted name keeps its op's outputs
+        saved = frozenset(MemoryPlan(save_ops=(given,)).save_ops)
+        assert _keep(saved, None, op) == CheckpointPolicy.MUST_SAVE, given
     for field in ("tri_mul", "tri_att", "transition", "pair_bias", "blocks_per_checkpoint"):
         with pytest.raises(ValueError, match="valid integer"):
             MemoryPlan(**{field: True})

@@ -64,26 +64,28 @@ class MemoryPlan(BaseModel):
     @field_validator("save_ops")
     @classmethod
     def _known_ops(cls, names: tuple[str, ...]) -> tuple[str, ...]:
-        """Each name as torch reports it: an op, every overload of it (``aten::mul``; a bare
-        ``mul`` is ``aten::mul``), or one overload (``aten::mul.Tensor``; ``.default`` is the
-        op's own name); and one that exists: a name that matches nothing would keep nothing,
-        silently."""
-        qualified = tuple(
-            (n if "::" in n else f"aten::{n}").removesuffix(".default") for n in names
+        """Each name as :func:`op_name` reads it."""
+        return tuple(op_name(name) for name in names)
+
+
+def op_name(given: str) -> str:
+    """``given`` as selective recompute matches it (``OpOverload.name()``): an op, every
+    overload of it (``aten::mul``; a bare ``mul`` is ``aten::mul``), or one overload
+    (``aten::mul.Tensor``; ``.default`` is the op's own name). A ValueError unless it names an
+    op or overload that exists: a name that matches nothing would keep nothing, silently."""
+    name = given if "::" in given else f"aten::{given}"
+    namespace, _, op = name.partition("::")
+    packet, dot, overload = op.partition(".")
+    try:
+        found = getattr(getattr(torch.ops, namespace), packet)
+    except (AttributeError, RuntimeError):
+        found = None
+    if (
+        not isinstance(found, torch._ops.OpOverloadPacket)  # a namespace's attribute
+        or (dot and overload not in found.overloads())
+    ):
+        raise ValueError(
+            f"save_ops: no op {name!r}; give names as torch reports them, e.g. "
+            f"{', '.join(map(repr, SELECTIVE_SAVE_OPS))}"
         )
-        for name in qualified:
-            namespace, _, op = name.partition("::")
-            packet, dot, overload = op.partition(".")
-            try:
-                found = getattr(getattr(torch.ops, namespace), packet)
-            except (AttributeError, RuntimeError):
-                found = None
-            if (
-                not isinstance(found, torch._ops.OpOverloadPacket)  # a namespace's attribute
-                or (dot and overload not in found.overloads())
-            ):
-                raise ValueError(
-                    f"save_ops: no op {name!r}; give names as torch reports them, e.g. "
-                    f"{', '.join(map(repr, SELECTIVE_SAVE_OPS))}"
-                ) from None
-        return qualified
+    return f"{namespace}::{packet}" if overload == "default" else name

@@ -230,6 +230,10 @@ def test_a_plan_refuses_ops_that_do_not_exist_and_bool_sizes() -> None:
         with pytest.raises(ValueError, match="valid integer"):
             MemoryPlan(**{field: True})
     assert MemoryPlan.model_validate_json('{"tri_att": 8}').tri_att == 8
+    for not_a_bool in ("yes", 1, "true"):  # were taken as True
+        with pytest.raises(ValueError, match="valid boolean"):
+            MemoryPlan(inplace=not_a_bool)
+    assert MemoryPlan.model_validate_json('{"inplace": true}').inplace is True
 
 
 @pytest.mark.parametrize("shared_dim", [-3, -2])

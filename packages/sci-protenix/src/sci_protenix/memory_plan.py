@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Literal
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field, StrictInt, field_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, field_validator
 
 import spore_kernels  # noqa: F401  (defines the spore ops save_ops may name)
 
@@ -59,7 +59,7 @@ class MemoryPlan(BaseModel):
         "them: 'aten::mm', or one overload, 'aten::mul.Tensor'; an op's name covers its "
         "overloads); every other op is recomputed",
     )
-    inplace: bool = Field(False, description="inference only: accumulate residuals in place")
+    inplace: StrictBool = Field(False, description="inference only: accumulate residuals in place")
 
     @field_validator("save_ops")
     @classmethod

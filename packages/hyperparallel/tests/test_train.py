@@ -167,6 +167,20 @@ def test_a_resume_from_an_older_checkpoint_continues_its_own_branch(tmp_path) ->
     assert sorted(losses(out)) == list(range(1, 7))
 
 
+def test_a_resume_that_trains_on_exports_again(tmp_path) -> None:
+    """final/ holds the weights of the last step trained: a resume that trains on to
+    run.steps replaces an earlier export (it kept the old one: a step was compared with a
+    time)."""
+    out = tmp_path / "run"
+    args = ("optim.lr=0.01", "checkpoint.every=0", "checkpoint.export=true")
+    run_train("--output", str(out), *small_args(*args, "run.steps=2"))
+    weights = sorted((out / "final").glob("*.safetensors"))
+    assert weights, list((out / "final").iterdir())
+    before = [w.read_bytes() for w in weights]
+    run_train("--output", str(out), "--resume", *small_args(*args, "run.steps=3"))
+    assert [w.read_bytes() for w in weights] != before
+
+
 def test_a_second_run_on_an_output_in_use_is_refused(tmp_path) -> None:
     """Two runs on one output removed each other's checkpoints in progress and mixed their
     logs; the second is refused while the first holds it, and runs once it is let go."""

@@ -362,7 +362,7 @@ def train(
     accum = cfg.optim.grad_accum
     tokens = cfg.data.batch_size * cfg.data.seq_len * accum * world
     outcome = Outcome(steps_done=step, tokens_per_step=tokens, checkpoint=resumed)
-    started = step
+    first_step = step
     metrics = display = None
     if rank == 0:
         output.mkdir(parents=True, exist_ok=True)
@@ -436,7 +436,7 @@ def train(
             metrics.close()
     outcome.steps_done = step
     exported = (output / "final").is_dir()  # a resume that trained nothing keeps it (or makes it)
-    if step == cfg.run.steps and cfg.checkpoint.export and (step > started or not exported):
+    if step == cfg.run.steps and cfg.checkpoint.export and (step > first_step or not exported):
         outcome.export = checkpoint.export(model, output)
     if rank == 0:
         history = report.read_metrics(output / "metrics.jsonl")

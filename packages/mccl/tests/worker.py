@@ -251,12 +251,6 @@ def sys_exit_pending() -> dict:
         sys.exit(3)
 
 
-def builtin_exit_pending() -> dict:
-    """The exit() builtin (as a script may call it) while the init is pending."""
-    start()
-    exit(3)
-
-
 def sys_exit_message_pending() -> dict:
     start()
     sys.exit("fatal: bad config")
@@ -363,7 +357,6 @@ SCENARIOS = {
         late_exit_handler_pending,
         sys_exit_pending,
         sys_exit_message_pending,
-        builtin_exit_pending,
         caught_sys_exit_pending,
         converted_sys_exit_pending,
         handler_sys_exit_pending,

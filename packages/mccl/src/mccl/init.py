@@ -11,7 +11,6 @@ caller has been told (``wait()`` or the first read raises :class:`InitFailedErro
 
 from __future__ import annotations
 
-import _sitebuiltins
 import atexit
 import contextlib
 import dis
@@ -38,8 +37,8 @@ _failed: InitHandle | None = None  # a failed init nobody has been told of yet
 _in_init = threading.local()
 _created: list[weakref.ref[c10d.ProcessGroup]] = []  # the last group a background init made
 _ORIGINAL = c10d._World.__dict__["default_pg"]
-# the main thread's last sys.exit() or exit(), for the exit status: its code, the outermost
-# frame of the program and the instruction that frame was at
+# the main thread's last sys.exit(), for the exit status: its code, the program's outermost
+# frame and the instruction that frame was at
 _exit_called: tuple[object, FrameType, int] | None = None
 
 
@@ -290,39 +289,23 @@ def _release_at_exit() -> None:
             c10d.destroy_process_group()
 
 
-def _note_exit(code: object) -> None:
-    """Note the main thread's ``sys.exit(code)`` for :func:`_exit_status`: its code and the
-    instruction the program's outermost frame is at (not its exception: one caught would keep
-    every frame it passed alive, and their variables)."""
-    global _exit_called
-    if threading.current_thread() is threading.main_thread():
-        outer = sys._getframe()
-        while outer.f_back is not None:
-            outer = outer.f_back
-        _exit_called = (code, outer, outer.f_lasti)
-
-
 @functools.wraps(sys.exit)  # sys.exit, noting its call for _exit_status
 def _recording_exit(status: object = None, /) -> NoReturn:
+    global _exit_called
     if isinstance(status, SystemExit):  # raised as it is, as sys.exit does
         raised = status
     else:
         raised = SystemExit() if status is None else SystemExit(status)
-    _note_exit(raised.code)
+    if threading.current_thread() is threading.main_thread():
+        # not the exception: one caught would keep every frame it passed, and their variables
+        outer = sys._getframe()
+        while outer.f_back is not None:
+            outer = outer.f_back
+        _exit_called = (raised.code, outer, outer.f_lasti)
     raise raised
 
 
-_QUIT = _sitebuiltins.Quitter.__call__
-
-
-@functools.wraps(_QUIT)  # the exit() and quit() builtins, noted as sys.exit() is
-def _recording_quit(self: _sitebuiltins.Quitter, code: object = None) -> NoReturn:
-    _note_exit(code)
-    _QUIT(self, code)
-
-
 sys.exit = _recording_exit
-_sitebuiltins.Quitter.__call__ = _recording_quit
 
 
 _RERAISE, _RAISE_VARARGS = dis.opmap["RERAISE"], dis.opmap["RAISE_VARARGS"]

@@ -2,14 +2,11 @@
 
 from __future__ import annotations
 
-import contextlib
-import gc
 import json
 import os
 import signal
 import subprocess
 import sys
-import weakref
 from pathlib import Path
 
 import pytest
@@ -190,28 +187,6 @@ def test_the_exit_status_survives_exiting_while_pending(tmp_path, scenario, stat
     assert done.returncode == status, done.stderr
     if scenario == "sys_exit_message_pending":
         assert done.stderr.endswith("fatal: bad config\n")
-
-
-class _Held:
-    """A variable of a frame that a SystemExit passes."""
-
-
-def test_a_caught_sys_exit_keeps_no_frame_alive() -> None:
-    """mccl held the main thread's last SystemExit for the exit status, and through it every
-    frame it had passed and their variables, after it was caught."""
-    from mccl import init  # wraps sys.exit
-
-    def leave(refs: list[weakref.ref[_Held]]) -> None:
-        held = _Held()
-        refs.append(weakref.ref(held))
-        sys.exit(3)
-
-    refs: list[weakref.ref[_Held]] = []
-    with contextlib.suppress(SystemExit):
-        leave(refs)
-    gc.collect()
-    assert sys.exit is init._recording_exit
-    assert refs[0]() is None
 
 
 def test_a_spawned_child_that_raises_while_pending_fails(ranks) -> None:

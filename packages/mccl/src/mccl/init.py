@@ -22,7 +22,6 @@ import threading
 import time
 import weakref
 from datetime import timedelta
-from types import FrameType
 from typing import Any, NoReturn
 
 from torch.distributed import distributed_c10d as c10d
@@ -37,9 +36,7 @@ _failed: InitHandle | None = None  # a failed init nobody has been told of yet
 _in_init = threading.local()
 _created: list[weakref.ref[c10d.ProcessGroup]] = []  # the last group a background init made
 _ORIGINAL = c10d._World.__dict__["default_pg"]
-# the main thread's last sys.exit(), for the exit status: its code, the program's outermost
-# frame and the instruction that frame was at
-_exit_called: tuple[object, FrameType, int] | None = None
+_exit_raised: SystemExit | None = None  # the main thread's last sys.exit(), for the exit status
 
 
 class InitTimeoutError(TimeoutError):
@@ -289,19 +286,15 @@ def _release_at_exit() -> None:
             c10d.destroy_process_group()
 
 
-@functools.wraps(sys.exit)  # sys.exit, noting its call for _exit_status
+@functools.wraps(sys.exit)  # sys.exit, noting its SystemExit for _exit_status
 def _recording_exit(status: object = None, /) -> NoReturn:
-    global _exit_called
+    global _exit_raised
     if isinstance(status, SystemExit):  # raised as it is, as sys.exit does
         raised = status
     else:
         raised = SystemExit() if status is None else SystemExit(status)
     if threading.current_thread() is threading.main_thread():
-        # not the exception: one caught would keep every frame it passed, and their variables
-        outer = sys._getframe()
-        while outer.f_back is not None:
-            outer = outer.f_back
-        _exit_called = (raised.code, outer, outer.f_lasti)
+        _exit_raised = raised
     raise raised
 
 
@@ -315,24 +308,25 @@ def _exit_status() -> int:
     """The status of the ``sys.exit()`` that ended the program, as Python computes it; 0 if
     none did (the main thread's last one, if any, was caught).
 
-    If it ended the program, the program's outermost frame stopped at the instruction it was
-    at when that ``sys.exit()`` was called, or at one that raised it again (a ``with``, a
-    ``finally``, a bare ``raise``); if it was caught, that frame ran on (unless a
-    ``SystemExit`` that mccl does not see left the same call).
+    Its traceback starts at the outermost frame it reached (on Python 3.11: that handled it
+    on the way; with none it has no traceback): a frame that caught it ran on from there, one
+    that it left stopped there or at the statement that raised it again.
     """
-    if _exit_called is None:
+    raised = _exit_raised
+    if raised is None or raised.code is None:
         return 0
-    status, outer, lasti = _exit_called
-    if status is None:
-        return 0
-    code = outer.f_code.co_code
-    op, arg = code[outer.f_lasti], code[outer.f_lasti + 1]
-    reraised = op == _RERAISE or (op == _RAISE_VARARGS and arg == 0)
-    if outer.f_lasti != lasti and not reraised:
-        return 0
-    if not isinstance(status, int):
+    tb = raised.__traceback__
+    if tb is not None:
+        frame = tb.tb_frame
+        code = frame.f_code.co_code
+        op, arg = code[frame.f_lasti], code[frame.f_lasti + 1]
+        # only RERAISE and a bare raise pass it on without a traceback entry of their own
+        reraised = op == _RERAISE or (op == _RAISE_VARARGS and arg == 0)
+        if frame.f_lasti != tb.tb_lasti and not reraised:
+            return 0
+    if not isinstance(raised.code, int):
         return 1
-    return status & 0xFF if -(2**63) <= status < 2**63 else 255
+    return raised.code & 0xFF if -(2**63) <= raised.code < 2**63 else 255
 
 
 def _end_pending_at_exit() -> None:

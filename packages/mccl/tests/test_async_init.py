@@ -161,15 +161,6 @@ def test_exit_handlers_run_when_exiting_while_pending(tmp_path) -> None:
     assert done.returncode == 0
 
 
-def test_an_exit_handler_registered_at_shutdown_runs_once(tmp_path) -> None:
-    """Registered after mccl's handler, it ran before it and again with the others."""
-    done = run_alone("late_exit_handler_pending", tmp_path)
-    result, *after = done.stdout.splitlines()
-    assert json.loads(result) == {"pending": True}
-    assert after == ["late exit handler ran"]
-    assert done.returncode == 0, done.stderr
-
-
 @pytest.mark.parametrize(
     ("scenario", "status"),
     [

@@ -11,7 +11,6 @@ import json
 import os
 import sys
 import tempfile
-import threading
 import time
 import traceback
 
@@ -231,19 +230,6 @@ def exit_handlers_pending() -> dict:
     return {**found, "directory": directory.name}
 
 
-def late_exit_handler_pending() -> dict:
-    """An exit handler registered at shutdown after mccl's (by a thread that outlives the main
-    thread) while the init is pending: it runs before mccl's, which runs the others."""
-
-    def register_late() -> None:
-        threading.main_thread().join()  # returns once the interpreter's shutdown has begun
-        atexit.register(print, "late exit handler ran", flush=True)
-
-    threading.Thread(target=register_late).start()
-    start()
-    return {"pending": mccl.pending() is not None}
-
-
 def sys_exit_pending() -> dict:
     """sys.exit(3) while the init is pending, through a with block (a handler on the way)."""
     start()
@@ -354,7 +340,6 @@ SCENARIOS = {
         destroy_pending,
         exit_pending,
         exit_handlers_pending,
-        late_exit_handler_pending,
         sys_exit_pending,
         sys_exit_message_pending,
         caught_sys_exit_pending,

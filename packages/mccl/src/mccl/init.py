@@ -347,7 +347,7 @@ def _end_pending_at_exit() -> None:
         _set_guard(False)
     last = getattr(sys, "last_value", None)
     status = 1 if last is not None else _exit_status()  # before a handler's sys.exit()
-    atexit.unregister(_ThisAndLater())  # those registered after it have run already
+    atexit.unregister(_end_pending_at_exit)
     atexit._run_exitfuncs()
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(OSError, ValueError):
@@ -356,21 +356,6 @@ def _end_pending_at_exit() -> None:
         signal.signal(signal.SIGINT, signal.SIG_DFL)
         os.kill(os.getpid(), signal.SIGINT)
     os._exit(status)
-
-
-class _ThisAndLater:
-    """Equal to :func:`_end_pending_at_exit` and to every exit handler registered after it, as
-    ``atexit.unregister`` compares the registered handlers with it (in registration order).
-
-    Those were registered at shutdown, by a thread still running then, and have run before it;
-    or by an exit handler as it ran, and Python does not run those.
-    """
-
-    reached = False
-
-    def __eq__(self, handler: object) -> bool:
-        self.reached = self.reached or handler is _end_pending_at_exit
-        return self.reached
 
 
 # At shutdown, before any exit handler runs, so that it is registered last and runs first

@@ -166,6 +166,7 @@ def test_exit_handlers_run_when_exiting_while_pending(tmp_path) -> None:
     [
         ("sys_exit_pending", 3),
         ("sys_exit_message_pending", 1),
+        ("builtin_exit_pending", 3),  # 0: only sys.exit was noted
         ("caught_sys_exit_pending", 0),
         ("converted_sys_exit_pending", 0),  # 2: the ValueError's raise was taken for a re-raise
         ("handler_sys_exit_pending", 3),  # 0: read after the handlers ran

@@ -237,6 +237,12 @@ def sys_exit_pending() -> dict:
         sys.exit(3)
 
 
+def builtin_exit_pending() -> dict:
+    """The exit() builtin (as a script may call it) while the init is pending."""
+    start()
+    exit(3)
+
+
 def sys_exit_message_pending() -> dict:
     start()
     sys.exit("fatal: bad config")
@@ -342,6 +348,7 @@ SCENARIOS = {
         exit_handlers_pending,
         sys_exit_pending,
         sys_exit_message_pending,
+        builtin_exit_pending,
         caught_sys_exit_pending,
         converted_sys_exit_pending,
         handler_sys_exit_pending,

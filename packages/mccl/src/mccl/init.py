@@ -11,6 +11,7 @@ caller has been told (``wait()`` or the first read raises :class:`InitFailedErro
 
 from __future__ import annotations
 
+import _sitebuiltins
 import atexit
 import contextlib
 import dis
@@ -286,19 +287,37 @@ def _release_at_exit() -> None:
             c10d.destroy_process_group()
 
 
+def _note_exit(raised: SystemExit) -> None:
+    """Note the main thread's ``sys.exit()`` (or ``exit()``) for :func:`_exit_status`."""
+    global _exit_raised
+    if threading.current_thread() is threading.main_thread():
+        _exit_raised = raised
+
+
 @functools.wraps(sys.exit)  # sys.exit, noting its SystemExit for _exit_status
 def _recording_exit(status: object = None, /) -> NoReturn:
-    global _exit_raised
     if isinstance(status, SystemExit):  # raised as it is, as sys.exit does
         raised = status
     else:
         raised = SystemExit() if status is None else SystemExit(status)
-    if threading.current_thread() is threading.main_thread():
-        _exit_raised = raised
+    _note_exit(raised)
     raise raised
 
 
+_QUIT = _sitebuiltins.Quitter.__call__
+
+
+@functools.wraps(_QUIT)  # the exit() and quit() builtins, noted as sys.exit() is
+def _recording_quit(self: _sitebuiltins.Quitter, code: object = None) -> NoReturn:
+    try:
+        _QUIT(self, code)
+    except SystemExit as raised:
+        _note_exit(raised)
+        raise
+
+
 sys.exit = _recording_exit
+_sitebuiltins.Quitter.__call__ = _recording_quit
 
 
 _RERAISE, _RAISE_VARARGS = dis.opmap["RERAISE"], dis.opmap["RAISE_VARARGS"]

@@ -145,6 +145,9 @@ def test_numpy_and_tensor_integers_are_taken_as_sparse_attention_takes_them():
     assert rope3d.split(np.int64(12)) == (4, 4, 4)
     with pytest.raises(ValueError, match="three positive ints"):
         rope3d.rope_tables((True, 2, 2), 12)
+    for unordered in ({4, 3, 2}, {4: 0, 3: 0, 2: 0}, iter((2, 3, 4))):  # sizes reordered
+        with pytest.raises(ValueError, match="three positive ints"):
+            rope3d.rope_tables(unordered, 12)
     with pytest.raises(TypeError, match="head_dim must be an int, got bool"):
         rope3d.rope_tables((2, 2, 2), True)
     with pytest.raises(ValueError, match="must be even and at least 6, got 13"):

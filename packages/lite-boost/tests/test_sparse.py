@@ -212,6 +212,7 @@ def test_grouped_kv_heads_are_expanded():
         ({"latent_shape": (2, 4, 4), "sparsity": 0.5, "block_size": 8.0}, r"an int >= 1, got 8\.0"),
         ({"latent_shape": (2.5, 4, 4), "sparsity": 0.5}, r"three ints .* got \(2\.5, 4, 4\)"),
         ({"latent_shape": (True, 4, 4), "sparsity": 0.5}, "latent_shape must be three ints"),
+        ({"latent_shape": {2, 4, 3}, "sparsity": 0.5}, "latent_shape must be three ints"),
     ],
 )
 def test_bad_arguments_raise(kwargs, match):

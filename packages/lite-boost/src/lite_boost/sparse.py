@@ -18,6 +18,7 @@ the key blocks most relevant to it.
 
 from __future__ import annotations
 
+import collections.abc
 import functools
 import math
 import numbers
@@ -67,8 +68,10 @@ def as_int(value: Any) -> int | None:
 
 
 def as_ints(values: Any) -> tuple[int, ...] | None:
-    """``values``' items as ints (see :func:`as_int`), ``None`` when it is not iterable or an
-    item is not an integer."""
+    """``values``' items as ints (see :func:`as_int`), ``None`` when it is not an ordered
+    sequence (a set or a dict would reorder the sizes) or an item is not an integer."""
+    if isinstance(values, (collections.abc.Set, collections.abc.Mapping, collections.abc.Iterator)):
+        return None
     try:
         ints = tuple(as_int(n) for n in values)
     except TypeError:  # not iterable

@@ -56,7 +56,8 @@ def _pair_inputs(
 
 def kept_keys(mask: torch.Tensor) -> torch.Tensor:
     """Where ``mask`` keeps a key, as bool: True, or a value of at least 1 (Protenix adds
-    ``inf * (mask - 1)`` to the logits, so any value below 1 masks its key)."""
+    ``inf * (mask - 1)`` to the logits: at its default inf of 1e9 any value below 1 masks its
+    key)."""
     return mask if mask.dtype == torch.bool else mask >= 1
 
 

@@ -372,6 +372,10 @@ def test_doctor_exits_1_when_a_plugin_asked_for_by_name_fails(
         )
         assert error["detail"].endswith("(cause: RuntimeError('cannot examine'))")
         assert checks[("core", "plugin sickly")]["status"] == "error"
+        assert (
+            "plugins after the failed one ran no checks"
+            in checks[("core", "plugin checks")]["detail"]
+        )
     spore_manager({"SPORE_PLUGINS": "absent"})  # the loading fails: the core's checks alone
     with pytest.raises(SystemExit) as exit_:
         main(["doctor", "--quick", "--json"])

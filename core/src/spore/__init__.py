@@ -29,7 +29,7 @@ _LAZY = {
     "PatternToPatternPass": "spore.graph_passes",
     "OpCounter": "spore.modes",
     "OpLogger": "spore.modes",
-    "PluginError": "spore.plugins",
+    "PluginError": "spore.errors",
     "PluginManager": "spore.plugins",
     "Report": "spore.doctor",
     "SearchForm": "spore.graph_passes",

@@ -90,7 +90,8 @@ def run(manager: PluginManager, *, quick: bool = False) -> Report:
 
     A :class:`~spore.errors.PluginError` (strict mode, a plugin asked for by name) is an error
     check, not raised: one that stops the loading leaves the core's checks alone; one from a
-    plugin's ``spore_doctor`` leaves that plugin ``failed`` and the plugins after it unasked.
+    plugin's ``spore_doctor`` leaves that plugin ``failed`` and the plugins after it unasked,
+    which a warning says.
     """
     report = Report(quick=quick)
     try:
@@ -105,6 +106,13 @@ def run(manager: PluginManager, *, quick: bool = False) -> Report:
     except PluginError as exc:
         with report.source("core"):
             check_plugin_error(report, exc)
+            report.add(
+                "plugin checks",
+                "warn",
+                "the plugins after the failed one ran no checks: its error stopped them (strict "
+                "mode, or a plugin asked for by name); fix it, or leave it out with "
+                "SPORE_DISABLE_PLUGINS, to see theirs",
+            )
     with report.source("core"):
         check_plugins(report, manager.plugins())
         check_selection(report, manager.notes)

@@ -190,11 +190,17 @@ def test_tri_att_node_classes(randomize) -> None:
         torch.testing.assert_close(end(x), start(x.transpose(-2, -3)).transpose(-2, -3), **CHUNK)
 
 
+def _np_bool(value: bool) -> object:
+    """A numpy bool (the test is skipped without numpy, which the package does not need)."""
+    return pytest.importorskip("numpy").bool_(value)
+
+
 @pytest.mark.parametrize(
     ("make", "message"),
     [
         (lambda: TriangleAttentionEndingNode(CZ, 4, 2, starting=True), "starting=False only"),
-        (lambda: TriangleAttentionStartingNode(CZ, 4, 2, 1e4), "starting=True only"),
+        (lambda: TriangleAttentionStartingNode(CZ, 4, 2, 0), "starting=True only"),
+        (lambda: TriangleAttentionEndingNode(CZ, 4, 2, _np_bool(True)), "starting=False only"),
         (lambda: TriangleMultiplicationOutgoing(CZ, 4, _outgoing=False), "_outgoing=True only"),
         (lambda: TriangleMultiplicationIncoming(CZ, 4, _outgoing=True), "_outgoing=False only"),
     ],
@@ -202,6 +208,49 @@ def test_tri_att_node_classes(randomize) -> None:
 def test_a_protenix_keyword_against_the_class_is_refused(make, message) -> None:
     with pytest.raises(ValueError, match=message):
         make()
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: TriangleAttentionStartingNode(CZ, 4, 2, 1),
+        lambda: TriangleAttentionStartingNode(CZ, 4, 2, _np_bool(True)),
+        lambda: TriangleAttentionStartingNode(CZ, 4, 2, starting=True),
+        lambda: TriangleAttentionEndingNode(CZ, 4, 2, 0),
+        lambda: TriangleAttentionEndingNode(CZ, 4, 2, _np_bool(False)),
+        lambda: TriangleMultiplicationOutgoing(CZ, 4, 1),
+        lambda: TriangleMultiplicationOutgoing(CZ, 4, _np_bool(True)),
+        lambda: TriangleMultiplicationIncoming(CZ, 4, 0),
+        lambda: TriangleMultiplicationIncoming(CZ, 4, _np_bool(False)),
+    ],
+)
+def test_a_protenix_keyword_is_taken_by_truth_value(make) -> None:
+    """Protenix takes the flag by truth value: a numpy bool or an integer 0/1 that agrees with
+    the class builds it."""
+    make()
+
+
+@pytest.mark.parametrize(
+    ("make", "message"),
+    [
+        (
+            lambda: TriangleAttentionStartingNode(CZ, 4, 2, 1e9),
+            "4th positional argument is starting",
+        ),
+        (lambda: TriangleAttentionEndingNode(CZ, 4, 2, 1e4), "4th positional argument is starting"),
+        (
+            lambda: TriangleMultiplicationOutgoing(CZ, 4, 2.0),
+            "3rd positional argument is _outgoing",
+        ),
+    ],
+)
+def test_a_positional_inf_is_refused_with_protenix_order(make, message) -> None:
+    """The 4th positional argument is ``starting`` (Protenix's order), no longer ``inf``: an
+    old-style positional ``inf`` is told to pass ``inf=`` by keyword."""
+    with pytest.raises(ValueError, match=message) as raised:
+        make()
+    if "starting" in message:
+        assert "pass inf= by keyword" in str(raised.value)
 
 
 @pytest.mark.parametrize("starting", STARTING)

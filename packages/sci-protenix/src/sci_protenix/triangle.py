@@ -17,6 +17,9 @@ builds the [N, N, N] logits. The bias ([*, H, N, N]) is whole.
 
 from __future__ import annotations
 
+import operator
+import sys
+
 import torch
 from torch import Tensor, nn
 
@@ -159,12 +162,38 @@ class TriangleMultiplicativeUpdate(nn.Module):
         return z + update if add else update
 
 
-def check_fixed(module: nn.Module, keyword: str, given: object, fixed: bool, other: str) -> None:
-    """A ValueError unless ``given`` is ``fixed``, the value of Protenix's constructor keyword
-    ``keyword`` that ``module``'s class stands for (``other``: the class for the other value)."""
-    if given is not fixed:
+def _flag(given: object) -> bool | None:
+    """``given`` as a bool when it is one: a bool, a numpy bool or an integer 0 or 1 (Protenix
+    takes any of them by truth value); None for anything else (a float, say)."""
+    if isinstance(given, bool):
+        return given
+    np = sys.modules.get("numpy")  # a numpy bool means numpy is loaded: no import needed
+    if np is not None and isinstance(given, np.bool_):
+        return bool(given)
+    try:
+        value = operator.index(given)  # type: ignore[arg-type]
+    except TypeError:
+        return None
+    return bool(value) if value in (0, 1) else None
+
+
+def check_fixed(
+    module: nn.Module, keyword: str, given: object, fixed: bool, other: str, position: str
+) -> None:
+    """A ValueError unless ``given`` is a flag (:func:`_flag`) equal to ``fixed``, the value of
+    Protenix's constructor keyword ``keyword`` (its ``position`` positional argument: "3rd",
+    "4th") that ``module``'s class stands for (``other``: the class for the other value)."""
+    flag = _flag(given)
+    name = type(module).__name__
+    if flag is None:
+        hint = "; pass inf= by keyword" if keyword == "starting" else ""
         raise ValueError(
-            f"{type(module).__name__} takes {keyword}={fixed} only (the class fixes it), got "
+            f"{name}: the {position} positional argument is {keyword} (Protenix's order), a "
+            f"bool, got {given!r}{hint}"
+        )
+    if flag is not fixed:
+        raise ValueError(
+            f"{name} takes {keyword}={fixed} only (the class fixes it), got "
             f"{keyword}={given!r}; for {keyword}={not fixed} build {other}"
         )
 
@@ -174,7 +203,7 @@ class TriangleMultiplicationOutgoing(TriangleMultiplicativeUpdate):
     keyword) must be True."""
 
     def __init__(self, c_z: int, c_hidden: int, _outgoing: bool = True) -> None:
-        check_fixed(self, "_outgoing", _outgoing, True, "TriangleMultiplicationIncoming")
+        check_fixed(self, "_outgoing", _outgoing, True, "TriangleMultiplicationIncoming", "3rd")
         super().__init__(c_z, c_hidden, _outgoing=True)
 
 
@@ -183,7 +212,7 @@ class TriangleMultiplicationIncoming(TriangleMultiplicativeUpdate):
     keyword) must be False."""
 
     def __init__(self, c_z: int, c_hidden: int, _outgoing: bool = False) -> None:
-        check_fixed(self, "_outgoing", _outgoing, False, "TriangleMultiplicationOutgoing")
+        check_fixed(self, "_outgoing", _outgoing, False, "TriangleMultiplicationOutgoing", "3rd")
         super().__init__(c_z, c_hidden, _outgoing=False)
 
 
@@ -281,7 +310,7 @@ class TriangleAttentionStartingNode(TriangleAttention):
     def __init__(
         self, c_in: int, c_hidden: int, no_heads: int, starting: bool = True, inf: float = 1e9
     ) -> None:
-        check_fixed(self, "starting", starting, True, "TriangleAttentionEndingNode")
+        check_fixed(self, "starting", starting, True, "TriangleAttentionEndingNode", "4th")
         super().__init__(c_in, c_hidden, no_heads, starting=True, inf=inf)
 
 
@@ -292,5 +321,5 @@ class TriangleAttentionEndingNode(TriangleAttention):
     def __init__(
         self, c_in: int, c_hidden: int, no_heads: int, starting: bool = False, inf: float = 1e9
     ) -> None:
-        check_fixed(self, "starting", starting, False, "TriangleAttentionStartingNode")
+        check_fixed(self, "starting", starting, False, "TriangleAttentionStartingNode", "4th")
         super().__init__(c_in, c_hidden, no_heads, starting=False, inf=inf)

@@ -219,21 +219,38 @@ def test_msa_stack_in_place_inference_writes_into_m() -> None:
     assert out.data_ptr() != needs_grad.data_ptr()  # never in place when a gradient is needed
 
 
-@pytest.mark.parametrize(("m_batch", "z_batch"), [((2,), ()), ((), (2,))])
+def _fits(shape: tuple[int, ...], other: tuple[int, ...]) -> bool:
+    """Whether broadcasting with batch dims ``other`` only adds leading size-1 dims to
+    ``shape`` (or none)."""
+    grown = tuple(torch.broadcast_shapes(shape, other))
+    extra = len(grown) - len(shape)
+    return grown[extra:] == shape and set(grown[:extra]) <= {1}
+
+
+@pytest.mark.parametrize(
+    ("m_batch", "z_batch"),
+    [((2,), ()), ((), (2,)), ((), (1,)), ((1,), ()), ((1, 1), (2,)), ((1,), (1, 1))],
+)
 def test_in_place_with_batch_dims_that_broadcast_equals_out_of_place(
     m_batch: tuple[int, ...], z_batch: tuple[int, ...]
 ) -> None:
     """Batch dims ``check_msa_and_pair`` lets broadcast: in place, an input the other's batch
-    broadcasts to a larger shape gets a new result; the other is still written into."""
+    broadcasts to a larger shape gets a new result; the other is still written into, and an
+    input the other's batch only adds leading size-1 dims to is written into too (its result
+    a view of it)."""
     block = randomized(MSABlock(c_m=6, c_z=5, c_hidden=2, msa_chunk_size=2)).eval()
     m, z = torch.randn(*m_batch, 3, 4, 6), torch.randn(*z_batch, 4, 4, 5)
     with torch.no_grad():
         expected = block.msa_stack(m, z), *block(m, z, None)
-        target = m.clone()
+        target, block_m, block_z = m.clone(), m.clone(), z.clone()
         stack = block.msa_stack(target, z, inplace_safe=True)
-        got = stack, *block(m.clone(), z.clone(), None, inplace_safe=True)
-    assert (stack.data_ptr() == target.data_ptr()) == (not z_batch)
+        got = stack, *block(block_m, block_z, None, inplace_safe=True)
+    m_kept, z_kept = _fits(m_batch, z_batch), _fits(z_batch, m_batch)
+    assert (stack.data_ptr() == target.data_ptr()) == m_kept
+    assert (got[1].data_ptr() == block_m.data_ptr()) == m_kept
+    assert (got[2].data_ptr() == block_z.data_ptr()) == z_kept
     for out, want in zip(got, expected, strict=True):
+        assert out.shape == want.shape
         torch.testing.assert_close(out, want, rtol=1e-5, atol=1e-5)
 
 

@@ -178,6 +178,13 @@ class MSAPairWeightedAveraging(nn.Module):
         return chunked(lambda sl: self.row_update(m[..., sl, :, :], weights), m.shape[-3], size, -3)
 
 
+def _only_leading_ones(shape: tuple[int, ...], grown: tuple[int, ...]) -> bool:
+    """Whether ``grown`` is ``shape`` with at most leading size-1 dims added (a tensor of
+    ``shape`` views as ``grown`` and holds a result of that shape in place)."""
+    extra = len(grown) - len(shape)
+    return extra >= 0 and tuple(grown[extra:]) == tuple(shape) and set(grown[:extra]) <= {1}
+
+
 class MSAStack(nn.Module):
     """MSA rows updated by pair-weighted averaging, then a transition (AF3 algorithm 8, lines 7-8).
 
@@ -187,8 +194,9 @@ class MSAStack(nn.Module):
     Protenix's training path, the MSA is not padded to ``msa_max_size`` (the padding only kept
     DDP's graph static; the real rows' results are the same); ``msa_max_size`` is kept for
     reference. In inference with ``inplace_safe`` (or ``plan.inplace``) and no gradient needed,
-    each chunk's result is written back into ``m``, as Protenix's inference path does, unless
-    ``z``'s batch dims broadcast ``m`` to a larger shape (then the result is a new tensor).
+    each chunk's result is written back into ``m``, as Protenix's inference path does (when
+    ``z``'s batch dims only add leading size-1 dims, the result is a view of ``m`` with them),
+    unless ``z``'s batch dims broadcast ``m`` to a larger shape (then it is a new tensor).
     """
 
     plan: MemoryPlan | None = None
@@ -220,11 +228,15 @@ class MSAStack(nn.Module):
         if self.training and self.p_drop > 0:
             rowwise = m.new_ones(*m.shape[:-3], 1, *m.shape[-2:])
             keep = F.dropout(rowwise, self.p_drop, training=True)
-        inplace = (
+        batch = broadcast(m.shape[:-3], z.shape[:-3])
+        out = None
+        if (
             inplace_requested(self, inplace_safe)
             and grad_free(self, m, z)
-            and broadcast(m.shape[:-3], z.shape[:-3]) == m.shape[:-3]  # rows keep m's shape
-        )
+            and batch is not None
+            and _only_leading_ones(m.shape[:-3], batch)  # rows fit in m's storage
+        ):
+            out = m if batch == m.shape[:-3] else m.view(*batch, *m.shape[-3:])
 
         def rows(sl: slice) -> torch.Tensor:
             part = m[..., sl, :, :]
@@ -232,7 +244,7 @@ class MSAStack(nn.Module):
             part = part + (update if keep is None else update * keep)
             return part + self.transition_m(part)
 
-        return chunked(rows, m.shape[-3], size, -3, out=m if inplace else None)
+        return chunked(rows, m.shape[-3], size, -3, out=out)
 
 
 class MSABlock(nn.Module):
@@ -242,7 +254,8 @@ class MSABlock(nn.Module):
     ``pair_stack`` (a :class:`~sci_protenix.pairformer.PairformerBlock` without single track)
     updates ``z``. Returns ``(m, z)``, or ``(None, z)`` for the last block, as Protenix. With
     in-place inference asked for (``inplace_safe`` or ``plan.inplace``) and no gradient needed,
-    the caller's ``m`` and ``z`` are overwritten, each unless the other's batch dims broadcast
+    the caller's ``m`` and ``z`` are overwritten (a result the other's batch dims only add
+    leading size-1 dims to is a view of the input), each unless the other's batch dims broadcast
     it to a larger shape (then its result is a new tensor).
     """
 
@@ -293,7 +306,9 @@ class MSABlock(nn.Module):
         check_msa_and_pair(m, z, self)
         update = self.outer_product_mean_msa(m, chunk_size=chunk_size)
         in_place = inplace_requested(self, inplace_safe) and grad_free(self, m, z)
-        if in_place and broadcast(z.shape, update.shape) == z.shape:
+        shape = broadcast(z.shape, update.shape)
+        if in_place and shape is not None and _only_leading_ones(z.shape, shape):
+            z = z if shape == z.shape else z.view(shape)
             z += update
         else:
             z = z + update

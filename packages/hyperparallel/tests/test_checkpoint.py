@@ -16,6 +16,7 @@ import os
 import sys
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import torch
@@ -141,14 +142,47 @@ def test_a_damaged_checkpoint_names_the_one_it_descends_from_not_an_abandoned_on
     meta = json.loads((five / "meta.json").read_text())
     assert meta["parent"] == "step_00000002"
     assert json.loads((two / "meta.json").read_text())["parent"] is None  # a new run's first
-    del meta["parent"]  # saved before meta.json named it: the newest of a lower step
-    (five / "meta.json").write_text(json.dumps(meta))
+    assert meta["ancestors"] == [{"name": "step_00000002", "save": 1}]
+    del meta["parent"], meta["ancestors"]  # saved before meta.json named them: the newest of a
+    (five / "meta.json").write_text(json.dumps(meta))  # lower step
     assert checkpoint.instead(five).endswith("--resume " + str(out / "checkpoints/step_00000004"))
-    (five / "meta.json").write_text(json.dumps({**meta, "parent": two.name}))
+    ancestors = {"ancestors": [{"name": two.name, "save": 1}]}
     checkpoint.save(out, 2, state, {"step": 2}, keep=4)  # a later run's step 2: not its parent
-    assert checkpoint.instead(five) == "start the run again without --resume"
+    for only in ({"parent": two.name}, ancestors):  # saved before meta.json listed ancestors
+        (five / "meta.json").write_text(json.dumps({**meta, **only}))
+        assert checkpoint.instead(five) == "start the run again without --resume"
     elsewhere = checkpoint.save(tmp_path / "other", 6, state, {"step": 6}, keep=1, parent=five)
     assert json.loads((elsewhere / "meta.json").read_text())["parent"] is None
+
+
+def _ancestor_names(saved: Path) -> list[str]:
+    return [a["name"] for a in json.loads((saved / "meta.json").read_text())["ancestors"]]
+
+
+def test_a_damaged_checkpoint_names_an_ancestor_when_its_parent_is_gone(one_rank, tmp_path) -> None:
+    """Saves 1, 2, 3, then a branch resumed from step 1 replacing step 2: a damaged step 3 said
+    to start again (its parent, step 2, was gone) though step 1, its grandparent, was complete.
+    meta.json now lists the ancestors, newest first, at most checkpoint.keep of them."""
+    out, state = tmp_path / "run", _small_state()
+    one = checkpoint.save(out, 1, state, {"step": 1}, keep=2)
+    two = checkpoint.save(out, 2, state, {"step": 2}, keep=3, parent=one)
+    three = checkpoint.save(out, 3, state, {"step": 3}, keep=3, parent=two)
+    checkpoint.save(out, 2, state, {"step": 2, "branch": "second"}, keep=3, parent=one)
+    assert checkpoint.instead(three) == f"resume from an older checkpoint with --resume {one}"
+    meta = json.loads((three / "meta.json").read_text())
+    assert meta["ancestors"] == [{"name": two.name, "save": 2}, {"name": one.name, "save": 1}]
+    assert _ancestor_names(checkpoint.save(out, 4, state, {"step": 4}, keep=5, parent=three)) == [
+        three.name,
+        two.name,
+        one.name,
+    ]
+    (three / "meta.json").write_text(json.dumps({"step": 3, "save": 3, "parent": two.name}))
+    assert _ancestor_names(checkpoint.save(out, 4, state, {"step": 4}, keep=5, parent=three)) == [
+        three.name  # its parent's meta.json, saved before they were listed, lists none
+    ]
+    assert _ancestor_names(checkpoint.save(out, 5, state, {"step": 5}, keep=1, parent=three)) == [
+        three.name
+    ]
 
 
 def test_resume_finds_a_runs_own_checkpoints_not_those_of_a_run_above_it(

@@ -220,6 +220,7 @@ def save(
                 "step": step,
                 "save": number,
                 "parent": named,  # one of another output is not named
+                "ancestors": _lineage(root / named, keep) if named else [],
                 "world_size": world,
                 "time": time.time(),
             }
@@ -309,15 +310,34 @@ def instead_or_delete(path: Path) -> str:
     return f"{instead(path)}, or delete {path.name}"
 
 
+def _lineage(parent: Path, keep: int) -> list[dict[str, Any]]:
+    """The ``ancestors`` a save descending from ``parent`` records: ``parent`` and the
+    ancestors its ``meta.json`` lists (none where it lists none), newest first, each by name
+    and save number (a later save may take its name), at most ``keep`` (``keep`` removes the
+    oldest saves first: no older one is left)."""
+    try:
+        meta = json.loads((parent / "meta.json").read_text())
+        older = [{"name": a["name"], "save": a["save"]} for a in meta.get("ancestors", [])]
+    except (OSError, ValueError, LookupError, TypeError, AttributeError):
+        older = []
+    return [{"name": parent.name, "save": _save_number(parent)}, *older][:keep]
+
+
 def _descends_from(path: Path) -> Path | None:
-    """The complete checkpoint of ``path``'s output that ``path`` descends from: the one its
-    ``meta.json`` names as ``parent``, unless removed (``keep`` removes the oldest saves first:
-    its own ancestors went before it) or replaced by a later save; for a checkpoint saved
-    before ``meta.json`` named it, the newest of a lower step."""
+    """The newest complete checkpoint of ``path``'s output that ``path`` descends from: of the
+    ``ancestors`` its ``meta.json`` lists, the first still there under its name and save number
+    (``keep`` removes old saves, a later save may replace one); for a checkpoint saved before
+    ``meta.json`` listed them, the ``parent`` it names unless removed or replaced by a later
+    save; for one saved before it named that, the newest of a lower step."""
     done = complete(path.parent.parent)
     try:
-        parent = json.loads((path / "meta.json").read_text())["parent"]
-    except (OSError, ValueError, LookupError, TypeError):  # no parent named
+        meta = json.loads((path / "meta.json").read_text())
+        if "ancestors" in meta:
+            saved = {(p.name, _save_number(p)): p for p in done}
+            keys = [(a["name"], a["save"]) for a in meta["ancestors"]]
+            return next((saved[key] for key in keys if key in saved), None)
+        parent = meta["parent"]
+    except (OSError, ValueError, LookupError, TypeError, AttributeError):  # no parent named
         older = [p for p in done if p.name < path.name]
         return older[-1] if older else None
     number = _save_number(path) or 0

@@ -199,8 +199,13 @@ def test_a_log_the_resume_continues_that_cannot_be_read_fails_before_any_process
     assert (
         f"--resume: {a / 'metrics.jsonl'} cannot be read (Is a directory): a resume starts this "
         f"run's metrics.jsonl from it, up to the checkpoint's step; make it a readable file, or "
-        f"move it away to log only the steps after the checkpoint"
-    ) in str(info.value)
+        f"move it away to continue {b / 'metrics.jsonl'} instead where there is one (its steps "
+        f"up to the checkpoint's), else log only the steps after the checkpoint"
+    ) in str(info.value)  # said only the steps after the checkpoint would be logged: not so
+    from hyperparallel.train import unreadable_log
+
+    own = unreadable_log(a / "metrics.jsonl", PermissionError(13, "Permission denied"), a)
+    assert own.endswith("or move it away to log only the steps after the checkpoint")  # its own
     (a / "metrics.jsonl").rmdir()
     assert preflight.resolve(None, [f"run.output={b}"], resume=str(a / "checkpoints/step_00000002"))
 

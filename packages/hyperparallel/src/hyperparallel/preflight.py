@@ -233,13 +233,14 @@ def _resumed_log_problems(cfg: Config, path: Path) -> list[str]:
     where there is one."""
     from hyperparallel.train import run_log, unreadable_log
 
-    log = run_log(path, Path(cfg.run.output))
+    output = Path(cfg.run.output)
+    log = run_log(path, output)
     try:
         log.open("rb").close()
     except FileNotFoundError:  # none yet: the log starts after the checkpoint
         return []
     except OSError as exc:
-        return [f"--resume: {unreadable_log(log, exc)}"]
+        return [f"--resume: {unreadable_log(log, exc, output)}"]
     return []
 
 

@@ -65,12 +65,20 @@ def run_log(resumed: Path | None, output: Path) -> Path:
     return output / "metrics.jsonl"
 
 
-def unreadable_log(log: Path, exc: OSError) -> str:
-    """The error for a resume whose :func:`run_log` cannot be read."""
+def unreadable_log(log: Path, exc: OSError, output: Path) -> str:
+    """The error for a resume whose :func:`run_log` cannot be read; ``output``: this run's."""
+    own = output / "metrics.jsonl"
+    if log.resolve() == own.resolve():  # moved away, none is continued
+        instead = "to log only the steps after the checkpoint"
+    else:  # moved away, run_log falls back to this run's own
+        instead = (
+            f"to continue {own} instead where there is one (its steps up to the checkpoint's), "
+            f"else log only the steps after the checkpoint"
+        )
     return (
         f"{log} cannot be read ({exc.strerror or exc}): a resume starts this run's metrics.jsonl "
-        f"from it, up to the checkpoint's step; make it a readable file, or move it away to log "
-        f"only the steps after the checkpoint"
+        f"from it, up to the checkpoint's step; make it a readable file, or move it away "
+        f"{instead}"
     )
 
 
@@ -377,7 +385,7 @@ def train(
                 f"checkpoint does not need it)"
             ) from None
         except OSError as exc:  # preflight's check, where it ran, passed: changed since
-            raise InputError(unreadable_log(log, exc)) from None
+            raise InputError(unreadable_log(log, exc, output)) from None
         display = report.ProgressDisplay(cfg.run.name, cfg.run.steps, step, cfg.run.log_every)
     started = time.perf_counter()
     try:

@@ -247,6 +247,49 @@ def test_best_supported_kernel_runs_and_explain_says_why() -> None:
     assert dispatch.explain(op, x.double(), w.double(), 1e-6).chosen == "low"
 
 
+def test_an_op_that_casts_under_autocast_runs_and_explains_the_cast_arguments() -> None:
+    """explain judges the arguments the kernels get: under autocast, those the op's
+    ``autocast`` function returns, not the caller's."""
+
+    def to_autocast_dtype(x, w, eps):
+        dtype = torch.get_autocast_dtype("cpu")
+        return x.to(dtype), w.to(dtype), eps
+
+    op = _define(autocast=to_autocast_dtype)
+    ran = []
+
+    def bf16_kernel(x, w, eps):
+        ran.append((x.dtype, w.dtype))
+        return _rms(x, w, eps)
+
+    dispatch.register_kernel(
+        op,
+        "cpu",
+        bf16_kernel,
+        provider="bf16_provider",
+        supports=lambda x, w, eps: x.dtype == w.dtype == torch.bfloat16,
+    )
+    x, w = _inputs()
+    try:
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            assert dispatch.explain(op, x, w, 1e-6).chosen == "bf16_provider"
+            assert op(x, w, 1e-6).dtype == torch.bfloat16
+            assert ran == [(torch.bfloat16, torch.bfloat16)]
+            compiled = torch.compile(lambda a, b: op(a, b, 1e-6), backend="eager", fullgraph=True)
+            assert compiled(x, w).dtype == torch.bfloat16
+        assert dispatch.explain(op, x, w, 1e-6).chosen == "reference"
+        assert op(x, w, 1e-6).dtype == torch.float32
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=False):
+            assert dispatch.explain(op, x, w, 1e-6).chosen == "reference"
+        plain = _define()  # no autocast function: arguments as they are
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            assert plain(x, w, 1e-6).dtype == torch.float32
+    finally:
+        dispatch.unregister_provider("bf16_provider")
+    with pytest.raises(TypeError, match="autocast must be callable or None"):
+        _define(autocast="bf16")
+
+
 def test_batched_gradients_of_an_op_with_an_optional_result() -> None:
     """autograd.grad(is_grads_batched=True) and gradcheck's batched check run the older vmap,
     whose per-sample fallback refuses an op returning an optional tensor: such an op raised."""

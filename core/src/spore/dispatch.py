@@ -5,7 +5,9 @@ oracle), with a fake implementation (default: the reference) so ``torch.compile`
 one opaque op, and an autograd formula (default: the gradient of the reference, recomputed in
 backward). Providers add kernels per device type with a priority and a ``supports`` predicate;
 each call runs the highest-priority kernel whose predicate accepts the arguments, else the
-reference. ``explain`` says which would run and why the others would not.
+reference. ``explain`` says which would run and why the others would not. An op may cast its
+arguments under ``torch.autocast`` (``define(..., autocast=...)``): its kernels, and
+``explain``, then see them cast.
 """
 
 from __future__ import annotations
@@ -98,6 +100,9 @@ class Op:
         default_factory=inspect.Signature, repr=False, compare=False
     )
     _tensors: tuple[tuple[str, bool], ...] = field(default=(), repr=False, compare=False)
+    _autocast: Callable[..., tuple[Any, ...]] | None = field(
+        default=None, repr=False, compare=False
+    )
 
     @property
     def qualname(self) -> str:
@@ -245,6 +250,23 @@ def _tensor_list(t: Any) -> bool:
     return isinstance(t, torch._C.ListType) and "Tensor" in str(t.getElementType())
 
 
+_AUTOCAST_KEYS = tuple(k for k in torch._C.DispatchKey.__members__ if k.startswith("Autocast"))
+
+
+def _autocast_kernel(op: Op, cast: Callable[..., tuple[Any, ...]], key: str) -> Callable[..., Any]:
+    """The op's kernel for dispatch key ``key`` (autocast on for a device type): the arguments
+    cast by ``cast``, then the op with ``key`` off, as autocast runs torch's own ops; eager,
+    traced and compiled calls then take the same dtypes."""
+    off = torch._C.DispatchKeySet(getattr(torch._C.DispatchKey, key))
+
+    def kernel(*args: Any) -> Any:
+        args = tuple(cast(*op.complete(args)))
+        with torch._C._ExcludeDispatchKeyGuard(off):
+            return op.packet.default(*args)
+
+    return kernel
+
+
 def _autograd_kernel(
     op: Op, backward: Callable[..., Any], setup_context: Callable[..., Any]
 ) -> Callable[..., Any]:
@@ -301,10 +323,15 @@ def define(
     fake: Callable[..., Any] | None = None,
     backward: Callable[..., Any] | None = None,
     setup_context: Callable[..., Any] | None = None,
+    autocast: Callable[..., tuple[Any, ...]] | None = None,
 ) -> Op:
     """Define ``torch.ops.spore.<name>`` once per process and return its :class:`Op`.
 
     ``schema`` is the argument part, e.g. ``"(Tensor x, Tensor w, float eps) -> Tensor"``.
+    ``autocast(*args)``, where given, returns every argument (by position) as the kernels take
+    them under ``torch.autocast`` (e.g. tensors cast to ``torch.get_autocast_dtype``): the op
+    calls it first when autocast is on for the arguments' device, and :func:`explain` too.
+
     Defining the same name again with the same schema returns the existing op (so a plugin can
     be loaded twice); a different schema is an error.
     """
@@ -314,7 +341,12 @@ def define(
         raise TypeError(
             f"op {name!r}: reference must be callable (the op in plain torch), got {reference!r}"
         )
-    for what, fn in (("fake", fake), ("backward", backward), ("setup_context", setup_context)):
+    for what, fn in (
+        ("fake", fake),
+        ("backward", backward),
+        ("setup_context", setup_context),
+        ("autocast", autocast),
+    ):
         if fn is not None and not callable(fn):
             raise TypeError(f"op {name!r}: {what} must be callable or None, got {fn!r}")
     if (backward is None) != (setup_context is None):
@@ -328,7 +360,7 @@ def define(
                     f"cannot redefine it as {schema!r}"
                 )
             return existing
-        op = Op(name, schema, reference)
+        op = Op(name, schema, reference, _autocast=autocast)
         lib = _lib()
         parsed = torch._C.parse_schema(f"{NAMESPACE}::{name}{schema}")
         if any(a.kwarg_only for a in parsed.arguments):
@@ -380,6 +412,9 @@ def define(
             # the older vmap (autograd.grad(is_grads_batched=True), gradcheck's batched check)
             # runs the kernel once a sample too, but not for an optional result: the reference
             lib.impl(name, lambda *args: reference(*op.complete(args)), "Batched")
+        if autocast is not None:
+            for key in _AUTOCAST_KEYS:
+                lib.impl(name, _autocast_kernel(op, autocast, key), key)
         _ops[name] = op
         return op
 
@@ -526,10 +561,15 @@ def unregister_provider(provider: str) -> None:
 
 
 def explain(op: Op | str | Any, *args: Any, **kwargs: Any) -> Explanation:
-    """Which kernel would run for these arguments, and why each other one would not."""
+    """Which kernel would run for these arguments, and why each other one would not; under
+    ``torch.autocast`` an op defined with ``autocast`` is judged on the arguments it casts."""
     target = _as_op(op)
     args, kwargs = target.as_called(args, kwargs), {}
     device = _device_of(args, kwargs)
+    cast = target._autocast
+    on = torch.amp.is_autocast_available(device) and torch.is_autocast_enabled(device)
+    if cast is not None and on:
+        args = tuple(cast(*args))
     chosen: Kernel | None = None
     candidates = []
     for kernel in target.candidates(device):

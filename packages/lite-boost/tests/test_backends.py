@@ -161,6 +161,38 @@ def test_mixed_dtypes_under_autocast_compile_and_go_sparse_as_in_eager(path):
     torch.testing.assert_close(compiled, want, atol=0, rtol=0)
 
 
+def test_explain_under_autocast_names_the_kernel_that_runs():
+    """Under autocast the op's kernels get q, k and v cast to autocast's dtype: explain judged
+    them uncast, so it named a kernel other than the one that ran."""
+    ran = []
+
+    def bf16_only(q, k, v, scale=None):
+        ran.append(q.dtype)
+        return A.reference(q, k, v, scale)
+
+    dispatch.register_kernel(
+        A.OP,
+        "cpu",
+        bf16_only,
+        provider="test-bf16-only",
+        priority=100,
+        supports=lambda q, k, v, scale=None: q.dtype == k.dtype == v.dtype == torch.bfloat16,
+    )
+    try:
+        q, k, v = _qkv()
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            assert dispatch.explain(A.OP, q, k, v).chosen == "test-bf16-only"
+            A.attention(q, k, v)
+            assert ran == [torch.bfloat16]
+            # a mix autocast casts to one dtype: SDPA's kernel takes it, not the reference
+            dispatch.unregister_provider("test-bf16-only")
+            assert dispatch.explain(A.OP, q, k.bfloat16(), v).chosen == "lite-boost:sdpa"
+        assert dispatch.explain(A.OP, q, k, v).chosen == "lite-boost:sdpa"
+        assert dispatch.explain(A.OP, q, k.bfloat16(), v).chosen == "reference"
+    finally:
+        dispatch.unregister_provider("test-bf16-only")
+
+
 @pytest.mark.parametrize(
     ("error", "logged"),
     [

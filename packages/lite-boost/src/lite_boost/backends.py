@@ -10,8 +10,8 @@ is installed but fails to import is skipped with a logged reason. ``LITE_BOOST_A
 Layout: ``q``, ``k``, ``v`` are ``(batch, heads, seq, head_dim)``, as for SDPA; ``k``/``v`` may
 have fewer heads than ``q`` when ``q``'s head count is a multiple of theirs (grouped queries).
 Under autocast the op casts float32, float16 and bfloat16 ``q``, ``k``, ``v`` (mixed or not) to
-autocast's dtype first, as autocast casts SDPA's: an autocast kernel of the op, so eager, traced
-and compiled calls take the same dtypes.
+autocast's dtype first, as autocast casts SDPA's (the op's ``autocast`` function): eager, traced
+and compiled calls take the same dtypes, and ``explain`` judges the cast tensors.
 """
 
 from __future__ import annotations
@@ -124,6 +124,13 @@ def autocast_qkv(
     return q.to(dtype), k.to(dtype), v.to(dtype)
 
 
+def _autocast_args(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | None = None
+) -> tuple[Any, ...]:
+    """The op's arguments as its kernels take them under autocast (:func:`autocast_qkv`)."""
+    return (*autocast_qkv(q, k, v), scale)
+
+
 def check_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
     """(batch, heads, seq, head_dim) floating-point tensors of one dtype; k and v alike; q's
     heads a multiple of k's."""
@@ -214,7 +221,7 @@ def _implementation(backend: Backend) -> Callable[..., torch.Tensor] | None:
 def register(registry: Any) -> Any:
     """Define the op and register each available backend with ``registry`` (the ops registry
     or :mod:`spore.dispatch` itself); returns the op."""
-    op = registry.define(OP, SCHEMA, reference=reference)
+    op = registry.define(OP, SCHEMA, reference=reference, autocast=_autocast_args)
     for backend in BACKENDS:
         fn = _implementation(backend)
         if fn is not None:
@@ -230,29 +237,6 @@ def register(registry: Any) -> Any:
 
 
 register(dispatch.Registrar(PROVIDER))
-
-_autocast_lib = torch.library.Library(dispatch.NAMESPACE, "FRAGMENT")
-_AUTOCAST_KEYS = tuple(k for k in torch._C.DispatchKey.__members__ if k.startswith("Autocast"))
-
-
-def _autocast_kernel(key: str) -> Callable[..., torch.Tensor]:
-    """The op's kernel for dispatch key ``key`` (autocast on for a device type): q, k and v cast
-    by :func:`autocast_qkv`, then the op with ``key`` off, as autocast runs SDPA. Eager, traced
-    and compiled calls then take the same dtypes."""
-    off = torch._C.DispatchKeySet(getattr(torch._C.DispatchKey, key))
-
-    def kernel(
-        q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | None = None
-    ) -> torch.Tensor:
-        q, k, v = autocast_qkv(q, k, v)
-        with torch._C._ExcludeDispatchKeyGuard(off):
-            return torch.ops.spore.lite_boost_attention(q, k, v, scale)
-
-    return kernel
-
-
-for _key in _AUTOCAST_KEYS:
-    _autocast_lib.impl(OP, _autocast_kernel(_key), _key)
 
 
 def attention(

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import ast
 import functools
+import inspect
 import logging
 
 import pytest
@@ -191,6 +193,17 @@ def test_explain_under_autocast_names_the_kernel_that_runs():
         assert dispatch.explain(A.OP, q, k.bfloat16(), v).chosen == "reference"
     finally:
         dispatch.unregister_provider("test-bf16-only")
+
+
+def test_the_op_is_named_in_one_place():
+    """``backends`` calls the op through its definition, never by a name written out again."""
+    tree = ast.parse(inspect.getsource(A))
+    names = [n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute)]
+    strings = [n.value for n in ast.walk(tree) if isinstance(n, ast.Constant)]
+    assert A.OP not in names
+    assert strings.count(A.OP) == 1  # OP = "lite_boost_attention"
+    q, k, v = _qkv()
+    torch.testing.assert_close(A.attention(q, k, v), A.reference(q, k, v))
 
 
 @pytest.mark.parametrize(

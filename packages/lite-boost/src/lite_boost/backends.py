@@ -236,11 +236,11 @@ def register(registry: Any) -> Any:
     return op
 
 
-register(dispatch.Registrar(PROVIDER))
+_op = register(dispatch.Registrar(PROVIDER)).packet  # torch.ops.spore.<OP>
 
 
 def attention(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scale: float | None = None
 ) -> torch.Tensor:
     """Attention of ``(batch, heads, seq, head_dim)`` tensors on the best available backend."""
-    return torch.ops.spore.lite_boost_attention(q, k, v, scale)
+    return _op(q, k, v, scale)

@@ -5,14 +5,17 @@ from __future__ import annotations
 
 import importlib.util
 import math
+import subprocess
+import sys
 from fractions import Fraction
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
 
-from lite_boost import backends
+from lite_boost import backends, numeric_args
 from lite_boost.sparse import (
     _pool,
     keep_count,
@@ -295,3 +298,24 @@ def test_a_block_longer_than_the_sequence_is_its_one_block():
     )
     assert index.shape == (2, 2, 1, 1)
     assert count.tolist() == [[[1], [1]], [[1], [1]]]
+
+
+@pytest.mark.parametrize("module", ["lite_boost.rope3d", "lite_boost.boosters"])
+def test_rope_and_boosters_check_numbers_without_importing_sparse_attention(module):
+    """The integer-argument helpers lived in ``sparse``: importing RoPE or the boosters pulled
+    in sparse attention and defined the attention op."""
+    loaded = "{'lite_boost.sparse', 'lite_boost.backends'} & set(sys.modules)"
+    code = f"import sys, {module}; print(sorted({loaded}))"
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True
+    )
+    assert out.stdout.strip() == "[]"
+
+
+def test_numeric_args_take_exact_integers_in_order():
+    assert numeric_args.as_int(np.int64(3)) == numeric_args.as_int(torch.tensor(3)) == 3
+    assert numeric_args.as_int(True) is numeric_args.as_int(3.0) is None
+    assert numeric_args.as_ints([1, np.int32(2), 3]) == (1, 2, 3)
+    assert numeric_args.as_ints({1, 2, 3}) is numeric_args.as_ints(iter([1])) is None
+    assert numeric_args.is_number(np.float32(0.5))
+    assert not numeric_args.is_number(False)

@@ -31,7 +31,7 @@ from typing import NamedTuple
 import torch
 
 import spore_kernels  # noqa: F401  (defines torch.ops.spore.rope)
-from lite_boost.sparse import as_int, as_ints
+from lite_boost.numeric_args import as_int, as_ints
 
 CACHE_SIZE = 8
 """Most (grid, head_dim, device, dtype, theta) table pairs kept; the least recently used goes."""
@@ -72,7 +72,7 @@ def cache_clear() -> None:
 
 def _head_dim(head_dim: int) -> int:
     """``head_dim`` as an int (numpy or 0-d tensor integers taken, see
-    :func:`lite_boost.sparse.as_int`), even and at least 6."""
+    :func:`lite_boost.numeric_args.as_int`), even and at least 6."""
     n = as_int(head_dim)
     if n is None:
         raise TypeError(f"head_dim must be an int, got {type(head_dim).__name__}")
@@ -93,7 +93,8 @@ def split(head_dim: int) -> tuple[int, int, int]:
 
 
 def _grid(grid: tuple[int, int, int]) -> tuple[int, int, int]:
-    """``grid``'s sizes as ints (see :func:`lite_boost.sparse.as_ints`), three positive ones."""
+    """``grid``'s sizes as ints (see :func:`lite_boost.numeric_args.as_ints`), three positive
+    ones."""
     sizes = as_ints(grid)
     if sizes is None or len(sizes) != 3 or min(sizes) < 1:
         raise ValueError(

@@ -18,17 +18,15 @@ the key blocks most relevant to it.
 
 from __future__ import annotations
 
-import collections.abc
 import functools
 import math
-import numbers
-import operator
 from typing import Any
 
 import torch
 
 import spore_kernels  # noqa: F401  (defines torch.ops.spore.block_sparse_attention)
 from lite_boost import backends
+from lite_boost.numeric_args import as_int, as_ints, is_number
 
 
 def tile_shape(height: int, width: int, block_size: int) -> tuple[int, int]:
@@ -54,34 +52,6 @@ def reorder(latent_shape: tuple[int, int, int], block_size: int) -> torch.Tensor
     # within a tile, row-major; tiles in row-major order within each frame
     order = torch.argsort(key.flatten() * (rows * cols) + (r % rows * cols + c % cols).flatten())
     return token.flatten()[order]
-
-
-def as_int(value: Any) -> int | None:
-    """``value`` as an int (numpy or 0-d tensor integers taken), ``None`` for a bool, a float or
-    anything else: an error, not truncated."""
-    if isinstance(value, bool):
-        return None
-    try:
-        return operator.index(value)
-    except TypeError:
-        return None
-
-
-def as_ints(values: Any) -> tuple[int, ...] | None:
-    """``values``' items as ints (see :func:`as_int`), ``None`` when it is not an ordered
-    sequence (a set or a dict would reorder the sizes) or an item is not an integer."""
-    if isinstance(values, (collections.abc.Set, collections.abc.Mapping, collections.abc.Iterator)):
-        return None
-    try:
-        ints = tuple(as_int(n) for n in values)
-    except TypeError:  # not iterable
-        return None
-    return None if None in ints else ints
-
-
-def is_number(value: Any) -> bool:
-    """Whether ``value`` is a real number (numpy's too), not a bool, a string or a tensor."""
-    return isinstance(value, numbers.Real) and not isinstance(value, bool)
 
 
 def _latent(shape: Any) -> tuple[int, ...]:

@@ -18,7 +18,7 @@ from typing import Annotated, Any
 import torch
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictInt
 
-from lite_boost.sparse import as_int, is_number
+from lite_boost.numeric_args import as_int, is_number
 
 HOOK = "lite_boost_register_boosters"
 log = logging.getLogger("lite_boost")

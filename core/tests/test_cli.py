@@ -391,6 +391,35 @@ def test_doctor_exits_1_when_a_plugin_asked_for_by_name_fails(
     assert "spore doctor" in capsys.readouterr().out
 
 
+def test_doctor_shows_the_selection_notes_when_a_plugin_fails_to_load(
+    fixture_plugins, spore_manager, capsys
+) -> None:
+    """A plugin failing to load under strict mode stopped doctor before its selection notes:
+    the typo in SPORE_DISABLE_PLUGINS that let the plugin load went unreported beside its
+    error."""
+    from spore.cli import main
+
+    fixture_plugins("broken")
+    spore_manager({"SPORE_STRICT_PLUGINS": "1", "SPORE_DISABLE_PLUGINS": "brokn"})
+    with pytest.raises(SystemExit) as exit_:
+        main(["doctor", "--quick", "--json"])
+    assert exit_.value.code == 1
+    checks = json.loads(capsys.readouterr().out)["checks"]
+    found = {(c["source"], c["name"]): c for c in checks}
+    assert found[("core", "plugin error")]["detail"].startswith(
+        "spore plugin 'broken' (spore-fixture-broken 1.0.0) import of"
+    )
+    note = found[("core", "plugin selection")]
+    assert note["status"] == "warn"
+    assert note["detail"].startswith(
+        "SPORE_DISABLE_PLUGINS names 'brokn', which is not an installed plugin (did you mean "
+        "'broken'?"
+    )
+    with pytest.raises(SystemExit):
+        main(["doctor", "--quick"])
+    assert "names 'brokn'" in " ".join(capsys.readouterr().out.split())
+
+
 def test_json_stdout_is_only_json_when_a_plugin_prints(run_spore) -> None:
     # noeol prints at import; each --json command loading it in-process kept that on stdout
     for command in (

@@ -89,9 +89,9 @@ def run(manager: PluginManager, *, quick: bool = False) -> Report:
     """Run every check: the core's, each plugin's ``spore_doctor``, then plugin health.
 
     A :class:`~spore.errors.PluginError` (strict mode, a plugin asked for by name) is an error
-    check, not raised: one that stops the loading leaves the core's checks alone; one from a
-    plugin's ``spore_doctor`` leaves that plugin ``failed`` and the plugins after it unasked,
-    which a warning says.
+    check, not raised: one that stops the loading leaves the core's checks and the notes on
+    the plugin selection alone; one from a plugin's ``spore_doctor`` leaves that plugin
+    ``failed`` and the plugins after it unasked, which a warning says.
     """
     report = Report(quick=quick)
     try:
@@ -100,6 +100,7 @@ def run(manager: PluginManager, *, quick: bool = False) -> Report:
         with report.source("core"):
             core_checks(report)
             check_plugin_error(report, exc)
+            check_selection(report, manager.notes)
         return report
     try:
         manager.run_doctor(report)

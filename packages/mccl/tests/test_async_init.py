@@ -191,3 +191,20 @@ def test_a_child_forked_while_pending_does_not_wait_for_the_init(ranks) -> None:
     """It waited for the parent's init, whose thread a fork does not copy: until the timeout."""
     (r,), _ = ranks("fork_pending", 2, ranks=[0], timeout=30.0)
     assert r == {"child_exit": 0, "pending": True}
+
+
+@pytest.mark.parametrize(
+    ("backend", "unknown", "hint"),
+    [("glooo", "glooo", "did you mean 'gloo'?"), ("cpu:glo,cuda:nccl", "glo", "did you mean")],
+)
+def test_an_unknown_backend_is_refused_at_the_call(backend, unknown, hint) -> None:
+    """It was found by the background init and raised only at the first wait, as torch's
+    ``AssertionError: Unknown backend type``."""
+    import mccl
+
+    with pytest.raises(ValueError, match=f"unknown process-group backend {unknown!r}") as e:
+        mccl.init_process_group_async(
+            backend, init_method="tcp://127.0.0.1:9", rank=0, world_size=1
+        )
+    assert hint in str(e.value)
+    assert mccl.init._pending is None

@@ -14,6 +14,7 @@ from __future__ import annotations
 import _sitebuiltins
 import atexit
 import contextlib
+import difflib
 import dis
 import functools
 import os
@@ -21,6 +22,7 @@ import signal
 import sys
 import threading
 import time
+import warnings
 import weakref
 from datetime import timedelta
 from typing import Any, NoReturn
@@ -58,6 +60,28 @@ def _env_int(name: str) -> int:
         return int(os.environ.get(name, -1))
     except ValueError:
         return -1
+
+
+def _check_backend(backend: str | None) -> None:
+    """A ``ValueError`` naming each backend in ``backend`` (``"gloo"``, ``"cpu:gloo,cuda:nccl"``)
+    that torch.distributed does not know, at the call rather than in the background init."""
+    if backend is None:
+        return
+    try:
+        with warnings.catch_warnings():  # torch warns of an unknown name's device capability
+            warnings.simplefilter("ignore")
+            names = set(c10d.BackendConfig(c10d.Backend(backend)).get_device_backend_map().values())
+    except ValueError as e:
+        raise ValueError(f"backend {backend!r}: {e}") from None
+    known = [b for b in c10d.Backend.backend_list if b != c10d.Backend.UNDEFINED]
+    for name in sorted(names - set(known)):
+        close = difflib.get_close_matches(name, known, n=1)
+        hint = f"did you mean {close[0]!r}? " if close else ""
+        raise ValueError(
+            f"unknown process-group backend {name!r} in {backend!r}; {hint}"
+            f"torch.distributed knows {', '.join(known)} (and backends registered with "
+            "torch.distributed.Backend.register_backend)"
+        )
 
 
 def _seconds(value: float | timedelta | None) -> float | None:
@@ -229,6 +253,7 @@ def init_process_group_async(
     past it the waiting call raises :class:`InitTimeoutError`.
     """
     global _pending, _failed
+    _check_backend(backend)
     given = init_timeout if init_timeout is not None else kwargs.get("timeout")
     limit = DEFAULT_INIT_TIMEOUT_S if given is None else _seconds(given)
     if not limit > 0 or limit == float("inf"):  # NaN fails the first test

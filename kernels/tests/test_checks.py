@@ -105,3 +105,29 @@ def test_the_norms_backward_check_the_weight_as_their_forward_does(fake) -> None
         mode = FakeTensorMode(allow_non_fake_inputs=True) if fake else torch.no_grad()
         with mode, pytest.raises(ValueError, match=r"weight must have shape \(4,\)"):
             call()
+
+
+_NONE_CALLS = {
+    "rms_norm: weight": lambda x: torch.ops.spore.rms_norm(x, None, 1e-6),
+    "rms_norm: x": lambda x: torch.ops.spore.rms_norm(None, x[0], 1e-6),
+    "add_rms_norm: residual": lambda x: torch.ops.spore.add_rms_norm(x, None, x[0], 1e-6),
+    "layer_norm: x": lambda x: torch.ops.spore.layer_norm(None, None, None, 1e-6),
+    "mean_var: x": lambda x: torch.ops.spore.mean_var(None, 0, 1),
+    "gelu: x": lambda x: torch.ops.spore.gelu(None, "none"),
+    "silu_mul: b": lambda x: torch.ops.spore.silu_mul(x, None),
+    "swiglu: x": lambda x: torch.ops.spore.swiglu(None),
+    "rope: cos": lambda x: torch.ops.spore.rope(x, None, x, "half"),
+    "triangle_attention: k": lambda x: torch.ops.spore.triangle_attention(x, None, x),
+    "block_sparse_attention: v": lambda x: torch.ops.spore.block_sparse_attention(
+        x, x, None, x.int(), x.int(), 4
+    ),
+}
+
+
+@pytest.mark.parametrize("where", list(_NONE_CALLS))
+def test_none_for_a_tensor_argument_is_a_clear_error(where) -> None:
+    """torch.ops passes None for a Tensor argument through; it failed with AttributeError
+    ('NoneType' object has no attribute 'dtype')."""
+    x = torch.randn(4, 8)
+    with pytest.raises(TypeError, match=rf"^{where} must be a tensor, got NoneType$"):
+        _NONE_CALLS[where](x)

@@ -18,8 +18,10 @@ KERNEL_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
 def floating(op: str, **tensors: torch.Tensor) -> None:
-    """TypeError unless every tensor is float32/bfloat16/float16/float64."""
+    """TypeError unless every tensor is a tensor of float32/bfloat16/float16/float64."""
     for name, t in tensors.items():
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{op}: {name} must be a tensor, got {type(t).__name__}")
         if t.dtype not in FLOATS:
             raise TypeError(f"{op}: {name} must be a floating-point tensor, got {t.dtype}")
 

@@ -107,6 +107,46 @@ def test_the_norms_backward_check_the_weight_as_their_forward_does(fake) -> None
             call()
 
 
+def _norm_calls(eps: float, dtype: torch.dtype) -> dict:
+    """Each norm op, forward and backward, on [4, 8] inputs of ``dtype`` with ``eps``."""
+    x, w = torch.randn(4, 8, dtype=dtype), torch.randn(8, dtype=dtype)
+    spore = torch.ops.spore
+    return {
+        "rms_norm": lambda: spore.rms_norm(x, w, eps),
+        "rms_norm_backward": lambda: spore.rms_norm_backward(x, x, w, eps),
+        "add_rms_norm": lambda: spore.add_rms_norm(x, x, w, eps),
+        "add_rms_norm_backward": lambda: spore.add_rms_norm_backward(x, None, x, w, eps),
+        "layer_norm": lambda: spore.layer_norm(x, w, w, eps),
+        "layer_norm_backward": lambda: spore.layer_norm_backward(x, x, w, w, eps),
+    }
+
+
+@pytest.mark.parametrize("fake", [False, True])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
+@pytest.mark.parametrize("eps", [-1.0, -1e-6, float("nan"), float("inf"), float("-inf")])
+def test_a_negative_or_non_finite_eps_is_a_clear_error(eps, dtype, fake) -> None:
+    """The C++ kernels took it and returned NaN rows (eps -1.0, NaN) or zeros (inf) silently."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    for name, call in _norm_calls(eps, dtype).items():
+        mode = FakeTensorMode(allow_non_fake_inputs=True) if fake else torch.no_grad()
+        with mode, pytest.raises(ValueError, match=rf"{name}: eps must be a finite number >= 0"):
+            call()
+
+
+@pytest.mark.parametrize("eps", [0.0, 1e-6])
+def test_eps_zero_and_positive_still_run_the_kernels(eps) -> None:
+    from spore import dispatch
+
+    x, w = torch.randn(4, 8), torch.randn(8)
+    assert dispatch.explain("rms_norm", x, w, eps).chosen == "kernels"
+    assert dispatch.explain("layer_norm", x, w, None, eps).chosen == "kernels"
+    assert dispatch.explain("add_rms_norm", x, x, w, eps).chosen == "kernels"
+    for call in _norm_calls(eps, torch.float32).values():
+        out = call()
+        assert all(t is None or bool(t.isfinite().all()) for t in out if not isinstance(t, float))
+
+
 _NONE_CALLS = {
     "rms_norm: weight": lambda x: torch.ops.spore.rms_norm(x, None, 1e-6),
     "rms_norm: x": lambda x: torch.ops.spore.rms_norm(None, x[0], 1e-6),

@@ -26,6 +26,18 @@ def floating(op: str, **tensors: torch.Tensor) -> None:
             raise TypeError(f"{op}: {name} must be a floating-point tensor, got {t.dtype}")
 
 
+def valid_eps(eps: float) -> bool:
+    """Whether ``eps`` is a finite number >= 0."""
+    return math.isfinite(eps) and eps >= 0
+
+
+def epsilon(op: str, eps: float) -> None:
+    """ValueError unless ``eps`` is a finite number >= 0 (a negative or NaN one gives NaN
+    rows where it reaches the square root)."""
+    if not valid_eps(eps):
+        raise ValueError(f"{op}: eps must be a finite number >= 0 (e.g. 1e-6), got {eps}")
+
+
 def same_device(op: str, **tensors: torch.Tensor) -> None:
     """ValueError naming the two devices when the tensors are not on one device."""
     items = list(tensors.items())

@@ -74,7 +74,7 @@ def _rms_norm(npu: Any) -> Callable[..., Any]:
 
 
 def _supports_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> bool:
-    return _ready(x, weight) and weight.shape == x.shape[-1:]
+    return _ready(x, weight) and weight.shape == x.shape[-1:] and _checks.valid_eps(eps)
 
 
 def _add_rms_norm(npu: Any) -> Callable[..., Any]:
@@ -91,7 +91,10 @@ def _supports_add_rms_norm(
     x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
 ) -> bool:
     return (
-        _ready(x, residual, weight) and residual.shape == x.shape and weight.shape == x.shape[-1:]
+        _ready(x, residual, weight)
+        and residual.shape == x.shape
+        and weight.shape == x.shape[-1:]
+        and _checks.valid_eps(eps)
     )
 
 

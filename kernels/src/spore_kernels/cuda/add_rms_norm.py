@@ -61,7 +61,10 @@ def supports_add_rms_norm(
     x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
 ) -> bool:
     return (
-        _common.row_params(x, weight) and _checks.ready(x, residual) and residual.shape == x.shape
+        _common.row_params(x, weight)
+        and _checks.valid_eps(eps)
+        and _checks.ready(x, residual)
+        and residual.shape == x.shape
     )
 
 
@@ -75,6 +78,7 @@ def supports_add_rms_norm_backward(
     upstream = [grad] if grad_sum is None else [grad, grad_sum]
     return (
         _common.row_params(sum, weight)
+        and _checks.valid_eps(eps)
         and _checks.ready(sum, *upstream)
         and all(g.shape == sum.shape for g in upstream)
     )

@@ -120,7 +120,7 @@ def layer_norm_backward(
 def supports_layer_norm(
     x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None, eps: float
 ) -> bool:
-    return _common.row_params(x, weight, bias)
+    return _common.row_params(x, weight, bias) and _checks.valid_eps(eps)
 
 
 def supports_layer_norm_backward(
@@ -130,7 +130,11 @@ def supports_layer_norm_backward(
     bias: torch.Tensor | None,
     eps: float,
 ) -> bool:
-    return _common.row_params(x, weight, bias) and _checks.ready(grad, x) and grad.shape == x.shape
+    return (
+        supports_layer_norm(x, weight, bias, eps)
+        and _checks.ready(grad, x)
+        and grad.shape == x.shape
+    )
 
 
 KERNELS = {

@@ -94,13 +94,13 @@ def rms_norm_backward(
 
 
 def supports_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> bool:
-    return _common.row_params(x, weight)
+    return _common.row_params(x, weight) and _checks.valid_eps(eps)
 
 
 def supports_rms_norm_backward(
     grad: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, eps: float
 ) -> bool:
-    return _common.row_params(x, weight) and _checks.ready(grad, x) and grad.shape == x.shape
+    return supports_rms_norm(x, weight, eps) and _checks.ready(grad, x) and grad.shape == x.shape
 
 
 KERNELS = {

@@ -54,6 +54,7 @@ def reference(
     x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
     check(x, residual, weight)
+    _checks.epsilon("add_rms_norm", eps)
     s = x + residual
     return rms_norm.reference(s, weight, eps), s
 
@@ -76,6 +77,7 @@ def reference_backward(
     """rms_norm's gradients at ``s`` (:func:`rms_norm.gradients`), plus grad_sum to ds before
     its one rounding; ds contiguous."""
     _check_backward(grad, grad_sum, s, weight)
+    _checks.epsilon("add_rms_norm_backward", eps)
     ds, dw = rms_norm.gradients(grad, s, weight, eps)
     if grad_sum is not None:
         ds = ds + grad_sum.to(ds.dtype)
@@ -83,9 +85,11 @@ def reference_backward(
 
 
 def supports(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float) -> bool:
-    """Contiguous CPU tensors of one kernel dtype, residual shaped like x, weight like its rows."""
+    """Contiguous CPU tensors of one kernel dtype, residual shaped like x, weight like its rows,
+    a valid eps."""
     return (
         _checks.ready(x, residual, weight, device_type="cpu")
+        and _checks.valid_eps(eps)
         and x.dim() >= 1
         and residual.shape == x.shape
         and weight.shape == x.shape[-1:]
@@ -103,6 +107,7 @@ def supports_backward(
     upstream = [grad] if grad_sum is None else [grad, grad_sum]
     return (
         _checks.ready(s, weight, *upstream, device_type="cpu")
+        and _checks.valid_eps(eps)
         and s.dim() >= 1
         and weight.shape == s.shape[-1:]
         and s.shape[-1] > 0
@@ -154,6 +159,7 @@ def _fake_backward(
     eps: float,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     _check_backward(grad, grad_sum, s, weight)
+    _checks.epsilon("add_rms_norm_backward", eps)
     return torch.empty_like(s, memory_format=torch.contiguous_format), torch.empty_like(weight)
 
 

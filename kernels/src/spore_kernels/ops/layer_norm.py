@@ -61,6 +61,7 @@ def reference(
     x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None, eps: float
 ) -> torch.Tensor:
     check(x, weight, bias)
+    _checks.epsilon("layer_norm", eps)
     compute = _checks.compute_dtype(x)
     centred, rstd = _normalised(x.to(compute), eps)
     out = centred * rstd
@@ -81,6 +82,7 @@ def reference_backward(
     """The closed form: dx = rstd * (gw - mean(gw) - xhat * mean(gw*xhat)), gw = g*w,
     dweight = sum of g*xhat, dbias = sum of g; dx contiguous."""
     check_backward(grad, x, weight, bias)
+    _checks.epsilon("layer_norm_backward", eps)
     compute = _checks.compute_dtype(x)
     gf = grad.to(compute)
     centred, rstd = _normalised(x.to(compute), eps)
@@ -95,10 +97,12 @@ def reference_backward(
 def supports(
     x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None, eps: float
 ) -> bool:
-    """Contiguous CPU tensors of one kernel dtype, weight and bias (if any) like x's rows."""
+    """Contiguous CPU tensors of one kernel dtype, weight and bias (if any) like x's rows, a
+    valid eps."""
     params = list(_present(weight, bias).values())
     return (
         _checks.ready(x, *params, device_type="cpu")
+        and _checks.valid_eps(eps)
         and x.dim() >= 1
         and x.shape[-1] > 0
         and all(t.shape == x.shape[-1:] for t in params)
@@ -169,6 +173,7 @@ def _fake_backward(
     eps: float,
 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
     check_backward(grad, x, weight, bias)
+    _checks.epsilon("layer_norm_backward", eps)
     dw = None if weight is None else torch.empty_like(weight)
     dx = torch.empty_like(x, memory_format=torch.contiguous_format)
     return dx, dw, (None if bias is None else torch.empty_like(bias))

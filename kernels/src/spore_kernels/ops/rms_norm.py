@@ -41,6 +41,7 @@ def check_backward(grad: torch.Tensor, x: torch.Tensor, weight: torch.Tensor) ->
 
 def reference(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     check(x, weight)
+    _checks.epsilon("rms_norm", eps)
     xf = x.to(_checks.compute_dtype(x))
     out = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps) * weight.to(xf.dtype)
     return out.to(x.dtype)
@@ -66,14 +67,17 @@ def reference_backward(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """:func:`gradients`, each rounded once; dx contiguous (as the kernel's and the fake's)."""
     check_backward(grad, x, weight)
+    _checks.epsilon("rms_norm_backward", eps)
     dx, dw = gradients(grad, x, weight, eps)
     return dx.to(x.dtype).contiguous(), dw.to(weight.dtype)
 
 
 def supports(x: torch.Tensor, weight: torch.Tensor, eps: float) -> bool:
-    """Contiguous CPU x and weight of one kernel dtype, weight matching x's last dimension."""
+    """Contiguous CPU x and weight of one kernel dtype, weight matching x's last dimension,
+    a valid eps."""
     return (
         _checks.ready(x, weight, device_type="cpu")
+        and _checks.valid_eps(eps)
         and x.dim() >= 1
         and weight.shape == x.shape[-1:]
         and x.shape[-1] > 0
@@ -122,6 +126,7 @@ def _fake_backward(
     grad: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, eps: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
     check_backward(grad, x, weight)
+    _checks.epsilon("rms_norm_backward", eps)
     return torch.empty_like(x, memory_format=torch.contiguous_format), torch.empty_like(weight)
 
 

@@ -328,6 +328,42 @@ def test_a_resume_with_more_steps_follows_the_new_schedule_from_its_first_step(t
     assert [got[s]["loss"] for s in got] == [want[s]["loss"] for s in got]  # bitwise
 
 
+_FLAT_PLUGIN = '''"""A Spore plugin whose module adds a schedule reading warmup_steps alone."""
+from hyperparallel import registries
+
+
+@registries.schedules.register("flat", reads={"warmup_steps"})
+def flat(optimizer, schedule, steps):
+    return registries.constant(optimizer, schedule, steps)
+'''
+
+
+def test_a_plugins_schedule_is_compared_on_resume_by_the_settings_it_reads(tmp_path) -> None:
+    """A schedule a plugin registered could not say what it reads: a resume compared every
+    schedule setting, and refused another min_lr_ratio, which flat does not read."""
+    plugin = tmp_path / "plugin"
+    info = plugin / "spore_flat_schedule-0.1.0.dist-info"
+    info.mkdir(parents=True)
+    (plugin / "spore_flat_schedule.py").write_text(_FLAT_PLUGIN)
+    (info / "METADATA").write_text(
+        "Metadata-Version: 2.1\nName: spore-flat-schedule\nVersion: 0.1.0\n"
+        "Requires-Dist: spore-core>=0.1\n"
+    )
+    (info / "entry_points.txt").write_text("[spore.plugins]\nflat = spore_flat_schedule\n")
+    path = [str(plugin), *filter(None, [os.environ.get("PYTHONPATH")])]
+    env = {"PYTHONPATH": os.pathsep.join(path)}
+    out = tmp_path / "run"
+    args = small_args("schedule.name=flat", "run.steps=3", "checkpoint.export=false")
+    run_train("--output", str(out), *args, "--set", "run.stop_at=2", env=env)
+    other_ratio = ("--set", "schedule.min_lr_ratio=0.5")
+    run_train("--output", str(out), "--resume", *args, *other_ratio, env=env)
+    assert sorted(losses(out)) == [1, 2, 3]
+    other_warm_up = ("--set", "schedule.warmup_steps=2")
+    done = run_train("--output", str(out), "--resume", *args, *other_warm_up, env=env, check=False)
+    assert done.returncode == 1
+    assert "(schedule.warmup_steps: 5 saved, 2 asked); resuming under these" in done.stderr
+
+
 def _truncate_shard(step: Path) -> None:
     (shard,) = step.glob("*.distcp")
     shard.write_bytes(shard.read_bytes()[:1000])

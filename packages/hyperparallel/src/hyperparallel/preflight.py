@@ -125,18 +125,26 @@ def _first_three(items: list[str]) -> str:
 
 def _optimizer_problems(cfg: Config) -> list[str]:
     """The optimizer and schedule accept their settings (``optim.options`` included): both are
-    built once over a two-parameter module, as every rank would build them."""
+    built once over a two-parameter module, as every rank would build them; the settings the
+    schedule was registered reading are ``schedule.*`` settings."""
     probe = torch.nn.Linear(2, 2)
     at = _where(cfg.origins, "optim")
     try:
         optimizer = registries.optimizers.get(cfg.optim.name)(probe, cfg.optim)
     except Exception as exc:  # whatever torch or a registered builder raises
         return [f"{at}: optim {cfg.optim.name!r}: {exc}"]
+    where = cfg.origins.get("schedule.name", "default")
     try:
         registries.schedules.get(cfg.schedule.name)(optimizer, cfg.schedule, cfg.run.steps)
     except Exception as exc:
-        where = cfg.origins.get("schedule.name", "default")
         return [f"{where}: schedule {cfg.schedule.name!r}: {exc}"]
+    settings = set(type(cfg.schedule).model_fields) - {"name"}
+    if unknown := (registries.schedules.reads(cfg.schedule.name) or set()) - settings:
+        return [
+            f"{where}: schedule {cfg.schedule.name!r} is registered reading "
+            f"{', '.join(sorted(unknown))}, which the schedule section does not have (it has "
+            f"{', '.join(sorted(settings))}); fix its registration's reads="
+        ]
     return []
 
 
@@ -206,14 +214,16 @@ def _resumed_model_problems(cfg: Config, path: Path) -> list[str]:
 
 def _resumed_schedule_problems(cfg: Config, path: Path, extra: dict[str, Any]) -> list[str]:
     """The checkpoint (``extra``: its trainer.pt) was saved under this run's ``schedule``
-    settings, those its schedule reads (all, for one registered elsewhere): a resume under
-    others would switch the learning-rate schedule mid-run. ``run.steps`` may change (the
-    schedule then spans the new steps)."""
+    settings, those its schedule was registered reading (all, for one that did not say): a
+    resume under others would switch the learning-rate schedule mid-run. ``run.steps`` may
+    change (the schedule then spans the new steps)."""
     saved = checkpoint.saved_schedule(extra)
     if saved is None:  # saved before trainer.pt named its schedule: nothing to compare
         return []
     asked = cfg.schedule.model_dump()
-    reads = registries.SCHEDULE_SETTINGS.get(saved.get("name"), saved.keys())
+    reads = registries.schedules.reads(saved.get("name"))
+    if reads is None:  # what it reads is unknown
+        reads = frozenset(saved)
     changed = [k for k, v in saved.items() if (k == "name" or k in reads) and asked.get(k) != v]
     if not changed:
         return []

@@ -1,11 +1,13 @@
 """Name -> builder registries the config refers to (``optim.name``, ``schedule.name``).
 
-Later capabilities add entries (e.g. an optimizer) with ``optimizers.register("name")``.
+Later capabilities add entries (e.g. an optimizer) with ``optimizers.register("name")``; a
+schedule also says which ``schedule.*`` settings it reads, ``schedules.register("name",
+reads={"warmup_steps"})``, so that a resume compares only those with its checkpoint's.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 import torch
@@ -54,8 +56,38 @@ class Registry(Generic[F]):
             ) from None
 
 
+class ScheduleRegistry(Registry[ScheduleBuilder]):
+    """The schedules, each with the ``schedule.*`` settings it reads (``name`` aside)."""
+
+    def __init__(self) -> None:
+        super().__init__("schedule")
+        self._reads: dict[str, frozenset[str] | None] = {}
+
+    def register(
+        self, name: str, *, reads: Iterable[str] | None = None
+    ) -> Callable[[ScheduleBuilder], ScheduleBuilder]:
+        """Add the builder ``name``; ``reads``: the ``schedule.*`` settings it reads, which a
+        resume compares with its checkpoint's (None, the default: unknown, so all are)."""
+        if isinstance(reads, str):  # its letters would be taken as the settings
+            raise TypeError(f"schedule {name!r}: reads= takes a set of names, got {reads!r}")
+        declared = None if reads is None else frozenset(reads)
+        add = super().register(name)
+
+        def add_with_reads(fn: ScheduleBuilder) -> ScheduleBuilder:
+            add(fn)
+            self._reads[name] = declared
+            return fn
+
+        return add_with_reads
+
+    def reads(self, name: str) -> frozenset[str] | None:
+        """The ``schedule.*`` settings schedule ``name`` reads; None when it did not say (or
+        is not registered)."""
+        return self._reads.get(name)
+
+
 optimizers: Registry[OptimizerBuilder] = Registry("optimizer")
-schedules: Registry[ScheduleBuilder] = Registry("schedule")
+schedules = ScheduleRegistry()
 
 
 def _decay_groups(model: torch.nn.Module, weight_decay: float) -> list[dict[str, Any]]:
@@ -86,7 +118,7 @@ def adamw(model: torch.nn.Module, optim: OptimSection) -> torch.optim.Optimizer:
 # at step 0 to the peak at step warmup_steps; the decay reaches min_lr_ratio at step run.steps.
 
 
-@schedules.register("constant")
+@schedules.register("constant", reads={"warmup_steps"})
 def constant(
     optimizer: torch.optim.Optimizer, schedule: ScheduleSection, steps: int
 ) -> LRScheduler:
@@ -96,7 +128,7 @@ def constant(
     return get_constant_schedule_with_warmup(optimizer, schedule.warmup_steps)
 
 
-@schedules.register("cosine")
+@schedules.register("cosine", reads={"warmup_steps", "min_lr_ratio"})
 def cosine(optimizer: torch.optim.Optimizer, schedule: ScheduleSection, steps: int) -> LRScheduler:
     """Linear warm-up, then cosine decay to ``min_lr_ratio`` of the peak at the last step."""
     from transformers import get_cosine_with_min_lr_schedule_with_warmup
@@ -106,7 +138,7 @@ def cosine(optimizer: torch.optim.Optimizer, schedule: ScheduleSection, steps: i
     )
 
 
-@schedules.register("linear")
+@schedules.register("linear", reads={"warmup_steps", "min_lr_ratio"})
 def linear(optimizer: torch.optim.Optimizer, schedule: ScheduleSection, steps: int) -> LRScheduler:
     """Linear warm-up, then linear decay to ``min_lr_ratio`` of the peak at the last step
     (transformers' polynomial decay of power 1 down to that rate)."""
@@ -122,12 +154,3 @@ def linear(optimizer: torch.optim.Optimizer, schedule: ScheduleSection, steps: i
         lr_end=schedule.min_lr_ratio * peak,
         power=1.0,
     )
-
-
-SCHEDULE_SETTINGS: dict[str, frozenset[str]] = {
-    "constant": frozenset({"warmup_steps"}),
-    "cosine": frozenset({"warmup_steps", "min_lr_ratio"}),
-    "linear": frozenset({"warmup_steps", "min_lr_ratio"}),
-}
-"""The ``schedule.*`` settings each built-in schedule reads (``name`` aside); one registered
-elsewhere is not listed: what it reads is unknown."""

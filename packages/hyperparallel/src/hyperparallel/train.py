@@ -249,7 +249,9 @@ def _interrupted(wait: float) -> bool:
 
 def _run(settings: dict[str, Any], resume: str | None) -> None:
     import spore.distributed
+    from spore.plugins import get_manager
 
+    get_manager().load()  # before the config: the sections and schedules plugins register
     cfg = config_mod.build(settings, world=int(os.environ.get("WORLD_SIZE", "1")))
     device = device_type(cfg.parallel)
     _set_threads(device, cfg.parallel.threads)

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import os
 import re
+import socket
+import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -197,17 +200,89 @@ def test_a_log_the_resume_continues_that_cannot_be_read_fails_before_any_process
     with pytest.raises(config.ConfigError) as info:
         preflight.resolve(None, [f"run.output={b}"], resume=str(a / "checkpoints/step_00000002"))
     assert (
-        f"--resume: {a / 'metrics.jsonl'} cannot be read (Is a directory): a resume starts this "
+        f"--resume: {a / 'metrics.jsonl'} cannot be read (a directory, not a file): a resume "
+        f"starts this "
         f"run's metrics.jsonl from it, up to the checkpoint's step; make it a readable file, or "
         f"move it away to continue {b / 'metrics.jsonl'} instead where there is one (its steps "
         f"up to the checkpoint's), else log only the steps after the checkpoint"
     ) in str(info.value)  # said only the steps after the checkpoint would be logged: not so
     from hyperparallel.train import unreadable_log
 
-    own = unreadable_log(a / "metrics.jsonl", PermissionError(13, "Permission denied"), a)
+    own = unreadable_log(a / "metrics.jsonl", "Permission denied", a)
     assert own.endswith("or move it away to log only the steps after the checkpoint")  # its own
     (a / "metrics.jsonl").rmdir()
     assert preflight.resolve(None, [f"run.output={b}"], resume=str(a / "checkpoints/step_00000002"))
+
+
+def _refused(pipe: Path, overrides: list[str], resume: str | None = None) -> str:
+    """The ConfigError message of ``preflight.resolve(None, overrides, resume)``; fails the test
+    where it opens the named pipe ``pipe`` and waits for a writer (ended after 30 s by opening
+    it for writing here)."""
+    done: dict[str, BaseException] = {}
+
+    def call() -> None:
+        try:
+            preflight.resolve(None, overrides, resume)
+        except BaseException as exc:  # handed to the test's thread
+            done["exc"] = exc
+
+    thread = threading.Thread(target=call)
+    thread.start()
+    thread.join(30)
+    if thread.is_alive():
+        os.close(os.open(pipe, os.O_WRONLY | os.O_NONBLOCK))  # the waiting open returns
+        thread.join()
+        pytest.fail(f"preflight opened {pipe} and waited for a writer")
+    assert isinstance(done.get("exc"), config.ConfigError), done
+    return str(done["exc"])
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs named pipes")
+def test_a_named_pipe_named_metrics_jsonl_is_refused_without_opening_it(tmp_path) -> None:
+    """A named pipe (or a socket) named metrics.jsonl in the output passed preflight, and the
+    run replaced it; in the output a resume continues the log of, preflight opened it and
+    waited for a writer, for ever."""
+    new, a, b = tmp_path / "new", tmp_path / "a", tmp_path / "b"
+    new.mkdir()
+    os.mkfifo(new / "metrics.jsonl")
+    message = _refused(new / "metrics.jsonl", [f"run.output={new}"])
+    assert (
+        f"spore train writes metrics.jsonl there as a file, and it is a named pipe (FIFO); move "
+        f"{new / 'metrics.jsonl'} away, or choose another --output"
+    ) in message
+    _checkpoint(new, 2)  # its own log, resumed: refused the same way
+    assert "and it is a named pipe (FIFO)" in _refused(
+        new / "metrics.jsonl", [f"run.output={new}"], "latest"
+    )
+    _checkpoint(a, 2)
+    os.mkfifo(a / "metrics.jsonl")
+    message = _refused(
+        a / "metrics.jsonl", [f"run.output={b}"], str(a / "checkpoints/step_00000002")
+    )
+    assert (
+        f"--resume: {a / 'metrics.jsonl'} cannot be read (a named pipe (FIFO), not a file)"
+        in message
+    )
+    with tempfile.TemporaryDirectory() as short, socket.socket(socket.AF_UNIX) as unix:
+        unix.bind(f"{short}/metrics.jsonl")  # a socket's path is at most 107 bytes
+        message = _refused(Path(short, "metrics.jsonl"), [f"run.output={short}"])
+    assert "writes metrics.jsonl there as a file, and it is a socket;" in message
+
+
+def test_a_damaged_line_in_the_log_a_resume_continues_fails_before_any_process_starts(
+    tmp_path,
+) -> None:
+    """It was reported by rank 0, once the ranks had started and loaded the checkpoint."""
+    out = tmp_path / "run"
+    _checkpoint(out, 2)
+    log = out / "metrics.jsonl"
+    log.write_text('{"step": 1, "loss": 2.5}\n{{"step": 2, "loss": 2.4}\n')
+    with pytest.raises(config.ConfigError) as info:
+        preflight.resolve(None, [f"run.output={out}"], resume="latest")
+    assert f"--resume: {log}:2: not a metrics record (" in str(info.value)
+    assert "fix or delete that line (metrics.jsonl is the run's log" in str(info.value)
+    log.write_text('{"step": 1, "loss": 2.5}\n{"step": 2, "lo')  # cut short: rank 0 drops it
+    assert preflight.resolve(None, [f"run.output={out}"], resume="latest")
 
 
 def test_a_renamed_checkpoint_is_told_the_name_a_checkpoint_folder_has(tmp_path) -> None:

@@ -5,6 +5,7 @@ data paths, the checkpoint to resume from and the output directory."""
 from __future__ import annotations
 
 import os
+import stat
 import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -12,7 +13,7 @@ from typing import Any
 
 import torch
 
-from hyperparallel import checkpoint, launch, model, registries
+from hyperparallel import checkpoint, launch, model, registries, report
 from hyperparallel import data as corpus
 from hyperparallel.config import Config, ConfigError, Override, load
 from hyperparallel.data import ByteTokenizer
@@ -239,19 +240,30 @@ def _resumed_schedule_problems(cfg: Config, path: Path, extra: dict[str, Any]) -
 
 
 def _resumed_log_problems(cfg: Config, path: Path) -> list[str]:
-    """The metrics log the resume continues (:func:`hyperparallel.train.run_log`) can be read,
-    where there is one."""
-    from hyperparallel.train import run_log, unreadable_log
+    """The metrics log the resume continues (:func:`hyperparallel.train.run_log`), where there
+    is one, is a regular file (a named pipe is not opened: that waits for a writer) whose
+    lines rank 0 can read back."""
+    from hyperparallel.train import damaged_log, run_log, unreadable_log
 
     output = Path(cfg.run.output)
     log = run_log(path, output)
+    if log.exists() and not log.is_file():
+        return [f"--resume: {unreadable_log(log, f'{_kind(log)}, not a file', output)}"]
     try:
-        log.open("rb").close()
-    except FileNotFoundError:  # none yet: the log starts after the checkpoint
-        return []
+        report.read_metrics(log)  # none yet: the log starts after the checkpoint
     except OSError as exc:
-        return [f"--resume: {unreadable_log(log, exc, output)}"]
+        return [f"--resume: {unreadable_log(log, exc.strerror or str(exc), output)}"]
+    except ValueError as exc:
+        return [f"--resume: {damaged_log(exc)}"]
     return []
+
+
+def _kind(path: Path) -> str:
+    """What ``path``, which exists and is not a regular file, is (a link followed)."""
+    mode = path.stat().st_mode
+    kinds = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a named pipe (FIFO)"))
+    kinds += ((stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a device"), (stat.S_ISBLK, "a device"))
+    return next((name for test, name in kinds if test(mode)), "not a regular file")
 
 
 def _optimized_here(cfg: Config, built: torch.nn.Module) -> set[str] | None:
@@ -308,7 +320,8 @@ _WRITTEN = (
 def _output_problems(cfg: Config, resume: str | None, world: int) -> list[str]:
     """The checkpoint to resume from exists and was saved with this run's data layout; neither
     a new run nor one resumed from elsewhere finds another run's checkpoints in its output;
-    the output is a directory, or can be made one."""
+    the output is a directory, or can be made one, and what a run writes there is not there
+    as something else (a directory as a file, a named pipe as a file)."""
     at = cfg.origins.get("run.output", "default")
     if launch.holder() and (why := launch.busy(cfg.run.output)):
         return [f"{at}: {why}"]
@@ -324,12 +337,16 @@ def _output_problems(cfg: Config, resume: str | None, world: int) -> list[str]:
         path = Path(cfg.run.output) / name
         if name == "final" and not cfg.checkpoint.export:
             continue
-        if os.path.lexists(path) and path.is_dir() != folder:  # a dangling link is neither
-            kind = "a directory" if folder else "a file"
-            return [
-                f"{at}: run.output {cfg.run.output}: spore train writes {name} there as {kind}, "
-                f"and {path} is not one; move it away, or choose another --output"
-            ]
+        if folder and os.path.lexists(path) and not path.is_dir():  # a dangling link too
+            what = "a directory, and it is not one"
+        elif not folder and path.exists() and not path.is_file():  # a dangling link is replaced
+            what = f"a file, and it is {_kind(path)}"  # a named pipe is not opened: it would wait
+        else:
+            continue
+        return [
+            f"{at}: run.output {cfg.run.output}: spore train writes {name} there as {what}; "
+            f"move {path} away, or choose another --output"
+        ]
     if resume is not None:
         try:
             path = checkpoint.find(cfg.run.output if resume == "latest" else resume)

@@ -65,8 +65,9 @@ def run_log(resumed: Path | None, output: Path) -> Path:
     return output / "metrics.jsonl"
 
 
-def unreadable_log(log: Path, exc: OSError, output: Path) -> str:
-    """The error for a resume whose :func:`run_log` cannot be read; ``output``: this run's."""
+def unreadable_log(log: Path, why: str, output: Path) -> str:
+    """The error for a resume whose :func:`run_log` cannot be read (``why``: the reason, e.g.
+    an ``OSError``'s ``strerror``); ``output``: this run's."""
     own = output / "metrics.jsonl"
     if log.resolve() == own.resolve():  # moved away, none is continued
         instead = "to log only the steps after the checkpoint"
@@ -76,9 +77,18 @@ def unreadable_log(log: Path, exc: OSError, output: Path) -> str:
             f"else log only the steps after the checkpoint"
         )
     return (
-        f"{log} cannot be read ({exc.strerror or exc}): a resume starts this run's metrics.jsonl "
+        f"{log} cannot be read ({why}): a resume starts this run's metrics.jsonl "
         f"from it, up to the checkpoint's step; make it a readable file, or move it away "
         f"{instead}"
+    )
+
+
+def damaged_log(exc: ValueError) -> str:
+    """The error for a resume whose :func:`run_log` holds a line that is not a metrics record
+    (``exc``: :func:`hyperparallel.report.read_metrics`'s, naming it)."""
+    return (
+        f"{exc}: fix or delete that line (metrics.jsonl is the run's log; the checkpoint does "
+        f"not need it)"
     )
 
 
@@ -381,13 +391,10 @@ def train(
         log = run_log(resumed, output)
         try:
             metrics = report.Metrics(output / "metrics.jsonl", step, log)
-        except ValueError as exc:  # a damaged line of the log a resume continues
-            raise InputError(
-                f"{exc}: fix or delete that line (metrics.jsonl is the run's log; the "
-                f"checkpoint does not need it)"
-            ) from None
-        except OSError as exc:  # preflight's check, where it ran, passed: changed since
-            raise InputError(unreadable_log(log, exc, output)) from None
+        except ValueError as exc:  # preflight's checks, where they ran, passed: changed since
+            raise InputError(damaged_log(exc)) from None
+        except OSError as exc:
+            raise InputError(unreadable_log(log, exc.strerror or str(exc), output)) from None
         display = report.ProgressDisplay(cfg.run.name, cfg.run.steps, step, cfg.run.log_every)
     started = time.perf_counter()
     try:

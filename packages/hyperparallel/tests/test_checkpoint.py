@@ -13,10 +13,13 @@ import datetime
 import json
 import logging
 import os
+import shutil
 import sys
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -248,6 +251,97 @@ def test_a_save_killed_while_replacing_a_step_loses_nothing(one_rank, tmp_path) 
     assert checkpoint.complete(out) == []
     assert checkpoint.extras(saved) == {"step": 2}
     assert checkpoint.data_layout({"step": 2}) is None  # this trainer.pt holds no sampler state
+
+
+_WRITES = frozenset({"os.mkdir", "os.rename", "os.remove", "os.rmdir", "shutil.rmtree"})
+_interrupt: dict[str, Any] = {"at": None, "seen": 0, "hooked": False}
+
+
+def _interrupt_at_a_write(event: str, args: tuple[Any, ...]) -> None:
+    """An audit hook: raise KeyboardInterrupt (as Ctrl-C's handler does, in the main thread)
+    just before the ``_interrupt["at"]``-th change to the file system since it was set."""
+    if _interrupt["at"] is None or threading.current_thread() is not threading.main_thread():
+        return
+    writes = event == "open" and isinstance(args[2], int) and args[2] & (os.O_WRONLY | os.O_RDWR)
+    if event in _WRITES or writes:
+        _interrupt["seen"] += 1
+        if _interrupt["seen"] == _interrupt["at"]:
+            raise KeyboardInterrupt
+
+
+def _stopped_at(at: int, call: Callable[..., Any], *args: Any, **kwargs: Any) -> bool:
+    """``call(*args, **kwargs)`` interrupted before its ``at``-th change to the file system;
+    whether it ran to the end instead (it makes fewer)."""
+    if not _interrupt["hooked"]:  # an audit hook stays for the session: idle when not set
+        sys.addaudithook(_interrupt_at_a_write)
+        _interrupt["hooked"] = True
+    _interrupt.update(at=at, seen=0)
+    try:
+        call(*args, **kwargs)
+    except (KeyboardInterrupt, CheckpointException):  # DCP gathers it into its own
+        return False
+    finally:
+        _interrupt["at"] = None
+    return True
+
+
+@pytest.mark.parametrize("replace", [False, True], ids=["prune", "replace"])
+def test_ctrl_c_anywhere_in_a_save_loses_no_checkpoint_and_leaves_none_half_there(
+    one_rank, tmp_path, replace: bool
+) -> None:
+    """Ctrl-C before each change a save makes to the file system in turn. While it deleted the
+    oldest checkpoint beyond checkpoint.keep, it left a step_N whose meta.json was still there
+    and some of its files gone: complete to --resume PATH, keep and the error naming an older
+    checkpoint, and failing to load. A save that replaces a step (a branch resumed from step 1
+    saving step 2 again) keeps its old checkpoint until the new one is in place."""
+    state, before = _small_state(), tmp_path / "before"
+    first = checkpoint.save(before, 1, state, {"step": 1}, keep=2)
+    if replace:
+        checkpoint.save(before, 2, state, {"step": 2}, keep=2, parent=first)
+    at, finished = 0, False
+    while not finished:
+        at += 1
+        out = tmp_path / f"stopped_{at}"
+        shutil.copytree(before, out)
+        parent = out / "checkpoints" / first.name if replace else None
+        keep = 2 if replace else 1
+        finished = _stopped_at(
+            at, checkpoint.save, out, 2, state, {"step": 2}, keep=keep, parent=parent
+        )
+        steps = [checkpoint.load(p, state)["step"] for p in checkpoint.complete(out)]
+        assert steps in ([1], [1, 2], [2]), f"stopped at change {at}: {steps}"
+        if replace:  # step_2's old checkpoint (moved aside) or its new one
+            assert checkpoint.find(out) == out / "checkpoints" / "step_00000002"
+            assert [checkpoint.load(p, state)["step"] for p in checkpoint.complete(out)] == [1, 2]
+        checkpoint.save(out, 3, state, {"step": 3}, keep=2)  # the next save clears up
+        assert not list(checkpoint.directory(out).glob(".*")), f"stopped at change {at}"
+    assert at > 10  # stopped at each change of the save, and then not
+
+
+def test_ctrl_c_anywhere_in_an_export_leaves_a_whole_one(one_rank, tmp_path) -> None:
+    """Ctrl-C before each change an export makes to the file system in turn: while it deleted
+    the previous final/, it left a final/ with its config and part of its files (a resume that
+    trains nothing keeps it). Stopped between its renames, the previous one is put back."""
+    from transformers import AutoModelForCausalLM
+
+    sizes = {"hidden_size": 8, "intermediate_size": 16, "num_attention_heads": 2}
+    model = LlamaForCausalLM(LlamaConfig(vocab_size=259, num_hidden_layers=1, **sizes))
+    before = tmp_path / "before"
+    checkpoint.export(model, before)
+    at, finished = 0, False
+    while not finished:
+        at += 1
+        out = tmp_path / f"stopped_{at}"
+        shutil.copytree(before, out)
+        finished = _stopped_at(at, checkpoint.export, model, out)
+        if (out / "final").exists():
+            AutoModelForCausalLM.from_pretrained(out / "final")  # whole
+        else:
+            assert (out / ".old-final").is_dir(), f"stopped at change {at}: no export left"
+        checkpoint.export(model, out)  # the next export clears up
+        assert sorted(p.name for p in out.iterdir()) == ["final"], f"stopped at change {at}"
+        AutoModelForCausalLM.from_pretrained(out / "final")
+    assert at > 5  # stopped at each change of the export, and then not
 
 
 def test_a_load_silences_only_dcps_root_records(caplog: pytest.LogCaptureFixture) -> None:

@@ -9,8 +9,9 @@ written, not by step, so a run resumed from an older checkpoint continues from i
 never from the abandoned ones with larger steps; it also names the checkpoint of its output
 that the save descends from (the one the run resumed, or its previous save). Stale temporary
 directories (a killed save) are removed by the next save; the oldest complete ones beyond
-``keep`` are deleted after a successful save. Saves and loads coordinate over a gloo group
-of their own, destroyed afterwards (see :func:`_collectives`).
+``keep`` are deleted after a successful save, each renamed ``.del-step_N`` first, so that an
+interrupted deletion never leaves a ``step_N`` with part of its files. Saves and loads
+coordinate over a gloo group of their own, destroyed afterwards (see :func:`_collectives`).
 """
 
 from __future__ import annotations
@@ -204,6 +205,8 @@ def save(
         if rank == 0:
             _recover(root)
             for stale in [*root.glob(".tmp-step_*"), *root.glob(".old-step_*")]:
+                _discard(stale)
+            for stale in root.glob(".del-*"):
                 shutil.rmtree(stale, ignore_errors=True)
             tmp.mkdir(parents=True)
         dist.barrier(group=group)
@@ -229,11 +232,25 @@ def save(
             if final.exists():
                 os.replace(final, replaced)
             os.replace(tmp, final)
-            shutil.rmtree(replaced, ignore_errors=True)
+            _discard(replaced)
             for old in complete(output)[:-keep]:
-                shutil.rmtree(old, ignore_errors=True)
+                _discard(old)
         dist.barrier(group=group)
     return final
+
+
+def _discard(path: Path) -> None:
+    """Delete the folder ``path`` (if there) under another name, ``.del-`` and its own without
+    a leading dot: a deletion interrupted midway (Ctrl-C) leaves no ``step_N`` that looks
+    complete with files gone, and no ``.old-step_N`` that :func:`_recover` would put back. The
+    next save deletes what is left."""
+    doomed = path.with_name(f".del-{path.name.lstrip('.')}")
+    shutil.rmtree(doomed, ignore_errors=True)
+    try:
+        os.replace(path, doomed)
+    except FileNotFoundError:
+        return
+    shutil.rmtree(doomed, ignore_errors=True)
 
 
 @contextlib.contextmanager
@@ -444,7 +461,10 @@ def optimized(entries: dict[str, Any]) -> set[str]:
 def export(model: torch.nn.Module, output: str | Path) -> Path | None:
     """Gather full weights and write ``<output>/final`` with ``save_pretrained`` (rank 0), its
     config and generation config naming the byte tokenizer's special tokens (the model was
-    trained on them: an architecture's own ids, llama's eos 2, are a byte here)."""
+    trained on them: an architecture's own ids, llama's eos 2, are a byte here). Written to
+    ``.tmp-final``; the previous export is moved to ``.old-final`` before the new one is
+    renamed into place, and deleted after (put back first, where an export was stopped
+    between the two)."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
     options = StateDictOptions(full_state_dict=True, cpu_offload=True)
@@ -456,7 +476,9 @@ def export(model: torch.nn.Module, output: str | Path) -> Path | None:
 
     hf_logging.disable_progress_bar()
     target = Path(output) / "final"
-    tmp = Path(output) / ".tmp-final"
+    tmp, replaced = Path(output) / ".tmp-final", Path(output) / ".old-final"
+    if replaced.is_dir() and not target.exists():
+        os.replace(replaced, target)
     shutil.rmtree(tmp, ignore_errors=True)
     config = copy.deepcopy(model.config)
     config.bos_token_id, config.eos_token_id = ByteTokenizer.bos_id, ByteTokenizer.eos_id
@@ -465,7 +487,9 @@ def export(model: torch.nn.Module, output: str | Path) -> Path | None:
     plain = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     plain.load_state_dict(full)
     plain.save_pretrained(tmp)
+    _discard(replaced)
     if target.exists():
-        shutil.rmtree(target)
+        os.replace(target, replaced)
     os.replace(tmp, target)
+    _discard(replaced)
     return target

@@ -195,11 +195,18 @@ def test_resume_finds_a_runs_own_checkpoints_not_those_of_a_run_above_it(
     not continue the outer run."""
     outer, state = tmp_path / "outer", _small_state()
     saved = checkpoint.save(outer, 12, state, {"step": 12}, keep=1)
+    (outer / "inner").mkdir()
     with pytest.raises(FileNotFoundError, match=r"no complete checkpoint in .*inner"):
         checkpoint.find(outer / "inner")
     assert checkpoint.find(outer) == saved
     assert checkpoint.find(checkpoint.directory(outer)) == saved  # the checkpoints folder too
     assert checkpoint.find(saved) == saved
+
+
+def test_resuming_a_path_that_does_not_exist_says_so(tmp_path) -> None:
+    """It said there was no complete checkpoint in it, as if the folder were there."""
+    with pytest.raises(FileNotFoundError, match=r"nope does not exist; train without --resume"):
+        checkpoint.find(tmp_path / "nope")
 
 
 def test_the_damaged_checkpoints_find_passed_over_are_named_however_the_output_is_given(

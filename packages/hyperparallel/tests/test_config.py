@@ -159,7 +159,7 @@ def test_preflight_checks_model_data_and_resume(tmp_path) -> None:
     message = str(info.value)
     assert "llama has no setting hiden_size (did you mean 'hidden_size'?)" in message
     assert f"{path}:5: data.path: no file matches 'nowhere/*.txt'" in message
-    assert "--resume: no complete checkpoint in" in message
+    assert f"--resume: {tmp_path / 'out'} does not exist; train without --resume first" in message
     with pytest.raises(config.ConfigError, match="transformers has no model type 'lama'"):
         preflight.resolve(None, ["model.type=lama"])
 

@@ -124,6 +124,12 @@ def find(path: str | Path) -> Path:
     ``path`` (an output, or its ``checkpoints`` folder), never of a run in a folder above it;
     absolute, so that its output is ``.parent.parent`` whatever the working directory."""
     given = Path(path).expanduser().absolute()
+    if not given.exists():
+        raise FileNotFoundError(
+            f"{given} does not exist; train without --resume first, or point --resume at a "
+            "run's output folder (the --output it trained into) or at one of its checkpoints "
+            "(checkpoints/step_00000400)"
+        )
     if STEP_DIR.match(given.name) and (given / "meta.json").is_file():
         return given
     outputs = (given, given.parent) if given.name == directory("").name else (given,)

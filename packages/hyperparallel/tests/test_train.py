@@ -6,8 +6,11 @@ with ``run.stop_at`` so that it keeps the reference's learning-rate schedule.
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -27,6 +30,8 @@ from hyperparallel.config import load
 from hyperparallel.data import ByteTokenizer
 from spore import childproc
 from spore.testing import clean_environ
+
+README = Path(__file__).resolve().parents[1] / "README.md"
 
 STEPS = 30
 COMMON = (f"run.steps={STEPS}", "optim.lr=0.01", "checkpoint.every=0")
@@ -506,6 +511,15 @@ def test_export_is_a_pretrained_directory_that_trains_on(two_ranks: Run, tmp_pat
     # training turns the KV cache off; an export that kept it off generated without one
     assert model.config.use_cache is True
     assert model.generation_config.use_cache is True
+    example = re.search(r"<!-- export-example -->\n```python\n(.*?)```", README.read_text(), re.S)
+    assert example, "README.md lacks the export example"
+    namespace: dict = {}
+    with contextlib.redirect_stdout(io.StringIO()) as printed:
+        exec(example.group(1).replace("runs/default/final", str(final)), namespace)
+    generated = namespace["out"][0, namespace["ids"].shape[1] :]
+    assert 0 < len(generated) <= 40
+    assert int(generated.max()) < ByteTokenizer.vocab_size
+    assert printed.getvalue() == ByteTokenizer().decode(generated) + "\n"
     extra = ("run.steps=2", "schedule.warmup_steps=0", f"model.pretrained={final}")
     again = train_run(tmp_path / "again", *small_args(*extra))
     start = two_ranks.losses

@@ -173,6 +173,14 @@ def test_chunked_memory_is_bounded_by_the_chunk() -> None:
             ValueError,
             "do not broadcast",
         ),
+        (
+            {"coord_mask": torch.full((5,), 0.3)},
+            ValueError,
+            r"coord_mask must be a bool tensor .* holding 0\.3.*pass coord_mask\.bool\(\)",
+        ),
+        ({"coord_mask": torch.tensor([1, 0, 2, 1, 1])}, ValueError, "holding 2"),
+        ({"coord_mask": torch.tensor([1.0, float("nan"), 1, 1, 1])}, ValueError, "holding nan"),
+        ({"is_nucleotide": torch.full((5,), -1)}, ValueError, "is_nucleotide must be a bool"),
         ({"chunk_size": 0}, ValueError, "chunk_size must be a positive int"),
         ({"reduction": "sum"}, ValueError, "reduction must be"),
     ],
@@ -182,3 +190,14 @@ def test_bad_inputs(kwargs, error, match) -> None:
     pred, true = args.pop("pred_coords"), args.pop("true_coords")
     with pytest.raises(error, match=match):
         smooth_lddt_loss(pred, true, **args)
+
+
+@pytest.mark.parametrize("dtype", [torch.int64, torch.float32, torch.float16])
+def test_zero_one_flags_of_any_dtype_equal_bool_flags(dtype) -> None:
+    """Protenix's featurizer gives an int64 0/1 ``coordinate_mask``: taken as the bool mask."""
+    pred, true, nucleotide, mask = structure((2,), 17)
+    expected = smooth_lddt_loss(pred, true, is_nucleotide=nucleotide, coord_mask=mask)
+    got = smooth_lddt_loss(
+        pred, true, is_nucleotide=nucleotide.to(dtype), coord_mask=mask.to(dtype), chunk_size=4
+    )
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-6)

@@ -56,3 +56,23 @@ def test_gradients_equal_protenix() -> None:
         ours_pred, true, is_nucleotide=nucleotide, coord_mask=mask, chunk_size=9
     ).backward()
     torch.testing.assert_close(ours_pred.grad, theirs_pred.grad, rtol=1e-4, atol=1e-7)
+
+
+def test_protenix_int64_coordinate_mask_is_taken_and_fractions_refused() -> None:
+    """Protenix's featurizer gives ``coordinate_mask`` as int64 0/1, its loss multiplies the true
+    distances by it: a fractional mask there shrinks distances (no weighting), so ours refuses
+    one where Protenix would silently score other distances."""
+    pred, true, nucleotide, mask = _atoms(30, 2, seed=3)
+    flags = mask.long()
+    distance_mask = flags[:, None] * flags[None, :]
+    distance = torch.cdist(true, true) * distance_mask
+    lddt_mask = loss_module.compute_lddt_mask(distance, distance_mask, nucleotide)
+    theirs = loss_module.SmoothLDDTLoss().dense_forward(
+        pred, true, lddt_mask, true_distance=distance
+    )
+    ours = smooth_lddt_loss(pred, true, is_nucleotide=nucleotide, coord_mask=flags)
+    torch.testing.assert_close(ours, theirs, rtol=1e-5, atol=1e-6)
+    with pytest.raises(
+        ValueError, match=r"coord_mask must be a bool tensor .*coord_mask\.bool\(\)"
+    ):
+        smooth_lddt_loss(pred, true, is_nucleotide=nucleotide, coord_mask=flags * 0.3)

@@ -41,7 +41,9 @@ def smooth_lddt_loss(
     ``pred_coords``, ``true_coords``: ``[..., N, 3]`` (batch dims broadcast, e.g. a diffusion
     sample dim on the prediction only). ``is_nucleotide``: ``[..., N]`` (DNA/RNA atoms: 30 Å
     radius), default all protein. ``coord_mask``: ``[..., N]``, False where the true atom has
-    no coordinates. ``chunk_size``: atom rows per chunk (None: all at once).
+    no coordinates. Both flags are bool, or 0/1 of any dtype (Protenix's int64
+    ``coordinate_mask``); other values are a ValueError. ``chunk_size``: atom rows per chunk
+    (None: all at once).
     ``reduction``: ``"mean"`` over the batch (a scalar) or ``"none"`` (the batch shape).
     """
     batch, n = _check(pred_coords, true_coords, is_nucleotide, coord_mask, chunk_size, reduction)
@@ -137,6 +139,14 @@ def _check(
         if not isinstance(per_atom, torch.Tensor) or per_atom.dim() < 1 or per_atom.shape[-1] != n:
             shape = tuple(per_atom.shape) if isinstance(per_atom, torch.Tensor) else type(per_atom)
             raise ValueError(f"{name} must have shape [..., N] with N = {n} atoms, got {shape}")
+        if per_atom.dtype != torch.bool:  # Protenix's masks are int64 or float 0/1
+            other = per_atom[(per_atom != 0) & (per_atom != 1)]
+            if other.numel():
+                raise ValueError(
+                    f"{name} must be a bool tensor (or hold only 0 and 1), got a "
+                    f"{per_atom.dtype} holding {other[0].item()}; it flags atoms, it does not "
+                    f"weight them: pass {name}.bool() if every non-zero value means True"
+                )
         batch.append(per_atom.shape[:-1])
     shape = broadcast(*batch)
     if shape is None:

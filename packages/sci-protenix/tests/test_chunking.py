@@ -155,6 +155,19 @@ def test_apply_plan_refuses_non_plans() -> None:
         apply_plan(object(), MemoryPlan())  # type: ignore[type-var]
 
 
+@pytest.mark.parametrize("plan", [MemoryPlan(tri_mul=4), None])
+def test_apply_plan_refuses_a_module_without_sci_protenix_modules(plan) -> None:
+    """A plan applied to the wrong module is an error naming what apply_plan looks for, as
+    boost's is for a model without Protenix modules (it returned the module unchanged)."""
+    model = nn.Sequential(nn.Linear(2, 2), nn.LayerNorm(2))
+    with pytest.raises(ValueError, match=r"no sci-protenix module in Sequential") as error:
+        apply_plan(model, plan)
+    for name in ("PairformerStack", "MSAModule", "TriangleAttention", "OuterProductMean"):
+        assert name in str(error.value)
+    assert "sci_protenix.boost(model, plan)" in str(error.value)
+    assert all("plan" not in vars(m) for m in model.modules())
+
+
 def test_pieces_without_gradient_are_written_into_one_tensor() -> None:
     """No piece kept beside the output when nothing needs a gradient (grad mode on or off):
     the peak stays under the output plus two pieces (concatenating would hold twice it)."""

@@ -23,3 +23,9 @@ def test_boost_is_callable_however_it_was_reached() -> None:
     assert callable(boost)
     assert callable(sci_protenix.boost)
     assert sci_protenix.boost is boost
+
+
+def test_the_modules_apply_plan_names_are_the_packages() -> None:
+    from sci_protenix.chunking import PLANNED
+
+    assert all(isinstance(getattr(sci_protenix, name), type) for name in PLANNED)

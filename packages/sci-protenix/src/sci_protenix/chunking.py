@@ -142,11 +142,30 @@ def grad_free(module: nn.Module, *tensors: torch.Tensor) -> bool:
     return not any(p.requires_grad for p in module.parameters())
 
 
+PLANNED = (
+    "PairformerStack",
+    "PairformerBlock",
+    "MSAModule",
+    "MSABlock",
+    "MSAStack",
+    "TriangleMultiplicationOutgoing",
+    "TriangleMultiplicationIncoming",
+    "TriangleAttention",
+    "AttentionPairBias",
+    "Transition",
+    "OuterProductMean",
+    "MSAPairWeightedAveraging",
+)
+"""The chunked sci-protenix modules a plan is for (named in :func:`apply_plan`'s error)."""
+
+
 def apply_plan(module: M, plan: MemoryPlan | None) -> M:
     """Set ``plan`` on every sci-protenix module in ``module`` (itself included), and on each
     subclass of one; returns it.
 
-    ``None`` clears the plans (the modules then follow their ``chunk_size`` arguments).
+    ``None`` clears the plans (the modules then follow their ``chunk_size`` arguments). A
+    ``module`` holding no sci-protenix module is a ValueError naming the classes it looks for
+    (a Protenix model takes a plan through :func:`sci_protenix.boost`).
     """
     if plan is not None and not isinstance(plan, MemoryPlan):
         raise TypeError(
@@ -155,7 +174,18 @@ def apply_plan(module: M, plan: MemoryPlan | None) -> M:
         )
     if not isinstance(module, nn.Module):
         raise TypeError(f"apply_plan needs an nn.Module, got {type(module).__name__}")
-    for sub in module.modules():
-        if any(cls.__module__.startswith("sci_protenix.") for cls in type(sub).__mro__):
-            sub.plan = plan  # a subclass of one (a user's own stack) takes it too
+    ours = [
+        sub
+        for sub in module.modules()
+        if any(cls.__module__.startswith("sci_protenix.") for cls in type(sub).__mro__)
+    ]
+    if not ours:
+        raise ValueError(
+            f"apply_plan found no sci-protenix module in {type(module).__name__}; it sets the "
+            f"plan of sci_protenix's {', '.join(PLANNED)} (and subclasses of them). For a "
+            f"Protenix model, swap its modules and apply the plan with "
+            f"sci_protenix.boost(model, plan)"
+        )
+    for sub in ours:
+        sub.plan = plan  # a subclass of one (a user's own stack) takes it too
     return module

@@ -62,11 +62,7 @@ def test_a_block_without_a_single_track_shows_no_pair_bias_chunk() -> None:
     ("args", "message"),
     [
         (["--tokens", "3000", "--budget", "1GiB"], "give a budget of at least"),
-        (["--tokens", "30", "--budget", "lots"], "is not a size"),
-        (["--tokens", "0", "--budget", "1GiB"], "tokens must be a positive int"),
-        (["--tokens", "30", "--budget", "1GiB", "--c-s", "30"], "multiple of n_heads"),
-        # a traceback (float overflow), then torch's message with its C++ frames
-        (["--tokens", "30", "--budget", "9" * 400], "is more than 16 EiB"),
+        # torch's message with its C++ frames
         (["--tokens", "30", "--budget", "8GiB", "--c-z", "9" * 20], "too large to plan"),
         # an OverflowError traceback from the float in format_bytes
         (["--tokens", "1" + "0" * 160, "--budget", "8GiB"], "do not fit in 8.00 GiB"),
@@ -79,6 +75,41 @@ def test_errors_are_click_errors(args, message) -> None:
     assert message in result.output
     assert "Traceback" not in result.output
     assert len(result.output.strip().splitlines()) == 1
+
+
+SIZES = ["--tokens", "30", "--budget", "1GiB"]
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        # a stray value was answered "Missing option '--tokens'" alone
+        (["768"], "'768' is an argument this command does not take"),
+        (["768"], "did you mean --tokens 768?"),
+        (["--budget", "8GiB", "768"], "did you mean --tokens 768?"),
+        (["--tokens", "768", "8GiB"], "did you mean --budget 8GiB?"),
+        # the planner's Python names (n_blocks, c_s, ...) were printed, not the options
+        ([*SIZES, "--blocks", "0"], "Invalid value for '--blocks': 0 is not in the range x>=1"),
+        ([*SIZES, "--batch", "0"], "Invalid value for '--batch'"),
+        (["--tokens", "0", "--budget", "1GiB"], "Invalid value for '--tokens'"),
+        ([*SIZES, "--c-z", "0"], "Invalid value for '--c-z'"),
+        ([*SIZES, "--c-s", "-1"], "Invalid value for '--c-s': -1 is not in the range x>=0"),
+        ([*SIZES, "--c-s", "30"], "Invalid value for '--c-s': 30 is not a multiple of --n-heads"),
+        ([*SIZES, "--n-heads", "0"], "Invalid value for '--n-heads'"),
+        ([*SIZES, "--pair-heads", "0"], "Invalid value for '--pair-heads'"),
+        ([*SIZES, "--c-hidden-mul", "0"], "Invalid value for '--c-hidden-mul'"),
+        ([*SIZES, "--c-hidden-pair-att", "0"], "Invalid value for '--c-hidden-pair-att'"),
+        (["--tokens", "30", "--budget", "lots"], "Invalid value for '--budget': budget 'lots'"),
+        # a traceback (float overflow) once
+        (["--tokens", "30", "--budget", "9" * 400], "Invalid value for '--budget': budget '99"),
+        ([*SIZES, "--device", "gpu0"], "Invalid value for '--device': 'gpu0' is not a torch"),
+    ],
+)
+def test_usage_errors_name_the_options(args, message) -> None:
+    result = CliRunner().invoke(group, ["plan", *args])
+    assert result.exit_code == 2, result.output
+    assert message in " ".join(result.output.split())  # rich may wrap the line
+    assert "Traceback" not in result.output
 
 
 def test_through_the_spore_command(run_spore) -> None:

@@ -20,24 +20,70 @@ def group() -> None:
     """Pairformer memory and speed (sci-protenix)."""
 
 
-@group.command("plan")
-@click.option("--tokens", "-n", type=int, required=True, help="Sequence length N (tokens).")
+POSITIVE = click.IntRange(min=1)
+
+
+class PlanCommand(click.Command):
+    """A command whose missing option, given as a bare value instead, is named with the fix."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        given = list(args)
+        try:
+            return super().parse_args(ctx, args)
+        except click.MissingParameter as missing:
+            _, stray, _ = self.make_parser(ctx).parse_args(given)
+            if not stray or not isinstance(missing.param, click.Option):
+                raise
+            option = missing.param.opts[0]
+            raise click.UsageError(
+                f"Missing option '{option}', and {stray[0]!r} is an argument this command does "
+                f"not take (it takes options only): did you mean {option} {stray[0]}?",
+                ctx,
+            ) from None
+
+
+def _device(ctx: click.Context, param: click.Parameter, value: str) -> str:
+    import torch
+
+    try:
+        torch.device(value)
+    except RuntimeError:
+        raise click.BadParameter(
+            f"{value!r} is not a torch device; give one such as 'cpu', 'cuda' or 'cuda:1'"
+        ) from None
+    return value
+
+
+@group.command("plan", cls=PlanCommand)
+@click.option("--tokens", "-n", type=POSITIVE, required=True, help="Sequence length N (tokens).")
 @click.option(
     "--budget",
     required=True,
     help="Memory for the run: '16GiB', '512MiB', bytes, or a fraction of free memory ('0.5').",
 )
 @click.option("--training", is_flag=True, help="Plan forward + backward (else inference).")
-@click.option("--blocks", "n_blocks", type=int, default=1, show_default=True, help="Blocks.")
-@click.option("--batch", type=int, default=1, show_default=True, help="Sequences per batch.")
-@click.option("--c-z", type=int, default=128, show_default=True, help="Pair channels.")
-@click.option("--c-s", type=int, default=384, show_default=True, help="Single channels (0: none).")
-@click.option("--n-heads", type=int, default=16, show_default=True, help="Pair-bias heads.")
-@click.option("--pair-heads", type=int, default=4, show_default=True, help="Triangle heads.")
-@click.option("--c-hidden-mul", type=int, default=128, show_default=True)
-@click.option("--c-hidden-pair-att", type=int, default=32, show_default=True)
+@click.option("--blocks", "n_blocks", type=POSITIVE, default=1, show_default=True, help="Blocks.")
+@click.option("--batch", type=POSITIVE, default=1, show_default=True, help="Sequences per batch.")
+@click.option("--c-z", type=POSITIVE, default=128, show_default=True, help="Pair channels.")
+@click.option(
+    "--c-s",
+    type=click.IntRange(min=0),
+    default=384,
+    show_default=True,
+    help="Single channels (0: none), a multiple of --n-heads.",
+)
+@click.option("--n-heads", type=POSITIVE, default=16, show_default=True, help="Pair-bias heads.")
+@click.option("--pair-heads", type=POSITIVE, default=4, show_default=True, help="Triangle heads.")
+@click.option("--c-hidden-mul", type=POSITIVE, default=128, show_default=True)
+@click.option("--c-hidden-pair-att", type=POSITIVE, default=32, show_default=True)
 @click.option("--dtype", type=click.Choice(DTYPES), default="float32", show_default=True)
-@click.option("--device", default="cpu", show_default=True, help="Whose free memory a fraction is.")
+@click.option(
+    "--device",
+    default="cpu",
+    show_default=True,
+    callback=_device,
+    help="Whose free memory a fraction is.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
 def plan_command(
     tokens: int,
@@ -55,8 +101,8 @@ def plan_command(
     device: str,
     as_json: bool,
 ) -> None:
-    """The chunk sizes and recompute a Pairformer of N tokens would use within BUDGET, and its
-    predicted peak memory."""
+    """The chunk sizes and recompute a Pairformer of --tokens tokens would use within --budget,
+    and its predicted peak memory."""
     import torch
 
     from sci_protenix.budget import format_bytes, parse_budget
@@ -72,9 +118,16 @@ def plan_command(
         "n_blocks": n_blocks,
         "batch": batch,
     }
+    if c_s % n_heads:
+        raise click.BadParameter(
+            f"{c_s} is not a multiple of --n-heads ({n_heads})", param_hint="'--c-s'"
+        )
     torch_dtype = getattr(torch, dtype)
     try:
         limit = parse_budget(budget, device=device)
+    except (ValueError, TypeError, RuntimeError) as exc:
+        raise click.BadParameter(str(exc), param_hint="'--budget'") from None
+    try:
         chosen = plan(tokens, limit, training=training, dtype=torch_dtype, **widths)
     except (ValueError, TypeError, RuntimeError) as exc:
         line = str(exc).strip().splitlines()[0]  # torch's errors: not their C++ frames

@@ -57,6 +57,9 @@ def test_torch_compile_options_set_min_ops(monkeypatch, min_ops):
         ({"min_ops": 0}, "min_ops: Input should be greater than or equal to 1"),
         ({"min_ops": "2"}, "min_ops: Input should be a valid integer"),
         ({1: 2}, "1: Keys should be strings"),  # was a TypeError from DvmOptions(**options)
+        ({"size_limit": 0}, "size_limit: Input should be greater than or equal to 1"),
+        ({"size_limit": True}, "size_limit: Input should be a valid integer"),
+        ({"size_limit": 2.5}, "size_limit: Input should be a valid integer"),
     ],
 )
 def test_bad_torch_compile_options_are_named(options, problem):
@@ -67,6 +70,7 @@ def test_bad_torch_compile_options_are_named(options, problem):
         fn(torch.randn(3))
     assert problem in str(info.value)
     assert "dvm takes min_ops (eager kernels a region must stand for" in str(info.value)
+    assert "size_limit (sets of sizes a graph with symbolic sizes keeps compiled" in str(info.value)
 
 
 def test_an_inductor_mode_is_ignored_with_a_warning():

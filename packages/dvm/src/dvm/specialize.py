@@ -2,7 +2,9 @@
 dynamic shapes once it has seen a second input shape): the VM takes concrete shapes only, so
 :class:`Specializing` compiles such a graph again for each set of sizes it is called with — the
 sizes substituted into a copy of the graph, then :func:`dvm.compile.compile_graph` — instead of
-leaving every node to eager.
+leaving every node to eager. Each set is compiled once at most, and a graph compiles
+``COMPILES * limit`` sets in all: past that, and for a set whose compile was dropped, it runs
+eagerly (a compile takes milliseconds and leaves ~1.3 KB that torch never frees).
 """
 
 from __future__ import annotations
@@ -23,6 +25,9 @@ from torch.utils._pytree import tree_map
 LIMIT = 16
 """Default number of sizes a :class:`Specializing` keeps compiles for (the least recently
 used dropped first)."""
+
+COMPILES = 16
+"""A :class:`Specializing` compiles at most ``COMPILES * limit`` sets of sizes in all."""
 
 _SYM = (torch.SymInt, torch.SymFloat, torch.SymBool)
 Env = dict[sympy.Symbol, sympy.Integer]
@@ -161,8 +166,11 @@ class Specializing:
     """``gm``, a graph with symbolic sizes, compiled by ``compile(static_gm, args)`` for each
     set of sizes it is called with (the compiles of the ``limit`` sets used last kept). A set
     it cannot specialise runs ``gm`` eagerly, with one warning and the reason in ``failures``.
-    ``symbolic``: :func:`symbolic_inputs` of ``gm`` when the caller has it. ``specialize_us``:
-    each specialisation's time (the copy and the compile), in µs."""
+    A set whose compile was dropped (``dropped``) is not compiled again, nor is a new set once
+    ``COMPILES * limit`` have been: those run ``gm`` eagerly, counted in ``eager_calls``, with
+    one warning whose text ``eager_reason`` keeps. ``symbolic``: :func:`symbolic_inputs` of
+    ``gm`` when the caller has it. ``specialize_us``: each specialisation's time (the copy and
+    the compile), in µs."""
 
     def __init__(
         self,
@@ -187,6 +195,9 @@ class Specializing:
         self._lock = threading.Lock()
         self.failures: dict[tuple[Any, ...], str] = {}
         self.specialize_us: list[float] = []
+        self.dropped: set[tuple[Any, ...]] = set()
+        self.eager_calls = 0
+        self.eager_reason = ""
 
     def key(self, args: Sequence[Any]) -> tuple[Any, ...]:
         """The sizes that pick a compile: each symbolic input's value, or shape and strides."""
@@ -211,10 +222,26 @@ class Specializing:
         key = self.key(args)
         with self._lock:
             fn = self.compiled.get(key)
-            if fn is None:
+            if fn is not None:
+                self.compiled.move_to_end(key)
+                return fn
+            if key in self.dropped:
+                why = "a set whose compile was dropped came back"
+            elif len(self.specialize_us) >= COMPILES * self.limit:
+                why = f"it has compiled the most it may, {COMPILES} x {self.limit} sets"
+            else:
                 return self._specialize(key, args)
-            self.compiled.move_to_end(key)
-            return fn
+            self.eager_calls += 1
+            if not self.eager_reason:
+                self.eager_reason = (
+                    "dvm: a graph with symbolic sizes runs with more sets of sizes than the "
+                    f"{self.limit} it keeps compiled ({why}): such sets now run eagerly instead "
+                    "of compiling again at each call (milliseconds each, and ~1.3 KB that torch "
+                    "never frees). To keep N sets compiled: torch.compile(..., "
+                    'backend="dvm", options={"size_limit": N})'
+                )
+                warnings.warn(self.eager_reason, RuntimeWarning, stacklevel=3)
+            return self._gm.forward
 
     def _specialize(self, key: tuple[Any, ...], args: Sequence[Any]) -> Callable[..., Any]:
         t0 = time.perf_counter()
@@ -234,6 +261,6 @@ class Specializing:
             fn = self._gm.forward
         self.specialize_us.append((time.perf_counter() - t0) * 1e6)
         if len(self.compiled) >= self.limit:
-            self.compiled.popitem(last=False)
+            self.dropped.add(self.compiled.popitem(last=False)[0])
         self.compiled[key] = fn
         return fn

@@ -14,7 +14,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 
 from dvm.backend import make_backend
 from dvm.compile import CompiledGraph, compile_graph
-from dvm.specialize import COMPILES, LIMIT, Specializing, bindings, symbolic_inputs
+from dvm.specialize import LIMIT, Specializing, bindings, symbolic_inputs
 
 aten = torch.ops.aten
 
@@ -93,8 +93,8 @@ def test_two_threads_specialising_new_sizes_at_once_all_compile():
 
 
 def test_the_least_recently_used_sizes_are_dropped_past_the_limit():
-    """A set of sizes whose compile was dropped is not compiled again when it comes back: it
-    runs eagerly, with one warning naming ``size_limit``."""
+    """A set of sizes whose compile was dropped and comes back is compiled again, and one set
+    more is kept from then on: a loop over more sets than kept stops recompiling."""
     w = torch.randn(8)
     compiles = _Compiles()
     spec = Specializing(_symbolic(_fn, torch.randn(2, 3, 8), w), compiles, limit=2)
@@ -103,47 +103,49 @@ def test_the_least_recently_used_sizes_are_dropped_past_the_limit():
     assert len(compiles.graphs) == 3  # 3, 4, 5: 5 came after 3 was used, so 4 was dropped
     assert [k[0][0] for k in spec.compiled] == [(2, 5, 8), (2, 3, 8)]
     assert [k[0][0] for k in spec.dropped] == [(2, 4, 8)]
-    x = torch.randn(2, 4, 8)
-    with warnings.catch_warnings(record=True) as rec:
-        warnings.simplefilter("always")
-        for _ in range(2):
+    for _ in range(3):
+        for s in (3, 4, 5):
+            x = torch.randn(2, s, 8)
             torch.testing.assert_close(spec(x, w)[0], _fn(x, w)[0])
-    assert [str(r.message) for r in rec] == [spec.eager_reason]
-    assert rec[0].category is RuntimeWarning
-    assert "(a set whose compile was dropped came back)" in spec.eager_reason
-    assert 'options={"size_limit": N}' in spec.eager_reason
-    assert (len(compiles.graphs), spec.eager_calls) == (3, 2)
+    assert len(compiles.graphs) == 4  # 4 once more, then all three kept
+    assert (spec.limit, len(spec.compiled), spec.dropped, spec.eager_calls) == (3, 3, set(), 0)
     with pytest.raises(ValueError, match="limit must be at least 1"):
         Specializing(_symbolic(_fn, torch.randn(2, 3, 8), w), compiles, limit=0)
+    with pytest.raises(ValueError, match="compiles must be at least 1"):
+        Specializing(_symbolic(_fn, torch.randn(2, 3, 8), w), compiles, compiles=0)
 
 
-def test_a_graph_compiles_at_most_compiles_times_its_limit_sets():
-    """A stream of ever new sizes (a server's) compiles ``COMPILES * limit`` sets, then runs
-    new ones eagerly: its compiles, their records and what torch keeps of them stay bounded."""
+def test_a_graph_compiles_at_most_compiles_sets():
+    """A stream of ever new sizes (a server's) compiles ``compiles`` sets, then runs those it
+    does not keep eagerly, with one warning: its compiles, their records and what torch keeps
+    of them stay bounded."""
     w = torch.randn(8)
     compiles = _Compiles()
-    spec = Specializing(_symbolic(_fn, torch.randn(2, 3, 8), w), compiles, limit=1)
+    spec = Specializing(_symbolic(_fn, torch.randn(2, 3, 8), w), compiles, limit=2, compiles=5)
     with warnings.catch_warnings(record=True) as rec:
         warnings.simplefilter("always")
-        for s in range(2, COMPILES + 6):
+        for s in (*range(2, 11), 2, 5, 6):  # 2 dropped, 5 and 6 the two kept
             x = torch.randn(1, s, 8)
             torch.testing.assert_close(spec(x, w)[0], _fn(x, w)[0])
     assert [str(r.message) for r in rec] == [spec.eager_reason]
-    assert f"(it has compiled the most it may, {COMPILES} x 1 sets)" in spec.eager_reason
-    assert len(compiles.graphs) == len(spec.specialize_us) == COMPILES
-    assert (len(spec.compiled), len(spec.dropped), spec.eager_calls) == (1, COMPILES - 1, 4)
+    assert rec[0].category is RuntimeWarning
+    assert "has compiled 5 sets of sizes, the most it may" in spec.eager_reason
+    assert 'options={"size_limit": N}' in spec.eager_reason
+    assert len(compiles.graphs) == len(spec.specialize_us) == 5
+    assert (len(spec.compiled), len(spec.dropped), spec.eager_calls) == (2, 3, 5)
+    assert [k[0][0][1] for k in spec.compiled] == [5, 6]
 
 
 def _chain(x):
     return torch.softmax(x * 2 + 1, -1).sigmoid() * x
 
 
-@pytest.mark.parametrize("size_limit", [None, 3])
-def test_a_loop_over_more_sizes_than_the_limit_compiles_each_once(monkeypatch, size_limit):
-    """A loop over more sets of sizes than a graph keeps compiled (``size_limit``, 16 by
-    default; lengths bucketed by batch): each set is compiled once, those whose compile was
-    dropped then run eagerly with one warning. They were compiled again at every call (3 ms
-    and ~1.3 KB torch never frees, each)."""
+@pytest.mark.parametrize("size_limit", [None, 5])
+def test_a_loop_over_more_sizes_than_kept_compiles_each_once_more_at_most(monkeypatch, size_limit):
+    """A loop over more sets of sizes than a graph keeps compiled (16 at first; lengths
+    bucketed by batch) was compiled again at every call (3 ms and ~1.3 KB torch never frees,
+    each): now a dropped set that comes back is kept from then on, and ``size_limit`` bounds
+    the compiles, the sets past it running eagerly with one warning."""
     import dvm.backend
 
     graphs: list[CompiledGraph] = []
@@ -155,21 +157,24 @@ def test_a_loop_over_more_sizes_than_the_limit_compiles_each_once(monkeypatch, s
     monkeypatch.setattr(dvm.backend, "compile_graph", recording)
     torch._dynamo.reset()
     options = None if size_limit is None else {"size_limit": size_limit}
-    limit = size_limit or LIMIT
     compiled = torch.compile(_chain, backend="dvm", dynamic=True, options=options)
-    rows = range(2, limit + 4)  # two sets past the limit
+    rows = range(2, LIMIT + 4)  # two sets past those kept at first
     with warnings.catch_warnings(record=True) as rec:
         warnings.simplefilter("always")
         for _ in range(3):
             for n in rows:
                 x = torch.randn(n, 8)
                 torch.testing.assert_close(compiled(x), _chain(x))
-    assert len(graphs) == len(rows)
-    (warned,) = [r for r in rec if "keeps compiled" in str(r.message)]
-    assert warned.category is RuntimeWarning
-    assert f"than the {limit} it keeps compiled" in str(warned.message)
-    # the first two sets run eagerly after their first call, the others on the VM each time
-    assert [g.vm_calls for g in graphs] == [1, 1] + [3] * limit
+    warned = [r for r in rec if "the most it may" in str(r.message)]
+    if size_limit is None:
+        assert len(graphs) == len(rows) + 2  # the two dropped sets once more
+        assert sum(g.vm_calls for g in graphs) == 3 * len(rows)
+        assert warned == []
+    else:
+        assert len(graphs) == size_limit
+        assert [g.vm_calls for g in graphs] == [3] * size_limit
+        assert len(warned) == 1
+        assert warned[0].category is RuntimeWarning
 
 
 def test_specialising_new_sizes_adds_nothing_to_torchs_fake_tensor_cache():

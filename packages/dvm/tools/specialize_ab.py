@@ -7,13 +7,13 @@ The model: a bench chain (``--chain``) under no_grad on the first 1024, 1008, ..
 (``--sizes`` of them, 16 apart) of its [1024, 4096] inputs in turn; or with ``--llama`` the
 tiny Llama training step (``spore bench dvm -k llama-train``'s model) on its first 128, 124,
 ... tokens (4 apart). fp32, ``torch.compile(dynamic=True)``, AOT autograd with dvm's
-decompositions. Sides: eager; the former policy; the current one (the 16 sets kept, a set
-whose compile was dropped eager); the current one with ``size_limit`` the number of sizes
-(every set kept). After two untimed passes, ``--rounds`` interleaved rounds, each a call at
-every size: each side's mean call (the median round's, in ms), eager's time over it, and its
-compiles and eager calls in all. With ``--memory N``, then N more passes of each specialising
-side under tracemalloc: what Python holds after them against before, per call. Run from the
-repository (it calls git).
+decompositions. Sides: eager; the former policy; the current one (16 sets kept at first,
+one more for each dropped set that comes back); the current one with ``size_limit`` half the
+number of sizes (the other sets run eagerly). After two untimed passes, ``--rounds``
+interleaved rounds, each a call at every size: each side's mean call (the median round's, in
+ms), eager's time over it, and its compiles and eager calls in all. With ``--memory N``, then
+N more passes of each specialising side under tracemalloc: what Python holds after them
+against before, per call. Run from the repository (it calls git).
 
     python packages/dvm/tools/specialize_ab.py --sizes 24 --rounds 7 --memory 20
     python packages/dvm/tools/specialize_ab.py --llama --sizes 24 --rounds 3
@@ -141,7 +141,9 @@ def main() -> None:
         "eager": _Side(chain, None),
         f"former ({FORMER})": _Side(chain, _former_specializing()),
         "current": _Side(chain, specialize.Specializing),
-        f"size_limit {args.sizes}": _Side(chain, specialize.Specializing, limit=args.sizes),
+        f"size_limit {args.sizes // 2}": _Side(
+            chain, specialize.Specializing, compiles=args.sizes // 2
+        ),
     }
     for side in sides.values():
         for _ in range(2):

@@ -14,21 +14,21 @@ from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError
 from dvm.cluster import MIN_OPS
 from dvm.compile import CompiledGraph, compile_graph
 from dvm.lower import decomposition_table
-from dvm.specialize import LIMIT, Specializing, symbolic_inputs
+from dvm.specialize import COMPILES, Specializing, symbolic_inputs
 
 
 def make_backend(
     on_compile: Callable[[str, CompiledGraph], None] | None = None,
     *,
     min_ops: int = MIN_OPS,
-    size_limit: int = LIMIT,
+    size_limit: int = COMPILES,
     decompositions: Mapping[Any, Callable[..., Any]] | None = None,
 ) -> Callable[[torch.fx.GraphModule, Sequence[Any]], Callable[..., Any]]:
     """A ``dvm`` backend; ``on_compile(kind, compiled)`` sees every graph it compiles, with
     ``kind`` ``"forward"``, ``"backward"`` or ``"inference"`` (a graph with symbolic sizes is
     compiled, and seen, once at most for each set of sizes it runs with: :mod:`dvm.specialize`);
-    ``min_ops`` as in :func:`dvm.compile.compile_graph`; ``size_limit``: the sets of sizes such
-    a graph keeps compiled (:class:`dvm.specialize.Specializing`'s ``limit``);
+    ``min_ops`` as in :func:`dvm.compile.compile_graph`; ``size_limit``: the most sets of sizes
+    such a graph compiles (:class:`dvm.specialize.Specializing`'s ``compiles``);
     ``decompositions`` the table AOT autograd traces with (default
     :func:`dvm.lower.decomposition_table`)."""
     from torch._dynamo.backends.common import aot_autograd
@@ -43,7 +43,9 @@ def make_backend(
         def compile_fn(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]):
             symbolic = symbolic_inputs(gm)
             if symbolic:
-                return _boxed(Specializing(gm, compile_static, limit=size_limit, symbolic=symbolic))
+                return _boxed(
+                    Specializing(gm, compile_static, compiles=size_limit, symbolic=symbolic)
+                )
             return _boxed(compile_static(gm, example_inputs))
 
         return compile_fn
@@ -78,11 +80,11 @@ class DvmOptions(BaseModel):
         description="eager kernels a region must stand for to run on the VM; 1 runs every region",
     )
     size_limit: StrictInt = Field(
-        LIMIT,
+        COMPILES,
         ge=1,
         description=(
-            "sets of sizes a graph with symbolic sizes keeps compiled; past them, a set whose "
-            "compile was dropped runs eagerly"
+            "sets of sizes a graph with symbolic sizes compiles at most; past them, a set "
+            "whose compile is not kept runs eagerly"
         ),
     )
 

@@ -2,9 +2,10 @@
 dynamic shapes once it has seen a second input shape): the VM takes concrete shapes only, so
 :class:`Specializing` compiles such a graph again for each set of sizes it is called with — the
 sizes substituted into a copy of the graph, then :func:`dvm.compile.compile_graph` — instead of
-leaving every node to eager. Each set is compiled once at most, and a graph compiles
-``COMPILES * limit`` sets in all: past that, and for a set whose compile was dropped, it runs
-eagerly (a compile takes milliseconds and leaves ~1.3 KB that torch never frees).
+leaving every node to eager. The compiles of the sets used last are kept; a set whose compile
+was dropped and comes back shows that more sets are in use than kept, so one more is kept from
+then on. A graph compiles at most ``compiles`` sets in all (a compile takes milliseconds and
+leaves ~1.3 KB that torch never frees): past that, a set it does not keep runs eagerly.
 """
 
 from __future__ import annotations
@@ -23,11 +24,11 @@ from torch.fx import Graph, GraphModule, Node
 from torch.utils._pytree import tree_map
 
 LIMIT = 16
-"""Default number of sizes a :class:`Specializing` keeps compiles for (the least recently
-used dropped first)."""
+"""Number of sets of sizes a :class:`Specializing` keeps compiles for at first (the least
+recently used dropped first); one more for each dropped set that comes back."""
 
-COMPILES = 16
-"""A :class:`Specializing` compiles at most ``COMPILES * limit`` sets of sizes in all."""
+COMPILES = 256
+"""Default number of sets of sizes a :class:`Specializing` compiles in all."""
 
 _SYM = (torch.SymInt, torch.SymFloat, torch.SymBool)
 Env = dict[sympy.Symbol, sympy.Integer]
@@ -166,8 +167,9 @@ class Specializing:
     """``gm``, a graph with symbolic sizes, compiled by ``compile(static_gm, args)`` for each
     set of sizes it is called with (the compiles of the ``limit`` sets used last kept). A set
     it cannot specialise runs ``gm`` eagerly, with one warning and the reason in ``failures``.
-    A set whose compile was dropped (``dropped``) is not compiled again, nor is a new set once
-    ``COMPILES * limit`` have been: those run ``gm`` eagerly, counted in ``eager_calls``, with
+    A set whose compile was dropped (``dropped``) that comes back is compiled again and
+    ``limit`` grows by one, so a loop over N sets ends with all N kept. Once ``compiles`` sets
+    have been compiled, a set not kept runs ``gm`` eagerly, counted in ``eager_calls``, with
     one warning whose text ``eager_reason`` keeps. ``symbolic``: :func:`symbolic_inputs` of
     ``gm`` when the caller has it. ``specialize_us``: each specialisation's time (the copy and
     the compile), in µs."""
@@ -178,11 +180,14 @@ class Specializing:
         compile: Callable[[GraphModule, Sequence[Any]], Callable[..., Any]],
         *,
         limit: int = LIMIT,
+        compiles: int = COMPILES,
         symbolic: Sequence[int] | None = None,
     ) -> None:
         if limit < 1:
             raise ValueError(f"limit must be at least 1, got {limit}")
-        self._gm, self._compile, self.limit = gm, compile, limit
+        if compiles < 1:
+            raise ValueError(f"compiles must be at least 1, got {compiles}")
+        self._gm, self._compile, self.limit, self.compiles = gm, compile, limit, compiles
         self._placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
         self._symbolic = symbolic_inputs(gm) if symbolic is None else list(symbolic)
         # without torch's fake-tensor dispatch cache, shared by every mode: it would keep an
@@ -225,20 +230,19 @@ class Specializing:
             if fn is not None:
                 self.compiled.move_to_end(key)
                 return fn
-            if key in self.dropped:
-                why = "a set whose compile was dropped came back"
-            elif len(self.specialize_us) >= COMPILES * self.limit:
-                why = f"it has compiled the most it may, {COMPILES} x {self.limit} sets"
-            else:
+            if len(self.specialize_us) < self.compiles:
+                if key in self.dropped:  # more sets in use than kept: keep one more
+                    self.dropped.discard(key)
+                    self.limit += 1
                 return self._specialize(key, args)
             self.eager_calls += 1
             if not self.eager_reason:
                 self.eager_reason = (
-                    "dvm: a graph with symbolic sizes runs with more sets of sizes than the "
-                    f"{self.limit} it keeps compiled ({why}): such sets now run eagerly instead "
-                    "of compiling again at each call (milliseconds each, and ~1.3 KB that torch "
-                    "never frees). To keep N sets compiled: torch.compile(..., "
-                    'backend="dvm", options={"size_limit": N})'
+                    f"dvm: a graph with symbolic sizes has compiled {self.compiles} sets of "
+                    "sizes, the most it may (each compile takes milliseconds and leaves ~1.3 KB "
+                    "that torch never frees): a set it does not keep compiled now runs eagerly. "
+                    'To compile up to N: torch.compile(..., backend="dvm", '
+                    'options={"size_limit": N})'
                 )
                 warnings.warn(self.eager_reason, RuntimeWarning, stacklevel=3)
             return self._gm.forward

@@ -116,24 +116,38 @@ def test_the_least_recently_used_sizes_are_dropped_past_the_limit():
 
 
 def test_a_graph_compiles_at_most_compiles_sets():
-    """A stream of ever new sizes (a server's) compiles ``compiles`` sets, then runs those it
-    does not keep eagerly, with one warning: its compiles, their records and what torch keeps
-    of them stay bounded."""
+    """A stream of ever new sizes (a server's) compiles ``compiles`` different sets, then runs
+    new ones eagerly, with one warning: its compiles, their records and what torch keeps of
+    them stay bounded. A dropped set that comes back is still compiled once more."""
     w = torch.randn(8)
     compiles = _Compiles()
     spec = Specializing(_symbolic(_fn, torch.randn(2, 3, 8), w), compiles, limit=2, compiles=5)
     with warnings.catch_warnings(record=True) as rec:
         warnings.simplefilter("always")
-        for s in (*range(2, 11), 2, 5, 6):  # 2 dropped, 5 and 6 the two kept
+        for s in (*range(2, 11), 2, 5, 6):  # 7 to 10 past the cap; 2 dropped; 5 and 6 kept
             x = torch.randn(1, s, 8)
             torch.testing.assert_close(spec(x, w)[0], _fn(x, w)[0])
     assert [str(r.message) for r in rec] == [spec.eager_reason]
     assert rec[0].category is RuntimeWarning
     assert "has compiled 5 sets of sizes, the most it may" in spec.eager_reason
     assert 'options={"size_limit": N}' in spec.eager_reason
-    assert len(compiles.graphs) == len(spec.specialize_us) == 5
-    assert (len(spec.compiled), len(spec.dropped), spec.eager_calls) == (2, 3, 5)
-    assert [k[0][0][1] for k in spec.compiled] == [5, 6]
+    assert len(compiles.graphs) == len(spec.specialize_us) == 6
+    assert (len(spec.compiled), len(spec.dropped), spec.eager_calls) == (3, 2, 4)
+    assert [k[0][0][1] for k in spec.compiled] == [2, 5, 6]  # least recently used first
+
+
+def test_a_loop_over_as_many_sets_as_it_may_compile_keeps_them_all():
+    """The cap counts different sets, not compiles: a loop over ``compiles`` sets, more than
+    kept at first, ends with every set kept although the dropped ones compiled twice."""
+    w = torch.randn(8)
+    compiles = _Compiles()
+    spec = Specializing(_symbolic(_fn, torch.randn(2, 3, 8), w), compiles, limit=2, compiles=4)
+    for _ in range(3):
+        for s in (2, 3, 4, 5):
+            x = torch.randn(1, s, 8)
+            torch.testing.assert_close(spec(x, w)[0], _fn(x, w)[0])
+    assert len(compiles.graphs) == 6  # 2 and 3 dropped in the first pass, then kept
+    assert (len(spec.compiled), spec.dropped, spec.eager_calls) == (4, set(), 0)
 
 
 def _chain(x):

@@ -52,11 +52,12 @@ def _former_specializing() -> type:
         text=True,
         cwd=Path(__file__).parent,
     ).stdout
-    path = Path(tempfile.mkdtemp()) / "former_specialize.py"
-    path.write_text(source)
-    spec = importlib.util.spec_from_file_location("former_specialize", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "former_specialize.py"
+        path.write_text(source)
+        spec = importlib.util.spec_from_file_location("former_specialize", path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
     return module.Specializing
 
 

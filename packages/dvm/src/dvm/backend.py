@@ -83,8 +83,8 @@ class DvmOptions(BaseModel):
         COMPILES,
         ge=1,
         description=(
-            "sets of sizes a graph with symbolic sizes compiles at most; past them, a set "
-            "whose compile is not kept runs eagerly"
+            "different sets of sizes a graph with symbolic sizes compiles at most; past them, "
+            "a new set runs eagerly"
         ),
     )
 

@@ -4,8 +4,9 @@ dynamic shapes once it has seen a second input shape): the VM takes concrete sha
 sizes substituted into a copy of the graph, then :func:`dvm.compile.compile_graph` — instead of
 leaving every node to eager. The compiles of the sets used last are kept; a set whose compile
 was dropped and comes back shows that more sets are in use than kept, so one more is kept from
-then on. A graph compiles at most ``compiles`` sets in all (a compile takes milliseconds and
-leaves ~1.3 KB that torch never frees): past that, a set it does not keep runs eagerly.
+then on. A graph compiles at most ``compiles`` different sets, each at most twice (a compile
+takes milliseconds and leaves ~1.3 KB that torch never frees): past that, a new set runs
+eagerly.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ LIMIT = 16
 recently used dropped first); one more for each dropped set that comes back."""
 
 COMPILES = 256
-"""Default number of sets of sizes a :class:`Specializing` compiles in all."""
+"""Default number of different sets of sizes a :class:`Specializing` compiles."""
 
 _SYM = (torch.SymInt, torch.SymFloat, torch.SymBool)
 Env = dict[sympy.Symbol, sympy.Integer]
@@ -168,11 +169,11 @@ class Specializing:
     set of sizes it is called with (the compiles of the ``limit`` sets used last kept). A set
     it cannot specialise runs ``gm`` eagerly, with one warning and the reason in ``failures``.
     A set whose compile was dropped (``dropped``) that comes back is compiled again and
-    ``limit`` grows by one, so a loop over N sets ends with all N kept. Once ``compiles`` sets
-    have been compiled, a set not kept runs ``gm`` eagerly, counted in ``eager_calls``, with
-    one warning whose text ``eager_reason`` keeps. ``symbolic``: :func:`symbolic_inputs` of
-    ``gm`` when the caller has it. ``specialize_us``: each specialisation's time (the copy and
-    the compile), in µs."""
+    ``limit`` grows by one, so a loop over N sets ends with all N kept. Once ``compiles``
+    different sets have been compiled, a new set runs ``gm`` eagerly, counted in
+    ``eager_calls``, with one warning whose text ``eager_reason`` keeps. ``symbolic``:
+    :func:`symbolic_inputs` of ``gm`` when the caller has it. ``specialize_us``: each
+    specialisation's time (the copy and the compile), in µs."""
 
     def __init__(
         self,
@@ -230,19 +231,19 @@ class Specializing:
             if fn is not None:
                 self.compiled.move_to_end(key)
                 return fn
-            if len(self.specialize_us) < self.compiles:
-                if key in self.dropped:  # more sets in use than kept: keep one more
-                    self.dropped.discard(key)
-                    self.limit += 1
+            if key in self.dropped:  # more sets in use than kept: keep one more
+                self.dropped.discard(key)
+                self.limit += 1
+                return self._specialize(key, args)
+            if len(self.compiled) + len(self.dropped) < self.compiles:
                 return self._specialize(key, args)
             self.eager_calls += 1
             if not self.eager_reason:
                 self.eager_reason = (
                     f"dvm: a graph with symbolic sizes has compiled {self.compiles} sets of "
                     "sizes, the most it may (each compile takes milliseconds and leaves ~1.3 KB "
-                    "that torch never frees): a set it does not keep compiled now runs eagerly. "
-                    'To compile up to N: torch.compile(..., backend="dvm", '
-                    'options={"size_limit": N})'
+                    "that torch never frees): a new set now runs eagerly. To compile up to N "
+                    'sets: torch.compile(..., backend="dvm", options={"size_limit": N})'
                 )
                 warnings.warn(self.eager_reason, RuntimeWarning, stacklevel=3)
             return self._gm.forward

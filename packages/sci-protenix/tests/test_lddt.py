@@ -201,3 +201,20 @@ def test_zero_one_flags_of_any_dtype_equal_bool_flags(dtype) -> None:
         pred, true, is_nucleotide=nucleotide.to(dtype), coord_mask=mask.to(dtype), chunk_size=4
     )
     torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-6)
+
+
+def test_an_int_mask_compiles_whole_and_vmaps() -> None:
+    """The 0/1 check indexed by a data-dependent mask: ``fullgraph=True`` raised on a
+    data-dependent guard and ``vmap`` refused the boolean indexing."""
+    pred, true, nucleotide, mask = structure((2,), 9)
+    expected = smooth_lddt_loss(pred, true, is_nucleotide=nucleotide, coord_mask=mask)
+    compiled = torch.compile(smooth_lddt_loss, backend="aot_eager", fullgraph=True)
+    got = compiled(pred, true, is_nucleotide=nucleotide.long(), coord_mask=mask.long())
+    torch.testing.assert_close(got, expected)
+
+    def one(p, t, m):
+        return smooth_lddt_loss(p, t, is_nucleotide=nucleotide[0], coord_mask=m)
+
+    batched = torch.vmap(one)(pred, true, mask.long())
+    rows = [one(pred[i], true[i], mask[i]) for i in range(2)]
+    torch.testing.assert_close(batched, torch.stack(rows))

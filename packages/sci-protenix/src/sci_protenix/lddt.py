@@ -113,6 +113,17 @@ def _rows(
     return (score * included_f).sum((-1, -2)), included_f.detach().sum((-1, -2))
 
 
+def _checkable(t: torch.Tensor) -> bool:
+    """Whether ``t``'s values can be checked for free: a plain CPU tensor in eager mode (on an
+    accelerator the check would wait for the device; compiled or under vmap it would break
+    the graph or the transform)."""
+    return (
+        t.device.type == "cpu"
+        and not torch.compiler.is_compiling()
+        and not torch._C._functorch.is_functorch_wrapped_tensor(t)
+    )
+
+
 def _check(
     pred: torch.Tensor,
     true: torch.Tensor,
@@ -139,7 +150,7 @@ def _check(
         if not isinstance(per_atom, torch.Tensor) or per_atom.dim() < 1 or per_atom.shape[-1] != n:
             shape = tuple(per_atom.shape) if isinstance(per_atom, torch.Tensor) else type(per_atom)
             raise ValueError(f"{name} must have shape [..., N] with N = {n} atoms, got {shape}")
-        if per_atom.dtype != torch.bool:  # Protenix's masks are int64 or float 0/1
+        if per_atom.dtype != torch.bool and _checkable(per_atom):  # Protenix's: int64 0/1
             other = per_atom[(per_atom != 0) & (per_atom != 1)]
             if other.numel():
                 raise ValueError(

@@ -275,7 +275,9 @@ def test_an_op_that_casts_under_autocast_runs_and_explains_the_cast_arguments() 
             assert dispatch.explain(op, x, w, 1e-6).chosen == "bf16_provider"
             assert op(x, w, 1e-6).dtype == torch.bfloat16
             assert ran == [(torch.bfloat16, torch.bfloat16)]
-            compiled = torch.compile(lambda a, b: op(a, b, 1e-6), backend="eager", fullgraph=True)
+            compiled = torch.compile(
+                lambda a, b: op(a, b, 1e-6), backend="aot_eager", fullgraph=True
+            )
             assert compiled(x, w).dtype == torch.bfloat16
         assert dispatch.explain(op, x, w, 1e-6).chosen == "reference"
         assert op(x, w, 1e-6).dtype == torch.float32
@@ -288,6 +290,12 @@ def test_an_op_that_casts_under_autocast_runs_and_explains_the_cast_arguments() 
         dispatch.unregister_provider("bf16_provider")
     with pytest.raises(TypeError, match="autocast must be callable or None"):
         _define(autocast="bf16")
+    schema = "(Tensor x, Tensor w, float eps) -> Tensor"
+    again = dispatch.define(op.name, schema, reference=_rms, autocast=to_autocast_dtype)
+    assert again is op  # the same function: a plugin loaded twice
+    for other in (None, _rms):  # it was silently ignored
+        with pytest.raises(DuplicateRegistrationError, match="already defined with autocast="):
+            dispatch.define(op.name, schema, reference=_rms, autocast=other)
 
 
 def test_batched_gradients_of_an_op_with_an_optional_result() -> None:

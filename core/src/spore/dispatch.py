@@ -250,6 +250,13 @@ def _tensor_list(t: Any) -> bool:
     return isinstance(t, torch._C.ListType) and "Tensor" in str(t.getElementType())
 
 
+def _name_of(fn: Callable[..., Any] | None) -> str:
+    """``fn``'s module and qualified name (the same for a function of a plugin loaded twice)."""
+    if fn is None:
+        return "None"
+    return f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', repr(fn))}"
+
+
 _AUTOCAST_KEYS = tuple(k for k in torch._C.DispatchKey.__members__ if k.startswith("Autocast"))
 
 
@@ -358,6 +365,12 @@ def define(
                 raise DuplicateRegistrationError(
                     f"op spore::{name} is already defined with schema {existing.schema!r}; "
                     f"cannot redefine it as {schema!r}"
+                )
+            if _name_of(existing._autocast) != _name_of(autocast):
+                raise DuplicateRegistrationError(
+                    f"op spore::{name} is already defined with autocast="
+                    f"{_name_of(existing._autocast)}; cannot redefine it with autocast="
+                    f"{_name_of(autocast)}"
                 )
             return existing
         op = Op(name, schema, reference, _autocast=autocast)

@@ -325,30 +325,61 @@ def test_ctrl_c_anywhere_in_a_save_loses_no_checkpoint_and_leaves_none_half_ther
     assert at > 10  # stopped at each change of the save, and then not
 
 
-def test_ctrl_c_anywhere_in_an_export_leaves_a_whole_one(one_rank, tmp_path) -> None:
-    """Ctrl-C before each change an export makes to the file system in turn: while it deleted
-    the previous final/, it left a final/ with its config and part of its files (a resume that
-    trains nothing keeps it). Stopped between its renames, the previous one is put back."""
-    from transformers import AutoModelForCausalLM
-
+def _filled(fill: float) -> LlamaForCausalLM:
+    """A tiny llama whose ``lm_head`` weights (tied to the embedding) all hold ``fill``."""
     sizes = {"hidden_size": 8, "intermediate_size": 16, "num_attention_heads": 2}
     model = LlamaForCausalLM(LlamaConfig(vocab_size=259, num_hidden_layers=1, **sizes))
+    with torch.no_grad():
+        model.lm_head.weight.fill_(fill)
+    return model
+
+
+def _exported_fill(final: Path) -> float:
+    from transformers import AutoModelForCausalLM
+
+    return float(AutoModelForCausalLM.from_pretrained(final).lm_head.weight.detach()[0, 0])
+
+
+def test_ctrl_c_anywhere_in_an_export_leaves_no_older_weights(one_rank, tmp_path) -> None:
+    """Ctrl-C before each change an export of newer weights makes to the file system in turn.
+    The export put a previous final/ it had moved aside back, and had left the previous one in
+    place until the new one was written: either way a final/ of older weights, which a resume
+    that trains nothing keeps instead of exporting again. Now final/ is the new export or none,
+    and the next export (or checkpoint save) deletes what the stopped one left."""
     before = tmp_path / "before"
-    checkpoint.export(model, before)
+    checkpoint.export(_filled(1.0), before)
     at, finished = 0, False
     while not finished:
         at += 1
         out = tmp_path / f"stopped_{at}"
         shutil.copytree(before, out)
-        finished = _stopped_at(at, checkpoint.export, model, out)
-        if (out / "final").exists():
-            AutoModelForCausalLM.from_pretrained(out / "final")  # whole
-        else:
-            assert (out / ".old-final").is_dir(), f"stopped at change {at}: no export left"
-        checkpoint.export(model, out)  # the next export clears up
+        finished = _stopped_at(at, checkpoint.export, _filled(2.0), out)
+        if (out / "final").exists():  # the older one only if stopped before its first rename
+            assert _exported_fill(out / "final") == (1.0 if at <= 2 else 2.0), f"change {at}"
+        saved = tmp_path / f"saved_{at}"
+        shutil.copytree(out, saved)
+        checkpoint.save(saved, 1, _small_state(), {"step": 1}, keep=1)
+        left = {p.name for p in saved.iterdir()} - {"checkpoints"}
+        assert left == {"final"} & {p.name for p in out.iterdir()}, f"stopped at change {at}"
+        checkpoint.export(_filled(3.0), out)
         assert sorted(p.name for p in out.iterdir()) == ["final"], f"stopped at change {at}"
-        AutoModelForCausalLM.from_pretrained(out / "final")
+        assert _exported_fill(out / "final") == 3.0
     assert at > 5  # stopped at each change of the export, and then not
+
+
+def test_an_export_replaces_a_final_link_not_what_it_points_to(one_rank, tmp_path) -> None:
+    """A final/ that was a link to a folder: the second export failed deleting it (rmtree
+    refuses a link)."""
+    elsewhere = tmp_path / "elsewhere"
+    checkpoint.export(_filled(1.0), elsewhere)
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "final").symlink_to(elsewhere / "final", target_is_directory=True)
+    checkpoint.export(_filled(2.0), out)
+    assert not (out / "final").is_symlink()
+    assert _exported_fill(out / "final") == 2.0
+    assert _exported_fill(elsewhere / "final") == 1.0
+    assert sorted(p.name for p in out.iterdir()) == ["final"]
 
 
 def test_a_load_silences_only_dcps_root_records(caplog: pytest.LogCaptureFixture) -> None:

@@ -213,7 +213,8 @@ def save(
             for stale in [*root.glob(".tmp-step_*"), *root.glob(".old-step_*")]:
                 _discard(stale)
             for stale in root.glob(".del-*"):
-                shutil.rmtree(stale, ignore_errors=True)
+                _remove(stale)
+            _clear_export_leftovers(output)
             tmp.mkdir(parents=True)
         dist.barrier(group=group)
         dcp.save({"train": state}, checkpoint_id=str(tmp), process_group=group)
@@ -249,14 +250,22 @@ def _discard(path: Path) -> None:
     """Delete the folder ``path`` (if there) under another name, ``.del-`` and its own without
     a leading dot: a deletion interrupted midway (Ctrl-C) leaves no ``step_N`` that looks
     complete with files gone, and no ``.old-step_N`` that :func:`_recover` would put back. The
-    next save deletes what is left."""
+    next save deletes what is left. A link is removed, not what it points to."""
     doomed = path.with_name(f".del-{path.name.lstrip('.')}")
-    shutil.rmtree(doomed, ignore_errors=True)
+    _remove(doomed)
     try:
         os.replace(path, doomed)
     except FileNotFoundError:
         return
-    shutil.rmtree(doomed, ignore_errors=True)
+    _remove(doomed)
+
+
+def _remove(path: Path) -> None:
+    """Delete ``path`` if there: a link or file unlinked, a folder with all it holds."""
+    if path.is_symlink() or path.is_file():
+        path.unlink(missing_ok=True)
+    else:
+        shutil.rmtree(path, ignore_errors=True)
 
 
 @contextlib.contextmanager
@@ -468,9 +477,9 @@ def export(model: torch.nn.Module, output: str | Path) -> Path | None:
     """Gather full weights and write ``<output>/final`` with ``save_pretrained`` (rank 0), its
     config and generation config naming the byte tokenizer's special tokens (the model was
     trained on them: an architecture's own ids, llama's eos 2, are a byte here). Written to
-    ``.tmp-final``; the previous export is moved to ``.old-final`` before the new one is
-    renamed into place, and deleted after (put back first, where an export was stopped
-    between the two)."""
+    ``.tmp-final`` and renamed into place; the previous export is deleted first (its weights
+    are older than ``model``'s), so an export stopped midway leaves no ``final/``, which the
+    next run's export makes, never one of older weights."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
     options = StateDictOptions(full_state_dict=True, cpu_offload=True)
@@ -482,20 +491,23 @@ def export(model: torch.nn.Module, output: str | Path) -> Path | None:
 
     hf_logging.disable_progress_bar()
     target = Path(output) / "final"
-    tmp, replaced = Path(output) / ".tmp-final", Path(output) / ".old-final"
-    if replaced.is_dir() and not target.exists():
-        os.replace(replaced, target)
-    shutil.rmtree(tmp, ignore_errors=True)
+    _discard(target)
+    _clear_export_leftovers(output)
     config = copy.deepcopy(model.config)
     config.bos_token_id, config.eos_token_id = ByteTokenizer.bos_id, ByteTokenizer.eos_id
     config.pad_token_id = ByteTokenizer.pad_id  # not in training: it fixes the row's gradient
     config.use_cache = getattr(type(config)(), "use_cache", True)  # training turned it off
     plain = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     plain.load_state_dict(full)
+    tmp = Path(output) / ".tmp-final"
     plain.save_pretrained(tmp)
-    _discard(replaced)
-    if target.exists():
-        os.replace(target, replaced)
     os.replace(tmp, target)
-    _discard(replaced)
     return target
+
+
+def _clear_export_leftovers(output: str | Path) -> None:
+    """Delete what an export stopped midway left in ``output``: ``.tmp-final``, ``.del-final``
+    and the like (and the ``.old-final`` of earlier versions); never ``final/``."""
+    _remove(Path(output) / ".del-final")
+    for name in (".tmp-final", ".old-final"):
+        _discard(Path(output) / name)  # and its .del- name

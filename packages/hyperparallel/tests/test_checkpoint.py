@@ -247,13 +247,16 @@ def test_a_meta_json_naming_no_step_is_damaged(tmp_path, meta: str) -> None:
 
 def test_a_save_killed_while_replacing_a_step_loses_nothing(one_rank, tmp_path) -> None:
     """Killed between moving the old step_N aside and renaming the new one into place: the
-    old one is put back by the next resume (or save), not deleted as stale."""
+    old one is put back by the next resume (or save), not deleted as stale, also by a resume
+    naming it."""
     out, state = tmp_path / "run", _small_state()
     saved = checkpoint.save(out, 2, state, {"step": 2}, keep=2)
     os.replace(saved, saved.parent / ".old-step_00000002")  # where the kill left it
     assert checkpoint.complete(out) == []
     assert checkpoint.find(out) == saved
     assert checkpoint.load(saved, state) == {"step": 2}
+    os.replace(saved, saved.parent / ".old-step_00000002")
+    assert checkpoint.find(saved) == saved  # --resume naming it: "does not exist"
     (saved / "meta.json").write_text("{not json")  # unreadable: not complete, no exception
     assert checkpoint.complete(out) == []
     assert checkpoint.extras(saved) == {"step": 2}

@@ -124,6 +124,8 @@ def find(path: str | Path) -> Path:
     ``path`` (an output, or its ``checkpoints`` folder), never of a run in a folder above it;
     absolute, so that its output is ``.parent.parent`` whatever the working directory."""
     given = Path(path).expanduser().absolute()
+    if STEP_DIR.match(given.name):  # a save replacing it may have moved it aside
+        _recover(given.parent)
     if not given.exists():
         raise FileNotFoundError(
             f"{given} does not exist; train without --resume first, or point --resume at a "

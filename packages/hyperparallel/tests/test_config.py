@@ -281,6 +281,10 @@ def test_a_damaged_line_in_the_log_a_resume_continues_fails_before_any_process_s
         preflight.resolve(None, [f"run.output={out}"], resume="latest")
     assert f"--resume: {log}:2: not a metrics record (" in str(info.value)
     assert "fix or delete that line (metrics.jsonl is the run's log" in str(info.value)
+    log.write_bytes(b'{"step": 1, "loss": 2.5}\n\xff\xfe garbage\n')
+    with pytest.raises(config.ConfigError) as info:
+        preflight.resolve(None, [f"run.output={out}"], resume="latest")
+    assert f"--resume: {log}:2: not UTF-8 text (byte 0xff): fix or delete" in str(info.value)
     log.write_text('{"step": 1, "loss": 2.5}\n{"step": 2, "lo')  # cut short: rank 0 drops it
     assert preflight.resolve(None, [f"run.output={out}"], resume="latest")
 

@@ -92,6 +92,9 @@ def test_an_unreadable_metrics_line_is_named(tmp_path) -> None:
         path.write_text(f'{{"step": 1, "loss": 2.0}}\n{line}\n')  # KeyError/TypeError raw
         with pytest.raises(ValueError, match=r"metrics.jsonl:2: not a metrics record \(a JSON"):
             report.read_metrics(path)
+    path.write_bytes(b'{"step": 1, "loss": 2.0}\n\xff\xfe\n')  # named neither file nor line
+    with pytest.raises(ValueError, match=r"metrics.jsonl:2: not UTF-8 text \(byte 0xff\)"):
+        report.read_metrics(path)
     path.write_text('{"step": 1, "loss": null}\n')  # a diverged step's loss, as written
     assert report.read_metrics(path) == [{"step": 1, "loss": None}]
 

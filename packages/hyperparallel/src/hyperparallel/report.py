@@ -56,10 +56,15 @@ def read_metrics(path: Path) -> list[dict[str, Any]]:
     """The records of ``metrics.jsonl`` (none when there is none; ``OSError`` when it cannot be
     read, a directory too); a last line cut short (the process killed while writing it) is left
     out, any other line that is not a record (a JSON object with an integer ``step`` and a
-    number or null ``loss``) is a ``ValueError`` naming it."""
+    number or null ``loss``), or not UTF-8, is a ``ValueError`` naming it."""
     if not path.exists():
         return []
-    text = path.read_text(encoding="utf-8")
+    data = path.read_bytes()
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        number = data.count(b"\n", 0, exc.start) + 1
+        raise ValueError(f"{path}:{number}: not UTF-8 text (byte {data[exc.start]:#04x})") from None
     lines = text.splitlines()
     records = []
     for number, line in enumerate(lines, 1):

@@ -45,6 +45,8 @@ class PlanCommand(click.Command):
 def _device(ctx: click.Context, param: click.Parameter, value: str) -> str:
     import torch
 
+    if value.partition(":")[0] == "npu":  # torch knows it once torch_npu is imported
+        return value
     try:
         torch.device(value)
     except RuntimeError:

@@ -381,6 +381,31 @@ def test_explain_refuses_a_call_the_op_refuses(call, message) -> None:
     assert asked == []
 
 
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda f, x: f(x, None),
+        lambda f, x: f(x.requires_grad_(), None),
+        lambda f, x: f(x.to("meta"), None),
+        lambda f, x: torch.vmap(lambda row: f(row, None))(x),
+    ],
+    ids=["eager", "grad", "meta", "vmap"],
+)
+def test_a_call_with_none_for_a_tensor_is_refused_as_explain_refuses_it(call) -> None:
+    """The dispatcher passes None on for a Tensor argument: the kernel got it and failed inside
+    (AttributeError: 'NoneType' object has no attribute 'dtype'); the op now raises explain's
+    TypeError, naming the argument and the schema, before any kernel or reference runs."""
+    op = dispatch.define(
+        f"t_none_{next(_names)}", "(Tensor x, Tensor w, float eps=1e-06) -> Tensor", reference=_rms
+    )
+    ran = []
+    dispatch.register_kernel(op, "cpu", lambda *a: ran.append(a), provider="fast")
+    message = r"'w' must be a Tensor, got NoneType \(schema: t_none_\d+\(Tensor x, Tensor w"
+    with pytest.raises(TypeError, match=message):
+        call(op.packet, torch.randn(4, 8))
+    assert ran == []
+
+
 def test_no_kernel_for_the_device_falls_back_to_the_reference() -> None:
     op = _define()
     dispatch.register_kernel(op, "cuda", lambda *a: 1 / 0, provider="gpu")

@@ -100,6 +100,7 @@ class Op:
         default_factory=inspect.Signature, repr=False, compare=False
     )
     _tensors: tuple[tuple[str, bool], ...] = field(default=(), repr=False, compare=False)
+    _required: tuple[int, ...] = field(default=(), repr=False, compare=False)
     _autocast: Callable[..., tuple[Any, ...]] | None = field(
         default=None, repr=False, compare=False
     )
@@ -143,9 +144,13 @@ class Op:
 
     def complete(self, args: tuple[Any, ...]) -> tuple[Any, ...]:
         """``args`` with the trailing ones the dispatcher dropped (those equal to their schema
-        default) put back: kernels, ``supports`` and the reference always get every argument."""
+        default) put back: kernels, ``supports`` and the reference always get every argument.
+        ``None`` for a non-optional Tensor (the dispatcher passes it on) is a ``TypeError``."""
         if len(args) < len(self._defaults):
-            return (*args, *self._defaults[len(args) :])
+            args = (*args, *self._defaults[len(args) :])
+        for i in self._required:
+            if args[i] is None:
+                raise self._not_a_tensor(list(self._signature.parameters)[i], None)
         return args
 
     def as_called(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...]:
@@ -160,11 +165,14 @@ class Op:
         for name, optional in self._tensors:
             value = bound.arguments[name]
             if not isinstance(value, torch.Tensor) and not (optional and value is None):
-                raise TypeError(
-                    f"{self.name}(): argument {name!r} must be a Tensor, got "
-                    f"{type(value).__name__} (schema: {self.name}{self.schema})"
-                )
+                raise self._not_a_tensor(name, value)
         return tuple(bound.arguments.values())
+
+    def _not_a_tensor(self, name: str, value: Any) -> TypeError:
+        return TypeError(
+            f"{self.name}(): argument {name!r} must be a Tensor, got "
+            f"{type(value).__name__} (schema: {self.name}{self.schema})"
+        )
 
     def _route(self, *args: Any, **kwargs: Any) -> Any:
         args = self.complete(args)
@@ -405,6 +413,9 @@ def define(
             (a.name, isinstance(a.type, torch._C.OptionalType))
             for a in parsed.arguments
             if "Tensor" in str(a.type) and not _tensor_list(a.type)
+        )
+        op._required = tuple(
+            i for i, a in enumerate(parsed.arguments) if (a.name, False) in op._tensors
         )
         lib.define(f"{name}{schema}")
         lib.impl(name, op._route, "CompositeExplicitAutograd")

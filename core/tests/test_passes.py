@@ -381,6 +381,34 @@ def test_spore_passes_lists_the_stages_in_the_order_they_run(spore_manager) -> N
     assert names == [f"{s}-{p}" for s in ("pre_grad", "joint", "post_grad") for p in (9, 1)]
 
 
+def test_spore_passes_run_prints_the_traceback_of_a_script_that_raised(
+    spore_manager, inductor_slots, monkeypatch, tmp_path
+) -> None:
+    """Only "Error: model.py raised ValueError: boom" was printed; now the script's traceback
+    comes first, as under `python model.py`, without the runner's frames. In process: a child
+    would run the installed spore."""
+    from click.testing import CliRunner
+
+    from spore.cli.listings import passes_cmd
+
+    spore_manager({"SPORE_NO_PLUGINS": "1"})
+    for cache in ("fx_graph_cache", "autotune_local_cache"):  # the run turns them off
+        monkeypatch.setattr(inductor_slots, cache, getattr(inductor_slots, cache))
+    script = tmp_path / "model.py"
+    script.write_text('def check(x):\n    raise ValueError(f"boom {x}")\n\ncheck(3)\n')
+    result = CliRunner().invoke(passes_cmd, ["--run", str(script)])
+    assert result.exit_code == 1
+    assert result.output.endswith(
+        "Traceback (most recent call last):\n"
+        f'  File "{script}", line 4, in <module>\n'
+        "    check(3)\n"
+        f'  File "{script}", line 2, in check\n'
+        '    raise ValueError(f"boom {x}")\n'
+        "ValueError: boom 3\n"
+        f"Error: {script} raised ValueError: boom 3\n"
+    )
+
+
 def test_bad_registrations(spore_manager) -> None:
     spore_manager()
     with pytest.raises(ValueError, match="unknown pass stage 'late'"):

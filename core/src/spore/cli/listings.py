@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
+import traceback
 from typing import Any
 
 import click
@@ -64,10 +65,21 @@ def ops_cmd(as_json: bool) -> None:
     )
 
 
+def _script_traceback(script: str, exc: BaseException) -> str:
+    """``exc`` as ``python SCRIPT`` prints it: the traceback from the script's first frame on
+    (none of the runner's frames; none at all for an error before the script ran, as a
+    ``SyntaxError``, which names its line itself)."""
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_frame.f_code.co_filename != script:
+        tb = tb.tb_next
+    return "".join(traceback.format_exception(type(exc), exc, tb))
+
+
 def _run_script(script: str, args: tuple[str, ...]) -> dict[str, int]:
     """Run ``script`` as ``__main__`` (its directory first on ``sys.path``, as ``python SCRIPT``
     does) with the passes enabled and Inductor's caches off (so every compile runs them); its
-    stdout goes to stderr. Returns the rewrites per pass it caused."""
+    stdout goes to stderr, and an exception it raises is printed there with its traceback.
+    Returns the rewrites per pass it caused."""
     import contextlib
     import runpy
 
@@ -81,10 +93,11 @@ def _run_script(script: str, args: tuple[str, ...]) -> dict[str, int]:
     config.autotune_local_cache = False
     saved_argv, saved_path = sys.argv, list(sys.path)
     sys.argv = [script, *args]
-    sys.path.insert(0, os.path.dirname(os.path.abspath(script)))  # as `python SCRIPT` does
+    path = os.path.abspath(script)  # its __file__ and frames, as under `python SCRIPT`
+    sys.path.insert(0, os.path.dirname(path))
     try:
         with contextlib.redirect_stdout(sys.stderr):
-            runpy.run_path(script, run_name="__main__")
+            runpy.run_path(path, run_name="__main__")
     except SystemExit as exc:
         if exc.code not in (None, 0):
             failed = click.ClickException(f"{script} exited with status {exc.code}")
@@ -92,6 +105,7 @@ def _run_script(script: str, args: tuple[str, ...]) -> dict[str, int]:
             failed.exit_code = code  # the script's own status, as under `python SCRIPT`
             raise failed from exc
     except Exception as exc:
+        click.echo(_script_traceback(path, exc), err=True, nl=False)
         raise click.ClickException(f"{script} raised {type(exc).__name__}: {exc}") from exc
     finally:
         sys.argv = saved_argv

@@ -164,6 +164,41 @@ def test_plugins_check_exit_codes(run_spore) -> None:
     assert {"core", "healthy"} <= {r["name"] for r in json.loads(core.stdout)["plugins"]}
 
 
+def test_bench_and_plugins_check_name_the_plugin_meant(
+    fixture_plugins, spore_manager, capsys
+) -> None:
+    """`spore bench spore-fixture-healthy` (a distribution name) and `spore plugins check
+    healthyy` gave no hint of the plugin's name, and bench's list of installed plugins left
+    out core, which it takes. In process: a child would run the installed spore."""
+    from spore.cli import main
+    from spore.cli.plugins import plugins_cmd
+
+    fixture_plugins("healthy")
+    spore_manager()
+    with pytest.raises(SystemExit) as exit_:
+        main(["bench", "spore-fixture-healthy", "--list"])
+    assert exit_.value.code == 2
+    assert (
+        "(did you mean 'healthy', the plugin of distribution spore-fixture-healthy? installed "
+        "plugins: core, "
+    ) in " ".join(capsys.readouterr().err.split())
+    spore_manager()  # that one keeps its error
+    with pytest.raises(SystemExit) as exit_:
+        main(["bench", "core", "--list"])
+    assert exit_.value.code == 0
+    assert "core:" in capsys.readouterr().out
+    root = click.Group("spore")  # the plugins' commands go onto it, not onto spore's own
+    root.add_command(plugins_cmd)
+    result = CliRunner().invoke(root, ["plugins", "check", "healthyy", "spore-fixture-healthy"])
+    assert result.exit_code == 1
+    output = " ".join(result.output.split())
+    assert "healthyy: not installed (did you mean 'healthy'?)" in output
+    assert (
+        "spore-fixture-healthy: not installed (did you mean 'healthy', the plugin of "
+        "distribution spore-fixture-healthy?)"
+    ) in output
+
+
 def test_plugin_command_runs(run_spore) -> None:
     out = run_spore("hello", "ada", plugins=("healthy",))
     assert out.returncode == 0, out.stderr

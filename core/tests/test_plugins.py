@@ -426,6 +426,37 @@ def test_selection_reasons() -> None:
     assert Selection.from_env({}).why_disabled("a") is None
 
 
+def test_a_plugin_name_not_found_is_answered_with_the_name_meant(
+    fixture_plugins, spore_manager, caplog
+) -> None:
+    """A typo in SPORE_PLUGINS or `spore bench NAME` got no "did you mean" (one in
+    SPORE_DISABLE_PLUGINS did), a distribution name (as the README tables show) no word that
+    the plugin is named otherwise, and the installed plugins listed left out core."""
+    fixture_plugins("healthy")
+    manager = spore_manager()
+    manager.load()
+    for asked, hint in (
+        ("healthyy", "did you mean 'healthy'? "),
+        (
+            "spore_fixture_healthy",
+            "did you mean 'healthy', the plugin of distribution spore-fixture-healthy? ",
+        ),
+        ("spore-core", "did you mean 'core', the plugin of distribution spore-core? "),
+        ("zzzz", ""),
+    ):
+        with pytest.raises(PluginError) as info:
+            manager.request([asked])
+        assert f"is not installed ({hint}installed plugins: core, " in str(info.value)
+    with pytest.raises(PluginError, match=r"not installed \(did you mean 'healthy'\? installed"):
+        spore_manager({"SPORE_PLUGINS": "healthyy"}).load()
+    with caplog.at_level(logging.WARNING, logger="spore.plugins"):
+        spore_manager({"SPORE_DISABLE_PLUGINS": "spore-fixture-healthy"}).load()
+    assert (
+        "(did you mean 'healthy', the plugin of distribution spore-fixture-healthy? installed:"
+        in caplog.text
+    )
+
+
 def test_allow_list_names_are_requested(fixture_plugins, spore_manager) -> None:
     fixture_plugins("healthy")
     manager = spore_manager({"SPORE_PLUGINS": "healthy,missing"})

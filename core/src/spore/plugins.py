@@ -198,7 +198,7 @@ class PluginManager:
         for name in sorted(self.selection.deny - set(installed)):
             note = (
                 f"SPORE_DISABLE_PLUGINS names {name!r}, which is not an installed plugin "
-                f"({_unknown_hint(name, installed)}installed: {', '.join(installed) or 'none'})"
+                f"({self._unknown_hint(name)}installed: {', '.join(installed) or 'none'})"
             )
             self.notes.append(note)
             log.warning("%s", note)
@@ -276,14 +276,27 @@ class PluginManager:
             raise PluginError(f"{message}: {exc}") from exc
         log.warning("%s: %s: %s; continuing without it", message, type(exc).__name__, exc)
 
+    def _unknown_hint(self, name: str) -> str:
+        """What to say of ``name``, denied but not installed: :func:`name_hint`, or for
+        ``core`` that it cannot be disabled."""
+        if name == CORE_PLUGIN:
+            return (
+                "it is spore-core's built-in plugin, which cannot be disabled; to load no other "
+                "plugin, set SPORE_NO_PLUGINS=1; "
+            )
+        hint = name_hint(name, self.discover())
+        return f"{hint} " if hint else ""
+
     def _check_requested(self, names: Iterable[str]) -> None:
         for name in sorted(names):
             info = self._infos.get(name)
             if info is None:
-                have = ", ".join(sorted(i.name for i in self.discover())) or "none"
+                known = list(self._infos.values())  # spore-core's own plugin included
+                hint = name_hint(name, known)
+                have = ", ".join(sorted(i.name for i in known))
                 raise PluginError(
                     f"spore plugin {name!r} was asked for but is not installed "
-                    f"(installed plugins: {have})"
+                    f"({hint + ' ' if hint else ''}installed plugins: {have})"
                 )
             if info.status is not Status.ACTIVE:
                 raise PluginError(
@@ -417,16 +430,17 @@ class PluginManager:
         self._call_each("spore_doctor", report.source, report=report)
 
 
-def _unknown_hint(name: str, installed: list[str]) -> str:
-    """What to say of ``name``, denied but not installed: the closest installed name, or
-    for ``core`` that it cannot be disabled."""
-    if name == CORE_PLUGIN:
-        return (
-            "it is spore-core's built-in plugin, which cannot be disabled; to load no other "
-            "plugin, set SPORE_NO_PLUGINS=1; "
-        )
-    close = difflib.get_close_matches(name, installed, n=1)
-    return f"did you mean {close[0]!r}? " if close else ""
+def name_hint(name: str, infos: Iterable[PluginInfo]) -> str:
+    """For ``name``, which no plugin of ``infos`` has: "did you mean 'kernels'?" naming the
+    plugin whose distribution ``name`` is (``spore-kernels``), else the closest plugin name;
+    ``""`` when none is close. Every message about a plugin name not found says it so."""
+    key = normalize(name)
+    infos = list(infos)
+    for info in infos:
+        if normalize(info.distribution) == key:
+            return f"did you mean {info.name!r}, the plugin of distribution {name}?"
+    close = difflib.get_close_matches(key, sorted({i.name for i in infos}), n=1)
+    return f"did you mean {close[0]!r}?" if close else ""
 
 
 class DuplicateCommandError(ValueError):
@@ -472,6 +486,7 @@ __all__ = [
     "Status",
     "discover_entry_points",
     "get_manager",
+    "name_hint",
     "normalize",
     "use_manager",
 ]

@@ -156,7 +156,7 @@ def plugins_check(ctx: click.Context, names: tuple[str, ...], as_json: bool) -> 
     With NAMES: those plugins must be installed and active. Without: every installed plugin
     that is not disabled must be active.
     """
-    from spore.plugins import normalize
+    from spore.plugins import name_hint, normalize
 
     as_json = as_json or ctx.parent.params["as_json"]  # `spore plugins --json check` too
     manager = get_manager()
@@ -168,7 +168,11 @@ def plugins_check(ctx: click.Context, names: tuple[str, ...], as_json: bool) -> 
         cause = f" (cause: {exc.__cause__!r})" if exc.__cause__ else ""
         raise click.ClickException(f"{exc}{cause}") from exc
     known = {r["name"] for r in rows}
-    problems = [f"{n}: not installed" for n in wanted if n not in known]
+    problems = []
+    for name in wanted:
+        if name not in known:
+            hint = name_hint(name, manager.plugins(include_builtin=True))
+            problems.append(f"{name}: not installed" + (f" ({hint})" if hint else ""))
     for row in rows:
         required = row["name"] in wanted if wanted else row["status"] != "disabled"
         if required and row["status"] != "active":

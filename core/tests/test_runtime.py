@@ -182,9 +182,6 @@ def test_spore_run_sets_the_child_environment(run_spore) -> None:
 
 def test_spore_run_exit_codes(run_spore) -> None:
     assert run_spore("run", "--", sys.executable, "-c", "raise SystemExit(3)").returncode == 3
-    missing = run_spore("run", "--", "no-such-command-here")
-    assert missing.returncode == 1
-    assert "cannot run 'no-such-command-here'" in missing.stderr
     assert run_spore("run").returncode == 2
     empty = run_spore("run", "-q", "--", "")  # a traceback (execve's ValueError) before
     assert empty.returncode == 2
@@ -193,6 +190,43 @@ def test_spore_run_exit_codes(run_spore) -> None:
     typo = run_spore("run", "--thread", "2", "--", "true")  # ran '--thread' as the command
     assert typo.returncode == 2
     assert "No such option '--thread'. Did you mean '--threads'?" in typo.stderr
+
+
+def _script(path, first_line, mode):
+    path.write_text(f"{first_line}\necho ran\n")
+    path.chmod(mode)
+    return str(path)
+
+
+@pytest.mark.parametrize(
+    ("make", "reason", "status"),
+    [
+        (lambda tmp: "no-such-command-here", "command not found", 127),
+        (lambda tmp: str(tmp / "missing"), "no such file", 127),
+        (lambda tmp: str(tmp), "it is a directory", 126),
+        (lambda tmp: _script(tmp / "plain.sh", "#!/bin/sh", 0o644), "Permission denied", 126),
+        (
+            lambda tmp: _script(tmp / "bad.sh", "#!/no/such/shell", 0o755),
+            "the interpreter its #! line names was not found",
+            127,
+        ),
+    ],
+    ids=["not-found", "no-file", "directory", "not-executable", "bad-interpreter"],
+)
+def test_spore_run_says_why_a_command_did_not_start_with_the_shells_status(
+    tmp_path, make, reason, status
+) -> None:
+    """A command not found exited 1 (shells: 127), one that cannot run 1 too (shells: 126),
+    and a directory was "Permission denied". In process: a child would run the installed
+    spore (every command here fails to start, so none replaces the test's process)."""
+    from click.testing import CliRunner
+
+    from spore.cli.run import run_cmd
+
+    command = make(tmp_path)
+    result = CliRunner().invoke(run_cmd, ["-q", "--", command])
+    assert result.exit_code == status, result.output
+    assert f"Error: cannot run {command!r}: {reason}\n" in result.output
 
 
 def test_tuned_child_stops_page_faulting_on_fresh_tensors(run_spore) -> None:

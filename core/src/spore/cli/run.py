@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 from typing import Any
 
 import click
@@ -63,6 +64,9 @@ def run_cmd(allocator: str, threads: int | None, quiet: bool, command: tuple[str
     are kept (and reported). The tuned allocators keep freed memory for reuse: resident memory
     stays higher. --allocator system leaves the allocator as it is; the thread variables are
     still set unless you set them yourself.
+
+    Exits with COMMAND's status; as shells do, 127 when COMMAND (or its #! interpreter) is not
+    found and 126 when it cannot run (a directory, not executable).
     """
     if not command[0]:
         raise click.UsageError('the command is empty (an unset variable in `spore run -- "$CMD"`?)')
@@ -75,4 +79,21 @@ def run_cmd(allocator: str, threads: int | None, quiet: bool, command: tuple[str
     try:
         os.execvpe(command[0], list(command), runtime_plan.env)
     except OSError as exc:
-        raise click.ClickException(f"cannot run {command[0]!r}: {exc.strerror}") from exc
+        reason, status = _exec_failure(command[0], exc, runtime_plan.env.get("PATH"))
+        failed = click.ClickException(f"cannot run {command[0]!r}: {reason}")
+        failed.exit_code = status
+        raise failed from exc
+
+
+def _exec_failure(name: str, exc: OSError, path: str | None) -> tuple[str, int]:
+    """Why ``name`` did not start, and the status bash exits with then: 127 when it (or the
+    interpreter its ``#!`` line names) is not found, 126 when it cannot run (a directory, not
+    executable)."""
+    has_dir = os.sep in name
+    if isinstance(exc, FileNotFoundError):
+        if os.path.exists(name) if has_dir else shutil.which(name, path=path):
+            return "the interpreter its #! line names was not found", 127
+        return ("no such file" if has_dir else "command not found"), 127
+    if has_dir and os.path.isdir(name):
+        return "it is a directory", 126
+    return exc.strerror or str(exc), 126

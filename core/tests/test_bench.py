@@ -129,3 +129,17 @@ def test_the_benchmark_registry_takes_only_benchmarks() -> None:
     with pytest.raises(TypeError, match=r"register a spore.bench.Benchmark, got SimpleNamespace"):
         registry.add(SimpleNamespace(name="fake"))
     assert "fake" not in registry
+
+
+def test_bench_help_describes_repeat_and_says_how_to_list_a_plugin_s_cases() -> None:
+    """`--repeat` had no description, and `spore bench PLUGIN --help` (the generic help) no
+    word of `--list`, which lists a plugin's cases."""
+    from click.testing import CliRunner
+
+    from spore.cli.bench import bench_cmd
+
+    result = CliRunner(env={"COLUMNS": "200"}).invoke(bench_cmd, ["kernels", "--help"])
+    assert result.exit_code == 0
+    text = " ".join(result.output.split())
+    assert "`spore bench PLUGIN --list` lists a plugin's cases and their baselines" in text
+    assert "--repeat INTEGER RANGE Timed samples of each side, interleaved" in text

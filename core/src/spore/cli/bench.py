@@ -39,7 +39,13 @@ def _finite(param: click.Parameter, value: float) -> float:
 @click.command("bench")
 @click.argument("plugins", nargs=-1)
 @JSON_OPTION
-@click.option("--repeat", default=5, show_default=True, type=click.IntRange(min=1))
+@click.option(
+    "--repeat",
+    default=5,
+    show_default=True,
+    type=click.IntRange(min=1),
+    help="Timed samples of each side, interleaved; the figure is the median of their ratios.",
+)
 @click.option(
     "--min-time",
     default=0.05,
@@ -70,6 +76,9 @@ def bench_cmd(
 
     Both sides run in this process, interleaved; the figure is the median over --repeat of
     baseline time / candidate time (above 1: the candidate is faster).
+
+    `spore bench PLUGIN --list` lists a plugin's cases and their baselines without running
+    them (`core` names the core's own cases); -k TEXT runs the ones whose name contains TEXT.
     """
     from spore import bench
 

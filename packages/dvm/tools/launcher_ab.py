@@ -16,15 +16,12 @@ git).
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import statistics
-import subprocess
-import tempfile
 import time
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import Any
 
+import earlier
 import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 
@@ -35,23 +32,6 @@ from dvm.lower import decomposition_table
 from spore import runtime
 
 FORMER = "04c0ca4"
-
-
-def _former_vm() -> Any:
-    """``dvm/vm.py`` as of :data:`FORMER`, imported as a module of its own."""
-    source = subprocess.run(
-        ["git", "show", f"{FORMER}:packages/dvm/src/dvm/vm.py"],
-        check=True,
-        capture_output=True,
-        text=True,
-        cwd=Path(__file__).parent,
-    ).stdout
-    path = Path(tempfile.mkdtemp()) / "former_vm.py"
-    path.write_text(source)
-    spec = importlib.util.spec_from_file_location("former_vm", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def _former_kernel(former: Any) -> type:
@@ -159,7 +139,7 @@ def main() -> None:
         parser.error("dvm's VM is not built here")
     runtime.restart_tuned()  # as `spore bench`: its tuned runtime
     torch.set_num_threads(2)
-    sides = {"C": dc.PREPARE, "Python": _former_kernel(_former_vm())}
+    sides = {"C": dc.PREPARE, "Python": _former_kernel(earlier.module(FORMER, "vm"))}
     if args.calls:
         _calls(sides)
     if args.llama:

@@ -23,16 +23,13 @@ from __future__ import annotations
 
 import argparse
 import gc
-import importlib.util
 import statistics
-import subprocess
-import tempfile
 import time
 import tracemalloc
 import warnings
-from pathlib import Path
 from typing import Any
 
+import earlier
 import torch
 
 from dvm import benchmarks, specialize
@@ -40,25 +37,6 @@ from dvm.compile import compile_graph
 from spore import runtime
 
 FORMER = "69af134"
-
-
-def _former_specializing() -> type:
-    """``Specializing`` from ``dvm/specialize.py`` as of :data:`FORMER`, in a module of its
-    own."""
-    source = subprocess.run(
-        ["git", "show", f"{FORMER}:packages/dvm/src/dvm/specialize.py"],
-        check=True,
-        capture_output=True,
-        text=True,
-        cwd=Path(__file__).parent,
-    ).stdout
-    with tempfile.TemporaryDirectory() as folder:
-        path = Path(folder) / "former_specialize.py"
-        path.write_text(source)
-        spec = importlib.util.spec_from_file_location("former_specialize", path)
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-    return module.Specializing
 
 
 class _Side:
@@ -140,7 +118,7 @@ def main() -> None:
     sizes = [first - step * k for k in range(args.sizes)]
     sides = {
         "eager": _Side(chain, None),
-        f"former ({FORMER})": _Side(chain, _former_specializing()),
+        f"former ({FORMER})": _Side(chain, earlier.module(FORMER, "specialize").Specializing),
         "current": _Side(chain, specialize.Specializing),
         f"size_limit {args.sizes // 2}": _Side(
             chain, specialize.Specializing, compiles=args.sizes // 2

@@ -131,6 +131,9 @@ def test_a_schedule_registered_reading_no_schedule_setting_is_a_config_error(mon
     with pytest.raises(
         config.ConfigError,
         match=r"--set schedule.name=flat: schedule 'flat' is registered reading warmup, which "
-        r"the schedule section does not have \(it has min_lr_ratio, warmup_steps\)",
+        r"the schedule section does not have \(it has min_lr_ratio, name, warmup_steps\)",
     ):
         preflight.resolve(None, ["schedule.name=flat"], outputs=False)
+    schedules.register("named", reads={"name", "warmup_steps"})(registries.constant)
+    cfg = preflight.resolve(None, ["schedule.name=named"], outputs=False)  # name was refused
+    assert cfg.schedule.name == "named"

@@ -139,7 +139,7 @@ def _optimizer_problems(cfg: Config) -> list[str]:
         registries.schedules.get(cfg.schedule.name)(optimizer, cfg.schedule, cfg.run.steps)
     except Exception as exc:
         return [f"{where}: schedule {cfg.schedule.name!r}: {exc}"]
-    settings = set(type(cfg.schedule).model_fields) - {"name"}
+    settings = set(type(cfg.schedule).model_fields)  # name too: compared on resume anyway
     if unknown := (registries.schedules.reads(cfg.schedule.name) or set()) - settings:
         return [
             f"{where}: schedule {cfg.schedule.name!r} is registered reading "

@@ -112,6 +112,15 @@ def test_usage_errors_name_the_options(args, message) -> None:
     assert "Traceback" not in result.output
 
 
+def test_a_stray_value_the_missing_option_would_refuse_is_not_suggested_for_it() -> None:
+    """``plan 8GiB`` suggested ``--tokens 8GiB``, which --tokens then refuses."""
+    result = CliRunner().invoke(group, ["plan", "8GiB"])
+    assert result.exit_code == 2, result.output
+    output = " ".join(result.output.split())
+    assert "'8GiB' is an argument this command does not take (it takes options only)" in output
+    assert "did you mean" not in output
+
+
 def test_an_npu_device_is_taken_without_torch_npu() -> None:
     """torch knows 'npu' only once torch_npu is imported: the device check refused it, though a
     byte budget does not read the device at all."""

@@ -35,9 +35,14 @@ class PlanCommand(click.Command):
             if not stray or not isinstance(missing.param, click.Option):
                 raise
             option = missing.param.opts[0]
+            try:  # suggested only where it would be taken
+                missing.param.type.convert(stray[0], missing.param, ctx)
+                hint = f": did you mean {option} {stray[0]}?"
+            except click.BadParameter:
+                hint = ""
             raise click.UsageError(
                 f"Missing option '{option}', and {stray[0]!r} is an argument this command does "
-                f"not take (it takes options only): did you mean {option} {stray[0]}?",
+                f"not take (it takes options only){hint}",
                 ctx,
             ) from None
 

@@ -758,6 +758,8 @@ def test_kernels_supports_and_the_reference_get_arguments_dropped_as_defaults() 
         ("(Tensor? x, Tensor?[] xs) -> Tensor", "tensor lists"),
         ("(Tensor(a!) x) -> ()", r"writes to an argument \(Tensor\(a!\)\)"),
         ("(Tensor(a!) x, Tensor y) -> Tensor(a!)", "writes to an argument"),
+        # defined, then every call leaving w out was refused as None for a Tensor
+        ("(Tensor x, Tensor w=None) -> Tensor", r"declare it optional: Tensor\? w=None"),
     ],
 )
 def test_schemas_the_autograd_kernel_cannot_take_are_refused(schema, message) -> None:

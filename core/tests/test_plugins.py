@@ -455,6 +455,10 @@ def test_a_plugin_name_not_found_is_answered_with_the_name_meant(
         "(did you mean 'healthy', the plugin of distribution spore-fixture-healthy? installed:"
         in caplog.text
     )
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="spore.plugins"):  # no word of core's name
+        spore_manager({"SPORE_DISABLE_PLUGINS": "Spore_Core"}).load()
+    assert "it is spore-core's built-in plugin, which cannot be disabled" in caplog.text
 
 
 def test_allow_list_names_are_requested(fixture_plugins, spore_manager) -> None:

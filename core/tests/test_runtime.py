@@ -2,8 +2,10 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -198,6 +200,16 @@ def _script(path, first_line, mode):
     return str(path)
 
 
+def _no_loader(path):
+    """A copy of /bin/true whose ELF loader path names no file (it was said to be a missing
+    #! interpreter)."""
+    binary = Path("/bin/true").resolve().read_bytes()
+    loader = re.search(rb"/lib[^\0]*ld-linux[^\0]*\.so\.\d", binary).group()
+    path.write_bytes(binary.replace(loader, loader[:-1] + b"9"))
+    path.chmod(0o755)
+    return str(path)
+
+
 @pytest.mark.parametrize(
     ("make", "reason", "status"),
     [
@@ -210,8 +222,13 @@ def _script(path, first_line, mode):
             "the interpreter its #! line names was not found",
             127,
         ),
+        (
+            lambda tmp: _no_loader(tmp / "badelf"),
+            "a file it requires (its loader) was not found",
+            127,
+        ),
     ],
-    ids=["not-found", "no-file", "directory", "not-executable", "bad-interpreter"],
+    ids=["not-found", "no-file", "directory", "not-executable", "bad-interpreter", "no-loader"],
 )
 def test_spore_run_says_why_a_command_did_not_start_with_the_shells_status(
     tmp_path, make, reason, status

@@ -417,6 +417,13 @@ def define(
         op._required = tuple(
             i for i, a in enumerate(parsed.arguments) if (a.name, False) in op._tensors
         )
+        for i in op._required:
+            if parsed.arguments[i].has_default_value():
+                arg = parsed.arguments[i].name
+                raise ValueError(
+                    f"op {name!r}: Tensor {arg} has a default, but a Tensor argument cannot be "
+                    f"None; declare it optional: Tensor? {arg}=None"
+                )
         lib.define(f"{name}{schema}")
         lib.impl(name, op._route, "CompositeExplicitAutograd")
         shapes = fake or reference

@@ -279,7 +279,7 @@ class PluginManager:
     def _unknown_hint(self, name: str) -> str:
         """What to say of ``name``, denied but not installed: :func:`name_hint`, or for
         ``core`` that it cannot be disabled."""
-        if name == CORE_PLUGIN:
+        if normalize(name) in (CORE_PLUGIN, CORE_DISTRIBUTION):
             return (
                 "it is spore-core's built-in plugin, which cannot be disabled; to load no other "
                 "plugin, set SPORE_NO_PLUGINS=1; "
@@ -438,7 +438,7 @@ def name_hint(name: str, infos: Iterable[PluginInfo]) -> str:
     infos = list(infos)
     for info in infos:
         if normalize(info.distribution) == key:
-            return f"did you mean {info.name!r}, the plugin of distribution {name}?"
+            return f"did you mean {info.name!r}, the plugin of distribution {info.distribution}?"
     close = difflib.get_close_matches(key, sorted({i.name for i in infos}), n=1)
     return f"did you mean {close[0]!r}?" if close else ""
 

@@ -85,14 +85,27 @@ def run_cmd(allocator: str, threads: int | None, quiet: bool, command: tuple[str
         raise failed from exc
 
 
+def _missing_interpreter(path: str) -> str:
+    """What a file that exists but is "not found" by exec lacks: its ``#!`` interpreter, or for
+    a binary, its loader or a file it requires."""
+    try:
+        with open(path, "rb") as file:
+            script = file.read(2) == b"#!"
+    except OSError:
+        script = False
+    return "the interpreter its #! line names" if script else "a file it requires (its loader)"
+
+
 def _exec_failure(name: str, exc: OSError, path: str | None) -> tuple[str, int]:
     """Why ``name`` did not start, and the status bash exits with then: 127 when it (or the
     interpreter its ``#!`` line names) is not found, 126 when it cannot run (a directory, not
     executable)."""
     has_dir = os.sep in name
     if isinstance(exc, FileNotFoundError):
-        if os.path.exists(name) if has_dir else shutil.which(name, path=path):
-            return "the interpreter its #! line names was not found", 127
+        found = name if has_dir and os.path.exists(name) else None
+        found = found or (None if has_dir else shutil.which(name, path=path))
+        if found:
+            return f"{_missing_interpreter(found)} was not found", 127
         return ("no such file" if has_dir else "command not found"), 127
     if has_dir and os.path.isdir(name):
         return "it is a directory", 126

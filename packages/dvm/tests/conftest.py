@@ -1,5 +1,5 @@
-"""Shared test settings: the ``slow`` marker, a private Inductor cache for every test, and the
-tiny Hugging Face Llama the model tests build."""
+"""Shared test settings: the ``slow`` marker, a private Inductor cache for every test, the
+graphs the ``dvm`` backend compiles, and the tiny Hugging Face Llama the model tests build."""
 
 from __future__ import annotations
 
@@ -35,6 +35,23 @@ def inductor_cache(
     torch._dynamo.reset()
     yield folder
     torch._dynamo.reset()
+
+
+@pytest.fixture
+def backend_compiles(monkeypatch: pytest.MonkeyPatch) -> list:
+    """Every ``CompiledGraph`` the ``dvm`` backend (``torch.compile(..., backend="dvm")``)
+    compiles during the test, in order."""
+    import dvm.backend
+    from dvm.compile import compile_graph
+
+    graphs: list = []
+
+    def recording(*args, **kwargs):
+        graphs.append(compile_graph(*args, **kwargs))
+        return graphs[-1]
+
+    monkeypatch.setattr(dvm.backend, "compile_graph", recording)
+    return graphs
 
 
 @pytest.fixture

@@ -29,19 +29,10 @@ def test_dvm_backend_function_compiles():
 
 
 @pytest.mark.parametrize("min_ops", [None, 1])
-def test_torch_compile_options_set_min_ops(monkeypatch, min_ops):
+def test_torch_compile_options_set_min_ops(backend_compiles, min_ops):
     """``options={"min_ops": 1}`` runs a lone op's region on the VM; by default it stays
     PyTorch's kernel."""
-    import dvm.backend
-
-    compiled = []
-
-    def recording(*args, **kwargs):
-        compiled.append(compile_graph(*args, **kwargs))
-        return compiled[-1]
-
-    monkeypatch.setattr(dvm.backend, "compile_graph", recording)
-    torch._dynamo.reset()
+    compiled = backend_compiles
     options = None if min_ops is None else {"min_ops": min_ops}
     fn = torch.compile(lambda t: torch.exp(t), backend="dvm", options=options)
     x = torch.randn(4, 6)
@@ -262,8 +253,6 @@ def test_dynamic_shapes_compile_once_a_size():
     """A graph with symbolic sizes is compiled for each size it runs with (the VM takes
     concrete shapes); ``compile_graph`` itself leaves such a graph eager, with the reason."""
     from torch.fx.experimental.proxy_tensor import make_fx
-
-    from dvm.compile import compile_graph
 
     graphs, backend = _record()
     fn = torch.compile(lambda t: torch.sigmoid(t) * t, backend=backend, dynamic=True)

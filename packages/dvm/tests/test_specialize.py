@@ -155,21 +155,14 @@ def _chain(x):
 
 
 @pytest.mark.parametrize("size_limit", [None, 5])
-def test_a_loop_over_more_sizes_than_kept_compiles_each_once_more_at_most(monkeypatch, size_limit):
+def test_a_loop_over_more_sizes_than_kept_compiles_each_once_more_at_most(
+    backend_compiles, size_limit
+):
     """A loop over more sets of sizes than a graph keeps compiled (16 at first; lengths
     bucketed by batch) was compiled again at every call (3 ms and ~1.3 KB torch never frees,
     each): now a dropped set that comes back is kept from then on, and ``size_limit`` bounds
     the compiles, the sets past it running eagerly with one warning."""
-    import dvm.backend
-
-    graphs: list[CompiledGraph] = []
-
-    def recording(*args, **kwargs):
-        graphs.append(compile_graph(*args, **kwargs))
-        return graphs[-1]
-
-    monkeypatch.setattr(dvm.backend, "compile_graph", recording)
-    torch._dynamo.reset()
+    graphs = backend_compiles
     options = None if size_limit is None else {"size_limit": size_limit}
     compiled = torch.compile(_chain, backend="dvm", dynamic=True, options=options)
     rows = range(2, LIMIT + 4)  # two sets past those kept at first

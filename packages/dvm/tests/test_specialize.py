@@ -136,6 +136,62 @@ def test_a_graph_compiles_at_most_compiles_sets():
     assert [k[0][0][1] for k in spec.compiled] == [2, 5, 6]  # least recently used first
 
 
+def test_a_boxed_call_run_eagerly_clears_its_list():
+    """AOT autograd's boxed convention (a backward graph frees saved activations as it goes):
+    a call past ``compiles``, or of a set that failed to specialise, ran ``gm.forward`` on the
+    list and left it full."""
+    w = torch.randn(8)
+    for fail, cap in ((False, 1), (True, 8)):
+        gm = _symbolic(_fn, torch.randn(2, 3, 8), w)
+        spec = Specializing(gm, _Compiles(fail=fail), compiles=cap)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            spec(torch.randn(2, 3, 8), w)
+            for s in (4, 5):  # past the cap (or failing): eager
+                x = torch.randn(2, s, 8)
+                args = [x, w]
+                got = spec.boxed(args)
+                assert args == []
+                torch.testing.assert_close(got[0], _fn(x, w)[0])
+                assert got[1] == _fn(x, w)[1]
+        assert (spec.eager_calls, len(spec.failures)) == ((0, 3) if fail else (2, 0))
+
+
+def test_calls_past_the_cap_are_seen_and_counted():
+    """The calls past ``compiles`` ran eagerly unseen: ``on_eager`` (the backend's
+    ``on_compile``) now gets the graph they run, once, every call node a fallback naming
+    ``size_limit``, and its ``eager_calls`` count them."""
+    w = torch.randn(8)
+    seen: list[CompiledGraph] = []
+    spec = Specializing(
+        _symbolic(_fn, torch.randn(2, 3, 8), w), _Compiles(), compiles=2, on_eager=seen.append
+    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        for s in (3, 4, 5, 6, 3, 7):
+            x = torch.randn(1, s, 8)
+            torch.testing.assert_close(spec(x, w)[0], _fn(x, w)[0])
+    assert seen == [spec.eager]
+    assert (spec.eager.eager_calls, spec.eager.vm_calls, spec.eager_calls) == (3, 0, 3)
+    assert spec.eager.regions == []
+    assert spec.eager.fallbacks
+    assert {why for _, why in spec.eager.fallbacks} == {spec.eager_reason}
+
+    graphs: list[tuple[str, CompiledGraph]] = []
+    backend = make_backend(lambda kind, c: graphs.append((kind, c)), size_limit=1)
+    compiled = torch.compile(_chain, backend=backend, dynamic=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        for n in (2, 3, 4):
+            x = torch.randn(n, 8)
+            torch.testing.assert_close(compiled(x), _chain(x))
+    assert [(kind, c.vm_calls, c.eager_calls) for kind, c in graphs] == [
+        ("inference", 1, 0),
+        ("inference", 0, 2),
+    ]
+    assert all("size_limit" in why for _, why in graphs[1][1].fallbacks)
+
+
 def test_a_loop_over_as_many_sets_as_it_may_compile_keeps_them_all():
     """The cap counts different sets, not compiles: a loop over ``compiles`` sets, more than
     kept at first, ends with every set kept although the dropped ones compiled twice."""

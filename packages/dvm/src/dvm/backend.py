@@ -26,7 +26,9 @@ def make_backend(
 ) -> Callable[[torch.fx.GraphModule, Sequence[Any]], Callable[..., Any]]:
     """A ``dvm`` backend; ``on_compile(kind, compiled)`` sees every graph it compiles, with
     ``kind`` ``"forward"``, ``"backward"`` or ``"inference"`` (a graph with symbolic sizes is
-    compiled, and seen, once at most for each set of sizes it runs with: :mod:`dvm.specialize`);
+    compiled, and seen, once at most for each set of sizes it runs with: :mod:`dvm.specialize`;
+    past ``size_limit`` sets, it is seen once more, as the graph run eagerly:
+    :func:`dvm.compile.eager_graph`, each call past the limit counted in its ``eager_calls``);
     ``min_ops`` as in :func:`dvm.compile.compile_graph`; ``size_limit``: the most sets of sizes
     such a graph compiles (:class:`dvm.specialize.Specializing`'s ``compiles``);
     ``decompositions`` the table AOT autograd traces with (default
@@ -43,8 +45,11 @@ def make_backend(
         def compile_fn(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]):
             symbolic = symbolic_inputs(gm)
             if symbolic:
+                seen = None if on_compile is None else functools.partial(on_compile, kind)
                 return _boxed(
-                    Specializing(gm, compile_static, compiles=size_limit, symbolic=symbolic)
+                    Specializing(
+                        gm, compile_static, compiles=size_limit, symbolic=symbolic, on_eager=seen
+                    )
                 )
             return _boxed(compile_static(gm, example_inputs))
 

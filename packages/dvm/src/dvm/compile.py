@@ -244,6 +244,9 @@ class CompiledGraph:
     total_us: float
     schedule_us: float
     executor: str = field(default=EXECUTOR)
+    eager_runs: int = 0
+    """Calls that ran the whole graph eagerly, counted by whoever runs it so
+    (:class:`dvm.specialize.Specializing` past its ``compiles``)."""
 
     def __call__(self, *args: Any) -> Any:
         return self.run(*args)
@@ -269,7 +272,18 @@ class CompiledGraph:
 
     @property
     def eager_calls(self) -> int:
-        return sum(r.eager_calls for r in self.runners)
+        """Calls that ran a region, or the whole graph (``eager_runs``), eagerly."""
+        return self.eager_runs + sum(r.eager_calls for r in self.runners)
+
+
+def eager_graph(gm: GraphModule, why: str) -> CompiledGraph:
+    """``gm`` run eagerly as it is, by an :class:`Executor` (called boxed, it frees each input
+    after its last use), every call node a fallback with ``why``."""
+    t0 = time.perf_counter()
+    calls = [n for n in gm.graph.nodes if n.op == "call_function"]
+    run = Executor(gm, list(gm.graph.nodes))
+    clustering = Clustering([], [(n, why) for n in calls], 0.0, [why])
+    return CompiledGraph(run, [], clustering, (time.perf_counter() - t0) * 1e6, 0.0)
 
 
 def _ensure_meta(gm: GraphModule, example_inputs: Sequence[Any]) -> None:

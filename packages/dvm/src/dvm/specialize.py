@@ -6,7 +6,7 @@ leaving every node to eager. The compiles of the sets used last are kept; a set 
 was dropped and comes back shows that more sets are in use than kept, so one more is kept from
 then on. A graph compiles at most ``compiles`` different sets, each at most twice (a compile
 takes milliseconds and leaves ~1.3 KB that torch never frees): past that, a new set runs
-eagerly.
+eagerly, through one :func:`dvm.compile.eager_graph` that counts those calls.
 """
 
 from __future__ import annotations
@@ -23,6 +23,9 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx import Graph, GraphModule, Node
 from torch.utils._pytree import tree_map
+
+from dvm.compile import CompiledGraph, eager_graph
+from dvm.executor import Executor
 
 LIMIT = 16
 """Number of sets of sizes a :class:`Specializing` keeps compiles for at first (the least
@@ -170,10 +173,12 @@ class Specializing:
     it cannot specialise runs ``gm`` eagerly, with one warning and the reason in ``failures``.
     A set whose compile was dropped (``dropped``) that comes back is compiled again and
     ``limit`` grows by one, so a loop over N sets ends with all N kept. Once ``compiles``
-    different sets have been compiled, a new set runs ``gm`` eagerly, counted in
-    ``eager_calls``, with one warning whose text ``eager_reason`` keeps. ``symbolic``:
-    :func:`symbolic_inputs` of ``gm`` when the caller has it. ``specialize_us``: each
-    specialisation's time (the copy and the compile), in µs."""
+    different sets have been compiled, a new set runs ``gm`` eagerly, with one warning whose
+    text ``eager_reason`` keeps: through ``eager``, a :func:`dvm.compile.eager_graph` made on
+    the first such call and handed to ``on_eager`` then, whose ``eager_calls`` (and this
+    object's) count those calls. ``symbolic``: :func:`symbolic_inputs` of ``gm`` when the
+    caller has it. ``specialize_us``: each specialisation's time (the copy and the compile),
+    in µs."""
 
     def __init__(
         self,
@@ -183,6 +188,7 @@ class Specializing:
         limit: int = LIMIT,
         compiles: int = COMPILES,
         symbolic: Sequence[int] | None = None,
+        on_eager: Callable[[CompiledGraph], None] | None = None,
     ) -> None:
         if limit < 1:
             raise ValueError(f"limit must be at least 1, got {limit}")
@@ -202,8 +208,14 @@ class Specializing:
         self.failures: dict[tuple[Any, ...], str] = {}
         self.specialize_us: list[float] = []
         self.dropped: set[tuple[Any, ...]] = set()
-        self.eager_calls = 0
+        self.eager: CompiledGraph | None = None
         self.eager_reason = ""
+        self._on_eager = on_eager
+
+    @property
+    def eager_calls(self) -> int:
+        """Calls run eagerly past ``compiles``."""
+        return 0 if self.eager is None else self.eager.eager_runs
 
     def key(self, args: Sequence[Any]) -> tuple[Any, ...]:
         """The sizes that pick a compile: each symbolic input's value, or shape and strides."""
@@ -237,8 +249,7 @@ class Specializing:
                 return self._specialize(key, args)
             if len(self.compiled) + len(self.dropped) < self.compiles:
                 return self._specialize(key, args)
-            self.eager_calls += 1
-            if not self.eager_reason:
+            if self.eager is None:
                 self.eager_reason = (
                     f"dvm: a graph with symbolic sizes has compiled {self.compiles} sets of "
                     "sizes, the most it may (each compile takes milliseconds and leaves ~1.3 KB "
@@ -246,7 +257,11 @@ class Specializing:
                     'sets: torch.compile(..., backend="dvm", options={"size_limit": N})'
                 )
                 warnings.warn(self.eager_reason, RuntimeWarning, stacklevel=3)
-            return self._gm.forward
+                self.eager = eager_graph(self._gm, self.eager_reason)
+                if self._on_eager is not None:
+                    self._on_eager(self.eager)
+            self.eager.eager_runs += 1
+            return self.eager
 
     def _specialize(self, key: tuple[Any, ...], args: Sequence[Any]) -> Callable[..., Any]:
         t0 = time.perf_counter()
@@ -263,7 +278,7 @@ class Specializing:
                     stacklevel=3,
                 )
             self.failures[key] = why
-            fn = self._gm.forward
+            fn = Executor(self._gm, list(self._gm.graph.nodes))  # boxed, it clears the list
         self.specialize_us.append((time.perf_counter() - t0) * 1e6)
         if len(self.compiled) >= self.limit:
             self.dropped.add(self.compiled.popitem(last=False)[0])

@@ -7,7 +7,7 @@ import pytest
 import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 
-from dvm.cluster import ALONE, _Analysis, build_region, cluster
+from dvm.cluster import ALONE, DEAD, _Analysis, build_region, cluster
 from dvm.compile import compile_graph
 from dvm.lower import unsupported_reason
 from dvm.program import MAX_INPUTS, MAX_OUTPUTS, MAX_REGS
@@ -215,6 +215,31 @@ def test_dead_code_is_listed_as_left_to_eager():
     assert [r.ops for r in c.regions] == [["aten.sin.default", "aten.add.Tensor"]]
     assert [n.target for n, _ in c.fallbacks] == [aten.mul.Tensor, aten.exp.default]
     assert all(why.startswith("dead code: nothing reads its value") for _, why in c.fallbacks)
+
+
+def test_dead_code_merged_with_live_nodes_stays_out_of_the_region():
+    """Dead nodes merged into a live region were in its ``ops`` and computed by its program
+    (never stored); they are now fallbacks like dead code of its own, run as the graph has
+    them, and the region's ops, program and eager fallback are its live nodes."""
+
+    def fn(x):
+        a = x.sin()
+        (a * 3).exp()  # dead, reading a region value
+        return a + 1
+
+    c = _compiled(fn, _x(4, 5))
+    (region,) = c.regions
+    assert region.ops == ["aten.sin.default", "aten.add.Tensor"]
+    program = region.program.disassemble()
+    assert "exp" not in program
+    assert "mul" not in program
+    assert [(n.target, why) for n, why in c.fallbacks] == [
+        (aten.mul.Tensor, DEAD),
+        (aten.exp.default, DEAD),
+    ]
+    assert [n.name for n in region.outputs] == ["sin", "add"]  # sin stored for the mul
+    x = _x(4, 5)
+    torch.testing.assert_close(c.runners[0].eager(x)[1], fn(x))
 
 
 def test_two_regions_never_read_each_others_outputs():

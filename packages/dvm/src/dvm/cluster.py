@@ -300,19 +300,33 @@ def _split(members: list[Node], a: _Analysis) -> tuple[list[Region], list[tuple[
     return regions, dropped
 
 
+def _live(members: list[Node]) -> list[Node]:
+    """The ``members`` (graph order) whose values something reads: a node outside them, or a
+    member so read."""
+    mset = set(members)
+    live: set[Node] = set()
+    for n in reversed(members):
+        if any(u not in mset or u in live for u in n.users):
+            live.add(n)
+    return [n for n in members if n in live]
+
+
 def cluster(gm: GraphModule, *, min_ops: int = MIN_OPS) -> Clustering:
     """Regions of ``gm`` (nodes need ``meta["val"]``) and the call nodes left to eager with
     the reason. A region standing for fewer than ``min_ops`` eager kernels (pointwise ops,
-    reductions, casts) is left to eager: one op alone runs faster there."""
+    reductions, casts) is left to eager: one op alone runs faster there. Dead code (nodes
+    nothing reads) is in no region, a fallback run as the graph has it."""
     t0 = time.perf_counter()
     a = _Analysis(list(gm.graph.nodes))
     regions: list[Region] = []
     fallbacks = list(a.fallbacks)
     notes: list[str] = []
-    for members in a.groups():
-        mset = set(members)
-        if not any(u not in mset for n in members for u in n.users):
-            fallbacks.extend((n, DEAD) for n in members)
+    for group in a.groups():
+        members = _live(group)
+        if len(members) < len(group):  # dead code stays out of regions, run as it is
+            live = set(members)
+            fallbacks.extend((n, DEAD) for n in group if n not in live)
+        if not members:
             continue
         try:
             parts = [build_region(members, a)]

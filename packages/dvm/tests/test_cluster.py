@@ -7,7 +7,7 @@ import pytest
 import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 
-from dvm.cluster import ALONE, DEAD, _Analysis, build_region, cluster
+from dvm.cluster import ALONE, DEAD, NO_WORK, _Analysis, build_region, cluster
 from dvm.compile import compile_graph
 from dvm.lower import unsupported_reason
 from dvm.program import MAX_INPUTS, MAX_OUTPUTS, MAX_REGS
@@ -201,6 +201,23 @@ def test_a_region_of_one_op_stays_eager():
     assert [r.ops for r in c.regions] == [["aten._to_copy.default", "aten.mul.Tensor"]]
     assert {str(n.target): why for n, why in c.fallbacks}["aten.exp.default"] == ALONE
     assert len(_compiled(fn, x, w, min_ops=1).regions) == 2
+
+
+def test_a_region_of_views_only_is_listed_as_left_to_eager():
+    """A group of views and constants (no kernel in eager) was in no region and missing from
+    the fallbacks."""
+
+    def fn(x):
+        return x.view(-1).cumsum(0).view(2, 10).unsqueeze(0)
+
+    gm = make_fx(fn, tracing_mode="fake")(_x(4, 5))
+    c = compile_graph(gm, [_x(4, 5)], min_ops=1)
+    assert c.regions == []
+    calls = [n for n in gm.graph.nodes if n.op == "call_function"]
+    assert [n for n, _ in c.fallbacks] == calls  # every call node is accounted for
+    assert [(n.target, why) for n, why in c.fallbacks if why == NO_WORK] == [
+        (aten.unsqueeze.default, NO_WORK)
+    ]
 
 
 def test_dead_code_is_listed_as_left_to_eager():

@@ -260,6 +260,7 @@ def _alias_base(n: Node, members: set[Node]) -> Node:
 _CASTS = {id(aten._to_copy.default), id(torch.ops.prims.convert_element_type.default)}
 ALONE = "a single op: eager runs it in one pass, the VM would only add its call's cost"
 DEAD = "dead code: nothing reads its value; left as it is, for eager to run"
+NO_WORK = "views and constants only: eager runs them without a kernel, nothing to fuse"
 MIN_OPS = 2
 """Default ``min_ops``: a region must stand for at least this many eager kernels."""
 
@@ -338,6 +339,6 @@ def cluster(gm: GraphModule, *, min_ops: int = MIN_OPS) -> Clustering:
             work = _passes(r)
             if work >= min_ops:
                 regions.append(r)
-            elif work:
-                fallbacks.extend((n, ALONE) for n in r.nodes)
+            else:
+                fallbacks.extend((n, ALONE if work else NO_WORK) for n in r.nodes)
     return Clustering(regions, fallbacks, (time.perf_counter() - t0) * 1e6, notes)

@@ -337,6 +337,11 @@ def _filled(fill: float) -> LlamaForCausalLM:
     return model
 
 
+def _a_checkpoint(tmp_path: Path) -> Path:
+    """A checkpoint (of another model) for an export to name as the one it was made from."""
+    return checkpoint.save(tmp_path / "source", 1, _small_state(), {"step": 1}, keep=1)
+
+
 def _exported_fill(final: Path) -> float:
     from transformers import AutoModelForCausalLM
 
@@ -349,14 +354,14 @@ def test_ctrl_c_anywhere_in_an_export_leaves_no_older_weights(one_rank, tmp_path
     place until the new one was written: either way a final/ of older weights, which a resume
     that trains nothing keeps instead of exporting again. Now final/ is the new export or none,
     and the next export (or checkpoint save) deletes what the stopped one left."""
-    before = tmp_path / "before"
-    checkpoint.export(_filled(1.0), before)
+    before, made = tmp_path / "before", _a_checkpoint(tmp_path)
+    checkpoint.export(_filled(1.0), before, made)
     at, finished = 0, False
     while not finished:
         at += 1
         out = tmp_path / f"stopped_{at}"
         shutil.copytree(before, out)
-        finished = _stopped_at(at, checkpoint.export, _filled(2.0), out)
+        finished = _stopped_at(at, checkpoint.export, _filled(2.0), out, made)
         if (out / "final").exists():  # the older one only if stopped before its first rename
             assert _exported_fill(out / "final") == (1.0 if at <= 2 else 2.0), f"change {at}"
         saved = tmp_path / f"saved_{at}"
@@ -364,7 +369,7 @@ def test_ctrl_c_anywhere_in_an_export_leaves_no_older_weights(one_rank, tmp_path
         checkpoint.save(saved, 1, _small_state(), {"step": 1}, keep=1)
         left = {p.name for p in saved.iterdir()} - {"checkpoints"}
         assert left == {"final"} & {p.name for p in out.iterdir()}, f"stopped at change {at}"
-        checkpoint.export(_filled(3.0), out)
+        checkpoint.export(_filled(3.0), out, made)
         assert sorted(p.name for p in out.iterdir()) == ["final"], f"stopped at change {at}"
         assert _exported_fill(out / "final") == 3.0
     assert at > 5  # stopped at each change of the export, and then not
@@ -373,12 +378,12 @@ def test_ctrl_c_anywhere_in_an_export_leaves_no_older_weights(one_rank, tmp_path
 def test_an_export_replaces_a_final_link_not_what_it_points_to(one_rank, tmp_path) -> None:
     """A final/ that was a link to a folder: the second export failed deleting it (rmtree
     refuses a link)."""
-    elsewhere = tmp_path / "elsewhere"
-    checkpoint.export(_filled(1.0), elsewhere)
+    elsewhere, made = tmp_path / "elsewhere", _a_checkpoint(tmp_path)
+    checkpoint.export(_filled(1.0), elsewhere, made)
     out = tmp_path / "run"
     out.mkdir()
     (out / "final").symlink_to(elsewhere / "final", target_is_directory=True)
-    checkpoint.export(_filled(2.0), out)
+    checkpoint.export(_filled(2.0), out, made)
     assert not (out / "final").is_symlink()
     assert _exported_fill(out / "final") == 2.0
     assert _exported_fill(elsewhere / "final") == 1.0

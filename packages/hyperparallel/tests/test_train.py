@@ -1,4 +1,5 @@
-"""Real ``spore train`` runs: gloo ranks in child processes, each with a hard timeout.
+"""Real ``spore train`` runs: gloo ranks in child processes, each with a hard timeout (or, where
+a test needs only one rank's few steps, that rank in the test's own process).
 
 Most tests compare against one shared reference run (2 ranks, FSDP2): a variant stops early
 with ``run.stop_at`` so that it keeps the reference's learning-rate schedule.
@@ -22,8 +23,17 @@ from pathlib import Path
 
 import pytest
 import torch
+from safetensors.torch import load_file
 from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
-from train_helpers import Run, losses, run_train, small_args, spore_command, train_run
+from train_helpers import (
+    Run,
+    losses,
+    run_train,
+    small_args,
+    spore_command,
+    train_in_process,
+    train_run,
+)
 
 from hyperparallel import checkpoint, launch
 from hyperparallel.config import load
@@ -184,6 +194,44 @@ def test_a_resume_that_trains_on_exports_again(tmp_path) -> None:
     before = [w.read_bytes() for w in weights]
     run_train("--output", str(out), "--resume", *small_args(*args, "run.steps=3"))
     assert [w.read_bytes() for w in weights] != before
+
+
+def _tree_stats(folder: Path) -> dict[str, tuple[int, int]]:
+    """The inode and modification time of ``folder`` and of each file in it, by name."""
+    return {p.name: (p.stat().st_ino, p.stat().st_mtime_ns) for p in [folder, *folder.iterdir()]}
+
+
+def test_a_resume_that_trains_nothing_exports_the_checkpoint_final_does_not_hold(
+    tmp_path,
+) -> None:
+    """A run stopped after its last save but before its export left final/ of an earlier
+    step, which a resume that trains nothing kept: the user got older weights without a word.
+    final/ names the checkpoint it holds: such a resume exports again where it names another or
+    none, and leaves one naming the checkpoint resumed as it is."""
+    out = tmp_path / "run"
+    args = ("checkpoint.every=0", "schedule.warmup_steps=0", "optim.lr=0.01")
+    record = out / "final" / checkpoint.EXPORT_RECORD
+    train_in_process(out, *args, "run.steps=1")
+    assert json.loads(record.read_text()) == {"checkpoint": "step_00000001", "step": 1, "save": 1}
+    # step 2 saved, then stopped before its export: final/ still holds step 1
+    train_in_process(out, *args, "run.steps=2", "checkpoint.export=false", resume="latest")
+    newest = checkpoint.find(out)
+    flat = tmp_path / "newest.pt"
+    dcp_to_torch_save(newest, flat)
+    saved = torch.load(flat, weights_only=True)["train"]["model"]
+
+    train_in_process(out, *args, "run.steps=2", resume="latest")  # nothing to train
+    assert json.loads(record.read_text()) == {"checkpoint": newest.name, "step": 2, "save": 2}
+    exported = load_file(out / "final" / "model.safetensors")
+    assert exported.keys() <= saved.keys()
+    assert all(torch.equal(exported[name], saved[name]) for name in exported)
+    kept = _tree_stats(out / "final")
+    train_in_process(out, *args, "run.steps=2", resume="latest")  # final/ holds it: no export
+    assert _tree_stats(out / "final") == kept
+
+    record.unlink()  # an export of before, naming no checkpoint
+    train_in_process(out, *args, "run.steps=2", resume="latest")
+    assert json.loads(record.read_text())["checkpoint"] == newest.name
 
 
 def test_a_second_run_on_an_output_in_use_is_refused(tmp_path) -> None:

@@ -1,15 +1,19 @@
-"""Helpers that run ``spore train`` as a real command (child processes, gloo, hard timeouts)."""
+"""Helpers that run ``spore train`` as a real command (child processes, gloo, hard timeouts),
+or one rank of it in the test's own process."""
 
 from __future__ import annotations
 
 import json
+import socket
 import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+import torch
 
+from hyperparallel import config, train
 from spore import childproc
 from spore.testing import clean_environ
 
@@ -81,3 +85,23 @@ class Run:
 def train_run(output: Path, *args: str, env: dict[str, str] | None = None) -> Run:
     """Run ``spore train --output OUTPUT ARGS`` (``env`` added) and keep what it left."""
     return Run(output, run_train("--output", str(output), *args, env=env))
+
+
+def train_in_process(output: Path, *sets: str, resume: str | None = None) -> None:
+    """One rank of ``spore train --output OUTPUT --set SMALL... --set SETS [--resume RESUME]``
+    in this process: the worker's own run over a one-rank gloo group (no launcher, no
+    preflight), seconds for a few steps. Its torch thread count is put back after."""
+    cfg = config.load(overrides=[*SMALL, *sets, f"run.output={json.dumps(str(output))}"])
+    with socket.socket() as sock:  # a free port for the group's store
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    env = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1"}
+    env |= {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+    threads = torch.get_num_threads()
+    with pytest.MonkeyPatch.context() as patch:
+        for key, value in env.items():
+            patch.setenv(key, value)
+        try:
+            train._run(cfg.to_dict(), resume)
+        finally:
+            torch.set_num_threads(threads)

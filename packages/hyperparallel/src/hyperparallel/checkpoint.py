@@ -475,13 +475,19 @@ def optimized(entries: dict[str, Any]) -> set[str]:
     return found - {""}
 
 
-def export(model: torch.nn.Module, output: str | Path) -> Path | None:
+EXPORT_RECORD = "spore-export.json"
+"""The file in ``final/`` naming the checkpoint whose weights it holds (see :func:`export`)."""
+
+
+def export(model: torch.nn.Module, output: str | Path, made_from: Path) -> Path | None:
     """Gather full weights and write ``<output>/final`` with ``save_pretrained`` (rank 0), its
     config and generation config naming the byte tokenizer's special tokens (the model was
-    trained on them: an architecture's own ids, llama's eos 2, are a byte here). Written to
-    ``.tmp-final`` and renamed into place; the previous export is deleted first (its weights
-    are older than ``model``'s), so an export stopped midway leaves no ``final/``, which the
-    next run's export makes, never one of older weights."""
+    trained on them: an architecture's own ids, llama's eos 2, are a byte here), and
+    :data:`EXPORT_RECORD` naming ``made_from``, the checkpoint holding ``model``'s weights (its
+    name, step and save number). Written to ``.tmp-final`` and renamed into place; the previous
+    export is deleted first (its weights are older than ``model``'s), so an export stopped
+    midway leaves no ``final/``, which the next run's export makes, never one of older
+    weights."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
     options = StateDictOptions(full_state_dict=True, cpu_offload=True)
@@ -503,8 +509,32 @@ def export(model: torch.nn.Module, output: str | Path) -> Path | None:
     plain.load_state_dict(full)
     tmp = Path(output) / ".tmp-final"
     plain.save_pretrained(tmp)
+    (tmp / EXPORT_RECORD).write_text(json.dumps(_identity(made_from)))
     os.replace(tmp, target)
     return target
+
+
+def holds_export_of(output: str | Path, path: Path) -> bool:
+    """Whether ``<output>/final`` holds the weights of checkpoint ``path``: its
+    :data:`EXPORT_RECORD` names ``path`` (name, step and save number). False for an export
+    that names none (written before exports named their checkpoint) or where either is
+    unreadable."""
+    try:
+        record = json.loads((Path(output) / "final" / EXPORT_RECORD).read_text())
+    except (OSError, ValueError):
+        return False
+    identity = _identity(path)
+    return identity["save"] is not None and record == identity
+
+
+def _identity(path: Path) -> dict[str, Any]:
+    """What :data:`EXPORT_RECORD` says of checkpoint ``path``: its name, step and save number
+    (None where its ``meta.json`` is unreadable)."""
+    try:
+        step = json.loads((path / "meta.json").read_text())["step"]
+    except (OSError, ValueError, LookupError, TypeError):
+        step = None
+    return {"checkpoint": path.name, "step": step, "save": _save_number(path)}
 
 
 def _clear_export_leftovers(output: str | Path) -> None:

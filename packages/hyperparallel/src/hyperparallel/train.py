@@ -452,14 +452,31 @@ def train(
             display.close()
             metrics.close()
     outcome.steps_done = step
-    exported = (output / "final").is_dir()  # a resume that trained nothing keeps it (or makes it)
-    if step == cfg.run.steps and cfg.checkpoint.export and (step > first_step or not exported):
-        outcome.export = checkpoint.export(model, output)
+    reached = outcome.checkpoint  # at run.steps: the checkpoint saved at the end, or resumed
+    if (
+        step == cfg.run.steps
+        and cfg.checkpoint.export
+        and (step > first_step or _export_outdated(output, reached))
+    ):
+        outcome.export = checkpoint.export(model, output, reached)
     if rank == 0:
         history = report.read_metrics(output / "metrics.jsonl")
         if history:
             report.plot(history, output / "loss.png", f"{cfg.run.name}: training loss")
     return outcome
+
+
+def _export_outdated(output: Path, resumed: Path) -> bool:
+    """Whether a resume of ``resumed`` that trains nothing exports it: ``final/`` is missing
+    (an export stopped midway), or ``resumed`` is the output's newest save and ``final/`` does
+    not hold its weights (a run stopped between its last save and its export, or an export
+    that names no checkpoint). A ``final/`` beside a save newer than ``resumed`` stays: the
+    resume would replace it with weights older than the run's newest."""
+    if not (output / "final").is_dir():
+        return True
+    return not checkpoint.newer_than(output, resumed) and not checkpoint.holds_export_of(
+        output, resumed
+    )
 
 
 def _grad_norm(model: torch.nn.Module, max_norm: float) -> float:

@@ -538,8 +538,7 @@ def _identity(path: Path) -> dict[str, Any]:
 
 
 def _clear_export_leftovers(output: str | Path) -> None:
-    """Delete what an export stopped midway left in ``output``: ``.tmp-final``, ``.del-final``
-    and the like (and the ``.old-final`` of earlier versions); never ``final/``."""
+    """Delete what an export stopped midway left in ``output``: ``.tmp-final`` and
+    ``.del-final``; never ``final/``."""
     _remove(Path(output) / ".del-final")
-    for name in (".tmp-final", ".old-final"):
-        _discard(Path(output) / name)  # and its .del- name
+    _discard(Path(output) / ".tmp-final")  # and its .del- name

@@ -57,7 +57,9 @@ class Registry(Generic[F]):
 
 
 class ScheduleRegistry(Registry[ScheduleBuilder]):
-    """The schedules, each with the ``schedule.*`` settings it reads (``name`` aside)."""
+    """The schedules, each with the ``schedule.*`` settings its registration says it reads
+    (``reads=``; ``name`` may be among them, and a resume compares it either way), or None
+    where it did not say."""
 
     def __init__(self) -> None:
         super().__init__("schedule")

@@ -55,6 +55,24 @@ def inductor_slots():
         setattr(config, slot, value)
 
 
+@pytest.fixture
+def run_passes_script(spore_manager, inductor_slots):
+    """Runs ``spore passes --run SCRIPT`` in this process (a child would run the installed
+    spore) with only the test's passes, restoring the Inductor caches the run turns off
+    (``monkeypatch.setattr`` would delete those settings: they are not in the module's
+    ``__dict__``). Returns click's result."""
+    from click.testing import CliRunner
+
+    from spore.cli.listings import passes_cmd
+
+    spore_manager({"SPORE_NO_PLUGINS": "1"})
+    caches = ("fx_graph_cache", "autotune_local_cache")
+    saved = {cache: getattr(inductor_slots, cache) for cache in caches}
+    yield lambda script: CliRunner().invoke(passes_cmd, ["--run", str(script)])
+    for cache, value in saved.items():
+        setattr(inductor_slots, cache, value)
+
+
 def _g(x):
     return (x * 2 + x).cos()
 
@@ -382,21 +400,13 @@ def test_spore_passes_lists_the_stages_in_the_order_they_run(spore_manager) -> N
 
 
 def test_spore_passes_run_prints_the_traceback_of_a_script_that_raised(
-    spore_manager, inductor_slots, monkeypatch, tmp_path
+    run_passes_script, tmp_path
 ) -> None:
     """Only "Error: model.py raised ValueError: boom" was printed; now the script's traceback
-    comes first, as under `python model.py`, without the runner's frames. In process: a child
-    would run the installed spore."""
-    from click.testing import CliRunner
-
-    from spore.cli.listings import passes_cmd
-
-    spore_manager({"SPORE_NO_PLUGINS": "1"})
-    for cache in ("fx_graph_cache", "autotune_local_cache"):  # the run turns them off
-        monkeypatch.setattr(inductor_slots, cache, getattr(inductor_slots, cache))
+    comes first, as under `python model.py`, without the runner's frames."""
     script = tmp_path / "model.py"
     script.write_text('def check(x):\n    raise ValueError(f"boom {x}")\n\ncheck(3)\n')
-    result = CliRunner().invoke(passes_cmd, ["--run", str(script)])
+    result = run_passes_script(script)
     assert result.exit_code == 1
     assert result.output.endswith(
         "Traceback (most recent call last):\n"
@@ -406,6 +416,59 @@ def test_spore_passes_run_prints_the_traceback_of_a_script_that_raised(
         '    raise ValueError(f"boom {x}")\n'
         "ValueError: boom 3\n"
         f"Error: {script} raised ValueError: boom 3\n"
+    )
+
+
+def _compiled(tmp_path, source: str) -> str:
+    """A ``.pyc`` of ``source``: its frames name ``model.py``, not the script run."""
+    import py_compile
+
+    (tmp_path / "model.py").write_text(source)
+    return py_compile.compile(str(tmp_path / "model.py"), cfile=str(tmp_path / "model.pyc"))
+
+
+def _zipped(tmp_path, source: str) -> str:
+    """A zip holding ``source`` as ``__main__.py``: its frames name ``app.zip/__main__.py``."""
+    import zipfile
+
+    with zipfile.ZipFile(tmp_path / "app.zip", "w") as archive:
+        archive.writestr("__main__.py", source)
+    return str(tmp_path / "app.zip")
+
+
+@pytest.mark.parametrize("make", [_compiled, _zipped])
+def test_spore_passes_run_prints_the_traceback_of_code_not_under_the_scripts_path(
+    run_passes_script, tmp_path, make
+) -> None:
+    """The traceback was cut from the first frame under the script's own path: a compiled
+    script's frames name its source and a zip's its ``__main__.py``, so only the exception
+    line was printed. The runner's frames are what is left out now."""
+    script = make(tmp_path, 'def check(x):\n    raise ValueError(f"boom {x}")\n\ncheck(3)\n')
+    result = run_passes_script(script)
+    assert result.exit_code == 1
+    traceback = result.output.split("ValueError: boom 3\n")[0]
+    assert traceback.startswith("Traceback (most recent call last):\n  File ")
+    assert traceback.count("  File ") == 2  # the code's frames, none of the runner's
+    assert "line 4, in <module>\n" in traceback
+    assert "line 2, in check\n" in traceback
+    assert result.output.endswith(f"Error: {script} raised ValueError: boom 3\n")
+
+
+def test_spore_passes_run_exits_130_when_the_script_is_interrupted(
+    run_passes_script, tmp_path
+) -> None:
+    """Ctrl-C in the script ended the command with status 1 and only "Aborted!" (click's);
+    now with 130, as under `python model.py` and `spore run`, after the script's traceback."""
+    script = tmp_path / "model.py"
+    script.write_text("raise KeyboardInterrupt\n")
+    result = run_passes_script(script)
+    assert result.exit_code == 130
+    assert result.output == (
+        "Traceback (most recent call last):\n"
+        f'  File "{script}", line 1, in <module>\n'
+        "    raise KeyboardInterrupt\n"
+        "KeyboardInterrupt\n"
+        f"Error: {script} was interrupted (Ctrl-C)\n"
     )
 
 

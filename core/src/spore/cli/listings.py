@@ -13,6 +13,9 @@ from spore.cli.render import JSON_OPTION, Column, emit
 from spore.discovery import CORE_PLUGIN
 from spore.plugins import get_manager
 
+INTERRUPTED = 130
+"""The status a shell reports for a process ended by Ctrl-C (128 + SIGINT)."""
+
 
 def _kernels_cell(row: dict[str, Any]) -> str:
     cells = [
@@ -65,12 +68,13 @@ def ops_cmd(as_json: bool) -> None:
     )
 
 
-def _script_traceback(script: str, exc: BaseException) -> str:
-    """``exc`` as ``python SCRIPT`` prints it: the traceback from the script's first frame on
-    (none of the runner's frames; none at all for an error before the script ran, as a
-    ``SyntaxError``, which names its line itself)."""
+def _script_traceback(exc: BaseException) -> str:
+    """``exc`` as ``python SCRIPT`` prints it: the traceback without the runner's leading
+    frames (this module's and ``runpy``'s), so from the script's first frame on, or that of the
+    code it holds (a ``.pyc``'s frames name its source, a zip's its ``__main__.py``); none at
+    all for an error before the script ran, as a ``SyntaxError``, which names its line itself."""
     tb = exc.__traceback__
-    while tb is not None and tb.tb_frame.f_code.co_filename != script:
+    while tb is not None and tb.tb_frame.f_globals.get("__name__") in (__name__, "runpy"):
         tb = tb.tb_next
     return "".join(traceback.format_exception(type(exc), exc, tb))
 
@@ -78,8 +82,8 @@ def _script_traceback(script: str, exc: BaseException) -> str:
 def _run_script(script: str, args: tuple[str, ...]) -> dict[str, int]:
     """Run ``script`` as ``__main__`` (its directory first on ``sys.path``, as ``python SCRIPT``
     does) with the passes enabled and Inductor's caches off (so every compile runs them); its
-    stdout goes to stderr, and an exception it raises is printed there with its traceback.
-    Returns the rewrites per pass it caused."""
+    stdout goes to stderr, and an exception it raises is printed there with its traceback;
+    Ctrl-C ends the command with status 130. Returns the rewrites per pass it caused."""
     import contextlib
     import runpy
 
@@ -104,9 +108,13 @@ def _run_script(script: str, args: tuple[str, ...]) -> dict[str, int]:
             code = exc.code if isinstance(exc.code, int) and 0 < exc.code < 256 else 1
             failed.exit_code = code  # the script's own status, as under `python SCRIPT`
             raise failed from exc
-    except Exception as exc:
-        click.echo(_script_traceback(path, exc), err=True, nl=False)
-        raise click.ClickException(f"{script} raised {type(exc).__name__}: {exc}") from exc
+    except (Exception, KeyboardInterrupt) as exc:
+        click.echo(_script_traceback(exc), err=True, nl=False)
+        if not isinstance(exc, KeyboardInterrupt):
+            raise click.ClickException(f"{script} raised {type(exc).__name__}: {exc}") from exc
+        interrupted = click.ClickException(f"{script} was interrupted (Ctrl-C)")
+        interrupted.exit_code = INTERRUPTED  # as under `python SCRIPT` (and `spore run`)
+        raise interrupted from exc
     finally:
         sys.argv = saved_argv
         sys.path[:] = saved_path
@@ -151,7 +159,8 @@ def passes_cmd(as_json: bool, script: str | None, script_args: tuple[str, ...]) 
     """List the graph passes registered through Spore: stage, priority, device, owner.
 
     With --run SCRIPT, also the number of rewrites each pass made while SCRIPT ran; a script
-    that exits with a status ends the command with that status.
+    that exits with a status ends the command with that status, one interrupted by Ctrl-C
+    with 130.
     """
     if script_args and script is None:
         raise click.UsageError(f"unexpected arguments {list(script_args)}: use --run SCRIPT ARGS")

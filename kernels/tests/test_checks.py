@@ -147,6 +147,45 @@ def test_eps_zero_and_positive_still_run_the_kernels(eps) -> None:
         assert all(t is None or bool(t.isfinite().all()) for t in out if not isinstance(t, float))
 
 
+def _attention_calls(scale: float) -> dict:
+    """Each attention op, forward and backward, on small float32 inputs with ``scale``."""
+    x = torch.randn(1, 2, 3, 2, 4)  # triangle attention: [*, I, J, H, D]
+    q = torch.randn(1, 1, 8, 4)  # block-sparse: (B, H, S, D), two blocks of 4
+    index, count = torch.tensor([[[[0], [1]]]]), torch.ones(1, 1, 2, dtype=torch.int64)
+    spore = torch.ops.spore
+    return {
+        "triangle_attention": lambda: spore.triangle_attention(x, x, x, scale=scale),
+        "triangle_attention_backward": lambda: spore.triangle_attention_backward(
+            x, x, x, x, None, None, x, scale
+        ),
+        "block_sparse_attention": lambda: spore.block_sparse_attention(
+            q, q, q, index, count, 4, scale
+        ),
+    }
+
+
+@pytest.mark.parametrize("fake", [False, True])
+@pytest.mark.parametrize("scale", [1e39, -1e39, 3.5e38, float("nan"), float("inf")])
+def test_a_scale_not_finite_in_float32_is_a_clear_error(scale, fake) -> None:
+    """1e39 is finite as a Python float but inf in float32: the kernels and the references
+    alike returned NaN outputs without a word."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    for name, call in _attention_calls(scale).items():
+        op = name.removesuffix("_backward")  # the backward's errors name its forward
+        mode = FakeTensorMode(allow_non_fake_inputs=True) if fake else torch.no_grad()
+        with mode, pytest.raises(ValueError, match=rf"{op}: scale must be finite in float32"):
+            call()
+
+
+@pytest.mark.parametrize("scale", [_checks.FLOAT32_MAX, -_checks.FLOAT32_MAX, 0.0])
+def test_a_scale_finite_in_float32_still_runs_the_kernels(scale) -> None:
+    from spore import dispatch
+
+    x = torch.randn(1, 2, 3, 2, 4)
+    assert dispatch.explain("triangle_attention", x, x, x, None, None, scale).chosen == "kernels"
+
+
 _NONE_CALLS = {
     "rms_norm: weight": lambda x: torch.ops.spore.rms_norm(x, None, 1e-6),
     "rms_norm: x": lambda x: torch.ops.spore.rms_norm(None, x[0], 1e-6),

@@ -38,6 +38,19 @@ def epsilon(op: str, eps: float) -> None:
         raise ValueError(f"{op}: eps must be a finite number >= 0 (e.g. 1e-6), got {eps}")
 
 
+FLOAT32_MAX = torch.finfo(torch.float32).max
+
+
+def scale(op: str, value: float | None) -> None:
+    """ValueError unless ``value`` is None or a number finite in float32 (the kernels compute in
+    it): a NaN or infinite one, or 1e39 (finite as a Python float), gives NaN outputs."""
+    if value is not None and not (math.isfinite(value) and abs(value) <= FLOAT32_MAX):
+        raise ValueError(
+            f"{op}: scale must be finite in float32 (|scale| <= {FLOAT32_MAX:.8g}) or None "
+            f"(1/sqrt(D)), got {value}"
+        )
+
+
 def same_device(op: str, **tensors: torch.Tensor) -> None:
     """ValueError naming the two devices when the tensors are not on one device."""
     items = list(tensors.items())

@@ -159,8 +159,7 @@ def check_meta(
             f"{OP}: k and v must have shape (B, H, Skv, D) with q's B, H and D (expand grouped "
             f"heads first), got q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}"
         )
-    if scale is not None and not math.isfinite(scale):
-        raise ValueError(f"{OP}: scale must be finite or None, got {scale}")
+    _checks.scale(OP, scale)
     _checks.same_device(OP, q=q, k=k, v=v, kv_block_index=kv_block_index)
     check_index_meta(kv_block_index, kv_block_count, block_size, q.shape[2], tuple(q.shape[:2]))
 

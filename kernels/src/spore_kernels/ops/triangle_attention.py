@@ -98,8 +98,7 @@ def check(
             raise ValueError(
                 f"{OP}: mask must be [*, I, K] = {(*batch, i, keys)}, got {tuple(mask.shape)}"
             )
-    if scale is not None and not math.isfinite(scale):
-        raise ValueError(f"{OP}: scale must be finite or None, got {scale}")
+    _checks.scale(OP, scale)
     named = tensors | ({} if mask is None else {"mask": mask})
     _checks.same_device(OP, **named)
 

@@ -161,3 +161,19 @@ def test_it_works_where_mfusion_cannot_be_imported(tmp_path: Any) -> None:
     )
     assert out.returncode == 0, out.stderr
     assert out.stdout.startswith("ok " + dvm.__version__)
+
+
+def test_a_region_whose_result_is_broadcast_is_accepted() -> None:
+    """The expand of a region's result stays outside its program (eager's view of it, no
+    kernel): once listed among the fallbacks as views only, it made the compile refuse the
+    region, which mfusion then left to Inductor."""
+
+    def broadcast(x: torch.Tensor) -> torch.Tensor:
+        return (torch.sin(x) * 2).unsqueeze(0).expand(3, 4, 5)
+
+    x = torch.randn(4, 5)
+    compiled = COMPILER.compile(region_graph(broadcast, x), [x])
+    assert compiled.vm_calls == 0
+    (got,) = _as_list(compiled(x))
+    torch.testing.assert_close(got, broadcast(x))
+    assert compiled.vm_calls == 1

@@ -43,16 +43,20 @@ class DvmRegionCompiler:
     ) -> Callable[..., Any]:
         """A callable running ``region_graph`` on the VM (see :func:`dvm.compile.compile_graph`).
 
-        ``ValueError`` when dvm would leave any of the region's ops to eager aten (mfusion then
-        leaves the region to Inductor, which fuses it, and logs this message).
+        ``ValueError`` when dvm would leave any of the region's ops that run a kernel to eager
+        aten (mfusion then leaves the region to Inductor, which fuses it, and logs this
+        message); views and constants left to eager (a broadcast of the region's result) cost
+        nothing there.
         """
+        from dvm.cluster import NO_WORK
         from dvm.compile import compile_graph
 
         compiled = compile_graph(region_graph, example_inputs)
-        if compiled.fallbacks or not compiled.regions:
-            left = "; ".join(f"{n.target}: {why}" for n, why in compiled.fallbacks)
+        kernels = [(n, why) for n, why in compiled.fallbacks if why != NO_WORK]
+        if kernels or not compiled.regions:
+            left = "; ".join(f"{n.target}: {why}" for n, why in kernels)
             raise ValueError(
-                f"dvm leaves {len(compiled.fallbacks)} of the region's ops to eager aten "
+                f"dvm leaves {len(kernels)} of the region's ops to eager aten "
                 f"({left or 'no VM region formed'})"
             )
         self.compiled += 1

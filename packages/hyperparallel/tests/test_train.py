@@ -233,6 +233,13 @@ def test_a_resume_that_trains_nothing_exports_the_checkpoint_final_does_not_hold
     train_in_process(out, *args, "run.steps=2", resume="latest")
     assert json.loads(record.read_text())["checkpoint"] == newest.name
 
+    # another output's checkpoint resumed into this one: final/ is not that run's to replace
+    other = tmp_path / "other"
+    train_in_process(other, *args, "run.steps=2", "checkpoint.export=false")
+    kept = _tree_stats(out / "final")
+    train_in_process(out, *args, "run.steps=2", resume=str(checkpoint.find(other)))
+    assert _tree_stats(out / "final") == kept
+
 
 def test_a_second_run_on_an_output_in_use_is_refused(tmp_path) -> None:
     """Two runs on one output removed each other's checkpoints in progress and mixed their

@@ -468,15 +468,16 @@ def train(
 
 def _export_outdated(output: Path, resumed: Path) -> bool:
     """Whether a resume of ``resumed`` that trains nothing exports it: ``final/`` is missing
-    (an export stopped midway), or ``resumed`` is the output's newest save and ``final/`` does
-    not hold its weights (a run stopped between its last save and its export, or an export
-    that names no checkpoint). A ``final/`` beside a save newer than ``resumed`` stays: the
-    resume would replace it with weights older than the run's newest."""
+    (an export stopped midway), or ``resumed`` is the output's own newest save and ``final/``
+    does not hold its weights (a run stopped between its last save and its export, or an
+    export that names no checkpoint). A ``final/`` stays beside a save newer than ``resumed``,
+    or where ``resumed`` is another output's: the resume would replace it with weights that
+    are not the run's newest."""
     if not (output / "final").is_dir():
         return True
-    return not checkpoint.newer_than(output, resumed) and not checkpoint.holds_export_of(
-        output, resumed
-    )
+    done = checkpoint.complete(output)
+    newest = bool(done) and done[-1].resolve() == resumed.resolve()
+    return newest and not checkpoint.holds_export_of(output, resumed)
 
 
 def _grad_norm(model: torch.nn.Module, max_norm: float) -> float:

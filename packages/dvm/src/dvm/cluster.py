@@ -307,9 +307,11 @@ def _live(members: list[Node]) -> list[Node]:
     mset = set(members)
     live: set[Node] = set()
     for n in reversed(members):
-        if any(u not in mset or u in live for u in n.users):
-            live.add(n)
-    return [n for n in members if n in live]
+        for u in n.users:
+            if u not in mset or u in live:
+                live.add(n)
+                break
+    return members if len(live) == len(members) else [n for n in members if n in live]
 
 
 def cluster(gm: GraphModule, *, min_ops: int = MIN_OPS) -> Clustering:

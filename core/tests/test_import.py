@@ -41,3 +41,14 @@ def test_mindspore_frontend_says_what_is_missing() -> None:
         return
     with pytest.raises(ImportError, match="needs MindSpore: pip install mindspore"):
         import spore.frontends.mindspore  # noqa: F401
+
+
+def test_spore_testing_without_pytest_says_what_to_install() -> None:
+    probe = "import sys; sys.modules['pytest'] = None; import spore.testing"
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 1
+    last = out.stderr.strip().splitlines()[-1]
+    assert last == (
+        "ImportError: spore.testing is a pytest plugin and needs pytest: "
+        "pip install 'spore-core[test]' (or pip install pytest)"
+    ), out.stderr

@@ -39,7 +39,13 @@ from contextlib import ExitStack
 from pathlib import Path
 from typing import Any, Protocol
 
-import pytest
+try:
+    import pytest
+except ImportError as exc:
+    raise ImportError(
+        "spore.testing is a pytest plugin and needs pytest: pip install 'spore-core[test]' "
+        "(or pip install pytest)"
+    ) from exc
 
 from spore import childproc
 from spore.plugins import (

@@ -189,7 +189,7 @@ def check_torch(report: Report) -> Any:
     report.add("torch", "ok", f"{torch.__version__} ({build} build{debug})")
     for warning in caught:
         text = str(warning.message).splitlines()[0].split(" (Triggered internally")[0]
-        fix = "pip install numpy" if "NumPy" in text else None
+        fix = "pip install -c constraints.txt numpy" if "NumPy" in text else None
         report.add("torch import", "warn", f"import torch warned: {text}", fix=fix)
     if npu_version:
         if autoload:

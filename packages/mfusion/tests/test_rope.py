@@ -251,3 +251,59 @@ def test_mfusion_disable_rope_leaves_rope(mfusion_compile, monkeypatch) -> None:
     assert compiled.count("aten.cat.default") == 3
     for got, want in zip(compiled.outputs, _both_modes(**inputs), strict=True):
         torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+
+def _rotate_every_two(x: torch.Tensor) -> torch.Tensor:
+    """GPT-J's ``rotate_every_two``."""
+    return torch.stack((-x[..., 1::2], x[..., ::2]), dim=-1).flatten(-2)
+
+
+SPELLINGS = {
+    "terms swapped": lambda x, c, s: rotate_half(x) * s + x * c,
+    "factors swapped": lambda x, c, s: c * x + s * rotate_half(x),
+    "cos first": lambda x, c, s: c * x + rotate_half(x) * s,
+    "all swapped": lambda x, c, s: s * rotate_half(x) + c * x,
+    "gptj terms swapped": lambda x, c, s: _rotate_every_two(x) * s + x * c,
+    "gptj factors swapped": lambda x, c, s: c * x + s * _rotate_every_two(x),
+}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("name", SPELLINGS)
+def test_operand_orders_match_with_eager_values_and_grads(
+    mfusion_compile, assert_rel_close, name, dtype
+) -> None:
+    """Either operand order of each product and of the sum is one RoPE (forward+backward)."""
+    form = SPELLINGS[name]
+    x = _randn(dtype, BATCH, HEADS, SEQ, 8).requires_grad_()
+    cos, sin = _randn(dtype, 1, 1, SEQ, 8, seed=1), _randn(dtype, 1, 1, SEQ, 8, seed=2)
+    compiled = mfusion_compile(form, x, cos, sin)
+    eager_x = x.detach().clone().requires_grad_()
+    want = form(eager_x, cos, sin)
+    upstream = _randn(dtype, *want.shape, seed=3)
+    compiled.outputs.backward(upstream)
+    want.backward(upstream)
+    assert_rel_close(compiled.outputs, want, "output")
+    assert_rel_close(x.grad, eager_x.grad, "grad of x")
+    assert compiled.count(ROPE, graph=0) == 1
+
+
+NOT_ROPE = {
+    "rotated term subtracted": lambda x, c, s: x * c - rotate_half(x) * s,
+    "rotated term minus the plain one": lambda x, c, s: rotate_half(x) * s - x * c,
+    "a table added, not multiplied": lambda x, c, s: (x + c) + rotate_half(x) * s,
+}
+
+
+@pytest.mark.parametrize("name", NOT_ROPE)
+def test_non_commutative_neighbours_left_alone(mfusion_compile, name) -> None:
+    form = NOT_ROPE[name]
+    x = _randn(torch.float32, BATCH, HEADS, SEQ, 8)
+    cos, sin = (
+        _randn(torch.float32, 1, 1, SEQ, 8, seed=1),
+        _randn(torch.float32, 1, 1, SEQ, 8, seed=2),
+    )
+    with torch.no_grad():
+        compiled = mfusion_compile(form, x, cos, sin)
+    assert compiled.count(ROPE) == 0
+    torch.testing.assert_close(compiled.outputs, form(x, cos, sin), rtol=0, atol=0)

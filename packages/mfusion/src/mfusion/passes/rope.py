@@ -7,7 +7,9 @@ Matched where the post-grad graph computes ``x * cos + rot(x) * sin`` with
 - interleaved (GPT-J's ``rotate_every_two``): ``rot(x) = stack(-x[..., 1::2], x[..., ::2],
   -1).flatten(-2)``;
 
-and cos/sin of one shape whose last dimension is D and whose leading dimensions broadcast to
+in either operand order of each product and of the sum (``cos * x``, ``sin * rot(x) + x * cos``;
+IEEE products and sums commute exactly, so every order computes the same values), and
+cos/sin of one shape whose last dimension is D and whose leading dimensions broadcast to
 x's (the op's layout contract, checked with the op's own ``check``); the result must have x's
 shape and dtype (tables of another dtype that promote the result are left alone). Tables of D
 columns are passed as they are, so the rewrite uses exactly the model's values.
@@ -19,6 +21,8 @@ each product and the sum, Inductor's own fused code rounds once, like the op; wi
 
 from __future__ import annotations
 
+import itertools
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -40,12 +44,27 @@ def _rotate_interleaved(x: torch.Tensor) -> torch.Tensor:
     return torch.stack((-x[..., 1::2], x[..., ::2]), dim=-1).flatten(-2)
 
 
-def _half(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    return x * cos + _rotate_half(x) * sin
+Rotation = Callable[[torch.Tensor], torch.Tensor]
+ROTATIONS: dict[str, Rotation] = {"half": _rotate_half, "interleaved": _rotate_interleaved}
 
 
-def _interleaved(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    return x * cos + _rotate_interleaved(x) * sin
+def _order(
+    rotate: Rotation, cos_first: bool, sin_first: bool, rotated_first: bool
+) -> Callable[..., torch.Tensor]:
+    """``x * cos + rotate(x) * sin`` with the products' and the sum's operands so ordered."""
+
+    def form(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        rotated = rotate(x)
+        plain = cos * x if cos_first else x * cos
+        turned = sin * rotated if sin_first else rotated * sin
+        return turned + plain if rotated_first else plain + turned
+
+    return form
+
+
+def _orders(rotate: Rotation) -> list[Callable[..., torch.Tensor]]:
+    """The form in each operand order of the two products and the sum (HF's first)."""
+    return [_order(rotate, *flags) for flags in itertools.product((False, True), repeat=3)]
 
 
 def _replacement(mode: str) -> Any:
@@ -79,10 +98,10 @@ def _examples() -> list[torch.Tensor]:
 
 
 class RopePass(spore.PatternToPatternPass):
-    """``x * cos + rot(x) * sin`` → ``spore.rope(x, cos, sin, "half" | "interleaved")``."""
+    """``x * cos + rot(x) * sin`` (any operand order) → ``spore.rope(x, cos, sin, mode)``."""
 
     name = "rope"
-    version = "2"
+    version = "3"
     on_cpu = False  # Inductor's fused C++ kernel is as fast; the op call costs more
     priority = 50
     summary = "RoPE: rotate-half (HF apply_rotary_pos_emb) and interleaved (GPT-J) -> spore.rope"
@@ -90,10 +109,9 @@ class RopePass(spore.PatternToPatternPass):
 
     def search_forms(self) -> list[spore.SearchForm]:
         return [
-            spore.SearchForm(_half, _examples, _replacement("half"), _check("half")),
-            spore.SearchForm(
-                _interleaved, _examples, _replacement("interleaved"), _check("interleaved")
-            ),
+            spore.SearchForm(form, _examples, _replacement(mode), _check(mode))
+            for mode, rotate in ROTATIONS.items()
+            for form in _orders(rotate)
         ]
 
 

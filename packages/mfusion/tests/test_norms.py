@@ -11,6 +11,7 @@ ops round once where eager Llama rounds twice: at most one bfloat16 step apart, 
 from __future__ import annotations
 
 import collections
+import copy
 from collections.abc import Callable
 from typing import Any
 
@@ -249,6 +250,23 @@ def _weightless(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     return torch.nn.functional.rms_norm(x, (x.shape[-1],), None, 1e-5)
 
 
+def _divided(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """``x / sqrt(mean(x**2) + eps) * w`` (division by the root, not the reciprocal root)."""
+    xf = x.float()
+    return (xf / torch.sqrt(xf.pow(2).mean(-1, keepdim=True) + 1e-6) * w.float()).to(x.dtype)
+
+
+def _weight_first(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """``w * x * rsqrt(...)``: the weight multiplied in before the reciprocal root."""
+    xf = x.float()
+    return (w.float() * xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + 1e-6)).to(x.dtype)
+
+
+def _x_times_weight_first(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    xf = x.float()
+    return ((xf * w.float()) * (xf * xf).mean(-1, keepdim=True).add(1e-6).rsqrt()).to(x.dtype)
+
+
 def _x_w(dtype: torch.dtype, width: int = H) -> tuple[torch.Tensor, torch.Tensor]:
     g = torch.Generator().manual_seed(2)
     return torch.randn(4, 5, width, generator=g).to(dtype), torch.randn(width, generator=g).to(
@@ -256,7 +274,10 @@ def _x_w(dtype: torch.dtype, width: int = H) -> tuple[torch.Tensor, torch.Tensor
     )
 
 
-@pytest.mark.parametrize("fn", [_llama, _gemma, _squares_by_mul, _weightless])
+@pytest.mark.parametrize(
+    "fn",
+    [_llama, _gemma, _squares_by_mul, _weightless, _divided, _weight_first, _x_times_weight_first],
+)
 @pytest.mark.parametrize("dtype", [torch.float32, BF16])
 def test_rms_norm_forms(fn: Callable[..., Any], dtype: torch.dtype) -> None:
     gm = _rewritten(RMSNormPass(), fn, *_x_w(dtype))
@@ -318,6 +339,25 @@ def _rsqrt_also_returned(x: torch.Tensor, w: torch.Tensor) -> tuple[torch.Tensor
     return w * (xf * r).to(x.dtype), r
 
 
+def _eps_outside_sqrt(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    xf = x.float()
+    return (xf / (torch.sqrt(xf.pow(2).mean(-1, keepdim=True)) + 1e-6) * w.float()).to(x.dtype)
+
+
+def _root_over_x(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    xf = x.float()
+    return (torch.sqrt(xf.pow(2).mean(-1, keepdim=True) + 1e-6) / xf * w.float()).to(x.dtype)
+
+
+def _weight_product_rounded_first(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    xf = x.float()
+    return ((w * x).float() * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + 1e-6)).to(x.dtype)
+
+
+def _row_weight_first(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    return w.reshape(1, -1) * x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6)
+
+
 def _fp16_weight(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     return w.half() * _rms(x).to(x.dtype)
 
@@ -331,6 +371,13 @@ def _fp16_weight(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
             for fn in (_over_dim0, _row_weight, _column_weight, _rsqrt_also_returned)
             for dtype in (torch.float32, BF16)
         ],
+        *[
+            (fn, dtype)
+            for fn in (_eps_outside_sqrt, _root_over_x)
+            for dtype in (torch.float32, BF16)
+        ],
+        (_weight_product_rounded_first, BF16),
+        (_row_weight_first, torch.float32),
     ],
 )
 def test_rms_norm_left_alone(fn: Callable[..., Any], dtype: torch.dtype) -> None:
@@ -833,3 +880,41 @@ def test_weightless_norms_with_a_dynamic_row_compile(mfusion_compile: Any) -> No
         compiled = mfusion_compile(fn, x, r)
     _close(compiled.outputs, fn(x, r), torch.float32)
     assert compiled.spore_ops() == {RMS: 2}
+
+
+class TorchAndHandWritten(nn.Module):
+    """PyTorch's own ``nn.RMSNorm`` (``F.rms_norm``) and two hand-written spellings."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.norm = nn.RMSNorm(H, eps=1e-6)
+        self.w1, self.w2 = nn.Parameter(torch.ones(H)), nn.Parameter(torch.ones(H))
+
+    def forward(self, xs: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return self.norm(xs[0]), _weight_first(xs[1], self.w1), _divided(xs[2], self.w2)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, BF16])
+def test_torch_rms_norm_and_spellings_compiled(mfusion_compile: Any, dtype: torch.dtype) -> None:
+    """Inference rewrites all three; in training ``nn.RMSNorm`` and the weight-first form are
+    rewritten before autograd (the division form stays decomposed there, README Limits).
+    Outputs and gradients equal eager's."""
+    model = _randomised(TorchAndHandWritten(), dtype)
+    xs = torch.randn(3, 2, 5, H, generator=torch.Generator().manual_seed(3)).to(dtype)
+    with torch.no_grad():
+        compiled = mfusion_compile(model, xs)
+        _close(compiled.outputs, model(xs), dtype)
+    assert compiled.spore_ops() == {RMS: 3}
+    torch._dynamo.reset()
+    eager_model = copy.deepcopy(model)
+    leaf, eager_leaf = xs.clone().requires_grad_(), xs.clone().requires_grad_()
+    trained = mfusion_compile(model, leaf)
+    want = eager_model(eager_leaf)
+    upstream = [torch.randn(w.shape).to(dtype) for w in want]
+    torch.autograd.backward(trained.outputs, upstream)
+    torch.autograd.backward(want, upstream)
+    _close(trained.outputs, want, dtype)
+    torch.testing.assert_close(leaf.grad, eager_leaf.grad, **GRAD_TOL[dtype])
+    for p, e in zip(model.parameters(), eager_model.parameters(), strict=True):
+        torch.testing.assert_close(p.grad, e.grad, **GRAD_TOL[dtype])
+    assert trained.spore_ops(graph=0) == {RMS: 2}

@@ -7,7 +7,9 @@ the weight as given, upcast, or as Gemma's ``1 + w``, any epsilon), and a walk f
 
 What is rewritten, and why it keeps the numerics:
 
-- RMSNorm: ``x * rsqrt(mean(x*x, -1, keepdim) + eps)`` with the statistics and the product in
+- RMSNorm: ``x * rsqrt(mean(x*x, -1, keepdim) + eps)`` (or ``x / sqrt(...)``, which differs by
+  an ulp at most; or with the weight multiplied in first, ``w * x * rsqrt(...)``) with the
+  statistics and the product in
   float32 (float64 for float64 x), optionally times a weight of x's last-dimension shape, then
   rounded once to x's dtype (Gemma's order, and every float32 model) → ``spore.rms_norm``.
   Hugging Face Llama/Qwen2/Mistral/T5 round the normalised x to bfloat16/float16 before the
@@ -261,8 +263,10 @@ class RMSNormMatch:
 
 
 def match_rms_norm(rsqrt: Node) -> RMSNormMatch | None:
-    """The RMSNorm whose ``rsqrt`` node is ``rsqrt``, if the op computes it (module doc)."""
-    if not _is(rsqrt, aten.rsqrt.default):
+    """The RMSNorm whose ``rsqrt`` (or ``sqrt``, for ``x / sqrt(...)``) node is ``rsqrt``, if
+    the op computes it (module doc)."""
+    divided = _is(rsqrt, aten.sqrt.default)
+    if not (divided or _is(rsqrt, aten.rsqrt.default)):
         return None
     found = _tensor_and_scalar(rsqrt.args[0])
     if found is None:
@@ -284,13 +288,34 @@ def match_rms_norm(rsqrt: Node) -> RMSNormMatch | None:
     if any(_only_user(n) is None for n in chain[:-1]):
         return None
     normed = _only_user(rsqrt)
-    if normed is None or not _is(normed, *_MUL) or len(normed.args) != 2:
+    if divided:
+        if not _is(normed, aten.div.Tensor) or normed.args[1] is not rsqrt or normed.kwargs:
+            return None
+        scaled = normed.args[0]
+    else:
+        if normed is None or not _is(normed, *_MUL) or len(normed.args) != 2:
+            return None
+        scaled = _other(normed, rsqrt)
+    if _dtype(normed) != _dtype(xf) or _shape(normed) != _shape(x):
         return None
-    if source(_other(normed, rsqrt)) is not x or _dtype(normed) != _dtype(xf):
+    if source(scaled) is x:
+        return _rms_tail(x, xf, normed, eps, [*chain, normed])
+    weighted = _weighted(scaled, x)
+    if weighted is None or divided or _dtype(weighted) != dtype or _dtype(scaled) != _dtype(xf):
         return None
-    if _shape(normed) != _shape(x):
+    return _rms_tail(x, xf, normed, eps, [*chain, scaled, normed], weight=weighted)
+
+
+def _weighted(product: Any, x: Node) -> Node | None:
+    """The weight ``w`` (upcasts stripped) when ``product`` is ``x * w`` or ``w * x`` (x
+    upcast or not) with ``w`` of shape ``(last dimension,)``, used only by the norm."""
+    if not _is(product, *_MUL) or len(product.args) != 2 or _only_user(product) is None:
         return None
-    return _rms_tail(x, xf, normed, eps, [*chain, normed])
+    width = _shape(x)[-1]  # type: ignore[index]
+    for mine, other in (product.args, reversed(product.args)):
+        if source(mine) is x and _shape(other) == (width,) and _dtype(product) == _dtype(mine):
+            return source(other)
+    return None
 
 
 def _is_square(node: Node) -> bool:
@@ -301,12 +326,13 @@ def _is_square(node: Node) -> bool:
 
 
 def _rms_tail(
-    x: Node, xf: Node, normed: Node, eps: float, inner: list[Node]
+    x: Node, xf: Node, normed: Node, eps: float, inner: list[Node], weight: Node | None = None
 ) -> RMSNormMatch | None:
-    """The weight product and final cast after the normalised x (module doc for the forms)."""
+    """The weight product (unless ``weight`` was multiplied in before the ``rsqrt``) and final
+    cast after the normalised x (module doc for the forms)."""
     dtype, width = _dtype(x), _shape(x)[-1]  # type: ignore[index]
-    end, weight = normed, None
-    scaled = _follow(normed, width, _MUL)
+    end = normed
+    scaled = None if weight is not None else _follow(normed, width, _MUL)
     if scaled is not None and _dtype(scaled[0]) == _dtype(normed):
         weight = source(scaled[1])
         if _dtype(weight) != dtype:
@@ -418,7 +444,7 @@ class AddRMSNormPass(spore.GraphPass):
     """``rms_norm(a + b)`` → ``spore.add_rms_norm(a, b, w, eps)``; its sum feeds other users."""
 
     name = "add_rms_norm"
-    version = "2"
+    version = "3"
     on_cpu = False  # Inductor's fused C++ kernel is as fast; the op call costs more
     priority = 30
     summary = "residual add + RMSNorm → spore.add_rms_norm (the sum stays available)"
@@ -437,7 +463,7 @@ class RMSNormPass(spore.GraphPass):
     """Every RMSNorm form the op computes → ``spore.rms_norm(x, w, eps)``."""
 
     name = "rms_norm"
-    version = "1"
+    version = "2"
     on_cpu = False  # Inductor's fused C++ kernel is as fast; the op call costs more
     priority = 25
     summary = "RMSNorm (Llama/Qwen2/Mistral/T5/Gemma forms, any eps) → spore.rms_norm"

@@ -258,7 +258,13 @@ def _rotate_every_two(x: torch.Tensor) -> torch.Tensor:
     return torch.stack((-x[..., 1::2], x[..., ::2]), dim=-1).flatten(-2)
 
 
+def _rotate_half_chunks(x: torch.Tensor) -> torch.Tensor:
+    first, second = x.chunk(2, dim=-1)
+    return torch.cat((-second, first), dim=-1)
+
+
 SPELLINGS = {
+    "halves by chunk": lambda x, c, s: x * c + _rotate_half_chunks(x) * s,
     "terms swapped": lambda x, c, s: rotate_half(x) * s + x * c,
     "factors swapped": lambda x, c, s: c * x + s * rotate_half(x),
     "cos first": lambda x, c, s: c * x + rotate_half(x) * s,

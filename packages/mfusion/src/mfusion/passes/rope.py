@@ -3,7 +3,7 @@
 Matched where the post-grad graph computes ``x * cos + rot(x) * sin`` with
 
 - rotate-half (Hugging Face's ``apply_rotary_pos_emb``, Llama and its kin): ``rot(x) =
-  cat(-x[..., D/2:], x[..., :D/2])``;
+  cat(-x[..., D/2:], x[..., :D/2])``, the halves sliced or taken with ``x.chunk(2, -1)``;
 - interleaved (GPT-J's ``rotate_every_two``): ``rot(x) = stack(-x[..., 1::2], x[..., ::2],
   -1).flatten(-2)``;
 
@@ -40,12 +40,21 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
 
+def _rotate_half_chunks(x: torch.Tensor) -> torch.Tensor:
+    first, second = x.chunk(2, dim=-1)
+    return torch.cat((-second, first), dim=-1)
+
+
 def _rotate_interleaved(x: torch.Tensor) -> torch.Tensor:
     return torch.stack((-x[..., 1::2], x[..., ::2]), dim=-1).flatten(-2)
 
 
 Rotation = Callable[[torch.Tensor], torch.Tensor]
-ROTATIONS: dict[str, Rotation] = {"half": _rotate_half, "interleaved": _rotate_interleaved}
+ROTATIONS: tuple[tuple[str, Rotation], ...] = (
+    ("half", _rotate_half),
+    ("half", _rotate_half_chunks),
+    ("interleaved", _rotate_interleaved),
+)
 
 
 def _order(
@@ -110,7 +119,7 @@ class RopePass(spore.PatternToPatternPass):
     def search_forms(self) -> list[spore.SearchForm]:
         return [
             spore.SearchForm(form, _examples, _replacement(mode), _check(mode))
-            for mode, rotate in ROTATIONS.items()
+            for mode, rotate in ROTATIONS
             for form in _orders(rotate)
         ]
 

@@ -12,6 +12,7 @@ import io
 import json
 import os
 import re
+import select
 import shutil
 import signal
 import socket
@@ -692,6 +693,110 @@ def test_an_interrupt_stops_every_rank_and_names_the_checkpoint_to_resume(tmp_pa
     newest = checkpoint.complete(out)[-1]
     assert f"interrupted by {sig.name}; the ranks were stopped" in err
     assert f"Newest complete checkpoint: {newest} (continue with --resume)" in err
+
+
+def _ranks_of(launcher: int) -> list[int]:
+    """The pids of the rank processes ``launcher`` started (multiprocessing's spawned children;
+    not its resource tracker)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            stat = (entry / "stat").read_text()
+            command = (entry / "cmdline").read_bytes()
+        except (OSError, ValueError):  # gone, or not a process
+            continue
+        if int(stat.rsplit(")", 1)[1].split()[1]) == launcher and b"spawn_main" in command:
+            found.append(int(entry.name))
+    return found
+
+
+def _alive(pid: int) -> bool:
+    """``pid`` runs (a zombie has ended: an orphan's new parent may never reap it)."""
+    try:
+        return (Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="reads /proc; PR_SET_PDEATHSIG is Linux's")
+def test_ranks_end_with_a_killed_launcher_and_the_output_is_free(tmp_path) -> None:
+    """The launcher holds the output's lock; SIGKILL (OOM killer, kill -9, a scheduler) lets
+    it go at once. Killed while its ranks start (before torch's spawn asks for a signal on the
+    parent's death), the ranks outlived it for parallel.init_timeout (300 s)."""
+    out = tmp_path / "run"
+    args = small_args("run.steps=100000", "checkpoint.export=false")
+    proc = subprocess.Popen(
+        spore_command("--nproc", "2", "--output", str(out), *args),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env=clean_environ(),
+        start_new_session=True,
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while len(ranks := _ranks_of(proc.pid)) < 2 and time.monotonic() < deadline:
+            assert proc.poll() is None, "spore train ended before starting its ranks"
+            time.sleep(0.01)
+        assert len(ranks) == 2, "the ranks did not start within 120 s"
+        proc.kill()
+        proc.wait(timeout=30)
+        deadline = time.monotonic() + 60  # a rank notices once it has imported torch
+        while any(map(_alive, ranks)) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not any(map(_alive, ranks)), "the ranks outlived their launcher"
+        with launch.hold_output(str(out)):  # what the next run takes first (or OutputBusy)
+            pass
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)  # the ranks keep the launcher's group
+        proc.wait(timeout=30)
+
+
+RANK = """
+import signal, sys, time
+from hyperparallel.launch import end_with_launcher
+signal.signal(signal.SIGINT, signal.SIG_IGN)  # as a rank stopping after a first Ctrl-C
+end_with_launcher(int(sys.argv[1]))
+print("ready", flush=True)
+time.sleep(120)
+"""
+"""A rank's stand-in: ends with its launcher (argv[1]), then sleeps."""
+
+LAUNCHER = """
+import os, subprocess, sys
+command = [sys.executable, "-c", sys.argv[1], str(os.getpid())]
+rank = subprocess.Popen(command, stdout=subprocess.PIPE)
+assert rank.stdout.readline() == b"ready\\n"
+print(rank.pid, flush=True)
+rank.wait()
+"""
+"""A launcher's stand-in: starts RANK (argv[1]), prints its pid once it is tied, waits."""
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="PR_SET_PDEATHSIG is Linux's")
+def test_a_rank_ignoring_sigint_ends_with_its_killed_launcher() -> None:
+    """torch's spawn asks for SIGINT on the launcher's death, which a rank may ignore."""
+    proc = subprocess.Popen(
+        [sys.executable, "-c", LAUNCHER, RANK],
+        stdout=subprocess.PIPE,
+        env=clean_environ(),
+        start_new_session=True,
+    )
+    try:
+        assert select.select([proc.stdout], [], [], 60)[0], "no rank within 60 s"
+        line = proc.stdout.readline()
+        assert line.strip().isdigit(), f"the launcher's stand-in failed: {line!r}"
+        rank = int(line)
+        proc.kill()
+        proc.wait(timeout=30)
+        deadline = time.monotonic() + 5
+        while _alive(rank) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not _alive(rank), "the rank outlived its launcher"
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
 
 
 def test_a_rank_killed_by_a_signal_is_named(tmp_path) -> None:

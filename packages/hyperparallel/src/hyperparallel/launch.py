@@ -4,6 +4,7 @@ processes with torch's elastic launcher, under the CPU runtime plan (allocator, 
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import fcntl
 import logging
 import os
@@ -101,6 +102,27 @@ def hold_output(output: str) -> Iterator[None]:
         os.close(fd)  # releases the lock
 
 
+PR_SET_PDEATHSIG = 1
+"""prctl(2)'s option: the signal this process gets when its parent ends (Linux)."""
+
+
+def end_with_launcher(launcher: int) -> None:
+    """End this rank with its launcher (pid ``launcher``), which holds the output's lock
+    (:func:`hold_output`): the kernel lets the lock go however the launcher dies, and a rank
+    that outlived it would write beside the next run. On Linux the kernel sends the rank
+    SIGKILL when the launcher ends (torch's spawn asks for SIGINT, which a rank turns into an
+    exception, handles late or ignores after a first Ctrl-C); on any system a rank whose
+    launcher died before this call (while the rank started) ends here. Elsewhere a rank
+    outlives a launcher killed later. SIGKILL leaves a save in progress in its temporary
+    folder: checkpoints are renamed into place whole."""
+    if sys.platform == "linux":
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
+            raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed")
+    if os.getppid() != launcher:  # it died first: this rank was handed to another parent
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
 def under_torchrun(env: dict[str, str] | os._Environ[str] = os.environ) -> bool:
     """True when this process is a rank of a job started by torchrun (or its env contract)."""
     return "TORCHELASTIC_RUN_ID" in env or all(k in env for k in TORCHRUN_VARIABLES)
@@ -181,7 +203,7 @@ def _launch(config: Config, resume: str | None, echo: Any) -> None:
                 start_method="spawn",
                 logs_specs=DefaultLogsSpecs(log_dir=agent_dir),
             )
-            elastic_launch(launch_config, worker)(settings, resume, True)
+            elastic_launch(launch_config, worker)(settings, resume, os.getpid())
     except ChildFailedError as exc:
         for line in _failure_lines(exc.failures):
             print(line, file=sys.stderr, flush=True)

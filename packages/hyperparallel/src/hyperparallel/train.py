@@ -32,6 +32,7 @@ from hyperparallel import config as config_mod
 from hyperparallel import model as model_mod
 from hyperparallel.config import Config, DataSection, ParallelSection
 from hyperparallel.corpus import default_corpus, default_corpus_info
+from hyperparallel.launch import end_with_launcher
 
 
 @dataclass
@@ -200,13 +201,17 @@ def _set_peak_rates(optimizer: Any, scheduler: LambdaLR, rates: list[float]) -> 
         group["initial_lr"] = rate
 
 
-def worker(settings: dict[str, Any], resume: str | None, report_to_launcher: bool = False) -> None:
+def worker(settings: dict[str, Any], resume: str | None, launcher: int | None = None) -> None:
     """One rank's whole run (the elastic launcher's entry point; also runs under torchrun).
 
+    ``launcher``: the pid of the ``spore train`` process that started this rank (None under
+    torchrun); the rank ends with it (:func:`hyperparallel.launch.end_with_launcher`).
     A failure exits with status 1. An :class:`InputError` is one line: handed to the launcher
-    through the elastic error file when ``report_to_launcher`` (it prints each distinct line
-    once), else printed by rank 0. Anything else prints this rank's traceback.
+    through the elastic error file when started by one (it prints each distinct line once),
+    else printed by rank 0. Anything else prints this rank's traceback.
     """
+    if launcher is not None:
+        end_with_launcher(launcher)
     signal.signal(signal.SIGINT, _interrupt_once)
     try:
         _run(settings, resume)
@@ -215,7 +220,7 @@ def worker(settings: dict[str, Any], resume: str | None, report_to_launcher: boo
     except InputError as exc:
         line = f"error: {exc}"
         error_file = os.environ.get("TORCHELASTIC_ERROR_FILE")
-        if report_to_launcher and error_file:
+        if launcher is not None and error_file:
             Path(error_file).write_text(
                 json.dumps({"message": line, "timestamp": int(time.time())})
             )

@@ -449,6 +449,136 @@ def test_layer_norm_forms(dtype: torch.dtype, weight: bool, bias: bool) -> None:
     assert op.args[3] == 1e-5
 
 
+def _centred(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``x`` upcast and ``x - x.mean(-1, keepdim=True)``."""
+    xf = x.float()
+    return xf, xf - xf.mean(-1, keepdim=True)
+
+
+def _ln_var_divided(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """The hand-written LayerNorm: ``(x - mean) / sqrt(x.var(unbiased=False) + eps) * w + b``."""
+    xf, centred = _centred(x)
+    std = torch.sqrt(xf.var(-1, keepdim=True, unbiased=False) + 1e-5)
+    return (centred / std * w.float() + w.flip(0).float()).to(x.dtype)
+
+
+def _ln_squares_divided(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """The variance as ``((x - mean)**2).mean(-1)``, the difference written twice."""
+    xf = x.float()
+    mean = xf.mean(-1, keepdim=True)
+    var = ((xf - mean) ** 2).mean(-1, keepdim=True)
+    return ((xf - mean) / torch.sqrt(var + 1e-5) * w.float()).to(x.dtype)
+
+
+def _ln_squares_rsqrt(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """``d * rsqrt((d * d).mean(-1) + eps)``, no weight, the bias added on the left."""
+    _, d = _centred(x)
+    return (w.flip(0).float() + torch.rsqrt((d * d).mean(-1, keepdim=True) + 1e-5) * d).to(x.dtype)
+
+
+def _ln_var_rsqrt(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    xf, centred = _centred(x)
+    return (torch.rsqrt(xf.var(-1, keepdim=True, correction=0) + 1e-5) * centred).to(x.dtype)
+
+
+@pytest.mark.parametrize(
+    ("fn", "weight", "bias"),
+    [
+        (_ln_var_divided, True, True),
+        (_ln_squares_divided, True, False),
+        (_ln_squares_rsqrt, False, True),
+        (_ln_var_rsqrt, False, False),
+    ],
+)
+@pytest.mark.parametrize("dtype", [torch.float32, BF16])
+def test_hand_written_layer_norm_forms(
+    fn: Callable[..., Any], weight: bool, bias: bool, dtype: torch.dtype
+) -> None:
+    """Rewritten within the tolerances against the unfused eager form (the division by the
+    root, not the op's reciprocal root, is an ulp or two apart in float32)."""
+    x, w = _x_w(dtype)
+    gm = _rewritten(LayerNormPass(), fn, x * 3 + 1, w)
+    assert _ops(gm) == {LN: 1}
+    (op,) = [n for n in gm.graph.nodes if str(n.target) == LN]
+    assert [a is not None for a in op.args[1:3]] == [weight, bias]
+    assert op.args[3] == 1e-5
+
+
+def _ln_unbiased_var(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    xf, centred = _centred(x)
+    return (centred / torch.sqrt(xf.var(-1, keepdim=True) + 1e-5) * w.float()).to(x.dtype)
+
+
+def _ln_eps_outside_sqrt(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    xf, centred = _centred(x)
+    std = torch.sqrt(xf.var(-1, keepdim=True, unbiased=False)) + 1e-5
+    return (centred / std * w.float()).to(x.dtype)
+
+
+def _ln_row_weight(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    _, centred = _centred(x)
+    var = (centred**2).mean(-1, keepdim=True)
+    return (centred / torch.sqrt(var + 1e-5) * w.reshape(1, -1).float()).to(x.dtype)
+
+
+def test_hand_written_layer_norm_keeps_a_row_weight_outside() -> None:
+    """A ``(1, width)`` weight is not the op's: float32 rewrites the norm alone (the product
+    stays after it, as eager computes it); bfloat16, whose product comes before the one
+    rounding, is left alone (in ``test_hand_written_layer_norm_left_alone``)."""
+    x, w = _x_w(torch.float32)
+    gm = _rewritten(LayerNormPass(), _ln_row_weight, x * 3 + 1, w)
+    (op,) = [n for n in gm.graph.nodes if str(n.target) == LN]
+    assert op.args[1:3] == (None, None)
+    assert [str(u.target) for u in op.users] == ["aten.mul.Tensor"]
+
+
+def _ln_squares_of_other_mean(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """The squared deviation from another tensor's mean: not x's variance."""
+    xf, centred = _centred(x)
+    var = ((xf - xf.flip(0).mean(-1, keepdim=True)) ** 2).mean(-1, keepdim=True)
+    return (centred / torch.sqrt(var + 1e-5)).to(x.dtype)
+
+
+def _ln_16_bit_statistics(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    centred = x - x.mean(-1, keepdim=True)
+    return centred / torch.sqrt(x.var(-1, keepdim=True, unbiased=False) + 1e-5) * w
+
+
+def _ln_var_over_dim0(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    xf, centred = _centred(x)
+    return (centred / torch.sqrt(xf.var(0, keepdim=True, unbiased=False) + 1e-5)).to(x.dtype)
+
+
+def _ln_centred_also_returned(x: torch.Tensor, w: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    _, centred = _centred(x)
+    var = (centred**2).mean(-1, keepdim=True)
+    return (centred / torch.sqrt(var + 1e-5)).to(x.dtype), centred
+
+
+@pytest.mark.parametrize(
+    ("fn", "dtype"),
+    [
+        *[
+            (fn, dtype)
+            for fn in (
+                _ln_unbiased_var,
+                _ln_eps_outside_sqrt,
+                _ln_squares_of_other_mean,
+                _ln_var_over_dim0,
+                _ln_centred_also_returned,
+            )
+            for dtype in (torch.float32, BF16)
+        ],
+        (_ln_row_weight, BF16),
+        (_ln_16_bit_statistics, BF16),
+    ],
+)
+def test_hand_written_layer_norm_left_alone(fn: Callable[..., Any], dtype: torch.dtype) -> None:
+    x, w = _x_w(dtype)
+    gm = _rewritten(LayerNormPass(), fn, x * 3 + 1, w)
+    assert _ops(gm) == {}
+
+
 def _unbiased_layer_norm(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     var, mean = torch.var_mean(x, -1, keepdim=True, correction=1)
     return (x - mean) * torch.rsqrt(var + 1e-5) * w
@@ -918,3 +1048,31 @@ def test_torch_rms_norm_and_spellings_compiled(mfusion_compile: Any, dtype: torc
     for p, e in zip(model.parameters(), eager_model.parameters(), strict=True):
         torch.testing.assert_close(p.grad, e.grad, **GRAD_TOL[dtype])
     assert trained.spore_ops(graph=0) == {RMS: 2}
+
+
+class HandWrittenLayerNorms(nn.Module):
+    """Two hand-written LayerNorms (``x.var(unbiased=False)``, ``((x - mean)**2).mean()``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.w1, self.b1 = nn.Parameter(torch.ones(H)), nn.Parameter(torch.zeros(H))
+        self.w2 = nn.Parameter(torch.ones(H))
+
+    def forward(self, xs: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        x, dtype = xs[0].float(), xs.dtype
+        centred = x - x.mean(-1, keepdim=True)
+        std = torch.sqrt(x.var(-1, keepdim=True, unbiased=False) + 1e-5)
+        first = (centred / std * self.w1.float() + self.b1.float()).to(dtype)
+        return first, _ln_squares_divided(xs[1], self.w2)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, BF16])
+def test_hand_written_layer_norms_compiled(mfusion_compile: Any, dtype: torch.dtype) -> None:
+    """Inference rewrites both (their statistics no longer become ``spore.mean_var``); the
+    outputs equal the unfused eager module's."""
+    model = _randomised(HandWrittenLayerNorms(), dtype)
+    xs = (3 * torch.randn(2, 2, 5, H, generator=torch.Generator().manual_seed(4)) + 1).to(dtype)
+    with torch.no_grad():
+        compiled = mfusion_compile(model, xs)
+        _close(compiled.outputs, model(xs), dtype)
+    assert compiled.spore_ops() == {LN: 2}

@@ -25,7 +25,10 @@ What is rewritten, and why it keeps the numerics:
   whose second output replaces the sum wherever else it is used (the residual stream).
 - LayerNorm: ``(x - mean) * rsqrt(var + eps)`` from one biased ``var_mean`` over the last
   dimension in float32, optionally ``* weight`` then ``+ bias`` in float32, rounded once →
-  ``spore.layer_norm`` (the op's contract, and what ``F.layer_norm`` decomposes to).
+  ``spore.layer_norm`` (the op's contract, and what ``F.layer_norm`` decomposes to); also
+  the hand-written statistics, ``x.mean`` beside ``x.var(correction=0)`` or
+  ``((x - mean)**2).mean`` (the op's own two-pass formula), and ``(x - mean) / sqrt(var +
+  eps)`` (an ulp or two from the reciprocal root).
 - Mean+Var: ``var_mean`` over one dimension, or ``mean`` and ``var`` of the same tensor over
   the same dimension → ``spore.mean_var`` (unsqueezed back for ``keepdim``); a ``var_mean``
   whose variance feeds ``rsqrt(var + eps)`` (a LayerNorm the LayerNorm pass could not take,
@@ -491,10 +494,10 @@ class LayerNormPass(spore.GraphPass):
     """``F.layer_norm`` over the last dimension (weight and bias optional) → spore.layer_norm."""
 
     name = "layer_norm"
-    version = "1"
+    version = "2"
     on_cpu = False  # Inductor's fused C++ kernel is as fast; the op call costs more
     priority = 25
-    summary = "LayerNorm (decomposed F.layer_norm, weight/bias optional) → spore.layer_norm"
+    summary = "LayerNorm (F.layer_norm or hand-written, weight/bias optional) → spore.layer_norm"
 
     def __call__(self, gm: GraphModule) -> int:
         graph, count = gm.graph, 0
@@ -510,40 +513,38 @@ class LayerNormPass(spore.GraphPass):
         return count
 
     @staticmethod
-    def match(rsqrt: Node) -> tuple[Node, Node | None, Node | None, float, Node, list] | None:
-        """``(x, weight, bias, eps, out, inner nodes)`` of the LayerNorm at ``rsqrt``."""
-        if not _is(rsqrt, aten.rsqrt.default) or _only_user(rsqrt.args[0]) is None:
+    def match(root: Node) -> tuple[Node, Node | None, Node | None, float, Node, list] | None:
+        """``(x, weight, bias, eps, out, inner nodes)`` of the LayerNorm whose ``rsqrt`` (or
+        the ``sqrt`` it divides by) is ``root``."""
+        divided = _is(root, aten.sqrt.default)
+        if not (divided or _is(root, aten.rsqrt.default)) or _only_user(root.args[0]) is None:
             return None
-        found = _tensor_and_scalar(rsqrt.args[0])
-        if found is None or not _is(found[0], operator.getitem):
+        found = _tensor_and_scalar(root.args[0])
+        normed = _only_user(root)
+        if found is None or normed is None or _only_user(found[0]) is None:
             return None
         var, eps = found
-        stats = var.args[0]
-        if not _is(stats, aten.var_mean.correction):
-            return None
-        parts = _var_mean_parts(stats)
-        xf = stats.args[0]
-        x, rank = source(xf), _rank(xf)
-        dtype = _dtype(x)
-        if parts is None or parts[0] is not var or dtype not in FLOATS:
-            return None
-        if _dtype(xf) != compute_dtype(dtype) or _only_user(var) is None:
-            return None
-        if not _single_last_dim(_arg(stats, 1, "dim"), rank):
-            return None
-        if stats.kwargs.get("correction", 1) != 0 or not stats.kwargs.get("keepdim", False):
-            return None
-        centred = _only_user(parts[1])
-        normed = _only_user(rsqrt)
+        if divided:
+            if not _is(normed, aten.div.Tensor) or normed.args[1] is not root or normed.kwargs:
+                return None
+            centred = normed.args[0]
+        else:
+            if not _is(normed, *_MUL) or len(normed.args) != 2:
+                return None
+            centred = _other(normed, root)
         if not _is(centred, aten.sub.Tensor) or centred.kwargs.get("alpha", 1) != 1:
             return None
-        if centred.args[1] is not parts[1] or source(centred.args[0]) is not x:
+        xf, mean = centred.args
+        x = source(xf)
+        dtype = _dtype(x)
+        if dtype not in FLOATS or _dtype(xf) != compute_dtype(dtype) or not isinstance(mean, Node):
             return None
-        if _only_user(centred) is not normed or not _is(normed, *_MUL):
+        stats = _layer_norm_statistics(var, xf, mean, centred)
+        if stats is None or _dtype(normed) != _dtype(xf) or _shape(normed) != _shape(x):
             return None
-        if set(normed.args[:2]) != {centred, rsqrt} or _dtype(normed) != _dtype(xf):
+        if set(centred.users) - {normed, *stats}:
             return None
-        inner = [stats, var, parts[1], rsqrt.args[0], rsqrt, centred, normed, xf]
+        inner = [*stats, var, root.args[0], root, centred, normed, xf]
         end, width, params = normed, _shape(x)[-1], {}  # type: ignore[index]
         for name, targets in (("weight", _MUL), ("bias", _BIAS)):
             step = _follow(end, width, targets)
@@ -559,6 +560,54 @@ class LayerNormPass(spore.GraphPass):
                 return None
             inner.append(end)
         return x, params.get("weight"), params.get("bias"), eps, end, inner
+
+
+def _last_dim_mean(node: Any, of: Node) -> bool:
+    """Whether ``node`` is ``of.mean(-1, keepdim=True)`` (no dtype argument)."""
+    if not _is(node, aten.mean.dim) or node.args[0] is not of or node.kwargs.get("dtype"):
+        return False
+    return bool(_arg(node, 2, "keepdim", False)) and _single_last_dim(node.args[1], _rank(of))
+
+
+def _layer_norm_statistics(var: Node, xf: Node, mean: Node, centred: Node) -> list[Node] | None:
+    """The nodes computing ``mean`` and ``var``, when they are the mean and the biased variance
+    of ``xf`` over its last dimension (keepdim) used only by the LayerNorm whose centred x is
+    ``centred`` (``xf - mean``): one ``var_mean(correction=0)``, ``xf.mean`` beside
+    ``xf.var(correction=0)``, or ``((xf - mean)**2).mean``, that difference being ``centred``
+    or a second ``xf - mean``."""
+    if _is(var, operator.getitem) and _is(var.args[0], aten.var_mean.correction):
+        stats = var.args[0]
+        parts = _var_mean_parts(stats)
+        if parts is None or parts != (var, mean) or stats.args[0] is not xf:
+            return None
+        if not _single_last_dim(_arg(stats, 1, "dim"), _rank(xf)):
+            return None
+        if _correction(stats) != 0 or not stats.kwargs.get("keepdim", False):
+            return None
+        return [stats, mean] if list(mean.users) == [centred] else None
+    if not _last_dim_mean(mean, xf):
+        return None
+    if _is(var, aten.var.correction):
+        if var.args[0] is not xf or not _single_last_dim(_arg(var, 1, "dim"), _rank(xf)):
+            return None
+        if _correction(var) != 0 or not var.kwargs.get("keepdim", False):
+            return None
+        return [mean] if list(mean.users) == [centred] else None
+    if not _is(var, aten.mean.dim) or not _last_dim_mean(var, var.args[0]):
+        return None
+    if not _is_square(var.args[0]):
+        return None
+    squared = var.args[0]
+    deviation = squared.args[0]
+    if _only_user(squared) is not var or not _is(deviation, aten.sub.Tensor):
+        return None
+    if deviation.args[:2] != (xf, mean) or deviation.kwargs.get("alpha", 1) != 1:
+        return None
+    if set(mean.users) != {centred, deviation}:
+        return None
+    if deviation is not centred and _only_user(deviation) is not squared:
+        return None
+    return [mean, deviation, squared]
 
 
 # Mean+Var --------------------------------------------------------------------------------

@@ -105,6 +105,41 @@ MODEL_CONFIG: dict[str, Any] = {
 }
 
 
+PLUGIN_BACKENDS: dict[str, str] = {"dvm": "dvm"}
+"""Compile backends that Spore plugins add, by name, with the plugin that adds each: the one
+to install when torch does not know the name."""
+
+
+def backend_problem(name: str, known: Sequence[str] | None = None) -> str | None:
+    """What stops ``torch.compile(backend=name)``: a name no installed package registers (with a
+    did-you-mean, or the Spore plugin to install), or one whose package fails to load it;
+    ``None`` when it loads. ``known``: the names to look in, by default every backend dynamo
+    lists (its own, ``torch_dynamo_backends`` entry points, Spore plugins' registrations)."""
+    import torch._dynamo
+
+    if known is None:
+        known = torch._dynamo.list_backends(exclude_tags=())
+    if name not in known:
+        if name in PLUGIN_BACKENDS:
+            plugin = PLUGIN_BACKENDS[name]
+            return (
+                f"the torch.compile backend {name!r} comes with the Spore plugin {plugin}, "
+                f"which is not installed: pip install -c constraints.txt ./packages/{plugin} "
+                f"(from the Spore repository), or choose another backend, e.g. inductor"
+            )
+        close = difflib.get_close_matches(name, [*known, *PLUGIN_BACKENDS], n=1)
+        hint = f"did you mean {close[0]!r}?" if close else "e.g. inductor, spore"
+        return f"no torch.compile backend is named {name!r}; {hint} (null: eager)"
+    try:
+        torch._dynamo.lookup_backend(name)
+    except Exception as exc:  # whatever importing the backend's package raises
+        return (
+            f"the torch.compile backend {name!r} does not load ({type(exc).__name__}: {exc}); "
+            f"reinstall the package that provides it, or choose another backend"
+        )
+    return None
+
+
 class ModelSection(Section):
     """The model: a transformers architecture built from a config, or a saved directory."""
 
@@ -122,6 +157,19 @@ class ModelSection(Section):
         + " (a key set to null keeps the architecture's default); vocab_size comes from the "
         "tokenizer",
     )
+    compile: str | None = Field(
+        None,
+        description="torch.compile backend each decoder layer is compiled with before FSDP2 "
+        "wraps it, e.g. inductor, dvm (the dvm plugin), spore (Inductor with Spore's passes); "
+        "null: eager. Checkpoints and the export are the same either way",
+    )
+
+    @field_validator("compile")
+    @classmethod
+    def _known_backend(cls, value: str | None) -> str | None:
+        if value is not None and (problem := backend_problem(value)):
+            raise ValueError(problem)
+        return value
 
 
 class DataSection(Section):

@@ -1,6 +1,7 @@
 """Device mesh and FSDP2 sharding: ``fully_shard`` per decoder layer and at the root, over a
-1-D (FSDP) or 2-D replicate x shard (HSDP) mesh, with optional mixed precision and per-layer
-activation checkpointing. One rank without mixed precision trains the plain module."""
+1-D (FSDP) or 2-D replicate x shard (HSDP) mesh, with optional mixed precision, per-layer
+activation checkpointing and per-layer ``torch.compile``. One rank without mixed precision
+trains the plain module."""
 
 from __future__ import annotations
 
@@ -42,10 +43,19 @@ def uses_fsdp(world: int, parallel: ParallelSection) -> bool:
 
 
 def shard(
-    model: torch.nn.Module, device_mesh: DeviceMesh, parallel: ParallelSection
+    model: torch.nn.Module,
+    device_mesh: DeviceMesh,
+    parallel: ParallelSection,
+    compile_backend: str | None = None,
 ) -> torch.nn.Module:
-    """Apply activation checkpointing (if asked) and FSDP2 (if :func:`uses_fsdp`) to each
-    decoder layer, then the root."""
+    """Apply activation checkpointing (if asked), ``torch.compile`` with ``compile_backend``
+    (if given) and FSDP2 (if :func:`uses_fsdp`) to each decoder layer, in that order, then
+    FSDP2 to the root.
+
+    Each layer is compiled in place (``Module.compile``): its state-dict keys stay those of
+    the eager model (no ``_orig_mod.`` prefix), so checkpoints and the export do not depend
+    on the setting. Compiled before ``fully_shard``, the graph holds the layer's computation
+    while FSDP2's all-gather and reshard hooks run eagerly around it."""
     mp = policy(parallel.mixed_precision)
     fsdp = uses_fsdp(device_mesh.size(), parallel)
     for layer in decoder_layers(model):
@@ -53,6 +63,8 @@ def shard(
             from torch.distributed._composable import checkpoint
 
             checkpoint(layer)
+        if compile_backend is not None:
+            layer.compile(backend=compile_backend, fullgraph=False)
         if fsdp:
             fully_shard(
                 layer,

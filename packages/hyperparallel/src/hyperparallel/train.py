@@ -313,7 +313,7 @@ def train(
     output = Path(cfg.run.output)
     mesh = parallel.mesh(device, world, cfg.parallel.replicate)
     model.to(device)
-    parallel.shard(model, mesh, cfg.parallel)
+    parallel.shard(model, mesh, cfg.parallel, cfg.model.compile)
     fsdp = parallel.uses_fsdp(world, cfg.parallel)
     optimizer = registries.optimizers.get(cfg.optim.name)(model, cfg.optim)
     scheduler = registries.schedules.get(cfg.schedule.name)(optimizer, cfg.schedule, cfg.run.steps)

@@ -9,10 +9,12 @@ from pathlib import Path
 import pytest
 import torch
 import torch._dynamo
+import torch.distributed as dist
 from safetensors.torch import load_file
-from train_helpers import losses, train_in_process
+from train_helpers import SMALL, losses, train_in_process
 
-from hyperparallel import checkpoint, config
+from hyperparallel import checkpoint, config, model, parallel
+from hyperparallel.data import ByteTokenizer
 
 STEPS = ["run.steps=4", "checkpoint.every=2"]
 
@@ -75,6 +77,19 @@ def test_compiled_layers_under_fsdp2_train_as_eager(tmp_path: Path) -> None:
     assert len(_calls) - before >= 2 * 2
     assert losses(tmp_path / "compiled") == pytest.approx(losses(tmp_path / "eager"), rel=1e-5)
     assert _saved_keys(tmp_path / "compiled") == _saved_keys(tmp_path / "eager")
+
+
+def test_compiled_layers_keep_their_parameter_names(tmp_path: Path) -> None:
+    cfg = config.load(overrides=[*SMALL, "model.compile=aot_eager"])
+    built = model.build(cfg.model, ByteTokenizer().vocab_size, cfg.run.seed)
+    names = list(built.state_dict())
+    store = dist.FileStore(str(tmp_path / "store"), 1)
+    dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+    try:
+        parallel.shard(built, parallel.mesh("cpu", 1, 1), cfg.parallel, cfg.model.compile)
+    finally:
+        dist.destroy_process_group()
+    assert list(built.state_dict()) == names  # no _orig_mod. inside
 
 
 def test_checkpoints_resume_across_the_compile_setting(eager: Path, tmp_path: Path) -> None:

@@ -31,7 +31,7 @@ from train_helpers import (
     losses,
     run_train,
     small_args,
-    spore_command,
+    start_train,
     train_in_process,
     train_run,
 )
@@ -623,13 +623,7 @@ def test_a_kill_while_writing_a_checkpoint_leaves_the_previous_one_resumable(tmp
     caught = None
     for attempt in range(5):
         out = tmp_path / f"run{attempt}"  # a fresh output each attempt
-        proc = subprocess.Popen(
-            spore_command("--nproc", "2", "--output", str(out), *args),
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-            env=clean_environ(),
-            start_new_session=True,
-        )
+        proc = start_train(out, *args)
         deadline = time.monotonic() + 180
         try:
             while time.monotonic() < deadline and proc.poll() is None:
@@ -666,14 +660,7 @@ def test_an_interrupt_stops_every_rank_and_names_the_checkpoint_to_resume(tmp_pa
     """Ctrl-C (SIGINT to the whole process group) or SIGTERM to the launcher alone."""
     out = tmp_path / "run"
     args = small_args("run.steps=100000", "checkpoint.every=2", "checkpoint.export=false")
-    proc = subprocess.Popen(
-        spore_command("--nproc", "2", "--output", str(out), *args),
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=clean_environ(),
-        start_new_session=True,
-    )
+    proc = start_train(out, *args, stderr=subprocess.PIPE)
     try:
         deadline = time.monotonic() + 180
         while not checkpoint.complete(out) and time.monotonic() < deadline:
@@ -725,13 +712,7 @@ def test_ranks_end_with_a_killed_launcher_and_the_output_is_free(tmp_path) -> No
     parent's death), the ranks outlived it for parallel.init_timeout (300 s)."""
     out = tmp_path / "run"
     args = small_args("run.steps=100000", "checkpoint.export=false")
-    proc = subprocess.Popen(
-        spore_command("--nproc", "2", "--output", str(out), *args),
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        env=clean_environ(),
-        start_new_session=True,
-    )
+    proc = start_train(out, *args)
     try:
         deadline = time.monotonic() + 120
         while len(ranks := _ranks_of(proc.pid)) < 2 and time.monotonic() < deadline:

@@ -36,6 +36,19 @@ def spore_command(*args: str) -> list[str]:
     return [sys.executable, "-m", "spore", "train", *args]
 
 
+def start_train(output: Path, *args: str, stderr: int = subprocess.DEVNULL) -> subprocess.Popen:
+    """``spore train --nproc 2 --output OUTPUT ARGS`` started in its own session (a test can
+    signal the whole job), its stdout discarded; the caller waits for it or kills it."""
+    return subprocess.Popen(
+        spore_command("--nproc", "2", "--output", str(output), *args),
+        stdout=subprocess.DEVNULL,
+        stderr=stderr,
+        text=True,
+        env=clean_environ(),
+        start_new_session=True,
+    )
+
+
 def small_args(*extra: str) -> list[str]:
     out: list[str] = []
     for item in [*SMALL, *extra]:

@@ -481,10 +481,32 @@ def _ln_var_rsqrt(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     return (torch.rsqrt(xf.var(-1, keepdim=True, correction=0) + 1e-5) * centred).to(x.dtype)
 
 
+def _ln_var_mean_upcast_twice(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """``var_mean(x.float())`` and ``x.float() - mean``: two upcasts of x, one value."""
+    var, mean = torch.var_mean(x.float(), -1, correction=0, keepdim=True)
+    return ((x.float() - mean) * torch.rsqrt(var + 1e-5) * w.float()).to(x.dtype)
+
+
+def _ln_squares_upcast_each_time(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """The mean, the squares and the centred x each from their own ``x.float()``."""
+    mean = x.float().mean(-1, keepdim=True)
+    var = ((x.float() - mean) ** 2).mean(-1, keepdim=True)
+    return ((x.float() - mean) / torch.sqrt(var + 1e-5) + w.flip(0).float()).to(x.dtype)
+
+
+def _ln_var_upcast_twice(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    centred = x.float() - x.float().mean(-1, keepdim=True)
+    std = torch.sqrt(x.float().var(-1, keepdim=True, unbiased=False) + 1e-5)
+    return (centred / std).to(x.dtype)
+
+
 @pytest.mark.parametrize(
     ("fn", "weight", "bias"),
     [
         (_ln_var_divided, True, True),
+        (_ln_var_mean_upcast_twice, True, False),
+        (_ln_squares_upcast_each_time, False, True),
+        (_ln_var_upcast_twice, False, False),
         (_ln_squares_divided, True, False),
         (_ln_squares_rsqrt, False, True),
         (_ln_var_rsqrt, False, False),

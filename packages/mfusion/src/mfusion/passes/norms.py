@@ -494,7 +494,7 @@ class LayerNormPass(spore.GraphPass):
     """``F.layer_norm`` over the last dimension (weight and bias optional) → spore.layer_norm."""
 
     name = "layer_norm"
-    version = "2"
+    version = "3"
     on_cpu = False  # Inductor's fused C++ kernel is as fast; the op call costs more
     priority = 25
     summary = "LayerNorm (F.layer_norm or hand-written, weight/bias optional) → spore.layer_norm"
@@ -562,9 +562,19 @@ class LayerNormPass(spore.GraphPass):
         return x, params.get("weight"), params.get("bias"), eps, end, inner
 
 
+def _same_upcast(node: Any, of: Node) -> bool:
+    """Whether ``node`` holds ``of``'s values: ``of`` itself, or another exact upcast of the same
+    tensor to the same dtype (``x.float()`` written twice)."""
+    return node is of or (source(node) is source(of) and _dtype(node) == _dtype(of))
+
+
 def _last_dim_mean(node: Any, of: Node) -> bool:
     """Whether ``node`` is ``of.mean(-1, keepdim=True)`` (no dtype argument)."""
-    if not _is(node, aten.mean.dim) or node.args[0] is not of or node.kwargs.get("dtype"):
+    if (
+        not _is(node, aten.mean.dim)
+        or not _same_upcast(node.args[0], of)
+        or node.kwargs.get("dtype")
+    ):
         return False
     return bool(_arg(node, 2, "keepdim", False)) and _single_last_dim(node.args[1], _rank(of))
 
@@ -574,25 +584,27 @@ def _layer_norm_statistics(var: Node, xf: Node, mean: Node, centred: Node) -> li
     of ``xf`` over its last dimension (keepdim) used only by the LayerNorm whose centred x is
     ``centred`` (``xf - mean``): one ``var_mean(correction=0)``, ``xf.mean`` beside
     ``xf.var(correction=0)``, or ``((xf - mean)**2).mean``, that difference being ``centred``
-    or a second ``xf - mean``."""
+    or a second ``xf - mean``; each may read its own upcast of x (:func:`_same_upcast`)."""
     if _is(var, operator.getitem) and _is(var.args[0], aten.var_mean.correction):
         stats = var.args[0]
         parts = _var_mean_parts(stats)
-        if parts is None or parts != (var, mean) or stats.args[0] is not xf:
+        if parts is None or parts != (var, mean) or not _same_upcast(stats.args[0], xf):
             return None
         if not _single_last_dim(_arg(stats, 1, "dim"), _rank(xf)):
             return None
         if _correction(stats) != 0 or not stats.kwargs.get("keepdim", False):
             return None
-        return [stats, mean] if list(mean.users) == [centred] else None
+        return [stats.args[0], stats, mean] if list(mean.users) == [centred] else None
     if not _last_dim_mean(mean, xf):
         return None
     if _is(var, aten.var.correction):
-        if var.args[0] is not xf or not _single_last_dim(_arg(var, 1, "dim"), _rank(xf)):
+        if not _same_upcast(var.args[0], xf) or not _single_last_dim(
+            _arg(var, 1, "dim"), _rank(xf)
+        ):
             return None
         if _correction(var) != 0 or not var.kwargs.get("keepdim", False):
             return None
-        return [mean] if list(mean.users) == [centred] else None
+        return [var.args[0], mean.args[0], mean] if list(mean.users) == [centred] else None
     if not _is(var, aten.mean.dim) or not _last_dim_mean(var, var.args[0]):
         return None
     if not _is_square(var.args[0]):
@@ -601,13 +613,15 @@ def _layer_norm_statistics(var: Node, xf: Node, mean: Node, centred: Node) -> li
     deviation = squared.args[0]
     if _only_user(squared) is not var or not _is(deviation, aten.sub.Tensor):
         return None
-    if deviation.args[:2] != (xf, mean) or deviation.kwargs.get("alpha", 1) != 1:
+    if not _same_upcast(deviation.args[0], xf) or deviation.args[1] is not mean:
+        return None
+    if len(deviation.args) != 2 or deviation.kwargs.get("alpha", 1) != 1:
         return None
     if set(mean.users) != {centred, deviation}:
         return None
     if deviation is not centred and _only_user(deviation) is not squared:
         return None
-    return [mean, deviation, squared]
+    return [mean.args[0], deviation.args[0], mean, deviation, squared]
 
 
 # Mean+Var --------------------------------------------------------------------------------

@@ -265,12 +265,32 @@ class RMSNormMatch:
     inner: list[Node] = field(default_factory=list)
 
 
+def _normalising(root: Node) -> tuple[Node, Any, bool] | None:
+    """``(normed, operand, divided)`` when ``root`` is an ``rsqrt`` whose only user is
+    ``operand * root`` (either order), or a ``sqrt`` whose only user is ``operand / root``
+    (``divided``): the normalising step of an RMSNorm or a LayerNorm."""
+    divided = _is(root, aten.sqrt.default)
+    if not (divided or _is(root, aten.rsqrt.default)):
+        return None
+    normed = _only_user(root)
+    if normed is None:
+        return None
+    if divided:
+        if not _is(normed, aten.div.Tensor) or normed.args[1] is not root or normed.kwargs:
+            return None
+        return normed, normed.args[0], True
+    if not _is(normed, *_MUL) or len(normed.args) != 2:
+        return None
+    return normed, _other(normed, root), False
+
+
 def match_rms_norm(rsqrt: Node) -> RMSNormMatch | None:
     """The RMSNorm whose ``rsqrt`` (or ``sqrt``, for ``x / sqrt(...)``) node is ``rsqrt``, if
     the op computes it (module doc)."""
-    divided = _is(rsqrt, aten.sqrt.default)
-    if not (divided or _is(rsqrt, aten.rsqrt.default)):
+    normalising = _normalising(rsqrt)
+    if normalising is None:
         return None
+    normed, scaled, divided = normalising
     found = _tensor_and_scalar(rsqrt.args[0])
     if found is None:
         return None
@@ -290,15 +310,6 @@ def match_rms_norm(rsqrt: Node) -> RMSNormMatch | None:
     chain = [squared, mean, rsqrt.args[0], rsqrt]
     if any(_only_user(n) is None for n in chain[:-1]):
         return None
-    normed = _only_user(rsqrt)
-    if divided:
-        if not _is(normed, aten.div.Tensor) or normed.args[1] is not rsqrt or normed.kwargs:
-            return None
-        scaled = normed.args[0]
-    else:
-        if normed is None or not _is(normed, *_MUL) or len(normed.args) != 2:
-            return None
-        scaled = _other(normed, rsqrt)
     if _dtype(normed) != _dtype(xf) or _shape(normed) != _shape(x):
         return None
     if source(scaled) is x:
@@ -516,22 +527,14 @@ class LayerNormPass(spore.GraphPass):
     def match(root: Node) -> tuple[Node, Node | None, Node | None, float, Node, list] | None:
         """``(x, weight, bias, eps, out, inner nodes)`` of the LayerNorm whose ``rsqrt`` (or
         the ``sqrt`` it divides by) is ``root``."""
-        divided = _is(root, aten.sqrt.default)
-        if not (divided or _is(root, aten.rsqrt.default)) or _only_user(root.args[0]) is None:
+        normalising = _normalising(root)
+        if normalising is None or _only_user(root.args[0]) is None:
             return None
+        normed, centred, _ = normalising
         found = _tensor_and_scalar(root.args[0])
-        normed = _only_user(root)
-        if found is None or normed is None or _only_user(found[0]) is None:
+        if found is None or _only_user(found[0]) is None:
             return None
         var, eps = found
-        if divided:
-            if not _is(normed, aten.div.Tensor) or normed.args[1] is not root or normed.kwargs:
-                return None
-            centred = normed.args[0]
-        else:
-            if not _is(normed, *_MUL) or len(normed.args) != 2:
-                return None
-            centred = _other(normed, root)
         if not _is(centred, aten.sub.Tensor) or centred.kwargs.get("alpha", 1) != 1:
             return None
         xf, mean = centred.args

@@ -280,10 +280,14 @@ def eager_graph(gm: GraphModule, why: str) -> CompiledGraph:
     """``gm`` run eagerly as it is, by an :class:`Executor` (called boxed, it frees each input
     after its last use), every call node a fallback with ``why``."""
     t0 = time.perf_counter()
-    calls = [n for n in gm.graph.nodes if n.op == "call_function"]
     run = Executor(gm, list(gm.graph.nodes))
-    clustering = Clustering([], [(n, why) for n in calls], 0.0, [why])
-    return CompiledGraph(run, [], clustering, (time.perf_counter() - t0) * 1e6, 0.0)
+    return CompiledGraph(run, [], _all_eager(gm, why), (time.perf_counter() - t0) * 1e6, 0.0)
+
+
+def _all_eager(gm: GraphModule, why: str) -> Clustering:
+    """No region: every call node of ``gm`` left to eager with ``why``."""
+    calls = [n for n in gm.graph.nodes if n.op == "call_function"]
+    return Clustering([], [(n, why) for n in calls], 0.0, [why])
 
 
 def _ensure_meta(gm: GraphModule, example_inputs: Sequence[Any]) -> None:
@@ -472,8 +476,7 @@ def compile_graph(
     except Exception as e:  # a compiler bug must not break the user's program: run eagerly
         why = f"dvm could not compile this graph ({type(e).__name__}: {e}); it runs eagerly"
         warnings.warn(why, RuntimeWarning, stacklevel=2)
-        calls = [n for n in gm.graph.nodes if n.op == "call_function"]
-        clustering = Clustering([], [(n, why) for n in calls], 0.0, [why])
+        clustering = _all_eager(gm, why)
         runners, run, t1 = [], gm.forward, time.perf_counter()
     t2 = time.perf_counter()
     return CompiledGraph(run, runners, clustering, (t2 - t0) * 1e6, (t2 - t1) * 1e6)

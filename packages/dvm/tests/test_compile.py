@@ -578,3 +578,27 @@ def test_a_bad_min_ops_is_a_value_error(min_ops):
     gm = make_fx(lambda t: t.exp() * 2, tracing_mode="fake")(x)
     with pytest.raises(ValueError, match="min_ops must be an int >= 1"):
         compile_graph(gm, [x], min_ops=min_ops)
+
+
+def test_a_compiler_bug_runs_the_graph_eagerly_and_boxed(monkeypatch):
+    """A compile that raises warns and runs every node eagerly, each a fallback with the
+    reason; called boxed (a backward graph), it still takes over and clears the list, so
+    saved activations go after their last reader."""
+
+    def broken(gm, runners):
+        raise RuntimeError("simulated scheduler bug")
+
+    monkeypatch.setattr(dc, "_schedule", broken)
+    x, w = _inputs()
+    gm = make_fx(_fn, tracing_mode="fake")(x, w)
+    with pytest.warns(RuntimeWarning, match="could not compile this graph.*simulated scheduler"):
+        c = compile_graph(gm, [x, w])
+    assert c.runners == []
+    calls = [n for n in gm.graph.nodes if n.op == "call_function"]
+    assert [n for n, _ in c.fallbacks] == calls
+    assert all("simulated scheduler bug" in why for _, why in c.fallbacks)
+    args = [x, w]
+    torch.testing.assert_close(c.boxed(args), _fn(x, w))
+    assert args == []
+    torch.testing.assert_close(c(x, w), _fn(x, w))
+    assert c.vm_calls == 0

@@ -235,10 +235,10 @@ def _guard_failure(
 class CompiledGraph:
     """A compiled graph: call it like the original ``GraphModule``, or :meth:`boxed`.
     ``regions`` run on the VM; ``fallbacks`` are the call nodes left to eager with the reason;
-    ``run`` runs it (the original graph module's ``forward`` when the compile failed); times
-    in µs."""
+    ``run`` runs it (every node eagerly, in graph order, when the compile failed); times in
+    µs."""
 
-    run: Executor | Callable[..., Any]
+    run: Executor
     runners: list[RegionRunner]
     clustering: Clustering
     total_us: float
@@ -254,9 +254,7 @@ class CompiledGraph:
     def boxed(self, args: list[Any]) -> Any:
         """Run on ``args`` and clear that list (AOT autograd's boxed calling convention), so
         that each input is freed after its last use (:meth:`dvm.executor.Executor.boxed`)."""
-        if isinstance(self.run, Executor):
-            return self.run.boxed(args)
-        return self.run(*args)
+        return self.run.boxed(args)
 
     @property
     def regions(self) -> list[Region]:
@@ -476,7 +474,8 @@ def compile_graph(
     except Exception as e:  # a compiler bug must not break the user's program: run eagerly
         why = f"dvm could not compile this graph ({type(e).__name__}: {e}); it runs eagerly"
         warnings.warn(why, RuntimeWarning, stacklevel=2)
-        clustering = _all_eager(gm, why)
-        runners, run, t1 = [], gm.forward, time.perf_counter()
+        failed = eager_graph(gm, why)
+        failed.total_us = (time.perf_counter() - t0) * 1e6
+        return failed
     t2 = time.perf_counter()
     return CompiledGraph(run, runners, clustering, (t2 - t0) * 1e6, (t2 - t1) * 1e6)

@@ -796,6 +796,25 @@ def test_a_rank_killed_by_a_signal_is_named(tmp_path) -> None:
     ]
 
 
+def test_each_distinct_traceback_is_printed_once_under_its_ranks(tmp_path) -> None:
+    from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
+
+    def failed(rank: int, message: str) -> ProcessFailure:
+        error_file = tmp_path / f"error-{rank}.json"
+        error_file.write_text(json.dumps({"message": message, "timestamp": 1}))
+        return ProcessFailure(
+            local_rank=rank, pid=10 + rank, exitcode=1, error_file=str(error_file)
+        )
+
+    same = f"{launch.TRACEBACK}\n  ...\nValueError: same on both\n"
+    other = f"{launch.TRACEBACK}\n  ...\nKeyError: 'only rank 2'\n"
+    failures = {2: failed(2, other), 1: failed(1, same), 0: failed(0, same)}
+    assert launch._failure_lines(failures) == [
+        f"rank(s) 0, 1 raised:\n{same.rstrip()}",
+        f"rank(s) 2 raised:\n{other.rstrip()}",
+    ]
+
+
 def test_failures_in_a_rank_are_reported_once_and_plainly(tmp_path) -> None:
     data_file = tmp_path / "data.jsonl"
     data_file.write_text('{"text": "fine"}\nnot json\n')
@@ -816,6 +835,8 @@ def test_failures_in_a_rank_are_reported_once_and_plainly(tmp_path) -> None:
     # settings transformers builds a model of, whose forward then fails (preflight builds the
     # model but runs nothing): an unexpected error in the rank, shown with its traceback
     unexpected = run_train(
+        "--nproc",
+        "2",
         "--output",
         str(tmp_path / "b"),
         "--set",
@@ -823,5 +844,6 @@ def test_failures_in_a_rank_are_reported_once_and_plainly(tmp_path) -> None:
         check=False,
     )
     assert unexpected.returncode == 1
-    assert unexpected.stderr.count("Traceback") == 1  # the rank's own, not the launcher's copy
+    assert unexpected.stderr.count("Traceback") == 1  # both ranks raise it: printed once
+    assert re.search(r"^rank\(s\) [01](, 1)? raised:\nTraceback", unexpected.stderr, re.M)
     assert "RuntimeError: The size of tensor a (3) must match" in unexpected.stderr

@@ -143,18 +143,31 @@ def _apply_cpu_plan(nproc: int) -> list[str]:
     return plan.describe()
 
 
+TRACEBACK = "Traceback (most recent call last):"
+"""How a traceback a rank hands to its launcher begins (:func:`hyperparallel.train.worker`)."""
+
+
 def _failure_lines(failures: dict[int, Any]) -> list[str]:
-    """What to print of the ranks' failures: each distinct one-line error (``error: ...``), and
-    each rank a signal killed (nothing of it was printed: an OOM kill sends SIGKILL). A rank
-    that raised printed its own traceback."""
+    """What to print of the ranks' failures: each distinct error a rank handed over, once (a
+    one-line ``error: ...``, or a traceback under a line naming the ranks that raised it, so
+    that N ranks failing alike print one traceback, not N interleaved), and each rank a signal
+    killed (nothing of it was printed: an OOM kill sends SIGKILL)."""
     errors = {f.message for f in failures.values() if str(f.message).startswith("error: ")}
+    raised: dict[str, list[int]] = {}
+    for rank, failure in sorted(failures.items()):
+        if str(failure.message).startswith(TRACEBACK):
+            raised.setdefault(failure.message, []).append(rank)
+    tracebacks = [
+        f"rank(s) {', '.join(map(str, ranks))} raised:\n{text.rstrip()}"
+        for text, ranks in raised.items()
+    ]
     killed = [
         f"error: rank {rank} was killed by {failure.signal_name()}"
         + (" (the kernel's out-of-memory killer sends it)" if failure.exitcode == -9 else "")
         for rank, failure in sorted(failures.items())
         if failure.exitcode < 0
     ]
-    return [*sorted(errors), *killed]
+    return [*sorted(errors), *tracebacks, *killed]
 
 
 def launch(config: Config, resume: str | None = None, *, echo: Any = print) -> None:

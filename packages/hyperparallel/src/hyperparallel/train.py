@@ -206,9 +206,9 @@ def worker(settings: dict[str, Any], resume: str | None, launcher: int | None = 
 
     ``launcher``: the pid of the ``spore train`` process that started this rank (None under
     torchrun); the rank ends with it (:func:`hyperparallel.launch.end_with_launcher`).
-    A failure exits with status 1. An :class:`InputError` is one line: handed to the launcher
-    through the elastic error file when started by one (it prints each distinct line once),
-    else printed by rank 0. Anything else prints this rank's traceback.
+    A failure exits with status 1. An :class:`InputError` is one line, anything else this
+    rank's traceback: handed to the launcher through the elastic error file when started by
+    one (it prints each distinct error once), else printed (a one-line error by rank 0 only).
     """
     if launcher is not None:
         end_with_launcher(launcher)
@@ -219,19 +219,29 @@ def worker(settings: dict[str, Any], resume: str | None, launcher: int | None = 
         raise SystemExit(128 + signal.SIGINT) from None
     except InputError as exc:
         line = f"error: {exc}"
-        error_file = os.environ.get("TORCHELASTIC_ERROR_FILE")
-        if launcher is not None and error_file:
-            Path(error_file).write_text(
-                json.dumps({"message": line, "timestamp": int(time.time())})
-            )
-        elif int(os.environ.get("RANK", "0")) == 0:
+        if not _hand_over(line, launcher) and int(os.environ.get("RANK", "0")) == 0:
             print(line, file=sys.stderr, flush=True)
         _exit_failed()
     except (Exception, CheckpointException):  # DCP's CheckpointException is a BaseException
         if _interrupted(wait=1.0):  # an error from a peer that stopped on Ctrl-C first
             raise SystemExit(128 + signal.SIGINT) from None
-        traceback.print_exc()
+        if not _hand_over(traceback.format_exc(), launcher):
+            traceback.print_exc()
         _exit_failed()
+
+
+def _hand_over(message: str, launcher: int | None) -> bool:
+    """Write ``message`` to the elastic error file for the launcher that started this rank to
+    print (:func:`hyperparallel.launch._failure_lines`); ``False`` when ``spore train`` did not
+    start this rank (under torchrun each rank prints its own) or the file cannot be written."""
+    error_file = os.environ.get("TORCHELASTIC_ERROR_FILE")
+    if launcher is None or not error_file:
+        return False
+    try:
+        Path(error_file).write_text(json.dumps({"message": message, "timestamp": int(time.time())}))
+    except OSError:
+        return False
+    return True
 
 
 def _exit_failed() -> NoReturn:

@@ -218,3 +218,26 @@ def test_an_int_mask_compiles_whole_and_vmaps() -> None:
     batched = torch.vmap(one)(pred, true, mask.long())
     rows = [one(pred[i], true[i], mask[i]) for i in range(2)]
     torch.testing.assert_close(batched, torch.stack(rows))
+
+
+@pytest.mark.parametrize("chunk_size", [None, 4])
+@pytest.mark.parametrize("placeholder", [float("nan"), float("inf")])
+def test_true_coordinates_of_masked_atoms_are_not_read(chunk_size, placeholder) -> None:
+    """An atom without coordinates (coord_mask False) often holds NaN there: the loss and the
+    gradients are those of any finite placeholder (NaN * 0 leaked into both)."""
+    pred, true, nucleotide, mask = structure((2,), 17, seed=5)
+    mask[:, 3] = False
+    pred.requires_grad_()
+    expected = smooth_lddt_loss(pred, true, is_nucleotide=nucleotide, coord_mask=mask)
+    (expected_grad,) = torch.autograd.grad(expected, pred)
+    missing = true.clone().requires_grad_()
+    with torch.no_grad():
+        missing[~mask] = placeholder
+    got = smooth_lddt_loss(
+        pred, missing, is_nucleotide=nucleotide, coord_mask=mask, chunk_size=chunk_size
+    )
+    grad, true_grad = torch.autograd.grad(got, (pred, missing))
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(grad, expected_grad, rtol=1e-5, atol=1e-7)
+    assert torch.isfinite(true_grad).all()
+    assert (true_grad[~mask] == 0).all()

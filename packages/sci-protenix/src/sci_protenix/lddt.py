@@ -41,9 +41,9 @@ def smooth_lddt_loss(
     ``pred_coords``, ``true_coords``: ``[..., N, 3]`` (batch dims broadcast, e.g. a diffusion
     sample dim on the prediction only). ``is_nucleotide``: ``[..., N]`` (DNA/RNA atoms: 30 Å
     radius), default all protein. ``coord_mask``: ``[..., N]``, False where the true atom has
-    no coordinates. Both flags are bool, or 0/1 of any dtype (Protenix's int64
-    ``coordinate_mask``); other values are a ValueError. ``chunk_size``: atom rows per chunk
-    (None: all at once).
+    no coordinates (those are not read: NaN there is fine). Both flags are bool, or 0/1 of any
+    dtype (Protenix's int64 ``coordinate_mask``); other values are a ValueError.
+    ``chunk_size``: atom rows per chunk (None: all at once).
     ``reduction``: ``"mean"`` over the batch (a scalar) or ``"none"`` (the batch shape).
     """
     batch, n = _check(pred_coords, true_coords, is_nucleotide, coord_mask, chunk_size, reduction)
@@ -56,9 +56,11 @@ def smooth_lddt_loss(
     dtype = torch.promote_types(pred_coords.dtype, true_coords.dtype)
     compute = torch.promote_types(dtype, torch.float32)  # 16-bit sums lose chunks, overflow
     pred = pred_coords.to(compute).expand(*batch, n, 3)
-    true = true_coords.to(compute).expand(*batch, n, 3)
-    radius = radius.to(true.dtype).expand(*batch, n)
     mask = mask.bool().expand(*batch, n)
+    # an atom without coordinates may hold NaN or inf there: its pairs are excluded, but
+    # NaN * 0 would still be NaN, in the loss and in every gradient
+    true = torch.where(mask[..., None], true_coords.to(compute), 0.0).expand(*batch, n, 3)
+    radius = radius.to(true.dtype).expand(*batch, n)
     size = max(1, n if chunk_size is None else min(chunk_size, n))  # n = 0: one empty chunk
     recompute = size < n and torch.is_grad_enabled() and (pred.requires_grad or true.requires_grad)
     score = pred.new_zeros(batch)

@@ -4,11 +4,12 @@ the slice writes, chunk-size checks, and apply_plan reaching every sci-protenix 
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 from torch import nn
 
-from sci_protenix import PairformerStack
+from sci_protenix import PairformerStack, TriangleAttention, smooth_lddt_loss
 from sci_protenix.chunking import (
     apply_plan,
     check_chunk_size,
@@ -70,6 +71,25 @@ def test_bad_chunk_sizes_are_refused(bad: object) -> None:
         check_chunk_size(bad)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="chunk_size must be a positive int"):
         chunked(lambda sl: torch.zeros(1), 4, bad, 0)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("size", [np.int64(4), np.int32(4), np.uint8(4)])
+def test_numpy_integer_chunk_sizes_are_taken(size: object) -> None:
+    """A chunk size computed with numpy (or read from a numpy config) is an integer as Python's
+    is: taken as that int, not refused as if it were a float or a string."""
+    assert check_chunk_size(size) == 4  # type: ignore[arg-type]
+    assert type(check_chunk_size(size)) is int  # type: ignore[arg-type]
+    x, w = torch.randn(3, 9, 4), torch.randn(4, 6)
+    out = chunked(_rows_fn(x, w), 9, size, dim=1)  # type: ignore[arg-type]
+    torch.testing.assert_close(out, torch.tanh(x @ w), rtol=0, atol=1e-6)
+    attention = TriangleAttention(c_in=8, c_hidden=4, no_heads=2).eval()
+    z = torch.randn(7, 7, 8)
+    with torch.no_grad():
+        torch.testing.assert_close(attention(z, chunk_size=size), attention(z))
+    pred, true = torch.randn(2, 9, 3) * 5, torch.randn(9, 3) * 5
+    torch.testing.assert_close(
+        smooth_lddt_loss(pred, true, chunk_size=size), smooth_lddt_loss(pred, true)
+    )
 
 
 def test_empty_axis_is_one_call_over_the_empty_slice() -> None:

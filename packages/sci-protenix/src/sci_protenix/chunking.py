@@ -12,6 +12,7 @@ module inside a model; each module then takes its chunk size from the plan field
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Callable
 from typing import Any, Literal, TypeVar
 
@@ -26,15 +27,20 @@ M = TypeVar("M", bound=nn.Module)
 
 
 def check_chunk_size(chunk_size: int | None) -> int | None:
-    """``chunk_size`` itself when None or a positive int; a ValueError naming the fix otherwise."""
+    """``chunk_size`` as an int when None or a positive integer (a Python or numpy one); a
+    ValueError naming the fix otherwise (a bool, a float, a string)."""
     if chunk_size is None:
         return None
-    if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size <= 0:
+    try:
+        size = None if isinstance(chunk_size, bool) else operator.index(chunk_size)
+    except TypeError:
+        size = None
+    if size is None or size <= 0:
         raise ValueError(
             f"chunk_size must be a positive int (rows per chunk) or None (no chunking), "
             f"got {chunk_size!r}"
         )
-    return chunk_size
+    return size
 
 
 def chunked(
@@ -68,7 +74,7 @@ def chunked(
     is then gathered once from chunk-sized pieces, where a slice per chunk makes a zero-filled
     whole-size gradient for every chunk.
     """
-    check_chunk_size(size)
+    size = check_chunk_size(size)
     if length < 0:
         raise ValueError(f"the chunked axis cannot have a negative length, got {length}")
     if length == 0:  # an empty axis (e.g. an MSA of no rows): one call over the empty slice

@@ -19,6 +19,7 @@ from typing import Literal
 import torch
 from torch.utils.checkpoint import checkpoint
 
+from sci_protenix.chunking import check_chunk_size
 from sci_protenix.primitives import broadcast
 
 THRESHOLDS = (0.5, 1.0, 2.0, 4.0)
@@ -166,10 +167,7 @@ def _check(
         raise ValueError(
             f"the batch dims of the inputs do not broadcast: {[tuple(b) for b in batch]}"
         )
-    if chunk_size is not None and (
-        isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1
-    ):
-        raise ValueError(f"chunk_size must be a positive int or None, got {chunk_size!r}")
+    check_chunk_size(chunk_size)
     if reduction not in ("mean", "none"):
         raise ValueError(f"reduction must be 'mean' or 'none', got {reduction!r}")
     return shape, n

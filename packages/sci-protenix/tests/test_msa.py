@@ -274,6 +274,14 @@ def test_bad_chunk_size_is_rejected(bad: object) -> None:
         opm(torch.randn(2, 3, 4), chunk_size=bad)
 
 
+@pytest.mark.parametrize("bad", [0, -1, 2.5, True])
+def test_a_bad_msa_chunk_size_is_refused_when_built_and_named(bad: object) -> None:
+    with pytest.raises(ValueError, match=r"^msa_chunk_size must be a positive int"):
+        MSAStack(c_m=4, c_z=3, c=2, msa_chunk_size=bad)
+    with pytest.raises(ValueError, match=r"^msa_chunk_size must be a positive int"):
+        MSAModule(n_blocks=2, c_m=4, c_z=3, c_s_inputs=5, msa_chunk_size=bad)
+
+
 def test_bad_shapes_are_rejected_with_the_fix() -> None:
     opm = OuterProductMean(c_m=4, c_z=3, c_hidden=2)
     pwa = MSAPairWeightedAveraging(c_m=4, c=2, c_z=3, n_heads=2)

@@ -26,9 +26,10 @@ Kind = Literal["tri_mul", "tri_att", "transition", "pair_bias", "outer_product",
 M = TypeVar("M", bound=nn.Module)
 
 
-def check_chunk_size(chunk_size: int | None) -> int | None:
+def check_chunk_size(chunk_size: int | None, name: str = "chunk_size") -> int | None:
     """``chunk_size`` as an int when None or a positive integer (a Python or numpy one); a
-    ValueError naming the fix otherwise (a bool, a float, a string)."""
+    ValueError naming the fix and the setting (``name``) otherwise (a bool, a float, a
+    string)."""
     if chunk_size is None:
         return None
     try:
@@ -37,7 +38,7 @@ def check_chunk_size(chunk_size: int | None) -> int | None:
         size = None
     if size is None or size <= 0:
         raise ValueError(
-            f"chunk_size must be a positive int (rows per chunk) or None (no chunking), "
+            f"{name} must be a positive int (rows per chunk) or None (no chunking), "
             f"got {chunk_size!r}"
         )
     return size

@@ -20,7 +20,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from sci_protenix.chunking import chunked, grad_free, inplace_requested, plan_chunk_size
+from sci_protenix.chunking import (
+    check_chunk_size,
+    chunked,
+    grad_free,
+    inplace_requested,
+    plan_chunk_size,
+)
 from sci_protenix.memory_plan import MemoryPlan
 from sci_protenix.pairformer import PairformerBlock, recompute_policy, run_blocks, save_ops
 from sci_protenix.primitives import (
@@ -213,7 +219,7 @@ class MSAStack(nn.Module):
         super().__init__()
         self.c = c
         self.p_drop = dropout
-        self.msa_chunk_size = msa_chunk_size
+        self.msa_chunk_size = check_chunk_size(msa_chunk_size, "msa_chunk_size")
         self.msa_max_size = msa_max_size
         self.msa_pair_weighted_averaging = MSAPairWeightedAveraging(c_m=c_m, c=c, c_z=c_z)
         self.transition_m = Transition(c_in=c_m, n=4)

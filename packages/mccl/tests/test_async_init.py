@@ -208,3 +208,33 @@ def test_an_unknown_backend_is_refused_at_the_call(backend, unknown, hint) -> No
         )
     assert hint in str(e.value)
     assert mccl.init._pending is None
+
+
+@pytest.mark.parametrize(
+    ("options", "error", "message"),
+    [
+        (
+            {"timeout": 30, "rank": 0, "world_size": 1},
+            TypeError,
+            "timeout must be a datetime.timedelta, .* got 30; init_timeout= takes seconds",
+        ),
+        (
+            {"init_method": "tcp://127.0.0.1:9", "rank": 0, "world_size": 1},
+            ValueError,
+            "pass init_method= or store=, not both",
+        ),
+        ({"rank": 0}, ValueError, "store= needs world_size= > 0, got None"),
+        ({"rank": -1, "world_size": 1}, ValueError, "store= needs rank= >= 0, got -1"),
+    ],
+)
+def test_argument_errors_are_refused_at_the_call(options, error, message) -> None:
+    """torch raises them before any rendezvous; mccl accepted them and the first wait raised
+    ``InitFailedError`` from torch's ``TypeError`` or ``AssertionError``."""
+    import torch.distributed as dist
+
+    import mccl
+
+    with pytest.raises(error, match=message):
+        mccl.init_process_group_async("gloo", store=dist.HashStore(), **options)
+    assert mccl.init._pending is None
+    assert not dist.is_initialized()

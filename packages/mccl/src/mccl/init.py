@@ -84,6 +84,25 @@ def _check_backend(backend: str | None) -> None:
         )
 
 
+def _check_options(kwargs: dict[str, Any]) -> None:
+    """The argument errors ``init_process_group`` raises before any rendezvous, raised at the
+    call rather than in the background init."""
+    timeout = kwargs.get("timeout")
+    if timeout is not None and not isinstance(timeout, timedelta):
+        raise TypeError(
+            f"timeout must be a datetime.timedelta, as torch.distributed.init_process_group "
+            f"takes it, got {timeout!r}; init_timeout= takes seconds"
+        )
+    if kwargs.get("store") is None:
+        return
+    if kwargs.get("init_method") is not None:
+        raise ValueError("pass init_method= or store=, not both")
+    if not kwargs.get("world_size", -1) > 0:
+        raise ValueError(f"store= needs world_size= > 0, got {kwargs.get('world_size')!r}")
+    if not kwargs.get("rank", -1) >= 0:
+        raise ValueError(f"store= needs rank= >= 0, got {kwargs.get('rank')!r}")
+
+
 def _seconds(value: float | timedelta | None) -> float | None:
     if value is None:
         return None
@@ -254,6 +273,7 @@ def init_process_group_async(
     """
     global _pending, _failed
     _check_backend(backend)
+    _check_options(kwargs)
     given = init_timeout if init_timeout is not None else kwargs.get("timeout")
     limit = DEFAULT_INIT_TIMEOUT_S if given is None else _seconds(given)
     if not limit > 0 or limit == float("inf"):  # NaN fails the first test

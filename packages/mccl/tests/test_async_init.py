@@ -161,6 +161,14 @@ def test_exit_handlers_run_when_exiting_while_pending(tmp_path) -> None:
     assert done.returncode == 0
 
 
+def test_exit_handlers_use_the_group_before_mccl_destroys_it(ranks) -> None:
+    """mccl destroyed the group from its own exit handler, before those registered earlier:
+    ``atexit.register(dist.destroy_process_group)`` then printed "Exception ignored in atexit
+    callback ... Process group cannot be None" at every exit."""
+    results, _ = ranks("exit_handler_uses_group", 2)
+    assert results == [{"registered_before_mccl": True, "rank_at_exit": r} for r in (0, 1)]
+
+
 @pytest.mark.parametrize(
     ("scenario", "status"),
     [

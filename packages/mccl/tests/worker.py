@@ -230,6 +230,25 @@ def exit_handlers_pending() -> dict:
     return {**found, "directory": directory.name}
 
 
+def exit_handler_uses_group() -> dict:
+    """An exit handler registered before ``mccl.init`` is imported, which uses the group and
+    destroys it, as programs do after a synchronous init; the group is left alive for it."""
+    found = {"registered_before_mccl": "mccl.init" not in sys.modules}
+
+    def goodbye() -> None:
+        try:
+            said = {"rank_at_exit": dist.get_rank()}
+            dist.barrier()
+            dist.destroy_process_group()
+        except Exception as e:
+            said = {"error": f"{type(e).__name__}: {e}"}
+        print(json.dumps({**found, **said}), flush=True)  # the rank's last JSON line
+
+    atexit.register(goodbye)
+    start().wait()
+    return found
+
+
 def sys_exit_pending() -> dict:
     """sys.exit(3) while the init is pending, through a with block (a handler on the way)."""
     start()
@@ -346,6 +365,7 @@ SCENARIOS = {
         destroy_pending,
         exit_pending,
         exit_handlers_pending,
+        exit_handler_uses_group,
         sys_exit_pending,
         sys_exit_message_pending,
         builtin_exit_pending,
@@ -361,7 +381,8 @@ SCENARIOS = {
 
 if __name__ == "__main__":
     result = SCENARIOS[scenario]()
-    if mccl.pending() is None and dist.is_initialized():  # is_initialized waits while pending
+    keep = scenario == "exit_handler_uses_group"  # its exit handler destroys the group
+    if not keep and mccl.pending() is None and dist.is_initialized():  # that waits if pending
         dist.destroy_process_group()
     print(json.dumps(result), flush=True)
     if scenario == "fsdp":

@@ -313,19 +313,12 @@ def _forget_in_child() -> None:
 os.register_at_fork(after_in_child=_forget_in_child)
 
 
-@atexit.register
-def _release_at_exit() -> None:
-    """Never wait for, or crash on, a background-started group at interpreter exit.
+def _destroy_created() -> None:
+    """Destroy the default group if a background init created it and the program did not.
 
     A gloo group created in a background thread and never destroyed can abort the process
-    (SIGABRT) during interpreter teardown once a peer has exited, so a default group mccl
-    created is destroyed here if the program did not. Exit handlers must not block on the
-    guard: it is removed first.
+    (SIGABRT) during interpreter teardown once a peer has exited.
     """
-    global _pending, _failed
-    with _lock:
-        _pending = _failed = None
-        _set_guard(False)
     current = _ORIGINAL.fget(c10d._world)
     if current is not None and any(current is ref() for ref in _created):
         with contextlib.suppress(Exception):  # exiting anyway; the group is unusable
@@ -393,26 +386,29 @@ def _exit_status() -> int:
     return raised.code & 0xFF if -(2**63) <= raised.code < 2**63 else 255
 
 
-def _end_pending_at_exit() -> None:
-    """The first exit handler: with an init still pending, run the others, then end the process.
+def _at_exit() -> None:
+    """The first exit handler: run the others, then destroy the group mccl created if the
+    program did not (they may still use it: ``atexit.register(dist.destroy_process_group)``).
 
-    The init thread returning from torch's rendezvous while the interpreter is being torn down
-    aborts the process (SIGABRT), so it must not be torn down: the process ends here, after the
-    other exit handlers have run (without the guard, so they do not wait for the init): by
-    SIGINT after an uncaught ``KeyboardInterrupt`` (as CPython ends such a program; a shell
-    reports 130), else with ``os._exit``: status 1 after an uncaught exception, else that of
-    the ``sys.exit()`` that ended the program, else 0.
+    The others run without the guard, so they do not wait for an init. With one still pending,
+    the process ends here: the init thread returning from torch's rendezvous while the
+    interpreter is being torn down aborts the process (SIGABRT). It ends by SIGINT after an
+    uncaught ``KeyboardInterrupt`` (as CPython ends such a program; a shell reports 130), else
+    with ``os._exit``: status 1 after an uncaught exception, else that of the ``sys.exit()``
+    that ended the program, else 0.
     """
     global _pending, _failed
     with _lock:
-        if _pending is None:
-            return
+        pending = _pending is not None
         _pending = _failed = None
         _set_guard(False)
     last = getattr(sys, "last_value", None)
-    status = 1 if last is not None else _exit_status()  # before a handler's sys.exit()
-    atexit.unregister(_end_pending_at_exit)
+    status = (1 if last is not None else _exit_status()) if pending else 0  # before theirs
+    atexit.unregister(_at_exit)
     atexit._run_exitfuncs()
+    if not pending:
+        _destroy_created()
+        return
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(OSError, ValueError):
             stream.flush()
@@ -425,4 +421,4 @@ def _end_pending_at_exit() -> None:
 # At shutdown, before any exit handler runs, so that it is registered last and runs first
 # (imported during shutdown, too late for that: no init can start then either).
 with contextlib.suppress(RuntimeError):
-    threading._register_atexit(atexit.register, _end_pending_at_exit)
+    threading._register_atexit(atexit.register, _at_exit)

@@ -152,6 +152,10 @@ def test_doctor_rendezvous_check_for_each_state(monkeypatch) -> None:
     assert closed.status == "info"
     assert "is not reachable" in closed.detail
     assert "normal on rank 0 before it starts the store" in closed.detail
+    unknown = _mccl_checks(monkeypatch, "nosuchhost.invalid", "29500")["mccl rendezvous"]
+    assert unknown.status == "warn"  # info: "normal on rank 0 before it starts the store"
+    assert unknown.detail.startswith("MASTER_ADDR: host 'nosuchhost.invalid' does not resolve (")
+    assert unknown.detail.endswith("): check the address")
     garbled = _mccl_checks(monkeypatch, "127.0.0.1", "port")["mccl rendezvous"]
     assert garbled.status == "warn"
     assert "do not name a host and a port number" in garbled.detail

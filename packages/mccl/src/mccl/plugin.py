@@ -52,6 +52,8 @@ def spore_doctor(report: Report) -> None:
             "warn",
             f"MASTER_ADDR/MASTER_PORT ({host}:{port}) do not name a host and a port number",
         )
+    elif not found.resolved:
+        report.add("mccl rendezvous", "warn", f"MASTER_ADDR: {found.hint()}")
     elif found.reachable:
         where = rendezvous.host_port(found.host, found.port)
         report.add("mccl rendezvous", "ok", f"{where} accepts connections")

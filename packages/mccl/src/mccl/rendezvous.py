@@ -33,11 +33,13 @@ def address(kwargs: dict[str, Any]) -> str:
 
 @dataclass(frozen=True)
 class Probe:
-    """One TCP connection attempt to a rendezvous: ``error`` is ``None`` when it connected."""
+    """One TCP connection attempt to a rendezvous: ``error`` is ``None`` when it connected;
+    ``resolved`` is false when the host name resolved to no address."""
 
     host: str
     port: int
     error: str | None
+    resolved: bool = True
 
     @property
     def reachable(self) -> bool:
@@ -48,6 +50,8 @@ class Probe:
         where = host_port(self.host, self.port)
         if self.reachable:
             return f"{where} accepts connections, so a peer has not joined yet"
+        if not self.resolved:
+            return f"host {self.host!r} does not resolve ({self.error}): check the address"
         return f"{where} is not reachable ({self.error}): check the address"
 
 
@@ -65,5 +69,7 @@ def probe(address: str, timeout: float = 0.5) -> Probe | None:
     try:
         with socket.create_connection((host, port), timeout=timeout):
             return Probe(host, port, None)
+    except socket.gaierror as exc:
+        return Probe(host, port, exc.strerror or str(exc), resolved=False)
     except OSError as exc:
         return Probe(host, port, exc.strerror or str(exc))

@@ -246,3 +246,28 @@ def test_argument_errors_are_refused_at_the_call(options, error, message) -> Non
         mccl.init_process_group_async("gloo", store=dist.HashStore(), **options)
     assert mccl.init._pending is None
     assert not dist.is_initialized()
+
+
+@pytest.mark.parametrize(
+    ("options", "unset"),
+    [
+        ({}, "RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT"),
+        ({"rank": 0, "world_size": 1}, "MASTER_ADDR, MASTER_PORT"),
+        ({"init_method": "env://", "rank": 0, "world_size": 1}, "MASTER_ADDR, MASTER_PORT"),
+    ],
+)
+def test_env_rendezvous_without_its_variables_is_refused_at_the_call(
+    monkeypatch, options, unset
+) -> None:
+    """A script started without torchrun: torch's env:// raises at once; mccl returned, and
+    the first read of the group, maybe minutes later, raised ``InitFailedError``."""
+    import torch.distributed as dist
+
+    import mccl
+
+    for name in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(name, raising=False)
+    with pytest.raises(ValueError, match=f"rendezvous .* needs {unset} in the environment"):
+        mccl.init_process_group_async("gloo", **options)
+    assert mccl.init._pending is None
+    assert not dist.is_initialized()

@@ -84,23 +84,38 @@ def _check_backend(backend: str | None) -> None:
         )
 
 
+_ENV_RENDEZVOUS = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")  # read by torch's env://
+
+
 def _check_options(kwargs: dict[str, Any]) -> None:
-    """The argument errors ``init_process_group`` raises before any rendezvous, raised at the
-    call rather than in the background init."""
+    """The argument errors ``init_process_group`` raises before it connects to any peer (its
+    ``env://`` rendezvous reads the environment first), raised at the call rather than in the
+    background init."""
     timeout = kwargs.get("timeout")
     if timeout is not None and not isinstance(timeout, timedelta):
         raise TypeError(
             f"timeout must be a datetime.timedelta, as torch.distributed.init_process_group "
             f"takes it, got {timeout!r}; init_timeout= takes seconds"
         )
-    if kwargs.get("store") is None:
-        return
-    if kwargs.get("init_method") is not None:
-        raise ValueError("pass init_method= or store=, not both")
-    if not kwargs.get("world_size", -1) > 0:
-        raise ValueError(f"store= needs world_size= > 0, got {kwargs.get('world_size')!r}")
-    if not kwargs.get("rank", -1) >= 0:
-        raise ValueError(f"store= needs rank= >= 0, got {kwargs.get('rank')!r}")
+    if kwargs.get("store") is not None:
+        if kwargs.get("init_method") is not None:
+            raise ValueError("pass init_method= or store=, not both")
+        if not kwargs.get("world_size", -1) > 0:
+            raise ValueError(f"store= needs world_size= > 0, got {kwargs.get('world_size')!r}")
+        if not kwargs.get("rank", -1) >= 0:
+            raise ValueError(f"store= needs rank= >= 0, got {kwargs.get('rank')!r}")
+    elif kwargs.get("init_method") in (None, "env://"):
+        given = {
+            "RANK": kwargs.get("rank", -1) != -1,
+            "WORLD_SIZE": kwargs.get("world_size", -1) != -1,
+        }
+        unset = [name for name in _ENV_RENDEZVOUS if not (given.get(name) or os.environ.get(name))]
+        if unset:
+            raise ValueError(
+                f"the env:// rendezvous (the default init_method) needs {', '.join(unset)} "
+                "in the environment, which are not set: launch with torchrun, set them, or pass "
+                "init_method= or store= (rank= and world_size= stand for RANK and WORLD_SIZE)"
+            )
 
 
 def _seconds(value: float | timedelta | None) -> float | None:
@@ -273,12 +288,12 @@ def init_process_group_async(
     """
     global _pending, _failed
     _check_backend(backend)
-    _check_options(kwargs)
     given = init_timeout if init_timeout is not None else kwargs.get("timeout")
     limit = DEFAULT_INIT_TIMEOUT_S if given is None else _seconds(given)
     if not limit > 0 or limit == float("inf"):  # NaN fails the first test
         name = "init_timeout" if init_timeout is not None else "timeout"
         raise ValueError(f"{name} must be a positive, finite time, got {given!r}")
+    _check_options(kwargs)
     with _lock:
         if _pending is not None:
             raise InitPendingError(_pending._pending_message())

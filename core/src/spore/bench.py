@@ -1,8 +1,10 @@
 """Benchmark cases and the side-by-side runner behind ``spore bench``.
 
-A case names its baseline (what a user would run otherwise). Both sides run in this process,
-interleaved (the order alternates each repeat), each sample long enough to time reliably; the
-figure is the median over repeats of ``baseline_time / candidate_time`` (> 1 means faster).
+A case names its baseline (what a user would run otherwise). Both sides are called from this
+process, interleaved (the order alternates each repeat), each sample long enough to time
+reliably; a ``self_timed`` case's sides may run in child processes and time themselves
+there (a process-group start). The figure is the median over repeats of ``baseline_time /
+candidate_time`` (> 1 means faster).
 """
 
 from __future__ import annotations

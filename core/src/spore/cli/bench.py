@@ -74,8 +74,9 @@ def bench_cmd(
 ) -> None:
     """Run benchmark cases registered by PLUGINS (default: all), each against its baseline.
 
-    Both sides run in this process, interleaved; the figure is the median over --repeat of
-    baseline time / candidate time (above 1: the candidate is faster).
+    Both sides are called from this process, interleaved (a case whose sides run in child
+    processes, such as a process-group start, times them there); the figure is the
+    median over --repeat of baseline time / candidate time (above 1: the candidate is faster).
 
     `spore bench PLUGIN --list` lists a plugin's cases and their baselines without running
     them (`core` names the core's own cases); -k TEXT runs the ones whose name contains TEXT.

@@ -161,6 +161,16 @@ def test_exit_handlers_run_when_exiting_while_pending(tmp_path) -> None:
     assert done.returncode == 0
 
 
+def test_a_failed_init_nothing_was_told_of_is_printed_at_exit(tmp_path) -> None:
+    """It was lost: the program exited 0 and printed nothing (plain torch raises at the call)."""
+    done = run_alone("init_error_untold", tmp_path)
+    assert json.loads(done.stdout) == {"done": True}
+    assert done.returncode == 0
+    (line,) = [x for x in done.stderr.splitlines() if x.startswith("mccl: warning:")]
+    assert "failed and the program never waited" in line
+    assert "nosuchscheme" in line
+
+
 def test_exit_handlers_use_the_group_before_mccl_destroys_it(ranks) -> None:
     """mccl destroyed the group from its own exit handler, before those registered earlier:
     ``atexit.register(dist.destroy_process_group)`` then printed "Exception ignored in atexit

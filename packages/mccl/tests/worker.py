@@ -176,6 +176,14 @@ def init_error_unwaited() -> dict:
     return found
 
 
+def init_error_untold() -> dict:
+    """The init fails and nothing waits for it or reads the group before the exit."""
+    handle = start(init_method="nosuchscheme://x")
+    while not handle.done():
+        time.sleep(0.01)
+    return {"done": True}
+
+
 def wait_after_destroy() -> dict:
     """wait() returns the group this init created, not whatever the default group is now."""
     handle = start()
@@ -360,6 +368,7 @@ SCENARIOS = {
         bad_rank_env,
         init_error,
         init_error_unwaited,
+        init_error_untold,
         wait_after_destroy,
         double_init,
         destroy_pending,
@@ -381,8 +390,9 @@ SCENARIOS = {
 
 if __name__ == "__main__":
     result = SCENARIOS[scenario]()
-    keep = scenario == "exit_handler_uses_group"  # its exit handler destroys the group
-    if not keep and mccl.pending() is None and dist.is_initialized():  # that waits if pending
+    # left to the exit: a group its exit handler destroys, an init failure nothing was told of
+    left = scenario in ("exit_handler_uses_group", "init_error_untold")
+    if not left and mccl.pending() is None and dist.is_initialized():  # that waits if pending
         dist.destroy_process_group()
     print(json.dumps(result), flush=True)
     if scenario == "fsdp":

@@ -405,18 +405,22 @@ def _at_exit() -> None:
     """The first exit handler: run the others, then destroy the group mccl created if the
     program did not (they may still use it: ``atexit.register(dist.destroy_process_group)``).
 
-    The others run without the guard, so they do not wait for an init. With one still pending,
-    the process ends here: the init thread returning from torch's rendezvous while the
-    interpreter is being torn down aborts the process (SIGABRT). It ends by SIGINT after an
-    uncaught ``KeyboardInterrupt`` (as CPython ends such a program; a shell reports 130), else
-    with ``os._exit``: status 1 after an uncaught exception, else that of the ``sys.exit()``
-    that ended the program, else 0.
+    A failed init nothing was told of (no wait, no read of the group) is printed to stderr,
+    not lost. The others run without the guard, so they do not wait for an init. With one
+    still pending, the process ends here: the init thread returning from torch's rendezvous
+    while the interpreter is being torn down aborts the process (SIGABRT). It ends by SIGINT
+    after an uncaught ``KeyboardInterrupt`` (as CPython ends such a program; a shell reports
+    130), else with ``os._exit``: status 1 after an uncaught exception, else that of the
+    ``sys.exit()`` that ended the program, else 0.
     """
     global _pending, _failed
     with _lock:
         pending = _pending is not None
+        untold = _failed
         _pending = _failed = None
         _set_guard(False)
+    if untold is not None:
+        _say_untold(untold)
     last = getattr(sys, "last_value", None)
     status = (1 if last is not None else _exit_status()) if pending else 0  # before theirs
     atexit.unregister(_at_exit)
@@ -431,6 +435,18 @@ def _at_exit() -> None:
         signal.signal(signal.SIGINT, signal.SIG_DFL)
         os.kill(os.getpid(), signal.SIGINT)
     os._exit(status)
+
+
+def _say_untold(handle: InitHandle) -> None:
+    """Print, at exit, that ``handle``'s init failed and nothing read the group to be told."""
+    error = handle._error
+    with contextlib.suppress(OSError, ValueError):
+        print(
+            f"mccl: warning: the background process-group init ({handle!r}) failed and the "
+            f"program never waited for it or used the group: {type(error).__name__}: {error}",
+            file=sys.stderr,
+            flush=True,
+        )
 
 
 # At shutdown, before any exit handler runs, so that it is registered last and runs first

@@ -291,6 +291,7 @@ def test_sparsity_half_stays_close_on_a_smooth_video():
 
 def _two_rank_cases(manager) -> dict:
     """What one rank of :func:`test_two_gloo_ranks_equal_one_process` measures."""
+    from diffusers import FirstBlockCacheConfig
 
     from lite_boost.parallel import wan_decoder_overlap
     from lite_boost.parallel.vae import plan_chunks
@@ -317,6 +318,17 @@ def _two_rank_cases(manager) -> dict:
     one = _run(boost(copy.deepcopy(model), sparsity=0.5, block_size=16), *inputs)
     two = boost(copy.deepcopy(model), sparsity=0.5, block_size=16, parallel=manager)
     result["sparse"] = diff(_run(two, *inputs), one)
+    inputs = _inputs(frames=2, height=8, width=8)
+    cached = boost(copy.deepcopy(model), parallel=manager)
+    cached.enable_cache(FirstBlockCacheConfig(threshold=0.05))
+    try:  # each rank would decide from its own tokens whether to skip blocks: an abort
+        with cached.cache_context("cond"):
+            _run(cached, *inputs)
+        result["cache_error"] = None
+    except RuntimeError as exc:
+        result["cache_error"] = str(exc)
+    cached.disable_cache()
+    result["cache_disabled"] = diff(_run(cached, *inputs), _run(model, *inputs))
     try:
         boost(_model(num_attention_heads=3), parallel=manager)
         result["heads_error"] = None
@@ -350,7 +362,8 @@ def _two_rank_cases(manager) -> dict:
 
 def test_two_gloo_ranks_equal_one_process():
     """Ulysses (dense and sparse, uneven token split, per-token timesteps) and the VAE's
-    temporal-parallel decode on 2 gloo ranks equal one process."""
+    temporal-parallel decode on 2 gloo ranks equal one process; diffusers' FirstBlockCache,
+    whose skip decision each rank would take from its own tokens, is refused on every rank."""
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
@@ -364,6 +377,8 @@ def test_two_gloo_ranks_equal_one_process():
         assert r["uneven_per_token"] <= ATOL
         assert r["sparse"] <= ATOL
         assert "sequence parallelism is for inference" in r["grad_error"]
+        assert "cannot run with diffusers' FirstBlockCache" in r["cache_error"]
+        assert r["cache_disabled"] <= ATOL
         assert "3 attention heads" in r["heads_error"]
         assert "world size 2" in r["heads_error"]
         assert r["vae_chunk"] is not None  # this rank decoded a chunk

@@ -42,7 +42,9 @@ TRANSFORMER_CHANGES = (
     "lite_boost.backends.attention",
     "parallel (a ParallelManager with world > 1): tokens are split over the ranks before the "
     "first block and gathered after the last; self-attention runs through "
-    "lite_boost.parallel.ulysses_attention (heads must divide by the world size)",
+    "lite_boost.parallel.ulysses_attention (heads must divide by the world size); a forward "
+    "with diffusers' FirstBlockCache on raises RuntimeError (each rank would decide alone "
+    "whether to skip blocks)",
     "projections, norms, feed-forward, embeddings and weights are unchanged",
 )
 VAE_CHANGES = (
@@ -204,12 +206,31 @@ class WanAttnProcessor:
         return ulysses_attention(attend, q, k, v, manager=self.manager)
 
 
+FIRST_BLOCK_CACHE_HOOK = "fbc_leader_block_hook"
+"""The name diffusers' FirstBlockCache gives its hook on the first transformer block."""
+
+
+def _refuse_rank_local_cache(block: torch.nn.Module) -> None:
+    """``RuntimeError`` (on every rank alike, before any collective) when diffusers'
+    FirstBlockCache is on: it decides from the first block's output whether to skip the other
+    blocks, and each rank would decide from its own tokens alone."""
+    registry = getattr(block, "_diffusers_hook", None)
+    if registry is not None and registry.get_hook(FIRST_BLOCK_CACHE_HOOK) is not None:
+        raise RuntimeError(
+            "lite-boost's sequence parallelism cannot run with diffusers' FirstBlockCache: "
+            "each rank would judge from its own tokens whether to skip the remaining blocks, "
+            "and ranks that judge differently desynchronise the collectives (an abort or a "
+            "hang). Call model.disable_cache(), or boost the model without parallel="
+        )
+
+
 def _sequence_hooks(model: torch.nn.Module, manager: Any) -> list[Any]:
     """Split the tokens (and per-token timestep embeddings) over the ranks before the blocks,
     gather them after the last block."""
     from lite_boost.parallel import gather_sequence, shard_sequence
 
     def split_tokens(block: torch.nn.Module, args: tuple[Any, ...]) -> tuple[Any, ...]:
+        _refuse_rank_local_cache(block)
         return (shard_sequence(args[0], 1, manager), *args[1:])
 
     def split_timesteps(block: torch.nn.Module, args: tuple[Any, ...]) -> tuple[Any, ...]:

@@ -242,6 +242,20 @@ def test_mismatched_q_k_v_are_named(change, match):
         sparse_attention(q, k, v, latent_shape=(2, 4, 4), sparsity=0.5, block_size=8)
 
 
+def test_numpy_float_sparsities_keep_what_their_value_keeps():
+    """numpy's float16 sparsity made the kept count NaN ("cannot convert float NaN to
+    integer"), and its float32 rounded the count otherwise than the same value as a float
+    (which ``boost``'s options hold)."""
+    q, k, v = _qkv((2, 4, 4))
+    opts = {"latent_shape": (2, 4, 4), "block_size": 4}
+    for sparsity in (np.float16(0.5), np.float32(0.7), np.float64(0.7)):
+        got = sparse_attention(q, k, v, sparsity=sparsity, **opts)
+        want = sparse_attention(q, k, v, sparsity=float(sparsity), **opts)
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
+        for blocks in (4, 10, 256):
+            assert keep_count(sparsity, blocks) == keep_count(float(sparsity), blocks)
+
+
 def test_a_negative_text_len_is_refused():
     q, k, v = _qkv((2, 4, 4))
     with pytest.raises(ValueError, match="text_len must be an int >= 0, got -8"):

@@ -114,8 +114,11 @@ def _pool(x: torch.Tensor, block_size: int) -> torch.Tensor:
 
 def keep_count(sparsity: float, blocks: int) -> int:
     """``ceil((1 - sparsity) * blocks)``, at least 1: the product rounded to 9 decimals first,
-    so float error cannot keep one more block (``(1 - 0.7) * 10`` is ``3.0000000000000004``)."""
-    return max(1, math.ceil(round((1.0 - sparsity) * blocks, 9)))
+    so float error cannot keep one more block (``(1 - 0.7) * 10`` is ``3.0000000000000004``).
+    Computed in Python floats whatever ``sparsity``'s type: numpy's float16 cannot hold the
+    rounding's ``10 ** 9`` (a NaN), and its float32 rounds otherwise than the float
+    :func:`lite_boost.boost` holds."""
+    return max(1, math.ceil(round((1.0 - float(sparsity)) * blocks, 9)))
 
 
 def select_blocks(

@@ -11,6 +11,7 @@ import json
 import os
 import sys
 
+import numpy as np
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
@@ -152,13 +153,28 @@ def _vae_cases(m, vae, frames, overlaps, batch=1, dtype=torch.float32):
     return results
 
 
-def _per_frame(m, overlap):
+def _per_frame(m, overlap, frames_per_latent=2, time_dim=2):
     """A decoder without temporal context (each latent frame -> 2 frames) given
     frames_per_latent: equal to decoding everything at once."""
     latents = torch.randn(1, 3, 5, 2, generator=torch.Generator().manual_seed(3))
     decode = lambda z: z.repeat_interleave(2, dim=2) * 2  # noqa: E731
-    got = decode_temporal_parallel(decode, latents, manager=m, overlap=overlap, frames_per_latent=2)
+    got = decode_temporal_parallel(
+        decode,
+        latents,
+        manager=m,
+        overlap=overlap,
+        frames_per_latent=frames_per_latent,
+        time_dim=time_dim,
+    )
     return bool(torch.equal(got, decode(latents)))
+
+
+def _numpy_ints(m):
+    """:func:`_per_frame` with numpy and 0-d tensor integers: its result, or the error."""
+    try:
+        return _per_frame(m, np.int64(1), torch.tensor(2), np.int64(2))
+    except ValueError as e:
+        return f"ValueError: {e}"
 
 
 def _fail_on_rank_1(m, model, z):
@@ -182,6 +198,12 @@ def vae(m: ParallelManager) -> dict:
         "one_frame": _vae_cases(m, model, 1, [reach])[0],
         "no_overlap": _error(lambda: _vae_cases(m, model, 4, [0])),
         "per_frame": [_per_frame(m, overlap) for overlap in (0, 1)],
+        "numpy_ints": _numpy_ints(m),
+        "bad_time_dim": _error(
+            lambda: decode_temporal_parallel(
+                lambda z: z, torch.zeros(1, 3), manager=m, overlap=1, time_dim=1.0
+            )
+        ),
         "bf16": bf16,
         "bad_overlap": _error(
             lambda: decode_temporal_parallel(lambda z: z, torch.zeros(1, 3), manager=m, overlap=-1)

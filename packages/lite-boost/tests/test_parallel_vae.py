@@ -50,6 +50,13 @@ def test_no_overlap_is_refused_for_a_causal_vae_and_fine_per_frame(ranks):
         assert rank["per_frame"] == [True, True]
 
 
+def test_numpy_and_tensor_integers_are_taken_as_frame_counts_and_dims(ranks):
+    """overlap, frames_per_latent and time_dim refused numpy and 0-d tensor integers, which
+    every other lite-boost size takes (a ValueError "must be an int", got np.int64(1))."""
+    for rank in ranks:
+        assert rank["numpy_ints"] is True, rank["numpy_ints"]
+
+
 def test_bf16_is_kept_and_exact(ranks):
     for rank in ranks:
         assert rank["bf16"]["dtype"] == "torch.bfloat16"
@@ -62,6 +69,7 @@ def test_bad_input_and_a_failing_rank_raise_on_every_rank(ranks):
         for error in rank["bad_frames_per_latent"]:  # 2.5 and True were taken
             assert error.startswith("ValueError: frames_per_latent must be an int >= 1"), error
         assert rank["bad_decode"].startswith("TypeError: decode must return a tensor")
+        assert rank["bad_time_dim"].startswith("ValueError: time_dim must be an int")
         assert rank["needs_grad"].startswith(
             "RuntimeError: decode_temporal_parallel is inference-only"
         )

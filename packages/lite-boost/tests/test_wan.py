@@ -164,6 +164,30 @@ def test_boosting_twice_is_one_boost():
     torch.testing.assert_close(_run(boosted, *inputs), want, atol=ATOL, rtol=RTOL)
 
 
+def test_diffusers_attention_backend_is_refused_naming_lite_boosts_choice():
+    """``set_attention_backend("flex")`` on a boosted model was taken and changed nothing (the
+    processors run lite-boost's backend): refused, naming ``use_backend``/the environment
+    variable, before diffusers switches its global backend; a reset is taken."""
+    from diffusers.models.attention_dispatch import _AttentionBackendRegistry as registry
+
+    model = boost(_model(), sparsity=0.0)
+    inputs = _inputs(batch=1)
+    want = _run(model, *inputs)
+    active = registry.get_active_backend()
+    try:
+        for name in ("flex", "native"):
+            with pytest.raises(ValueError, match=f"set_attention_backend\\('{name}'\\)") as e:
+                model.set_attention_backend(name)
+            assert "lite_boost.use_backend" in str(e.value)
+            assert W.backends.ENV in str(e.value)
+            assert registry.get_active_backend() == active
+    finally:
+        registry.set_active_backend(active[0])
+    model.reset_attention_backend()
+    assert isinstance(model.blocks[0].attn1.processor, W.WanAttnProcessor)
+    torch.testing.assert_close(_run(model, *inputs), want)
+
+
 def test_fused_projections_and_diffusers_tables_in_the_processor():
     """The processor also takes fused q/k/v projections and diffusers' own RoPE tables."""
     model = _model()

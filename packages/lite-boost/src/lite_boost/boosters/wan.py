@@ -45,6 +45,9 @@ TRANSFORMER_CHANGES = (
     "lite_boost.parallel.ulysses_attention (heads must divide by the world size); a forward "
     "with diffusers' FirstBlockCache on raises RuntimeError (each rank would decide alone "
     "whether to skip blocks)",
+    "diffusers' model.set_attention_backend(name) raises ValueError (the processors use "
+    "lite-boost's backend: lite_boost.use_backend or LITE_BOOST_ATTENTION); "
+    "reset_attention_backend() is taken",
     "projections, norms, feed-forward, embeddings and weights are unchanged",
 )
 VAE_CHANGES = (
@@ -140,6 +143,27 @@ class WanAttnProcessor:
     def __init__(self, options: BoostOptions) -> None:
         self.options = options
         self.manager = _manager(options)
+
+    @property
+    def _attention_backend(self) -> None:
+        """Always ``None``: diffusers' attention backend is not used here (see the setter)."""
+        return None
+
+    @_attention_backend.setter
+    def _attention_backend(self, backend: Any) -> None:
+        """``ValueError`` for a backend (diffusers' ``model.set_attention_backend`` sets it on
+        every processor), which would change nothing here; ``None`` (``reset_attention_backend``)
+        is taken."""
+        if backend is not None:
+            name = getattr(backend, "value", backend)
+            raise ValueError(
+                f"a lite-boost-boosted Wan model does not use diffusers' attention backends, so "
+                f"set_attention_backend({name!r}) would change nothing: pick lite-boost's "
+                f"backend with `with lite_boost.use_backend(name):` or the {backends.ENV} "
+                f"environment variable (one of {backends.NAMES}; spore.dispatch.explain("
+                f"'{backends.OP}', q, k, v) says which runs), or use diffusers' backends on a "
+                f"model that is not boosted"
+            )
 
     def __call__(
         self,

@@ -154,6 +154,35 @@ def test_numpy_and_tensor_integers_are_taken_as_sparse_attention_takes_them():
         rope3d.rope_tables((2, 2, 2), np.int64(13))
 
 
+def test_numpy_and_tensor_real_thetas_are_taken_as_the_same_float():
+    """``theta=np.float32(10000)`` or ``np.int64(10000)`` was refused ("theta must be a positive
+    finite number") though lite-boost's other numbers take numpy's; they, and 0-d tensors, name
+    the same cached tables as the float now. Bools, NaN, inf and <= 0 stay refused."""
+    first = rope3d.rope_tables((2, 2, 2), 12, theta=10000.0)
+    for theta in (10000, np.float32(10000), np.int64(10000), np.float16(10000), torch.tensor(1e4)):
+        assert rope3d.rope_tables((2, 2, 2), 12, theta=theta)[0] is first[0]
+    assert rope3d.rope_tables((2, 2, 2), 12, theta=torch.tensor(10000))[0] is first[0]
+    bad = [
+        True,
+        np.bool_(True),
+        torch.tensor(True),
+        np.float32("nan"),
+        np.float64("inf"),
+        torch.tensor(float("nan")),
+        np.int64(0),
+        -1.0,
+        torch.tensor(-2.0),
+        10**400,
+        torch.tensor([1e4]),
+        1e4 + 0j,
+        "10000",
+        None,
+    ]
+    for theta in bad:
+        with pytest.raises(ValueError, match="theta must be a positive finite number"):
+            rope3d.rope_tables((2, 2, 2), 12, theta=theta)
+
+
 @pytest.mark.parametrize(
     ("kwargs", "error", "match"),
     [

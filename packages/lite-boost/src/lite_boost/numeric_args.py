@@ -1,12 +1,16 @@
 """Numeric arguments as lite-boost takes them: integers exactly (numpy's and 0-d tensors'
-too), never a bool, a float or a container that would reorder sizes."""
+too), never a bool, a float or a container that would reorder sizes; real numbers (numpy's
+too), never a bool."""
 
 from __future__ import annotations
 
 import collections.abc
+import math
 import numbers
 import operator
 from typing import Any
+
+import torch
 
 
 def as_int(value: Any) -> int | None:
@@ -35,3 +39,19 @@ def as_ints(values: Any) -> tuple[int, ...] | None:
 def is_number(value: Any) -> bool:
     """Whether ``value`` is a real number (numpy's too), not a bool, a string or a tensor."""
     return isinstance(value, numbers.Real) and not isinstance(value, bool)
+
+
+def as_real(value: Any) -> float | None:
+    """``value`` as a float when it is a real number (numpy's, or a 0-d integer or floating
+    tensor's), ``None`` for a bool, a complex, a string or a tensor of more than one element;
+    an int too large for a float is ``inf``."""
+    if isinstance(value, torch.Tensor):
+        if value.dim() or value.dtype == torch.bool or value.is_complex():
+            return None
+        value = value.item()
+    if not is_number(value):
+        return None
+    try:
+        return float(value)
+    except OverflowError:  # an int beyond the float range
+        return math.inf if value > 0 else -math.inf

@@ -31,7 +31,7 @@ from typing import NamedTuple
 import torch
 
 import spore_kernels  # noqa: F401  (defines torch.ops.spore.rope)
-from lite_boost.numeric_args import as_int, as_ints
+from lite_boost.numeric_args import as_int, as_ints, as_real
 
 CACHE_SIZE = 8
 """Most (grid, head_dim, device, dtype, theta) table pairs kept; the least recently used goes."""
@@ -144,17 +144,20 @@ def rope_tables(
     theta: float = 10000.0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``(cos, sin)``, each ``(f * h * w, head_dim // 2)`` in ``dtype`` on ``device``, for the
-    token grid ``grid = (f, h, w)``; cached (see the module docstring)."""
+    token grid ``grid = (f, h, w)``; cached (see the module docstring). ``theta`` is a positive
+    finite real number (numpy's or a 0-d tensor's too, see
+    :func:`lite_boost.numeric_args.as_real`)."""
     sizes = _grid(grid)
     head_dim = _head_dim(head_dim)
     if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
         raise TypeError(f"dtype must be a floating torch.dtype, got {dtype!r}")
-    if not isinstance(theta, (int, float)) or isinstance(theta, bool) or not 0 < theta < math.inf:
+    base = as_real(theta)
+    if base is None or not 0 < base < math.inf:
         raise ValueError(f"theta must be a positive finite number, got {theta!r}")
     dev = _device(device)
     if torch.compiler.is_compiling():  # dynamo cannot trace the cache's lock: made in the graph
-        return _tables(sizes, head_dim, float(theta), dev, dtype)
-    key: _Key = (sizes, head_dim, str(dev), dtype, float(theta))
+        return _tables(sizes, head_dim, base, dev, dtype)
+    key: _Key = (sizes, head_dim, str(dev), dtype, base)
     with _cache.lock:
         found = _cache.entries.get(key)
         if found is not None:
@@ -165,7 +168,7 @@ def rope_tables(
     # made outside inference mode whatever the caller's: a cached inference tensor could never
     # again be saved for a backward (a validation step under inference_mode, then training)
     with torch.inference_mode(False):
-        tables = _tables(sizes, head_dim, float(theta), dev, dtype)
+        tables = _tables(sizes, head_dim, base, dev, dtype)
     with _cache.lock:
         tables = _cache.entries.setdefault(key, tables)
         _cache.entries.move_to_end(key)

@@ -102,10 +102,21 @@ def test_gradients_through_chunks_equal_the_formula(has_s, randomize) -> None:
         torch.testing.assert_close(other, grads[0], rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.parametrize("window", [{"n_queries": 4}, {"n_keys": 8}, {"n_queries": 4, "n_keys": 0}])
+def test_one_window_size_alone_runs_global_attention_as_protenix(window) -> None:
+    """Protenix 2.0.0 runs local attention only when both ``n_queries`` and ``n_keys`` are given
+    (``if n_queries and n_keys``), global attention otherwise; one alone was a ValueError here,
+    so a boosted Protenix model failed where Protenix's module ran."""
+    m = AttentionPairBias(has_s=False, n_heads=H, c_a=CA, c_z=CZ)
+    a, _s, z = _inputs()
+    with torch.no_grad():
+        torch.testing.assert_close(m(a, None, z, **window), m(a, None, z), rtol=0, atol=0)
+
+
 def test_bad_inputs() -> None:
     m = AttentionPairBias(has_s=False, n_heads=H, c_a=CA, c_z=CZ)
     a, _s, z = _inputs()
-    with pytest.raises(ValueError, match="local attention"):
+    with pytest.raises(ValueError, match=r"local attention \(n_queries=4, n_keys=8\)"):
         m(a, None, z, n_queries=4, n_keys=8)
     with pytest.raises(ValueError, match="5 channels"):
         m(a, None, torch.randn(2, N, N, CZ + 1))

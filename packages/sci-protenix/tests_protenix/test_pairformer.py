@@ -168,6 +168,17 @@ def test_attention_pair_bias(px, twin, has_s) -> None:
             torch.testing.assert_close(got, expected, **MODULE)
 
 
+@pytest.mark.parametrize("window", [{"n_queries": 4}, {"n_keys": 8}])
+def test_attention_pair_bias_with_one_window_size_is_global_as_protenix(px, twin, window) -> None:
+    """Protenix runs global attention unless both ``n_queries`` and ``n_keys`` are given; ours
+    raised a ValueError for one alone."""
+    kwargs = {"n_heads": 4, "c_a": CS, "c_s": 8, "c_z": CZ}
+    theirs, ours = twin(px.transformer.AttentionPairBias, AttentionPairBias, **kwargs)
+    a, s, z = torch.randn(2, N, CS), torch.randn(2, N, 8), _pair()
+    with torch.no_grad():
+        torch.testing.assert_close(ours(a, s, z, **window), theirs(a, s, z, **window), **MODULE)
+
+
 BLOCK = {
     "n_heads": 4,
     "c_z": CZ,

@@ -81,7 +81,9 @@ class AttentionPairBias(nn.Module):
     the Pairformer's use; ``has_s=True`` adds the adaptive layer norm and the adaLN-Zero output
     gate ``linear_a_last``). ``chunk_size`` (or the plan field ``pair_bias``) is the number of
     queries per chunk: the pair bias is made from that many rows of ``z`` at a time. Only global
-    attention: Protenix's local (windowed, ``n_queries``/``n_keys``) form is not provided.
+    attention: Protenix's local (windowed) form, which it runs when both ``n_queries`` and
+    ``n_keys`` are given, is not provided; with only one of them given Protenix runs global
+    attention, and so does this module.
     """
 
     plan: MemoryPlan | None = None
@@ -136,11 +138,14 @@ class AttentionPairBias(nn.Module):
     ) -> torch.Tensor:
         """The attention update of ``a`` [..., N, c_a] with bias from ``z`` [..., N, N, c_z]
         (``s`` [..., N, c_s] when ``has_s``). ``inplace_safe`` and ``enable_efficient_fusion``
-        are accepted for Protenix's callers and change nothing (the result is always new)."""
-        if n_queries or n_keys:
+        are accepted for Protenix's callers and change nothing (the result is always new).
+        Both ``n_queries`` and ``n_keys`` given (non-zero) ask for Protenix's local attention,
+        a ``ValueError`` here; one alone is ignored, as Protenix ignores it."""
+        if n_queries and n_keys:  # Protenix's own test for local attention
             raise ValueError(
-                "AttentionPairBias: local attention (n_queries/n_keys) is not provided here; "
-                "call it without them for global attention, or keep Protenix's module for it"
+                f"AttentionPairBias: local attention (n_queries={n_queries}, n_keys={n_keys}) "
+                f"is not provided here; call it without them for global attention, or keep "
+                f"Protenix's module for local attention"
             )
         check_channels("a", a, self.c_a, "[..., N, c_a]", 2, self)
         check_channels("z", z, self.c_z, "[..., N, N, c_z]", 3, self)

@@ -138,12 +138,36 @@ def _mccl_checks(monkeypatch, addr: str | None, port: str | None) -> dict[str, C
     return {c.name: c for c in report.checks}
 
 
+def test_doctor_names_the_one_rendezvous_variable_that_is_missing(monkeypatch) -> None:
+    """With only MASTER_PORT set doctor said "MASTER_ADDR/MASTER_PORT not set"; it names the
+    missing one (and the one set), in doctor and in the rendezvous an init error shows."""
+    fix = "pass init_method= or store=, or launch with torchrun"
+    for addr, port, missing, detail in [
+        (
+            None,
+            "29500",
+            "MASTER_ADDR",
+            f"MASTER_ADDR not set (MASTER_PORT is '29500'): set MASTER_ADDR, {fix}",
+        ),
+        (
+            "10.0.0.1",
+            "",
+            "MASTER_PORT",
+            f"MASTER_PORT not set (MASTER_ADDR is '10.0.0.1'): set MASTER_PORT, {fix}",
+        ),
+        ("", None, "MASTER_ADDR and MASTER_PORT", f"MASTER_ADDR and MASTER_PORT not set: {fix}"),
+    ]:
+        check = _mccl_checks(monkeypatch, addr, port)["mccl rendezvous"]
+        assert (check.status, check.detail) == ("info", detail)
+        assert rendezvous.address({}) == f"env:// ({missing} unset)"
+
+
 def test_doctor_rendezvous_check_for_each_state(monkeypatch) -> None:
     checks = _mccl_checks(monkeypatch, None, None)
     assert checks["mccl backends"].status == "ok"
     assert "gloo" in checks["mccl backends"].detail
     assert checks["mccl rendezvous"].status == "info"
-    assert "MASTER_ADDR/MASTER_PORT not set" in checks["mccl rendezvous"].detail
+    assert "MASTER_ADDR and MASTER_PORT not set" in checks["mccl rendezvous"].detail
     with socket.create_server(("127.0.0.1", 0)) as server:
         port = str(server.getsockname()[1])
         listening = _mccl_checks(monkeypatch, "127.0.0.1", port)["mccl rendezvous"]

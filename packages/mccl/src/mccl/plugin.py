@@ -37,14 +37,17 @@ def spore_doctor(report: Report) -> None:
     }
     available = [name for name, ok in found.items() if ok] or ["none"]
     report.add("mccl backends", "ok" if found["gloo"] else "warn", ", ".join(available))
-    host, port = os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT")
-    if not (host and port):
-        report.add(
-            "mccl rendezvous",
-            "info",
-            "MASTER_ADDR/MASTER_PORT not set: pass init_method= or store=, or launch with torchrun",
-        )
+    unset = rendezvous.unset_master()
+    if unset:
+        fix = "pass init_method= or store=, or launch with torchrun"
+        if len(unset) == 1:  # the other one is set: name both
+            (given,) = (name for name in rendezvous.MASTER if name not in unset)
+            detail = f"{unset[0]} not set ({given} is {os.environ[given]!r}): set {unset[0]}, {fix}"
+        else:
+            detail = f"{' and '.join(unset)} not set: {fix}"
+        report.add("mccl rendezvous", "info", detail)
         return
+    host, port = os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"]
     found = rendezvous.probe(rendezvous.address({}))
     if found is None:
         report.add(

@@ -25,10 +25,19 @@ def address(kwargs: dict[str, Any]) -> str:
     init_method = kwargs.get("init_method")
     if init_method and init_method != "env://":
         return init_method
-    host, port = os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT")
-    if not (host and port):
-        return "env:// (MASTER_ADDR/MASTER_PORT unset)"
-    return f"env://{host_port(host, port)}"
+    unset = unset_master()
+    if unset:
+        return f"env:// ({' and '.join(unset)} unset)"
+    return f"env://{host_port(os.environ['MASTER_ADDR'], os.environ['MASTER_PORT'])}"
+
+
+MASTER = ("MASTER_ADDR", "MASTER_PORT")
+"""The environment variables that give torch's ``env://`` rendezvous its address."""
+
+
+def unset_master() -> list[str]:
+    """The names in :data:`MASTER` that are unset or empty in the environment, in that order."""
+    return [name for name in MASTER if not os.environ.get(name)]
 
 
 @dataclass(frozen=True)

@@ -169,18 +169,54 @@ def test_vm_error_falls_back_to_eager(monkeypatch):
     assert "simulated VM failure" in reason
 
 
-def test_long_rows_beyond_the_vm_fall_back():
+def test_max_row_is_the_vms():
     from dvm import _lib
+    from dvm.program import MAX_ROW
 
     lib, _ = _lib.library()
-    row = lib.dvm_max_row() + 1
-    x = torch.randn(2, row)
+    assert lib.dvm_max_row() == MAX_ROW
+
+
+@pytest.mark.parametrize(
+    "reduce",
+    [
+        lambda t: torch.softmax(t, -1),
+        lambda t: torch.log_softmax(t, -1),
+        lambda t: t.sum(-1),
+        lambda t: t.amax(-1, keepdim=True),
+        lambda t: t.amin(-1),
+        lambda t: torch.var_mean(t, -1),
+    ],
+    ids=["softmax", "log_softmax", "sum", "amax", "amin", "var_mean"],
+)
+def test_long_rows_beyond_the_vm_stay_eager_at_compile(reduce):
+    """A reduction over rows longer than the VM takes is a fallback naming the rows, known at
+    compile time (``dvm.explain`` lists it); the ops before it keep their region, which runs
+    on the VM (it used to join a region whose every call the VM refused)."""
+    from dvm.program import MAX_ROW
+
+    x = torch.randn(2, MAX_ROW + 1)
+    fn = lambda t: reduce((t * 2).exp())  # noqa: E731
+    gm = make_fx(fn, tracing_mode="fake", decomposition_table=_decomps())(x)
+    c = compile_graph(gm, [x])
+    torch.testing.assert_close(c(x), fn(x))
+    assert c.eager_calls == 0
+    assert c.vm_calls == len(c.regions)
+    assert c.regions[0].ops == ["aten.mul.Tensor", "aten.exp.default"]
+    assert any(f"rows of {MAX_ROW + 1} elements" in why for _, why in c.fallbacks)
+
+
+def test_rows_the_vm_takes_are_reduced_on_it():
+    from dvm.program import MAX_ROW
+
+    x = torch.randn(2, MAX_ROW)
     fn = lambda t: torch.softmax(t * 2, -1)  # noqa: E731
     gm = make_fx(fn, tracing_mode="fake", decomposition_table=_decomps())(x)
     c = compile_graph(gm, [x])
     torch.testing.assert_close(c(x), fn(x))
-    assert c.eager_calls == 1
-    assert "rows" in next(iter(c.runners[0].fallback_reasons))
+    assert c.vm_calls == 1
+    assert c.eager_calls == 0
+    assert not c.fallbacks
 
 
 def _decomps():

@@ -39,6 +39,18 @@ def test_forward_regions_and_fallbacks():
     assert fb.reason in text
 
 
+def test_a_reduction_over_rows_too_long_for_the_vm_is_a_fallback():
+    from dvm.program import MAX_ROW
+
+    e = dvm.explain(lambda x: torch.softmax(F.silu(x) * 2, -1), torch.randn(2, MAX_ROW + 1))
+    (region,) = e.regions
+    assert region.ops == ["aten.silu.default", "aten.mul.Tensor"]
+    (fb,) = e.fallbacks
+    assert fb.op == "aten._softmax.default"
+    assert f"rows of {MAX_ROW + 1} elements" in fb.reason
+    assert fb.reason in str(e)
+
+
 def test_keyword_arguments_reach_the_function():
     def fn(x, *, scale, fn=None):  # a keyword named like explain's own argument too
         return F.silu(x) * scale + x

@@ -62,6 +62,21 @@ def test_supports_is_dvm_lowering_and_refuses_a_matmul() -> None:
         assert COMPILER.supports(node) == (unsupported_reason(node) is None)
 
 
+def test_supports_refuses_a_reduction_over_rows_longer_than_the_vm_takes() -> None:
+    """mfusion leaves such a reduction out of dvm's regions (it used to join one that the VM
+    refused at every call)."""
+    from dvm.program import MAX_ROW
+
+    for row, reduced in ((MAX_ROW, True), (MAX_ROW + 1, False)):
+        gm = region_graph(lambda x: torch.softmax(x * 2, -1).sum(-1), torch.randn(2, row))
+        answers = {str(n.target): COMPILER.supports(n) for n in calls(gm)}
+        assert answers == {
+            "aten.mul.Tensor": True,
+            "aten._softmax.default": reduced,
+            "aten.sum.dim_IntList": reduced,
+        }
+
+
 def _silu_mul(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     return x * torch.sigmoid(x) * y
 

@@ -23,7 +23,7 @@ import torch
 from torch.fx import Node
 
 from dvm import _emitter
-from dvm.program import DTYPE_CODES, MAX_DIMS, MAX_REGS, Op, Program
+from dvm.program import DTYPE_CODES, MAX_DIMS, MAX_REGS, MAX_ROW, Op, Program
 
 aten = torch.ops.aten
 prims = torch.ops.prims
@@ -666,6 +666,16 @@ def row_reduction(node: Node) -> bool:
     return len(shape) > 0 and (len(shape) - 1) in reduced_dims(node) and shape[-1] != 1
 
 
+def _long_row(length: int) -> str | None:
+    """Why a row of ``length`` elements cannot be reduced on the VM, ``None`` when it can."""
+    if length > MAX_ROW:
+        return (
+            f"rows of {length} elements: a reducing program holds whole rows in its registers, "
+            f"at most {MAX_ROW} elements"
+        )
+    return None
+
+
 def _check_reduce(node: Node) -> str | None:
     if node.kwargs.get("dtype") is not None:
         return "reduction with a dtype argument"
@@ -673,7 +683,7 @@ def _check_reduce(node: Node) -> str | None:
     for d in reduced_dims(node):
         if d != len(shape) - 1 and shape[d] != 1:
             return f"reduction over dim {d} (size {shape[d]}): the VM reduces only the last dim"
-    return None
+    return _long_row(shape[-1]) if row_reduction(node) else None
 
 
 def _reduction(op: Op):
@@ -717,7 +727,7 @@ def _row_check(dim_at: int) -> Callable[[Node], str | None]:
             return "over a dim of size 1"
         if dim_at == 1 and node.args[2]:
             return "half_to_float"
-        return None
+        return _long_row(shape[-1])
 
     return check
 

@@ -25,6 +25,8 @@ MAX_REGS = 32
 MAX_INPUTS = 16
 MAX_OUTPUTS = 8
 MAX_INSTRS = 256
+MAX_ROW = 1 << 16
+"""The longest row a reducing program takes (``dvm_max_row``): its registers hold whole rows."""
 DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2, torch.bool: 3}
 
 

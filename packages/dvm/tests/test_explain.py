@@ -51,6 +51,24 @@ def test_a_reduction_over_rows_too_long_for_the_vm_is_a_fallback():
     assert fb.reason in str(e)
 
 
+def test_a_region_that_ran_eagerly_says_why():
+    """A lazily negated input passes dynamo's guards and the region's compile, and the region's
+    guard runs its aten ops eagerly: explain used to show it as run on the VM."""
+    z = torch.randn(4, 8, dtype=torch.complex64)
+    e = dvm.explain(lambda x: torch.sigmoid(x * 2) + 1, z.conj().imag)
+    (region,) = e.regions
+    assert region.vm_calls == 0
+    ((why, calls),) = region.eager_calls.items()
+    assert calls == 1
+    assert "lazily negated" in why
+    assert f"ran eagerly in 1 of 1 call(s): {why}" in str(e)
+    plain = dvm.explain(lambda x: torch.sigmoid(x * 2) + 1, torch.randn(4, 8))
+    (region,) = plain.regions
+    assert region.vm_calls == 1
+    assert region.eager_calls == {}
+    assert "ran eagerly" not in str(plain)
+
+
 def test_keyword_arguments_reach_the_function():
     def fn(x, *, scale, fn=None):  # a keyword named like explain's own argument too
         return F.silu(x) * scale + x

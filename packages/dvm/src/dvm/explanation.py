@@ -9,13 +9,15 @@ from typing import Any
 
 import torch
 
-from dvm.compile import CompiledGraph
+from dvm.compile import CompiledGraph, RegionRunner
 
 
 @dataclass
 class RegionInfo:
     """One region: the graph it is in, its aten ops, domain, inputs and outputs (node names),
-    program disassembly and compile time (µs)."""
+    program disassembly and compile time (µs); of ``explain``'s own run, the calls the VM ran
+    and why the others ran the region's aten ops eagerly (reason -> calls: a guard refused
+    the inputs, such as a lazily negated view, or the VM refused the call)."""
 
     graph: str
     ops: list[str]
@@ -24,6 +26,8 @@ class RegionInfo:
     outputs: list[str]
     program: str
     compile_us: float
+    vm_calls: int = 0
+    eager_calls: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass
@@ -64,6 +68,10 @@ class Explanation:
             lines.append(f"  ops: {', '.join(r.ops)}")
             lines.append(f"  inputs: {', '.join(r.inputs)}")
             lines.append(f"  outputs: {', '.join(r.outputs)}")
+            lines.extend(
+                f"  ran eagerly in {n} of {r.vm_calls + sum(r.eager_calls.values())} call(s): {why}"
+                for why, n in r.eager_calls.items()
+            )
             lines.extend("    " + line for line in r.program.splitlines())
         if self.fallbacks:
             lines.append("left to eager:")
@@ -71,9 +79,14 @@ class Explanation:
         return "\n".join(lines)
 
 
-def _record(explanation: Explanation, name: str, compiled: CompiledGraph) -> None:
+def _record(
+    explanation: Explanation, name: str, compiled: CompiledGraph, runners: list[RegionRunner]
+) -> None:
+    """Add ``compiled``'s regions and fallbacks; its runners go to ``runners``, in the order
+    of ``explanation.regions``, for their calls to be read once ``explain`` has run."""
     explanation.graphs[name] = compiled.total_us
     explanation.executor = compiled.executor
+    runners.extend(compiled.runners)
     for runner in compiled.runners:
         r = runner.region
         explanation.regions.append(
@@ -94,16 +107,18 @@ def _record(explanation: Explanation, name: str, compiled: CompiledGraph) -> Non
 
 def explain(fn: Callable[..., Any], /, *inputs: Any, **kwargs: Any) -> Explanation:
     """Compile ``fn`` with the dvm backend, run it on ``inputs`` and ``kwargs`` (and its
-    backward when a result needs grad, without touching any ``.grad``) and say what dvm did."""
+    backward when a result needs grad, without touching any ``.grad``) and say what dvm did,
+    a region that ran eagerly in that run included (with the reason)."""
     from dvm.backend import make_backend
 
     explanation = Explanation()
     counts: dict[str, int] = {}
+    runners: list[RegionRunner] = []
 
     def on_compile(kind: str, compiled: CompiledGraph) -> None:
         counts[kind] = counts.get(kind, 0) + 1
         name = kind if counts[kind] == 1 else f"{kind} {counts[kind]}"
-        _record(explanation, name, compiled)
+        _record(explanation, name, compiled, runners)
 
     def run(*args: Any, **kw: Any) -> Any:
         return fn(*args, **kw)
@@ -119,6 +134,9 @@ def explain(fn: Callable[..., Any], /, *inputs: Any, **kwargs: Any) -> Explanati
     if leaves:
         total = sum(t.float().sum() for t in results)
         torch.autograd.grad(total, leaves, allow_unused=True)
+    for info, runner in zip(explanation.regions, runners, strict=True):
+        info.vm_calls = runner.vm_calls
+        info.eager_calls = dict(runner.fallback_reasons)
     return explanation
 
 

@@ -305,6 +305,25 @@ def test_a_mean_far_from_zero_against_the_spread_stays_accurate(shape, dim, offs
     torch.testing.assert_close(dx.double(), exact, rtol=1e-4, atol=1e-4 * scale)
 
 
+def test_the_reference_backward_centres_twice() -> None:
+    """A non-contiguous x runs the reference backward, which centres x twice: a constant row of
+    1e20 has x - mean = 0 (it gave 3e11 through the fp32 mean's rounding) and a mean far from
+    the spread stays accurate (2e-4 of the gradient's size off at 300 + 0.05 randn; now 1e-7)."""
+    constant = torch.full((37, 2), 1e20).t()
+    ones = torch.ones(2)
+    assert dispatch.explain("mean_var_backward", ones, ones, constant, 1, 1).chosen == "reference"
+    dx = torch.ops.spore.mean_var_backward(ones, ones, constant, 1, 1)
+    assert torch.equal(dx, torch.full((2, 37), 1 / 37))
+
+    g = torch.Generator().manual_seed(7)
+    x = (torch.randn(1000, 64, generator=g) * 0.05 + 300.0).t()
+    gm, gv = torch.randn(64, generator=g), torch.randn(64, generator=g)
+    dx = torch.ops.spore.mean_var_backward(gm, gv, x, 1, 1)
+    exact = op.reference_backward(gm.double(), gv.double(), x.double(), 1, 1)
+    scale = float(exact.abs().max())
+    torch.testing.assert_close(dx.double(), exact, rtol=0, atol=1e-6 * scale)
+
+
 @pytest.mark.parametrize("where", ["first", "middle", "last"])
 @pytest.mark.parametrize("dim", [1, 0])
 @pytest.mark.parametrize(("rows", "n"), [(2, 4096), (1, 65536), (2, 65536)])

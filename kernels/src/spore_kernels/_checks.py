@@ -102,6 +102,14 @@ def column_sums(t: torch.Tensor) -> torch.Tensor:
     return t.reshape(math.prod(t.shape[:-1]), t.shape[-1]).sum(0)
 
 
+def centred(x: torch.Tensor, dim: int) -> torch.Tensor:
+    """``x`` less its mean along ``dim``, centred twice: less the mean, then less the mean of
+    that. The first mean's rounding (up to half an ulp of the mean) would otherwise reach every
+    value: a constant row of 88.7 became ±8e-6, which layer_norm scaled to ±2.4e-3."""
+    first = x - x.mean(dim, keepdim=True)
+    return first - first.mean(dim, keepdim=True)
+
+
 def rows_cols(x: torch.Tensor) -> tuple[int, int]:
     """``x`` viewed as [rows, last dimension]."""
     cols = x.shape[-1]

@@ -52,8 +52,9 @@ def check_backward(
 
 
 def _normalised(xf: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """(x - mean) and rstd over the last dimension (biased variance, two-pass)."""
-    centred = xf - xf.mean(-1, keepdim=True)
+    """(x - mean) and rstd over the last dimension (biased variance, two-pass, x centred twice
+    as in the C++ kernel)."""
+    centred = _checks.centred(xf, -1)
     return centred, torch.rsqrt(centred.pow(2).mean(-1, keepdim=True) + eps)
 
 

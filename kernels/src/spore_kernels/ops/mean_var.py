@@ -99,7 +99,7 @@ def reference_backward(
         coef = spread(grad_var) * (2.0 / dof if dof else math.inf)
         if not dof:  # 0 * inf: a zero gradient (the variance unused) adds nothing, not NaN
             coef = torch.where(spread(grad_var) == 0, 0.0, coef)
-        dx = dx + coef * (xf - xf.mean(dim, keepdim=True))
+        dx = dx + coef * _checks.centred(xf, dim)
     return dx.to(x.dtype)
 
 

@@ -68,15 +68,26 @@ def test_swiglu_kernel_matches_reference(lead, half, dtype, seed) -> None:
     _close(dx, op.reference_swiglu_backward(g, x))
 
 
-def test_silu_is_accurate_against_float64() -> None:
-    """silu(a) * 1 over [-87, 100] within 3 ulp of float64 (below, exp(a) is subnormal and the
-    result, under 1e-35, keeps only a subnormal's precision)."""
-    a = torch.linspace(-87, 100, 400_001)
+@pytest.mark.parametrize(
+    "a",
+    [
+        torch.linspace(-87, 100, 400_001),
+        # every float32 in [-3.5, -3], where the largest error lies (3.68 ulp at -3.2411)
+        torch.arange(
+            *torch.tensor([-3.0, -3.5]).view(torch.int32).tolist(), dtype=torch.int32
+        ).view(torch.float32),
+    ],
+    ids=["grid", "every-float-near-the-worst"],
+)
+def test_silu_is_accurate_against_float64(a) -> None:
+    """silu(a) * 1 over [-87, 100] within 3.7 ulp of float64, as the module docstring states
+    (below -87, exp(a) is subnormal and the result, under 1e-35, keeps only a subnormal's
+    precision). The docstring said 3 ulp, which the 400,001-point grid alone did not catch."""
     out = torch.ops.spore.silu_mul(a, torch.ones_like(a))
     exact = F.silu(a.double())
     _, exponent = torch.frexp(exact.abs().float().clamp_min(2.0**-126))
     ulps = (out.double() - exact).abs() / torch.ldexp(torch.ones_like(exact), exponent - 24.0)
-    assert ulps.max() <= 3
+    assert ulps.max() <= 3.7
 
 
 def test_silu_mul_special_values() -> None:

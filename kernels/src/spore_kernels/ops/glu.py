@@ -3,8 +3,9 @@
 
 Numerics contract: computed in float32 whatever the input dtype (float64 stays float64) and
 rounded once to the input dtype; the kernel writes ``sigmoid(a)`` as ``num / (1 + exp(-|a|))``
-(no overflow, no cancellation): its float32 silu is within 3 ulp of float64 for a > -87 (torch's
-F.silu: 2.3); below, exp(a) is subnormal and so is the precision of the result (< 1e-35).
+(no overflow, no cancellation): its float32 silu is within 3.7 ulp of float64 for a > -87 (every
+float32 up to 100 checked; the worst, 3.68 ulp, at a = -3.2411; torch's F.silu: 2.4); below,
+exp(a) is subnormal and so is the precision of the result (< 1e-35).
 ``b`` broadcasts to ``a``; the kernel takes equal shapes and anything else runs the reference
 (which sums ``db`` back to b's shape). Backward: ``da = g b s (1 + a (1 - s))`` and
 ``db = g a s`` with ``s = sigmoid(a)``, one fused pass: ``silu_mul_backward(grad, a, b) ->

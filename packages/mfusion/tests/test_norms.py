@@ -1098,3 +1098,51 @@ def test_hand_written_layer_norms_compiled(mfusion_compile: Any, dtype: torch.dt
         compiled = mfusion_compile(model, xs)
         _close(compiled.outputs, model(xs), dtype)
     assert compiled.spore_ops() == {LN: 2}
+
+
+BAD_EPS = [-1e-6, float("nan"), float("inf")]
+
+
+def _rms_eps(eps: float) -> Callable[..., torch.Tensor]:
+    def fn(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        return w * _rms(x, eps)
+
+    return fn
+
+
+def _layer_norm_eps(eps: float) -> Callable[..., torch.Tensor]:
+    def fn(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.layer_norm(x, x.shape[-1:], w, w.flip(0), eps)
+
+    return fn
+
+
+@pytest.mark.parametrize("eps", BAD_EPS)
+def test_eps_the_ops_refuse_left_alone(eps: float) -> None:
+    """A negative, NaN or infinite eps is computed by eager; the spore ops raise on it, so a
+    rewrite made the compiled graph fail (``rms_norm: eps must be a finite number >= 0``)."""
+    x, w = _x_w(torch.float32)
+    for pass_, fn in ((RMSNormPass(), _rms_eps(eps)), (LayerNormPass(), _layer_norm_eps(eps))):
+        gm = _trace(fn, x, w)
+        assert pass_(gm) == 0
+        gm.recompile()
+        torch.testing.assert_close(gm(x, w), fn(x, w), equal_nan=True)
+    total = _trace(lambda a, b, w: _rms_eps(eps)(a + b, w), x, x, w)
+    assert AddRMSNormPass()(total) == 0
+
+
+@pytest.mark.parametrize("eps", BAD_EPS)
+def test_training_eps_the_ops_refuse_left_alone(eps: float) -> None:
+    """The training passes: ``F.rms_norm``, ``F.layer_norm`` and the hand-written form."""
+
+    def norms(x: torch.Tensor, w: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        functional = torch.nn.functional
+        return (
+            functional.rms_norm(x, x.shape[-1:], w, eps),
+            _layer_norm_eps(eps)(x, w),
+            _rms_eps(eps)(x, w),
+        )
+
+    x, w = (t.requires_grad_() for t in _x_w(torch.float32))
+    gm, _ = _dynamo_graph(norms, x, w)
+    assert [p(gm) for p in TRAIN_PASSES] == [0, 0, 0]

@@ -40,7 +40,8 @@ autograd with this module's matcher), when dtypes, shapes or the reduced dimensi
 what the op computes, or when a low-precision form computes its statistics without the
 upcast. Epsilon must be a constant: under ``torch.compile(dynamic=True)`` dynamo passes a
 module's float attribute (HF's ``variance_epsilon``) as a tensor input, and such an RMSNorm is
-left alone.
+left alone; and one the ops take, finite and >= 0 (eager computes with a negative, NaN or
+infinite one, where the ops raise).
 """
 
 from __future__ import annotations
@@ -97,6 +98,15 @@ def _dtype(node: Any) -> torch.dtype | None:
 def _shape(node: Any) -> tuple[int, ...] | None:
     value = _val(node)
     return tuple(value.shape) if isinstance(value, torch.Tensor) else None
+
+
+def usable_eps(eps: float) -> bool:
+    """Whether the spore norm ops take ``eps`` (a finite number >= 0, their own check): a
+    negative, NaN or infinite epsilon, which eager and Inductor compute with, would make the
+    rewritten graph raise, so such a norm is left alone."""
+    from spore_kernels._checks import valid_eps
+
+    return valid_eps(eps)
 
 
 def compute_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -295,6 +305,8 @@ def match_rms_norm(rsqrt: Node) -> RMSNormMatch | None:
     if found is None:
         return None
     mean, eps = found
+    if not usable_eps(eps):
+        return None
     if not _is(mean, aten.mean.dim) or mean.kwargs.get("dtype") is not None:
         return None
     squared = mean.args[0]
@@ -458,7 +470,7 @@ class AddRMSNormPass(spore.GraphPass):
     """``rms_norm(a + b)`` → ``spore.add_rms_norm(a, b, w, eps)``; its sum feeds other users."""
 
     name = "add_rms_norm"
-    version = "3"
+    version = "4"
     on_cpu = False  # Inductor's fused C++ kernel is as fast; the op call costs more
     priority = 30
     summary = "residual add + RMSNorm → spore.add_rms_norm (the sum stays available)"
@@ -477,7 +489,7 @@ class RMSNormPass(spore.GraphPass):
     """Every RMSNorm form the op computes → ``spore.rms_norm(x, w, eps)``."""
 
     name = "rms_norm"
-    version = "2"
+    version = "3"
     on_cpu = False  # Inductor's fused C++ kernel is as fast; the op call costs more
     priority = 25
     summary = "RMSNorm (Llama/Qwen2/Mistral/T5/Gemma forms, any eps) → spore.rms_norm"
@@ -505,7 +517,7 @@ class LayerNormPass(spore.GraphPass):
     """``F.layer_norm`` over the last dimension (weight and bias optional) → spore.layer_norm."""
 
     name = "layer_norm"
-    version = "3"
+    version = "4"
     on_cpu = False  # Inductor's fused C++ kernel is as fast; the op call costs more
     priority = 25
     summary = "LayerNorm (F.layer_norm or hand-written, weight/bias optional) → spore.layer_norm"
@@ -535,6 +547,8 @@ class LayerNormPass(spore.GraphPass):
         if found is None or _only_user(found[0]) is None:
             return None
         var, eps = found
+        if not usable_eps(eps):
+            return None
         if not _is(centred, aten.sub.Tensor) or centred.kwargs.get("alpha", 1) != 1:
             return None
         xf, mean = centred.args

@@ -164,7 +164,7 @@ def _training_rms_norms(gm: GraphModule) -> Iterator[tuple[norms.RMSNormMatch, b
 
 class _TrainingPass(spore.GraphPass):
     stage = "pre_grad"
-    version = "7"
+    version = "8"
     on_cpu = False  # Inductor's fused forward and backward norm kernels are as fast on CPU
 
 
@@ -252,7 +252,7 @@ def _functional_norm(node: Node, function: Callable[..., Any]) -> tuple[Any, ...
         eps = _default_rms_eps(x_value.dtype)
     elif type(eps) is int:
         eps = float(eps)
-    if x_value.dim() < 1 or not isinstance(eps, float):
+    if x_value.dim() < 1 or not isinstance(eps, float) or not norms.usable_eps(eps):
         return None
     shape = args["normalized_shape"]  # a node when dynamo traced x.shape[-1:] symbolically
     if not isinstance(shape, (list, tuple)) or list(shape) != [x_value.shape[-1]]:

@@ -192,6 +192,58 @@ def test_layer_norm(rows, cols, dtype, seed, params) -> None:
     assert_matches(run("layer_norm_backward", grad, x, w, b, 1e-5), expected, dtype, scale=10)
 
 
+def test_layer_norm_centres_each_row_twice() -> None:
+    """Like the C++ kernel and the reference, the kernels centre x as (x - shift) - offset: a
+    constant row of 88.7 gives the bias exactly and no weight gradient (the first fp32 mean's
+    rounding, normalised, made it the bias plus 2.4e-3), and rows at 300 + 0.05 randn match
+    float64 ``F.layer_norm`` forward and backward (the forward was 3e-3 off)."""
+    g = torch.Generator().manual_seed(5)
+    constant = torch.full((2, 64), 88.7)
+    w, b, grad = randn(g, 64, dtype=torch.float32), randn(g, 64, dtype=torch.float32), constant
+    assert torch.equal(run("layer_norm", constant, w, b, 1e-5), b.expand(2, 64))
+    _, dw, _ = run("layer_norm_backward", grad, constant, w, b, 1e-5)
+    assert torch.equal(dw, torch.zeros(64))
+
+    x = randn(g, 64, 1000, dtype=torch.float32, scale=0.05) + 300.0
+    w, b = randn(g, 1000, dtype=torch.float32), randn(g, 1000, dtype=torch.float32)
+    grad = randn(g, 64, 1000, dtype=torch.float32)
+    exact_args = [t.double().requires_grad_() for t in (x, w, b)]
+    exact = torch.nn.functional.layer_norm(exact_args[0], (1000,), *exact_args[1:], 1e-5)
+    exact.backward(grad.double())
+    out = run("layer_norm", x, w, b, 1e-5)
+    torch.testing.assert_close(out.double(), exact, rtol=0, atol=1e-5)
+    for got, want in zip(run("layer_norm_backward", grad, x, w, b, 1e-5), exact_args, strict=True):
+        scale = float(want.grad.abs().max())
+        torch.testing.assert_close(got.double(), want.grad, rtol=0, atol=1e-6 * scale)
+
+
+@pytest.mark.parametrize("dim", [1, 0])
+def test_mean_var_centres_twice(dim) -> None:
+    """The mean is the first fp32 mean plus the mean deviation from it: a constant 1e20 gives
+    that mean, a variance of 0 and gradients of exactly grad_mean / n (over dim 0 the first
+    mean's rounding made them 2.6e13, 7e26 and 1.5e12 off), and values at 300 + 0.05 randn
+    match float64 (the mean was 1.6e-7 off, relative)."""
+    g = torch.Generator().manual_seed(8)
+    constant = torch.full((37, 37), 1e20)
+    mean, var = run("mean_var", constant, dim, 1)
+    assert torch.equal(mean, torch.full((37,), 1e20))
+    assert torch.equal(var, torch.zeros(37))
+    ones = torch.ones(37)
+    dx = run("mean_var_backward", ones, ones, constant, dim, 1)
+    assert torch.equal(dx, torch.full((37, 37), 1 / 37))
+
+    x = randn(g, 1000, 64, dtype=torch.float32, scale=0.05) + 300.0
+    x = x if dim == 0 else x.t().contiguous()
+    gm, gv = randn(g, 64, dtype=torch.float32), randn(g, 64, dtype=torch.float32)
+    exact_mean, exact_var = reference("mean_var", x.double(), dim, 1)
+    mean, var = run("mean_var", x, dim, 1)
+    torch.testing.assert_close(mean.double(), exact_mean, rtol=6e-8, atol=0)  # one rounding
+    torch.testing.assert_close(var.double(), exact_var, rtol=1e-5, atol=0)
+    exact = reference("mean_var_backward", gm.double(), gv.double(), x.double(), dim, 1)
+    dx = run("mean_var_backward", gm, gv, x, dim, 1)
+    torch.testing.assert_close(dx.double(), exact, rtol=0, atol=1e-6 * float(exact.abs().max()))
+
+
 MEAN_VAR_CASES = [
     ((5, 7), -1),
     ((5, 7), 0),
@@ -566,13 +618,13 @@ COMPILE = {
         {"HAS_W": True, "HAS_B": True},
     ),
     "layer_norm._layer_norm_bwd_dx": (
-        {"G": "*T", "X": "*T", "W": "*T", "DX": "*T", "MEAN": "*fp32", "RSTD": "*fp32"}
-        | {"cols": "i32", "eps": "fp32"},
+        {"G": "*T", "X": "*T", "W": "*T", "DX": "*T"}
+        | {"SHIFT": "*fp32", "OFFSET": "*fp32", "RSTD": "*fp32", "cols": "i32", "eps": "fp32"},
         {"HAS_W": True},
     ),
     "_param_grads._param_grads": (
-        {"G": "*T", "X": "*T", "MEAN": "*fp32", "RSTD": "*fp32", "DW": "*fp32", "DB": "*fp32"}
-        | {"rows": "i32", "cols": "i32", "rows_per_group": "i32"},
+        {"G": "*T", "X": "*T", "SHIFT": "*fp32", "OFFSET": "*fp32", "RSTD": "*fp32"}
+        | {"DW": "*fp32", "DB": "*fp32", "rows": "i32", "cols": "i32", "rows_per_group": "i32"},
         {"CENTRED": True, "HAS_DW": True, "HAS_DB": True, "BM": 32, "BN": 64},
     ),
     "mean_var._mean_var": (
@@ -629,6 +681,7 @@ COMPILE = {
 FP32_OUT = {"_param_grads._param_grads"}  # kernels that store only fp32 partial sums
 HELPERS = {
     "layer_norm._row_mean",
+    "layer_norm._rstd",
     "triangle_attention._logits",
     "triangle_attention._probs",
     "triangle_attention._read_keys",

@@ -1,7 +1,8 @@
-"""The weight and bias gradients of the row norms: column sums over all rows of
-``g * xhat`` (dweight) and ``g`` (dbias), with xhat rebuilt from x and the per-row mean and rstd
-the dx kernel saved. One program per (column block, group of rows) writes fp32 partial sums;
-the groups' partials are added in fp32 and rounded once."""
+"""The weight and bias gradients of the row norms: column sums over all rows of ``g * xhat``
+(dweight) and ``g`` (dbias), with xhat rebuilt from x and what the dx kernel saved per row:
+rstd, and for layer_norm the shift and offset that centre x as (x - shift) - offset. One program
+per (column block, group of rows) writes fp32 partial sums; the groups' partials are added in
+fp32 and rounded once."""
 
 from __future__ import annotations
 
@@ -18,7 +19,8 @@ MAX_GROUPS = 128  # row groups (programs down the columns) at most
 def _param_grads(
     G,
     X,
-    MEAN,
+    SHIFT,
+    OFFSET,
     RSTD,
     DW,
     DB,
@@ -47,7 +49,8 @@ def _param_grads(
         if HAS_DW:
             x = tl.load(X + at, mask=mask, other=0.0).to(tl.float32)
             if CENTRED:
-                x = x - tl.load(MEAN + rws, mask=row_mask, other=0.0)[:, None]
+                shift = tl.load(SHIFT + rws, mask=row_mask, other=0.0)[:, None]
+                x = (x - shift) - tl.load(OFFSET + rws, mask=row_mask, other=0.0)[:, None]
             acc_w += g * x * tl.load(RSTD + rws, mask=row_mask, other=0.0)[:, None]
         if HAS_DB:
             acc_b += g
@@ -60,13 +63,14 @@ def _param_grads(
 def param_grads(
     grad: torch.Tensor,
     x: torch.Tensor,
-    mean: torch.Tensor | None,
+    centre: tuple[torch.Tensor, torch.Tensor] | None,
     rstd: torch.Tensor,
     weight: torch.Tensor | None,
     bias: torch.Tensor | None,
 ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
     """(dweight, dbias) for [rows, cols] ``grad`` and ``x`` (``None`` for an absent parameter);
-    ``mean`` is ``None`` for rms norms (xhat = x * rstd)."""
+    ``centre`` is each row's (shift, offset), xhat = ((x - shift) - offset) * rstd, or ``None``
+    for rms norms (xhat = x * rstd)."""
     cols = x.shape[-1]
     rows = x.numel() // cols
     if rows == 0:
@@ -84,17 +88,19 @@ def param_grads(
 
     dw, db = partial(weight), partial(bias)
     bn = min(triton.next_power_of_2(cols), COLS)
+    shift, offset = (rstd, rstd) if centre is None else centre  # unread placeholders if None
     _param_grads[(triton.cdiv(cols, bn), groups)](
         grad,
         x,
-        rstd if mean is None else mean,  # an unread placeholder without centring
+        shift,
+        offset,
         rstd,
         dw,
         db,
         rows,
         cols,
         per_group,
-        CENTRED=mean is not None,
+        CENTRED=centre is not None,
         HAS_DW=weight is not None,
         HAS_DB=bias is not None,
         BM=ROWS,

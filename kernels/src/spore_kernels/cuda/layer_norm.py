@@ -1,6 +1,9 @@
 """layer_norm over the last dimension, forward and backward, with optional weight and bias.
-One program per row; two-pass fp32 statistics (the mean, then the mean squared deviation from
-it, biased); one rounding per output, as the reference."""
+One program per row; two-pass fp32 statistics (a first mean, the shift; then the deviations
+d = x - shift, their mean, the offset, and their mean square, less the offset's square: the
+biased variance); x centred twice, as (x - shift) - offset, like the C++ kernel and the
+reference, so that the first mean's rounding does not reach every x - mean; one rounding per
+output."""
 
 from __future__ import annotations
 
@@ -23,23 +26,36 @@ def _row_mean(X, row, cols, BLOCK: tl.constexpr):
 
 
 @triton.jit
+def _rstd(sum_d, sum_dd, cols, eps):
+    """(offset, rstd) from the sums of d = x - shift and of d * d over a row: the variance is
+    the mean of d * d less the offset's square (small against the spread, shift being a mean
+    already), at least 0."""
+    offset = sum_d / cols
+    var = tl.maximum(sum_dd / cols - offset * offset, 0.0, propagate_nan=tl.PropagateNan.ALL)
+    return offset, tl.math.rsqrt(var + eps)
+
+
+@triton.jit
 def _layer_norm_fwd(
     X, W, B, Y, cols, eps, HAS_W: tl.constexpr, HAS_B: tl.constexpr, BLOCK: tl.constexpr
 ):
     row = tl.program_id(0).to(tl.int64) * cols
-    mean = _row_mean(X, row, cols, BLOCK)
-    acc = tl.zeros([BLOCK], dtype=tl.float32)
+    shift = _row_mean(X, row, cols, BLOCK)
+    sum_d = tl.zeros([BLOCK], dtype=tl.float32)
+    sum_dd = tl.zeros([BLOCK], dtype=tl.float32)
     for start in range(0, cols, BLOCK):
         offs = start + tl.arange(0, BLOCK)
         mask = offs < cols
         x = tl.load(X + row + offs, mask=mask, other=0.0).to(tl.float32)
-        d = tl.where(mask, x - mean, 0.0)
-        acc += d * d
-    rstd = tl.math.rsqrt(tl.sum(acc, axis=0) / cols + eps)
+        d = tl.where(mask, x - shift, 0.0)
+        sum_d += d
+        sum_dd += d * d
+    offset, rstd = _rstd(tl.sum(sum_d, axis=0), tl.sum(sum_dd, axis=0), cols, eps)
     for start in range(0, cols, BLOCK):
         offs = start + tl.arange(0, BLOCK)
         mask = offs < cols
-        y = (tl.load(X + row + offs, mask=mask, other=0.0).to(tl.float32) - mean) * rstd
+        x = tl.load(X + row + offs, mask=mask, other=0.0).to(tl.float32)
+        y = ((x - shift) - offset) * rstd
         if HAS_W:
             y = y * tl.load(W + offs, mask=mask, other=0.0).to(tl.float32)
         if HAS_B:
@@ -49,35 +65,43 @@ def _layer_norm_fwd(
 
 @triton.jit
 def _layer_norm_bwd_dx(
-    G, X, W, DX, MEAN, RSTD, cols, eps, HAS_W: tl.constexpr, BLOCK: tl.constexpr
+    G, X, W, DX, SHIFT, OFFSET, RSTD, cols, eps, HAS_W: tl.constexpr, BLOCK: tl.constexpr
 ):
-    # dx = rstd * (gw - mean(gw) - xhat * mean(gw * xhat)), gw = g * w, xhat = (x - mean) * rstd;
-    # mean and rstd are kept for the weight/bias kernel.
+    # dx = rstd * (gw - mean(gw) - xhat * mean(gw * xhat)), gw = g * w,
+    # xhat = ((x - shift) - offset) * rstd; shift, offset and rstd are kept for the weight/bias
+    # kernel.
     r = tl.program_id(0).to(tl.int64)
     row = r * cols
-    mean = _row_mean(X, row, cols, BLOCK)
-    sq = tl.zeros([BLOCK], dtype=tl.float32)
+    shift = _row_mean(X, row, cols, BLOCK)
+    sum_d = tl.zeros([BLOCK], dtype=tl.float32)
+    sum_dd = tl.zeros([BLOCK], dtype=tl.float32)
     sum_gw = tl.zeros([BLOCK], dtype=tl.float32)
     sum_gwd = tl.zeros([BLOCK], dtype=tl.float32)
     for start in range(0, cols, BLOCK):
         offs = start + tl.arange(0, BLOCK)
         mask = offs < cols
-        d = tl.where(mask, tl.load(X + row + offs, mask=mask, other=0.0).to(tl.float32) - mean, 0.0)
+        x = tl.load(X + row + offs, mask=mask, other=0.0).to(tl.float32)
+        d = tl.where(mask, x - shift, 0.0)
         gw = tl.load(G + row + offs, mask=mask, other=0.0).to(tl.float32)
         if HAS_W:
             gw = gw * tl.load(W + offs, mask=mask, other=0.0).to(tl.float32)
-        sq += d * d
+        sum_d += d
+        sum_dd += d * d
         sum_gw += gw
         sum_gwd += gw * d
-    rstd = tl.math.rsqrt(tl.sum(sq, axis=0) / cols + eps)
-    mean_gw = tl.sum(sum_gw, axis=0) / cols
-    mean_gwx = rstd * tl.sum(sum_gwd, axis=0) / cols
-    tl.store(MEAN + r, mean)
+    offset, rstd = _rstd(tl.sum(sum_d, axis=0), tl.sum(sum_dd, axis=0), cols, eps)
+    total_gw = tl.sum(sum_gw, axis=0)
+    mean_gw = total_gw / cols
+    # the sum of gw * (d - offset) is the sum of gw * d less offset times the sum of gw
+    mean_gwx = rstd * (tl.sum(sum_gwd, axis=0) - offset * total_gw) / cols
+    tl.store(SHIFT + r, shift)
+    tl.store(OFFSET + r, offset)
     tl.store(RSTD + r, rstd)
     for start in range(0, cols, BLOCK):
         offs = start + tl.arange(0, BLOCK)
         mask = offs < cols
-        xhat = (tl.load(X + row + offs, mask=mask, other=0.0).to(tl.float32) - mean) * rstd
+        x = tl.load(X + row + offs, mask=mask, other=0.0).to(tl.float32)
+        xhat = ((x - shift) - offset) * rstd
         gw = tl.load(G + row + offs, mask=mask, other=0.0).to(tl.float32)
         if HAS_W:
             gw = gw * tl.load(W + offs, mask=mask, other=0.0).to(tl.float32)
@@ -103,17 +127,17 @@ def layer_norm_backward(
     bias: torch.Tensor | None,
     eps: float,
 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
-    """dx row by row (saving mean and rstd), then dweight and dbias from the column sums."""
+    """dx row by row (saving shift, offset and rstd), then dweight and dbias from the column
+    sums."""
     rows, _ = _checks.rows_cols(x)
     dx = torch.empty_like(x)
-    mean = torch.empty(rows, dtype=torch.float32, device=x.device)
-    rstd = torch.empty_like(mean)
+    shift, offset, rstd = torch.empty(3, rows, dtype=torch.float32, device=x.device)
     w = x if weight is None else weight
-    args = (grad, x, w, dx, mean, rstd)
+    args = (grad, x, w, dx, shift, offset, rstd)
     _common.row_launch(_layer_norm_bwd_dx, x, *args, eps=float(eps), HAS_W=weight is not None)
     if weight is None and bias is None:
         return dx, None, None
-    dw, db = param_grads(grad, x, mean, rstd, weight, bias)
+    dw, db = param_grads(grad, x, (shift, offset), rstd, weight, bias)
     return dx, dw, db
 
 

@@ -1,9 +1,12 @@
 """mean_var over one dimension, forward and backward: x viewed as [outer, n, inner], one program
-per (outer index, block of inner columns) looping over n. Forward: two passes in fp32 (the mean,
-then the squared deviations from it), each output rounded once; the divisor is
-max(n - correction, 0) as in torch. Backward: dx = grad_mean / n + grad_var * 2 (x - mean) /
-(n - correction) with the mean recomputed in fp32 (a zero grad_var adding nothing), as the
-reference."""
+per (outer index, block of inner columns) looping over n. x is centred twice, as the reference
+does: a first fp32 mean (the shift), then the mean of d = x - shift (the offset), x - mean being
+(x - shift) - offset, so that the first mean's rounding does not reach every x - mean. Forward:
+two passes in fp32 (the shift, then the sums of d and of d * d; the mean is shift + offset, the
+variance the sum of (d - offset)^2, computed as the sum of d * d less offset times the sum of d),
+each output rounded once; the divisor is max(n - correction, 0) as in torch. Backward:
+dx = grad_mean / n + grad_var * 2 (x - mean) / (n - correction) with the shift and offset
+recomputed in fp32 (one pass over x each; a zero grad_var adding nothing), as the reference."""
 
 from __future__ import annotations
 
@@ -33,15 +36,23 @@ def _mean_var(X, MEAN, VAR, n, inner, divisor, BN: tl.constexpr, BI: tl.constexp
         acc += tl.load(base + rows[:, None] * inner + cols[None, :], mask=mask, other=0.0).to(
             tl.float32
         )
-    mean = tl.sum(acc, axis=0) / n
-    acc = tl.zeros([BN, BI], dtype=tl.float32)
+    shift = tl.sum(acc, axis=0) / n
+    sum_d = tl.zeros([BN, BI], dtype=tl.float32)
+    sum_dd = tl.zeros([BN, BI], dtype=tl.float32)
     for start in range(0, n, BN):
         rows = (start + tl.arange(0, BN)).to(tl.int64)
         mask = (rows < n)[:, None] & col_mask[None, :]
         x = tl.load(base + rows[:, None] * inner + cols[None, :], mask=mask, other=0.0)
-        d = tl.where(mask, x.to(tl.float32) - mean[None, :], 0.0)
-        acc += d * d
-    var = tl.sum(acc, axis=0) / divisor
+        d = tl.where(mask, x.to(tl.float32) - shift[None, :], 0.0)
+        sum_d += d
+        sum_dd += d * d
+    total_d = tl.sum(sum_d, axis=0)
+    offset = total_d / n
+    mean = shift + offset
+    m2 = tl.maximum(
+        tl.sum(sum_dd, axis=0) - offset * total_d, 0.0, propagate_nan=tl.PropagateNan.ALL
+    )
+    var = m2 / divisor
     out = o * inner + cols
     tl.store(MEAN + out, mean.to(MEAN.dtype.element_ty), mask=col_mask)
     tl.store(VAR + out, var.to(VAR.dtype.element_ty), mask=col_mask)
@@ -77,7 +88,15 @@ def _mean_var_bwd(
             mask = (rows < n)[:, None] & col_mask[None, :]
             at = base + rows[:, None] * inner + cols[None, :]
             acc += tl.load(X + at, mask=mask, other=0.0).to(tl.float32)
-        mean = tl.sum(acc, axis=0) / n
+        shift = tl.sum(acc, axis=0) / n
+        acc = tl.zeros([BN, BI], dtype=tl.float32)
+        for start in range(0, n, BN):
+            rows = (start + tl.arange(0, BN)).to(tl.int64)
+            mask = (rows < n)[:, None] & col_mask[None, :]
+            at = base + rows[:, None] * inner + cols[None, :]
+            x = tl.load(X + at, mask=mask, other=0.0).to(tl.float32)
+            acc += tl.where(mask, x - shift[None, :], 0.0)
+        offset = tl.sum(acc, axis=0) / n
     for start in range(0, n, BN):
         rows = (start + tl.arange(0, BN)).to(tl.int64)
         mask = (rows < n)[:, None] & col_mask[None, :]
@@ -87,7 +106,7 @@ def _mean_var_bwd(
             dx += gm_n[None, :]
         if HAS_GV:
             x = tl.load(X + at, mask=mask, other=0.0).to(tl.float32)
-            dx += gv_scaled[None, :] * (x - mean[None, :])
+            dx += gv_scaled[None, :] * ((x - shift[None, :]) - offset[None, :])
         tl.store(DX + at, dx.to(DX.dtype.element_ty), mask=mask)
 
 

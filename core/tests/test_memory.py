@@ -82,6 +82,24 @@ def test_hooks_compose_outer_first_and_unpack_in_reverse() -> None:
     assert torch.equal(x.grad, plain.grad)
 
 
+def test_one_hooks_object_is_entered_again_as_torchs_is() -> None:
+    packed: list[str] = []
+    outer = spore.saved_tensors_hooks(lambda t: packed.append("outer") or t, lambda t: t)
+    inner = spore.saved_tensors_hooks(lambda t: packed.append("inner") or t, lambda t: t)
+    x = torch.randn(3, requires_grad=True)
+    for _ in range(2):  # one object per training loop, entered each step
+        with outer:
+            x.exp().sum().backward()
+    assert packed == ["outer", "outer"]
+    packed.clear()
+    with outer, inner:
+        with inner:  # inside its own block: composed once more
+            x.exp().sum().backward()
+        x.sin().sum().backward()
+    assert packed == ["outer", "inner", "inner", "outer", "inner"]
+    assert torch._C._autograd._top_saved_tensors_default_hooks(False) is None
+
+
 def test_gradients_are_bitwise_identical_with_hooks() -> None:
     plain = _grads()
     assert _bitwise_equal(plain, _grads(spore.saved_tensors_hooks(lambda t: t, lambda t: t)))

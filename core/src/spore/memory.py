@@ -15,7 +15,7 @@ import threading
 import uuid
 import weakref
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager, suppress
+from contextlib import AbstractContextManager, contextmanager, suppress
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -74,9 +74,38 @@ def _torch_active() -> tuple[Pack, Unpack] | None:
     return torch._C._autograd._top_saved_tensors_default_hooks(False)
 
 
-def saved_tensors_hooks(pack: Pack, unpack: Unpack) -> Any:
+class SavedTensorsHooks:
+    """A (pack, unpack) pair added on top of the active ones in each block it is entered (see
+    module doc). As torch's ``saved_tensors_hooks``, one object can be entered again, after
+    its block or inside it, and from several threads: each entry composes with the pairs
+    active there and then.
+
+    .. versionadded:: 0.1.0
+    """
+
+    def __init__(self, pack: Pack, unpack: Unpack) -> None:
+        self.pack_hook, self.unpack_hook = pack, unpack  # torch's attribute names
+        self._entries = threading.local()
+
+    def _open(self) -> list[AbstractContextManager[None]]:
+        """The entries of this object still open on the calling thread, innermost last."""
+        if not hasattr(self._entries, "open"):
+            self._entries.open = []
+        return self._entries.open
+
+    def __enter__(self) -> None:
+        install = torch.autograd.graph.saved_tensors_hooks
+        entry = stacked(self.pack_hook, self.unpack_hook, install, _torch_active)
+        entry.__enter__()
+        self._open().append(entry)
+
+    def __exit__(self, *exc_info: Any) -> None:
+        self._open().pop().__exit__(*exc_info)
+
+
+def saved_tensors_hooks(pack: Pack, unpack: Unpack) -> SavedTensorsHooks:
     """Add a (pack, unpack) pair on top of the active ones for the block (see module doc)."""
-    return stacked(pack, unpack, torch.autograd.graph.saved_tensors_hooks, _torch_active)
+    return SavedTensorsHooks(pack, unpack)
 
 
 def _nbytes(t: torch.Tensor) -> int:

@@ -271,5 +271,24 @@ def test_bad_input() -> None:
         Sharded([1, 2])  # type: ignore[arg-type]
 
 
+class Strict(FallbackTensor):
+    """A subclass no test registers a handler on."""
+
+
+@pytest.mark.parametrize(
+    ("op", "hint"),
+    [
+        (torch.add, r"never run \(did you mean torch\.ops\.aten\.add\?\)$"),
+        (torch.Tensor.mul, r"never run \(did you mean torch\.ops\.aten\.mul\?\)$"),
+        ("aten::mm.default", r"never run \(did you mean torch\.ops\.aten\.mm\?\)$"),
+        (3, r"never run$"),
+    ],
+)
+def test_registering_what_is_not_an_op_is_a_clear_error(op, hint) -> None:
+    with pytest.raises(TypeError, match=rf"Strict\.register\(.*{hint}"):
+        Strict.register(op)
+    assert Strict._spore_handlers == {}
+
+
 def test_exported_from_spore() -> None:
     assert spore.FallbackTensor is FallbackTensor

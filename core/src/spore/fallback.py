@@ -86,8 +86,16 @@ class FallbackTensor(torch.Tensor):
         """Decorator: ``handler(cls, func, args, kwargs)`` runs for ``op`` instead of the fallback.
 
         ``op`` is an overload (``torch.ops.aten.mm.default``) or a packet (``torch.ops.aten.mm``,
-        all overloads).
+        all overloads); anything else (``torch.mm``, ``torch.Tensor.mm``, a name) is a
+        ``TypeError``: ``__torch_dispatch__`` sees only ops, so its handler would never run.
         """
+        if not isinstance(op, (torch._ops.OpOverload, torch._ops.OpOverloadPacket)):
+            raise TypeError(
+                f"{cls.__name__}.register({op!r}): a handler is registered for an op, "
+                f"an overload (torch.ops.aten.mm.default) or a packet (torch.ops.aten.mm); "
+                f"a torch function, Tensor method or name never reaches __torch_dispatch__, so "
+                f"its handler would never run{_op_hint(op)}"
+            )
 
         def decorate(handler: Handler) -> Handler:
             cls._spore_handlers[op] = handler
@@ -220,6 +228,16 @@ def _rebuild(
 
 
 torch.serialization.add_safe_globals([_rebuild])
+
+
+def _op_hint(value: Any) -> str:
+    """`` (did you mean torch.ops.aten.<name>?)`` where ``value`` (a torch function, a Tensor
+    method, an ``aten::`` name) is named as an aten op is; else empty."""
+    name = value if isinstance(value, str) else getattr(value, "__name__", "")
+    name = name.removeprefix("aten::").partition(".")[0] if isinstance(name, str) else ""
+    if name.isidentifier() and hasattr(torch.ops.aten, name):
+        return f" (did you mean torch.ops.aten.{name}?)"
+    return ""
 
 
 def _map(fn: Callable[[Any], Any], value: Any) -> Any:

@@ -391,7 +391,7 @@ def test_spore_passes_lists_the_stages_in_the_order_they_run(spore_manager) -> N
     for stage in ("post_grad", "joint", "pre_grad"):
         for priority in (1, 9):
             spore.register_custom_pass(
-                TimesThree(), name=f"{stage}-{priority}", stage=stage, priority=priority
+                lambda gm: 0, name=f"{stage}-{priority}", stage=stage, priority=priority
             )
     result = CliRunner().invoke(passes_cmd, ["--json"])
     assert result.exit_code == 0, result.output
@@ -490,6 +490,17 @@ def test_bad_registrations(spore_manager) -> None:
     with pytest.raises(TypeError, match=r"an instance of the pass class TimesThree, not the"):
         spore.register_custom_pass(TimesThree)
     assert "times-three" not in spore.get_registry("passes")
+
+
+def test_a_pattern_pass_at_pre_grad_is_refused(spore_manager) -> None:
+    """It was accepted and then rewrote nothing, without a word: its pattern is traced to aten,
+    and Inductor's pre_grad graph holds torch-level calls."""
+    spore_manager()
+    with pytest.raises(ValueError, match=r"TimesThree is a PatternToPatternPass.*'post_grad'"):
+        spore.register_custom_pass(TimesThree(), stage="pre_grad")
+    assert "times-three" not in spore.get_registry("passes")
+    spore.register_custom_pass(lambda gm: 0, name="pre-grad-fn", stage="pre_grad")
+    assert "pre-grad-fn" in spore.get_registry("passes")
 
 
 def test_a_partial_pass_is_keyed_by_what_it_wraps() -> None:

@@ -122,7 +122,8 @@ class SearchForm:
 
 
 class PatternToPatternPass(GraphPass):
-    """Rewrite every match of ``pattern`` into ``replacement`` (aten-level: post_grad, joint).
+    """Rewrite every match of ``pattern`` into ``replacement`` (aten-level: post_grad, joint;
+    registering one at pre_grad is a ``ValueError``).
 
     Subclasses define ``pattern(*args)``, ``replacement(*args)`` (plain torch functions with
     the same arguments), ``example_inputs()`` (tensors to trace both with) and optionally

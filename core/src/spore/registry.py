@@ -249,6 +249,12 @@ class PassRegistry(Registry[graph_passes.PassEntry]):
             )
         if not callable(value):
             raise TypeError(f"a pass must be callable (gm) -> int, got {type(value).__name__}")
+        if stage == "pre_grad" and isinstance(value, graph_passes.PatternToPatternPass):
+            raise ValueError(
+                f"{type(value).__name__} is a PatternToPatternPass: it matches aten graphs, and a "
+                f"pre_grad graph holds torch-level calls, so it would never rewrite anything; "
+                f"register it at stage='post_grad' (or 'joint'), or write a GraphPass for pre_grad"
+            )
         if type(priority) is not int:  # a bool too: it would sort as 0/1 without a word
             raise TypeError(f"a pass's priority must be an int, got {priority!r}")
         if device is not None:

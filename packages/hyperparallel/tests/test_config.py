@@ -124,6 +124,20 @@ def test_exponent_floats_are_numbers(tmp_path) -> None:
     assert written.model.config == {"rope_theta": 1e6}
 
 
+def test_leading_zero_integers_are_decimal(tmp_path) -> None:
+    # YAML 1.1 (PyYAML) reads 0300 as octal 192 and 1:30 as 90; YAML 1.2, and the user, 300
+    cfg = config.load(_write(tmp_path, "run:\n  steps: 0300\n  seed: 0042\n"))
+    assert (cfg.run.steps, cfg.run.seed) == (300, 42)
+    assert config.load(None, ["checkpoint.every=050"]).checkpoint.every == 50
+    assert config.load(None, ["model.config.num_hidden_layers=02"]).model.config == {
+        "num_hidden_layers": 2
+    }
+    for text, value in (("0o17", 15), ("0x10", 16), ("0b101", 5), ("1_000", 1000), ("-007", -7)):
+        assert config.load(None, [f"model.config.x={text}"]).model.config == {"x": value}
+    with pytest.raises(config.ConfigError, match=r"run\.steps: expected an integer, got '1:30'"):
+        config.load(None, ["run.steps=1:30"])
+
+
 def test_yaml_syntax_errors_name_the_line(tmp_path) -> None:
     path = _write(tmp_path, "run:\n  steps: 10\n  name: [unclosed\n")
     with pytest.raises(config.ConfigError, match=r"run.yaml:\d+: not valid YAML"):

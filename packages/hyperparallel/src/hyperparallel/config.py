@@ -392,16 +392,38 @@ class ConfigError(ValueError):
 
 
 class _Loader(yaml.SafeLoader):
-    """PyYAML's safe loader, reading every exponent float as YAML 1.2 does (``1e-3``, ``3E+4``,
-    ``1.5e2``, ``.5e3``); PyYAML, reading YAML 1.1, takes one as a string unless it has both a
-    dot and a signed exponent."""
+    """PyYAML's safe loader, reading numbers as YAML 1.2 does: every exponent float (``1e-3``,
+    ``3E+4``, ``1.5e2``, ``.5e3``), which PyYAML, reading YAML 1.1, takes as a string unless it
+    has both a dot and a signed exponent; and an integer with leading zeros in base 10
+    (``0300`` is 300, octal is ``0o``), where YAML 1.1 reads ``0300`` as octal 192 and
+    ``1:30`` as 90 (base 60)."""
 
 
+_INT = "tag:yaml.org,2002:int"
+_Loader.yaml_implicit_resolvers = {
+    first: [(tag, regexp) for tag, regexp in resolvers if tag != _INT]
+    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
+}
+_Loader.add_implicit_resolver(
+    _INT,
+    re.compile(r"^(?:[-+]?[0-9][0-9_]*|[-+]?0b[01_]+|[-+]?0o[0-7_]+|[-+]?0x[0-9a-fA-F_]+)$"),
+    list("-+0123456789"),
+)
 _Loader.add_implicit_resolver(
     "tag:yaml.org,2002:float",
     re.compile(r"^[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9_]+)[eE][-+]?[0-9]+$"),
     list("-+.0123456789"),
 )
+
+
+def _read_int(loader: yaml.SafeLoader, node: yaml.ScalarNode) -> int:
+    """An integer as written: base 10 with or without leading zeros, or ``0b``/``0o``/``0x``."""
+    text = str(loader.construct_scalar(node)).replace("_", "")
+    prefixed = text.lstrip("+-")[:2] in ("0b", "0o", "0x")
+    return int(text, 0) if prefixed else int(text, 10)
+
+
+_Loader.add_constructor(_INT, _read_int)
 
 
 def _lines(text: str, source: str) -> tuple[dict[str, str], dict[str, str]]:

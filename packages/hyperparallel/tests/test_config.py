@@ -14,7 +14,7 @@ import pytest
 import torch
 import yaml
 from click.testing import CliRunner
-from transformers import AutoModelForCausalLM, LlamaConfig
+from transformers import AutoModelForCausalLM, GPT2Config, LlamaConfig
 
 from hyperparallel import config, launch, model, preflight
 from hyperparallel.cli import train
@@ -751,6 +751,29 @@ def test_other_architectures_take_the_defaults_they_have(kind) -> None:
     built(input_ids=ids, labels=ids).loss.backward()
     with pytest.raises(config.ConfigError, match="gpt2 has no setting num_key_value_heads"):
         preflight.resolve(None, ["model.type=gpt2", "model.config.num_key_value_heads=2"])
+
+
+def test_a_setting_under_the_architectures_own_name_wins_over_the_defaults() -> None:
+    """GPT-2 names hidden_size n_embd: n_embd=64 builds 64, not the small default's 128."""
+    cfg = preflight.resolve(
+        None,
+        ["model.type=gpt2", "model.config.n_embd=64", "model.config.n_layer=2"],
+        outputs=False,
+    )
+    built = model.hf_config(cfg.model, 259)
+    assert (built.n_embd, built.n_layer, built.n_head) == (64, 2, 4)
+    unset = config.load(None, ["model.type=gpt2", "model.config.n_layer=null"])
+    assert model.hf_config(unset.model, 259).n_layer == GPT2Config().n_layer
+    with pytest.raises(
+        config.ConfigError,
+        match=r"--set model.config.n_layer=2, --set model.config.num_hidden_layers=3: "
+        r"model.config: n_layer and num_hidden_layers are one setting of gpt2; give only one",
+    ):
+        preflight.resolve(
+            None,
+            ["model.type=gpt2", "model.config.n_layer=2", "model.config.num_hidden_layers=3"],
+            outputs=False,
+        )
 
 
 def test_the_printed_config_serves_another_architecture_and_a_rebuilt_worker(tmp_path) -> None:

@@ -154,8 +154,9 @@ class ModelSection(Section):
         + ", ".join(
             f"{k}: {str(v).lower() if isinstance(v, bool) else v}" for k, v in MODEL_CONFIG.items()
         )
-        + " (a key set to null keeps the architecture's default); vocab_size comes from the "
-        "tokenizer",
+        + " (a key set to null keeps the architecture's default; one given under the "
+        "architecture's own name, GPT-2's n_layer, replaces the small one); vocab_size comes "
+        "from the tokenizer",
     )
     compile: str | None = Field(
         None,

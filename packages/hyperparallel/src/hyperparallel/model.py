@@ -44,7 +44,9 @@ def settings(model: ModelSection) -> dict[str, Any]:
     """The config settings the model is built with: ``model.config`` over Spore's small defaults
     (:data:`MODEL_CONFIG`, only those the architecture has, none over a pretrained model).
 
-    Raises :class:`ModelConfigError` for a key the user set that the architecture lacks.
+    A default yields to a setting given under the architecture's own name for it (GPT-2's
+    ``n_layer`` for ``num_hidden_layers``), null included. Raises :class:`ModelConfigError`
+    for a key the user set that the architecture lacks, or for two keys naming one setting.
     """
     base = _base_config(model)
     name = "model.pretrained's config" if model.pretrained else model.type
@@ -64,8 +66,23 @@ def settings(model: ModelSection) -> dict[str, Any]:
             f"model.config: {name} has no setting {', '.join(hints)}",
             tuple(f"model.config.{k}" for k in unknown),
         )
+    aliases = getattr(base, "attribute_map", {})  # e.g. GPT-2's hidden_size -> n_embd
+    given: dict[str, str] = {}
+    for key in (k for k, v in model.config.items() if v is not None):
+        if (same := given.setdefault(aliases.get(key, key), key)) != key:
+            raise ModelConfigError(
+                f"model.config: {same} and {key} are one setting of {name}; give only one",
+                (f"model.config.{same}", f"model.config.{key}"),
+            )
+    yours = {aliases.get(k, k) for k in model.config}  # null too: the architecture's default
     defaults = (
-        {} if model.pretrained else {k: v for k, v in MODEL_CONFIG.items() if hasattr(base, k)}
+        {}
+        if model.pretrained
+        else {
+            k: v
+            for k, v in MODEL_CONFIG.items()
+            if hasattr(base, k) and aliases.get(k, k) not in yours
+        }
     )
     return merged(defaults, model.config)
 

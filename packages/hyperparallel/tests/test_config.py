@@ -547,6 +547,26 @@ def test_print_config_is_the_resolved_yaml(tmp_path, monkeypatch) -> None:
     assert not (tmp_path / "new").exists()
 
 
+def test_set_values_are_yaml_and_a_comma_list_is_shown_as_one(tmp_path) -> None:
+    """--help says how to write a list and null; a comma-joined data.path names the list."""
+    result = CliRunner().invoke(train, ["--help"], terminal_width=200)
+    assert result.exit_code == 0, result.output
+    assert "VALUE is read as YAML" in result.output
+    assert "--set 'data.path=[a/*.txt, b.jsonl]' (a list)" in result.output
+    assert "--set run.stop_at=null" in result.output
+    a, b = tmp_path / "a.txt", tmp_path / "b.txt"
+    for path in (a, b):
+        path.write_text("text")
+    with pytest.raises(
+        config.ConfigError, match=re.escape(f"(several globs are a list: [{a}, {b}])")
+    ):
+        preflight.resolve(None, [f"data.path={a},{b}"], outputs=False)
+    assert preflight.resolve(None, [f"data.path=[{a}, {b}]"], outputs=False).data.path == [
+        str(a),
+        str(b),
+    ]
+
+
 def test_settings_that_run_but_likely_not_as_meant_are_noted() -> None:
     """run.stop_at past run.steps, schedule.warmup_steps past run.steps: each noted once, with
     where it was set; the defaults give none."""

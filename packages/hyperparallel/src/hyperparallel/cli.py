@@ -31,7 +31,9 @@ Examples:
     "overrides",
     multiple=True,
     metavar="KEY.PATH=VALUE",
-    help="Override one setting (repeatable), e.g. --set optim.lr=1e-3.",
+    help="Override one setting (repeatable). VALUE is read as YAML: --set optim.lr=1e-3, "
+    "--set 'data.path=[a/*.txt, b.jsonl]' (a list), --set run.stop_at=null. "
+    "--print-config lists every key.",
 )
 @click.option("--nproc", type=click.IntRange(min=1), help="Local processes (parallel.nproc).")
 @click.option(

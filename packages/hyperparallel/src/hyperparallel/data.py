@@ -67,7 +67,12 @@ def files(paths: str | Sequence[str]) -> list[Path]:
     for pattern in [paths] if isinstance(paths, str) else paths:
         matches = sorted(glob.glob(os.path.expanduser(pattern), recursive=True))
         if not matches:
-            raise FileNotFoundError(f"no file matches {pattern!r}; check the path or glob")
+            hint = (
+                f" (several globs are a list: [{', '.join(p.strip() for p in pattern.split(','))}])"
+                if "," in pattern
+                else ""
+            )
+            raise FileNotFoundError(f"no file matches {pattern!r}; check the path or glob{hint}")
         found.update((Path(m), None) for m in matches)
     for path in found:
         if path.is_dir():

@@ -815,6 +815,30 @@ def test_each_distinct_traceback_is_printed_once_under_its_ranks(tmp_path) -> No
     ]
 
 
+def test_a_traceback_handed_over_by_a_rank_torch_does_not_report_is_printed(tmp_path) -> None:
+    """torch's ChildFailedError holds only the first rank to fail; another rank that raised
+    (before torch stopped it) wrote its traceback to its error file and printed nothing."""
+    from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
+
+    attempt = tmp_path / "spore-train-1234_abcd" / "attempt_0"
+    messages = {r: f"{launch.TRACEBACK}\n  ...\nValueError: only rank {r}\n" for r in (0, 1)}
+    for rank, message in messages.items():
+        (attempt / str(rank)).mkdir(parents=True)
+        (attempt / str(rank) / "error.json").write_text(json.dumps({"message": message}))
+    (attempt / "2").mkdir()  # a rank that handed nothing over (stopped by torch)
+    first = {
+        0: ProcessFailure(
+            local_rank=0, pid=10, exitcode=1, error_file=str(attempt / "0" / "error.json")
+        )
+    }
+    failures = launch._with_handed_over(first, tmp_path)
+    assert sorted(failures) == [0, 1]
+    assert failures[0] is first[0]
+    assert launch._failure_lines(failures) == [
+        f"rank(s) {r} raised:\n{messages[r].rstrip()}" for r in (0, 1)
+    ]
+
+
 def test_failures_in_a_rank_are_reported_once_and_plainly(tmp_path) -> None:
     data_file = tmp_path / "data.jsonl"
     data_file.write_text('{"text": "fine"}\nnot json\n')

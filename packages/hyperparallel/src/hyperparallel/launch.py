@@ -170,6 +170,22 @@ def _failure_lines(failures: dict[int, Any]) -> list[str]:
     return [*sorted(errors), *tracebacks, *killed]
 
 
+def _with_handed_over(failures: dict[int, Any], agent_dir: Path) -> dict[int, Any]:
+    """``failures`` and each other rank that handed an error over in ``agent_dir`` (its
+    ``error.json``): torch reports only the first rank to fail, and stops the others, some of
+    which may have raised too and written their own error first."""
+    from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
+
+    found = dict(failures)
+    for error_file in sorted(agent_dir.glob("*/attempt_*/*/error.json")):
+        rank = error_file.parent.name
+        if rank.isdigit() and int(rank) not in found:  # it exits with status 1 once written
+            found[int(rank)] = ProcessFailure(
+                local_rank=int(rank), pid=0, exitcode=1, error_file=str(error_file)
+            )
+    return found
+
+
 def launch(config: Config, resume: str | None = None, *, echo: Any = print) -> None:
     """Run the training described by ``config``, holding its output; raises
     :class:`TrainingFailed` on failure, :class:`OutputBusy` when another run holds it."""
@@ -216,12 +232,16 @@ def _launch(config: Config, resume: str | None, echo: Any) -> None:
                 start_method="spawn",
                 logs_specs=DefaultLogsSpecs(log_dir=agent_dir),
             )
-            elastic_launch(launch_config, worker)(settings, resume, os.getpid())
-    except ChildFailedError as exc:
-        for line in _failure_lines(exc.failures):
-            print(line, file=sys.stderr, flush=True)
-        ranks = ", ".join(str(r) for r in sorted(exc.failures)) or "?"
-        raise TrainingFailed(f"training failed on rank(s) {ranks}; see the error above") from None
+            try:
+                elastic_launch(launch_config, worker)(settings, resume, os.getpid())
+            except ChildFailedError as exc:
+                failures = _with_handed_over(exc.failures, Path(agent_dir))
+                for line in _failure_lines(failures):
+                    print(line, file=sys.stderr, flush=True)
+                ranks = ", ".join(str(r) for r in sorted(failures)) or "?"
+                raise TrainingFailed(
+                    f"training failed on rank(s) {ranks}; see the error above"
+                ) from None
     except SignalException as exc:
         raise TrainingInterrupted(exc.sigval) from None
     except KeyboardInterrupt:

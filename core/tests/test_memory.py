@@ -100,6 +100,22 @@ def test_one_hooks_object_is_entered_again_as_torchs_is() -> None:
     assert torch._C._autograd._top_saved_tensors_default_hooks(False) is None
 
 
+def test_a_hooks_object_decorates_a_function_each_call_a_block() -> None:
+    """It decorated functions as a generator context manager does; the reusable object
+    raised ``TypeError: 'SavedTensorsHooks' object is not callable``."""
+    packed: list[str] = []
+
+    @spore.saved_tensors_hooks(lambda t: packed.append("pack") or t, lambda t: t)
+    def loss(x: torch.Tensor) -> torch.Tensor:
+        return x.exp().sum()
+
+    x = torch.randn(3, requires_grad=True)
+    for _ in range(2):
+        loss(x).backward()
+    assert packed == ["pack", "pack"]
+    assert torch._C._autograd._top_saved_tensors_default_hooks(False) is None
+
+
 def test_gradients_are_bitwise_identical_with_hooks() -> None:
     plain = _grads()
     assert _bitwise_equal(plain, _grads(spore.saved_tensors_hooks(lambda t: t, lambda t: t)))

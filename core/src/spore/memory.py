@@ -15,7 +15,7 @@ import threading
 import uuid
 import weakref
 from collections.abc import Callable, Iterator
-from contextlib import AbstractContextManager, contextmanager, suppress
+from contextlib import AbstractContextManager, ContextDecorator, contextmanager, suppress
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -74,11 +74,11 @@ def _torch_active() -> tuple[Pack, Unpack] | None:
     return torch._C._autograd._top_saved_tensors_default_hooks(False)
 
 
-class SavedTensorsHooks:
+class SavedTensorsHooks(ContextDecorator):
     """A (pack, unpack) pair added on top of the active ones in each block it is entered (see
     module doc). As torch's ``saved_tensors_hooks``, one object can be entered again, after
     its block or inside it, and from several threads: each entry composes with the pairs
-    active there and then.
+    active there and then. As a decorator, each call of the function is such a block.
 
     .. versionadded:: 0.1.0
     """

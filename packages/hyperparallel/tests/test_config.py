@@ -136,6 +136,12 @@ def test_leading_zero_integers_are_decimal(tmp_path) -> None:
         assert config.load(None, [f"model.config.x={text}"]).model.config == {"x": value}
     with pytest.raises(config.ConfigError, match=r"run\.steps: expected an integer, got '1:30'"):
         config.load(None, ["run.steps=1:30"])
+    # and YAML 1.1 reads 1:30.5 as the float 90.5: text here too, which a float setting refuses
+    assert config.load(None, ["model.config.x=1:30.5"]).model.config == {"x": "1:30.5"}
+    with pytest.raises(config.ConfigError, match=r"optim\.lr: .*'1:30\.5'"):
+        config.load(None, ["optim.lr=1:30.5"])
+    for text, value in (("-.5", -0.5), (".5e3", 500.0), ("1_000.5", 1000.5), ("1e-3", 1e-3)):
+        assert config.load(None, [f"model.config.x={text}"]).model.config == {"x": value}
 
 
 def test_yaml_syntax_errors_name_the_line(tmp_path) -> None:

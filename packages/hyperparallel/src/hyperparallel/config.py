@@ -395,14 +395,14 @@ class ConfigError(ValueError):
 class _Loader(yaml.SafeLoader):
     """PyYAML's safe loader, reading numbers as YAML 1.2 does: every exponent float (``1e-3``,
     ``3E+4``, ``1.5e2``, ``.5e3``), which PyYAML, reading YAML 1.1, takes as a string unless it
-    has both a dot and a signed exponent; and an integer with leading zeros in base 10
-    (``0300`` is 300, octal is ``0o``), where YAML 1.1 reads ``0300`` as octal 192 and
-    ``1:30`` as 90 (base 60)."""
+    has both a dot and a signed exponent; an integer with leading zeros in base 10 (``0300``
+    is 300, octal is ``0o``), where YAML 1.1 reads ``0300`` as octal 192; and no base-60
+    numbers (YAML 1.1 reads ``1:30`` as 90 and ``1:30.5`` as 90.5; here they are text)."""
 
 
-_INT = "tag:yaml.org,2002:int"
+_INT, _FLOAT = "tag:yaml.org,2002:int", "tag:yaml.org,2002:float"
 _Loader.yaml_implicit_resolvers = {
-    first: [(tag, regexp) for tag, regexp in resolvers if tag != _INT]
+    first: [(tag, regexp) for tag, regexp in resolvers if tag not in (_INT, _FLOAT)]
     for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
 }
 _Loader.add_implicit_resolver(
@@ -411,8 +411,15 @@ _Loader.add_implicit_resolver(
     list("-+0123456789"),
 )
 _Loader.add_implicit_resolver(
-    "tag:yaml.org,2002:float",
-    re.compile(r"^[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9_]+)[eE][-+]?[0-9]+$"),
+    _FLOAT,
+    re.compile(
+        r"""^(?:[-+]?[0-9][0-9_]*\.[0-9_]*(?:[eE][-+]?[0-9]+)?
+        |[-+]?\.[0-9][0-9_]*(?:[eE][-+]?[0-9]+)?
+        |[-+]?[0-9][0-9_]*[eE][-+]?[0-9]+
+        |[-+]?\.(?:inf|Inf|INF)
+        |\.(?:nan|NaN|NAN))$""",
+        re.X,
+    ),
     list("-+.0123456789"),
 )
 

@@ -65,7 +65,9 @@ def test_chunked_gradients_equal_plain_autograd() -> None:
     torch.testing.assert_close((x.grad, w.grad), expected, rtol=1e-6, atol=1e-6)
 
 
-@pytest.mark.parametrize("bad", [0, -2, 1.5, True, "4"])
+@pytest.mark.parametrize(
+    "bad", [0, -2, 1.5, True, "4", np.True_, torch.tensor(True), torch.tensor([4])]
+)
 def test_bad_chunk_sizes_are_refused(bad: object) -> None:
     with pytest.raises(ValueError, match="chunk_size must be a positive int"):
         check_chunk_size(bad)  # type: ignore[arg-type]

@@ -27,21 +27,32 @@ M = TypeVar("M", bound=nn.Module)
 
 
 def check_chunk_size(chunk_size: int | None, name: str = "chunk_size") -> int | None:
-    """``chunk_size`` as an int when None or a positive integer (a Python or numpy one); a
-    ValueError naming the fix and the setting (``name``) otherwise (a bool, a float, a
-    string)."""
+    """``chunk_size`` as an int when None or a positive integer (a Python or numpy one, or a
+    0-d integer tensor); a ValueError naming the fix and the setting (``name``) otherwise (a
+    bool or bool tensor, a float, a string, a tensor with dims)."""
     if chunk_size is None:
         return None
-    try:
-        size = None if isinstance(chunk_size, bool) else operator.index(chunk_size)
-    except TypeError:
-        size = None
+    size = _index(chunk_size)
     if size is None or size <= 0:
         raise ValueError(
             f"{name} must be a positive int (rows per chunk) or None (no chunking), "
             f"got {chunk_size!r}"
         )
     return size
+
+
+def _index(value: object) -> int | None:
+    """``value`` as an int when ``operator.index`` takes it, else ``None``: also for a bool, a
+    bool tensor (whose index is 0 or 1) and a tensor of one or more dims (one element is
+    indexable)."""
+    if isinstance(value, bool) or (
+        isinstance(value, torch.Tensor) and (value.dim() or value.dtype == torch.bool)
+    ):
+        return None
+    try:
+        return operator.index(value)  # type: ignore[arg-type]
+    except TypeError:
+        return None
 
 
 def chunked(

@@ -24,6 +24,16 @@ def as_int(value: Any) -> int | None:
         return None
 
 
+def int_at_least(value: Any, name: str, minimum: int, unit: str = "") -> int:
+    """``value`` as an int of at least ``minimum`` (see :func:`as_int`), else a ``ValueError``
+    naming the argument ``name`` (and its ``unit``, when given)."""
+    n = as_int(value)
+    if n is None or n < minimum:
+        what = f" ({unit})" if unit else ""
+        raise ValueError(f"{name} must be an int >= {minimum}{what}, got {value!r}")
+    return n
+
+
 def as_ints(values: Any) -> tuple[int, ...] | None:
     """``values``' items as ints (see :func:`as_int`), ``None`` when it is not an ordered
     sequence (a set or a dict would reorder the sizes) or an item is not an integer."""

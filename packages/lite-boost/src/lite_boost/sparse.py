@@ -26,7 +26,7 @@ import torch
 
 import spore_kernels  # noqa: F401  (defines torch.ops.spore.block_sparse_attention)
 from lite_boost import backends
-from lite_boost.numeric_args import as_int, as_ints, is_number
+from lite_boost.numeric_args import as_ints, int_at_least, is_number
 
 
 def tile_shape(height: int, width: int, block_size: int) -> tuple[int, int]:
@@ -55,19 +55,11 @@ def reorder(latent_shape: tuple[int, int, int], block_size: int) -> torch.Tensor
 
 
 def _latent(shape: Any) -> tuple[int, ...]:
-    """``shape``'s sizes as ints (see :func:`as_int`)."""
+    """``shape``'s sizes as ints (see :func:`lite_boost.numeric_args.as_int`)."""
     sizes = as_ints(shape)
     if sizes is None:
         raise ValueError(f"latent_shape must be three ints (frames, height, width), got {shape!r}")
     return sizes
-
-
-def _count(value: Any, name: str, minimum: int) -> int:
-    """``value`` as an int of at least ``minimum`` (see :func:`as_int`), else ``ValueError``."""
-    n = as_int(value)
-    if n is None or n < minimum:
-        raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")
-    return n
 
 
 def _check(
@@ -190,8 +182,8 @@ def sparse_attention(
     autocast, q, k and v are cast first as the attention op casts them
     (:func:`lite_boost.backends.autocast_qkv`)."""
     latent_shape = _latent(latent_shape)
-    text_len = _count(text_len, "text_len", 0)
-    block_size = _count(block_size, "block_size", 1)
+    text_len = int_at_least(text_len, "text_len", 0)
+    block_size = int_at_least(block_size, "block_size", 1)
     q, k, v = backends.autocast_qkv(q, k, v)  # as the attention op's autocast kernel casts them
     _check(q, k, v, latent_shape, text_len, sparsity)
     block_size = min(block_size, max(q.shape[2], 1))  # one block, in memory of the sequence's

@@ -22,7 +22,7 @@ from collections.abc import Callable
 import torch
 import torch.nn as nn
 
-from lite_boost.numeric_args import as_int
+from lite_boost.numeric_args import int_at_least
 from lite_boost.parallel.manager import ParallelManager
 from lite_boost.parallel.sequence import exchange_shapes, gather_sequence
 
@@ -58,10 +58,10 @@ def decode_temporal_parallel(
             "back to latents that require grad; call it under torch.no_grad() (or pass "
             "latents.detach()), or decode on one rank to differentiate"
         )
-    overlap = _int_arg(overlap, "overlap", 0, "latent frames")
+    overlap = int_at_least(overlap, "overlap", 0, "latent frames")
     if frames_per_latent is not None:
-        frames_per_latent = _int_arg(frames_per_latent, "frames_per_latent", 1, "output frames")
-    time_dim = _int_arg(time_dim, "time_dim", -latents.dim(), "a dimension of latents")
+        frames_per_latent = int_at_least(frames_per_latent, "frames_per_latent", 1, "output frames")
+    time_dim = int_at_least(time_dim, "time_dim", -latents.dim(), "a dimension of latents")
     if not -latents.dim() <= time_dim < latents.dim():
         raise ValueError(f"time_dim {time_dim} is out of range for latents of {latents.dim()} dims")
     time_dim %= latents.dim()
@@ -95,15 +95,6 @@ def decode_temporal_parallel(
                 *shape[:time_dim], 0, *shape[time_dim + 1 :], dtype=dtype, device=latents.device
             )
         return gather_sequence(mine, time_dim, manager)
-
-
-def _int_arg(value: object, name: str, minimum: int, unit: str) -> int:
-    """``value`` as an int of at least ``minimum`` (numpy or 0-d tensor integers taken, see
-    :func:`lite_boost.numeric_args.as_int`), else ``ValueError``."""
-    n = as_int(value)
-    if n is None or n < minimum:
-        raise ValueError(f"{name} must be an int >= {minimum} ({unit}), got {value!r}")
-    return n
 
 
 def _decode_chunk(

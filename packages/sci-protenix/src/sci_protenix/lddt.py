@@ -47,7 +47,9 @@ def smooth_lddt_loss(
     ``chunk_size``: atom rows per chunk (None: all at once).
     ``reduction``: ``"mean"`` over the batch (a scalar) or ``"none"`` (the batch shape).
     """
-    batch, n = _check(pred_coords, true_coords, is_nucleotide, coord_mask, chunk_size, reduction)
+    batch, n, chunk_size = _check(
+        pred_coords, true_coords, is_nucleotide, coord_mask, chunk_size, reduction
+    )
     dev = pred_coords.device
     nucleotide = (
         torch.zeros(n, dtype=torch.bool, device=dev) if is_nucleotide is None else is_nucleotide
@@ -134,7 +136,10 @@ def _check(
     coord_mask: torch.Tensor | None,
     chunk_size: int | None,
     reduction: str,
-) -> tuple[torch.Size, int]:
+) -> tuple[torch.Size, int, int | None]:
+    """The inputs' batch shape, their number of atoms and the chunk size as an int
+    (:func:`sci_protenix.chunking.check_chunk_size`); a ValueError or TypeError naming what is
+    wrong."""
     for name, coords in (("pred_coords", pred), ("true_coords", true)):
         if not isinstance(coords, torch.Tensor) or coords.dim() < 2 or coords.shape[-1] != 3:
             shape = tuple(coords.shape) if isinstance(coords, torch.Tensor) else type(coords)
@@ -167,7 +172,7 @@ def _check(
         raise ValueError(
             f"the batch dims of the inputs do not broadcast: {[tuple(b) for b in batch]}"
         )
-    check_chunk_size(chunk_size)
+    size = check_chunk_size(chunk_size)
     if reduction not in ("mean", "none"):
         raise ValueError(f"reduction must be 'mean' or 'none', got {reduction!r}")
-    return shape, n
+    return shape, n, size

@@ -105,6 +105,8 @@ def test_bad_options_and_unknown_models_are_refused(toy_booster):
         with pytest.raises(pydantic.ValidationError, match=r"sparsity\n.*must be a number"):
             boosters.boost(ToyChild(), sparsity=not_a_number)
     assert boosters.boost(ToyChild(), sparsity=np.float32(0.25)).lite_boost_options.sparsity == 0.25
+    for width in (np.float16, np.float32):  # as written: 0.7, not 0.699999988 (4 of 10 blocks)
+        assert boosters.boost(ToyChild(), sparsity=width(0.7)).lite_boost_options.sparsity == 0.7
     with pytest.raises(TypeError, match=r"boost\(\) patches a model .* got str"):
         boosters.boost("WanTransformer3DModel")
     with pytest.raises(TypeError, match="class_name must be a class's name"):

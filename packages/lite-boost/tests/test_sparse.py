@@ -242,18 +242,25 @@ def test_mismatched_q_k_v_are_named(change, match):
         sparse_attention(q, k, v, latent_shape=(2, 4, 4), sparsity=0.5, block_size=8)
 
 
-def test_numpy_float_sparsities_keep_what_their_value_keeps():
+def test_numpy_float_sparsities_keep_what_the_same_python_float_keeps():
     """numpy's float16 sparsity made the kept count NaN ("cannot convert float NaN to
-    integer"), and its float32 rounded the count otherwise than the same value as a float
-    (which ``boost``'s options hold)."""
+    integer"), and a float32 0.7 (0.699999988) kept 4 of 10 blocks where the float 0.7 keeps 3:
+    every float width keeps what the decimal it was written as keeps."""
+    blocks_tried = (1, 3, 7, 10, 64, 100, 256, 1000)
+    for thousandths in range(1000):
+        sparsity = thousandths / 1000
+        want = [keep_count(sparsity, blocks) for blocks in blocks_tried]
+        for dtype in (np.float16, np.float32, np.float64):
+            got = [keep_count(dtype(sparsity), blocks) for blocks in blocks_tried]
+            assert got == want, (dtype, sparsity)
+    assert keep_count(0.7, 10) == keep_count(np.float32(0.7), 10) == 3
+    assert keep_count(0.699999988079071, 10) == 4  # a Python float counts as its value
     q, k, v = _qkv((2, 4, 4))
     opts = {"latent_shape": (2, 4, 4), "block_size": 4}
-    for sparsity in (np.float16(0.5), np.float32(0.7), np.float64(0.7)):
+    want = sparse_attention(q, k, v, sparsity=0.7, **opts)
+    for sparsity in (np.float16(0.7), np.float32(0.7), np.float64(0.7)):
         got = sparse_attention(q, k, v, sparsity=sparsity, **opts)
-        want = sparse_attention(q, k, v, sparsity=float(sparsity), **opts)
         torch.testing.assert_close(got, want, rtol=0, atol=0)
-        for blocks in (4, 10, 256):
-            assert keep_count(sparsity, blocks) == keep_count(float(sparsity), blocks)
 
 
 def test_a_negative_text_len_is_refused():

@@ -1,6 +1,6 @@
 """Numeric arguments as lite-boost takes them: integers exactly (numpy's and 0-d tensors'
 too), never a bool, a float or a container that would reorder sizes; real numbers (numpy's
-too), never a bool."""
+too), never a bool; narrow floats as written."""
 
 from __future__ import annotations
 
@@ -49,6 +49,17 @@ def as_ints(values: Any) -> tuple[int, ...] | None:
 def is_number(value: Any) -> bool:
     """Whether ``value`` is a real number (numpy's too), not a bool, a string or a tensor."""
     return isinstance(value, numbers.Real) and not isinstance(value, bool)
+
+
+def as_written(value: Any) -> Any:
+    """A numpy float narrower than Python's (float16, float32) as the Python float of its
+    shortest decimal, which its own type reads back as it (numpy's ``str``): the number as it
+    was written, ``np.float32(0.7)`` as ``0.7``, not ``0.699999988079071``; anything else as it
+    is."""
+    dtype = getattr(value, "dtype", None)
+    if is_number(value) and dtype is not None and dtype.kind == "f" and dtype.itemsize < 8:
+        return float(str(value))
+    return value
 
 
 def as_real(value: Any) -> float | None:

@@ -26,7 +26,7 @@ import torch
 
 import spore_kernels  # noqa: F401  (defines torch.ops.spore.block_sparse_attention)
 from lite_boost import backends
-from lite_boost.numeric_args import as_ints, int_at_least, is_number
+from lite_boost.numeric_args import as_ints, as_written, int_at_least, is_number
 
 
 def tile_shape(height: int, width: int, block_size: int) -> tuple[int, int]:
@@ -107,10 +107,10 @@ def _pool(x: torch.Tensor, block_size: int) -> torch.Tensor:
 def keep_count(sparsity: float, blocks: int) -> int:
     """``ceil((1 - sparsity) * blocks)``, at least 1: the product rounded to 9 decimals first,
     so float error cannot keep one more block (``(1 - 0.7) * 10`` is ``3.0000000000000004``).
-    Computed in Python floats whatever ``sparsity``'s type: numpy's float16 cannot hold the
-    rounding's ``10 ** 9`` (a NaN), and its float32 rounds otherwise than the float
-    :func:`lite_boost.boost` holds."""
-    return max(1, math.ceil(round((1.0 - float(sparsity)) * blocks, 9)))
+    A numpy float16 or float32 ``sparsity`` counts as the decimal it was written as
+    (:func:`lite_boost.numeric_args.as_written`: ``np.float32(0.7)`` keeps what ``0.7`` keeps,
+    not what its binary value 0.699999988 would); the count is computed in Python floats."""
+    return max(1, math.ceil(round((1.0 - float(as_written(sparsity))) * blocks, 9)))
 
 
 def select_blocks(

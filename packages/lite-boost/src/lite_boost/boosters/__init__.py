@@ -18,7 +18,7 @@ from typing import Annotated, Any
 import torch
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictInt
 
-from lite_boost.numeric_args import as_int, is_number
+from lite_boost.numeric_args import as_int, as_written, is_number
 
 HOOK = "lite_boost_register_boosters"
 log = logging.getLogger("lite_boost")
@@ -32,11 +32,12 @@ def _integer(value: Any) -> Any:
 
 
 def _real(value: Any) -> Any:
-    """``value`` when it is a real number (numpy's too), not a bool, a string or a tensor
-    (which pydantic would convert)."""
+    """``value`` when it is a real number (numpy's too, a float16 or float32 as written:
+    :func:`lite_boost.numeric_args.as_written`), not a bool, a string or a tensor (which
+    pydantic would convert)."""
     if not is_number(value):
         raise ValueError(f"must be a number, got {type(value).__name__} {value!r}")
-    return value
+    return as_written(value)
 
 
 class BoostOptions(BaseModel):

@@ -164,28 +164,82 @@ def test_boosting_twice_is_one_boost():
     torch.testing.assert_close(_run(boosted, *inputs), want, atol=ATOL, rtol=RTOL)
 
 
-def test_diffusers_attention_backend_is_refused_naming_lite_boosts_choice():
+def test_diffusers_attention_backend_is_refused_naming_lite_boosts_choice(monkeypatch):
     """``set_attention_backend("flex")`` on a boosted model was taken and changed nothing (the
     processors run lite-boost's backend): refused, naming ``use_backend``/the environment
-    variable, before diffusers switches its global backend; a reset is taken."""
+    variable, before diffusers switches its global backend; a reset is taken. A hub backend
+    (``flash_hub``) was refused only after diffusers checked its package and fetched its kernel
+    from the Hub: refused before diffusers' backend setup runs."""
+    from diffusers.models import attention_dispatch
     from diffusers.models.attention_dispatch import _AttentionBackendRegistry as registry
 
+    setup = []
+    for step in ("_check_attention_backend_requirements", "_maybe_download_kernel_for_backend"):
+        real = getattr(attention_dispatch, step)
+        monkeypatch.setattr(
+            attention_dispatch, step, lambda b, step=step, real=real: (setup.append(step), real(b))
+        )
     model = boost(_model(), sparsity=0.0)
     inputs = _inputs(batch=1)
     want = _run(model, *inputs)
     active = registry.get_active_backend()
     try:
-        for name in ("flex", "native"):
+        for name in ("flex", "native", "flash_hub", "sage_hub", "flash"):
             with pytest.raises(ValueError, match=f"set_attention_backend\\('{name}'\\)") as e:
                 model.set_attention_backend(name)
             assert "lite_boost.use_backend" in str(e.value)
             assert W.backends.ENV in str(e.value)
             assert registry.get_active_backend() == active
+        with pytest.raises(ValueError, match="set_attention_backend\\('flex'\\)"):
+            model.blocks[0].attn1.set_attention_backend("flex")  # one module's
     finally:
         registry.set_active_backend(active[0])
+    assert setup == []  # diffusers never checked nor fetched a backend
     model.reset_attention_backend()
     assert isinstance(model.blocks[0].attn1.processor, W.WanAttnProcessor)
     torch.testing.assert_close(_run(model, *inputs), want)
+
+
+def test_a_diffusers_attention_backend_block_is_refused_at_the_call():
+    """Under diffusers' ``with attention_backend("flex"):`` a boosted model ran lite-boost's
+    backend, silently: the call is refused, naming lite-boost's way to choose; under diffusers'
+    default backend (outside the block, or a block naming it) it runs."""
+    from diffusers.models.attention_dispatch import attention_backend
+
+    model = boost(_model(), sparsity=0.0)
+    inputs = _inputs(batch=1)
+    want = _run(model, *inputs)
+    refused = "ignore diffusers' active attention backend 'flex'"
+    with attention_backend("flex"), pytest.raises(ValueError, match=refused) as e:
+        _run(model, *inputs)
+    assert "lite_boost.use_backend" in str(e.value)
+    assert W.backends.ENV in str(e.value)
+    assert "default backend 'native'" in str(e.value)
+    with attention_backend("native"):
+        torch.testing.assert_close(_run(model, *inputs), want)
+    torch.testing.assert_close(_run(model, *inputs), want)
+
+
+def test_setting_diffusers_processors_on_a_boosted_model_is_refused():
+    """diffusers' own processors set on a boosted model failed at the forward with a shape error
+    (the cached RoPE tables are lite-boost's layout): refused when set, naming what to do, the
+    model left as it was; boosting again (a copy too) still sets lite-boost's processors."""
+    model = _model()
+    inputs = _inputs(batch=1)
+    want = _run(model, *inputs)
+    boosted = boost(copy.deepcopy(model), sparsity=0.0)
+    attn = boosted.blocks[0].attn1
+    for set_processor in (boosted.set_attn_processor, attn.set_processor):
+        with pytest.raises(ValueError, match="WanAttnProcessor cannot run on it") as e:
+            set_processor(transformer_wan.WanAttnProcessor())
+        assert "set processors on a model that is not boosted" in str(e.value)
+    processors = [m.processor for m in boosted.modules() if hasattr(m, "set_processor")]
+    assert all(isinstance(p, W.WanAttnProcessor) for p in processors)
+    torch.testing.assert_close(_run(boosted, *inputs), want, atol=ATOL, rtol=RTOL)
+    clone = boost(copy.deepcopy(boosted), sparsity=0.5, block_size=16)
+    assert clone.blocks[0].attn1.processor.options.sparsity == 0.5
+    assert boosted.blocks[0].attn1.processor.options.sparsity == 0.0  # the copy's own modules
+    model.set_attn_processor(transformer_wan.WanAttnProcessor())  # not boosted: taken
 
 
 def test_fused_projections_and_diffusers_tables_in_the_processor():

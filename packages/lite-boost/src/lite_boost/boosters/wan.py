@@ -45,9 +45,14 @@ TRANSFORMER_CHANGES = (
     "lite_boost.parallel.ulysses_attention (heads must divide by the world size); a forward "
     "with diffusers' FirstBlockCache on raises RuntimeError (each rank would decide alone "
     "whether to skip blocks)",
-    "diffusers' model.set_attention_backend(name) raises ValueError (the processors use "
+    "diffusers' attention backends: model.set_attention_backend(name) raises ValueError before "
+    "diffusers checks or downloads the backend, and a forward under a diffusers backend other "
+    "than its default (an attention_backend(name) block) raises ValueError (the processors use "
     "lite-boost's backend: lite_boost.use_backend or LITE_BOOST_ATTENTION); "
     "reset_attention_backend() is taken",
+    "processors: setting another processor on an attention module (set_attn_processor, "
+    "set_processor) raises ValueError (diffusers' processors cannot take the cached RoPE "
+    "tables); set processors on a model that is not boosted",
     "projections, norms, feed-forward, embeddings and weights are unchanged",
 )
 VAE_CHANGES = (
@@ -133,6 +138,52 @@ def _rotate(x: torch.Tensor, rotary_emb: Any) -> torch.Tensor:
     return torch.ops.spore.rope(x, cos, sin, "interleaved")
 
 
+def _backend_name(backend: Any) -> str:
+    """A diffusers backend's name (an ``AttentionBackendName`` or a str)."""
+    return str(getattr(backend, "value", backend))
+
+
+def _backend_refused(what: str) -> ValueError:
+    """The error for a diffusers attention backend asked of a boosted model (``what`` happens)."""
+    return ValueError(
+        f"a lite-boost-boosted Wan model does not use diffusers' attention backends, so {what}. "
+        f"Pick lite-boost's backend with `with lite_boost.use_backend(name):` or the "
+        f"{backends.ENV} environment variable (one of {backends.NAMES}; spore.dispatch.explain("
+        f"'{backends.OP}', q, k, v) says which runs), or use diffusers' backends on a model that "
+        f"is not boosted"
+    )
+
+
+def _diffusers_backends() -> tuple[Any, Any]:
+    """diffusers' attention backend registry and its default backend (the
+    ``DIFFUSERS_ATTN_BACKEND`` environment variable's at import, else ``native``)."""
+    from diffusers.models.attention_dispatch import AttentionBackendName, _AttentionBackendRegistry
+    from diffusers.utils.constants import DIFFUSERS_ATTN_BACKEND
+
+    return _AttentionBackendRegistry, AttentionBackendName(DIFFUSERS_ATTN_BACKEND)
+
+
+def _refused_set_attention_backend(model: torch.nn.Module, backend: str) -> None:
+    """A boosted model's ``set_attention_backend``: refused before diffusers checks the
+    backend's package or downloads its kernel (a hub backend's)."""
+    raise _backend_refused(
+        f"set_attention_backend({_backend_name(backend)!r}) would change nothing"
+    )
+
+
+def _boosted_set_processor(attn: torch.nn.Module, processor: Any) -> None:
+    """A boosted ``WanAttention``'s ``set_processor``: lite-boost's :class:`WanAttnProcessor`
+    only (diffusers' processors cannot take the cached RoPE tables or the parallel split)."""
+    if not isinstance(processor, WanAttnProcessor):
+        raise ValueError(
+            f"a lite-boost-boosted Wan model runs lite-boost's attention processors (its RoPE "
+            f"tables and parallel split are theirs), so {type(processor).__name__} cannot run "
+            f"on it: set processors on a model that is not boosted (keep one with "
+            f"lite_boost.boost(copy.deepcopy(model)), or load the model again)"
+        )
+    type(attn).set_processor(attn, processor)
+
+
 class WanAttnProcessor:
     """lite-boost's processor for diffusers' ``WanAttention`` (self- and cross-attention, the
     I2V image keys included): same projections and norms as diffusers' ``WanAttnProcessor``,
@@ -143,6 +194,7 @@ class WanAttnProcessor:
     def __init__(self, options: BoostOptions) -> None:
         self.options = options
         self.manager = _manager(options)
+        self._diffusers_registry, self._diffusers_default = _diffusers_backends()
 
     @property
     def _attention_backend(self) -> None:
@@ -151,18 +203,11 @@ class WanAttnProcessor:
 
     @_attention_backend.setter
     def _attention_backend(self, backend: Any) -> None:
-        """``ValueError`` for a backend (diffusers' ``model.set_attention_backend`` sets it on
-        every processor), which would change nothing here; ``None`` (``reset_attention_backend``)
-        is taken."""
+        """``ValueError`` for a backend (diffusers' ``attn.set_attention_backend`` sets it),
+        which would change nothing here; ``None`` (``reset_attention_backend``) is taken."""
         if backend is not None:
-            name = getattr(backend, "value", backend)
-            raise ValueError(
-                f"a lite-boost-boosted Wan model does not use diffusers' attention backends, so "
-                f"set_attention_backend({name!r}) would change nothing: pick lite-boost's "
-                f"backend with `with lite_boost.use_backend(name):` or the {backends.ENV} "
-                f"environment variable (one of {backends.NAMES}; spore.dispatch.explain("
-                f"'{backends.OP}', q, k, v) says which runs), or use diffusers' backends on a "
-                f"model that is not boosted"
+            raise _backend_refused(
+                f"set_attention_backend({_backend_name(backend)!r}) would change nothing"
             )
 
     def __call__(
@@ -173,6 +218,16 @@ class WanAttnProcessor:
         attention_mask: torch.Tensor | None = None,
         rotary_emb: Any = None,
     ) -> torch.Tensor:
+        active = self._diffusers_registry._active_backend
+        if active != self._diffusers_default:  # an attention_backend(name) block
+            name = _backend_name(active)
+            raise _backend_refused(
+                f"it would ignore diffusers' active attention backend {name!r} (a `with "
+                f"attention_backend({name!r}):` block around this call, or another model's "
+                f"set_attention_backend({name!r}), which sets it for every model): run the "
+                f"boosted model under diffusers' default backend "
+                f"{_backend_name(self._diffusers_default)!r}"
+            )
         if attention_mask is not None:
             raise ValueError(
                 "lite-boost's Wan attention takes no attention_mask (WanTransformer3DModel "
@@ -309,7 +364,10 @@ def boost_transformer(model: torch.nn.Module, options: BoostOptions) -> None:
     model._lite_boost_handles = []
     model.rope = rope
     rope.manager = manager
+    # bound methods, not closures: copy.deepcopy rebinds them to the copy
+    model.set_attention_backend = types.MethodType(_refused_set_attention_backend, model)
     for attn in attentions:
+        attn.set_processor = types.MethodType(_boosted_set_processor, attn)
         attn.set_processor(WanAttnProcessor(options))
     if manager is not None:
         model._lite_boost_handles = _sequence_hooks(model, manager)

@@ -367,6 +367,28 @@ def test_sparsity_half_stays_close_on_a_smooth_video():
     assert not torch.allclose(got, want, atol=1e-4)  # blocks were really skipped
 
 
+def _sea_cache_steps(model, steps=8):
+    """``model`` over a short drifting schedule with diffusers' SeaCache (27 tokens: an uneven
+    split on 2 ranks): the outputs, and per step whether the blocks ran (not skipped)."""
+    from diffusers import SeaCacheConfig
+
+    model.enable_cache(SeaCacheConfig())
+    ran = []
+    handle = model.blocks[0].attn1.register_forward_hook(lambda *args: ran.append(True))
+    latents, timestep, text = _inputs(frames=3, height=6, width=6, batch=1)
+    drift = torch.randn(latents.shape, generator=torch.Generator().manual_seed(7))
+    outputs, pattern = [], []
+    for i in range(steps):
+        before = len(ran)
+        step = {"step_index": i, "sigma": 1 - i / steps, "num_inference_steps": steps}
+        with model.cache_context("cond", **step):
+            outputs.append(_run(model, latents + 0.02 * i * drift, timestep - 100 * i, text))
+        pattern.append(len(ran) > before)
+    handle.remove()
+    model.disable_cache()
+    return outputs, pattern
+
+
 def _two_rank_cases(manager) -> dict:
     """What one rank of :func:`test_two_gloo_ranks_equal_one_process` measures."""
     from diffusers import FirstBlockCacheConfig
@@ -407,6 +429,11 @@ def _two_rank_cases(manager) -> dict:
         result["cache_error"] = str(exc)
     cached.disable_cache()
     result["cache_disabled"] = diff(_run(cached, *inputs), _run(model, *inputs))
+    # SeaCache decides from the model's whole input latents and the scheduler step: every rank
+    # alike, so it skips the blocks where one process skips them, with the same outputs
+    want, result["sea_pattern_one"] = _sea_cache_steps(boost(copy.deepcopy(model)))
+    got, result["sea_pattern"] = _sea_cache_steps(boost(copy.deepcopy(model), parallel=manager))
+    result["sea_cache"] = max(diff(a, b) for a, b in zip(got, want, strict=True))
     try:
         boost(_model(num_attention_heads=3), parallel=manager)
         result["heads_error"] = None
@@ -441,7 +468,8 @@ def _two_rank_cases(manager) -> dict:
 def test_two_gloo_ranks_equal_one_process():
     """Ulysses (dense and sparse, uneven token split, per-token timesteps) and the VAE's
     temporal-parallel decode on 2 gloo ranks equal one process; diffusers' FirstBlockCache,
-    whose skip decision each rank would take from its own tokens, is refused on every rank."""
+    whose skip decision each rank would take from its own tokens, is refused on every rank;
+    diffusers' SeaCache, which decides from the whole input, skips as one process does."""
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
@@ -457,6 +485,10 @@ def test_two_gloo_ranks_equal_one_process():
         assert "sequence parallelism is for inference" in r["grad_error"]
         assert "cannot run with diffusers' FirstBlockCache" in r["cache_error"]
         assert r["cache_disabled"] <= ATOL
+        assert r["sea_pattern"] == r["sea_pattern_one"]
+        assert True in r["sea_pattern"]  # the blocks ran at some steps
+        assert False in r["sea_pattern"]  # and were skipped at others
+        assert r["sea_cache"] <= ATOL
         assert "3 attention heads" in r["heads_error"]
         assert "world size 2" in r["heads_error"]
         assert r["vae_chunk"] is not None  # this rank decoded a chunk

@@ -53,6 +53,8 @@ TRANSFORMER_CHANGES = (
     "processors: setting another processor on an attention module (set_attn_processor, "
     "set_processor) raises ValueError (diffusers' processors cannot take the cached RoPE "
     "tables); set processors on a model that is not boosted",
+    "diffusers' SeaCache keeps working with parallel: its skip decision comes from the model's "
+    "whole input latents and the scheduler step, the same on every rank",
     "projections, norms, feed-forward, embeddings and weights are unchanged",
 )
 VAE_CHANGES = (

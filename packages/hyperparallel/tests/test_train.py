@@ -320,6 +320,26 @@ def test_a_resume_may_lower_the_rate(tmp_path) -> None:
     assert "lr: 1.0e-05" in (out / "config.yaml").read_text()
 
 
+def test_a_resume_with_other_gradient_accumulation_says_the_global_batch_changes(
+    tmp_path, capsys
+) -> None:
+    """optim.grad_accum changed the global batch of a resumed run without a word (the ranks
+    and data.batch_size are refused, being the data layout): it now goes on with a note."""
+    out = tmp_path / "run"
+    args = ("run.steps=3", "checkpoint.export=false")
+    train_in_process(out, *args, "run.stop_at=1")
+    capsys.readouterr()
+    train_in_process(out, *args, "run.stop_at=2", resume="latest")
+    assert "grad_accum" not in capsys.readouterr().err
+    train_in_process(out, *args, "optim.grad_accum=2", resume="latest")
+    assert (
+        "note: --resume step_00000002: optim.grad_accum is 2 (the checkpoint's was 1): the "
+        "global batch goes from 8 to 16 sequences per step (data.batch_size=8 x 1 rank(s) x "
+        "optim.grad_accum; 512 -> 1024 tokens); optim.lr and the schedule are not rescaled"
+    ) in capsys.readouterr().err
+    assert sorted(losses(out)) == [1, 2, 3]
+
+
 def test_a_resume_with_another_seed_fails_plainly(tmp_path) -> None:
     """The sampler's saved seed orders the rest of the data: a resume asking another ran on in
     the saved order while its config.yaml recorded the new seed."""

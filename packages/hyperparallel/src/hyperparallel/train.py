@@ -363,6 +363,8 @@ def train(
                 f"continues the saved order: resume with run.seed={sampler.seed} (its "
                 f"config.yaml), or start a new run from its export (model.pretrained) to change it"
             )
+        if rank == 0 and (note := _batch_note(cfg, path, extra, world)):
+            print(note, file=sys.stderr, flush=True)
         if rank == 0 and (skipped := checkpoint.skipped(target, path)):
             print(
                 f"note: skipped {', '.join(p.name for p in skipped)} (meta.json missing or "
@@ -458,6 +460,7 @@ def train(
                     "sampler": sampler.state_dict(),
                     "data": {"seq_len": cfg.data.seq_len},
                     "schedule": cfg.schedule.model_dump(),
+                    "grad_accum": accum,
                 }
                 outcome.checkpoint = checkpoint.save(
                     output, step, state, extra, keep=cfg.checkpoint.keep, parent=outcome.checkpoint
@@ -479,6 +482,25 @@ def train(
         if history:
             report.plot(history, output / "loss.png", f"{cfg.run.name}: training loss")
     return outcome
+
+
+def _batch_note(cfg: Config, path: Path, extra: dict[str, Any], world: int) -> str | None:
+    """A note where the resumed checkpoint (``extra``: its trainer.pt) was trained with another
+    ``optim.grad_accum``: the global batch changes from here on (the ranks and
+    ``data.batch_size`` are the saved ones, the data layout checked); None when it is the same
+    or the checkpoint does not say (saved before trainer.pt recorded it)."""
+    saved, accum = extra.get("grad_accum", cfg.optim.grad_accum), cfg.optim.grad_accum
+    if saved == accum:
+        return None
+    per_step = cfg.data.batch_size * world
+    tokens = per_step * cfg.data.seq_len
+    return (
+        f"note: --resume {path.name}: optim.grad_accum is {accum} (the checkpoint's was "
+        f"{saved}): the global batch goes from {per_step * saved} to {per_step * accum} "
+        f"sequences per step (data.batch_size={cfg.data.batch_size} x {world} rank(s) x "
+        f"optim.grad_accum; {tokens * saved} -> {tokens * accum} tokens); optim.lr and the "
+        f"schedule are not rescaled"
+    )
 
 
 def _export_outdated(output: Path, resumed: Path) -> bool:

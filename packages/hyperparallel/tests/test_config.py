@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import socket
@@ -28,7 +29,7 @@ def _write(tmp_path, text: str):
 
 def test_defaults_are_valid_and_round_trip_through_yaml(tmp_path) -> None:
     cfg = config.load()
-    assert cfg.model.type == "llama"
+    assert cfg.model.type is None  # llama, or model.pretrained's type
     assert cfg.optim.name == "adamw"
     again = config.load(_write(tmp_path, cfg.to_yaml()))
     assert again.to_dict() == cfg.to_dict()
@@ -841,6 +842,91 @@ def test_a_pretrained_model_keeps_its_shape_and_its_own_length(tmp_path) -> None
     assert "self_attn.k_proj.weight (16, 32) -> (16, 64)" in str(info.value)
 
 
+def _saved_llama(where: Path) -> Path:
+    """A one-layer Llama saved with ``save_pretrained`` in ``where``."""
+    shape = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1}
+    heads = {"num_attention_heads": 2, "num_key_value_heads": 1}
+    AutoModelForCausalLM.from_config(LlamaConfig(vocab_size=259, **shape, **heads)).save_pretrained(
+        where
+    )
+    return where
+
+
+def test_a_pretrained_folder_without_weights_is_refused_before_any_process_starts(
+    tmp_path,
+) -> None:
+    """A folder with config.json alone passed preflight; every rank then failed to load it."""
+    saved = _saved_llama(tmp_path / "saved")
+    (saved / "model.safetensors").unlink()
+    with pytest.raises(config.ConfigError) as info:
+        preflight.resolve(None, [f"model.pretrained={saved}"], outputs=False)
+    (problem,) = info.value.problems
+    assert problem == (
+        f"--set model.pretrained={saved}: model.pretrained: {saved} has a config.json but no "
+        f"weights (looked for model.safetensors, model.safetensors.index.json, "
+        f"pytorch_model.bin, pytorch_model.bin.index.json); point model.pretrained at the "
+        f"save_pretrained directory that holds them, or drop model.pretrained to train a new "
+        f"model from model.type and model.config"
+    )
+
+
+def test_a_pretrained_folder_missing_a_shard_is_refused(tmp_path) -> None:
+    saved = _saved_llama(tmp_path / "saved")
+    index = {"metadata": {}, "weight_map": {"lm_head.weight": "model-00002-of-00002.safetensors"}}
+    (saved / "model.safetensors").rename(saved / "model-00001-of-00002.safetensors")
+    (saved / "model.safetensors.index.json").write_text(json.dumps(index))
+    with pytest.raises(config.ConfigError) as info:
+        preflight.resolve(None, [f"model.pretrained={saved}"], outputs=False)
+    assert (
+        f"model.pretrained: {saved}: model.safetensors.index.json names "
+        f"model-00002-of-00002.safetensors, which is not there; copy the missing shard(s)"
+    ) in str(info.value)
+    (saved / "model.safetensors.index.json").write_text("{")
+    with pytest.raises(
+        config.ConfigError, match=r"model\.safetensors\.index\.json is not a readable"
+    ):
+        preflight.resolve(None, [f"model.pretrained={saved}"], outputs=False)
+
+
+@pytest.mark.parametrize(
+    ("kind", "why"),
+    [("t5", "an encoder-decoder"), ("vit", "not a text decoder")],
+)
+def test_a_model_type_without_a_causal_lm_is_refused_in_one_line(kind: str, why: str) -> None:
+    """The error repeated transformers' list of some 200 causal-LM config classes."""
+    with pytest.raises(config.ConfigError) as info:
+        preflight.resolve(None, [f"model.type={kind}"], outputs=False)
+    (problem,) = info.value.problems
+    assert problem == (
+        f"--set model.type={kind}: model.type: {kind} is {why}: transformers has no causal-LM "
+        f"class for it (AutoModelForCausalLM), and spore train trains causal LMs only; choose "
+        f"a decoder type, e.g. llama, qwen2, mistral, gpt2 (the full list: "
+        f"transformers.models.auto.modeling_auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES)"
+    )
+
+
+def test_a_model_type_that_disagrees_with_the_pretrained_one_is_refused(tmp_path) -> None:
+    """model.type was ignored beside model.pretrained: type gpt2 over a saved Llama trained the
+    Llama while config.yaml said gpt2. It now defaults to null: the saved type, or llama."""
+    saved = _saved_llama(tmp_path / "saved")
+    assert config.load().model.type is None
+    assert model.hf_config(config.load().model, 259).model_type == "llama"
+    path = _write(tmp_path, f"model:\n  type: gpt2\n  pretrained: {saved}\n")
+    with pytest.raises(config.ConfigError) as info:
+        preflight.resolve(str(path), [], outputs=False)
+    (problem,) = info.value.problems
+    assert problem == (
+        f"{path}:2: model.type: gpt2, but model.pretrained {saved} holds a llama model "
+        f"(its config.json); set model.type to llama or null (with model.pretrained the saved "
+        f"config's type is used), or drop model.pretrained to train a new gpt2"
+    )
+    for agreeing in (
+        [f"model.pretrained={saved}"],
+        [f"model.pretrained={saved}", "model.type=llama"],
+    ):
+        assert preflight.resolve(None, agreeing, outputs=False).model.pretrained == str(saved)
+
+
 def test_optimizer_settings_torch_refuses_fail_before_any_process_starts(tmp_path) -> None:
     with pytest.raises(config.ConfigError) as info:
         config.load(None, ["optim.betas=[1.5, 0.9]", "optim.eps=-1"])
@@ -895,7 +981,6 @@ def test_every_problem_is_reported_at_once(tmp_path) -> None:
     [
         ("model.config.hidden_act=bogus", "KeyError: 'bogus'"),
         ("model.config.pad_token_id=1000", "Padding_idx must be within num_embeddings"),
-        ("model.type=t5", "Unrecognized configuration class"),
     ],
 )
 def test_preflight_builds_the_model_not_only_its_config(setting, why) -> None:

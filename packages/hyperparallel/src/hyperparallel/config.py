@@ -94,6 +94,9 @@ class RunSection(Section):
         return os.path.expanduser(value)
 
 
+DEFAULT_MODEL_TYPE = "llama"
+"""The model type of a new model where ``model.type`` is null."""
+
 MODEL_CONFIG: dict[str, Any] = {
     "hidden_size": 128,
     "intermediate_size": 352,
@@ -143,7 +146,11 @@ def backend_problem(name: str, known: Sequence[str] | None = None) -> str | None
 class ModelSection(Section):
     """The model: a transformers architecture built from a config, or a saved directory."""
 
-    type: str = Field("llama", description="transformers model type, e.g. llama, qwen2, mistral")
+    type: str | None = Field(
+        None,
+        description="transformers model type, e.g. llama, qwen2, mistral; null: llama, or with "
+        "model.pretrained its saved type (a type given beside model.pretrained must match it)",
+    )
     pretrained: str | None = Field(
         None, description="local save_pretrained directory to start from instead"
     )

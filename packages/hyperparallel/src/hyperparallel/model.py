@@ -4,12 +4,13 @@
 from __future__ import annotations
 
 import difflib
+import json
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from hyperparallel.config import MODEL_CONFIG, ModelSection, merged
+from hyperparallel.config import DEFAULT_MODEL_TYPE, MODEL_CONFIG, ModelSection, merged
 
 
 class ModelConfigError(ValueError):
@@ -21,8 +22,25 @@ class ModelConfigError(ValueError):
         self.keys = keys
 
 
+WEIGHTS = (
+    "model.safetensors",
+    "model.safetensors.index.json",
+    "pytorch_model.bin",
+    "pytorch_model.bin.index.json",
+)
+"""The weight files ``from_pretrained`` loads from a local directory, in the order it looks."""
+
+
+def type_name(model: ModelSection) -> str:
+    """The model type a new model is built as: ``model.type``, :data:`DEFAULT_MODEL_TYPE`
+    where it is null (over ``model.pretrained`` the saved config's type is built)."""
+    return model.type or DEFAULT_MODEL_TYPE
+
+
 def _base_config(model: ModelSection) -> Any:
-    """The architecture's own config: the pretrained directory's, or the model type's default."""
+    """The architecture's own config: the pretrained directory's, or the model type's default.
+    Raises :class:`ModelConfigError` for a directory without config.json or weights, a
+    ``model.type`` other than its saved one, and a type with no causal-LM class."""
     from transformers import AutoConfig
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
@@ -32,12 +50,68 @@ def _base_config(model: ModelSection) -> Any:
             raise ModelConfigError(
                 f"model.pretrained: {path} is not a save_pretrained directory (no config.json)"
             )
-        return AutoConfig.from_pretrained(path, local_files_only=True)
-    if model.type not in CONFIG_MAPPING:
-        close = difflib.get_close_matches(model.type, list(CONFIG_MAPPING.keys()), n=3)
+        if problem := _weights_problem(path):
+            raise ModelConfigError(f"model.pretrained: {problem}")
+        base = AutoConfig.from_pretrained(path, local_files_only=True)
+        if model.type is not None and model.type != base.model_type:
+            raise ModelConfigError(
+                f"model.type: {model.type}, but model.pretrained {path} holds a "
+                f"{base.model_type} model (its config.json); set model.type to "
+                f"{base.model_type} or null (with model.pretrained the saved config's type is "
+                f"used), or drop model.pretrained to train a new {model.type}"
+            )
+        _check_causal(base, f"model.pretrained: {base.model_type} (in {path})")
+        return base
+    kind = type_name(model)
+    if kind not in CONFIG_MAPPING:
+        close = difflib.get_close_matches(kind, list(CONFIG_MAPPING.keys()), n=3)
         hint = f"; did you mean {', '.join(close)}?" if close else ""
-        raise ModelConfigError(f"model.type: transformers has no model type {model.type!r}{hint}")
-    return CONFIG_MAPPING[model.type]()
+        raise ModelConfigError(f"model.type: transformers has no model type {kind!r}{hint}")
+    base = CONFIG_MAPPING[kind]()
+    _check_causal(base, f"model.type: {kind}")
+    return base
+
+
+def _weights_problem(path: Path) -> str | None:
+    """Why ``from_pretrained`` finds no weights in the directory ``path``: none of
+    :data:`WEIGHTS` is there, or its shard index is unreadable or names a missing shard; None
+    when they are there."""
+    found = next((name for name in WEIGHTS if (path / name).is_file()), None)
+    if found is None:
+        return (
+            f"{path} has a config.json but no weights (looked for {', '.join(WEIGHTS)}); point "
+            f"model.pretrained at the save_pretrained directory that holds them, or drop "
+            f"model.pretrained to train a new model from model.type and model.config"
+        )
+    if not found.endswith(".index.json"):
+        return None
+    try:
+        shards = set(json.loads((path / found).read_text())["weight_map"].values())
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+        return f"{path}: {found} is not a readable shard index ({type(exc).__name__}: {exc})"
+    if missing := sorted(name for name in shards if not (path / name).is_file()):
+        return (
+            f"{path}: {found} names {', '.join(missing)}, which "
+            f"{'is' if len(missing) == 1 else 'are'} not there; copy the missing shard(s) "
+            f"into it (an interrupted download or copy leaves them out)"
+        )
+    return None
+
+
+def _check_causal(base: Any, given: str) -> None:
+    """Raise :class:`ModelConfigError` where transformers has no causal-LM class for ``base``'s
+    model type; ``given`` starts the message (the setting and the type)."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    if base.model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
+        return
+    what = "an encoder-decoder" if base.is_encoder_decoder else "not a text decoder"
+    raise ModelConfigError(
+        f"{given} is {what}: transformers has no causal-LM class for it "
+        f"(AutoModelForCausalLM), and spore train trains causal LMs only; choose a decoder "
+        f"type, e.g. llama, qwen2, mistral, gpt2 (the full list: "
+        f"transformers.models.auto.modeling_auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES)"
+    )
 
 
 def settings(model: ModelSection) -> dict[str, Any]:
@@ -49,7 +123,7 @@ def settings(model: ModelSection) -> dict[str, Any]:
     for a key the user set that the architecture lacks, or for two keys naming one setting.
     """
     base = _base_config(model)
-    name = "model.pretrained's config" if model.pretrained else model.type
+    name = "model.pretrained's config" if model.pretrained else type_name(model)
     unknown = [k for k, v in model.config.items() if v is not None and not hasattr(base, k)]
     if unknown:
         known = [k for k in vars(base) if not k.startswith("_")]
@@ -98,7 +172,7 @@ def hf_config(model: ModelSection, vocab_size: int) -> Any:
             path = Path(model.pretrained).expanduser()
             config = AutoConfig.from_pretrained(path, local_files_only=True, **given)
         else:
-            config = AutoConfig.for_model(model.type, **{**given, "vocab_size": vocab_size})
+            config = AutoConfig.for_model(type_name(model), **{**given, "vocab_size": vocab_size})
     except (ValueError, TypeError, StrictDataclassError) as exc:  # transformers' own checks
         keys = tuple(f"model.config.{k}" for k in model.config) or ("model.type",)
         raise ModelConfigError(

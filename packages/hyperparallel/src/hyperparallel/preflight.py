@@ -95,7 +95,7 @@ def _build_problems(section: Any, architecture: Any, origins: Mapping[str, str])
         built = model.on_meta(architecture)
         model.decoder_layers(built)
     except Exception as exc:  # whatever transformers raises for settings its config took
-        name = section.pretrained or section.type
+        name = section.pretrained or model.type_name(section)
         return [
             f"{_where(origins, 'model')}: model: transformers cannot build {name} with "
             f"these settings ({type(exc).__name__}: {exc})"

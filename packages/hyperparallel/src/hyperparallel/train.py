@@ -552,7 +552,7 @@ def _summary(
     rows = [
         (
             "model",
-            f"{cfg.model.pretrained or cfg.model.type}, "
+            f"{cfg.model.pretrained or model_mod.type_name(cfg.model)}, "
             f"{model_mod.parameter_count(model) / 1e6:.2f} M parameters",
         ),
         ("data", source),

@@ -3,6 +3,7 @@ and backward graphs; the user's gradients untouched."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 import torch.nn.functional as F
 
@@ -160,3 +161,39 @@ def test_explaining_again_and_again_leaves_the_users_compile_alone():
     backend = make_backend(lambda kind, graph: compiled.append(graph))
     torch.testing.assert_close(torch.compile(gate, backend=backend)(x, y), gate(x, y))
     assert len(compiled) == 1
+
+
+def test_options_are_the_backends():
+    """``options={"min_ops": 1}`` explains what that compile runs: a lone op's region on the
+    VM, where the default options leave it to eager as a single op."""
+
+    def fn(x, *, scale):
+        return torch.exp(x) @ scale
+
+    x, scale = torch.randn(4, 8), torch.randn(8, 3)
+    default = dvm.explain(fn, x, scale=scale)
+    assert default.regions == []
+    reasons = {f.op: f.reason for f in default.fallbacks}
+    assert reasons.keys() == {"aten.exp.default", "aten.mm.default"}
+    assert reasons["aten.exp.default"].startswith("a single op")
+    one = dvm.explain(fn, x, scale=scale, options={"min_ops": 1})
+    (region,) = one.regions
+    assert region.ops == ["aten.exp.default"]
+    assert region.vm_calls == 1
+    assert [f.op for f in one.fallbacks] == ["aten.mm.default"]
+
+
+@pytest.mark.parametrize(
+    "options", [{"min_op": 1}, {"min_ops": 0}, {"size_limit": 2.5}, {1: 2}, {"options": {}}]
+)
+def test_bad_options_are_the_backends_error(options):
+    """A bad ``options`` is the backend's ``ValueError``, raised before ``fn`` runs."""
+    torch._dynamo.reset()
+    compiled = torch.compile(lambda t: torch.exp(t) * 2, backend="dvm", options=options)
+    with pytest.raises(torch._dynamo.exc.BackendCompilerFailed) as backend:
+        compiled(torch.randn(3))
+    ran = []
+    with pytest.raises(ValueError, match=r"^dvm: bad torch\.compile options") as info:
+        dvm.explain(lambda t: ran.append(t), torch.randn(3), options=options)
+    assert str(info.value) in str(backend.value)
+    assert ran == []

@@ -75,7 +75,8 @@ def _boxed(compiled: CompiledGraph | Specializing) -> Callable[[list[Any]], Any]
 
 
 class DvmOptions(BaseModel):
-    """``torch.compile(model, backend="dvm", options={...})``: what dvm takes there."""
+    """``torch.compile(model, backend="dvm", options={...})``: what dvm takes there (and
+    ``dvm.explain(fn, *inputs, options={...})``)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -112,7 +113,7 @@ def parse_options(options: Mapping[str, Any] | None) -> DvmOptions:
 
 @functools.cache
 def _backend(options: DvmOptions) -> Callable[..., Any]:
-    return make_backend(min_ops=options.min_ops, size_limit=options.size_limit)
+    return make_backend(**options.model_dump())
 
 
 def dvm_backend(

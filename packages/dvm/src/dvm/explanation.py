@@ -1,9 +1,9 @@
-"""``dvm.explain(fn, *inputs)``: the regions dvm finds in ``fn``'s graphs, their programs and
-why anything was left to eager."""
+"""``dvm.explain(fn, *inputs, options=...)``: the regions dvm finds in ``fn``'s graphs, their
+programs and why anything was left to eager."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -105,12 +105,24 @@ def _record(
         explanation.fallbacks.append(Fallback(name, node.name, op, reason))
 
 
-def explain(fn: Callable[..., Any], /, *inputs: Any, **kwargs: Any) -> Explanation:
+def explain(
+    fn: Callable[..., Any],
+    /,
+    *inputs: Any,
+    options: Mapping[str, Any] | None = None,
+    **kwargs: Any,
+) -> Explanation:
     """Compile ``fn`` with the dvm backend, run it on ``inputs`` and ``kwargs`` (and its
     backward when a result needs grad, without touching any ``.grad``) and say what dvm did,
-    a region that ran eagerly in that run included (with the reason)."""
-    from dvm.backend import make_backend
+    a region that ran eagerly in that run included (with the reason).
 
+    ``options`` is the dict ``torch.compile(fn, backend="dvm", options=...)`` takes
+    (:class:`dvm.backend.DvmOptions`), checked first: a bad one is the backend's
+    ``ValueError``. It is explain's own keyword, never passed to ``fn``: bind a keyword of
+    ``fn`` named ``options`` with ``functools.partial``."""
+    from dvm.backend import make_backend, parse_options
+
+    settings = parse_options(options).model_dump()
     explanation = Explanation()
     counts: dict[str, int] = {}
     runners: list[RegionRunner] = []
@@ -128,7 +140,7 @@ def explain(fn: Callable[..., Any], /, *inputs: Any, **kwargs: Any) -> Explanati
     # each time) until its recompile limit left later explains, and the user's own compile of
     # ``fn``, running eagerly
     run.__code__ = run.__code__.replace()
-    out = torch.compile(run, backend=make_backend(on_compile))(*inputs, **kwargs)
+    out = torch.compile(run, backend=make_backend(on_compile, **settings))(*inputs, **kwargs)
     results = [t for t in _tensors(out) if t.requires_grad]
     leaves = _leaves(results)
     if leaves:

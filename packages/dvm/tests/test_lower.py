@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import functools
+import itertools
 
 import pytest
 import torch
+import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch.fx.experimental.proxy_tensor import make_fx
@@ -852,6 +854,46 @@ def test_var_and_std_fuse_with_the_ops_around_them(name, dtype):
     assert got.dtype == dtype
     exact = 0 if dtype != torch.float32 else 1e-6  # 16-bit: the float32 result, rounded once
     torch.testing.assert_close(got, spread(x.float(), [0, 1]).to(dtype), atol=0, rtol=exact)
+
+
+MAX_MIN = {
+    "maximum": torch.maximum,
+    "minimum": torch.minimum,
+    "clamp(min=t)": lambda x, t: torch.clamp(x, min=t),
+    "clamp(max=t)": lambda x, t: torch.clamp(x, max=t),
+    "clamp(t, t)": lambda x, t: torch.clamp(x, t, t),
+    "clamp_min(t)": torch.clamp_min,
+    "clamp_max(t)": torch.clamp_max,
+    "relu": lambda x, t: torch.relu(x),
+    "clamp(min=0.0)": lambda x, t: torch.clamp(x, min=0.0),
+    "clamp(min=-0.0)": lambda x, t: torch.clamp(x, min=-0.0),
+    "clamp(max=0.0)": lambda x, t: torch.clamp(x, max=0.0),
+    "clamp(max=-0.0)": lambda x, t: torch.clamp(x, max=-0.0),
+    "clamp(-0.0, 0.0)": lambda x, t: torch.clamp(x, -0.0, 0.0),
+    "clamp_min(0.0)": lambda x, t: torch.clamp_min(x, 0.0),
+    "clamp_max(-0.0)": lambda x, t: torch.clamp_max(x, -0.0),
+    "hardtanh(-0.0, 0.0)": lambda x, t: F.hardtanh(x, -0.0, 0.0),
+    "relu6": lambda x, t: F.relu6(x),
+}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("name", list(MAX_MIN))
+def test_max_and_min_of_equal_signed_zeros_are_eagers(name, dtype):
+    """maximum, minimum and clamp with a tensor bound give their second operand (the bound) on
+    a tie, as eager's vector loops do (128 elements: no scalar tail, whose last n % 16 fp32
+    or n % 32 16-bit elements give the first); a scalar bound keeps x, as eager does.
+    clamp with a tensor bound kept x on the VM, eager's tail only."""
+    fn = MAX_MIN[name]
+    for x0, t0 in itertools.product([0.0, -0.0], repeat=2):
+        x, t = torch.full((2, 64), x0, dtype=dtype), torch.full((2, 64), t0, dtype=dtype)
+        want = fn(x, t)
+        gm = make_fx(fn, decomposition_table=decomposition_table())(x, t)  # hardtanh: clamp
+        compiled = compile_graph(gm, [x, t], min_ops=1)
+        got = compiled(x, t)
+        assert compiled.vm_calls == 1
+        assert torch.equal(got, want)
+        assert torch.equal(got.signbit(), want.signbit()), (x0, t0)
 
 
 def test_relu_and_clamp_keep_a_signed_zero_as_eager():

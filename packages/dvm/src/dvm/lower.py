@@ -303,11 +303,20 @@ def _square(em: Emitter, n: Node, r: Resolve) -> int:
     return em.binary(Op.MUL, x, x)
 
 
-# The bound first: MAX and MIN give their second operand on a tie, which keeps x where eager
-# keeps it (relu(-0.0) is -0.0); a NaN in either gives NaN.
+# MAX and MIN give their second operand on a tie (equal signed zeros; a NaN in either gives
+# NaN). Eager keeps x against a Python scalar bound (relu(-0.0) is -0.0) and gives a tensor
+# bound (clamp.Tensor, clamp_min.Tensor, clamp_max.Tensor, as maximum and minimum give their
+# second operand) in its vector loops; its scalar tail (the last n % 16 fp32, n % 32 16-bit
+# elements of a contiguous tensor) gives x there, which the VM does not follow.
+def _bounded(em: Emitter, op: Op, x: int, bound: Any, r: Resolve) -> int:
+    """``op`` (MAX or MIN) of ``x`` and ``bound``, with the operand eager gives on a tie
+    second: ``x`` against a Python scalar, the bound against a tensor (a node)."""
+    return em.binary(op, x, r(bound)) if isinstance(bound, Node) else em.binary(op, r(bound), x)
+
+
 @_rule([aten.relu.default], POINTWISE)
 def _relu(em: Emitter, n: Node, r: Resolve) -> int:
-    return em.binary(Op.MAX, em.const(0.0), r(n.args[0]))
+    return _bounded(em, Op.MAX, r(n.args[0]), 0.0, r)
 
 
 def _clamp_bounds(n: Node) -> tuple[Any, Any]:
@@ -321,20 +330,20 @@ def _clamp(em: Emitter, n: Node, r: Resolve) -> int:
     x = r(n.args[0])
     lo, hi = _clamp_bounds(n)
     if lo is not None:
-        x = em.binary(Op.MAX, r(lo), x)
+        x = _bounded(em, Op.MAX, x, lo, r)
     if hi is not None:
-        x = em.binary(Op.MIN, r(hi), x)
+        x = _bounded(em, Op.MIN, x, hi, r)
     return x
 
 
 @_rule([aten.clamp_min.default, aten.clamp_min.Tensor], POINTWISE)
 def _clamp_min(em: Emitter, n: Node, r: Resolve) -> int:
-    return em.binary(Op.MAX, r(n.args[1]), r(n.args[0]))
+    return _bounded(em, Op.MAX, r(n.args[0]), n.args[1], r)
 
 
 @_rule([aten.clamp_max.default, aten.clamp_max.Tensor], POINTWISE)
 def _clamp_max(em: Emitter, n: Node, r: Resolve) -> int:
-    return em.binary(Op.MIN, r(n.args[1]), r(n.args[0]))
+    return _bounded(em, Op.MIN, r(n.args[0]), n.args[1], r)
 
 
 @_rule(

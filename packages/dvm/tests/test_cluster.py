@@ -497,3 +497,22 @@ def test_the_analysis_s_facts_are_value_fact_s():
         want = value_fact(v)
         assert a.facts[y] == want, (v.shape, v.dtype, v.device)
         assert (y in a.dshape) == (type(want) is tuple)
+
+
+def test_reasons_name_python_functions_by_module():
+    """A function not known to be pure is named by module and name in its reason, an aten op
+    without a lowering as torch prints it."""
+
+    def scale(t):
+        return t * 2
+
+    g = torch.fx.Graph()
+    x = g.placeholder("x")
+    y = g.call_function(scale, (x,))
+    z = g.call_function(torch.ops.aten.max.dim, (y, -1))
+    g.output(z)
+    gm = torch.fx.GraphModule(torch.nn.Module(), g)
+    t = torch.randn(4, 8)
+    reasons = dict(compile_graph(gm, [t]).fallbacks)
+    assert reasons[y].startswith(f"{__name__}.{scale.__qualname__} is not known to be pure")
+    assert reasons[z] == "op aten.max.dim has no VM lowering"

@@ -197,3 +197,17 @@ def test_bad_options_are_the_backends_error(options):
         dvm.explain(lambda t: ran.append(t), torch.randn(3), options=options)
     assert str(info.value) in str(backend.value)
     assert ran == []
+
+
+def test_fallbacks_name_python_functions_by_module():
+    """A getitem of a multi-output op reads ``getitem (operator.getitem)`` as an aten op's
+    fallback reads ``max_1 (aten.max.dim)``: it was ``<built-in function getitem>``."""
+    e = dvm.explain(lambda x: x.max(-1), torch.randn(4, 8))
+    ops = {f.node: f.op for f in e.fallbacks}
+    assert ops == {
+        "max_1": "aten.max.dim",
+        "getitem": "operator.getitem",
+        "getitem_1": "operator.getitem",
+    }
+    assert "[inference] getitem (operator.getitem): getitem of a multi-output op" in str(e)
+    assert "built-in" not in str(e)

@@ -39,6 +39,7 @@ from dvm.lower import (
     Emitter,
     Fact,
     LimitError,
+    op_name,
     reduced_dims,
     rule_reason,
     unsupported_reason,
@@ -71,7 +72,7 @@ class Region:
 
     @property
     def ops(self) -> list[str]:
-        return [_op_name(n) for n in self.nodes]
+        return [op_name(n.target) for n in self.nodes]
 
     @property
     def unique_inputs(self) -> list[Node]:
@@ -86,11 +87,6 @@ class Clustering:
     fallbacks: list[tuple[Node, str]]
     cluster_us: float = 0.0
     notes: list[str] = field(default_factory=list)
-
-
-def _op_name(n: Node) -> str:
-    t = n.target
-    return getattr(t, "__name__", str(t)) if not isinstance(t, torch._ops.OpOverload) else str(t)
 
 
 _EAGER: dict[int, tuple[bool, str]] = {}  # _eager's results by id(target), read first by the C
@@ -120,9 +116,9 @@ def _side_effect_reason(n: Node) -> str:
         "call_module": f"a module call ({n.target}) may mutate its arguments or state",
     }.get(n.op)
     if what is None and isinstance(n.target, _OPS):
-        what = f"op {_op_name(n)} has a side effect (it mutates or draws random numbers)"
+        what = f"op {op_name(n.target)} has a side effect (it mutates or draws random numbers)"
     if what is None:
-        what = f"{_op_name(n)} is not known to be pure (it may mutate its arguments)"
+        what = f"{op_name(n.target)} is not known to be pure (it may mutate its arguments)"
     return f"{what}: kept in place, no region spans it"
 
 

@@ -10,6 +10,7 @@ from typing import Any
 import torch
 
 from dvm.compile import CompiledGraph, RegionRunner
+from dvm.lower import op_name
 
 
 @dataclass
@@ -101,8 +102,7 @@ def _record(
             )
         )
     for node, reason in compiled.fallbacks:
-        op = str(node.target)
-        explanation.fallbacks.append(Fallback(name, node.name, op, reason))
+        explanation.fallbacks.append(Fallback(name, node.name, op_name(node.target), reason))
 
 
 def explain(

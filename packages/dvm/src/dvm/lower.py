@@ -813,7 +813,7 @@ def unsupported_reason(node: Node, facts: dict[Node, Fact | str] | None = None) 
     rule = RULES.get(node.target)
     if rule is None:
         why = KEPT_WHOLE.get(node.target)
-        return why or f"op {_name(node.target)} has no VM lowering"
+        return why or f"op {op_name(node.target)} has no VM lowering"
     return rule_reason(node, rule, node.all_input_nodes, {} if facts is None else facts)
 
 
@@ -833,7 +833,7 @@ def rule_reason(
             return fact
     dtype = facts[node][1]
     if dtype == torch.bool and rule.kind == POINTWISE and node.target not in _BOOL_OUT:
-        return f"op {_name(node.target)} with a bool result"
+        return f"op {op_name(node.target)} with a bool result"
     for args in (node.args, node.kwargs.values()):
         for a in args:
             if type(a) is complex:
@@ -879,12 +879,21 @@ _BOOL_OUT = {
 }
 
 
-def _name(target: Any) -> str:
-    return (
-        str(target)
-        if isinstance(target, torch._ops.OpOverload)
-        else getattr(target, "__name__", str(target))
-    )
+_TORCH_OPS = (torch._ops.OpOverload, torch._ops.OpOverloadPacket, torch._ops.HigherOrderOperator)
+
+
+def op_name(target: Any) -> str:
+    """How a node's target reads in regions and fallbacks: a torch op as torch prints it
+    (``aten.add.Tensor``, ``auto_functionalized``), a Python function by module and name
+    (``operator.getitem``, ``math.fabs``), a method or module call by its name."""
+    if isinstance(target, (str, *_TORCH_OPS)):
+        return str(target)
+    name = getattr(target, "__qualname__", None) or getattr(target, "__name__", None)
+    if name is None:  # a callable object
+        return str(target)
+    module = getattr(target, "__module__", None)
+    module = {"_operator": "operator"}.get(module, module)
+    return f"{module}.{name}" if module else name
 
 
 # ---- decompositions --------------------------------------------------------------------------

@@ -290,5 +290,25 @@ def test_registering_what_is_not_an_op_is_a_clear_error(op, hint) -> None:
     assert Strict._spore_handlers == {}
 
 
+@torch.library.custom_op("spore_test_fallback::double", mutates_args=())
+def _double(x: torch.Tensor) -> torch.Tensor:
+    return x * 2
+
+
+class CustomOpHandled(FallbackTensor):
+    """A subclass the test below registers a handler on for a ``torch.library.custom_op``."""
+
+
+def test_register_takes_what_custom_op_returns_as_its_packet() -> None:
+    @CustomOpHandled.register(_double)
+    def _handler(cls, func, args, kwargs):
+        return cls(func(args[0].unwrap()) + 1, {"via": "custom_op"})
+
+    assert list(CustomOpHandled._spore_handlers) == [torch.ops.spore_test_fallback.double]
+    out = _double(CustomOpHandled(torch.ones(2)))
+    assert out.meta == {"via": "custom_op"}
+    assert torch.equal(out.unwrap(), torch.full((2,), 3.0))
+
+
 def test_exported_from_spore() -> None:
     assert spore.FallbackTensor is FallbackTensor

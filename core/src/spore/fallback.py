@@ -85,10 +85,13 @@ class FallbackTensor(torch.Tensor):
     def register(cls, op: Any) -> Callable[[Handler], Handler]:
         """Decorator: ``handler(cls, func, args, kwargs)`` runs for ``op`` instead of the fallback.
 
-        ``op`` is an overload (``torch.ops.aten.mm.default``) or a packet (``torch.ops.aten.mm``,
-        all overloads); anything else (``torch.mm``, ``torch.Tensor.mm``, a name) is a
-        ``TypeError``: ``__torch_dispatch__`` sees only ops, so its handler would never run.
+        ``op`` is an overload (``torch.ops.aten.mm.default``), a packet (``torch.ops.aten.mm``,
+        all overloads) or what ``torch.library.custom_op`` returns (its packet,
+        ``torch.ops.<ns>.<name>``); anything else (``torch.mm``, ``torch.Tensor.mm``, a name) is
+        a ``TypeError``: ``__torch_dispatch__`` sees only ops, so its handler would never run.
         """
+        if isinstance(op, torch.library.CustomOpDef):
+            op = op._opoverload.overloadpacket
         if not isinstance(op, (torch._ops.OpOverload, torch._ops.OpOverloadPacket)):
             raise TypeError(
                 f"{cls.__name__}.register({op!r}): a handler is registered for an op, "

@@ -39,6 +39,41 @@ def test_saved_tensor_hooks_compose_and_keep_gradients() -> None:
     np.testing.assert_array_equal(hooked, plain)
 
 
+def test_one_hooks_object_is_entered_again_and_decorates_a_function() -> None:
+    """As ``spore.saved_tensors_hooks``: a generator context manager raised
+    ``AttributeError: '_GeneratorContextManager' object has no attribute 'args'`` when entered
+    a second time."""
+    packed: list[str] = []
+    outer = frontend.saved_tensors_hooks(lambda t: packed.append("outer") or t, lambda t: t)
+    inner = frontend.saved_tensors_hooks(lambda t: packed.append("inner") or t, lambda t: t)
+
+    def step(v):
+        with outer:
+            return ops.sin(v).sum()
+
+    def nested(v):
+        with outer, inner, inner:  # the second inside its own block: composed once more
+            return ops.sin(v).sum()
+
+    @inner
+    def decorated(v):
+        return ops.sin(v).sum()
+
+    x = Tensor(np.array([1.0, 2.0, 3.0], np.float32))
+    mindspore.grad(step)(x)
+    saved = len(packed)  # tensors one step saves
+    assert saved > 0
+    mindspore.grad(step)(x)  # one object per training loop, entered each step
+    assert packed == ["outer"] * 2 * saved
+    packed.clear()
+    mindspore.grad(nested)(x)
+    assert packed == ["outer", "inner", "inner"] * saved
+    packed.clear()
+    for _ in range(2):
+        mindspore.grad(decorated)(x)
+    assert packed == ["inner"] * 2 * saved
+
+
 def test_plugin_forwarding_errors(tmp_path) -> None:
     with pytest.raises(ValueError, match="does not exist"):
         frontend.register_custom_pass("p", str(tmp_path / "missing.so"))

@@ -94,13 +94,22 @@ class SavedTensorsHooks(ContextDecorator):
         return self._entries.open
 
     def __enter__(self) -> None:
-        install = torch.autograd.graph.saved_tensors_hooks
-        entry = stacked(self.pack_hook, self.unpack_hook, install, _torch_active)
+        entry = stacked(self.pack_hook, self.unpack_hook, self._install, self._active)
         entry.__enter__()
         self._open().append(entry)
 
     def __exit__(self, *exc_info: Any) -> None:
         self._open().pop().__exit__(*exc_info)
+
+    @staticmethod
+    def _install(pack: Pack, unpack: Unpack) -> AbstractContextManager[None]:
+        """The framework's own hooks context for the composed pair (a frontend overrides it)."""
+        return torch.autograd.graph.saved_tensors_hooks(pack, unpack)
+
+    @staticmethod
+    def _active() -> tuple[Pack, Unpack] | None:
+        """The pair the framework runs now (a frontend overrides it, with ``_install``)."""
+        return _torch_active()
 
 
 def saved_tensors_hooks(pack: Pack, unpack: Unpack) -> SavedTensorsHooks:

@@ -3,7 +3,8 @@
 - :class:`DispatchMode` over ``mindspore.MsDispatchMode``: override
   ``__spore_dispatch__(func, args, kwargs)`` as with torch; :class:`OpCounter` counts op names.
 - :func:`saved_tensors_hooks` over ``mindspore.saved_tensors_hooks``, composable like
-  :func:`spore.saved_tensors_hooks` (inner hooks see what outer ones packed).
+  :func:`spore.saved_tensors_hooks` (inner hooks see what outer ones packed) and, as it,
+  a :class:`SavedTensorsHooks` that can be entered again or decorate a function.
 - :func:`register_custom_pass` / :func:`register_custom_backend` forward a compiled ``.so``
   plugin to ``mindspore.graph`` with clear errors.
 
@@ -28,7 +29,8 @@ except ImportError as exc:  # pragma: no cover - exercised by the core session's
         "(2.6 or newer; it needs numpy<2)"
     ) from exc
 
-from spore.memory import Pack, Unpack, stacked
+from spore import memory
+from spore.memory import Pack, Unpack
 
 _local = threading.local()
 
@@ -55,31 +57,36 @@ class OpCounter(DispatchMode):
         return func(*args, **kwargs)
 
 
-def saved_tensors_hooks(pack: Pack, unpack: Unpack) -> Any:
-    """Composable ``mindspore.saved_tensors_hooks`` (see :func:`spore.saved_tensors_hooks`)."""
-    return stacked(pack, unpack, _install, _active)
-
-
 def _installed() -> list[tuple[Pack, Unpack]]:
     if not hasattr(_local, "installed"):
         _local.installed = []
     return _local.installed
 
 
-def _active() -> tuple[Pack, Unpack] | None:
-    installed = _installed()
-    return installed[-1] if installed else None
+class SavedTensorsHooks(memory.SavedTensorsHooks):
+    """:class:`spore.memory.SavedTensorsHooks` over ``mindspore.saved_tensors_hooks``: one
+    object can be entered again, and decorates a function (each call a block)."""
+
+    @staticmethod
+    @contextmanager
+    def _install(pack: Pack, unpack: Unpack) -> Iterator[None]:
+        """``mindspore.saved_tensors_hooks``, remembered so that an inner pair composes with it."""
+        _installed().append((pack, unpack))
+        try:
+            with mindspore.saved_tensors_hooks(pack, unpack):
+                yield
+        finally:
+            _installed().pop()
+
+    @staticmethod
+    def _active() -> tuple[Pack, Unpack] | None:
+        installed = _installed()
+        return installed[-1] if installed else None
 
 
-@contextmanager
-def _install(pack: Pack, unpack: Unpack) -> Iterator[None]:
-    """``mindspore.saved_tensors_hooks``, remembered so that an inner pair composes with it."""
-    _installed().append((pack, unpack))
-    try:
-        with mindspore.saved_tensors_hooks(pack, unpack):
-            yield
-    finally:
-        _installed().pop()
+def saved_tensors_hooks(pack: Pack, unpack: Unpack) -> SavedTensorsHooks:
+    """Composable ``mindspore.saved_tensors_hooks`` (see :func:`spore.saved_tensors_hooks`)."""
+    return SavedTensorsHooks(pack, unpack)
 
 
 def _plugin_path(path: str) -> str:

@@ -107,6 +107,16 @@ def test_unknown_name_in_api_is_an_error() -> None:
                 switch(bad)
 
 
+def test_switching_no_pass_is_an_error() -> None:
+    """Both switched nothing, without a word (``disable_passes()`` meant for "all")."""
+    for switch in (mfusion.disable_passes, mfusion.enable_passes):
+        with pytest.raises(
+            TypeError, match=rf"{switch.__name__}\(\) got no pass name.*'all'.*rope"
+        ):
+            switch()
+    assert mfusion.disabled_passes() == []
+
+
 def test_api_names_are_read_in_any_case() -> None:
     """As the environment's: disable_passes("RoPE") raised, and is_enabled("RoPE") said True
     after disable_passes("rope")."""

@@ -63,6 +63,17 @@ def _checked(names: tuple[str, ...]) -> set[str]:
     return wanted
 
 
+def _switched(switch: str, names: tuple[str, ...]) -> set[str]:
+    """:func:`_checked` for :func:`disable_passes`/:func:`enable_passes` (``switch``);
+    ``TypeError`` for no name at all: the call would switch nothing."""
+    if not names:
+        raise TypeError(
+            f"mfusion.{switch}() got no pass name and would switch nothing; pass {ALL!r} for "
+            f"every pass or some of {', '.join(known_names())}"
+        )
+    return _checked(names)
+
+
 def _from_env(var: str = ENV) -> set[str]:
     """The names ``var`` gives, in any case (``MFUSION_DISABLE=RoPE`` is ``rope``)."""
     raw = os.environ.get(var, "")
@@ -85,8 +96,9 @@ def _warn_unknown(var: str, unknown: tuple[str, ...]) -> None:
 
 
 def disable_passes(*names: str) -> None:
-    """Switch passes off by short name (``"rope"``) or ``"all"``; ``ValueError`` for a typo."""
-    wanted = _checked(names)
+    """Switch passes off by short name (``"rope"``) or ``"all"``; ``ValueError`` for a typo,
+    ``TypeError`` for no name."""
+    wanted = _switched("disable_passes", names)
     with _lock:
         _off.update(wanted)
         _on.difference_update(wanted)
@@ -94,8 +106,8 @@ def disable_passes(*names: str) -> None:
 
 def enable_passes(*names: str) -> None:
     """Switch passes back on, including ones ``MFUSION_DISABLE`` names, and run them on CPU
-    graphs too; ``"all"`` for every one."""
-    wanted = _checked(names)
+    graphs too; ``"all"`` for every one (``TypeError`` for no name)."""
+    wanted = _switched("enable_passes", names)
     with _lock:
         if ALL in wanted:
             _off.clear()

@@ -217,6 +217,31 @@ def test_layer_norm_centres_each_row_twice() -> None:
         torch.testing.assert_close(got.double(), want.grad, rtol=0, atol=1e-6 * scale)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(
+    ("value", "cols"), [(3e38, 16), (-3e38, 2), (2.0**127, 4096), (-(2.0**120), 4096)]
+)
+def test_layer_norm_of_a_row_whose_sum_overflows_is_finite(value, cols, dtype) -> None:
+    """The first mean scales each term by 1 / cols, as the C++ kernel does: a constant row
+    whose sum is beyond float32 gives the bias and no weight gradient, as the C++ kernel (the
+    sum overflowed to inf, and every output was NaN). The values are such that the scaled sum
+    rounds to them exactly in the interpreter's summation order too."""
+    g = torch.Generator().manual_seed(11)
+    x = torch.full((2, cols), value).to(dtype)
+    w, b, grad = (
+        randn(g, cols, dtype=dtype),
+        randn(g, cols, dtype=dtype),
+        randn(g, 2, cols, dtype=dtype),
+    )
+    out = run("layer_norm", x, w, b, 1e-5)
+    assert torch.equal(out, b.expand(2, cols))
+    assert torch.equal(out, torch.ops.spore.layer_norm(x, w, b, 1e-5))  # the C++ kernel
+    dx, dw, db = run("layer_norm_backward", grad, x, w, b, 1e-5)
+    assert dx.isfinite().all()
+    assert torch.equal(dw, torch.zeros(cols, dtype=dtype))
+    assert torch.equal(db, grad.float().sum(0).to(dtype))
+
+
 @pytest.mark.parametrize("dim", [1, 0])
 def test_mean_var_centres_twice(dim) -> None:
     """The mean is the first fp32 mean plus the mean deviation from it: a constant 1e20 gives

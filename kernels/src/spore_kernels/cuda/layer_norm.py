@@ -18,11 +18,14 @@ from spore_kernels.cuda._param_grads import param_grads
 
 @triton.jit
 def _row_mean(X, row, cols, BLOCK: tl.constexpr):
+    """The sum of x / cols over a row: each term scaled, as in the C++ kernel, so that a row
+    near float32's largest values does not overflow to inf (a sum divided once did)."""
+    scale = 1.0 / cols
     acc = tl.zeros([BLOCK], dtype=tl.float32)
     for start in range(0, cols, BLOCK):
         offs = start + tl.arange(0, BLOCK)
-        acc += tl.load(X + row + offs, mask=offs < cols, other=0.0).to(tl.float32)
-    return tl.sum(acc, axis=0) / cols
+        acc += tl.load(X + row + offs, mask=offs < cols, other=0.0).to(tl.float32) * scale
+    return tl.sum(acc, axis=0)
 
 
 @triton.jit

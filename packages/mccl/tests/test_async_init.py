@@ -117,7 +117,10 @@ def test_double_init_is_a_clear_error(ranks) -> None:
     results, _ = ranks("double_init", 2)
     for r in results:
         assert "already pending" in r["second"]
-        assert "already initialized" in r["third"]
+        assert r["third"].startswith(
+            "ValueError: trying to initialize the default process group twice!"
+        )
+        assert "torch.distributed.destroy_process_group() first" in r["third"]
 
 
 def test_destroy_while_pending(ranks) -> None:

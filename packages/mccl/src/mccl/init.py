@@ -298,9 +298,9 @@ def init_process_group_async(
         if _pending is not None:
             raise InitPendingError(_pending._pending_message())
         if _ORIGINAL.fget(c10d._world) is not None:
-            raise InitFailedError(
-                "the default process group is already initialized; call "
-                "torch.distributed.destroy_process_group() first"
+            raise ValueError(  # what torch.distributed.init_process_group raises
+                "trying to initialize the default process group twice! It is initialized "
+                "already: use it, or call torch.distributed.destroy_process_group() first"
             )
         handle = InitHandle(backend, kwargs, limit)
         _pending, _failed = handle, None

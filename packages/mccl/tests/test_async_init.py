@@ -67,6 +67,19 @@ def test_a_rank_master_waiting_for_peers_says_so(ranks) -> None:
     assert "accepts connections, so a peer has not joined yet" in r["message"]
 
 
+def test_a_poll_before_the_deadline_says_how_long_is_left_and_probes_nothing(ranks) -> None:
+    """wait(0) probed the rendezvous over TCP at each poll (up to 0.5 s each where the host does
+    not answer) and said a peer had not joined, as if the init had timed out."""
+    (r,), _ = ranks("poll_pending", 2, ranks=[0], timeout=3.0)
+    assert len(r["polls"]) == 3
+    for message in r["polls"]:
+        assert "rank 0 of world size 2" in message
+        assert "still pending" in message
+        assert "s before its deadline" in message
+        assert "accepts connections" not in message  # no probe
+    assert "accepts connections, so a peer has not joined yet" in r["deadline"]
+
+
 def test_a_retry_after_a_timeout_says_the_first_init_still_runs(ranks) -> None:
     (r,), _ = ranks("retry_after_timeout", 2, ranks=[1], timeout=2.0)
     assert "timed out after 2.0s but is still running in torch" in r["retry"]

@@ -86,6 +86,10 @@ def test_rendezvous_address_and_probe(monkeypatch) -> None:
         found = rendezvous.probe(f"env://127.0.0.1:{open_port}")
     assert found == rendezvous.Probe("127.0.0.1", open_port, None)
     assert found.hint().endswith("accepts connections, so a peer has not joined yet")
+    assert found.hint(2) == found.hint()
+    world_one = found.hint(1)  # it said a peer had not joined, at world size 1
+    assert "at world size 1 no peer is awaited: torch's init itself has not finished" in world_one
+    assert "peer has not joined" not in world_one
 
 
 @pytest.fixture

@@ -116,6 +116,22 @@ def absent_peer() -> dict:
     return {"error": None}
 
 
+def poll_pending() -> dict:
+    """wait(0) a few times while the init waits for a peer, then wait() to the deadline."""
+    handle = start()
+    polls = []
+    for _ in range(3):
+        try:
+            handle.wait(0)
+        except mccl.InitTimeoutError as exc:
+            polls.append(str(exc))
+    try:
+        handle.wait()
+    except mccl.InitTimeoutError as exc:
+        return {"polls": polls, "deadline": str(exc)}
+    return {"polls": polls, "deadline": None}
+
+
 def retry_after_timeout() -> dict:
     """A second init after the first timed out (its rendezvous still running in torch)."""
     handle = start()
@@ -364,6 +380,7 @@ SCENARIOS = {
         fsdp,
         dcp,
         absent_peer,
+        poll_pending,
         retry_after_timeout,
         bad_rank_env,
         init_error,

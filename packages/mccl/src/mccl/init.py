@@ -168,10 +168,11 @@ class InitHandle:
         remaining = self.started + self.init_timeout - time.monotonic()
         limit = remaining if timeout is None else min(timeout, remaining)
         if not self._done.wait(max(0.0, limit)):
-            if limit >= remaining:  # the init's own deadline, not a shorter poll
+            deadline = limit >= remaining  # the init's own deadline, not a shorter poll
+            if deadline:
                 self._timed_out = True
                 _told(self)
-            raise InitTimeoutError(self._timeout_message())
+            raise InitTimeoutError(self._timeout_message(deadline))
         if self._error is not None:
             _told(self)
             raise InitFailedError(
@@ -192,12 +193,19 @@ class InitHandle:
             f"rendezvous {self.address}"
         )
 
-    def _timeout_message(self) -> str:
-        waited = time.monotonic() - self.started
-        found = rendezvous.probe(self.address)
-        hint = found.hint() if found else ""
+    def _timeout_message(self, deadline: bool) -> str:
+        """Why a wait ended unready: at the init's ``deadline``, with what a probe of the
+        rendezvous finds; before it (a shorter poll), how long the init has left, unprobed."""
+        now = time.monotonic()
+        if deadline:
+            found = rendezvous.probe(self.address)
+            hint = found.hint(self.world_size) if found else ""
+        else:
+            hint = (
+                f"still pending, {self.started + self.init_timeout - now:.1f}s before its deadline"
+            )
         return (
-            f"process group not ready after {waited:.1f}s (init timeout "
+            f"process group not ready after {now - self.started:.1f}s (init timeout "
             f"{self.init_timeout:.1f}s; {self._where()})" + (f": {hint}" if hint else "")
         )
 

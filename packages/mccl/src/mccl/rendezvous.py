@@ -54,9 +54,15 @@ class Probe:
     def reachable(self) -> bool:
         return self.error is None
 
-    def hint(self) -> str:
-        """What the attempt means for an init that is still waiting."""
+    def hint(self, world_size: int = -1) -> str:
+        """What the attempt means for an init of ``world_size`` ranks (-1: unknown) that is
+        still waiting."""
         where = host_port(self.host, self.port)
+        if self.reachable and world_size == 1:
+            return (
+                f"{where} accepts connections, and at world size 1 no peer is awaited: "
+                f"torch's init itself has not finished"
+            )
         if self.reachable:
             return f"{where} accepts connections, so a peer has not joined yet"
         if not self.resolved:

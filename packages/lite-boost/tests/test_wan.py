@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import datetime
+import io
 import json
 import math
 import os
@@ -240,6 +241,25 @@ def test_setting_diffusers_processors_on_a_boosted_model_is_refused():
     assert clone.blocks[0].attn1.processor.options.sparsity == 0.5
     assert boosted.blocks[0].attn1.processor.options.sparsity == 0.0  # the copy's own modules
     model.set_attn_processor(transformer_wan.WanAttnProcessor())  # not boosted: taken
+
+
+def test_a_boosted_model_saves_and_loads_whole():
+    """``torch.save(model)`` of a boosted model pickled its refusing ``set_attention_backend``
+    and ``set_processor`` as bound methods, which ``torch.load`` could not rebuild
+    ("'WanAttention' object has no attribute '_boosted_set_processor'"): the loaded model runs
+    as the saved one, and still refuses diffusers' backends and processors."""
+    boosted = boost(_model(), sparsity=0.0)
+    inputs = _inputs(batch=1)
+    buffer = io.BytesIO()
+    torch.save(boosted, buffer)
+    buffer.seek(0)
+    loaded = torch.load(buffer, weights_only=False)
+    torch.testing.assert_close(_run(loaded, *inputs), _run(boosted, *inputs), atol=0, rtol=0)
+    with pytest.raises(ValueError, match="WanAttnProcessor cannot run on it"):
+        loaded.blocks[0].attn1.set_processor(transformer_wan.WanAttnProcessor())
+    with pytest.raises(ValueError, match="set_attention_backend\\('flex'\\)"):
+        loaded.set_attention_backend("flex")
+    assert isinstance(loaded.blocks[0].attn1.processor, W.WanAttnProcessor)
 
 
 def test_fused_projections_and_diffusers_tables_in_the_processor():

@@ -366,10 +366,11 @@ def boost_transformer(model: torch.nn.Module, options: BoostOptions) -> None:
     model._lite_boost_handles = []
     model.rope = rope
     rope.manager = manager
-    # bound methods, not closures: copy.deepcopy rebinds them to the copy
-    model.set_attention_backend = types.MethodType(_refused_set_attention_backend, model)
+    # partials over the module, not closures nor bound methods: copy.deepcopy rebinds them to
+    # the copy, and pickle (torch.save of the model) takes them
+    model.set_attention_backend = functools.partial(_refused_set_attention_backend, model)
     for attn in attentions:
-        attn.set_processor = types.MethodType(_boosted_set_processor, attn)
+        attn.set_processor = functools.partial(_boosted_set_processor, attn)
         attn.set_processor(WanAttnProcessor(options))
     if manager is not None:
         model._lite_boost_handles = _sequence_hooks(model, manager)

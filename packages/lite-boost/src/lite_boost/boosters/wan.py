@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import functools
 import types
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -46,10 +47,10 @@ TRANSFORMER_CHANGES = (
     "with diffusers' FirstBlockCache on raises RuntimeError (each rank would decide alone "
     "whether to skip blocks)",
     "diffusers' attention backends: model.set_attention_backend(name) raises ValueError before "
-    "diffusers checks or downloads the backend, and a forward under a diffusers backend other "
-    "than its default (an attention_backend(name) block) raises ValueError (the processors use "
-    "lite-boost's backend: lite_boost.use_backend or LITE_BOOST_ATTENTION); "
-    "reset_attention_backend() is taken",
+    "diffusers checks or downloads the backend (the processors use lite-boost's backend: "
+    "lite_boost.use_backend or LITE_BOOST_ATTENTION); a forward under a diffusers backend other "
+    "than its default (an attention_backend(name) block, or another model's "
+    "set_attention_backend) warns and runs lite-boost's; reset_attention_backend() is taken",
     "processors: setting another processor on an attention module (set_attn_processor, "
     "set_processor) raises ValueError (diffusers' processors cannot take the cached RoPE "
     "tables); set processors on a model that is not boosted",
@@ -145,9 +146,10 @@ def _backend_name(backend: Any) -> str:
     return str(getattr(backend, "value", backend))
 
 
-def _backend_refused(what: str) -> ValueError:
-    """The error for a diffusers attention backend asked of a boosted model (``what`` happens)."""
-    return ValueError(
+def _not_diffusers_backends(what: str) -> str:
+    """Why a diffusers attention backend does nothing on a boosted model (``what`` happens),
+    and how to choose lite-boost's."""
+    return (
         f"a lite-boost-boosted Wan model does not use diffusers' attention backends, so {what}. "
         f"Pick lite-boost's backend with `with lite_boost.use_backend(name):` or the "
         f"{backends.ENV} environment variable (one of {backends.NAMES}; spore.dispatch.explain("
@@ -168,8 +170,10 @@ def _diffusers_backends() -> tuple[Any, Any]:
 def _refused_set_attention_backend(model: torch.nn.Module, backend: str) -> None:
     """A boosted model's ``set_attention_backend``: refused before diffusers checks the
     backend's package or downloads its kernel (a hub backend's)."""
-    raise _backend_refused(
-        f"set_attention_backend({_backend_name(backend)!r}) would change nothing"
+    raise ValueError(
+        _not_diffusers_backends(
+            f"set_attention_backend({_backend_name(backend)!r}) would change nothing"
+        )
     )
 
 
@@ -208,8 +212,10 @@ class WanAttnProcessor:
         """``ValueError`` for a backend (diffusers' ``attn.set_attention_backend`` sets it),
         which would change nothing here; ``None`` (``reset_attention_backend``) is taken."""
         if backend is not None:
-            raise _backend_refused(
-                f"set_attention_backend({_backend_name(backend)!r}) would change nothing"
+            raise ValueError(
+                _not_diffusers_backends(
+                    f"set_attention_backend({_backend_name(backend)!r}) would change nothing"
+                )
             )
 
     def __call__(
@@ -221,15 +227,17 @@ class WanAttnProcessor:
         rotary_emb: Any = None,
     ) -> torch.Tensor:
         active = self._diffusers_registry._active_backend
-        if active != self._diffusers_default:  # an attention_backend(name) block
+        if active != self._diffusers_default:
+            # an attention_backend(name) block, or any model's set_attention_backend(name),
+            # which sets diffusers' backend for every model: a boosted model runs on under it
             name = _backend_name(active)
-            raise _backend_refused(
-                f"it would ignore diffusers' active attention backend {name!r} (a `with "
+            message = _not_diffusers_backends(
+                f"it ignores diffusers' active attention backend {name!r} (a `with "
                 f"attention_backend({name!r}):` block around this call, or another model's "
-                f"set_attention_backend({name!r}), which sets it for every model): run the "
-                f"boosted model under diffusers' default backend "
-                f"{_backend_name(self._diffusers_default)!r}"
+                f"set_attention_backend({name!r}), which sets it for every model) and runs "
+                f"lite-boost's"
             )
+            warnings.warn(message, UserWarning, stacklevel=2)
         if attention_mask is not None:
             raise ValueError(
                 "lite-boost's Wan attention takes no attention_mask (WanTransformer3DModel "

@@ -269,6 +269,28 @@ def test_mean_var_centres_twice(dim) -> None:
     torch.testing.assert_close(dx.double(), exact, rtol=0, atol=1e-6 * float(exact.abs().max()))
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("dim", [1, 0])
+@pytest.mark.parametrize(
+    ("value", "n"), [(1.5 * 2.0**127, 16), (-3e38, 2), (2.0**127, 4096), (-(2.0**120), 4096)]
+)
+def test_mean_var_of_values_whose_sum_overflows_is_finite(value, n, dim, dtype) -> None:
+    """The first mean scales each term by 1 / n: a constant column whose sum is beyond float32
+    has that value as its mean, a variance of 0 and gradients of grad_mean / n, as the C++
+    kernel (the sum overflowed to inf, and the mean, the variance and dx were NaN). The values
+    are such that every partial sum of the scaled terms is exact (the interpreter adds
+    them one at a time over dim 0, where 16 terms of 3e38 / 16 round: a shift one ulp off, whose
+    square overflows)."""
+    x = torch.full((n, 3) if dim == 0 else (3, n), value).to(dtype)
+    mean, var = run("mean_var", x, dim, 1)
+    assert torch.equal(mean, torch.full((3,), value).to(dtype))
+    assert torch.equal(var, torch.zeros(3, dtype=dtype))
+    assert torch.equal(mean, torch.ops.spore.mean_var(x, dim, 1)[0])  # the C++ kernel
+    ones = torch.ones(3, dtype=dtype)
+    dx = run("mean_var_backward", ones, ones, x, dim, 1)
+    assert torch.equal(dx, torch.full_like(x, 1 / n))
+
+
 MEAN_VAR_CASES = [
     ((5, 7), -1),
     ((5, 7), 0),
@@ -707,6 +729,7 @@ FP32_OUT = {"_param_grads._param_grads"}  # kernels that store only fp32 partial
 HELPERS = {
     "layer_norm._row_mean",
     "layer_norm._rstd",
+    "mean_var._column_mean",
     "triangle_attention._logits",
     "triangle_attention._probs",
     "triangle_attention._read_keys",

@@ -24,19 +24,27 @@ MAX_INNER_BLOCK = 128
 
 
 @triton.jit
+def _column_mean(X, n, inner, cols, col_mask, BN: tl.constexpr, BI: tl.constexpr):
+    """The sum of x / n down each of the columns ``cols`` of X viewed as [n, inner]: each term
+    scaled, as in the C++ kernel, so that values near float32's largest do not overflow to inf
+    (a sum divided once did)."""
+    scale = 1.0 / n
+    acc = tl.zeros([BN, BI], dtype=tl.float32)
+    for start in range(0, n, BN):
+        rows = (start + tl.arange(0, BN)).to(tl.int64)
+        mask = (rows < n)[:, None] & col_mask[None, :]
+        x = tl.load(X + rows[:, None] * inner + cols[None, :], mask=mask, other=0.0)
+        acc += x.to(tl.float32) * scale
+    return tl.sum(acc, axis=0)
+
+
+@triton.jit
 def _mean_var(X, MEAN, VAR, n, inner, divisor, BN: tl.constexpr, BI: tl.constexpr):
     o = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BI + tl.arange(0, BI)
     col_mask = cols < inner
     base = X + o * n * inner
-    acc = tl.zeros([BN, BI], dtype=tl.float32)
-    for start in range(0, n, BN):
-        rows = (start + tl.arange(0, BN)).to(tl.int64)
-        mask = (rows < n)[:, None] & col_mask[None, :]
-        acc += tl.load(base + rows[:, None] * inner + cols[None, :], mask=mask, other=0.0).to(
-            tl.float32
-        )
-    shift = tl.sum(acc, axis=0) / n
+    shift = _column_mean(base, n, inner, cols, col_mask, BN, BI)
     sum_d = tl.zeros([BN, BI], dtype=tl.float32)
     sum_dd = tl.zeros([BN, BI], dtype=tl.float32)
     for start in range(0, n, BN):
@@ -82,13 +90,7 @@ def _mean_var_bwd(
     if HAS_GV:
         gv = tl.load(GV + out, mask=col_mask, other=0.0).to(tl.float32)
         gv_scaled = tl.where(gv == 0.0, 0.0, gv * scale)  # n == correction: 0 * inf is not NaN
-        acc = tl.zeros([BN, BI], dtype=tl.float32)
-        for start in range(0, n, BN):
-            rows = (start + tl.arange(0, BN)).to(tl.int64)
-            mask = (rows < n)[:, None] & col_mask[None, :]
-            at = base + rows[:, None] * inner + cols[None, :]
-            acc += tl.load(X + at, mask=mask, other=0.0).to(tl.float32)
-        shift = tl.sum(acc, axis=0) / n
+        shift = _column_mean(X + base, n, inner, cols, col_mask, BN, BI)
         acc = tl.zeros([BN, BI], dtype=tl.float32)
         for start in range(0, n, BN):
             rows = (start + tl.arange(0, BN)).to(tl.int64)

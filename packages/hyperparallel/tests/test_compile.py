@@ -32,6 +32,12 @@ def _counting(gm: torch.fx.GraphModule, example_inputs: list[torch.Tensor]):
     return run
 
 
+@torch._dynamo.register_backend(name="hyperparallel_test_failing")
+def _failing(gm: torch.fx.GraphModule, example_inputs: list[torch.Tensor]):
+    """Loads, as any registered backend does, and fails every compile."""
+    raise RuntimeError("hyperparallel_test_failing compiles nothing")
+
+
 @pytest.fixture(scope="module")
 def eager(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Four eager steps, saved at steps 2 and 4, exported."""
@@ -127,3 +133,16 @@ def test_a_plugin_backend_that_is_not_installed_names_the_plugin() -> None:
     assert problem is not None
     assert "Spore plugin dvm, which is not installed" in problem
     assert "./packages/dvm" in problem
+
+
+def test_a_backend_that_fails_to_compile_names_model_compile_and_the_way_out(
+    tmp_path: Path,
+) -> None:
+    with pytest.raises(torch._dynamo.exc.BackendCompilerFailed) as info:
+        train_in_process(tmp_path, "run.steps=1", "model.compile=hyperparallel_test_failing")
+    assert "hyperparallel_test_failing compiles nothing" in str(info.value)  # the backend's own
+    assert info.value.__notes__ == [
+        "model.compile=hyperparallel_test_failing: the backend loaded (checked before the "
+        "start) but failed to compile a decoder layer at the first step; choose another "
+        "backend (e.g. inductor) or model.compile: null (eager)"
+    ]

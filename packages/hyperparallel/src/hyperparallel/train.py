@@ -272,6 +272,16 @@ def _interrupted(wait: float) -> bool:
     return False
 
 
+def compile_failed(backend: str) -> str:
+    """The note on a rank's ``BackendCompilerFailed`` under ``model.compile=backend``: the
+    check before the start loads the backend, only the first step compiles the model."""
+    return (
+        f"model.compile={backend}: the backend loaded (checked before the start) but failed to "
+        f"compile a decoder layer at the first step; choose another backend (e.g. inductor) or "
+        f"model.compile: null (eager)"
+    )
+
+
 def _run(settings: dict[str, Any], resume: str | None) -> None:
     import spore.distributed
     from spore.plugins import get_manager
@@ -302,7 +312,15 @@ def _run(settings: dict[str, Any], resume: str | None) -> None:
     finally:  # also before reporting an error: a rank never exits mid-rendezvous
         handle.wait()
     try:
-        outcome = train(cfg, model, blocks, sampler, device, resume, source)
+        try:
+            outcome = train(cfg, model, blocks, sampler, device, resume, source)
+        except Exception as exc:
+            if cfg.model.compile is not None:  # dynamo is imported then, not before
+                from torch._dynamo.exc import BackendCompilerFailed
+
+                if isinstance(exc, BackendCompilerFailed):
+                    exc.add_note(compile_failed(cfg.model.compile))
+            raise
         if rank == 0:
             _summary(cfg, model, outcome, source, world)
     finally:

@@ -297,3 +297,30 @@ def test_env_rendezvous_without_its_variables_is_refused_at_the_call(
         mccl.init_process_group_async("gloo", **options)
     assert mccl.init._pending is None
     assert not dist.is_initialized()
+
+
+def test_a_file_rendezvous_in_a_missing_directory_is_refused_at_the_call(tmp_path) -> None:
+    """torch's FileStore retries opening the file until its timeout while holding the GIL:
+    mccl's call did not return, and the whole process froze for 30 minutes."""
+    missing = tmp_path / "missing" / "store"
+    code = (
+        "import mccl\n"
+        "try:\n"
+        f"    mccl.init_process_group_async('gloo', init_method={missing.as_uri()!r}, "
+        "rank=0, world_size=1)\n"
+        "except ValueError as exc:\n"
+        "    print(exc)\n"
+        "print('pending:', mccl.init._pending)\n"
+    )
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", code], capture_output=True, text=True, timeout=30, cwd=tmp_path
+        )
+    except subprocess.TimeoutExpired:
+        pytest.fail("init_process_group_async froze the process", pytrace=False)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == [
+        f"the file:// rendezvous {missing.as_uri()} is in a directory that does not exist "
+        f"({missing.parent}): create it, or choose a file in an existing one",
+        "pending: None",
+    ]

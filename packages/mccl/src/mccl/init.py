@@ -25,7 +25,9 @@ import time
 import warnings
 import weakref
 from datetime import timedelta
+from pathlib import Path
 from typing import Any, NoReturn
+from urllib.parse import urlparse
 
 from torch.distributed import distributed_c10d as c10d
 
@@ -104,6 +106,13 @@ def _check_options(kwargs: dict[str, Any]) -> None:
             raise ValueError(f"store= needs world_size= > 0, got {kwargs.get('world_size')!r}")
         if not kwargs.get("rank", -1) >= 0:
             raise ValueError(f"store= needs rank= >= 0, got {kwargs.get('rank')!r}")
+    elif str(kwargs.get("init_method")).startswith("file://"):
+        folder = Path(urlparse(kwargs["init_method"]).path).parent
+        if not folder.is_dir():  # torch's FileStore would retry opening it holding the GIL
+            raise ValueError(
+                f"the file:// rendezvous {kwargs['init_method']} is in a directory that does "
+                f"not exist ({folder}): create it, or choose a file in an existing one"
+            )
     elif kwargs.get("init_method") in (None, "env://"):
         given = {
             "RANK": kwargs.get("rank", -1) != -1,

@@ -518,9 +518,11 @@ inline void reduce_dot(int32_t op, float* d, const float* a, const float* b, int
     }
 }
 
-// The reduction of a row of `row` elements all equal to v (the exact value, rounded once).
+// The reduction of a row of `row` elements all equal to v (the exact value, rounded once). A
+// sum or mean of -0.0s is +0.0, as a sum from +0.0 gives (row_sum, eager's kernels).
 inline float reduce_constant(int32_t op, float v, int64_t row) {
-    return op == REDUCE_SUM ? v * static_cast<float>(row) : v;
+    if (op == REDUCE_MAX) return v;
+    return (op == REDUCE_SUM ? v * static_cast<float>(row) : v) + 0.0f;
 }
 
 }  // namespace dvm

@@ -554,6 +554,34 @@ def test_products_of_broadcast_values_reduced(isa: str, operand) -> None:
         assert torch.equal(out, torch.full((64, 1), 4.0 * domain[-1]))
 
 
+@pytest.mark.parametrize("isa", _lib.builds())
+@pytest.mark.parametrize("operand", [(), (4, 1)], ids=["scalar", "row-scalar"])
+def test_sums_of_a_broadcast_negative_zero_are_positive_zero(isa: str, operand) -> None:
+    """A row of -0.0s read broadcast (one value per row, or a scalar) sums to +0.0 and has a
+    mean of +0.0, as torch's sums from +0.0 do (they were -0.0: the value times the row's
+    length); its max stays -0.0."""
+    p = program(
+        Instr(Op.LOAD, 0, 0),
+        Instr(Op.REDUCE_SUM, 1, 0),
+        Instr(Op.REDUCE_MEAN, 2, 0),
+        Instr(Op.REDUCE_MAX, 3, 0),
+        Instr(Op.STORE, -1, 0, 1),
+        Instr(Op.STORE, -1, 1, 2),
+        Instr(Op.STORE, -1, 2, 3),
+        n_inputs=1,
+        n_outputs=3,
+    )
+    x = torch.full(operand, -0.0)
+    domain = (4, 7)
+    kernel = vm.Kernel(p, [torch.float32] * 3, [True] * 3, isa=isa)
+    total, mean, top = kernel([x], domain)
+    full = x.expand(domain)
+    for got, want in [(total, full.sum(-1, keepdim=True)), (mean, full.mean(-1, keepdim=True))]:
+        assert torch.equal(got.signbit(), want.signbit())
+        assert not bool(got.signbit().any())
+    assert bool(top.signbit().all())
+
+
 @pytest.mark.parametrize("shape", [(5, 1), (33, 1000), (3, 5000)], ids=str)
 def test_products_reduced_with_and_without_fusion(shape) -> None:
     # MUL then REDUCE_SUM runs as one pass when the products are not read again; read again,

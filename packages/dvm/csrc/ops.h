@@ -518,11 +518,14 @@ inline void reduce_dot(int32_t op, float* d, const float* a, const float* b, int
     }
 }
 
-// The reduction of a row of `row` elements all equal to v (the exact value, rounded once). A
-// sum or mean of -0.0s is +0.0, as a sum from +0.0 gives (row_sum, eager's kernels).
+// The reduction of a row of `row` elements all equal to v: the sum is the exact value rounded
+// once, the mean that sum over the row's length, as `reduce` takes it (a sum past float's range
+// is inf, and so is its mean, as in eager). A sum of -0.0s is +0.0, as a sum from +0.0 gives
+// (row_sum, eager's kernels).
 inline float reduce_constant(int32_t op, float v, int64_t row) {
     if (op == REDUCE_MAX) return v;
-    return (op == REDUCE_SUM ? v * static_cast<float>(row) : v) + 0.0f;
+    const float sum = v * static_cast<float>(row) + 0.0f;
+    return op == REDUCE_MEAN ? sum / static_cast<float>(row) : sum;
 }
 
 }  // namespace dvm

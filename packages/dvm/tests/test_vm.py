@@ -582,6 +582,26 @@ def test_sums_of_a_broadcast_negative_zero_are_positive_zero(isa: str, operand) 
     assert bool(top.signbit().all())
 
 
+@pytest.mark.parametrize("isa", _lib.builds())
+@pytest.mark.parametrize("value", [3e38, -3e38, 0.1], ids=str)
+def test_the_mean_of_a_broadcast_row_is_its_sum_over_its_length(isa: str, value: float) -> None:
+    """The mean of a row read broadcast is its sum over its length, as for a stored row and in
+    torch: a row of 3e38s has an inf mean (its sum overflows), which was 3e38."""
+    p = program(
+        Instr(Op.LOAD, 0, 0),
+        Instr(Op.REDUCE_MEAN, 1, 0),
+        Instr(Op.STORE, -1, 0, 1),
+        n_inputs=1,
+        n_outputs=1,
+    )
+    x = torch.full((4, 1), value)
+    domain = (4, 5)
+    (got,) = vm.Kernel(p, [torch.float32], [True], isa=isa)([x], domain)
+    (stored,) = vm.Kernel(p, [torch.float32], [True], isa=isa)([x.expand(domain).clone()], domain)
+    assert torch.equal(got, stored)
+    assert torch.equal(got, x.expand(domain).mean(-1, keepdim=True))
+
+
 @pytest.mark.parametrize("shape", [(5, 1), (33, 1000), (3, 5000)], ids=str)
 def test_products_reduced_with_and_without_fusion(shape) -> None:
     # MUL then REDUCE_SUM runs as one pass when the products are not read again; read again,

@@ -89,6 +89,12 @@ def _check_backend(backend: str | None) -> None:
 _ENV_RENDEZVOUS = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")  # read by torch's env://
 
 
+def _is_file_rendezvous(init_method: Any) -> bool:
+    """Whether torch's rendezvous takes ``init_method`` as a file:// one: by its URL scheme, as
+    torch does (``file:/path`` and ``FILE:///path`` included)."""
+    return isinstance(init_method, str) and urlparse(init_method).scheme == "file"
+
+
 def _check_options(kwargs: dict[str, Any]) -> None:
     """The argument errors ``init_process_group`` raises before it connects to any peer (its
     ``env://`` rendezvous reads the environment first), raised at the call rather than in the
@@ -106,7 +112,7 @@ def _check_options(kwargs: dict[str, Any]) -> None:
             raise ValueError(f"store= needs world_size= > 0, got {kwargs.get('world_size')!r}")
         if not kwargs.get("rank", -1) >= 0:
             raise ValueError(f"store= needs rank= >= 0, got {kwargs.get('rank')!r}")
-    elif str(kwargs.get("init_method")).startswith("file://"):
+    elif _is_file_rendezvous(kwargs.get("init_method")):
         folder = Path(urlparse(kwargs["init_method"]).path).parent
         if not folder.is_dir():  # torch's FileStore would retry opening it holding the GIL
             raise ValueError(

@@ -167,14 +167,19 @@ def _diffusers_backends() -> tuple[Any, Any]:
     return _AttentionBackendRegistry, AttentionBackendName(DIFFUSERS_ATTN_BACKEND)
 
 
-def _refused_set_attention_backend(model: torch.nn.Module, backend: str) -> None:
-    """A boosted model's ``set_attention_backend``: refused before diffusers checks the
-    backend's package or downloads its kernel (a hub backend's)."""
-    raise ValueError(
+def _backend_refusal(backend: Any) -> ValueError:
+    """The error for ``set_attention_backend(backend)`` on a boosted model or its modules."""
+    return ValueError(
         _not_diffusers_backends(
             f"set_attention_backend({_backend_name(backend)!r}) would change nothing"
         )
     )
+
+
+def _refused_set_attention_backend(model: torch.nn.Module, backend: str) -> None:
+    """A boosted model's ``set_attention_backend``: refused before diffusers checks the
+    backend's package or downloads its kernel (a hub backend's)."""
+    raise _backend_refusal(backend)
 
 
 def _boosted_set_processor(attn: torch.nn.Module, processor: Any) -> None:
@@ -212,11 +217,7 @@ class WanAttnProcessor:
         """``ValueError`` for a backend (diffusers' ``attn.set_attention_backend`` sets it),
         which would change nothing here; ``None`` (``reset_attention_backend``) is taken."""
         if backend is not None:
-            raise ValueError(
-                _not_diffusers_backends(
-                    f"set_attention_backend({_backend_name(backend)!r}) would change nothing"
-                )
-            )
+            raise _backend_refusal(backend)
 
     def __call__(
         self,

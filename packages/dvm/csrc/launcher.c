@@ -6,11 +6,14 @@
 // checks its args against the signature the launch was bound for, reads their strides
 // and data pointers, allocates the outputs with torch.empty_strided and calls dvm_run (the
 // ISA build's, by address) with the GIL released: the work of dvm.vm's former Python call
-// path and its ctypes call, without either. No torch headers: torch is reached through the
+// path and its ctypes call, without either. prepare(region) makes a compiled region's launch
+// from the dvm.cluster.Region itself in one call (encoding, binding, output layouts), for the
+// build dvm.compile names in setup_regions(). No torch headers: torch is reached through the
 // Python objects dvm.vm hands to setup().
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <stdint.h>
+#include <string.h>
 #include <structmember.h>
 
 // The VM's limits (csrc/vm.h): a launch over more is refused when it is made.
@@ -875,6 +878,431 @@ static PyTypeObject LauncherType = {
     .tp_members = launcher_members,
 };
 
+// ---- A compiled region's launch, prepared from the region itself (dvm.compile.RegionRunner).
+
+// The build in use and the program facts a region's preparation needs (setup_regions).
+static struct {
+    PyObject *address, *max_row, *rewrite;
+    PyObject *s_program, *s_out_dtypes, *s_reduced, *s_domain, *s_input_nodes, *s_input_views,
+        *s_outputs, *s_output_slots, *s_encode, *s_n_regs, *s_n_inputs, *s_n_outputs, *s_meta,
+        *s_val, *s_guarded;
+    unsigned char op_flags[256];  // REDUCES and CASTS bits by opcode
+} r;
+
+enum { REDUCES = 1, CASTS = 2 };
+
+// The flag bit of each opcode in `ops` (ints 0-255) set in r.op_flags.
+static int set_op_flags(PyObject* ops, unsigned char bit, const char* what) {
+    PyObject* own = own_tuple(ops, what);
+    if (own == NULL) return -1;
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(own); ++i) {
+        long op = PyLong_AsLong(PyTuple_GET_ITEM(own, i));
+        if (op == -1 && PyErr_Occurred()) {
+            Py_DECREF(own);
+            return -1;
+        }
+        if (op < 0 || op > 255) {
+            PyErr_Format(PyExc_ValueError, "%s: opcode %ld is not 0-255", what, op);
+            Py_DECREF(own);
+            return -1;
+        }
+        r.op_flags[op] |= bit;
+    }
+    Py_DECREF(own);
+    return 0;
+}
+
+// setup_regions(run_address, max_row, reductions, casts, without_redundant_casts): the build
+// prepare() binds for (its dvm_run's address and longest reduced row), the reducing and the
+// rounding opcodes, and the rewrite a program with a rounding opcode goes through.
+static PyObject* setup_regions(PyObject* module, PyObject* args) {
+    PyObject *address, *max_row, *reductions, *casts, *rewrite;
+    if (!PyArg_ParseTuple(args, "O!O!OOO", &PyLong_Type, &address, &PyLong_Type, &max_row,
+                          &reductions, &casts, &rewrite))
+        return NULL;
+    if (PyLong_AsVoidPtr(address) == NULL) {
+        if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "run_address is null");
+        return NULL;
+    }
+    if (!PyCallable_Check(rewrite)) {
+        PyErr_SetString(PyExc_TypeError, "without_redundant_casts must be callable");
+        return NULL;
+    }
+    unsigned char kept[256];
+    memcpy(kept, r.op_flags, sizeof kept);
+    memset(r.op_flags, 0, sizeof r.op_flags);
+    if (set_op_flags(reductions, REDUCES, "reductions") < 0 ||
+        set_op_flags(casts, CASTS, "casts") < 0) {
+        memcpy(r.op_flags, kept, sizeof kept);
+        return NULL;
+    }
+    Py_INCREF(address);
+    Py_XSETREF(r.address, address);
+    Py_INCREF(max_row);
+    Py_XSETREF(r.max_row, max_row);
+    Py_INCREF(rewrite);
+    Py_XSETREF(r.rewrite, rewrite);
+    Py_RETURN_NONE;
+}
+
+// `node`.meta["val"] (a new reference), or NULL with an error naming the node.
+static PyObject* traced_val(PyObject* node) {
+    PyObject* meta = PyObject_GetAttr(node, r.s_meta);
+    if (meta == NULL) return NULL;
+    PyObject* val = PyObject_GetItem(meta, r.s_val);
+    Py_DECREF(meta);
+    if (val == NULL && PyErr_ExceptionMatches(PyExc_KeyError)) {
+        PyErr_Clear();
+        PyErr_Format(PyExc_ValueError, "node %S has no traced value (meta['val'])", node);
+    }
+    return val;
+}
+
+// The sizes of the tuple `t` (a shape or strides, at most MAX_ARG_DIMS) into out; -1 on error.
+static int tuple_sizes(PyObject* t, const char* what, int64_t* out, Py_ssize_t* n) {
+    if (!PyTuple_Check(t) || PyTuple_GET_SIZE(t) > MAX_ARG_DIMS) {
+        PyErr_Format(PyExc_TypeError, "an output's %s: give a tuple of at most %d ints, got %R",
+                     what, MAX_ARG_DIMS, t);
+        return -1;
+    }
+    *n = PyTuple_GET_SIZE(t);
+    for (Py_ssize_t i = 0; i < *n; ++i) {
+        out[i] = PyLong_AsLongLong(PyTuple_GET_ITEM(t, i));
+        if (out[i] == -1 && PyErr_Occurred()) return -1;
+    }
+    return 0;
+}
+
+// Whether sizes/strides are torch's contiguous layout (size-1 dims skipped; no elements is).
+static int contiguous(const int64_t* size, const int64_t* stride, Py_ssize_t n) {
+    int64_t expect = 1;
+    for (Py_ssize_t d = 0; d < n; ++d)
+        if (size[d] == 0) return 1;
+    for (Py_ssize_t d = n - 1; d >= 0; --d) {
+        if (size[d] == 1) continue;
+        if (stride[d] != expect) return 0;
+        if (__builtin_mul_overflow(expect, size[d], &expect)) return 0;
+    }
+    return 1;
+}
+
+// Whether sizes/strides cover their memory once without gaps: the dims of size above 1,
+// ordered by stride, are contiguous (dvm.compile's former _dense).
+static int dense(const int64_t* size, const int64_t* stride, Py_ssize_t n) {
+    int64_t numel = 1;
+    int big = 0;
+    for (Py_ssize_t d = 0; d < n; ++d) big |= __builtin_mul_overflow(numel, size[d], &numel);
+    if (!big && numel < 2) return 1;
+    int order[MAX_ARG_DIMS];  // dims by stride, ties in dim order
+    for (Py_ssize_t d = 0; d < n; ++d) {
+        Py_ssize_t j = d;
+        while (j > 0 && stride[order[j - 1]] > stride[d]) {
+            order[j] = order[j - 1];
+            --j;
+        }
+        order[j] = (int)d;
+    }
+    int64_t expect = 1;
+    for (Py_ssize_t j = 0; j < n; ++j) {
+        const int d = order[j];
+        if (size[d] == 1) continue;
+        if (stride[d] != expect || __builtin_mul_overflow(expect, size[d], &expect)) return 0;
+    }
+    return 1;
+}
+
+// An output's strides over the domain when its shape is the domain's up to size-1 dims (those
+// take stride 0; all its strides when its shape is the domain), as a new tuple; None (a new
+// reference) when it is not.
+static PyObject* over_domain(const int64_t* size, const int64_t* stride, Py_ssize_t n,
+                             const int64_t* dims, Py_ssize_t nd) {
+    int same = n == nd;
+    for (Py_ssize_t d = 0; same && d < n; ++d) same = size[d] == dims[d];
+    if (same) return int_tuple(stride, n);
+    int64_t st[MAX_DIMS];
+    Py_ssize_t j = 0;
+    for (Py_ssize_t d = 0; d < nd; ++d) {
+        if (dims[d] == 1) {
+            st[d] = 0;
+            continue;
+        }
+        while (j < n && size[j] == 1) ++j;
+        if (j >= n || size[j] != dims[d]) Py_RETURN_NONE;
+        st[d] = stride[j++];
+    }
+    while (j < n && size[j] == 1) ++j;
+    if (j < n) Py_RETURN_NONE;
+    return int_tuple(st, nd);
+}
+
+// Output k's layout from one graph output holding it, whose traced value is `val` of `shape`,
+// into *layout (replaced when this output decides it): strides over the domain where the value
+// is laid out densely but otherwise than contiguously and its shape is the domain's up to
+// size-1 dims; None where it is dense and non-contiguous in another shape. An expanded value
+// (a stride 0) is not dense: it is stored contiguous (dvm.compile.RegionRunner says why).
+static int output_layout(PyObject* val, PyObject* shape, int reduced, const int64_t* dims,
+                         Py_ssize_t nd, PyObject** layout) {
+    int64_t size[MAX_ARG_DIMS], stride[MAX_ARG_DIMS];
+    Py_ssize_t n, ns;
+    if (tuple_sizes(shape, "shape", size, &n) < 0) return -1;
+    PyObject* strides = PyObject_CallMethodNoArgs(val, g.s_stride);
+    if (strides == NULL) return -1;
+    int failed = tuple_sizes(strides, "strides", stride, &ns) < 0;
+    if (!failed && ns != n) {
+        PyErr_Format(PyExc_ValueError, "an output's strides %R do not match its shape %R",
+                     strides, shape);
+        failed = 1;
+    }
+    Py_DECREF(strides);
+    if (failed) return -1;
+    if (reduced || contiguous(size, stride, n) || !dense(size, stride, n)) return 0;
+    PyObject* found = over_domain(size, stride, n, dims, nd);
+    if (found == NULL) return -1;
+    Py_XSETREF(*layout, found);
+    return 0;
+}
+
+// The region's program encoded, its rounding casts into outputs of their dtype dropped
+// (dvm.vm.without_redundant_casts, asked only when the program rounds): (code, imm) in *code
+// and *imm (new references), its REDUCES flag in *reduces.
+static int encode_program(PyObject* program, PyObject* out_dtypes, PyObject** code,
+                          PyObject** imm, int* reduces) {
+    PyObject* encoded = PyObject_CallMethodNoArgs(program, r.s_encode);
+    for (int pass = 0; encoded != NULL; ++pass) {
+        if (!PyTuple_Check(encoded) || PyTuple_GET_SIZE(encoded) != 2) {
+            PyErr_Format(PyExc_TypeError, "program.encode() gave %R, not (code, imm)", encoded);
+            break;
+        }
+        PyObject* fast = PySequence_Fast(PyTuple_GET_ITEM(encoded, 0), "code: give a sequence");
+        if (fast == NULL) break;
+        unsigned char flags = 0;
+        const Py_ssize_t n = PySequence_Fast_GET_SIZE(fast);
+        for (Py_ssize_t k = 0; k < n; k += 5) {
+            long op = PyLong_AsLong(PySequence_Fast_GET_ITEM(fast, k));
+            if (op == -1 && PyErr_Occurred()) break;
+            if (op >= 0 && op < 256) flags |= r.op_flags[op];
+        }
+        Py_DECREF(fast);
+        if (PyErr_Occurred()) break;
+        if (pass > 0 || !(flags & CASTS)) {
+            *reduces = flags & REDUCES;
+            *code = Py_NewRef(PyTuple_GET_ITEM(encoded, 0));
+            *imm = Py_NewRef(PyTuple_GET_ITEM(encoded, 1));
+            Py_DECREF(encoded);
+            return 0;
+        }
+        Py_DECREF(encoded);
+        PyObject* kept = PyObject_CallFunctionObjArgs(r.rewrite, program, out_dtypes, NULL);
+        encoded = kept == NULL ? NULL : PyObject_CallMethodNoArgs(kept, r.s_encode);
+        Py_XDECREF(kept);
+    }
+    Py_XDECREF(encoded);
+    return -1;
+}
+
+// An int attribute of `obj` into *out, in int32's range.
+static int int_attr(PyObject* obj, PyObject* name, int* out) {
+    PyObject* v = PyObject_GetAttr(obj, name);
+    if (v == NULL) return -1;
+    long x = PyLong_AsLong(v);
+    Py_DECREF(v);
+    if (x == -1 && PyErr_Occurred()) return -1;
+    if (x < INT32_MIN || x > INT32_MAX) {
+        PyErr_Format(PyExc_ValueError, "program.%U = %ld is not an int32", name, x);
+        return -1;
+    }
+    *out = (int)x;
+    return 0;
+}
+
+enum { R_PROGRAM, R_OUT_DTYPES, R_REDUCED, R_DOMAIN, R_INPUT_NODES, R_INPUT_VIEWS, R_OUTPUTS,
+       R_OUTPUT_SLOTS, R_FIELDS };
+
+// prepare(region) -> (guarded, inputs, results): a dvm.cluster.Region's launch bound in one
+// call, dvm.compile.RegionRunner's preparation: its program encoded for the build setup_regions
+// named (dvm.vm.Kernel's work), bound (Kernel.bind's) for its distinct inputs' traced values
+// (`inputs`, the graph nodes in first-read order), each operand the input's position with its
+// view, each output allocated in the shape of the first graph output that holds it and laid
+// out as that one's traced value where it is dense but not contiguous (over the domain). Gives
+// the launch's guarded method and the results it takes: (output, shape or None) for each graph
+// output, a later graph output of one VM output being a view of it in its own shape.
+static PyObject* prepare(PyObject* module, PyObject* region) {
+    if (g.tensor == NULL || r.address == NULL) {
+        PyErr_SetString(PyExc_RuntimeError,
+                        "dvm._launcher.setup() and setup_regions() must be called first");
+        return NULL;
+    }
+    PyObject* const names[R_FIELDS] = {r.s_program,     r.s_out_dtypes,  r.s_reduced,
+                                       r.s_domain,      r.s_input_nodes, r.s_input_views,
+                                       r.s_outputs,     r.s_output_slots};
+    PyObject* f[R_FIELDS] = {NULL};  // the region's fields, the sequences as tuples of our own
+    PyObject *code = NULL, *imm = NULL, *out_dtypes = NULL, *out_codes = NULL, *position = NULL,
+             *inputs = NULL, *vals = NULL, *operands = NULL, *results = NULL, *out_shapes = NULL,
+             *out_strides = NULL, *guarded = NULL, *answer = NULL;
+    PyObject *firsts[MAX_OUTPUTS] = {NULL}, *layouts[MAX_OUTPUTS] = {NULL};
+    Launcher* launcher = NULL;
+    int n_regs, n_in, n_out, reduces = 0, reduced[MAX_OUTPUTS];
+    int64_t dims[MAX_ARG_DIMS];
+    for (int i = 0; i < R_FIELDS; ++i) {
+        PyObject* v = PyObject_GetAttr(region, names[i]);
+        if (v == NULL) goto done;
+        if (i == R_PROGRAM || i == R_DOMAIN) {
+            f[i] = v;
+        } else {
+            f[i] = own_tuple(v, PyUnicode_AsUTF8(names[i]));
+            Py_DECREF(v);
+            if (f[i] == NULL) goto done;
+        }
+    }
+    PyObject* program = f[R_PROGRAM];
+    if (int_attr(program, r.s_n_regs, &n_regs) < 0 || int_attr(program, r.s_n_inputs, &n_in) < 0 ||
+        int_attr(program, r.s_n_outputs, &n_out) < 0)
+        goto done;
+    out_dtypes = Py_NewRef(f[R_OUT_DTYPES]);
+    if (n_out < 1 || n_out > MAX_OUTPUTS) {
+        PyErr_Format(PyExc_ValueError, "the program has %d outputs (1 to %d)", n_out,
+                     MAX_OUTPUTS);
+        goto done;
+    }
+    if (PyTuple_GET_SIZE(out_dtypes) != n_out ||
+        PyTuple_GET_SIZE(f[R_REDUCED]) != n_out) {
+        PyErr_Format(PyExc_ValueError,
+                     "the program has %d outputs: give %d out_dtypes and reduced flags (got %zd "
+                     "and %zd)",
+                     n_out, n_out, PyTuple_GET_SIZE(out_dtypes), PyTuple_GET_SIZE(f[R_REDUCED]));
+        goto done;
+    }
+    if (read_reduced(f[R_REDUCED], n_out, reduced) < 0) goto done;
+    out_codes = PyTuple_New(n_out);
+    for (int k = 0; out_codes != NULL && k < n_out; ++k) {
+        PyObject* dtype = PyTuple_GET_ITEM(out_dtypes, k);
+        PyObject* c = PyDict_GetItemWithError(g.dtype_codes, dtype);
+        if (c == NULL) {
+            if (!PyErr_Occurred())
+                PyErr_Format(PyExc_TypeError,
+                             "output %d has dtype %S; the VM takes %U: cast it first", k, dtype,
+                             g.dtype_names);
+            goto done;
+        }
+        PyTuple_SET_ITEM(out_codes, k, Py_NewRef(c));
+    }
+    if (out_codes == NULL || encode_program(program, out_dtypes, &code, &imm, &reduces) < 0)
+        goto done;
+    launcher = (Launcher*)PyType_GenericNew(&LauncherType, NULL, NULL);
+    if (launcher == NULL || read_domain(launcher, f[R_DOMAIN], dims) < 0) goto done;
+    // the distinct inputs in first-read order, each operand their position with its view
+    PyObject *nodes = f[R_INPUT_NODES], *views = f[R_INPUT_VIEWS];
+    const Py_ssize_t n_ops = PyTuple_GET_SIZE(nodes);
+    if (PyTuple_GET_SIZE(views) != n_ops) {
+        PyErr_Format(PyExc_ValueError, "the region has %zd input nodes and %zd input views",
+                     n_ops, PyTuple_GET_SIZE(views));
+        goto done;
+    }
+    position = PyDict_New();
+    inputs = PyList_New(0);
+    operands = PyTuple_New(n_ops);
+    if (position == NULL || inputs == NULL || operands == NULL) goto done;
+    for (Py_ssize_t k = 0; k < n_ops; ++k) {
+        PyObject* node = PyTuple_GET_ITEM(nodes, k);
+        PyObject* at = PyDict_GetItemWithError(position, node);
+        if (at == NULL) {
+            if (PyErr_Occurred()) goto done;
+            PyObject* fresh = PyLong_FromSsize_t(PyList_GET_SIZE(inputs));
+            int failed = fresh == NULL || PyDict_SetItem(position, node, fresh) < 0 ||
+                         PyList_Append(inputs, node) < 0;
+            Py_XDECREF(fresh);  // the dict holds it
+            if (failed) goto done;
+            at = fresh;
+        }
+        PyObject* pair = PyTuple_Pack(2, at, PyTuple_GET_ITEM(views, k));
+        if (pair == NULL) goto done;
+        PyTuple_SET_ITEM(operands, k, pair);
+    }
+    vals = PyTuple_New(PyList_GET_SIZE(inputs));
+    for (Py_ssize_t i = 0; vals != NULL && i < PyList_GET_SIZE(inputs); ++i) {
+        PyObject* val = traced_val(PyList_GET_ITEM(inputs, i));
+        if (val == NULL) goto done;
+        PyTuple_SET_ITEM(vals, i, val);
+    }
+    if (vals == NULL) goto done;
+    // each graph output: its VM output, and the shape of the view it is of that output
+    PyObject *outputs = f[R_OUTPUTS], *slots = f[R_OUTPUT_SLOTS];
+    const Py_ssize_t n_res = PyTuple_GET_SIZE(outputs);
+    if (PyTuple_GET_SIZE(slots) != n_res) {
+        PyErr_Format(PyExc_ValueError, "the region has %zd outputs and %zd output slots", n_res,
+                     PyTuple_GET_SIZE(slots));
+        goto done;
+    }
+    results = PyTuple_New(n_res);
+    if (results == NULL) goto done;
+    for (Py_ssize_t j = 0; j < n_res; ++j) {
+        PyObject* slot = PyTuple_GET_ITEM(slots, j);
+        Py_ssize_t k = PyNumber_AsSsize_t(slot, PyExc_IndexError);
+        if (k == -1 && PyErr_Occurred()) goto done;
+        if (k < 0 || k >= n_out) {
+            PyErr_Format(PyExc_ValueError, "output slot %zd of a program with %d outputs", k,
+                         n_out);
+            goto done;
+        }
+        PyObject* val = traced_val(PyTuple_GET_ITEM(outputs, j));
+        PyObject* shape = val == NULL ? NULL : PyObject_GetAttr(val, g.s_shape);
+        int failed = shape == NULL ||
+                     output_layout(val, shape, reduced[k], dims, launcher->nd, &layouts[k]) < 0;
+        Py_XDECREF(val);
+        PyObject* pair = NULL;
+        if (!failed) {
+            pair = PyTuple_Pack(2, slot, firsts[k] == NULL ? Py_None : shape);
+            if (firsts[k] == NULL) firsts[k] = Py_NewRef(shape);
+        }
+        Py_XDECREF(shape);
+        if (pair == NULL) goto done;
+        PyTuple_SET_ITEM(results, j, pair);
+    }
+    out_shapes = PyTuple_New(n_out);
+    if (out_shapes == NULL) goto done;
+    int laid_out = 0;
+    for (int k = 0; k < n_out; ++k) {
+        if (firsts[k] == NULL) {
+            PyErr_Format(PyExc_ValueError, "no graph output holds the region's output %d", k);
+            goto done;
+        }
+        PyTuple_SET_ITEM(out_shapes, k, Py_NewRef(firsts[k]));
+        laid_out |= layouts[k] != NULL && layouts[k] != Py_None;
+    }
+    out_strides = laid_out ? PyTuple_New(n_out) : Py_NewRef(Py_None);
+    for (int k = 0; laid_out && out_strides != NULL && k < n_out; ++k)
+        PyTuple_SET_ITEM(out_strides, k, Py_NewRef(layouts[k] ? layouts[k] : Py_None));
+    if (out_strides == NULL) goto done;
+    launcher->state = BINDING;
+    if (bind(launcher, r.address, code, imm, n_regs, n_in, out_codes, out_dtypes, f[R_REDUCED],
+             reduces ? r.max_row : Py_None, f[R_DOMAIN], vals, operands, out_shapes,
+             out_strides) < 0)
+        goto done;
+    launcher->state = READY;
+    guarded = PyObject_GetAttr((PyObject*)launcher, r.s_guarded);
+    if (guarded != NULL) answer = PyTuple_Pack(3, guarded, inputs, results);
+done:
+    for (int i = 0; i < R_FIELDS; ++i) Py_XDECREF(f[i]);
+    for (int k = 0; k < MAX_OUTPUTS; ++k) {
+        Py_XDECREF(firsts[k]);
+        Py_XDECREF(layouts[k]);
+    }
+    Py_XDECREF(code);
+    Py_XDECREF(imm);
+    Py_XDECREF(out_dtypes);
+    Py_XDECREF(out_codes);
+    Py_XDECREF(position);
+    Py_XDECREF(inputs);
+    Py_XDECREF(vals);
+    Py_XDECREF(operands);
+    Py_XDECREF(results);
+    Py_XDECREF(out_shapes);
+    Py_XDECREF(out_strides);
+    Py_XDECREF(guarded);
+    Py_XDECREF(launcher);
+    return answer;
+}
+
 // setup(tensor_type, empty_strided, cpu, get_num_threads, is_grad_enabled, strided, error,
 //       messages, dtype_codes, dtype_names): the torch objects calls use, VMError with its
 //       status messages, and the VM's dtype codes (a dict) with their names for errors.
@@ -896,6 +1324,11 @@ static PyObject* setup(PyObject* module, PyObject* args) {
 
 static PyMethodDef module_methods[] = {
     {"setup", setup, METH_VARARGS, "Hand the module the torch objects its calls use."},
+    {"setup_regions", setup_regions, METH_VARARGS,
+     "setup_regions(run_address, max_row, reductions, casts, without_redundant_casts): the "
+     "build and program facts prepare() uses."},
+    {"prepare", prepare, METH_O,
+     "prepare(region) -> (guarded, inputs, results): a dvm.cluster.Region's launch, bound."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -911,7 +1344,14 @@ PyMODINIT_FUNC PyInit__launcher(void) {
                  {&g.s_is_cpu, "is_cpu"},       {&g.s_layout, "layout"},
                  {&g.s_is_neg, "is_neg"},       {&g.s_requires_grad, "requires_grad"},
                  {&g.s_stride, "stride"},       {&g.s_data_ptr, "data_ptr"},
-                 {&g.s_view, "view"}};
+                 {&g.s_view, "view"},           {&r.s_program, "program"},
+                 {&r.s_out_dtypes, "out_dtypes"}, {&r.s_reduced, "reduced"},
+                 {&r.s_domain, "domain"},       {&r.s_input_nodes, "input_nodes"},
+                 {&r.s_input_views, "input_views"}, {&r.s_outputs, "outputs"},
+                 {&r.s_output_slots, "output_slots"}, {&r.s_encode, "encode"},
+                 {&r.s_n_regs, "n_regs"},       {&r.s_n_inputs, "n_inputs"},
+                 {&r.s_n_outputs, "n_outputs"}, {&r.s_meta, "meta"},
+                 {&r.s_val, "val"},             {&r.s_guarded, "guarded"}};
     for (size_t i = 0; i < sizeof names / sizeof names[0]; ++i)
         if ((*names[i].slot = PyUnicode_InternFromString(names[i].text)) == NULL) return NULL;
     if ((g.kwnames = Py_BuildValue("(ss)", "dtype", "device")) == NULL) return NULL;

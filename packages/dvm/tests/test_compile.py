@@ -28,12 +28,12 @@ def _inputs():
 
 def test_regions_run_on_the_vm_not_the_reference():
     assert dc.EXECUTOR == "vm"
-    from dvm import vm
+    from dvm import _launcher, vm
 
     assert dc.PREPARE is vm.Kernel
     x, w = _inputs()
     c = compile_graph(make_fx(_fn, tracing_mode="fake")(x, w), [x, w])
-    assert isinstance(c.runners[0]._kernel, vm.Kernel)
+    assert isinstance(c.runners[0]._guarded.__self__, _launcher.Launcher)
     torch.testing.assert_close(c(x, w)[0] if isinstance(c(x, w), tuple) else c(x, w), _fn(x, w))
     assert c.vm_calls == 2
     # the graph calls the region runner, not the original aten ops

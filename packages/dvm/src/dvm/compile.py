@@ -136,6 +136,29 @@ def _select_executor() -> tuple[Callable[..., Any], str]:
 PREPARE, EXECUTOR = _select_executor()
 
 
+def _direct_preparation() -> tuple[Any, Callable[[Region], tuple[Any, list[Node], Any]] | None]:
+    """``dvm.vm.Kernel`` and ``dvm._launcher.prepare`` set up for the build in use (a region's
+    encoding, binding and output layouts in one C call) where the VM is built, else ``None``
+    twice: the runner prepares so while ``PREPARE`` is that ``Kernel``."""
+    if EXECUTOR != "vm":
+        return None, None
+    from dvm import _launcher, _lib, vm
+    from dvm.program import REDUCTIONS
+
+    level = _lib.library()[1]
+    _launcher.setup_regions(
+        _lib.run_address(level),
+        _lib.max_row(level),
+        REDUCTIONS,
+        vm._CASTS,
+        vm.without_redundant_casts,
+    )
+    return vm.Kernel, _launcher.prepare
+
+
+_KERNEL, _PREPARE_REGION = _direct_preparation()
+
+
 class RegionRunner:
     """Callable standing in for one region in the rewritten graph: inputs are the region's
     distinct input values, the result is the tuple of its outputs."""
@@ -143,10 +166,22 @@ class RegionRunner:
     def __init__(self, region: Region, number: int) -> None:
         self.region = region
         self.__name__ = self.__qualname__ = f"dvm_region_{number}"
+        t0 = time.perf_counter()
+        if PREPARE is _KERNEL:
+            self._guarded, self._inputs, self._results = _PREPARE_REGION(region)
+        else:
+            self._prepare(region)
+        self.prepare_us = (time.perf_counter() - t0) * 1e6
+        self.vm_calls = 0
+        self.eager_calls = 0
+        self.fallback_reasons: dict[str, int] = {}
+
+    def _prepare(self, region: Region) -> None:
+        """The preparation of ``dvm._launcher.prepare`` through ``PREPARE``'s ``bind`` (the
+        reference executor, or a stand-in for the C++ VM's ``Kernel``)."""
         inputs = region.unique_inputs
         self._inputs = inputs
         position = {n: i for i, n in enumerate(inputs)}
-        vals = [n.meta["val"] for n in inputs]
         # each VM output is allocated in the shape of the first graph output it holds; another
         # graph output of the same VM output (a view of it) is a view of that, a tensor of its
         # own as eager's view is
@@ -157,11 +192,10 @@ class RegionRunner:
             shape = None if first[k] is node else torch.Size(node.meta["val"].shape)
             results.append((k, shape))
         self._results = tuple(results)
-        t0 = time.perf_counter()
-        self._kernel = PREPARE(region.program, region.out_dtypes, region.reduced)
-        launch = self._kernel.bind(
+        kernel = PREPARE(region.program, region.out_dtypes, region.reduced)
+        launch = kernel.bind(
             region.domain,
-            vals,
+            [n.meta["val"] for n in inputs],
             [
                 (position[n], view)
                 for n, view in zip(region.input_nodes, region.input_views, strict=True)
@@ -170,10 +204,6 @@ class RegionRunner:
             out_strides=_out_layouts(region),
         )
         self._guarded = launch.guarded
-        self.prepare_us = (time.perf_counter() - t0) * 1e6
-        self.vm_calls = 0
-        self.eager_calls = 0
-        self.fallback_reasons: dict[str, int] = {}
 
     @property
     def compile_us(self) -> float:

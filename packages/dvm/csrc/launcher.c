@@ -884,7 +884,7 @@ static PyTypeObject LauncherType = {
 static struct {
     PyObject *address, *max_row, *rewrite;
     PyObject *s_program, *s_out_dtypes, *s_reduced, *s_domain, *s_input_nodes, *s_input_views,
-        *s_outputs, *s_output_slots, *s_encode, *s_n_regs, *s_n_inputs, *s_n_outputs, *s_meta,
+        *s_outputs, *s_output_slots, *s_encode, *s_encoded, *s_n_regs, *s_n_inputs, *s_n_outputs, *s_meta,
         *s_val, *s_guarded;
     unsigned char op_flags[256];  // REDUCES and CASTS bits by opcode
 } r;
@@ -1062,12 +1062,23 @@ static int output_layout(PyObject* val, PyObject* shape, int reduced, const int6
     return 0;
 }
 
+// program.encode(): the form a built program (dvm.program.Program.built) keeps in its
+// `_encoded` read as it is, without the Python call, a new reference.
+static PyObject* encoded_form(PyObject* program) {
+    PyObject* attrs = PyObject_GenericGetDict(program, NULL);
+    PyObject* kept = attrs == NULL ? NULL : PyDict_GetItemWithError(attrs, r.s_encoded);
+    Py_XINCREF(kept);
+    Py_XDECREF(attrs);
+    if (kept != NULL || PyErr_Occurred()) return kept;
+    return PyObject_CallMethodNoArgs(program, r.s_encode);
+}
+
 // The region's program encoded, its rounding casts into outputs of their dtype dropped
 // (dvm.vm.without_redundant_casts, asked only when the program rounds): (code, imm) in *code
 // and *imm (new references), its REDUCES flag in *reduces.
 static int encode_program(PyObject* program, PyObject* out_dtypes, PyObject** code,
                           PyObject** imm, int* reduces) {
-    PyObject* encoded = PyObject_CallMethodNoArgs(program, r.s_encode);
+    PyObject* encoded = encoded_form(program);
     for (int pass = 0; encoded != NULL; ++pass) {
         if (!PyTuple_Check(encoded) || PyTuple_GET_SIZE(encoded) != 2) {
             PyErr_Format(PyExc_TypeError, "program.encode() gave %R, not (code, imm)", encoded);
@@ -1348,7 +1359,7 @@ PyMODINIT_FUNC PyInit__launcher(void) {
                  {&r.s_out_dtypes, "out_dtypes"}, {&r.s_reduced, "reduced"},
                  {&r.s_domain, "domain"},       {&r.s_input_nodes, "input_nodes"},
                  {&r.s_input_views, "input_views"}, {&r.s_outputs, "outputs"},
-                 {&r.s_output_slots, "output_slots"}, {&r.s_encode, "encode"},
+                 {&r.s_output_slots, "output_slots"}, {&r.s_encode, "encode"}, {&r.s_encoded, "_encoded"},
                  {&r.s_n_regs, "n_regs"},       {&r.s_n_inputs, "n_inputs"},
                  {&r.s_n_outputs, "n_outputs"}, {&r.s_meta, "meta"},
                  {&r.s_val, "val"},             {&r.s_guarded, "guarded"}};

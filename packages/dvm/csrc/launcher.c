@@ -884,8 +884,8 @@ static PyTypeObject LauncherType = {
 static struct {
     PyObject *address, *max_row, *rewrite;
     PyObject *s_program, *s_out_dtypes, *s_reduced, *s_domain, *s_input_nodes, *s_input_views,
-        *s_outputs, *s_output_slots, *s_encode, *s_encoded, *s_n_regs, *s_n_inputs, *s_n_outputs, *s_meta,
-        *s_val, *s_guarded;
+        *s_outputs, *s_output_slots, *s_encode, *s_encoded, *s_n_regs, *s_n_inputs,
+        *s_n_outputs, *s_meta, *s_val, *s_guarded;
     unsigned char op_flags[256];  // REDUCES and CASTS bits by opcode
 } r;
 
@@ -1075,9 +1075,9 @@ static PyObject* encoded_form(PyObject* program) {
 
 // The region's program encoded, its rounding casts into outputs of their dtype dropped
 // (dvm.vm.without_redundant_casts, asked only when the program rounds): (code, imm) in *code
-// and *imm (new references), its REDUCES flag in *reduces.
-static int encode_program(PyObject* program, PyObject* out_dtypes, PyObject** code,
-                          PyObject** imm, int* reduces) {
+// and *imm (new references), its REDUCES flag in *reduces; `rewrite` is that function.
+static int encode_program(PyObject* program, PyObject* out_dtypes, PyObject* rewrite,
+                          PyObject** code, PyObject** imm, int* reduces) {
     PyObject* encoded = encoded_form(program);
     for (int pass = 0; encoded != NULL; ++pass) {
         if (!PyTuple_Check(encoded) || PyTuple_GET_SIZE(encoded) != 2) {
@@ -1103,7 +1103,7 @@ static int encode_program(PyObject* program, PyObject* out_dtypes, PyObject** co
             return 0;
         }
         Py_DECREF(encoded);
-        PyObject* kept = PyObject_CallFunctionObjArgs(r.rewrite, program, out_dtypes, NULL);
+        PyObject* kept = PyObject_CallFunctionObjArgs(rewrite, program, out_dtypes, NULL);
         encoded = kept == NULL ? NULL : PyObject_CallMethodNoArgs(kept, r.s_encode);
         Py_XDECREF(kept);
     }
@@ -1143,6 +1143,9 @@ static PyObject* prepare(PyObject* module, PyObject* region) {
                         "dvm._launcher.setup() and setup_regions() must be called first");
         return NULL;
     }
+    // the build's facts held for the call: code it runs may call setup_regions again
+    PyObject *address = Py_NewRef(r.address), *max_row = Py_NewRef(r.max_row),
+             *rewrite = Py_NewRef(r.rewrite);
     PyObject* const names[R_FIELDS] = {r.s_program,     r.s_out_dtypes,  r.s_reduced,
                                        r.s_domain,      r.s_input_nodes, r.s_input_views,
                                        r.s_outputs,     r.s_output_slots};
@@ -1197,7 +1200,8 @@ static PyObject* prepare(PyObject* module, PyObject* region) {
         }
         PyTuple_SET_ITEM(out_codes, k, Py_NewRef(c));
     }
-    if (out_codes == NULL || encode_program(program, out_dtypes, &code, &imm, &reduces) < 0)
+    if (out_codes == NULL ||
+        encode_program(program, out_dtypes, rewrite, &code, &imm, &reduces) < 0)
         goto done;
     launcher = (Launcher*)PyType_GenericNew(&LauncherType, NULL, NULL);
     if (launcher == NULL || read_domain(launcher, f[R_DOMAIN], dims) < 0) goto done;
@@ -1285,8 +1289,8 @@ static PyObject* prepare(PyObject* module, PyObject* region) {
         PyTuple_SET_ITEM(out_strides, k, Py_NewRef(layouts[k] ? layouts[k] : Py_None));
     if (out_strides == NULL) goto done;
     launcher->state = BINDING;
-    if (bind(launcher, r.address, code, imm, n_regs, n_in, out_codes, out_dtypes, f[R_REDUCED],
-             reduces ? r.max_row : Py_None, f[R_DOMAIN], vals, operands, out_shapes,
+    if (bind(launcher, address, code, imm, n_regs, n_in, out_codes, out_dtypes, f[R_REDUCED],
+             reduces ? max_row : Py_None, f[R_DOMAIN], vals, operands, out_shapes,
              out_strides) < 0)
         goto done;
     launcher->state = READY;
@@ -1311,6 +1315,9 @@ done:
     Py_XDECREF(out_strides);
     Py_XDECREF(guarded);
     Py_XDECREF(launcher);
+    Py_DECREF(address);
+    Py_DECREF(max_row);
+    Py_DECREF(rewrite);
     return answer;
 }
 
@@ -1359,7 +1366,8 @@ PyMODINIT_FUNC PyInit__launcher(void) {
                  {&r.s_out_dtypes, "out_dtypes"}, {&r.s_reduced, "reduced"},
                  {&r.s_domain, "domain"},       {&r.s_input_nodes, "input_nodes"},
                  {&r.s_input_views, "input_views"}, {&r.s_outputs, "outputs"},
-                 {&r.s_output_slots, "output_slots"}, {&r.s_encode, "encode"}, {&r.s_encoded, "_encoded"},
+                 {&r.s_output_slots, "output_slots"}, {&r.s_encode, "encode"},
+                 {&r.s_encoded, "_encoded"},
                  {&r.s_n_regs, "n_regs"},       {&r.s_n_inputs, "n_inputs"},
                  {&r.s_n_outputs, "n_outputs"}, {&r.s_meta, "meta"},
                  {&r.s_val, "val"},             {&r.s_guarded, "guarded"}};

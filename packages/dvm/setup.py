@@ -1,8 +1,10 @@
 """Builds dvm's VM (csrc/) as plain shared libraries: C ABI, no torch headers, loaded with
 ctypes by ``dvm._lib``; ``dvm._launcher`` (csrc/launcher.c), a CPython extension that
 calls a build's ``dvm_run`` by address for ``dvm.vm.Launch`` (no torch headers either);
-``dvm._emitter`` (csrc/emitter.c), the program builder behind ``dvm.lower.Emitter``; and
-``dvm._analysis`` (csrc/analysis.c), the per-node analysis behind ``dvm.cluster._Analysis``.
+``dvm._emitter`` (csrc/emitter.c), the program builder behind ``dvm.lower.Emitter``;
+``dvm._analysis`` (csrc/analysis.c), the per-node analysis behind ``dvm.cluster._Analysis``;
+and ``dvm._executor`` (csrc/executor.c), the schedule's common case and the steps of
+``dvm.executor.Executor``.
 
 x86-64 gets one build per ISA level — ``dvm._vm_v4`` (AVX-512), ``dvm._vm_v3`` (AVX2, FMA,
 F16C) and ``dvm._vm_base`` — and the loader picks the best this CPU runs; other machines get
@@ -61,7 +63,7 @@ setup(
     ]
     + [
         Extension(f"dvm.{name}", sources=[f"csrc/{name[1:]}.c"], extra_compile_args=["-O2"])
-        for name in ("_launcher", "_emitter", "_analysis")
+        for name in ("_launcher", "_emitter", "_analysis", "_executor")
     ],
     cmdclass={"build_ext": IsaBuildExt},
 )

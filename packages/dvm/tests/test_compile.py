@@ -12,6 +12,7 @@ import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 
 import dvm.compile as dc
+from dvm import _executor
 from dvm.compile import compile_graph
 
 aten = torch.ops.aten
@@ -363,7 +364,7 @@ def test_a_region_read_between_its_nodes_moves_before_the_reader():
     (runner,) = c.runners
     assert {str(t) for t in runner.region.ops} >= {"aten.exp.default", "aten.sin.default"}
     # called just before the reader, the graph's order otherwise kept (no reordering)
-    assert dc._in_place(list(gm.graph.nodes), c.runners) is None  # not where its last node was
+    assert _executor.in_place(list(gm.graph.nodes), c.runners) is None  # not at its last node
     assert dc._before_readers(list(gm.graph.nodes), c.runners) is not None
     assert c.run.targets == [runner, aten.cumsum.default]
     for got, want in zip(c(x), fn(x), strict=True):

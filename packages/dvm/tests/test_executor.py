@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import types
 import weakref
 
 import pytest
 import torch
-from torch.fx import Graph, GraphModule
+from torch.fx import Graph, GraphModule, Node
+from torch.fx.immutable_collections import immutable_dict, immutable_list
 
-from dvm.executor import Executor, RegionCall
+from dvm import _executor
+from dvm.executor import Executor, RegionCall, Step, _Slot
 
 aten = torch.ops.aten
 
@@ -136,3 +139,151 @@ def test_wrong_number_of_inputs_raises():
     run = Executor(gm, list(gm.graph.nodes))
     with pytest.raises(TypeError, match="takes 2 inputs, got 1"):
         run(torch.randn(2, 3))
+
+
+def _pick(d, pair):
+    return d["a"] + pair[0] * pair[1][0] * pair[1][1]
+
+
+def _varied() -> tuple[GraphModule, list]:
+    """A graph with nodes nested in a dict and a tuple holding a list, kwargs with and without
+    nodes, a constant read twice, a method and a module call, an output of nested containers,
+    and its order with a region call in place of two of its nodes."""
+    root = torch.nn.Module()
+    root.scale = torch.nn.Parameter(torch.tensor([2.0, 3.0]))
+    root.lin = torch.nn.Linear(2, 2)
+    g = Graph()
+    x, y = g.placeholder("x"), g.placeholder("y")
+    w = g.get_attr("scale")
+    a = g.call_function(aten.exp.default, (y,))
+    b = g.call_function(aten.add.Tensor, (x, y), {"alpha": 2})
+    p = g.call_function(_pick, ({"a": a, "k": 3}, (b, [w, 1.5])))
+    m = g.call_method("mul", (p, w))
+    lin = g.call_module("lin", (m,))
+    c = g.call_function(aten.cat.default, (), {"tensors": [lin, x], "dim": 0})
+    r1 = g.call_function(aten.neg.default, (c,))
+    r2 = g.call_function(aten.sin.default, (c,))
+    s = g.call_function(aten.add.Tensor, (r1, r2))
+    g.output({"s": s, "pair": (r2, [a]), "x": x})
+    gm = GraphModule(root, g)
+    nodes = list(gm.graph.nodes)
+
+    def region(t):
+        return -t, t.sin()
+
+    return gm, [*nodes[:9], RegionCall(region, [nodes[8]], [nodes[9], nodes[10]]), *nodes[11:]]
+
+
+def _exact(got, want):
+    """``got == want`` with each container, slot reference and step of the same type."""
+    assert type(got) is type(want), (got, want)
+    if isinstance(want, (tuple, list)):
+        assert len(got) == len(want), (got, want)
+        for g, w in zip(got, want, strict=True):
+            _exact(g, w)
+    elif isinstance(want, dict):
+        assert list(got) == list(want), (got, want)
+        for k in want:
+            _exact(got[k], want[k])
+    else:
+        assert got is want or got == want, (got, want)
+
+
+def test_steps_of_a_varied_graph():
+    gm, order = _varied()
+    run = Executor(gm, order)
+    s = _Slot
+    region = order[9].runner
+    method = run.steps[3].fn
+    assert method.__closure__[0].cell_contents == "mul"
+    e, seq = immutable_dict(), immutable_list  # the node's own empty kwargs; its lists' type
+    cat = {"tensors": seq([s(7), s(0)]), "dim": 0}
+    _exact(
+        run.steps,
+        [
+            Step(aten.exp.default, (s(1),), e, True, 3, (), ()),
+            Step(aten.add.Tensor, (s(0), s(1)), {"alpha": 2}, True, 4, (), (1,)),
+            Step(_pick, ({"a": s(3), "k": 3}, (s(4), seq([s(2), 1.5]))), e, False, 5, (), (4,)),
+            Step(method, (s(5), s(2)), e, True, 6, (), (5,)),
+            Step(gm.lin, (s(6),), e, True, 7, (), (6,)),
+            Step(aten.cat.default, (), cat, False, 8, (), (7,)),
+            Step(region, (s(8),), {}, True, -1, (9, 10), (8,)),
+            Step(aten.add.Tensor, (s(9), s(10)), e, True, 11, (), (9,)),
+        ],
+    )
+    assert (run.n_inputs, run.n_slots) == (2, 12)
+    assert run._constants == [(2, gm.scale)]
+    assert run._constants[0][1] is gm.scale
+    _exact(run._output, {"s": s(11), "pair": (s(10), seq([s(3)])), "x": s(0)})
+    assert run.steps[5].kwargs is not order[8].kwargs  # a plain dict of its own
+    assert run.steps[7].kwargs is order[10].kwargs  # no kwargs: the node's own
+    x, y = torch.randn(2), torch.randn(2)
+    want, got = gm(x, y), run(x, y)
+    for k in ("s", "x"):
+        torch.testing.assert_close(got[k], want[k])
+    torch.testing.assert_close(got["pair"][0], want["pair"][0])
+    torch.testing.assert_close(got["pair"][1][0], want["pair"][1][0])
+
+
+def test_a_step_frees_its_last_reads_in_the_order_first_read():
+    g = Graph()
+    x, y = g.placeholder("x"), g.placeholder("y")
+    a = g.call_function(aten.exp.default, (y,))
+    g.output((g.call_function(aten.add.Tensor, (a, x)),))
+    gm = GraphModule(torch.nn.Module(), g)
+    run = Executor(gm, list(gm.graph.nodes))
+    assert [s.free for s in run.steps] == [(1,), (2, 0)]  # a (slot 2) was read before x
+
+
+def test_a_graph_without_calls():
+    g = Graph()
+    g.placeholder("x")
+    g.output(None)
+    gm = GraphModule(torch.nn.Module(), g)
+    run = Executor(gm, list(gm.graph.nodes))
+    assert (run.n_inputs, run.n_slots, run.steps) == (1, 1, [])
+    assert run(torch.randn(2)) is None
+
+
+def test_build_refuses_bad_arguments():
+    gm, order = _varied()
+    with pytest.raises(TypeError, match="takes 2 arguments, got 1"):
+        _executor.build(gm)
+    with pytest.raises(TypeError, match="units must be a sequence"):
+        _executor.build(gm, 5)
+    with pytest.raises(KeyError):  # a node read before any unit makes it
+        Executor(gm, order[3:])
+    with pytest.raises(AttributeError):
+        Executor(gm, [object()])
+    with pytest.raises(TypeError, match="RegionCall of 3 fields"):
+        Executor(gm, [tuple.__new__(RegionCall, (1, 2))])
+    with pytest.raises(TypeError, match="not a NamedTuple"):
+        _executor.setup(Node, dict, Step, RegionCall, len, len, ("args", "kwargs"))
+
+
+def test_in_place_calls_each_region_at_its_last_node():
+    gm, _ = _varied()
+    nodes = list(gm.graph.nodes)
+    region = types.SimpleNamespace(nodes=[nodes[10], nodes[9]], outputs=[nodes[9], nodes[10]])
+    runner = types.SimpleNamespace(region=region, _inputs=[nodes[8]])
+    got = _executor.in_place(nodes, [runner])
+    _exact(got, [*nodes[:9], RegionCall(runner, [nodes[8]], [nodes[9], nodes[10]]), *nodes[11:]])
+    assert got[9].inputs is runner._inputs
+    early = types.SimpleNamespace(nodes=[nodes[3], nodes[10]], outputs=[nodes[10]])
+    runner = types.SimpleNamespace(region=early, _inputs=[nodes[1], nodes[8]])
+    assert _executor.in_place(nodes, [runner]) is None  # pick reads exp before the region
+
+
+def test_in_place_refuses_bad_arguments():
+    gm, _ = _varied()
+    nodes = list(gm.graph.nodes)
+    with pytest.raises(TypeError, match="takes two lists"):
+        _executor.in_place(tuple(nodes), [])
+    empty = types.SimpleNamespace(region=types.SimpleNamespace(nodes=[], outputs=[]))
+    with pytest.raises(ValueError, match="region 0 has no nodes"):
+        _executor.in_place(nodes, [empty])
+    stranger = types.SimpleNamespace(region=types.SimpleNamespace(nodes=[nodes[3]], outputs=[]))
+    with pytest.raises(KeyError):
+        _executor.in_place(nodes[4:], [stranger])
+    with pytest.raises(AttributeError):
+        _executor.in_place(nodes, [object()])

@@ -20,6 +20,7 @@ import torch
 from torch.fx import GraphModule, Node
 from torch.fx.node import map_arg
 
+from dvm import _executor
 from dvm.cluster import MIN_OPS, Clustering, Region, cluster
 from dvm.executor import Executor, RegionCall
 from dvm.program import Program, run_reference
@@ -339,39 +340,10 @@ def _schedule(gm: GraphModule, runners: list[RegionRunner]) -> Executor:
     """The graph with every region one call of its runner, the other nodes as they are, in an
     order that respects data dependencies and keeps side effects where they were."""
     nodes = list(gm.graph.nodes)
-    order = _in_place(nodes, runners)
+    order = _executor.in_place(nodes, runners)  # the common case, in C
     if order is None:
         order = _before_readers(nodes, runners)
     return Executor(gm, order if order is not None else _reordered(nodes, runners))
-
-
-def _in_place(nodes: list[Node], runners: list[RegionRunner]) -> list[Node | RegionCall] | None:
-    """The graph order with each region called where its last node was, or ``None`` when a
-    node outside a region, placed between its nodes, reads one of them (then the region
-    must move before that node: :func:`_before_readers`). Regions span no side effect, so
-    moving a region's nodes down to its last one changes nothing else. The common case,
-    tried first: it costs a small graph's compile 4-6 µs less than :func:`_before_readers`."""
-    index = {n: i for i, n in enumerate(nodes)}
-    at: dict[Node, RegionRunner] = {}
-    covered: set[Node] = set()
-    for runner in runners:
-        members = runner.region.nodes
-        last = max(members, key=index.__getitem__)
-        inside = set(members)
-        for n in members:
-            for u in n.users:
-                if u not in inside and index[u] < index[last]:
-                    return None
-        at[last] = runner
-        covered |= inside
-    order: list[Node | RegionCall] = []
-    for n in nodes:
-        if n in at:
-            r = at[n]
-            order.append(RegionCall(r, r._inputs, r.region.outputs))
-        elif n not in covered:
-            order.append(n)
-    return order
 
 
 def _before_readers(
@@ -382,7 +354,7 @@ def _before_readers(
     when a value a region called earlier than its last node reads is made after that point,
     or by a region called later (then :func:`_reordered`). Regions span no side effect, so
     running a region's nodes together at that point changes nothing else. (What
-    :func:`_in_place` gives when it gives an order, at more cost.)"""
+    ``dvm._executor.in_place`` gives when it gives an order, at more cost.)"""
     index = {n: i for i, n in enumerate(nodes)}
     owner: dict[Node, int] = {}
     for k, runner in enumerate(runners):

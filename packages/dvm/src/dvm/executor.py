@@ -16,6 +16,8 @@ from typing import Any, NamedTuple
 
 from torch.fx import GraphModule, Node
 
+from dvm import _executor
+
 
 class _Slot(NamedTuple):
     """A reference to a value slot inside a step's arguments."""
@@ -54,12 +56,6 @@ def _map(value: Any, leaf: Callable[[Any], Any]) -> Any:
     return leaf(value)
 
 
-def _slots(value: Any) -> list[int]:
-    found: list[int] = []
-    _map(value, lambda v: found.append(v.index) if type(v) is _Slot else None)
-    return found
-
-
 def _resolve(value: Any, env: list[Any]) -> Any:
     return _map(value, lambda v: env[v.index] if type(v) is _Slot else v)
 
@@ -76,74 +72,11 @@ class Executor:
     they cover) run in the given order; call it with the graph's placeholder values."""
 
     def __init__(self, gm: GraphModule, units: Sequence[Node | RegionCall]) -> None:
-        slot: dict[Node, int] = {}
-        for u in units:
-            if type(u) is not RegionCall and u.op == "placeholder":
-                slot[u] = len(slot)
-        self.n_inputs = len(slot)
-        self._constants: list[tuple[int, Any]] = []
-        calls: list[tuple[Callable[..., Any], Any, Any, Sequence[Node], bool]] = []
-        output: Any = None
-        for u in units:
-            if type(u) is RegionCall:
-                calls.append((u.runner, tuple(u.inputs), {}, u.outputs, True))
-                continue
-            op = u.op
-            if op == "call_function":
-                calls.append((u.target, u.args, u.kwargs, (u,), False))
-            elif op == "get_attr":
-                slot[u] = len(slot)
-                self._constants.append((slot[u], _attr(gm, u.target)))
-            elif op == "output":
-                output = u.args[0]
-            elif op != "placeholder":
-                fn = gm.get_submodule(u.target) if op == "call_module" else _method(u.target)
-                calls.append((fn, u.args, u.kwargs, (u,), False))
-        n_fixed = len(slot)  # the inputs, then the constants (set again at each call)
-        for *_, outs, _ in calls:
-            for o in outs:
-                slot[o] = len(slot)
-        self.n_slots = len(slot)
-
-        def ref(v: Any) -> Any:
-            return _map(v, lambda x: _Slot(slot[x]) if isinstance(x, Node) else x)
-
-        self._output = ref(output)
-        kept = set(_slots(self._output))
-        last_use: dict[int, int] = {}
-        steps = []
-        for k, (fn, args, kwargs, outs, region) in enumerate(calls):
-            flat = True
-            refs = []
-            for a in args:
-                if isinstance(a, Node):
-                    s = slot[a]
-                    refs.append(_Slot(s))
-                    last_use[s] = k
-                elif isinstance(a, (tuple, list, dict)):
-                    a = ref(a)
-                    used = _slots(a)
-                    for s in used:
-                        last_use[s] = k
-                    flat = flat and not used
-                    refs.append(a)
-                else:
-                    refs.append(a)
-            if kwargs:
-                kwargs = ref(dict(kwargs))
-                for s in _slots(kwargs):
-                    last_use[s] = k
-                    flat = False
-            out_slots = tuple(slot[o] for o in outs)
-            steps.append((fn, tuple(refs), kwargs, flat, -1 if region else out_slots[0], out_slots))
-        frees: list[list[int]] = [[] for _ in steps]
-        for s, k in last_use.items():
-            if (s < self.n_inputs or s >= n_fixed) and s not in kept:
-                frees[k].append(s)
-        self.steps = [
-            Step(fn, args, kwargs, flat, out, outs if out < 0 else (), tuple(free))
-            for (fn, args, kwargs, flat, out, outs), free in zip(steps, frees, strict=True)
-        ]
+        # the slots: the inputs, the get_attr constants (set again at each call), then each
+        # step's results; a slot is freed at its last reader unless a constant or the output
+        self.n_inputs, self.n_slots, self._constants, self.steps, self._output = _executor.build(
+            gm, units
+        )
 
     @property
     def targets(self) -> list[Callable[..., Any]]:
@@ -185,3 +118,14 @@ def _attr(gm: GraphModule, target: str) -> Any:
     for part in target.split("."):
         value = getattr(value, part)
     return value
+
+
+_executor.setup(
+    Node,
+    _Slot,
+    Step,
+    RegionCall,
+    _method,
+    _attr,
+    ("_args", "_kwargs") if hasattr(Node, "_args") else ("args", "kwargs"),
+)

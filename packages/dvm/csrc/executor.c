@@ -1,0 +1,581 @@
+// dvm._executor: the schedule's common case and the steps of a dvm.executor.Executor, in C.
+//
+// in_place(nodes, runners) is dvm.compile._in_place: the graph order with each region called
+// where its last node was, or None when a node outside a region, placed between its nodes,
+// reads one of them. build(gm, units) is what an Executor runs: the value slots (the inputs,
+// the get_attr constants, then each call's results), each step's arguments with its nodes as
+// _Slot references (inside tuples, lists and dicts too), the slots each step clears after
+// their last use, and the output with its nodes as references. dvm.executor's types and
+// helpers come through setup().
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+static struct {
+    PyTypeObject *node, *slot, *step, *region_call;
+    PyObject *method, *attr;  // dvm.executor._method(name), _attr(gm, target)
+    PyObject *s_args, *s_kwargs;  // a node's argument fields (the C members where torch has them)
+    PyObject *s_op, *s_target, *s_users, *s_region, *s_nodes, *s_outputs, *s_inputs,
+        *s_get_submodule, *s_placeholder, *s_call_function, *s_get_attr, *s_output,
+        *s_call_module;
+} g;
+
+// A new `type` (a NamedTuple class) holding the items of the tuple `items`, which is stolen.
+static PyObject* typed(PyTypeObject* type, PyObject* items) {
+    if (items == NULL) return NULL;
+    PyObject* packed = PyTuple_Pack(1, items);
+    Py_DECREF(items);
+    if (packed == NULL) return NULL;
+    PyObject* made = PyTuple_Type.tp_new(type, packed, NULL);
+    Py_DECREF(packed);
+    return made;
+}
+
+// Whether `op` is the str `name`; -1 with an exception when comparing fails.
+static int is_op(PyObject* op, PyObject* name) {
+    if (op == name) return 1;
+    if (!PyUnicode_Check(op)) return 0;
+    int cmp = PyUnicode_Compare(op, name);
+    return cmp == -1 && PyErr_Occurred() ? -1 : cmp == 0;
+}
+
+// The slot number `slots` gives `node`; -1 with a KeyError when it gives none.
+static Py_ssize_t slot_of(PyObject* slots, PyObject* node) {
+    PyObject* s = PyDict_GetItemWithError(slots, node);
+    if (s == NULL) {
+        if (!PyErr_Occurred()) PyErr_SetObject(PyExc_KeyError, node);
+        return -1;
+    }
+    return PyLong_AsSsize_t(s);
+}
+
+// ---------------------------------------------------------------------------------------------
+// in_place
+
+// A RegionCall(runner, runner._inputs, runner.region.outputs).
+static PyObject* region_call(PyObject* runner) {
+    PyObject* inputs = PyObject_GetAttr(runner, g.s_inputs);
+    PyObject* region = inputs ? PyObject_GetAttr(runner, g.s_region) : NULL;
+    PyObject* outputs = region ? PyObject_GetAttr(region, g.s_outputs) : NULL;
+    PyObject* call = outputs ? typed(g.region_call, PyTuple_Pack(3, runner, inputs, outputs)) : NULL;
+    Py_XDECREF(inputs);
+    Py_XDECREF(region);
+    Py_XDECREF(outputs);
+    return call;
+}
+
+// Whether a node outside `inside`, earlier than index `last`, reads one of `members`: 1 when
+// one does, 0 when none, -1 with an exception.
+static int read_early(PyObject* members, PyObject* inside, PyObject* index, Py_ssize_t last) {
+    for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(members); ++i) {
+        PyObject* users = PyObject_GetAttr(PySequence_Fast_GET_ITEM(members, i), g.s_users);
+        if (users == NULL) return -1;
+        if (!PyDict_Check(users)) {
+            PyErr_Format(PyExc_TypeError, "dvm in_place: a node's users are %R, not a dict",
+                         users);
+            Py_DECREF(users);
+            return -1;
+        }
+        PyObject *u, *unused;
+        Py_ssize_t pos = 0;
+        int early = 0;
+        while (!early && PyDict_Next(users, &pos, &u, &unused)) {
+            int in = PySet_Contains(inside, u);
+            Py_ssize_t at = in == 0 ? slot_of(index, u) : 0;
+            if (in < 0 || at < 0) {
+                Py_DECREF(users);
+                return -1;
+            }
+            early = !in && at < last;
+        }
+        Py_DECREF(users);
+        if (early) return 1;
+    }
+    return 0;
+}
+
+// in_place(nodes, runners): dvm.compile._in_place (the docstring there).
+static PyObject* in_place(PyObject* module, PyObject* const* argv, Py_ssize_t argc) {
+    if (argc != 2 || !PyList_Check(argv[0]) || !PyList_Check(argv[1]))
+        return PyErr_Format(PyExc_TypeError, "in_place(nodes, runners) takes two lists");
+    if (g.node == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "dvm._executor.setup() was not called");
+        return NULL;
+    }
+    PyObject* nodes = PySequence_Tuple(argv[0]);  // held: a callback could change the lists
+    PyObject* runners = nodes ? PySequence_Tuple(argv[1]) : NULL;
+    PyObject* index = runners ? PyDict_New() : NULL;
+    PyObject* at = index ? PyDict_New() : NULL;
+    PyObject* covered = at ? PySet_New(NULL) : NULL;
+    PyObject* order = NULL;
+    if (covered == NULL) goto done;
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(nodes); ++i) {
+        PyObject* k = PyLong_FromSsize_t(i);
+        int failed = k == NULL || PyDict_SetItem(index, PyTuple_GET_ITEM(nodes, i), k) < 0;
+        Py_XDECREF(k);
+        if (failed) goto done;
+    }
+    for (Py_ssize_t r = 0; r < PyTuple_GET_SIZE(runners); ++r) {
+        PyObject* runner = PyTuple_GET_ITEM(runners, r);
+        PyObject* region = PyObject_GetAttr(runner, g.s_region);
+        PyObject* list = region ? PyObject_GetAttr(region, g.s_nodes) : NULL;
+        Py_XDECREF(region);
+        PyObject* members = list ? PySequence_Fast(list, "a region's nodes must be a list") : NULL;
+        Py_XDECREF(list);
+        if (members == NULL) goto done;
+        PyObject* last = NULL;
+        Py_ssize_t last_at = -1;
+        for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(members); ++i) {
+            Py_ssize_t k = slot_of(index, PySequence_Fast_GET_ITEM(members, i));
+            if (k < 0) break;
+            if (k > last_at) {
+                last_at = k;
+                last = PySequence_Fast_GET_ITEM(members, i);
+            }
+        }
+        if (last == NULL && !PyErr_Occurred())
+            PyErr_Format(PyExc_ValueError, "dvm in_place: region %zd has no nodes", r);
+        PyObject* inside = PyErr_Occurred() ? NULL : PySet_New(members);
+        int early = inside ? read_early(members, inside, index, last_at) : -1;
+        int failed = early != 0 || PyDict_SetItem(at, last, runner) < 0;
+        for (Py_ssize_t i = 0; !failed && i < PySequence_Fast_GET_SIZE(members); ++i)
+            failed = PySet_Add(covered, PySequence_Fast_GET_ITEM(members, i)) < 0;
+        Py_XDECREF(inside);
+        Py_DECREF(members);
+        if (early == 1) {
+            order = Py_NewRef(Py_None);
+            goto done;
+        }
+        if (failed) goto done;
+    }
+    order = PyList_New(0);
+    for (Py_ssize_t i = 0; order != NULL && i < PyTuple_GET_SIZE(nodes); ++i) {
+        PyObject* n = PyTuple_GET_ITEM(nodes, i);
+        PyObject* runner = Py_XNewRef(PyDict_GetItemWithError(at, n));
+        PyObject* unit = NULL;
+        if (runner != NULL) unit = region_call(runner);
+        else if (!PyErr_Occurred()) {
+            int covers = PySet_Contains(covered, n);
+            if (covers == 1) continue;
+            if (covers == 0) unit = Py_NewRef(n);
+        }
+        if (unit == NULL || PyList_Append(order, unit) < 0) Py_CLEAR(order);
+        Py_XDECREF(unit);
+        Py_XDECREF(runner);
+    }
+done:
+    Py_XDECREF(nodes);
+    Py_XDECREF(runners);
+    Py_XDECREF(index);
+    Py_XDECREF(at);
+    Py_XDECREF(covered);
+    return order;
+}
+
+// ---------------------------------------------------------------------------------------------
+// build
+
+typedef struct {  // one call of the schedule (references owned)
+    PyObject *fn, *args, *kwargs, *outs;  // args and outs tuples; after map_call, with slots
+    int region, flat;
+} Call;
+
+typedef struct {
+    PyObject* slots;  // node -> slot number
+    PyObject** refs;  // the _Slot of each slot number, made on its first use
+    Py_ssize_t* last;  // the last step reading each slot, -1 before any
+    Py_ssize_t* seen;  // the slots in the order of their first use by a step
+    char* kept;  // whether the output holds the slot
+    Py_ssize_t n_slots, n_seen, step;  // step: -1 while mapping the output
+    int found;  // whether a node was met since it was last cleared
+} Build;
+
+// The _Slot of `node`, its use recorded (new reference); NULL with an exception.
+static PyObject* use(Build* b, PyObject* node) {
+    Py_ssize_t s = slot_of(b->slots, node);
+    if (s < 0) return NULL;
+    if (s >= b->n_slots) {
+        PyErr_Format(PyExc_RuntimeError, "dvm executor: slot %zd out of range", s);
+        return NULL;
+    }
+    if (b->refs[s] == NULL) {
+        PyObject* index = PyLong_FromSsize_t(s);
+        b->refs[s] = typed(g.slot, index ? PyTuple_Pack(1, index) : NULL);
+        Py_XDECREF(index);
+        if (b->refs[s] == NULL) return NULL;
+    }
+    b->found = 1;
+    if (b->step < 0) b->kept[s] = 1;
+    else {
+        if (b->last[s] < 0) b->seen[b->n_seen++] = s;
+        b->last[s] = b->step;
+    }
+    return Py_NewRef(b->refs[s]);
+}
+
+// `value` with each node inside tuples, lists and dicts its _Slot (dvm.executor._map's walk):
+// a dict becomes a plain dict, a tuple or list without a node stays as it is (new reference).
+static PyObject* ref(Build* b, PyObject* value) {
+    if (PyObject_TypeCheck(value, g.node)) return use(b, value);
+    int seq = (PyTuple_Check(value) || PyList_Check(value)) && !Py_IS_TYPE(value, g.slot);
+    if (!seq && !PyDict_Check(value)) return Py_NewRef(value);
+    if (Py_EnterRecursiveCall(" in dvm's executor build")) return NULL;
+    PyObject* out = NULL;
+    if (seq) {
+        PyObject* items = PySequence_Tuple(value);  // held: the walk may run a subclass's code
+        Py_ssize_t n = items ? PyTuple_GET_SIZE(items) : 0;
+        PyObject* mapped = items ? PyTuple_New(n) : NULL;
+        int changed = 0;
+        for (Py_ssize_t i = 0; mapped != NULL && i < n; ++i) {
+            PyObject* m = ref(b, PyTuple_GET_ITEM(items, i));
+            if (m == NULL) Py_CLEAR(mapped);
+            else {
+                changed |= m != PyTuple_GET_ITEM(items, i);
+                PyTuple_SET_ITEM(mapped, i, m);
+            }
+        }
+        if (mapped != NULL && !changed) out = Py_NewRef(value);
+        else if (mapped != NULL && PyTuple_CheckExact(value)) out = Py_NewRef(mapped);
+        else if (mapped != NULL && PyList_CheckExact(value)) out = PySequence_List(mapped);
+        else if (mapped != NULL) out = PyObject_CallOneArg((PyObject*)Py_TYPE(value), mapped);
+        Py_XDECREF(items);
+        Py_XDECREF(mapped);
+    } else {
+        PyObject* items = PyDict_Items(value);
+        out = items ? PyDict_New() : NULL;
+        for (Py_ssize_t i = 0; out != NULL && i < PyList_GET_SIZE(items); ++i) {
+            PyObject* kv = PyList_GET_ITEM(items, i);
+            PyObject* m = ref(b, PyTuple_GET_ITEM(kv, 1));
+            if (m == NULL || PyDict_SetItem(out, PyTuple_GET_ITEM(kv, 0), m) < 0) Py_CLEAR(out);
+            Py_XDECREF(m);
+        }
+        Py_XDECREF(items);
+    }
+    Py_LeaveRecursiveCall();
+    return out;
+}
+
+// A node's argument field (its args tuple, or its kwargs); NULL with an exception.
+static PyObject* node_field(PyObject* node, PyObject* name, int tuple) {
+    PyObject* v = PyObject_GetAttr(node, name);
+    if (v != NULL && tuple && !PyTuple_Check(v)) Py_SETREF(v, PySequence_Tuple(v));
+    return v;
+}
+
+// Each call of the units in `calls` (their count in *n_calls); the placeholders' slots, then
+// the get_attr constants', in `slots` (the placeholders' count in *n_inputs), the constants'
+// (slot, value) pairs in `constants`, the output node's value in *output. -1 with an
+// exception.
+static int read_units(PyObject* gm, PyObject* units, PyObject* slots, PyObject* constants,
+                      Call* calls, Py_ssize_t* n_calls, Py_ssize_t* n_inputs,
+                      PyObject** output) {
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(units);
+    for (Py_ssize_t i = 0; i < n; ++i) {  // the inputs first
+        PyObject* u = PySequence_Fast_GET_ITEM(units, i);
+        if (Py_IS_TYPE(u, g.region_call)) continue;
+        PyObject* op = PyObject_GetAttr(u, g.s_op);
+        int is = op ? is_op(op, g.s_placeholder) : -1;
+        Py_XDECREF(op);
+        PyObject* k = is == 1 ? PyLong_FromSsize_t(PyDict_GET_SIZE(slots)) : NULL;
+        int failed = is < 0 || (is == 1 && (k == NULL || PyDict_SetItem(slots, u, k) < 0));
+        Py_XDECREF(k);
+        if (failed) return -1;
+    }
+    *n_inputs = PyDict_GET_SIZE(slots);
+    for (Py_ssize_t i = 0; i < n; ++i) {
+        PyObject* u = PySequence_Fast_GET_ITEM(units, i);
+        Call* c = &calls[*n_calls];
+        if (Py_IS_TYPE(u, g.region_call)) {
+            if (PyTuple_GET_SIZE(u) != 3) {
+                PyErr_SetString(PyExc_TypeError, "dvm executor: a RegionCall of 3 fields");
+                return -1;
+            }
+            c->region = 1;
+            c->fn = Py_NewRef(PyTuple_GET_ITEM(u, 0));
+            ++*n_calls;
+            if ((c->args = PySequence_Tuple(PyTuple_GET_ITEM(u, 1))) == NULL ||
+                (c->kwargs = PyDict_New()) == NULL ||
+                (c->outs = PySequence_Tuple(PyTuple_GET_ITEM(u, 2))) == NULL)
+                return -1;
+            continue;
+        }
+        PyObject* op = PyObject_GetAttr(u, g.s_op);
+        if (op == NULL) return -1;
+        int kind = -1;  // 0 placeholder, 1 call_function, 2 get_attr, 3 output, 4 module, 5 other
+        PyObject* names[] = {g.s_placeholder, g.s_call_function, g.s_get_attr, g.s_output,
+                             g.s_call_module};
+        for (int j = 0; j < 5 && kind < 0; ++j) {
+            int is = is_op(op, names[j]);
+            if (is < 0) {
+                Py_DECREF(op);
+                return -1;
+            }
+            if (is) kind = j;
+        }
+        Py_DECREF(op);
+        if (kind == 0) continue;
+        if (kind == 3) {
+            PyObject* args = node_field(u, g.s_args, 1);
+            if (args == NULL) return -1;
+            PyObject* value = PySequence_GetItem(args, 0);
+            Py_DECREF(args);
+            if (value == NULL) return -1;
+            Py_XSETREF(*output, value);
+            continue;
+        }
+        PyObject* target = PyObject_GetAttr(u, g.s_target);
+        if (target == NULL) return -1;
+        if (kind == 2) {
+            PyObject* k = PyLong_FromSsize_t(PyDict_GET_SIZE(slots));
+            PyObject* value = k ? PyObject_CallFunctionObjArgs(g.attr, gm, target, NULL) : NULL;
+            PyObject* pair = value ? PyTuple_Pack(2, k, value) : NULL;
+            int failed = pair == NULL || PyDict_SetItem(slots, u, k) < 0 ||
+                         PyList_Append(constants, pair) < 0;
+            Py_XDECREF(k);
+            Py_XDECREF(value);
+            Py_XDECREF(pair);
+            Py_DECREF(target);
+            if (failed) return -1;
+            continue;
+        }
+        c->region = 0;
+        if (kind == 1) c->fn = target;
+        else {
+            c->fn = kind == 4 ? PyObject_CallMethodOneArg(gm, g.s_get_submodule, target)
+                              : PyObject_CallOneArg(g.method, target);
+            Py_DECREF(target);
+        }
+        if (c->fn == NULL) return -1;
+        ++*n_calls;
+        if ((c->args = node_field(u, g.s_args, 1)) == NULL ||
+            (c->kwargs = node_field(u, g.s_kwargs, 0)) == NULL ||
+            (c->outs = PyTuple_Pack(1, u)) == NULL)
+            return -1;
+    }
+    return 0;
+}
+
+
+// Call `k`'s arguments with slot references and its results as slot numbers, in place;
+// whether it is flat (slots only at the top level of its args, none in its kwargs). -1 with
+// an exception.
+static int map_call(Build* b, Call* c, Py_ssize_t k) {
+    b->step = k;
+    c->flat = 1;
+    Py_ssize_t n = PyTuple_GET_SIZE(c->args);
+    PyObject* args = PyTuple_New(n);
+    for (Py_ssize_t i = 0; args != NULL && i < n; ++i) {
+        PyObject* a = PyTuple_GET_ITEM(c->args, i);
+        b->found = 0;
+        PyObject* m = ref(b, a);
+        if (m == NULL) Py_CLEAR(args);
+        else {
+            c->flat &= !b->found || PyObject_TypeCheck(a, g.node);
+            PyTuple_SET_ITEM(args, i, m);
+        }
+    }
+    if (args == NULL) return -1;
+    Py_SETREF(c->args, args);
+    if (!PyDict_Check(c->kwargs)) {
+        PyErr_Format(PyExc_TypeError, "dvm executor: kwargs %R are not a dict", c->kwargs);
+        return -1;
+    }
+    if (PyDict_GET_SIZE(c->kwargs) > 0) {
+        b->found = 0;
+        PyObject* kwargs = ref(b, c->kwargs);  // a plain dict
+        if (kwargs == NULL) return -1;
+        Py_SETREF(c->kwargs, kwargs);
+        c->flat &= !b->found;
+    }
+    Py_ssize_t n_outs = PyTuple_GET_SIZE(c->outs);
+    PyObject* outs = PyTuple_New(n_outs);
+    for (Py_ssize_t i = 0; outs != NULL && i < n_outs; ++i) {
+        Py_ssize_t s = slot_of(b->slots, PyTuple_GET_ITEM(c->outs, i));
+        PyObject* o = s < 0 ? NULL : PyLong_FromSsize_t(s);
+        if (o == NULL) Py_CLEAR(outs);
+        else PyTuple_SET_ITEM(outs, i, o);
+    }
+    if (outs == NULL) return -1;
+    Py_SETREF(c->outs, outs);
+    return 0;
+}
+
+// Each step's free slots (a list of tuples): the input and result slots the output does not
+// hold, each at the step that reads it last, in the order of their first use.
+static PyObject* frees(Build* b, Py_ssize_t n_steps, Py_ssize_t n_inputs, Py_ssize_t n_fixed) {
+    Py_ssize_t* start = PyMem_Calloc((size_t)n_steps + 1, sizeof(Py_ssize_t));
+    Py_ssize_t* order = PyMem_Calloc((size_t)b->n_seen + 1, sizeof(Py_ssize_t));
+    PyObject* out = start && order ? PyList_New(n_steps) : NULL;
+    if (out == NULL) {
+        PyMem_Free(start);
+        PyMem_Free(order);
+        return start && order ? NULL : PyErr_NoMemory();
+    }
+    for (Py_ssize_t i = 0; i < b->n_seen; ++i) {  // count each step's frees, then place them
+        Py_ssize_t s = b->seen[i];
+        if ((s < n_inputs || s >= n_fixed) && !b->kept[s]) ++start[b->last[s] + 1];
+    }
+    for (Py_ssize_t k = 0; k < n_steps; ++k) start[k + 1] += start[k];
+    for (Py_ssize_t i = 0; i < b->n_seen; ++i) {
+        Py_ssize_t s = b->seen[i];
+        if ((s < n_inputs || s >= n_fixed) && !b->kept[s]) order[start[b->last[s]]++] = s;
+    }
+    for (Py_ssize_t k = 0, from = 0; out != NULL && k < n_steps; from = start[k++]) {
+        PyObject* free = PyTuple_New(start[k] - from);
+        for (Py_ssize_t i = from; free != NULL && i < start[k]; ++i) {
+            PyObject* v = PyLong_FromSsize_t(order[i]);
+            if (v == NULL) Py_CLEAR(free);
+            else PyTuple_SET_ITEM(free, i - from, v);
+        }
+        if (free == NULL) Py_CLEAR(out);
+        else PyList_SET_ITEM(out, k, free);
+    }
+    PyMem_Free(start);
+    PyMem_Free(order);
+    return out;
+}
+
+// The Step of a mapped call with its free slots; NULL with an exception.
+static PyObject* make_step(const Call* c, PyObject* free, PyObject* no_outs, PyObject* minus) {
+    PyObject* out = c->region ? minus : PyTuple_GET_ITEM(c->outs, 0);
+    return typed(g.step, PyTuple_Pack(7, c->fn, c->args, c->kwargs, c->flat ? Py_True : Py_False,
+                                      out, c->region ? c->outs : no_outs, free));
+}
+
+// build(gm, units): (n_inputs, n_slots, constants, steps, output) of Executor(gm, units).
+static PyObject* build(PyObject* module, PyObject* const* argv, Py_ssize_t argc) {
+    if (argc != 2)
+        return PyErr_Format(PyExc_TypeError, "build(gm, units) takes 2 arguments, got %zd", argc);
+    if (g.node == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "dvm._executor.setup() was not called");
+        return NULL;
+    }
+    PyObject* gm = argv[0];
+    PyObject* units = PySequence_Fast(argv[1], "build(gm, units): units must be a sequence");
+    if (units == NULL) return NULL;
+    Py_ssize_t n_units = PySequence_Fast_GET_SIZE(units), n_calls = 0, n_inputs = 0;
+    Call* calls = PyMem_Calloc((size_t)n_units + 1, sizeof(Call));
+    Build b = {.slots = PyDict_New()};
+    PyObject *constants = PyList_New(0), *output = Py_NewRef(Py_None), *result = NULL;
+    PyObject *steps = NULL, *free = NULL, *no_outs = NULL, *minus = NULL;
+    if (calls == NULL) PyErr_NoMemory();
+    if (calls == NULL || b.slots == NULL || constants == NULL ||
+        read_units(gm, units, b.slots, constants, calls, &n_calls, &n_inputs, &output) < 0)
+        goto done;
+    Py_ssize_t n_fixed = PyDict_GET_SIZE(b.slots);  // the inputs, then the constants
+    for (Py_ssize_t k = 0; k < n_calls; ++k) {
+        for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(calls[k].outs); ++i) {
+            PyObject* s = PyLong_FromSsize_t(PyDict_GET_SIZE(b.slots));
+            int failed = s == NULL || PyDict_SetItem(b.slots, PyTuple_GET_ITEM(calls[k].outs, i), s) < 0;
+            Py_XDECREF(s);
+            if (failed) goto done;
+        }
+    }
+    b.n_slots = PyDict_GET_SIZE(b.slots);
+    b.refs = PyMem_Calloc((size_t)b.n_slots + 1, sizeof(PyObject*));
+    b.last = PyMem_Malloc(((size_t)b.n_slots + 1) * sizeof(Py_ssize_t));
+    b.seen = PyMem_Malloc(((size_t)b.n_slots + 1) * sizeof(Py_ssize_t));
+    b.kept = PyMem_Calloc((size_t)b.n_slots + 1, 1);
+    if (b.refs == NULL || b.last == NULL || b.seen == NULL || b.kept == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (Py_ssize_t s = 0; s < b.n_slots; ++s) b.last[s] = -1;
+    b.step = -1;
+    Py_SETREF(output, ref(&b, output));
+    if (output == NULL) goto done;
+    for (Py_ssize_t k = 0; k < n_calls; ++k)
+        if (map_call(&b, &calls[k], k) < 0) goto done;
+    free = frees(&b, n_calls, n_inputs, n_fixed);
+    steps = free ? PyList_New(n_calls) : NULL;
+    no_outs = steps ? PyTuple_New(0) : NULL;
+    minus = no_outs ? PyLong_FromLong(-1) : NULL;
+    for (Py_ssize_t k = 0; minus != NULL && k < n_calls; ++k) {
+        PyObject* step = make_step(&calls[k], PyList_GET_ITEM(free, k), no_outs, minus);
+        if (step == NULL) goto done;
+        PyList_SET_ITEM(steps, k, step);
+    }
+    if (minus != NULL)
+        result = Py_BuildValue("nnOOO", n_inputs, b.n_slots, constants, steps, output);
+done:
+    for (Py_ssize_t k = 0; calls != NULL && k < n_calls; ++k) {
+        Py_XDECREF(calls[k].fn);
+        Py_XDECREF(calls[k].args);
+        Py_XDECREF(calls[k].kwargs);
+        Py_XDECREF(calls[k].outs);
+    }
+    for (Py_ssize_t s = 0; b.refs != NULL && s < b.n_slots; ++s) Py_XDECREF(b.refs[s]);
+    PyMem_Free(calls);
+    PyMem_Free(b.refs);
+    PyMem_Free(b.last);
+    PyMem_Free(b.seen);
+    PyMem_Free(b.kept);
+    Py_XDECREF(b.slots);
+    Py_XDECREF(constants);
+    Py_XDECREF(output);
+    Py_XDECREF(steps);
+    Py_XDECREF(free);
+    Py_XDECREF(no_outs);
+    Py_XDECREF(minus);
+    Py_DECREF(units);
+    return result;
+}
+
+// setup(Node, _Slot, Step, RegionCall, _method, _attr, fields): torch.fx.Node; dvm.executor's
+// NamedTuples and helpers; the names of a node's args and kwargs fields.
+static PyObject* setup(PyObject* module, PyObject* args) {
+    PyObject *node, *slot, *step, *call, *method, *attr, *s_args, *s_kwargs;
+    if (!PyArg_ParseTuple(args, "O!O!O!O!OO(UU)", &PyType_Type, &node, &PyType_Type, &slot,
+                          &PyType_Type, &step, &PyType_Type, &call, &method, &attr, &s_args,
+                          &s_kwargs))
+        return NULL;
+    PyObject* tuples[] = {slot, step, call};
+    for (int i = 0; i < 3; ++i)
+        if (!PyType_IsSubtype((PyTypeObject*)tuples[i], &PyTuple_Type))
+            return PyErr_Format(PyExc_TypeError, "setup: %R is not a NamedTuple", tuples[i]);
+    PyObject* given[] = {node, slot, step, call, method, attr, s_args, s_kwargs};
+    PyObject** held[] = {(PyObject**)&g.node, (PyObject**)&g.slot, (PyObject**)&g.step,
+                         (PyObject**)&g.region_call, &g.method, &g.attr, &g.s_args, &g.s_kwargs};
+    for (int i = 0; i < 8; ++i) Py_XSETREF(*held[i], Py_NewRef(given[i]));
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef module_methods[] = {
+    {"setup", setup, METH_VARARGS, "Hand the module dvm.executor's types and helpers."},
+    {"in_place", (PyCFunction)(void (*)(void))in_place, METH_FASTCALL,
+     "in_place(nodes, runners): the graph order with each region called where its last node\n"
+     "was, or None when a node outside a region, placed between its nodes, reads one of them\n"
+     "(then the region must move before that node). Regions span no side effect, so moving a\n"
+     "region's nodes down to its last one changes nothing else."},
+    {"build", (PyCFunction)(void (*)(void))build, METH_FASTCALL,
+     "build(gm, units): (n_inputs, n_slots, constants, steps, output) of an Executor."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module_def = {
+    PyModuleDef_HEAD_INIT, "dvm._executor",
+    "The schedule's common case and the steps of dvm's Executor.", -1, module_methods,
+};
+
+PyMODINIT_FUNC PyInit__executor(void) {
+    struct {
+        PyObject** slot;
+        const char* text;
+    } names[] = {
+        {&g.s_op, "op"},
+        {&g.s_target, "target"},
+        {&g.s_users, "users"},
+        {&g.s_region, "region"},
+        {&g.s_nodes, "nodes"},
+        {&g.s_outputs, "outputs"},
+        {&g.s_inputs, "_inputs"},
+        {&g.s_get_submodule, "get_submodule"},
+        {&g.s_placeholder, "placeholder"},
+        {&g.s_call_function, "call_function"},
+        {&g.s_get_attr, "get_attr"},
+        {&g.s_output, "output"},
+        {&g.s_call_module, "call_module"},
+    };
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; ++i)
+        if ((*names[i].slot = PyUnicode_InternFromString(names[i].text)) == NULL) return NULL;
+    return PyModule_Create(&module_def);
+}

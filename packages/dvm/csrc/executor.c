@@ -1,12 +1,12 @@
 // dvm._executor: the schedule's common case and the steps of a dvm.executor.Executor, in C.
 //
-// in_place(nodes, runners) is dvm.compile._in_place: the graph order with each region called
-// where its last node was, or None when a node outside a region, placed between its nodes,
-// reads one of them. build(gm, units) is what an Executor runs: the value slots (the inputs,
-// the get_attr constants, then each call's results), each step's arguments with its nodes as
-// _Slot references (inside tuples, lists and dicts too), the slots each step clears after
-// their last use, and the output with its nodes as references. dvm.executor's types and
-// helpers come through setup().
+// in_place(nodes, runners), the order dvm.compile._schedule tries first: the graph order with
+// each region called where its last node was, or None when a node outside a region, placed
+// between its nodes, reads one of them. build(gm, units) is what an Executor runs: the value
+// slots (the inputs, the get_attr constants, then each call's results), each step's arguments
+// with its nodes as _Slot references (inside tuples, lists and dicts too), the slots each step
+// clears after their last use, and the output with its nodes as references. dvm.executor's
+// types and helpers come through setup().
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
@@ -56,7 +56,8 @@ static PyObject* region_call(PyObject* runner) {
     PyObject* inputs = PyObject_GetAttr(runner, g.s_inputs);
     PyObject* region = inputs ? PyObject_GetAttr(runner, g.s_region) : NULL;
     PyObject* outputs = region ? PyObject_GetAttr(region, g.s_outputs) : NULL;
-    PyObject* call = outputs ? typed(g.region_call, PyTuple_Pack(3, runner, inputs, outputs)) : NULL;
+    PyObject* call =
+        outputs ? typed(g.region_call, PyTuple_Pack(3, runner, inputs, outputs)) : NULL;
     Py_XDECREF(inputs);
     Py_XDECREF(region);
     Py_XDECREF(outputs);
@@ -66,8 +67,8 @@ static PyObject* region_call(PyObject* runner) {
 // Whether a node outside `inside`, earlier than index `last`, reads one of `members`: 1 when
 // one does, 0 when none, -1 with an exception.
 static int read_early(PyObject* members, PyObject* inside, PyObject* index, Py_ssize_t last) {
-    for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(members); ++i) {
-        PyObject* users = PyObject_GetAttr(PySequence_Fast_GET_ITEM(members, i), g.s_users);
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(members); ++i) {
+        PyObject* users = PyObject_GetAttr(PyTuple_GET_ITEM(members, i), g.s_users);
         if (users == NULL) return -1;
         if (!PyDict_Check(users)) {
             PyErr_Format(PyExc_TypeError, "dvm in_place: a node's users are %R, not a dict",
@@ -79,8 +80,10 @@ static int read_early(PyObject* members, PyObject* inside, PyObject* index, Py_s
         Py_ssize_t pos = 0;
         int early = 0;
         while (!early && PyDict_Next(users, &pos, &u, &unused)) {
+            Py_INCREF(u);  // held: a key's __eq__ could change the dict
             int in = PySet_Contains(inside, u);
             Py_ssize_t at = in == 0 ? slot_of(index, u) : 0;
+            Py_DECREF(u);
             if (in < 0 || at < 0) {
                 Py_DECREF(users);
                 return -1;
@@ -93,7 +96,8 @@ static int read_early(PyObject* members, PyObject* inside, PyObject* index, Py_s
     return 0;
 }
 
-// in_place(nodes, runners): dvm.compile._in_place (the docstring there).
+// in_place(nodes, runners): the order with each region called at its last node (the
+// method's docstring), None when a reader comes earlier.
 static PyObject* in_place(PyObject* module, PyObject* const* argv, Py_ssize_t argc) {
     if (argc != 2 || !PyList_Check(argv[0]) || !PyList_Check(argv[1]))
         return PyErr_Format(PyExc_TypeError, "in_place(nodes, runners) takes two lists");
@@ -119,17 +123,17 @@ static PyObject* in_place(PyObject* module, PyObject* const* argv, Py_ssize_t ar
         PyObject* region = PyObject_GetAttr(runner, g.s_region);
         PyObject* list = region ? PyObject_GetAttr(region, g.s_nodes) : NULL;
         Py_XDECREF(region);
-        PyObject* members = list ? PySequence_Fast(list, "a region's nodes must be a list") : NULL;
+        PyObject* members = list ? PySequence_Tuple(list) : NULL;  // held, as the nodes
         Py_XDECREF(list);
         if (members == NULL) goto done;
         PyObject* last = NULL;
         Py_ssize_t last_at = -1;
-        for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(members); ++i) {
-            Py_ssize_t k = slot_of(index, PySequence_Fast_GET_ITEM(members, i));
+        for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(members); ++i) {
+            Py_ssize_t k = slot_of(index, PyTuple_GET_ITEM(members, i));
             if (k < 0) break;
             if (k > last_at) {
                 last_at = k;
-                last = PySequence_Fast_GET_ITEM(members, i);
+                last = PyTuple_GET_ITEM(members, i);
             }
         }
         if (last == NULL && !PyErr_Occurred())
@@ -137,8 +141,8 @@ static PyObject* in_place(PyObject* module, PyObject* const* argv, Py_ssize_t ar
         PyObject* inside = PyErr_Occurred() ? NULL : PySet_New(members);
         int early = inside ? read_early(members, inside, index, last_at) : -1;
         int failed = early != 0 || PyDict_SetItem(at, last, runner) < 0;
-        for (Py_ssize_t i = 0; !failed && i < PySequence_Fast_GET_SIZE(members); ++i)
-            failed = PySet_Add(covered, PySequence_Fast_GET_ITEM(members, i)) < 0;
+        for (Py_ssize_t i = 0; !failed && i < PyTuple_GET_SIZE(members); ++i)
+            failed = PySet_Add(covered, PyTuple_GET_ITEM(members, i)) < 0;
         Py_XDECREF(inside);
         Py_DECREF(members);
         if (early == 1) {
@@ -268,9 +272,9 @@ static PyObject* node_field(PyObject* node, PyObject* name, int tuple) {
 static int read_units(PyObject* gm, PyObject* units, PyObject* slots, PyObject* constants,
                       Call* calls, Py_ssize_t* n_calls, Py_ssize_t* n_inputs,
                       PyObject** output) {
-    Py_ssize_t n = PySequence_Fast_GET_SIZE(units);
+    Py_ssize_t n = PyTuple_GET_SIZE(units);
     for (Py_ssize_t i = 0; i < n; ++i) {  // the inputs first
-        PyObject* u = PySequence_Fast_GET_ITEM(units, i);
+        PyObject* u = PyTuple_GET_ITEM(units, i);
         if (Py_IS_TYPE(u, g.region_call)) continue;
         PyObject* op = PyObject_GetAttr(u, g.s_op);
         int is = op ? is_op(op, g.s_placeholder) : -1;
@@ -282,7 +286,7 @@ static int read_units(PyObject* gm, PyObject* units, PyObject* slots, PyObject* 
     }
     *n_inputs = PyDict_GET_SIZE(slots);
     for (Py_ssize_t i = 0; i < n; ++i) {
-        PyObject* u = PySequence_Fast_GET_ITEM(units, i);
+        PyObject* u = PyTuple_GET_ITEM(units, i);
         Call* c = &calls[*n_calls];
         if (Py_IS_TYPE(u, g.region_call)) {
             if (PyTuple_GET_SIZE(u) != 3) {
@@ -450,9 +454,11 @@ static PyObject* build(PyObject* module, PyObject* const* argv, Py_ssize_t argc)
         return NULL;
     }
     PyObject* gm = argv[0];
-    PyObject* units = PySequence_Fast(argv[1], "build(gm, units): units must be a sequence");
+    if (!PySequence_Check(argv[1]) || PyDict_Check(argv[1]))
+        return PyErr_Format(PyExc_TypeError, "build(gm, units): units must be a sequence");
+    PyObject* units = PySequence_Tuple(argv[1]);  // held: a callback could change a list
     if (units == NULL) return NULL;
-    Py_ssize_t n_units = PySequence_Fast_GET_SIZE(units), n_calls = 0, n_inputs = 0;
+    Py_ssize_t n_units = PyTuple_GET_SIZE(units), n_calls = 0, n_inputs = 0;
     Call* calls = PyMem_Calloc((size_t)n_units + 1, sizeof(Call));
     Build b = {.slots = PyDict_New()};
     PyObject *constants = PyList_New(0), *output = Py_NewRef(Py_None), *result = NULL;
@@ -465,7 +471,8 @@ static PyObject* build(PyObject* module, PyObject* const* argv, Py_ssize_t argc)
     for (Py_ssize_t k = 0; k < n_calls; ++k) {
         for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(calls[k].outs); ++i) {
             PyObject* s = PyLong_FromSsize_t(PyDict_GET_SIZE(b.slots));
-            int failed = s == NULL || PyDict_SetItem(b.slots, PyTuple_GET_ITEM(calls[k].outs, i), s) < 0;
+            PyObject* node = PyTuple_GET_ITEM(calls[k].outs, i);
+            int failed = s == NULL || PyDict_SetItem(b.slots, node, s) < 0;
             Py_XDECREF(s);
             if (failed) goto done;
         }

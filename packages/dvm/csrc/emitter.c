@@ -7,6 +7,14 @@
 // once) and returns the program in the VM's encoding. Op numbers are dvm.program.Op's
 // (csrc/vm.h): unary, binary and reducing ones each form one run of numbers, checked here
 // (a test holds the runs to dvm.program.Op); the VM checks the whole program before it runs.
+// program() builds the dvm.program.Program from the encoding.
+//
+// build_region (dvm.cluster.build_region) lowers one region: each member by its rule's emit
+// (Python, dvm.lower), handed a Resolve that gives a node argument's value (a constant, a
+// member's value, or a load of the view the member sees); the members read outside the region
+// stored, one output per value, dtype, row reduction and alias base; then the VM's limits
+// checked and the dvm.cluster.Region made. setup() and setup_regions() hand over the Python
+// objects this needs (no torch headers here).
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <stdint.h>
@@ -129,20 +137,28 @@ static int arity(Py_ssize_t nargs, Py_ssize_t want, const char* name) {
     return -1;
 }
 
-static PyObject* emitter_load(Emitter* self, PyObject* const* args, Py_ssize_t nargs) {
-    Entry key = {LOAD, -1, -1, -1, 0, 0};
-    if (arity(nargs, 1, "load") < 0 || read_int(args[0], 0, INT32_MAX, "input", &key.a) < 0)
-        return NULL;
-    return made(self, key, 0.0);
+static PyObject* load_of(Emitter* self, Py_ssize_t input) {
+    return made(self, (Entry){LOAD, (int32_t)input, -1, -1, 0, 0}, 0.0);
 }
 
-static PyObject* emitter_const(Emitter* self, PyObject* const* args, Py_ssize_t nargs) {
-    if (arity(nargs, 1, "const") < 0) return NULL;
-    double v = PyFloat_AsDouble(args[0]);
+static PyObject* emitter_load(Emitter* self, PyObject* const* args, Py_ssize_t nargs) {
+    int32_t input;
+    if (arity(nargs, 1, "load") < 0 || read_int(args[0], 0, INT32_MAX, "input", &input) < 0)
+        return NULL;
+    return load_of(self, input);
+}
+
+static PyObject* const_of(Emitter* self, PyObject* arg) {
+    double v = PyFloat_AsDouble(arg);
     if (v == -1.0 && PyErr_Occurred()) return NULL;
     Entry key = {CONST, -1, -1, -1, 0, 0};
     memcpy(&key.bits, &v, sizeof v);  // tells -0.0 from 0.0; a NaN equals a NaN of its bits
     return made(self, key, v);
+}
+
+static PyObject* emitter_const(Emitter* self, PyObject* const* args, Py_ssize_t nargs) {
+    if (arity(nargs, 1, "const") < 0) return NULL;
+    return const_of(self, args[0]);
 }
 
 // An op of `n` operands whose number lies in [lo, hi).
@@ -267,6 +283,40 @@ static PyObject* emitter_n_instrs(Emitter* self, void* unused) {
     return PyLong_FromSsize_t(self->n_code);
 }
 
+// What setup() and setup_regions() hand over: the program's pieces, then the regions'.
+static struct {
+    PyObject *limit_error, *built;  // dvm.lower.LimitError, dvm.program.Program.built
+    long max_regs;
+    PyObject *rules, *node, *region, *emitter;  // rules by id(target), Node, Region, Emitter
+    PyObject *domain, *storable, *aliasing, *perf_counter;
+    long max_inputs, max_outputs, max_instrs;
+    PyObject *s_target, *s_emit, *s_users, *s_args, *s_name, *s_dshape, *s_facts, *s_cut;
+} g;
+
+// program(n_inputs): allocate registers and build the dvm.program.Program; LimitError when it
+// needs more than MAX_REGS registers.
+static PyObject* emitter_program(Emitter* self, PyObject* n_inputs) {
+    if (g.built == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "program(): dvm._emitter.setup() was not called");
+        return NULL;
+    }
+    PyObject* encoded = emitter_encode(self, NULL);
+    if (encoded == NULL) return NULL;
+    long n_regs = PyLong_AsLong(PyTuple_GET_ITEM(encoded, 2));
+    PyObject* out = NULL;
+    if (n_regs > g.max_regs) {
+        PyErr_Format(g.limit_error, "needs %ld registers (the VM has %ld)", n_regs, g.max_regs);
+    } else {
+        PyObject* program = Py_BuildValue("(OilN)", n_inputs, self->n_outputs,
+                                          n_regs > 1 ? n_regs : 1L,
+                                          PyTuple_GetSlice(encoded, 0, 2));
+        if (program != NULL) out = PyObject_Call(g.built, program, NULL);
+        Py_XDECREF(program);
+    }
+    Py_DECREF(encoded);
+    return out;
+}
+
 static PyMethodDef emitter_methods[] = {
     {"load", (PyCFunction)(void (*)(void))emitter_load, METH_FASTCALL,
      "load(index) -> the value of input ``index``."},
@@ -284,6 +334,8 @@ static PyMethodDef emitter_methods[] = {
      "store(value) -> the index of the next output, which holds ``value``."},
     {"encode", (PyCFunction)emitter_encode, METH_NOARGS,
      "encode() -> (codes, imms, n_regs): the program over physical registers."},
+    {"program", (PyCFunction)emitter_program, METH_O,
+     "program(n_inputs) -> the dvm.program.Program; LimitError past MAX_REGS registers."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -309,12 +361,404 @@ static PyTypeObject EmitterType = {
     .tp_getset = emitter_getset,
 };
 
+// A rule's `r` (dvm.lower.Resolve) while build_region lowers one region: r(arg) is a node
+// argument's value: a constant for a non-node, the value of a member already lowered, else a
+// load of the view the member being lowered (`reader`) sees; r.computed(node) whether a member
+// made node's value.
+typedef struct {
+    PyObject_HEAD
+    vectorcallfunc vectorcall;
+    Emitter* em;
+    PyObject *env, *reader;          // member -> value; the member being lowered
+    PyObject *dshape, *facts, *cut;  // the analysis tables
+    PyObject *slots, *input_nodes, *input_views;  // (node, view) -> input index; by index
+} Resolve;
+
+// The view `reader` sees its operand `p` with: its domain shape unless the edge is cut, else its
+// real shape (dvm.cluster._Analysis's facts).
+static PyObject* view_of(Resolve* r, PyObject* p) {
+    PyObject* shape = PyDict_GetItemWithError(r->dshape, p);
+    if (shape == NULL && PyErr_Occurred()) return NULL;
+    if (shape != NULL) {
+        PyObject* cut = PyObject_GetItem(r->cut, r->reader);
+        if (cut == NULL) return NULL;
+        int is_cut = PySequence_Contains(cut, p);
+        Py_DECREF(cut);
+        if (is_cut < 0) return NULL;
+        if (!is_cut) return Py_NewRef(shape);
+    }
+    PyObject* fact = PyObject_GetItem(r->facts, p);
+    if (fact == NULL) return NULL;
+    PyObject* real = PySequence_GetItem(fact, 0);
+    Py_DECREF(fact);
+    return real;
+}
+
+static PyObject* resolve_call(Resolve* r, PyObject* const* args, size_t nargsf, PyObject* kw) {
+    if (PyVectorcall_NARGS(nargsf) != 1 || (kw != NULL && PyTuple_GET_SIZE(kw))) {
+        PyErr_SetString(PyExc_TypeError, "resolve(arg) takes one argument");
+        return NULL;
+    }
+    PyObject* x = args[0];
+    if (Py_TYPE(x) != (PyTypeObject*)g.node) return const_of(r->em, x);
+    PyObject* value = PyDict_GetItemWithError(r->env, x);
+    if (value != NULL) return Py_NewRef(value);
+    if (PyErr_Occurred()) return NULL;
+    PyObject* view = view_of(r, x);  // read from outside: a load of the view the reader sees
+    if (view == NULL) return NULL;
+    PyObject* key = PyTuple_Pack(2, x, view);
+    PyObject* slot = key ? PyDict_GetItemWithError(r->slots, key) : NULL;
+    Py_ssize_t index = PyDict_GET_SIZE(r->slots);
+    if (slot != NULL) {
+        index = PyLong_AsSsize_t(slot);
+    } else if (key == NULL || PyErr_Occurred() || (slot = PyLong_FromSsize_t(index)) == NULL ||
+               PyDict_SetItem(r->slots, key, slot) < 0 || PyList_Append(r->input_nodes, x) < 0 ||
+               PyList_Append(r->input_views, view) < 0) {
+        index = -1;
+        Py_XDECREF(slot);
+    } else {
+        Py_DECREF(slot);
+    }
+    Py_XDECREF(key);
+    Py_DECREF(view);
+    if (index > INT32_MAX) PyErr_SetString(PyExc_OverflowError, "too many inputs for a program");
+    return index < 0 || index > INT32_MAX ? NULL : load_of(r->em, index);
+}
+
+static PyObject* resolve_computed(Resolve* r, PyObject* node) {
+    int in = PyDict_Contains(r->env, node);
+    return in < 0 ? NULL : PyBool_FromLong(in);
+}
+
+static int resolve_traverse(Resolve* r, visitproc visit, void* arg) {
+    Py_VISIT(r->em);
+    Py_VISIT(r->env);
+    Py_VISIT(r->reader);
+    Py_VISIT(r->dshape);
+    Py_VISIT(r->facts);
+    Py_VISIT(r->cut);
+    Py_VISIT(r->slots);
+    Py_VISIT(r->input_nodes);
+    Py_VISIT(r->input_views);
+    return 0;
+}
+
+static int resolve_clear(Resolve* r) {
+    Py_CLEAR(r->em);
+    Py_CLEAR(r->env);
+    Py_CLEAR(r->reader);
+    Py_CLEAR(r->dshape);
+    Py_CLEAR(r->facts);
+    Py_CLEAR(r->cut);
+    Py_CLEAR(r->slots);
+    Py_CLEAR(r->input_nodes);
+    Py_CLEAR(r->input_views);
+    return 0;
+}
+
+static void resolve_dealloc(Resolve* r) {
+    PyObject_GC_UnTrack(r);
+    resolve_clear(r);
+    Py_TYPE(r)->tp_free((PyObject*)r);
+}
+
+static PyMethodDef resolve_methods[] = {
+    {"computed", (PyCFunction)resolve_computed, METH_O,
+     "computed(node) -> whether the region computes node (else it is loaded)."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyTypeObject ResolveType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "dvm._emitter.Resolve",
+    .tp_basicsize = sizeof(Resolve),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL,
+    .tp_doc = "A rule's r while build_region lowers a region (dvm.lower.Resolve).",
+    .tp_vectorcall_offset = offsetof(Resolve, vectorcall),
+    .tp_call = PyVectorcall_Call,
+    .tp_dealloc = (destructor)resolve_dealloc,
+    .tp_traverse = (traverseproc)resolve_traverse,
+    .tp_clear = (inquiry)resolve_clear,
+    .tp_methods = resolve_methods,
+};
+
+// The member whose values n holds: n, or through views inside the region the value they view
+// (eager returns a view of it; another node of equal values is a tensor of its own). A new
+// reference; NULL on error.
+static PyObject* alias_base(PyObject* n, PyObject* members) {
+    Py_INCREF(n);
+    for (;;) {
+        PyObject* target = PyObject_GetAttr(n, g.s_target);
+        if (target == NULL) goto fail;
+        int aliasing = 0;
+        for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(g.aliasing); ++i)
+            aliasing |= PyTuple_GET_ITEM(g.aliasing, i) == target;
+        Py_DECREF(target);
+        if (!aliasing) return n;
+        PyObject* args = PyObject_GetAttr(n, g.s_args);
+        PyObject* base = args ? PySequence_GetItem(args, 0) : NULL;
+        Py_XDECREF(args);
+        int inside = base ? PySet_Contains(members, base) : -1;
+        if (inside <= 0) {
+            Py_XDECREF(base);
+            if (inside == 0) return n;
+            goto fail;
+        }
+        Py_SETREF(n, base);
+    }
+fail:
+    Py_DECREF(n);
+    return NULL;
+}
+
+// Whether a node outside `members` reads n: 1 or 0, -1 on error.
+static int read_outside(PyObject* n, PyObject* members) {
+    PyObject* users = PyObject_GetAttr(n, g.s_users);
+    if (users == NULL) return -1;
+    PyObject* it = PyObject_GetIter(users);
+    Py_DECREF(users);
+    if (it == NULL) return -1;
+    int outside = 0;
+    PyObject* u;
+    while (!outside && (u = PyIter_Next(it)) != NULL) {
+        int inside = PySet_Contains(members, u);
+        Py_DECREF(u);
+        outside = inside < 0 ? -1 : !inside;
+    }
+    Py_DECREF(it);
+    return outside == 0 && PyErr_Occurred() ? -1 : outside;
+}
+
+// One member lowered into r->em; stored, with its output slot, when read outside the region.
+// The per-region lists are in `out`: outputs, output slots, out dtypes, reduced. 0 or -1.
+static int lower_member(Resolve* r, PyObject* n, PyObject* mset, PyObject* domain,
+                        PyObject* stored, PyObject* out[4]) {
+    Py_XSETREF(r->reader, Py_NewRef(n));
+    PyObject* target = PyObject_GetAttr(n, g.s_target);
+    PyObject* id = target ? PyLong_FromVoidPtr(target) : NULL;
+    Py_XDECREF(target);
+    PyObject* rule = id ? PyObject_GetItem(g.rules, id) : NULL;
+    Py_XDECREF(id);
+    PyObject* emit = rule ? PyObject_GetAttr(rule, g.s_emit) : NULL;
+    Py_XDECREF(rule);
+    if (emit == NULL) return -1;
+    PyObject* call[3] = {(PyObject*)r->em, n, (PyObject*)r};
+    PyObject* value = PyObject_Vectorcall(emit, call, 3, NULL);
+    Py_DECREF(emit);
+    if (value == NULL || PyDict_SetItem(r->env, n, value) < 0) goto fail;
+    int outside = read_outside(n, mset);
+    if (outside <= 0) {
+        Py_DECREF(value);
+        return outside;
+    }
+    PyObject* shape = PyObject_GetItem(r->dshape, n);
+    if (shape == NULL) goto fail;
+    PyObject* pair[2] = {shape, domain};
+    PyObject* red = PyObject_Vectorcall(g.storable, pair, 2, NULL);
+    if (red == Py_None) {
+        PyObject* name = PyObject_GetAttr(n, g.s_name);
+        if (name != NULL)
+            PyErr_Format(PyExc_ValueError, "output %S %S is neither %S nor row-reduced", name,
+                         shape, domain);
+        Py_XDECREF(name);
+        Py_CLEAR(red);
+    }
+    Py_DECREF(shape);
+    if (red == NULL) goto fail;
+    // a view shares its base's output only (a clone of the same value has its own)
+    PyObject* fact = PyObject_GetItem(r->facts, n);
+    PyObject* dtype = fact ? PySequence_GetItem(fact, 1) : NULL;
+    Py_XDECREF(fact);
+    PyObject* base = dtype ? alias_base(n, mset) : NULL;
+    PyObject* key = base ? PyTuple_Pack(4, value, dtype, red, base) : NULL;
+    Py_XDECREF(base);
+    PyObject* slot = key ? PyDict_GetItemWithError(stored, key) : NULL;
+    int failed = key == NULL || (slot == NULL && PyErr_Occurred());
+    if (!failed && slot != NULL) {
+        Py_INCREF(slot);
+    } else if (!failed) {
+        failed = (slot = emitter_store(r->em, &value, 1)) == NULL ||
+                 PyDict_SetItem(stored, key, slot) < 0 || PyList_Append(out[2], dtype) < 0 ||
+                 PyList_Append(out[3], red) < 0;
+    }
+    failed = failed || PyList_Append(out[0], n) < 0 || PyList_Append(out[1], slot) < 0;
+    Py_XDECREF(slot);
+    Py_XDECREF(key);
+    Py_XDECREF(dtype);
+    Py_DECREF(red);
+    Py_DECREF(value);
+    return failed ? -1 : 0;
+fail:
+    Py_XDECREF(value);
+    return -1;
+}
+
+static PyObject* seconds(void) {
+    return PyObject_CallNoArgs(g.perf_counter);
+}
+
+// build_region(members, analysis): see its docstring.
+static PyObject* build_region(PyObject* module, PyObject* const* args, Py_ssize_t nargs) {
+    if (g.region == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "build_region: setup_regions() was not called");
+        return NULL;
+    }
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "build_region(members, analysis)");
+        return NULL;
+    }
+    PyObject* t0 = seconds();
+    if (t0 == NULL) return NULL;
+    PyObject *members = NULL, *mset = NULL, *domain = NULL, *stored = NULL, *region = NULL;
+    PyObject* out[4] = {NULL, NULL, NULL, NULL};  // outputs, their slots, out dtypes, reduced
+    Resolve* r = PyObject_GC_New(Resolve, &ResolveType);
+    if (r == NULL) goto done;
+    r->vectorcall = (vectorcallfunc)resolve_call;
+    r->em = NULL, r->reader = NULL, r->dshape = NULL, r->facts = NULL, r->cut = NULL;
+    r->env = PyDict_New(), r->slots = PyDict_New();
+    r->input_nodes = PyList_New(0), r->input_views = PyList_New(0);
+    PyObject_GC_Track(r);
+    if (r->env == NULL || r->slots == NULL || r->input_nodes == NULL || r->input_views == NULL)
+        goto done;
+    members = PySequence_Fast(args[0], "build_region: members must be a sequence of nodes");
+    if (members == NULL || (mset = PySet_New(members)) == NULL) goto done;
+    PyObject* pair[2] = {args[1], args[0]};
+    if ((domain = PyObject_Vectorcall(g.domain, pair, 2, NULL)) == NULL) goto done;
+    int spans = PyObject_IsTrue(domain);  // 0-d values only (a scale worked out from a scalar)
+    if (spans < 0) goto done;
+    if (!spans) {  // one element
+        Py_SETREF(domain, Py_BuildValue("(i)", 1));
+        if (domain == NULL) goto done;
+    }
+    PyObject* em = PyObject_CallNoArgs(g.emitter);
+    if (em == NULL) goto done;
+    r->em = (Emitter*)em;
+    if (!PyObject_TypeCheck(em, &EmitterType)) {
+        PyErr_SetString(PyExc_TypeError, "build_region: the emitter class is no Emitter");
+        goto done;
+    }
+    if ((r->dshape = PyObject_GetAttr(args[1], g.s_dshape)) == NULL ||
+        (r->facts = PyObject_GetAttr(args[1], g.s_facts)) == NULL ||
+        (r->cut = PyObject_GetAttr(args[1], g.s_cut)) == NULL || (stored = PyDict_New()) == NULL)
+        goto done;
+    for (int i = 0; i < 4; ++i)
+        if ((out[i] = PyList_New(0)) == NULL) goto done;
+    for (Py_ssize_t k = 0; k < PySequence_Fast_GET_SIZE(members); ++k)
+        if (lower_member(r, PySequence_Fast_GET_ITEM(members, k), mset, domain, stored, out) < 0)
+            goto done;
+    Py_ssize_t n_inputs = PyDict_GET_SIZE(r->slots);
+    if (PyList_GET_SIZE(out[0]) == 0) {
+        PyErr_SetString(PyExc_ValueError, "no output");
+    } else if (n_inputs > g.max_inputs) {
+        PyErr_Format(g.limit_error, "%zd inputs (the VM takes %ld)", n_inputs, g.max_inputs);
+    } else if (r->em->n_outputs > g.max_outputs) {
+        PyErr_Format(g.limit_error, "%d outputs (the VM takes %ld)", r->em->n_outputs,
+                     g.max_outputs);
+    } else if (r->em->n_code > g.max_instrs) {
+        PyErr_Format(g.limit_error, "%zd instructions (the VM takes %ld)", r->em->n_code,
+                     g.max_instrs);
+    } else {
+        PyObject* n_in = PyLong_FromSsize_t(n_inputs);
+        PyObject* program = n_in ? emitter_program(r->em, n_in) : NULL;
+        Py_XDECREF(n_in);
+        PyObject* nodes = program ? PySequence_List(members) : NULL;
+        PyObject* t1 = nodes ? seconds() : NULL;
+        double us = t1 ? (PyFloat_AsDouble(t1) - PyFloat_AsDouble(t0)) * 1e6 : 0.0;
+        PyObject* build_us = t1 && !PyErr_Occurred() ? PyFloat_FromDouble(us) : NULL;
+        if (build_us != NULL) {
+            PyObject* fields[10] = {nodes,   r->input_nodes, r->input_views, out[0], out[1],
+                                    domain,  program,        out[2],         out[3], build_us};
+            region = PyObject_Vectorcall(g.region, fields, 10, NULL);
+        }
+        Py_XDECREF(build_us);
+        Py_XDECREF(t1);
+        Py_XDECREF(nodes);
+        Py_XDECREF(program);
+    }
+done:
+    for (int i = 0; i < 4; ++i) Py_XDECREF(out[i]);
+    Py_XDECREF(stored);
+    Py_XDECREF(domain);
+    Py_XDECREF(mset);
+    Py_XDECREF(members);
+    Py_XDECREF(r);
+    Py_DECREF(t0);
+    return region;
+}
+
+// setup(limit_error, built, max_regs): what program() needs, from dvm.lower.
+static PyObject* setup(PyObject* module, PyObject* args) {
+    PyObject *limit_error, *built;
+    long max_regs;
+    if (!PyArg_ParseTuple(args, "OOl", &limit_error, &built, &max_regs)) return NULL;
+    if (!PyExceptionClass_Check(limit_error) || !PyCallable_Check(built)) {
+        PyErr_SetString(PyExc_TypeError, "setup: an exception class and a callable");
+        return NULL;
+    }
+    Py_XSETREF(g.limit_error, Py_NewRef(limit_error));
+    Py_XSETREF(g.built, Py_NewRef(built));
+    g.max_regs = max_regs;
+    Py_RETURN_NONE;
+}
+
+// setup_regions(rules, node, region, emitter, domain, storable, aliasing, limits,
+// perf_counter): what build_region needs, from dvm.cluster.
+static PyObject* setup_regions(PyObject* module, PyObject* args) {
+    PyObject *rules, *node, *region, *emitter, *domain, *storable, *aliasing, *perf_counter;
+    long max_in, max_out, max_instrs;
+    if (!PyArg_ParseTuple(args, "O!O!OO!OOO!(lll)O", &PyDict_Type, &rules, &PyType_Type, &node,
+                          &region, &PyType_Type, &emitter, &domain, &storable, &PyTuple_Type,
+                          &aliasing, &max_in, &max_out, &max_instrs, &perf_counter))
+        return NULL;
+    if (!PyType_IsSubtype((PyTypeObject*)emitter, &EmitterType)) {
+        PyErr_SetString(PyExc_TypeError, "setup_regions: emitter must subclass Emitter");
+        return NULL;
+    }
+    if (!PyCallable_Check(region) || !PyCallable_Check(domain) || !PyCallable_Check(storable) ||
+        !PyCallable_Check(perf_counter)) {
+        PyErr_SetString(PyExc_TypeError,
+                        "setup_regions: region, domain, storable and perf_counter are callables");
+        return NULL;
+    }
+    PyObject* given[] = {rules, node, region, emitter, domain, storable, aliasing, perf_counter};
+    PyObject** held[] = {&g.rules,    &g.node,     &g.region,   &g.emitter,
+                         &g.domain,   &g.storable, &g.aliasing, &g.perf_counter};
+    for (int i = 0; i < 8; ++i) Py_XSETREF(*held[i], Py_NewRef(given[i]));
+    g.max_inputs = max_in;
+    g.max_outputs = max_out;
+    g.max_instrs = max_instrs;
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef module_methods[] = {
+    {"setup", setup, METH_VARARGS, "setup(limit_error, built, max_regs): for program()."},
+    {"setup_regions", setup_regions, METH_VARARGS,
+     "setup_regions(rules, node, region, emitter, domain, storable, aliasing, limits, "
+     "perf_counter): for build_region."},
+    {"build_region", (PyCFunction)(void (*)(void))build_region, METH_FASTCALL,
+     "build_region(members, analysis) -> Region\n\n"
+     "Lower ``members`` (graph order) to one region: each member by its rule's ``emit``, the\n"
+     "members read outside the region stored (one output per value, dtype, row reduction and\n"
+     "alias base); ``ValueError`` (a ``LimitError`` for the VM's limits) when they do not\n"
+     "make one."},
+    {NULL, NULL, 0, NULL},
+};
+
 static struct PyModuleDef module_def = {
-    PyModuleDef_HEAD_INIT, "dvm._emitter", "The SSA builder of VM programs.", -1, NULL,
+    PyModuleDef_HEAD_INIT, "dvm._emitter", "The SSA builder of VM programs.", -1, module_methods,
 };
 
 PyMODINIT_FUNC PyInit__emitter(void) {
-    if (PyType_Ready(&EmitterType) < 0) return NULL;
+    struct {
+        PyObject** slot;
+        const char* text;
+    } names[] = {
+        {&g.s_target, "target"}, {&g.s_emit, "emit"},     {&g.s_users, "users"},
+        {&g.s_args, "args"},     {&g.s_name, "name"},     {&g.s_dshape, "dshape"},
+        {&g.s_facts, "facts"},   {&g.s_cut, "cut"},
+    };
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; ++i)
+        if ((*names[i].slot = PyUnicode_InternFromString(names[i].text)) == NULL) return NULL;
+    if (PyType_Ready(&EmitterType) < 0 || PyType_Ready(&ResolveType) < 0) return NULL;
     PyObject* m = PyModule_Create(&module_def);
     if (m == NULL) return NULL;
     Py_INCREF(&EmitterType);

@@ -3,14 +3,21 @@ domain boundaries; every compiled graph still equals eager."""
 
 from __future__ import annotations
 
+import dataclasses
+import functools
+import time
+
 import pytest
 import torch
+from torch.fx import Node
 from torch.fx.experimental.proxy_tensor import make_fx
 
+from dvm import _emitter
+from dvm import cluster as cl
 from dvm.cluster import ALONE, DEAD, NO_WORK, _Analysis, build_region, cluster
 from dvm.compile import compile_graph
-from dvm.lower import unsupported_reason
-from dvm.program import MAX_INPUTS, MAX_OUTPUTS, MAX_REGS
+from dvm.lower import Emitter, LimitError, unsupported_reason
+from dvm.program import MAX_INPUTS, MAX_INSTRS, MAX_OUTPUTS, MAX_REGS, Op
 from spore.side_effects import has_side_effect
 
 aten = torch.ops.aten
@@ -324,6 +331,145 @@ def test_build_region_refuses_members_of_no_one_domain():
     with pytest.raises(ValueError, match="do not broadcast to one domain"):
         build_region([exp_b, exp_c], a)
     assert build_region([exp_a], a).domain == (4, 1)
+
+
+def _traced(fn, *args):
+    """``fn``'s aten graph, its analysis and its call nodes (graph order)."""
+    gm = make_fx(fn, tracing_mode="fake")(*args)
+    calls = [n for n in gm.graph.nodes if n.op == "call_function"]
+    return gm, _Analysis(list(gm.graph.nodes)), calls
+
+
+def test_build_region_stores_a_value_once_per_dtype_reduction_and_alias_base():
+    """A view returned beside its base shares the base's output; a clone of the same value, a
+    row-reduced value and a value of another dtype each get their own (a view's own dtype too:
+    read from the analysis' facts)."""
+
+    def fn(x):
+        y = x.exp()
+        return y, aten.alias(y), y.clone(), y.sum(-1, keepdim=True), aten.alias(y)
+
+    _, a, (exp, alias, clone, total, alias_bf16) = _traced(fn, _x(4, 8))
+    shape, _, size = a.facts[alias_bf16]
+    a.facts[alias_bf16] = (shape, torch.bfloat16, size)
+    region = build_region([exp, alias, clone, total, alias_bf16], a)
+    assert region.outputs == [exp, alias, clone, total, alias_bf16]
+    assert region.output_slots == [0, 0, 1, 2, 3]
+    assert region.out_dtypes == [torch.float32, torch.float32, torch.float32, torch.bfloat16]
+    assert region.reduced == [False, False, True, False]
+    assert region.program.n_outputs == 4
+    assert region.domain == (4, 8)
+    assert region.build_us > 0
+
+
+def test_build_region_loads_each_view_an_input_is_read_with_once():
+    """An operand outside the region is loaded as the reader sees it: its domain shape, or its
+    real shape over a cut edge; one input per (node, view), in the order first read."""
+
+    def fn(x):
+        return (x.exp() * x).sin() + x
+
+    _, a, (exp, mul, sin, add) = _traced(fn, _x(4, 8))
+    (x,) = [n for n in a.facts if n.op == "placeholder"]
+    a.dshape[x] = torch.Size([1, 4, 8])
+    a.cut[mul] = (x,)
+    region = build_region([exp, mul, sin, add], a)
+    assert region.input_nodes == [x, x]
+    assert region.input_views == [(1, 4, 8), (4, 8)]
+    loads = [ins.a for ins in region.program.instrs if ins.op == 0]
+    assert loads == [0, 1]
+    assert region.unique_inputs == [x]
+
+
+def test_build_region_errors():
+    """Members that make no region raise ValueError (LimitError past a VM limit) with the
+    reason; wrong arguments raise TypeError."""
+
+    def fn(x, w):
+        y = w * 2  # (1, 8): read outside, it cannot be stored over (4, 8)
+        return x * y, y
+
+    _, a, (mul_w, mul_x) = _traced(fn, _x(4, 8), _x(1, 8, seed=1))
+    with pytest.raises(
+        ValueError, match=r"^output mul torch.Size\(\[1, 8\]\) is neither \(4, 8\) nor row-reduced$"
+    ):
+        build_region([mul_w, mul_x], a)
+    assert build_region([mul_x], a).input_nodes == [mul_x.args[0], mul_w]
+    _, a, (exp, sin) = _traced(lambda x: x.exp().sin(), _x(4, 8))
+    sin.users.clear()  # nothing reads it any more: no member is an output
+    with pytest.raises(ValueError, match=r"^no output$"):
+        build_region([exp, sin], a)
+    xs = [_x(4, seed=k) for k in range(MAX_INPUTS + 1)]
+    _, a, calls = _traced(lambda *xs: sum(xs[1:], xs[0]), *xs)
+    with pytest.raises(
+        LimitError, match=rf"^{MAX_INPUTS + 1} inputs \(the VM takes {MAX_INPUTS}\)"
+    ):
+        build_region(calls, a)
+    _, a, calls = _traced(lambda x: [x + k for k in range(MAX_OUTPUTS + 1)], _x(4))
+    with pytest.raises(LimitError, match=rf"^{MAX_OUTPUTS + 1} outputs \(the VM takes"):
+        build_region(calls, a)
+    _, a, calls = _traced(
+        lambda x: functools.reduce(lambda v, _: v.exp(), range(MAX_INSTRS), x), _x(4)
+    )
+    with pytest.raises(LimitError, match=rf"^{MAX_INSTRS + 2} instructions \(the VM takes"):
+        build_region(calls, a)
+    with pytest.raises(ValueError, match="no members"):
+        build_region([], a)
+    with pytest.raises(TypeError, match="build_region"):
+        build_region(calls, a, a)
+    with pytest.raises(TypeError, match="members must be a sequence"):
+        build_region(1, a)
+
+
+def test_build_region_hands_the_rules_a_resolve(monkeypatch):
+    """The rules' ``r``: a node argument's value (a constant for a non-node, the value of a
+    member lowered before, else a load), ``r.computed(node)`` whether a member made it; wrong
+    arguments raise TypeError."""
+    _, a, (exp, sin) = _traced(lambda x: x.exp().sin(), _x(4, 8))
+    (x,) = exp.args
+    seen = []
+
+    def emit(em, n, r):
+        seen.append((r.computed(x), r.computed(exp), r(2.0), r(x), r(x)))
+        if n is sin:
+            seen.append(r(exp))
+            with pytest.raises(TypeError):
+                r()
+            with pytest.raises(TypeError):
+                r(x, x)
+            with pytest.raises(TypeError):
+                r("2")
+            with pytest.raises(TypeError):
+                r.computed([])
+        return em.unary(Op.EXP, r(n.args[0]))
+
+    rule = cl._RULES_BY_ID[id(aten.exp.default)]
+    for op in (aten.exp.default, aten.sin.default):
+        monkeypatch.setitem(cl._RULES_BY_ID, id(op), dataclasses.replace(rule, emit=emit))
+    region = build_region([exp, sin], a)
+    assert seen[0] == (False, False, 0, 1, 1)  # a constant, then the load of x
+    assert seen[1] == (False, True, 0, 1, 1)
+    assert seen[2] == 2  # exp's value
+    assert region.input_nodes == [x]
+
+
+def test_the_emitter_s_setups_refuse_wrong_arguments():
+    """``_emitter.setup`` and ``setup_regions`` check what they are handed (and keep what they
+    held before: the region tests still build)."""
+    with pytest.raises(TypeError, match="an exception class and a callable"):
+        _emitter.setup(LimitError, None, MAX_REGS)
+    with pytest.raises(TypeError):
+        _emitter.setup(LimitError, print)
+    limits = (MAX_INPUTS, MAX_OUTPUTS, MAX_INSTRS)
+    given = [cl._RULES_BY_ID, Node, cl.Region, Emitter, None, None, (), limits, time.perf_counter]
+    with pytest.raises(TypeError, match="region, domain, storable and perf_counter"):
+        _emitter.setup_regions(*given)
+    given[3] = int
+    with pytest.raises(TypeError, match="emitter must subclass Emitter"):
+        _emitter.setup_regions(*given)
+    with pytest.raises(TypeError):
+        _emitter.setup_regions([], *given[1:])
+    test_build_region_stores_a_value_once_per_dtype_reduction_and_alias_base()
 
 
 def _scaled_graph(value, dtype=torch.float32):

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 import torch
 from torch.fx import GraphModule, Node
 
-from dvm import _analysis
+from dvm import _analysis, _emitter
 from dvm.lower import (
     CONST,
     EXPAND,
@@ -38,7 +38,6 @@ from dvm.lower import (
     VIEW_OPS,
     Emitter,
     Fact,
-    LimitError,
     op_name,
     reduced_dims,
     rule_reason,
@@ -124,7 +123,6 @@ def _side_effect_reason(n: Node) -> str:
 
 _RULES_BY_ID = {id(t): rule for t, rule in RULES.items()}
 _ALIASING_OPS = (*VIEW_OPS, aten.expand.default)  # results that are views of their first argument
-_ALIASING = {id(t) for t in _ALIASING_OPS}  # by id(target), as _RULES_BY_ID
 _analysis.setup(
     _RULES_BY_ID,
     torch.Tensor,
@@ -163,94 +161,22 @@ class _Analysis:
         one value load it once)."""
         return _analysis.merge(self, self.nodes)
 
-    def view_of(self, p: Node, reader: Node) -> Shape:
-        """The shape ``reader`` sees its operand ``p`` with."""
-        shape = self.dshape.get(p)
-        if shape is not None and p not in self.cut[reader]:
-            return shape
-        return self.facts[p][0]
 
-
-def build_region(members: list[Node], a: _Analysis) -> Region:
-    """Lower ``members`` (graph order) to one region; ``ValueError`` (a :class:`LimitError`
-    for the VM's limits) when they do not make one."""
-    t0 = time.perf_counter()
-    mset = set(members)
-    # 0-d values only (a scale worked out from a scalar): one element
-    domain = _analysis.domain(a, members) or (1,)
-    em = Emitter()
-    env: dict[Node, int] = {}
-    slots: dict[tuple[Node, Shape], int] = {}
-    outputs: list[Node] = []
-    slots_out: list[int] = []
-    stored: dict[tuple[int, torch.dtype, bool, Node], int] = {}  # by value and alias base
-    out_dtypes: list[torch.dtype] = []
-    reduced: list[bool] = []
-    reader: Node = members[0]
-
-    def resolve(x: object) -> int:
-        if type(x) is not Node:
-            return em.const(x)
-        value = env.get(x)
-        if value is None:  # read from outside: a load of the view the reader sees
-            key = (x, a.view_of(x, reader))
-            slot = slots.get(key)
-            if slot is None:
-                slot = slots[key] = len(slots)
-            value = em.load(slot)
-        return value
-
-    resolve.computed = env.__contains__  # type: ignore[attr-defined]
-    for n in members:
-        reader = n
-        value = env[n] = _RULES_BY_ID[id(n.target)].emit(em, n, resolve)
-        for u in n.users:
-            if u not in mset:
-                break
-        else:
-            continue
-        red = _analysis.storable(a.dshape[n], domain)
-        if red is None:
-            raise ValueError(f"output {n.name} {a.dshape[n]} is neither {domain} nor row-reduced")
-        # a view shares its base's output only (a clone of the same value has its own)
-        key = (value, a.facts[n][1], red, _alias_base(n, mset))
-        slot = stored.get(key)
-        if slot is None:
-            slot = stored[key] = em.store(value)
-            out_dtypes.append(key[1])
-            reduced.append(red)
-        outputs.append(n)
-        slots_out.append(slot)
-    if not outputs:
-        raise ValueError("no output")
-    if len(slots) > MAX_INPUTS:
-        raise LimitError(f"{len(slots)} inputs (the VM takes {MAX_INPUTS})")
-    if em.n_outputs > MAX_OUTPUTS:
-        raise LimitError(f"{em.n_outputs} outputs (the VM takes {MAX_OUTPUTS})")
-    if em.n_instrs > MAX_INSTRS:
-        raise LimitError(f"{em.n_instrs} instructions (the VM takes {MAX_INSTRS})")
-    program = em.program(len(slots))
-    return Region(
-        nodes=list(members),
-        input_nodes=[k[0] for k in slots],
-        input_views=[k[1] for k in slots],
-        outputs=outputs,
-        output_slots=slots_out,
-        domain=domain,
-        program=program,
-        out_dtypes=out_dtypes,
-        reduced=reduced,
-        build_us=(time.perf_counter() - t0) * 1e6,
-    )
-
-
-def _alias_base(n: Node, members: set[Node]) -> Node:
-    """The member whose values ``n`` holds: ``n``, or through views inside the region the
-    value they view (eager returns a view of it; another node of equal values is a tensor of
-    its own)."""
-    while id(n.target) in _ALIASING and n.args[0] in members:
-        n = n.args[0]
-    return n
+_emitter.setup_regions(
+    _RULES_BY_ID,
+    Node,
+    Region,
+    Emitter,
+    _analysis.domain,
+    _analysis.storable,
+    _ALIASING_OPS,
+    (MAX_INPUTS, MAX_OUTPUTS, MAX_INSTRS),
+    time.perf_counter,
+)
+build_region = _emitter.build_region
+"""``build_region(members, a)``: ``members`` (graph order) lowered to one :class:`Region` by C
+(``csrc/emitter.c``) calling each member's rule; ``ValueError`` (a
+:class:`~dvm.lower.LimitError` for the VM's limits) when they do not make one."""
 
 
 _CASTS = {id(aten._to_copy.default), id(torch.ops.prims.convert_element_type.default)}

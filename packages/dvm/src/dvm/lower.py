@@ -57,17 +57,14 @@ class Emitter(_emitter.Emitter):
     does a constant of the same bits (``-0.0`` is not ``0.0``) or a load of the same input.
     The building is C (``csrc/emitter.c``): ``load(index)``, ``const(value)``,
     ``unary(op, a)``, ``binary(op, a, b)``, ``where(cond, a, b)``, ``reduce(op, a)`` give
-    values, ``store(value)`` the next output's index; ``n_instrs`` and ``n_outputs`` count."""
+    values, ``store(value)`` the next output's index; ``n_instrs`` and ``n_outputs`` count;
+    ``program(n_inputs)`` allocates registers (a dead value's is reused) and builds the
+    :class:`~dvm.program.Program`, a :class:`LimitError` when it needs more than ``MAX_REGS``."""
 
     __slots__ = ()
 
-    def program(self, n_inputs: int) -> Program:
-        """Allocate registers (a dead value's is reused) and build the program;
-        :class:`LimitError` when it needs more than ``MAX_REGS`` registers."""
-        codes, imms, n_regs = self.encode()
-        if n_regs > MAX_REGS:
-            raise LimitError(f"needs {n_regs} registers (the VM has {MAX_REGS})")
-        return Program.built(n_inputs, self.n_outputs, max(n_regs, 1), (codes, imms))
+
+_emitter.setup(LimitError, Program.built, MAX_REGS)
 
 
 @dataclass(frozen=True)

@@ -4,10 +4,13 @@
 // For each node of an aten FX graph: its index and side-effect segment; for a call node whose
 // op has a lowering rule, whether the VM takes it (each value's shape, dtype and size, a bool
 // result, scalar arguments, the rule's own check) and, when it does, its domain shape, the
-// operands cut from it, its footprint and instruction cost (dvm.cluster's docstring). What a
-// node needs explaining (why the VM refuses it, which dims a reduction reduces, whether an
-// op without a rule has a side effect) is asked of dvm.lower and dvm.cluster in Python, which
-// setup() hands over: the reasons are written in one place.
+// operands cut from it, its footprint and instruction cost (dvm.cluster's docstring). The
+// common cases are worked out here: plain CPU fake tensors of static shapes, scalars well
+// within range, and the checks setup() names (reductions, views, copies, division modes,
+// bitwise ops) where they pass. Whatever needs explaining (why the VM refuses a node, an
+// unusual value or argument, whether an op without a rule has a side effect) is asked of
+// dvm.lower and dvm.cluster in Python, which setup() hands over: the reasons are written in
+// one place.
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <math.h>
@@ -21,12 +24,18 @@ static struct {
     PyObject *pointwise, *reduce, *row, *expand, *constant;
     PyObject *eager, *eager_memo, *rule_reason, *value_fact, *reduced_dims;
     PyObject *aliasing, *expand_op;  // the ops whose result is a view (a tuple), aten.expand
-    long max_rank, max_inputs, max_outputs, max_instrs;
+    PyObject* fake_tensor;           // FakeTensor, whose device is read from its fields
+    PyObject* bool_out;              // the ids of the pointwise ops that may give a bool result
+    // the rules' checks worked out here (dvm.lower's functions, compared by identity)
+    PyObject *check_reduce, *check_view, *check_to_copy, *check_div_mode, *check_bitwise,
+        *check_row[3];  // by the dim's argument: _row_check(1), _row_check(2)
+    long max_rank, max_inputs, max_outputs, max_instrs, max_row;
     PyObject *no_val;  // the reason for a call node without a tensor value
     PyObject *s_op, *s_target, *s_args, *s_kwargs, *s_meta, *s_val, *s_all_input_nodes,
         *s_kind, *s_check, *s_cost, *s_dtype, *s_device, *s_shape, *s_call_function,
         *s_call_method, *s_call_module, *s_index, *s_segment, *s_fallbacks, *s_facts, *s_dshape,
-        *s_cut, *s_footprint, *s_users;
+        *s_cut, *s_footprint, *s_users, *s__args, *s__kwargs, *s__input_nodes, *s__fake_device,
+        *s_fake_mode, *s_in_kernel_invocation, *s_dim, *s_rounding_mode;
 } g;
 
 typedef struct {  // the _Analysis's dicts (borrowed from it)
@@ -147,6 +156,20 @@ static PyObject* view_of(Tables* t, PyObject* p, PyObject* cut) {
     return fact_shape(t, p, NULL);
 }
 
+// Tensor v's device (a new reference): a FakeTensor's own field, which its device property
+// gives outside a kernel invocation (NULL without an exception inside one, where the property
+// says meta); any other tensor's device attribute. NULL with an exception on an error.
+static PyObject* device_of(PyObject* v) {
+    if (Py_TYPE(v) != (PyTypeObject*)g.fake_tensor) return PyObject_GetAttr(v, g.s_device);
+    PyObject* mode = PyObject_GetAttr(v, g.s_fake_mode);
+    PyObject* inside = mode != NULL ? PyObject_GetAttr(mode, g.s_in_kernel_invocation) : NULL;
+    Py_XDECREF(mode);
+    if (inside == NULL) return NULL;
+    int meta = PyObject_IsTrue(inside);
+    Py_DECREF(inside);
+    return meta == 0 ? PyObject_GetAttr(v, g.s__fake_device) : NULL;
+}
+
 // The fact of value v (shape, dtype, size), a str saying why the VM does not take it, or
 // NULL with an exception. Anything but a plain supported tensor (a VM dtype, the CPU device, a
 // static non-empty shape of at most MAX_DIMS dims) goes to dvm.lower.value_fact. The size is
@@ -160,7 +183,10 @@ static PyObject* value_fact(PyObject* v) {
         int known = PyDict_Contains(g.dtype_codes, dtype);
         if (known < 0) goto done;
         if (!known) goto slow;
-        if ((device = PyObject_GetAttr(v, g.s_device)) == NULL) goto done;
+        if ((device = device_of(v)) == NULL) {
+            if (PyErr_Occurred()) goto done;
+            goto slow;
+        }
         int cpu = PyObject_RichCompareBool(device, g.cpu, Py_EQ);
         if (cpu < 0) goto done;
         if (!cpu) goto slow;
@@ -204,10 +230,144 @@ static int odd_scalar(PyObject* a, double limit) {
     return isfinite(x) && fabs(x) > 0.5 * limit;
 }
 
-// Whether the VM takes node (dvm.lower.rule_reason); a new reference to the reason, Py_None,
-// or NULL with an exception. Any refusal's reason comes from dvm.lower.rule_reason itself.
-static PyObject* reason(Tables* t, PyObject* node, PyObject* rule, PyObject* ops, PyObject* args,
-                        PyObject* kwargs) {
+// Where p has the fact of a value the VM takes, its shape into *out: 1; 0 when it has none
+// (not a node, or a value the VM does not take); -1 with an exception.
+static int known_shape(Tables* t, PyObject* p, Shape* out) {
+    PyObject* fact = PyDict_GetItemWithError(t->facts, p);
+    if (fact == NULL) return PyErr_Occurred() ? -1 : 0;
+    if (!PyTuple_Check(fact) || PyTuple_GET_SIZE(fact) != 3) return 0;
+    Py_INCREF(fact);
+    int failed = read_shape(PyTuple_GET_ITEM(fact, 0), out);
+    Py_DECREF(fact);
+    return failed ? -1 : 1;
+}
+
+// The shape of a node's first argument into *out when it is one of its inputs `ops` and has a
+// fact: 1; 0 when it is not or has none; -1 with an exception.
+static int first_shape(Tables* t, PyObject* ops, PyObject* args, Shape* out) {
+    if (PyTuple_GET_SIZE(args) == 0) return 0;
+    PyObject* x = PyTuple_GET_ITEM(args, 0);
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(ops); ++i)
+        if (PyList_GET_ITEM(ops, i) == x) return known_shape(t, x, out);
+    return 0;
+}
+
+// The dims a reduction of a value of `rank` dims reduces (dvm.lower.reduced_dims) as a bit
+// mask in *mask: 1; 0 when its dim argument is not None, an int or a list or tuple of ints
+// (dvm.lower says); -1 with an exception.
+static int reduce_dims(PyObject* args, PyObject* kwargs, int rank, unsigned* mask) {
+    *mask = 0;
+    if (rank == 0) return 1;
+    unsigned all = (1u << rank) - 1;
+    PyObject* dims = PyTuple_GET_SIZE(args) > 1 ? PyTuple_GET_ITEM(args, 1)
+                                                : PyDict_GetItemWithError(kwargs, g.s_dim);
+    if (dims == NULL && PyErr_Occurred()) return -1;
+    if (dims == NULL || dims == Py_None) {
+        *mask = all;
+        return 1;
+    }
+    PyObject* const* items = &dims;
+    Py_ssize_t n = 1;
+    if (PyList_Check(dims) || PyTuple_Check(dims)) {
+        n = PySequence_Fast_GET_SIZE(dims);
+        items = PySequence_Fast_ITEMS(dims);
+        if (n == 0) {
+            *mask = all;
+            return 1;
+        }
+    }
+    for (Py_ssize_t k = 0; k < n; ++k) {
+        if (!PyLong_CheckExact(items[k])) return 0;
+        int overflow;
+        long long d = PyLong_AsLongLongAndOverflow(items[k], &overflow);
+        if (overflow) return 0;
+        long long at = d % rank;
+        *mask |= 1u << (at < 0 ? at + rank : at);
+    }
+    return 1;
+}
+
+// Whether kwargs[name] is absent or None: 1, 0 when not, -1 with an exception.
+static int unset(PyObject* kwargs, PyObject* name) {
+    PyObject* v = PyDict_GetItemWithError(kwargs, name);
+    if (v == NULL) return PyErr_Occurred() ? -1 : 1;
+    return v == Py_None;
+}
+
+// dvm.lower._check_reduce passing node: only the last dim reduced (or dims of size 1), a
+// row of at most MAX_ROW elements, no dtype argument.
+static int reduce_passes(Tables* t, PyObject* ops, PyObject* args, PyObject* kwargs) {
+    Shape x;
+    unsigned mask;
+    int known = unset(kwargs, g.s_dtype);
+    if (known > 0) known = first_shape(t, ops, args, &x);
+    if (known > 0) known = reduce_dims(args, kwargs, x.n, &mask);
+    if (known <= 0) return known;
+    for (int d = 0; d < x.n - 1; ++d)
+        if ((mask >> d & 1) && x.d[d] != 1) return 0;
+    int row = x.n > 0 && (mask >> (x.n - 1) & 1) && x.d[x.n - 1] != 1;
+    return !row || x.d[x.n - 1] <= g.max_row;
+}
+
+// dvm.lower._check_view passing node: a view of a tensor with the same dims but size-1 ones.
+static int view_passes(Tables* t, PyObject* node, PyObject* ops, PyObject* args) {
+    Shape src, dst;
+    int known = first_shape(t, ops, args, &src);
+    if (known > 0) known = known_shape(t, node, &dst);
+    if (known <= 0) return known;
+    int i = 0, j = 0;
+    for (;; ++i, ++j) {
+        while (i < src.n && src.d[i] == 1) ++i;
+        while (j < dst.n && dst.d[j] == 1) ++j;
+        if (i == src.n || j == dst.n || src.d[i] != dst.d[j]) break;
+    }
+    return i == src.n && j == dst.n;
+}
+
+// dvm.lower._row_check(dim_at)'s check passing node: over the last dim (argument dim_at) of
+// rows of 2 to MAX_ROW elements, and for a dim_at of 1 without half_to_float (argument 2).
+static int row_passes(Tables* t, PyObject* ops, PyObject* args, int dim_at) {
+    Shape x;
+    int known = first_shape(t, ops, args, &x);
+    if (known <= 0) return known;
+    if (PyTuple_GET_SIZE(args) <= 2 || x.n == 0) return 0;
+    PyObject* dim = PyTuple_GET_ITEM(args, dim_at);
+    if (!PyLong_CheckExact(dim)) return 0;
+    int overflow;
+    long long d = PyLong_AsLongLongAndOverflow(dim, &overflow);
+    if (overflow || (d % x.n + x.n) % x.n != x.n - 1 || x.d[x.n - 1] == 1) return 0;
+    if (dim_at == 1 && PyTuple_GET_ITEM(args, 2) != Py_False) return 0;
+    return x.d[x.n - 1] <= g.max_row;
+}
+
+// Whether node passes its rule's check, worked out here for the checks setup() names: 1 when
+// it does, 0 when dvm.lower must say (a refusal, or a case not handled here), -1 with an
+// exception.
+static int check_passes(Tables* t, PyObject* check, PyObject* node, PyObject* ops,
+                        PyObject* args, PyObject* kwargs) {
+    if (check == Py_None) return 1;
+    if (check == g.check_reduce) return reduce_passes(t, ops, args, kwargs);
+    if (check == g.check_view) return view_passes(t, node, ops, args);
+    if (check == g.check_to_copy) return unset(kwargs, g.s_device);
+    if (check == g.check_div_mode) return unset(kwargs, g.s_rounding_mode);
+    if (check == g.check_row[1] || check == g.check_row[2])
+        return row_passes(t, ops, args, check == g.check_row[1] ? 1 : 2);
+    if (check != g.check_bitwise) return 0;
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(ops); ++i) {
+        PyObject* fact = PyDict_GetItemWithError(t->facts, PyList_GET_ITEM(ops, i));
+        if (fact == NULL) return PyErr_Occurred() ? -1 : 0;
+        if (!PyTuple_Check(fact) || PyTuple_GET_SIZE(fact) != 3 ||
+            PyTuple_GET_ITEM(fact, 1) != g.bool_dtype)
+            return 0;
+    }
+    return 1;
+}
+
+// Whether the VM takes node (dvm.lower.rule_reason), `key` its target's id; a new reference to
+// the reason, Py_None, or NULL with an exception. Any refusal's reason comes from
+// dvm.lower.rule_reason itself.
+static PyObject* reason(Tables* t, PyObject* node, PyObject* key, PyObject* rule, PyObject* ops,
+                        PyObject* args, PyObject* kwargs) {
     Py_ssize_t n_ops = PyList_GET_SIZE(ops);
     for (Py_ssize_t k = -1; k < n_ops; ++k) {
         PyObject* x = k < 0 ? node : PyList_GET_ITEM(ops, k);
@@ -244,9 +404,17 @@ static PyObject* reason(Tables* t, PyObject* node, PyObject* rule, PyObject* ops
     PyObject* dtype = Py_NewRef(PyTuple_GET_ITEM(node_fact, 1));
     PyObject* limit_obj = PyDict_GetItemWithError(g.limits, dtype);
     double limit = limit_obj != NULL ? PyFloat_AsDouble(limit_obj) : 0.0;
-    int odd = dtype == g.bool_dtype;  // a bool result: rule_reason says whether its op makes one
+    int odd = 0, bool_result = dtype == g.bool_dtype;
     Py_DECREF(dtype);
     if (PyErr_Occurred()) return NULL;
+    if (bool_result) {  // a pointwise op not known to make one: rule_reason's case
+        PyObject* kind = PyObject_GetAttr(rule, g.s_kind);
+        if (kind == NULL) return NULL;
+        int known = kind != g.pointwise ? 1 : PySet_Contains(g.bool_out, key);
+        Py_DECREF(kind);
+        if (known < 0) return NULL;
+        odd = !known;
+    }
     PyObject* values = PyDict_Values(kwargs);
     if (values == NULL) return NULL;
     for (int part = 0; !odd && part < 2; ++part) {
@@ -258,11 +426,12 @@ static PyObject* reason(Tables* t, PyObject* node, PyObject* rule, PyObject* ops
         }
     }
     Py_DECREF(values);
-    PyObject* check = PyObject_GetAttr(rule, g.s_check);
-    if (check == NULL) return NULL;
-    int checked = check != Py_None;
-    Py_DECREF(check);
-    if (!odd && !checked) Py_RETURN_NONE;
+    PyObject* check = odd ? NULL : PyObject_GetAttr(rule, g.s_check);
+    if (!odd && check == NULL) return NULL;
+    int passes = odd ? 0 : check_passes(t, check, node, ops, args, kwargs);
+    Py_XDECREF(check);
+    if (passes < 0) return NULL;
+    if (passes) Py_RETURN_NONE;
     return PyObject_CallFunctionObjArgs(g.rule_reason, node, rule, ops, t->facts, NULL);
 }
 
@@ -385,11 +554,22 @@ static int analyse(Tables* t, PyObject* node, PyObject* rule, PyObject* ops, PyO
             goto done;
         }
         cut = !ok && numel > 1 ? PyTuple_Pack(1, x) : Py_NewRef(empty);
-        PyObject* dims = PyObject_CallOneArg(g.reduced_dims, node);
-        if (dims != NULL) shape = reduced_shape(x_shape, dims);
+        Shape reduced;
+        unsigned mask;
+        int known = read_shape(x_shape, &reduced) < 0
+                        ? -1
+                        : reduce_dims(args, kwargs, reduced.n, &mask);
+        if (known > 0) {
+            for (int d = 0; d < reduced.n; ++d)
+                if (mask >> d & 1) reduced.d[d] = 1;
+            shape = shape_tuple(&reduced);
+        } else if (known == 0) {  // dims dvm.lower.reduced_dims works out
+            PyObject* dims = PyObject_CallOneArg(g.reduced_dims, node);
+            if (dims != NULL) shape = reduced_shape(x_shape, dims);
+            Py_XDECREF(dims);
+        }
         Py_DECREF(x_shape);
-        Py_XDECREF(dims);
-        if (dims == NULL) goto done;
+        if (shape == NULL) goto done;
     } else if (kind == g.row) {
         cut = unaligned(t, ops);
         shape = Py_NewRef(real);
@@ -516,6 +696,32 @@ static int fallback(Tables* t, PyObject* node, PyObject* why) {
     return failed;
 }
 
+// node.<name> read through its C member `member` (torch.fx's _NodeBase) when it has one, else
+// through the property; a new reference, or NULL with an exception.
+static PyObject* node_field(PyObject* node, PyObject* member, PyObject* name) {
+    PyObject* v;
+    int found = _PyObject_LookupAttr(node, member, &v);
+    return found != 0 ? v : PyObject_GetAttr(node, name);
+}
+
+// node.all_input_nodes as a list of its own: the keys of its _input_nodes dict (torch.fx's C
+// member) when it has one. NULL with an exception.
+static PyObject* input_nodes(PyObject* node) {
+    PyObject* held;
+    int found = _PyObject_LookupAttr(node, g.s__input_nodes, &held);
+    if (found < 0) return NULL;
+    if (found && PyDict_Check(held)) {
+        PyObject* keys = PyDict_Keys(held);
+        Py_DECREF(held);
+        return keys;
+    }
+    Py_XDECREF(held);
+    PyObject* listed = PyObject_GetAttr(node, g.s_all_input_nodes);
+    PyObject* ops = listed != NULL ? PySequence_List(listed) : NULL;
+    Py_XDECREF(listed);
+    return ops;
+}
+
 // One node: 0, or -1 with an exception.
 static int node_step(Tables* t, PyObject* node, Py_ssize_t i, Py_ssize_t* seg) {
     if (set_int(t->index, node, i) < 0 || set_int(t->segment, node, *seg) < 0) return -1;
@@ -562,29 +768,26 @@ static int node_step(Tables* t, PyObject* node, Py_ssize_t i, Py_ssize_t* seg) {
         }
         return fallback(t, node, why);
     }
-    Py_DECREF(key);
     Py_INCREF(rule);
     int result = -1;
-    PyObject *ops = NULL, *args = NULL, *kwargs = NULL, *why = NULL;
-    PyObject* listed = PyObject_GetAttr(node, g.s_all_input_nodes);
-    if (listed == NULL) goto done;
-    ops = PySequence_List(listed);
-    Py_DECREF(listed);
-    if (ops == NULL || (listed = PyObject_GetAttr(node, g.s_args)) == NULL) goto done;
+    PyObject *ops = NULL, *args = NULL, *kwargs = NULL, *why = NULL, *listed;
+    if ((ops = input_nodes(node)) == NULL) goto done;
+    if ((listed = node_field(node, g.s__args, g.s_args)) == NULL) goto done;
     args = PySequence_Tuple(listed);  // fx keeps a tuple, or an immutable_list once reassigned
     Py_DECREF(listed);
-    if (args == NULL || (kwargs = PyObject_GetAttr(node, g.s_kwargs)) == NULL) goto done;
+    if (args == NULL || (kwargs = node_field(node, g.s__kwargs, g.s_kwargs)) == NULL) goto done;
     if (!PyDict_Check(kwargs)) {
         PyErr_SetString(PyExc_TypeError, "dvm analysis: a node's kwargs must be a dict");
         goto done;
     }
-    if ((why = reason(t, node, rule, ops, args, kwargs)) == NULL) goto done;
+    if ((why = reason(t, node, key, rule, ops, args, kwargs)) == NULL) goto done;
     if (why != Py_None) {
         result = fallback(t, node, Py_NewRef(why));
         goto done;
     }
     result = analyse(t, node, rule, ops, args, kwargs);
 done:
+    Py_DECREF(key);
     Py_DECREF(rule);
     Py_XDECREF(ops);
     Py_XDECREF(args);
@@ -929,7 +1132,7 @@ static int read_node(Merge* m, Tables* t, PyObject* node, int i) {
     m->flags[i] = (aliasing ? ALIASING : 0) | (target == g.expand_op ? EXPANDS : 0);
     Py_DECREF(target);
     if (!aliasing) return 0;
-    PyObject* args = PyObject_GetAttr(node, g.s_args);
+    PyObject* args = node_field(node, g.s__args, g.s_args);
     PyObject* x = args != NULL ? PySequence_GetItem(args, 0) : NULL;
     Py_XDECREF(args);
     if (x == NULL) return -1;
@@ -1114,21 +1317,39 @@ static PyObject* py_storable(PyObject* module, PyObject* const* argv, Py_ssize_t
 // CONST); (eager, eager_memo, rule_reason, value_fact, reduced_dims), eager(node) giving
 // (whether it has a side effect, why it stays eager) for a node with no rule, and eager_memo
 // the dict of those results by id(target) that it fills where the op alone decides; (the
-// aliasing ops, aten.expand, MAX_INPUTS, MAX_OUTPUTS, MAX_INSTRS).
+// aliasing ops, aten.expand, MAX_INPUTS, MAX_OUTPUTS, MAX_INSTRS); (FakeTensor, the ids of
+// the pointwise ops that may give a bool result (a set), (_check_reduce, _check_view,
+// _check_to_copy, _check_div_mode, _check_bitwise, _row_check(1), _row_check(2)), MAX_ROW).
 static PyObject* setup(PyObject* module, PyObject* args) {
     PyObject *rules, *tensor, *cpu, *codes, *limits, *bool_dtype, *max_dims, *kinds, *callbacks;
-    PyObject *aliasing, *expand_op;
-    long max_in, max_out, max_instrs;
-    if (!PyArg_ParseTuple(args, "O!OOO!O!OO!O!O!(O!Olll)", &PyDict_Type, &rules, &tensor, &cpu,
-                          &PyDict_Type, &codes, &PyDict_Type, &limits, &bool_dtype, &PyLong_Type,
-                          &max_dims, &PyTuple_Type, &kinds, &PyTuple_Type, &callbacks,
-                          &PyTuple_Type, &aliasing, &expand_op, &max_in, &max_out, &max_instrs))
+    PyObject *aliasing, *expand_op, *fake_tensor, *bool_out, *checks;
+    long max_in, max_out, max_instrs, max_row;
+    if (!PyArg_ParseTuple(args, "O!OOO!O!OO!O!O!(O!Olll)(O!O!O!l)", &PyDict_Type, &rules, &tensor,
+                          &cpu, &PyDict_Type, &codes, &PyDict_Type, &limits, &bool_dtype,
+                          &PyLong_Type, &max_dims, &PyTuple_Type, &kinds, &PyTuple_Type,
+                          &callbacks, &PyTuple_Type, &aliasing, &expand_op, &max_in, &max_out,
+                          &max_instrs, &PyType_Type, &fake_tensor, &PyFrozenSet_Type, &bool_out,
+                          &PyTuple_Type, &checks, &max_row))
         return NULL;
+    PyObject** check_slots[] = {&g.check_reduce,   &g.check_view,    &g.check_to_copy,
+                                &g.check_div_mode, &g.check_bitwise, &g.check_row[1],
+                                &g.check_row[2]};
+    Py_ssize_t n_checks = sizeof check_slots / sizeof check_slots[0];
+    if (PyTuple_GET_SIZE(checks) != n_checks) {
+        PyErr_Format(PyExc_TypeError, "setup: %zd checks, not %zd", n_checks,
+                     PyTuple_GET_SIZE(checks));
+        return NULL;
+    }
     if (PyTuple_GET_SIZE(kinds) != 5 || PyTuple_GET_SIZE(callbacks) != 5 ||
         !PyDict_Check(PyTuple_GET_ITEM(callbacks, 1))) {
         PyErr_SetString(PyExc_TypeError, "setup: 5 kinds and 5 callbacks, the second a dict");
         return NULL;
     }
+    for (Py_ssize_t i = 0; i < n_checks; ++i)
+        Py_XSETREF(*check_slots[i], Py_NewRef(PyTuple_GET_ITEM(checks, i)));
+    Py_XSETREF(g.fake_tensor, Py_NewRef(fake_tensor));
+    Py_XSETREF(g.bool_out, Py_NewRef(bool_out));
+    g.max_row = max_row;
     PyObject* given[] = {rules, tensor, cpu, codes, limits, bool_dtype, aliasing, expand_op};
     PyObject** held[] = {&g.rules,  &g.tensor,     &g.cpu,      &g.dtype_codes,
                          &g.limits, &g.bool_dtype, &g.aliasing, &g.expand_op};
@@ -1184,6 +1405,10 @@ PyMODINIT_FUNC PyInit__analysis(void) {
         {&g.s_fallbacks, "fallbacks"}, {&g.s_facts, "facts"},
         {&g.s_dshape, "dshape"},   {&g.s_cut, "cut"},
         {&g.s_footprint, "footprint"}, {&g.s_users, "users"},
+        {&g.s__args, "_args"},     {&g.s__kwargs, "_kwargs"},
+        {&g.s__input_nodes, "_input_nodes"}, {&g.s__fake_device, "_fake_device"},
+        {&g.s_fake_mode, "fake_mode"}, {&g.s_in_kernel_invocation, "in_kernel_invocation"},
+        {&g.s_dim, "dim"},         {&g.s_rounding_mode, "rounding_mode"},
     };
     for (size_t i = 0; i < sizeof names / sizeof names[0]; ++i)
         if ((*names[i].slot = PyUnicode_InternFromString(names[i].text)) == NULL) return NULL;

@@ -121,6 +121,27 @@ def _side_effect_reason(n: Node) -> str:
     return f"{what}: kept in place, no region spans it"
 
 
+def _analysis_fast_path() -> tuple:
+    """What ``csrc/analysis.c`` works out without asking :mod:`dvm.lower`: FakeTensor (whose
+    device it reads from its fields), the ids of the pointwise ops that may give a bool
+    result, the rules' checks it works out where they pass, and MAX_ROW."""
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    from dvm import lower
+    from dvm.program import MAX_ROW
+
+    checks = (
+        lower._check_reduce,
+        lower._check_view,
+        lower._check_to_copy,
+        lower._check_div_mode,
+        lower._check_bitwise,
+        lower._row_check(1),
+        lower._row_check(2),
+    )
+    return FakeTensor, frozenset(id(t) for t in lower._BOOL_OUT), checks, MAX_ROW
+
+
 _RULES_BY_ID = {id(t): rule for t, rule in RULES.items()}
 _ALIASING_OPS = (*VIEW_OPS, aten.expand.default)  # results that are views of their first argument
 _analysis.setup(
@@ -134,6 +155,7 @@ _analysis.setup(
     (POINTWISE, REDUCE, ROW, EXPAND, CONST),
     (_eager, _EAGER, rule_reason, value_fact, reduced_dims),
     (_ALIASING_OPS, aten.expand.default, MAX_INPUTS, MAX_OUTPUTS, MAX_INSTRS),
+    _analysis_fast_path(),
 )
 
 

@@ -721,8 +721,9 @@ def _amin(em: Emitter, n: Node, r: Resolve) -> int:
 # ops around it the rule emits its decomposition's instructions into their region.
 
 
+@functools.cache
 def _row_check(dim_at: int) -> Callable[[Node], str | None]:
-    """The check of a row op whose dim is argument ``dim_at``."""
+    """The check of a row op whose dim is argument ``dim_at`` (one function for each)."""
 
     def check(node: Node) -> str | None:
         shape = node.args[0].meta["val"].shape

@@ -662,3 +662,169 @@ def test_reasons_name_python_functions_by_module():
     reasons = dict(compile_graph(gm, [t]).fallbacks)
     assert reasons[y].startswith(f"{__name__}.{scale.__qualname__} is not known to be pure")
     assert reasons[z] == "op aten.max.dim has no VM lowering"
+
+
+def _checked_graphs():
+    """Graphs of nodes whose rules have a check, or that make a bool, each way the check goes:
+    reductions over other dims, without keepdim, over long rows, with a dtype argument; views,
+    copies, division modes, bitwise ops and row ops that pass or not."""
+    from dvm.program import MAX_ROW
+
+    x, w, long = _x(6, 10), _x(10, seed=1), _x(2, MAX_ROW + 1)
+    b = torch.tensor([[True], [False]]).expand(2, 10).clone()
+    return [
+        (lambda x, w: aten.sum.dim_IntList(x, [-1], True) + aten.sum.dim_IntList(x, [1]), (x, w)),
+        (lambda x, w: aten.sum.dim_IntList(x, [0], True) * aten.mean.dim(x, [0, 1]), (x, w)),
+        (lambda x, w: aten.sum.dim_IntList(x[None], [0]) + aten.sum.default(x), (x, w)),
+        (lambda x, w: aten.mean.dim(x, None, True) + aten.amax.default(x, [-2, -1]), (x, w)),
+        (lambda x, w: aten.amin.default(x, -1, True) * aten.amax.default(x[:1], 0), (x, w)),
+        (lambda x, w: aten.sum.dim_IntList(x, [-1], dtype=torch.float32) + 1, (x, w)),
+        (lambda x, w: aten.sum.dim_IntList(x.sum(), []) * aten.amax.default(w[None], []), (x, w)),
+        (lambda x, w: aten.amax.default(x, [-1], True) - x.mean(-1, True), (long, w)),
+        (lambda x, w: aten.sum.dim_IntList(x, [-1]) + 1, (long[:, :MAX_ROW], w)),
+        (lambda x, w: x.view(6, 1, 10).exp() + x.view(60).sin().view(6, 10), (x, w)),
+        (lambda x, w: x.unsqueeze(0).squeeze(0).cos() + x.reshape(10, 6).t(), (x, w)),
+        (lambda x, w: x.to(torch.bfloat16).exp() + x.to("meta", torch.float16).cpu(), (x, w)),
+        (lambda x, w: torch.div(x, w, rounding_mode="floor") + torch.div(x, w), (x, w)),
+        (lambda x, w: (x > 0) & (w > 0) | ((x < 1) ^ (x > 2)), (x, w)),
+        (lambda x, w: ((x > 0) * (w > 0)).logical_not() + (x.float() == 1), (x, w)),
+        (lambda x, w: torch.bitwise_and(x, w) + 1, (b, b[0])),
+        (lambda x, w: aten._softmax(x, -1, False) + aten._log_softmax(x, 0, False), (x, w)),
+        (lambda x, w: aten._softmax(x[:, :1], 1, False) + aten._softmax(x.half(), 1, True), (x, w)),
+        (lambda x, w: aten._softmax(x, -1, False) * 2, (long, w)),
+        (
+            lambda x, w: (
+                aten._softmax_backward_data(x, x, -1, torch.float32)
+                + aten._log_softmax_backward_data(x, x, 0, torch.float32)
+            ),
+            (x, w),
+        ),
+    ]
+
+
+def test_the_analysis_agrees_with_the_python_on_checked_nodes():
+    """The C analysis's verdicts match unsupported_reason's on nodes it works out itself and
+    on those it refuses, and a reduction's domain shape is its input's shape with the dims
+    dvm.lower.reduced_dims names set to 1."""
+    from dvm.lower import REDUCE, RULES, reduced_dims
+
+    seen = []
+    for fn, inputs in _checked_graphs():
+        gm = make_fx(fn, tracing_mode="fake")(*inputs)
+        verdicts, a = _verdicts(gm)
+        assert [got for got, _ in verdicts] == [want for _, want in verdicts], gm.graph
+        seen += verdicts
+        for n in a.dshape:
+            if RULES[n.target].kind == REDUCE:
+                dims = reduced_dims(n)
+                shape = n.args[0].meta["val"].shape
+                want = tuple(1 if d in dims else s for d, s in enumerate(shape))
+                assert a.dshape[n] == want, n.format_node()
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode():
+        floats = torch.empty(4, 3)
+    g = torch.fx.Graph()  # bitwise ops on floats: no trace makes one
+    x = g.placeholder("x")
+    y = g.call_function(aten.bitwise_and.Tensor, (x, x))
+    g.output(y)
+    x.meta["val"] = y.meta["val"] = floats
+    seen += _verdicts(torch.fx.GraphModule(torch.nn.Module(), g))[0]
+    assert seen[-1][0] == seen[-1][1]
+    reasons = {got for got, _ in seen if got is not None}
+    for part in (
+        "over dim 0",
+        "dtype argument",
+        "rows of 65537",
+        "layout",
+        "device meta",
+        "rounding_mode",
+        "non-bool",
+        "half_to_float",
+        "size 1",
+        "bool result",
+    ):
+        assert any(part in why for why in reasons), part
+    assert sum(got is None for got, _ in seen) >= 30
+
+
+def test_the_analysis_agrees_with_the_python_on_other_devices():
+    """A value on another device, or a fake tensor read inside a kernel invocation (where its
+    device reads meta), is refused with dvm.lower's reason."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    g = torch.fx.Graph()
+    x = g.placeholder("x")
+    y = g.call_function(aten.exp.default, (x,))
+    g.output(y)
+    gm = torch.fx.GraphModule(torch.nn.Module(), g)
+    mode = FakeTensorMode()
+    with mode:
+        cpu, meta = torch.empty(4, 3), torch.empty(4, 3, device="meta")
+    for fake, inside in ((cpu, False), (meta, False), (cpu, True)):
+        x.meta["val"] = y.meta["val"] = fake
+        mode.in_kernel_invocation = inside
+        try:
+            verdicts = _verdicts(gm)[0]
+        finally:
+            mode.in_kernel_invocation = False
+        assert verdicts[0][0] == verdicts[0][1]
+        assert (verdicts[0][0] is None) == (fake is cpu and not inside), verdicts
+
+
+def test_the_analysis_asks_python_nothing_for_common_nodes():
+    """RMSNorm, softmax, casts, views, comparisons and bool ops of CPU fake tensors: the
+    analysis works each out in C, calling no Python function, and takes them all."""
+    import sys
+
+    def fn(x, w):
+        y = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * w
+        z = torch.where((y > 0) & (x < 1), y.softmax(-1), x.amax(-1, keepdim=True))
+        return z.to(torch.bfloat16).view(6, 1, 10).float().sum(-1)
+
+    gm = make_fx(fn, tracing_mode="fake")(_x(6, 10), _x(10, seed=1))
+    nodes = list(gm.graph.nodes)
+    calls = []
+
+    def profile(frame, event, arg):
+        if event == "call" and frame.f_code is not _Analysis.__init__.__code__:
+            calls.append(frame.f_code.co_name)
+
+    sys.setprofile(profile)
+    try:
+        a = _Analysis(nodes)
+    finally:
+        sys.setprofile(None)
+    assert calls == []
+    assert a.fallbacks == []
+    assert len(a.dshape) == sum(n.op == "call_function" for n in nodes) >= 15
+
+
+def test_the_analysis_setup_refuses_wrong_arguments():
+    from dvm import _analysis
+    from dvm import cluster as dc
+
+    args = [
+        dc._RULES_BY_ID,
+        torch.Tensor,
+        torch.device("cpu"),
+        dc.DTYPE_CODES,
+        dc.FLOAT_LIMITS,
+        torch.bool,
+        dc.MAX_DIMS,
+        (dc.POINTWISE, dc.REDUCE, dc.ROW, dc.EXPAND, dc.CONST),
+        (dc._eager, dc._EAGER, dc.rule_reason, dc.value_fact, dc.reduced_dims),
+        (dc._ALIASING_OPS, aten.expand.default, MAX_INPUTS, MAX_OUTPUTS, dc.MAX_INSTRS),
+    ]
+    fake_tensor, bool_out, checks, max_row = dc._analysis_fast_path()
+    with pytest.raises(TypeError, match="7 checks, not 6"):
+        _analysis.setup(*args, (fake_tensor, bool_out, checks[:6], max_row))
+    with pytest.raises(TypeError):
+        _analysis.setup(*args, (fake_tensor, set(bool_out), checks, max_row))
+    with pytest.raises(TypeError):
+        _analysis.setup(*args, ("FakeTensor", bool_out, checks, max_row))
+    with pytest.raises(TypeError):
+        _analysis.setup(*args)
+    _analysis.setup(*args, (fake_tensor, bool_out, checks, max_row))
+    verdicts, _ = _verdicts(make_fx(lambda x: x.sum(-1) + 1, tracing_mode="fake")(_x(3, 4)))
+    assert verdicts == [(None, None), (None, None)]

@@ -35,7 +35,7 @@ static struct {
         *s_kind, *s_check, *s_cost, *s_dtype, *s_device, *s_shape, *s_call_function,
         *s_call_method, *s_call_module, *s_index, *s_segment, *s_fallbacks, *s_facts, *s_dshape,
         *s_cut, *s_footprint, *s_users, *s__args, *s__kwargs, *s__input_nodes, *s__fake_device,
-        *s_fake_mode, *s_in_kernel_invocation, *s_dim, *s_rounding_mode;
+        *s_fake_mode, *s_in_kernel_invocation, *s_dim, *s_rounding_mode, *s_placeholder;
 } g;
 
 typedef struct {  // the _Analysis's dicts (borrowed from it)
@@ -1369,7 +1369,46 @@ static PyObject* setup(PyObject* module, PyObject* args) {
     Py_RETURN_NONE;
 }
 
+// Whether `node` lacks the fake value missing_meta asks for: 1, 0, or -1 with an exception.
+static int lacks_meta(PyObject* node) {
+    PyObject* op = PyObject_GetAttr(node, g.s_op);
+    if (op == NULL) return -1;
+    int call = PyObject_RichCompareBool(op, g.s_call_function, Py_EQ);
+    int input = call == 0 ? PyObject_RichCompareBool(op, g.s_placeholder, Py_EQ) : 0;
+    Py_DECREF(op);
+    if (call <= 0 && input <= 0) return call < 0 || input < 0 ? -1 : 0;
+    PyObject* meta = PyObject_GetAttr(node, g.s_meta);
+    if (meta == NULL) return -1;
+    int has = PyDict_Check(meta) ? PyDict_Contains(meta, g.s_val)
+                                 : PySequence_Contains(meta, g.s_val);
+    Py_DECREF(meta);
+    if (has != 0 || !call) return has < 0 ? -1 : !has;
+    PyObject* users = PyObject_GetAttr(node, g.s_users);  // a call nothing reads needs none
+    if (users == NULL) return -1;
+    int read = PyObject_IsTrue(users);
+    Py_DECREF(users);
+    return read;
+}
+
+// missing_meta(nodes): whether a placeholder or call_function node of nodes (an iterable)
+// has no meta["val"], leaving out call_function nodes nothing reads (an _assert_scalar).
+static PyObject* missing_meta(PyObject* module, PyObject* nodes) {
+    PyObject* it = PyObject_GetIter(nodes);
+    if (it == NULL) return NULL;
+    PyObject* node;
+    int lacks = 0;
+    while (lacks == 0 && (node = PyIter_Next(it)) != NULL) {
+        lacks = lacks_meta(node);
+        Py_DECREF(node);
+    }
+    Py_DECREF(it);
+    if (lacks < 0 || PyErr_Occurred()) return NULL;
+    return PyBool_FromLong(lacks);
+}
+
 static PyMethodDef module_methods[] = {
+    {"missing_meta", missing_meta, METH_O,
+     "missing_meta(nodes): whether a node that needs a fake value in meta['val'] has none."},
     {"setup", setup, METH_VARARGS, "Hand the module dvm.lower's rules, constants and helpers."},
     {"run", (PyCFunction)(void (*)(void))run, METH_FASTCALL,
      "run(analysis, nodes): fill a dvm.cluster._Analysis's tables for nodes."},
@@ -1409,6 +1448,7 @@ PyMODINIT_FUNC PyInit__analysis(void) {
         {&g.s__input_nodes, "_input_nodes"}, {&g.s__fake_device, "_fake_device"},
         {&g.s_fake_mode, "fake_mode"}, {&g.s_in_kernel_invocation, "in_kernel_invocation"},
         {&g.s_dim, "dim"},         {&g.s_rounding_mode, "rounding_mode"},
+        {&g.s_placeholder, "placeholder"},
     };
     for (size_t i = 0; i < sizeof names / sizeof names[0]; ++i)
         if ((*names[i].slot = PyUnicode_InternFromString(names[i].text)) == NULL) return NULL;

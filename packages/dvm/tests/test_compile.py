@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import operator
+import types
 import warnings
 
 import pytest
@@ -127,6 +128,39 @@ def test_graph_without_fake_values_gets_them():
     assert len(c.regions) == 1
     torch.testing.assert_close(c(x, w), _fn(x, w))
     assert c.vm_calls == 1
+
+
+def test_missing_meta_asks_for_values_only_where_a_node_needs_one():
+    """A placeholder or a read call without ``meta["val"]`` needs fake values; an output, a
+    call nothing reads (an ``_assert_scalar``) or a node with its value does not."""
+    from dvm import _analysis
+
+    x, w = _inputs()
+    gm = make_fx(_fn, tracing_mode="fake")(x, w)
+    nodes = list(gm.graph.nodes)
+    assert _analysis.missing_meta(gm.graph.nodes) is False
+    assert _analysis.missing_meta([]) is False
+    out = next(n for n in nodes if n.op == "output")
+    out.meta.pop("val", None)
+    assert _analysis.missing_meta(nodes) is False
+    with gm.graph.inserting_before(out):
+        unread = gm.graph.call_function(aten.exp.default, (nodes[0],))
+    assert _analysis.missing_meta(gm.graph.nodes) is False
+    c = compile_graph(gm, [x, w])  # no fake tensor propagation: unread keeps no value
+    assert "val" not in unread.meta
+    torch.testing.assert_close(c(x, w), _fn(x, w))
+    for n in (nodes[0], nodes[2]):  # a placeholder, a call read by others
+        val = n.meta.pop("val")
+        assert _analysis.missing_meta(nodes) is True
+        n.meta["val"] = val
+
+
+@pytest.mark.parametrize("bad", [None, 3, [object()], [types.SimpleNamespace(op="placeholder")]])
+def test_missing_meta_rejects_what_is_not_nodes(bad):
+    from dvm import _analysis
+
+    with pytest.raises((TypeError, AttributeError)):
+        _analysis.missing_meta(bad)
 
 
 def _one_region():

@@ -20,7 +20,7 @@ import torch
 from torch.fx import GraphModule, Node
 from torch.fx.node import map_arg
 
-from dvm import _executor
+from dvm import _analysis, _executor
 from dvm.cluster import MIN_OPS, Clustering, Region, cluster
 from dvm.executor import Executor, RegionCall
 from dvm.program import Program, run_reference
@@ -322,11 +322,7 @@ def _all_eager(gm: GraphModule, why: str) -> Clustering:
 def _ensure_meta(gm: GraphModule, example_inputs: Sequence[Any]) -> None:
     """Fake values for the graph's nodes when some are missing (a node nothing reads, such as
     an ``_assert_scalar``, needs none)."""
-    if all(
-        "val" in n.meta or (n.op == "call_function" and not n.users)
-        for n in gm.graph.nodes
-        if n.op in ("placeholder", "call_function")
-    ):
+    if not _analysis.missing_meta(gm.graph.nodes):
         return
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.fx.passes.fake_tensor_prop import FakeTensorProp

@@ -722,12 +722,35 @@ static PyObject* input_nodes(PyObject* node) {
     return ops;
 }
 
-// One node: 0, or -1 with an exception.
-static int node_step(Tables* t, PyObject* node, Py_ssize_t i, Py_ssize_t* seg) {
+// Whether `node`, of fx op `op`, lacks the fake value dvm.compile fills in: a placeholder or a
+// call_function node without meta["val"], unless it is a call nothing reads (an
+// _assert_scalar). 1, 0, or -1 with an exception.
+static int lacks_meta(PyObject* node, PyObject* op) {
+    int call = PyObject_RichCompareBool(op, g.s_call_function, Py_EQ);
+    int input = call == 0 ? PyObject_RichCompareBool(op, g.s_placeholder, Py_EQ) : 0;
+    if (call <= 0 && input <= 0) return call < 0 || input < 0 ? -1 : 0;
+    PyObject* meta = PyObject_GetAttr(node, g.s_meta);
+    if (meta == NULL) return -1;
+    int has = PyDict_Check(meta) ? PyDict_Contains(meta, g.s_val)
+                                 : PySequence_Contains(meta, g.s_val);
+    Py_DECREF(meta);
+    if (has != 0 || !call) return has < 0 ? -1 : !has;
+    PyObject* users = PyObject_GetAttr(node, g.s_users);
+    if (users == NULL) return -1;
+    int read = PyObject_IsTrue(users);
+    Py_DECREF(users);
+    return read;
+}
+
+// One node: 0, or -1 with an exception; *missing set to 1 when it lacks a fake value it needs
+// (lacks_meta), looked at while *missing is 0.
+static int node_step(Tables* t, PyObject* node, Py_ssize_t i, Py_ssize_t* seg, int* missing) {
     if (set_int(t->index, node, i) < 0 || set_int(t->segment, node, *seg) < 0) return -1;
     PyObject* op = PyObject_GetAttr(node, g.s_op);
     if (op == NULL) return -1;
-    int call = PyObject_RichCompareBool(op, g.s_call_function, Py_EQ);
+    int lacks = *missing ? 0 : lacks_meta(node, op);
+    if (lacks > 0) *missing = 1;
+    int call = lacks < 0 ? -1 : PyObject_RichCompareBool(op, g.s_call_function, Py_EQ);
     int other = 0;  // a call_method or call_module: no VM rule, asked of Python as eager ops
     if (call == 0) other = PyObject_RichCompareBool(op, g.s_call_method, Py_EQ);
     if (call == 0 && other == 0) other = PyObject_RichCompareBool(op, g.s_call_module, Py_EQ);
@@ -796,20 +819,23 @@ done:
     return result;
 }
 
-// run(analysis, nodes): fill the analysis's tables for nodes (a list, in graph order).
+// run(analysis, nodes): fill the analysis's tables for nodes (a list, in graph order); whether
+// a node lacks a fake value it needs (lacks_meta).
 static PyObject* run(PyObject* module, PyObject* const* argv, Py_ssize_t argc) {
     PyObject* nodes = graph_nodes("run", argv, argc);
     if (nodes == NULL) return NULL;
     Tables t;
     int failed = open_tables(argv[0], &t) < 0;
     Py_ssize_t seg = 0;
+    int missing = 0;
     for (Py_ssize_t i = 0; !failed && i < PyTuple_GET_SIZE(nodes); ++i)
-        failed = node_step(&t, PyTuple_GET_ITEM(nodes, i), i, &seg) < 0;
+        failed = node_step(&t, PyTuple_GET_ITEM(nodes, i), i, &seg, &missing) < 0;
     close_tables(&t);
     Py_DECREF(nodes);
     if (failed) return NULL;
-    Py_RETURN_NONE;
+    return PyBool_FromLong(missing);
 }
+
 
 // ---- Merging (dvm.cluster's docstring): groups of analysed nodes grown along edges. ----
 //
@@ -1369,49 +1395,11 @@ static PyObject* setup(PyObject* module, PyObject* args) {
     Py_RETURN_NONE;
 }
 
-// Whether `node` lacks the fake value missing_meta asks for: 1, 0, or -1 with an exception.
-static int lacks_meta(PyObject* node) {
-    PyObject* op = PyObject_GetAttr(node, g.s_op);
-    if (op == NULL) return -1;
-    int call = PyObject_RichCompareBool(op, g.s_call_function, Py_EQ);
-    int input = call == 0 ? PyObject_RichCompareBool(op, g.s_placeholder, Py_EQ) : 0;
-    Py_DECREF(op);
-    if (call <= 0 && input <= 0) return call < 0 || input < 0 ? -1 : 0;
-    PyObject* meta = PyObject_GetAttr(node, g.s_meta);
-    if (meta == NULL) return -1;
-    int has = PyDict_Check(meta) ? PyDict_Contains(meta, g.s_val)
-                                 : PySequence_Contains(meta, g.s_val);
-    Py_DECREF(meta);
-    if (has != 0 || !call) return has < 0 ? -1 : !has;
-    PyObject* users = PyObject_GetAttr(node, g.s_users);  // a call nothing reads needs none
-    if (users == NULL) return -1;
-    int read = PyObject_IsTrue(users);
-    Py_DECREF(users);
-    return read;
-}
-
-// missing_meta(nodes): whether a placeholder or call_function node of nodes (an iterable)
-// has no meta["val"], leaving out call_function nodes nothing reads (an _assert_scalar).
-static PyObject* missing_meta(PyObject* module, PyObject* nodes) {
-    PyObject* it = PyObject_GetIter(nodes);
-    if (it == NULL) return NULL;
-    PyObject* node;
-    int lacks = 0;
-    while (lacks == 0 && (node = PyIter_Next(it)) != NULL) {
-        lacks = lacks_meta(node);
-        Py_DECREF(node);
-    }
-    Py_DECREF(it);
-    if (lacks < 0 || PyErr_Occurred()) return NULL;
-    return PyBool_FromLong(lacks);
-}
-
 static PyMethodDef module_methods[] = {
-    {"missing_meta", missing_meta, METH_O,
-     "missing_meta(nodes): whether a node that needs a fake value in meta['val'] has none."},
     {"setup", setup, METH_VARARGS, "Hand the module dvm.lower's rules, constants and helpers."},
     {"run", (PyCFunction)(void (*)(void))run, METH_FASTCALL,
-     "run(analysis, nodes): fill a dvm.cluster._Analysis's tables for nodes."},
+     "run(analysis, nodes): fill a dvm.cluster._Analysis's tables for nodes; whether one "
+     "lacks the fake value it needs."},
     {"merge", (PyCFunction)(void (*)(void))merge, METH_FASTCALL,
      "merge(analysis, nodes): the groups of analysed nodes that make regions."},
     {"domain", (PyCFunction)(void (*)(void))domain, METH_FASTCALL,

@@ -130,37 +130,55 @@ def test_graph_without_fake_values_gets_them():
     assert c.vm_calls == 1
 
 
-def test_missing_meta_asks_for_values_only_where_a_node_needs_one():
-    """A placeholder or a read call without ``meta["val"]`` needs fake values; an output, a
-    call nothing reads (an ``_assert_scalar``) or a node with its value does not."""
-    from dvm import _analysis
+def test_fake_values_are_made_only_where_a_node_needs_one(monkeypatch):
+    """The analysis says a graph needs fake values when a placeholder or a read call has no
+    ``meta["val"]``; an output, a call nothing reads (an ``_assert_scalar``) or a node with its
+    value needs none, and compile_graph then propagates none."""
+    from dvm.cluster import _Analysis
 
     x, w = _inputs()
     gm = make_fx(_fn, tracing_mode="fake")(x, w)
     nodes = list(gm.graph.nodes)
-    assert _analysis.missing_meta(gm.graph.nodes) is False
-    assert _analysis.missing_meta([]) is False
-    out = next(n for n in nodes if n.op == "output")
+    assert _Analysis(nodes).missing_meta is False
+    assert _Analysis([]).missing_meta is False
+    out = nodes[-1]
     out.meta.pop("val", None)
-    assert _analysis.missing_meta(nodes) is False
     with gm.graph.inserting_before(out):
         unread = gm.graph.call_function(aten.exp.default, (nodes[0],))
-    assert _analysis.missing_meta(gm.graph.nodes) is False
-    c = compile_graph(gm, [x, w])  # no fake tensor propagation: unread keeps no value
+    assert _Analysis(list(gm.graph.nodes)).missing_meta is False
+    calls = []
+    monkeypatch.setattr(dc, "_ensure_meta", lambda *a: calls.append(a))
+    c = compile_graph(gm, [x, w])
+    assert calls == []
     assert "val" not in unread.meta
     torch.testing.assert_close(c(x, w), _fn(x, w))
     for n in (nodes[0], nodes[2]):  # a placeholder, a call read by others
         val = n.meta.pop("val")
-        assert _analysis.missing_meta(nodes) is True
+        assert _Analysis(nodes).missing_meta is True
         n.meta["val"] = val
 
 
-@pytest.mark.parametrize("bad", [None, 3, [object()], [types.SimpleNamespace(op="placeholder")]])
-def test_missing_meta_rejects_what_is_not_nodes(bad):
-    from dvm import _analysis
+def test_a_failed_fake_propagation_is_raised_not_run_eagerly(monkeypatch):
+    """Fake values that cannot be made are the caller's error, as before clustering."""
+    from torch.fx.passes import fake_tensor_prop
+
+    def fail(*args):
+        raise RuntimeError("no fake values here")
+
+    monkeypatch.setattr(fake_tensor_prop.FakeTensorProp, "propagate_dont_convert_inputs", fail)
+    x, w = _inputs()
+    gm = make_fx(_fn, tracing_mode="fake")(x, w)
+    next(iter(gm.graph.nodes)).meta.pop("val")
+    with pytest.raises(RuntimeError, match="no fake values here"):
+        compile_graph(gm, [x, w])
+
+
+@pytest.mark.parametrize("bad", [[object()], [types.SimpleNamespace(op="placeholder")]])
+def test_the_analysis_rejects_what_is_not_nodes(bad):
+    from dvm.cluster import _Analysis
 
     with pytest.raises((TypeError, AttributeError)):
-        _analysis.missing_meta(bad)
+        _Analysis(bad)
 
 
 def _one_region():

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import operator
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -175,7 +176,7 @@ class _Analysis:
         self.segment: dict[Node, int] = {}
         self.args: dict[Node, list[Node]] = {}  # an analysed node's distinct tensor arguments
         self.nodes = nodes
-        _analysis.run(self, nodes)
+        self.missing_meta: bool = _analysis.run(self, nodes)  # a node lacks its fake value
 
     def groups(self) -> list[list[Node]]:
         """The analysed nodes merged into groups that make regions (graph order each), ordered
@@ -258,13 +259,20 @@ def _live(members: list[Node]) -> list[Node]:
     return members if len(live) == len(members) else [n for n in members if n in live]
 
 
-def cluster(gm: GraphModule, *, min_ops: int = MIN_OPS) -> Clustering:
+def cluster(
+    gm: GraphModule, *, min_ops: int = MIN_OPS, fill_meta: Callable[[], object] | None = None
+) -> Clustering:
     """Regions of ``gm`` (nodes need ``meta["val"]``) and the call nodes left to eager with
-    the reason. A region standing for fewer than ``min_ops`` eager kernels (pointwise ops,
-    reductions, casts) is left to eager: one op alone runs faster there. Dead code (nodes
-    nothing reads) is in no region, a fallback run as the graph has it."""
+    the reason; ``fill_meta()``, when given, is called to give the nodes their fake values when
+    a placeholder or a call something reads has none, and the graph analysed again. A region
+    standing for fewer than ``min_ops`` eager kernels (pointwise ops, reductions, casts) is
+    left to eager: one op alone runs faster there. Dead code (nodes nothing reads) is in no
+    region, a fallback run as the graph has it."""
     t0 = time.perf_counter()
     a = _Analysis(list(gm.graph.nodes))
+    if a.missing_meta and fill_meta is not None:
+        fill_meta()
+        a = _Analysis(list(gm.graph.nodes))
     regions: list[Region] = []
     fallbacks = list(a.fallbacks)
     notes: list[str] = []

@@ -20,7 +20,7 @@ import torch
 from torch.fx import GraphModule, Node
 from torch.fx.node import map_arg
 
-from dvm import _analysis, _executor
+from dvm import _executor
 from dvm.cluster import MIN_OPS, Clustering, Region, cluster
 from dvm.executor import Executor, RegionCall
 from dvm.program import Program, run_reference
@@ -319,17 +319,22 @@ def _all_eager(gm: GraphModule, why: str) -> Clustering:
     return Clustering([], [(n, why) for n in calls], 0.0, [why])
 
 
+class _NoFakeValues(Exception):
+    """Fake tensor propagation failed (``__cause__``): raised to the caller, not run eagerly."""
+
+
 def _ensure_meta(gm: GraphModule, example_inputs: Sequence[Any]) -> None:
-    """Fake values for the graph's nodes when some are missing (a node nothing reads, such as
-    an ``_assert_scalar``, needs none)."""
-    if not _analysis.missing_meta(gm.graph.nodes):
-        return
+    """Fake values for the graph's nodes, which the analysis found missing (a node nothing
+    reads, such as an ``_assert_scalar``, needs none); :class:`_NoFakeValues` if that fails."""
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.fx.passes.fake_tensor_prop import FakeTensorProp
 
-    mode = FakeTensorMode(allow_non_fake_inputs=True)
-    fakes = [mode.from_tensor(t) if isinstance(t, torch.Tensor) else t for t in example_inputs]
-    FakeTensorProp(gm, mode).propagate_dont_convert_inputs(*fakes)
+    try:
+        mode = FakeTensorMode(allow_non_fake_inputs=True)
+        fakes = [mode.from_tensor(t) if isinstance(t, torch.Tensor) else t for t in example_inputs]
+        FakeTensorProp(gm, mode).propagate_dont_convert_inputs(*fakes)
+    except Exception as e:
+        raise _NoFakeValues from e
 
 
 def _schedule(gm: GraphModule, runners: list[RegionRunner]) -> Executor:
@@ -463,12 +468,15 @@ def compile_graph(
     if isinstance(min_ops, bool) or not isinstance(min_ops, int) or min_ops < 1:
         raise ValueError(f"min_ops must be an int >= 1 (1 runs every region), got {min_ops!r}")
     t0 = time.perf_counter()
-    _ensure_meta(gm, example_inputs)
     try:
-        clustering = cluster(gm, min_ops=min_ops)
+        clustering = cluster(
+            gm, min_ops=min_ops, fill_meta=lambda: _ensure_meta(gm, example_inputs)
+        )
         runners = [RegionRunner(r, k) for k, r in enumerate(clustering.regions)]
         t1 = time.perf_counter()
         run = _schedule(gm, runners)
+    except _NoFakeValues as e:
+        raise e.__cause__ from None
     except Exception as e:  # a compiler bug must not break the user's program: run eagerly
         why = f"dvm could not compile this graph ({type(e).__name__}: {e}); it runs eagerly"
         warnings.warn(why, RuntimeWarning, stacklevel=2)

@@ -213,14 +213,12 @@ MIN_OPS = 2
 def _passes(region: Region) -> int:
     """The eager kernels ``region`` stands for: its pointwise ops, reductions, row ops
     (softmax...) and casts (views and constants cost eager nothing)."""
-    return sum(
-        1
-        for n in region.nodes
-        if _RULES_BY_ID[id(n.target)].kind in _WORK or id(n.target) in _CASTS
-    )
+    return sum(id(n.target) in _WORK_IDS for n in region.nodes)
 
 
-_WORK = (POINTWISE, REDUCE, ROW)
+_WORK_IDS = frozenset(  # the ids of the ops that stand for an eager kernel
+    {id(t) for t, rule in RULES.items() if rule.kind in (POINTWISE, REDUCE, ROW)} | _CASTS
+)
 
 
 def _split(members: list[Node], a: _Analysis) -> tuple[list[Region], list[tuple[Node, str]]]:

@@ -17,6 +17,13 @@
 #include <string.h>
 #include <stdint.h>
 
+// CPython 3.13 made _PyObject_LookupAttr public as PyObject_GetOptionalAttr (and removed it).
+#if PY_VERSION_HEX >= 0x030D0000
+#define lookup_attr PyObject_GetOptionalAttr
+#else
+#define lookup_attr _PyObject_LookupAttr
+#endif
+
 enum { MAX_RANK = 8 };  // shapes are compared padded with leading 1s to 8 dims
 
 static struct {
@@ -700,7 +707,7 @@ static int fallback(Tables* t, PyObject* node, PyObject* why) {
 // through the property; a new reference, or NULL with an exception.
 static PyObject* node_field(PyObject* node, PyObject* member, PyObject* name) {
     PyObject* v;
-    int found = _PyObject_LookupAttr(node, member, &v);
+    int found = lookup_attr(node, member, &v);
     return found != 0 ? v : PyObject_GetAttr(node, name);
 }
 
@@ -708,7 +715,7 @@ static PyObject* node_field(PyObject* node, PyObject* member, PyObject* name) {
 // member) when it has one. NULL with an exception.
 static PyObject* input_nodes(PyObject* node) {
     PyObject* held;
-    int found = _PyObject_LookupAttr(node, g.s__input_nodes, &held);
+    int found = lookup_attr(node, g.s__input_nodes, &held);
     if (found < 0) return NULL;
     if (found && PyDict_Check(held)) {
         PyObject* keys = PyDict_Keys(held);

@@ -380,12 +380,13 @@ static PyObject* view_of(Resolve* r, PyObject* p) {
     PyObject* shape = PyDict_GetItemWithError(r->dshape, p);
     if (shape == NULL && PyErr_Occurred()) return NULL;
     if (shape != NULL) {
+        Py_INCREF(shape);  // held across the lookups below, which may run Python code
         PyObject* cut = PyObject_GetItem(r->cut, r->reader);
-        if (cut == NULL) return NULL;
-        int is_cut = PySequence_Contains(cut, p);
-        Py_DECREF(cut);
+        int is_cut = cut == NULL ? -1 : PySequence_Contains(cut, p);
+        Py_XDECREF(cut);
+        if (is_cut == 0) return shape;
+        Py_DECREF(shape);
         if (is_cut < 0) return NULL;
-        if (!is_cut) return Py_NewRef(shape);
     }
     PyObject* fact = PyObject_GetItem(r->facts, p);
     if (fact == NULL) return NULL;
@@ -598,8 +599,9 @@ static PyObject* seconds(void) {
 
 // build_region(members, analysis): see its docstring.
 static PyObject* build_region(PyObject* module, PyObject* const* args, Py_ssize_t nargs) {
-    if (g.region == NULL) {
-        PyErr_SetString(PyExc_RuntimeError, "build_region: setup_regions() was not called");
+    if (g.region == NULL || g.built == NULL) {
+        PyErr_SetString(PyExc_RuntimeError,
+                        "build_region: setup() and setup_regions() must be called first");
         return NULL;
     }
     if (nargs != 2) {

@@ -1,7 +1,8 @@
 """Builds dvm's VM (csrc/) as plain shared libraries: C ABI, no torch headers, loaded with
 ctypes by ``dvm._lib``; ``dvm._launcher`` (csrc/launcher.c), a CPython extension that
-calls a build's ``dvm_run`` by address for ``dvm.vm.Launch`` (no torch headers either);
-``dvm._emitter`` (csrc/emitter.c), the program builder behind ``dvm.lower.Emitter``;
+calls a build's ``dvm_run`` by address for ``dvm.vm.Launch`` and prepares a compiled region's
+launch (``prepare``; no torch headers either); ``dvm._emitter`` (csrc/emitter.c), the program
+builder behind ``dvm.lower.Emitter`` and ``dvm.cluster.build_region``;
 ``dvm._analysis`` (csrc/analysis.c), the per-node analysis behind ``dvm.cluster._Analysis``;
 and ``dvm._executor`` (csrc/executor.c), the schedule's common case and the steps of
 ``dvm.executor.Executor``.

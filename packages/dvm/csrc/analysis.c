@@ -148,7 +148,7 @@ static int aligned(Tables* t, PyObject* p) {
     return result;
 }
 
-// The shape `reader` sees p with (a new reference; dvm.cluster._Analysis.view_of).
+// The shape `reader` sees p with (a new reference; view_of in csrc/emitter.c, for the build).
 static PyObject* view_of(Tables* t, PyObject* p, PyObject* cut) {
     PyObject* shape = PyDict_GetItemWithError(t->dshape, p);
     if (shape != NULL) {
@@ -165,16 +165,25 @@ static PyObject* view_of(Tables* t, PyObject* p, PyObject* cut) {
 
 // Tensor v's device (a new reference): a FakeTensor's own field, which its device property
 // gives outside a kernel invocation (NULL without an exception inside one, where the property
-// says meta); any other tensor's device attribute. NULL with an exception on an error.
+// says meta, or when the fields are missing); any other tensor's device attribute. NULL with
+// an exception on an error.
 static PyObject* device_of(PyObject* v) {
     if (Py_TYPE(v) != (PyTypeObject*)g.fake_tensor) return PyObject_GetAttr(v, g.s_device);
-    PyObject* mode = PyObject_GetAttr(v, g.s_fake_mode);
-    PyObject* inside = mode != NULL ? PyObject_GetAttr(mode, g.s_in_kernel_invocation) : NULL;
-    Py_XDECREF(mode);
+    // a torch whose FakeTensor lacks these private fields: NULL without an exception, so that
+    // dvm.lower reads the device property
+    PyObject *mode, *inside = NULL, *device = NULL;
+    if (lookup_attr(v, g.s_fake_mode, &mode) < 0) return NULL;
+    if (mode != NULL) {
+        int found = lookup_attr(mode, g.s_in_kernel_invocation, &inside);
+        Py_DECREF(mode);
+        if (found < 0) return NULL;
+    }
     if (inside == NULL) return NULL;
     int meta = PyObject_IsTrue(inside);
     Py_DECREF(inside);
-    return meta == 0 ? PyObject_GetAttr(v, g.s__fake_device) : NULL;
+    if (meta != 0) return NULL;  // inside a kernel invocation, or -1 with the error set
+    if (lookup_attr(v, g.s__fake_device, &device) < 0) return NULL;
+    return device;
 }
 
 // The fact of value v (shape, dtype, size), a str saying why the VM does not take it, or

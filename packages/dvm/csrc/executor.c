@@ -220,6 +220,21 @@ static PyObject* use(Build* b, PyObject* node) {
 // a dict becomes a plain dict, a tuple or list without a node stays as it is (new reference).
 static PyObject* ref(Build* b, PyObject* value) {
     if (PyObject_TypeCheck(value, g.node)) return use(b, value);
+    if (PySlice_Check(value)) {  // torch.fx keeps nodes inside slices too: x[:, : x.size(1)]
+        PySliceObject* s = (PySliceObject*)value;
+        PyObject* lo = ref(b, s->start);
+        PyObject* hi = lo != NULL ? ref(b, s->stop) : NULL;
+        PyObject* step = hi != NULL ? ref(b, s->step) : NULL;
+        PyObject* out = NULL;
+        if (step != NULL) {
+            int same = lo == s->start && hi == s->stop && step == s->step;
+            out = same ? Py_NewRef(value) : PySlice_New(lo, hi, step);
+        }
+        Py_XDECREF(lo);
+        Py_XDECREF(hi);
+        Py_XDECREF(step);
+        return out;
+    }
     int seq = (PyTuple_Check(value) || PyList_Check(value)) && !Py_IS_TYPE(value, g.slot);
     if (!seq && !PyDict_Check(value)) return Py_NewRef(value);
     if (Py_EnterRecursiveCall(" in dvm's executor build")) return NULL;

@@ -987,7 +987,7 @@ static int contiguous(const int64_t* size, const int64_t* stride, Py_ssize_t n) 
 }
 
 // Whether sizes/strides cover their memory once without gaps: the dims of size above 1,
-// ordered by stride, are contiguous (dvm.compile's former _dense).
+// ordered by stride, are contiguous (as dvm.compile._dense, which the reference executor uses).
 static int dense(const int64_t* size, const int64_t* stride, Py_ssize_t n) {
     int64_t numel = 1;
     int big = 0;

@@ -162,15 +162,18 @@ def test_a_failed_fake_propagation_is_raised_not_run_eagerly(monkeypatch):
     """Fake values that cannot be made are the caller's error, as before clustering."""
     from torch.fx.passes import fake_tensor_prop
 
+    root = ValueError("the root cause")
+
     def fail(*args):
-        raise RuntimeError("no fake values here")
+        raise RuntimeError("no fake values here") from root
 
     monkeypatch.setattr(fake_tensor_prop.FakeTensorProp, "propagate_dont_convert_inputs", fail)
     x, w = _inputs()
     gm = make_fx(_fn, tracing_mode="fake")(x, w)
     next(iter(gm.graph.nodes)).meta.pop("val")
-    with pytest.raises(RuntimeError, match="no fake values here"):
+    with pytest.raises(RuntimeError, match="no fake values here") as caught:
         compile_graph(gm, [x, w])
+    assert caught.value.__cause__ is root  # the propagation's own chain is kept
 
 
 @pytest.mark.parametrize("bad", [[object()], [types.SimpleNamespace(op="placeholder")]])

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import operator
 import types
 import weakref
 
@@ -287,3 +288,22 @@ def test_in_place_refuses_bad_arguments():
         _executor.in_place(nodes[4:], [stranger])
     with pytest.raises(AttributeError):
         _executor.in_place(nodes, [object()])
+
+
+def test_a_node_inside_a_slice_is_read_at_each_call():
+    """torch.fx keeps a node inside a slice (``x[:, : x.size(1) // 2]``): the step reads its
+    value at each call. It was passed as the node itself, and every call raised TypeError."""
+    from dvm.compile import compile_graph
+
+    def fn(x: torch.Tensor) -> torch.Tensor:
+        return x[:, : x.size(1) // 2].exp() * 2
+
+    gm = torch.fx.symbolic_trace(fn)
+    x = torch.randn(3, 8)
+    compiled = compile_graph(gm, [x])
+    (getitem,) = [s for s in compiled.run.steps if s.fn is operator.getitem]
+    assert not getitem.flat
+    assert type(getitem.args[1][1].stop) is _Slot
+    torch.testing.assert_close(compiled(x), fn(x))
+    y = torch.randn(3, 8)
+    torch.testing.assert_close(compiled(y), fn(y))

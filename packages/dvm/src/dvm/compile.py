@@ -468,6 +468,7 @@ def compile_graph(
     if isinstance(min_ops, bool) or not isinstance(min_ops, int) or min_ops < 1:
         raise ValueError(f"min_ops must be an int >= 1 (1 runs every region), got {min_ops!r}")
     t0 = time.perf_counter()
+    failed_fill: BaseException | None = None
     try:
         clustering = cluster(
             gm, min_ops=min_ops, fill_meta=lambda: _ensure_meta(gm, example_inputs)
@@ -476,12 +477,14 @@ def compile_graph(
         t1 = time.perf_counter()
         run = _schedule(gm, runners)
     except _NoFakeValues as e:
-        raise e.__cause__ from None
+        failed_fill = e.__cause__  # raised below, outside this handler: its own cause kept
     except Exception as e:  # a compiler bug must not break the user's program: run eagerly
         why = f"dvm could not compile this graph ({type(e).__name__}: {e}); it runs eagerly"
         warnings.warn(why, RuntimeWarning, stacklevel=2)
         failed = eager_graph(gm, why)
         failed.total_us = (time.perf_counter() - t0) * 1e6
         return failed
+    if failed_fill is not None:
+        raise failed_fill
     t2 = time.perf_counter()
     return CompiledGraph(run, runners, clustering, (t2 - t0) * 1e6, (t2 - t1) * 1e6)

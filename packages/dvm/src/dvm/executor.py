@@ -48,11 +48,13 @@ class Step(NamedTuple):
 
 
 def _map(value: Any, leaf: Callable[[Any], Any]) -> Any:
-    """``value`` with ``leaf`` applied inside tuples, lists and dicts."""
+    """``value`` with ``leaf`` applied inside tuples, lists, dicts and slices."""
     if isinstance(value, (tuple, list)) and type(value) is not _Slot:
         return type(value)(_map(v, leaf) for v in value)
     if isinstance(value, dict):
         return {k: _map(v, leaf) for k, v in value.items()}
+    if type(value) is slice:  # torch.fx keeps nodes inside slices too: x[:, : x.size(1)]
+        return slice(_map(value.start, leaf), _map(value.stop, leaf), _map(value.step, leaf))
     return leaf(value)
 
 

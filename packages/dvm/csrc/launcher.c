@@ -40,8 +40,8 @@ static struct {
 typedef struct {
     PyObject_HEAD
     RunFn run;
-    int32_t code[MAX_INSTRS * 5];
-    float imm[MAX_INSTRS];
+    int32_t* code;  // five int32 per instruction, then imm: one block of the program's size
+    float* imm;
     int32_t n_instr, n_regs, n_in, n_out, nd;
     int32_t in_codes[MAX_INPUTS], out_codes[MAX_OUTPUTS];
     Py_ssize_t n_args;
@@ -70,36 +70,35 @@ static PyObject* own_tuple(PyObject* seq, const char* what) {
     return t;
 }
 
-static int fill_ints(PyObject* seq, const char* what, Py_ssize_t max, int64_t* out,
-                     Py_ssize_t* n) {
+// The entries of the tuple `t` into out as int32; an error names `what`. Every entry is read
+// before any range is checked.
+static int int32s(PyObject* t, const char* what, int32_t* out) {
+    long long wide = 0, outside = 0;
+    int found = 0;
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(t); ++i) {
+        wide = PyLong_AsLongLong(PyTuple_GET_ITEM(t, i));
+        if (wide == -1 && PyErr_Occurred()) return -1;
+        if (!found && (wide < INT32_MIN || wide > INT32_MAX)) found = 1, outside = wide;
+        out[i] = (int32_t)wide;
+    }
+    if (found) PyErr_Format(PyExc_ValueError, "%s: %lld is not an int32", what, outside);
+    return found ? -1 : 0;
+}
+
+static int fill_int32(PyObject* seq, const char* what, Py_ssize_t max, int32_t* out,
+                      Py_ssize_t* n) {
     PyObject* t = own_tuple(seq, what);
     if (t == NULL) return -1;
     *n = PyTuple_GET_SIZE(t);
     int failed = *n > max;
     if (failed) PyErr_Format(PyExc_ValueError, "%s: %zd entries, at most %zd", what, *n, max);
-    for (Py_ssize_t i = 0; !failed && i < *n; ++i) {
-        out[i] = PyLong_AsLongLong(PyTuple_GET_ITEM(t, i));
-        failed = out[i] == -1 && PyErr_Occurred();
-    }
+    failed = failed || int32s(t, what, out) < 0;
     Py_DECREF(t);
     return failed ? -1 : 0;
 }
 
-static int fill_int32(PyObject* seq, const char* what, Py_ssize_t max, int32_t* out,
-                      Py_ssize_t* n) {
-    int64_t wide[MAX_INSTRS * 5];
-    if (fill_ints(seq, what, max, wide, n) < 0) return -1;
-    for (Py_ssize_t i = 0; i < *n; ++i) {
-        if (wide[i] < INT32_MIN || wide[i] > INT32_MAX) {
-            PyErr_Format(PyExc_ValueError, "%s: %lld is not an int32", what, (long long)wide[i]);
-            return -1;
-        }
-        out[i] = (int32_t)wide[i];
-    }
-    return 0;
-}
-
 static void launcher_dealloc(Launcher* self) {
+    PyMem_Free(self->code);
     for (int k = 0; k < MAX_OUTPUTS; ++k)
         for (int j = 0; j < 3; ++j) Py_XDECREF(self->alloc[k][j]);
     Py_XDECREF(self->shapes);
@@ -450,25 +449,50 @@ static PyObject* rows_refused(const int64_t* dims, int nd, PyObject* max_row, co
     return NULL;
 }
 
-// The program's code (five int32 per instruction) and immediates (one float each).
+// The program's code (five int32 per instruction) and immediates (one float each), into a
+// block of their size.
 static int read_program(Launcher* self, PyObject* code, PyObject* imm) {
-    Py_ssize_t n;
-    if (fill_int32(code, "code", MAX_INSTRS * 5, self->code, &n) < 0) return -1;
+    PyObject *words = own_tuple(code, "code"), *floats = NULL;
+    if (words == NULL) return -1;
+    const Py_ssize_t n = PyTuple_GET_SIZE(words);
+    int32_t* block = NULL;
+    int failed = 1;
+    if (n > MAX_INSTRS * 5) {
+        PyErr_Format(PyExc_ValueError, "code: %zd entries, at most %d", n, MAX_INSTRS * 5);
+        goto done;
+    }
+    block = PyMem_Malloc((size_t)n * sizeof(int32_t) + (size_t)(n / 5) * sizeof(float));
+    if (block == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    if (int32s(words, "code", block) < 0) goto done;
     if (n % 5 != 0) {
         PyErr_SetString(PyExc_ValueError, "code: five int32 per instruction");
-        return -1;
+        goto done;
     }
+    floats = own_tuple(imm, "imm");
+    if (floats == NULL) goto done;
+    if (PyTuple_GET_SIZE(floats) != n / 5) {
+        PyErr_SetString(PyExc_ValueError, "imm: one float per instruction");
+        goto done;
+    }
+    float* values = (float*)(block + n);
+    for (Py_ssize_t i = 0; i < n / 5; ++i) {
+        double v = PyFloat_AsDouble(PyTuple_GET_ITEM(floats, i));
+        if (v == -1.0 && PyErr_Occurred()) goto done;
+        values[i] = (float)v;
+    }
+    PyMem_Free(self->code);  // a binding that failed may have left one
+    self->code = block;
+    self->imm = values;
     self->n_instr = (int32_t)(n / 5);
-    PyObject* own = own_tuple(imm, "imm");
-    if (own == NULL) return -1;
-    int failed = PyTuple_GET_SIZE(own) != self->n_instr;
-    if (failed) PyErr_SetString(PyExc_ValueError, "imm: one float per instruction");
-    for (int32_t i = 0; !failed && i < self->n_instr; ++i) {
-        double v = PyFloat_AsDouble(PyTuple_GET_ITEM(own, i));
-        failed = v == -1.0 && PyErr_Occurred();
-        self->imm[i] = (float)v;
-    }
-    Py_DECREF(own);
+    block = NULL;
+    failed = 0;
+done:
+    PyMem_Free(block);
+    Py_DECREF(words);
+    Py_XDECREF(floats);
     return failed ? -1 : 0;
 }
 

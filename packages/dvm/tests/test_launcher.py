@@ -128,6 +128,10 @@ def _parts(**change):
         ({"code": [0, 0, 0, 0]}, "five int32"),
         ({"code": [0] * 5 * 257}, "at most"),
         ({"code": [2**40] * 5}, "not an int32"),
+        ({"code": [2**40, "x", 0, 0, 0]}, "integer"),  # every entry read before any range
+        ({"code": 5}, "code: give a sequence, got int"),
+        ({"imm": 0.0}, "imm: give a sequence, got float"),
+        ({"imm": ["x", 0.0, 0.0]}, "real number"),
         ({"imm": [0.0]}, "one float per instruction"),
         ({"n_in": 17}, "n_in 17"),
         ({"out_dtypes": ()}, "one per out_code"),

@@ -891,7 +891,7 @@ typedef struct {
     int lo, hi;
 } Group;
 
-enum { ALIASING = 1, EXPANDS = 2 };
+enum { ALIASING = 1, EXPANDS = 2, WORKS = 4 };  // WORKS: its op stands for an eager kernel
 
 typedef struct {
     int n;
@@ -901,7 +901,8 @@ typedef struct {
     Ints users;     // node i's users: users.v[users_at[i] .. users_at[i + 1]]
     int* users_at;
     int* arg0;             // an aliasing node's first argument, -1 when it is not a node
-    unsigned char* flags;  // ALIASING, EXPANDS
+    unsigned char* flags;  // ALIASING, EXPANDS, WORKS
+    PyObject* work_ids;    // the ids of the ops that stand for an eager kernel (borrowed)
     Ints *args, *cut;      // each analysed node's distinct tensor arguments, cut operands
     int *seen, *crossed, gen;  // generation stamps of nodes and groups
     Ints stack;
@@ -1171,8 +1172,13 @@ static int read_node(Merge* m, Tables* t, PyObject* node, int i) {
     int aliasing = 0;
     for (Py_ssize_t k = 0; k < PyTuple_GET_SIZE(g.aliasing); ++k)
         aliasing |= PyTuple_GET_ITEM(g.aliasing, k) == target;
-    m->flags[i] = (aliasing ? ALIASING : 0) | (target == g.expand_op ? EXPANDS : 0);
+    PyObject* id = PyLong_FromVoidPtr(target);
     Py_DECREF(target);
+    int works = id != NULL ? PySet_Contains(m->work_ids, id) : -1;
+    Py_XDECREF(id);
+    if (works < 0) return -1;
+    m->flags[i] = (aliasing ? ALIASING : 0) | (target == g.expand_op ? EXPANDS : 0) |
+                  (works ? WORKS : 0);
     if (!aliasing) return 0;
     PyObject* args = node_field(node, g.s__args, g.s_args);
     PyObject* x = args != NULL ? PySequence_GetItem(args, 0) : NULL;
@@ -1202,22 +1208,60 @@ static int by_number(const void* a, const void* b) {
     return (*(const int*)a > *(const int*)b) - (*(const int*)a < *(const int*)b);
 }
 
-// The groups as lists of nodes in graph order, ordered by their first node.
+// The `count` live (seen at the current generation) or other `members` of a group, as a new
+// list of their nodes in graph order; NULL with an exception.
+static PyObject* members_list(Merge* m, Ints* members, PyObject* nodes, int count, int live) {
+    PyObject* list = PyList_New(count);
+    for (int k = 0, at = 0; list != NULL && at < count; ++k) {
+        int x = members->v[k];
+        if ((m->seen[x] == m->gen) == live)
+            PyList_SET_ITEM(list, at++, Py_NewRef(PyTuple_GET_ITEM(nodes, x)));
+    }
+    return list;
+}
+
+// The groups ordered by their first node, each (live, dead, work): its members in graph order
+// whose values something reads (a node outside the group, or a live member), the others (an
+// empty tuple when none: dead code), and how many live ones stand for an eager kernel.
 static PyObject* groups_of(Merge* m, PyObject* nodes) {
     PyObject* out = PyList_New(0);
+    PyObject* none = PyTuple_New(0);
     int gen = ++m->gen;
-    for (int i = 0; out != NULL && i < m->n; ++i) {
+    for (int i = 0; out != NULL && none != NULL && i < m->n; ++i) {
         int g = m->group[i];
         if (g < 0 || m->crossed[g] == gen) continue;
         m->crossed[g] = gen;
         Ints* members = &m->groups[g].members;
         qsort(members->v, (size_t)members->n, sizeof(int), by_number);
-        PyObject* list = PyList_New(members->n);
-        for (int k = 0; list != NULL && k < members->n; ++k)
-            PyList_SET_ITEM(list, k, Py_NewRef(PyTuple_GET_ITEM(nodes, members->v[k])));
-        if (list == NULL || PyList_Append(out, list) < 0) Py_CLEAR(out);
-        Py_XDECREF(list);
+        int live = 0;
+        long work = 0;
+        for (int k = members->n - 1; k >= 0; --k) {  // users come later in the graph
+            int x = members->v[k], read = 0;
+            for (int j = m->users_at[x]; !read && j < m->users_at[x + 1]; ++j) {
+                int u = m->users.v[j];
+                read = m->group[u] != g || m->seen[u] == gen;
+            }
+            if (read) {
+                m->seen[x] = gen;
+                ++live;
+                work += (m->flags[x] & WORKS) != 0;
+            }
+        }
+        PyObject* item = PyTuple_New(3);
+        if (item != NULL) {
+            PyTuple_SET_ITEM(item, 0, members_list(m, members, nodes, live, 1));
+            PyTuple_SET_ITEM(item, 1, live < members->n
+                                          ? members_list(m, members, nodes, members->n - live, 0)
+                                          : Py_NewRef(none));
+            PyTuple_SET_ITEM(item, 2, PyLong_FromLong(work));
+        }
+        if (item == NULL || !PyTuple_GET_ITEM(item, 0) || !PyTuple_GET_ITEM(item, 1) ||
+            !PyTuple_GET_ITEM(item, 2) || PyList_Append(out, item) < 0)
+            Py_CLEAR(out);
+        Py_XDECREF(item);
     }
+    Py_XDECREF(none);
+    if (none == NULL) Py_CLEAR(out);
     return out;
 }
 
@@ -1250,17 +1294,23 @@ static int grow(Merge* m) {
     return 0;
 }
 
-// merge(analysis, nodes): the groups (lists of nodes, graph order) of the analysed nodes of
-// nodes (the list the analysis ran on), ordered by their first node.
+// merge(analysis, nodes, work_ids): the groups (see groups_of) of the analysed nodes of
+// nodes (the list the analysis ran on), ordered by their first node; work_ids the ids of the
+// ops that stand for an eager kernel (a frozenset).
 static PyObject* merge(PyObject* module, PyObject* const* argv, Py_ssize_t argc) {
-    PyObject* nodes = graph_nodes("merge", argv, argc);
+    if (argc != 3 || !PyFrozenSet_CheckExact(argv[2])) {
+        PyErr_SetString(PyExc_TypeError,
+                        "merge(analysis, nodes, work_ids): work_ids must be a frozenset");
+        return NULL;
+    }
+    PyObject* nodes = graph_nodes("merge", argv, 2);
     if (nodes == NULL) return NULL;
     Py_ssize_t size = PyTuple_GET_SIZE(nodes);
     if (size >= INT32_MAX / 2) {
         Py_DECREF(nodes);
         return PyErr_Format(PyExc_ValueError, "dvm merge: %zd nodes is too many", size);
     }
-    Merge m = {.n = (int)size};
+    Merge m = {.n = (int)size, .work_ids = argv[2]};
     size_t n = (size_t)size + 1;
     m.group = PyMem_Malloc(n * sizeof(int));
     m.groups = PyMem_Calloc(n, sizeof(Group));
@@ -1417,7 +1467,8 @@ static PyMethodDef module_methods[] = {
      "run(analysis, nodes): fill a dvm.cluster._Analysis's tables for nodes; whether one "
      "lacks the fake value it needs."},
     {"merge", (PyCFunction)(void (*)(void))merge, METH_FASTCALL,
-     "merge(analysis, nodes): the groups of analysed nodes that make regions."},
+     "merge(analysis, nodes, work_ids): the groups of analysed nodes that make regions, each "
+     "(live members, dead members, how many live ones stand for an eager kernel)."},
     {"domain", (PyCFunction)(void (*)(void))domain, METH_FASTCALL,
      "domain(analysis, members): the domain of a region of members."},
     {"storable", (PyCFunction)(void (*)(void))py_storable, METH_FASTCALL,

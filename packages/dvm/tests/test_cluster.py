@@ -550,15 +550,37 @@ def test_the_merge_refuses_nodes_that_are_not_the_analysis_s():
     gm = make_fx(lambda x: (x.exp() + 1).sin(), tracing_mode="fake")(_x(3, 4))
     nodes = list(gm.graph.nodes)
     a = _Analysis(nodes)
-    assert [[str(n.target) for n in g] for g in a.groups()] == [
-        ["aten.exp.default", "aten.add.Tensor", "aten.sin.default"]
+    assert [([str(n.target) for n in g], dead, work) for g, dead, work in a.groups()] == [
+        (["aten.exp.default", "aten.add.Tensor", "aten.sin.default"], (), 3)
     ]
+    work = cl._WORK_IDS
     with pytest.raises(ValueError, match="not the analysis's"):
-        _analysis.merge(a, nodes[::-1])
+        _analysis.merge(a, nodes[::-1], work)
     with pytest.raises(KeyError):
-        _analysis.merge(a, [*nodes, object()])
+        _analysis.merge(a, [*nodes, object()], work)
     with pytest.raises(TypeError, match="nodes must be a list"):
-        _analysis.merge(a, tuple(nodes))
+        _analysis.merge(a, tuple(nodes), work)
+    with pytest.raises(TypeError, match="work_ids must be a frozenset"):
+        _analysis.merge(a, nodes, set(work))
+    with pytest.raises(TypeError, match="work_ids must be a frozenset"):
+        _analysis.merge(a, nodes)
+
+
+def test_the_merge_tells_each_group_s_live_and_dead_members_and_its_work():
+    """Dead members (nothing outside reads them, nor a live member) are apart from the live
+    ones, in graph order; the work counts the live members that stand for eager kernels (an
+    expand does not)."""
+
+    def fn(x, y):
+        a = x.sin()
+        (a * 3).exp()  # dead, merged with the live nodes
+        return a + y.expand(4, 5)
+
+    a = _Analysis(list(make_fx(fn, tracing_mode="fake")(_x(4, 5), _x(1, 5)).graph.nodes))
+    ((live, dead, work),) = a.groups()
+    assert [n.target for n in live] == [aten.sin.default, aten.expand.default, aten.add.Tensor]
+    assert [n.target for n in dead] == [aten.mul.Tensor, aten.exp.default]
+    assert work == 2
 
 
 def test_a_long_chain_and_a_wide_fan_merge_within_the_limits():
@@ -574,14 +596,14 @@ def test_a_long_chain_and_a_wide_fan_merge_within_the_limits():
         return [x * w for w in ws]
 
     gm = make_fx(chain, tracing_mode="fake")(_x(4, 8))
-    groups = _Analysis(list(gm.graph.nodes)).groups()
+    groups = [live for live, _, _ in _Analysis(list(gm.graph.nodes)).groups()]
     assert sum(map(len, groups)) == 2000
     assert len(groups) > 1
     order = [n for g in groups for n in g]
     assert order == [n for n in gm.graph.nodes if n.op == "call_function"]
     ws = [_x(4, 8, seed=k) for k in range(300)]
     gm = make_fx(fan, tracing_mode="fake")(_x(4, 8), *ws)
-    groups = _Analysis(list(gm.graph.nodes)).groups()
+    groups = [live for live, _, _ in _Analysis(list(gm.graph.nodes)).groups()]
     assert sum(map(len, groups)) == 300
     assert all(len(g) + 1 <= MAX_INPUTS and len(g) <= MAX_OUTPUTS for g in groups)
     assert len(groups) >= 300 // min(MAX_INPUTS - 1, MAX_OUTPUTS)

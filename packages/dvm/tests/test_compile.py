@@ -679,7 +679,7 @@ def test_a_compiler_bug_runs_the_graph_eagerly_and_boxed(monkeypatch):
     reason; called boxed (a backward graph), it still takes over and clears the list, so
     saved activations go after their last reader."""
 
-    def broken(gm, runners):
+    def broken(gm, runners, nodes):
         raise RuntimeError("simulated scheduler bug")
 
     monkeypatch.setattr(dc, "_schedule", broken)

@@ -68,7 +68,7 @@ def _phase(name: str, gm: GraphModule, inputs: list[Any], min_ops: int) -> Calla
         return lambda: cluster.build_region(region.nodes, analysis)
     if name == "runner":
         return lambda: RegionRunner(region, 0)
-    return lambda: _schedule(gm, [runner])
+    return lambda: _schedule(gm, [runner], nodes)
 
 
 def _median_us(chain: str, name: str, repeat: int, cold: bool) -> float:

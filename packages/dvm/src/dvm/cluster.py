@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import operator
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -178,11 +178,13 @@ class _Analysis:
         self.nodes = nodes
         self.missing_meta: bool = _analysis.run(self, nodes)  # a node lacks its fake value
 
-    def groups(self) -> list[list[Node]]:
-        """The analysed nodes merged into groups that make regions (graph order each), ordered
-        by their first node: along producer->consumer edges, then siblings (groups reading
-        one value load it once)."""
-        return _analysis.merge(self, self.nodes)
+    def groups(self) -> list[tuple[list[Node], Sequence[Node], int]]:
+        """The analysed nodes merged into groups that make regions, ordered by their first
+        node: along producer->consumer edges, then siblings (groups reading one value load it
+        once). Each is ``(live, dead, work)``: its members (graph order) whose values something
+        reads (a node outside the group, or a live member), the others (dead code), and how
+        many live ones stand for an eager kernel (:func:`_passes`)."""
+        return _analysis.merge(self, self.nodes, _WORK_IDS)
 
 
 _emitter.setup_regions(
@@ -244,55 +246,47 @@ def _split(members: list[Node], a: _Analysis) -> tuple[list[Region], list[tuple[
     return regions, dropped
 
 
-def _live(members: list[Node]) -> list[Node]:
-    """The ``members`` (graph order) whose values something reads: a node outside them, or a
-    member so read."""
-    mset = set(members)
-    live: set[Node] = set()
-    for n in reversed(members):
-        for u in n.users:
-            if u not in mset or u in live:
-                live.add(n)
-                break
-    return members if len(live) == len(members) else [n for n in members if n in live]
-
-
 def cluster(
-    gm: GraphModule, *, min_ops: int = MIN_OPS, fill_meta: Callable[[], object] | None = None
+    gm: GraphModule,
+    *,
+    min_ops: int = MIN_OPS,
+    fill_meta: Callable[[], object] | None = None,
+    nodes: list[Node] | None = None,
 ) -> Clustering:
     """Regions of ``gm`` (nodes need ``meta["val"]``) and the call nodes left to eager with
     the reason; ``fill_meta()``, when given, is called to give the nodes their fake values when
     a placeholder or a call something reads has none, and the graph analysed again. A region
     standing for fewer than ``min_ops`` eager kernels (pointwise ops, reductions, casts) is
     left to eager: one op alone runs faster there. Dead code (nodes nothing reads) is in no
-    region, a fallback run as the graph has it."""
+    region, a fallback run as the graph has it. ``nodes``: ``list(gm.graph.nodes)`` where the
+    caller has it."""
     t0 = time.perf_counter()
-    a = _Analysis(list(gm.graph.nodes))
+    if nodes is None:
+        nodes = list(gm.graph.nodes)
+    a = _Analysis(nodes)
     if a.missing_meta and fill_meta is not None:
         filling = time.perf_counter()
         fill_meta()
         t0 += time.perf_counter() - filling  # cluster_us times the clustering, not the fill
-        a = _Analysis(list(gm.graph.nodes))
+        a = _Analysis(nodes)
     regions: list[Region] = []
     fallbacks = list(a.fallbacks)
     notes: list[str] = []
-    for group in a.groups():
-        members = _live(group)
-        if len(members) < len(group):  # dead code stays out of regions, run as it is
-            live = set(members)
-            fallbacks.extend((n, DEAD) for n in group if n not in live)
+    for members, dead, work in a.groups():
+        if dead:  # dead code stays out of regions, run as it is
+            fallbacks += [(n, DEAD) for n in dead]
         if not members:
             continue
         try:
-            parts = [build_region(members, a)]
+            parts = [(build_region(members, a), work)]
         except ValueError as e:
             notes.append(f"split {len(members)} nodes from {members[0].name}: {e}")
-            parts, dropped = _split(members, a)
+            split, dropped = _split(members, a)
             fallbacks.extend(dropped)
-        for r in parts:
-            work = _passes(r)
+            parts = [(r, _passes(r)) for r in split]
+        for r, work in parts:
             if work >= min_ops:
                 regions.append(r)
             else:
-                fallbacks.extend((n, ALONE if work else NO_WORK) for n in r.nodes)
+                fallbacks += [(n, ALONE if work else NO_WORK) for n in r.nodes]
     return Clustering(regions, fallbacks, (time.perf_counter() - t0) * 1e6, notes)

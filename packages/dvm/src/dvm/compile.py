@@ -337,10 +337,10 @@ def _ensure_meta(gm: GraphModule, example_inputs: Sequence[Any]) -> None:
         raise _NoFakeValues from e
 
 
-def _schedule(gm: GraphModule, runners: list[RegionRunner]) -> Executor:
-    """The graph with every region one call of its runner, the other nodes as they are, in an
-    order that respects data dependencies and keeps side effects where they were."""
-    nodes = list(gm.graph.nodes)
+def _schedule(gm: GraphModule, runners: list[RegionRunner], nodes: list[Node]) -> Executor:
+    """The graph (``nodes``, its nodes in order) with every region one call of its runner, the
+    other nodes as they are, in an order that respects data dependencies and keeps side
+    effects where they were."""
     order = _executor.in_place(nodes, runners)  # the common case, in C
     if order is None:
         order = _before_readers(nodes, runners)
@@ -470,12 +470,13 @@ def compile_graph(
     t0 = time.perf_counter()
     failed_fill: BaseException | None = None
     try:
+        nodes = list(gm.graph.nodes)
         clustering = cluster(
-            gm, min_ops=min_ops, fill_meta=lambda: _ensure_meta(gm, example_inputs)
+            gm, min_ops=min_ops, fill_meta=lambda: _ensure_meta(gm, example_inputs), nodes=nodes
         )
         runners = [RegionRunner(r, k) for k, r in enumerate(clustering.regions)]
         t1 = time.perf_counter()
-        run = _schedule(gm, runners)
+        run = _schedule(gm, runners, nodes)
     except _NoFakeValues as e:
         failed_fill = e.__cause__  # raised below, outside this handler: its own cause kept
     except Exception as e:  # a compiler bug must not break the user's program: run eagerly

@@ -43,6 +43,7 @@ static struct {
         *s_call_method, *s_call_module, *s_index, *s_segment, *s_fallbacks, *s_facts, *s_dshape,
         *s_cut, *s_footprint, *s_users, *s__args, *s__kwargs, *s__input_nodes, *s__fake_device,
         *s_fake_mode, *s_in_kernel_invocation, *s_dim, *s_rounding_mode, *s_placeholder;
+    PyObject *s__root, *s__next, *s__erased, *s_nodes;  // read by nodes()
 } g;
 
 typedef struct {  // the _Analysis's dicts (borrowed from it)
@@ -1349,6 +1350,42 @@ static PyObject* merge(PyObject* module, PyObject* const* argv, Py_ssize_t argc)
     return out;
 }
 
+// nodes(graph): list(graph.nodes) of a torch.fx Graph, read from its linked list (the graph's
+// _root, each node's _next; a node marked _erased skipped, as torch.fx's iterator does) where
+// the graph and its nodes have those fields, else through graph.nodes.
+static PyObject* nodes(PyObject* module, PyObject* graph) {
+    PyObject *root, *out = PyList_New(0);
+    int found = out != NULL ? lookup_attr(graph, g.s__root, &root) : -1;
+    if (found <= 0) goto slow;
+    PyObject* n = NULL;
+    found = lookup_attr(root, g.s__next, &n);
+    while (found > 0 && n != root) {
+        PyObject* erased;
+        found = lookup_attr(n, g.s__erased, &erased);
+        if (found > 0) {
+            int skip = PyObject_IsTrue(erased);
+            Py_DECREF(erased);
+            found = skip < 0 || (!skip && PyList_Append(out, n) < 0) ? -1 : 1;
+        }
+        PyObject* next = NULL;
+        if (found > 0) found = lookup_attr(n, g.s__next, &next);
+        Py_SETREF(n, next);
+    }
+    Py_XDECREF(n);
+    Py_DECREF(root);
+    if (found > 0) return out;
+slow:
+    if (found == 0) {  // not torch.fx's linked list: its iterator then
+        Py_DECREF(out);
+        PyObject* view = PyObject_GetAttr(graph, g.s_nodes);
+        out = view != NULL ? PySequence_List(view) : NULL;
+        Py_XDECREF(view);
+        return out;
+    }
+    Py_XDECREF(out);
+    return NULL;
+}
+
 // domain(analysis, members): the shape the members' footprints broadcast to, when one of them
 // spans it; ValueError when they do not broadcast or only to an outer product.
 static PyObject* domain(PyObject* module, PyObject* const* argv, Py_ssize_t argc) {
@@ -1469,6 +1506,7 @@ static PyMethodDef module_methods[] = {
     {"merge", (PyCFunction)(void (*)(void))merge, METH_FASTCALL,
      "merge(analysis, nodes, work_ids): the groups of analysed nodes that make regions, each "
      "(live members, dead members, how many live ones stand for an eager kernel)."},
+    {"nodes", nodes, METH_O, "nodes(graph): list(graph.nodes) of a torch.fx Graph."},
     {"domain", (PyCFunction)(void (*)(void))domain, METH_FASTCALL,
      "domain(analysis, members): the domain of a region of members."},
     {"storable", (PyCFunction)(void (*)(void))py_storable, METH_FASTCALL,
@@ -1504,6 +1542,8 @@ PyMODINIT_FUNC PyInit__analysis(void) {
         {&g.s_fake_mode, "fake_mode"}, {&g.s_in_kernel_invocation, "in_kernel_invocation"},
         {&g.s_dim, "dim"},         {&g.s_rounding_mode, "rounding_mode"},
         {&g.s_placeholder, "placeholder"},
+        {&g.s__root, "_root"},     {&g.s__next, "_next"},
+        {&g.s__erased, "_erased"}, {&g.s_nodes, "nodes"},
     };
     for (size_t i = 0; i < sizeof names / sizeof names[0]; ++i)
         if ((*names[i].slot = PyUnicode_InternFromString(names[i].text)) == NULL) return NULL;

@@ -850,3 +850,26 @@ def test_the_analysis_setup_refuses_wrong_arguments():
     _analysis.setup(*args, (fake_tensor, bool_out, checks, max_row))
     verdicts, _ = _verdicts(make_fx(lambda x: x.sum(-1) + 1, tracing_mode="fake")(_x(3, 4)))
     assert verdicts == [(None, None), (None, None)]
+
+
+def test_the_c_node_list_is_the_graph_s():
+    """``_analysis.nodes(graph)`` is ``list(graph.nodes)``: after a node is erased and one
+    inserted too; an object without torch.fx's linked list is read through its ``nodes``."""
+    from types import SimpleNamespace
+
+    from dvm import _analysis
+
+    gm = make_fx(lambda x: (x.exp() + 1).sin(), tracing_mode="fake")(_x(3, 4))
+    graph = gm.graph
+    assert _analysis.nodes(graph) == list(graph.nodes)
+    x, exp, add, sin, out = graph.nodes
+    with graph.inserting_after(x):
+        cos = graph.call_function(aten.cos.default, (x,))
+    add.replace_input_with(exp, cos)
+    graph.erase_node(exp)
+    assert _analysis.nodes(graph) == list(graph.nodes) == [x, cos, add, sin, out]
+    assert _analysis.nodes(SimpleNamespace(nodes=(x, sin))) == [x, sin]
+    with pytest.raises(AttributeError):
+        _analysis.nodes(object())
+    with pytest.raises(TypeError):
+        _analysis.nodes(SimpleNamespace(nodes=3))

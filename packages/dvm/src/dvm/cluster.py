@@ -262,7 +262,7 @@ def cluster(
     caller has it."""
     t0 = time.perf_counter()
     if nodes is None:
-        nodes = list(gm.graph.nodes)
+        nodes = _analysis.nodes(gm.graph)  # list(gm.graph.nodes), read in C
     a = _Analysis(nodes)
     if a.missing_meta and fill_meta is not None:
         filling = time.perf_counter()

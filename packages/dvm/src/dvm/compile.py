@@ -20,7 +20,7 @@ import torch
 from torch.fx import GraphModule, Node
 from torch.fx.node import map_arg
 
-from dvm import _executor
+from dvm import _analysis, _executor
 from dvm.cluster import MIN_OPS, Clustering, Region, cluster
 from dvm.executor import Executor, RegionCall
 from dvm.program import Program, run_reference
@@ -470,7 +470,7 @@ def compile_graph(
     t0 = time.perf_counter()
     failed_fill: BaseException | None = None
     try:
-        nodes = list(gm.graph.nodes)
+        nodes = _analysis.nodes(gm.graph)
         clustering = cluster(
             gm, min_ops=min_ops, fill_meta=lambda: _ensure_meta(gm, example_inputs), nodes=nodes
         )

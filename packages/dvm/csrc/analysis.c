@@ -13,6 +13,7 @@
 // one place.
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <structmember.h>
 #include <math.h>
 #include <string.h>
 #include <stdint.h>
@@ -26,6 +27,9 @@
 
 enum { MAX_RANK = 8 };  // shapes are compared padded with leading 1s to 8 dims
 
+// The fields of torch.fx's Node read at their offsets (its _NodeBase's C members).
+enum { F_OP, F_TARGET, F_META, F_USERS, F_ARGS, F_KWARGS, F_INPUT_NODES, N_FIELDS };
+
 static struct {
     PyObject *rules, *tensor, *cpu, *dtype_codes, *limits, *bool_dtype;
     PyObject *pointwise, *reduce, *row, *expand, *constant;
@@ -38,6 +42,13 @@ static struct {
         *check_row[3];  // by the dim's argument: _row_check(1), _row_check(2)
     long max_rank, max_inputs, max_outputs, max_instrs, max_row;
     PyObject *no_val;  // the reason for a call node without a tensor value
+    // resolved at setup, for the objects of exactly these types: torch.fx.Node's fields (the
+    // offset of each C member, 0 where the generic lookup must read it) and FakeTensor's
+    // shape and dtype getters (NULL where it must)
+    PyTypeObject* node_type;
+    Py_ssize_t node_at[N_FIELDS];
+    PyGetSetDef *get_shape, *get_dtype;
+    int tensor_check;  // isinstance(x, torch.Tensor) is true where x's type subclasses it
     PyObject *s_op, *s_target, *s_args, *s_kwargs, *s_meta, *s_val, *s_all_input_nodes,
         *s_kind, *s_check, *s_cost, *s_dtype, *s_device, *s_shape, *s_call_function,
         *s_call_method, *s_call_module, *s_index, *s_segment, *s_fallbacks, *s_facts, *s_dshape,
@@ -45,6 +56,11 @@ static struct {
         *s_fake_mode, *s_in_kernel_invocation, *s_dim, *s_rounding_mode, *s_placeholder;
     PyObject *s__root, *s__next, *s__erased, *s_nodes;  // read by nodes()
 } g;
+
+// The per-node analysis runs once a graph, with cold caches: compiled for size, its code is
+// fewer cache lines to fetch.
+#pragma GCC push_options
+#pragma GCC optimize("Os")
 
 typedef struct {  // the _Analysis's dicts (borrowed from it)
     PyObject *index, *segment, *fallbacks, *facts, *dshape, *cut, *footprint, *cost, *args;
@@ -164,6 +180,35 @@ static PyObject* view_of(Tables* t, PyObject* p, PyObject* cut) {
     return fact_shape(t, p, NULL);
 }
 
+// node's field f (whose member is named `name`) where node is a torch.fx.Node and the field
+// is set: what the generic lookup gives, read at its offset (setup resolved it); else NULL.
+static PyObject* member(PyObject* node, int f) {
+    if (Py_TYPE(node) != g.node_type || g.node_at[f] == 0) return NULL;
+    return *(PyObject**)((char*)node + g.node_at[f]);  // borrowed
+}
+
+// node.<name>, its field f; a new reference, or NULL with an exception.
+static PyObject* field(PyObject* node, int f, PyObject* name) {
+    PyObject* v = member(node, f);
+    return v != NULL ? Py_NewRef(v) : PyObject_GetAttr(node, name);
+}
+
+// Tensor v's attribute `name`, through its getter `get` where v is a FakeTensor (setup
+// resolved it); a new reference, or NULL with an exception.
+static PyObject* tensor_attr(PyObject* v, PyGetSetDef* get, PyObject* name) {
+    if (get != NULL && Py_TYPE(v) == (PyTypeObject*)g.fake_tensor)
+        return get->get(v, get->closure);
+    return PyObject_GetAttr(v, name);
+}
+
+// isinstance(v, torch.Tensor): 1, 0, or -1 with an exception.
+static int is_tensor(PyObject* v) {
+    if (g.tensor_check && (Py_TYPE(v) == (PyTypeObject*)g.fake_tensor ||
+                           PyObject_TypeCheck(v, (PyTypeObject*)g.tensor)))
+        return 1;
+    return PyObject_IsInstance(v, g.tensor);
+}
+
 // Tensor v's device (a new reference): a FakeTensor's own field, which its device property
 // gives outside a kernel invocation (NULL without an exception inside one, where the property
 // says meta, or when the fields are missing); any other tensor's device attribute. NULL with
@@ -193,10 +238,10 @@ static PyObject* device_of(PyObject* v) {
 // the shape's product: v.numel() of a fake tensor costs several times that.
 static PyObject* value_fact(PyObject* v) {
     PyObject *dtype = NULL, *device = NULL, *shape = NULL, *fact = NULL;
-    int plain = PyObject_IsInstance(v, g.tensor);
+    int plain = is_tensor(v);
     if (plain < 0) return NULL;
     if (plain) {
-        if ((dtype = PyObject_GetAttr(v, g.s_dtype)) == NULL) goto done;
+        if ((dtype = tensor_attr(v, g.get_dtype, g.s_dtype)) == NULL) goto done;
         int known = PyDict_Contains(g.dtype_codes, dtype);
         if (known < 0) goto done;
         if (!known) goto slow;
@@ -207,7 +252,7 @@ static PyObject* value_fact(PyObject* v) {
         int cpu = PyObject_RichCompareBool(device, g.cpu, Py_EQ);
         if (cpu < 0) goto done;
         if (!cpu) goto slow;
-        if ((shape = PyObject_GetAttr(v, g.s_shape)) == NULL) goto done;
+        if ((shape = tensor_attr(v, g.get_shape, g.s_shape)) == NULL) goto done;
         if (!PyTuple_Check(shape) || PyTuple_GET_SIZE(shape) > g.max_rank) goto slow;
         int64_t numel = 1;
         for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(shape); ++i) {
@@ -264,8 +309,8 @@ static int known_shape(Tables* t, PyObject* p, Shape* out) {
 static int first_shape(Tables* t, PyObject* ops, PyObject* args, Shape* out) {
     if (PyTuple_GET_SIZE(args) == 0) return 0;
     PyObject* x = PyTuple_GET_ITEM(args, 0);
-    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(ops); ++i)
-        if (PyList_GET_ITEM(ops, i) == x) return known_shape(t, x, out);
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(ops); ++i)
+        if (PyTuple_GET_ITEM(ops, i) == x) return known_shape(t, x, out);
     return 0;
 }
 
@@ -370,8 +415,8 @@ static int check_passes(Tables* t, PyObject* check, PyObject* node, PyObject* op
     if (check == g.check_row[1] || check == g.check_row[2])
         return row_passes(t, ops, args, check == g.check_row[1] ? 1 : 2);
     if (check != g.check_bitwise) return 0;
-    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(ops); ++i) {
-        PyObject* fact = PyDict_GetItemWithError(t->facts, PyList_GET_ITEM(ops, i));
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(ops); ++i) {
+        PyObject* fact = PyDict_GetItemWithError(t->facts, PyTuple_GET_ITEM(ops, i));
         if (fact == NULL) return PyErr_Occurred() ? -1 : 0;
         if (!PyTuple_Check(fact) || PyTuple_GET_SIZE(fact) != 3 ||
             PyTuple_GET_ITEM(fact, 1) != g.bool_dtype)
@@ -385,19 +430,19 @@ static int check_passes(Tables* t, PyObject* check, PyObject* node, PyObject* op
 // dvm.lower.rule_reason itself.
 static PyObject* reason(Tables* t, PyObject* node, PyObject* key, PyObject* rule, PyObject* ops,
                         PyObject* args, PyObject* kwargs) {
-    Py_ssize_t n_ops = PyList_GET_SIZE(ops);
+    Py_ssize_t n_ops = PyTuple_GET_SIZE(ops);
     for (Py_ssize_t k = -1; k < n_ops; ++k) {
-        PyObject* x = k < 0 ? node : PyList_GET_ITEM(ops, k);
+        PyObject* x = k < 0 ? node : PyTuple_GET_ITEM(ops, k);
         PyObject* fact = PyDict_GetItemWithError(t->facts, x);
         if (fact == NULL) {
             if (PyErr_Occurred()) return NULL;
-            PyObject* meta = PyObject_GetAttr(x, g.s_meta);
+            PyObject* meta = field(x, F_META, g.s_meta);
             if (meta == NULL) return NULL;
             PyObject* v = PyDict_Check(meta) ? PyDict_GetItemWithError(meta, g.s_val) : NULL;
             Py_XINCREF(v);
             Py_DECREF(meta);
             if (v == NULL && PyErr_Occurred()) return NULL;
-            int tensor = v != NULL ? PyObject_IsInstance(v, g.tensor) : 0;
+            int tensor = v != NULL ? is_tensor(v) : 0;
             if (tensor <= 0) {  // no tensor value (or an error): rule_reason's case
                 Py_XDECREF(v);
                 if (tensor < 0) return NULL;
@@ -432,17 +477,11 @@ static PyObject* reason(Tables* t, PyObject* node, PyObject* key, PyObject* rule
         if (known < 0) return NULL;
         odd = !known;
     }
-    PyObject* values = PyDict_Values(kwargs);
-    if (values == NULL) return NULL;
-    for (int part = 0; !odd && part < 2; ++part) {
-        PyObject* seq = part ? values : args;
-        Py_ssize_t n = PyTuple_Check(seq) ? PyTuple_GET_SIZE(seq) : PyList_GET_SIZE(seq);
-        for (Py_ssize_t i = 0; !odd && i < n; ++i) {
-            PyObject* a = PyTuple_Check(seq) ? PyTuple_GET_ITEM(seq, i) : PyList_GET_ITEM(seq, i);
-            odd = odd_scalar(a, limit);
-        }
-    }
-    Py_DECREF(values);
+    for (Py_ssize_t i = 0; !odd && i < PyTuple_GET_SIZE(args); ++i)
+        odd = odd_scalar(PyTuple_GET_ITEM(args, i), limit);
+    PyObject *name, *a;
+    for (Py_ssize_t at = 0; !odd && PyDict_Next(kwargs, &at, &name, &a);)
+        odd = odd_scalar(a, limit);
     PyObject* check = odd ? NULL : PyObject_GetAttr(rule, g.s_check);
     if (!odd && check == NULL) return NULL;
     int passes = odd ? 0 : check_passes(t, check, node, ops, args, kwargs);
@@ -473,10 +512,10 @@ static PyObject* reduced_shape(PyObject* shape, PyObject* dims) {
 
 // The ops of `candidates` of more than one element that are not aligned, as a tuple.
 static PyObject* unaligned(Tables* t, PyObject* candidates) {
-    Py_ssize_t n = PyList_GET_SIZE(candidates);
+    Py_ssize_t n = PyTuple_GET_SIZE(candidates);
     PyObject* out = PyList_New(0);
     for (Py_ssize_t i = 0; out != NULL && i < n; ++i) {
-        PyObject* p = PyList_GET_ITEM(candidates, i);
+        PyObject* p = PyTuple_GET_ITEM(candidates, i);
         int64_t numel;
         PyObject* shape = fact_shape(t, p, &numel);
         if (shape == NULL) {
@@ -498,12 +537,12 @@ static PyObject* unaligned(Tables* t, PyObject* candidates) {
 // footprint is that shape.
 static PyObject* pointwise(Tables* t, PyObject* real, PyObject* ops, PyObject** cut,
                            int* footprint_is_shape) {
-    Py_ssize_t n = PyList_GET_SIZE(ops);
+    Py_ssize_t n = PyTuple_GET_SIZE(ops);
     PyObject* first_big = NULL;
     int all_aligned = 1, one_pair = 1;
     int64_t pair0[2][MAX_RANK];
     for (Py_ssize_t i = 0; i < n; ++i) {
-        PyObject* p = PyList_GET_ITEM(ops, i);
+        PyObject* p = PyTuple_GET_ITEM(ops, i);
         int64_t numel;
         PyObject* shape = fact_shape(t, p, &numel);
         if (shape == NULL) return NULL;
@@ -552,7 +591,7 @@ static int analyse(Tables* t, PyObject* node, PyObject* rule, PyObject* ops, PyO
     if (PyDict_SetItem(t->args, node, ops) < 0) return -1;
     PyObject* real = fact_shape(t, node, NULL);
     if (real == NULL || (kind = PyObject_GetAttr(rule, g.s_kind)) == NULL) goto done;
-    if ((empty = PyTuple_New(0)) == NULL || PyDict_SetItem(t->cut, node, empty) < 0) goto done;
+    if ((empty = PyTuple_New(0)) == NULL) goto done;
     PyObject* x = PyTuple_GET_SIZE(args) ? PyTuple_GET_ITEM(args, 0) : NULL;
     if (x == NULL && kind != g.pointwise && kind != g.row && kind != g.constant) {
         PyErr_SetString(PyExc_IndexError,
@@ -612,8 +651,8 @@ static int analyse(Tables* t, PyObject* node, PyObject* rule, PyObject* ops, PyO
         Shape acc, seen_p, out;
         if (read_shape(shape, &acc) < 0) goto done;
         foot = Py_NewRef(shape);
-        for (Py_ssize_t i = 0; i < PyList_GET_SIZE(ops); ++i) {
-            PyObject* seen = view_of(t, PyList_GET_ITEM(ops, i), cut);
+        for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(ops); ++i) {
+            PyObject* seen = view_of(t, PyTuple_GET_ITEM(ops, i), cut);
             if (seen == NULL) goto done;
             int failed = read_shape(seen, &seen_p) < 0;
             Py_DECREF(seen);
@@ -631,17 +670,13 @@ static int analyse(Tables* t, PyObject* node, PyObject* rule, PyObject* ops, PyO
     long cost = PyLong_AsLong(base);
     Py_DECREF(base);
     if (cost == -1 && PyErr_Occurred()) goto done;
-    PyObject* values = PyDict_Values(kwargs);
-    if (values == NULL) goto done;
+    PyObject *name, *a;
     for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(args); ++i) {
-        PyObject* a = PyTuple_GET_ITEM(args, i);
+        a = PyTuple_GET_ITEM(args, i);
         cost += PyLong_Check(a) || PyFloat_Check(a);
     }
-    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(values); ++i) {
-        PyObject* a = PyList_GET_ITEM(values, i);
+    for (Py_ssize_t at = 0; PyDict_Next(kwargs, &at, &name, &a);)
         cost += PyLong_Check(a) || PyFloat_Check(a);
-    }
-    Py_DECREF(values);
     PyObject* cost_obj = PyLong_FromLong(cost);
     if (cost_obj == NULL) goto done;
     result = PyDict_SetItem(t->cost, node, cost_obj);
@@ -713,28 +748,39 @@ static int fallback(Tables* t, PyObject* node, PyObject* why) {
     return failed;
 }
 
-// node.<name> read through its C member `member` (torch.fx's _NodeBase) when it has one, else
-// through the property; a new reference, or NULL with an exception.
-static PyObject* node_field(PyObject* node, PyObject* member, PyObject* name) {
-    PyObject* v;
-    int found = lookup_attr(node, member, &v);
+// node.<name> read through its C member `held` (torch.fx's _NodeBase: _args or _kwargs) when
+// it has one, else through the property; a new reference, or NULL with an exception.
+static PyObject* node_field(PyObject* node, PyObject* held, PyObject* name) {
+    PyObject* v = member(node, held == g.s__args ? F_ARGS : F_KWARGS);
+    if (v != NULL) return Py_NewRef(v);
+    int found = lookup_attr(node, held, &v);
     return found != 0 ? v : PyObject_GetAttr(node, name);
 }
 
-// node.all_input_nodes as a list of its own: the keys of its _input_nodes dict (torch.fx's C
-// member) when it has one. NULL with an exception.
+// The keys of a dict as a tuple; NULL with an exception.
+static PyObject* keys_tuple(PyObject* dict) {
+    PyObject* out = PyTuple_New(PyDict_GET_SIZE(dict));
+    PyObject *key, *value;
+    for (Py_ssize_t at = 0, i = 0; out != NULL && PyDict_Next(dict, &at, &key, &value); ++i)
+        PyTuple_SET_ITEM(out, i, Py_NewRef(key));
+    return out;
+}
+
+// node.all_input_nodes as a tuple: the keys of its _input_nodes dict (torch.fx's C member)
+// when it has one. NULL with an exception.
 static PyObject* input_nodes(PyObject* node) {
-    PyObject* held;
+    PyObject* held = member(node, F_INPUT_NODES);
+    if (held != NULL && PyDict_Check(held)) return keys_tuple(held);
     int found = lookup_attr(node, g.s__input_nodes, &held);
     if (found < 0) return NULL;
     if (found && PyDict_Check(held)) {
-        PyObject* keys = PyDict_Keys(held);
+        PyObject* keys = keys_tuple(held);
         Py_DECREF(held);
         return keys;
     }
     Py_XDECREF(held);
     PyObject* listed = PyObject_GetAttr(node, g.s_all_input_nodes);
-    PyObject* ops = listed != NULL ? PySequence_List(listed) : NULL;
+    PyObject* ops = listed != NULL ? PySequence_Tuple(listed) : NULL;
     Py_XDECREF(listed);
     return ops;
 }
@@ -746,13 +792,13 @@ static int lacks_meta(PyObject* node, PyObject* op) {
     int call = PyObject_RichCompareBool(op, g.s_call_function, Py_EQ);
     int input = call == 0 ? PyObject_RichCompareBool(op, g.s_placeholder, Py_EQ) : 0;
     if (call <= 0 && input <= 0) return call < 0 || input < 0 ? -1 : 0;
-    PyObject* meta = PyObject_GetAttr(node, g.s_meta);
+    PyObject* meta = field(node, F_META, g.s_meta);
     if (meta == NULL) return -1;
     int has = PyDict_Check(meta) ? PyDict_Contains(meta, g.s_val)
                                  : PySequence_Contains(meta, g.s_val);
     Py_DECREF(meta);
     if (has != 0 || !call) return has < 0 ? -1 : !has;
-    PyObject* users = PyObject_GetAttr(node, g.s_users);
+    PyObject* users = field(node, F_USERS, g.s_users);
     if (users == NULL) return -1;
     int read = PyObject_IsTrue(users);
     Py_DECREF(users);
@@ -763,7 +809,7 @@ static int lacks_meta(PyObject* node, PyObject* op) {
 // (lacks_meta), looked at while *missing is 0.
 static int node_step(Tables* t, PyObject* node, Py_ssize_t i, Py_ssize_t* seg, int* missing) {
     if (set_int(t->index, node, i) < 0 || set_int(t->segment, node, *seg) < 0) return -1;
-    PyObject* op = PyObject_GetAttr(node, g.s_op);
+    PyObject* op = field(node, F_OP, g.s_op);
     if (op == NULL) return -1;
     int lacks = *missing ? 0 : lacks_meta(node, op);
     if (lacks > 0) *missing = 1;
@@ -774,7 +820,7 @@ static int node_step(Tables* t, PyObject* node, Py_ssize_t i, Py_ssize_t* seg, i
     Py_DECREF(op);
     if (call < 0 || other < 0) return -1;
     if (!call && !other) return 0;
-    PyObject* target = PyObject_GetAttr(node, g.s_target);
+    PyObject* target = field(node, F_TARGET, g.s_target);
     if (target == NULL) return -1;
     PyObject* key = PyLong_FromVoidPtr(target);  // id(target): an OpOverload hashes in Python
     Py_DECREF(target);
@@ -853,6 +899,7 @@ static PyObject* run(PyObject* module, PyObject* const* argv, Py_ssize_t argc) {
     return PyBool_FromLong(missing);
 }
 
+#pragma GCC pop_options
 
 // ---- Merging (dvm.cluster's docstring): groups of analysed nodes grown along edges. ----
 //
@@ -1440,6 +1487,46 @@ static PyObject* py_storable(PyObject* module, PyObject* const* argv, Py_ssize_t
     return PyBool_FromLong(kind);
 }
 
+// The offset of type's C member `name` where the generic lookup reads an object's attribute
+// there (a member descriptor of an object field); 0 when it is not one.
+static Py_ssize_t member_at(PyTypeObject* type, PyObject* name) {
+    PyObject* d = type->tp_getattro == PyObject_GenericGetAttr ? _PyType_Lookup(type, name) : NULL;
+    if (d == NULL || !Py_IS_TYPE(d, &PyMemberDescr_Type)) return 0;
+    PyMemberDef* m = ((PyMemberDescrObject*)d)->d_member;
+    int plain = (m->type == T_OBJECT || m->type == T_OBJECT_EX) && !(m->flags & READ_RESTRICTED);
+    return plain ? m->offset : 0;
+}
+
+// type's getter of `name` where the generic lookup reads an object's attribute through it (a
+// getset descriptor); NULL when it is not one.
+static PyGetSetDef* getter_of(PyTypeObject* type, PyObject* name) {
+    PyObject* d = type->tp_getattro == PyObject_GenericGetAttr ? _PyType_Lookup(type, name) : NULL;
+    if (d == NULL || !Py_IS_TYPE(d, &PyGetSetDescr_Type)) return NULL;
+    PyGetSetDef* def = ((PyGetSetDescrObject*)d)->d_getset;
+    return def->get != NULL ? def : NULL;
+}
+
+// Resolve the attributes read directly (g.node_type's fields, FakeTensor's getters) and
+// whether isinstance(x, torch.Tensor) is the subtype check; 0, or -1 with an exception.
+static int resolve(PyTypeObject* node_type) {
+    PyObject* names[N_FIELDS] = {g.s_op,    g.s_target, g.s_meta,         g.s_users,
+                                 g.s__args, g.s__kwargs, g.s__input_nodes};
+    Py_XSETREF(g.node_type, (PyTypeObject*)Py_XNewRef(node_type));
+    for (int f = 0; f < N_FIELDS; ++f)
+        g.node_at[f] = node_type != NULL ? member_at(node_type, names[f]) : 0;
+    PyTypeObject* fake = (PyTypeObject*)g.fake_tensor;
+    g.get_shape = getter_of(fake, g.s_shape);
+    g.get_dtype = getter_of(fake, g.s_dtype);
+    g.tensor_check = 0;
+    if (!PyType_Check(g.tensor) || !PyType_IsSubtype(fake, (PyTypeObject*)g.tensor)) return 0;
+    PyObject* check = PyUnicode_InternFromString("__instancecheck__");
+    if (check == NULL) return -1;
+    g.tensor_check = _PyType_Lookup(Py_TYPE(g.tensor), check) ==
+                     _PyType_Lookup(&PyType_Type, check);  // type's own
+    Py_DECREF(check);
+    return 0;
+}
+
 // setup(rules, tensor, cpu, dtype_codes, limits, bool_dtype, max_dims, kinds, callbacks,
 // merging): rules by id(target); torch.Tensor; torch.device("cpu"); the VM's dtypes; each
 // float dtype's largest finite value; torch.bool; MAX_DIMS; (POINTWISE, REDUCE, ROW, EXPAND,
@@ -1448,17 +1535,19 @@ static PyObject* py_storable(PyObject* module, PyObject* const* argv, Py_ssize_t
 // the dict of those results by id(target) that it fills where the op alone decides; (the
 // aliasing ops, aten.expand, MAX_INPUTS, MAX_OUTPUTS, MAX_INSTRS); (FakeTensor, the ids of
 // the pointwise ops that may give a bool result (a set), (_check_reduce, _check_view,
-// _check_to_copy, _check_div_mode, _check_bitwise, _row_check(1), _row_check(2)), MAX_ROW).
+// _check_to_copy, _check_div_mode, _check_bitwise, _row_check(1), _row_check(2)), MAX_ROW)
+// [, torch.fx.Node, whose fields are read at their offsets].
 static PyObject* setup(PyObject* module, PyObject* args) {
     PyObject *rules, *tensor, *cpu, *codes, *limits, *bool_dtype, *max_dims, *kinds, *callbacks;
     PyObject *aliasing, *expand_op, *fake_tensor, *bool_out, *checks;
+    PyTypeObject* node_type = NULL;
     long max_in, max_out, max_instrs, max_row;
-    if (!PyArg_ParseTuple(args, "O!OOO!O!OO!O!O!(O!Olll)(O!O!O!l)", &PyDict_Type, &rules, &tensor,
+    if (!PyArg_ParseTuple(args, "O!OOO!O!OO!O!O!(O!Olll)(O!O!O!l)|O!", &PyDict_Type, &rules, &tensor,
                           &cpu, &PyDict_Type, &codes, &PyDict_Type, &limits, &bool_dtype,
                           &PyLong_Type, &max_dims, &PyTuple_Type, &kinds, &PyTuple_Type,
                           &callbacks, &PyTuple_Type, &aliasing, &expand_op, &max_in, &max_out,
                           &max_instrs, &PyType_Type, &fake_tensor, &PyFrozenSet_Type, &bool_out,
-                          &PyTuple_Type, &checks, &max_row))
+                          &PyTuple_Type, &checks, &max_row, &PyType_Type, &node_type))
         return NULL;
     PyObject** check_slots[] = {&g.check_reduce,   &g.check_view,    &g.check_to_copy,
                                 &g.check_div_mode, &g.check_bitwise, &g.check_row[1],
@@ -1495,6 +1584,7 @@ static PyObject* setup(PyObject* module, PyObject* args) {
         Py_XSETREF(*kind_slots[i], Py_NewRef(PyTuple_GET_ITEM(kinds, i)));
         Py_XSETREF(*call_slots[i], Py_NewRef(PyTuple_GET_ITEM(callbacks, i)));
     }
+    if (resolve(node_type) < 0) return NULL;
     Py_RETURN_NONE;
 }
 

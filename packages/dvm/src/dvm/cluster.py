@@ -157,6 +157,7 @@ _analysis.setup(
     (_eager, _EAGER, rule_reason, value_fact, reduced_dims),
     (_ALIASING_OPS, aten.expand.default, MAX_INPUTS, MAX_OUTPUTS, MAX_INSTRS),
     _analysis_fast_path(),
+    Node,
 )
 
 
@@ -174,7 +175,7 @@ class _Analysis:
         self.footprint: dict[Node, Shape] = {}
         self.cost: dict[Node, int] = {}
         self.segment: dict[Node, int] = {}
-        self.args: dict[Node, list[Node]] = {}  # an analysed node's distinct tensor arguments
+        self.args: dict[Node, tuple[Node, ...]] = {}  # an analysed node's distinct tensor arguments
         self.nodes = nodes
         self.missing_meta: bool = _analysis.run(self, nodes)  # a node lacks its fake value
 

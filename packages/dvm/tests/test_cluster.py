@@ -822,8 +822,8 @@ def test_the_analysis_asks_python_nothing_for_common_nodes():
     assert len(a.dshape) == sum(n.op == "call_function" for n in nodes) >= 15
 
 
-def test_the_analysis_setup_refuses_wrong_arguments():
-    from dvm import _analysis
+def _analysis_setup() -> tuple[list, tuple]:
+    """cluster's ``_analysis.setup`` arguments, and the fast-path tuple after them."""
     from dvm import cluster as dc
 
     args = [
@@ -838,7 +838,13 @@ def test_the_analysis_setup_refuses_wrong_arguments():
         (dc._eager, dc._EAGER, dc.rule_reason, dc.value_fact, dc.reduced_dims),
         (dc._ALIASING_OPS, aten.expand.default, MAX_INPUTS, MAX_OUTPUTS, dc.MAX_INSTRS),
     ]
-    fake_tensor, bool_out, checks, max_row = dc._analysis_fast_path()
+    return args, dc._analysis_fast_path()
+
+
+def test_the_analysis_setup_refuses_wrong_arguments():
+    from dvm import _analysis
+
+    args, (fake_tensor, bool_out, checks, max_row) = _analysis_setup()
     with pytest.raises(TypeError, match="7 checks, not 6"):
         _analysis.setup(*args, (fake_tensor, bool_out, checks[:6], max_row))
     with pytest.raises(TypeError):
@@ -847,7 +853,9 @@ def test_the_analysis_setup_refuses_wrong_arguments():
         _analysis.setup(*args, ("FakeTensor", bool_out, checks, max_row))
     with pytest.raises(TypeError):
         _analysis.setup(*args)
-    _analysis.setup(*args, (fake_tensor, bool_out, checks, max_row))
+    with pytest.raises(TypeError):
+        _analysis.setup(*args, (fake_tensor, bool_out, checks, max_row), "Node")
+    _analysis.setup(*args, (fake_tensor, bool_out, checks, max_row), Node)
     verdicts, _ = _verdicts(make_fx(lambda x: x.sum(-1) + 1, tracing_mode="fake")(_x(3, 4)))
     assert verdicts == [(None, None), (None, None)]
 
@@ -873,3 +881,38 @@ def test_the_c_node_list_is_the_graph_s():
         _analysis.nodes(object())
     with pytest.raises(TypeError):
         _analysis.nodes(SimpleNamespace(nodes=3))
+
+
+def test_the_analysis_reads_nodes_and_fake_tensors_directly_as_python_does():
+    """With setup's Node, a Node's fields are read at their offsets and a FakeTensor's shape
+    and dtype through their getters: the tables are those of the generic lookups (setup
+    without Node, or nodes of a subclass of Node)."""
+    from dvm import _analysis
+
+    args, fast = _analysis_setup()
+
+    def f(x, w):
+        y = torch.softmax(x * w, -1).sum(-1, keepdim=True) / 3
+        return y.view(-1).to(torch.float16), (x > 0) & (w < 1), x.mean(0)
+
+    gm = make_fx(f, tracing_mode="fake")(_x(3, 4), _x(4))
+    names = ("index", "segment", "fallbacks", "facts", "dshape", "cut", "footprint", "cost")
+
+    def tables():
+        a = _Analysis(list(gm.graph.nodes))
+        return [getattr(a, k) for k in names], a.args, a.missing_meta
+
+    direct = tables()
+    assert len(direct[0][4]) >= 9 and all(type(v) is tuple for v in direct[1].values())
+    try:
+        _analysis.setup(*args, fast)
+        assert tables() == direct
+    finally:
+        _analysis.setup(*args, fast, Node)
+
+    class Sub(Node):
+        pass
+
+    for n in gm.graph.nodes:
+        object.__setattr__(n, "__class__", Sub)
+    assert tables() == direct

@@ -180,11 +180,11 @@ static PyObject* view_of(Tables* t, PyObject* p, PyObject* cut) {
     return fact_shape(t, p, NULL);
 }
 
-// node's field f (whose member is named `name`) where node is a torch.fx.Node and the field
-// is set: what the generic lookup gives, read at its offset (setup resolved it); else NULL.
+// node's field f where node is a torch.fx.Node and the field is set: what the generic lookup
+// gives, read at its offset (setup resolved it), borrowed; else NULL.
 static PyObject* member(PyObject* node, int f) {
     if (Py_TYPE(node) != g.node_type || g.node_at[f] == 0) return NULL;
-    return *(PyObject**)((char*)node + g.node_at[f]);  // borrowed
+    return *(PyObject**)((char*)node + g.node_at[f]);
 }
 
 // node.<name>, its field f; a new reference, or NULL with an exception.

@@ -63,15 +63,10 @@ setup(
         for level, flags in LEVELS.items()
     ]
     + [
-        Extension(f"dvm.{name}", sources=[f"csrc/{name[1:]}.c"], extra_compile_args=[level])
-        # _launcher and _executor run once per region and graph, with cold caches: optimised
-        # for size, they touch fewer lines of code
-        for name, level in (
-            ("_launcher", "-Os"),
-            ("_emitter", "-O2"),
-            ("_analysis", "-O2"),
-            ("_executor", "-Os"),
-        )
+        # the compile's C modules run once per graph or region, with cold caches: optimised for
+        # size, they touch fewer lines of code
+        Extension(f"dvm.{name}", sources=[f"csrc/{name[1:]}.c"], extra_compile_args=["-Os"])
+        for name in ("_launcher", "_emitter", "_analysis", "_executor")
     ],
     cmdclass={"build_ext": IsaBuildExt},
 )

@@ -57,11 +57,6 @@ static struct {
     PyObject *s__root, *s__next, *s__erased, *s_nodes;  // read by nodes()
 } g;
 
-// The per-node analysis runs once a graph, with cold caches: compiled for size, its code is
-// fewer cache lines to fetch.
-#pragma GCC push_options
-#pragma GCC optimize("Os")
-
 typedef struct {  // the _Analysis's dicts (borrowed from it)
     PyObject *index, *segment, *fallbacks, *facts, *dshape, *cut, *footprint, *cost, *args;
 } Tables;
@@ -898,8 +893,6 @@ static PyObject* run(PyObject* module, PyObject* const* argv, Py_ssize_t argc) {
     if (failed) return NULL;
     return PyBool_FromLong(missing);
 }
-
-#pragma GCC pop_options
 
 // ---- Merging (dvm.cluster's docstring): groups of analysed nodes grown along edges. ----
 //

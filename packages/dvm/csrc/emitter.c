@@ -22,6 +22,9 @@
 #include <structmember.h>
 
 enum { LOAD = 0, CONST = 1, STORE = 2, WHERE = 60 };
+enum { EXP = 12, LOG = 13, RECIPROCAL = 17, SIGMOID = 19, CAST_BF16 = 24, CAST_F16 = 25 };
+enum { SUB = 41, MUL = 42, DIV = 43, POW = 44, MAX = 45, NE = 48 };
+enum { REDUCE_SUM = 70, REDUCE_MAX = 71 };
 
 typedef struct {
     int32_t op, dst, a, b, c;  // dst: the SSA value made, or STORE's output index
@@ -92,23 +95,46 @@ static Code* append(Emitter* self) {
     return &self->code[self->n_code++];
 }
 
-// The value `key` made, made now (a new instruction) when no earlier one did. NULL on error.
-static PyObject* made(Emitter* self, Entry key, double imm) {
-    if (self->table_used * 2 >= self->table_cap && grow_table(self) < 0) return PyErr_NoMemory();
+// The value `key` made, made now (a new instruction) when no earlier one did. -1 on error.
+static int32_t make(Emitter* self, Entry key, double imm) {
+    if (self->table_used * 2 >= self->table_cap && grow_table(self) < 0) {
+        PyErr_NoMemory();
+        return -1;
+    }
     Entry* slot = find(self->table, self->table_cap, &key);
     if (slot->value < 0) {
         if (self->n_values == INT32_MAX) {
             PyErr_SetString(PyExc_OverflowError, "too many values for one program");
-            return NULL;
+            return -1;
         }
         Code* c = append(self);
-        if (c == NULL) return PyErr_NoMemory();
+        if (c == NULL) {
+            PyErr_NoMemory();
+            return -1;
+        }
         *c = (Code){key.op, self->n_values, key.a, key.b, key.c, imm};
         key.value = self->n_values++;
         *slot = key;
         self->table_used++;
     }
-    return PyLong_FromLong(slot->value);
+    return slot->value;
+}
+
+static PyObject* as_int(int32_t value) {
+    return value < 0 ? NULL : PyLong_FromLong(value);
+}
+
+static PyObject* made(Emitter* self, Entry key, double imm) {
+    return as_int(make(self, key, imm));
+}
+
+// The op's value over values a, b (-1: none): 1-operand ops and 2-operand ones; -1 on error.
+static int32_t op1(Emitter* self, int32_t op, int32_t a) {
+    return a < 0 ? -1 : make(self, (Entry){op, a, -1, -1, 0, 0}, 0.0);
+}
+
+static int32_t op2(Emitter* self, int32_t op, int32_t a, int32_t b) {
+    return a < 0 || b < 0 ? -1 : make(self, (Entry){op, a, b, -1, 0, 0}, 0.0);
 }
 
 // `arg` as an int in [lo, hi); -1 with an exception naming `what` otherwise.
@@ -148,12 +174,20 @@ static PyObject* emitter_load(Emitter* self, PyObject* const* args, Py_ssize_t n
     return load_of(self, input);
 }
 
-static PyObject* const_of(Emitter* self, PyObject* arg) {
-    double v = PyFloat_AsDouble(arg);
-    if (v == -1.0 && PyErr_Occurred()) return NULL;
+static int32_t const_value(Emitter* self, double v) {
     Entry key = {CONST, -1, -1, -1, 0, 0};
     memcpy(&key.bits, &v, sizeof v);  // tells -0.0 from 0.0; a NaN equals a NaN of its bits
-    return made(self, key, v);
+    return make(self, key, v);
+}
+
+static int32_t const_arg(Emitter* self, PyObject* arg) {
+    double v = PyFloat_AsDouble(arg);
+    if (v == -1.0 && PyErr_Occurred()) return -1;
+    return const_value(self, v);
+}
+
+static PyObject* const_of(Emitter* self, PyObject* arg) {
+    return as_int(const_arg(self, arg));
 }
 
 static PyObject* emitter_const(Emitter* self, PyObject* const* args, Py_ssize_t nargs) {
@@ -291,6 +325,9 @@ static struct {
     PyObject *domain, *storable, *aliasing, *perf_counter;
     long max_inputs, max_outputs, max_instrs;
     PyObject *s_target, *s_emit, *s_users, *s_args, *s_name, *s_dshape, *s_facts, *s_cut;
+    PyObject* s_kwargs;
+    Py_ssize_t at_target, at_args, at_kwargs, at_users;  // Node's slots by offset; 0: none
+    PyObject* dtypes[4];  // float32, bfloat16, float16, bool: what the casts tell apart
 } g;
 
 // program(n_inputs): allocate registers and build the dvm.program.Program; LimitError when it
@@ -395,18 +432,17 @@ static PyObject* view_of(Resolve* r, PyObject* p) {
     return real;
 }
 
-static PyObject* resolve_call(Resolve* r, PyObject* const* args, size_t nargsf, PyObject* kw) {
-    if (PyVectorcall_NARGS(nargsf) != 1 || (kw != NULL && PyTuple_GET_SIZE(kw))) {
-        PyErr_SetString(PyExc_TypeError, "resolve(arg) takes one argument");
-        return NULL;
-    }
-    PyObject* x = args[0];
-    if (Py_TYPE(x) != (PyTypeObject*)g.node) return const_of(r->em, x);
+// r(x): x's value; -1 on error.
+static int32_t resolve(Resolve* r, PyObject* x) {
+    if (Py_TYPE(x) != (PyTypeObject*)g.node) return const_arg(r->em, x);
     PyObject* value = PyDict_GetItemWithError(r->env, x);
-    if (value != NULL) return Py_NewRef(value);
-    if (PyErr_Occurred()) return NULL;
+    if (value != NULL) {
+        int32_t v;
+        return read_value(r->em, value, &v) < 0 ? -1 : v;
+    }
+    if (PyErr_Occurred()) return -1;
     PyObject* view = view_of(r, x);  // read from outside: a load of the view the reader sees
-    if (view == NULL) return NULL;
+    if (view == NULL) return -1;
     PyObject* key = PyTuple_Pack(2, x, view);
     PyObject* slot = key ? PyDict_GetItemWithError(r->slots, key) : NULL;
     Py_ssize_t index = PyDict_GET_SIZE(r->slots);
@@ -423,7 +459,16 @@ static PyObject* resolve_call(Resolve* r, PyObject* const* args, size_t nargsf, 
     Py_XDECREF(key);
     Py_DECREF(view);
     if (index > INT32_MAX) PyErr_SetString(PyExc_OverflowError, "too many inputs for a program");
-    return index < 0 || index > INT32_MAX ? NULL : load_of(r->em, index);
+    if (index < 0 || index > INT32_MAX) return -1;
+    return make(r->em, (Entry){LOAD, (int32_t)index, -1, -1, 0, 0}, 0.0);
+}
+
+static PyObject* resolve_call(Resolve* r, PyObject* const* args, size_t nargsf, PyObject* kw) {
+    if (PyVectorcall_NARGS(nargsf) != 1 || (kw != NULL && PyTuple_GET_SIZE(kw))) {
+        PyErr_SetString(PyExc_TypeError, "resolve(arg) takes one argument");
+        return NULL;
+    }
+    return as_int(resolve(r, args[0]));
 }
 
 static PyObject* resolve_computed(Resolve* r, PyObject* node) {
@@ -482,20 +527,270 @@ static PyTypeObject ResolveType = {
     .tp_methods = resolve_methods,
 };
 
+// A torch.fx Node's field: read from its slot (a member of torch._C._NodeBase, found by
+// setup_regions) when n is exactly a Node, else by name. A new reference; NULL on error.
+static PyObject* field(PyObject* n, Py_ssize_t at, PyObject* name) {
+    if (at > 0 && Py_TYPE(n) == (PyTypeObject*)g.node) {
+        PyObject* v = *(PyObject**)((char*)n + at);
+        if (v != NULL) return Py_NewRef(v);
+    }
+    return PyObject_GetAttr(n, name);
+}
+
+// The offset of type's member `name` holding an object, 0 when it has none.
+static Py_ssize_t slot_at(PyTypeObject* type, const char* name) {
+    PyObject* d = PyObject_GetAttrString((PyObject*)type, name);
+    Py_ssize_t at = 0;
+    if (d != NULL && Py_IS_TYPE(d, &PyMemberDescr_Type)) {
+        PyMemberDef* m = ((PyMemberDescrObject*)d)->d_member;
+        if ((m->type == T_OBJECT || m->type == T_OBJECT_EX) && m->offset > 0 &&
+            PyType_IsSubtype(type, PyDescr_TYPE(d)))
+            at = m->offset;
+    }
+    Py_XDECREF(d);
+    PyErr_Clear();
+    return at;
+}
+
+// The rules emitted here, without calling the Python rule (setup_native, from dvm.lower's
+// NATIVE): each target's form, and its op where the form takes one. A form emits exactly
+// what its Python rule emits for the node (same instructions in the same order), or leaves
+// the node to the rule (argument shapes it does not take: keywords, an alpha, a float16
+// square root), before emitting anything.
+enum {
+    F_UNARY,             // op(x)
+    F_BINARY,            // op(a, b)
+    F_ADD_SUB,           // op(a, b), b resolved first; alpha 1 (none given)
+    F_POW,               // x ** e, a scalar e of 1, 2, 3 or -1 by mul and reciprocal
+    F_SQUARE,            // x * x
+    F_REDUCE,            // op over x's row when it reduces the last dim, else x
+    F_WHERE,             // where(c, a, b)
+    F_IDENTITY,          // x (views, clone, expand)
+    F_SILU,              // x * sigmoid(x)
+    F_RELU,              // max(0, x)
+    F_SOFTMAX,           // _softmax
+    F_LOG_SOFTMAX,       // _log_softmax
+    F_SOFTMAX_BACKWARD,  // _softmax_backward_data
+    F_LOG_SOFTMAX_BACKWARD,
+    F_TO_COPY,           // _to_copy to the node's dtype
+    F_CONVERT,           // prims.convert_element_type
+    N_FORMS,
+};
+
+enum { NATIVE_CAP = 256 };  // slots of the table: a power of two, at most half of it filled
+
+static struct {
+    PyObject* target;  // a strong reference; NULL: an empty slot
+    int32_t form, op;
+} native[NATIVE_CAP];
+
+static size_t native_slot(PyObject* target) {
+    return (size_t)(((uintptr_t)target >> 4) * 0x9E3779B97F4A7C15ull >> 56) & (NATIVE_CAP - 1);
+}
+
+// The form of target's rule; -1 when its Python rule lowers it.
+static int native_form(PyObject* target, int32_t* op) {
+    for (size_t i = native_slot(target); native[i].target != NULL; i = (i + 1) & (NATIVE_CAP - 1))
+        if (native[i].target == target) {
+            *op = native[i].op;
+            return native[i].form;
+        }
+    return -1;
+}
+
+// facts[x] (dvm.cluster._Analysis.facts): its shape (k = 0) or dtype (k = 1), borrowed;
+// NULL with no exception when there is none.
+static PyObject* fact_of(Resolve* r, PyObject* x, Py_ssize_t k) {
+    if (!PyDict_CheckExact(r->facts)) return NULL;
+    PyObject* fact = PyDict_GetItemWithError(r->facts, x);
+    if (fact == NULL || !PyTuple_CheckExact(fact) || PyTuple_GET_SIZE(fact) != 3) return NULL;
+    return PyTuple_GET_ITEM(fact, k);
+}
+
+// Whether reducing x (of `shape`) over `dims` (dvm.lower.reduced_dims' argument: absent,
+// None, an int or a sequence of ints) reduces a row of more than one element (dvm.lower's
+// row_reduction): 1 or 0; -1 when the form leaves it to the rule.
+static int reduces_row(PyObject* shape, PyObject* dims) {
+    if (shape == NULL || !PyTuple_Check(shape)) return -1;
+    Py_ssize_t rank = PyTuple_GET_SIZE(shape);
+    if (rank == 0) return 0;
+    PyObject* last = PyTuple_GET_ITEM(shape, rank - 1);
+    if (!PyLong_CheckExact(last)) return -1;
+    int overflow;
+    long long size = PyLong_AsLongLongAndOverflow(last, &overflow);
+    if (overflow || (size == -1 && PyErr_Occurred())) return -1;
+    if (size == 1) return 0;
+    PyObject* one[1] = {dims};
+    PyObject* const* each = one;
+    Py_ssize_t n = 1;
+    if (dims == NULL || dims == Py_None) return 1;
+    if (PyList_Check(dims) || PyTuple_Check(dims)) {
+        n = PySequence_Fast_GET_SIZE(dims);
+        each = PySequence_Fast_ITEMS(dims);
+        if (n == 0) return 1;
+    }
+    for (Py_ssize_t i = 0; i < n; ++i) {
+        if (!PyLong_CheckExact(each[i])) return -1;
+        long long d = PyLong_AsLongLongAndOverflow(each[i], &overflow);
+        if (overflow || (d == -1 && PyErr_Occurred())) return -1;
+        if (((d % rank) + rank) % rank == rank - 1) return 1;
+    }
+    return 0;
+}
+
+// dvm.lower._cast: value rounded as `dtype` holds it.
+static int32_t cast(Emitter* em, int32_t value, PyObject* dtype) {
+    if (dtype == g.dtypes[1]) return op1(em, CAST_BF16, value);
+    if (dtype == g.dtypes[2]) return op1(em, CAST_F16, value);
+    if (dtype == g.dtypes[3]) return op2(em, NE, value, value < 0 ? -1 : const_value(em, 0.0));
+    return value;
+}
+
+// dvm.lower._converted: x cast to `dtype`, x's own dtype `own` (NULL: x is no node); x rounded
+// first to a 16-bit `own` when the region computed it, unless dtype is float32.
+static int32_t converted(Resolve* r, PyObject* x, PyObject* own, PyObject* dtype) {
+    if (dtype == g.dtypes[0]) return resolve(r, x);
+    if (own == g.dtypes[1] || own == g.dtypes[2]) {
+        int computed = PyDict_Contains(r->env, x);
+        if (computed < 0) return -1;
+        if (computed) return cast(r->em, cast(r->em, resolve(r, x), own), dtype);
+    }
+    return cast(r->em, resolve(r, x), dtype);
+}
+
+// Node n lowered by its form: its value, -1 on error, -2 when the form leaves it to the rule.
+static int32_t emit_form(Resolve* r, PyObject* n, int form, int32_t op, PyObject* args,
+                         Py_ssize_t n_kw) {
+    Emitter* em = r->em;
+    Py_ssize_t nargs = PyTuple_GET_SIZE(args);
+    PyObject* const* a = &PyTuple_GET_ITEM(args, 0);
+    if (nargs == 0 || (n_kw && form != F_IDENTITY && form != F_TO_COPY)) return -2;
+    int32_t x, y, t;
+    switch (form) {
+        case F_UNARY:
+            return nargs == 1 ? op1(em, op, resolve(r, a[0])) : -2;
+        case F_BINARY:
+            if (nargs != 2) return -2;
+            x = resolve(r, a[0]);
+            return x < 0 ? -1 : op2(em, op, x, resolve(r, a[1]));
+        case F_ADD_SUB:
+            if (nargs != 2) return -2;
+            y = resolve(r, a[1]);
+            return y < 0 ? -1 : op2(em, op, resolve(r, a[0]), y);
+        case F_POW: {
+            if (nargs != 2) return -2;
+            PyObject* e = a[1];
+            if (Py_TYPE(a[0]) != (PyTypeObject*)g.node || !(PyFloat_Check(e) || PyLong_Check(e))) {
+                x = resolve(r, a[0]);
+                return x < 0 ? -1 : op2(em, POW, x, resolve(r, e));
+            }
+            if (!PyFloat_CheckExact(e) && !PyLong_CheckExact(e)) return -2;  // a bool: the rule
+            double v = PyFloat_AsDouble(e);
+            if (v == -1.0 && PyErr_Occurred()) {
+                PyErr_Clear();  // too large for a float: the rule raises its error
+                return -2;
+            }
+            if (v == 0.5 || v == -0.5) return -2;  // by dtype (dvm.lower._POW_AS_POW)
+            x = resolve(r, a[0]);
+            if (x < 0 || v == 1.0) return x;
+            if (v == 2.0) return op2(em, MUL, x, x);
+            if (v == 3.0) return op2(em, MUL, op2(em, MUL, x, x), x);
+            if (v == -1.0) return op1(em, RECIPROCAL, x);
+            return op2(em, POW, x, const_value(em, v));
+        }
+        case F_SQUARE:
+            if (nargs != 1) return -2;
+            x = resolve(r, a[0]);
+            return op2(em, MUL, x, x);
+        case F_REDUCE: {
+            if (nargs > 3 || Py_TYPE(a[0]) != (PyTypeObject*)g.node) return -2;
+            PyObject* shape = fact_of(r, a[0], 0);
+            if (shape == NULL && PyErr_Occurred()) return -1;
+            int row = reduces_row(shape, nargs > 1 ? a[1] : NULL);
+            if (row < 0) return -2;
+            x = resolve(r, a[0]);
+            return row ? op1(em, op, x) : x;
+        }
+        case F_WHERE:
+            if (nargs != 3) return -2;
+            x = resolve(r, a[0]);
+            y = x < 0 ? -1 : resolve(r, a[1]);
+            t = y < 0 ? -1 : resolve(r, a[2]);
+            return t < 0 ? -1 : make(em, (Entry){WHERE, x, y, t, 0, 0}, 0.0);
+        case F_IDENTITY:
+            return resolve(r, a[0]);
+        case F_SILU:
+            if (nargs != 1) return -2;
+            x = resolve(r, a[0]);
+            return op2(em, MUL, x, op1(em, SIGMOID, x));
+        case F_RELU:
+            if (nargs != 1) return -2;
+            x = resolve(r, a[0]);
+            return x < 0 ? -1 : op2(em, MAX, const_value(em, 0.0), x);
+        case F_SOFTMAX:
+        case F_LOG_SOFTMAX:
+            if (nargs != 3) return -2;
+            x = resolve(r, a[0]);
+            y = op2(em, SUB, x, op1(em, REDUCE_MAX, x));
+            if (form == F_LOG_SOFTMAX)
+                return op2(em, SUB, y, op1(em, LOG, op1(em, REDUCE_SUM, op1(em, EXP, y))));
+            t = op1(em, EXP, y);
+            return op2(em, DIV, t, op1(em, REDUCE_SUM, t));
+        case F_SOFTMAX_BACKWARD:
+        case F_LOG_SOFTMAX_BACKWARD:
+            if (nargs != 4) return -2;
+            x = resolve(r, a[0]);  // grad
+            y = x < 0 ? -1 : resolve(r, a[1]);  // the forward's output
+            if (form == F_LOG_SOFTMAX_BACKWARD) {
+                t = op1(em, REDUCE_SUM, x);
+                return op2(em, SUB, x, op2(em, MUL, op1(em, EXP, y), t));
+            }
+            t = op2(em, MUL, x, y);
+            return op2(em, SUB, t, op2(em, MUL, y, op1(em, REDUCE_SUM, t)));
+        case F_TO_COPY:
+        case F_CONVERT: {
+            if (nargs != (form == F_TO_COPY ? 1 : 2)) return -2;
+            PyObject* dtype = form == F_TO_COPY ? fact_of(r, n, 1) : a[1];
+            PyObject* own = NULL;
+            if (dtype != NULL && Py_TYPE(a[0]) == (PyTypeObject*)g.node)
+                own = fact_of(r, a[0], 1);
+            if (PyErr_Occurred()) return -1;
+            if (dtype == NULL || (own == NULL && Py_TYPE(a[0]) == (PyTypeObject*)g.node))
+                return -2;
+            return converted(r, a[0], own, dtype);
+        }
+    }
+    return -2;
+}
+
+// Node n lowered by its form (see emit_form), its args read from its slots.
+static int32_t emit_native(Resolve* r, PyObject* n, int form, int32_t op) {
+    PyObject* args = field(n, g.at_args, g.s_args);
+    PyObject* kwargs = args ? field(n, g.at_kwargs, g.s_kwargs) : NULL;
+    int32_t value = -1;
+    if (kwargs != NULL)
+        value = PyTuple_Check(args) && PyDict_Check(kwargs)
+                    ? emit_form(r, n, form, op, args, PyDict_GET_SIZE(kwargs))
+                    : -2;
+    Py_XDECREF(kwargs);
+    Py_XDECREF(args);
+    return value;
+}
+
 // The member whose values n holds: n, or through views inside the region the value they view
 // (eager returns a view of it; another node of equal values is a tensor of its own). A new
 // reference; NULL on error.
 static PyObject* alias_base(PyObject* n, PyObject* members) {
     Py_INCREF(n);
     for (;;) {
-        PyObject* target = PyObject_GetAttr(n, g.s_target);
+        PyObject* target = field(n, g.at_target, g.s_target);
         if (target == NULL) goto fail;
         int aliasing = 0;
         for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(g.aliasing); ++i)
             aliasing |= PyTuple_GET_ITEM(g.aliasing, i) == target;
         Py_DECREF(target);
         if (!aliasing) return n;
-        PyObject* args = PyObject_GetAttr(n, g.s_args);
+        PyObject* args = field(n, g.at_args, g.s_args);
         PyObject* base = args ? PySequence_GetItem(args, 0) : NULL;
         Py_XDECREF(args);
         int inside = base ? PySet_Contains(members, base) : -1;
@@ -513,7 +808,7 @@ fail:
 
 // Whether a node outside `members` reads n: 1 or 0, -1 on error.
 static int read_outside(PyObject* n, PyObject* members) {
-    PyObject* users = PyObject_GetAttr(n, g.s_users);
+    PyObject* users = field(n, g.at_users, g.s_users);
     if (users == NULL) return -1;
     PyObject* it = PyObject_GetIter(users);
     Py_DECREF(users);
@@ -534,17 +829,24 @@ static int read_outside(PyObject* n, PyObject* members) {
 static int lower_member(Resolve* r, PyObject* n, PyObject* mset, PyObject* domain,
                         PyObject* stored, PyObject* out[4]) {
     Py_XSETREF(r->reader, Py_NewRef(n));
-    PyObject* target = PyObject_GetAttr(n, g.s_target);
-    PyObject* id = target ? PyLong_FromVoidPtr(target) : NULL;
-    Py_XDECREF(target);
-    PyObject* rule = id ? PyObject_GetItem(g.rules, id) : NULL;
-    Py_XDECREF(id);
-    PyObject* emit = rule ? PyObject_GetAttr(rule, g.s_emit) : NULL;
-    Py_XDECREF(rule);
-    if (emit == NULL) return -1;
-    PyObject* call[3] = {(PyObject*)r->em, n, (PyObject*)r};
-    PyObject* value = PyObject_Vectorcall(emit, call, 3, NULL);
-    Py_DECREF(emit);
+    PyObject* target = field(n, g.at_target, g.s_target);
+    if (target == NULL) return -1;
+    int32_t op, form = native_form(target, &op);
+    int32_t v = form < 0 ? -2 : emit_native(r, n, form, op);
+    PyObject* value = NULL;
+    if (v == -2) {  // the rule's emit
+        PyObject* id = PyLong_FromVoidPtr(target);
+        PyObject* rule = id ? PyObject_GetItem(g.rules, id) : NULL;
+        Py_XDECREF(id);
+        PyObject* emit = rule ? PyObject_GetAttr(rule, g.s_emit) : NULL;
+        Py_XDECREF(rule);
+        PyObject* call[3] = {(PyObject*)r->em, n, (PyObject*)r};
+        value = emit ? PyObject_Vectorcall(emit, call, 3, NULL) : NULL;
+        Py_XDECREF(emit);
+    } else {
+        value = as_int(v);
+    }
+    Py_DECREF(target);
     if (value == NULL || PyDict_SetItem(r->env, n, value) < 0) goto fail;
     int outside = read_outside(n, mset);
     if (outside <= 0) {
@@ -725,9 +1027,55 @@ static PyObject* setup_regions(PyObject* module, PyObject* args) {
     PyObject** held[] = {&g.rules,    &g.node,     &g.region,   &g.emitter,
                          &g.domain,   &g.storable, &g.aliasing, &g.perf_counter};
     for (int i = 0; i < 8; ++i) Py_XSETREF(*held[i], Py_NewRef(given[i]));
+    g.at_target = slot_at((PyTypeObject*)node, "target");
+    g.at_args = slot_at((PyTypeObject*)node, "_args");
+    g.at_kwargs = slot_at((PyTypeObject*)node, "_kwargs");
+    g.at_users = slot_at((PyTypeObject*)node, "users");
     g.max_inputs = max_in;
     g.max_outputs = max_out;
     g.max_instrs = max_instrs;
+    Py_RETURN_NONE;
+}
+
+// setup_native(forms, dtypes): the rules emitted here (dvm.lower.NATIVE), replacing those
+// before: forms maps an op (a node's target) to (form, op), the op one of the form's run
+// (0 for a form of none); dtypes is (float32, bfloat16, float16, bool).
+static PyObject* setup_native(PyObject* module, PyObject* args) {
+    PyObject *forms, *dtypes[4];
+    if (!PyArg_ParseTuple(args, "O!(OOOO)", &PyDict_Type, &forms, &dtypes[0], &dtypes[1],
+                          &dtypes[2], &dtypes[3]))
+        return NULL;
+    if (PyDict_GET_SIZE(forms) > NATIVE_CAP / 2) {
+        PyErr_Format(PyExc_ValueError, "setup_native: more than %d forms", NATIVE_CAP / 2);
+        return NULL;
+    }
+    static const long runs[N_FORMS][2] = {
+        [F_UNARY] = {10, 27}, [F_BINARY] = {40, 55}, [F_ADD_SUB] = {40, 42}, [F_REDUCE] = {70, 73},
+    };
+    int32_t form[NATIVE_CAP], op[NATIVE_CAP];
+    PyObject *key, *value;
+    Py_ssize_t pos = 0, k = 0;
+    while (PyDict_Next(forms, &pos, &key, &value)) {
+        if (!PyTuple_Check(value) || PyTuple_GET_SIZE(value) != 2) {
+            PyErr_Format(PyExc_TypeError, "setup_native: %R's form is no (form, op) pair", key);
+            return NULL;
+        }
+        if (read_int(PyTuple_GET_ITEM(value, 0), 0, N_FORMS, "form", &form[k]) < 0) return NULL;
+        long lo = runs[form[k]][0], hi = runs[form[k]][1];
+        if (read_int(PyTuple_GET_ITEM(value, 1), lo, hi ? hi : 1, "op", &op[k]) < 0) return NULL;
+        ++k;
+    }
+    for (size_t i = 0; i < NATIVE_CAP; ++i) Py_CLEAR(native[i].target);
+    Py_ssize_t n = k;  // an op's __index__ may have changed forms: only the ones read count
+    pos = 0, k = 0;
+    while (k < n && PyDict_Next(forms, &pos, &key, &value)) {
+        size_t i = native_slot(key);
+        while (native[i].target != NULL) i = (i + 1) & (NATIVE_CAP - 1);
+        native[i].target = Py_NewRef(key);
+        native[i].form = form[k], native[i].op = op[k];
+        ++k;
+    }
+    for (int i = 0; i < 4; ++i) Py_XSETREF(g.dtypes[i], Py_NewRef(dtypes[i]));
     Py_RETURN_NONE;
 }
 
@@ -736,6 +1084,8 @@ static PyMethodDef module_methods[] = {
     {"setup_regions", setup_regions, METH_VARARGS,
      "setup_regions(rules, node, region, emitter, domain, storable, aliasing, limits, "
      "perf_counter): for build_region."},
+    {"setup_native", setup_native, METH_VARARGS,
+     "setup_native(forms, dtypes): the rules build_region emits in C, by target."},
     {"build_region", (PyCFunction)(void (*)(void))build_region, METH_FASTCALL,
      "build_region(members, analysis) -> Region\n\n"
      "Lower ``members`` (graph order) to one region: each member by its rule's ``emit``, the\n"
@@ -756,7 +1106,7 @@ PyMODINIT_FUNC PyInit__emitter(void) {
     } names[] = {
         {&g.s_target, "target"}, {&g.s_emit, "emit"},     {&g.s_users, "users"},
         {&g.s_args, "args"},     {&g.s_name, "name"},     {&g.s_dshape, "dshape"},
-        {&g.s_facts, "facts"},   {&g.s_cut, "cut"},
+        {&g.s_facts, "facts"},   {&g.s_cut, "cut"},       {&g.s_kwargs, "kwargs"},
     };
     for (size_t i = 0; i < sizeof names / sizeof names[0]; ++i)
         if ((*names[i].slot = PyUnicode_InternFromString(names[i].text)) == NULL) return NULL;

@@ -3,6 +3,7 @@ graphs the ``dvm`` backend compiles, and the tiny Hugging Face Llama the model t
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterator
 
 import pytest
@@ -35,6 +36,51 @@ def inductor_cache(
     torch._dynamo.reset()
     yield folder
     torch._dynamo.reset()
+
+
+def _built(build, members, analysis) -> object:
+    """What ``build(members, analysis)`` gives: the region's fields but its build time, or the
+    error it raises (type and message)."""
+    import dataclasses
+
+    try:
+        region = build(members, analysis)
+    except Exception as e:  # the two builds' errors are compared
+        return type(e), str(e)
+    return [
+        repr(getattr(region, f.name)) for f in dataclasses.fields(region) if f.name != "build_us"
+    ]
+
+
+def built_both(members, analysis):
+    """``build_region(members, analysis)``, checked to equal the same build with every node
+    lowered by its Python rule (none by ``csrc/emitter.c``'s forms, ``dvm.lower.NATIVE``)."""
+    from dvm import _emitter, lower
+
+    got = _built(_emitter.build_region, members, analysis)
+    _emitter.setup_native({}, lower.NATIVE_DTYPES)
+    try:
+        want = _built(_emitter.build_region, members, analysis)
+    finally:
+        _emitter.setup_native(lower.NATIVE, lower.NATIVE_DTYPES)
+    assert got == want, f"native {got}\n rules {want}"
+    return _emitter.build_region(members, analysis)
+
+
+@pytest.fixture
+def native_checked(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every region the test builds is checked to equal its build by the Python rules alone
+    (see :func:`built_both`)."""
+    from dvm import cluster
+
+    monkeypatch.setattr(cluster, "build_region", built_both)
+
+
+@pytest.fixture(autouse=True)
+def native_oracle(request: pytest.FixtureRequest) -> None:
+    """With ``DVM_NATIVE_ORACLE=1``, every test runs :func:`native_checked`."""
+    if os.environ.get("DVM_NATIVE_ORACLE") == "1":
+        request.getfixturevalue("native_checked")
 
 
 @pytest.fixture

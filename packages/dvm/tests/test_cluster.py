@@ -16,7 +16,7 @@ from dvm import _emitter
 from dvm import cluster as cl
 from dvm.cluster import ALONE, DEAD, NO_WORK, _Analysis, build_region, cluster
 from dvm.compile import compile_graph
-from dvm.lower import Emitter, LimitError, unsupported_reason
+from dvm.lower import NATIVE, NATIVE_DTYPES, Emitter, Form, LimitError, unsupported_reason
 from dvm.program import MAX_INPUTS, MAX_INSTRS, MAX_OUTPUTS, MAX_REGS, Op
 from spore.side_effects import has_side_effect
 
@@ -421,7 +421,15 @@ def test_build_region_errors():
         build_region(1, a)
 
 
-def test_build_region_hands_the_rules_a_resolve(monkeypatch):
+@pytest.fixture
+def python_rules():
+    """Every node lowered by its Python rule (none by ``csrc/emitter.c``'s forms)."""
+    _emitter.setup_native({}, NATIVE_DTYPES)
+    yield
+    _emitter.setup_native(NATIVE, NATIVE_DTYPES)
+
+
+def test_build_region_hands_the_rules_a_resolve(monkeypatch, python_rules):
     """The rules' ``r``: a node argument's value (a constant for a non-node, the value of a
     member lowered before, else a load), ``r.computed(node)`` whether a member made it; wrong
     arguments raise TypeError."""
@@ -470,6 +478,111 @@ def test_the_emitter_s_setups_refuse_wrong_arguments():
     with pytest.raises(TypeError):
         _emitter.setup_regions([], *given[1:])
     test_build_region_stores_a_value_once_per_dtype_reduction_and_alias_base()
+
+
+def _grads(fn):
+    """The gradient of ``fn(x).sum()`` by ``x``, as a function of ``x``."""
+
+    def grad(x):
+        x = x.detach().requires_grad_()
+        return torch.autograd.grad(fn(x).sum(), x)[0]
+
+    return grad
+
+
+def _views(y):
+    return y.clone() + 1, y.view(2, 4, 9).sin(), y.unsqueeze(0).expand(3, 8, 9) * 2, y.t().clone()
+
+
+def _power(e):
+    return lambda x: x**e
+
+
+_F32, _BF16, _F16 = torch.float32, torch.bfloat16, torch.float16
+_FORM_CASES = [  # (function, its inputs' dtypes): nodes of every form, and ones a form leaves
+    *[(f, (d,)) for d in (_F32, _BF16) for f in (torch.neg, torch.exp, torch.tanh, torch.rsqrt)],
+    (lambda x, y: (x * y, x / 3, torch.maximum(x, y), torch.minimum(y, x), x / y), (_F32, _F32)),
+    (lambda x, y: (x + y, x - 2, x.add(y, alpha=2), x.sub(y, alpha=0.5), 1 - x), (_F32, _F32)),
+    *[(_power(e), (d,)) for e in (1, 2, 3, -1, 0.5, -0.5, 2.5, 3.0) for d in (_F32, _F16)],
+    (lambda x, y: (x.abs() ** y, 2**x, torch.square(x), x.pow(True)), (_F32, _F32)),
+    (lambda x: (x.sum(-1, keepdim=True), x.mean(-1, True), x.amax(-1, True)), (_F32,)),
+    (lambda x: (x.sum(), x.mean(), x.sum([0, 1], keepdim=True), x.amin(-1, True)), (_F32,)),
+    (lambda x: (x[:, :1].sum(-1, keepdim=True), x.sum(dim=-1, keepdim=True, dtype=_F32)), (_F32,)),
+    (lambda x, y: (torch.where(x > 0, x, y), torch.where(x > y, 1.0, x), x.relu()), (_F32, _F32)),
+    (lambda x: _views(x.exp()), (_F32,)),
+    (lambda x: (torch.nn.functional.silu(x), x.softmax(-1), x.log_softmax(-1)), (_F32,)),
+    (_grads(lambda x: x.softmax(-1) * x), (_F32,)),
+    (_grads(lambda x: x.log_softmax(-1) * x), (_F32,)),
+    (lambda x: (x.exp().to(_BF16), x.to(_F16).float(), (x.exp() > 1).float(), x.bool()), (_F32,)),
+    (lambda x: (x.exp().float(), x.exp().half(), x.exp().bool(), x.sin().to(_F32)), (_BF16,)),
+    (lambda x, m: (x.masked_fill(m, 0.5), x * m, m & (x > 0), ~m, m ^ (x < 0)), (_F32, torch.bool)),
+]
+
+
+@pytest.mark.filterwarnings("error::RuntimeWarning")  # a graph that fell back fails
+@pytest.mark.parametrize("case", range(len(_FORM_CASES)))
+def test_native_forms_build_what_the_rules_build(case, native_checked):
+    """Each region ``csrc/emitter.c`` builds with its forms equals the build by the Python
+    rules alone (``native_checked``), over nodes of every form and its argument shapes."""
+    fn, dtypes = _FORM_CASES[case]
+    args = [
+        _x(8, 9, seed=k).to(d) if d != torch.bool else _x(8, 9, seed=k) > 0
+        for k, d in enumerate(dtypes)
+    ]
+    gm = make_fx(fn, tracing_mode="fake")(*args)
+    compiled = compile_graph(gm, args, min_ops=1)
+    assert compiled.regions
+
+
+@pytest.mark.filterwarnings("error::RuntimeWarning")
+def test_benchmark_chains_build_what_the_rules_build(native_checked):
+    from dvm import benchmarks
+
+    for chain in benchmarks.CHAINS:
+        gm, inputs = benchmarks._aten_graph(chain)
+        assert compile_graph(gm, inputs, min_ops=1).regions
+
+
+def test_native_forms_lower_without_the_rules(monkeypatch):
+    """A node of a form is lowered in C: its Python rule is not called (it is with
+    ``setup_native({}, ...)``)."""
+    _, a, (exp,) = _traced(lambda x: x.exp(), _x(4, 8))
+
+    def emit(em, n, r):
+        raise AssertionError("the rule was called")
+
+    rule = cl._RULES_BY_ID[id(aten.exp.default)]
+    monkeypatch.setitem(cl._RULES_BY_ID, id(aten.exp.default), dataclasses.replace(rule, emit=emit))
+    assert build_region([exp], a).program.instrs[1].op == Op.EXP
+    _emitter.setup_native({}, NATIVE_DTYPES)
+    try:
+        with pytest.raises(AssertionError, match="the rule was called"):
+            build_region([exp], a)
+    finally:
+        _emitter.setup_native(NATIVE, NATIVE_DTYPES)
+    assert build_region([exp], a).program.instrs[1].op == Op.EXP
+
+
+def test_setup_native_refuses_wrong_arguments():
+    """``_emitter.setup_native`` checks the forms and dtypes it is handed, and keeps the table
+    it held before on an error."""
+    with pytest.raises(TypeError):
+        _emitter.setup_native([], NATIVE_DTYPES)
+    with pytest.raises(TypeError):
+        _emitter.setup_native(NATIVE, NATIVE_DTYPES[:3])
+    with pytest.raises(TypeError, match="no \\(form, op\\) pair"):
+        _emitter.setup_native({aten.exp.default: Form.UNARY}, NATIVE_DTYPES)
+    with pytest.raises(ValueError, match=r"form 16 is not in 0\.\.15"):
+        _emitter.setup_native({aten.exp.default: (16, 0)}, NATIVE_DTYPES)
+    with pytest.raises(ValueError, match=r"op 40 is not in 10\.\.26"):
+        _emitter.setup_native({aten.exp.default: (Form.UNARY, Op.ADD)}, NATIVE_DTYPES)
+    with pytest.raises(ValueError, match=r"op 12 is not in 0\.\.0"):
+        _emitter.setup_native({aten.exp.default: (Form.SILU, Op.EXP)}, NATIVE_DTYPES)
+    with pytest.raises(TypeError):
+        _emitter.setup_native({aten.exp.default: (Form.UNARY, "exp")}, NATIVE_DTYPES)
+    with pytest.raises(ValueError, match="more than 128 forms"):
+        _emitter.setup_native({k: (Form.IDENTITY, 0) for k in range(129)}, NATIVE_DTYPES)
+    test_native_forms_lower_without_the_rules(pytest.MonkeyPatch())
 
 
 def _scaled_graph(value, dtype=torch.float32):

@@ -17,6 +17,7 @@ import math
 import operator
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from enum import IntEnum
 from typing import Any, Protocol
 
 import torch
@@ -767,6 +768,71 @@ def _log_softmax_backward(em: Emitter, n: Node, r: Resolve) -> int:
     grad, out = r(n.args[0]), r(n.args[1])
     total = em.reduce(Op.REDUCE_SUM, grad)
     return em.binary(Op.SUB, grad, em.binary(Op.MUL, em.unary(Op.EXP, out), total))
+
+
+# ---- the rules C emits itself ----------------------------------------------------------------
+
+
+class Form(IntEnum):
+    """How ``csrc/emitter.c`` lowers a node of a common rule without calling it: the
+    instructions its rule here emits for the node, in the same order (the rule stays the
+    definition, and the oracle the tests compare with). A node whose arguments the form does
+    not take (keywords, an ``alpha``, a ``pow`` exponent of ``±0.5``) goes to the rule."""
+
+    UNARY = 0  # op(x)
+    BINARY = 1  # op(a, b)
+    ADD_SUB = 2  # op(a, b), no alpha
+    POW = 3
+    SQUARE = 4
+    REDUCE = 5  # op over the last dim, when it reduces it (row_reduction)
+    WHERE = 6
+    IDENTITY = 7  # views, clone, expand
+    SILU = 8
+    RELU = 9
+    SOFTMAX = 10
+    LOG_SOFTMAX = 11
+    SOFTMAX_BACKWARD = 12
+    LOG_SOFTMAX_BACKWARD = 13
+    TO_COPY = 14
+    CONVERT = 15
+
+
+NATIVE: dict[Any, tuple[Form, int]] = {
+    **{t: (Form.UNARY, op) for t, op in _UNARY.items()},
+    **{t: (Form.BINARY, op) for t, op in _BINARY.items()},
+    aten.bitwise_and.Tensor: (Form.BINARY, Op.AND),
+    aten.bitwise_or.Tensor: (Form.BINARY, Op.OR),
+    aten.bitwise_xor.Tensor: (Form.BINARY, Op.NE),
+    aten.add.Tensor: (Form.ADD_SUB, Op.ADD),
+    aten.add.Scalar: (Form.ADD_SUB, Op.ADD),
+    aten.sub.Tensor: (Form.ADD_SUB, Op.SUB),
+    aten.sub.Scalar: (Form.ADD_SUB, Op.SUB),
+    aten.sum.dim_IntList: (Form.REDUCE, Op.REDUCE_SUM),
+    aten.sum.default: (Form.REDUCE, Op.REDUCE_SUM),
+    aten.mean.dim: (Form.REDUCE, Op.REDUCE_MEAN),
+    aten.mean.default: (Form.REDUCE, Op.REDUCE_MEAN),
+    aten.amax.default: (Form.REDUCE, Op.REDUCE_MAX),
+    **{t: (Form.POW, 0) for t in (aten.pow.Tensor_Scalar, aten.pow.Tensor_Tensor, aten.pow.Scalar)},
+    aten.square.default: (Form.SQUARE, 0),
+    **{t: (Form.WHERE, 0) for t in (aten.where.self, aten.where.ScalarSelf)},
+    **{t: (Form.WHERE, 0) for t in (aten.where.ScalarOther, aten.where.Scalar)},
+    **{t: (Form.IDENTITY, 0) for t in (aten.clone.default, aten.expand.default, *VIEW_OPS)},
+    aten.silu.default: (Form.SILU, 0),
+    aten.relu.default: (Form.RELU, 0),
+    aten._softmax.default: (Form.SOFTMAX, 0),
+    aten._log_softmax.default: (Form.LOG_SOFTMAX, 0),
+    aten._softmax_backward_data.default: (Form.SOFTMAX_BACKWARD, 0),
+    aten._log_softmax_backward_data.default: (Form.LOG_SOFTMAX_BACKWARD, 0),
+    aten._to_copy.default: (Form.TO_COPY, 0),
+    prims.convert_element_type.default: (Form.CONVERT, 0),
+}
+"""The rules ``build_region`` lowers in C, by target: each one's :class:`Form` and op (0 for
+a form of none). ``_emitter.setup_native({}, NATIVE_DTYPES)`` leaves every node to its rule."""
+
+NATIVE_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.bool)
+"""The dtypes the casts tell apart, for ``_emitter.setup_native``."""
+
+_emitter.setup_native(NATIVE, NATIVE_DTYPES)
 
 
 # ---- what the VM takes -----------------------------------------------------------------------

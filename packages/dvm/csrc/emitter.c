@@ -320,15 +320,37 @@ static PyObject* emitter_n_instrs(Emitter* self, void* unused) {
 // What setup() and setup_regions() hand over: the program's pieces, then the regions'.
 static struct {
     PyObject *limit_error, *built;  // dvm.lower.LimitError, dvm.program.Program.built
+    PyTypeObject* program_type;     // built's class when built is a classmethod, else NULL
     long max_regs;
     PyObject *rules, *node, *region, *emitter;  // rules by id(target), Node, Region, Emitter
     PyObject *domain, *storable, *aliasing, *perf_counter;
     long max_inputs, max_outputs, max_instrs;
     PyObject *s_target, *s_emit, *s_users, *s_args, *s_name, *s_dshape, *s_facts, *s_cut;
     PyObject* s_kwargs;
+    PyObject* s_fields[4];  // Program.built's: n_inputs, n_outputs, n_regs, _encoded
     Py_ssize_t at_target, at_args, at_kwargs, at_users;  // Node's slots by offset; 0: none
     PyObject* dtypes[4];  // float32, bfloat16, float16, bool: what the casts tell apart
 } g;
+
+// Program.built(n_inputs, n_outputs, n_regs, encoded) as it makes one: a bare instance of its
+// class given the four fields (object.__new__, then its attributes set in that order), without
+// the call; the call where built is no classmethod of a class with a __dict__.
+static PyObject* built(PyObject* n_inputs, int32_t n_outputs, long n_regs, PyObject* encoded) {
+    PyObject* fields[4] = {n_inputs, PyLong_FromLong(n_outputs), PyLong_FromLong(n_regs), encoded};
+    PyObject* out = NULL;
+    if (fields[1] != NULL && fields[2] != NULL && g.program_type == NULL) {
+        out = PyObject_Vectorcall(g.built, fields, 4, NULL);
+    } else if (fields[1] != NULL && fields[2] != NULL) {
+        PyObject* none = PyTuple_New(0);
+        out = none ? PyBaseObject_Type.tp_new(g.program_type, none, NULL) : NULL;
+        Py_XDECREF(none);
+        for (int i = 0; out != NULL && i < 4; ++i)
+            if (PyObject_GenericSetAttr(out, g.s_fields[i], fields[i]) < 0) Py_CLEAR(out);
+    }
+    Py_XDECREF(fields[1]);
+    Py_XDECREF(fields[2]);
+    return out;
+}
 
 // program(n_inputs): allocate registers and build the dvm.program.Program; LimitError when it
 // needs more than MAX_REGS registers.
@@ -344,11 +366,9 @@ static PyObject* emitter_program(Emitter* self, PyObject* n_inputs) {
     if (n_regs > g.max_regs) {
         PyErr_Format(g.limit_error, "needs %ld registers (the VM has %ld)", n_regs, g.max_regs);
     } else {
-        PyObject* program = Py_BuildValue("(OilN)", n_inputs, self->n_outputs,
-                                          n_regs > 1 ? n_regs : 1L,
-                                          PyTuple_GetSlice(encoded, 0, 2));
-        if (program != NULL) out = PyObject_Call(g.built, program, NULL);
-        Py_XDECREF(program);
+        PyObject* pair = PyTuple_GetSlice(encoded, 0, 2);
+        if (pair != NULL) out = built(n_inputs, self->n_outputs, n_regs > 1 ? n_regs : 1L, pair);
+        Py_XDECREF(pair);
     }
     Py_DECREF(encoded);
     return out;
@@ -989,7 +1009,8 @@ done:
     return region;
 }
 
-// setup(limit_error, built, max_regs): what program() needs, from dvm.lower.
+// setup(limit_error, built, max_regs): what program() needs, from dvm.lower (built:
+// Program.built, whose work program() does itself for a classmethod: see built()).
 static PyObject* setup(PyObject* module, PyObject* args) {
     PyObject *limit_error, *built;
     long max_regs;
@@ -1000,6 +1021,10 @@ static PyObject* setup(PyObject* module, PyObject* args) {
     }
     Py_XSETREF(g.limit_error, Py_NewRef(limit_error));
     Py_XSETREF(g.built, Py_NewRef(built));
+    PyObject* cls = PyMethod_Check(built) ? PyMethod_GET_SELF(built) : NULL;
+    g.program_type = cls != NULL && PyType_Check(cls) && ((PyTypeObject*)cls)->tp_dictoffset
+                         ? (PyTypeObject*)cls
+                         : NULL;  // held through built
     g.max_regs = max_regs;
     Py_RETURN_NONE;
 }
@@ -1107,6 +1132,8 @@ PyMODINIT_FUNC PyInit__emitter(void) {
         {&g.s_target, "target"}, {&g.s_emit, "emit"},     {&g.s_users, "users"},
         {&g.s_args, "args"},     {&g.s_name, "name"},     {&g.s_dshape, "dshape"},
         {&g.s_facts, "facts"},   {&g.s_cut, "cut"},       {&g.s_kwargs, "kwargs"},
+        {&g.s_fields[0], "n_inputs"}, {&g.s_fields[1], "n_outputs"}, {&g.s_fields[2], "n_regs"},
+        {&g.s_fields[3], "_encoded"},
     };
     for (size_t i = 0; i < sizeof names / sizeof names[0]; ++i)
         if ((*names[i].slot = PyUnicode_InternFromString(names[i].text)) == NULL) return NULL;

@@ -582,7 +582,8 @@ def test_setup_native_refuses_wrong_arguments():
         _emitter.setup_native({aten.exp.default: (Form.UNARY, "exp")}, NATIVE_DTYPES)
     with pytest.raises(ValueError, match="more than 128 forms"):
         _emitter.setup_native({k: (Form.IDENTITY, 0) for k in range(129)}, NATIVE_DTYPES)
-    test_native_forms_lower_without_the_rules(pytest.MonkeyPatch())
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        test_native_forms_lower_without_the_rules(monkeypatch)
 
 
 def _scaled_graph(value, dtype=torch.float32):

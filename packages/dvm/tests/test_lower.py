@@ -628,6 +628,35 @@ def test_an_emitted_program_is_a_valid_program_with_its_encoding():
     assert built.encode() == checked.encode()
     assert built.encode()[0][:5] == [Op.LOAD, 0, 0, -1, -1]
     assert built.encode()[1][4] == 1.5
+    assert vars(built).keys() >= {"n_inputs", "n_outputs", "n_regs", "_encoded"}
+
+
+def test_program_calls_a_built_that_is_no_classmethod():
+    """``program()`` makes Program.built's instance itself; another ``built`` (no classmethod
+    of a class) is called, with the same fields."""
+    from dvm import _emitter
+    from dvm.lower import LimitError
+
+    def build():
+        em = Emitter()
+        x = em.load(0)
+        em.store(em.binary(Op.ADD, x, em.const(2.0)))
+        return em.program(1)
+
+    calls = []
+
+    def built(*fields):
+        calls.append(fields)
+        return Program.built(*fields)
+
+    _emitter.setup(LimitError, built, MAX_REGS)
+    try:
+        assert build() == Program.built(*calls[0])
+    finally:
+        _emitter.setup(LimitError, Program.built, MAX_REGS)
+    codes = [0, 0, 0, -1, -1, 1, 1, -1, -1, -1, 40, 2, 0, 1, -1, 2, -1, 0, 2, -1]
+    assert calls == [(1, 1, 3, (codes, [0.0, 2.0, 0.0, 0.0]))]
+    assert build() == Program.built(*calls[0])
 
 
 def test_a_positional_alpha_of_the_scalar_overloads_is_read():

@@ -9,12 +9,14 @@
 // (a test holds the runs to dvm.program.Op); the VM checks the whole program before it runs.
 // program() builds the dvm.program.Program from the encoding.
 //
-// build_region (dvm.cluster.build_region) lowers one region: each member by its rule's emit
-// (Python, dvm.lower), handed a Resolve that gives a node argument's value (a constant, a
-// member's value, or a load of the view the member sees); the members read outside the region
-// stored, one output per value, dtype, row reduction and alias base; then the VM's limits
-// checked and the dvm.cluster.Region made. setup() and setup_regions() hand over the Python
-// objects this needs (no torch headers here).
+// build_region (dvm.cluster.build_region) lowers one region: each member of a common rule by
+// its form here (the instructions its rule emits: setup_native, from dvm.lower.NATIVE), any
+// other by its rule's emit (Python, dvm.lower), handed a Resolve that gives a node argument's
+// value (a constant, a member's value, or a load of the view the member sees); the members
+// read outside the region stored, one output per value, dtype, row reduction and alias base;
+// then the VM's limits checked and the dvm.cluster.Region made. setup(), setup_regions() and
+// setup_native() hand over the Python objects this needs (no torch headers here); a node's
+// fields are read from torch._C._NodeBase's slots.
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <stdint.h>

@@ -1,5 +1,6 @@
 """Real blocks and a tiny Hugging Face Llama under ``backend="dvm"``: outputs and gradients
-equal eager, and the regions really ran on the VM."""
+equal eager, and the regions really ran on the VM; every region also built by the Python
+lowering rules alone and checked to be the same (``native_checked``)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,8 @@ from torch import nn
 from dvm.backend import make_backend
 from dvm.cluster import ALONE
 from dvm.lower import KEPT_WHOLE
+
+pytestmark = pytest.mark.usefixtures("native_checked")
 
 aten = torch.ops.aten
 

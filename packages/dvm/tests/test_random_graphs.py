@@ -5,11 +5,13 @@ the VM.
 Shapes include size 1 and odd sizes; inputs broadcast along random dims, some are strided
 (transposed) views. 16-bit graphs compute in fp32 between an upcast of the inputs and a
 downcast of the results, as real graphs do. Conditions (comparisons, where) read inputs
-only, so a last-bit difference of a computed value never flips a branch.
+only, so a last-bit difference of a computed value never flips a branch. Every region is
+also built by the Python lowering rules alone and checked to be the same (``native_checked``).
 """
 
 from __future__ import annotations
 
+import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -17,6 +19,8 @@ from torch.fx.experimental.proxy_tensor import make_fx
 
 from dvm.cluster import DEAD
 from dvm.compile import compile_graph
+
+pytestmark = pytest.mark.usefixtures("native_checked")
 
 SIZES = [1, 2, 3, 5, 8, 17, 33]
 TOL = {
@@ -158,7 +162,11 @@ def _program(steps, dtype):
     return fn
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(
+    max_examples=40,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
 @given(graphs())
 def test_random_graph_equals_eager(case):
     _, dtype, inputs, steps, seed = case

@@ -16,6 +16,8 @@
 #include <string.h>
 #include <structmember.h>
 
+#include "fields.h"
+
 // The VM's limits (csrc/vm.h): a launch over more is refused when it is made.
 enum { MAX_DIMS = 6, MAX_INPUTS = 16, MAX_OUTPUTS = 8, MAX_INSTRS = 256 };
 enum { MAX_ARG_DIMS = 64 };  // an arg's dims (size-1 ones beyond the domain's included)
@@ -37,6 +39,23 @@ static struct {
         *s_data_ptr, *s_view;
 } g;
 
+// The build in use and the program facts a region's preparation needs (setup_regions).
+static struct {
+    PyObject *address, *max_row, *rewrite;
+    // resolved at setup_regions, for the objects of exactly these types: torch.fx.Node's meta
+    // (its C member's offset, 0 where the generic lookup must read it), FakeTensor's shape and
+    // dtype getters and stride method (NULL where it must), and a Region's and a Program's
+    // fields read from their instance dicts (the type NULL where no descriptor allows it)
+    PyTypeObject *node_type, *fake, *region_type, *program_type;
+    Py_ssize_t meta_at;
+    PyGetSetDef *get_shape, *get_dtype;
+    PyObject* stride;
+    PyObject *s_program, *s_out_dtypes, *s_reduced, *s_domain, *s_input_nodes, *s_input_views,
+        *s_outputs, *s_output_slots, *s_encode, *s_encoded, *s_n_regs, *s_n_inputs,
+        *s_n_outputs, *s_meta, *s_val;
+    unsigned char op_flags[256];  // REDUCES and CASTS bits by opcode
+} r;
+
 typedef struct {
     PyObject_HEAD
     RunFn run;
@@ -45,9 +64,9 @@ typedef struct {
     int32_t n_instr, n_regs, n_in, n_out, nd;
     int32_t in_codes[MAX_INPUTS], out_codes[MAX_OUTPUTS];
     Py_ssize_t n_args;
-    Py_ssize_t arg_of[MAX_INPUTS];     // operand k reads arg arg_of[k]
-    int32_t picks[MAX_INPUTS][MAX_DIMS];  // the arg's dim giving each domain dim its stride, -1: 0
-    int32_t arg_ndim[MAX_INPUTS];         // each arg's number of dims, as bound
+    int8_t arg_of[MAX_INPUTS];           // operand k reads arg arg_of[k]
+    int8_t picks[MAX_INPUTS][MAX_DIMS];  // the arg's dim giving each domain dim its stride, -1: 0
+    int8_t arg_ndim[MAX_INPUTS];         // each arg's number of dims, as bound
     PyObject* alloc[MAX_OUTPUTS][3];      // (shape, strides, dtype) of each output
     int64_t tail[MAX_OUTPUTS * MAX_DIMS + MAX_DIMS];  // output strides, then the domain
     PyObject* shapes;                     // tuple: each arg's shape, as bound
@@ -107,6 +126,13 @@ static void launcher_dealloc(Launcher* self) {
     Py_TYPE(self)->tp_free((PyObject*)self);
 }
 
+// Tensor v's attribute `name`, through its getter `get` where v is a FakeTensor (setup_regions
+// resolved it); a new reference, or NULL with an exception.
+static PyObject* tensor_attr(PyObject* v, PyGetSetDef* get, PyObject* name) {
+    if (get != NULL && Py_TYPE(v) == r.fake) return get->get(v, get->closure);
+    return PyObject_GetAttr(v, name);
+}
+
 // Each arg's shape (a tuple, torch.Size) and dtype, as bound, into new tuples; the sizes of
 // arg i in sizes[i][0..arg_ndim[i]).
 static int read_args(Launcher* self, PyObject* args, int64_t sizes[][MAX_ARG_DIMS],
@@ -122,14 +148,14 @@ static int read_args(Launcher* self, PyObject* args, int64_t sizes[][MAX_ARG_DIM
     PyObject *shapes = PyTuple_New(n), *dtypes = PyTuple_New(n);
     for (Py_ssize_t i = 0; shapes != NULL && dtypes != NULL && i < n; ++i) {
         PyObject* a = PyTuple_GET_ITEM(own, i);
-        PyObject* shape = PyObject_GetAttr(a, g.s_shape);
+        PyObject* shape = tensor_attr(a, r.get_shape, g.s_shape);
         if (shape == NULL && PyErr_ExceptionMatches(PyExc_AttributeError)) {
             PyErr_Clear();
             PyErr_Format(PyExc_TypeError, "arg %zd is a %.100s, not a tensor", i,
                          Py_TYPE(a)->tp_name);
             goto fail;
         }
-        PyObject* dtype = shape == NULL ? NULL : PyObject_GetAttr(a, g.s_dtype);
+        PyObject* dtype = shape == NULL ? NULL : tensor_attr(a, r.get_dtype, g.s_dtype);
         if (dtype == NULL || !PyTuple_Check(shape) ||
             PyTuple_GET_SIZE(shape) > MAX_ARG_DIMS) {
             if (dtype != NULL && !PyTuple_Check(shape))
@@ -144,7 +170,7 @@ static int read_args(Launcher* self, PyObject* args, int64_t sizes[][MAX_ARG_DIM
         }
         PyTuple_SET_ITEM(shapes, i, shape);
         PyTuple_SET_ITEM(dtypes, i, dtype);
-        self->arg_ndim[i] = (int32_t)PyTuple_GET_SIZE(shape);
+        self->arg_ndim[i] = (int8_t)PyTuple_GET_SIZE(shape);
         for (int32_t d = 0; d < self->arg_ndim[i]; ++d) {
             sizes[i][d] = PyLong_AsLongLong(PyTuple_GET_ITEM(shape, d));
             if (sizes[i][d] == -1 && PyErr_Occurred()) goto fail;
@@ -256,7 +282,7 @@ static int read_operand(Launcher* self, int32_t k, PyObject* entry, const int64_
     }
     if (read_sizes(PyTuple_GET_ITEM(pair, 1), "the view in operands", k, view, &nv) < 0)
         goto done;
-    self->arg_of[k] = i;
+    self->arg_of[k] = (int8_t)i;
     const int64_t* shape = sizes[i];
     const int32_t ns = self->arg_ndim[i];
     int32_t own[MAX_ARG_DIMS], n_own = 0;  // the arg's dims other than 1
@@ -276,7 +302,7 @@ static int read_operand(Launcher* self, int32_t k, PyObject* entry, const int64_
     int same = ns == nd;
     for (int d = 0; same && d < nd; ++d) same = shape[d] == dims[d];
     if (same) {
-        for (int d = 0; d < nd; ++d) self->picks[k][d] = d;
+        for (int d = 0; d < nd; ++d) self->picks[k][d] = (int8_t)d;
     } else {
         const Py_ssize_t pad = nd - nv;
         if (pad < 0) {
@@ -298,7 +324,7 @@ static int read_operand(Launcher* self, int32_t k, PyObject* entry, const int64_
                             nv, dims, nd);
                 goto done;
             }
-            self->picks[k][d] = own[next++];
+            self->picks[k][d] = (int8_t)own[next++];
         }
     }
     PyObject* dtype = PyTuple_GET_ITEM(dtypes, i);
@@ -874,6 +900,7 @@ static PyObject* launcher_guarded(Launcher* self, PyObject* const* args, Py_ssiz
     return results;
 }
 
+enum { GUARDED = 2 };  // launcher_methods' guarded, the method prepare() gives
 static PyMethodDef launcher_methods[] = {
     {"mismatch", (PyCFunction)(void (*)(void))launcher_mismatch, METH_FASTCALL,
      "mismatch(args, grad) -> (arg, kind) | None: the first arg that cannot run as bound."},
@@ -904,15 +931,6 @@ static PyTypeObject LauncherType = {
 
 // ---- A compiled region's launch, prepared from the region itself (dvm.compile.RegionRunner).
 
-// The build in use and the program facts a region's preparation needs (setup_regions).
-static struct {
-    PyObject *address, *max_row, *rewrite;
-    PyObject *s_program, *s_out_dtypes, *s_reduced, *s_domain, *s_input_nodes, *s_input_views,
-        *s_outputs, *s_output_slots, *s_encode, *s_encoded, *s_n_regs, *s_n_inputs,
-        *s_n_outputs, *s_meta, *s_val, *s_guarded;
-    unsigned char op_flags[256];  // REDUCES and CASTS bits by opcode
-} r;
-
 enum { REDUCES = 1, CASTS = 2 };
 
 // The flag bit of each opcode in `ops` (ints 0-255) set in r.op_flags.
@@ -936,13 +954,61 @@ static int set_op_flags(PyObject* ops, unsigned char bit, const char* what) {
     return 0;
 }
 
-// setup_regions(run_address, max_row, reductions, casts, without_redundant_casts): the build
-// prepare() binds for (its dvm_run's address and longest reduced row), the reducing and the
-// rounding opcodes, and the rewrite a program with a rounding opcode goes through.
+// Whether an object of `type` has each of `names` where its instance dict holds it: the type's
+// __getattribute__ is object's and no data descriptor of the type takes the name first.
+static int dict_fields(PyTypeObject* type, PyObject* const* names, int n) {
+    static PyObject* s_getattribute;
+    if (s_getattribute == NULL &&
+        (s_getattribute = PyUnicode_InternFromString("__getattribute__")) == NULL)
+        return -1;
+    if (type->tp_dictoffset == 0 ||
+        _PyType_Lookup(type, s_getattribute) != _PyType_Lookup(&PyBaseObject_Type, s_getattribute))
+        return 0;
+    for (int i = 0; i < n; ++i) {
+        PyObject* d = _PyType_Lookup(type, names[i]);
+        if (d != NULL && Py_TYPE(d)->tp_descr_set != NULL) return 0;
+    }
+    return 1;
+}
+
+enum { R_PROGRAM, R_OUT_DTYPES, R_REDUCED, R_DOMAIN, R_INPUT_NODES, R_INPUT_VIEWS, R_OUTPUTS,
+       R_OUTPUT_SLOTS, R_FIELDS };
+
+// The types of `types` (torch.fx.Node, FakeTensor, dvm.cluster.Region, dvm.program.Program)
+// resolved into r; None: none read directly. 0, or -1 with an exception (r unchanged).
+static int resolve_types(PyObject* types) {
+    PyTypeObject* t[4] = {NULL};
+    if (types != Py_None &&
+        !PyArg_ParseTuple(types, "O!O!O!O!;types: (Node, FakeTensor, Region, Program)",
+                          &PyType_Type, &t[0], &PyType_Type, &t[1], &PyType_Type, &t[2],
+                          &PyType_Type, &t[3]))
+        return -1;
+    PyObject* const region_names[R_FIELDS] = {r.s_program,     r.s_out_dtypes,  r.s_reduced,
+                                              r.s_domain,      r.s_input_nodes, r.s_input_views,
+                                              r.s_outputs,     r.s_output_slots};
+    PyObject* const program_names[] = {r.s_encoded, r.s_n_regs, r.s_n_inputs, r.s_n_outputs};
+    int region_direct = t[2] != NULL ? dict_fields(t[2], region_names, R_FIELDS) : 0;
+    int program_direct = t[3] != NULL ? dict_fields(t[3], program_names, 4) : 0;
+    if (region_direct < 0 || program_direct < 0) return -1;
+    r.meta_at = t[0] != NULL ? member_at(t[0], r.s_meta) : 0;
+    r.get_shape = t[1] != NULL ? getter_of(t[1], g.s_shape) : NULL;
+    r.get_dtype = t[1] != NULL ? getter_of(t[1], g.s_dtype) : NULL;
+    Py_XSETREF(r.stride, Py_XNewRef(t[1] != NULL ? method_of(t[1], g.s_stride) : NULL));
+    PyTypeObject* kept[4] = {r.meta_at ? t[0] : NULL, t[1], region_direct ? t[2] : NULL,
+                             program_direct ? t[3] : NULL};
+    PyTypeObject** slots[4] = {&r.node_type, &r.fake, &r.region_type, &r.program_type};
+    for (int i = 0; i < 4; ++i) Py_XSETREF(*slots[i], (PyTypeObject*)Py_XNewRef(kept[i]));
+    return 0;
+}
+
+// setup_regions(run_address, max_row, reductions, casts, without_redundant_casts, types=None):
+// the build prepare() binds for (its dvm_run's address and longest reduced row), the reducing
+// and the rounding opcodes, the rewrite a program with a rounding opcode goes through, and
+// (torch.fx.Node, FakeTensor, Region, Program), whose objects prepare() reads directly.
 static PyObject* setup_regions(PyObject* module, PyObject* args) {
-    PyObject *address, *max_row, *reductions, *casts, *rewrite;
-    if (!PyArg_ParseTuple(args, "O!O!OOO", &PyLong_Type, &address, &PyLong_Type, &max_row,
-                          &reductions, &casts, &rewrite))
+    PyObject *address, *max_row, *reductions, *casts, *rewrite, *types = Py_None;
+    if (!PyArg_ParseTuple(args, "O!O!OOO|O", &PyLong_Type, &address, &PyLong_Type, &max_row,
+                          &reductions, &casts, &rewrite, &types))
         return NULL;
     if (PyLong_AsVoidPtr(address) == NULL) {
         if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "run_address is null");
@@ -952,11 +1018,16 @@ static PyObject* setup_regions(PyObject* module, PyObject* args) {
         PyErr_SetString(PyExc_TypeError, "without_redundant_casts must be callable");
         return NULL;
     }
+    if (types != Py_None && !PyTuple_Check(types)) {
+        PyErr_Format(PyExc_TypeError, "types: give a tuple or None, got %.100s",
+                     Py_TYPE(types)->tp_name);
+        return NULL;
+    }
     unsigned char kept[256];
     memcpy(kept, r.op_flags, sizeof kept);
     memset(r.op_flags, 0, sizeof r.op_flags);
     if (set_op_flags(reductions, REDUCES, "reductions") < 0 ||
-        set_op_flags(casts, CASTS, "casts") < 0) {
+        set_op_flags(casts, CASTS, "casts") < 0 || resolve_types(types) < 0) {
         memcpy(r.op_flags, kept, sizeof kept);
         return NULL;
     }
@@ -969,9 +1040,27 @@ static PyObject* setup_regions(PyObject* module, PyObject* args) {
     Py_RETURN_NONE;
 }
 
-// `node`.meta["val"] (a new reference), or NULL with an error naming the node.
+// obj.<name> (a new reference): from `attrs`, obj's instance dict, where that holds it (the
+// caller gives it only where setup_regions found the type's fields read so), else by name.
+static PyObject* attr_of(PyObject* obj, PyObject* attrs, PyObject* name) {
+    PyObject* v = attrs != NULL ? PyDict_GetItemWithError(attrs, name) : NULL;
+    if (v != NULL) return Py_NewRef(v);
+    return PyErr_Occurred() ? NULL : PyObject_GetAttr(obj, name);
+}
+
+// obj's instance dict (a new reference) where obj is exactly `type` (setup_regions' NULL where
+// none is); else NULL, with an exception only when reading it failed.
+static PyObject* attrs_of(PyObject* obj, PyTypeObject* type) {
+    return type != NULL && Py_TYPE(obj) == type ? PyObject_GenericGetDict(obj, NULL) : NULL;
+}
+
+// `node`.meta["val"] (a new reference), or NULL with an error naming the node; a Node's meta
+// read from its field.
 static PyObject* traced_val(PyObject* node) {
-    PyObject* meta = PyObject_GetAttr(node, r.s_meta);
+    PyObject* meta = r.node_type != NULL && Py_TYPE(node) == r.node_type
+                         ? *(PyObject**)((char*)node + r.meta_at)
+                         : NULL;
+    meta = meta != NULL ? Py_NewRef(meta) : PyObject_GetAttr(node, r.s_meta);
     if (meta == NULL) return NULL;
     PyObject* val = PyObject_GetItem(meta, r.s_val);
     Py_DECREF(meta);
@@ -1059,7 +1148,8 @@ static PyObject* over_domain(const int64_t* size, const int64_t* stride, Py_ssiz
     return int_tuple(st, nd);
 }
 
-// Output k's layout from one graph output holding it, whose traced value is `val` of `shape`,
+// Output k's layout from one graph output holding it, whose traced value is `val` of `shape`
+// (a FakeTensor's strides read through its stride method, only for an output not reduced),
 // into *layout (replaced when this output decides it): strides over the domain where the value
 // is laid out densely but otherwise than contiguously and its shape is the domain's up to
 // size-1 dims; None where it is dense and non-contiguous in another shape. An expanded value
@@ -1069,7 +1159,10 @@ static int output_layout(PyObject* val, PyObject* shape, int reduced, const int6
     int64_t size[MAX_ARG_DIMS], stride[MAX_ARG_DIMS];
     Py_ssize_t n, ns;
     if (tuple_sizes(shape, "shape", size, &n) < 0) return -1;
-    PyObject* strides = PyObject_CallMethodNoArgs(val, g.s_stride);
+    if (reduced) return 0;
+    PyObject* strides = r.stride != NULL && Py_TYPE(val) == r.fake
+                            ? PyObject_Vectorcall(r.stride, &val, 1, NULL)
+                            : PyObject_CallMethodNoArgs(val, g.s_stride);
     if (strides == NULL) return -1;
     int failed = tuple_sizes(strides, "strides", stride, &ns) < 0;
     if (!failed && ns != n) {
@@ -1079,7 +1172,7 @@ static int output_layout(PyObject* val, PyObject* shape, int reduced, const int6
     }
     Py_DECREF(strides);
     if (failed) return -1;
-    if (reduced || contiguous(size, stride, n) || !dense(size, stride, n)) return 0;
+    if (contiguous(size, stride, n) || !dense(size, stride, n)) return 0;
     PyObject* found = over_domain(size, stride, n, dims, nd);
     if (found == NULL) return -1;
     Py_XSETREF(*layout, found);
@@ -1087,22 +1180,21 @@ static int output_layout(PyObject* val, PyObject* shape, int reduced, const int6
 }
 
 // program.encode(): the form a built program (dvm.program.Program.built) keeps in its
-// `_encoded` read as it is, without the Python call, a new reference.
-static PyObject* encoded_form(PyObject* program) {
-    PyObject* attrs = PyObject_GenericGetDict(program, NULL);
+// `_encoded` (in `attrs`, its instance dict, or NULL) read as it is, without the Python call,
+// a new reference.
+static PyObject* encoded_form(PyObject* program, PyObject* attrs) {
     PyObject* kept = attrs == NULL ? NULL : PyDict_GetItemWithError(attrs, r.s_encoded);
-    Py_XINCREF(kept);
-    Py_XDECREF(attrs);
-    if (kept != NULL || PyErr_Occurred()) return kept;
+    if (kept != NULL || PyErr_Occurred()) return Py_XNewRef(kept);
     return PyObject_CallMethodNoArgs(program, r.s_encode);
 }
 
 // The region's program encoded, its rounding casts into outputs of their dtype dropped
 // (dvm.vm.without_redundant_casts, asked only when the program rounds): (code, imm) in *code
-// and *imm (new references), its REDUCES flag in *reduces; `rewrite` is that function.
-static int encode_program(PyObject* program, PyObject* out_dtypes, PyObject* rewrite,
-                          PyObject** code, PyObject** imm, int* reduces) {
-    PyObject* encoded = encoded_form(program);
+// and *imm (new references), its REDUCES flag in *reduces; `rewrite` is that function, `attrs`
+// the program's instance dict or NULL.
+static int encode_program(PyObject* program, PyObject* attrs, PyObject* out_dtypes,
+                          PyObject* rewrite, PyObject** code, PyObject** imm, int* reduces) {
+    PyObject* encoded = encoded_form(program, attrs);
     for (int pass = 0; encoded != NULL; ++pass) {
         if (!PyTuple_Check(encoded) || PyTuple_GET_SIZE(encoded) != 2) {
             PyErr_Format(PyExc_TypeError, "program.encode() gave %R, not (code, imm)", encoded);
@@ -1135,9 +1227,9 @@ static int encode_program(PyObject* program, PyObject* out_dtypes, PyObject* rew
     return -1;
 }
 
-// An int attribute of `obj` into *out, in int32's range.
-static int int_attr(PyObject* obj, PyObject* name, int* out) {
-    PyObject* v = PyObject_GetAttr(obj, name);
+// An int attribute of `obj` (`attrs`: attr_of's) into *out, in int32's range.
+static int int_attr(PyObject* obj, PyObject* attrs, PyObject* name, int* out) {
+    PyObject* v = attr_of(obj, attrs, name);
     if (v == NULL) return -1;
     long x = PyLong_AsLong(v);
     Py_DECREF(v);
@@ -1149,9 +1241,6 @@ static int int_attr(PyObject* obj, PyObject* name, int* out) {
     *out = (int)x;
     return 0;
 }
-
-enum { R_PROGRAM, R_OUT_DTYPES, R_REDUCED, R_DOMAIN, R_INPUT_NODES, R_INPUT_VIEWS, R_OUTPUTS,
-       R_OUTPUT_SLOTS, R_FIELDS };
 
 // prepare(region) -> (guarded, inputs, results): a dvm.cluster.Region's launch bound in one
 // call, dvm.compile.RegionRunner's preparation: its program encoded for the build setup_regions
@@ -1174,15 +1263,17 @@ static PyObject* prepare(PyObject* module, PyObject* region) {
                                        r.s_domain,      r.s_input_nodes, r.s_input_views,
                                        r.s_outputs,     r.s_output_slots};
     PyObject* f[R_FIELDS] = {NULL};  // the region's fields, the sequences as tuples of our own
-    PyObject *code = NULL, *imm = NULL, *out_dtypes = NULL, *out_codes = NULL, *position = NULL,
-             *inputs = NULL, *vals = NULL, *operands = NULL, *results = NULL, *out_shapes = NULL,
+    PyObject *attrs = NULL, *code = NULL, *imm = NULL, *out_dtypes = NULL, *out_codes = NULL,
+             *position = NULL, *inputs = NULL, *vals = NULL, *operands = NULL, *results = NULL, *out_shapes = NULL,
              *out_strides = NULL, *guarded = NULL, *answer = NULL;
     PyObject *firsts[MAX_OUTPUTS] = {NULL}, *layouts[MAX_OUTPUTS] = {NULL};
     Launcher* launcher = NULL;
     int n_regs, n_in, n_out, reduces = 0, reduced[MAX_OUTPUTS];
     int64_t dims[MAX_ARG_DIMS];
+    attrs = attrs_of(region, r.region_type);
+    if (attrs == NULL && PyErr_Occurred()) goto done;
     for (int i = 0; i < R_FIELDS; ++i) {
-        PyObject* v = PyObject_GetAttr(region, names[i]);
+        PyObject* v = attr_of(region, attrs, names[i]);
         if (v == NULL) goto done;
         if (i == R_PROGRAM || i == R_DOMAIN) {
             f[i] = v;
@@ -1193,8 +1284,10 @@ static PyObject* prepare(PyObject* module, PyObject* region) {
         }
     }
     PyObject* program = f[R_PROGRAM];
-    if (int_attr(program, r.s_n_regs, &n_regs) < 0 || int_attr(program, r.s_n_inputs, &n_in) < 0 ||
-        int_attr(program, r.s_n_outputs, &n_out) < 0)
+    Py_XSETREF(attrs, attrs_of(program, r.program_type));
+    if ((attrs == NULL && PyErr_Occurred()) || int_attr(program, attrs, r.s_n_regs, &n_regs) < 0 ||
+        int_attr(program, attrs, r.s_n_inputs, &n_in) < 0 ||
+        int_attr(program, attrs, r.s_n_outputs, &n_out) < 0)
         goto done;
     out_dtypes = Py_NewRef(f[R_OUT_DTYPES]);
     if (n_out < 1 || n_out > MAX_OUTPUTS) {
@@ -1225,7 +1318,7 @@ static PyObject* prepare(PyObject* module, PyObject* region) {
         PyTuple_SET_ITEM(out_codes, k, Py_NewRef(c));
     }
     if (out_codes == NULL ||
-        encode_program(program, out_dtypes, rewrite, &code, &imm, &reduces) < 0)
+        encode_program(program, attrs, out_dtypes, rewrite, &code, &imm, &reduces) < 0)
         goto done;
     launcher = (Launcher*)PyType_GenericNew(&LauncherType, NULL, NULL);
     if (launcher == NULL || read_domain(launcher, f[R_DOMAIN], dims) < 0) goto done;
@@ -1284,7 +1377,7 @@ static PyObject* prepare(PyObject* module, PyObject* region) {
             goto done;
         }
         PyObject* val = traced_val(PyTuple_GET_ITEM(outputs, j));
-        PyObject* shape = val == NULL ? NULL : PyObject_GetAttr(val, g.s_shape);
+        PyObject* shape = val == NULL ? NULL : tensor_attr(val, r.get_shape, g.s_shape);
         int failed = shape == NULL ||
                      output_layout(val, shape, reduced[k], dims, launcher->nd, &layouts[k]) < 0;
         Py_XDECREF(val);
@@ -1318,9 +1411,10 @@ static PyObject* prepare(PyObject* module, PyObject* region) {
              out_strides) < 0)
         goto done;
     launcher->state = READY;
-    guarded = PyObject_GetAttr((PyObject*)launcher, r.s_guarded);
+    guarded = PyCFunction_New(&launcher_methods[GUARDED], (PyObject*)launcher);
     if (guarded != NULL) answer = PyTuple_Pack(3, guarded, inputs, results);
 done:
+    Py_XDECREF(attrs);
     for (int i = 0; i < R_FIELDS; ++i) Py_XDECREF(f[i]);
     for (int k = 0; k < MAX_OUTPUTS; ++k) {
         Py_XDECREF(firsts[k]);
@@ -1394,7 +1488,7 @@ PyMODINIT_FUNC PyInit__launcher(void) {
                  {&r.s_encoded, "_encoded"},
                  {&r.s_n_regs, "n_regs"},       {&r.s_n_inputs, "n_inputs"},
                  {&r.s_n_outputs, "n_outputs"}, {&r.s_meta, "meta"},
-                 {&r.s_val, "val"},             {&r.s_guarded, "guarded"}};
+                 {&r.s_val, "val"}};
     for (size_t i = 0; i < sizeof names / sizeof names[0]; ++i)
         if ((*names[i].slot = PyUnicode_InternFromString(names[i].text)) == NULL) return NULL;
     if ((g.kwnames = Py_BuildValue("(ss)", "dtype", "device")) == NULL) return NULL;

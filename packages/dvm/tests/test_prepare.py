@@ -99,7 +99,7 @@ def test_the_cast_rewrite_is_asked_only_of_programs_that_round():
         x = torch.randn(6, 10)
         assert torch.equal(guarded([x], results)[0], x.to(torch.bfloat16))
     finally:
-        _setup(vm.without_redundant_casts)
+        dc._direct_preparation()
     assert asked[1:] == [((torch.bfloat16,), 3, 2)]
 
 
@@ -204,3 +204,75 @@ def test_bad_set_ups_raise_and_change_nothing(args, error, match):
     c = dc.compile_graph(gm, [x], min_ops=1)
     torch.testing.assert_close(c(x)[0] if isinstance(c(x), tuple) else c(x), torch.softmax(x, -1))
     assert c.vm_calls == 2
+
+
+def _fake_region(domain, shape, strides, mode, graph, kind=Region) -> Region:
+    """:func:`_region` over torch.fx Nodes holding FakeTensors (the values a traced graph
+    holds, which prepare() reads through the types setup_regions resolved)."""
+    x, out = graph.placeholder("x"), graph.placeholder("out")
+    with mode:
+        x.meta["val"] = torch.empty(domain)
+        out.meta["val"] = torch.empty_strided(shape, strides)
+    return kind([], [x], [domain], [out], [0], domain, _COPY, [torch.float32], [False], 0.0)
+
+
+class _SubRegion(Region):
+    """A Region of another type: prepare() reads its fields by name."""
+
+
+def test_direct_reads_agree_with_the_generic_ones(monkeypatch):
+    """Fake values in torch.fx Nodes, read directly (a Node's meta, a FakeTensor's shape,
+    dtype and strides, a Region's and a Program's fields), bind what the Python preparation
+    binds; a Region subclass and a set-up without types, read by name, the same."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    mode, graph = FakeTensorMode(), torch.fx.Graph()
+    cases = kept = 0
+    for domain, shape, strides in itertools.islice(_layouts(), 0, None, 7):
+        region = _fake_region(domain, shape, strides, mode, graph)
+        direct = dc.RegionRunner(region, 0)
+        by_name = dc.RegionRunner(_fake_region(domain, shape, strides, mode, graph, _SubRegion), 0)
+        with monkeypatch.context() as m:
+            m.setattr(dc, "PREPARE", _PythonKernel)
+            python = dc.RegionRunner(region, 0)
+        x = torch.randn(domain)
+        _same_runs(direct, python, [x])
+        assert by_name._results == direct._results
+        kept += not direct._guarded([x], ((0, None),))[0].is_contiguous()
+        cases += 1
+    assert cases > 10
+    assert kept > 0
+    _setup(vm.without_redundant_casts)  # no types: every read by name
+    try:
+        region = _fake_region((2, 3, 4), (2, 3, 4), (1, 2, 6), mode, graph)
+        plain = dc.RegionRunner(region, 0)
+        assert plain._results == ((0, None),)
+        assert plain._guarded.__self__.shapes == (torch.Size((2, 3, 4)),)
+        assert not plain._guarded([torch.randn(2, 3, 4)], plain._results)[0].is_contiguous()
+    finally:
+        dc._direct_preparation()
+
+
+@pytest.mark.parametrize(
+    ("types", "error", "match"),
+    [
+        (5, TypeError, "types: give a tuple or None, got int"),
+        ((1, 2, 3, 4), TypeError, "types: .Node, FakeTensor, Region, Program."),
+        ((torch.fx.Node,), TypeError, "types: .Node, FakeTensor, Region, Program."),
+    ],
+)
+def test_bad_types_raise_and_change_nothing(types, error, match):
+    level = _lib.library()[1]
+    with pytest.raises(error, match=match):
+        _launcher.setup_regions(
+            _lib.run_address(level),
+            _lib.max_row(level),
+            REDUCTIONS,
+            vm._CASTS,
+            vm.without_redundant_casts,
+            types,
+        )
+    x = torch.randn(6, 10)
+    gm = benchmarks._trace(benchmarks.CHAINS["softmax"].fn, [x])
+    c = dc.compile_graph(gm, [x], min_ops=1)
+    torch.testing.assert_close(c(x)[0] if isinstance(c(x), tuple) else c(x), torch.softmax(x, -1))

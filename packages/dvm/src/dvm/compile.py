@@ -143,6 +143,8 @@ def _direct_preparation() -> tuple[Any, Callable[[Region], tuple[Any, list[Node]
     twice: the runner prepares so while ``PREPARE`` is that ``Kernel``."""
     if EXECUTOR != "vm":
         return None, None
+    from torch._subclasses.fake_tensor import FakeTensor
+
     from dvm import _launcher, _lib, vm
     from dvm.program import REDUCTIONS
 
@@ -153,6 +155,7 @@ def _direct_preparation() -> tuple[Any, Callable[[Region], tuple[Any, list[Node]
         REDUCTIONS,
         vm._CASTS,
         vm.without_redundant_casts,
+        (Node, FakeTensor, Region, Program),  # whose objects prepare() reads directly
     )
     return vm.Kernel, _launcher.prepare
 

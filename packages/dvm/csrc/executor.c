@@ -10,8 +10,14 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
+#include "fields.h"
+
+// The fields of torch.fx's Node read at their offsets (its _NodeBase's C members).
+enum { F_OP, F_TARGET, F_USERS, F_ARGS, F_KWARGS, N_FIELDS };
+
 static struct {
     PyTypeObject *node, *slot, *step, *region_call;
+    Py_ssize_t node_at[N_FIELDS];  // each field's offset (setup resolves it), 0: read by name
     PyObject *method, *attr;  // dvm.executor._method(name), _attr(gm, target)
     PyObject *s_args, *s_kwargs;  // a node's argument fields (the C members where torch has them)
     PyObject *s_op, *s_target, *s_users, *s_region, *s_nodes, *s_outputs, *s_inputs,
@@ -28,6 +34,16 @@ static PyObject* typed(PyTypeObject* type, PyObject* items) {
     PyObject* made = PyTuple_Type.tp_new(type, packed, NULL);
     Py_DECREF(packed);
     return made;
+}
+
+// node.<name>, its field f: read at its offset where node is exactly a torch.fx.Node and the
+// field is set, else by name; a new reference, or NULL with an exception.
+static PyObject* field(PyObject* node, int f, PyObject* name) {
+    if (Py_TYPE(node) == g.node && g.node_at[f] != 0) {
+        PyObject* v = *(PyObject**)((char*)node + g.node_at[f]);
+        if (v != NULL) return Py_NewRef(v);
+    }
+    return PyObject_GetAttr(node, name);
 }
 
 // Whether `op` is the str `name`; -1 with an exception when comparing fails.
@@ -68,7 +84,7 @@ static PyObject* region_call(PyObject* runner) {
 // one does, 0 when none, -1 with an exception.
 static int read_early(PyObject* members, PyObject* inside, PyObject* index, Py_ssize_t last) {
     for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(members); ++i) {
-        PyObject* users = PyObject_GetAttr(PyTuple_GET_ITEM(members, i), g.s_users);
+        PyObject* users = field(PyTuple_GET_ITEM(members, i), F_USERS, g.s_users);
         if (users == NULL) return -1;
         if (!PyDict_Check(users)) {
             PyErr_Format(PyExc_TypeError, "dvm in_place: a node's users are %R, not a dict",
@@ -274,8 +290,8 @@ static PyObject* ref(Build* b, PyObject* value) {
 }
 
 // A node's argument field (its args tuple, or its kwargs); NULL with an exception.
-static PyObject* node_field(PyObject* node, PyObject* name, int tuple) {
-    PyObject* v = PyObject_GetAttr(node, name);
+static PyObject* node_field(PyObject* node, int f, int tuple) {
+    PyObject* v = field(node, f, f == F_ARGS ? g.s_args : g.s_kwargs);
     if (v != NULL && tuple && !PyTuple_Check(v)) Py_SETREF(v, PySequence_Tuple(v));
     return v;
 }
@@ -291,7 +307,7 @@ static int read_units(PyObject* gm, PyObject* units, PyObject* slots, PyObject* 
     for (Py_ssize_t i = 0; i < n; ++i) {  // the inputs first
         PyObject* u = PyTuple_GET_ITEM(units, i);
         if (Py_IS_TYPE(u, g.region_call)) continue;
-        PyObject* op = PyObject_GetAttr(u, g.s_op);
+        PyObject* op = field(u, F_OP, g.s_op);
         int is = op ? is_op(op, g.s_placeholder) : -1;
         Py_XDECREF(op);
         PyObject* k = is == 1 ? PyLong_FromSsize_t(PyDict_GET_SIZE(slots)) : NULL;
@@ -317,7 +333,7 @@ static int read_units(PyObject* gm, PyObject* units, PyObject* slots, PyObject* 
                 return -1;
             continue;
         }
-        PyObject* op = PyObject_GetAttr(u, g.s_op);
+        PyObject* op = field(u, F_OP, g.s_op);
         if (op == NULL) return -1;
         int kind = -1;  // 0 placeholder, 1 call_function, 2 get_attr, 3 output, 4 module, 5 other
         PyObject* names[] = {g.s_placeholder, g.s_call_function, g.s_get_attr, g.s_output,
@@ -333,7 +349,7 @@ static int read_units(PyObject* gm, PyObject* units, PyObject* slots, PyObject* 
         Py_DECREF(op);
         if (kind == 0) continue;
         if (kind == 3) {
-            PyObject* args = node_field(u, g.s_args, 1);
+            PyObject* args = node_field(u, F_ARGS, 1);
             if (args == NULL) return -1;
             PyObject* value = PySequence_GetItem(args, 0);
             Py_DECREF(args);
@@ -341,7 +357,7 @@ static int read_units(PyObject* gm, PyObject* units, PyObject* slots, PyObject* 
             Py_XSETREF(*output, value);
             continue;
         }
-        PyObject* target = PyObject_GetAttr(u, g.s_target);
+        PyObject* target = field(u, F_TARGET, g.s_target);
         if (target == NULL) return -1;
         if (kind == 2) {
             PyObject* k = PyLong_FromSsize_t(PyDict_GET_SIZE(slots));
@@ -365,8 +381,8 @@ static int read_units(PyObject* gm, PyObject* units, PyObject* slots, PyObject* 
         }
         if (c->fn == NULL) return -1;
         ++*n_calls;
-        if ((c->args = node_field(u, g.s_args, 1)) == NULL ||
-            (c->kwargs = node_field(u, g.s_kwargs, 0)) == NULL ||
+        if ((c->args = node_field(u, F_ARGS, 1)) == NULL ||
+            (c->kwargs = node_field(u, F_KWARGS, 0)) == NULL ||
             (c->outs = PyTuple_Pack(1, u)) == NULL)
             return -1;
     }
@@ -542,8 +558,9 @@ done:
     return result;
 }
 
-// setup(Node, _Slot, Step, RegionCall, _method, _attr, fields): torch.fx.Node; dvm.executor's
-// NamedTuples and helpers; the names of a node's args and kwargs fields.
+// setup(Node, _Slot, Step, RegionCall, _method, _attr, fields): torch.fx.Node (whose fields
+// are read at their offsets where they are C members); dvm.executor's NamedTuples and helpers;
+// the names of a node's args and kwargs fields.
 static PyObject* setup(PyObject* module, PyObject* args) {
     PyObject *node, *slot, *step, *call, *method, *attr, *s_args, *s_kwargs;
     if (!PyArg_ParseTuple(args, "O!O!O!O!OO(UU)", &PyType_Type, &node, &PyType_Type, &slot,
@@ -558,6 +575,8 @@ static PyObject* setup(PyObject* module, PyObject* args) {
     PyObject** held[] = {(PyObject**)&g.node, (PyObject**)&g.slot, (PyObject**)&g.step,
                          (PyObject**)&g.region_call, &g.method, &g.attr, &g.s_args, &g.s_kwargs};
     for (int i = 0; i < 8; ++i) Py_XSETREF(*held[i], Py_NewRef(given[i]));
+    PyObject* names[N_FIELDS] = {g.s_op, g.s_target, g.s_users, g.s_args, g.s_kwargs};
+    for (int f = 0; f < N_FIELDS; ++f) g.node_at[f] = member_at(g.node, names[f]);
     Py_RETURN_NONE;
 }
 

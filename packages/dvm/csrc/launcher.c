@@ -1262,10 +1262,13 @@ static PyObject* prepare(PyObject* module, PyObject* region) {
     PyObject* const names[R_FIELDS] = {r.s_program,     r.s_out_dtypes,  r.s_reduced,
                                        r.s_domain,      r.s_input_nodes, r.s_input_views,
                                        r.s_outputs,     r.s_output_slots};
+    static const char* const what[R_FIELDS] = {"program", "out_dtypes",  "reduced",
+                                               "domain",  "input_nodes", "input_views",
+                                               "outputs", "output_slots"};
     PyObject* f[R_FIELDS] = {NULL};  // the region's fields, the sequences as tuples of our own
     PyObject *attrs = NULL, *code = NULL, *imm = NULL, *out_dtypes = NULL, *out_codes = NULL,
-             *position = NULL, *inputs = NULL, *vals = NULL, *operands = NULL, *results = NULL, *out_shapes = NULL,
-             *out_strides = NULL, *guarded = NULL, *answer = NULL;
+             *position = NULL, *inputs = NULL, *vals = NULL, *operands = NULL, *results = NULL,
+             *out_shapes = NULL, *out_strides = NULL, *guarded = NULL, *answer = NULL;
     PyObject *firsts[MAX_OUTPUTS] = {NULL}, *layouts[MAX_OUTPUTS] = {NULL};
     Launcher* launcher = NULL;
     int n_regs, n_in, n_out, reduces = 0, reduced[MAX_OUTPUTS];
@@ -1278,7 +1281,7 @@ static PyObject* prepare(PyObject* module, PyObject* region) {
         if (i == R_PROGRAM || i == R_DOMAIN) {
             f[i] = v;
         } else {
-            f[i] = own_tuple(v, PyUnicode_AsUTF8(names[i]));
+            f[i] = own_tuple(v, what[i]);
             Py_DECREF(v);
             if (f[i] == NULL) goto done;
         }

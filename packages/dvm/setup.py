@@ -65,7 +65,12 @@ setup(
     + [
         # the compile's C modules run once per graph or region, with cold caches: optimised for
         # size, they touch fewer lines of code
-        Extension(f"dvm.{name}", sources=[f"csrc/{name[1:]}.c"], extra_compile_args=["-Os"])
+        Extension(
+            f"dvm.{name}",
+            sources=[f"csrc/{name[1:]}.c"],
+            depends=["csrc/fields.h"],
+            extra_compile_args=["-Os"],
+        )
         for name in ("_launcher", "_emitter", "_analysis", "_executor")
     ],
     cmdclass={"build_ext": IsaBuildExt},

@@ -1031,3 +1031,25 @@ def test_the_analysis_reads_nodes_and_fake_tensors_directly_as_python_does():
     for n in gm.graph.nodes:
         object.__setattr__(n, "__class__", Sub)
     assert tables() == direct
+
+
+def test_cluster_fills_missing_fake_values_through_fill_meta():
+    """``fill_meta`` is called once, with no arguments, when a placeholder has no fake value;
+    the graph is then analysed again, and the fill's time is not in ``cluster_us``."""
+    x = _x(3, 4)
+    gm = make_fx(lambda t: t.exp() * 2, tracing_mode="fake")(x)
+    placeholder = next(iter(gm.graph.nodes))
+    val = placeholder.meta.pop("val")
+    calls = []
+
+    def fill(*args):
+        calls.append(args)
+        time.sleep(0.05)
+        placeholder.meta["val"] = val
+
+    clustering = cluster(gm, fill_meta=fill)
+    assert calls == [()]
+    assert len(clustering.regions) == 1
+    assert clustering.cluster_us < 50_000
+    assert cluster(gm, fill_meta=fill).regions  # its values there now: no call
+    assert calls == [()]

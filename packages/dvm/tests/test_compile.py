@@ -674,15 +674,27 @@ def test_a_bad_min_ops_is_a_value_error(min_ops):
         compile_graph(gm, [x], min_ops=min_ops)
 
 
+def test_an_int_subclass_is_a_min_ops():
+    """Past the exact int's fast check, an int's subclass (bool aside) is still taken."""
+
+    class Ops(int):
+        pass
+
+    x = torch.randn(3, 4)
+    gm = make_fx(lambda t: t.exp() * 2, tracing_mode="fake")(x)
+    assert len(compile_graph(gm, [x], min_ops=Ops(2)).regions) == 1
+    assert compile_graph(gm, [x], min_ops=Ops(3)).regions == []
+
+
 def test_a_compiler_bug_runs_the_graph_eagerly_and_boxed(monkeypatch):
     """A compile that raises warns and runs every node eagerly, each a fallback with the
     reason; called boxed (a backward graph), it still takes over and clears the list, so
     saved activations go after their last reader."""
 
-    def broken(gm, runners, nodes):
+    def broken(nodes, runners):
         raise RuntimeError("simulated scheduler bug")
 
-    monkeypatch.setattr(dc, "_schedule", broken)
+    monkeypatch.setattr(dc._executor, "in_place", broken)
     x, w = _inputs()
     gm = make_fx(_fn, tracing_mode="fake")(x, w)
     with pytest.warns(RuntimeWarning, match="could not compile this graph.*simulated scheduler"):

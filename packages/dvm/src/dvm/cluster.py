@@ -264,10 +264,23 @@ def cluster(
     t0 = time.perf_counter()
     if nodes is None:
         nodes = _analysis.nodes(gm.graph)  # list(gm.graph.nodes), read in C
+    return _cluster(nodes, min_ops, fill_meta, (), t0)
+
+
+def _cluster(
+    nodes: list[Node],
+    min_ops: int,
+    fill_meta: Callable[..., object] | None,
+    fill_args: tuple,
+    t0: float,
+) -> Clustering:
+    """:func:`cluster` of the graph's ``nodes``, ``fill_meta(*fill_args)`` called where it
+    calls ``fill_meta()``, its ``cluster_us`` timed from ``t0``: what
+    :func:`dvm.compile.compile_graph` calls, without a closure made for each graph."""
     a = _Analysis(nodes)
     if a.missing_meta and fill_meta is not None:
         filling = time.perf_counter()
-        fill_meta()
+        fill_meta(*fill_args)
         t0 += time.perf_counter() - filling  # cluster_us times the clustering, not the fill
         a = _Analysis(nodes)
     regions: list[Region] = []
@@ -279,7 +292,7 @@ def cluster(
         if not members:
             continue
         try:
-            parts = [(build_region(members, a), work)]
+            parts = ((build_region(members, a), work),)
         except ValueError as e:
             notes.append(f"split {len(members)} nodes from {members[0].name}: {e}")
             split, dropped = _split(members, a)

@@ -21,7 +21,7 @@ from torch.fx import GraphModule, Node
 from torch.fx.node import map_arg
 
 from dvm import _analysis, _executor
-from dvm.cluster import MIN_OPS, Clustering, Region, cluster
+from dvm.cluster import MIN_OPS, Clustering, Region, _cluster
 from dvm.executor import Executor, RegionCall
 from dvm.program import Program, run_reference
 from spore.side_effects import has_side_effect
@@ -468,18 +468,23 @@ def compile_graph(
 ) -> CompiledGraph:
     """``gm`` with its VM-able regions running on the VM and the rest as eager aten; regions
     of fewer than ``min_ops`` eager kernels stay eager (see :func:`dvm.cluster.cluster`)."""
-    if isinstance(min_ops, bool) or not isinstance(min_ops, int) or min_ops < 1:
+    # an exact int skips isinstance, whose check against bool (an int's subclass) is slower
+    wrong = type(min_ops) is not int and (isinstance(min_ops, bool) or not isinstance(min_ops, int))
+    if wrong or min_ops < 1:
         raise ValueError(f"min_ops must be an int >= 1 (1 runs every region), got {min_ops!r}")
     t0 = time.perf_counter()
     failed_fill: BaseException | None = None
     try:
-        nodes = _analysis.nodes(gm.graph)
-        clustering = cluster(
-            gm, min_ops=min_ops, fill_meta=lambda: _ensure_meta(gm, example_inputs), nodes=nodes
+        nodes = _analysis.nodes(gm._graph)  # the field gm.graph's getter (a Python call) reads
+        clustering = _cluster(
+            nodes, min_ops, _ensure_meta, (gm, example_inputs), time.perf_counter()
         )
-        runners = [RegionRunner(r, k) for k, r in enumerate(clustering.regions)]
+        runners = []
+        for r in clustering.regions:
+            runners.append(RegionRunner(r, len(runners)))
         t1 = time.perf_counter()
-        run = _schedule(gm, runners, nodes)
+        order = _executor.in_place(nodes, runners)  # _schedule's common case, without its frame
+        run = Executor(gm, order) if order is not None else _schedule(gm, runners, nodes)
     except _NoFakeValues as e:
         failed_fill = e.__cause__  # raised below, outside this handler: its own cause kept
     except Exception as e:  # a compiler bug must not break the user's program: run eagerly

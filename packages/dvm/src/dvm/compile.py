@@ -475,7 +475,11 @@ def compile_graph(
     t0 = time.perf_counter()
     failed_fill: BaseException | None = None
     try:
-        nodes = _analysis.nodes(gm._graph)  # the field gm.graph's getter (a Python call) reads
+        try:
+            graph = gm._graph  # the field gm.graph's getter (a Python call) reads
+        except AttributeError:  # a GraphModule keeping its graph otherwise
+            graph = gm.graph
+        nodes = _analysis.nodes(graph)
         clustering = _cluster(
             nodes, min_ops, _ensure_meta, (gm, example_inputs), time.perf_counter()
         )

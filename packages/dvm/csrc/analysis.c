@@ -900,18 +900,20 @@ static PyObject* run(PyObject* module, PyObject* const* argv, Py_ssize_t argc) {
 // own; groups merge along producer->consumer edges in graph order, then siblings (groups
 // reading one value). Nodes are numbered by their place in the graph (the analysis's index).
 
-typedef struct {
+typedef struct {  // owned when cap > 0; else borrowed (a slice of another's), copied on a push
     int *v, n, cap;
 } Ints;
 
 static int push(Ints* s, int x) {
-    if (s->n == s->cap) {
-        int cap = s->cap ? 2 * s->cap : 4;
-        int* v = PyMem_Realloc(s->v, sizeof(int) * (size_t)cap);
+    if (s->n >= s->cap) {
+        int cap = s->n > 2 ? 2 * s->n : 4;
+        int* v = PyMem_Malloc(sizeof(int) * (size_t)cap);
         if (v == NULL) {
             PyErr_NoMemory();
             return -1;
         }
+        if (s->n) memcpy(v, s->v, sizeof(int) * (size_t)s->n);
+        if (s->cap) PyMem_Free(s->v);
         s->v = v;
         s->cap = cap;
     }
@@ -920,7 +922,7 @@ static int push(Ints* s, int x) {
 }
 
 static void drop(Ints* s) {
-    PyMem_Free(s->v);
+    if (s->cap) PyMem_Free(s->v);
     *s = (Ints){NULL, 0, 0};
 }
 
@@ -939,12 +941,14 @@ typedef struct {
     int* group;     // each node's group (numbered by a node it started at), -1 when not analysed
     Group* groups;  // by number
     Shape* dshape;  // each analysed node's domain shape
-    Ints users;     // node i's users: users.v[users_at[i] .. users_at[i + 1]]
-    int* users_at;
+    // node i's users: users.v[users_at[i] .. users_at[i + 1]]; likewise an analysed node's
+    // distinct tensor arguments (args) and cut operands (cut)
+    Ints users, args, cut;
+    int *users_at, *args_at, *cut_at;
     int* arg0;             // an aliasing node's first argument, -1 when it is not a node
+    int* ids;              // ids[i] == i: a group's first member and output, borrowed
     unsigned char* flags;  // ALIASING, EXPANDS, WORKS
     PyObject* work_ids;    // the ids of the ops that stand for an eager kernel (borrowed)
-    Ints *args, *cut;      // each analysed node's distinct tensor arguments, cut operands
     int *seen, *crossed, gen;  // generation stamps of nodes and groups
     Ints stack;
 } Merge;
@@ -1028,6 +1032,20 @@ static int outside(Merge* m, const Ints* a, const Ints* b, int x, int y, Ints* o
         }
     }
     return 0;
+}
+
+// The values of v[from .. to] that group x reads from outside (distinct) as *out, a slice of
+// v where that is all of them; 0, or -1 with an exception.
+static int outside_of(Merge* m, const Ints* v, int from, int to, int x, Ints* out) {
+    Ints slice = {to > from ? v->v + from : NULL, to - from, 0};
+    int gen = ++m->gen, all = 1;
+    for (int k = 0; all && k < slice.n; ++k) {
+        int p = slice.v[k];
+        all = !in_union(m, p, x, x) && m->seen[p] != gen;
+        m->seen[p] = gen;
+    }
+    if (all) *out = slice;
+    return all ? 0 : outside(m, &slice, &(Ints){0}, x, x, out);
 }
 
 static int concat(Ints* out, const Ints* a, const Ints* b) {
@@ -1138,13 +1156,22 @@ static int number(PyObject* index, PyObject* p, int n) {
     return (int)k;
 }
 
-// The numbers of the nodes in `seq` (a list or tuple) appended to *out; 0, or -1.
+// The numbers of the nodes in `seq` (a node's users, a dict: its keys; or a sequence)
+// appended to *out; 0, or -1.
 static int numbers(PyObject* index, PyObject* seq, int n, Ints* out) {
-    PyObject* items = PySequence_Tuple(seq);
+    PyObject *key, *value;
+    if (PyDict_CheckExact(seq)) {
+        for (Py_ssize_t at = 0; PyDict_Next(seq, &at, &key, &value);) {
+            int k = number(index, key, n);
+            if (k < 0 || push(out, k) < 0) return -1;
+        }
+        return 0;
+    }
+    PyObject* items = PySequence_Fast(seq, "dvm merge: a node's users or operands must be a sequence");
     if (items == NULL) return -1;
     int failed = 0;
-    for (Py_ssize_t k = 0; !failed && k < PyTuple_GET_SIZE(items); ++k) {
-        int at = number(index, PyTuple_GET_ITEM(items, k), n);
+    for (Py_ssize_t k = 0; !failed && k < PySequence_Fast_GET_SIZE(items); ++k) {
+        int at = number(index, PySequence_Fast_GET_ITEM(items, k), n);
         failed = at < 0 || push(out, at) < 0;
     }
     Py_DECREF(items);
@@ -1173,42 +1200,39 @@ static long long read_int(PyObject* dict, PyObject* node) {
     return x;
 }
 
-// Node i of the graph read into m; 0, or -1 with an exception.
+// Node i of the graph read into m (its users, and an analysed node's arguments and cut
+// operands, appended to m's lists); 0, or -1 with an exception.
 static int read_node(Merge* m, Tables* t, PyObject* node, int i) {
     if (number(t->index, node, m->n) != i) {
         if (!PyErr_Occurred())
             PyErr_SetString(PyExc_ValueError, "dvm merge: the nodes are not the analysis's");
         return -1;
     }
-    PyObject* users = PyObject_GetAttr(node, g.s_users);
+    PyObject* users = field(node, F_USERS, g.s_users);
     if (users == NULL) return -1;
     int failed = numbers(t->index, users, m->n, &m->users);
     Py_DECREF(users);
-    m->users_at[i + 1] = m->users.n;
     if (failed) return -1;
     int analysed = PyDict_Contains(t->dshape, node);
     if (analysed <= 0) return analysed;
     Group* gr = &m->groups[i];
+    *gr = (Group){.lo = i, .hi = i};
     m->group[i] = i;
-    gr->lo = gr->hi = i;
     gr->seg = read_int(t->segment, node);
     if (PyErr_Occurred()) return -1;
     gr->cost = read_int(t->cost, node);
     if (PyErr_Occurred() || read_held_shape(t->dshape, node, &m->dshape[i]) < 0 ||
-        read_held_shape(t->footprint, node, &gr->domain) < 0 || push(&gr->members, i) < 0 ||
-        push(&gr->outputs, i) < 0)
+        read_held_shape(t->footprint, node, &gr->domain) < 0)
         return -1;
     gr->big = numel(&gr->domain);
     PyObject* seq = entry(t->args, node);
-    failed = seq == NULL || numbers(t->index, seq, m->n, &m->args[i]) < 0 ||
-             outside(m, &m->args[i], &(Ints){0}, i, i, &gr->inputs) < 0;
+    failed = seq == NULL || numbers(t->index, seq, m->n, &m->args) < 0;
     Py_XDECREF(seq);
     seq = failed ? NULL : entry(t->cut, node);
-    failed = seq == NULL || numbers(t->index, seq, m->n, &m->cut[i]) < 0 ||
-             concat(&gr->partners, &m->cut[i], &(Ints){0});
+    failed = seq == NULL || numbers(t->index, seq, m->n, &m->cut) < 0;
     Py_XDECREF(seq);
     if (failed) return -1;
-    PyObject* target = PyObject_GetAttr(node, g.s_target);
+    PyObject* target = field(node, F_TARGET, g.s_target);
     if (target == NULL) return -1;
     int aliasing = 0;
     for (Py_ssize_t k = 0; k < PyTuple_GET_SIZE(g.aliasing); ++k)
@@ -1231,22 +1255,35 @@ static int read_node(Merge* m, Tables* t, PyObject* node, int i) {
     return known < 0 || (known > 0 && m->arg0[i] < 0) ? -1 : 0;
 }
 
-static void free_merge(Merge* m) {
-    for (int i = 0; m->groups != NULL && i < m->n; ++i) {
+// Each analysed node's group: itself, reading its arguments from outside, read by its users,
+// kept apart from its cut operands (a cut edge keeps its ends apart both ways); 0, or -1.
+static int start_groups(Merge* m) {
+    for (int i = 0; i < m->n; ++i) {
+        m->ids[i] = i;
+        if (m->group[i] < 0) continue;
         Group* gr = &m->groups[i];
-        Ints* held[] = {&gr->members, &gr->inputs,  &gr->outputs,
-                        &gr->ext,     &gr->partners, &m->args[i], &m->cut[i]};
-        for (int k = 0; k < 7; ++k) drop(held[k]);
+        gr->members = gr->outputs = (Ints){&m->ids[i], 1, 0};
+        gr->partners = (Ints){m->cut.v + m->cut_at[i], m->cut_at[i + 1] - m->cut_at[i], 0};
+        for (int k = m->cut_at[i]; k < m->cut_at[i + 1]; ++k) {
+            int p = m->cut.v[k];
+            if (m->group[p] >= 0 && push(&m->groups[p].partners, i) < 0) return -1;
+        }
+        if (outside_of(m, &m->args, m->args_at[i], m->args_at[i + 1], i, &gr->inputs) < 0 ||
+            outside_of(m, &m->users, m->users_at[i], m->users_at[i + 1], i, &gr->ext) < 0)
+            return -1;
     }
-    drop(&m->users);
-    drop(&m->stack);
-    void* arrays[] = {m->group, m->groups, m->dshape, m->users_at, m->arg0,
-                      m->flags, m->args,   m->cut,    m->seen,     m->crossed};
-    for (size_t k = 0; k < sizeof arrays / sizeof arrays[0]; ++k) PyMem_Free(arrays[k]);
+    return 0;
 }
 
-static int by_number(const void* a, const void* b) {
-    return (*(const int*)a > *(const int*)b) - (*(const int*)a < *(const int*)b);
+static void free_merge(Merge* m) {
+    for (int i = 0; i < m->n; ++i) {
+        if (m->group[i] < 0) continue;  // an analysed node's group, or one merged into another
+        Group* gr = &m->groups[i];
+        Ints* held[] = {&gr->members, &gr->inputs, &gr->outputs, &gr->ext, &gr->partners};
+        for (int k = 0; k < 5; ++k) drop(held[k]);
+    }
+    Ints* lists[] = {&m->users, &m->args, &m->cut, &m->stack};
+    for (int k = 0; k < 4; ++k) drop(lists[k]);
 }
 
 // The `count` live (seen at the current generation) or other `members` of a group, as a new
@@ -1268,12 +1305,20 @@ static PyObject* groups_of(Merge* m, PyObject* nodes) {
     PyObject* out = PyList_New(0);
     PyObject* none = PyTuple_New(0);
     int gen = ++m->gen;
+    for (int i = 0; i < m->n; ++i) {  // each merged group's members refilled in graph order
+        int g = m->group[i];
+        Ints* members = g >= 0 ? &m->groups[g].members : NULL;
+        if (members == NULL || !members->cap) continue;  // a group of one borrows its member
+        if (m->crossed[g] != gen) members->n = 0;
+        m->crossed[g] = gen;
+        members->v[members->n++] = i;
+    }
+    gen = ++m->gen;
     for (int i = 0; out != NULL && none != NULL && i < m->n; ++i) {
         int g = m->group[i];
         if (g < 0 || m->crossed[g] == gen) continue;
         m->crossed[g] = gen;
         Ints* members = &m->groups[g].members;
-        qsort(members->v, (size_t)members->n, sizeof(int), by_number);
         int live = 0;
         long work = 0;
         for (int k = members->n - 1; k >= 0; --k) {  // users come later in the graph
@@ -1311,9 +1356,9 @@ static PyObject* groups_of(Merge* m, PyObject* nodes) {
 static int grow(Merge* m) {
     for (int c = 0; c < m->n; ++c) {
         if (m->group[c] < 0) continue;
-        for (int k = 0; k < m->args[c].n; ++k) {
-            int p = m->args[c].v[k], gp = m->group[p], cut = 0;
-            for (int j = 0; j < m->cut[c].n; ++j) cut |= m->cut[c].v[j] == p;
+        for (int k = m->args_at[c]; k < m->args_at[c + 1]; ++k) {
+            int p = m->args.v[k], gp = m->group[p], cut = 0;
+            for (int j = m->cut_at[c]; j < m->cut_at[c + 1]; ++j) cut |= m->cut.v[j] == p;
             if (gp >= 0 && gp != m->group[c] && !cut && try_merge(m, gp, m->group[c]) < 0)
                 return -1;
         }
@@ -1351,41 +1396,40 @@ static PyObject* merge(PyObject* module, PyObject* const* argv, Py_ssize_t argc)
         Py_DECREF(nodes);
         return PyErr_Format(PyExc_ValueError, "dvm merge: %zd nodes is too many", size);
     }
+    // the per-node arrays in one block, on the stack for a graph of up to some 50 nodes; an
+    // analysed node's group set as it is read, the generation stamps zeroed
     Merge m = {.n = (int)size, .work_ids = argv[2]};
     size_t n = (size_t)size + 1;
-    m.group = PyMem_Malloc(n * sizeof(int));
-    m.groups = PyMem_Calloc(n, sizeof(Group));
-    m.dshape = PyMem_Calloc(n, sizeof(Shape));
-    m.users_at = PyMem_Calloc(n, sizeof(int));
-    m.arg0 = PyMem_Malloc(n * sizeof(int));
-    m.flags = PyMem_Calloc(n, 1);
-    m.args = PyMem_Calloc(n, sizeof(Ints));
-    m.cut = PyMem_Calloc(n, sizeof(Ints));
-    m.seen = PyMem_Calloc(n, sizeof(int));
-    m.crossed = PyMem_Calloc(n, sizeof(int));
+    size_t bytes = n * (sizeof(Group) + sizeof(Shape) + 8 * sizeof(int) + 1);
+    int64_t local[2048];
+    char* block = bytes <= sizeof local ? (char*)local : PyMem_Malloc(bytes);
     PyObject* out = NULL;
     Tables t = {NULL};
-    int failed = !m.group || !m.groups || !m.dshape || !m.users_at || !m.arg0 || !m.flags ||
-                 !m.args || !m.cut || !m.seen || !m.crossed;
-    if (failed) PyErr_NoMemory();
-    else failed = open_tables(argv[0], &t) < 0;
-    for (int i = 0; !failed && i < m.n; ++i) m.group[i] = m.arg0[i] = -1;
-    for (int i = 0; !failed && i < m.n; ++i)
-        failed = read_node(&m, &t, PyTuple_GET_ITEM(nodes, i), i) < 0;
-    for (int c = 0; !failed && c < m.n; ++c)  // a cut edge keeps its ends apart both ways
-        for (int k = 0; !failed && k < m.cut[c].n; ++k) {
-            int p = m.cut[c].v[k];
-            failed = m.group[p] >= 0 && push(&m.groups[p].partners, c) < 0;
-        }
-    for (int i = 0; !failed && i < m.n; ++i) {  // each group's readers outside it
-        if (m.group[i] < 0) continue;
-        int count = m.users_at[i + 1] - m.users_at[i];
-        Ints own = {count ? m.users.v + m.users_at[i] : NULL, count, 0};
-        failed = outside(&m, &own, &(Ints){0}, i, i, &m.groups[i].ext) < 0;
+    int failed = block == NULL;
+    if (failed) {
+        PyErr_NoMemory();
+    } else {
+        m.groups = (Group*)block;
+        m.dshape = (Shape*)(m.groups + n);
+        int** ints[] = {&m.group, &m.arg0, &m.users_at, &m.args_at,
+                        &m.cut_at, &m.ids, &m.seen,     &m.crossed};
+        for (int k = 0; k < 8; ++k) *ints[k] = (int*)(m.dshape + n) + k * n;
+        m.flags = (unsigned char*)(m.group + 8 * n);
+        memset(m.seen, 0, 2 * n * sizeof(int));
+        m.users_at[0] = m.args_at[0] = m.cut_at[0] = 0;
+        for (int i = 0; i < m.n; ++i) m.group[i] = m.arg0[i] = -1;
+        failed = open_tables(argv[0], &t) < 0;
     }
-    if (!failed && grow(&m) == 0) out = groups_of(&m, nodes);
+    for (int i = 0; !failed && i < m.n; ++i) {
+        failed = read_node(&m, &t, PyTuple_GET_ITEM(nodes, i), i) < 0;
+        m.users_at[i + 1] = m.users.n;
+        m.args_at[i + 1] = m.args.n;
+        m.cut_at[i + 1] = m.cut.n;
+    }
+    if (!failed && start_groups(&m) == 0 && grow(&m) == 0) out = groups_of(&m, nodes);
     close_tables(&t);
-    free_merge(&m);
+    if (block != NULL) free_merge(&m);
+    if (block != (char*)local) PyMem_Free(block);
     Py_DECREF(nodes);
     return out;
 }

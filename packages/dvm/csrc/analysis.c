@@ -1401,8 +1401,9 @@ static PyObject* merge(PyObject* module, PyObject* const* argv, Py_ssize_t argc)
     Merge m = {.n = (int)size, .work_ids = argv[2]};
     size_t n = (size_t)size + 1;
     size_t bytes = n * (sizeof(Group) + sizeof(Shape) + 8 * sizeof(int) + 1);
-    int64_t local[2048];
-    char* block = bytes <= sizeof local ? (char*)local : PyMem_Malloc(bytes);
+    int64_t local[2048];  // its end, next to the callers' frames, the likelier in cache
+    char* block = bytes <= sizeof local ? (char*)(local + 2048 - (bytes + 7) / 8)
+                                        : PyMem_Malloc(bytes);
     PyObject* out = NULL;
     Tables t = {NULL};
     int failed = block == NULL;
@@ -1429,7 +1430,7 @@ static PyObject* merge(PyObject* module, PyObject* const* argv, Py_ssize_t argc)
     if (!failed && start_groups(&m) == 0 && grow(&m) == 0) out = groups_of(&m, nodes);
     close_tables(&t);
     if (block != NULL) free_merge(&m);
-    if (block != (char*)local) PyMem_Free(block);
+    if (bytes > sizeof local) PyMem_Free(block);
     Py_DECREF(nodes);
     return out;
 }

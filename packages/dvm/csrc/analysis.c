@@ -948,7 +948,6 @@ typedef struct {
     int* arg0;             // an aliasing node's first argument, -1 when it is not a node
     int* ids;              // ids[i] == i: a group's first member and output, borrowed
     unsigned char* flags;  // ALIASING, EXPANDS, WORKS
-    PyObject* work_ids;    // the ids of the ops that stand for an eager kernel (borrowed)
     int *seen, *crossed, gen;  // generation stamps of nodes and groups
     Ints stack;
 } Merge;
@@ -1141,6 +1140,55 @@ done:
     return result;
 }
 
+// The ops of merge's work_ids (a frozenset of their ids), kept for the frozenset last given
+// (held): a table of their addresses, open addressing, NULL where empty.
+static struct {
+    PyObject* set;
+    void** ops;
+    size_t mask;
+} work;
+
+static size_t slot_of(const void* op) {
+    return (size_t)((((uintptr_t)op >> 4) * 0x9E3779B97F4A7C15u) >> 32) & work.mask;
+}
+
+// Whether op stands for an eager kernel: its id in the work_ids that work holds.
+static int is_work(const void* op) {
+    for (size_t k = slot_of(op); work.ops[k] != NULL; k = (k + 1) & work.mask)
+        if (work.ops[k] == op) return 1;
+    return 0;
+}
+
+// Hold the ops of `set` (work_ids) in work unless they are held; 0, or -1 with an exception.
+static int hold_work(PyObject* set) {
+    if (set == work.set) return 0;
+    size_t cap = 8;
+    while (cap < 2 * (size_t)PySet_GET_SIZE(set)) cap *= 2;
+    void** ops = PyMem_Calloc(cap, sizeof(void*));
+    PyObject *it = ops != NULL ? PyObject_GetIter(set) : NULL, *id;
+    if (ops == NULL) PyErr_NoMemory();
+    PyMem_Free(work.ops);
+    Py_CLEAR(work.set);
+    work.ops = ops;
+    work.mask = cap - 1;
+    while (it != NULL && (id = PyIter_Next(it)) != NULL) {
+        void* op = PyLong_Check(id) ? PyLong_AsVoidPtr(id) : NULL;
+        Py_DECREF(id);
+        if (op == NULL) {
+            if (!PyErr_Occurred())
+                PyErr_SetString(PyExc_TypeError, "merge: work_ids must hold the ids of ops");
+            break;
+        }
+        size_t k = slot_of(op);
+        while (ops[k] != NULL && ops[k] != op) k = (k + 1) & work.mask;
+        ops[k] = op;
+    }
+    Py_XDECREF(it);
+    if (PyErr_Occurred()) return -1;
+    work.set = Py_NewRef(set);
+    return 0;
+}
+
 // Node `p`'s number (the analysis's index of it); -1 with an exception when it has none.
 static int number(PyObject* index, PyObject* p, int n) {
     Py_INCREF(p);  // a lookup may run Python code (__hash__, __eq__) that drops it
@@ -1237,13 +1285,9 @@ static int read_node(Merge* m, Tables* t, PyObject* node, int i) {
     int aliasing = 0;
     for (Py_ssize_t k = 0; k < PyTuple_GET_SIZE(g.aliasing); ++k)
         aliasing |= PyTuple_GET_ITEM(g.aliasing, k) == target;
-    PyObject* id = PyLong_FromVoidPtr(target);
-    Py_DECREF(target);
-    int works = id != NULL ? PySet_Contains(m->work_ids, id) : -1;
-    Py_XDECREF(id);
-    if (works < 0) return -1;
     m->flags[i] = (aliasing ? ALIASING : 0) | (target == g.expand_op ? EXPANDS : 0) |
-                  (works ? WORKS : 0);
+                  (is_work(target) ? WORKS : 0);
+    Py_DECREF(target);
     if (!aliasing) return 0;
     PyObject* args = node_field(node, g.s__args, g.s_args);
     PyObject* x = args != NULL ? PySequence_GetItem(args, 0) : NULL;
@@ -1398,7 +1442,7 @@ static PyObject* merge(PyObject* module, PyObject* const* argv, Py_ssize_t argc)
     }
     // the per-node arrays in one block, on the stack for a graph of up to some 50 nodes; an
     // analysed node's group set as it is read, the generation stamps zeroed
-    Merge m = {.n = (int)size, .work_ids = argv[2]};
+    Merge m = {.n = (int)size};
     size_t n = (size_t)size + 1;
     size_t bytes = n * (sizeof(Group) + sizeof(Shape) + 8 * sizeof(int) + 1);
     int64_t local[2048];  // its end, next to the callers' frames, the likelier in cache
@@ -1419,7 +1463,7 @@ static PyObject* merge(PyObject* module, PyObject* const* argv, Py_ssize_t argc)
         memset(m.seen, 0, 2 * n * sizeof(int));
         m.users_at[0] = m.args_at[0] = m.cut_at[0] = 0;
         for (int i = 0; i < m.n; ++i) m.group[i] = m.arg0[i] = -1;
-        failed = open_tables(argv[0], &t) < 0;
+        failed = hold_work(argv[2]) < 0 || open_tables(argv[0], &t) < 0;
     }
     for (int i = 0; !failed && i < m.n; ++i) {
         failed = read_node(&m, &t, PyTuple_GET_ITEM(nodes, i), i) < 0;

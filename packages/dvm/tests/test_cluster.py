@@ -680,6 +680,24 @@ def test_the_merge_refuses_nodes_that_are_not_the_analysis_s():
         _analysis.merge(a, nodes)
 
 
+def test_the_merge_counts_the_work_of_the_work_ids_it_is_given():
+    """The ops of work_ids are kept for the frozenset last given: another one, even an equal
+    one, is read afresh, and one holding something other than ids is refused."""
+    from dvm import _analysis
+
+    gm = make_fx(lambda x: (x.exp() + 1).sin(), tracing_mode="fake")(_x(3, 4))
+    nodes = list(gm.graph.nodes)
+    a = _Analysis(nodes)
+    sin = {id(n.target) for n in nodes if str(n.target) == "aten.sin.default"}
+    assert [work for _, _, work in _analysis.merge(a, nodes, cl._WORK_IDS)] == [3]
+    assert [work for _, _, work in _analysis.merge(a, nodes, frozenset())] == [0]
+    assert [work for _, _, work in _analysis.merge(a, nodes, frozenset(sin))] == [1]
+    assert [work for _, _, work in _analysis.merge(a, nodes, frozenset(cl._WORK_IDS))] == [3]
+    with pytest.raises(TypeError, match="must hold the ids of ops"):
+        _analysis.merge(a, nodes, frozenset({"aten.sin.default"}))
+    assert [work for _, _, work in _analysis.merge(a, nodes, cl._WORK_IDS)] == [3]
+
+
 def test_the_merge_tells_each_group_s_live_and_dead_members_and_its_work():
     """Dead members (nothing outside reads them, nor a live member) are apart from the live
     ones, in graph order; the work counts the live members that stand for eager kernels (an

@@ -1215,7 +1215,8 @@ static int numbers(PyObject* index, PyObject* seq, int n, Ints* out) {
         }
         return 0;
     }
-    PyObject* items = PySequence_Fast(seq, "dvm merge: a node's users or operands must be a sequence");
+    PyObject* items =
+        PySequence_Fast(seq, "dvm merge: a node's users and operands must be iterable");
     if (items == NULL) return -1;
     int failed = 0;
     for (Py_ssize_t k = 0; !failed && k < PySequence_Fast_GET_SIZE(items); ++k) {
@@ -1308,14 +1309,15 @@ static int start_groups(Merge* m) {
         Group* gr = &m->groups[i];
         gr->members = gr->outputs = (Ints){&m->ids[i], 1, 0};
         gr->partners = (Ints){m->cut.v + m->cut_at[i], m->cut_at[i + 1] - m->cut_at[i], 0};
-        for (int k = m->cut_at[i]; k < m->cut_at[i + 1]; ++k) {
-            int p = m->cut.v[k];
-            if (m->group[p] >= 0 && push(&m->groups[p].partners, i) < 0) return -1;
-        }
         if (outside_of(m, &m->args, m->args_at[i], m->args_at[i + 1], i, &gr->inputs) < 0 ||
             outside_of(m, &m->users, m->users_at[i], m->users_at[i + 1], i, &gr->ext) < 0)
             return -1;
     }
+    for (int c = 0; c < m->n; ++c)
+        for (int k = m->cut_at[c]; k < m->cut_at[c + 1]; ++k) {
+            int p = m->cut.v[k];
+            if (m->group[p] >= 0 && push(&m->groups[p].partners, c) < 0) return -1;
+        }
     return 0;
 }
 

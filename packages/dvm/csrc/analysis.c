@@ -13,10 +13,11 @@
 // one place.
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
-#include <structmember.h>
 #include <math.h>
 #include <string.h>
 #include <stdint.h>
+
+#include "fields.h"
 
 // CPython 3.13 made _PyObject_LookupAttr public as PyObject_GetOptionalAttr (and removed it).
 #if PY_VERSION_HEX >= 0x030D0000
@@ -1569,25 +1570,6 @@ static PyObject* py_storable(PyObject* module, PyObject* const* argv, Py_ssize_t
     int kind = storable(&shape, &dom);
     if (kind < 0) Py_RETURN_NONE;
     return PyBool_FromLong(kind);
-}
-
-// The offset of type's C member `name` where the generic lookup reads an object's attribute
-// there (a member descriptor of an object field); 0 when it is not one.
-static Py_ssize_t member_at(PyTypeObject* type, PyObject* name) {
-    PyObject* d = type->tp_getattro == PyObject_GenericGetAttr ? _PyType_Lookup(type, name) : NULL;
-    if (d == NULL || !Py_IS_TYPE(d, &PyMemberDescr_Type)) return 0;
-    PyMemberDef* m = ((PyMemberDescrObject*)d)->d_member;
-    int plain = (m->type == T_OBJECT || m->type == T_OBJECT_EX) && !(m->flags & READ_RESTRICTED);
-    return plain ? m->offset : 0;
-}
-
-// type's getter of `name` where the generic lookup reads an object's attribute through it (a
-// getset descriptor); NULL when it is not one.
-static PyGetSetDef* getter_of(PyTypeObject* type, PyObject* name) {
-    PyObject* d = type->tp_getattro == PyObject_GenericGetAttr ? _PyType_Lookup(type, name) : NULL;
-    if (d == NULL || !Py_IS_TYPE(d, &PyGetSetDescr_Type)) return NULL;
-    PyGetSetDef* def = ((PyGetSetDescrObject*)d)->d_getset;
-    return def->get != NULL ? def : NULL;
 }
 
 // Resolve the attributes read directly (g.node_type's fields, FakeTensor's getters) and

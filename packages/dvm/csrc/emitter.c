@@ -21,7 +21,8 @@
 #include <Python.h>
 #include <stdint.h>
 #include <string.h>
-#include <structmember.h>
+
+#include "fields.h"
 
 enum { LOAD = 0, CONST = 1, STORE = 2, WHERE = 60 };
 enum { EXP = 12, LOG = 13, RECIPROCAL = 17, SIGMOID = 19, CAST_BF16 = 24, CAST_F16 = 25 };
@@ -559,21 +560,6 @@ static PyObject* field(PyObject* n, Py_ssize_t at, PyObject* name) {
     return PyObject_GetAttr(n, name);
 }
 
-// The offset of type's member `name` holding an object, 0 when it has none.
-static Py_ssize_t slot_at(PyTypeObject* type, const char* name) {
-    PyObject* d = PyObject_GetAttrString((PyObject*)type, name);
-    Py_ssize_t at = 0;
-    if (d != NULL && Py_IS_TYPE(d, &PyMemberDescr_Type)) {
-        PyMemberDef* m = ((PyMemberDescrObject*)d)->d_member;
-        if ((m->type == T_OBJECT || m->type == T_OBJECT_EX) && m->offset > 0 &&
-            PyType_IsSubtype(type, PyDescr_TYPE(d)))
-            at = m->offset;
-    }
-    Py_XDECREF(d);
-    PyErr_Clear();
-    return at;
-}
-
 // The rules emitted here, without calling the Python rule (setup_native, from dvm.lower's
 // NATIVE): each target's form, and its op where the form takes one. A form emits exactly
 // what its Python rule emits for the node (same instructions in the same order), or leaves
@@ -1054,10 +1040,14 @@ static PyObject* setup_regions(PyObject* module, PyObject* args) {
     PyObject** held[] = {&g.rules,    &g.node,     &g.region,   &g.emitter,
                          &g.domain,   &g.storable, &g.aliasing, &g.perf_counter};
     for (int i = 0; i < 8; ++i) Py_XSETREF(*held[i], Py_NewRef(given[i]));
-    g.at_target = slot_at((PyTypeObject*)node, "target");
-    g.at_args = slot_at((PyTypeObject*)node, "_args");
-    g.at_kwargs = slot_at((PyTypeObject*)node, "_kwargs");
-    g.at_users = slot_at((PyTypeObject*)node, "users");
+    const char* names[] = {"target", "_args", "_kwargs", "users"};
+    Py_ssize_t* at[] = {&g.at_target, &g.at_args, &g.at_kwargs, &g.at_users};
+    for (int i = 0; i < 4; ++i) {
+        PyObject* name = PyUnicode_InternFromString(names[i]);
+        if (name == NULL) return NULL;
+        *at[i] = member_at((PyTypeObject*)node, name);
+        Py_DECREF(name);
+    }
     g.max_inputs = max_in;
     g.max_outputs = max_out;
     g.max_instrs = max_instrs;

@@ -1,7 +1,7 @@
 // Attributes read without the generic lookup: the descriptors a type's objects are read through,
-// resolved once at setup (as csrc/analysis.c resolves torch.fx.Node's fields and FakeTensor's
-// getters). A module reads an object directly only where its type is exactly the one resolved,
-// and by name otherwise.
+// resolved once at setup (torch.fx.Node's fields, FakeTensor's getters and stride method), for
+// every C module of the compile. A module reads an object directly only where its type is
+// exactly the one resolved, and by name otherwise.
 #ifndef DVM_FIELDS_H
 #define DVM_FIELDS_H
 

@@ -1062,36 +1062,43 @@ static PyObject* setup_native(PyObject* module, PyObject* args) {
     if (!PyArg_ParseTuple(args, "O!(OOOO)", &PyDict_Type, &forms, &dtypes[0], &dtypes[1],
                           &dtypes[2], &dtypes[3]))
         return NULL;
-    if (PyDict_GET_SIZE(forms) > NATIVE_CAP / 2) {
+    // the entries as they are now, held: an op's __index__ (read_int) may change forms
+    PyObject* items = PyDict_Items(forms);
+    if (items == NULL) return NULL;
+    Py_ssize_t n = PyList_GET_SIZE(items);
+    if (n > NATIVE_CAP / 2) {
+        Py_DECREF(items);
         PyErr_Format(PyExc_ValueError, "setup_native: more than %d forms", NATIVE_CAP / 2);
         return NULL;
     }
     static const long runs[N_FORMS][2] = {
         [F_UNARY] = {10, 27}, [F_BINARY] = {40, 55}, [F_ADD_SUB] = {40, 42}, [F_REDUCE] = {70, 73},
     };
-    int32_t form[NATIVE_CAP], op[NATIVE_CAP];
-    PyObject *key, *value;
-    Py_ssize_t pos = 0, k = 0;
-    while (PyDict_Next(forms, &pos, &key, &value)) {
-        if (!PyTuple_Check(value) || PyTuple_GET_SIZE(value) != 2) {
-            PyErr_Format(PyExc_TypeError, "setup_native: %R's form is no (form, op) pair", key);
+    int32_t form[NATIVE_CAP / 2], op[NATIVE_CAP / 2];
+    for (Py_ssize_t k = 0; k < n; ++k) {
+        PyObject* key = PyTuple_GET_ITEM(PyList_GET_ITEM(items, k), 0);
+        PyObject* value = PyTuple_GET_ITEM(PyList_GET_ITEM(items, k), 1);
+        int failed = !PyTuple_Check(value) || PyTuple_GET_SIZE(value) != 2;
+        if (failed) PyErr_Format(PyExc_TypeError, "setup_native: %R's form is no (form, op) pair", key);
+        failed = failed || read_int(PyTuple_GET_ITEM(value, 0), 0, N_FORMS, "form", &form[k]) < 0;
+        if (!failed) {
+            long lo = runs[form[k]][0], hi = runs[form[k]][1];
+            failed = read_int(PyTuple_GET_ITEM(value, 1), lo, hi ? hi : 1, "op", &op[k]) < 0;
+        }
+        if (failed) {
+            Py_DECREF(items);
             return NULL;
         }
-        if (read_int(PyTuple_GET_ITEM(value, 0), 0, N_FORMS, "form", &form[k]) < 0) return NULL;
-        long lo = runs[form[k]][0], hi = runs[form[k]][1];
-        if (read_int(PyTuple_GET_ITEM(value, 1), lo, hi ? hi : 1, "op", &op[k]) < 0) return NULL;
-        ++k;
     }
     for (size_t i = 0; i < NATIVE_CAP; ++i) Py_CLEAR(native[i].target);
-    Py_ssize_t n = k;  // an op's __index__ may have changed forms: only the ones read count
-    pos = 0, k = 0;
-    while (k < n && PyDict_Next(forms, &pos, &key, &value)) {
+    for (Py_ssize_t k = 0; k < n; ++k) {
+        PyObject* key = PyTuple_GET_ITEM(PyList_GET_ITEM(items, k), 0);
         size_t i = native_slot(key);
         while (native[i].target != NULL) i = (i + 1) & (NATIVE_CAP - 1);
         native[i].target = Py_NewRef(key);
         native[i].form = form[k], native[i].op = op[k];
-        ++k;
     }
+    Py_DECREF(items);
     for (int i = 0; i < 4; ++i) Py_XSETREF(g.dtypes[i], Py_NewRef(dtypes[i]));
     Py_RETURN_NONE;
 }

@@ -586,6 +586,34 @@ def test_setup_native_refuses_wrong_arguments():
         test_native_forms_lower_without_the_rules(monkeypatch)
 
 
+def test_setup_native_reads_the_forms_as_handed():
+    """An op's ``__index__`` that changes the forms while ``setup_native`` reads them (adding
+    more entries than its table holds, or dropping the pair being read) neither overflows
+    the table nor reads a freed pair: the forms are the entries handed."""
+    forms = {}
+
+    class Grows:
+        def __index__(self):
+            for _ in range(600):
+                forms[object()] = (Form.IDENTITY, 0)
+            return int(Form.IDENTITY)
+
+    class Drops:
+        def __index__(self):
+            forms.clear()
+            return 0
+
+    try:
+        forms[aten.exp.default] = (Grows(), 0)
+        _emitter.setup_native(forms, NATIVE_DTYPES)
+        forms.clear()
+        forms[aten.exp.default] = (Form.IDENTITY, Drops())
+        _emitter.setup_native(forms, NATIVE_DTYPES)
+    finally:
+        _emitter.setup_native(NATIVE, NATIVE_DTYPES)
+    assert forms == {}
+
+
 def _scaled_graph(value, dtype=torch.float32):
     """exp(x * value) built by hand (make_fx cannot trace an int past int64), fake values set."""
     from torch._subclasses.fake_tensor import FakeTensorMode

@@ -12,7 +12,11 @@
 // there (a member descriptor of an object field); 0 when it is not one.
 static inline Py_ssize_t member_at(PyTypeObject* type, PyObject* name) {
     PyObject* d = type->tp_getattro == PyObject_GenericGetAttr ? _PyType_Lookup(type, name) : NULL;
-    if (d == NULL || !Py_IS_TYPE(d, &PyMemberDescr_Type)) return 0;
+    // a member of type or a base: a descriptor of another type's (set into a class dict)
+    // refuses type's objects, and its offset is not theirs
+    if (d == NULL || !Py_IS_TYPE(d, &PyMemberDescr_Type) ||
+        !PyType_IsSubtype(type, PyDescr_TYPE(d)))
+        return 0;
     PyMemberDef* m = ((PyMemberDescrObject*)d)->d_member;
     int plain = (m->type == T_OBJECT || m->type == T_OBJECT_EX) && !(m->flags & READ_RESTRICTED);
     return plain ? m->offset : 0;

@@ -307,3 +307,26 @@ def test_a_node_inside_a_slice_is_read_at_each_call():
     torch.testing.assert_close(compiled(x), fn(x))
     y = torch.randn(3, 8)
     torch.testing.assert_close(compiled(y), fn(y))
+
+
+def test_setup_reads_no_member_of_another_type():
+    """A field whose descriptor is another type's member (set into the class's dict) is read
+    by name, as Python reads it (a TypeError), not at that type's offset."""
+    import dvm.executor as ex
+    from dvm import _executor
+
+    class Big:
+        __slots__ = tuple("abcdefghijklmnopqrstuvwxyz")
+
+    class Foreign:
+        op = Big.__dict__["z"]
+
+    fields = ("_args", "_kwargs") if hasattr(ex.Node, "_args") else ("args", "kwargs")
+    try:
+        _executor.setup(Foreign, ex._Slot, ex.Step, ex.RegionCall, ex._method, ex._attr, fields)
+        with pytest.raises(TypeError, match="doesn't apply"):
+            _executor.build(None, (Foreign(),))
+    finally:
+        _executor.setup(
+            ex.Node, ex._Slot, ex.Step, ex.RegionCall, ex._method, ex._attr, fields
+        )

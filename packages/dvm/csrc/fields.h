@@ -26,7 +26,9 @@ static inline Py_ssize_t member_at(PyTypeObject* type, PyObject* name) {
 // getset descriptor); NULL when it is not one.
 static inline PyGetSetDef* getter_of(PyTypeObject* type, PyObject* name) {
     PyObject* d = type->tp_getattro == PyObject_GenericGetAttr ? _PyType_Lookup(type, name) : NULL;
-    if (d == NULL || !Py_IS_TYPE(d, &PyGetSetDescr_Type)) return NULL;
+    if (d == NULL || !Py_IS_TYPE(d, &PyGetSetDescr_Type) ||
+        !PyType_IsSubtype(type, PyDescr_TYPE(d)))  // another type's getter: as member_at
+        return NULL;
     PyGetSetDef* def = ((PyGetSetDescrObject*)d)->d_getset;
     return def->get != NULL ? def : NULL;
 }

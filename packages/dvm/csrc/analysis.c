@@ -766,7 +766,12 @@ static PyObject* keys_tuple(PyObject* dict) {
 // when it has one. NULL with an exception.
 static PyObject* input_nodes(PyObject* node) {
     PyObject* held = member(node, F_INPUT_NODES);
-    if (held != NULL && PyDict_Check(held)) return keys_tuple(held);
+    if (held != NULL && PyDict_Check(held)) {  // held: making the tuple may run a finalizer
+        Py_INCREF(held);
+        PyObject* keys = keys_tuple(held);
+        Py_DECREF(held);
+        return keys;
+    }
     int found = lookup_attr(node, g.s__input_nodes, &held);
     if (found < 0) return NULL;
     if (found && PyDict_Check(held)) {

@@ -327,6 +327,4 @@ def test_setup_reads_no_member_of_another_type():
         with pytest.raises(TypeError, match="doesn't apply"):
             _executor.build(None, (Foreign(),))
     finally:
-        _executor.setup(
-            ex.Node, ex._Slot, ex.Step, ex.RegionCall, ex._method, ex._attr, fields
-        )
+        _executor.setup(ex.Node, ex._Slot, ex.Step, ex.RegionCall, ex._method, ex._attr, fields)

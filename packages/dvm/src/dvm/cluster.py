@@ -252,19 +252,15 @@ def cluster(
     *,
     min_ops: int = MIN_OPS,
     fill_meta: Callable[[], object] | None = None,
-    nodes: list[Node] | None = None,
 ) -> Clustering:
     """Regions of ``gm`` (nodes need ``meta["val"]``) and the call nodes left to eager with
     the reason; ``fill_meta()``, when given, is called to give the nodes their fake values when
     a placeholder or a call something reads has none, and the graph analysed again. A region
     standing for fewer than ``min_ops`` eager kernels (pointwise ops, reductions, casts) is
     left to eager: one op alone runs faster there. Dead code (nodes nothing reads) is in no
-    region, a fallback run as the graph has it. ``nodes``: ``list(gm.graph.nodes)`` where the
-    caller has it."""
+    region, a fallback run as the graph has it."""
     t0 = time.perf_counter()
-    if nodes is None:
-        nodes = _analysis.nodes(gm.graph)  # list(gm.graph.nodes), read in C
-    return _cluster(nodes, min_ops, fill_meta, (), t0)
+    return _cluster(_analysis.nodes(gm.graph), min_ops, fill_meta, (), t0)
 
 
 def _cluster(

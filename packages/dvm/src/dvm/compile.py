@@ -345,9 +345,13 @@ def _schedule(gm: GraphModule, runners: list[RegionRunner], nodes: list[Node]) -
     other nodes as they are, in an order that respects data dependencies and keeps side
     effects where they were."""
     order = _executor.in_place(nodes, runners)  # the common case, in C
-    if order is None:
-        order = _before_readers(nodes, runners)
-    return Executor(gm, order if order is not None else _reordered(nodes, runners))
+    return Executor(gm, order if order is not None else _moved(nodes, runners))
+
+
+def _moved(nodes: list[Node], runners: list[RegionRunner]) -> list[Node | RegionCall]:
+    """The order :func:`_schedule` takes where ``dvm._executor.in_place`` gives none."""
+    order = _before_readers(nodes, runners)
+    return order if order is not None else _reordered(nodes, runners)
 
 
 def _before_readers(
@@ -488,7 +492,7 @@ def compile_graph(
             runners.append(RegionRunner(r, len(runners)))
         t1 = time.perf_counter()
         order = _executor.in_place(nodes, runners)  # _schedule's common case, without its frame
-        run = Executor(gm, order) if order is not None else _schedule(gm, runners, nodes)
+        run = Executor(gm, order if order is not None else _moved(nodes, runners))
     except _NoFakeValues as e:
         failed_fill = e.__cause__  # raised below, outside this handler: its own cause kept
     except Exception as e:  # a compiler bug must not break the user's program: run eagerly

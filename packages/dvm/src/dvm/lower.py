@@ -814,8 +814,10 @@ NATIVE: dict[Any, tuple[Form, int]] = {
     aten.amax.default: (Form.REDUCE, Op.REDUCE_MAX),
     **{t: (Form.POW, 0) for t in (aten.pow.Tensor_Scalar, aten.pow.Tensor_Tensor, aten.pow.Scalar)},
     aten.square.default: (Form.SQUARE, 0),
-    **{t: (Form.WHERE, 0) for t in (aten.where.self, aten.where.ScalarSelf)},
-    **{t: (Form.WHERE, 0) for t in (aten.where.ScalarOther, aten.where.Scalar)},
+    **{
+        t: (Form.WHERE, 0)
+        for t in (aten.where.self, aten.where.ScalarSelf, aten.where.ScalarOther, aten.where.Scalar)
+    },
     **{t: (Form.IDENTITY, 0) for t in (aten.clone.default, aten.expand.default, *VIEW_OPS)},
     aten.silu.default: (Form.SILU, 0),
     aten.relu.default: (Form.RELU, 0),

@@ -398,6 +398,69 @@ static int row_passes(Tables* t, PyObject* ops, PyObject* args, int dim_at) {
     return x.d[x.n - 1] <= g.max_row;
 }
 
+// A rule's kind, check and cost (a dvm.lower.Rule: a frozen dataclass), read once per rule:
+// a table by the rule's address (open addressing, emptied when 3/4 full), each entry holding
+// its rule.
+typedef struct {
+    PyObject *rule, *kind, *check;
+    long cost;
+} RuleInfo;
+
+enum { N_RULE_INFOS = 256 };
+static RuleInfo rule_infos[N_RULE_INFOS];
+static int n_rule_infos;
+
+// The free entry or rule's in rule_infos.
+static RuleInfo* rule_slot(PyObject* rule) {
+    size_t k = (((uintptr_t)rule >> 4) * 0x9E3779B97F4A7C15u) >> 56;
+    while (rule_infos[k].rule != NULL && rule_infos[k].rule != rule) k = (k + 1) % N_RULE_INFOS;
+    return &rule_infos[k];
+}
+
+// rule's entry in rule_infos, read into it where it is not there; NULL with an exception.
+// Valid until code runs that may call rule_info.
+static const RuleInfo* rule_info(PyObject* rule) {
+    RuleInfo* r = rule_slot(rule);
+    if (r->rule == rule) return r;
+    PyObject* kind = PyObject_GetAttr(rule, g.s_kind);
+    PyObject* check = kind != NULL ? PyObject_GetAttr(rule, g.s_check) : NULL;
+    PyObject* cost_obj = check != NULL ? PyObject_GetAttr(rule, g.s_cost) : NULL;
+    long cost = cost_obj != NULL ? PyLong_AsLong(cost_obj) : -1;
+    Py_XDECREF(cost_obj);
+    if (cost == -1 && PyErr_Occurred()) {
+        Py_XDECREF(kind);
+        Py_XDECREF(check);
+        return NULL;
+    }
+    if (4 * (n_rule_infos + 1) > 3 * N_RULE_INFOS) {  // full: emptied (a release may run code)
+        RuleInfo* held = PyMem_Malloc(sizeof rule_infos);
+        if (held == NULL) {
+            Py_DECREF(kind);
+            Py_DECREF(check);
+            PyErr_NoMemory();
+            return NULL;
+        }
+        memcpy(held, rule_infos, sizeof rule_infos);
+        memset(rule_infos, 0, sizeof rule_infos);
+        n_rule_infos = 0;
+        for (int k = 0; k < N_RULE_INFOS; ++k) {
+            Py_XDECREF(held[k].rule);
+            Py_XDECREF(held[k].kind);
+            Py_XDECREF(held[k].check);
+        }
+        PyMem_Free(held);
+    }
+    r = rule_slot(rule);  // code ran since: it may have filled the entry
+    if (r->rule == rule) {
+        Py_DECREF(kind);
+        Py_DECREF(check);
+        return r;
+    }
+    *r = (RuleInfo){Py_NewRef(rule), kind, check, cost};
+    ++n_rule_infos;
+    return r;
+}
+
 // Whether node passes its rule's check, worked out here for the checks setup() names: 1 when
 // it does, 0 when dvm.lower must say (a refusal, or a case not handled here), -1 with an
 // exception.
@@ -459,6 +522,8 @@ static PyObject* reason(Tables* t, PyObject* node, PyObject* key, PyObject* rule
         if (!PyErr_Occurred()) PyErr_SetObject(PyExc_KeyError, node);
         return NULL;
     }
+    const RuleInfo* info = rule_info(rule);
+    if (info == NULL) return NULL;
     PyObject* dtype = Py_NewRef(PyTuple_GET_ITEM(node_fact, 1));
     PyObject* limit_obj = PyDict_GetItemWithError(g.limits, dtype);
     double limit = limit_obj != NULL ? PyFloat_AsDouble(limit_obj) : 0.0;
@@ -466,10 +531,7 @@ static PyObject* reason(Tables* t, PyObject* node, PyObject* key, PyObject* rule
     Py_DECREF(dtype);
     if (PyErr_Occurred()) return NULL;
     if (bool_result) {  // a pointwise op not known to make one: rule_reason's case
-        PyObject* kind = PyObject_GetAttr(rule, g.s_kind);
-        if (kind == NULL) return NULL;
-        int known = kind != g.pointwise ? 1 : PySet_Contains(g.bool_out, key);
-        Py_DECREF(kind);
+        int known = info->kind != g.pointwise ? 1 : PySet_Contains(g.bool_out, key);
         if (known < 0) return NULL;
         odd = !known;
     }
@@ -478,10 +540,9 @@ static PyObject* reason(Tables* t, PyObject* node, PyObject* key, PyObject* rule
     PyObject *name, *a;
     for (Py_ssize_t at = 0; !odd && PyDict_Next(kwargs, &at, &name, &a);)
         odd = odd_scalar(a, limit);
-    PyObject* check = odd ? NULL : PyObject_GetAttr(rule, g.s_check);
-    if (!odd && check == NULL) return NULL;
+    PyObject* check = Py_NewRef(info->check);  // held: the entry may change while code runs
     int passes = odd ? 0 : check_passes(t, check, node, ops, args, kwargs);
-    Py_XDECREF(check);
+    Py_DECREF(check);
     if (passes < 0) return NULL;
     if (passes) Py_RETURN_NONE;
     return PyObject_CallFunctionObjArgs(g.rule_reason, node, rule, ops, t->facts, NULL);
@@ -585,8 +646,12 @@ static int analyse(Tables* t, PyObject* node, PyObject* rule, PyObject* ops, PyO
     PyObject *kind = NULL, *cut = NULL, *shape = NULL, *foot = NULL, *empty = NULL;
     int result = -1, foot_is_shape = 0;
     if (PyDict_SetItem(t->args, node, ops) < 0) return -1;
+    const RuleInfo* info = rule_info(rule);
+    if (info == NULL) return -1;
+    kind = Py_NewRef(info->kind);  // held, and its cost read: the entry may change as code runs
+    long cost = info->cost;
     PyObject* real = fact_shape(t, node, NULL);
-    if (real == NULL || (kind = PyObject_GetAttr(rule, g.s_kind)) == NULL) goto done;
+    if (real == NULL) goto done;
     if ((empty = PyTuple_New(0)) == NULL) goto done;
     PyObject* x = PyTuple_GET_SIZE(args) ? PyTuple_GET_ITEM(args, 0) : NULL;
     if (x == NULL && kind != g.pointwise && kind != g.row && kind != g.constant) {
@@ -661,11 +726,6 @@ static int analyse(Tables* t, PyObject* node, PyObject* rule, PyObject* ops, PyO
         }
     }
     if (PyDict_SetItem(t->footprint, node, foot) < 0) goto done;
-    PyObject* base = PyObject_GetAttr(rule, g.s_cost);
-    if (base == NULL) goto done;
-    long cost = PyLong_AsLong(base);
-    Py_DECREF(base);
-    if (cost == -1 && PyErr_Occurred()) goto done;
     PyObject *name, *a;
     for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(args); ++i) {
         a = PyTuple_GET_ITEM(args, i);
@@ -786,12 +846,20 @@ static PyObject* input_nodes(PyObject* node) {
     return ops;
 }
 
+// Whether fx op `op` is `name` (an interned str): an interned str other than it is not, without
+// comparing their text. 1, 0, or -1 with an exception.
+static int is_op(PyObject* op, PyObject* name) {
+    if (op == name) return 1;
+    if (PyUnicode_CheckExact(op) && PyUnicode_CHECK_INTERNED(op)) return 0;
+    return PyObject_RichCompareBool(op, name, Py_EQ);
+}
+
 // Whether `node`, of fx op `op`, lacks the fake value dvm.compile fills in: a placeholder or a
 // call_function node without meta["val"], unless it is a call nothing reads (an
 // _assert_scalar). 1, 0, or -1 with an exception.
 static int lacks_meta(PyObject* node, PyObject* op) {
-    int call = PyObject_RichCompareBool(op, g.s_call_function, Py_EQ);
-    int input = call == 0 ? PyObject_RichCompareBool(op, g.s_placeholder, Py_EQ) : 0;
+    int call = is_op(op, g.s_call_function);
+    int input = call == 0 ? is_op(op, g.s_placeholder) : 0;
     if (call <= 0 && input <= 0) return call < 0 || input < 0 ? -1 : 0;
     PyObject* meta = field(node, F_META, g.s_meta);
     if (meta == NULL) return -1;
@@ -814,10 +882,10 @@ static int node_step(Tables* t, PyObject* node, Py_ssize_t i, Py_ssize_t* seg, i
     if (op == NULL) return -1;
     int lacks = *missing ? 0 : lacks_meta(node, op);
     if (lacks > 0) *missing = 1;
-    int call = lacks < 0 ? -1 : PyObject_RichCompareBool(op, g.s_call_function, Py_EQ);
+    int call = lacks < 0 ? -1 : is_op(op, g.s_call_function);
     int other = 0;  // a call_method or call_module: no VM rule, asked of Python as eager ops
-    if (call == 0) other = PyObject_RichCompareBool(op, g.s_call_method, Py_EQ);
-    if (call == 0 && other == 0) other = PyObject_RichCompareBool(op, g.s_call_module, Py_EQ);
+    if (call == 0) other = is_op(op, g.s_call_method);
+    if (call == 0 && other == 0) other = is_op(op, g.s_call_module);
     Py_DECREF(op);
     if (call < 0 || other < 0) return -1;
     if (!call && !other) return 0;

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import sys
 import time
 
 import pytest
@@ -1099,3 +1100,31 @@ def test_cluster_fills_missing_fake_values_through_fill_meta():
     assert clustering.cluster_us < 50_000
     assert cluster(gm, fill_meta=fill).regions  # its values there now: no call
     assert calls == [()]
+
+
+def test_the_analysis_reads_each_rule_object_it_is_handed(monkeypatch):
+    """The C analysis reads a rule's kind, check and cost once per rule object: a rule replaced
+    under the same op is read anew (its cost here), and more rules than its table holds (it
+    empties the table) are each read right."""
+    gm = make_fx(lambda x: torch.exp(x) * 2, tracing_mode="fake")(_x(3, 4))
+    exp = next(n for n in gm.graph.nodes if n.target == aten.exp.default)
+    rule = cl._RULES_BY_ID[id(aten.exp.default)]
+    for cost in (*range(1, 300), 7):
+        monkeypatch.setitem(
+            cl._RULES_BY_ID, id(aten.exp.default), dataclasses.replace(rule, cost=cost)
+        )
+        a = _Analysis(list(gm.graph.nodes))
+        assert a.cost[exp] == cost
+        assert a.dshape[exp] == (3, 4)
+
+
+def test_the_analysis_compares_ops_by_their_text():
+    """A node's op that is an equal str but not the interned one is the same op."""
+    gm = make_fx(lambda x: torch.exp(x) * 2, tracing_mode="fake")(_x(3, 4))
+    nodes = list(gm.graph.nodes)
+    want = _Analysis(nodes)
+    for n in nodes:
+        n.op = "".join(list(n.op))  # a str of its own, equal to the interned one
+        assert n.op is not sys.intern(n.op)
+    got = _Analysis(nodes)
+    assert (got.dshape, got.cost, got.facts) == (want.dshape, want.cost, want.facts)

@@ -77,10 +77,18 @@ typedef struct {
 
 enum { FRESH = 0, BINDING = 1, READY = 2 };
 
+// PySequence_Tuple(seq), seq itself where it is a tuple (a torch.Size, say) iterated as one:
+// the tuple PySequence_Tuple would copy its entries into, without the copy.
+static PyObject* as_tuple(PyObject* seq) {
+    if (PyTuple_Check(seq) && Py_TYPE(seq)->tp_iter == PyTuple_Type.tp_iter)
+        return Py_NewRef(seq);
+    return PySequence_Tuple(seq);
+}
+
 // `seq` as a tuple of its own: user code that reading its entries runs (an __index__) cannot
 // change it. NULL with a TypeError naming `what` when it is not a sequence.
 static PyObject* own_tuple(PyObject* seq, const char* what) {
-    PyObject* t = PySequence_Tuple(seq);
+    PyObject* t = as_tuple(seq);
     if (t == NULL && PyErr_ExceptionMatches(PyExc_TypeError)) {
         PyErr_Clear();
         PyErr_Format(PyExc_TypeError, "%s: give a sequence, got %.100s", what,
@@ -192,7 +200,7 @@ fail:
 // The sizes of `seq` (a view, a shape, strides: at most MAX_ARG_DIMS ints) into
 // out[0..*n); an error names `what`[k].
 static int read_sizes(PyObject* seq, const char* what, int k, int64_t* out, Py_ssize_t* n) {
-    PyObject* t = PySequence_Tuple(seq);
+    PyObject* t = as_tuple(seq);
     *n = t == NULL ? 0 : PyTuple_GET_SIZE(t);
     int failed = t == NULL || *n > MAX_ARG_DIMS;
     for (Py_ssize_t i = 0; !failed && i < *n; ++i) {

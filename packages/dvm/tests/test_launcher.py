@@ -259,6 +259,25 @@ def test_lists_emptied_while_binding_are_bound_as_given(which):
     torch.testing.assert_close(launcher.run([x])[0], x.exp())
 
 
+class _Backwards(tuple):
+    """A tuple iterated backwards: binding reads what iterating a sequence gives."""
+
+    def __iter__(self):
+        return iter(tuple.__getitem__(self, slice(None, None, -1)))
+
+
+@pytest.mark.parametrize("which", ["operands", "out_shapes"])
+def test_sizes_are_read_as_iterating_them_gives(which):
+    given = {"operands": [(0, _Backwards((3, 2)))], "out_shapes": [_Backwards((3, 2))]}[which]
+    launcher = _launcher.Launcher(*_parts(**{which: given}))
+    x = torch.randn(2, 3)
+    torch.testing.assert_close(launcher.run([x])[0], x.exp())
+    sizes = {"domain": SIZE, "args": [torch.empty(SIZE)], "operands": [(0, SIZE)]}
+    launcher = _launcher.Launcher(*_parts(**sizes, out_shapes=[SIZE]))  # torch.Size, read as is
+    x = torch.randn(SIZE)
+    torch.testing.assert_close(launcher.run([x])[0], x.exp())
+
+
 def test_sizes_whose_products_pass_int64_are_refused():
     class Huge:  # binding reads only an arg's shape and dtype
         shape = torch.Size((2**32,) * 3)

@@ -212,6 +212,19 @@ def test_guard_shape_dtype_and_grad_fall_back_with_reasons():
     assert runner.vm_calls == 1
 
 
+def test_a_runner_starts_with_no_calls_and_counts_its_own():
+    _, runner, x, w = _one_region()
+    other = dc.RegionRunner(runner.region, 7)
+    assert (runner.__name__, runner.__qualname__) == ("dvm_region_0", "dvm_region_0")
+    assert (other.__name__, other.__qualname__) == ("dvm_region_7", "dvm_region_7")
+    assert (dc.RegionRunner.__name__, dc.RegionRunner.__qualname__) == ("RegionRunner",) * 2
+    assert (runner.vm_calls, runner.eager_calls, runner.fallback_reasons) == (0, 0, {})
+    runner(x, w)
+    runner(x.double(), w.double())
+    assert (runner.vm_calls, runner.eager_calls, len(runner.fallback_reasons)) == (1, 1, 1)
+    assert (other.vm_calls, other.eager_calls, other.fallback_reasons) == (0, 0, {})
+
+
 def test_vm_error_falls_back_to_eager(monkeypatch):
     c, runner, x, w = _one_region()
 

@@ -8,6 +8,7 @@ result is never wrong and the call never crashes for lack of VM support.
 
 from __future__ import annotations
 
+import functools
 import heapq
 import math
 import time
@@ -163,22 +164,32 @@ def _direct_preparation() -> tuple[Any, Callable[[Region], tuple[Any, list[Node]
 _KERNEL, _PREPARE_REGION = _direct_preparation()
 
 
+_NAMES: dict[int, str] = {}
+"""Each runner's name by its number, formatted once (formatting is cold code at compile)."""
+
+
 class RegionRunner:
     """Callable standing in for one region in the rewritten graph: inputs are the region's
     distinct input values, the result is the tuple of its outputs."""
 
+    vm_calls = 0
+    eager_calls = 0
+
     def __init__(self, region: Region, number: int) -> None:
         self.region = region
-        self.__name__ = self.__qualname__ = f"dvm_region_{number}"
+        name = _NAMES.get(number) or _NAMES.setdefault(number, f"dvm_region_{number}")
+        self.__name__ = self.__qualname__ = name
         t0 = time.perf_counter()
         if PREPARE is _KERNEL:
             self._guarded, self._inputs, self._results = _PREPARE_REGION(region)
         else:
             self._prepare(region)
         self.prepare_us = (time.perf_counter() - t0) * 1e6
-        self.vm_calls = 0
-        self.eager_calls = 0
-        self.fallback_reasons: dict[str, int] = {}
+
+    @functools.cached_property
+    def fallback_reasons(self) -> dict[str, int]:
+        """How many calls ran eagerly for each reason (made at the first one asked for)."""
+        return {}
 
     def _prepare(self, region: Region) -> None:
         """The preparation of ``dvm._launcher.prepare`` through ``PREPARE``'s ``bind`` (the

@@ -1555,10 +1555,38 @@ static PyObject* merge(PyObject* module, PyObject* const* argv, Py_ssize_t argc)
     return out;
 }
 
+// The offsets of g.node_type's _next and _erased C members (0 where read by name), resolved
+// for `type` (held, so that another type is never taken for it) at the first nodes() call
+// after a setup() gave another node type.
+static struct {
+    PyTypeObject* type;
+    Py_ssize_t next, erased;
+} links;
+
+// n.<name>, its field at offset `at` where n is exactly g.node_type and the field is set, else
+// looked up by name: 1 with a new reference in *out, 0 when n has none, -1 with an exception.
+static int node_link(PyObject* n, Py_ssize_t at, PyObject* name, PyObject** out) {
+    if (at != 0 && Py_TYPE(n) == g.node_type) {
+        PyObject* v = *(PyObject**)((char*)n + at);
+        if (v != NULL) {
+            *out = Py_NewRef(v);
+            return 1;
+        }
+    }
+    return lookup_attr(n, name, out);
+}
+
 // nodes(graph): list(graph.nodes) of a torch.fx Graph, read from its linked list (the graph's
 // _root, each node's _next; a node marked _erased skipped, as torch.fx's iterator does) where
 // the graph and its nodes have those fields, else through graph.nodes.
 static PyObject* nodes(PyObject* module, PyObject* graph) {
+    if (links.type != g.node_type && g.node_type != NULL) {
+        Py_XSETREF(links.type, (PyTypeObject*)Py_NewRef(g.node_type));
+        links.next = member_at(g.node_type, g.s__next);
+        links.erased = member_at(g.node_type, g.s__erased);
+    }
+    Py_ssize_t next_at = links.type == g.node_type ? links.next : 0;
+    Py_ssize_t erased_at = links.type == g.node_type ? links.erased : 0;
     PyObject *root, *out = PyList_New(0);
     int found = out != NULL ? lookup_attr(graph, g.s__root, &root) : -1;
     if (found <= 0) goto slow;
@@ -1566,14 +1594,14 @@ static PyObject* nodes(PyObject* module, PyObject* graph) {
     found = lookup_attr(root, g.s__next, &n);
     while (found > 0 && n != root) {
         PyObject* erased;
-        found = lookup_attr(n, g.s__erased, &erased);
+        found = node_link(n, erased_at, g.s__erased, &erased);
         if (found > 0) {
-            int skip = PyObject_IsTrue(erased);
+            int skip = erased == Py_False ? 0 : PyObject_IsTrue(erased);
             Py_DECREF(erased);
             found = skip < 0 || (!skip && PyList_Append(out, n) < 0) ? -1 : 1;
         }
         PyObject* next = NULL;
-        if (found > 0) found = lookup_attr(n, g.s__next, &next);
+        if (found > 0) found = node_link(n, next_at, g.s__next, &next);
         Py_SETREF(n, next);
     }
     Py_XDECREF(n);

@@ -5,8 +5,9 @@
 // between its nodes, reads one of them. build(gm, units) is what an Executor runs: the value
 // slots (the inputs, the get_attr constants, then each call's results), each step's arguments
 // with its nodes as _Slot references (inside tuples, lists and dicts too), the slots each step
-// clears after their last use, and the output with its nodes as references. dvm.executor's
-// types and helpers come through setup().
+// clears after their last use, and the output with its nodes as references. schedule(gm,
+// nodes, runners) is both in one call, giving the Executor itself. dvm.executor's types and
+// helpers come through setup().
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
@@ -14,25 +15,26 @@
 
 // The fields of torch.fx's Node read at their offsets (its _NodeBase's C members).
 enum { F_OP, F_TARGET, F_USERS, F_ARGS, F_KWARGS, N_FIELDS };
+enum { N_EXECUTOR = 5 };  // an Executor's fields: n_inputs, n_slots, _constants, steps, _output
 
 static struct {
-    PyTypeObject *node, *slot, *step, *region_call;
+    PyTypeObject *node, *slot, *step, *region_call, *executor;
     Py_ssize_t node_at[N_FIELDS];  // each field's offset (setup resolves it), 0: read by name
     PyObject *method, *attr;  // dvm.executor._method(name), _attr(gm, target)
     PyObject *s_args, *s_kwargs;  // a node's argument fields (the C members where torch has them)
+    PyObject* s_fields[N_EXECUTOR];  // the names of an Executor's fields
+    Py_ssize_t executor_at[N_EXECUTOR];  // their offsets (its __slots__), 0: set by name
     PyObject *s_op, *s_target, *s_users, *s_region, *s_nodes, *s_outputs, *s_inputs,
         *s_get_submodule, *s_placeholder, *s_call_function, *s_get_attr, *s_output,
         *s_call_module;
 } g;
 
-// A new `type` (a NamedTuple class) holding the items of the tuple `items`, which is stolen.
-static PyObject* typed(PyTypeObject* type, PyObject* items) {
-    if (items == NULL) return NULL;
-    PyObject* packed = PyTuple_Pack(1, items);
-    Py_DECREF(items);
-    if (packed == NULL) return NULL;
-    PyObject* made = PyTuple_Type.tp_new(type, packed, NULL);
-    Py_DECREF(packed);
+// A new `type` (a NamedTuple class: setup checked it subclasses tuple) holding the n `items`,
+// made as that type directly (PyTuple_Pack then tuple.__new__ would make and copy a tuple).
+static PyObject* typed(PyTypeObject* type, Py_ssize_t n, PyObject* const* items) {
+    PyObject* made = type->tp_alloc(type, n);
+    for (Py_ssize_t i = 0; made != NULL && i < n; ++i)
+        PyTuple_SET_ITEM(made, i, Py_NewRef(items[i]));
     return made;
 }
 
@@ -72,8 +74,8 @@ static PyObject* region_call(PyObject* runner) {
     PyObject* inputs = PyObject_GetAttr(runner, g.s_inputs);
     PyObject* region = inputs ? PyObject_GetAttr(runner, g.s_region) : NULL;
     PyObject* outputs = region ? PyObject_GetAttr(region, g.s_outputs) : NULL;
-    PyObject* call =
-        outputs ? typed(g.region_call, PyTuple_Pack(3, runner, inputs, outputs)) : NULL;
+    PyObject* fields[] = {runner, inputs, outputs};
+    PyObject* call = outputs ? typed(g.region_call, 3, fields) : NULL;
     Py_XDECREF(inputs);
     Py_XDECREF(region);
     Py_XDECREF(outputs);
@@ -112,17 +114,11 @@ static int read_early(PyObject* members, PyObject* inside, PyObject* index, Py_s
     return 0;
 }
 
-// in_place(nodes, runners): the order with each region called at its last node (the
-// method's docstring), None when a reader comes earlier.
-static PyObject* in_place(PyObject* module, PyObject* const* argv, Py_ssize_t argc) {
-    if (argc != 2 || !PyList_Check(argv[0]) || !PyList_Check(argv[1]))
-        return PyErr_Format(PyExc_TypeError, "in_place(nodes, runners) takes two lists");
-    if (g.node == NULL) {
-        PyErr_SetString(PyExc_RuntimeError, "dvm._executor.setup() was not called");
-        return NULL;
-    }
-    PyObject* nodes = PySequence_Tuple(argv[0]);  // held: a callback could change the lists
-    PyObject* runners = nodes ? PySequence_Tuple(argv[1]) : NULL;
+// The order of in_place(node_list, runner_list) (the method's docstring): a list, or None
+// when a reader comes earlier; NULL with an exception.
+static PyObject* placed(PyObject* node_list, PyObject* runner_list) {
+    PyObject* nodes = PySequence_Tuple(node_list);  // held: a callback could change the lists
+    PyObject* runners = nodes ? PySequence_Tuple(runner_list) : NULL;
     PyObject* index = runners ? PyDict_New() : NULL;
     PyObject* at = index ? PyDict_New() : NULL;
     PyObject* covered = at ? PySet_New(NULL) : NULL;
@@ -191,6 +187,26 @@ done:
     return order;
 }
 
+// Whether the two arguments of `call` are lists and setup() was called; 0, or -1 with an
+// exception.
+static int two_lists(const char* call, PyObject* const* argv, Py_ssize_t argc) {
+    if (argc != 2 || !PyList_Check(argv[0]) || !PyList_Check(argv[1])) {
+        PyErr_Format(PyExc_TypeError, "%s takes two lists", call);
+        return -1;
+    }
+    if (g.node == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "dvm._executor.setup() was not called");
+        return -1;
+    }
+    return 0;
+}
+
+// in_place(nodes, runners): the order with each region called at its last node (the
+// method's docstring), None when a reader comes earlier.
+static PyObject* in_place(PyObject* module, PyObject* const* argv, Py_ssize_t argc) {
+    return two_lists("in_place(nodes, runners)", argv, argc) < 0 ? NULL : placed(argv[0], argv[1]);
+}
+
 // ---------------------------------------------------------------------------------------------
 // build
 
@@ -219,7 +235,7 @@ static PyObject* use(Build* b, PyObject* node) {
     }
     if (b->refs[s] == NULL) {
         PyObject* index = PyLong_FromSsize_t(s);
-        b->refs[s] = typed(g.slot, index ? PyTuple_Pack(1, index) : NULL);
+        b->refs[s] = index ? typed(g.slot, 1, &index) : NULL;
         Py_XDECREF(index);
         if (b->refs[s] == NULL) return NULL;
     }
@@ -471,28 +487,24 @@ static PyObject* frees(Build* b, Py_ssize_t n_steps, Py_ssize_t n_inputs, Py_ssi
 
 // The Step of a mapped call with its free slots; NULL with an exception.
 static PyObject* make_step(const Call* c, PyObject* free, PyObject* no_outs, PyObject* minus) {
-    PyObject* out = c->region ? minus : PyTuple_GET_ITEM(c->outs, 0);
-    return typed(g.step, PyTuple_Pack(7, c->fn, c->args, c->kwargs, c->flat ? Py_True : Py_False,
-                                      out, c->region ? c->outs : no_outs, free));
+    PyObject* fields[] = {c->fn,
+                          c->args,
+                          c->kwargs,
+                          c->flat ? Py_True : Py_False,
+                          c->region ? minus : PyTuple_GET_ITEM(c->outs, 0),
+                          c->region ? c->outs : no_outs,
+                          free};
+    return typed(g.step, 7, fields);
 }
 
-// build(gm, units): (n_inputs, n_slots, constants, steps, output) of Executor(gm, units).
-static PyObject* build(PyObject* module, PyObject* const* argv, Py_ssize_t argc) {
-    if (argc != 2)
-        return PyErr_Format(PyExc_TypeError, "build(gm, units) takes 2 arguments, got %zd", argc);
-    if (g.node == NULL) {
-        PyErr_SetString(PyExc_RuntimeError, "dvm._executor.setup() was not called");
-        return NULL;
-    }
-    PyObject* gm = argv[0];
-    if (!PySequence_Check(argv[1]) || PyDict_Check(argv[1]))
-        return PyErr_Format(PyExc_TypeError, "build(gm, units): units must be a sequence");
-    PyObject* units = PySequence_Tuple(argv[1]);  // held: a callback could change a list
-    if (units == NULL) return NULL;
+// The fields of Executor(gm, units) (build's docstring) in `fields`, new references; 0, or
+// -1 with an exception. `units` is a tuple, stolen.
+static int built(PyObject* gm, PyObject* units, PyObject* fields[N_EXECUTOR]) {
     Py_ssize_t n_units = PyTuple_GET_SIZE(units), n_calls = 0, n_inputs = 0;
     Call* calls = PyMem_Calloc((size_t)n_units + 1, sizeof(Call));
     Build b = {.slots = PyDict_New()};
-    PyObject *constants = PyList_New(0), *output = Py_NewRef(Py_None), *result = NULL;
+    PyObject *constants = PyList_New(0), *output = Py_NewRef(Py_None);
+    int result = -1;
     PyObject *steps = NULL, *free = NULL, *no_outs = NULL, *minus = NULL;
     if (calls == NULL) PyErr_NoMemory();
     if (calls == NULL || b.slots == NULL || constants == NULL ||
@@ -532,8 +544,17 @@ static PyObject* build(PyObject* module, PyObject* const* argv, Py_ssize_t argc)
         if (step == NULL) goto done;
         PyList_SET_ITEM(steps, k, step);
     }
-    if (minus != NULL)
-        result = Py_BuildValue("nnOOO", n_inputs, b.n_slots, constants, steps, output);
+    if (minus != NULL) {
+        fields[0] = PyLong_FromSsize_t(n_inputs);
+        fields[1] = fields[0] ? PyLong_FromSsize_t(b.n_slots) : NULL;
+        if (fields[1] == NULL) Py_XDECREF(fields[0]);
+        else {
+            fields[2] = Py_NewRef(constants);
+            fields[3] = Py_NewRef(steps);
+            fields[4] = Py_NewRef(output);
+            result = 0;
+        }
+    }
 done:
     for (Py_ssize_t k = 0; calls != NULL && k < n_calls; ++k) {
         Py_XDECREF(calls[k].fn);
@@ -558,25 +579,79 @@ done:
     return result;
 }
 
-// setup(Node, _Slot, Step, RegionCall, _method, _attr, fields): torch.fx.Node (whose fields
-// are read at their offsets where they are C members); dvm.executor's NamedTuples and helpers;
-// the names of a node's args and kwargs fields.
+// build(gm, units): (n_inputs, n_slots, constants, steps, output) of Executor(gm, units).
+static PyObject* build(PyObject* module, PyObject* const* argv, Py_ssize_t argc) {
+    if (argc != 2)
+        return PyErr_Format(PyExc_TypeError, "build(gm, units) takes 2 arguments, got %zd", argc);
+    if (g.node == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "dvm._executor.setup() was not called");
+        return NULL;
+    }
+    if (!PySequence_Check(argv[1]) || PyDict_Check(argv[1]))
+        return PyErr_Format(PyExc_TypeError, "build(gm, units): units must be a sequence");
+    PyObject* units = PySequence_Tuple(argv[1]);  // held: a callback could change a list
+    PyObject* fields[N_EXECUTOR];
+    if (units == NULL || built(argv[0], units, fields) < 0) return NULL;
+    PyObject* out = PyTuple_New(N_EXECUTOR);
+    for (int i = 0; i < N_EXECUTOR; ++i)
+        if (out != NULL) PyTuple_SET_ITEM(out, i, fields[i]);
+        else Py_DECREF(fields[i]);
+    return out;
+}
+
+// schedule(gm, nodes, runners): Executor(gm, in_place(nodes, runners)), made here without
+// its __init__ (which sets the fields build gives: here at their __slots__ offsets), or None
+// where in_place gives None.
+static PyObject* schedule(PyObject* module, PyObject* const* argv, Py_ssize_t argc) {
+    if (argc != 3 || !PyList_Check(argv[1]) || !PyList_Check(argv[2]))
+        return PyErr_Format(PyExc_TypeError, "schedule(gm, nodes, runners): two lists after gm");
+    if (g.node == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "dvm._executor.setup() was not called");
+        return NULL;
+    }
+    PyObject* order = placed(argv[1], argv[2]);
+    if (order == NULL || order == Py_None) return order;
+    PyObject* units = PyList_AsTuple(order);
+    Py_DECREF(order);
+    PyObject* fields[N_EXECUTOR];
+    if (units == NULL || built(argv[0], units, fields) < 0) return NULL;
+    PyObject* empty = PyTuple_New(0);
+    PyObject* run = empty ? g.executor->tp_new(g.executor, empty, NULL) : NULL;
+    Py_XDECREF(empty);
+    for (int i = 0; i < N_EXECUTOR; ++i) {
+        if (run != NULL && g.executor_at[i] != 0)  // a new object's empty slot: fields[i] moves in
+            *(PyObject**)((char*)run + g.executor_at[i]) = Py_NewRef(fields[i]);
+        else if (run != NULL && PyObject_SetAttr(run, g.s_fields[i], fields[i]) < 0)
+            Py_CLEAR(run);
+        Py_DECREF(fields[i]);
+    }
+    return run;
+}
+
+// setup(Node, _Slot, Step, RegionCall, Executor, _method, _attr, fields): torch.fx.Node (whose
+// fields are read at their offsets where they are C members); dvm.executor's NamedTuples,
+// Executor and helpers; the names of a node's args and kwargs fields.
 static PyObject* setup(PyObject* module, PyObject* args) {
-    PyObject *node, *slot, *step, *call, *method, *attr, *s_args, *s_kwargs;
-    if (!PyArg_ParseTuple(args, "O!O!O!O!OO(UU)", &PyType_Type, &node, &PyType_Type, &slot,
-                          &PyType_Type, &step, &PyType_Type, &call, &method, &attr, &s_args,
-                          &s_kwargs))
+    PyObject *node, *slot, *step, *call, *executor, *method, *attr, *s_args, *s_kwargs;
+    if (!PyArg_ParseTuple(args, "O!O!O!O!O!OO(UU)", &PyType_Type, &node, &PyType_Type, &slot,
+                          &PyType_Type, &step, &PyType_Type, &call, &PyType_Type, &executor,
+                          &method, &attr, &s_args, &s_kwargs))
         return NULL;
     PyObject* tuples[] = {slot, step, call};
     for (int i = 0; i < 3; ++i)
         if (!PyType_IsSubtype((PyTypeObject*)tuples[i], &PyTuple_Type))
             return PyErr_Format(PyExc_TypeError, "setup: %R is not a NamedTuple", tuples[i]);
-    PyObject* given[] = {node, slot, step, call, method, attr, s_args, s_kwargs};
-    PyObject** held[] = {(PyObject**)&g.node, (PyObject**)&g.slot, (PyObject**)&g.step,
-                         (PyObject**)&g.region_call, &g.method, &g.attr, &g.s_args, &g.s_kwargs};
-    for (int i = 0; i < 8; ++i) Py_XSETREF(*held[i], Py_NewRef(given[i]));
+    PyObject* given[] = {node, slot, step, call, executor, method, attr, s_args, s_kwargs};
+    PyObject** held[] = {(PyObject**)&g.node,        (PyObject**)&g.slot,
+                         (PyObject**)&g.step,        (PyObject**)&g.region_call,
+                         (PyObject**)&g.executor,    &g.method,
+                         &g.attr,                    &g.s_args,
+                         &g.s_kwargs};
+    for (int i = 0; i < 9; ++i) Py_XSETREF(*held[i], Py_NewRef(given[i]));
     PyObject* names[N_FIELDS] = {g.s_op, g.s_target, g.s_users, g.s_args, g.s_kwargs};
     for (int f = 0; f < N_FIELDS; ++f) g.node_at[f] = member_at(g.node, names[f]);
+    for (int i = 0; i < N_EXECUTOR; ++i)
+        g.executor_at[i] = member_at(g.executor, g.s_fields[i]);
     Py_RETURN_NONE;
 }
 
@@ -589,6 +664,9 @@ static PyMethodDef module_methods[] = {
      "region's nodes down to its last one changes nothing else."},
     {"build", (PyCFunction)(void (*)(void))build, METH_FASTCALL,
      "build(gm, units): (n_inputs, n_slots, constants, steps, output) of an Executor."},
+    {"schedule", (PyCFunction)(void (*)(void))schedule, METH_FASTCALL,
+     "schedule(gm, nodes, runners): Executor(gm, in_place(nodes, runners)) in one call, or\n"
+     "None where in_place gives None."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -615,6 +693,11 @@ PyMODINIT_FUNC PyInit__executor(void) {
         {&g.s_get_attr, "get_attr"},
         {&g.s_output, "output"},
         {&g.s_call_module, "call_module"},
+        {&g.s_fields[0], "n_inputs"},
+        {&g.s_fields[1], "n_slots"},
+        {&g.s_fields[2], "_constants"},
+        {&g.s_fields[3], "steps"},
+        {&g.s_fields[4], "_output"},
     };
     for (size_t i = 0; i < sizeof names / sizeof names[0]; ++i)
         if ((*names[i].slot = PyUnicode_InternFromString(names[i].text)) == NULL) return NULL;

@@ -435,6 +435,7 @@ def test_a_region_read_between_its_nodes_moves_before_the_reader():
     assert {str(t) for t in runner.region.ops} >= {"aten.exp.default", "aten.sin.default"}
     # called just before the reader, the graph's order otherwise kept (no reordering)
     assert _executor.in_place(list(gm.graph.nodes), c.runners) is None  # not at its last node
+    assert _executor.schedule(gm, list(gm.graph.nodes), c.runners) is None
     assert dc._before_readers(list(gm.graph.nodes), c.runners) is not None
     assert c.run.targets == [runner, aten.cumsum.default]
     for got, want in zip(c(x), fn(x), strict=True):
@@ -704,10 +705,10 @@ def test_a_compiler_bug_runs_the_graph_eagerly_and_boxed(monkeypatch):
     reason; called boxed (a backward graph), it still takes over and clears the list, so
     saved activations go after their last reader."""
 
-    def broken(nodes, runners):
+    def broken(gm, nodes, runners):
         raise RuntimeError("simulated scheduler bug")
 
-    monkeypatch.setattr(dc._executor, "in_place", broken)
+    monkeypatch.setattr(dc._executor, "schedule", broken)
     x, w = _inputs()
     gm = make_fx(_fn, tracing_mode="fake")(x, w)
     with pytest.warns(RuntimeWarning, match="could not compile this graph.*simulated scheduler"):

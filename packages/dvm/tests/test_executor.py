@@ -259,7 +259,7 @@ def test_build_refuses_bad_arguments():
     with pytest.raises(TypeError, match="RegionCall of 3 fields"):
         Executor(gm, [tuple.__new__(RegionCall, (1, 2))])
     with pytest.raises(TypeError, match="not a NamedTuple"):
-        _executor.setup(Node, dict, Step, RegionCall, len, len, ("args", "kwargs"))
+        _executor.setup(Node, dict, Step, RegionCall, Executor, len, len, ("args", "kwargs"))
 
 
 def test_in_place_calls_each_region_at_its_last_node():
@@ -273,6 +273,48 @@ def test_in_place_calls_each_region_at_its_last_node():
     early = types.SimpleNamespace(nodes=[nodes[3], nodes[10]], outputs=[nodes[10]])
     runner = types.SimpleNamespace(region=early, _inputs=[nodes[1], nodes[8]])
     assert _executor.in_place(nodes, [runner]) is None  # pick reads exp before the region
+
+
+def test_schedule_is_the_executor_of_in_place():
+    """``schedule`` makes, in one call, the Executor that ``Executor(gm, in_place(...))``
+    makes: the same fields and steps, and it runs the same."""
+    gm, _ = _varied()
+    nodes = list(gm.graph.nodes)
+    region = types.SimpleNamespace(nodes=[nodes[10], nodes[9]], outputs=[nodes[9], nodes[10]])
+    runner = types.SimpleNamespace(region=region, _inputs=[nodes[8]])
+    got = _executor.schedule(gm, nodes, [runner])
+    want = Executor(gm, _executor.in_place(nodes, [runner]))
+    assert type(got) is Executor
+    fields = ("n_inputs", "n_slots", "_constants", "_output")
+    assert set(Executor.__slots__) == {*fields, "steps"}  # the fields it sets
+    assert [getattr(got, f) for f in fields] == [getattr(want, f) for f in fields]
+    assert [type(s) for s in got.steps] == [Step] * len(want.steps)
+    assert [s[1:] for s in got.steps] == [s[1:] for s in want.steps]
+    assert [s.fn for s in got.steps if s.fn is not got.steps[3].fn] == [
+        s.fn for s in want.steps if s.fn is not want.steps[3].fn
+    ]  # all but the method call's, a function made for each Executor
+    assert got.steps[6].fn is runner  # the region call, in place of nodes 9 and 10
+    x, y = torch.randn(2, 2), torch.randn(2, 2)
+    got, want = _executor.schedule(gm, nodes, [])(x, y), gm(x, y)
+    assert got.keys() == want.keys()
+    torch.testing.assert_close(got, want)
+    early = types.SimpleNamespace(nodes=[nodes[3], nodes[10]], outputs=[nodes[10]])
+    runner = types.SimpleNamespace(region=early, _inputs=[nodes[1], nodes[8]])
+    assert _executor.schedule(gm, nodes, [runner]) is None  # in_place gives no order
+
+
+def test_schedule_refuses_bad_arguments():
+    gm, _ = _varied()
+    nodes = list(gm.graph.nodes)
+    with pytest.raises(TypeError, match="two lists after gm"):
+        _executor.schedule(gm, nodes)
+    with pytest.raises(TypeError, match="two lists after gm"):
+        _executor.schedule(gm, tuple(nodes), [])
+    empty = types.SimpleNamespace(region=types.SimpleNamespace(nodes=[], outputs=[]))
+    with pytest.raises(ValueError, match="region 0 has no nodes"):
+        _executor.schedule(gm, nodes, [empty])
+    with pytest.raises(KeyError):  # a node read before any unit makes it
+        _executor.schedule(gm, nodes[3:], [])
 
 
 def test_in_place_refuses_bad_arguments():
@@ -323,8 +365,12 @@ def test_setup_reads_no_member_of_another_type():
 
     fields = ("_args", "_kwargs") if hasattr(ex.Node, "_args") else ("args", "kwargs")
     try:
-        _executor.setup(Foreign, ex._Slot, ex.Step, ex.RegionCall, ex._method, ex._attr, fields)
+        _executor.setup(
+            Foreign, ex._Slot, ex.Step, ex.RegionCall, ex.Executor, ex._method, ex._attr, fields
+        )
         with pytest.raises(TypeError, match="doesn't apply"):
             _executor.build(None, (Foreign(),))
     finally:
-        _executor.setup(ex.Node, ex._Slot, ex.Step, ex.RegionCall, ex._method, ex._attr, fields)
+        _executor.setup(
+            ex.Node, ex._Slot, ex.Step, ex.RegionCall, ex.Executor, ex._method, ex._attr, fields
+        )

@@ -355,12 +355,13 @@ def _schedule(gm: GraphModule, runners: list[RegionRunner], nodes: list[Node]) -
     """The graph (``nodes``, its nodes in order) with every region one call of its runner, the
     other nodes as they are, in an order that respects data dependencies and keeps side
     effects where they were."""
-    order = _executor.in_place(nodes, runners)  # the common case, in C
-    return Executor(gm, order if order is not None else _moved(nodes, runners))
+    run = _executor.schedule(gm, nodes, runners)  # the common case, in C
+    return run if run is not None else Executor(gm, _moved(nodes, runners))
 
 
 def _moved(nodes: list[Node], runners: list[RegionRunner]) -> list[Node | RegionCall]:
-    """The order :func:`_schedule` takes where ``dvm._executor.in_place`` gives none."""
+    """The order :func:`_schedule` takes where ``dvm._executor.in_place`` gives none (and
+    ``dvm._executor.schedule`` no Executor)."""
     order = _before_readers(nodes, runners)
     return order if order is not None else _reordered(nodes, runners)
 
@@ -502,8 +503,9 @@ def compile_graph(
         for r in clustering.regions:
             runners.append(RegionRunner(r, len(runners)))
         t1 = time.perf_counter()
-        order = _executor.in_place(nodes, runners)  # _schedule's common case, without its frame
-        run = Executor(gm, order if order is not None else _moved(nodes, runners))
+        run = _executor.schedule(gm, nodes, runners)  # _schedule's, without its frame
+        if run is None:
+            run = Executor(gm, _moved(nodes, runners))
     except _NoFakeValues as e:
         failed_fill = e.__cause__  # raised below, outside this handler: its own cause kept
     except Exception as e:  # a compiler bug must not break the user's program: run eagerly

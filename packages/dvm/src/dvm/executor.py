@@ -73,9 +73,12 @@ class Executor:
     """The ``units`` of ``gm`` (its nodes, with :class:`RegionCall` calls in place of the nodes
     they cover) run in the given order; call it with the graph's placeholder values."""
 
+    __slots__ = ("_constants", "_output", "n_inputs", "n_slots", "steps")  # set in C too
+
     def __init__(self, gm: GraphModule, units: Sequence[Node | RegionCall]) -> None:
         # the slots: the inputs, the get_attr constants (set again at each call), then each
-        # step's results; a slot is freed at its last reader unless a constant or the output
+        # step's results; a slot is freed at its last reader unless a constant or the output.
+        # dvm._executor.schedule makes an Executor without this, setting the same fields
         self.n_inputs, self.n_slots, self._constants, self.steps, self._output = _executor.build(
             gm, units
         )
@@ -127,6 +130,7 @@ _executor.setup(
     _Slot,
     Step,
     RegionCall,
+    Executor,
     _method,
     _attr,
     ("_args", "_kwargs") if hasattr(Node, "_args") else ("args", "kwargs"),

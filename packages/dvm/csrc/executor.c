@@ -14,7 +14,7 @@
 #include "fields.h"
 
 // The fields of torch.fx's Node read at their offsets (its _NodeBase's C members).
-enum { F_OP, F_TARGET, F_USERS, F_ARGS, F_KWARGS, N_FIELDS };
+enum { F_OP, F_TARGET, F_INPUT_NODES, F_ARGS, F_KWARGS, N_FIELDS };
 enum { N_EXECUTOR = 5 };  // an Executor's fields: n_inputs, n_slots, _constants, steps, _output
 
 static struct {
@@ -24,7 +24,7 @@ static struct {
     PyObject *s_args, *s_kwargs;  // a node's argument fields (the C members where torch has them)
     PyObject* s_fields[N_EXECUTOR];  // the names of an Executor's fields
     Py_ssize_t executor_at[N_EXECUTOR];  // their offsets (its __slots__), 0: set by name
-    PyObject *s_op, *s_target, *s_users, *s_region, *s_nodes, *s_outputs, *s_inputs,
+    PyObject *s_op, *s_target, *s_input_nodes, *s_region, *s_nodes, *s_outputs, *s_inputs,
         *s_get_submodule, *s_placeholder, *s_call_function, *s_get_attr, *s_output,
         *s_call_module;
 } g;
@@ -82,108 +82,103 @@ static PyObject* region_call(PyObject* runner) {
     return call;
 }
 
-// Whether a node outside `inside`, earlier than index `last`, reads one of `members`: 1 when
-// one does, 0 when none, -1 with an exception.
-static int read_early(PyObject* members, PyObject* inside, PyObject* index, Py_ssize_t last) {
-    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(members); ++i) {
-        PyObject* users = field(PyTuple_GET_ITEM(members, i), F_USERS, g.s_users);
-        if (users == NULL) return -1;
-        if (!PyDict_Check(users)) {
-            PyErr_Format(PyExc_TypeError, "dvm in_place: a node's users are %R, not a dict",
-                         users);
-            Py_DECREF(users);
-            return -1;
-        }
-        PyObject *u, *unused;
-        Py_ssize_t pos = 0;
-        int early = 0;
-        while (!early && PyDict_Next(users, &pos, &u, &unused)) {
-            Py_INCREF(u);  // held: a key's __eq__ could change the dict
-            int in = PySet_Contains(inside, u);
-            Py_ssize_t at = in == 0 ? slot_of(index, u) : 0;
-            Py_DECREF(u);
-            if (in < 0 || at < 0) {
-                Py_DECREF(users);
-                return -1;
-            }
-            early = !in && at < last;
-        }
-        Py_DECREF(users);
-        if (early) return 1;
+// Whether `node` reads a node of a region that `owner` numbers other than `own` (its own, -1
+// for none) begun and not ended (seen[r] of its count[r] nodes met): 1 when it does, 0 when
+// not, -1 with an exception.
+static int reads_open(PyObject* node, PyObject* owner, Py_ssize_t own, const Py_ssize_t* seen,
+                      const Py_ssize_t* count) {
+    PyObject* inputs = field(node, F_INPUT_NODES, g.s_input_nodes);
+    if (inputs == NULL) return -1;
+    if (!PyDict_Check(inputs)) {
+        PyErr_Format(PyExc_TypeError, "dvm in_place: a node's inputs are %R, not a dict", inputs);
+        Py_DECREF(inputs);
+        return -1;
     }
-    return 0;
+    PyObject *p, *unused;
+    Py_ssize_t pos = 0;
+    int open = 0;
+    while (open == 0 && PyDict_Next(inputs, &pos, &p, &unused)) {
+        Py_INCREF(p);  // held: a key's __eq__ could change the dict
+        PyObject* k = PyDict_GetItemWithError(owner, p);
+        Py_ssize_t r = k != NULL ? PyLong_AsSsize_t(k) : -1;
+        Py_DECREF(p);
+        if (PyErr_Occurred()) open = -1;
+        else if (r >= 0 && r != own) open = seen[r] > 0 && seen[r] < count[r];
+    }
+    Py_DECREF(inputs);
+    return open;
 }
 
 // The order of in_place(node_list, runner_list) (the method's docstring): a list, or None
-// when a reader comes earlier; NULL with an exception.
+// when a reader comes earlier; NULL with an exception. One walk of the nodes: a region's call
+// at its last node, the nodes outside regions as they come; a node that reads a region begun
+// and not ended is such a reader.
 static PyObject* placed(PyObject* node_list, PyObject* runner_list) {
     PyObject* nodes = PySequence_Tuple(node_list);  // held: a callback could change the lists
     PyObject* runners = nodes ? PySequence_Tuple(runner_list) : NULL;
-    PyObject* index = runners ? PyDict_New() : NULL;
-    PyObject* at = index ? PyDict_New() : NULL;
-    PyObject* covered = at ? PySet_New(NULL) : NULL;
+    PyObject* owner = runners ? PyDict_New() : NULL;  // node -> its region's number
+    PyObject* members = owner ? PyList_New(0) : NULL;  // each region's nodes, a tuple
+    Py_ssize_t n_runners = runners ? PyTuple_GET_SIZE(runners) : 0;
+    Py_ssize_t* count = PyMem_Calloc(2 * (size_t)n_runners + 1, sizeof(Py_ssize_t));
+    Py_ssize_t* seen = count + n_runners;  // how many of count[r] nodes the walk met
     PyObject* order = NULL;
-    if (covered == NULL) goto done;
-    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(nodes); ++i) {
-        PyObject* k = PyLong_FromSsize_t(i);
-        int failed = k == NULL || PyDict_SetItem(index, PyTuple_GET_ITEM(nodes, i), k) < 0;
-        Py_XDECREF(k);
-        if (failed) goto done;
-    }
-    for (Py_ssize_t r = 0; r < PyTuple_GET_SIZE(runners); ++r) {
-        PyObject* runner = PyTuple_GET_ITEM(runners, r);
-        PyObject* region = PyObject_GetAttr(runner, g.s_region);
+    if (count == NULL && members != NULL) PyErr_NoMemory();
+    if (count == NULL || members == NULL) goto done;
+    for (Py_ssize_t r = 0; r < n_runners; ++r) {
+        PyObject* region = PyObject_GetAttr(PyTuple_GET_ITEM(runners, r), g.s_region);
         PyObject* list = region ? PyObject_GetAttr(region, g.s_nodes) : NULL;
         Py_XDECREF(region);
-        PyObject* members = list ? PySequence_Tuple(list) : NULL;  // held, as the nodes
+        PyObject* own = list ? PySequence_Tuple(list) : NULL;  // held, as the nodes
         Py_XDECREF(list);
-        if (members == NULL) goto done;
-        PyObject* last = NULL;
-        Py_ssize_t last_at = -1;
-        for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(members); ++i) {
-            Py_ssize_t k = slot_of(index, PyTuple_GET_ITEM(members, i));
-            if (k < 0) break;
-            if (k > last_at) {
-                last_at = k;
-                last = PyTuple_GET_ITEM(members, i);
-            }
-        }
-        if (last == NULL && !PyErr_Occurred())
+        PyObject* k = own ? PyLong_FromSsize_t(r) : NULL;
+        int failed = k == NULL || PyList_Append(members, own) < 0;
+        if (!failed && PyTuple_GET_SIZE(own) == 0) {
             PyErr_Format(PyExc_ValueError, "dvm in_place: region %zd has no nodes", r);
-        PyObject* inside = PyErr_Occurred() ? NULL : PySet_New(members);
-        int early = inside ? read_early(members, inside, index, last_at) : -1;
-        int failed = early != 0 || PyDict_SetItem(at, last, runner) < 0;
-        for (Py_ssize_t i = 0; !failed && i < PyTuple_GET_SIZE(members); ++i)
-            failed = PySet_Add(covered, PyTuple_GET_ITEM(members, i)) < 0;
-        Py_XDECREF(inside);
-        Py_DECREF(members);
-        if (early == 1) {
-            order = Py_NewRef(Py_None);
-            goto done;
+            failed = 1;
         }
+        Py_ssize_t before = PyDict_GET_SIZE(owner);
+        for (Py_ssize_t i = 0; !failed && i < PyTuple_GET_SIZE(own); ++i)
+            failed = PyDict_SetItem(owner, PyTuple_GET_ITEM(own, i), k) < 0;
+        count[r] = PyDict_GET_SIZE(owner) - before;  // its distinct nodes
+        Py_XDECREF(own);
+        Py_XDECREF(k);
         if (failed) goto done;
     }
     order = PyList_New(0);
     for (Py_ssize_t i = 0; order != NULL && i < PyTuple_GET_SIZE(nodes); ++i) {
         PyObject* n = PyTuple_GET_ITEM(nodes, i);
-        PyObject* runner = Py_XNewRef(PyDict_GetItemWithError(at, n));
-        PyObject* unit = NULL;
-        if (runner != NULL) unit = region_call(runner);
-        else if (!PyErr_Occurred()) {
-            int covers = PySet_Contains(covered, n);
-            if (covers == 1) continue;
-            if (covers == 0) unit = Py_NewRef(n);
+        PyObject* k = PyDict_GetItemWithError(owner, n);
+        Py_ssize_t r = k != NULL ? PyLong_AsSsize_t(k) : -1;
+        int early = PyErr_Occurred() ? -1 : reads_open(n, owner, r, seen, count);
+        if (early != 0) {
+            Py_SETREF(order, early > 0 ? Py_NewRef(Py_None) : NULL);
+            goto done;
         }
+        PyObject* unit = NULL;
+        if (r < 0) unit = Py_NewRef(n);
+        else if (++seen[r] == count[r]) unit = region_call(PyTuple_GET_ITEM(runners, r));
+        else continue;
         if (unit == NULL || PyList_Append(order, unit) < 0) Py_CLEAR(order);
         Py_XDECREF(unit);
-        Py_XDECREF(runner);
+    }
+    for (Py_ssize_t r = 0; order != NULL && r < n_runners; ++r) {
+        if (seen[r] == count[r]) continue;
+        PyObject* own = PyList_GET_ITEM(members, r);  // a region node not among the nodes
+        for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(own) && !PyErr_Occurred(); ++i) {
+            int in = PySequence_Contains(nodes, PyTuple_GET_ITEM(own, i));
+            if (in == 0) PyErr_SetObject(PyExc_KeyError, PyTuple_GET_ITEM(own, i));
+        }
+        if (!PyErr_Occurred())
+            PyErr_Format(PyExc_ValueError, "dvm in_place: region %zd shares a node with another",
+                         r);
+        Py_CLEAR(order);
     }
 done:
+    PyMem_Free(count);
     Py_XDECREF(nodes);
     Py_XDECREF(runners);
-    Py_XDECREF(index);
-    Py_XDECREF(at);
-    Py_XDECREF(covered);
+    Py_XDECREF(owner);
+    Py_XDECREF(members);
     return order;
 }
 
@@ -648,7 +643,7 @@ static PyObject* setup(PyObject* module, PyObject* args) {
                          &g.attr,                    &g.s_args,
                          &g.s_kwargs};
     for (int i = 0; i < 9; ++i) Py_XSETREF(*held[i], Py_NewRef(given[i]));
-    PyObject* names[N_FIELDS] = {g.s_op, g.s_target, g.s_users, g.s_args, g.s_kwargs};
+    PyObject* names[N_FIELDS] = {g.s_op, g.s_target, g.s_input_nodes, g.s_args, g.s_kwargs};
     for (int f = 0; f < N_FIELDS; ++f) g.node_at[f] = member_at(g.node, names[f]);
     for (int i = 0; i < N_EXECUTOR; ++i)
         g.executor_at[i] = member_at(g.executor, g.s_fields[i]);
@@ -682,7 +677,7 @@ PyMODINIT_FUNC PyInit__executor(void) {
     } names[] = {
         {&g.s_op, "op"},
         {&g.s_target, "target"},
-        {&g.s_users, "users"},
+        {&g.s_input_nodes, "_input_nodes"},
         {&g.s_region, "region"},
         {&g.s_nodes, "nodes"},
         {&g.s_outputs, "outputs"},

@@ -330,6 +330,24 @@ def test_in_place_refuses_bad_arguments():
         _executor.in_place(nodes[4:], [stranger])
     with pytest.raises(AttributeError):
         _executor.in_place(nodes, [object()])
+    shared = types.SimpleNamespace(region=types.SimpleNamespace(nodes=[nodes[3]], outputs=[]))
+    with pytest.raises(ValueError, match="region 0 shares a node with another"):
+        _executor.in_place(nodes, [shared, shared])
+
+    class Foreign:  # a node whose inputs are no dict
+        _input_nodes = (nodes[2],)
+
+    with pytest.raises(TypeError, match=r"inputs are .*, not a dict"):
+        _executor.in_place([Foreign(), *nodes], [shared])
+
+
+def test_in_place_takes_a_region_listing_a_node_twice_as_listing_it_once():
+    gm, _ = _varied()
+    nodes = list(gm.graph.nodes)
+    region = types.SimpleNamespace(nodes=[nodes[9], nodes[10], nodes[9]], outputs=[nodes[9]])
+    runner = types.SimpleNamespace(region=region, _inputs=[nodes[8]])
+    got = _executor.in_place(nodes, [runner])
+    _exact(got, [*nodes[:9], RegionCall(runner, [nodes[8]], [nodes[9]]), *nodes[11:]])
 
 
 def test_a_node_inside_a_slice_is_read_at_each_call():

@@ -31,20 +31,22 @@ enum { REDUCE_SUM = 70, REDUCE_MAX = 71 };
 
 typedef struct {
     int32_t op, dst, a, b, c;  // dst: the SSA value made, or STORE's output index
-    double imm;                // CONST's value
+    double imm;                // CONST's value (0.0 for any other op)
 } Code;
 
-typedef struct {  // a made value, by what made it (CONST: the value's bits in `bits`)
+typedef struct {  // what makes a value: its op, operands and (CONST) the value's bits
     int32_t op, a, b, c;
     uint64_t bits;
-    int32_t value;  // -1: an empty slot
 } Entry;
+
+// The buffers start small enough for Python's small-object allocator (at most 512 bytes).
+enum { CODE_CAP0 = 16, TABLE_CAP0 = 64 };
 
 typedef struct {
     PyObject_HEAD
     Code* code;
     Py_ssize_t n_code, cap;
-    Entry* table;
+    int32_t* table;  // the instruction (an index of code) making each value; -1: an empty slot
     size_t table_cap, table_used;
     int32_t n_values, n_outputs;
 } Emitter;
@@ -63,24 +65,34 @@ static size_t entry_hash(const Entry* e) {
     return (size_t)mix(h ^ e->bits);
 }
 
-static int same_key(const Entry* x, const Entry* y) {
-    return x->op == y->op && x->a == y->a && x->b == y->b && x->c == y->c && x->bits == y->bits;
+static Entry key_of(const Code* c) {
+    Entry key = {c->op, c->a, c->b, c->c, 0};
+    memcpy(&key.bits, &c->imm, sizeof c->imm);
+    return key;
 }
 
-// The slot holding `key`, or the empty slot where it goes.
-static Entry* find(Entry* table, size_t cap, const Entry* key) {
+// The slot holding the instruction that makes `key`, or the empty slot where it goes.
+static int32_t* find(const Emitter* self, int32_t* table, size_t cap, const Entry* key) {
     size_t i = entry_hash(key) & (cap - 1);
-    while (table[i].value >= 0 && !same_key(&table[i], key)) i = (i + 1) & (cap - 1);
+    for (; table[i] >= 0; i = (i + 1) & (cap - 1)) {
+        Entry x = key_of(&self->code[table[i]]);
+        if (x.op == key->op && x.a == key->a && x.b == key->b && x.c == key->c &&
+            x.bits == key->bits)
+            break;
+    }
     return &table[i];
 }
 
 static int grow_table(Emitter* self) {
-    size_t cap = self->table_cap ? self->table_cap * 2 : 64;
-    Entry* table = PyMem_Malloc(cap * sizeof(Entry));
+    size_t cap = self->table_cap ? self->table_cap * 2 : TABLE_CAP0;
+    int32_t* table = PyMem_Malloc(cap * sizeof(int32_t));
     if (table == NULL) return -1;
-    for (size_t i = 0; i < cap; ++i) table[i].value = -1;
+    for (size_t i = 0; i < cap; ++i) table[i] = -1;
     for (size_t i = 0; i < self->table_cap; ++i)
-        if (self->table[i].value >= 0) *find(table, cap, &self->table[i]) = self->table[i];
+        if (self->table[i] >= 0) {
+            Entry key = key_of(&self->code[self->table[i]]);
+            *find(self, table, cap, &key) = self->table[i];
+        }
     PyMem_Free(self->table);
     self->table = table;
     self->table_cap = cap;
@@ -89,7 +101,7 @@ static int grow_table(Emitter* self) {
 
 static Code* append(Emitter* self) {
     if (self->n_code == self->cap) {
-        Py_ssize_t cap = self->cap ? self->cap * 2 : 32;
+        Py_ssize_t cap = self->cap ? self->cap * 2 : CODE_CAP0;
         Code* code = PyMem_Realloc(self->code, (size_t)cap * sizeof(Code));
         if (code == NULL) return NULL;
         self->code = code;
@@ -104,23 +116,21 @@ static int32_t make(Emitter* self, Entry key, double imm) {
         PyErr_NoMemory();
         return -1;
     }
-    Entry* slot = find(self->table, self->table_cap, &key);
-    if (slot->value < 0) {
-        if (self->n_values == INT32_MAX) {
-            PyErr_SetString(PyExc_OverflowError, "too many values for one program");
-            return -1;
-        }
-        Code* c = append(self);
-        if (c == NULL) {
-            PyErr_NoMemory();
-            return -1;
-        }
-        *c = (Code){key.op, self->n_values, key.a, key.b, key.c, imm};
-        key.value = self->n_values++;
-        *slot = key;
-        self->table_used++;
+    int32_t* slot = find(self, self->table, self->table_cap, &key);
+    if (*slot >= 0) return self->code[*slot].dst;
+    if (self->n_values == INT32_MAX || self->n_code == INT32_MAX) {
+        PyErr_SetString(PyExc_OverflowError, "too many values for one program");
+        return -1;
     }
-    return slot->value;
+    Code* c = append(self);
+    if (c == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    *c = (Code){key.op, self->n_values, key.a, key.b, key.c, imm};
+    *slot = (int32_t)(self->n_code - 1);
+    self->table_used++;
+    return self->n_values++;
 }
 
 static PyObject* as_int(int32_t value) {
@@ -133,11 +143,11 @@ static PyObject* made(Emitter* self, Entry key, double imm) {
 
 // The op's value over values a, b (-1: none): 1-operand ops and 2-operand ones; -1 on error.
 static int32_t op1(Emitter* self, int32_t op, int32_t a) {
-    return a < 0 ? -1 : make(self, (Entry){op, a, -1, -1, 0, 0}, 0.0);
+    return a < 0 ? -1 : make(self, (Entry){op, a, -1, -1, 0}, 0.0);
 }
 
 static int32_t op2(Emitter* self, int32_t op, int32_t a, int32_t b) {
-    return a < 0 || b < 0 ? -1 : make(self, (Entry){op, a, b, -1, 0, 0}, 0.0);
+    return a < 0 || b < 0 ? -1 : make(self, (Entry){op, a, b, -1, 0}, 0.0);
 }
 
 // `arg` as an int in [lo, hi); -1 with an exception naming `what` otherwise.
@@ -167,7 +177,7 @@ static int arity(Py_ssize_t nargs, Py_ssize_t want, const char* name) {
 }
 
 static PyObject* load_of(Emitter* self, Py_ssize_t input) {
-    return made(self, (Entry){LOAD, (int32_t)input, -1, -1, 0, 0}, 0.0);
+    return made(self, (Entry){LOAD, (int32_t)input, -1, -1, 0}, 0.0);
 }
 
 static PyObject* emitter_load(Emitter* self, PyObject* const* args, Py_ssize_t nargs) {
@@ -178,7 +188,7 @@ static PyObject* emitter_load(Emitter* self, PyObject* const* args, Py_ssize_t n
 }
 
 static int32_t const_value(Emitter* self, double v) {
-    Entry key = {CONST, -1, -1, -1, 0, 0};
+    Entry key = {CONST, -1, -1, -1, 0};
     memcpy(&key.bits, &v, sizeof v);  // tells -0.0 from 0.0; a NaN equals a NaN of its bits
     return make(self, key, v);
 }
@@ -201,7 +211,7 @@ static PyObject* emitter_const(Emitter* self, PyObject* const* args, Py_ssize_t 
 // An op of `n` operands whose number lies in [lo, hi).
 static PyObject* op_of(Emitter* self, PyObject* const* args, Py_ssize_t nargs, int n, long lo,
                        long hi, const char* name) {
-    Entry key = {-1, -1, -1, -1, 0, 0};
+    Entry key = {-1, -1, -1, -1, 0};
     int32_t* operand[3] = {&key.a, &key.b, &key.c};
     if (arity(nargs, n + 1, name) < 0 || read_int(args[0], lo, hi, "op", &key.op) < 0)
         return NULL;
@@ -223,7 +233,7 @@ static PyObject* emitter_reduce(Emitter* self, PyObject* const* args, Py_ssize_t
 }
 
 static PyObject* emitter_where(Emitter* self, PyObject* const* args, Py_ssize_t nargs) {
-    Entry key = {WHERE, -1, -1, -1, 0, 0};
+    Entry key = {WHERE, -1, -1, -1, 0};
     if (arity(nargs, 3, "where") < 0 || read_value(self, args[0], &key.a) < 0 ||
         read_value(self, args[1], &key.b) < 0 || read_value(self, args[2], &key.c) < 0)
         return NULL;
@@ -320,6 +330,8 @@ static PyObject* emitter_n_instrs(Emitter* self, void* unused) {
     return PyLong_FromSsize_t(self->n_code);
 }
 
+enum { N_REGION_FIELDS = 10 };  // dvm.cluster.Region's
+
 // What setup() and setup_regions() hand over: the program's pieces, then the regions'.
 static struct {
     PyObject *limit_error, *built;  // dvm.lower.LimitError, dvm.program.Program.built
@@ -331,25 +343,32 @@ static struct {
     PyObject *s_target, *s_emit, *s_users, *s_args, *s_name, *s_dshape, *s_facts, *s_cut;
     PyObject* s_kwargs;
     PyObject* s_fields[4];  // Program.built's: n_inputs, n_outputs, n_regs, _encoded
+    PyTypeObject* region_type;  // Region when build_region makes it bare (region_fields), else NULL
+    PyObject* region_fields[N_REGION_FIELDS];  // its fields, in order: the names, held
     Py_ssize_t at_target, at_args, at_kwargs, at_users;  // Node's slots by offset; 0: none
     PyObject* dtypes[4];  // float32, bfloat16, float16, bool: what the casts tell apart
 } g;
 
+// A bare instance of `type` (object.__new__) given its n fields, set in order as the
+// generic setattr does: what a class's plain __init__ (or Program.built) makes, without a call.
+static PyObject* bare(PyTypeObject* type, PyObject* const* names, PyObject* const* values, int n) {
+    PyObject* none = PyTuple_New(0);
+    PyObject* out = none ? PyBaseObject_Type.tp_new(type, none, NULL) : NULL;
+    Py_XDECREF(none);
+    for (int i = 0; out != NULL && i < n; ++i)
+        if (PyObject_GenericSetAttr(out, names[i], values[i]) < 0) Py_CLEAR(out);
+    return out;
+}
+
 // Program.built(n_inputs, n_outputs, n_regs, encoded) as it makes one: a bare instance of its
-// class given the four fields (object.__new__, then its attributes set in that order), without
-// the call; the call where built is no classmethod of a class with a __dict__.
+// class given the four fields, without the call; the call where built is no classmethod of a
+// class with a __dict__.
 static PyObject* built(PyObject* n_inputs, int32_t n_outputs, long n_regs, PyObject* encoded) {
     PyObject* fields[4] = {n_inputs, PyLong_FromLong(n_outputs), PyLong_FromLong(n_regs), encoded};
     PyObject* out = NULL;
-    if (fields[1] != NULL && fields[2] != NULL && g.program_type == NULL) {
-        out = PyObject_Vectorcall(g.built, fields, 4, NULL);
-    } else if (fields[1] != NULL && fields[2] != NULL) {
-        PyObject* none = PyTuple_New(0);
-        out = none ? PyBaseObject_Type.tp_new(g.program_type, none, NULL) : NULL;
-        Py_XDECREF(none);
-        for (int i = 0; out != NULL && i < 4; ++i)
-            if (PyObject_GenericSetAttr(out, g.s_fields[i], fields[i]) < 0) Py_CLEAR(out);
-    }
+    if (fields[1] != NULL && fields[2] != NULL)
+        out = g.program_type ? bare(g.program_type, g.s_fields, fields, 4)
+                             : PyObject_Vectorcall(g.built, fields, 4, NULL);
     Py_XDECREF(fields[1]);
     Py_XDECREF(fields[2]);
     return out;
@@ -483,7 +502,7 @@ static int32_t resolve(Resolve* r, PyObject* x) {
     Py_DECREF(view);
     if (index > INT32_MAX) PyErr_SetString(PyExc_OverflowError, "too many inputs for a program");
     if (index < 0 || index > INT32_MAX) return -1;
-    return make(r->em, (Entry){LOAD, (int32_t)index, -1, -1, 0, 0}, 0.0);
+    return make(r->em, (Entry){LOAD, (int32_t)index, -1, -1, 0}, 0.0);
 }
 
 static PyObject* resolve_call(Resolve* r, PyObject* const* args, size_t nargsf, PyObject* kw) {
@@ -724,7 +743,7 @@ static int32_t emit_form(Resolve* r, PyObject* n, int form, int32_t op, PyObject
             x = resolve(r, a[0]);
             y = x < 0 ? -1 : resolve(r, a[1]);
             t = y < 0 ? -1 : resolve(r, a[2]);
-            return t < 0 ? -1 : make(em, (Entry){WHERE, x, y, t, 0, 0}, 0.0);
+            return t < 0 ? -1 : make(em, (Entry){WHERE, x, y, t, 0}, 0.0);
         case F_IDENTITY:
             return resolve(r, a[0]);
         case F_SILU:
@@ -977,9 +996,11 @@ static PyObject* build_region(PyObject* module, PyObject* const* args, Py_ssize_
         double us = t1 ? (PyFloat_AsDouble(t1) - PyFloat_AsDouble(t0)) * 1e6 : 0.0;
         PyObject* build_us = t1 && !PyErr_Occurred() ? PyFloat_FromDouble(us) : NULL;
         if (build_us != NULL) {
-            PyObject* fields[10] = {nodes,   r->input_nodes, r->input_views, out[0], out[1],
+            PyObject* fields[N_REGION_FIELDS] = {nodes,   r->input_nodes, r->input_views, out[0], out[1],
                                     domain,  program,        out[2],         out[3], build_us};
-            region = PyObject_Vectorcall(g.region, fields, 10, NULL);
+            region = g.region_type
+                         ? bare(g.region_type, g.region_fields, fields, N_REGION_FIELDS)
+                         : PyObject_Vectorcall(g.region, fields, N_REGION_FIELDS, NULL);
         }
         Py_XDECREF(build_us);
         Py_XDECREF(t1);
@@ -1017,6 +1038,55 @@ static PyObject* setup(PyObject* module, PyObject* args) {
     Py_RETURN_NONE;
 }
 
+// Whether build_region makes `region` bare (see bare()) rather than calling it: a dataclass
+// whose generated __init__ sets its ten fields (positional, no __post_init__) through the
+// generic setattr; g.region_type and g.region_fields set when it is. 0 or -1.
+static int region_fields(PyObject* region) {
+    g.region_type = NULL;  // held through g.region
+    PyTypeObject* type = (PyTypeObject*)region;
+    if (!PyType_Check(region) || type->tp_setattro != PyObject_GenericSetAttr ||
+        type->tp_dictoffset == 0)
+        return 0;
+    PyObject* params = PyObject_GetAttrString(region, "__dataclass_params__");
+    PyObject* init = params ? PyObject_GetAttrString(params, "init") : NULL;
+    Py_XDECREF(params);
+    int plain = init ? PyObject_IsTrue(init) : -1;
+    Py_XDECREF(init);
+    if (plain < 0 && PyErr_ExceptionMatches(PyExc_AttributeError)) {
+        PyErr_Clear();
+        return 0;
+    }
+    if (plain < 0) return -1;
+    if (plain > 0) plain = !PyObject_HasAttrString(region, "__post_init__");
+    PyObject* dataclasses = plain > 0 ? PyImport_ImportModule("dataclasses") : NULL;
+    PyObject* fields = dataclasses ? PyObject_CallMethod(dataclasses, "fields", "O", region) : NULL;
+    Py_XDECREF(dataclasses);
+    if (fields == NULL || !PyTuple_Check(fields) || PyTuple_GET_SIZE(fields) != N_REGION_FIELDS) {
+        Py_XDECREF(fields);
+        return plain > 0 && PyErr_Occurred() ? -1 : 0;
+    }
+    PyObject* names[N_REGION_FIELDS] = {NULL};
+    for (Py_ssize_t i = 0; plain > 0 && i < N_REGION_FIELDS; ++i) {
+        PyObject* f = PyTuple_GET_ITEM(fields, i);
+        PyObject* flags[2] = {PyObject_GetAttrString(f, "init"), PyObject_GetAttrString(f, "kw_only")};
+        int in_init = flags[0] ? PyObject_IsTrue(flags[0]) : -1;
+        int kw_only = flags[1] ? PyObject_IsTrue(flags[1]) : -1;
+        Py_XDECREF(flags[0]);
+        Py_XDECREF(flags[1]);
+        names[i] = PyObject_GetAttrString(f, "name");
+        plain = in_init < 0 || kw_only < 0 || names[i] == NULL ? -1 : in_init && !kw_only;
+        if (plain > 0 && !PyUnicode_CheckExact(names[i])) plain = 0;
+    }
+    Py_DECREF(fields);
+    if (plain > 0) {
+        for (int i = 0; i < N_REGION_FIELDS; ++i) Py_XSETREF(g.region_fields[i], names[i]);
+        g.region_type = type;
+        return 0;
+    }
+    for (int i = 0; i < N_REGION_FIELDS; ++i) Py_XDECREF(names[i]);
+    return plain;
+}
+
 // setup_regions(rules, node, region, emitter, domain, storable, aliasing, limits,
 // perf_counter): what build_region needs, from dvm.cluster.
 static PyObject* setup_regions(PyObject* module, PyObject* args) {
@@ -1040,6 +1110,7 @@ static PyObject* setup_regions(PyObject* module, PyObject* args) {
     PyObject** held[] = {&g.rules,    &g.node,     &g.region,   &g.emitter,
                          &g.domain,   &g.storable, &g.aliasing, &g.perf_counter};
     for (int i = 0; i < 8; ++i) Py_XSETREF(*held[i], Py_NewRef(given[i]));
+    if (region_fields(region) < 0) return NULL;
     const char* names[] = {"target", "_args", "_kwargs", "users"};
     Py_ssize_t* at[] = {&g.at_target, &g.at_args, &g.at_kwargs, &g.at_users};
     for (int i = 0; i < 4; ++i) {

@@ -256,9 +256,9 @@ static int reads(const Code* c, int32_t out[3]) {
     return c->c >= 0 ? 3 : c->b >= 0 ? 2 : 1;
 }
 
-// encode() -> (codes, imms, n_regs): five ints (op, dst, a, b, c) and one float an instruction
-// over physical registers, and the registers used.
-static PyObject* emitter_encode(Emitter* self, PyObject* unused) {
+// The program over physical registers: (codes, imms), five ints (op, dst, a, b, c) and one
+// float an instruction; the registers used in *n_regs. NULL on error.
+static PyObject* encoded(Emitter* self, int32_t* n_regs_out) {
     Py_ssize_t n = self->n_code;
     int32_t* last = PyMem_Malloc(((size_t)self->n_values * 2 + (size_t)n + 1) * sizeof(int32_t));
     if (last == NULL) return PyErr_NoMemory();
@@ -304,12 +304,27 @@ static PyObject* emitter_encode(Emitter* self, PyObject* unused) {
         PyList_SET_ITEM(imms, k, imm);
     }
     PyMem_Free(last);
-    return Py_BuildValue("(NNi)", codes, imms, n_regs);
+    *n_regs_out = n_regs;
+    PyObject* pair = PyTuple_Pack(2, codes, imms);
+    Py_DECREF(codes);
+    Py_DECREF(imms);
+    return pair;
 fail:
     PyMem_Free(last);
     Py_XDECREF(codes);
     Py_XDECREF(imms);
     return NULL;
+}
+
+// encode() -> (codes, imms, n_regs): see encoded().
+static PyObject* emitter_encode(Emitter* self, PyObject* unused) {
+    int32_t n_regs;
+    PyObject* pair = encoded(self, &n_regs);
+    PyObject* out = pair ? Py_BuildValue("(OOi)", PyTuple_GET_ITEM(pair, 0),
+                                         PyTuple_GET_ITEM(pair, 1), n_regs)
+                         : NULL;
+    Py_XDECREF(pair);
+    return out;
 }
 
 static PyObject* emitter_new(PyTypeObject* type, PyObject* args, PyObject* kwargs) {
@@ -381,18 +396,15 @@ static PyObject* emitter_program(Emitter* self, PyObject* n_inputs) {
         PyErr_SetString(PyExc_RuntimeError, "program(): dvm._emitter.setup() was not called");
         return NULL;
     }
-    PyObject* encoded = emitter_encode(self, NULL);
-    if (encoded == NULL) return NULL;
-    long n_regs = PyLong_AsLong(PyTuple_GET_ITEM(encoded, 2));
+    int32_t n_regs;
+    PyObject* pair = encoded(self, &n_regs);
+    if (pair == NULL) return NULL;
     PyObject* out = NULL;
-    if (n_regs > g.max_regs) {
-        PyErr_Format(g.limit_error, "needs %ld registers (the VM has %ld)", n_regs, g.max_regs);
-    } else {
-        PyObject* pair = PyTuple_GetSlice(encoded, 0, 2);
-        if (pair != NULL) out = built(n_inputs, self->n_outputs, n_regs > 1 ? n_regs : 1L, pair);
-        Py_XDECREF(pair);
-    }
-    Py_DECREF(encoded);
+    if (n_regs > g.max_regs)
+        PyErr_Format(g.limit_error, "needs %d registers (the VM has %ld)", n_regs, g.max_regs);
+    else
+        out = built(n_inputs, self->n_outputs, n_regs > 1 ? n_regs : 1L, pair);
+    Py_DECREF(pair);
     return out;
 }
 
@@ -450,7 +462,7 @@ typedef struct {
     Emitter* em;
     PyObject *env, *reader;          // member -> value; the member being lowered
     PyObject *dshape, *facts, *cut;  // the analysis tables
-    PyObject *slots, *input_nodes, *input_views;  // (node, view) -> input index; by index
+    PyObject *input_nodes, *input_views;  // the inputs' nodes and views, by index
 } Resolve;
 
 // The view `reader` sees its operand `p` with: its domain shape unless the edge is cut, else its
@@ -485,20 +497,19 @@ static int32_t resolve(Resolve* r, PyObject* x) {
     if (PyErr_Occurred()) return -1;
     PyObject* view = view_of(r, x);  // read from outside: a load of the view the reader sees
     if (view == NULL) return -1;
-    PyObject* key = PyTuple_Pack(2, x, view);
-    PyObject* slot = key ? PyDict_GetItemWithError(r->slots, key) : NULL;
-    Py_ssize_t index = PyDict_GET_SIZE(r->slots);
-    if (slot != NULL) {
-        index = PyLong_AsSsize_t(slot);
-    } else if (key == NULL || PyErr_Occurred() || (slot = PyLong_FromSsize_t(index)) == NULL ||
-               PyDict_SetItem(r->slots, key, slot) < 0 || PyList_Append(r->input_nodes, x) < 0 ||
-               PyList_Append(r->input_views, view) < 0) {
-        index = -1;
-        Py_XDECREF(slot);
-    } else {
-        Py_DECREF(slot);
+    // its input: the first of the same node and an equal view, else a new one
+    Py_ssize_t index = 0;
+    int same = 0;
+    for (; index < PyList_GET_SIZE(r->input_nodes); ++index) {
+        if (PyList_GET_ITEM(r->input_nodes, index) != x) continue;
+        PyObject* seen = Py_NewRef(PyList_GET_ITEM(r->input_views, index));
+        same = PyObject_RichCompareBool(seen, view, Py_EQ);
+        Py_DECREF(seen);
+        if (same) break;
     }
-    Py_XDECREF(key);
+    if (same < 0 || (!same && (PyList_Append(r->input_nodes, x) < 0 ||
+                               PyList_Append(r->input_views, view) < 0)))
+        index = -1;
     Py_DECREF(view);
     if (index > INT32_MAX) PyErr_SetString(PyExc_OverflowError, "too many inputs for a program");
     if (index < 0 || index > INT32_MAX) return -1;
@@ -525,7 +536,6 @@ static int resolve_traverse(Resolve* r, visitproc visit, void* arg) {
     Py_VISIT(r->dshape);
     Py_VISIT(r->facts);
     Py_VISIT(r->cut);
-    Py_VISIT(r->slots);
     Py_VISIT(r->input_nodes);
     Py_VISIT(r->input_views);
     return 0;
@@ -538,7 +548,6 @@ static int resolve_clear(Resolve* r) {
     Py_CLEAR(r->dshape);
     Py_CLEAR(r->facts);
     Py_CLEAR(r->cut);
-    Py_CLEAR(r->slots);
     Py_CLEAR(r->input_nodes);
     Py_CLEAR(r->input_views);
     return 0;
@@ -804,10 +813,40 @@ static int32_t emit_native(Resolve* r, PyObject* n, int form, int32_t op) {
     return value;
 }
 
+// A region's members: their nodes scanned while they are few and each exactly a Node (which
+// equals only itself), else a set of them, made when first needed.
+typedef struct {
+    PyObject* seq;  // the members (PySequence_Fast)
+    PyObject* set;  // NULL until made
+    int scan;
+} Members;
+
+enum { SCAN_MAX = 32 };  // members looked through one by one, at most
+
+static int scan_members(Members* m) {
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(m->seq);
+    m->scan = n <= SCAN_MAX;
+    for (Py_ssize_t i = 0; m->scan && i < n; ++i)
+        m->scan = Py_TYPE(PySequence_Fast_GET_ITEM(m->seq, i)) == (PyTypeObject*)g.node;
+    return m->scan || (m->set = PySet_New(m->seq)) != NULL ? 0 : -1;
+}
+
+// Whether x is a member: 1 or 0, -1 on error.
+static int is_member(Members* m, PyObject* x) {
+    if (m->scan && Py_TYPE(x) == (PyTypeObject*)g.node) {
+        PyObject* const* items = PySequence_Fast_ITEMS(m->seq);
+        for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(m->seq); ++i)
+            if (items[i] == x) return 1;
+        return 0;
+    }
+    if (m->set == NULL && (m->set = PySet_New(m->seq)) == NULL) return -1;
+    return PySet_Contains(m->set, x);
+}
+
 // The member whose values n holds: n, or through views inside the region the value they view
 // (eager returns a view of it; another node of equal values is a tensor of its own). A new
 // reference; NULL on error.
-static PyObject* alias_base(PyObject* n, PyObject* members) {
+static PyObject* alias_base(PyObject* n, Members* members) {
     Py_INCREF(n);
     for (;;) {
         PyObject* target = field(n, g.at_target, g.s_target);
@@ -820,7 +859,7 @@ static PyObject* alias_base(PyObject* n, PyObject* members) {
         PyObject* args = field(n, g.at_args, g.s_args);
         PyObject* base = args ? PySequence_GetItem(args, 0) : NULL;
         Py_XDECREF(args);
-        int inside = base ? PySet_Contains(members, base) : -1;
+        int inside = base ? is_member(members, base) : -1;
         if (inside <= 0) {
             Py_XDECREF(base);
             if (inside == 0) return n;
@@ -834,16 +873,28 @@ fail:
 }
 
 // Whether a node outside `members` reads n: 1 or 0, -1 on error.
-static int read_outside(PyObject* n, PyObject* members) {
+static int read_outside(PyObject* n, Members* members) {
     PyObject* users = field(n, g.at_users, g.s_users);
     if (users == NULL) return -1;
+    int outside = 0;
+    if (PyDict_CheckExact(users)) {  // a Node's users: its keys, read without an iterator
+        Py_ssize_t pos = 0;
+        PyObject* u;
+        while (!outside && PyDict_Next(users, &pos, &u, NULL)) {
+            Py_INCREF(u);
+            int inside = is_member(members, u);
+            Py_DECREF(u);
+            outside = inside < 0 ? -1 : !inside;
+        }
+        Py_DECREF(users);
+        return outside;
+    }
     PyObject* it = PyObject_GetIter(users);
     Py_DECREF(users);
     if (it == NULL) return -1;
-    int outside = 0;
     PyObject* u;
     while (!outside && (u = PyIter_Next(it)) != NULL) {
-        int inside = PySet_Contains(members, u);
+        int inside = is_member(members, u);
         Py_DECREF(u);
         outside = inside < 0 ? -1 : !inside;
     }
@@ -853,7 +904,7 @@ static int read_outside(PyObject* n, PyObject* members) {
 
 // One member lowered into r->em; stored, with its output slot, when read outside the region.
 // The per-region lists are in `out`: outputs, output slots, out dtypes, reduced. 0 or -1.
-static int lower_member(Resolve* r, PyObject* n, PyObject* mset, PyObject* domain,
+static int lower_member(Resolve* r, PyObject* n, Members* mset, PyObject* domain,
                         PyObject* stored, PyObject* out[4]) {
     Py_XSETREF(r->reader, Py_NewRef(n));
     PyObject* target = field(n, g.at_target, g.s_target);
@@ -939,19 +990,20 @@ static PyObject* build_region(PyObject* module, PyObject* const* args, Py_ssize_
     }
     PyObject* t0 = seconds();
     if (t0 == NULL) return NULL;
-    PyObject *members = NULL, *mset = NULL, *domain = NULL, *stored = NULL, *region = NULL;
+    PyObject *members = NULL, *domain = NULL, *stored = NULL, *region = NULL;
     PyObject* out[4] = {NULL, NULL, NULL, NULL};  // outputs, their slots, out dtypes, reduced
+    Members mset = {NULL, NULL, 0};
     Resolve* r = PyObject_GC_New(Resolve, &ResolveType);
     if (r == NULL) goto done;
     r->vectorcall = (vectorcallfunc)resolve_call;
     r->em = NULL, r->reader = NULL, r->dshape = NULL, r->facts = NULL, r->cut = NULL;
-    r->env = PyDict_New(), r->slots = PyDict_New();
+    r->env = PyDict_New();
     r->input_nodes = PyList_New(0), r->input_views = PyList_New(0);
     PyObject_GC_Track(r);
-    if (r->env == NULL || r->slots == NULL || r->input_nodes == NULL || r->input_views == NULL)
+    if (r->env == NULL || r->input_nodes == NULL || r->input_views == NULL)
         goto done;
     members = PySequence_Fast(args[0], "build_region: members must be a sequence of nodes");
-    if (members == NULL || (mset = PySet_New(members)) == NULL) goto done;
+    if (members == NULL || (mset.seq = members, scan_members(&mset)) < 0) goto done;
     PyObject* pair[2] = {args[1], args[0]};
     if ((domain = PyObject_Vectorcall(g.domain, pair, 2, NULL)) == NULL) goto done;
     int spans = PyObject_IsTrue(domain);  // 0-d values only (a scale worked out from a scalar)
@@ -974,9 +1026,9 @@ static PyObject* build_region(PyObject* module, PyObject* const* args, Py_ssize_
     for (int i = 0; i < 4; ++i)
         if ((out[i] = PyList_New(0)) == NULL) goto done;
     for (Py_ssize_t k = 0; k < PySequence_Fast_GET_SIZE(members); ++k)
-        if (lower_member(r, PySequence_Fast_GET_ITEM(members, k), mset, domain, stored, out) < 0)
+        if (lower_member(r, PySequence_Fast_GET_ITEM(members, k), &mset, domain, stored, out) < 0)
             goto done;
-    Py_ssize_t n_inputs = PyDict_GET_SIZE(r->slots);
+    Py_ssize_t n_inputs = PyList_GET_SIZE(r->input_nodes);
     if (PyList_GET_SIZE(out[0]) == 0) {
         PyErr_SetString(PyExc_ValueError, "no output");
     } else if (n_inputs > g.max_inputs) {
@@ -1011,7 +1063,7 @@ done:
     for (int i = 0; i < 4; ++i) Py_XDECREF(out[i]);
     Py_XDECREF(stored);
     Py_XDECREF(domain);
-    Py_XDECREF(mset);
+    Py_XDECREF(mset.set);
     Py_XDECREF(members);
     Py_XDECREF(r);
     Py_DECREF(t0);

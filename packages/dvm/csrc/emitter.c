@@ -256,6 +256,8 @@ static int reads(const Code* c, int32_t out[3]) {
     return c->c >= 0 ? 3 : c->b >= 0 ? 2 : 1;
 }
 
+static PyObject* zero;  // 0.0, the imm of every instruction but CONST's: one float for all
+
 // The program over physical registers: (codes, imms), five ints (op, dst, a, b, c) and one
 // float an instruction; the registers used in *n_regs. NULL on error.
 static PyObject* encoded(Emitter* self, int32_t* n_regs_out) {
@@ -299,7 +301,9 @@ static PyObject* encoded(Emitter* self, int32_t* n_regs_out) {
             if (v == NULL) goto fail;
             PyList_SET_ITEM(codes, k * 5 + i, v);
         }
-        PyObject* imm = PyFloat_FromDouble(c->imm);
+        uint64_t bits;
+        memcpy(&bits, &c->imm, sizeof bits);
+        PyObject* imm = bits == 0 ? Py_NewRef(zero) : PyFloat_FromDouble(c->imm);
         if (imm == NULL) goto fail;
         PyList_SET_ITEM(imms, k, imm);
     }
@@ -1043,7 +1047,10 @@ static PyObject* build_region(PyObject* module, PyObject* const* args, Py_ssize_
         PyObject* n_in = PyLong_FromSsize_t(n_inputs);
         PyObject* program = n_in ? emitter_program(r->em, n_in) : NULL;
         Py_XDECREF(n_in);
-        PyObject* nodes = program ? PySequence_List(members) : NULL;
+        Py_ssize_t n = PySequence_Fast_GET_SIZE(members);
+        PyObject* nodes = program ? PyList_New(n) : NULL;
+        for (Py_ssize_t k = 0; nodes != NULL && k < n; ++k)
+            PyList_SET_ITEM(nodes, k, Py_NewRef(PySequence_Fast_GET_ITEM(members, k)));
         PyObject* t1 = nodes ? seconds() : NULL;
         double us = t1 ? (PyFloat_AsDouble(t1) - PyFloat_AsDouble(t0)) * 1e6 : 0.0;
         PyObject* build_us = t1 && !PyErr_Occurred() ? PyFloat_FromDouble(us) : NULL;
@@ -1259,6 +1266,7 @@ PyMODINIT_FUNC PyInit__emitter(void) {
     };
     for (size_t i = 0; i < sizeof names / sizeof names[0]; ++i)
         if ((*names[i].slot = PyUnicode_InternFromString(names[i].text)) == NULL) return NULL;
+    if ((zero = PyFloat_FromDouble(0.0)) == NULL) return NULL;
     if (PyType_Ready(&EmitterType) < 0 || PyType_Ready(&ResolveType) < 0) return NULL;
     PyObject* m = PyModule_Create(&module_def);
     if (m == NULL) return NULL;

@@ -363,6 +363,61 @@ def test_build_region_stores_a_value_once_per_dtype_reduction_and_alias_base():
     assert region.build_us > 0
 
 
+def test_build_region_makes_the_region_its_dataclass_init_makes():
+    """``build_region`` makes a :class:`~dvm.cluster.Region` without calling it: the same
+    fields, set in the same order, as its ``__init__`` gives; a region class it cannot make so
+    (a ``__post_init__``, a function) is called."""
+    _, a, calls = _traced(lambda x: (x.exp() * 2).sin(), _x(4, 8))
+    region = build_region(calls, a)
+    assert type(region) is cl.Region
+    fields = {f.name: getattr(region, f.name) for f in dataclasses.fields(region)}
+    assert list(vars(region)) == list(vars(cl.Region(**fields))) == list(fields)
+    assert region == cl.Region(**fields)
+
+    made = []
+
+    @dataclasses.dataclass
+    class Checked(cl.Region):
+        def __post_init__(self):
+            made.append(self)
+
+    limits = (MAX_INPUTS, MAX_OUTPUTS, MAX_INSTRS)
+    given = [cl._RULES_BY_ID, Node, Checked, Emitter, cl._analysis.domain]
+    given += [cl._analysis.storable, cl._ALIASING_OPS, limits, time.perf_counter]
+    try:
+        for region_class in (Checked, lambda *fields: made.append(fields) or Checked(*fields)):
+            given[2] = region_class
+            _emitter.setup_regions(*given)
+            made.clear()
+            checked = build_region(calls, a)
+            assert type(checked) is Checked
+            assert made[-1] is checked
+            assert {**vars(checked), "build_us": 0.0} == {**fields, "build_us": 0.0}
+    finally:
+        given[2] = cl.Region
+        _emitter.setup_regions(*given)
+    assert type(build_region(calls, a)) is cl.Region
+
+
+def test_build_region_of_many_members():
+    """A region of more members than ``build_region`` looks through one by one (it makes a
+    set of them then) lowers as a small one does: 40 chained ops, read outside only at the
+    end, make one output."""
+
+    def fn(x):
+        for k in range(40):
+            x = x.exp() if k % 2 else x * 0.5
+        return x
+
+    _, a, calls = _traced(fn, _x(4, 8))
+    region = build_region(calls, a)
+    assert region.outputs == [calls[-1]]
+    assert region.nodes == calls
+    assert region.program.n_outputs == 1
+    assert len(region.input_nodes) == 1
+    assert region.program.n_inputs == 1
+
+
 def test_build_region_loads_each_view_an_input_is_read_with_once():
     """An operand outside the region is loaded as the reader sees it: its domain shape, or its
     real shape over a cut edge; one input per (node, view), in the order first read."""

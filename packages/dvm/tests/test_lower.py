@@ -452,6 +452,25 @@ def test_register_reuse_and_limit():
         em.program(1)
 
 
+def test_the_emitter_finds_earlier_values_as_its_buffers_grow():
+    """Values made before the emitter's instruction list and value table grew (they start at
+    16 instructions, 32 values) are still found: an op, a constant (by its bits) or a load made
+    again gives the first one's value."""
+    em = Emitter()
+    x = em.load(0)
+    consts = [em.const(float(k)) for k in range(100)]
+    chain = [x]
+    for _ in range(100):
+        chain.append(em.unary(Op.EXP, chain[-1]))
+    n = em.n_instrs
+    assert [em.const(float(k)) for k in range(100)] == consts
+    assert em.const(-0.0) not in consts
+    assert em.const(-0.0) == em.const(-0.0)
+    assert [em.unary(Op.EXP, v) for v in chain[:-1]] == chain[1:]
+    assert em.load(0) == x
+    assert em.n_instrs == n + 1
+
+
 _UNARY_OPS = [Op.NEG, Op.EXP, Op.SIN, Op.TANH, Op.SIGMOID, Op.ABS]
 _BINARY_OPS = [Op.ADD, Op.SUB, Op.MUL, Op.MAX, Op.MIN, Op.LT]
 

@@ -14,7 +14,8 @@
 // other by its rule's emit (Python, dvm.lower), handed a Resolve that gives a node argument's
 // value (a constant, a member's value, or a load of the view the member sees); the members
 // read outside the region stored, one output per value, dtype, row reduction and alias base;
-// then the VM's limits checked and the dvm.cluster.Region made. setup(), setup_regions() and
+// then the VM's limits checked and the dvm.cluster.Region made (as its dataclass __init__
+// makes it, without the call: region_fields). setup(), setup_regions() and
 // setup_native() hand over the Python objects this needs (no torch headers here); a node's
 // fields are read from torch._C._NodeBase's slots.
 #define PY_SSIZE_T_CLEAN

@@ -524,15 +524,24 @@ static PyObject* reason(Tables* t, PyObject* node, PyObject* key, PyObject* rule
     }
     const RuleInfo* info = rule_info(rule);
     if (info == NULL) return NULL;
+    // read now: the limits lookup below may run code (a dtype's __hash__) that empties the table
+    int pointwise = info->kind == g.pointwise;
+    PyObject* check = Py_NewRef(info->check);
     PyObject* dtype = Py_NewRef(PyTuple_GET_ITEM(node_fact, 1));
     PyObject* limit_obj = PyDict_GetItemWithError(g.limits, dtype);
     double limit = limit_obj != NULL ? PyFloat_AsDouble(limit_obj) : 0.0;
     int odd = 0, bool_result = dtype == g.bool_dtype;
     Py_DECREF(dtype);
-    if (PyErr_Occurred()) return NULL;
+    if (PyErr_Occurred()) {
+        Py_DECREF(check);
+        return NULL;
+    }
     if (bool_result) {  // a pointwise op not known to make one: rule_reason's case
-        int known = info->kind != g.pointwise ? 1 : PySet_Contains(g.bool_out, key);
-        if (known < 0) return NULL;
+        int known = !pointwise ? 1 : PySet_Contains(g.bool_out, key);
+        if (known < 0) {
+            Py_DECREF(check);
+            return NULL;
+        }
         odd = !known;
     }
     for (Py_ssize_t i = 0; !odd && i < PyTuple_GET_SIZE(args); ++i)
@@ -540,7 +549,6 @@ static PyObject* reason(Tables* t, PyObject* node, PyObject* key, PyObject* rule
     PyObject *name, *a;
     for (Py_ssize_t at = 0; !odd && PyDict_Next(kwargs, &at, &name, &a);)
         odd = odd_scalar(a, limit);
-    PyObject* check = Py_NewRef(info->check);  // held: the entry may change while code runs
     int passes = odd ? 0 : check_passes(t, check, node, ops, args, kwargs);
     Py_DECREF(check);
     if (passes < 0) return NULL;

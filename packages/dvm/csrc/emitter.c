@@ -1098,9 +1098,40 @@ static PyObject* setup(PyObject* module, PyObject* args) {
     Py_RETURN_NONE;
 }
 
+// Whether region(*values), for ten fresh objects, is a `region` holding exactly those under
+// `names` in that order, as bare() makes it: 0 where not (an __init__ of the class's own, which
+// a dataclass keeps, or a __new__, doing more or less), 1 where so, -1 with an exception.
+static int inits_plainly(PyObject* region, PyObject* const* names) {
+    PyObject* values[N_REGION_FIELDS] = {NULL};
+    int plain = 1;
+    for (int i = 0; plain > 0 && i < N_REGION_FIELDS; ++i)
+        if ((values[i] = PyObject_CallNoArgs((PyObject*)&PyBaseObject_Type)) == NULL) plain = -1;
+    PyObject* made = plain > 0 ? PyObject_Vectorcall(region, values, N_REGION_FIELDS, NULL) : NULL;
+    if (made == NULL && plain > 0) {
+        if (!PyErr_ExceptionMatches(PyExc_Exception)) plain = -1;
+        else PyErr_Clear(), plain = 0;
+    }
+    PyObject* dict = made && Py_TYPE(made) == (PyTypeObject*)region
+                         ? PyObject_GenericGetDict(made, NULL) : NULL;
+    if (made != NULL && dict == NULL) plain = PyErr_Occurred() ? -1 : 0;
+    if (dict != NULL && (!PyDict_CheckExact(dict) || PyDict_GET_SIZE(dict) != N_REGION_FIELDS))
+        plain = 0;
+    PyObject *name, *value;
+    Py_ssize_t pos = 0;
+    for (int i = 0; dict != NULL && plain > 0 && PyDict_Next(dict, &pos, &name, &value); ++i)
+        if (value != values[i] || !PyUnicode_CheckExact(name) ||
+            PyUnicode_Compare(name, names[i]) != 0)
+            plain = 0;
+    Py_XDECREF(dict);
+    Py_XDECREF(made);
+    for (int i = 0; i < N_REGION_FIELDS; ++i) Py_XDECREF(values[i]);
+    return plain;
+}
+
 // Whether build_region makes `region` bare (see bare()) rather than calling it: a dataclass
 // whose generated __init__ sets its ten fields (positional, no __post_init__) through the
-// generic setattr; g.region_type and g.region_fields set when it is. 0 or -1.
+// generic setattr, and which does just that when called (inits_plainly); g.region_type and
+// g.region_fields set when it is. 0 or -1.
 static int region_fields(PyObject* region) {
     g.region_type = NULL;  // held through g.region
     PyTypeObject* type = (PyTypeObject*)region;
@@ -1138,6 +1169,7 @@ static int region_fields(PyObject* region) {
         if (plain > 0 && !PyUnicode_CheckExact(names[i])) plain = 0;
     }
     Py_DECREF(fields);
+    if (plain > 0) plain = inits_plainly(region, names);
     if (plain > 0) {
         for (int i = 0; i < N_REGION_FIELDS; ++i) Py_XSETREF(g.region_fields[i], names[i]);
         g.region_type = type;

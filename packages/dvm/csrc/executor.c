@@ -31,10 +31,22 @@ static struct {
 
 // A new `type` (a NamedTuple class: setup checked it subclasses tuple) holding the n `items`,
 // made as that type directly (PyTuple_Pack then tuple.__new__ would make and copy a tuple).
+// From 3.14 a tuple caches its hash, which tp_alloc's zeroed memory would leave as a cached 0:
+// there only tuple.__new__ (which resets the cache) makes one.
 static PyObject* typed(PyTypeObject* type, Py_ssize_t n, PyObject* const* items) {
+#if PY_VERSION_HEX >= 0x030E0000
+    PyObject* tuple = PyTuple_New(n);
+    for (Py_ssize_t i = 0; tuple != NULL && i < n; ++i)
+        PyTuple_SET_ITEM(tuple, i, Py_NewRef(items[i]));
+    PyObject* packed = tuple ? PyTuple_Pack(1, tuple) : NULL;
+    Py_XDECREF(tuple);
+    PyObject* made = packed ? PyTuple_Type.tp_new(type, packed, NULL) : NULL;
+    Py_XDECREF(packed);
+#else
     PyObject* made = type->tp_alloc(type, n);
     for (Py_ssize_t i = 0; made != NULL && i < n; ++i)
         PyTuple_SET_ITEM(made, i, Py_NewRef(items[i]));
+#endif
     return made;
 }
 

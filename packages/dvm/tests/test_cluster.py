@@ -399,6 +399,85 @@ def test_build_region_makes_the_region_its_dataclass_init_makes():
     assert type(build_region(calls, a)) is cl.Region
 
 
+def test_build_region_calls_a_region_dataclass_whose_init_is_its_own():
+    """A dataclass keeps an ``__init__`` written in its class: ``build_region`` calls such a
+    region class rather than make it bare, skipping what that ``__init__`` does."""
+    _, a, calls = _traced(lambda x: (x.exp() * 2).sin(), _x(4, 8))
+
+    @dataclasses.dataclass
+    class Own(cl.Region):
+        def __init__(self, *fields):
+            for f, v in zip(dataclasses.fields(self), fields, strict=True):
+                setattr(self, f.name, v)
+            self.by_init = True
+
+    limits = (MAX_INPUTS, MAX_OUTPUTS, MAX_INSTRS)
+    given = [cl._RULES_BY_ID, Node, Own, Emitter, cl._analysis.domain]
+    given += [cl._analysis.storable, cl._ALIASING_OPS, limits, time.perf_counter]
+    try:
+        _emitter.setup_regions(*given)
+        region = build_region(calls, a)
+        assert type(region) is Own
+        assert region.by_init
+    finally:
+        given[2] = cl.Region
+        _emitter.setup_regions(*given)
+    assert type(build_region(calls, a)) is cl.Region
+
+
+def test_a_rule_table_emptied_while_a_node_is_asked_about_is_not_read():
+    """The analysis reads each rule's kind and check once, into a table (holding the rule)
+    emptied when full; code run while a node is asked about (a dtype's ``__hash__`` in the
+    limits lookup) may empty it, and the node's rule is read before that (else a NULL check,
+    a crash)."""
+    base = next(r for r in cl._RULES_BY_ID.values() if r.kind == "pointwise" and r.check is None)
+    fact = cl.value_fact(torch.empty(4))
+    added = []
+
+    def graph():
+        def fn(x):
+            return -x
+
+        added.append(fn)
+        cl._RULES_BY_ID[id(fn)] = dataclasses.replace(base)
+        g = torch.fx.Graph()
+        x = g.placeholder("x")
+        g.output(g.call_function(fn, (x,)))
+        return list(g.nodes), cl._RULES_BY_ID[id(fn)]
+
+    def analysis(nodes, dtype):
+        a = object.__new__(_Analysis)
+        a.index, a.fallbacks, a.dshape, a.cut = {}, [], {}, {}
+        a.footprint, a.cost, a.segment, a.args = {}, {}, {}, {}
+        a.facts = {nodes[0]: fact, nodes[1]: (fact[0], dtype, *fact[2:])}
+        a.nodes = nodes
+        return a
+
+    emptied = []
+
+    class Dtype:
+        def __hash__(self):  # fresh rules read until the table lets go of the outer one's
+            held = sys.getrefcount(rule)
+            for _ in range(1000):
+                if emptied or sys.getrefcount(rule) < held:
+                    break
+                inner, _ = graph()
+                cl._analysis.run(analysis(inner, torch.float32), inner)
+            else:
+                emptied.append(True)
+            return hash(torch.float32)
+
+    try:
+        outer, rule = graph()
+        a = analysis(outer, Dtype())
+        cl._analysis.run(a, outer)
+        assert not emptied  # the table was emptied while the outer node was asked about
+        assert a.fallbacks == []  # its rule's check (None) passed
+    finally:
+        for fn in added:
+            del cl._RULES_BY_ID[id(fn)]
+
+
 def test_build_region_of_many_members():
     """A region of more members than ``build_region`` looks through one by one (it makes a
     set of them then) lowers as a small one does: 40 chained ops, read outside only at the

@@ -303,6 +303,23 @@ def test_schedule_is_the_executor_of_in_place():
     assert _executor.schedule(gm, nodes, [runner]) is None  # in_place gives no order
 
 
+def test_the_named_tuples_made_in_c_hash_as_tuples():
+    """``_Slot``, ``Step`` and ``RegionCall`` are made in C as their type directly; each hashes
+    as the tuple of its items (Python 3.14 caches a tuple's hash: a cache left at 0 would not)."""
+    gm, _ = _varied()
+    nodes = list(gm.graph.nodes)
+    region = types.SimpleNamespace(nodes=[nodes[10], nodes[9]], outputs=(nodes[9], nodes[10]))
+    runner = type("Runner", (), {"region": region, "_inputs": (nodes[8],)})()  # hashable
+    run = _executor.schedule(gm, nodes, [runner])
+    slot = run.steps[0].args[0]
+    assert type(slot) is _Slot
+    assert hash(slot) == hash(tuple(slot)) == hash(_Slot(slot.index))
+    call = _executor.in_place(nodes, [runner])[9]
+    assert type(call) is RegionCall
+    assert hash(call) == hash(tuple(call)) == hash(RegionCall(*call))
+    assert len({slot, _Slot(slot.index)}) == 1
+
+
 def test_schedule_refuses_bad_arguments():
     gm, _ = _varied()
     nodes = list(gm.graph.nodes)

@@ -152,6 +152,8 @@ def main() -> None:
         raise SystemExit("valgrind is not on PATH (install valgrind and its headers)")
     folder = args.keep or Path(tempfile.mkdtemp(prefix="dvm-cold-misses-"))
     folder.mkdir(parents=True, exist_ok=True)
+    for old in folder.glob("out.*"):  # an earlier run's counts are not this one's
+        old.unlink()
     _build_toggle(folder)
     path = [str(folder), *filter(None, [os.environ.get("PYTHONPATH")])]
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(path))

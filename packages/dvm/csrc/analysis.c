@@ -29,7 +29,10 @@
 enum { MAX_RANK = 8 };  // shapes are compared padded with leading 1s to 8 dims
 
 // The fields of torch.fx's Node read at their offsets (its _NodeBase's C members).
-enum { F_OP, F_TARGET, F_META, F_USERS, F_ARGS, F_KWARGS, F_INPUT_NODES, N_FIELDS };
+enum {
+    F_OP, F_TARGET, F_META, F_USERS, F_ARGS, F_KWARGS, F_INPUT_NODES, F_NEXT, F_ERASED,
+    N_FIELDS
+};
 
 static struct {
     PyObject *rules, *tensor, *cpu, *dtype_codes, *limits, *bool_dtype;
@@ -1563,23 +1566,13 @@ static PyObject* merge(PyObject* module, PyObject* const* argv, Py_ssize_t argc)
     return out;
 }
 
-// The offsets of g.node_type's _next and _erased C members (0 where read by name), resolved
-// for `type` (held, so that another type is never taken for it) at the first nodes() call
-// after a setup() gave another node type.
-static struct {
-    PyTypeObject* type;
-    Py_ssize_t next, erased;
-} links;
-
-// n.<name>, its field at offset `at` where n is exactly g.node_type and the field is set, else
-// looked up by name: 1 with a new reference in *out, 0 when n has none, -1 with an exception.
-static int node_link(PyObject* n, Py_ssize_t at, PyObject* name, PyObject** out) {
-    if (at != 0 && Py_TYPE(n) == g.node_type) {
-        PyObject* v = *(PyObject**)((char*)n + at);
-        if (v != NULL) {
-            *out = Py_NewRef(v);
-            return 1;
-        }
+// n.<name>, its field f read directly where set (member()), else looked up by name: 1 with a
+// new reference in *out, 0 when n has none, -1 with an exception.
+static int node_link(PyObject* n, int f, PyObject* name, PyObject** out) {
+    PyObject* v = member(n, f);
+    if (v != NULL) {
+        *out = Py_NewRef(v);
+        return 1;
     }
     return lookup_attr(n, name, out);
 }
@@ -1588,13 +1581,6 @@ static int node_link(PyObject* n, Py_ssize_t at, PyObject* name, PyObject** out)
 // _root, each node's _next; a node marked _erased skipped, as torch.fx's iterator does) where
 // the graph and its nodes have those fields, else through graph.nodes.
 static PyObject* nodes(PyObject* module, PyObject* graph) {
-    if (links.type != g.node_type && g.node_type != NULL) {
-        Py_XSETREF(links.type, (PyTypeObject*)Py_NewRef(g.node_type));
-        links.next = member_at(g.node_type, g.s__next);
-        links.erased = member_at(g.node_type, g.s__erased);
-    }
-    Py_ssize_t next_at = links.type == g.node_type ? links.next : 0;
-    Py_ssize_t erased_at = links.type == g.node_type ? links.erased : 0;
     PyObject *root, *out = PyList_New(0);
     int found = out != NULL ? lookup_attr(graph, g.s__root, &root) : -1;
     if (found <= 0) goto slow;
@@ -1602,14 +1588,14 @@ static PyObject* nodes(PyObject* module, PyObject* graph) {
     found = lookup_attr(root, g.s__next, &n);
     while (found > 0 && n != root) {
         PyObject* erased;
-        found = node_link(n, erased_at, g.s__erased, &erased);
+        found = node_link(n, F_ERASED, g.s__erased, &erased);
         if (found > 0) {
             int skip = erased == Py_False ? 0 : PyObject_IsTrue(erased);
             Py_DECREF(erased);
             found = skip < 0 || (!skip && PyList_Append(out, n) < 0) ? -1 : 1;
         }
         PyObject* next = NULL;
-        if (found > 0) found = node_link(n, next_at, g.s__next, &next);
+        if (found > 0) found = node_link(n, F_NEXT, g.s__next, &next);
         Py_SETREF(n, next);
     }
     Py_XDECREF(n);
@@ -1684,8 +1670,8 @@ static PyObject* py_storable(PyObject* module, PyObject* const* argv, Py_ssize_t
 // Resolve the attributes read directly (g.node_type's fields, FakeTensor's getters) and
 // whether isinstance(x, torch.Tensor) is the subtype check; 0, or -1 with an exception.
 static int resolve(PyTypeObject* node_type) {
-    PyObject* names[N_FIELDS] = {g.s_op,    g.s_target, g.s_meta,         g.s_users,
-                                 g.s__args, g.s__kwargs, g.s__input_nodes};
+    PyObject* names[N_FIELDS] = {g.s_op,    g.s_target,  g.s_meta,         g.s_users, g.s__args,
+                                 g.s__kwargs, g.s__input_nodes, g.s__next, g.s__erased};
     Py_XSETREF(g.node_type, (PyTypeObject*)Py_XNewRef(node_type));
     for (int f = 0; f < N_FIELDS; ++f)
         g.node_at[f] = node_type != NULL ? member_at(node_type, names[f]) : 0;

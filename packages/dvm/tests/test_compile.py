@@ -722,3 +722,47 @@ def test_a_compiler_bug_runs_the_graph_eagerly_and_boxed(monkeypatch):
     assert args == []
     torch.testing.assert_close(c(x, w), _fn(x, w))
     assert c.vm_calls == 0
+
+
+class _Getters(torch.overrides.TorchFunctionMode):
+    """Records the tensor getters and methods it sees called."""
+
+    def __init__(self):
+        super().__init__()
+        self.seen: list[str] = []
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        owner = getattr(func, "__self__", None)  # a getter: its descriptor's __get__
+        self.seen.append(getattr(owner, "__name__", None) or func.__name__)
+        return func(*args, **(kwargs or {}))
+
+
+def test_reads_of_fake_values_leave_torch_function_as_it_was():
+    """The compile reads a FakeTensor's shape, dtype and strides with torch's
+    ``__torch_function__`` check off (fields.h): afterwards the check is as it was, on or off,
+    and the compile equals eager either way."""
+    x, w = _inputs()
+    gm = make_fx(_fn, tracing_mode="fake")(x, w)
+    assert torch._C._is_torch_function_enabled()
+    c = compile_graph(gm, [x, w])
+    assert torch._C._is_torch_function_enabled()
+    assert len(c.runners) == 1
+    with torch._C.DisableTorchFunctionSubclass():
+        inside = compile_graph(make_fx(_fn, tracing_mode="fake")(x, w), [x, w])
+        assert not torch._C._is_torch_function_enabled()
+    assert torch._C._is_torch_function_enabled()
+    for compiled in (c, inside):
+        torch.testing.assert_close(compiled(x, w), _fn(x, w))
+
+
+def test_an_active_torch_function_mode_still_sees_the_reads():
+    """With a torch function mode active the check stays on: the mode sees each read of a fake
+    value's shape and dtype, as it would without dvm's direct reads."""
+    x, w = _inputs()
+    gm = make_fx(_fn, tracing_mode="fake")(x, w)
+    with _Getters() as mode:
+        c = compile_graph(gm, [x, w])
+    assert len(c.runners) == 1
+    assert {"shape", "dtype", "stride"} <= set(mode.seen)
+    assert torch._C._is_torch_function_enabled()
+    torch.testing.assert_close(c(x, w), _fn(x, w))

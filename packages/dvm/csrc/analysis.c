@@ -52,7 +52,6 @@ static struct {
     PyTypeObject* node_type;
     Py_ssize_t node_at[N_FIELDS];
     PyGetSetDef *get_shape, *get_dtype;
-    Quiet quiet;       // torch's __torch_function__ check off around them (fields.h)
     int tensor_check;  // isinstance(x, torch.Tensor) is true where x's type subclasses it
     PyObject *s_op, *s_target, *s_args, *s_kwargs, *s_meta, *s_val, *s_all_input_nodes,
         *s_kind, *s_check, *s_cost, *s_dtype, *s_device, *s_shape, *s_call_function,
@@ -241,14 +240,7 @@ static PyObject* value_fact(PyObject* v) {
     int plain = is_tensor(v);
     if (plain < 0) return NULL;
     if (plain) {
-        // a FakeTensor's dtype and shape both read with torch's check off; its shape read
-        // again below, where a tensor's is, when that read failed
-        int quiet = quiet_begin(&g.quiet, v, (PyTypeObject*)g.fake_tensor);
-        if (quiet < 0) return NULL;
-        dtype = tensor_attr(v, g.get_dtype, g.s_dtype);
-        if (quiet && dtype != NULL && (shape = tensor_attr(v, g.get_shape, g.s_shape)) == NULL)
-            PyErr_Clear();
-        if ((quiet && quiet_end(&g.quiet) < 0) || dtype == NULL) goto done;
+        if ((dtype = tensor_attr(v, g.get_dtype, g.s_dtype)) == NULL) goto done;
         int known = PyDict_Contains(g.dtype_codes, dtype);
         if (known < 0) goto done;
         if (!known) goto slow;
@@ -259,7 +251,7 @@ static PyObject* value_fact(PyObject* v) {
         int cpu = PyObject_RichCompareBool(device, g.cpu, Py_EQ);
         if (cpu < 0) goto done;
         if (!cpu) goto slow;
-        if (shape == NULL && (shape = tensor_attr(v, g.get_shape, g.s_shape)) == NULL) goto done;
+        if ((shape = tensor_attr(v, g.get_shape, g.s_shape)) == NULL) goto done;
         if (!PyTuple_Check(shape) || PyTuple_GET_SIZE(shape) > g.max_rank) goto slow;
         int64_t numel = 1;
         for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(shape); ++i) {
@@ -1686,7 +1678,6 @@ static int resolve(PyTypeObject* node_type) {
     PyTypeObject* fake = (PyTypeObject*)g.fake_tensor;
     g.get_shape = getter_of(fake, g.s_shape);
     g.get_dtype = getter_of(fake, g.s_dtype);
-    if (quiet_setup(&g.quiet) < 0) return -1;
     g.tensor_check = 0;
     if (!PyType_Check(g.tensor) || !PyType_IsSubtype(fake, (PyTypeObject*)g.tensor)) return 0;
     PyObject* check = PyUnicode_InternFromString("__instancecheck__");

@@ -50,7 +50,6 @@ static struct {
     Py_ssize_t meta_at;
     PyGetSetDef *get_shape, *get_dtype;
     PyObject* stride;
-    Quiet quiet;  // torch's __torch_function__ check off around them (fields.h)
     PyObject *s_program, *s_out_dtypes, *s_reduced, *s_domain, *s_input_nodes, *s_input_views,
         *s_outputs, *s_output_slots, *s_encode, *s_encoded, *s_n_regs, *s_n_inputs,
         *s_n_outputs, *s_meta, *s_val;
@@ -142,15 +141,6 @@ static PyObject* tensor_attr(PyObject* v, PyGetSetDef* get, PyObject* name) {
     return PyObject_GetAttr(v, name);
 }
 
-// tensor_attr with torch's __torch_function__ check off where v is a FakeTensor (fields.h).
-static PyObject* quiet_attr(PyObject* v, PyGetSetDef* get, PyObject* name) {
-    int quiet = quiet_begin(&r.quiet, v, r.fake);
-    if (quiet < 0) return NULL;
-    PyObject* got = tensor_attr(v, get, name);
-    if (quiet && quiet_end(&r.quiet) < 0) Py_CLEAR(got);
-    return got;
-}
-
 // Each arg's shape (a tuple, torch.Size) and dtype, as bound, into new tuples; the sizes of
 // arg i in sizes[i][0..arg_ndim[i]).
 static int read_args(Launcher* self, PyObject* args, int64_t sizes[][MAX_ARG_DIMS],
@@ -166,21 +156,14 @@ static int read_args(Launcher* self, PyObject* args, int64_t sizes[][MAX_ARG_DIM
     PyObject *shapes = PyTuple_New(n), *dtypes = PyTuple_New(n);
     for (Py_ssize_t i = 0; shapes != NULL && dtypes != NULL && i < n; ++i) {
         PyObject* a = PyTuple_GET_ITEM(own, i);
-        int quiet = quiet_begin(&r.quiet, a, r.fake);
-        if (quiet < 0) goto fail;
         PyObject* shape = tensor_attr(a, r.get_shape, g.s_shape);
-        PyObject* dtype = shape == NULL ? NULL : tensor_attr(a, r.get_dtype, g.s_dtype);
-        if (quiet && quiet_end(&r.quiet) < 0) {
-            Py_XDECREF(shape);
-            Py_XDECREF(dtype);
-            goto fail;
-        }
         if (shape == NULL && PyErr_ExceptionMatches(PyExc_AttributeError)) {
             PyErr_Clear();
             PyErr_Format(PyExc_TypeError, "arg %zd is a %.100s, not a tensor", i,
                          Py_TYPE(a)->tp_name);
             goto fail;
         }
+        PyObject* dtype = shape == NULL ? NULL : tensor_attr(a, r.get_dtype, g.s_dtype);
         if (dtype == NULL || !PyTuple_Check(shape) ||
             PyTuple_GET_SIZE(shape) > MAX_ARG_DIMS) {
             if (dtype != NULL && !PyTuple_Check(shape))
@@ -1019,7 +1002,6 @@ static int resolve_types(PyObject* types) {
     r.get_shape = t[1] != NULL ? getter_of(t[1], g.s_shape) : NULL;
     r.get_dtype = t[1] != NULL ? getter_of(t[1], g.s_dtype) : NULL;
     Py_XSETREF(r.stride, Py_XNewRef(t[1] != NULL ? method_of(t[1], g.s_stride) : NULL));
-    if (t[1] != NULL && quiet_setup(&r.quiet) < 0) return -1;
     PyTypeObject* kept[4] = {r.meta_at ? t[0] : NULL, t[1], region_direct ? t[2] : NULL,
                              program_direct ? t[3] : NULL};
     PyTypeObject** slots[4] = {&r.node_type, &r.fake, &r.region_type, &r.program_type};
@@ -1186,15 +1168,9 @@ static int output_layout(PyObject* val, PyObject* shape, int reduced, const int6
     Py_ssize_t n, ns;
     if (tuple_sizes(shape, "shape", size, &n) < 0) return -1;
     if (reduced) return 0;
-    PyObject* strides;
-    if (r.stride != NULL && Py_TYPE(val) == r.fake) {
-        int quiet = quiet_begin(&r.quiet, val, r.fake);
-        if (quiet < 0) return -1;
-        strides = PyObject_Vectorcall(r.stride, &val, 1, NULL);
-        if (quiet && quiet_end(&r.quiet) < 0) Py_CLEAR(strides);
-    } else {
-        strides = PyObject_CallMethodNoArgs(val, g.s_stride);
-    }
+    PyObject* strides = r.stride != NULL && Py_TYPE(val) == r.fake
+                            ? PyObject_Vectorcall(r.stride, &val, 1, NULL)
+                            : PyObject_CallMethodNoArgs(val, g.s_stride);
     if (strides == NULL) return -1;
     int failed = tuple_sizes(strides, "strides", stride, &ns) < 0;
     if (!failed && ns != n) {
@@ -1412,7 +1388,7 @@ static PyObject* prepare(PyObject* module, PyObject* region) {
             goto done;
         }
         PyObject* val = traced_val(PyTuple_GET_ITEM(outputs, j));
-        PyObject* shape = val == NULL ? NULL : quiet_attr(val, r.get_shape, g.s_shape);
+        PyObject* shape = val == NULL ? NULL : tensor_attr(val, r.get_shape, g.s_shape);
         int failed = shape == NULL ||
                      output_layout(val, shape, reduced[k], dims, launcher->nd, &layouts[k]) < 0;
         Py_XDECREF(val);

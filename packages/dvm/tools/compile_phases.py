@@ -22,7 +22,10 @@ plus one ctypes call into the VM's library; next to dvm's whole compile, the thr
 turns. ``--depths N`` times dvm's compile in the same place with the backend called 0 to N-1
 frames deeper: CPython keeps frames in 16 KiB chunks, and 3.11 and 3.12 allocate and free one
 at each call that crosses a chunk's end (CPython issue gh-142183, fixed in later releases by
-keeping one), so the compile's time depends on the depth it runs at.
+keeping one), so the compile's time depends on the depth it runs at. ``--warmed`` times dvm's
+compile in the same place after another chain's compile ran, untimed, up to each of its phases
+(none, the analysis, the merging, the build, the runners, all of it), the six taking turns:
+each step's drop is what the first touch of that phase's code and data costs a cold compile.
 
     python packages/dvm/tools/compile_phases.py --repeat 300 [--cold]
     python packages/dvm/tools/compile_phases.py --flow --repeat 30
@@ -30,6 +33,7 @@ keeping one), so the compile's time depends on the depth it runs at.
     python packages/dvm/tools/compile_phases.py --floor --repeat 30
     python packages/dvm/tools/compile_phases.py --llama --repeat 3 [--dtype bf16]
     python packages/dvm/tools/compile_phases.py --depths 40 --repeat 7
+    python packages/dvm/tools/compile_phases.py --warmed --repeat 15
 """
 
 from __future__ import annotations
@@ -177,6 +181,50 @@ def _floor(chain: str, repeat: int) -> str:
     return "  ".join(f"{k} {1e6 * statistics.median(v):5.0f}" for k, v in times.items())
 
 
+WARMED = ("none", "analysis", "merge", "build", "runner", "compile")
+"""What ``--warmed`` runs of another chain's compile, untimed, before each timed compile."""
+
+
+def _warm_up(upto: str, gm: GraphModule, inputs: list[Any], min_ops: int) -> None:
+    """The phases of the compile of ``gm`` up to ``upto`` (:data:`WARMED`)."""
+    if upto == "compile":
+        compile_graph(gm, inputs, min_ops=min_ops)
+        return
+    nodes = list(gm.graph.nodes)
+    if upto == "analysis":
+        cluster._Analysis(nodes)
+    elif upto == "merge":
+        cluster._Analysis(nodes).groups()
+    elif upto != "none":
+        clustering = cluster._cluster(nodes, min_ops, None, (), 0.0)
+        if upto == "runner":
+            for k, region in enumerate(clustering.regions):
+                RegionRunner(region, k)
+
+
+def _warmed(chain: str, repeat: int) -> str:
+    """The median of dvm's compile in µs where the backend runs it, each after the phases up
+    to each of :data:`WARMED` of another chain's compile ran (untimed, on a copy made
+    beforehand), the modes taking turns: what the first touch of each phase's code and data
+    costs the cold compile (the drop from one mode to the next)."""
+    other = "silu_mul" if chain != "silu_mul" else "silu"
+    gm, inputs = benchmarks._aten_graph(other)
+    copies = [copy.deepcopy(gm) for _ in range(len(WARMED) * repeat)]
+    min_ops = benchmarks.CHAINS[chain].min_ops
+    times: dict[str, list[float]] = {m: [] for m in WARMED}
+
+    def compiler(graph: GraphModule, args: Any) -> Callable[..., Any]:
+        done = sum(map(len, times.values()))
+        mode = WARMED[done % len(WARMED)]
+        _warm_up(mode, copies[done], inputs, benchmarks.CHAINS[other].min_ops)
+        compiled = compile_graph(graph, args, min_ops=min_ops)
+        times[mode].append(compiled.total_us)
+        return compiled
+
+    benchmarks.compile_in_flow(chain, len(WARMED) * repeat, benchmarks.aot_backend(compiler))
+    return "  ".join(f"{k} {statistics.median(v):4.0f}" for k, v in times.items())
+
+
 def _depths(chain: str, repeat: int, depths: int) -> str:
     """The median of dvm's compile at each extra call depth, in µs (the depths taking turns,
     so that the machine's load falls on all alike), and their range."""
@@ -231,6 +279,9 @@ def main() -> None:
     parser.add_argument("--floor", action="store_true", help="what native code would still need")
     parser.add_argument("--llama", action="store_true", help="the tiny Llama step's graphs")
     parser.add_argument("--depths", type=int, default=0, help="extra call depths 0..N-1")
+    parser.add_argument(
+        "--warmed", action="store_true", help="--flow's compile after another's phases ran"
+    )
     parser.add_argument("--dtype", choices=sorted(benchmarks.DTYPES), default="fp32")
     args = parser.parse_args()
     if args.repeat < 2:
@@ -242,6 +293,9 @@ def main() -> None:
     for chain in benchmarks.CHAINS:
         if args.depths:
             print(f"{chain:10s} {_depths(chain, args.repeat, args.depths)}")
+            continue
+        if args.warmed:
+            print(f"{chain:10s} {_warmed(chain, args.repeat)}")
             continue
         if args.flow or args.floor:
             print(f"{chain:10s} {(_floor if args.floor else _flow)(chain, args.repeat)}")

@@ -569,3 +569,13 @@ def test_listings_keep_names_whole_at_80_columns(run_spore) -> None:
     _lines_holding(ops.stdout, "spore::fixture_scale", "cpu: ops (5)")
     doctor = run_spore("doctor", "--quick", plugins=("future",), env=narrow)
     _lines_holding(doctor.stdout, "plugin future", "incompatible")
+
+
+def test_bench_notes_show_a_figure_only_one_side_reports() -> None:
+    from spore.cli.bench import _extras
+
+    notes = _extras(
+        {"baseline": {"regions": 1.0, "rss": 2.0}, "candidate": {"regions": 1.0, "own_us": 25.0}}
+    )
+    assert notes == "regions 1 -> 1, rss 2 (baseline), own_us 25 (candidate)"
+    assert _extras({}) == ""

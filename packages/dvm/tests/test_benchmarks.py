@@ -77,6 +77,10 @@ def test_a_compile_case_reports_regions_and_time_per_region(quick: None) -> None
         figures = result.extras[side]
         assert figures["regions"] == 1
         assert figures["us_per_region"] == pytest.approx(1e6 * seconds)
+    # a region's own compile is part of the graph's
+    own = result.extras["candidate"]["region_compile_us"]
+    assert 0 < own < 1e6 * result.candidate_s
+    assert "region_compile_us" not in result.extras["baseline"]
 
 
 def test_runtime_cases_time_dvm_against_each_baseline(quick: None) -> None:

@@ -180,8 +180,12 @@ def _run_cases(cases: list[Any], repeat: int, min_time: float, progress: bool) -
 
 
 def _extras(extras: dict[str, dict[str, float]]) -> str:
+    """Each figure as ``baseline -> candidate``; one only a side reports, with that side's name."""
     base, cand = extras.get("baseline", {}), extras.get("candidate", {})
-    return ", ".join(f"{k} {base[k]:.4g} -> {cand[k]:.4g}" for k in base if k in cand)
+    both = [f"{k} {base[k]:.4g} -> {cand[k]:.4g}" for k in base if k in cand]
+    alone = [f"{k} {v:.4g} (baseline)" for k, v in base.items() if k not in cand]
+    alone += [f"{k} {v:.4g} (candidate)" for k, v in cand.items() if k not in base]
+    return ", ".join(both + alone)
 
 
 def _speedup(r: Any) -> str | Text:

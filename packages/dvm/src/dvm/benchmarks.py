@@ -8,7 +8,8 @@ Three groups of cases, every side in this process under the allocator and thread
   it (the mean of :data:`FLOW_COMPILES` compiles, tracing untimed), against Inductor's cold
   compile of that aten graph (``compile_fx`` in a fresh cache folder, FX graph cache off;
   the process's first Inductor compile, of another graph, is left out). Notes: the graph's
-  dvm regions and the compile time per region.
+  dvm regions, the compile time per region (the graph's over its regions) and, dvm's side, a
+  region's own compile (``region_compile_us``: lowering, program, encoding, launch binding).
 - ``<chain>-<dtype>-<rows>x<cols>-vs-<baseline>``: ``torch.compile(fn, backend=dvm)`` against
   eager, ``torch.compile`` with Inductor, and ``copy``: a pre-allocated ``out.copy_(src)`` of
   as many bytes as the chain reads and writes (that ratio is the fraction of copy bandwidth).
@@ -235,7 +236,9 @@ def _compile_dvm(chain: str) -> Callable[[Any], dict[str, float]]:
     def timed(_: Any) -> dict[str, float]:
         graphs = flow_compiles(chain, FLOW_COMPILES)
         seconds = 1e-6 * sum(g.total_us for g in graphs) / len(graphs)
-        return _compile_figures(seconds, len(graphs[-1].regions))
+        runners = [r for g in graphs for r in g.runners]
+        own = sum(r.compile_us for r in runners) / max(len(runners), 1)
+        return {**_compile_figures(seconds, len(graphs[-1].regions)), "region_compile_us": own}
 
     return timed
 
@@ -286,7 +289,8 @@ def compile_cases() -> list[Benchmark]:
             baseline_label=f"Inductor cold compile (fresh cache, FX graph cache off), {chain.what}",
             candidate_label="dvm.compile.compile_graph inside torch.compile",
             description=f"compile latency of the aten graph of {chain.what} at {rows}x{cols} "
-            "fp32; notes: dvm regions in the graph, microseconds per region",
+            "fp32; notes: dvm regions in the graph, microseconds per region, and a region's own "
+            "compile in microseconds (dvm)",
             self_timed=True,
         )
         for chain in CHAINS.values()

@@ -46,6 +46,7 @@ static struct {
         *check_row[3];  // by the dim's argument: _row_check(1), _row_check(2)
     long max_rank, max_inputs, max_outputs, max_instrs, max_row;
     PyObject *no_val;  // the reason for a call node without a tensor value
+    PyObject* view_refusal;  // dvm.lower._check_view's reason for a view that moves values
     // resolved at setup, for the objects of exactly these types: torch.fx.Node's fields (the
     // offset of each C member, 0 where the generic lookup must read it) and FakeTensor's
     // shape and dtype getters (NULL where it must)
@@ -370,7 +371,9 @@ static int reduce_passes(Tables* t, PyObject* ops, PyObject* args, PyObject* kwa
     return !row || x.d[x.n - 1] <= g.max_row;
 }
 
-// dvm.lower._check_view passing node: a view of a tensor with the same dims but size-1 ones.
+// dvm.lower._check_view on node: 1 when it passes (a view of a tensor with the same dims but
+// size-1 ones), 2 when it refuses a view of a tensor (VIEW_REFUSAL), 0 when dvm.lower must
+// say (a shape not known here), -1 with an exception.
 static int view_passes(Tables* t, PyObject* node, PyObject* ops, PyObject* args) {
     Shape src, dst;
     int known = first_shape(t, ops, args, &src);
@@ -382,7 +385,7 @@ static int view_passes(Tables* t, PyObject* node, PyObject* ops, PyObject* args)
         while (j < dst.n && dst.d[j] == 1) ++j;
         if (i == src.n || j == dst.n || src.d[i] != dst.d[j]) break;
     }
-    return i == src.n && j == dst.n;
+    return i == src.n && j == dst.n ? 1 : 2;
 }
 
 // dvm.lower._row_check(dim_at)'s check passing node: over the last dim (argument dim_at) of
@@ -465,13 +468,18 @@ static const RuleInfo* rule_info(PyObject* rule) {
 }
 
 // Whether node passes its rule's check, worked out here for the checks setup() names: 1 when
-// it does, 0 when dvm.lower must say (a refusal, or a case not handled here), -1 with an
-// exception.
+// it does, 0 when it does not (*refusal set to the check's reason where that is known here,
+// a view that moves values; else dvm.lower must say), -1 with an exception.
 static int check_passes(Tables* t, PyObject* check, PyObject* node, PyObject* ops,
-                        PyObject* args, PyObject* kwargs) {
+                        PyObject* args, PyObject* kwargs, PyObject** refusal) {
     if (check == Py_None) return 1;
     if (check == g.check_reduce) return reduce_passes(t, ops, args, kwargs);
-    if (check == g.check_view) return view_passes(t, node, ops, args);
+    if (check == g.check_view) {
+        int passes = view_passes(t, node, ops, args);
+        if (passes != 2) return passes;
+        *refusal = g.view_refusal;
+        return 0;
+    }
     if (check == g.check_to_copy) return unset(kwargs, g.s_device);
     if (check == g.check_div_mode) return unset(kwargs, g.s_rounding_mode);
     if (check == g.check_row[1] || check == g.check_row[2])
@@ -552,10 +560,12 @@ static PyObject* reason(Tables* t, PyObject* node, PyObject* key, PyObject* rule
     PyObject *name, *a;
     for (Py_ssize_t at = 0; !odd && PyDict_Next(kwargs, &at, &name, &a);)
         odd = odd_scalar(a, limit);
-    int passes = odd ? 0 : check_passes(t, check, node, ops, args, kwargs);
+    PyObject* refusal = NULL;  // the check's reason where worked out here (borrowed)
+    int passes = odd ? 0 : check_passes(t, check, node, ops, args, kwargs, &refusal);
     Py_DECREF(check);
     if (passes < 0) return NULL;
     if (passes) Py_RETURN_NONE;
+    if (refusal != NULL) return Py_NewRef(refusal);
     return PyObject_CallFunctionObjArgs(g.rule_reason, node, rule, ops, t->facts, NULL);
 }
 
@@ -1696,19 +1706,20 @@ static int resolve(PyTypeObject* node_type) {
 // the dict of those results by id(target) that it fills where the op alone decides; (the
 // aliasing ops, aten.expand, MAX_INPUTS, MAX_OUTPUTS, MAX_INSTRS); (FakeTensor, the ids of
 // the pointwise ops that may give a bool result (a set), (_check_reduce, _check_view,
-// _check_to_copy, _check_div_mode, _check_bitwise, _row_check(1), _row_check(2)), MAX_ROW)
-// [, torch.fx.Node, whose fields are read at their offsets].
+// _check_to_copy, _check_div_mode, _check_bitwise, _row_check(1), _row_check(2)), MAX_ROW,
+// VIEW_REFUSAL) [, torch.fx.Node, whose fields are read at their offsets].
 static PyObject* setup(PyObject* module, PyObject* args) {
     PyObject *rules, *tensor, *cpu, *codes, *limits, *bool_dtype, *max_dims, *kinds, *callbacks;
-    PyObject *aliasing, *expand_op, *fake_tensor, *bool_out, *checks;
+    PyObject *aliasing, *expand_op, *fake_tensor, *bool_out, *checks, *view_refusal;
     PyTypeObject* node_type = NULL;
     long max_in, max_out, max_instrs, max_row;
-    if (!PyArg_ParseTuple(args, "O!OOO!O!OO!O!O!(O!Olll)(O!O!O!l)|O!", &PyDict_Type, &rules, &tensor,
+    if (!PyArg_ParseTuple(args, "O!OOO!O!OO!O!O!(O!Olll)(O!O!O!lU)|O!", &PyDict_Type, &rules, &tensor,
                           &cpu, &PyDict_Type, &codes, &PyDict_Type, &limits, &bool_dtype,
                           &PyLong_Type, &max_dims, &PyTuple_Type, &kinds, &PyTuple_Type,
                           &callbacks, &PyTuple_Type, &aliasing, &expand_op, &max_in, &max_out,
                           &max_instrs, &PyType_Type, &fake_tensor, &PyFrozenSet_Type, &bool_out,
-                          &PyTuple_Type, &checks, &max_row, &PyType_Type, &node_type))
+                          &PyTuple_Type, &checks, &max_row, &view_refusal, &PyType_Type,
+                          &node_type))
         return NULL;
     PyObject** check_slots[] = {&g.check_reduce,   &g.check_view,    &g.check_to_copy,
                                 &g.check_div_mode, &g.check_bitwise, &g.check_row[1],
@@ -1728,6 +1739,7 @@ static PyObject* setup(PyObject* module, PyObject* args) {
         Py_XSETREF(*check_slots[i], Py_NewRef(PyTuple_GET_ITEM(checks, i)));
     Py_XSETREF(g.fake_tensor, Py_NewRef(fake_tensor));
     Py_XSETREF(g.bool_out, Py_NewRef(bool_out));
+    Py_XSETREF(g.view_refusal, Py_NewRef(view_refusal));
     g.max_row = max_row;
     PyObject* given[] = {rules, tensor, cpu, codes, limits, bool_dtype, aliasing, expand_op};
     PyObject** held[] = {&g.rules,  &g.tensor,     &g.cpu,      &g.dtype_codes,

@@ -1117,6 +1117,43 @@ def test_the_analysis_asks_python_nothing_for_common_nodes():
     assert len(a.dshape) == sum(n.op == "call_function" for n in nodes) >= 15
 
 
+def test_a_view_that_moves_values_is_refused_in_c_with_python_s_reason():
+    """A view that changes more than size-1 dims (a transformer's head split, a flatten of a
+    transpose) is refused by the C analysis with dvm.lower's reason, asking Python nothing;
+    the same views of size-1 dims are taken."""
+    import sys
+
+    from dvm.lower import VIEW_REFUSAL, unsupported_reason
+
+    def fn(x):
+        y = (x * 2).view(3, 2, 10).transpose(0, 1).reshape(6, 10)
+        return y.view(2, 30) + 1, (x + 1).view(6, 1, 10)
+
+    gm = make_fx(fn, tracing_mode="fake")(_x(6, 10))
+    nodes = list(gm.graph.nodes)
+    _Analysis(nodes)  # the transpose, an op without a rule, is asked of Python once an op
+    calls = []
+
+    def profile(frame, event, arg):
+        if event == "call" and frame.f_code is not _Analysis.__init__.__code__:
+            calls.append(frame.f_code.co_name)
+
+    sys.setprofile(profile)
+    try:
+        a = _Analysis(nodes)
+    finally:
+        sys.setprofile(None)
+    assert calls == []
+    refused = {n.name: why for n, why in a.fallbacks}
+    moved = [n for n in nodes if n.target in (aten.view.default, aten._unsafe_view.default)]
+    assert len(moved) == 4
+    for n in moved:
+        keeps = n.meta["val"].shape == (6, 1, 10)
+        assert (n.name in refused) != keeps, n.name
+        assert refused.get(n.name) == unsupported_reason(n)
+        assert refused.get(n.name, VIEW_REFUSAL) == VIEW_REFUSAL
+
+
 def _analysis_setup() -> tuple[list, tuple]:
     """cluster's ``_analysis.setup`` arguments, and the fast-path tuple after them."""
     from dvm import cluster as dc
@@ -1139,18 +1176,20 @@ def _analysis_setup() -> tuple[list, tuple]:
 def test_the_analysis_setup_refuses_wrong_arguments():
     from dvm import _analysis
 
-    args, (fake_tensor, bool_out, checks, max_row) = _analysis_setup()
+    args, (fake_tensor, bool_out, checks, max_row, refusal) = _analysis_setup()
     with pytest.raises(TypeError, match="7 checks, not 6"):
-        _analysis.setup(*args, (fake_tensor, bool_out, checks[:6], max_row))
+        _analysis.setup(*args, (fake_tensor, bool_out, checks[:6], max_row, refusal))
     with pytest.raises(TypeError):
-        _analysis.setup(*args, (fake_tensor, set(bool_out), checks, max_row))
+        _analysis.setup(*args, (fake_tensor, set(bool_out), checks, max_row, refusal))
     with pytest.raises(TypeError):
-        _analysis.setup(*args, ("FakeTensor", bool_out, checks, max_row))
+        _analysis.setup(*args, ("FakeTensor", bool_out, checks, max_row, refusal))
+    with pytest.raises(TypeError):
+        _analysis.setup(*args, (fake_tensor, bool_out, checks, max_row, None))
     with pytest.raises(TypeError):
         _analysis.setup(*args)
     with pytest.raises(TypeError):
-        _analysis.setup(*args, (fake_tensor, bool_out, checks, max_row), "Node")
-    _analysis.setup(*args, (fake_tensor, bool_out, checks, max_row), Node)
+        _analysis.setup(*args, (fake_tensor, bool_out, checks, max_row, refusal), "Node")
+    _analysis.setup(*args, (fake_tensor, bool_out, checks, max_row, refusal), Node)
     verdicts, _ = _verdicts(make_fx(lambda x: x.sum(-1) + 1, tracing_mode="fake")(_x(3, 4)))
     assert verdicts == [(None, None), (None, None)]
 

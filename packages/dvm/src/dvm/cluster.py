@@ -125,7 +125,8 @@ def _side_effect_reason(n: Node) -> str:
 def _analysis_fast_path() -> tuple:
     """What ``csrc/analysis.c`` works out without asking :mod:`dvm.lower`: FakeTensor (whose
     device it reads from its fields), the ids of the pointwise ops that may give a bool
-    result, the rules' checks it works out where they pass, and MAX_ROW."""
+    result, the rules' checks it works out where they pass, MAX_ROW, and the reason it gives
+    where the view check refuses."""
     from torch._subclasses.fake_tensor import FakeTensor
 
     from dvm import lower
@@ -140,7 +141,13 @@ def _analysis_fast_path() -> tuple:
         lower._row_check(1),
         lower._row_check(2),
     )
-    return FakeTensor, frozenset(id(t) for t in lower._BOOL_OUT), checks, MAX_ROW
+    return (
+        FakeTensor,
+        frozenset(id(t) for t in lower._BOOL_OUT),
+        checks,
+        MAX_ROW,
+        lower.VIEW_REFUSAL,
+    )
 
 
 _RULES_BY_ID = {id(t): rule for t, rule in RULES.items()}

@@ -603,6 +603,10 @@ def _convert(em: Emitter, n: Node, r: Resolve) -> int:
     return _converted(em, n.args[0], n.args[1], r)
 
 
+VIEW_REFUSAL = "view that changes the layout (not only size-1 dimensions)"
+"""Why the VM refuses a view that moves values (``csrc/analysis.c`` gives it too)."""
+
+
 def _check_view(node: Node) -> str | None:
     x = node.args[0]
     if not isinstance(x, Node) or not isinstance(x.meta.get("val"), torch.Tensor):
@@ -610,7 +614,7 @@ def _check_view(node: Node) -> str | None:
     src = [s for s in x.meta["val"].shape if s != 1]
     dst = [s for s in node.meta["val"].shape if s != 1]
     if src != dst:
-        return "view that changes the layout (not only size-1 dimensions)"
+        return VIEW_REFUSAL
     return None
 
 

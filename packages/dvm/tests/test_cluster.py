@@ -1089,10 +1089,27 @@ def test_the_analysis_agrees_with_the_python_on_other_devices():
         assert (verdicts[0][0] is None) == (fake is cpu and not inside), verdicts
 
 
+def _analysed_in_c(nodes: list[Node]) -> tuple[_Analysis, list[str]]:
+    """The analysis of ``nodes`` and the Python functions it called (besides its own
+    ``__init__``)."""
+    import sys
+
+    calls: list[str] = []
+
+    def profile(frame, event, arg):
+        if event == "call" and frame.f_code is not _Analysis.__init__.__code__:
+            calls.append(frame.f_code.co_name)
+
+    sys.setprofile(profile)
+    try:
+        return _Analysis(nodes), calls
+    finally:
+        sys.setprofile(None)
+
+
 def test_the_analysis_asks_python_nothing_for_common_nodes():
     """RMSNorm, softmax, casts, views, comparisons and bool ops of CPU fake tensors: the
     analysis works each out in C, calling no Python function, and takes them all."""
-    import sys
 
     def fn(x, w):
         y = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * w
@@ -1101,17 +1118,7 @@ def test_the_analysis_asks_python_nothing_for_common_nodes():
 
     gm = make_fx(fn, tracing_mode="fake")(_x(6, 10), _x(10, seed=1))
     nodes = list(gm.graph.nodes)
-    calls = []
-
-    def profile(frame, event, arg):
-        if event == "call" and frame.f_code is not _Analysis.__init__.__code__:
-            calls.append(frame.f_code.co_name)
-
-    sys.setprofile(profile)
-    try:
-        a = _Analysis(nodes)
-    finally:
-        sys.setprofile(None)
+    a, calls = _analysed_in_c(nodes)
     assert calls == []
     assert a.fallbacks == []
     assert len(a.dshape) == sum(n.op == "call_function" for n in nodes) >= 15
@@ -1121,8 +1128,6 @@ def test_a_view_that_moves_values_is_refused_in_c_with_python_s_reason():
     """A view that changes more than size-1 dims (a transformer's head split, a flatten of a
     transpose) is refused by the C analysis with dvm.lower's reason, asking Python nothing;
     the same views of size-1 dims are taken."""
-    import sys
-
     from dvm.lower import VIEW_REFUSAL, unsupported_reason
 
     def fn(x):
@@ -1132,17 +1137,7 @@ def test_a_view_that_moves_values_is_refused_in_c_with_python_s_reason():
     gm = make_fx(fn, tracing_mode="fake")(_x(6, 10))
     nodes = list(gm.graph.nodes)
     _Analysis(nodes)  # the transpose, an op without a rule, is asked of Python once an op
-    calls = []
-
-    def profile(frame, event, arg):
-        if event == "call" and frame.f_code is not _Analysis.__init__.__code__:
-            calls.append(frame.f_code.co_name)
-
-    sys.setprofile(profile)
-    try:
-        a = _Analysis(nodes)
-    finally:
-        sys.setprofile(None)
+    a, calls = _analysed_in_c(nodes)
     assert calls == []
     refused = {n.name: why for n, why in a.fallbacks}
     moved = [n for n in nodes if n.target in (aten.view.default, aten._unsafe_view.default)]

@@ -3,7 +3,8 @@ ctypes by ``dvm._lib``; ``dvm._launcher`` (csrc/launcher.c), a CPython extension
 calls a build's ``dvm_run`` by address for ``dvm.vm.Launch`` and prepares a compiled region's
 launch (``prepare``; no torch headers either); ``dvm._emitter`` (csrc/emitter.c), the program
 builder behind ``dvm.lower.Emitter`` and ``dvm.cluster.build_region``;
-``dvm._analysis`` (csrc/analysis.c), the per-node analysis behind ``dvm.cluster._Analysis``;
+``dvm._analysis`` (csrc/analysis.c), the per-node analysis behind ``dvm.cluster._Analysis``,
+with ``compile`` (csrc/compile.c), the common case of ``dvm.compile.compile_graph`` in one call;
 and ``dvm._executor`` (csrc/executor.c), the schedule's common case and the steps of
 ``dvm.executor.Executor``.
 
@@ -67,11 +68,16 @@ setup(
         # size, they touch fewer lines of code
         Extension(
             f"dvm.{name}",
-            sources=[f"csrc/{name[1:]}.c"],
-            depends=["csrc/fields.h"],
+            sources=[f"csrc/{name[1:]}.c", *extra],
+            depends=["csrc/fields.h", "csrc/analysis.h"],
             extra_compile_args=["-Os"],
         )
-        for name in ("_launcher", "_emitter", "_analysis", "_executor")
+        for name, extra in (
+            ("_launcher", []),
+            ("_emitter", []),
+            ("_analysis", ["csrc/compile.c"]),  # the whole compile's common case too
+            ("_executor", []),
+        )
     ],
     cmdclass={"build_ext": IsaBuildExt},
 )

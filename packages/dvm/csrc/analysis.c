@@ -17,6 +17,7 @@
 #include <string.h>
 #include <stdint.h>
 
+#include "analysis.h"
 #include "fields.h"
 
 // CPython 3.13 made _PyObject_LookupAttr public as PyObject_GetOptionalAttr (and removed it).
@@ -974,7 +975,7 @@ done:
 
 // run(analysis, nodes): fill the analysis's tables for nodes (a list, in graph order); whether
 // a node lacks a fake value it needs (lacks_meta).
-static PyObject* run(PyObject* module, PyObject* const* argv, Py_ssize_t argc) {
+PyObject* dvm_run(PyObject* module, PyObject* const* argv, Py_ssize_t argc) {
     PyObject* nodes = graph_nodes("run", argv, argc);
     if (nodes == NULL) return NULL;
     Tables t;
@@ -1524,7 +1525,7 @@ static int grow(Merge* m) {
 // merge(analysis, nodes, work_ids): the groups (see groups_of) of the analysed nodes of
 // nodes (the list the analysis ran on), ordered by their first node; work_ids the ids of the
 // ops that stand for an eager kernel (a frozenset).
-static PyObject* merge(PyObject* module, PyObject* const* argv, Py_ssize_t argc) {
+PyObject* dvm_merge(PyObject* module, PyObject* const* argv, Py_ssize_t argc) {
     if (argc != 3 || !PyFrozenSet_CheckExact(argv[2])) {
         PyErr_SetString(PyExc_TypeError,
                         "merge(analysis, nodes, work_ids): work_ids must be a frozenset");
@@ -1590,7 +1591,7 @@ static int node_link(PyObject* n, int f, PyObject* name, PyObject** out) {
 // nodes(graph): list(graph.nodes) of a torch.fx Graph, read from its linked list (the graph's
 // _root, each node's _next; a node marked _erased skipped, as torch.fx's iterator does) where
 // the graph and its nodes have those fields, else through graph.nodes.
-static PyObject* nodes(PyObject* module, PyObject* graph) {
+PyObject* dvm_nodes(PyObject* module, PyObject* graph) {
     PyObject *root, *out = PyList_New(0);
     int found = out != NULL ? lookup_attr(graph, g.s__root, &root) : -1;
     if (found <= 0) goto slow;
@@ -1763,13 +1764,13 @@ static PyObject* setup(PyObject* module, PyObject* args) {
 
 static PyMethodDef module_methods[] = {
     {"setup", setup, METH_VARARGS, "Hand the module dvm.lower's rules, constants and helpers."},
-    {"run", (PyCFunction)(void (*)(void))run, METH_FASTCALL,
+    {"run", (PyCFunction)(void (*)(void))dvm_run, METH_FASTCALL,
      "run(analysis, nodes): fill a dvm.cluster._Analysis's tables for nodes; whether one "
      "lacks the fake value it needs."},
-    {"merge", (PyCFunction)(void (*)(void))merge, METH_FASTCALL,
+    {"merge", (PyCFunction)(void (*)(void))dvm_merge, METH_FASTCALL,
      "merge(analysis, nodes, work_ids): the groups of analysed nodes that make regions, each "
      "(live members, dead members, how many live ones stand for an eager kernel)."},
-    {"nodes", nodes, METH_O, "nodes(graph): list(graph.nodes) of a torch.fx Graph."},
+    {"nodes", dvm_nodes, METH_O, "nodes(graph): list(graph.nodes) of a torch.fx Graph."},
     {"domain", (PyCFunction)(void (*)(void))domain, METH_FASTCALL,
      "domain(analysis, members): the domain of a region of members."},
     {"storable", (PyCFunction)(void (*)(void))py_storable, METH_FASTCALL,
@@ -1810,5 +1811,7 @@ PyMODINIT_FUNC PyInit__analysis(void) {
     };
     for (size_t i = 0; i < sizeof names / sizeof names[0]; ++i)
         if ((*names[i].slot = PyUnicode_InternFromString(names[i].text)) == NULL) return NULL;
-    return PyModule_Create(&module_def);
+    PyObject* module = PyModule_Create(&module_def);
+    if (module != NULL && dvm_add_compile(module) < 0) Py_CLEAR(module);
+    return module;
 }

@@ -121,3 +121,43 @@ def tiny_llama() -> Callable[..., torch.nn.Module]:
         return transformers.LlamaForCausalLM(config).eval()
 
     return build
+
+
+@pytest.fixture
+def same_as_python_path() -> Callable[..., None]:
+    """``check(compiled, gm, inputs, min_ops=...)``: ``compiled`` (``compile_graph`` of ``gm``)
+    equals ``gm``'s compile by the Python path, the oracle of the common case in C
+    (``dvm._analysis.compile``): the same regions, fallbacks, notes, runners, schedule and
+    result objects, times aside."""
+    import dvm.compile as dc
+
+    def python_compiled(gm, inputs, min_ops):
+        native, dc._COMPILE = dc._COMPILE, None
+        try:
+            return dc.compile_graph(gm, inputs, min_ops=min_ops)
+        finally:
+            dc._COMPILE = native
+
+    calls = {"vm_calls", "eager_calls", "fallback_reasons"}
+
+    def check(native, gm, inputs, *, min_ops: int) -> None:
+        python = python_compiled(gm, inputs, min_ops)
+        fields = ("nodes", "input_nodes", "input_views", "outputs", "output_slots", "domain")
+        fields += ("program", "out_dtypes", "reduced")
+        for a, b in zip(native.regions, python.regions, strict=True):
+            assert [getattr(a, f) for f in fields] == [getattr(b, f) for f in fields]
+        assert native.fallbacks == python.fallbacks
+        assert native.clustering.notes == python.clustering.notes
+        assert vars(native.clustering).keys() == vars(python.clustering).keys()
+        for a, b in zip(native.runners, python.runners, strict=True):  # calls counted aside
+            assert vars(a).keys() - calls == vars(b).keys() - calls
+            assert (a.__name__, a._inputs, a._results) == (b.__name__, b._inputs, b._results)
+        assert vars(native).keys() == vars(python).keys()
+        assert (native.executor, native.eager_runs) == (python.executor, python.eager_runs)
+        number = {id(r): k for k, r in enumerate(native.runners)}
+        number.update({id(r): k for k, r in enumerate(python.runners)})
+        assert [number.get(id(t), t) for t in native.run.targets] == [
+            number.get(id(t), t) for t in python.run.targets
+        ]
+
+    return check

@@ -722,3 +722,179 @@ def test_a_compiler_bug_runs_the_graph_eagerly_and_boxed(monkeypatch):
     assert args == []
     torch.testing.assert_close(c(x, w), _fn(x, w))
     assert c.vm_calls == 0
+
+
+def test_the_common_case_compiles_in_one_c_call(monkeypatch):
+    """Where the runners prepare in C, ``compile_graph`` is ``dvm._analysis.compile``'s: no
+    Python function runs inside it but the clustering's ``_split_parts`` and the reordering
+    schedule, which it calls only for the rare cases they handle."""
+    import sys
+
+    from dvm import _analysis
+
+    assert dc._COMPILE is _analysis.compile
+    x, w = _inputs()
+    gm = make_fx(_fn, tracing_mode="fake")(x, w)
+    frames: list[str] = []
+
+    def profile(frame, event, arg):
+        if event == "call" and frame.f_code.co_name != "compile_graph":
+            frames.append(frame.f_code.co_name)
+
+    sys.setprofile(profile)
+    try:
+        c = compile_graph(gm, [x, w])
+    finally:
+        sys.setprofile(None)
+    assert frames == []
+    assert len(c.runners) == 1
+    torch.testing.assert_close(c(x, w), _fn(x, w))
+
+
+def test_the_reference_executor_compiles_in_python(monkeypatch):
+    """With the reference executor the runners prepare in Python, so the whole compile does."""
+    monkeypatch.setattr(dc, "PREPARE", dc._Reference)
+    x, w = _inputs()
+    c = compile_graph(make_fx(_fn, tracing_mode="fake")(x, w), [x, w])
+    assert all(isinstance(r._guarded.__self__, dc._ReferenceLaunch) for r in c.runners)
+    torch.testing.assert_close(c(x, w), _fn(x, w))
+
+
+def _chain_graphs():
+    from dvm import benchmarks
+
+    for name, spec in benchmarks.CHAINS.items():
+        inputs = list(spec.inputs((4, 16), torch.float32))
+        yield name, benchmarks._trace(spec.fn, inputs), inputs, spec.min_ops
+
+
+@pytest.mark.parametrize("case", list(_chain_graphs()), ids=lambda case: case[0])
+def test_the_c_compile_of_the_bench_chains_equals_the_python_path(case, same_as_python_path):
+    _, gm, inputs, min_ops = case
+    c = compile_graph(gm, inputs, min_ops=min_ops)
+    assert len(c.regions) == 1
+    same_as_python_path(c, gm, inputs, min_ops=min_ops)
+
+
+def test_the_c_compile_of_a_tiny_llama_step_equals_the_python_path(tiny_llama, same_as_python_path):
+    """A real model's forward and backward graphs (views refused, side effects, splits of the
+    schedule): compiled in C as by the Python path, and the step equals eager's."""
+    from dvm import benchmarks
+
+    graphs = []
+
+    def compiler(gm, inputs):
+        compiled = compile_graph(gm, inputs)
+        graphs.append((compiled, gm, list(inputs)))
+        return compiled
+
+    model = tiny_llama("sdpa")
+    seed = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, model.config.vocab_size, (2, 12), generator=seed)
+    torch._dynamo.reset()
+    step = torch.compile(model, backend=benchmarks.aot_backend(compiler))
+    loss = step(input_ids=ids, labels=ids).loss
+    loss.backward()
+    assert len(graphs) == 2
+    for compiled, gm, inputs in graphs:
+        assert compiled.regions
+        same_as_python_path(compiled, gm, inputs, min_ops=dc.MIN_OPS)
+    torch.testing.assert_close(loss, tiny_llama("sdpa")(input_ids=ids, labels=ids).loss)
+
+
+@pytest.mark.parametrize(
+    "args",
+    [(), (None, None, 2, 0.0, 1), (None, None, "2", 0.0), (None, None, 2, 0)],
+    ids=["no-args", "five", "min_ops-str", "t0-int"],
+)
+def test_the_c_compile_refuses_bad_arguments(args):
+    from dvm import _analysis
+
+    with pytest.raises(TypeError, match=r"compile\(gm, graph, min_ops, t0\)"):
+        _analysis.compile(*args)
+
+
+def test_setup_compile_refuses_tables_of_another_analysis():
+    from dvm import _analysis, cluster
+
+    with pytest.raises(ValueError, match="setup_compile: 9 tables, not 1"):
+        _analysis.setup_compile(
+            cluster._Analysis,
+            {"index": False},
+            cluster,
+            None,
+            _executor,
+            dc.RegionRunner,
+            cluster.Clustering,
+            dc.CompiledGraph,
+            frozenset(),
+            None,
+            ("a", "b", "c"),
+            {},
+            None,
+            None,
+            "vm",
+        )
+
+
+def _outputs_past_the_limit(x):
+    from dvm.program import MAX_OUTPUTS
+
+    return tuple((x * k).sin() for k in range(MAX_OUTPUTS + 3))
+
+
+def _registers_run_out(x):
+    from dvm.program import MAX_REGS
+
+    live = [(x + k).sin() for k in range(MAX_REGS + 4)]  # all live at once
+    total = live[-1]
+    for v in reversed(live[:-1]):
+        total = total * v
+    return total
+
+
+def _reordered(x):
+    a = x.exp()
+    b = a.cumsum(-1)  # reads a region value
+    y = x.cumsum(0)  # made after b, read by the region
+    return b, x.sin() * y + a
+
+
+def _dead_and_alone(x):
+    x.cos()  # dead code
+    return x.exp().cumsum(-1)  # the exp, a single op, stays eager
+
+
+@pytest.mark.parametrize(
+    "fn",
+    [_outputs_past_the_limit, _registers_run_out, _reordered, _dead_and_alone],
+    ids=["split-outputs", "split-registers", "reordered", "dead-and-alone"],
+)
+def test_the_c_compile_takes_the_rare_paths_as_python_does(fn, same_as_python_path):
+    """Groups split at the VM's limits (by the merging, and when built by
+    ``dvm.cluster._split_parts``, which C calls), a graph
+    the C schedule cannot order in place (reordered in Python), dead code and a lone op."""
+    x = torch.randn(3, 5)
+    gm = make_fx(fn, tracing_mode="fake")(x)
+    c = compile_graph(gm, [x])
+    same_as_python_path(c, gm, [x], min_ops=dc.MIN_OPS)
+    if fn in (_outputs_past_the_limit, _registers_run_out):
+        assert len(c.regions) >= 2
+    if fn is _registers_run_out:  # merged whole, then split when built: noted
+        assert any("registers" in note for note in c.clustering.notes)
+    if fn is _reordered:
+        assert _executor.schedule(gm, list(gm.graph.nodes), c.runners) is None
+    if fn is _dead_and_alone:
+        assert {why for _, why in c.fallbacks} >= {dc.DEAD, dc.ALONE}
+    got, want = c(x), fn(x)
+    for g, w in zip(*(v if isinstance(v, tuple) else [v] for v in (got, want)), strict=True):
+        torch.testing.assert_close(g, w)
+
+
+def test_the_c_compile_takes_a_min_ops_beyond_a_c_long(same_as_python_path):
+    x, w = _inputs()
+    gm = make_fx(_fn, tracing_mode="fake")(x, w)
+    c = compile_graph(gm, [x, w], min_ops=2**80)
+    assert c.regions == []
+    assert c.fallbacks
+    same_as_python_path(c, gm, [x, w], min_ops=2**80)

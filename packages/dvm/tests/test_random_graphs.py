@@ -6,7 +6,8 @@ Shapes include size 1 and odd sizes; inputs broadcast along random dims, some ar
 (transposed) views. 16-bit graphs compute in fp32 between an upcast of the inputs and a
 downcast of the results, as real graphs do. Conditions (comparisons, where) read inputs
 only, so a last-bit difference of a computed value never flips a branch. Every region is
-also built by the Python lowering rules alone and checked to be the same (``native_checked``).
+also built by the Python lowering rules alone and checked to be the same (``native_checked``),
+and each graph's compile is checked to equal its compile by the Python path.
 """
 
 from __future__ import annotations
@@ -168,7 +169,7 @@ def _program(steps, dtype):
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
 )
 @given(graphs())
-def test_random_graph_equals_eager(case):
+def test_random_graph_equals_eager(same_as_python_path, case):
     _, dtype, inputs, steps, seed = case
     xs = _make_inputs(inputs, dtype, seed)
     fn = _program(steps, dtype)
@@ -185,3 +186,4 @@ def test_random_graph_equals_eager(case):
     assert compiled.vm_calls == len(compiled.regions)
     # every op of these graphs lowers; the steps no result reads are dead code, left as it is
     assert all(why == DEAD for _, why in compiled.fallbacks)
+    same_as_python_path(compiled, gm, xs, min_ops=1)

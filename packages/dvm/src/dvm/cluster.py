@@ -254,6 +254,22 @@ def _split(members: list[Node], a: _Analysis) -> tuple[list[Region], list[tuple[
     return regions, dropped
 
 
+def _split_parts(
+    members: list[Node],
+    a: _Analysis,
+    error: ValueError,
+    notes: list[str],
+    fallbacks: list[tuple[Node, str]],
+) -> list[tuple[Region, int]]:
+    """A group that does not build as one region (``error``) split by :func:`_split`, each
+    part with the eager kernels it stands for; the split noted in ``notes``, the nodes no part
+    takes in ``fallbacks``."""
+    notes.append(f"split {len(members)} nodes from {members[0].name}: {error}")
+    split, dropped = _split(members, a)
+    fallbacks.extend(dropped)
+    return [(r, _passes(r)) for r in split]
+
+
 def cluster(
     gm: GraphModule,
     *,
@@ -297,10 +313,7 @@ def _cluster(
         try:
             parts = ((build_region(members, a), work),)
         except ValueError as e:
-            notes.append(f"split {len(members)} nodes from {members[0].name}: {e}")
-            split, dropped = _split(members, a)
-            fallbacks.extend(dropped)
-            parts = [(r, _passes(r)) for r in split]
+            parts = _split_parts(members, a, e, notes, fallbacks)
         for r, work in parts:
             if work >= min_ops:
                 regions.append(r)

@@ -21,8 +21,19 @@ import torch
 from torch.fx import GraphModule, Node
 from torch.fx.node import map_arg
 
-from dvm import _analysis, _executor
-from dvm.cluster import MIN_OPS, Clustering, Region, _cluster
+from dvm import _analysis, _executor, cluster
+from dvm.cluster import (
+    _WORK_IDS,
+    ALONE,
+    DEAD,
+    MIN_OPS,
+    NO_WORK,
+    Clustering,
+    Region,
+    _Analysis,
+    _cluster,
+    _split_parts,
+)
 from dvm.executor import Executor, RegionCall
 from dvm.program import Program, run_reference
 from spore.side_effects import has_side_effect
@@ -351,12 +362,48 @@ def _ensure_meta(gm: GraphModule, example_inputs: Sequence[Any]) -> None:
         raise _NoFakeValues from e
 
 
+def _native_compile() -> Callable[[GraphModule, Any, int, float], CompiledGraph | None] | None:
+    """``dvm._analysis.compile`` set up where the runners prepare in C (the VM is built):
+    :func:`compile_graph`'s common case in one call, ``None`` where a node lacks its fake value
+    (then the Python path fills the values); ``None`` itself without the VM."""
+    if _PREPARE_REGION is None:
+        return None
+    tables = {k: type(v) is list for k, v in vars(_Analysis([])).items()}
+    for own in ("nodes", "missing_meta"):  # its attributes besides the tables
+        del tables[own]
+    _analysis.setup_compile(
+        _Analysis,
+        tables,
+        cluster,  # its build_region looked up at each call, as _cluster's is
+        _PREPARE_REGION,
+        _executor,  # its schedule looked up at each call, as _compiled's is
+        RegionRunner,
+        Clustering,
+        CompiledGraph,
+        _WORK_IDS,
+        time.perf_counter,
+        (DEAD, ALONE, NO_WORK),
+        _NAMES,
+        _split_parts,
+        _reordered_executor,
+        EXECUTOR,
+    )
+    return _analysis.compile
+
+
+def _reordered_executor(
+    gm: GraphModule, nodes: list[Node], runners: list[RegionRunner]
+) -> Executor:
+    """The schedule where ``dvm._executor.schedule`` gives none (see :func:`_moved`)."""
+    return Executor(gm, _moved(nodes, runners))
+
+
 def _schedule(gm: GraphModule, runners: list[RegionRunner], nodes: list[Node]) -> Executor:
     """The graph (``nodes``, its nodes in order) with every region one call of its runner, the
     other nodes as they are, in an order that respects data dependencies and keeps side
     effects where they were."""
     run = _executor.schedule(gm, nodes, runners)  # the common case, in C
-    return run if run is not None else Executor(gm, _moved(nodes, runners))
+    return run if run is not None else _reordered_executor(gm, nodes, runners)
 
 
 def _moved(nodes: list[Node], runners: list[RegionRunner]) -> list[Node | RegionCall]:
@@ -495,17 +542,10 @@ def compile_graph(
             graph = gm._graph  # the field gm.graph's getter (a Python call) reads
         except AttributeError:  # a GraphModule keeping its graph otherwise
             graph = gm.graph
-        nodes = _analysis.nodes(graph)
-        clustering = _cluster(
-            nodes, min_ops, _ensure_meta, (gm, example_inputs), time.perf_counter()
-        )
-        runners = []
-        for r in clustering.regions:
-            runners.append(RegionRunner(r, len(runners)))
-        t1 = time.perf_counter()
-        run = _executor.schedule(gm, nodes, runners)  # _schedule's, without its frame
-        if run is None:
-            run = Executor(gm, _moved(nodes, runners))
+        native = _COMPILE is not None and PREPARE is _KERNEL  # the runners prepare in C
+        compiled = _COMPILE(gm, graph, min_ops, t0) if native else None
+        if compiled is None:
+            compiled = _compiled(gm, graph, example_inputs, min_ops, t0)
     except _NoFakeValues as e:
         failed_fill = e.__cause__  # raised below, outside this handler: its own cause kept
     except Exception as e:  # a compiler bug must not break the user's program: run eagerly
@@ -516,5 +556,23 @@ def compile_graph(
         return failed
     if failed_fill is not None:
         raise failed_fill
+    return compiled
+
+
+def _compiled(
+    gm: GraphModule, graph: Any, example_inputs: Sequence[Any], min_ops: int, t0: float
+) -> CompiledGraph:
+    """:func:`compile_graph`'s work in Python (what ``dvm._analysis.compile`` does in C), its
+    times from ``t0``: where the VM is not built, or a node lacks its fake value."""
+    nodes = _analysis.nodes(graph)
+    clustering = _cluster(nodes, min_ops, _ensure_meta, (gm, example_inputs), t0)
+    runners = [RegionRunner(r, k) for k, r in enumerate(clustering.regions)]
+    t1 = time.perf_counter()
+    run = _executor.schedule(gm, nodes, runners)  # _schedule's, without its frame
+    if run is None:
+        run = _reordered_executor(gm, nodes, runners)
     t2 = time.perf_counter()
     return CompiledGraph(run, runners, clustering, (t2 - t0) * 1e6, (t2 - t1) * 1e6)
+
+
+_COMPILE = _native_compile()

@@ -8,12 +8,13 @@ once after a 64 MiB write has evicted the simulated caches, with the instrumenta
 around that ``compile_graph`` (a small C extension built here with the system compiler makes
 callgrind's client requests). Printed per chain: instructions (Ir) and last-level misses for
 code (IL), data reads (DLr) and writes (DLw). ``--phases`` splits the compile into the calls
-``compile_graph`` makes (the node list, the analysis, the merging, the regions' build, their
-runners, the schedule, the result), one count each. torch runs at one thread (a worker thread
-would run inside the counted window). About 1 run in 3 shows one chain 100-150k instructions and
-900-2000 misses above its usual count (not the garbage collector, not understood yet): run
-again rather than believe it. Needs valgrind (with its
-headers) and a C compiler; 30-60 s.
+that ``compile_graph``'s Python path makes (the node list, the analysis, the merging, the
+regions' build, their runners, the schedule, the result; its C path, ``dvm._analysis.compile``,
+makes the same calls without Python between them), one count each. torch runs at one thread
+(a worker thread would run inside the counted window). About 1 run in 3 shows one chain
+100-150k instructions and 900-2000 misses above its usual count (not the garbage collector,
+not understood yet): run again rather than believe it. Needs valgrind (with its headers) and a
+C compiler; 30-60 s.
 
     python packages/dvm/tools/cold_misses.py [--chains silu,rms_norm] [--phases]
     python packages/dvm/tools/cold_misses.py --keep DIR  # keeps the files for callgrind_annotate

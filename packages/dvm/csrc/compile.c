@@ -84,27 +84,49 @@ static PyObject* raised(void) {
 #endif
 }
 
-// The parts of group `members`: ((region, work),) where it builds as one region, else what
-// dvm.cluster._split_parts makes of it (noting it, its dropped nodes in fallbacks). A new
-// reference, or NULL with an exception.
-static PyObject* parts_of(PyObject* members, PyObject* work, PyObject* a, PyObject* notes,
-                          PyObject* fallbacks) {
-    PyObject* build = PyObject_GetAttr(c.cluster, c.s_build_region);
-    PyObject* built = build ? PyObject_CallFunctionObjArgs(build, members, a, NULL) : NULL;
-    Py_XDECREF(build);
+// Region `region`, standing for `work` eager kernels (an int), appended to regions when that
+// is at least min_ops, else its nodes to fallbacks, each with why it stays eager; 0, or -1
+// with an exception.
+static int take(PyObject* region, PyObject* work, long min_ops, PyObject* regions,
+                PyObject* fallbacks) {
+    long count = PyLong_AsLong(work);
+    if (count == -1 && PyErr_Occurred()) return -1;
+    if (count >= min_ops) return PyList_Append(regions, region);
+    PyObject* ops = PyObject_GetAttr(region, c.s_nodes);
+    int failed = ops == NULL || left(fallbacks, ops, count ? c.alone : c.no_work) < 0;
+    Py_XDECREF(ops);
+    return failed ? -1 : 0;
+}
+
+// Group `members` (standing for `work` eager kernels) built as one region, or where it does
+// not build (a ValueError) the parts dvm.cluster._split_parts makes of it (noting it, its
+// dropped nodes in fallbacks), each taken (take()); 0, or -1 with an exception.
+static int build(PyObject* members, PyObject* work, PyObject* a, long min_ops,
+                 PyObject* regions, PyObject* fallbacks, PyObject* notes) {
+    PyObject* build_region = PyObject_GetAttr(c.cluster, c.s_build_region);
+    PyObject* built =
+        build_region ? PyObject_CallFunctionObjArgs(build_region, members, a, NULL) : NULL;
+    Py_XDECREF(build_region);
     if (built != NULL) {
-        PyObject* part = PyTuple_Pack(2, built, work);
+        int failed = take(built, work, min_ops, regions, fallbacks);
         Py_DECREF(built);
-        PyObject* parts = part != NULL ? PyTuple_Pack(1, part) : NULL;
-        Py_XDECREF(part);
-        return parts;
+        return failed;
     }
-    if (!PyErr_ExceptionMatches(PyExc_ValueError)) return NULL;
+    if (!PyErr_ExceptionMatches(PyExc_ValueError)) return -1;
     PyObject* error = raised();
     PyObject* parts =
         PyObject_CallFunctionObjArgs(c.split, members, a, error, notes, fallbacks, NULL);
     Py_DECREF(error);
-    return parts;
+    PyObject* fast = parts != NULL ? PySequence_Fast(parts, "dvm compile: parts") : NULL;
+    Py_XDECREF(parts);
+    int failed = fast == NULL;
+    for (Py_ssize_t k = 0; !failed && k < PySequence_Fast_GET_SIZE(fast); ++k) {
+        PyObject *region, *count;
+        failed = !PyArg_ParseTuple(PySequence_Fast_GET_ITEM(fast, k), "OO", &region, &count) ||
+                 take(region, count, min_ops, regions, fallbacks) < 0;
+    }
+    Py_XDECREF(fast);
+    return failed ? -1 : 0;
 }
 
 // The regions of the analysed graph (nodes) and its fallbacks and notes, appended to the
@@ -126,32 +148,11 @@ static int cluster(PyObject* module, PyObject* a, PyObject* nodes, long min_ops,
         PyObject *members = PyTuple_GET_ITEM(group, 0), *dead = PyTuple_GET_ITEM(group, 1);
         failed = left(fallbacks, dead, c.dead) < 0;
         Py_ssize_t size = failed ? -1 : PyObject_Length(members);
-        if (size <= 0) {
+        if (size > 0)
+            failed = build(members, PyTuple_GET_ITEM(group, 2), a, min_ops, regions, fallbacks,
+                           notes) < 0;
+        else
             failed = size < 0;
-            continue;
-        }
-        PyObject* parts = parts_of(members, PyTuple_GET_ITEM(group, 2), a, notes, fallbacks);
-        PyObject* fast = parts != NULL ? PySequence_Fast(parts, "dvm compile: parts") : NULL;
-        Py_XDECREF(parts);
-        failed = fast == NULL;
-        for (Py_ssize_t k = 0; !failed && k < PySequence_Fast_GET_SIZE(fast); ++k) {
-            PyObject *region, *work;
-            if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(fast, k), "OO", &region, &work)) {
-                failed = 1;
-                break;
-            }
-            long count = PyLong_AsLong(work);
-            if (count == -1 && PyErr_Occurred()) {
-                failed = 1;
-            } else if (count >= min_ops) {
-                failed = PyList_Append(regions, region) < 0;
-            } else {
-                PyObject* ops = PyObject_GetAttr(region, c.s_nodes);
-                failed = ops == NULL || left(fallbacks, ops, count ? c.alone : c.no_work) < 0;
-                Py_XDECREF(ops);
-            }
-        }
-        Py_XDECREF(fast);
     }
     Py_DECREF(groups);
     return failed ? -1 : 0;

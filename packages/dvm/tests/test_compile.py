@@ -899,3 +899,32 @@ def test_the_c_compile_takes_a_min_ops_beyond_a_c_long(same_as_python_path):
     assert c.regions == []
     assert c.fallbacks
     same_as_python_path(c, gm, [x, w], min_ops=2**80)
+
+
+@pytest.mark.parametrize("where", ["build_region", "_split_parts"])
+def test_a_bug_in_what_the_c_compile_calls_runs_the_graph_eagerly(monkeypatch, where):
+    """An exception other than a build's ValueError, raised by what ``dvm._analysis.compile``
+    calls in Python (a group's build, a split), leaves the graph eager with a warning, as a
+    bug in the Python path does."""
+    from dvm import cluster
+
+    def broken(*args):
+        raise RuntimeError(f"simulated bug in {where}")
+
+    x = torch.randn(3, 5)
+    fn = _registers_run_out if where == "_split_parts" else _fn
+    args = [x] if where == "_split_parts" else list(_inputs())
+    if where == "_split_parts":
+        monkeypatch.setattr(dc, "_split_parts", broken)
+        dc._native_compile()  # set up again with the broken split; undone below
+    else:
+        monkeypatch.setattr(cluster, "build_region", broken)
+    try:
+        gm = make_fx(fn, tracing_mode="fake")(*args)
+        with pytest.warns(RuntimeWarning, match=f"could not compile this graph.*{where}"):
+            c = compile_graph(gm, args)
+    finally:
+        monkeypatch.undo()
+        dc._native_compile()
+    assert c.runners == []
+    torch.testing.assert_close(c(*args), fn(*args))

@@ -29,7 +29,6 @@ import re
 import shutil
 import subprocess
 import sys
-import sysconfig
 import tempfile
 from pathlib import Path
 
@@ -53,19 +52,6 @@ PyMODINIT_FUNC PyInit_cgtoggle(void) { return PyModule_Create(&module); }
 
 CHAINS = ("silu", "gelu_tanh", "rms_norm", "softmax")
 VALGRIND = ("--tool=callgrind", "--instr-atstart=no", "--cache-sim=yes", "--LL=33554432,16,64")
-
-
-def _build_toggle(folder: Path) -> None:
-    """The client-request extension ``cgtoggle``, compiled into ``folder``."""
-    source = folder / "cgtoggle.c"
-    source.write_text(_TOGGLE)
-    target = folder / f"cgtoggle{sysconfig.get_config_var('EXT_SUFFIX')}"
-    cc = os.environ.get("CC", "cc")
-    include = sysconfig.get_paths()["include"]
-    cmd = [cc, "-O2", "-shared", "-fPIC", f"-I{include}", str(source), "-o", str(target)]
-    done = subprocess.run(cmd, capture_output=True, text=True)
-    if done.returncode != 0:
-        raise SystemExit(f"could not build the callgrind toggle ({' '.join(cmd)}):\n{done.stderr}")
 
 
 def _inner(chains: list[str], phases: bool) -> None:
@@ -155,7 +141,9 @@ def main() -> None:
     folder.mkdir(parents=True, exist_ok=True)
     for old in folder.glob("out.*"):  # an earlier run's counts are not this one's
         old.unlink()
-    _build_toggle(folder)
+    import _cext  # beside this script
+
+    _cext.build(folder, "cgtoggle", _TOGGLE)
     path = [str(folder), *filter(None, [os.environ.get("PYTHONPATH")])]
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(path))
     cmd = ["valgrind", *VALGRIND, f"--callgrind-out-file={folder}/out"]

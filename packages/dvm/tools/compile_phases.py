@@ -17,9 +17,11 @@ phases as ``--flow`` reads them, each on a fresh copy of the graph after a 64 Mi
 evicted the CPU's caches (the cold caches of ``--flow`` without its tracing, whose 0.1 s a
 compile makes ``--flow`` slow to repeat and noisy: an A/B check of a change). ``--floor``
 times, in the same place, only what a compile done in native code would still need of Python:
-the graph read into flat arrays (each node's op, arguments, shape, strides and dtype), and that
-plus one ctypes call into the VM's library; next to dvm's whole compile, the three taking
-turns. ``--depths N`` times dvm's compile in the same place with the backend called 0 to N-1
+the graph read into flat arrays by Python (each node's op, arguments, shape, strides and
+dtype), that plus one ctypes call into the VM's library, and the graph read by C (each node's
+op, target, arguments, shape and dtype; a small extension built with the system compiler);
+next to dvm's whole compile, the four taking turns.
+``--depths N`` times dvm's compile in the same place with the backend called 0 to N-1
 frames deeper: CPython keeps frames in 16 KiB chunks, and 3.11 and 3.12 allocate and free one
 at each call that crosses a chunk's end (CPython issue gh-142183, fixed in later releases by
 keeping one), so the compile's time depends on the depth it runs at. ``--warmed`` times dvm's
@@ -40,6 +42,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import functools
 import statistics
 import time
 from array import array
@@ -49,7 +52,7 @@ from typing import Any
 import torch
 from torch.fx import GraphModule, Node
 
-from dvm import _lib, benchmarks, cluster
+from dvm import _analysis, _lib, benchmarks, cluster
 from dvm.compile import RegionRunner, _schedule, compile_graph
 from spore import runtime
 
@@ -156,11 +159,82 @@ def _flatten(gm: GraphModule) -> tuple[array, array]:
     return ints, scalars
 
 
+_READER = r"""
+#include <Python.h>
+// read(nodes): each torch.fx node's op, target and arguments, and its value's shape and dtype,
+// into a C array, as a compile in native code would read them (generic attribute lookups; the
+// arguments from the node's _args); the count of words read, or NULL with an exception.
+static long long words[1 << 16];
+static PyObject* read_graph(PyObject* m, PyObject* nodes) {
+    static PyObject *op, *target, *args, *meta, *val, *shape, *dtype;
+    if (op == NULL && ((op = PyUnicode_InternFromString("op")) == NULL ||
+                       (target = PyUnicode_InternFromString("target")) == NULL ||
+                       (args = PyUnicode_InternFromString("_args")) == NULL ||
+                       (meta = PyUnicode_InternFromString("meta")) == NULL ||
+                       (val = PyUnicode_InternFromString("val")) == NULL ||
+                       (shape = PyUnicode_InternFromString("shape")) == NULL ||
+                       (dtype = PyUnicode_InternFromString("dtype")) == NULL))
+        return NULL;
+    if (!PyList_Check(nodes)) return PyErr_Format(PyExc_TypeError, "read(nodes): a list");
+    Py_ssize_t k = 0, cap = sizeof words / sizeof words[0] - 64;
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(nodes) && k < cap; ++i) {
+        PyObject* n = PyList_GET_ITEM(nodes, i);
+        PyObject* got[4] = {PyObject_GetAttr(n, op), PyObject_GetAttr(n, target),
+                            PyObject_GetAttr(n, args), PyObject_GetAttr(n, meta)};
+        int failed = !got[0] || !got[1] || !got[2] || !got[3];
+        if (!failed) {
+            words[k++] = (long long)(Py_uintptr_t)got[0] ^ (long long)(Py_uintptr_t)got[1];
+            if (PyTuple_Check(got[2]))
+                for (Py_ssize_t j = 0; j < PyTuple_GET_SIZE(got[2]) && j < 16; ++j)
+                    words[k++] = (long long)(Py_uintptr_t)PyTuple_GET_ITEM(got[2], j);
+            PyObject* v = PyDict_Check(got[3]) ? PyDict_GetItemWithError(got[3], val) : NULL;
+            PyObject* s = v != NULL ? PyObject_GetAttr(v, shape) : NULL;
+            PyObject* d = s != NULL ? PyObject_GetAttr(v, dtype) : NULL;
+            if (s != NULL && PyTuple_Check(s))
+                for (Py_ssize_t j = 0; j < PyTuple_GET_SIZE(s) && j < 16; ++j)
+                    words[k++] = PyLong_AsLongLong(PyTuple_GET_ITEM(s, j));
+            words[k++] = (long long)(Py_uintptr_t)d;
+            Py_XDECREF(s);
+            Py_XDECREF(d);
+            PyErr_Clear();  // a value without a shape: nothing more to read
+        }
+        for (int j = 0; j < 4; ++j) Py_XDECREF(got[j]);
+        if (failed) return NULL;
+    }
+    return PyLong_FromSsize_t(k);
+}
+static PyMethodDef methods[] = {{"read", read_graph, METH_O, 0}, {0}};
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "graph_reader", 0, -1, methods};
+PyMODINIT_FUNC PyInit_graph_reader(void) { return PyModule_Create(&module); }
+"""
+
+
+@functools.lru_cache(maxsize=1)
+def _reader() -> Callable[[list[Node]], int]:
+    """``graph_reader.read``, built from :data:`_READER` into a temporary folder."""
+    import importlib
+    import sys
+    import tempfile
+    from pathlib import Path
+
+    import _cext  # beside this script
+
+    folder = Path(tempfile.mkdtemp(prefix="dvm-graph-reader-"))
+    _cext.build(folder, "graph_reader", _READER)
+    sys.path.insert(0, str(folder))
+    try:
+        return importlib.import_module("graph_reader").read
+    finally:
+        sys.path.remove(str(folder))
+
+
 def _floor(chain: str, repeat: int) -> str:
-    """Medians of the flattening alone, of it with one ctypes call, and of dvm's compile, in
-    µs: one compile in three each, in turn, so that all three run as cold."""
+    """Medians of the flattening in Python alone, of it with one ctypes call, of the graph's
+    read in C (:data:`_READER`, with the node list) and of dvm's compile, in µs: one compile in
+    four each, in turn, so that all four run as cold."""
     lib, _ = _lib.library()
-    modes = ("flatten", "flatten+call", "dvm's compile")
+    read = _reader()
+    modes = ("flatten", "flatten+call", "C read", "dvm's compile")
     times: dict[str, list[float]] = {m: [] for m in modes}
     min_ops = benchmarks.CHAINS[chain].min_ops
 
@@ -171,7 +245,10 @@ def _floor(chain: str, repeat: int) -> str:
             times[mode].append(1e-6 * compiled.total_us)  # its own time, as the bench reads it
             return compiled
         start = time.perf_counter()
-        _flatten(gm)
+        if mode == "C read":
+            read(_analysis.nodes(gm.graph))
+        else:
+            _flatten(gm)
         if mode == "flatten+call":
             lib.dvm_max_row()
         times[mode].append(time.perf_counter() - start)

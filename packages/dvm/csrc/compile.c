@@ -196,8 +196,9 @@ static PyObject* runner(PyObject* region, Py_ssize_t number) {
     return out;
 }
 
-// A new dvm.cluster._Analysis of nodes, analysed (analysis.c's run); NULL with an exception.
-static PyObject* analysed(PyObject* module, PyObject* nodes) {
+// A new dvm.cluster._Analysis of nodes, analysed (analysis.c's run), *missing_meta set to
+// whether a node lacks its fake value; NULL with an exception.
+static PyObject* analysed(PyObject* module, PyObject* nodes, int* missing_meta) {
     PyObject* values[N_ANALYSIS_TABLES + 1];
     PyObject* names[N_ANALYSIS_TABLES + 1];
     int made = 0, failed = 0;
@@ -214,6 +215,7 @@ static PyObject* analysed(PyObject* module, PyObject* nodes) {
     PyObject* argv[] = {a, nodes};
     PyObject* missing = dvm_run(module, argv, 2);
     if (missing == NULL || PyObject_SetAttr(a, c.s_missing_meta, missing) < 0) Py_CLEAR(a);
+    else *missing_meta = missing == Py_True;
     Py_XDECREF(missing);
     return a;
 }
@@ -237,15 +239,13 @@ static PyObject* compile(PyObject* module, PyObject* const* argv, Py_ssize_t arg
     double t0 = PyFloat_AS_DOUBLE(argv[3]);
     PyObject* nodes = dvm_nodes(module, graph);
     if (nodes == NULL) return NULL;
-    PyObject *a = analysed(module, nodes), *out = NULL, *clustering = NULL, *run = NULL;
+    int fill = 0;  // a node lacks its fake value: compile_graph's Python path fills them
+    PyObject *a = analysed(module, nodes, &fill), *out = NULL, *clustering = NULL, *run = NULL;
     PyObject* lists[3] = {PyList_New(0), PyList_New(0), PyList_New(0)};
     PyObject *regions = lists[0], *notes = lists[1], *runners = lists[2], *fallbacks = NULL;
-    int failed = a == NULL || !regions || !notes || !runners;
-    PyObject* missing = failed ? NULL : PyObject_GetAttr(a, c.s_missing_meta);
-    int fill = missing != NULL ? PyObject_IsTrue(missing) : -1;
-    Py_XDECREF(missing);
-    if (fill != 0) {  // -1: failed; 1: compile_graph's Python path fills the fake values
-        if (fill > 0) out = Py_NewRef(Py_None);
+    if (a == NULL || !regions || !notes || !runners) goto done;
+    if (fill) {
+        out = Py_NewRef(Py_None);
         goto done;
     }
     PyObject* first = PyObject_GetAttr(a, c.s_fallbacks);  // the analysis's, copied

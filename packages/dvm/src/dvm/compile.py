@@ -568,9 +568,7 @@ def _compiled(
     clustering = _cluster(nodes, min_ops, _ensure_meta, (gm, example_inputs), t0)
     runners = [RegionRunner(r, k) for k, r in enumerate(clustering.regions)]
     t1 = time.perf_counter()
-    run = _executor.schedule(gm, nodes, runners)  # _schedule's, without its frame
-    if run is None:
-        run = _reordered_executor(gm, nodes, runners)
+    run = _schedule(gm, runners, nodes)
     t2 = time.perf_counter()
     return CompiledGraph(run, runners, clustering, (t2 - t0) * 1e6, (t2 - t1) * 1e6)
 

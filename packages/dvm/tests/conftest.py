@@ -124,6 +124,22 @@ def tiny_llama() -> Callable[..., torch.nn.Module]:
 
 
 @pytest.fixture
+def registers_run_out() -> Callable[[torch.Tensor], torch.Tensor]:
+    """A function of x with more values live at once than the VM has registers: its graph
+    merges into one group that is split when built."""
+    from dvm.program import MAX_REGS
+
+    def fn(x: torch.Tensor) -> torch.Tensor:
+        live = [(x + k).sin() for k in range(MAX_REGS + 4)]  # all live at once
+        total = live[-1]
+        for v in reversed(live[:-1]):
+            total = total * v
+        return total
+
+    return fn
+
+
+@pytest.fixture
 def same_as_python_path() -> Callable[..., None]:
     """``check(compiled, gm, inputs, min_ops=...)``: ``compiled`` (``compile_graph`` of ``gm``)
     equals ``gm``'s compile by the Python path, the oracle of the common case in C

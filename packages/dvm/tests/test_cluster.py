@@ -16,7 +16,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 from dvm import _emitter
 from dvm import cluster as cl
 from dvm.cluster import ALONE, DEAD, NO_WORK, _Analysis, build_region, cluster
-from dvm.compile import compile_graph
+from dvm.compile import MIN_OPS, compile_graph
 from dvm.lower import NATIVE, NATIVE_DTYPES, Emitter, Form, LimitError, unsupported_reason
 from dvm.program import MAX_INPUTS, MAX_INSTRS, MAX_OUTPUTS, MAX_REGS, Op
 from spore.side_effects import has_side_effect
@@ -107,19 +107,16 @@ def test_split_at_the_input_limit():
     assert all(r.program.n_inputs <= MAX_INPUTS for r in c.regions)
 
 
-def test_split_when_registers_run_out():
-    def fn(x):
-        live = [(x + k).sin() for k in range(MAX_REGS + 4)]  # all live at once
-        total = live[-1]
-        for v in reversed(live[:-1]):
-            total = total * v
-        return total
-
+def test_split_when_registers_run_out(registers_run_out, same_as_python_path):
+    """Merged whole, then split when built (``dvm.cluster._split_parts``, which the C compile
+    calls too): noted, and the C compile's result is the Python path's."""
+    fn = registers_run_out
     gm = make_fx(fn, tracing_mode="fake")(_x(3, 4))
     clustering = cluster(gm)
     assert any("registers" in note for note in clustering.notes)
     assert len(clustering.regions) >= 2
     assert all(r.program.n_regs <= MAX_REGS for r in clustering.regions)
+    same_as_python_path(compile_graph(gm, [_x(3, 4)]), gm, [_x(3, 4)], min_ops=MIN_OPS)
     _compiled(fn, _x(3, 4))
 
 

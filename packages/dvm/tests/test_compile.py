@@ -844,16 +844,6 @@ def _outputs_past_the_limit(x):
     return tuple((x * k).sin() for k in range(MAX_OUTPUTS + 3))
 
 
-def _registers_run_out(x):
-    from dvm.program import MAX_REGS
-
-    live = [(x + k).sin() for k in range(MAX_REGS + 4)]  # all live at once
-    total = live[-1]
-    for v in reversed(live[:-1]):
-        total = total * v
-    return total
-
-
 def _reordered(x):
     a = x.exp()
     b = a.cumsum(-1)  # reads a region value
@@ -868,21 +858,19 @@ def _dead_and_alone(x):
 
 @pytest.mark.parametrize(
     "fn",
-    [_outputs_past_the_limit, _registers_run_out, _reordered, _dead_and_alone],
-    ids=["split-outputs", "split-registers", "reordered", "dead-and-alone"],
+    [_outputs_past_the_limit, _reordered, _dead_and_alone],
+    ids=["split-outputs", "reordered", "dead-and-alone"],
 )
 def test_the_c_compile_takes_the_rare_paths_as_python_does(fn, same_as_python_path):
-    """Groups split at the VM's limits (by the merging, and when built by
-    ``dvm.cluster._split_parts``, which C calls), a graph
-    the C schedule cannot order in place (reordered in Python), dead code and a lone op."""
+    """A group split at the VM's limits by the merging, a graph the C schedule cannot order in
+    place (reordered in Python), dead code and a lone op (a group split when built: test_cluster's
+    test_split_when_registers_run_out)."""
     x = torch.randn(3, 5)
     gm = make_fx(fn, tracing_mode="fake")(x)
     c = compile_graph(gm, [x])
     same_as_python_path(c, gm, [x], min_ops=dc.MIN_OPS)
-    if fn in (_outputs_past_the_limit, _registers_run_out):
+    if fn is _outputs_past_the_limit:
         assert len(c.regions) >= 2
-    if fn is _registers_run_out:  # merged whole, then split when built: noted
-        assert any("registers" in note for note in c.clustering.notes)
     if fn is _reordered:
         assert _executor.schedule(gm, list(gm.graph.nodes), c.runners) is None
     if fn is _dead_and_alone:
@@ -902,7 +890,9 @@ def test_the_c_compile_takes_a_min_ops_beyond_a_c_long(same_as_python_path):
 
 
 @pytest.mark.parametrize("where", ["build_region", "_split_parts"])
-def test_a_bug_in_what_the_c_compile_calls_runs_the_graph_eagerly(monkeypatch, where):
+def test_a_bug_in_what_the_c_compile_calls_runs_the_graph_eagerly(
+    monkeypatch, where, registers_run_out
+):
     """An exception other than a build's ValueError, raised by what ``dvm._analysis.compile``
     calls in Python (a group's build, a split), leaves the graph eager with a warning, as a
     bug in the Python path does."""
@@ -912,7 +902,7 @@ def test_a_bug_in_what_the_c_compile_calls_runs_the_graph_eagerly(monkeypatch, w
         raise RuntimeError(f"simulated bug in {where}")
 
     x = torch.randn(3, 5)
-    fn = _registers_run_out if where == "_split_parts" else _fn
+    fn = registers_run_out if where == "_split_parts" else _fn
     args = [x] if where == "_split_parts" else list(_inputs())
     if where == "_split_parts":
         monkeypatch.setattr(dc, "_split_parts", broken)

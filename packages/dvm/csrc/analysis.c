@@ -19,6 +19,7 @@
 
 #include "analysis.h"
 #include "fields.h"
+#include "names.h"
 
 // CPython 3.13 made _PyObject_LookupAttr public as PyObject_GetOptionalAttr (and removed it).
 #if PY_VERSION_HEX >= 0x030D0000
@@ -1784,10 +1785,7 @@ static struct PyModuleDef module_def = {
 };
 
 PyMODINIT_FUNC PyInit__analysis(void) {
-    struct {
-        PyObject** slot;
-        const char* text;
-    } names[] = {
+    Name names[] = {
         {&g.s_op, "op"},           {&g.s_target, "target"},
         {&g.s_args, "args"},       {&g.s_kwargs, "kwargs"},
         {&g.s_meta, "meta"},       {&g.s_val, "val"},
@@ -1809,8 +1807,7 @@ PyMODINIT_FUNC PyInit__analysis(void) {
         {&g.s__root, "_root"},     {&g.s__next, "_next"},
         {&g.s__erased, "_erased"}, {&g.s_nodes, "nodes"},
     };
-    for (size_t i = 0; i < sizeof names / sizeof names[0]; ++i)
-        if ((*names[i].slot = PyUnicode_InternFromString(names[i].text)) == NULL) return NULL;
+    if (INTERN_NAMES(names) < 0) return NULL;
     PyObject* module = PyModule_Create(&module_def);
     if (module != NULL && dvm_add_compile(module) < 0) Py_CLEAR(module);
     return module;

@@ -15,6 +15,7 @@
 #include <limits.h>
 
 #include "analysis.h"
+#include "names.h"
 
 enum { N_ANALYSIS_TABLES = 9 };
 
@@ -355,10 +356,7 @@ static PyMethodDef compile_methods[] = {
 };
 
 int dvm_add_compile(PyObject* module) {
-    struct {
-        PyObject** slot;
-        const char* text;
-    } strings[] = {
+    Name strings[] = {
         {&c.s_build_region, "build_region"}, {&c.s_schedule, "schedule"},
         {&c.s_nodes, "nodes"},           {&c.s_missing_meta, "missing_meta"},
         {&c.s_region, "region"},         {&c.s___name__, "__name__"},
@@ -371,7 +369,6 @@ int dvm_add_compile(PyObject* module) {
         {&c.s_total_us, "total_us"},     {&c.s_schedule_us, "schedule_us"},
         {&c.s_executor, "executor"},     {&c.s_eager_runs, "eager_runs"},
     };
-    for (size_t i = 0; i < sizeof strings / sizeof strings[0]; ++i)
-        if ((*strings[i].slot = PyUnicode_InternFromString(strings[i].text)) == NULL) return -1;
+    if (INTERN_NAMES(strings) < 0) return -1;
     return PyModule_AddFunctions(module, compile_methods);
 }

@@ -24,6 +24,7 @@
 #include <string.h>
 
 #include "fields.h"
+#include "names.h"
 
 enum { LOAD = 0, CONST = 1, STORE = 2, WHERE = 60 };
 enum { EXP = 12, LOG = 13, RECIPROCAL = 17, SIGMOID = 19, CAST_BF16 = 24, CAST_F16 = 25 };
@@ -1287,18 +1288,14 @@ static struct PyModuleDef module_def = {
 };
 
 PyMODINIT_FUNC PyInit__emitter(void) {
-    struct {
-        PyObject** slot;
-        const char* text;
-    } names[] = {
+    Name names[] = {
         {&g.s_target, "target"}, {&g.s_emit, "emit"},     {&g.s_users, "users"},
         {&g.s_args, "args"},     {&g.s_name, "name"},     {&g.s_dshape, "dshape"},
         {&g.s_facts, "facts"},   {&g.s_cut, "cut"},       {&g.s_kwargs, "kwargs"},
         {&g.s_fields[0], "n_inputs"}, {&g.s_fields[1], "n_outputs"}, {&g.s_fields[2], "n_regs"},
         {&g.s_fields[3], "_encoded"},
     };
-    for (size_t i = 0; i < sizeof names / sizeof names[0]; ++i)
-        if ((*names[i].slot = PyUnicode_InternFromString(names[i].text)) == NULL) return NULL;
+    if (INTERN_NAMES(names) < 0) return NULL;
     if ((zero = PyFloat_FromDouble(0.0)) == NULL) return NULL;
     if (PyType_Ready(&EmitterType) < 0 || PyType_Ready(&ResolveType) < 0) return NULL;
     PyObject* m = PyModule_Create(&module_def);

@@ -12,6 +12,7 @@
 #include <Python.h>
 
 #include "fields.h"
+#include "names.h"
 
 // The fields of torch.fx's Node read at their offsets (its _NodeBase's C members).
 enum { F_OP, F_TARGET, F_INPUT_NODES, F_ARGS, F_KWARGS, N_FIELDS };
@@ -683,10 +684,7 @@ static struct PyModuleDef module_def = {
 };
 
 PyMODINIT_FUNC PyInit__executor(void) {
-    struct {
-        PyObject** slot;
-        const char* text;
-    } names[] = {
+    Name names[] = {
         {&g.s_op, "op"},
         {&g.s_target, "target"},
         {&g.s_input_nodes, "_input_nodes"},
@@ -706,7 +704,6 @@ PyMODINIT_FUNC PyInit__executor(void) {
         {&g.s_fields[3], "steps"},
         {&g.s_fields[4], "_output"},
     };
-    for (size_t i = 0; i < sizeof names / sizeof names[0]; ++i)
-        if ((*names[i].slot = PyUnicode_InternFromString(names[i].text)) == NULL) return NULL;
+    if (INTERN_NAMES(names) < 0) return NULL;
     return PyModule_Create(&module_def);
 }

@@ -17,6 +17,7 @@
 #include <structmember.h>
 
 #include "fields.h"
+#include "names.h"
 
 // The VM's limits (csrc/vm.h): a launch over more is refused when it is made.
 enum { MAX_DIMS = 6, MAX_INPUTS = 16, MAX_OUTPUTS = 8, MAX_INSTRS = 256 };
@@ -1484,10 +1485,7 @@ static struct PyModuleDef module_def = {
 };
 
 PyMODINIT_FUNC PyInit__launcher(void) {
-    struct {
-        PyObject** slot;
-        const char* text;
-    } names[] = {{&g.s_shape, "shape"},         {&g.s_dtype, "dtype"},
+    Name names[] = {{&g.s_shape, "shape"},         {&g.s_dtype, "dtype"},
                  {&g.s_is_cpu, "is_cpu"},       {&g.s_layout, "layout"},
                  {&g.s_is_neg, "is_neg"},       {&g.s_requires_grad, "requires_grad"},
                  {&g.s_stride, "stride"},       {&g.s_data_ptr, "data_ptr"},
@@ -1500,8 +1498,7 @@ PyMODINIT_FUNC PyInit__launcher(void) {
                  {&r.s_n_regs, "n_regs"},       {&r.s_n_inputs, "n_inputs"},
                  {&r.s_n_outputs, "n_outputs"}, {&r.s_meta, "meta"},
                  {&r.s_val, "val"}};
-    for (size_t i = 0; i < sizeof names / sizeof names[0]; ++i)
-        if ((*names[i].slot = PyUnicode_InternFromString(names[i].text)) == NULL) return NULL;
+    if (INTERN_NAMES(names) < 0) return NULL;
     if ((g.kwnames = Py_BuildValue("(ss)", "dtype", "device")) == NULL) return NULL;
     if (PyType_Ready(&LauncherType) < 0) return NULL;
     PyObject* m = PyModule_Create(&module_def);

@@ -69,7 +69,7 @@ setup(
         Extension(
             f"dvm.{name}",
             sources=[f"csrc/{name[1:]}.c", *extra],
-            depends=["csrc/fields.h", "csrc/names.h", "csrc/analysis.h"],
+            depends=sorted(glob("csrc/*.h")),
             extra_compile_args=["-Os"],
         )
         for name, extra in (

@@ -15,6 +15,7 @@
 #include <limits.h>
 
 #include "analysis.h"
+#include "clock.h"
 #include "names.h"
 
 enum { N_ANALYSIS_TABLES = 9 };
@@ -23,7 +24,7 @@ static struct {
     // build_region and schedule are looked up where they live (dvm.cluster, dvm._executor) at
     // each call, as the Python path does: whatever replaced them there is called
     PyObject *analysis, *cluster, *prepare, *executor_module, *runner, *clustering, *compiled;
-    PyObject *work_ids, *perf_counter, *dead, *alone, *no_work, *names, *split, *reorder;
+    PyObject *work_ids, *dead, *alone, *no_work, *names, *split, *reorder;
     PyObject* executor;  // the compiled graph's executor name
     PyObject *s_build_region, *s_schedule, *s_nodes, *s_missing_meta, *s_region, *s___name__,
         *s___qualname__, *s__guarded, *s__inputs, *s__results, *s_prepare_us, *s_regions,
@@ -32,14 +33,6 @@ static struct {
     PyObject* tables[N_ANALYSIS_TABLES];  // the names of _Analysis's tables
     int tables_list[N_ANALYSIS_TABLES];   // which are lists (the others dicts)
 } c;
-
-// perf_counter(), in seconds; -1.0 with an exception.
-static double now(void) {
-    PyObject* t = PyObject_CallNoArgs(c.perf_counter);
-    double s = t != NULL ? PyFloat_AsDouble(t) : -1.0;
-    Py_XDECREF(t);
-    return s;
-}
 
 // An object of `type` made without calling it, its attributes set in order (names[i] to
 // values[i], borrowed): a new reference, or NULL with an exception.
@@ -172,10 +165,10 @@ static PyObject* runner(PyObject* region, Py_ssize_t number) {
     }
     Py_DECREF(key);
     if (name == NULL) return NULL;
-    double t0 = now();
+    double t0 = perf_seconds();
     PyObject* prepared = t0 < 0 && PyErr_Occurred() ? NULL : PyObject_CallOneArg(c.prepare, region);
     if (prepared == NULL) return NULL;
-    double t1 = now();
+    double t1 = perf_seconds();
     PyObject* spent = t1 < 0 && PyErr_Occurred() ? NULL : micros(t0, t1);
     PyObject* out = NULL;
     if (spent != NULL && PyTuple_CheckExact(prepared) && PyTuple_GET_SIZE(prepared) == 3) {
@@ -254,7 +247,7 @@ static PyObject* compile(PyObject* module, PyObject* const* argv, Py_ssize_t arg
     Py_XDECREF(first);
     if (fallbacks == NULL || cluster(module, a, nodes, min_ops, regions, fallbacks, notes) < 0)
         goto done;
-    double t = now();
+    double t = perf_seconds();
     PyObject* spent = t < 0 && PyErr_Occurred() ? NULL : micros(t0, t);
     if (spent == NULL) goto done;
     PyObject* cluster_names[] = {c.s_regions, c.s_fallbacks, c.s_cluster_us, c.s_notes};
@@ -270,7 +263,7 @@ static PyObject* compile(PyObject* module, PyObject* const* argv, Py_ssize_t arg
         }
         Py_DECREF(made);
     }
-    double t1 = now();
+    double t1 = perf_seconds();
     if (t1 < 0 && PyErr_Occurred()) goto done;
     PyObject* schedule = PyObject_GetAttr(c.executor_module, c.s_schedule);
     run = schedule ? PyObject_CallFunctionObjArgs(schedule, gm, nodes, runners, NULL) : NULL;
@@ -278,7 +271,7 @@ static PyObject* compile(PyObject* module, PyObject* const* argv, Py_ssize_t arg
     if (run == Py_None) {
         Py_SETREF(run, PyObject_CallFunctionObjArgs(c.reorder, gm, nodes, runners, NULL));
     }
-    double t2 = run != NULL ? now() : -1.0;
+    double t2 = run != NULL ? perf_seconds() : -1.0;
     if (t2 < 0 && PyErr_Occurred()) goto done;
     PyObject* total = micros(t0, t2);
     PyObject* scheduling = micros(t1, t2);
@@ -303,7 +296,7 @@ done:
 }
 
 // setup_compile(analysis, tables, cluster, prepare, executor_module, runner, clustering,
-// compiled, work_ids, perf_counter, (dead, alone, no_work), names, split, reorder, executor):
+// compiled, work_ids, (dead, alone, no_work), names, split, reorder, executor):
 // dvm.cluster._Analysis and the names of its tables (each a list when its default is one,
 // else a dict), the module dvm.cluster (whose build_region builds a group) and dvm._executor
 // (whose schedule schedules the graph), the calls and types compile() uses, the fallback
@@ -311,13 +304,13 @@ done:
 static PyObject* setup_compile(PyObject* module, PyObject* args) {
     PyObject *analysis, *tables, *cluster_module, *prepare, *executor_module, *runner_type;
     PyObject* clustering;
-    PyObject *compiled, *work_ids, *perf_counter, *dead, *alone, *no_work, *names, *split;
+    PyObject *compiled, *work_ids, *dead, *alone, *no_work, *names, *split;
     PyObject *reorder, *executor;
-    if (!PyArg_ParseTuple(args, "O!O!O!OO!O!O!O!O!O(UUU)O!OOU", &PyType_Type, &analysis,
+    if (!PyArg_ParseTuple(args, "O!O!O!OO!O!O!O!O!(UUU)O!OOU", &PyType_Type, &analysis,
                           &PyDict_Type, &tables, &PyModule_Type, &cluster_module, &prepare,
                           &PyModule_Type, &executor_module, &PyType_Type, &runner_type,
                           &PyType_Type, &clustering, &PyType_Type,
-                          &compiled, &PyFrozenSet_Type, &work_ids, &perf_counter, &dead, &alone,
+                          &compiled, &PyFrozenSet_Type, &work_ids, &dead, &alone,
                           &no_work, &PyDict_Type, &names, &split, &reorder, &executor))
         return NULL;
     if (PyDict_GET_SIZE(tables) != N_ANALYSIS_TABLES) {
@@ -333,14 +326,12 @@ static PyObject* setup_compile(PyObject* module, PyObject* args) {
         c.tables_list[i] = PyObject_IsTrue(is_list);
         if (c.tables_list[i] < 0) return NULL;
     }
-    PyObject* given[] = {analysis,   cluster_module, prepare,  executor_module,
-                         runner_type, clustering,   compiled, work_ids,
-                         perf_counter, dead,        alone,    no_work,
-                         names,      split,          reorder,  executor};
-    PyObject** held[] = {&c.analysis,     &c.cluster,    &c.prepare,  &c.executor_module,
-                         &c.runner,       &c.clustering, &c.compiled, &c.work_ids,
-                         &c.perf_counter, &c.dead,       &c.alone,    &c.no_work,
-                         &c.names,        &c.split,      &c.reorder,  &c.executor};
+    PyObject* given[] = {analysis,    cluster_module, prepare,  executor_module, runner_type,
+                         clustering,  compiled,       work_ids, dead,            alone,
+                         no_work,     names,          split,    reorder,         executor};
+    PyObject** held[] = {&c.analysis,   &c.cluster,  &c.prepare,  &c.executor_module, &c.runner,
+                         &c.clustering, &c.compiled, &c.work_ids, &c.dead,            &c.alone,
+                         &c.no_work,    &c.names,    &c.split,    &c.reorder,         &c.executor};
     for (size_t i = 0; i < sizeof given / sizeof given[0]; ++i)
         Py_XSETREF(*held[i], Py_NewRef(given[i]));
     Py_RETURN_NONE;

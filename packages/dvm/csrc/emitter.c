@@ -23,6 +23,7 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "clock.h"
 #include "fields.h"
 #include "names.h"
 
@@ -359,7 +360,7 @@ static struct {
     PyTypeObject* program_type;     // built's class when built is a classmethod, else NULL
     long max_regs;
     PyObject *rules, *node, *region, *emitter;  // rules by id(target), Node, Region, Emitter
-    PyObject *domain, *storable, *aliasing, *perf_counter;
+    PyObject *domain, *storable, *aliasing;
     long max_inputs, max_outputs, max_instrs;
     PyObject *s_target, *s_emit, *s_users, *s_args, *s_name, *s_dshape, *s_facts, *s_cut;
     PyObject* s_kwargs;
@@ -979,10 +980,6 @@ fail:
     return -1;
 }
 
-static PyObject* seconds(void) {
-    return PyObject_CallNoArgs(g.perf_counter);
-}
-
 // build_region(members, analysis): see its docstring.
 static PyObject* build_region(PyObject* module, PyObject* const* args, Py_ssize_t nargs) {
     if (g.region == NULL || g.built == NULL) {
@@ -994,8 +991,8 @@ static PyObject* build_region(PyObject* module, PyObject* const* args, Py_ssize_
         PyErr_SetString(PyExc_TypeError, "build_region(members, analysis)");
         return NULL;
     }
-    PyObject* t0 = seconds();
-    if (t0 == NULL) return NULL;
+    double t0 = perf_seconds();
+    if (t0 < 0 && PyErr_Occurred()) return NULL;
     PyObject *members = NULL, *domain = NULL, *stored = NULL, *region = NULL;
     PyObject* out[4] = {NULL, NULL, NULL, NULL};  // outputs, their slots, out dtypes, reduced
     Members mset = {NULL, NULL, 0};
@@ -1053,9 +1050,8 @@ static PyObject* build_region(PyObject* module, PyObject* const* args, Py_ssize_
         PyObject* nodes = program ? PyList_New(n) : NULL;
         for (Py_ssize_t k = 0; nodes != NULL && k < n; ++k)
             PyList_SET_ITEM(nodes, k, Py_NewRef(PySequence_Fast_GET_ITEM(members, k)));
-        PyObject* t1 = nodes ? seconds() : NULL;
-        double us = t1 ? (PyFloat_AsDouble(t1) - PyFloat_AsDouble(t0)) * 1e6 : 0.0;
-        PyObject* build_us = t1 && !PyErr_Occurred() ? PyFloat_FromDouble(us) : NULL;
+        double t1 = nodes ? perf_seconds() : -1.0;
+        PyObject* build_us = t1 >= 0 ? PyFloat_FromDouble((t1 - t0) * 1e6) : NULL;
         if (build_us != NULL) {
             PyObject* fields[N_REGION_FIELDS] = {nodes,   r->input_nodes, r->input_views, out[0], out[1],
                                     domain,  program,        out[2],         out[3], build_us};
@@ -1064,7 +1060,6 @@ static PyObject* build_region(PyObject* module, PyObject* const* args, Py_ssize_
                          : PyObject_Vectorcall(g.region, fields, N_REGION_FIELDS, NULL);
         }
         Py_XDECREF(build_us);
-        Py_XDECREF(t1);
         Py_XDECREF(nodes);
         Py_XDECREF(program);
     }
@@ -1075,7 +1070,6 @@ done:
     Py_XDECREF(mset.set);
     Py_XDECREF(members);
     Py_XDECREF(r);
-    Py_DECREF(t0);
     return region;
 }
 
@@ -1180,29 +1174,27 @@ static int region_fields(PyObject* region) {
     return plain;
 }
 
-// setup_regions(rules, node, region, emitter, domain, storable, aliasing, limits,
-// perf_counter): what build_region needs, from dvm.cluster.
+// setup_regions(rules, node, region, emitter, domain, storable, aliasing, limits): what
+// build_region needs, from dvm.cluster.
 static PyObject* setup_regions(PyObject* module, PyObject* args) {
-    PyObject *rules, *node, *region, *emitter, *domain, *storable, *aliasing, *perf_counter;
+    PyObject *rules, *node, *region, *emitter, *domain, *storable, *aliasing;
     long max_in, max_out, max_instrs;
-    if (!PyArg_ParseTuple(args, "O!O!OO!OOO!(lll)O", &PyDict_Type, &rules, &PyType_Type, &node,
+    if (!PyArg_ParseTuple(args, "O!O!OO!OOO!(lll)", &PyDict_Type, &rules, &PyType_Type, &node,
                           &region, &PyType_Type, &emitter, &domain, &storable, &PyTuple_Type,
-                          &aliasing, &max_in, &max_out, &max_instrs, &perf_counter))
+                          &aliasing, &max_in, &max_out, &max_instrs))
         return NULL;
     if (!PyType_IsSubtype((PyTypeObject*)emitter, &EmitterType)) {
         PyErr_SetString(PyExc_TypeError, "setup_regions: emitter must subclass Emitter");
         return NULL;
     }
-    if (!PyCallable_Check(region) || !PyCallable_Check(domain) || !PyCallable_Check(storable) ||
-        !PyCallable_Check(perf_counter)) {
-        PyErr_SetString(PyExc_TypeError,
-                        "setup_regions: region, domain, storable and perf_counter are callables");
+    if (!PyCallable_Check(region) || !PyCallable_Check(domain) || !PyCallable_Check(storable)) {
+        PyErr_SetString(PyExc_TypeError, "setup_regions: region, domain and storable are callables");
         return NULL;
     }
-    PyObject* given[] = {rules, node, region, emitter, domain, storable, aliasing, perf_counter};
-    PyObject** held[] = {&g.rules,    &g.node,     &g.region,   &g.emitter,
-                         &g.domain,   &g.storable, &g.aliasing, &g.perf_counter};
-    for (int i = 0; i < 8; ++i) Py_XSETREF(*held[i], Py_NewRef(given[i]));
+    PyObject* given[] = {rules, node, region, emitter, domain, storable, aliasing};
+    PyObject** held[] = {&g.rules,  &g.node,     &g.region,  &g.emitter,
+                         &g.domain, &g.storable, &g.aliasing};
+    for (int i = 0; i < 7; ++i) Py_XSETREF(*held[i], Py_NewRef(given[i]));
     if (region_fields(region) < 0) return NULL;
     const char* names[] = {"target", "_args", "_kwargs", "users"};
     Py_ssize_t* at[] = {&g.at_target, &g.at_args, &g.at_kwargs, &g.at_users};
@@ -1270,8 +1262,8 @@ static PyObject* setup_native(PyObject* module, PyObject* args) {
 static PyMethodDef module_methods[] = {
     {"setup", setup, METH_VARARGS, "setup(limit_error, built, max_regs): for program()."},
     {"setup_regions", setup_regions, METH_VARARGS,
-     "setup_regions(rules, node, region, emitter, domain, storable, aliasing, limits, "
-     "perf_counter): for build_region."},
+     "setup_regions(rules, node, region, emitter, domain, storable, aliasing, limits): for "
+     "build_region."},
     {"setup_native", setup_native, METH_VARARGS,
      "setup_native(forms, dtypes): the rules build_region emits in C, by target."},
     {"build_region", (PyCFunction)(void (*)(void))build_region, METH_FASTCALL,

@@ -829,7 +829,6 @@ def test_setup_compile_refuses_tables_of_another_analysis():
             cluster.Clustering,
             dc.CompiledGraph,
             frozenset(),
-            None,
             ("a", "b", "c"),
             {},
             None,

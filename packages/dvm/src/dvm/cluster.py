@@ -204,7 +204,6 @@ _emitter.setup_regions(
     _analysis.storable,
     _ALIASING_OPS,
     (MAX_INPUTS, MAX_OUTPUTS, MAX_INSTRS),
-    time.perf_counter,
 )
 build_region = _emitter.build_region
 """``build_region(members, a)``: ``members`` (graph order) lowered to one :class:`Region` by C

@@ -381,7 +381,6 @@ def _native_compile() -> Callable[[GraphModule, Any, int, float], CompiledGraph 
         Clustering,
         CompiledGraph,
         _WORK_IDS,
-        time.perf_counter,
         (DEAD, ALONE, NO_WORK),
         _NAMES,
         _split_parts,

@@ -71,6 +71,8 @@ setup(
             sources=[f"csrc/{name[1:]}.c", *extra],
             depends=sorted(glob("csrc/*.h")),
             extra_compile_args=["-Os"],
+            # dladdr, which checks a launch's run address (in libc itself from glibc 2.34)
+            libraries=["dl"] if name == "_launcher" and os.name == "posix" else [],
         )
         for name, extra in (
             ("_launcher", []),

@@ -1026,6 +1026,11 @@ static PyObject* build_region(PyObject* module, PyObject* const* args, Py_ssize_
         (r->facts = PyObject_GetAttr(args[1], g.s_facts)) == NULL ||
         (r->cut = PyObject_GetAttr(args[1], g.s_cut)) == NULL || (stored = PyDict_New()) == NULL)
         goto done;
+    if (!PyDict_Check(r->dshape)) {
+        PyErr_Format(PyExc_TypeError, "build_region: the analysis's dshape must be a dict, not %.100s",
+                     Py_TYPE(r->dshape)->tp_name);
+        goto done;
+    }
     for (int i = 0; i < 4; ++i)
         if ((out[i] = PyList_New(0)) == NULL) goto done;
     for (Py_ssize_t k = 0; k < PySequence_Fast_GET_SIZE(members); ++k)
@@ -1086,7 +1091,11 @@ static PyObject* setup(PyObject* module, PyObject* args) {
     Py_XSETREF(g.limit_error, Py_NewRef(limit_error));
     Py_XSETREF(g.built, Py_NewRef(built));
     PyObject* cls = PyMethod_Check(built) ? PyMethod_GET_SELF(built) : NULL;
-    g.program_type = cls != NULL && PyType_Check(cls) && ((PyTypeObject*)cls)->tp_dictoffset
+    // a class made by object's constructor (bare() makes it so; a dict's or a set's own
+    // constructor would be skipped) whose objects have a __dict__
+    g.program_type = cls != NULL && PyType_Check(cls) &&
+                             ((PyTypeObject*)cls)->tp_new == PyBaseObject_Type.tp_new &&
+                             ((PyTypeObject*)cls)->tp_dictoffset
                          ? (PyTypeObject*)cls
                          : NULL;  // held through built
     g.max_regs = max_regs;
@@ -1131,8 +1140,8 @@ static int region_fields(PyObject* region) {
     g.region_type = NULL;  // held through g.region
     PyTypeObject* type = (PyTypeObject*)region;
     if (!PyType_Check(region) || type->tp_setattro != PyObject_GenericSetAttr ||
-        type->tp_dictoffset == 0)
-        return 0;
+        type->tp_dictoffset == 0 || type->tp_new != PyBaseObject_Type.tp_new)
+        return 0;  // bare() makes it with object's constructor: not a dict's, say
     PyObject* params = PyObject_GetAttrString(region, "__dataclass_params__");
     PyObject* init = params ? PyObject_GetAttrString(params, "init") : NULL;
     Py_XDECREF(params);

@@ -320,6 +320,20 @@ static PyObject* node_field(PyObject* node, int f, int tuple) {
     return v;
 }
 
+// The next slot (the count so far) given to `node` in `slots`: 0, or -1 with a ValueError
+// where a unit already gave it one (two units would share a slot) or another exception.
+static int new_slot(PyObject* slots, PyObject* node) {
+    int there = PyDict_Contains(slots, node);
+    if (there != 0) {
+        if (there > 0) PyErr_Format(PyExc_ValueError, "dvm executor: %R is given twice", node);
+        return -1;
+    }
+    PyObject* k = PyLong_FromSsize_t(PyDict_GET_SIZE(slots));
+    int failed = k == NULL || PyDict_SetItem(slots, node, k) < 0;
+    Py_XDECREF(k);
+    return failed ? -1 : 0;
+}
+
 // Each call of the units in `calls` (their count in *n_calls); the placeholders' slots, then
 // the get_attr constants', in `slots` (the placeholders' count in *n_inputs), the constants'
 // (slot, value) pairs in `constants`, the output node's value in *output. -1 with an
@@ -334,10 +348,7 @@ static int read_units(PyObject* gm, PyObject* units, PyObject* slots, PyObject* 
         PyObject* op = field(u, F_OP, g.s_op);
         int is = op ? is_op(op, g.s_placeholder) : -1;
         Py_XDECREF(op);
-        PyObject* k = is == 1 ? PyLong_FromSsize_t(PyDict_GET_SIZE(slots)) : NULL;
-        int failed = is < 0 || (is == 1 && (k == NULL || PyDict_SetItem(slots, u, k) < 0));
-        Py_XDECREF(k);
-        if (failed) return -1;
+        if (is < 0 || (is == 1 && new_slot(slots, u) < 0)) return -1;
     }
     *n_inputs = PyDict_GET_SIZE(slots);
     for (Py_ssize_t i = 0; i < n; ++i) {
@@ -387,7 +398,7 @@ static int read_units(PyObject* gm, PyObject* units, PyObject* slots, PyObject* 
             PyObject* k = PyLong_FromSsize_t(PyDict_GET_SIZE(slots));
             PyObject* value = k ? PyObject_CallFunctionObjArgs(g.attr, gm, target, NULL) : NULL;
             PyObject* pair = value ? PyTuple_Pack(2, k, value) : NULL;
-            int failed = pair == NULL || PyDict_SetItem(slots, u, k) < 0 ||
+            int failed = pair == NULL || new_slot(slots, u) < 0 ||
                          PyList_Append(constants, pair) < 0;
             Py_XDECREF(k);
             Py_XDECREF(value);
@@ -520,13 +531,8 @@ static int built(PyObject* gm, PyObject* units, PyObject* fields[N_EXECUTOR]) {
         goto done;
     Py_ssize_t n_fixed = PyDict_GET_SIZE(b.slots);  // the inputs, then the constants
     for (Py_ssize_t k = 0; k < n_calls; ++k) {
-        for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(calls[k].outs); ++i) {
-            PyObject* s = PyLong_FromSsize_t(PyDict_GET_SIZE(b.slots));
-            PyObject* node = PyTuple_GET_ITEM(calls[k].outs, i);
-            int failed = s == NULL || PyDict_SetItem(b.slots, node, s) < 0;
-            Py_XDECREF(s);
-            if (failed) goto done;
-        }
+        for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(calls[k].outs); ++i)
+            if (new_slot(b.slots, PyTuple_GET_ITEM(calls[k].outs, i)) < 0) goto done;
     }
     b.n_slots = PyDict_GET_SIZE(b.slots);
     b.refs = PyMem_Calloc((size_t)b.n_slots + 1, sizeof(PyObject*));
@@ -626,6 +632,11 @@ static PyObject* schedule(PyObject* module, PyObject* const* argv, Py_ssize_t ar
     PyObject* empty = PyTuple_New(0);
     PyObject* run = empty ? g.executor->tp_new(g.executor, empty, NULL) : NULL;
     Py_XDECREF(empty);
+    if (run != NULL && !PyObject_TypeCheck(run, g.executor)) {  // its slots are not there
+        PyErr_Format(PyExc_TypeError, "schedule: %.100s.__new__ made a %.100s",
+                     g.executor->tp_name, Py_TYPE(run)->tp_name);
+        Py_CLEAR(run);
+    }
     for (int i = 0; i < N_EXECUTOR; ++i) {
         if (run != NULL && g.executor_at[i] != 0)  // a new object's empty slot: fields[i] moves in
             *(PyObject**)((char*)run + g.executor_at[i]) = Py_NewRef(fields[i]);

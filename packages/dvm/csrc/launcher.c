@@ -11,7 +11,9 @@
 // build dvm.compile names in setup_regions(). No torch headers: torch is reached through the
 // Python objects dvm.vm hands to setup().
 #define PY_SSIZE_T_CLEAN
+#define _GNU_SOURCE  // dladdr
 #include <Python.h>
+#include <dlfcn.h>
 #include <stdint.h>
 #include <string.h>
 #include <structmember.h>
@@ -29,12 +31,17 @@ typedef int32_t (*RunFn)(const int32_t*, const float*, int32_t, int32_t, int32_t
                          int32_t);
 
 // Mismatch kinds: indices into MISMATCH (the module's MISMATCH, which dvm.vm uses).
-enum { NOT_TENSOR = 0, SHAPE = 1, DTYPE = 2, DEVICE = 3, NEGATED = 4, NEEDS_GRAD = 5 };
-static const char* const MISMATCH[] = {"not a tensor", "shape", "dtype",
-                                       "device",       "negated", "needs grad"};
+enum { NOT_TENSOR = 0, SHAPE = 1, DTYPE = 2, DEVICE = 3, NEGATED = 4, NEEDS_GRAD = 5,
+       SUBCLASS = 6 };
+static const char* const MISMATCH[] = {"not a tensor", "shape",      "dtype",
+                                       "device",       "negated",    "needs grad",
+                                       "a tensor subclass"};
 
 static struct {
-    PyObject *tensor, *empty_strided, *cpu, *num_threads, *grad_enabled, *strided, *error;
+    // tensor and parameter: the types whose args a launch takes (a subclass's own methods could
+    // say what its memory is not: its strides, its data pointer)
+    PyObject *tensor, *parameter, *empty_strided, *cpu, *num_threads, *grad_enabled, *strided,
+        *error;
     PyObject *messages, *dtype_codes, *dtype_names, *kwnames;
     PyObject *s_shape, *s_dtype, *s_is_cpu, *s_layout, *s_is_neg, *s_requires_grad, *s_stride,
         *s_data_ptr, *s_view;
@@ -543,6 +550,21 @@ static int read_reduced(PyObject* seq, Py_ssize_t n, int* reduced) {
     return failed ? -1 : 0;
 }
 
+// Whether `p` is the dvm_run of a loaded shared library (a VM build): the address a launch
+// calls, checked once (the last few found are remembered).
+static int is_dvm_run(void* p) {
+    static void* known[8];
+    for (int i = 0; i < 8; ++i)
+        if (known[i] == p) return 1;
+    Dl_info info;
+    if (dladdr(p, &info) == 0 || info.dli_saddr != p || info.dli_sname == NULL ||
+        strcmp(info.dli_sname, "dvm_run") != 0)
+        return 0;
+    memmove(known + 1, known, sizeof known - sizeof known[0]);
+    known[0] = p;
+    return 1;
+}
+
 // The binding (see launcher_init), while self->state is BINDING.
 static int bind(Launcher* self, PyObject* address, PyObject* code, PyObject* imm, int n_regs,
                 int n_in, PyObject* out_codes, PyObject* out_dtypes, PyObject* reduced_seq,
@@ -551,6 +573,12 @@ static int bind(Launcher* self, PyObject* address, PyObject* code, PyObject* imm
     self->run = (RunFn)PyLong_AsVoidPtr(address);
     if (self->run == NULL) {
         if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "run_address is null");
+        return -1;
+    }
+    if (!is_dvm_run((void*)self->run)) {
+        PyErr_Format(PyExc_ValueError,
+                     "run_address %R is not the address of a loaded build's dvm_run (see "
+                     "dvm._lib.run_address)", address);
         return -1;
     }
     if (read_program(self, code, imm) < 0) return -1;
@@ -562,6 +590,18 @@ static int bind(Launcher* self, PyObject* address, PyObject* code, PyObject* imm
         PyErr_Format(PyExc_ValueError, "n_in %d (at most %d); out_dtypes: one per out_code",
                      n_in, MAX_INPUTS);
         return -1;
+    }
+    for (Py_ssize_t k = 0; k < n; ++k) {  // the VM writes out_codes' type into the buffers
+        PyObject* dtype = PyTuple_GET_ITEM(out_dtypes, k);
+        PyObject* code = PyDict_GetItemWithError(g.dtype_codes, dtype);
+        long want = code != NULL ? PyLong_AsLong(code) : -1;
+        if (want == -1 && PyErr_Occurred()) return -1;
+        if (code == NULL || want != self->out_codes[k]) {
+            PyErr_Format(PyExc_ValueError,
+                         "out_codes[%zd] = %d is not the code of out_dtypes[%zd] = %R (the "
+                         "VM stores %U)", k, (int)self->out_codes[k], k, dtype, g.dtype_names);
+            return -1;
+        }
     }
     self->n_in = n_in;
     int reduced[MAX_OUTPUTS];
@@ -675,6 +715,8 @@ static int find_mismatch(Launcher* self, PyObject* fast, int grad, int* kind) {
         PyObject* t = PyTuple_GET_ITEM(fast, i);
         int r = PyObject_IsInstance(t, g.tensor);
         if (r <= 0) return r < 0 ? -2 : (*kind = NOT_TENSOR, (int)i);
+        if (Py_TYPE(t) != (PyTypeObject*)g.tensor && Py_TYPE(t) != (PyTypeObject*)g.parameter)
+            return (*kind = SUBCLASS, (int)i);
         PyObject* shape = PyObject_GetAttr(t, g.s_shape);
         if (shape == NULL) return -2;
         r = PyObject_RichCompareBool(shape, PyTuple_GET_ITEM(self->shapes, i), Py_EQ);
@@ -844,7 +886,7 @@ static PyObject* launcher_run(Launcher* self, PyObject* const* args, Py_ssize_t 
     if (i == -1)
         outs = launch(self, fast, threads);
     else if (i >= 0)
-        PyErr_Format(kind == NOT_TENSOR ? PyExc_TypeError : PyExc_ValueError,
+        PyErr_Format(kind == NOT_TENSOR || kind == SUBCLASS ? PyExc_TypeError : PyExc_ValueError,
                      "arg %d does not match the launch: %s (calling the Launch says more)", i,
                      MISMATCH[kind]);
     Py_DECREF(fast);
@@ -858,12 +900,15 @@ static PyObject* launcher_guarded(Launcher* self, PyObject* const* args, Py_ssiz
         PyErr_SetString(PyExc_TypeError, "guarded(args, results: tuple)");
         return NULL;
     }
+    PyObject* fast = seq_of_args(self, args[0]);  // refuses a Launcher not initialised
+    if (fast == NULL) return NULL;
     PyObject* grad_obj = PyObject_CallNoArgs(g.grad_enabled);
-    if (grad_obj == NULL) return NULL;
+    if (grad_obj == NULL) {
+        Py_DECREF(fast);
+        return NULL;
+    }
     int grad = grad_obj == Py_True;
     Py_DECREF(grad_obj);
-    PyObject* fast = seq_of_args(self, args[0]);
-    if (fast == NULL) return NULL;
     int kind = 0;
     int i = find_mismatch(self, fast, grad, &kind);
     if (i != -1) {
@@ -1455,15 +1500,15 @@ done:
 //       messages, dtype_codes, dtype_names): the torch objects calls use, VMError with its
 //       status messages, and the VM's dtype codes (a dict) with their names for errors.
 static PyObject* setup(PyObject* module, PyObject* args) {
-    PyObject* got[10];
-    if (!PyArg_ParseTuple(args, "OOOOOOOO!O!U", &got[0], &got[1], &got[2], &got[3], &got[4],
-                          &got[5], &got[6], &PyDict_Type, &got[7], &PyDict_Type, &got[8],
-                          &got[9]))
+    PyObject* got[11];
+    if (!PyArg_ParseTuple(args, "O!O!OOOOOOO!O!U", &PyType_Type, &got[0], &PyType_Type, &got[1],
+                          &got[2], &got[3], &got[4], &got[5], &got[6], &got[7], &PyDict_Type,
+                          &got[8], &PyDict_Type, &got[9], &got[10]))
         return NULL;
-    PyObject** slots[10] = {&g.tensor,  &g.empty_strided, &g.cpu,      &g.num_threads,
-                            &g.grad_enabled, &g.strided, &g.error,    &g.messages,
-                            &g.dtype_codes,  &g.dtype_names};
-    for (int i = 0; i < 10; ++i) {
+    PyObject** slots[11] = {&g.tensor,      &g.parameter, &g.empty_strided, &g.cpu,
+                            &g.num_threads, &g.grad_enabled, &g.strided,   &g.error,
+                            &g.messages,    &g.dtype_codes,  &g.dtype_names};
+    for (int i = 0; i < 11; ++i) {
         Py_INCREF(got[i]);
         Py_XSETREF(*slots[i], got[i]);
     }

@@ -18,7 +18,7 @@ from dvm import cluster as cl
 from dvm.cluster import ALONE, DEAD, NO_WORK, _Analysis, build_region, cluster
 from dvm.compile import MIN_OPS, compile_graph
 from dvm.lower import NATIVE, NATIVE_DTYPES, Emitter, Form, LimitError, unsupported_reason
-from dvm.program import MAX_INPUTS, MAX_INSTRS, MAX_OUTPUTS, MAX_REGS, Op
+from dvm.program import MAX_INPUTS, MAX_INSTRS, MAX_OUTPUTS, MAX_REGS, Op, Program
 from spore.side_effects import has_side_effect
 
 aten = torch.ops.aten
@@ -420,6 +420,50 @@ def test_build_region_calls_a_region_dataclass_whose_init_is_its_own():
         given[2] = cl.Region
         _emitter.setup_regions(*given)
     assert type(build_region(calls, a)) is cl.Region
+
+
+def test_region_and_program_classes_with_a_constructor_of_their_own_are_called():
+    """A region dataclass or a Program class that a constructor of its own makes (a dict's,
+    here) is called: made bare, with object's constructor, its own state would be unset (a
+    crash at its first use as a dict)."""
+    _, a, calls = _traced(lambda x: (x.exp() * 2).sin(), _x(4, 8))
+
+    @dataclasses.dataclass(eq=False)
+    class DictRegion(cl.Region, dict):
+        pass
+
+    class DictProgram(Program, dict):
+        @classmethod
+        def built(cls, n_inputs, n_outputs, n_regs, encoded):
+            program = dict.__new__(cls)
+            vars(program).update(
+                n_inputs=n_inputs, n_outputs=n_outputs, n_regs=n_regs, _encoded=encoded
+            )
+            return program
+
+    limits = (MAX_INPUTS, MAX_OUTPUTS, MAX_INSTRS)
+    given = [cl._RULES_BY_ID, Node, DictRegion, Emitter, cl._analysis.domain]
+    given += [cl._analysis.storable, cl._ALIASING_OPS, limits]
+    try:
+        _emitter.setup_regions(*given)
+        _emitter.setup(LimitError, DictProgram.built, MAX_REGS)
+        region = build_region(calls, a)
+        assert type(region) is DictRegion
+        assert type(region.program) is DictProgram
+        region["used"] = region.program["used"] = 1  # each a working dict
+        assert region["used"] == region.program["used"] == 1
+    finally:
+        given[2] = cl.Region
+        _emitter.setup_regions(*given)
+        _emitter.setup(LimitError, Program.built, MAX_REGS)
+    assert type(build_region(calls, a).program) is Program
+
+
+def test_build_region_refuses_an_analysis_whose_dshape_is_no_dict():
+    _, a, calls = _traced(lambda x: (x.exp() * 2).sin(), _x(4, 8))
+    a.dshape = list(a.dshape.items())
+    with pytest.raises(TypeError, match="dshape must be a dict, not list"):
+        build_region(calls, a)
 
 
 def test_a_rule_table_emptied_while_a_node_is_asked_about_is_not_read():

@@ -258,6 +258,9 @@ def test_build_refuses_bad_arguments():
         Executor(gm, [object()])
     with pytest.raises(TypeError, match="RegionCall of 3 fields"):
         Executor(gm, [tuple.__new__(RegionCall, (1, 2))])
+    for twice in (0, 3):  # a placeholder, a call: two units sharing a slot would mix values
+        with pytest.raises(ValueError, match="is given twice"):
+            Executor(gm, [*order[: twice + 1], order[twice], *order[twice + 1 :]])
     with pytest.raises(TypeError, match="not a NamedTuple"):
         _executor.setup(Node, dict, Step, RegionCall, Executor, len, len, ("args", "kwargs"))
 
@@ -409,3 +412,31 @@ def test_setup_reads_no_member_of_another_type():
         _executor.setup(
             ex.Node, ex._Slot, ex.Step, ex.RegionCall, ex.Executor, ex._method, ex._attr, fields
         )
+
+
+def test_schedule_refuses_an_executor_whose_new_makes_another_type():
+    """schedule() writes an Executor's fields at its slots' offsets: into an object of another
+    type (an ``__new__`` of its own) they would overwrite that object's memory."""
+    import dvm.executor as ex
+    from dvm import _executor
+
+    class Odd(ex.Executor):
+        __slots__ = ()
+
+        def __new__(cls, *args):
+            return 10**30
+
+    gm, _ = _varied()
+    nodes = list(gm.graph.nodes)
+    fields = ("_args", "_kwargs") if hasattr(ex.Node, "_args") else ("args", "kwargs")
+    try:
+        _executor.setup(
+            ex.Node, ex._Slot, ex.Step, ex.RegionCall, Odd, ex._method, ex._attr, fields
+        )
+        with pytest.raises(TypeError, match=r"Odd.__new__ made a int"):
+            _executor.schedule(gm, nodes, [])
+    finally:
+        _executor.setup(
+            ex.Node, ex._Slot, ex.Step, ex.RegionCall, ex.Executor, ex._method, ex._attr, fields
+        )
+    assert type(_executor.schedule(gm, nodes, [])) is ex.Executor

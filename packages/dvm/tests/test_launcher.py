@@ -33,6 +33,14 @@ def _launch() -> vm.Launch:
     return vm.Kernel(p, [torch.float32]).bind(SIZE, [x, w], [(0, SIZE), (1, (6,))], [SIZE])
 
 
+class _LyingStride(torch.Tensor):
+    """A tensor subclass whose own stride() misstates its memory: were it believed, the VM
+    would read far beyond the tensor."""
+
+    def stride(self, *dim):
+        return (2**40, 1)
+
+
 ARGS = {
     "ok": lambda: (torch.randn(SIZE), torch.randn(6)),
     "not a tensor": lambda: (torch.randn(SIZE), 2.0),
@@ -42,6 +50,11 @@ ARGS = {
     "meta": lambda: (torch.randn(SIZE), torch.empty(6, device="meta")),
     "negated": lambda: (torch.randn(SIZE), torch.randn(6, dtype=torch.complex64).conj().imag),
     "needs grad": lambda: (torch.randn(SIZE, requires_grad=True), torch.randn(6)),
+    "a tensor subclass": lambda: (torch.randn(SIZE).as_subclass(_LyingStride), torch.randn(6)),
+    "parameter": lambda: (
+        torch.nn.Parameter(torch.randn(SIZE), requires_grad=False),
+        torch.randn(6),
+    ),
 }
 
 
@@ -56,7 +69,7 @@ def test_the_c_guard_refuses_exactly_what_the_runner_gives_a_reason_for(case, gr
         found = launch.mismatch(args, grad)
         got = launch.guarded(args, ((0, None),))
     assert (found is None) == (reason is None) == (got is not None)
-    if case == "ok" or (case == "needs grad" and not grad):
+    if case in ("ok", "parameter") or (case == "needs grad" and not grad):
         torch.testing.assert_close(got[0], args[0] * args[1])
     else:
         k, kind = found
@@ -125,6 +138,11 @@ def _parts(**change):
     ("change", "match"),
     [
         ({"address": 0}, "null"),
+        ({"address": -1}, "not the address of a loaded build's dvm_run"),
+        ({"address": id(print)}, "not the address of a loaded build's dvm_run"),
+        ({"out_dtypes": (torch.bool,)}, r"out_codes\[0\] = 0 is not the code of out_dtypes\[0\]"),
+        ({"out_codes": [9]}, r"out_codes\[0\] = 9 is not the code"),
+        ({"out_dtypes": (torch.float64,)}, "the VM stores float32"),
         ({"code": [0, 0, 0, 0]}, "five int32"),
         ({"code": [0] * 5 * 257}, "at most"),
         ({"code": [2**40] * 5}, "not an int32"),
@@ -192,6 +210,9 @@ def test_a_launcher_is_initialised_once_and_not_used_before():
     launcher = _launcher.Launcher.__new__(_launcher.Launcher)
     with pytest.raises(TypeError, match="not initialised"):
         launcher.run([torch.randn(2, 3)])
+    for call in (launcher.guarded, launcher.mismatch):
+        with pytest.raises(TypeError, match="not initialised"):
+            call([torch.randn(2, 3)], ())
     with pytest.raises(ValueError, match="moves elements"):
         launcher.__init__(*_parts(operands=[(0, (3, 2))]))
     with pytest.raises(TypeError, match="not initialised"):  # a failed binding leaves none
@@ -323,22 +344,27 @@ def _add(n: int) -> vm.Launch:
 
 
 def test_a_call_holds_its_args_while_code_it_runs_drops_the_callers():
+    """Code a call runs (here a torch function mode's, at the first data_ptr read: a tensor
+    subclass is refused before any) may drop the caller's references: the call holds its own."""
+    from torch.overrides import TorchFunctionMode
+
     n = 1 << 16
     args: list = []
 
-    class Dropping(torch.Tensor):  # a subclass whose data_ptr() drops the caller's references
-        def data_ptr(self):
-            ptr = super().data_ptr()
-            args.clear()
-            torch.full((n,), 7.0)  # would reuse a freed input's memory
-            return ptr
+    class Dropping(TorchFunctionMode):
+        def __torch_function__(self, func, types, fargs=(), kwargs=None):
+            out = func(*fargs, **(kwargs or {}))
+            if getattr(func, "__name__", "") == "data_ptr" and args:
+                args.clear()
+                torch.full((n,), 7.0)  # would reuse a freed input's memory
+            return out
 
     launch = _add(n)
-    for first in (True, False):
-        a, b = torch.ones(n), torch.ones(n)
-        args[:] = [a.as_subclass(Dropping), b] if first else [a, b.as_subclass(Dropping)]
-        del a, b
-        (out,) = launch.run(args)
+    for _ in range(2):
+        args[:] = [torch.ones(n), torch.ones(n)]
+        with Dropping():
+            (out,) = launch.run(args)
+        assert not args  # the mode ran and dropped them
         assert torch.equal(out, torch.full((n,), 2.0))
 
 
@@ -372,6 +398,32 @@ def test_run_names_the_mismatch_and_takes_any_thread_count():
         launch.run([x, 1.0])
     with pytest.raises(ValueError, match="arg 0 does not match the launch: dtype"):
         launch.run([x.double(), x])
+    with pytest.raises(TypeError, match="arg 0 does not match the launch: a tensor subclass"):
+        launch.run([x.as_subclass(_LyingStride), x])
+    with pytest.raises(TypeError, match=r"arg 1 is a _LyingStride, a torch\.Tensor subclass"):
+        launch([x, x.as_subclass(_LyingStride)])
     assert torch.equal(launch(iter([x, x]))[0], x + x)  # an iterator is read once
     for threads in (2**63, 2**80, -(2**70)):
         assert torch.equal(launch.run([x, x], threads)[0], x + x)
+
+
+def test_a_compiled_graph_runs_a_tensor_subclass_eagerly():
+    """A subclass's own methods could misstate its strides or memory, which the VM reads
+    directly (a stride of 2**40 here): its region runs eagerly, with the right result."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from dvm.compile import compile_graph
+
+    def fn(x):
+        return (x * torch.sigmoid(x)).exp()
+
+    x = torch.randn(64, 64)
+    compiled = compile_graph(make_fx(fn)(x), [x])
+    assert compiled.regions
+    lying = x.as_subclass(_LyingStride)
+    got = compiled(lying)
+    assert compiled.vm_calls == 0
+    assert compiled.eager_calls >= 1
+    torch.testing.assert_close(got.as_subclass(torch.Tensor), fn(x))
+    torch.testing.assert_close(compiled(x), fn(x))
+    assert compiled.vm_calls == 1

@@ -265,6 +265,9 @@ class RegionRunner:
         return tuple(env[o] for o in self.region.outputs)
 
 
+_PLAIN_TENSORS = (torch.Tensor, torch.nn.Parameter)  # the arg types a launch takes
+
+
 def _guard_failure(
     args: Sequence[Any], guards: Sequence[tuple[torch.Size, torch.dtype]]
 ) -> str | None:
@@ -274,6 +277,11 @@ def _guard_failure(
     for i, (t, (shape, dtype)) in enumerate(zip(args, guards, strict=True)):
         if not isinstance(t, torch.Tensor):
             return f"input {i} is {type(t).__name__}, not a tensor"
+        if type(t) not in _PLAIN_TENSORS:
+            return (
+                f"input {i} is a {type(t).__name__}, a tensor subclass: its own methods could "
+                f"misstate the memory the VM reads"
+            )
         if t.shape != shape:
             return f"input {i} has shape {tuple(t.shape)}, compiled for {tuple(shape)}"
         if t.dtype != dtype:

@@ -37,7 +37,8 @@ _STATUS = {
 }
 _DTYPES = ", ".join(str(d).removeprefix("torch.") for d in DTYPE_CODES)
 _launcher.setup(
-    torch.Tensor,
+    torch.Tensor,  # with nn.Parameter, the types whose args a launch takes (not subclasses)
+    torch.nn.Parameter,
     torch.empty_strided,  # torch.empty parses a shape 1-3 µs slower a call
     # outputs on the CPU whatever the default device: a CUDA one would hand the VM its pointers
     torch.device("cpu"),
@@ -260,13 +261,19 @@ class Launch:
 MISMATCH: tuple[str, ...] = _launcher.MISMATCH
 """The kinds of arg :meth:`Launch.mismatch` reports, by index: ``"not a tensor"``,
 ``"shape"``, ``"dtype"``, ``"device"`` (or layout), ``"negated"`` (a lazily negated view),
-``"needs grad"``."""
+``"needs grad"``, ``"a tensor subclass"`` (other than ``nn.Parameter``: its own methods could
+misstate its strides or memory, which the VM reads directly)."""
 
 
 def _mismatch_error(t: Any, k: int, kind: str, bound: tuple[torch.Size, torch.dtype]) -> Exception:
     """The error for arg ``k``, ``t``, which does not match ``bound`` (shape, dtype) by ``kind``."""
     if kind == "not a tensor":
         return TypeError(f"arg {k} is a {type(t).__name__}, not a torch.Tensor")
+    if kind == "a tensor subclass":
+        return TypeError(
+            f"arg {k} is a {type(t).__name__}, a torch.Tensor subclass; the VM takes plain "
+            f"tensors and nn.Parameters (pass t.as_subclass(torch.Tensor))"
+        )
     if kind in ("shape", "dtype"):
         shape, dtype = bound
         return ValueError(

@@ -608,11 +608,7 @@ static int bind(Launcher* self, PyObject* address, PyObject* code, PyObject* imm
     int64_t dims[MAX_ARG_DIMS];
     if (read_reduced(reduced_seq, n, reduced) < 0 || read_domain(self, domain, dims) < 0)
         return -1;
-    int64_t(*sizes)[MAX_ARG_DIMS] = PyMem_Malloc(sizeof(int64_t[MAX_INPUTS][MAX_ARG_DIMS]));
-    if (sizes == NULL) {
-        PyErr_NoMemory();
-        return -1;
-    }
+    int64_t sizes[MAX_INPUTS][MAX_ARG_DIMS];  // 8 KiB on the stack: not malloc's, cold in a compile
     PyObject *shapes = NULL, *dtypes = NULL, *ops = NULL, *own_shapes = NULL, *layouts_own = NULL,
              *refused;
     int64_t layouts[MAX_OUTPUTS][MAX_DIMS];
@@ -651,13 +647,11 @@ static int bind(Launcher* self, PyObject* address, PyObject* code, PyObject* imm
     Py_XSETREF(self->refused, refused);
     Py_XSETREF(self->shapes, shapes);
     Py_XSETREF(self->dtypes, dtypes);
-    PyMem_Free(sizes);
     Py_DECREF(ops);
     Py_DECREF(own_shapes);
     Py_XDECREF(layouts_own);
     return 0;
 fail:
-    PyMem_Free(sizes);
     Py_XDECREF(shapes);
     Py_XDECREF(dtypes);
     Py_XDECREF(ops);

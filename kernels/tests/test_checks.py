@@ -24,6 +24,37 @@ def test_ready_takes_contiguous_tensors_of_one_kernel_dtype_on_one_device() -> N
     assert not _checks.ready(x.to(torch.int32))
 
 
+class _ClaimsContiguous(torch.Tensor):
+    """A tensor subclass whose own is_contiguous() says True of any layout: were it believed, a
+    kernel would read a dense buffer past the tensor's memory."""
+
+    def is_contiguous(self, *args, **kwargs):
+        return True
+
+
+def test_ready_refuses_tensor_subclasses_but_parameters() -> None:
+    x, w = torch.randn(4, 8), torch.randn(8)
+    assert _checks.ready(x, torch.nn.Parameter(w))
+    assert not _checks.ready(x.as_subclass(_ClaimsContiguous), w)
+    assert not _checks.ready(x, w.as_subclass(_ClaimsContiguous))
+
+
+def test_a_subclass_claiming_contiguity_runs_the_reference() -> None:
+    """32 logical elements over 16 stored, said to be contiguous: the ops compute the right
+    values (the reference's) instead of the kernels reading past the storage."""
+    from spore_kernels.ops import gelu, rms_norm
+
+    base = torch.randn(16)
+    plain = base.as_strided((4, 8), (1, 0))
+    lying = plain.as_subclass(_ClaimsContiguous)
+    w = torch.randn(8)
+    got = torch.ops.spore.rms_norm(lying, w, 1e-6).as_subclass(torch.Tensor)
+    torch.testing.assert_close(got, rms_norm.reference(plain, w, 1e-6))
+    wide = torch.randn(64).as_strided((1000,), (0,))
+    got = torch.ops.spore.gelu(wide.as_subclass(_ClaimsContiguous)).as_subclass(torch.Tensor)
+    torch.testing.assert_close(got, gelu.reference(wide))
+
+
 def test_tensors_on_different_devices_are_a_clear_error() -> None:
     x, cs = torch.randn(4, 8), torch.randn(4, 8)
     meta_row, meta_x = torch.randn(8, device="meta"), torch.randn(4, 8, device="meta")

@@ -81,12 +81,17 @@ def compute_dtype(t: torch.Tensor) -> torch.dtype:
     return torch.float64 if t.dtype == torch.float64 else torch.float32
 
 
+PLAIN_TENSORS = (torch.Tensor, torch.nn.Parameter)
+"""The tensor types a kernel takes: a subclass's own methods (``is_contiguous``, ``stride``,
+``data_ptr``) could misstate the memory a kernel reads, so its calls run the reference."""
+
+
 def ready(*tensors: torch.Tensor, device_type: str | None = None) -> bool:
-    """Contiguous tensors of one kernel dtype (float32, bfloat16, float16) on one device, of
-    type ``device_type`` when given."""
+    """Contiguous plain tensors (:data:`PLAIN_TENSORS`) of one kernel dtype (float32, bfloat16,
+    float16) on one device, of type ``device_type`` when given."""
     first = tensors[0]
     dtype = first.dtype
-    if dtype not in KERNEL_DTYPES:
+    if dtype not in KERNEL_DTYPES or any(type(t) not in PLAIN_TENSORS for t in tensors):
         return False
     if device_type == "cpu" or (device_type is None and first.is_cpu):
         # the common case, without building device objects (a few µs each)

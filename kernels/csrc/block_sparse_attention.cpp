@@ -30,6 +30,7 @@ using vec_u = float __attribute__((vector_size(W * 4), aligned(4), may_alias));
 using ivec = int32_t __attribute__((vector_size(W * 4)));
 
 inline vec splat(float x) { return vec{} + x; }
+constexpr float kInf = std::numeric_limits<float>::infinity();
 inline vec vload(const float* p) { return *reinterpret_cast<const vec_u*>(p); }
 inline void vstore(float* p, vec x) { *reinterpret_cast<vec_u*>(p) = x; }
 
@@ -180,8 +181,10 @@ inline vec exp2_nonpositive(vec a) {
 inline float exp2_nonpositive(float a) { return exp2_nonpositive(splat(a))[0]; }
 
 // The online-softmax step of one row over its c scores: new max, rescale of what came before,
-// scores replaced by 2^(score - max), running sum updated. A NaN score stays NaN (the max
-// skips it and exp_nonpositive would make it 0), so it reaches the row's output as in torch.
+// scores replaced by 2^(score - max), running sum updated. Where score - max is NaN (a NaN
+// score, or a +inf score at a +inf max: q.k overflowed or an input held inf) it stays NaN and
+// reaches the row's output, as in torch (exp2_nonpositive would make it 0); a -inf score
+// gives 0, also at a -inf max.
 // A whole row of padded width (c == cp) runs in vectors; a short last block lane by lane.
 inline void softmax_step(Scratch& w, int64_t r, int64_t c) {
     float* row = w.p.data() + r * w.cp;
@@ -192,8 +195,8 @@ inline void softmax_step(Scratch& w, int64_t r, int64_t c) {
         for (int64_t l = 0; l < W; ++l) top = std::max(top, m[l]);
         vec acc = {};
         for (int64_t j = 0; j < c; j += W) {
-            const vec x = vload(row + j);
-            const vec e = x == x ? exp2_nonpositive(x - top) : x;
+            const vec x = vload(row + j), d = x - top;
+            const vec e = (d == d) | (x == splat(-kInf)) ? exp2_nonpositive(d) : d;
             vstore(row + j, e);
             acc += e;
         }
@@ -203,8 +206,8 @@ inline void softmax_step(Scratch& w, int64_t r, int64_t c) {
         for (int64_t j = 0; j < c; ++j) top = std::max(top, row[j]);
 #pragma omp simd reduction(+ : total)
         for (int64_t j = 0; j < c; ++j) {
-            const float x = row[j];
-            const float e = x != x ? x : exp2_nonpositive(x - top);
+            const float x = row[j], d = x - top;
+            const float e = d == d || x == -kInf ? exp2_nonpositive(d) : d;
             row[j] = e;
             total += e;
         }

@@ -113,12 +113,15 @@ inline vec exp2_nonpositive(vec a) {
 
 inline float exp2_nonpositive(float a) { return exp2_nonpositive(splat(a))[0]; }
 
-// x[c] = 2^(x[c] - top) for n (a multiple of W) values, NaN kept; returns their sum.
+// x[c] = 2^(x[c] - top) for n (a multiple of W) values; returns their sum. Where x[c] - top is
+// NaN (a NaN score, or a +inf score at a +inf max: an inf in q, k or the bias, or q.k
+// overflowed) it stays NaN, as in torch's softmax; a -inf score (a masked key, or a bias of
+// -inf) gives 0, also at a -inf max (a row with every key masked gives zeros).
 inline float exp2_shift(float* x, int64_t n, float top) {
     vec acc = {};
     for (int64_t c = 0; c < n; c += W) {
-        const vec v = vload(x + c);
-        const vec e = v == v ? exp2_nonpositive(v - top) : v;
+        const vec v = vload(x + c), d = v - top;
+        const vec e = (d == d) | (v == splat(-kInf)) ? exp2_nonpositive(d) : d;
         vstore(x + c, e);
         acc += e;
     }

@@ -304,6 +304,21 @@ def test_a_nan_reaches_exactly_the_rows_that_attend_to_it(dtype) -> None:
     assert torch.equal(op.reference(*args).isnan().any(-1), expected)
 
 
+def test_a_score_past_float32_makes_its_row_nan_as_the_reference() -> None:
+    """q.k overflowing to +inf makes its row's softmax NaN (inf - inf), as torch's: the
+    kernel made 2^(inf - inf) a 0, a row of zeros."""
+    q, k, v = _qkv(1, 1, 8, 8, 8, torch.float32, 3)
+    q[0, 0, 2] = 1e30
+    k[0, 0, 5] = 1e30
+    index, count = _lists(1, 1, 8, 8, 4, 2, torch.int64, 3, garbage=False)
+    count.fill_(2)
+    args = (q, k, v, index, count, 4)
+    got, want = op.cpu(*args), op.reference(*args)
+    assert bool(want[0, 0, 2].isnan().all())
+    assert torch.equal(got.isnan(), want.isnan())
+    torch.testing.assert_close(got, want, equal_nan=True)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=str)
 def test_a_nan_in_a_block_no_row_lists_reaches_no_row_nor_gradient(dtype) -> None:
     """A query block listing fewer blocks than the lists' width leaves slots unlisted; a NaN

@@ -276,6 +276,33 @@ def test_a_nan_bias_makes_the_whole_row_and_its_gradients_nan_as_the_reference()
         assert torch.equal(a.isnan(), w.isnan())
 
 
+@pytest.mark.parametrize("where", ["k", "bias", "overflow", "masked key"])
+def test_a_plus_inf_score_makes_its_row_nan_as_the_reference(where) -> None:
+    """A +inf score (an inf in k or the bias, or q.k past float32) makes its row's softmax NaN
+    (inf - inf), as torch's: the kernel made 2^(inf - inf) a 0, a row of zeros and finite
+    gradients. An inf at a key the mask drops reaches no row."""
+    q, k, v, b, _ = _inputs((), 2, 3, 5, 1, 4, torch.float32, 5, mask=None)
+    mask = None
+    if where in ("k", "masked key"):
+        k[0, 1, 0, 0] = float("inf")
+    elif where == "bias":
+        b[0, 1, 2] = float("inf")
+    else:
+        q[1, 1, 0, 0] = k[1, 3, 0, 0] = 1e30
+    if where == "masked key":
+        mask = torch.ones(2, 5, dtype=torch.bool)
+        mask[0, 1] = False
+    args = (q, k, v, b, mask)
+    got, want = torch.ops.spore.triangle_attention(*args), op.reference(*args)
+    assert bool(want.isnan().any()) == (where != "masked key")
+    assert torch.equal(got.isnan(), want.isnan())
+    torch.testing.assert_close(got, want, equal_nan=True)
+    g = torch.randn(got.shape, generator=torch.Generator().manual_seed(0))
+    grads = torch.ops.spore.triangle_attention_backward(g, *args, want, None)
+    for a, w in zip(grads, op.reference_backward(g, *args, want, None), strict=True):
+        assert torch.equal(a.isnan(), w.isnan())
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 def test_a_finfo_min_bias_masks_as_the_reference_does(dtype) -> None:
     """An additive mask of finfo.min (as Hugging Face writes them) on every key of a row, and a

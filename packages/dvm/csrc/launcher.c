@@ -42,6 +42,9 @@ static struct {
     // say what its memory is not: its strides, its data pointer)
     PyObject *tensor, *parameter, *empty_strided, *cpu, *num_threads, *grad_enabled, *strided,
         *error;
+    // torch._C._is_torch_function_mode_enabled, torch._C.DisableTorchFunction and its
+    // __enter__ and __exit__ (checked())
+    PyObject *tf_mode, *no_tf, *no_tf_enter, *no_tf_exit;
     PyObject *messages, *dtype_codes, *dtype_names, *kwnames;
     PyObject *s_shape, *s_dtype, *s_is_cpu, *s_layout, *s_is_neg, *s_requires_grad, *s_stride,
         *s_data_ptr, *s_view;
@@ -842,6 +845,78 @@ static PyObject* launch(Launcher* self, PyObject* fast, int threads) {
     return outs;
 }
 
+// torch function handling turned off where a TorchFunctionMode is on: the DisableTorchFunction
+// entered, or None where no mode is on (a new reference), or NULL with an exception. While a
+// call reads its args and runs the VM, a mode's code would otherwise see those reads and could
+// misstate a plain tensor's shape, strides or data pointer to the VM (a subclass's own code
+// does not run: find_mismatch refuses subclasses first).
+static PyObject* tf_off(void) {
+    PyObject* on = PyObject_CallNoArgs(g.tf_mode);
+    if (on == NULL) return NULL;
+    int mode = on == Py_True;
+    Py_DECREF(on);
+    if (!mode) return Py_NewRef(Py_None);
+    PyObject* guard = PyObject_CallNoArgs(g.no_tf);
+    PyObject* entered = guard != NULL ? PyObject_CallOneArg(g.no_tf_enter, guard) : NULL;
+    if (entered == NULL) Py_CLEAR(guard);
+    Py_XDECREF(entered);
+    return guard;
+}
+
+// tf_off's guard exited (and released), an exception being raised kept: 0, or -1 with the exit's
+// own exception (the one being raised dropped).
+static int tf_on(PyObject* guard) {
+    if (guard == Py_None) {
+        Py_DECREF(guard);
+        return 0;
+    }
+#if PY_VERSION_HEX >= 0x030C0000
+    PyObject* pending = PyErr_GetRaisedException();
+#else
+    PyObject *type, *value, *tb;
+    PyErr_Fetch(&type, &value, &tb);
+#endif
+    PyObject* argv[4] = {guard, Py_None, Py_None, Py_None};
+    PyObject* exited = PyObject_Vectorcall(g.no_tf_exit, argv, 4, NULL);
+    Py_DECREF(guard);
+    if (exited == NULL) {
+#if PY_VERSION_HEX >= 0x030C0000
+        Py_XDECREF(pending);
+#else
+        Py_XDECREF(type), Py_XDECREF(value), Py_XDECREF(tb);
+#endif
+        return -1;
+    }
+    Py_DECREF(exited);
+#if PY_VERSION_HEX >= 0x030C0000
+    PyErr_SetRaisedException(pending);
+#else
+    PyErr_Restore(type, value, tb);
+#endif
+    return 0;
+}
+
+// With torch function handling off (tf_off): the first arg of `fast` that cannot run as bound
+// (find_mismatch, grad mode counted where `grad`) in *at and its kind in *kind (*at -1 where
+// all can), and where all can and `run` is set, the outputs of a launch over `threads`.
+// NULL with *at -2 and an exception on an error; NULL otherwise where nothing ran.
+static PyObject* checked(Launcher* self, PyObject* fast, int grad, int run, int threads, int* at,
+                         int* kind) {
+    PyObject* guard = tf_off();
+    if (guard == NULL) {
+        *at = -2;
+        return NULL;
+    }
+    *at = find_mismatch(self, fast, grad, kind);
+    PyObject* outs = *at == -1 && run ? launch(self, fast, threads) : NULL;
+    if (*at == -1 && run && outs == NULL) *at = -2;  // the launch failed
+    if (tf_on(guard) < 0) {
+        Py_CLEAR(outs);
+        *at = -2;
+    }
+    return outs;
+}
+
 static PyObject* launcher_mismatch(Launcher* self, PyObject* const* args, Py_ssize_t n) {
     if (n != 2) {
         PyErr_SetString(PyExc_TypeError, "mismatch(args, grad)");
@@ -851,8 +926,8 @@ static PyObject* launcher_mismatch(Launcher* self, PyObject* const* args, Py_ssi
     if (grad < 0) return NULL;
     PyObject* fast = seq_of_args(self, args[0]);
     if (fast == NULL) return NULL;
-    int kind = 0;
-    int i = find_mismatch(self, fast, grad, &kind);
+    int kind = 0, i;
+    checked(self, fast, grad, 0, 0, &i, &kind);
     Py_DECREF(fast);
     if (i == -2) return NULL;
     if (i == -1) Py_RETURN_NONE;
@@ -874,12 +949,9 @@ static PyObject* launcher_run(Launcher* self, PyObject* const* args, Py_ssize_t 
     }
     PyObject* fast = seq_of_args(self, args[0]);
     if (fast == NULL) return NULL;
-    int kind = 0;
-    int i = find_mismatch(self, fast, 0, &kind);
-    PyObject* outs = NULL;
-    if (i == -1)
-        outs = launch(self, fast, threads);
-    else if (i >= 0)
+    int kind = 0, i;
+    PyObject* outs = checked(self, fast, 0, 1, threads, &i, &kind);
+    if (i >= 0)
         PyErr_Format(kind == NOT_TENSOR || kind == SUBCLASS ? PyExc_TypeError : PyExc_ValueError,
                      "arg %d does not match the launch: %s (calling the Launch says more)", i,
                      MISMATCH[kind]);
@@ -903,16 +975,11 @@ static PyObject* launcher_guarded(Launcher* self, PyObject* const* args, Py_ssiz
     }
     int grad = grad_obj == Py_True;
     Py_DECREF(grad_obj);
-    int kind = 0;
-    int i = find_mismatch(self, fast, grad, &kind);
-    if (i != -1) {
-        Py_DECREF(fast);
-        if (i == -2) return NULL;
-        Py_RETURN_NONE;
-    }
-    PyObject* outs = launch(self, fast, 0);
+    int kind = 0, i;
+    PyObject* outs = checked(self, fast, grad, 1, 0, &i, &kind);
     Py_DECREF(fast);
-    if (outs == NULL) return NULL;
+    if (i == -2) return NULL;
+    if (i >= 0) Py_RETURN_NONE;
     PyObject* spec = args[1];
     Py_ssize_t m = PyTuple_GET_SIZE(spec);
     PyObject* results = PyTuple_New(m);
@@ -1494,15 +1561,25 @@ done:
 //       messages, dtype_codes, dtype_names): the torch objects calls use, VMError with its
 //       status messages, and the VM's dtype codes (a dict) with their names for errors.
 static PyObject* setup(PyObject* module, PyObject* args) {
-    PyObject* got[11];
-    if (!PyArg_ParseTuple(args, "O!O!OOOOOOO!O!U", &PyType_Type, &got[0], &PyType_Type, &got[1],
-                          &got[2], &got[3], &got[4], &got[5], &got[6], &got[7], &PyDict_Type,
-                          &got[8], &PyDict_Type, &got[9], &got[10]))
+    PyObject* got[13];
+    if (!PyArg_ParseTuple(args, "O!O!OOOOOOO!O!UOO!", &PyType_Type, &got[0], &PyType_Type,
+                          &got[1], &got[2], &got[3], &got[4], &got[5], &got[6], &got[7],
+                          &PyDict_Type, &got[8], &PyDict_Type, &got[9], &got[10], &got[11],
+                          &PyType_Type, &got[12]))
         return NULL;
-    PyObject** slots[11] = {&g.tensor,      &g.parameter, &g.empty_strided, &g.cpu,
-                            &g.num_threads, &g.grad_enabled, &g.strided,   &g.error,
-                            &g.messages,    &g.dtype_codes,  &g.dtype_names};
-    for (int i = 0; i < 11; ++i) {
+    PyObject* enter = PyObject_GetAttrString(got[12], "__enter__");
+    PyObject* exit = enter != NULL ? PyObject_GetAttrString(got[12], "__exit__") : NULL;
+    if (exit == NULL) {
+        Py_XDECREF(enter);
+        return NULL;
+    }
+    Py_XSETREF(g.no_tf_enter, enter);
+    Py_XSETREF(g.no_tf_exit, exit);
+    PyObject** slots[13] = {&g.tensor,      &g.parameter,    &g.empty_strided, &g.cpu,
+                            &g.num_threads, &g.grad_enabled, &g.strided,       &g.error,
+                            &g.messages,    &g.dtype_codes,  &g.dtype_names,   &g.tf_mode,
+                            &g.no_tf};
+    for (int i = 0; i < 13; ++i) {
         Py_INCREF(got[i]);
         Py_XSETREF(*slots[i], got[i]);
     }

@@ -344,17 +344,17 @@ def _add(n: int) -> vm.Launch:
 
 
 def test_a_call_holds_its_args_while_code_it_runs_drops_the_callers():
-    """Code a call runs (here a torch function mode's, at the first data_ptr read: a tensor
-    subclass is refused before any) may drop the caller's references: the call holds its own."""
-    from torch.overrides import TorchFunctionMode
+    """Code a call runs (here a torch dispatch mode's, at the outputs' allocation, after the
+    args' data pointers are read) may drop the caller's references: the call holds its own."""
+    from torch.utils._python_dispatch import TorchDispatchMode
 
     n = 1 << 16
     args: list = []
 
-    class Dropping(TorchFunctionMode):
-        def __torch_function__(self, func, types, fargs=(), kwargs=None):
+    class Dropping(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, fargs=(), kwargs=None):
             out = func(*fargs, **(kwargs or {}))
-            if getattr(func, "__name__", "") == "data_ptr" and args:
+            if func is torch.ops.aten.empty_strided.default and args:
                 args.clear()
                 torch.full((n,), 7.0)  # would reuse a freed input's memory
             return out
@@ -366,6 +366,32 @@ def test_a_call_holds_its_args_while_code_it_runs_drops_the_callers():
             (out,) = launch.run(args)
         assert not args  # the mode ran and dropped them
         assert torch.equal(out, torch.full((n,), 2.0))
+
+
+def test_a_torch_function_mode_does_not_see_what_a_call_reads():
+    """A TorchFunctionMode sees every tensor method call, also a plain tensor's: one that
+    misstated strides would send the VM out of bounds. A call reads its args with torch
+    function handling off."""
+    from torch.overrides import TorchFunctionMode
+
+    seen = []
+
+    class Lying(TorchFunctionMode):
+        def __torch_function__(self, func, types, fargs=(), kwargs=None):
+            seen.append(getattr(func, "__name__", func))
+            if getattr(func, "__name__", "") == "stride":
+                return (2**40,)
+            return func(*fargs, **(kwargs or {}))
+
+    launch = _add(4)
+    x = torch.ones(4)
+    with Lying():
+        (out,) = launch.run([x, x])
+        got = launch.guarded([x, x], ((0, None),))
+        assert launch.mismatch([x, x], False) is None
+    assert seen == []
+    assert torch.equal(out, x + x)
+    assert torch.equal(got[0], x + x)
 
 
 def test_a_launch_refused_at_binding_keeps_no_inputs_alive():

@@ -49,6 +49,10 @@ _launcher.setup(
     _STATUS,
     DTYPE_CODES,
     _DTYPES,
+    # torch function handling off while a call reads its args and runs, where a mode is on: a
+    # TorchFunctionMode would see those reads and could misstate a plain tensor's memory
+    torch._C._is_torch_function_mode_enabled,
+    torch._C.DisableTorchFunction,
 )
 
 

@@ -1557,9 +1557,11 @@ done:
     return answer;
 }
 
-// setup(tensor_type, empty_strided, cpu, get_num_threads, is_grad_enabled, strided, error,
-//       messages, dtype_codes, dtype_names): the torch objects calls use, VMError with its
-//       status messages, and the VM's dtype codes (a dict) with their names for errors.
+// setup(tensor_type, parameter_type, empty_strided, cpu, get_num_threads, is_grad_enabled,
+//       strided, error, messages, dtype_codes, dtype_names, is_torch_function_mode_enabled,
+//       DisableTorchFunction): the torch objects calls use, VMError with its status messages,
+//       the VM's dtype codes (a dict) with their names for errors, and what turns torch
+//       function handling off while a call runs (checked()).
 static PyObject* setup(PyObject* module, PyObject* args) {
     PyObject* got[13];
     if (!PyArg_ParseTuple(args, "O!O!OOOOOOO!O!UOO!", &PyType_Type, &got[0], &PyType_Type,

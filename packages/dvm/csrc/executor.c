@@ -320,9 +320,10 @@ static PyObject* node_field(PyObject* node, int f, int tuple) {
     return v;
 }
 
-// The next slot (the count so far) given to `node` in `slots`: 0, or -1 with a ValueError
-// where a unit already gave it one (two units would share a slot) or another exception.
-static int new_slot(PyObject* slots, PyObject* node) {
+// The next slot (the count so far) given to `node` in `slots`, its number in *number where
+// that is given (borrowed: `slots` holds it): 0, or -1 with a ValueError where a unit already
+// gave it one (two units would share a slot) or another exception.
+static int new_slot(PyObject* slots, PyObject* node, PyObject** number) {
     int there = PyDict_Contains(slots, node);
     if (there != 0) {
         if (there > 0) PyErr_Format(PyExc_ValueError, "dvm executor: %R is given twice", node);
@@ -331,6 +332,7 @@ static int new_slot(PyObject* slots, PyObject* node) {
     PyObject* k = PyLong_FromSsize_t(PyDict_GET_SIZE(slots));
     int failed = k == NULL || PyDict_SetItem(slots, node, k) < 0;
     Py_XDECREF(k);
+    if (!failed && number != NULL) *number = k;
     return failed ? -1 : 0;
 }
 
@@ -348,7 +350,7 @@ static int read_units(PyObject* gm, PyObject* units, PyObject* slots, PyObject* 
         PyObject* op = field(u, F_OP, g.s_op);
         int is = op ? is_op(op, g.s_placeholder) : -1;
         Py_XDECREF(op);
-        if (is < 0 || (is == 1 && new_slot(slots, u) < 0)) return -1;
+        if (is < 0 || (is == 1 && new_slot(slots, u, NULL) < 0)) return -1;
     }
     *n_inputs = PyDict_GET_SIZE(slots);
     for (Py_ssize_t i = 0; i < n; ++i) {
@@ -395,12 +397,12 @@ static int read_units(PyObject* gm, PyObject* units, PyObject* slots, PyObject* 
         PyObject* target = field(u, F_TARGET, g.s_target);
         if (target == NULL) return -1;
         if (kind == 2) {
-            PyObject* k = PyLong_FromSsize_t(PyDict_GET_SIZE(slots));
-            PyObject* value = k ? PyObject_CallFunctionObjArgs(g.attr, gm, target, NULL) : NULL;
+            PyObject* k = NULL;  // its slot's number, held by slots
+            PyObject* value = new_slot(slots, u, &k) < 0
+                                  ? NULL
+                                  : PyObject_CallFunctionObjArgs(g.attr, gm, target, NULL);
             PyObject* pair = value ? PyTuple_Pack(2, k, value) : NULL;
-            int failed = pair == NULL || new_slot(slots, u) < 0 ||
-                         PyList_Append(constants, pair) < 0;
-            Py_XDECREF(k);
+            int failed = pair == NULL || PyList_Append(constants, pair) < 0;
             Py_XDECREF(value);
             Py_XDECREF(pair);
             Py_DECREF(target);
@@ -532,7 +534,7 @@ static int built(PyObject* gm, PyObject* units, PyObject* fields[N_EXECUTOR]) {
     Py_ssize_t n_fixed = PyDict_GET_SIZE(b.slots);  // the inputs, then the constants
     for (Py_ssize_t k = 0; k < n_calls; ++k) {
         for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(calls[k].outs); ++i)
-            if (new_slot(b.slots, PyTuple_GET_ITEM(calls[k].outs, i)) < 0) goto done;
+            if (new_slot(b.slots, PyTuple_GET_ITEM(calls[k].outs, i), NULL) < 0) goto done;
     }
     b.n_slots = PyDict_GET_SIZE(b.slots);
     b.refs = PyMem_Calloc((size_t)b.n_slots + 1, sizeof(PyObject*));

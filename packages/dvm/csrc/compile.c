@@ -16,6 +16,7 @@
 
 #include "analysis.h"
 #include "clock.h"
+#include "errors.h"
 #include "names.h"
 
 enum { N_ANALYSIS_TABLES = 9 };
@@ -63,21 +64,6 @@ static int left(PyObject* out, PyObject* seq, PyObject* why) {
     return failed ? -1 : 0;
 }
 
-// The exception being raised, taken (a new reference): the error is cleared.
-static PyObject* raised(void) {
-#if PY_VERSION_HEX >= 0x030C0000
-    return PyErr_GetRaisedException();
-#else
-    PyObject *type, *value, *tb;
-    PyErr_Fetch(&type, &value, &tb);
-    PyErr_NormalizeException(&type, &value, &tb);
-    if (tb != NULL && value != NULL) PyException_SetTraceback(value, tb);
-    Py_XDECREF(type);
-    Py_XDECREF(tb);
-    return value;
-#endif
-}
-
 // Region `region`, standing for `work` eager kernels (an int), appended to regions when that
 // is at least min_ops, else its nodes to fallbacks, each with why it stays eager; 0, or -1
 // with an exception.
@@ -107,7 +93,7 @@ static int build(PyObject* members, PyObject* work, PyObject* a, long min_ops,
         return failed;
     }
     if (!PyErr_ExceptionMatches(PyExc_ValueError)) return -1;
-    PyObject* error = raised();
+    PyObject* error = take_raised();
     PyObject* parts =
         PyObject_CallFunctionObjArgs(c.split, members, a, error, notes, fallbacks, NULL);
     Py_DECREF(error);

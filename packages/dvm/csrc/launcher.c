@@ -18,6 +18,7 @@
 #include <string.h>
 #include <structmember.h>
 
+#include "errors.h"
 #include "fields.h"
 #include "names.h"
 
@@ -870,29 +871,16 @@ static int tf_on(PyObject* guard) {
         Py_DECREF(guard);
         return 0;
     }
-#if PY_VERSION_HEX >= 0x030C0000
-    PyObject* pending = PyErr_GetRaisedException();
-#else
-    PyObject *type, *value, *tb;
-    PyErr_Fetch(&type, &value, &tb);
-#endif
+    PyObject* pending = take_raised();
     PyObject* argv[4] = {guard, Py_None, Py_None, Py_None};
     PyObject* exited = PyObject_Vectorcall(g.no_tf_exit, argv, 4, NULL);
     Py_DECREF(guard);
     if (exited == NULL) {
-#if PY_VERSION_HEX >= 0x030C0000
         Py_XDECREF(pending);
-#else
-        Py_XDECREF(type), Py_XDECREF(value), Py_XDECREF(tb);
-#endif
         return -1;
     }
     Py_DECREF(exited);
-#if PY_VERSION_HEX >= 0x030C0000
-    PyErr_SetRaisedException(pending);
-#else
-    PyErr_Restore(type, value, tb);
-#endif
+    raise_again(pending);
     return 0;
 }
 

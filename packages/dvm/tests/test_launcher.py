@@ -312,13 +312,25 @@ def test_sizes_whose_products_pass_int64_are_refused():
         _launcher.Launcher(*_parts(**big, out_shapes=[(2**32,) * 3]))
 
 
-def test_a_refusal_made_at_binding_is_raised_by_each_call():
+@pytest.mark.parametrize("mode", [False, True], ids=["plain", "under-a-torch-function-mode"])
+def test_a_refusal_made_at_binding_is_raised_by_each_call(mode):
+    """Also where a TorchFunctionMode is on: the error raised while torch function handling is
+    off comes out as it was raised."""
+    import contextlib
+
+    from torch.overrides import TorchFunctionMode
+
+    class Passing(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            return func(*args, **(kwargs or {}))
+
     launcher = _launcher.Launcher(*_parts(max_row=2))
-    for _ in range(2):
-        with pytest.raises(
-            vm.VMError, match="rows of 3 elements: the VM reduces rows of at most 2"
-        ):
-            launcher.run([torch.randn(2, 3)])
+    with Passing() if mode else contextlib.nullcontext():
+        for _ in range(2):
+            with pytest.raises(
+                vm.VMError, match="rows of 3 elements: the VM reduces rows of at most 2"
+            ):
+                launcher.run([torch.randn(2, 3)])
 
 
 def test_a_status_from_the_vm_is_a_vm_error():

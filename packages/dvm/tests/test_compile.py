@@ -752,6 +752,34 @@ def test_the_common_case_compiles_in_one_c_call(monkeypatch):
     torch.testing.assert_close(c(x, w), _fn(x, w))
 
 
+class _AskedSubclass(torch.Tensor):
+    asked = 0
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        cls.asked += 1
+        return super().__torch_function__(func, types, args, kwargs or {})
+
+
+def test_the_c_compile_reads_values_with_subclass_torch_function_off(monkeypatch):
+    """The common case reads the graph's values with subclass torch function handling off (a
+    FakeTensor's getters otherwise look ``__torch_function__`` up at every read): a value
+    that is a subclass with its own ``__torch_function__`` is not asked, and compiles as the
+    plain tensor would."""
+    x, w = _inputs()
+    plain = compile_graph(make_fx(_fn, tracing_mode="fake")(x, w), [x, w])
+    gm = make_fx(_fn, tracing_mode="fake")(x, w)
+    for node in [n for n in gm.graph.nodes if n.op == "call_function"]:
+        fake = node.meta["val"]
+        node.meta["val"] = torch.empty(fake.shape, dtype=fake.dtype).as_subclass(_AskedSubclass)
+    monkeypatch.setattr(_AskedSubclass, "asked", 0)
+    c = compile_graph(gm, [x, w])
+    assert _AskedSubclass.asked == 0
+    assert [str(r.program) for r in c.regions] == [str(r.program) for r in plain.regions]
+    torch.testing.assert_close(c(x, w), _fn(x, w))
+    assert c.vm_calls == 1
+
+
 def test_the_reference_executor_compiles_in_python(monkeypatch):
     """With the reference executor the runners prepare in Python, so the whole compile does."""
     monkeypatch.setattr(dc, "PREPARE", dc._Reference)

@@ -550,7 +550,10 @@ def compile_graph(
         except AttributeError:  # a GraphModule keeping its graph otherwise
             graph = gm.graph
         native = _COMPILE is not None and PREPARE is _KERNEL  # the runners prepare in C
-        compiled = _COMPILE(gm, graph, min_ops, t0) if native else None
+        compiled = None
+        if native:  # values read without a getter's __torch_function__ lookup each time
+            with _SUBCLASS_TF_OFF():
+                compiled = _COMPILE(gm, graph, min_ops, t0)
         if compiled is None:
             compiled = _compiled(gm, graph, example_inputs, min_ops, t0)
     except _NoFakeValues as e:
@@ -581,3 +584,7 @@ def _compiled(
 
 
 _COMPILE = _native_compile()
+# Around the common case: a tensor getter on a subclass (a FakeTensor) looks
+# __torch_function__ up on it at every read unless subclass handling is off; modes still apply.
+# Not around the Python path, whose fill of missing values propagates the user's inputs.
+_SUBCLASS_TF_OFF = torch._C.DisableTorchFunctionSubclass

@@ -245,3 +245,43 @@ def test_none_for_a_tensor_argument_is_a_clear_error(where) -> None:
         TypeError, match=rf"^{op}\(\): argument '{arg}' must be a Tensor, got NoneType"
     ):
         _NONE_CALLS[where](x)
+
+
+_LAYOUTS = {
+    "sparse_coo": lambda t: t.to_sparse(),
+    "sparse_csr": lambda t: t.to_sparse_csr(),
+    "mkldnn": lambda t: t.to_mkldnn(),
+}
+
+_DENSE_CALLS = {  # each op given x (4 x 8) as its first tensor
+    "rms_norm": lambda x, d: torch.ops.spore.rms_norm(x, d[0], 1e-6),
+    "add_rms_norm": lambda x, d: torch.ops.spore.add_rms_norm(x, d, d[0], 1e-6),
+    "layer_norm": lambda x, d: torch.ops.spore.layer_norm(x, None, None, 1e-6),
+    "mean_var": lambda x, d: torch.ops.spore.mean_var(x, 0, 1),
+    "gelu": lambda x, d: torch.ops.spore.gelu(x, "none"),
+    "silu_mul": lambda x, d: torch.ops.spore.silu_mul(x, d),
+    "swiglu": lambda x, d: torch.ops.spore.swiglu(x),
+    "rope": lambda x, d: torch.ops.spore.rope(x, d, d, "half"),
+    "rms_norm_backward": lambda x, d: torch.ops.spore.rms_norm_backward(x, d, d[0], 1e-6),
+}
+
+
+@pytest.mark.parametrize("layout", list(_LAYOUTS))
+@pytest.mark.parametrize("op", list(_DENSE_CALLS))
+def test_a_tensor_not_dense_is_a_clear_error(op, layout) -> None:
+    """A sparse x reached the reference's arithmetic, which failed with torch's internal assert
+    ('new_nnz <= nnz()', 'please report a bug to PyTorch'); an MKL-DNN one found no kernel."""
+    dense = torch.randn(4, 8)
+    with pytest.raises(TypeError, match=rf"^{op}: \w+ must be a dense \(strided\) tensor"):
+        _DENSE_CALLS[op](_LAYOUTS[layout](dense), dense)
+
+
+def test_attention_refuses_a_sparse_input() -> None:
+    q = torch.randn(1, 2, 3, 2, 4)
+    with pytest.raises(TypeError, match=r"^triangle_attention: k must be a dense"):
+        torch.ops.spore.triangle_attention(q, q.to_sparse(), q)
+    q = torch.randn(1, 2, 8, 4)
+    index = torch.zeros(1, 2, 1, 1, dtype=torch.int32)
+    count = torch.ones(1, 2, 1, dtype=torch.int32)
+    with pytest.raises(TypeError, match=r"^block_sparse_attention: v must be a dense"):
+        torch.ops.spore.block_sparse_attention(q, q, q.to_sparse(), count, index, 8)

@@ -18,10 +18,17 @@ KERNEL_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
 def floating(op: str, **tensors: torch.Tensor) -> None:
-    """TypeError unless every tensor is a tensor of float32/bfloat16/float16/float64."""
+    """TypeError unless every tensor is a dense (strided) tensor of
+    float32/bfloat16/float16/float64: a sparse or MKL-DNN one failed inside torch, with an
+    internal assert or a missing-kernel error."""
     for name, t in tensors.items():
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{op}: {name} must be a tensor, got {type(t).__name__}")
+        if t.layout != torch.strided:
+            raise TypeError(
+                f"{op}: {name} must be a dense (strided) tensor, got layout {t.layout}; "
+                f"pass {name}.to_dense()"
+            )
         if t.dtype not in FLOATS:
             raise TypeError(f"{op}: {name} must be a floating-point tensor, got {t.dtype}")
 
@@ -87,11 +94,14 @@ PLAIN_TENSORS = (torch.Tensor, torch.nn.Parameter)
 
 
 def ready(*tensors: torch.Tensor, device_type: str | None = None) -> bool:
-    """Contiguous plain tensors (:data:`PLAIN_TENSORS`) of one kernel dtype (float32, bfloat16,
-    float16) on one device, of type ``device_type`` when given."""
+    """Contiguous dense plain tensors (:data:`PLAIN_TENSORS`, strided layout: an MKL-DNN one
+    says it is contiguous) of one kernel dtype (float32, bfloat16, float16) on one device, of
+    type ``device_type`` when given."""
     first = tensors[0]
     dtype = first.dtype
-    if dtype not in KERNEL_DTYPES or any(type(t) not in PLAIN_TENSORS for t in tensors):
+    if dtype not in KERNEL_DTYPES or any(
+        type(t) not in PLAIN_TENSORS or t.layout is not torch.strided for t in tensors
+    ):
         return False
     if device_type == "cpu" or (device_type is None and first.is_cpu):
         # the common case, without building device objects (a few µs each)

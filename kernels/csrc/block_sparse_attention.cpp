@@ -40,7 +40,18 @@ constexpr int64_t RT = 6;
 constexpr int64_t VT = 2 * W;
 constexpr float kLn2 = 0.693147182f;
 
-inline int64_t round_up(int64_t n, int64_t to) { return (n + to - 1) / to * to; }
+// Sizes of the scratch and packed buffers, which the library's caller may state beyond any
+// memory: where one passes int64, std::bad_alloc (OUT_OF_MEMORY) rather than a wrapped size.
+inline int64_t round_up(int64_t n, int64_t to) {
+    if (n > std::numeric_limits<int64_t>::max() - to) throw std::bad_alloc();
+    return (n + to - 1) / to * to;
+}
+inline int64_t times(int64_t a, int64_t b) {
+    int64_t product;
+    if (__builtin_mul_overflow(a, b, &product)) throw std::bad_alloc();
+    return product;
+}
+inline size_t floats(int64_t a, int64_t b) { return static_cast<size_t>(times(a, b)); }
 
 struct Shape {
     int64_t bh, sq, skv, d, m, bs, nq, nk;
@@ -64,6 +75,14 @@ bool lists_valid(const void* index, const void* count, bool wide, const Shape& s
     return true;
 }
 
+// A key block's keys padded to whole vectors (fewer than bs where the sequence is shorter) and a
+// query block's rows padded to whole row tiles (likewise): one query row over a block of 8192
+// keys needs scratch for RT rows, not 8192.
+inline int64_t key_pad(const Shape& s) {
+    return round_up(std::max<int64_t>(1, std::min(s.bs, s.skv)), VT);
+}
+inline int64_t row_pad(const Shape& s) { return round_up(std::min(s.bs, s.sq), RT); }
+
 // Up to `heads` heads' keys and values as fp32, packed once and read by every query block: block
 // slot t (head t / nk, block t % nk) holds its keys transposed ([d][cp], zero-padded keys) and
 // its values ([cp][dp], zero-padded columns).
@@ -75,12 +94,12 @@ struct Packed {
     static constexpr int64_t kMaxFloats = int64_t{1} << 23;
 
     explicit Packed(const Shape& s)
-        : cp(round_up(s.bs, VT)),
+        : cp(key_pad(s)),
           dp(round_up(s.d, VT)),
-          heads(std::clamp<int64_t>(kMaxFloats / std::max<int64_t>(1, s.nk * cp * (s.d + dp)),
-                                    1, s.bh)),
-          kt(static_cast<size_t>(heads * s.nk * s.d * cp), 0.0f),
-          v(static_cast<size_t>(heads * s.nk * cp * dp), 0.0f) {}
+          heads(std::clamp<int64_t>(
+              kMaxFloats / std::max<int64_t>(1, times(times(s.nk, cp), s.d + dp)), 1, s.bh)),
+          kt(floats(times(heads, s.nk), times(s.d, cp)), 0.0f),
+          v(floats(times(heads, s.nk), times(cp, dp)), 0.0f) {}
 
     const float* keys(int64_t t, int64_t d) const { return kt.data() + t * d * cp; }
     const float* values(int64_t t) const { return v.data() + t * cp * dp; }
@@ -93,10 +112,18 @@ void pack_block(const typename T::storage* k, const typename T::storage* v, int6
     const int64_t d = s.d, c0 = j * s.bs, keys = std::min(s.bs, s.skv - c0);
     float* kt = pk.kt.data() + t * d * pk.cp;
     float* vb = pk.v.data() + t * pk.cp * pk.dp;
+    // keys transposed VT at a time: each of the d rows written gets one whole vector (a long
+    // block's rows lie cp floats apart, key by key a write to another line and page each time)
+    for (int64_t c1 = 0; c1 < keys; c1 += VT) {
+        const int64_t n = std::min(VT, keys - c1);
+        const auto* kblock = k + (c0 + c1) * d;
+        for (int64_t e = 0; e < d; ++e) {
+            float* dst = kt + e * pk.cp + c1;
+            for (int64_t c = 0; c < n; ++c) dst[c] = T::load(kblock[c * d + e]);
+        }
+    }
     for (int64_t c = 0; c < keys; ++c) {
-        const auto* krow = k + (c0 + c) * d;
         const auto* vrow = v + (c0 + c) * d;
-        for (int64_t e = 0; e < d; ++e) kt[e * pk.cp + c] = T::load(krow[e]);
 #pragma omp simd
         for (int64_t e = 0; e < d; ++e) vb[c * pk.dp + e] = T::load(vrow[e]);
     }
@@ -112,16 +139,16 @@ struct Scratch {
     std::vector<float> top;             // [rp][W]: lane-wise max of this block's scores per row
 
     explicit Scratch(const Shape& s)
-        : rp(round_up(s.bs, RT)),
-          cp(round_up(s.bs, VT)),
+        : rp(row_pad(s)),
+          cp(key_pad(s)),
           dp(round_up(s.d, VT)),
-          q(static_cast<size_t>(rp * s.d)),
-          p(static_cast<size_t>(rp * cp)),
-          o(static_cast<size_t>(rp * dp)),
+          q(floats(rp, s.d)),
+          p(floats(rp, cp)),
+          o(floats(rp, dp)),
           mx(static_cast<size_t>(rp)),
           sum(static_cast<size_t>(rp)),
           alpha(static_cast<size_t>(rp)),
-          top(static_cast<size_t>(rp * W)) {}
+          top(floats(rp, W)) {}
 };
 
 // p[r][c] = sum_e q[r][e] kt[e][c] over every padded row and the key tiles holding c keys;
@@ -342,7 +369,7 @@ SPORE_EXPORT int32_t spore_block_sparse_attention(const void* q, const void* k, 
         return BAD_ARGUMENT;
     }
     if (dtype != DT_F32 && dtype != DT_BF16 && dtype != DT_F16) return BAD_DTYPE;
-    const Shape s{bh, sq, skv, d, m, bs, (sq + bs - 1) / bs, (skv + bs - 1) / bs};
+    const Shape s{bh, sq, skv, d, m, bs, sq / bs + (sq % bs != 0), skv / bs + (skv % bs != 0)};
     if (bh == 0 || sq == 0) return OK;
     if (count == nullptr || (m > 0 && index == nullptr)) return BAD_ARGUMENT;
     const bool wide = index_is_64 != 0;

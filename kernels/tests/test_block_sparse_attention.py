@@ -539,17 +539,38 @@ def test_cuda_runs_flex_attention_and_matches_dense_sdpa(dtype) -> None:
     torch.testing.assert_close(out.cpu().double(), expected, rtol=tol, atol=tol)
 
 
-def test_a_block_too_large_for_scratch_memory_is_an_error_not_an_abort() -> None:
-    """block_size 2^40 handed to the library (the op caps a block at the longer sequence): the
-    per-thread scratch (block_size^2 floats) cannot be had; the library says so with status 3
-    (std::bad_alloc inside OpenMP aborted the process before), the output left untouched."""
+@pytest.mark.parametrize(
+    "sizes",
+    [
+        (2, 2**40, 12, 8, 1, 2**40),  # 2^40 query rows a block: 2^43 floats of scratch
+        (2, 2**40, 2**40, 2**30, 1, 2**40),  # rows x keys and keys x d pass int64
+        (2, 2**62, 2**62, 8, 1, 2**63 - 1),  # sizes near int64's end
+    ],
+)
+def test_scratch_beyond_memory_is_an_error_not_an_abort(sizes) -> None:
+    """Sizes stated to the library whose scratch cannot be had (the op caps a block at the
+    longer sequence, and the scratch at the block's rows and keys): the library says so with
+    status 3 (std::bad_alloc inside OpenMP aborted the process before; a size passing int64 is
+    refused, not wrapped), the output left untouched and nothing read."""
     fn = _lib.function("spore_block_sparse_attention", op._ARGS)
     q, k, v, _, _, out = _c_args()
     index, count = torch.zeros(2, 1, 1, dtype=torch.int64), torch.ones(2, 1, dtype=torch.int64)
     out.fill_(7.0)
-    assert _call(fn, q, k, v, index, count, out, sizes=(2, 10, 12, 8, 1, 2**40)) == 3
+    assert _call(fn, q, k, v, index, count, out, sizes=sizes) == 3
     assert _lib.STATUS[3] == "out of memory for scratch"
     assert bool((out == 7.0).all())
+
+
+@pytest.mark.parametrize(("sq", "skv", "bs"), [(1, 4096, 4096), (7, 1000, 2048), (3, 32, 64)])
+def test_a_few_query_rows_over_long_blocks(sq, skv, bs) -> None:
+    """Decoding: a block's scratch was sized by block_size squared even for one query row (256
+    MiB a thread at 8192); it is sized by the rows and keys there are. Keys a whole number of
+    vectors (4096, 32) run the vector path over the whole block."""
+    q, k, v = _qkv(1, 2, sq, skv, 16, torch.float32, 5)
+    index, count = _lists(1, 2, sq, skv, bs, op.blocks(skv, bs), torch.int64, 5, garbage=False)
+    args = (q, k, v, index, count, bs)
+    assert dispatch.explain("block_sparse_attention", *args).chosen == "kernels"
+    _close(torch.ops.spore.block_sparse_attention(*args), _oracle(*args), torch.float32)
 
 
 def test_the_reference_output_is_contiguous_as_the_fake_says() -> None:

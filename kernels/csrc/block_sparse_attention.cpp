@@ -10,35 +10,10 @@
 #include <new>
 #include <stdexcept>
 
-#include "elementwise.h"
+#include "attention.h"
 
 namespace spore {
 namespace {
-
-// A vector of W fp32 lanes (GCC vector extensions: one register of the build's widest kind;
-// a * b + c becomes an FMA where the build targets FMA hardware), read and written unaligned.
-#if defined(__AVX512F__)
-constexpr int64_t W = 16;
-#elif defined(__AVX__)
-constexpr int64_t W = 8;
-#else
-constexpr int64_t W = 4;
-#endif
-using vec = float __attribute__((vector_size(W * 4)));
-using vec_u = float __attribute__((vector_size(W * 4), aligned(4), may_alias));
-
-using ivec = int32_t __attribute__((vector_size(W * 4)));
-
-inline vec splat(float x) { return vec{} + x; }
-constexpr float kInf = std::numeric_limits<float>::infinity();
-inline vec vload(const float* p) { return *reinterpret_cast<const vec_u*>(p); }
-inline void vstore(float* p, vec x) { *reinterpret_cast<vec_u*>(p) = x; }
-
-// Register tiles of RT query rows by VT (two vectors) key or value columns: 12 accumulators,
-// two column vectors and a broadcast row value fit the 16 vector registers of SSE2 and AVX2.
-constexpr int64_t RT = 6;
-constexpr int64_t VT = 2 * W;
-constexpr float kLn2 = 0.693147182f;
 
 // Sizes of the scratch and packed buffers, which the library's caller may state beyond any
 // memory: where one passes int64, std::bad_alloc (OUT_OF_MEMORY) rather than a wrapped size.
@@ -185,33 +160,9 @@ inline void scores(Scratch& w, const float* kt, int64_t d, int64_t c) {
     }
 }
 
-// 2^a lane by lane for a <= 0 (the scores are in base 2: q was scaled by log2 e), 0 below
-// -126: a = n + r with n an integer and |r| <= 1/2, and 2^r = exp(r ln 2) by elementwise.h's
-// polynomial. A NaN lane gives a finite value (the caller keeps NaN scores itself).
-inline vec exp2_nonpositive(vec a) {
-    const vec clamped = a > -126.0f ? a : splat(-126.0f);
-    const vec shifted = clamped + kRound;
-    const vec x = (clamped - (shifted - kRound)) * kLn2;
-    vec p = splat(1.38204684e-3f);
-    p = p * x + 8.36925115e-3f;
-    p = p * x + 4.16682847e-2f;
-    p = p * x + 1.66665167e-1f;
-    p = p * x + 4.99999940e-1f;
-    const vec em1 = p * (x * x) + x;
-    const ivec n = reinterpret_cast<ivec>(shifted) - as_int(kRound);
-    const vec scale = reinterpret_cast<vec>((n + 127) << 23);
-    const vec e = em1 * scale + scale;
-    return a >= -126.0f ? e : vec{};
-}
-
-// One lane's 2^a, as exp2_nonpositive.
-inline float exp2_nonpositive(float a) { return exp2_nonpositive(splat(a))[0]; }
-
 // The online-softmax step of one row over its c scores: new max, rescale of what came before,
-// scores replaced by 2^(score - max), running sum updated. Where score - max is NaN (a NaN
-// score, or a +inf score at a +inf max: q.k overflowed or an input held inf) it stays NaN and
-// reaches the row's output, as in torch (exp2_nonpositive would make it 0); a -inf score
-// gives 0, also at a -inf max.
+// scores replaced by 2^(score - max) (shifted_exp2: NaN stays NaN, -inf gives 0), running sum
+// updated.
 // A whole row of padded width (c == cp) runs in vectors; a short last block lane by lane.
 inline void softmax_step(Scratch& w, int64_t r, int64_t c) {
     float* row = w.p.data() + r * w.cp;
@@ -222,8 +173,7 @@ inline void softmax_step(Scratch& w, int64_t r, int64_t c) {
         for (int64_t l = 0; l < W; ++l) top = std::max(top, m[l]);
         vec acc = {};
         for (int64_t j = 0; j < c; j += W) {
-            const vec x = vload(row + j), d = x - top;
-            const vec e = (d == d) | (x == splat(-kInf)) ? exp2_nonpositive(d) : d;
+            const vec e = shifted_exp2(vload(row + j), top);
             vstore(row + j, e);
             acc += e;
         }
@@ -233,13 +183,12 @@ inline void softmax_step(Scratch& w, int64_t r, int64_t c) {
         for (int64_t j = 0; j < c; ++j) top = std::max(top, row[j]);
 #pragma omp simd reduction(+ : total)
         for (int64_t j = 0; j < c; ++j) {
-            const float x = row[j], d = x - top;
-            const float e = d == d || x == -kInf ? exp2_nonpositive(d) : d;
+            const float e = shifted_exp2(row[j], top);
             row[j] = e;
             total += e;
         }
     }
-    w.alpha[r] = before == -std::numeric_limits<float>::infinity()
+    w.alpha[r] = before == -kInf
                      ? 0.0f
                      : exp2_nonpositive(before - top);
     w.mx[r] = top;

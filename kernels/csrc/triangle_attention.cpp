@@ -15,32 +15,13 @@
 #include <new>
 #include <stdexcept>
 
-#include "elementwise.h"
+#include "attention.h"
 
 namespace spore {
 namespace {
 
-#if defined(__AVX512F__)
-constexpr int64_t W = 16;
-#elif defined(__AVX__)
-constexpr int64_t W = 8;
-#else
-constexpr int64_t W = 4;
-#endif
-using vec = float __attribute__((vector_size(W * 4)));
-using vec_u = float __attribute__((vector_size(W * 4), aligned(4), may_alias));
-using ivec = int32_t __attribute__((vector_size(W * 4)));
-
-inline vec splat(float x) { return vec{} + x; }
-inline vec vload(const float* p) { return *reinterpret_cast<const vec_u*>(p); }
-inline void vstore(float* p, vec x) { *reinterpret_cast<vec_u*>(p) = x; }
-
-constexpr int64_t RT = 6;       // rows of a register tile (12 accumulators fit 16 registers)
-constexpr int64_t VT = 2 * W;   // columns of a register tile: two vectors
 constexpr int64_t TQ = 48;      // query rows per tile
 constexpr int64_t KT = 128;     // keys per tile (a multiple of VT on every build)
-constexpr float kInf = std::numeric_limits<float>::infinity();
-constexpr float kLn2f = 0.693147182f;
 
 inline int64_t round_up(int64_t n, int64_t to) { return (n + to - 1) / to * to; }
 
@@ -93,35 +74,12 @@ inline void gemm(const float* a, int64_t ar, int64_t at, const float* b, int64_t
     }
 }
 
-// 2^a lane by lane for a <= 0, 0 below -126 and for a NaN lane (callers keep NaN scores
-// themselves): a = n + r, |r| <= 1/2, 2^r = exp(r ln 2) by elementwise.h's polynomial.
-inline vec exp2_nonpositive(vec a) {
-    const vec clamped = a > -126.0f ? a : splat(-126.0f);
-    const vec shifted = clamped + kRound;
-    const vec x = (clamped - (shifted - kRound)) * kLn2f;
-    vec p = splat(1.38204684e-3f);
-    p = p * x + 8.36925115e-3f;
-    p = p * x + 4.16682847e-2f;
-    p = p * x + 1.66665167e-1f;
-    p = p * x + 4.99999940e-1f;
-    const vec em1 = p * (x * x) + x;
-    const ivec n = reinterpret_cast<ivec>(shifted) - as_int(kRound);
-    const vec scale = reinterpret_cast<vec>((n + 127) << 23);
-    const vec e = em1 * scale + scale;
-    return a >= -126.0f ? e : vec{};
-}
-
-inline float exp2_nonpositive(float a) { return exp2_nonpositive(splat(a))[0]; }
-
-// x[c] = 2^(x[c] - top) for n (a multiple of W) values; returns their sum. Where x[c] - top is
-// NaN (a NaN score, or a +inf score at a +inf max: an inf in q, k or the bias, or q.k
-// overflowed) it stays NaN, as in torch's softmax; a -inf score (a masked key, or a bias of
-// -inf) gives 0, also at a -inf max (a row with every key masked gives zeros).
+// x[c] = 2^(x[c] - top) for n (a multiple of W) values (shifted_exp2: NaN stays NaN, a -inf
+// score, a masked key or a bias of -inf, gives 0); returns their sum.
 inline float exp2_shift(float* x, int64_t n, float top) {
     vec acc = {};
     for (int64_t c = 0; c < n; c += W) {
-        const vec v = vload(x + c), d = v - top;
-        const vec e = (d == d) | (v == splat(-kInf)) ? exp2_nonpositive(d) : d;
+        const vec e = shifted_exp2(vload(x + c), top);
         vstore(x + c, e);
         acc += e;
     }

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <limits>
+#include <memory>
 #include <new>
 #include <stdexcept>
 
@@ -60,10 +61,11 @@ inline int64_t row_pad(const Shape& s) { return round_up(std::min(s.bs, s.sq), R
 
 // Up to `heads` heads' keys and values as fp32, packed once and read by every query block: block
 // slot t (head t / nk, block t % nk) holds its keys transposed ([d][cp], zero-padded keys) and
-// its values ([cp][dp], zero-padded columns).
+// its values ([cp][dp], zero-padded columns). Left unset where no block is packed: a slot is
+// written whole (padding included) when its block is, and read only where it is listed.
 struct Packed {
     int64_t cp, dp, heads;
-    std::vector<float> kt, v;
+    std::unique_ptr<float[]> kt, v;
 
     // As many heads as fit kMaxFloats (at least one).
     static constexpr int64_t kMaxFloats = int64_t{1} << 23;
@@ -73,20 +75,20 @@ struct Packed {
           dp(round_up(s.d, VT)),
           heads(std::clamp<int64_t>(
               kMaxFloats / std::max<int64_t>(1, times(times(s.nk, cp), s.d + dp)), 1, s.bh)),
-          kt(floats(times(heads, s.nk), times(s.d, cp)), 0.0f),
-          v(floats(times(heads, s.nk), times(cp, dp)), 0.0f) {}
+          kt(new float[floats(times(heads, s.nk), times(s.d, cp))]),
+          v(new float[floats(times(heads, s.nk), times(cp, dp))]) {}
 
-    const float* keys(int64_t t, int64_t d) const { return kt.data() + t * d * cp; }
-    const float* values(int64_t t) const { return v.data() + t * cp * dp; }
+    const float* keys(int64_t t, int64_t d) const { return kt.get() + t * d * cp; }
+    const float* values(int64_t t) const { return v.get() + t * cp * dp; }
 };
 
-// Block j of one head's k and v into slot t.
+// Block j of one head's k and v into slot t, with the slot's padding zeroed.
 template <typename T>
 void pack_block(const typename T::storage* k, const typename T::storage* v, int64_t j, int64_t t,
                 const Shape& s, Packed& pk) {
     const int64_t d = s.d, c0 = j * s.bs, keys = std::min(s.bs, s.skv - c0);
-    float* kt = pk.kt.data() + t * d * pk.cp;
-    float* vb = pk.v.data() + t * pk.cp * pk.dp;
+    float* kt = pk.kt.get() + t * d * pk.cp;
+    float* vb = pk.v.get() + t * pk.cp * pk.dp;
     // keys transposed VT at a time: each of the d rows written gets one whole vector (a long
     // block's rows lie cp floats apart, key by key a write to another line and page each time)
     for (int64_t c1 = 0; c1 < keys; c1 += VT) {
@@ -97,11 +99,15 @@ void pack_block(const typename T::storage* k, const typename T::storage* v, int6
             for (int64_t c = 0; c < n; ++c) dst[c] = T::load(kblock[c * d + e]);
         }
     }
+    for (int64_t e = 0; e < d; ++e) std::fill(kt + e * pk.cp + keys, kt + (e + 1) * pk.cp, 0.0f);
     for (int64_t c = 0; c < keys; ++c) {
         const auto* vrow = v + (c0 + c) * d;
+        float* dst = vb + c * pk.dp;
 #pragma omp simd
-        for (int64_t e = 0; e < d; ++e) vb[c * pk.dp + e] = T::load(vrow[e]);
+        for (int64_t e = 0; e < d; ++e) dst[e] = T::load(vrow[e]);
+        std::fill(dst + d, dst + pk.dp, 0.0f);
     }
+    std::fill(vb + keys * pk.dp, vb + pk.cp * pk.dp, 0.0f);
 }
 
 // One thread's fp32 scratch for a query block, zero-padded to whole tiles.
@@ -262,8 +268,8 @@ void query_block(const typename T::storage* q, typename T::storage* out, const P
     }
 }
 
-// Group by group of heads (as many as Packed holds): the threads pack the group's keys and
-// values, then share all its query blocks (one barrier per group, not per head). Scratch is
+// Group by group of heads (as many as Packed holds): the threads pack the group's listed keys
+// and values, then share all its query blocks (one barrier per group, not per head). Scratch is
 // allocated before the parallel region: std::bad_alloc cannot leave one.
 template <typename T>
 void block_sparse_attention(const void* qp, const void* kp, const void* vp, const void* index,
@@ -274,6 +280,15 @@ void block_sparse_attention(const void* qp, const void* kp, const void* vp, cons
     const auto* v = in<T>(vp);
     auto* y = out<T>(outp);
     Packed pk(s);
+    // which heads' KV blocks some query block lists: only those are packed (one query block
+    // listing a quarter of a long sequence's blocks packs that quarter)
+    std::vector<uint8_t> listed(floats(s.bh, s.nk), 0);
+    for (int64_t task = 0; task < s.bh * s.nq; ++task) {
+        const int64_t head = task / s.nq, n = entry(count, task, wide);
+        for (int64_t t = 0; t < n; ++t) {
+            listed[head * s.nk + entry(index, task * s.m + t, wide)] = 1;
+        }
+    }
     std::vector<Scratch> scratch;
     scratch.reserve(static_cast<size_t>(threads));
     for (int32_t t = 0; t < threads; ++t) scratch.emplace_back(s);
@@ -282,8 +297,9 @@ void block_sparse_attention(const void* qp, const void* kp, const void* vp, cons
         Scratch& w = scratch[static_cast<size_t>(omp_get_thread_num())];
         for (int64_t h0 = 0; h0 < s.bh; h0 += pk.heads) {
             const int64_t hn = std::min(pk.heads, s.bh - h0);
-#pragma omp for schedule(static)
+#pragma omp for schedule(dynamic, 4)
             for (int64_t t = 0; t < hn * s.nk; ++t) {
+                if (!listed[h0 * s.nk + t]) continue;
                 const int64_t kv = (h0 + t / s.nk) * s.skv * s.d;
                 pack_block<T>(k + kv, v + kv, t % s.nk, t, s, pk);
             }

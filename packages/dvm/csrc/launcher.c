@@ -124,18 +124,6 @@ static int int32s(PyObject* t, const char* what, int32_t* out) {
     return found ? -1 : 0;
 }
 
-static int fill_int32(PyObject* seq, const char* what, Py_ssize_t max, int32_t* out,
-                      Py_ssize_t* n) {
-    PyObject* t = own_tuple(seq, what);
-    if (t == NULL) return -1;
-    *n = PyTuple_GET_SIZE(t);
-    int failed = *n > max;
-    if (failed) PyErr_Format(PyExc_ValueError, "%s: %zd entries, at most %zd", what, *n, max);
-    failed = failed || int32s(t, what, out) < 0;
-    Py_DECREF(t);
-    return failed ? -1 : 0;
-}
-
 static void launcher_dealloc(Launcher* self) {
     PyMem_Free(self->code);
     for (int k = 0; k < MAX_OUTPUTS; ++k)
@@ -569,9 +557,27 @@ static int is_dvm_run(void* p) {
     return 1;
 }
 
+// The VM's code for the dtype of output k (out_dtypes a tuple) into *code: 0, or -1 with a
+// TypeError where the VM does not store it.
+static int out_code(PyObject* out_dtypes, Py_ssize_t k, int32_t* code) {
+    PyObject* dtype = PyTuple_GET_ITEM(out_dtypes, k);
+    PyObject* found = PyDict_GetItemWithError(g.dtype_codes, dtype);
+    if (found == NULL) {
+        if (!PyErr_Occurred())
+            PyErr_Format(PyExc_TypeError,
+                         "output %zd has dtype %S; the VM stores %U: cast it first", k, dtype,
+                         g.dtype_names);
+        return -1;
+    }
+    long c = PyLong_AsLong(found);
+    if (c == -1 && PyErr_Occurred()) return -1;
+    *code = (int32_t)c;
+    return 0;
+}
+
 // The binding (see launcher_init), while self->state is BINDING.
 static int bind(Launcher* self, PyObject* address, PyObject* code, PyObject* imm, int n_regs,
-                int n_in, PyObject* out_codes, PyObject* out_dtypes, PyObject* reduced_seq,
+                int n_in, PyObject* out_dtypes, PyObject* reduced_seq,
                 PyObject* max_row, PyObject* domain, PyObject* targs, PyObject* operands,
                 PyObject* out_shapes, PyObject* out_strides) {
     self->run = (RunFn)PyLong_AsVoidPtr(address);
@@ -587,26 +593,15 @@ static int bind(Launcher* self, PyObject* address, PyObject* code, PyObject* imm
     }
     if (read_program(self, code, imm) < 0) return -1;
     self->n_regs = n_regs;
-    Py_ssize_t n;
-    if (fill_int32(out_codes, "out_codes", MAX_OUTPUTS, self->out_codes, &n) < 0) return -1;
-    self->n_out = (int32_t)n;
-    if (n_in < 0 || n_in > MAX_INPUTS || PyTuple_GET_SIZE(out_dtypes) != n) {
-        PyErr_Format(PyExc_ValueError, "n_in %d (at most %d); out_dtypes: one per out_code",
-                     n_in, MAX_INPUTS);
+    Py_ssize_t n = PyTuple_GET_SIZE(out_dtypes);
+    if (n_in < 0 || n_in > MAX_INPUTS || n > MAX_OUTPUTS) {
+        PyErr_Format(PyExc_ValueError, "n_in %d (at most %d), %zd out_dtypes (at most %d)", n_in,
+                     MAX_INPUTS, n, MAX_OUTPUTS);
         return -1;
     }
-    for (Py_ssize_t k = 0; k < n; ++k) {  // the VM writes out_codes' type into the buffers
-        PyObject* dtype = PyTuple_GET_ITEM(out_dtypes, k);
-        PyObject* code = PyDict_GetItemWithError(g.dtype_codes, dtype);
-        long want = code != NULL ? PyLong_AsLong(code) : -1;
-        if (want == -1 && PyErr_Occurred()) return -1;
-        if (code == NULL || want != self->out_codes[k]) {
-            PyErr_Format(PyExc_ValueError,
-                         "out_codes[%zd] = %d is not the code of out_dtypes[%zd] = %R (the "
-                         "VM stores %U)", k, (int)self->out_codes[k], k, dtype, g.dtype_names);
-            return -1;
-        }
-    }
+    self->n_out = (int32_t)n;
+    for (Py_ssize_t k = 0; k < n; ++k)  // the VM writes each output's dtype by its code
+        if (out_code(out_dtypes, k, &self->out_codes[k]) < 0) return -1;
     self->n_in = n_in;
     int reduced[MAX_OUTPUTS];
     int64_t dims[MAX_ARG_DIMS];
@@ -664,21 +659,21 @@ fail:
     return -1;
 }
 
-// Launcher(run_address, code, imm, n_regs, n_in, out_codes, out_dtypes, reduced, max_row,
+// Launcher(run_address, code, imm, n_regs, n_in, out_dtypes, reduced, max_row,
 //          domain, args, operands, out_shapes, out_strides): dvm.vm.Kernel.bind's binding,
 // whose docstring says what the last five are (out_shapes None: the domain's); max_row is
 // None for a program that does not reduce.
 static int launcher_init(Launcher* self, PyObject* args, PyObject* kwds) {
-    PyObject *address, *code, *imm, *out_codes, *out_dtypes, *reduced_seq, *max_row, *domain,
-        *targs, *operands, *out_shapes, *out_strides;
+    PyObject *address, *code, *imm, *out_dtypes, *reduced_seq, *max_row, *domain, *targs,
+        *operands, *out_shapes, *out_strides;
     int n_regs, n_in;
     if (kwds != NULL && PyDict_GET_SIZE(kwds) > 0) {
         PyErr_SetString(PyExc_TypeError, "Launcher takes positional arguments only");
         return -1;
     }
-    if (!PyArg_ParseTuple(args, "OOOiiOO!OOOOOOO", &address, &code, &imm, &n_regs, &n_in,
-                          &out_codes, &PyTuple_Type, &out_dtypes, &reduced_seq, &max_row,
-                          &domain, &targs, &operands, &out_shapes, &out_strides))
+    if (!PyArg_ParseTuple(args, "OOOiiO!OOOOOOO", &address, &code, &imm, &n_regs, &n_in,
+                          &PyTuple_Type, &out_dtypes, &reduced_seq, &max_row, &domain, &targs,
+                          &operands, &out_shapes, &out_strides))
         return -1;
     if (g.tensor == NULL) {
         PyErr_SetString(PyExc_RuntimeError, "dvm._launcher.setup() was not called");
@@ -689,8 +684,8 @@ static int launcher_init(Launcher* self, PyObject* args, PyObject* kwds) {
         return -1;
     }
     self->state = BINDING;
-    if (bind(self, address, code, imm, n_regs, n_in, out_codes, out_dtypes, reduced_seq, max_row,
-             domain, targs, operands, out_shapes, out_strides) < 0) {
+    if (bind(self, address, code, imm, n_regs, n_in, out_dtypes, reduced_seq, max_row, domain,
+             targs, operands, out_shapes, out_strides) < 0) {
         self->state = FRESH;
         return -1;
     }
@@ -1369,7 +1364,7 @@ static PyObject* prepare(PyObject* module, PyObject* region) {
                                                "domain",  "input_nodes", "input_views",
                                                "outputs", "output_slots"};
     PyObject* f[R_FIELDS] = {NULL};  // the region's fields, the sequences as tuples of our own
-    PyObject *attrs = NULL, *code = NULL, *imm = NULL, *out_dtypes = NULL, *out_codes = NULL,
+    PyObject *attrs = NULL, *code = NULL, *imm = NULL, *out_dtypes = NULL,
              *position = NULL, *inputs = NULL, *vals = NULL, *operands = NULL, *results = NULL,
              *out_shapes = NULL, *out_strides = NULL, *guarded = NULL, *answer = NULL;
     PyObject *firsts[MAX_OUTPUTS] = {NULL}, *layouts[MAX_OUTPUTS] = {NULL};
@@ -1410,21 +1405,11 @@ static PyObject* prepare(PyObject* module, PyObject* region) {
         goto done;
     }
     if (read_reduced(f[R_REDUCED], n_out, reduced) < 0) goto done;
-    out_codes = PyTuple_New(n_out);
-    for (int k = 0; out_codes != NULL && k < n_out; ++k) {
-        PyObject* dtype = PyTuple_GET_ITEM(out_dtypes, k);
-        PyObject* c = PyDict_GetItemWithError(g.dtype_codes, dtype);
-        if (c == NULL) {
-            if (!PyErr_Occurred())
-                PyErr_Format(PyExc_TypeError,
-                             "output %d has dtype %S; the VM takes %U: cast it first", k, dtype,
-                             g.dtype_names);
-            goto done;
-        }
-        PyTuple_SET_ITEM(out_codes, k, Py_NewRef(c));
+    for (int k = 0; k < n_out; ++k) {  // before encoding, which reads them too
+        int32_t unused;
+        if (out_code(out_dtypes, k, &unused) < 0) goto done;
     }
-    if (out_codes == NULL ||
-        encode_program(program, attrs, out_dtypes, rewrite, &code, &imm, &reduces) < 0)
+    if (encode_program(program, attrs, out_dtypes, rewrite, &code, &imm, &reduces) < 0)
         goto done;
     launcher = (Launcher*)PyType_GenericNew(&LauncherType, NULL, NULL);
     if (launcher == NULL || read_domain(launcher, f[R_DOMAIN], dims) < 0) goto done;
@@ -1512,7 +1497,7 @@ static PyObject* prepare(PyObject* module, PyObject* region) {
         PyTuple_SET_ITEM(out_strides, k, Py_NewRef(layouts[k] ? layouts[k] : Py_None));
     if (out_strides == NULL) goto done;
     launcher->state = BINDING;
-    if (bind(launcher, address, code, imm, n_regs, n_in, out_codes, out_dtypes, f[R_REDUCED],
+    if (bind(launcher, address, code, imm, n_regs, n_in, out_dtypes, f[R_REDUCED],
              reduces ? max_row : Py_None, f[R_DOMAIN], vals, operands, out_shapes,
              out_strides) < 0)
         goto done;
@@ -1529,7 +1514,6 @@ done:
     Py_XDECREF(code);
     Py_XDECREF(imm);
     Py_XDECREF(out_dtypes);
-    Py_XDECREF(out_codes);
     Py_XDECREF(position);
     Py_XDECREF(inputs);
     Py_XDECREF(vals);

@@ -142,12 +142,11 @@ class Kernel:
         self.program = program
         self.out_dtypes = tuple(out_dtypes)
         self.reduced = reduced
-        self._out_codes = list(map(DTYPE_CODES.get, self.out_dtypes))
-        if None in self._out_codes:
-            k = self._out_codes.index(None)
-            raise TypeError(
-                f"output {k} has dtype {self.out_dtypes[k]}; the VM takes {_DTYPES}: cast it first"
-            )
+        for k, dtype in enumerate(self.out_dtypes):
+            if dtype not in DTYPE_CODES:
+                raise TypeError(
+                    f"output {k} has dtype {dtype}; the VM takes {_DTYPES}: cast it first"
+                )
         if isa is None:
             self.isa = _lib.library()[1]
         else:
@@ -239,7 +238,6 @@ class Launch:
             kernel._imm,
             program.n_regs,
             program.n_inputs,
-            kernel._out_codes,
             kernel.out_dtypes,
             kernel.reduced,
             kernel._max_row,

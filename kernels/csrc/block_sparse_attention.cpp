@@ -27,6 +27,11 @@ inline int64_t times(int64_t a, int64_t b) {
     if (__builtin_mul_overflow(a, b, &product)) throw std::bad_alloc();
     return product;
 }
+inline int64_t plus(int64_t a, int64_t b) {
+    int64_t total;
+    if (__builtin_add_overflow(a, b, &total)) throw std::bad_alloc();
+    return total;
+}
 inline size_t floats(int64_t a, int64_t b) { return static_cast<size_t>(times(a, b)); }
 
 struct Shape {
@@ -74,7 +79,7 @@ struct Packed {
         : cp(key_pad(s)),
           dp(round_up(s.d, VT)),
           heads(std::clamp<int64_t>(
-              kMaxFloats / std::max<int64_t>(1, times(times(s.nk, cp), s.d + dp)), 1, s.bh)),
+              kMaxFloats / std::max<int64_t>(1, times(times(s.nk, cp), plus(s.d, dp))), 1, s.bh)),
           kt(new float[floats(times(heads, s.nk), times(s.d, cp))]),
           v(new float[floats(times(heads, s.nk), times(cp, dp))]) {}
 
@@ -138,7 +143,7 @@ inline void scores(Scratch& w, const float* kt, int64_t d, int64_t c) {
     for (int64_t r0 = 0; r0 < w.rp; r0 += RT) {
         const float* qr = w.q.data() + r0 * d;
         for (int64_t i = 0; i < RT; ++i) {
-            vstore(w.top.data() + (r0 + i) * W, splat(-std::numeric_limits<float>::infinity()));
+            vstore(w.top.data() + (r0 + i) * W, splat(-kInf));
         }
         for (int64_t c0 = 0; c0 < c; c0 += VT) {
             vec a0[RT] = {}, a1[RT] = {};
@@ -194,9 +199,7 @@ inline void softmax_step(Scratch& w, int64_t r, int64_t c) {
             total += e;
         }
     }
-    w.alpha[r] = before == -kInf
-                     ? 0.0f
-                     : exp2_nonpositive(before - top);
+    w.alpha[r] = before == -kInf ? 0.0f : exp2_nonpositive(before - top);
     w.mx[r] = top;
     w.sum[r] = w.sum[r] * w.alpha[r] + total;
 }
@@ -246,7 +249,7 @@ void query_block(const typename T::storage* q, typename T::storage* out, const P
     }
     std::fill(w.o.begin(), w.o.end(), 0.0f);
     std::fill(w.p.begin(), w.p.end(), 0.0f);  // padded rows stay zero: they add nothing
-    std::fill(w.mx.begin(), w.mx.end(), -std::numeric_limits<float>::infinity());
+    std::fill(w.mx.begin(), w.mx.end(), -kInf);
     std::fill(w.sum.begin(), w.sum.end(), 0.0f);
     std::fill(w.alpha.begin(), w.alpha.end(), 0.0f);
     for (int64_t t = 0; t < count; ++t) {
@@ -282,7 +285,7 @@ void block_sparse_attention(const void* qp, const void* kp, const void* vp, cons
     Packed pk(s);
     // which heads' KV blocks some query block lists: only those are packed (one query block
     // listing a quarter of a long sequence's blocks packs that quarter)
-    std::vector<uint8_t> listed(floats(s.bh, s.nk), 0);
+    std::vector<uint8_t> listed(static_cast<size_t>(times(s.bh, s.nk)), 0);
     for (int64_t task = 0; task < s.bh * s.nq; ++task) {
         const int64_t head = task / s.nq, n = entry(count, task, wide);
         for (int64_t t = 0; t < n; ++t) {
@@ -323,7 +326,8 @@ using namespace spore;
 // [bh, ceil(sq/bs)], int64 when index_is_64 else int32. BAD_ARGUMENT (nothing written) for a
 // null pointer, a negative size, a block size below 1, a count outside 0..m or a listed id
 // outside 0..ceil(skv/bs)-1; BAD_DTYPE for an unknown dtype code; OUT_OF_MEMORY (nothing
-// written) when the scratch for a block of bs rows and keys cannot be had.
+// written) when the packed blocks or a thread's scratch (a block's rows, min(bs, sq), by its
+// keys, min(bs, skv)) cannot be had, sizes past int64 included.
 SPORE_EXPORT int32_t spore_block_sparse_attention(const void* q, const void* k, const void* v,
                                                   const void* index, const void* count, void* out,
                                                   int64_t bh, int64_t sq, int64_t skv, int64_t d,

@@ -544,7 +544,8 @@ def test_cuda_runs_flex_attention_and_matches_dense_sdpa(dtype) -> None:
     [
         (2, 2**40, 12, 8, 1, 2**40),  # 2^40 query rows a block: 2^43 floats of scratch
         (2, 2**40, 2**40, 2**30, 1, 2**40),  # rows x keys and keys x d pass int64
-        (2, 2**62, 2**62, 8, 1, 2**63 - 1),  # sizes near int64's end
+        (2, 2**62, 2**62, 8, 1, 2**63 - 1),  # keys x d pass int64
+        (2, 10, 2**63 - 1, 8, 1, 2**63 - 1),  # a block's keys padded past int64
     ],
 )
 def test_scratch_beyond_memory_is_an_error_not_an_abort(sizes) -> None:
@@ -561,11 +562,23 @@ def test_scratch_beyond_memory_is_an_error_not_an_abort(sizes) -> None:
     assert bool((out == 7.0).all())
 
 
+def test_heads_packed_in_groups_list_their_own_blocks() -> None:
+    """H=3 over 8 blocks of 4096 keys (D=64) packs two heads at a time, so the third head's
+    group reuses the first's buffer: each head must read its own listed blocks, never a slot
+    another group packed (only listed blocks are packed, and the buffer is not cleared)."""
+    q, k, v = _qkv(1, 3, 8, 32768, 64, torch.float32, 12)
+    index = torch.tensor([[[[0, 5]], [[3, 7]], [[6, 1]]]], dtype=torch.int64)
+    count = torch.tensor([[[2], [1], [2]]], dtype=torch.int64)
+    args = (q, k, v, index, count, 4096)
+    assert dispatch.explain("block_sparse_attention", *args).chosen == "kernels"
+    _close(torch.ops.spore.block_sparse_attention(*args), _oracle(*args), torch.float32)
+
+
 @pytest.mark.parametrize(("sq", "skv", "bs"), [(1, 4096, 4096), (7, 1000, 2048), (3, 32, 64)])
 def test_a_few_query_rows_over_long_blocks(sq, skv, bs) -> None:
-    """Decoding: a block's scratch was sized by block_size squared even for one query row (256
-    MiB a thread at 8192); it is sized by the rows and keys there are. Keys a whole number of
-    vectors (4096, 32) run the vector path over the whole block."""
+    """Decoding shapes, where a block's scratch is sized by the rows and keys there are, fewer
+    than the block holds: the padded rows and keys stay out of the result, and keys a whole
+    number of vectors (4096, 32) run the vector path over the whole block."""
     q, k, v = _qkv(1, 2, sq, skv, 16, torch.float32, 5)
     index, count = _lists(1, 2, sq, skv, bs, op.blocks(skv, bs), torch.int64, 5, garbage=False)
     args = (q, k, v, index, count, bs)

@@ -22,6 +22,9 @@ def test_ready_takes_contiguous_tensors_of_one_kernel_dtype_on_one_device() -> N
     assert not _checks.ready(x.t())  # not contiguous
     assert not _checks.ready(x, w.to("meta"))  # two devices
     assert not _checks.ready(x.to(torch.int32))
+    assert not _checks.ready(x.to_sparse())  # not strided
+    if torch.backends.mkldnn.is_available():
+        assert not _checks.ready(x.to_mkldnn())  # says it is contiguous
 
 
 class _ClaimsContiguous(torch.Tensor):
@@ -252,6 +255,9 @@ _LAYOUTS = {
     "sparse_csr": lambda t: t.to_sparse_csr(),
     "mkldnn": lambda t: t.to_mkldnn(),
 }
+_NO_MKLDNN = pytest.mark.skipif(
+    not torch.backends.mkldnn.is_available(), reason="this torch is built without oneDNN"
+)
 
 _DENSE_CALLS = {  # each op given x (4 x 8) as its first tensor
     "rms_norm": lambda x, d: torch.ops.spore.rms_norm(x, d[0], 1e-6),
@@ -266,7 +272,9 @@ _DENSE_CALLS = {  # each op given x (4 x 8) as its first tensor
 }
 
 
-@pytest.mark.parametrize("layout", list(_LAYOUTS))
+@pytest.mark.parametrize(
+    "layout", [pytest.param(k, marks=_NO_MKLDNN) if k == "mkldnn" else k for k in _LAYOUTS]
+)
 @pytest.mark.parametrize("op", list(_DENSE_CALLS))
 def test_a_tensor_not_dense_is_a_clear_error(op, layout) -> None:
     """A sparse x reached the reference's arithmetic, which failed with torch's internal assert
@@ -276,12 +284,21 @@ def test_a_tensor_not_dense_is_a_clear_error(op, layout) -> None:
         _DENSE_CALLS[op](_LAYOUTS[layout](dense), dense)
 
 
-def test_attention_refuses_a_sparse_input() -> None:
+def test_attention_refuses_sparse_inputs_lists_and_masks() -> None:
     q = torch.randn(1, 2, 3, 2, 4)
+    mask = torch.ones(1, 2, 3, dtype=torch.bool)
     with pytest.raises(TypeError, match=r"^triangle_attention: k must be a dense"):
         torch.ops.spore.triangle_attention(q, q.to_sparse(), q)
+    with pytest.raises(TypeError, match=r"^triangle_attention: mask must be a dense"):
+        torch.ops.spore.triangle_attention(q, q, q, None, mask.to_sparse())
     q = torch.randn(1, 2, 8, 4)
     index = torch.zeros(1, 2, 1, 1, dtype=torch.int32)
     count = torch.ones(1, 2, 1, dtype=torch.int32)
     with pytest.raises(TypeError, match=r"^block_sparse_attention: v must be a dense"):
-        torch.ops.spore.block_sparse_attention(q, q, q.to_sparse(), count, index, 8)
+        torch.ops.spore.block_sparse_attention(q, q, q.to_sparse(), index, count, 8)
+    for lists, name in (
+        ((index.to_sparse(), count), "kv_block_index"),
+        ((index, count.to_sparse()), "kv_block_count"),
+    ):
+        with pytest.raises(TypeError, match=rf"^block_sparse_attention: {name} must be a dense"):
+            torch.ops.spore.block_sparse_attention(q, q, q, *lists, 8)

@@ -17,18 +17,24 @@ FLOATS = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
 KERNEL_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
-def floating(op: str, **tensors: torch.Tensor) -> None:
-    """TypeError unless every tensor is a dense (strided) tensor of
-    float32/bfloat16/float16/float64: a sparse or MKL-DNN one failed inside torch, with an
-    internal assert or a missing-kernel error."""
+def strided(op: str, **tensors: torch.Tensor) -> None:
+    """TypeError unless every tensor is dense (strided): the ops' arithmetic does not take a
+    sparse or MKL-DNN one (torch failed on it with an internal assert or a missing kernel)."""
     for name, t in tensors.items():
-        if not isinstance(t, torch.Tensor):
-            raise TypeError(f"{op}: {name} must be a tensor, got {type(t).__name__}")
-        if t.layout != torch.strided:
+        if t.layout is not torch.strided:
             raise TypeError(
                 f"{op}: {name} must be a dense (strided) tensor, got layout {t.layout}; "
                 f"pass {name}.to_dense()"
             )
+
+
+def floating(op: str, **tensors: torch.Tensor) -> None:
+    """TypeError unless every tensor is a dense (:func:`strided`) tensor of
+    float32/bfloat16/float16/float64."""
+    for name, t in tensors.items():
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{op}: {name} must be a tensor, got {type(t).__name__}")
+        strided(op, **{name: t})
         if t.dtype not in FLOATS:
             raise TypeError(f"{op}: {name} must be a floating-point tensor, got {t.dtype}")
 

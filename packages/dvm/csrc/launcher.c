@@ -565,7 +565,7 @@ static int out_code(PyObject* out_dtypes, Py_ssize_t k, int32_t* code) {
     if (found == NULL) {
         if (!PyErr_Occurred())
             PyErr_Format(PyExc_TypeError,
-                         "output %zd has dtype %S; the VM stores %U: cast it first", k, dtype,
+                         "output %zd has dtype %S; the VM takes %U: cast it first", k, dtype,
                          g.dtype_names);
         return -1;
     }

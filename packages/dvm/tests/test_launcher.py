@@ -139,7 +139,6 @@ def _parts(**change):
         ({"address": 0}, "null"),
         ({"address": -1}, "not the address of a loaded build's dvm_run"),
         ({"address": id(print)}, "not the address of a loaded build's dvm_run"),
-        ({"out_dtypes": (torch.float64,)}, r"output 0 has dtype torch\.float64; the VM stores"),
         ({"code": [0, 0, 0, 0]}, "five int32"),
         ({"code": [0] * 5 * 257}, "at most"),
         ({"code": [2**40] * 5}, "not an int32"),
@@ -201,6 +200,12 @@ def test_bad_construction_raises(change, match):
     launcher = _launcher.Launcher(*_parts())
     x = torch.randn(2, 3)
     torch.testing.assert_close(launcher.run([x])[0], x.exp())
+
+
+def test_an_output_dtype_the_vm_does_not_store_is_a_type_error():
+    """The launcher reads each output's VM code from its dtype (callers gave the codes too)."""
+    with pytest.raises(TypeError, match=r"^output 0 has dtype torch\.float64; the VM takes"):
+        _launcher.Launcher(*_parts(out_dtypes=(torch.float64,)))
 
 
 def test_a_launcher_is_initialised_once_and_not_used_before():

@@ -106,6 +106,7 @@ def check_index_meta(
     """The dtype and shape errors of :func:`check_index` (no data read)."""
     if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:
         raise ValueError(f"{OP}: block_size must be a positive int, got {block_size!r}")
+    _checks.strided(OP, kv_block_index=kv_block_index, kv_block_count=kv_block_count)
     if kv_block_index.dtype not in INDEX_DTYPES:
         raise TypeError(f"{OP}: kv_block_index must be int32 or int64, got {kv_block_index.dtype}")
     if kv_block_count.dtype != kv_block_index.dtype:

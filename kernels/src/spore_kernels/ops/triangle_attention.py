@@ -89,6 +89,7 @@ def check(
             f"{tuple(bias.shape)}"
         )
     if mask is not None:
+        _checks.strided(OP, mask=mask)
         if mask.dtype != torch.bool:
             raise TypeError(
                 f"{OP}: mask must be a bool tensor (True = attend), got {mask.dtype}; pass "

@@ -2,7 +2,8 @@
 // an online softmax (running max and sum per query row) in fp32; bf16/fp16 inputs are widened
 // as they are read and the output is rounded once. OpenMP over (batch x head, query block).
 // Scores and the probability-weighted sum of values run in register tiles of RT rows by VT
-// columns over zero-padded fp32 copies of the blocks, so the inner loops are fixed-width.
+// columns over zero-padded fp32 copies of the listed blocks, so the inner loops are
+// fixed-width; at most kDirectRows query rows (decoding) read k and v where they lie instead.
 #include <omp.h>
 
 #include <algorithm>
@@ -10,6 +11,7 @@
 #include <memory>
 #include <new>
 #include <stdexcept>
+#include <type_traits>
 
 #include "attention.h"
 
@@ -271,6 +273,167 @@ void query_block(const typename T::storage* q, typename T::storage* out, const P
     }
 }
 
+// Few query rows (decoding): a query block reads each listed key's k and v row straight from
+// the inputs, where packing would copy them all to fp32 first for rows too few to reuse them.
+constexpr int64_t kDirectRows = 8;
+
+// One thread's fp32 scratch for the direct path: a block's rows by d (q scaled, o), by its keys
+// (p), and kDirectKeys rows of k or v widened to fp32 (16-bit inputs; fp32 ones are read as
+// they are).
+constexpr int64_t kDirectKeys = 4;  // keys whose scores one pass over q's row takes
+
+struct Direct {
+    int64_t rows, cap;
+    std::vector<float> q, o, p, wide, mx, sum;
+
+    explicit Direct(const Shape& s)
+        : rows(std::min(s.bs, s.sq)),
+          cap(std::max<int64_t>(1, std::min(s.bs, s.skv))),
+          q(floats(rows, s.d)),
+          o(floats(rows, s.d)),
+          p(floats(rows, cap)),
+          wide(floats(kDirectKeys, s.d)),
+          mx(static_cast<size_t>(rows)),
+          sum(static_cast<size_t>(rows)) {}
+};
+
+// n rows of src (d apart) as fp32: src itself for fp32, else widened into buf.
+template <typename T>
+inline const float* as_fp32(const typename T::storage* src, int64_t n, int64_t d, float* buf) {
+    if constexpr (std::is_same<T, F32>::value) {
+        return src;
+    } else {
+        for (int64_t i = 0; i < n * d; ++i) buf[i] = T::load(src[i]);
+        return buf;
+    }
+}
+
+// One query block by the direct path: per listed block, its scores kDirectKeys keys at a time,
+// the online softmax step of each row (shifted_exp2: NaN stays NaN, -inf gives 0), then its
+// values.
+template <typename T>
+void direct_block(const typename T::storage* q, typename T::storage* out,
+                  const typename T::storage* k, const typename T::storage* v, const void* index,
+                  int64_t count, bool wide, int64_t task, int64_t i, const Shape& s, float scale,
+                  Direct& w) {
+    const int64_t d = s.d, r0 = i * s.bs, rows = std::min(s.bs, s.sq - r0);
+    const float scale2 = scale * kLog2e;  // scores in base 2
+    for (int64_t r = 0; r < rows; ++r) {
+        for (int64_t e = 0; e < d; ++e) w.q[r * d + e] = T::load(q[(r0 + r) * d + e]) * scale2;
+    }
+    std::fill(w.o.begin(), w.o.end(), 0.0f);
+    std::fill(w.mx.begin(), w.mx.end(), -kInf);
+    std::fill(w.sum.begin(), w.sum.end(), 0.0f);
+    for (int64_t t = 0; t < count; ++t) {
+        const int64_t c0 = entry(index, task * s.m + t, wide) * s.bs;
+        const int64_t keys = std::min(s.bs, s.skv - c0);
+        for (int64_t c = 0; c < keys; c += kDirectKeys) {
+            const int64_t n = std::min(kDirectKeys, keys - c);
+            const float* kr = as_fp32<T>(k + (c0 + c) * d, n, d, w.wide.data());
+            for (int64_t r = 0; r < rows; ++r) {
+                const float* qr = w.q.data() + r * d;
+                float* pr = w.p.data() + r * w.cap + c;
+                if (n == kDirectKeys) {  // four sums in vectors, then the odd columns
+                    vec a[kDirectKeys] = {};
+                    int64_t e = 0;
+                    for (; e + W <= d; e += W) {
+                        const vec x = vload(qr + e);
+                        for (int64_t j = 0; j < kDirectKeys; ++j) a[j] += x * vload(kr + j * d + e);
+                    }
+                    for (int64_t j = 0; j < kDirectKeys; ++j) {
+                        float total = 0.0f;
+                        for (int64_t l = 0; l < W; ++l) total += a[j][l];
+                        for (int64_t f = e; f < d; ++f) total += qr[f] * kr[j * d + f];
+                        pr[j] = total;
+                    }
+                    continue;
+                }
+                for (int64_t j = 0; j < n; ++j) {
+                    float acc = 0.0f;
+#pragma omp simd reduction(+ : acc)
+                    for (int64_t e = 0; e < d; ++e) acc += qr[e] * kr[j * d + e];
+                    pr[j] = acc;
+                }
+            }
+        }
+        for (int64_t r = 0; r < rows; ++r) {
+            float* row = w.p.data() + r * w.cap;
+            const float before = w.mx[r];
+            float top = before, total = 0.0f;
+            for (int64_t c = 0; c < keys; ++c) top = std::max(top, row[c]);  // NaN skipped
+            int64_t c = 0;
+            vec acc = {};
+            for (; c + W <= keys; c += W) {
+                const vec e = shifted_exp2(vload(row + c), top);
+                vstore(row + c, e);
+                acc += e;
+            }
+            for (int64_t l = 0; l < W; ++l) total += acc[l];
+            for (; c < keys; ++c) {
+                row[c] = shifted_exp2(row[c], top);
+                total += row[c];
+            }
+            const float alpha = before == -kInf ? 0.0f : exp2_nonpositive(before - top);
+            float* orow = w.o.data() + r * d;
+            for (int64_t e = 0; e < d; ++e) orow[e] *= alpha;
+            w.sum[r] = w.sum[r] * alpha + total;
+            w.mx[r] = top;
+        }
+        for (int64_t c = 0; c < keys; c += kDirectKeys) {
+            const int64_t n = std::min(kDirectKeys, keys - c);
+            const float* vr = as_fp32<T>(v + (c0 + c) * d, n, d, w.wide.data());
+            for (int64_t r = 0; r < rows; ++r) {
+                const float* pr = w.p.data() + r * w.cap + c;
+                float* orow = w.o.data() + r * d;
+                if (n == kDirectKeys) {  // one pass over the row for four keys
+                    const float p0 = pr[0], p1 = pr[1], p2 = pr[2], p3 = pr[3];
+                    int64_t e = 0;
+                    for (; e + W <= d; e += W) {
+                        const vec sum = p0 * vload(vr + e) + p1 * vload(vr + d + e) +
+                                        p2 * vload(vr + 2 * d + e) + p3 * vload(vr + 3 * d + e);
+                        vstore(orow + e, vload(orow + e) + sum);
+                    }
+                    for (; e < d; ++e) {
+                        orow[e] += p0 * vr[e] + p1 * vr[d + e] + p2 * vr[2 * d + e] +
+                                   p3 * vr[3 * d + e];
+                    }
+                    continue;
+                }
+                for (int64_t j = 0; j < n; ++j) {
+                    const float pc = pr[j];
+                    const float* vj = vr + j * d;
+#pragma omp simd
+                    for (int64_t e = 0; e < d; ++e) orow[e] += pc * vj[e];
+                }
+            }
+        }
+    }
+    for (int64_t r = 0; r < rows; ++r) {
+        const float inv = w.sum[r] > 0.0f ? 1.0f / w.sum[r] : 0.0f;
+        const float* orow = w.o.data() + r * d;
+        auto* dst = out + (r0 + r) * d;
+#pragma omp simd
+        for (int64_t e = 0; e < d; ++e) dst[e] = T::store(orow[e] * inv);
+    }
+}
+
+// The direct path over every (batch x head, query block).
+template <typename T>
+void direct(const typename T::storage* q, const typename T::storage* k,
+            const typename T::storage* v, const void* index, const void* count,
+            typename T::storage* y, bool wide, const Shape& s, float scale, int32_t threads) {
+    std::vector<Direct> scratch;
+    scratch.reserve(static_cast<size_t>(threads));
+    for (int32_t t = 0; t < threads; ++t) scratch.emplace_back(s);
+#pragma omp parallel for num_threads(threads) schedule(dynamic)
+    for (int64_t task = 0; task < s.bh * s.nq; ++task) {
+        const int64_t head = task / s.nq, i = task % s.nq;
+        const int64_t at = head * s.sq * s.d, kv = head * s.skv * s.d;
+        direct_block<T>(q + at, y + at, k + kv, v + kv, index, entry(count, task, wide), wide,
+                        task, i, s, scale, scratch[static_cast<size_t>(omp_get_thread_num())]);
+    }
+}
+
 // Group by group of heads (as many as Packed holds): the threads pack the group's listed keys
 // and values, then share all its query blocks (one barrier per group, not per head). Scratch is
 // allocated before the parallel region: std::bad_alloc cannot leave one.
@@ -282,6 +445,10 @@ void block_sparse_attention(const void* qp, const void* kp, const void* vp, cons
     const auto* k = in<T>(kp);
     const auto* v = in<T>(vp);
     auto* y = out<T>(outp);
+    if (s.sq <= kDirectRows) {
+        direct<T>(q, k, v, index, count, y, wide, s, scale, threads);
+        return;
+    }
     Packed pk(s);
     // which heads' KV blocks some query block lists: only those are packed (one query block
     // listing a quarter of a long sequence's blocks packs that quarter)

@@ -4,6 +4,8 @@ conventions, the input errors, and the library refusing what would read out of b
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -285,32 +287,39 @@ def test_bf16_output_is_the_fp32_result_rounded_once() -> None:
     assert bool(((out - exact).abs() <= step / 2 + 1e-6).all())
 
 
+_PATHS = {"packed": 24, "direct": 8}  # query rows: packed KV blocks, or k and v read directly
+
+
+@pytest.mark.parametrize("path", list(_PATHS))
 @pytest.mark.parametrize("dtype", list(TOL), ids=str)
-def test_a_nan_reaches_exactly_the_rows_that_attend_to_it(dtype) -> None:
+def test_a_nan_reaches_exactly_the_rows_that_attend_to_it(dtype, path) -> None:
     """As in the reference; dense SDPA under the mask is no oracle here: its CPU kernel adds
     the mask, so a NaN key turns every row of its head NaN, listed or not."""
-    q, k, v = _qkv(1, 2, 24, 24, 8, dtype, 16)
-    index, count = _lists(1, 2, 24, 24, 8, 2, torch.int64, 16, garbage=False)
+    sq = _PATHS[path]
+    q, k, v = _qkv(1, 2, sq, 24, 8, dtype, 16)
+    index, count = _lists(1, 2, sq, 24, 8, 2, torch.int64, 16, garbage=False)
     count.fill_(2)
     q[0, 0, 3, 1] = float("nan")  # one query row
     k[0, 1, 20, 0] = float("nan")  # one key of KV block 2
     args = (q, k, v, index, count, 8)
     got = op.cpu(*args).isnan().any(-1)
-    expected = torch.zeros(1, 2, 24, dtype=torch.bool)
+    expected = torch.zeros(1, 2, sq, dtype=torch.bool)
     expected[0, 0, 3] = True
-    for i in range(3):
+    for i in range(sq // 8):
         expected[0, 1, i * 8 : (i + 1) * 8] = 2 in index[0, 1, i].tolist()
     assert torch.equal(got, expected)
     assert torch.equal(op.reference(*args).isnan().any(-1), expected)
 
 
-def test_a_score_past_float32_makes_its_row_nan_as_the_reference() -> None:
+@pytest.mark.parametrize("path", list(_PATHS))
+def test_a_score_past_float32_makes_its_row_nan_as_the_reference(path) -> None:
     """q.k overflowing to +inf makes its row's softmax NaN (inf - inf), as torch's: the
     kernel made 2^(inf - inf) a 0, a row of zeros."""
-    q, k, v = _qkv(1, 1, 8, 8, 8, torch.float32, 3)
+    sq = _PATHS[path]
+    q, k, v = _qkv(1, 1, sq, 8, 8, torch.float32, 3)
     q[0, 0, 2] = 1e30
     k[0, 0, 5] = 1e30
-    index, count = _lists(1, 1, 8, 8, 4, 2, torch.int64, 3, garbage=False)
+    index, count = _lists(1, 1, sq, 8, 4, 2, torch.int64, 3, garbage=False)
     count.fill_(2)
     args = (q, k, v, index, count, 4)
     got, want = op.cpu(*args), op.reference(*args)
@@ -399,9 +408,9 @@ def test_the_kernel_takes_non_contiguous_block_lists() -> None:
     _close(torch.ops.spore.block_sparse_attention(*args), _oracle(*args), torch.float32)
 
 
-def _c_args(dtype=torch.float32, index_dtype=torch.int64):
-    q, k, v = _qkv(1, 2, 10, 12, 8, dtype, 11)
-    index, count = _lists(1, 2, 10, 12, 4, 3, index_dtype, 11, garbage=False)
+def _c_args(dtype=torch.float32, index_dtype=torch.int64, sq=10):
+    q, k, v = _qkv(1, 2, sq, 12, 8, dtype, 11)
+    index, count = _lists(1, 2, sq, 12, 4, 3, index_dtype, 11, garbage=False)
     return q, k, v, index.contiguous(), count, torch.empty_like(q)
 
 
@@ -417,12 +426,12 @@ def _call(fn, q, k, v, index, count, out, *, sizes=None, code=None, n=2):
 @pytest.mark.parametrize("isa", _lib.available())
 def test_every_installed_build_computes_the_same(isa) -> None:
     fn = _lib.function("spore_block_sparse_attention", op._ARGS, _lib.load(isa))
-    for dtype in TOL:
-        for index_dtype in (torch.int32, torch.int64):
-            q, k, v, index, count, out = _c_args(dtype, index_dtype)
-            assert _call(fn, q, k, v, index, count, out) == 0
-            expected = op.reference(q, k, v, index, count, 4, scale=0.5)
-            torch.testing.assert_close(out, expected, rtol=TOL[dtype], atol=TOL[dtype])
+    # 10 query rows pack the listed blocks, 5 read k and v directly
+    for dtype, index_dtype, sq in itertools.product(TOL, op.INDEX_DTYPES, (10, 5)):
+        q, k, v, index, count, out = _c_args(dtype, index_dtype, sq)
+        assert _call(fn, q, k, v, index, count, out) == 0
+        expected = op.reference(q, k, v, index, count, 4, scale=0.5)
+        torch.testing.assert_close(out, expected, rtol=TOL[dtype], atol=TOL[dtype])
 
 
 def test_the_library_refuses_what_would_read_out_of_bounds() -> None:
@@ -546,6 +555,7 @@ def test_cuda_runs_flex_attention_and_matches_dense_sdpa(dtype) -> None:
         (2, 2**40, 2**40, 2**30, 1, 2**40),  # rows x keys and keys x d pass int64
         (2, 2**62, 2**62, 8, 1, 2**63 - 1),  # keys x d pass int64
         (2, 10, 2**63 - 1, 8, 1, 2**63 - 1),  # a block's keys padded past int64
+        (2, 5, 2**62, 8, 1, 2**62),  # few rows (read directly) by a block's keys pass int64
     ],
 )
 def test_scratch_beyond_memory_is_an_error_not_an_abort(sizes) -> None:
@@ -566,7 +576,7 @@ def test_heads_packed_in_groups_list_their_own_blocks() -> None:
     """H=3 over 8 blocks of 4096 keys (D=64) packs two heads at a time, so the third head's
     group reuses the first's buffer: each head must read its own listed blocks, never a slot
     another group packed (only listed blocks are packed, and the buffer is not cleared)."""
-    q, k, v = _qkv(1, 3, 8, 32768, 64, torch.float32, 12)
+    q, k, v = _qkv(1, 3, 12, 32768, 64, torch.float32, 12)  # 12 rows: the packed path
     index = torch.tensor([[[[0, 5]], [[3, 7]], [[6, 1]]]], dtype=torch.int64)
     count = torch.tensor([[[2], [1], [2]]], dtype=torch.int64)
     args = (q, k, v, index, count, 4096)
@@ -574,16 +584,21 @@ def test_heads_packed_in_groups_list_their_own_blocks() -> None:
     _close(torch.ops.spore.block_sparse_attention(*args), _oracle(*args), torch.float32)
 
 
-@pytest.mark.parametrize(("sq", "skv", "bs"), [(1, 4096, 4096), (7, 1000, 2048), (3, 32, 64)])
-def test_a_few_query_rows_over_long_blocks(sq, skv, bs) -> None:
-    """Decoding shapes, where a block's scratch is sized by the rows and keys there are, fewer
-    than the block holds: the padded rows and keys stay out of the result, and keys a whole
-    number of vectors (4096, 32) run the vector path over the whole block."""
-    q, k, v = _qkv(1, 2, sq, skv, 16, torch.float32, 5)
+@pytest.mark.parametrize(
+    ("sq", "skv", "bs"),
+    [(1, 4096, 4096), (7, 1000, 2048), (3, 32, 64), (9, 4096, 4096), (12, 32, 64), (16, 8, 4)],
+)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_a_few_query_rows_over_long_blocks(sq, skv, bs, dtype) -> None:
+    """Decoding shapes (at most 8 query rows read k and v directly, no packed copy; 9 or more
+    pack the listed blocks), where a block's scratch is sized by the rows and keys there are,
+    fewer than the block holds: the padded rows and keys stay out of the result, and keys a
+    whole number of vectors (4096, 32) run the packed path's vector loop over the block."""
+    q, k, v = _qkv(1, 2, sq, skv, 16, dtype, 5)
     index, count = _lists(1, 2, sq, skv, bs, op.blocks(skv, bs), torch.int64, 5, garbage=False)
     args = (q, k, v, index, count, bs)
     assert dispatch.explain("block_sparse_attention", *args).chosen == "kernels"
-    _close(torch.ops.spore.block_sparse_attention(*args), _oracle(*args), torch.float32)
+    _close(torch.ops.spore.block_sparse_attention(*args), _oracle(*args), dtype)
 
 
 def test_the_reference_output_is_contiguous_as_the_fake_says() -> None:

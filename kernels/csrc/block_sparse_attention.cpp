@@ -3,7 +3,7 @@
 // as they are read and the output is rounded once. OpenMP over (batch x head, query block).
 // Scores and the probability-weighted sum of values run in register tiles of RT rows by VT
 // columns over zero-padded fp32 copies of the listed blocks, so the inner loops are
-// fixed-width; at most kDirectRows query rows (decoding) read k and v where they lie instead.
+// fixed-width; a query of at most kDirectRows rows (decoding) reads k and v where they lie.
 #include <omp.h>
 
 #include <algorithm>
@@ -273,8 +273,9 @@ void query_block(const typename T::storage* q, typename T::storage* out, const P
     }
 }
 
-// Few query rows (decoding): a query block reads each listed key's k and v row straight from
-// the inputs, where packing would copy them all to fp32 first for rows too few to reuse them.
+// A query of few rows, Sq <= kDirectRows (decoding): each query block reads its listed keys'
+// k and v rows straight from the inputs, where packing would copy them to fp32 first for rows
+// too few to reuse them.
 constexpr int64_t kDirectRows = 8;
 
 // One thread's fp32 scratch for the direct path: a block's rows by d (q scaled, o), by its keys
@@ -422,10 +423,11 @@ template <typename T>
 void direct(const typename T::storage* q, const typename T::storage* k,
             const typename T::storage* v, const void* index, const void* count,
             typename T::storage* y, bool wide, const Shape& s, float scale, int32_t threads) {
-    std::vector<Direct> scratch;
-    scratch.reserve(static_cast<size_t>(threads));
-    for (int32_t t = 0; t < threads; ++t) scratch.emplace_back(s);
-#pragma omp parallel for num_threads(threads) schedule(dynamic)
+    const auto used = static_cast<int32_t>(std::min<int64_t>(threads, s.bh * s.nq));
+    std::vector<Direct> scratch;  // for no more threads than there are tasks
+    scratch.reserve(static_cast<size_t>(used));
+    for (int32_t t = 0; t < used; ++t) scratch.emplace_back(s);
+#pragma omp parallel for num_threads(used) schedule(dynamic)
     for (int64_t task = 0; task < s.bh * s.nq; ++task) {
         const int64_t head = task / s.nq, i = task % s.nq;
         const int64_t at = head * s.sq * s.d, kv = head * s.skv * s.d;

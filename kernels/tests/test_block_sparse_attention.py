@@ -584,14 +584,26 @@ def test_heads_packed_in_groups_list_their_own_blocks() -> None:
     _close(torch.ops.spore.block_sparse_attention(*args), _oracle(*args), torch.float32)
 
 
+@pytest.mark.parametrize("d", [1, 13, 21, 40])
+@pytest.mark.parametrize("dtype", list(TOL), ids=str)
+def test_the_direct_path_takes_any_head_size_and_short_blocks(d, dtype) -> None:
+    """Sq <= 8 reads k and v directly, four keys at a time: head sizes with and without a
+    whole vector and a tail, and KV blocks of 5 keys with a last one of 3 (fewer than four)."""
+    q, k, v = _qkv(1, 2, 5, 23, d, dtype, 30 + d)
+    index, count = _lists(1, 2, 5, 23, 5, op.blocks(23, 5), torch.int64, 30 + d)
+    args = (q, k, v, index, count, 5)
+    assert dispatch.explain("block_sparse_attention", *args).chosen == "kernels"
+    _close(torch.ops.spore.block_sparse_attention(*args), _oracle(*args), dtype)
+
+
 @pytest.mark.parametrize(
     ("sq", "skv", "bs"),
     [(1, 4096, 4096), (7, 1000, 2048), (3, 32, 64), (9, 4096, 4096), (12, 32, 64), (16, 8, 4)],
 )
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 def test_a_few_query_rows_over_long_blocks(sq, skv, bs, dtype) -> None:
-    """Decoding shapes (at most 8 query rows read k and v directly, no packed copy; 9 or more
-    pack the listed blocks), where a block's scratch is sized by the rows and keys there are,
+    """Decoding shapes (Sq <= 8 reads k and v directly, no packed copy; Sq >= 9 packs the
+    listed blocks), where a block's scratch is sized by the rows and keys there are,
     fewer than the block holds: the padded rows and keys stay out of the result, and keys a
     whole number of vectors (4096, 32) run the packed path's vector loop over the block."""
     q, k, v = _qkv(1, 2, sq, skv, 16, dtype, 5)

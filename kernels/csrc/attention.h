@@ -71,5 +71,24 @@ inline float shifted_exp2(float x, float top) {
     return d == d || x == -kInf ? exp2_nonpositive(d) : d;
 }
 
+// x[c] = shifted_exp2(x[c], top) for n values, whole vectors first, then lane by lane; returns
+// their sum (the vectors' lanes summed in order, then the rest).
+inline float shifted_exp2_sum(float* x, int64_t n, float top) {
+    vec acc = {};
+    int64_t c = 0;
+    for (; c + W <= n; c += W) {
+        const vec e = shifted_exp2(vload(x + c), top);
+        vstore(x + c, e);
+        acc += e;
+    }
+    float total = 0.0f;
+    for (int64_t l = 0; l < W; ++l) total += acc[l];
+    for (; c < n; ++c) {
+        x[c] = shifted_exp2(x[c], top);
+        total += x[c];
+    }
+    return total;
+}
+
 }  // namespace
 }  // namespace spore

@@ -184,13 +184,7 @@ inline void softmax_step(Scratch& w, int64_t r, int64_t c) {
     if (c == w.cp) {
         const float* m = w.top.data() + r * W;  // the scores' lane-wise max
         for (int64_t l = 0; l < W; ++l) top = std::max(top, m[l]);
-        vec acc = {};
-        for (int64_t j = 0; j < c; j += W) {
-            const vec e = shifted_exp2(vload(row + j), top);
-            vstore(row + j, e);
-            acc += e;
-        }
-        for (int64_t l = 0; l < W; ++l) total += acc[l];
+        total = shifted_exp2_sum(row, c, top);
     } else {
 #pragma omp simd reduction(max : top)
         for (int64_t j = 0; j < c; ++j) top = std::max(top, row[j]);
@@ -285,7 +279,7 @@ constexpr int64_t kDirectKeys = 4;  // keys whose scores one pass over q's row t
 
 struct Direct {
     int64_t rows, cap;
-    std::vector<float> q, o, p, wide, mx, sum;
+    std::vector<float> q, o, p, widened, mx, sum;
 
     explicit Direct(const Shape& s)
         : rows(std::min(s.bs, s.sq)),
@@ -293,7 +287,7 @@ struct Direct {
           q(floats(rows, s.d)),
           o(floats(rows, s.d)),
           p(floats(rows, cap)),
-          wide(floats(kDirectKeys, s.d)),
+          widened(floats(kDirectKeys, s.d)),
           mx(static_cast<size_t>(rows)),
           sum(static_cast<size_t>(rows)) {}
 };
@@ -330,7 +324,7 @@ void direct_block(const typename T::storage* q, typename T::storage* out,
         const int64_t keys = std::min(s.bs, s.skv - c0);
         for (int64_t c = 0; c < keys; c += kDirectKeys) {
             const int64_t n = std::min(kDirectKeys, keys - c);
-            const float* kr = as_fp32<T>(k + (c0 + c) * d, n, d, w.wide.data());
+            const float* kr = as_fp32<T>(k + (c0 + c) * d, n, d, w.widened.data());
             for (int64_t r = 0; r < rows; ++r) {
                 const float* qr = w.q.data() + r * d;
                 float* pr = w.p.data() + r * w.cap + c;
@@ -360,20 +354,9 @@ void direct_block(const typename T::storage* q, typename T::storage* out,
         for (int64_t r = 0; r < rows; ++r) {
             float* row = w.p.data() + r * w.cap;
             const float before = w.mx[r];
-            float top = before, total = 0.0f;
+            float top = before;
             for (int64_t c = 0; c < keys; ++c) top = std::max(top, row[c]);  // NaN skipped
-            int64_t c = 0;
-            vec acc = {};
-            for (; c + W <= keys; c += W) {
-                const vec e = shifted_exp2(vload(row + c), top);
-                vstore(row + c, e);
-                acc += e;
-            }
-            for (int64_t l = 0; l < W; ++l) total += acc[l];
-            for (; c < keys; ++c) {
-                row[c] = shifted_exp2(row[c], top);
-                total += row[c];
-            }
+            const float total = shifted_exp2_sum(row, keys, top);
             const float alpha = before == -kInf ? 0.0f : exp2_nonpositive(before - top);
             float* orow = w.o.data() + r * d;
             for (int64_t e = 0; e < d; ++e) orow[e] *= alpha;
@@ -382,7 +365,7 @@ void direct_block(const typename T::storage* q, typename T::storage* out,
         }
         for (int64_t c = 0; c < keys; c += kDirectKeys) {
             const int64_t n = std::min(kDirectKeys, keys - c);
-            const float* vr = as_fp32<T>(v + (c0 + c) * d, n, d, w.wide.data());
+            const float* vr = as_fp32<T>(v + (c0 + c) * d, n, d, w.widened.data());
             for (int64_t r = 0; r < rows; ++r) {
                 const float* pr = w.p.data() + r * w.cap + c;
                 float* orow = w.o.data() + r * d;

@@ -74,20 +74,6 @@ inline void gemm(const float* a, int64_t ar, int64_t at, const float* b, int64_t
     }
 }
 
-// x[c] = 2^(x[c] - top) for n (a multiple of W) values (shifted_exp2: NaN stays NaN, a -inf
-// score, a masked key or a bias of -inf, gives 0); returns their sum.
-inline float exp2_shift(float* x, int64_t n, float top) {
-    vec acc = {};
-    for (int64_t c = 0; c < n; c += W) {
-        const vec e = shifted_exp2(vload(x + c), top);
-        vstore(x + c, e);
-        acc += e;
-    }
-    float total = 0.0f;
-    for (int64_t l = 0; l < W; ++l) total += acc[l];
-    return total;
-}
-
 // Asks the caches for `rows` rows of `count` elements, `stride` elements apart: the rows of one
 // (batch, i, head) are 128 bytes (D = 32, fp32) every H * D elements, a pattern whose misses
 // otherwise come one after another.
@@ -299,7 +285,7 @@ void forward_rows(const typename T::storage* q, const typename T::storage* bias,
                 float* row = sc + r * KT;
                 const float before = mx[r];
                 const float high = std::max(before, lanes_max(top + r * W));
-                const float total = exp2_shift(row, kc, high);
+                const float total = shifted_exp2_sum(row, kc, high);
                 const float alpha = before == -kInf ? 0.0f : exp2_nonpositive(before - high);
                 mx[r] = high;
                 sum[r] = sum[r] * alpha + total;
@@ -397,7 +383,7 @@ void backward_one(const typename T::storage* g, const typename T::storage* q,
                       strip + k0, kp, rows, kc, top);
         }
         for (int64_t r = 0; r < rows; ++r) {
-            const float total = exp2_shift(strip + r * kp, kp, lanes_max(top + r * W));
+            const float total = shifted_exp2_sum(strip + r * kp, kp, lanes_max(top + r * W));
             inv[r] = total == 0.0f ? 0.0f : 1.0f / total;  // all masked: 0; a NaN row: NaN
             const vec scale_r = splat(inv[r]);  // do / sum: dv += e^T (do / sum) = p^T do
             for (int64_t e = 0; e < dp; e += W) {

@@ -540,6 +540,86 @@ def test_a_partial_pass_is_keyed_by_what_it_wraps() -> None:
     assert keyed(functools.partial(Versioned(), factor=2)) not in (None, first)
 
 
+def test_an_edited_pass_is_a_new_key(tmp_path, monkeypatch) -> None:
+    """A pass's key named its function or class and version, not its code: after editing a
+    pass, Inductor's FX graph cache replayed the graph the old pass had made."""
+    import importlib
+
+    from spore.graph_passes import PassEntry
+
+    def keyed(fn):
+        return PassEntry("p", fn, "post_grad").cache_key()
+
+    def made(body):  # a function or class defined where there is no file (a notebook cell)
+        space = {"spore": spore}
+        exec(textwrap.dedent(body), space)
+        return space["p"]
+
+    returns_zero, returns_one = "def p(gm):\n    return 0", "def p(gm):\n    return 1"
+    assert keyed(made(returns_zero)) == keyed(made(returns_zero))
+    assert keyed(made(returns_zero)) != keyed(made(returns_one))
+    as_class = "class P(spore.GraphPass):\n    def __call__(self, gm):\n        return {}\np = P()"
+    assert keyed(made(as_class.format(0))) == keyed(made(as_class.format(0)))
+    assert keyed(made(as_class.format(0))) != keyed(made(as_class.format(1)))
+
+    monkeypatch.syspath_prepend(str(tmp_path))
+    source = tmp_path / "edited_pass.py"
+    helper = "def helper(gm):\n    return {}\n\ndef p(gm):\n    return helper(gm)\n"
+    source.write_text(helper.format(0))
+    module = importlib.import_module("edited_pass")
+    try:
+        before = keyed(module.p)
+        assert keyed(module.p) == before
+        source.write_text(helper.format(10))  # only a helper the pass calls changes
+        importlib.reload(module)
+        assert keyed(module.p) != before
+    finally:
+        sys.modules.pop("edited_pass", None)
+
+
+EDITED_SCRIPT = textwrap.dedent(
+    """
+    import json, torch, spore
+    from user_pass import user_pass
+    spore.register_custom_pass(user_pass, name="user-pass")
+    out = torch.compile(lambda x: x * 2, backend="spore")(torch.ones(3))
+    print(json.dumps(dict(out=out.tolist(), stats=spore.passes.stats())))
+    """
+)
+PASS_SOURCES = (
+    "def user_pass(gm):\n    return 0\n",
+    "import torch\n\ndef user_pass(gm):\n    n = 0\n    for node in gm.graph.nodes:\n"
+    "        if node.target is torch.ops.aten.mul.Tensor:\n"
+    "            node.target, n = torch.ops.aten.add.Tensor, n + 1\n    return n\n",
+)
+
+
+def test_the_fx_graph_cache_misses_after_a_pass_is_edited(tmp_path) -> None:
+    """Two runs of one script sharing a cache directory, the pass's file edited between them:
+    the second compiles again and runs the edited pass (it replayed the old graph)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SPORE_")}
+    env.update(
+        TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "inductor"),
+        TORCHINDUCTOR_FX_GRAPH_CACHE="1",
+        SPORE_NO_PLUGINS="1",  # the installed plugins' passes are not this test's
+    )
+    runs = []
+    for source in PASS_SOURCES:
+        (tmp_path / "user_pass.py").write_text(source)
+        out = subprocess.run(
+            [sys.executable, "-c", EDITED_SCRIPT],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=600,
+            cwd=tmp_path,
+        )
+        assert out.returncode == 0, out.stderr[-3000:]
+        runs.append(json.loads(out.stdout.splitlines()[-1]))
+    assert runs[0] == {"out": [2.0, 2.0, 2.0], "stats": {"user-pass": 0}}
+    assert runs[1] == {"out": [3.0, 3.0, 3.0], "stats": {"user-pass": 1}}
+
+
 def test_a_pass_returning_anything_but_a_count_is_named() -> None:
     """A pass returning the graph (FX's habit) failed with int()'s TypeError, naming neither
     the pass nor what it should return."""

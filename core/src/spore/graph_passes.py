@@ -6,9 +6,9 @@ config slots: ``pre_grad`` → ``pre_grad_custom_pass``, ``joint`` → ``joint_c
 receives the registry and reads it at each compile) and runs whatever the slot held before (a
 user's pass is chained, never overwritten), then the registry's passes for its stage in
 priority order (highest first), skipping those whose ``device`` filter does not match the
-graph. Its ``uuid()`` combines the stage, every pass's name, function or class, version, own
-``uuid()`` where it has one, priority, device, owner and owner version, and the chained pass's
-uuid, so Inductor's FX graph cache is neither
+graph. Its ``uuid()`` combines the stage, every pass's name, function or class, code (the
+files defining it), version, own ``uuid()`` where it has one, priority, device, owner and owner
+version, and the chained pass's uuid, so Inductor's FX graph cache is neither
 bypassed nor stale; a chained pass without a uuid (a plain function) makes it ``None``, so
 Inductor bypasses the cache as it would without Spore. Passes must be idempotent (joint
 passes can run twice).
@@ -27,6 +27,8 @@ import functools
 import hashlib
 import inspect
 import operator
+import os
+import sys
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -223,7 +225,8 @@ class PassEntry:
         """This pass's part of the FX graph cache key: what it is (its function or class, the
         arguments a ``functools.partial`` binds, and the plain constants an instance's public
         attributes or a closure's cells held when it was registered), its version and, for a
-        pass with a ``uuid()`` (Inductor's ``CustomGraphPass``), that; ``None`` (the cache is
+        pass with a ``uuid()`` (Inductor's ``CustomGraphPass``), that, and its code (see
+        :func:`_code_digest`); ``None`` (the cache is
         then bypassed) when that ``uuid()`` is ``None`` or a bound argument is not a plain
         constant whose repr stands for its value (a tensor's repr is shortened). Other state,
         and what changes after registration (a run counter), is not seen: a pass whose
@@ -234,7 +237,7 @@ class PassEntry:
         kind = fn if hasattr(fn, "__qualname__") else type(fn)
         key = f"{getattr(kind, '__module__', '')}.{kind.__qualname__}"
         key += "".join(f"({b!r})" for b in bound) + "".join(f"[{v!r}]" for v in self.held)
-        key += f":{self.version}"
+        key += f":{self.version}@{_code_digest(kind)}"
         own = getattr(fn, "uuid", None)
         if callable(own):
             uuid = own()
@@ -242,6 +245,57 @@ class PassEntry:
                 return None
             key += f":{uuid!r}"
         return key
+
+
+def _code_digest(kind: Any) -> str:
+    """A digest of ``kind``'s code (a pass's function or class): the contents of the files
+    that define it and, for a class, its bases; where one has no file (a notebook cell,
+    ``exec``), its code objects. An edited pass is a new key."""
+    owners = [kind] if not isinstance(kind, type) else [c for c in kind.__mro__ if c is not object]
+    digest = hashlib.sha256()
+    for owner in owners:
+        path = getattr(sys.modules.get(getattr(owner, "__module__", "") or ""), "__file__", None)
+        source = _file_digest(path) if isinstance(path, str) else None
+        digest.update(source.encode() if source is not None else _code_bytes(owner))
+    return digest.hexdigest()[:16]
+
+
+@functools.lru_cache(maxsize=256)
+def _digest_at(path: str, mtime_ns: int, size: int) -> str:
+    with open(path, "rb") as f:
+        return hashlib.sha256(f.read()).hexdigest()
+
+
+def _file_digest(path: str) -> str | None:
+    """The digest of the file at ``path``, read again only when its mtime or size changes;
+    ``None`` when it cannot be read."""
+    try:
+        stat = os.stat(path)
+        return _digest_at(path, stat.st_mtime_ns, stat.st_size)
+    except OSError:
+        return None
+
+
+def _code_bytes(owner: Any) -> bytes:
+    """The code of a function, or of the functions a class defines, as bytes."""
+    if not isinstance(owner, type):
+        code = getattr(inspect.unwrap(getattr(owner, "__func__", owner)), "__code__", None)
+        return _code_text(code) if code is not None else repr(owner).encode()
+    parts = []
+    for name, value in sorted(vars(owner).items()):
+        value = getattr(value, "__func__", getattr(value, "fget", value))  # static/class/property
+        code = getattr(value, "__code__", None)
+        if code is not None:
+            parts.append(name.encode() + _code_text(code))
+    return b"\0".join(parts)
+
+
+def _code_text(code: Any) -> bytes:
+    """A code object's bytecode, names and constants (nested code objects alike), as bytes:
+    the same in every call (marshal's output follows reference counts)."""
+    consts = (_code_text(c) if inspect.iscode(c) else repr(c).encode() for c in code.co_consts)
+    names = repr((code.co_names, code.co_varnames, code.co_freevars)).encode()
+    return b"\1".join([code.co_code, names, *consts])
 
 
 def _unbound(fn: Any) -> tuple[Any, list[Any]]:

@@ -278,8 +278,36 @@ def test_bad_chunk_size_is_rejected(bad: object) -> None:
 def test_a_bad_msa_chunk_size_is_refused_when_built_and_named(bad: object) -> None:
     with pytest.raises(ValueError, match=r"^msa_chunk_size must be a positive int"):
         MSAStack(c_m=4, c_z=3, c=2, msa_chunk_size=bad)
-    with pytest.raises(ValueError, match=r"^msa_chunk_size must be a positive int"):
-        MSAModule(n_blocks=2, c_m=4, c_z=3, c_s_inputs=5, msa_chunk_size=bad)
+    for n_blocks in (0, 1, 2):  # with 0 or 1 block (no MSA stack) it was taken unchecked
+        with pytest.raises(ValueError, match=r"^msa_chunk_size must be a positive int"):
+            MSAModule(n_blocks=n_blocks, c_m=4, c_z=3, c_s_inputs=5, msa_chunk_size=bad)
+
+
+@pytest.mark.parametrize("bad", [0, -1, 2.0, True, "1"])
+def test_a_bad_blocks_per_ckpt_is_refused_when_built_as_by_the_pairformer(bad: object) -> None:
+    """0 or -1 built and then failed every forward, inference too, unnamed; 2.0 failed in
+    training in ``range()``. The message is ``PairformerStack``'s."""
+    message = r"^blocks_per_ckpt must be an int >= 1 \(blocks per recomputed segment\) or None"
+    with pytest.raises(ValueError, match=message):
+        MSAModule(n_blocks=2, c_m=4, c_z=3, c_s_inputs=5, blocks_per_ckpt=bad)
+    with pytest.raises(ValueError, match=message):
+        sci_protenix.PairformerStack(n_blocks=2, n_heads=2, c_z=4, c_s=4, blocks_per_ckpt=bad)
+
+
+@pytest.mark.parametrize("bad", [-0.1, 1.0, 1.5, float("nan"), True, "0.1"])
+def test_a_bad_dropout_is_refused_when_built_and_named(bad: object) -> None:
+    """``MSAStack(dropout=1.5)`` failed only at the first training forward, in torch; an
+    ``MSAModule``'s last block has no MSA stack, so there it was never checked."""
+    with pytest.raises(ValueError, match=r"^dropout must be a float in \[0, 1\)"):
+        MSAStack(c_m=4, c_z=3, c=2, dropout=bad)
+    builds = (
+        lambda **kw: MSABlock(c_m=4, c_z=3, is_last_block=True, **kw),
+        lambda **kw: MSAModule(n_blocks=1, c_m=4, c_z=3, c_s_inputs=5, **kw),
+    )
+    for name in ("msa_dropout", "pair_dropout"):
+        for build in builds:
+            with pytest.raises(ValueError, match=rf"^{name} must be a float in \[0, 1\)"):
+                build(**{name: bad})
 
 
 def test_bad_shapes_are_rejected_with_the_fix() -> None:

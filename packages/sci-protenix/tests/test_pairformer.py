@@ -94,6 +94,25 @@ def test_stack_inplace_equals_out_of_place(how, randomize) -> None:
     torch.testing.assert_close((got_s, got_z), expected, **CHUNK)
 
 
+@pytest.mark.parametrize("batch", [(), (2,)])
+@pytest.mark.parametrize("how", ["inplace_safe", "plan"])
+def test_inplace_with_a_non_contiguous_z_updates_it_whole(batch, how, randomize) -> None:
+    """A transposed z got the triangle updates in place but a new z from the pair transition,
+    leaving the caller's z without it; every update now goes into the caller's z."""
+    block = randomize(PairformerBlock(**BLOCK)).eval()
+    s, z, mask = _inputs(batch)
+    with torch.no_grad():
+        expected = block(s, z, mask)
+        target = z.transpose(-2, -3).contiguous().transpose(-2, -3)  # z's values, strided
+        if how == "plan":
+            apply_plan(block, MemoryPlan(tri_mul=3, tri_att=2, transition=3, inplace=True))
+            got_s, got_z = block(s, target, mask)
+        else:
+            got_s, got_z = block(s, target, mask, inplace_safe=True, chunk_size=3)
+    assert got_z is target
+    torch.testing.assert_close((got_s, got_z), expected, **CHUNK)
+
+
 def test_inplace_is_ignored_while_differentiating(randomize) -> None:
     stack = randomize(PairformerStack(n_blocks=1, **SMALL)).eval()
     s, z, mask = _inputs()
@@ -288,8 +307,14 @@ def test_bad_inputs() -> None:
         block(s, z.expand(3, *z.shape), mask)  # batched z, s without that batch
     with pytest.raises(ValueError, match=r"z must be \[\.\.\., N, N, c_z\] with s's N = 4"):
         block(s[:, :4], z, mask)  # a raw broadcast error from the single track's attention
-    with pytest.raises(ValueError, match="dropout"):
+    with pytest.raises(ValueError, match=r"^dropout must be a float in \[0, 1\)"):
         PairformerBlock(dropout=1.0, **SMALL)
+    for build in (PairformerBlock, PairformerStack):  # was "c_a (30) must be ...", not an argument
+        with pytest.raises(ValueError, match=r"^c_s \(30\) must be a multiple of n_heads \(16\)"):
+            build(c_s=30, n_heads=16)
+    with pytest.raises(ValueError, match=r"^c_s \(8\) must be a multiple of n_heads \(0\)"):
+        PairformerBlock(c_s=8, n_heads=0)
+    PairformerBlock(c_z=8, c_s=0, n_heads=3)  # no single track: no heads to split c_s into
 
 
 def test_bad_inputs_are_refused_under_torch_compile() -> None:
@@ -330,6 +355,18 @@ def test_run_blocks_refuses_unknown_policies() -> None:
         run_blocks([], None, torch.zeros(1), "everything", 1)
     with pytest.raises(ValueError, match="blocks per recomputed segment"):
         run_blocks([], None, torch.zeros(1), "block", 0)
+
+
+def test_run_blocks_checks_blocks_per_segment_only_when_it_recomputes() -> None:
+    """As Protenix's ``checkpoint_blocks``: without grad (or recompute) the segment length is
+    unused, so inference runs whatever it is."""
+    double = [lambda s, z: (s, 2 * z)]
+    z = torch.ones(2)
+    with torch.no_grad():
+        assert torch.equal(run_blocks(double, None, z, "block", 0)[1], 2 * z)
+    assert torch.equal(run_blocks(double, None, z, "none", 0)[1], 2 * z)
+    with pytest.raises(ValueError, match="blocks per recomputed segment must be >= 1, got 0"):
+        run_blocks(double, None, z.requires_grad_(), "block", 0)
 
 
 def _training_peak(stack, inputs) -> int:

@@ -33,7 +33,9 @@ from sci_protenix.primitives import (
     Linear,
     broadcast,
     check_blocks,
+    check_blocks_per_ckpt,
     check_channels,
+    check_dropout,
     check_mask,
     check_square,
     layer_norm,
@@ -217,6 +219,7 @@ class MSAStack(nn.Module):
         msa_max_size: int | None = 16384,
     ) -> None:
         super().__init__()
+        check_dropout(dropout)
         self.c = c
         self.p_drop = dropout
         self.msa_chunk_size = check_chunk_size(msa_chunk_size, "msa_chunk_size")
@@ -280,6 +283,9 @@ class MSABlock(nn.Module):
         hidden_scale_up: bool = False,
     ) -> None:
         super().__init__()
+        check_dropout(msa_dropout, "msa_dropout")
+        check_dropout(pair_dropout, "pair_dropout")
+        check_chunk_size(msa_chunk_size, "msa_chunk_size")
         self.c_m = c_m
         self.c_z = c_z
         self.c_hidden = c_hidden
@@ -397,12 +403,15 @@ class MSAModule(nn.Module):
     ) -> None:
         super().__init__()
         check_blocks(n_blocks)
+        check_blocks_per_ckpt(blocks_per_ckpt)
+        check_dropout(msa_dropout, "msa_dropout")
+        check_dropout(pair_dropout, "pair_dropout")
         self.n_blocks = n_blocks
         self.c_m = c_m
         self.c_z = c_z
         self.c_s_inputs = c_s_inputs
         self.blocks_per_ckpt = blocks_per_ckpt
-        self.msa_chunk_size = msa_chunk_size
+        self.msa_chunk_size = check_chunk_size(msa_chunk_size, "msa_chunk_size")
         self.msa_configs = sampling_configs(msa_configs)
         if msa_configs is not None and "sample_cutoff" in msa_configs:
             msa_max_size = self.msa_configs["train_cutoff"]

@@ -34,7 +34,13 @@ from torch.utils.checkpoint import (
 from sci_protenix.attention import AttentionPairBias
 from sci_protenix.chunking import grad_free, inplace_requested
 from sci_protenix.memory_plan import SELECTIVE_SAVE_OPS, MemoryPlan
-from sci_protenix.primitives import check_blocks, check_channels, check_pair_for
+from sci_protenix.primitives import (
+    check_blocks,
+    check_blocks_per_ckpt,
+    check_channels,
+    check_dropout,
+    check_pair_for,
+)
 from sci_protenix.transition import Transition
 from sci_protenix.triangle import (
     TriangleAttention,
@@ -106,8 +112,12 @@ class PairformerBlock(nn.Module):
         hidden_scale_up: bool = False,
     ) -> None:
         super().__init__()
-        if not 0.0 <= dropout < 1.0:
-            raise ValueError(f"dropout must be in [0, 1), got {dropout}")
+        check_dropout(dropout)
+        if c_s > 0 and (n_heads < 1 or c_s % n_heads):
+            raise ValueError(
+                f"c_s ({c_s}) must be a multiple of n_heads ({n_heads}), n_heads >= 1: attention "
+                f"with pair bias splits c_s into n_heads heads; pick an n_heads that divides c_s"
+            )
         if hidden_scale_up:
             no_heads_pair = c_z // c_hidden_pair_att
             c_hidden_mul = c_z
@@ -201,15 +211,7 @@ class PairformerStack(nn.Module):
     ) -> None:
         super().__init__()
         check_blocks(n_blocks)
-        if blocks_per_ckpt is not None and (
-            isinstance(blocks_per_ckpt, bool)
-            or not isinstance(blocks_per_ckpt, int)
-            or blocks_per_ckpt < 1
-        ):
-            raise ValueError(
-                f"blocks_per_ckpt must be a positive int (blocks per recomputed segment) or None "
-                f"(no recompute), got {blocks_per_ckpt!r}"
-            )
+        check_blocks_per_ckpt(blocks_per_ckpt)
         self.n_blocks = n_blocks
         self.n_heads = n_heads
         self.blocks_per_ckpt = blocks_per_ckpt
@@ -261,7 +263,8 @@ def run_blocks(
     saved: tuple[str, ...] = SELECTIVE_SAVE_OPS,
 ) -> tuple[Any, torch.Tensor]:
     """``(s, z)`` through ``blocks`` (each ``block(s, z) -> (s, z)``) in turn, recomputed by
-    ``policy`` ("none", "block" or "selective") in segments of ``per`` blocks while grad is on.
+    ``policy`` ("none", "block" or "selective") in segments of ``per`` blocks while grad is on
+    (``per`` is checked only then, as Protenix's ``checkpoint_blocks`` checks it).
 
     The one block runner of the Pairformer and MSA stacks: "block" reruns each segment in
     backward (``torch.utils.checkpoint``, non-reentrant; dropout masks replayed), "selective"
@@ -270,10 +273,10 @@ def run_blocks(
     """
     if policy not in ("none", "block", "selective"):
         raise ValueError(f"recompute policy must be 'none', 'block' or 'selective', got {policy!r}")
-    if per < 1:
-        raise ValueError(f"blocks per recomputed segment must be >= 1, got {per}")
     if policy == "none" or not torch.is_grad_enabled():
         return _run(blocks, s, z)
+    if per < 1:
+        raise ValueError(f"blocks per recomputed segment must be >= 1, got {per}")
     kwargs: dict[str, Any] = {"use_reentrant": False}
     if policy == "selective":
         kwargs["context_fn"] = functools.partial(

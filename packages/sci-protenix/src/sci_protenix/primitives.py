@@ -10,6 +10,7 @@ layers use, so a module built here starts where Protenix's does. :func:`layer_no
 from __future__ import annotations
 
 import math
+import numbers
 from typing import Any, Literal
 
 import torch
@@ -89,6 +90,29 @@ def check_blocks(n_blocks: Any) -> None:
     """A ValueError unless ``n_blocks`` is an int >= 0 (0: the module returns its input)."""
     if isinstance(n_blocks, bool) or not isinstance(n_blocks, int) or n_blocks < 0:
         raise ValueError(f"n_blocks must be an int >= 0, got {n_blocks!r}")
+
+
+def check_blocks_per_ckpt(blocks_per_ckpt: Any) -> None:
+    """A ValueError unless ``blocks_per_ckpt`` (Protenix's keyword) is an int >= 1 (blocks per
+    recomputed segment) or None (no recompute)."""
+    if blocks_per_ckpt is not None and (
+        isinstance(blocks_per_ckpt, bool)
+        or not isinstance(blocks_per_ckpt, int)
+        or blocks_per_ckpt < 1
+    ):
+        raise ValueError(
+            f"blocks_per_ckpt must be an int >= 1 (blocks per recomputed segment) or None "
+            f"(no recompute), got {blocks_per_ckpt!r}"
+        )
+
+
+def check_dropout(p: Any, name: str = "dropout") -> None:
+    """A ValueError unless the dropout probability ``p`` (the argument ``name``) is a real
+    number in [0, 1)."""
+    if isinstance(p, bool) or not isinstance(p, numbers.Real) or not 0.0 <= p < 1.0:
+        raise ValueError(
+            f"{name} must be a float in [0, 1) (the probability of dropping), got {p!r}"
+        )
 
 
 def check_square(name: str, z: torch.Tensor) -> None:

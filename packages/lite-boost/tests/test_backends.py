@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import ast
+import dataclasses
 import functools
 import inspect
 import logging
+import types
 
 import pytest
 import torch
@@ -193,6 +195,55 @@ def test_explain_under_autocast_names_the_kernel_that_runs():
         assert dispatch.explain(A.OP, q, k.bfloat16(), v).chosen == "reference"
     finally:
         dispatch.unregister_provider("test-bf16-only")
+
+
+@pytest.mark.parametrize("name", ["flash_attn_2", "torch_npu"])
+def test_device_kernels_get_the_checks_the_sdpa_path_runs(name):
+    """FlashAttention's and torch_npu's kernels were handed q, k and v that SDPA's path
+    refuses with lite-boost's error (they failed inside the kernel instead), and a head_dim
+    without unit stride: the same backends on CPU, around a stand-in for the package, take
+    only well-formed calls; the rest get SDPA's error, or SDPA itself."""
+    calls = []
+
+    def sdpa(q, k, v, scale):  # a device kernel's own checks, not lite-boost's
+        calls.append(q.shape)
+        return F.scaled_dot_product_attention(q, k, v, scale=scale, enable_gqa=True)
+
+    def flash_attn_func(q, k, v, softmax_scale=None):  # flash-attn's (batch, seq, heads, dim)
+        out = sdpa(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), softmax_scale)
+        return out.transpose(1, 2)
+
+    def npu_fused_infer_attention_score(q, k, v, *, scale, **layout):
+        return sdpa(q, k, v, scale), None
+
+    module = types.SimpleNamespace(
+        flash_attn_func=flash_attn_func,
+        npu_fused_infer_attention_score=npu_fused_infer_attention_score,
+    )
+    backend = next(b for b in A.BACKENDS if b.name == name)
+    backend = dataclasses.replace(backend, device="cpu", dtypes=(torch.float32,))
+    kernel = A._npu(module) if name == "torch_npu" else A._flash(module, 2)
+    provider = f"test-{name}-on-cpu"
+    dispatch.register_kernel(
+        A.OP, "cpu", kernel, provider=provider, priority=100, supports=A._supports(backend)
+    )
+    try:
+        q, k, v = _qkv()
+        torch.testing.assert_close(A.attention(q, k, v), A.reference(q, k, v))
+        assert len(calls) == 1  # the stand-in takes well-formed calls
+        bad = torch.randn(2, 3, 29, 16)  # heads that q's 4 are no multiple of
+        with pytest.raises(ValueError, match="multiple of k/v's 3"):
+            A.attention(q, bad, bad)
+        reason = next(c.reason for c in dispatch.explain(A.OP, q, bad, bad).candidates)
+        assert "supports() raised ValueError: q's 4 heads must be a multiple" in reason
+        with pytest.raises(ValueError, match=r"takes \(batch, heads, seq, head_dim\)"):
+            A.attention(q[0], k[0], v[0])
+        strided = q.transpose(-1, -2).contiguous().transpose(-1, -2)  # same values, stride 24
+        assert dispatch.explain(A.OP, strided, k, v).chosen == "lite-boost:sdpa"
+        torch.testing.assert_close(A.attention(strided, k, v), A.reference(q, k, v))
+        assert len(calls) == 1
+    finally:
+        dispatch.unregister_provider(provider)
 
 
 def test_the_op_is_named_in_one_place():

@@ -12,6 +12,7 @@ import socket
 import sys
 import types
 import warnings
+from pathlib import Path
 
 import pytest
 import torch
@@ -39,6 +40,8 @@ TINY = {
 # float32 tolerance of the whole tiny model: the boosted path differs from diffusers' only in
 # float32 rounding (RoPE as x*cos + rot(x)*sin through one op, SDPA on another layout)
 ATOL = RTOL = 1e-5
+# bf16: the boosted model's largest error from float32 against diffusers' own bf16 model's
+BF16_FACTOR = 1.5
 
 
 def _model(seed=0, **config):
@@ -264,6 +267,37 @@ def test_setting_diffusers_processors_on_a_boosted_model_is_refused():
     model.set_attn_processor(transformer_wan.WanAttnProcessor())  # not boosted: taken
 
 
+def test_diffusers_context_parallelism_is_refused_naming_lite_boosts_own():
+    """diffusers' context parallelism on a boosted model was taken, and its first forward died
+    in spore.rope on RoPE tables for all tokens against this rank's share: refused, before
+    diffusers changes anything (boosted first), or by the boost, before any change (diffusers'
+    first: its ``_parallel_config``, as ``enable_parallelism`` or ``from_pretrained(...,
+    parallel_config=...)`` records it; enabling it for real needs two ranks and an accelerator)."""
+    from diffusers import ContextParallelConfig
+    from diffusers.models._modeling_parallel import ParallelConfig
+
+    model = _model()
+    inputs = _inputs(batch=1)
+    want = _run(model, *inputs)
+    config = ContextParallelConfig(ulysses_degree=2)
+    boosted = boost(copy.deepcopy(model), sparsity=0.0)
+    for target in (boosted, copy.deepcopy(boosted)):
+        with pytest.raises(ValueError, match="enable_parallelism\\(\\) on a lite-boost") as e:
+            target.enable_parallelism(config=config)
+        assert "lite_boost.boost(model, parallel=lite_boost.ParallelManager())" in str(e.value)
+        assert target._parallel_config is None
+    torch.testing.assert_close(_run(boosted, *inputs), want, atol=ATOL, rtol=RTOL)
+
+    rope, processor = model.rope, model.blocks[0].attn1.processor
+    model._parallel_config = ParallelConfig(context_parallel_config=config)
+    with pytest.raises(ValueError, match="this Wan model has diffusers' context parallelism on"):
+        boost(model, sparsity=0.0)
+    assert model.rope is rope
+    assert model.blocks[0].attn1.processor is processor
+    assert "enable_parallelism" not in vars(model)
+    assert not hasattr(model, "lite_boost_options")
+
+
 def test_a_boosted_model_saves_and_loads_whole():
     """``torch.save(model)`` of a boosted model pickled its refusing ``set_attention_backend``
     and ``set_processor`` as bound methods, which ``torch.load`` could not rebuild
@@ -311,8 +345,10 @@ def test_image_to_video_model_equals_the_original():
     torch.testing.assert_close(run(boost(copy.deepcopy(model))), want, atol=ATOL, rtol=RTOL)
 
 
-def test_bfloat16_is_as_close_as_diffusers_own_bfloat16():
-    """In bf16 the boosted model strays from the float32 original no more than diffusers'."""
+def test_bfloat16_strays_from_float32_within_the_bound_of_diffusers_own_bfloat16():
+    """In bf16 the boosted model's largest error from the float32 original is within
+    ``BF16_FACTOR`` times diffusers' own bf16 error (1.00x here, 0.89-1.28x over 12 model and
+    input seeds: bf16 rounding lands differently, so "no further" does not hold in general)."""
     model = _model()
     latents, timestep, text = _inputs()
     want = _run(model, latents, timestep, text)
@@ -320,7 +356,14 @@ def test_bfloat16_is_as_close_as_diffusers_own_bfloat16():
     args = (latents.bfloat16(), timestep, text.bfloat16())
     theirs = (_run(low, *args).float() - want).abs().max().item()
     ours = (_run(boost(low), *args).float() - want).abs().max().item()
-    assert ours <= 1.5 * theirs, (ours, theirs)
+    assert ours <= BF16_FACTOR * theirs, (ours, theirs)
+
+
+def test_the_readme_states_the_bfloat16_bound_tested():
+    """The README said bf16 is "no further from fp32 than diffusers' own bf16"; the test allows
+    ``BF16_FACTOR`` times as far."""
+    readme = " ".join((Path(__file__).resolve().parents[1] / "README.md").read_text().split())
+    assert f"within {BF16_FACTOR}x of diffusers' own bf16" in readme
 
 
 def test_boosting_a_compiled_model_says_to_boost_before_compiling():

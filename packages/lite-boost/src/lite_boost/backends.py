@@ -4,7 +4,9 @@ per backend and device, chosen per call by :mod:`spore.dispatch`.
 Order (highest priority first): FlashAttention-3 and FlashAttention-2 on CUDA, torch_npu's
 fused inference attention on Ascend, then PyTorch's ``scaled_dot_product_attention`` on every
 device (also the reference). A backend is registered only when its package imports; one that
-is installed but fails to import is skipped with a logged reason. ``LITE_BOOST_ATTENTION=sdpa``
+is installed but fails to import is skipped with a logged reason. FlashAttention and torch_npu
+are chosen only for q, k, v that pass :func:`check_qkv` (else SDPA raises its error, on every
+device) with a unit stride along head_dim (else SDPA runs). ``LITE_BOOST_ATTENTION=sdpa``
 (or :func:`use_backend`) forces one backend; ``spore.dispatch.explain`` says which runs and why.
 
 Layout: ``q``, ``k``, ``v`` are ``(batch, heads, seq, head_dim)``, as for SDPA; ``k``/``v`` may
@@ -179,12 +181,24 @@ def _npu(module: Any) -> Callable[..., torch.Tensor]:
     return run
 
 
+def _unit_head_stride(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
+    """Whether ``q``, ``k`` and ``v`` each have stride 1 along head_dim, the one layout the
+    FlashAttention and torch_npu kernels are given (SDPA takes any)."""
+    return q.stride(-1) == k.stride(-1) == v.stride(-1) == 1
+
+
 @functools.cache  # one function per backend: registering it again is then a no-op
 def _supports(backend: Backend) -> Callable[..., bool]:
     def supports(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | None = None):
         choice = forced()
         if choice is not None and choice != backend.name:
             return False  # forced or not, a backend takes only calls it can run
+        if backend.module is not None:
+            # before the device check (testable on CPU): when this raises, dispatch passes the
+            # call on to SDPA, which raises the same error on every device
+            check_qkv(q, k, v)
+            if not _unit_head_stride(q, k, v):
+                return False
         return (
             q.device.type == backend.device
             and q.dtype in backend.dtypes

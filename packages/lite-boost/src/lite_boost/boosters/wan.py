@@ -54,6 +54,10 @@ TRANSFORMER_CHANGES = (
     "processors: setting another processor on an attention module (set_attn_processor, "
     "set_processor) raises ValueError (diffusers' processors cannot take the cached RoPE "
     "tables); set processors on a model that is not boosted",
+    "diffusers' context parallelism: model.enable_parallelism(...) raises ValueError, and a "
+    "model that has it (enable_parallelism, from_pretrained(..., parallel_config=...)) is "
+    "refused before any change (lite-boost's processors and RoPE tables do not take its token "
+    "split); lite-boost's own is boost(model, parallel=lite_boost.ParallelManager())",
     "diffusers' SeaCache keeps working with parallel: its skip decision comes from the model's "
     "whole input latents and the scheduler step, the same on every rank",
     "projections, norms, feed-forward, embeddings and weights are unchanged",
@@ -180,6 +184,23 @@ def _refused_set_attention_backend(model: torch.nn.Module, backend: str) -> None
     """A boosted model's ``set_attention_backend``: refused before diffusers checks the
     backend's package or downloads its kernel (a hub backend's)."""
     raise _backend_refusal(backend)
+
+
+def _context_parallel_refusal(what: str) -> ValueError:
+    """The error for diffusers' context parallelism on a boosted model (``what`` happened)."""
+    return ValueError(
+        f"{what}: lite-boost's Wan boost cannot run with diffusers' context parallelism "
+        f"(enable_parallelism, from_pretrained(..., parallel_config=...)), whose token split "
+        f"its attention processors and RoPE tables do not take (they would fail at the first "
+        f"forward). Use lite-boost's own sequence parallelism instead: load the model without "
+        f"parallel_config and call lite_boost.boost(model, "
+        f"parallel=lite_boost.ParallelManager()) on every rank"
+    )
+
+
+def _refused_enable_parallelism(model: torch.nn.Module, *args: Any, **kwargs: Any) -> None:
+    """A boosted model's ``enable_parallelism``: refused before diffusers changes anything."""
+    raise _context_parallel_refusal("enable_parallelism() on a lite-boost-boosted Wan model")
 
 
 def _boosted_set_processor(attn: torch.nn.Module, processor: Any) -> None:
@@ -351,6 +372,8 @@ def boost_transformer(model: torch.nn.Module, options: BoostOptions) -> None:
     """Patch a diffusers ``WanTransformer3DModel`` in place (see :data:`TRANSFORMER_CHANGES`)."""
     from diffusers.models.transformers.transformer_wan import WanAttention
 
+    if getattr(model, "_parallel_config", None) is not None:  # set by diffusers' parallelism
+        raise _context_parallel_refusal("this Wan model has diffusers' context parallelism on")
     manager = _manager(options)
     attentions = [m for m in model.modules() if isinstance(m, WanAttention)]
     if manager is not None:
@@ -378,6 +401,7 @@ def boost_transformer(model: torch.nn.Module, options: BoostOptions) -> None:
     # partials over the module, not closures nor bound methods: copy.deepcopy rebinds them to
     # the copy, and pickle (torch.save of the model) takes them
     model.set_attention_backend = functools.partial(_refused_set_attention_backend, model)
+    model.enable_parallelism = functools.partial(_refused_enable_parallelism, model)
     for attn in attentions:
         attn.set_processor = functools.partial(_boosted_set_processor, attn)
         attn.set_processor(WanAttnProcessor(options))

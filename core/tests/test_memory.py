@@ -346,6 +346,34 @@ def test_offload_reduces_resident_memory_during_backward() -> None:
     assert plain["grad_checksum"] == spilled["grad_checksum"]
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="offload(target='host') needs CUDA")
+def test_host_offload_frees_each_restored_activation_in_backward() -> None:
+    """Each restored activation was kept on the GPU (and its pinned copy on the host) until
+    backward ended, so backward's peak was no lower than without offload."""
+    torch.manual_seed(0)
+    layers = [torch.nn.Linear(2048, 2048, device="cuda") for _ in range(8)]
+    x = torch.randn(4096, 2048, device="cuda", requires_grad=True)
+
+    def step(offloaded: bool) -> tuple[int, torch.Tensor]:
+        x.grad = None
+        with memory.offload("host") if offloaded else nullcontext():
+            h = x
+            for layer in layers:
+                h = layer(h).relu()
+            loss = h.square().mean()
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()  # the peak from here: backward's, saved ones in
+        loss.backward()
+        torch.cuda.synchronize()
+        return torch.cuda.max_memory_allocated(), x.grad.clone()
+
+    plain_peak, plain_grad = step(False)
+    offloaded_peak, offloaded_grad = step(True)
+    torch.testing.assert_close(offloaded_grad, plain_grad)
+    activation = 4096 * 2048 * 4
+    assert offloaded_peak < plain_peak - 2 * activation, (plain_peak, offloaded_peak)
+
+
 # peak ------------------------------------------------------------------------------------------
 MIB = 1 << 20
 

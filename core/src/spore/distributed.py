@@ -6,6 +6,10 @@ group in the background and return at once; without one the group is started syn
 
 from __future__ import annotations
 
+import math
+import numbers
+import weakref
+from datetime import timedelta
 from typing import Any
 
 from spore.plugins import get_manager
@@ -14,24 +18,55 @@ from spore.plugins import get_manager
 class ReadyHandle:
     """The handle of a group that was started synchronously: already done."""
 
+    def __init__(self, group: Any) -> None:
+        self._group = weakref.ref(group)
+
     def done(self) -> bool:
         return True
 
     def wait(self, timeout: float | None = None) -> Any:
+        """The group this init created (ready: ``timeout`` is not needed); ``RuntimeError`` once
+        that group has been destroyed, as mccl's handle raises."""
         import torch.distributed as dist
 
-        return dist.group.WORLD
+        group = self._group()
+        if group is None or group is not dist.group.WORLD:
+            raise RuntimeError(
+                "the process group spore.distributed.init_process_group created has been "
+                "destroyed (torch.distributed.destroy_process_group()); start a new init for "
+                "another"
+            )
+        return group
 
     def exception(self) -> BaseException | None:
         return None
 
 
+def _timedelta(init_timeout: object) -> timedelta:
+    """``init_timeout`` (seconds or a ``timedelta``) as a ``timedelta``; a ``TypeError`` or
+    ``ValueError`` naming it unless it is a positive, finite time."""
+    if isinstance(init_timeout, timedelta):
+        seconds = init_timeout.total_seconds()
+    elif isinstance(init_timeout, numbers.Real) and not isinstance(init_timeout, bool):
+        seconds = float(init_timeout)
+    else:
+        raise TypeError(
+            f"init_timeout must be a number of seconds > 0 or a datetime.timedelta, got "
+            f"{init_timeout!r} ({type(init_timeout).__name__}): pass e.g. init_timeout=600"
+        )
+    if not (seconds > 0 and math.isfinite(seconds)):
+        raise ValueError(f"init_timeout must be a positive, finite time, got {init_timeout!r}")
+    return timedelta(seconds=seconds)
+
+
 def init_process_group(backend: str | None = None, **options: Any) -> Any:
     """Start the default process group; returns a handle with ``wait()`` and ``done()``.
 
-    ``options`` are ``torch.distributed.init_process_group`` keyword arguments. The first
-    plugin implementing ``spore_init_process_group`` that returns a handle starts it;
-    otherwise it is started here, synchronously, and a :class:`ReadyHandle` is returned.
+    ``options`` are ``torch.distributed.init_process_group`` keyword arguments, and
+    ``init_timeout`` (seconds or a ``timedelta``), which bounds the wait for the group. The
+    first plugin implementing ``spore_init_process_group`` that returns a handle starts it;
+    otherwise it is started here, synchronously, with ``init_timeout`` as torch's ``timeout``
+    (unless ``timeout`` is given), and a :class:`ReadyHandle` is returned.
     """
     taken = get_manager().first_result(
         "spore_init_process_group", backend=backend, options=dict(options)
@@ -40,5 +75,10 @@ def init_process_group(backend: str | None = None, **options: Any) -> Any:
         return taken[1]
     import torch.distributed as dist
 
+    init_timeout = options.pop("init_timeout", None)
+    if init_timeout is not None:
+        limit = _timedelta(init_timeout)
+        if options.get("timeout") is None:
+            options["timeout"] = limit
     dist.init_process_group(backend=backend, **options)
-    return ReadyHandle()
+    return ReadyHandle(dist.group.WORLD)

@@ -9,6 +9,7 @@ through the ``unpack`` functions in the reverse order.
 
 from __future__ import annotations
 
+import itertools
 import os
 import tempfile
 import threading
@@ -319,10 +320,13 @@ class _OnHost:
                 self.ready.record(stream)
 
     def load(self, stream: Any) -> torch.Tensor:
+        """The device copy, handed over: autograd frees it with the node that used it (the
+        pinned copy stays, for a graph unpacked again)."""
         self.prefetch(stream)
         torch.cuda.current_stream(self.device).wait_event(self.ready)
-        assert self.back is not None
-        return self.back
+        back, self.back = self.back, None
+        assert back is not None
+        return back
 
 
 def _offloadable(value: Any, device_type: str, min_bytes: int) -> bool:
@@ -390,7 +394,8 @@ def offload(
     if target == "disk" and not os.access(folder, os.W_OK | os.X_OK):
         raise PermissionError(f"offload directory {folder!r} is not writable")
     stream = torch.cuda.Stream() if target == "host" else None
-    order: list[_OnHost] = []
+    order: weakref.WeakValueDictionary[int, _OnHost] = weakref.WeakValueDictionary()
+    count = itertools.count()  # a handle's place: those packed before it unpack after it
 
     def pack(value: Any) -> Any:
         if not _offloadable(value, "cpu" if target == "disk" else "cuda", min_bytes):
@@ -405,8 +410,8 @@ def offload(
         if target == "disk":
             return _OnDisk(value, folder)
         handle = _OnHost(value, stream)
-        handle.index = len(order)
-        order.append(handle)
+        handle.index = next(count)
+        order[handle.index] = handle  # weakly: a freed graph's handles (and pinned copies) go
         return handle
 
     def unpack(value: Any) -> Any:
@@ -418,8 +423,9 @@ def offload(
         if isinstance(value, _OnDisk):
             return value.load()
         if isinstance(value, _OnHost):
-            for earlier in order[max(0, value.index - prefetch) : value.index]:
-                earlier.prefetch(stream)
+            for at in range(max(0, value.index - prefetch), value.index):
+                if (earlier := order.get(at)) is not None:
+                    earlier.prefetch(stream)
             return value.load(stream)
         return value
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime
 import json
 import os
 import signal
@@ -329,3 +330,154 @@ def test_a_file_rendezvous_in_a_missing_directory_is_refused_at_the_call(
         f"({missing.parent}): create it, or choose a file in an existing one",
         "pending: None",
     ]
+
+
+_RENDEZVOUS_ENV = {
+    "MASTER_ADDR": "127.0.0.1",
+    "MASTER_PORT": "29500",
+    "RANK": "0",
+    "WORLD_SIZE": "1",
+}
+
+
+@pytest.mark.parametrize(
+    ("env", "options", "message"),
+    [
+        (
+            {"MASTER_PORT": "abc"},
+            {},
+            "MASTER_PORT='abc' in the environment is not an integer, .*: set it to the port",
+        ),
+        ({"MASTER_PORT": "70000"}, {}, r"MASTER_PORT='70000' .* not a port number \(1..65535\)"),
+        ({"MASTER_PORT": "0"}, {}, r"MASTER_PORT='0' .* not a port number \(1..65535\)"),
+        (
+            {"RANK": "zero"},
+            {},
+            "RANK='zero' in the environment is not an integer, .*: set it to this process's "
+            "rank, or pass rank=",
+        ),
+        ({"WORLD_SIZE": "two"}, {}, "WORLD_SIZE='two' in the environment is not an integer"),
+        (
+            {"RANK": "3", "WORLD_SIZE": "2"},
+            {},
+            r"rank 3 \(RANK in the environment\) must be in 0..1 for world size 2 \(WORLD_SIZE",
+        ),
+        ({"WORLD_SIZE": "0"}, {}, r"world size 0 \(WORLD_SIZE in the environment\) must be > 0"),
+        (
+            {"RANK": "5"},
+            {"world_size": 2},
+            r"rank 5 \(RANK in .*\) .* world size 2 \(world_size=\)",
+        ),
+        (
+            {},
+            {"init_method": "tcp://127.0.0.1:29500"},
+            r"the tcp:// rendezvous 'tcp://127.0.0.1:29500' needs rank and world_size: pass "
+            r"rank= and world_size=, or put them in its query",
+        ),
+        (
+            {},
+            {"init_method": "tcp://127.0.0.1:29500", "rank": 0},
+            "the tcp:// rendezvous .* needs rank and world_size",
+        ),
+        (
+            {},
+            {"init_method": "tcp://127.0.0.1:29500?rank=0&world_size=1", "rank": 0},
+            "has rank or world_size in its query, and rank= or world_size= is given too",
+        ),
+        (
+            {},
+            {"init_method": "tcp://127.0.0.1:29500?rank=x&world_size=1"},
+            "rank='x' in the query of init_method .* is not an integer",
+        ),
+        (
+            {},
+            {"init_method": "tcp://127.0.0.1:29500", "rank": 2, "world_size": 2},
+            r"rank 2 \(rank=\) must be in 0..1 for world size 2 \(world_size=\)",
+        ),
+        (
+            {},
+            {"init_method": "tcp://127.0.0.1", "rank": 0, "world_size": 1},
+            r"the tcp:// rendezvous 'tcp://127.0.0.1' needs a host and a port \(1..65535\)",
+        ),
+    ],
+)
+def test_a_malformed_rendezvous_is_refused_at_the_call(monkeypatch, env, options, message) -> None:
+    """The environment was only checked to be set, and tcp:// not at all: the first wait,
+    maybe minutes later, raised ``InitFailedError`` from torch's ``int()`` or "rank parameter
+    missing", naming no variable, and the handle said rank -1."""
+    import torch.distributed as dist
+
+    import mccl
+
+    for name, value in {**_RENDEZVOUS_ENV, **env}.items():
+        monkeypatch.setenv(name, value)
+    with pytest.raises(ValueError, match=message):
+        mccl.init_process_group_async("gloo", init_timeout=5, **options)
+    assert mccl.init._pending is None
+    assert not mccl.guard_installed()
+    assert not dist.is_initialized()
+
+
+def test_the_handle_reads_rank_and_world_size_from_the_query() -> None:
+    """A tcp:// query's rank and world size were reported as -1 (only the keywords were read)."""
+    import torch.distributed as dist
+
+    import mccl
+
+    url = f"tcp://127.0.0.1:{free_port()}?rank=0&world_size=1"
+    handle = mccl.init_process_group_async("gloo", init_method=url, init_timeout=30)
+    try:
+        assert (handle.rank, handle.world_size) == (0, 1)
+        assert handle.wait() is dist.group.WORLD
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.parametrize(
+    ("options", "error", "message"),
+    [
+        (
+            {"rank": 0, "world_size": None},
+            TypeError,
+            "world_size= must be an int, got None: pass the number of processes",
+        ),
+        ({"rank": "0", "world_size": 1}, TypeError, "rank= must be an int, got '0'"),
+        (
+            {"rank": 0, "world_size": 1, "init_timeout": "abc"},
+            TypeError,
+            r"init_timeout must be a number of seconds > 0 or a datetime.timedelta, got 'abc' "
+            r"\(str\)",
+        ),
+        ({"rank": 0, "world_size": 1, "init_timeout": "30"}, TypeError, "got '30' \\(str\\)"),
+        ({"rank": 0, "world_size": 1, "init_timeout": True}, TypeError, "got True \\(bool\\)"),
+    ],
+)
+def test_wrong_types_name_the_argument(options, error, message) -> None:
+    """``world_size=None`` raised "'>' not supported between instances of 'NoneType' and
+    'int'", ``init_timeout="abc"`` "could not convert string to float", and ``"30"`` was
+    taken as 30 s."""
+    import torch.distributed as dist
+
+    import mccl
+
+    with pytest.raises(error, match=message):
+        mccl.init_process_group_async("gloo", store=dist.HashStore(), **options)
+    assert mccl.init._pending is None
+    assert not dist.is_initialized()
+
+
+@pytest.mark.parametrize("limit", [5, 2.5, datetime.timedelta(seconds=5)])
+def test_init_timeout_takes_seconds_or_a_timedelta(limit) -> None:
+    import torch.distributed as dist
+
+    import mccl
+
+    handle = mccl.init_process_group_async(
+        "gloo", store=dist.HashStore(), rank=0, world_size=1, init_timeout=limit
+    )
+    try:
+        handle.wait()
+        seconds = limit.total_seconds() if isinstance(limit, datetime.timedelta) else limit
+        assert handle.init_timeout == seconds
+    finally:
+        dist.destroy_process_group()

@@ -6,6 +6,8 @@ import datetime
 import json
 import socket
 import sys
+import threading
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -90,6 +92,50 @@ def test_rendezvous_address_and_probe(monkeypatch) -> None:
     world_one = found.hint(1)  # it said a peer had not joined, at world size 1
     assert "at world size 1 no peer is awaited: torch's init itself has not finished" in world_one
     assert "peer has not joined" not in world_one
+
+
+@pytest.fixture
+def slow_dns(monkeypatch) -> Iterator[list[str]]:
+    """``socket.getaddrinfo`` answering no host for 10 s (slow or broken DNS); the hosts asked."""
+    asked: list[str] = []
+    release = threading.Event()
+
+    def lookup(host: str, *args: object, **kwargs: object) -> list:
+        asked.append(host)
+        release.wait(10)
+        raise socket.gaierror(socket.EAI_AGAIN, "Temporary failure in name resolution")
+
+    monkeypatch.setattr(socket, "getaddrinfo", lookup)
+    yield asked
+    release.set()
+
+
+def test_probe_bounds_the_host_lookup(slow_dns: list[str]) -> None:
+    """Only the connection was bounded (0.5 s): the host lookup before it waited as long as
+    DNS took."""
+    started = time.monotonic()
+    found = rendezvous.probe("tcp://slow.example:29500", timeout=0.2)
+    assert time.monotonic() - started < 1.0
+    assert found == rendezvous.Probe(
+        "slow.example", 29500, "no answer from DNS within 0.2s", resolved=False
+    )
+    assert found.hint() == (
+        "host 'slow.example' does not resolve (no answer from DNS within 0.2s): check the address"
+    )
+
+
+def test_an_init_timeout_probes_the_rendezvous_once_in_time(slow_dns: list[str]) -> None:
+    """With slow DNS the ``InitTimeoutError`` came as late as DNS answered, and every later
+    read of the default group (each waits again) probed again."""
+    handle = mccl.InitHandle(
+        "gloo", {"init_method": "tcp://slow.example:29500"}, 0.1, rank=0, world_size=2
+    )
+    started = time.monotonic()
+    for _ in range(3):
+        with pytest.raises(mccl.InitTimeoutError, match=r"host 'slow\.example' does not resolve"):
+            handle.wait()
+    assert time.monotonic() - started < 0.1 + 2  # the README's bound, for all three
+    assert slow_dns == ["slow.example"]
 
 
 @pytest.fixture

@@ -17,6 +17,7 @@ import contextlib
 import difflib
 import dis
 import functools
+import numbers
 import os
 import signal
 import sys
@@ -56,14 +57,6 @@ class InitPendingError(RuntimeError):
     """A second background init was started while one is pending."""
 
 
-def _env_int(name: str) -> int:
-    """The environment's integer ``name``, -1 when unset or not an integer (for messages)."""
-    try:
-        return int(os.environ.get(name, -1))
-    except ValueError:
-        return -1
-
-
 def _check_backend(backend: str | None) -> None:
     """A ``ValueError`` naming each backend in ``backend`` (``"gloo"``, ``"cpu:gloo,cuda:nccl"``)
     that torch.distributed does not know, at the call rather than in the background init."""
@@ -88,55 +81,173 @@ def _check_backend(backend: str | None) -> None:
 
 _ENV_RENDEZVOUS = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")  # read by torch's env://
 
+_ENV_FIX = {
+    "RANK": "set it to this process's rank, or pass rank=",
+    "WORLD_SIZE": "set it to the number of processes, or pass world_size=",
+    "MASTER_PORT": "set it to the port of rank 0's store, the same on every rank",
+}
 
-def _is_file_rendezvous(init_method: Any) -> bool:
-    """Whether torch's rendezvous takes ``init_method`` as a file:// one: by its URL scheme, as
-    torch does (``file:/path`` and ``FILE:///path`` included)."""
-    return isinstance(init_method, str) and urlparse(init_method).scheme == "file"
+
+def _int_option(kwargs: dict[str, Any], name: str) -> int:
+    """``kwargs[name]`` (``rank``, ``world_size``) as torch takes it: an integer, -1 if not
+    given; a ``TypeError`` naming it otherwise (``None`` included)."""
+    value = kwargs.get(name, -1)
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        what = "this process's rank" if name == "rank" else "the number of processes"
+        raise TypeError(f"{name}= must be an int, got {value!r}: pass {what}, or leave it out")
+    return int(value)
 
 
-def _check_options(kwargs: dict[str, Any]) -> None:
+def _env_value(name: str) -> int:
+    """The environment's ``name`` (``RANK``, ``WORLD_SIZE``, ``MASTER_PORT``), which torch's
+    env:// rendezvous parses as an integer; a ``ValueError`` naming it and its fix if it is not."""
+    value = os.environ[name]
+    try:
+        return int(value)
+    except ValueError:
+        raise ValueError(
+            f"{name}={value!r} in the environment is not an integer, as torch's env:// "
+            f"rendezvous reads it: {_ENV_FIX[name]}"
+        ) from None
+
+
+def _query_value(init_method: str, query: dict[str, str], name: str) -> int:
+    """``name`` (``rank``, ``world_size``) in the query of ``init_method``, -1 if absent."""
+    if name not in query:
+        return -1
+    try:
+        return int(query[name])
+    except ValueError:
+        raise ValueError(
+            f"{name}={query[name]!r} in the query of init_method {init_method!r} is not an "
+            f"integer: write {name}=N there, or leave it out and pass {name}="
+        ) from None
+
+
+def _check_ranks(rank: int, rank_from: str, world_size: int, size_from: str) -> None:
+    """A ``ValueError`` unless ``world_size`` > 0 and ``rank`` is in ``0..world_size-1``; the
+    ``*_from`` say where each came from."""
+    if world_size < 1:
+        raise ValueError(
+            f"world size {world_size} ({size_from}) must be > 0: the number of processes"
+        )
+    if not 0 <= rank < world_size:
+        raise ValueError(
+            f"rank {rank} ({rank_from}) must be in 0..{world_size - 1} for world size "
+            f"{world_size} ({size_from}): each process has its own rank in that range"
+        )
+
+
+def _check_options(kwargs: dict[str, Any]) -> tuple[int, int]:
     """The argument errors ``init_process_group`` raises before it connects to any peer (its
     ``env://`` rendezvous reads the environment first), raised at the call rather than in the
-    background init."""
+    background init. Returns the rank and world size torch will use (-1: not known here)."""
     timeout = kwargs.get("timeout")
     if timeout is not None and not isinstance(timeout, timedelta):
         raise TypeError(
             f"timeout must be a datetime.timedelta, as torch.distributed.init_process_group "
             f"takes it, got {timeout!r}; init_timeout= takes seconds"
         )
+    rank, world_size = _int_option(kwargs, "rank"), _int_option(kwargs, "world_size")
+    init_method = kwargs.get("init_method")
     if kwargs.get("store") is not None:
-        if kwargs.get("init_method") is not None:
+        if init_method is not None:
             raise ValueError("pass init_method= or store=, not both")
-        if not kwargs.get("world_size", -1) > 0:
+        if world_size < 1:
             raise ValueError(f"store= needs world_size= > 0, got {kwargs.get('world_size')!r}")
-        if not kwargs.get("rank", -1) >= 0:
+        if rank < 0:
             raise ValueError(f"store= needs rank= >= 0, got {kwargs.get('rank')!r}")
-    elif _is_file_rendezvous(kwargs.get("init_method")):
-        folder = Path(urlparse(kwargs["init_method"]).path).parent
+        _check_ranks(rank, "rank=", world_size, "world_size=")
+        return rank, world_size
+    if init_method is None:
+        init_method = "env://"
+    if not isinstance(init_method, str):
+        return rank, world_size  # torch raises its own error for it
+    url = urlparse(init_method)
+    query = dict(pair.partition("=")[::2] for pair in url.query.split("&") if pair)
+    if (rank != -1 or world_size != -1) and ("rank" in query or "world_size" in query):
+        raise ValueError(
+            f"init_method {init_method!r} has rank or world_size in its query, and rank= or "
+            f"world_size= is given too: give them in one place"
+        )
+    rank_from, size_from = "rank=", "world_size="
+    if rank == -1 and world_size == -1:
+        rank = _query_value(init_method, query, "rank")
+        world_size = _query_value(init_method, query, "world_size")
+        rank_from = size_from = "the query of init_method"
+    if url.scheme == "file":  # as torch reads it: file:/path and FILE:///path too
+        folder = Path(url.path).parent
         if not folder.is_dir():  # torch's FileStore would retry opening it holding the GIL
             raise ValueError(
-                f"the file:// rendezvous {kwargs['init_method']} is in a directory that does "
+                f"the file:// rendezvous {init_method} is in a directory that does "
                 f"not exist ({folder}): create it, or choose a file in an existing one"
             )
-    elif kwargs.get("init_method") in (None, "env://"):
-        given = {
-            "RANK": kwargs.get("rank", -1) != -1,
-            "WORLD_SIZE": kwargs.get("world_size", -1) != -1,
-        }
-        unset = [name for name in _ENV_RENDEZVOUS if not (given.get(name) or os.environ.get(name))]
+    elif url.scheme == "tcp":
+        try:
+            port = url.port
+        except ValueError:  # not a number, or past 65535
+            port = None
+        if not url.hostname or not port:
+            raise ValueError(
+                f"the tcp:// rendezvous {init_method!r} needs a host and a port "
+                f"(1..65535): write tcp://HOST:PORT, the address of rank 0's store"
+            )
+    elif url.scheme == "env":
+        unset = [
+            name
+            for name, given in zip(
+                _ENV_RENDEZVOUS, (rank != -1, world_size != -1, False, False), strict=True
+            )
+            if not (given or os.environ.get(name))
+        ]
         if unset:
             raise ValueError(
                 f"the env:// rendezvous (the default init_method) needs {', '.join(unset)} "
                 "in the environment, which are not set: launch with torchrun, set them, or pass "
                 "init_method= or store= (rank= and world_size= stand for RANK and WORLD_SIZE)"
             )
+        port = _env_value("MASTER_PORT")
+        if not 0 < port < 2**16:
+            raise ValueError(
+                f"MASTER_PORT={os.environ['MASTER_PORT']!r} in the environment is not a port "
+                f"number (1..65535): {_ENV_FIX['MASTER_PORT']}"
+            )
+        if rank == -1:
+            rank, rank_from = _env_value("RANK"), "RANK in the environment"
+        if world_size == -1:
+            world_size, size_from = _env_value("WORLD_SIZE"), "WORLD_SIZE in the environment"
+    else:  # a rendezvous handler registered with torch: its own rules
+        return rank, world_size
+    if rank == -1 or world_size == -1:
+        raise ValueError(
+            f"the {url.scheme}:// rendezvous {init_method!r} needs rank and world_size: pass "
+            f"rank= and world_size=, or put them in its query (...?rank=0&world_size=2)"
+        )
+    _check_ranks(rank, rank_from, world_size, size_from)
+    return rank, world_size
 
 
-def _seconds(value: float | timedelta | None) -> float | None:
-    if value is None:
-        return None
-    return value.total_seconds() if isinstance(value, timedelta) else float(value)
+def _init_limit(init_timeout: Any, timeout: Any) -> float:
+    """The init's deadline in seconds: ``init_timeout`` (seconds or a ``timedelta``), else
+    torch's ``timeout``, else 30 minutes; a clear error for a value that is no positive, finite
+    time (``timeout`` itself is checked by :func:`_check_options`)."""
+    if init_timeout is None and not isinstance(timeout, timedelta):
+        return DEFAULT_INIT_TIMEOUT_S
+    name, given = (
+        ("init_timeout", init_timeout) if init_timeout is not None else ("timeout", timeout)
+    )
+    if isinstance(given, timedelta):
+        seconds = given.total_seconds()
+    elif isinstance(given, numbers.Real) and not isinstance(given, bool):
+        seconds = float(given)
+    else:
+        raise TypeError(
+            f"init_timeout must be a number of seconds > 0 or a datetime.timedelta, got "
+            f"{given!r} ({type(given).__name__}): pass e.g. init_timeout=600"
+        )
+    if not seconds > 0 or seconds == float("inf"):  # NaN fails the first test
+        raise ValueError(f"{name} must be a positive, finite time, got {given!r}")
+    return seconds
 
 
 class InitHandle:
@@ -144,10 +255,17 @@ class InitHandle:
 
     _group: weakref.ref[c10d.ProcessGroup]  # the group this init created, set on success
 
-    def __init__(self, backend: str | None, kwargs: dict[str, Any], init_timeout: float) -> None:
+    def __init__(
+        self,
+        backend: str | None,
+        kwargs: dict[str, Any],
+        init_timeout: float,
+        rank: int,
+        world_size: int,
+    ) -> None:
         self.backend = backend or "default"
-        self.rank = kwargs["rank"] if "rank" in kwargs else _env_int("RANK")
-        self.world_size = kwargs["world_size"] if "world_size" in kwargs else _env_int("WORLD_SIZE")
+        self.rank = rank
+        self.world_size = world_size
         self.address = rendezvous.address(kwargs)
         self.init_timeout = init_timeout
         self.started = time.monotonic()
@@ -213,7 +331,7 @@ class InitHandle:
         rendezvous finds; before it (a shorter poll), how long the init has left, unprobed."""
         now = time.monotonic()
         if deadline:
-            found = rendezvous.probe(self.address)
+            found = self._probe
             hint = found.hint(self.world_size) if found else ""
         else:
             hint = (
@@ -223,6 +341,11 @@ class InitHandle:
             f"process group not ready after {now - self.started:.1f}s (init timeout "
             f"{self.init_timeout:.1f}s; {self._where()})" + (f": {hint}" if hint else "")
         )
+
+    @functools.cached_property
+    def _probe(self) -> rendezvous.Probe | None:
+        """The rendezvous, probed once: each read of the group after the deadline waits again."""
+        return rendezvous.probe(self.address)
 
     def _pending_message(self) -> str:
         """Why another init cannot start while this one runs, and what to do."""
@@ -311,12 +434,8 @@ def init_process_group_async(
     """
     global _pending, _failed
     _check_backend(backend)
-    given = init_timeout if init_timeout is not None else kwargs.get("timeout")
-    limit = DEFAULT_INIT_TIMEOUT_S if given is None else _seconds(given)
-    if not limit > 0 or limit == float("inf"):  # NaN fails the first test
-        name = "init_timeout" if init_timeout is not None else "timeout"
-        raise ValueError(f"{name} must be a positive, finite time, got {given!r}")
-    _check_options(kwargs)
+    limit = _init_limit(init_timeout, kwargs.get("timeout"))
+    rank, world_size = _check_options(kwargs)
     with _lock:
         if _pending is not None:
             raise InitPendingError(_pending._pending_message())
@@ -325,7 +444,7 @@ def init_process_group_async(
                 "trying to initialize the default process group twice! It is initialized "
                 "already: use it, or call torch.distributed.destroy_process_group() first"
             )
-        handle = InitHandle(backend, kwargs, limit)
+        handle = InitHandle(backend, kwargs, limit, rank, world_size)
         _pending, _failed = handle, None
         _set_guard(True)
         try:

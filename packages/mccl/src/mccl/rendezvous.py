@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import socket
+import threading
+import time
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
@@ -70,9 +72,31 @@ class Probe:
         return f"{where} is not reachable ({self.error}): check the address"
 
 
+def _resolve(host: str, port: int, timeout: float) -> list[tuple[Any, ...]]:
+    """``socket.getaddrinfo`` for a TCP connection, waiting at most ``timeout`` seconds: the
+    lookup runs in a daemon thread, as a slow or broken DNS can take many seconds."""
+    found: list[Any] = []
+
+    def lookup() -> None:
+        try:
+            found.append(socket.getaddrinfo(host, port, type=socket.SOCK_STREAM))
+        except OSError as exc:
+            found.append(exc)
+
+    thread = threading.Thread(target=lookup, name="mccl-probe-dns", daemon=True)
+    thread.start()
+    thread.join(timeout)
+    if not found:
+        raise socket.gaierror(f"no answer from DNS within {timeout:g}s")
+    if isinstance(found[0], OSError):
+        raise found[0]
+    return found[0]
+
+
 def probe(address: str, timeout: float = 0.5) -> Probe | None:
     """Try a TCP connection to the ``host:port`` in ``address`` (a URL such as
-    ``tcp://[::1]:29500/``, or ``store host:port``); ``None`` if it names none."""
+    ``tcp://[::1]:29500/``, or ``store host:port``); ``None`` if it names none. The host's
+    lookup and the connection each take at most ``timeout`` seconds."""
     where = address.removeprefix("store ")
     try:
         parts = urlsplit(where if "//" in where else f"//{where}")
@@ -82,9 +106,22 @@ def probe(address: str, timeout: float = 0.5) -> Probe | None:
     if not host or port is None:
         return None
     try:
-        with socket.create_connection((host, port), timeout=timeout):
-            return Probe(host, port, None)
+        addresses = _resolve(host, port, timeout)
     except socket.gaierror as exc:
         return Probe(host, port, exc.strerror or str(exc), resolved=False)
     except OSError as exc:
         return Probe(host, port, exc.strerror or str(exc))
+    deadline = time.monotonic() + timeout
+    error: OSError | None = None
+    for family, kind, proto, _, sockaddr in addresses:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            break
+        with socket.socket(family, kind, proto) as sock:
+            sock.settimeout(left)
+            try:
+                sock.connect(sockaddr)
+                return Probe(host, port, None)
+            except OSError as exc:
+                error = exc
+    return Probe(host, port, (error.strerror or str(error)) if error else "timed out")

@@ -48,6 +48,10 @@ def test_unknown_key_names_the_line_and_suggests(tmp_path) -> None:
     ("text", "problem"),
     [
         ("run:\n  steps: 5\n1: 2\n", "run.yaml:3: key '1' is read by YAML as 1, not a name"),
+        (
+            "run:\n  steps: 5\nmodel:\n  config:\n    <<: {hidden_size: 64}\n",
+            "run.yaml:5: a YAML merge key (<<) is not supported in a training config",
+        ),
         ("run:\n  steps: 5\n  10: 2\n", "run.yaml:3: key '10' in run is read by YAML as 10,"),
         ("model:\n  config:\n    10: 2\n", "run.yaml:3: key '10' in model.config is read"),
         (
@@ -84,7 +88,17 @@ def test_wrong_types_are_reported_together_with_their_lines(tmp_path) -> None:
     assert "3 problems" in message
     assert f"{path}:2: run.steps: expected an integer, got 'many'" in message
     assert f"{path}:4: parallel.activation_checkpointing: expected true/false, got 3" in message
-    assert f"{path}:5: parallel.mixed_precision: 'fp8' is not one of none, bf16, fp16" in message
+    assert f"{path}:5: parallel.mixed_precision: 'fp8' is not one of none, bf16" in message
+
+
+def test_fp16_is_refused_for_want_of_loss_scaling() -> None:
+    """FSDP2 in fp16 ran forward and backward in fp16 with no loss scaler: small gradients
+    became zero without a word."""
+    with pytest.raises(config.ConfigError) as info:
+        config.load(None, ["parallel.mixed_precision=fp16"])
+    message = str(info.value)
+    assert "parallel.mixed_precision: fp16 needs loss scaling" in message
+    assert "use bf16" in message
 
 
 def test_impossible_combination_names_both_keys(tmp_path) -> None:
@@ -595,6 +609,8 @@ def test_reference_documents_every_key() -> None:
         assert f"### `{name}`" in text
         for field in cls.model_fields:
             assert f"| `{field}` |" in text
+    readme = (Path(__file__).parents[1] / "README.md").read_text()
+    assert text in readme, "README's config reference: paste `python -m hyperparallel.config`"
 
 
 def test_model_settings_merge_over_defaults_and_null_drops_a_key() -> None:
@@ -886,6 +902,56 @@ def test_a_pretrained_folder_missing_a_shard_is_refused(tmp_path) -> None:
         config.ConfigError, match=r"model\.safetensors\.index\.json is not a readable"
     ):
         preflight.resolve(None, [f"model.pretrained={saved}"], outputs=False)
+
+
+def test_a_cut_weights_file_or_config_is_refused_before_any_process_starts(tmp_path) -> None:
+    """A cut model.safetensors passed preflight; every rank then printed safetensors' 30-line
+    traceback. A cut config.json (or one of a type transformers lacks) printed transformers'."""
+    saved = _saved_llama(tmp_path / "saved")
+    weights = saved / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+    with pytest.raises(config.ConfigError) as info:
+        preflight.resolve(None, [f"model.pretrained={saved}"], outputs=False)
+    (problem,) = info.value.problems
+    assert problem.startswith(f"--set model.pretrained={saved}: model.pretrained: {weights} is ")
+    assert "damaged or incomplete (" in problem
+    assert problem.endswith("; copy it again (an interrupted download or copy leaves it short)")
+    saved = _saved_llama(tmp_path / "whole")
+    for text in ('{"model_type": "llama",', '{"model_type": "no_such_lm"}'):
+        (saved / "config.json").write_text(text)
+        with pytest.raises(config.ConfigError) as info:
+            preflight.resolve(None, [f"model.pretrained={saved}"], outputs=False)
+        (problem,) = info.value.problems
+        assert f"model.pretrained: transformers cannot read {saved / 'config.json'} (" in problem
+        assert "\n" not in problem
+
+
+def test_a_config_transformers_refuses_is_one_line() -> None:
+    """XLNet's config raised NotImplementedError at Spore's small default length: a traceback."""
+    with pytest.raises(config.ConfigError) as info:
+        preflight.resolve(None, ["model.type=xlnet"], outputs=False)
+    (problem,) = info.value.problems
+    assert problem.startswith(
+        "--set model.type=xlnet: model.type: transformers refused the model config "
+        "(NotImplementedError: "
+    )
+
+
+def test_a_new_models_special_tokens_lie_in_the_byte_vocabulary() -> None:
+    """phi3's default pad id (32000) is outside the 259 byte tokens: its embedding refused to
+    build ("Padding_idx must be within num_embeddings"), and GPT-2's bos/eos ids (50256) too."""
+    for kind in ("phi3", "gpt2"):
+        cfg = preflight.resolve(None, [f"model.type={kind}"], outputs=False)
+        built = model.hf_config(cfg.model, 259)
+        ids = [built.pad_token_id, built.bos_token_id, built.eos_token_id]
+        assert all(i is None or 0 <= i < 259 for i in ids), (kind, ids)
+        model.on_meta(built)
+    phi3 = preflight.resolve(None, ["model.type=phi3"]).model
+    assert model.hf_config(phi3, 259).pad_token_id == 258
+    mine = preflight.resolve(None, ["model.type=phi3", "model.config.pad_token_id=7"])
+    assert model.hf_config(mine.model, 259).pad_token_id == 7  # yours kept
+    llama = model.hf_config(config.load().model, 259)
+    assert (llama.pad_token_id, llama.bos_token_id) == (None, 1)  # in the vocabulary: kept
 
 
 @pytest.mark.parametrize(

@@ -107,3 +107,11 @@ def test_the_summary_shows_paths_as_written(capsys: pytest.CaptureFixture[str]) 
     shown = capsys.readouterr().out
     assert "runs/mk[baseline]/metrics.jsonl" in shown
     assert "runs/a[/x]/final" in shown
+
+
+def test_the_loss_plot_leaves_out_a_null_loss(tmp_path) -> None:
+    """A non-finite loss is logged as null; plotting such a log (a resume that trains nothing
+    after a divergence) raised fmean's TypeError after the export."""
+    path = tmp_path / "loss.png"
+    report.plot([{"step": 1, "loss": 2.0}, {"step": 2, "loss": None}], path, "run")
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

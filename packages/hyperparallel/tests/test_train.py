@@ -891,3 +891,22 @@ def test_failures_in_a_rank_are_reported_once_and_plainly(tmp_path) -> None:
     assert unexpected.stderr.count("Traceback") == 1  # both ranks raise it: printed once
     assert re.search(r"^rank\(s\) [01](, 1)? raised:\nTraceback", unexpected.stderr, re.M)
     assert "RuntimeError: The size of tensor a (3) must match" in unexpected.stderr
+
+
+def test_a_grad_clip_of_zero_leaves_the_gradients_as_they_are() -> None:
+    """optim.grad_clip=0 ("disables") in the benchmark's plain loop, which called
+    clip_grad_norm_(params, 0): every gradient became zero. Both loops clip with this."""
+    from hyperparallel.train import clipped_grad_norm
+
+    net = torch.nn.Linear(3, 2)
+    net(torch.ones(1, 3)).sum().backward()
+    before = [p.grad.clone() for p in net.parameters()]
+
+    def norm(grads):
+        return float(torch.cat([g.flatten() for g in grads]).norm())
+
+    assert clipped_grad_norm(net, 0.0) == pytest.approx(norm(before))
+    for p, g in zip(net.parameters(), before, strict=True):
+        torch.testing.assert_close(p.grad, g)
+    assert clipped_grad_norm(net, 0.1) == pytest.approx(norm(before))  # the norm before
+    assert norm(p.grad for p in net.parameters()) == pytest.approx(0.1, rel=1e-4)

@@ -216,12 +216,23 @@ class ParallelSection(Section):
     replicate: int = Field(
         1, gt=0, description="HSDP replicate degree: world = replicate x shard; 1 = plain FSDP2"
     )
-    mixed_precision: Literal["none", "bf16", "fp16"] = Field(
+    mixed_precision: Literal["none", "bf16"] = Field(
         "none", description="FSDP2 compute/communication dtype (reductions stay fp32)"
     )
     activation_checkpointing: bool = Field(
         False, description="recompute each decoder layer in backward"
     )
+
+    @field_validator("mixed_precision", mode="before")
+    @classmethod
+    def _not_fp16(cls, value: Any) -> Any:
+        if value == "fp16":  # FSDP2 runs forward and backward in fp16 without a loss scaler
+            raise ValueError(
+                "fp16 needs loss scaling, which spore train does not do (small fp16 gradients "
+                "underflow to zero); use bf16 (fp32's range at fp16's memory) or none"
+            )
+        return value
+
     reshard_after_forward: bool = Field(
         True,
         description="free each layer's gathered parameters after forward (false: keep them for "
@@ -457,6 +468,12 @@ def _lines(text: str, source: str) -> tuple[dict[str, str], dict[str, str]]:
             for key, value in node.value:
                 path = f"{prefix}{key.value}"
                 at = f"{source}:{key.start_mark.line + 1}"
+                if key.tag == "tag:yaml.org,2002:merge":
+                    problems.append(
+                        f"{at}: a YAML merge key (<<) is not supported in a training config; "
+                        f"write the merged settings out"
+                    )
+                    continue
                 if key.tag != "tag:yaml.org,2002:str":
                     read = yaml.load(key.value, Loader=_Loader)
                     problems.append(

@@ -52,7 +52,13 @@ def _base_config(model: ModelSection) -> Any:
             )
         if problem := _weights_problem(path):
             raise ModelConfigError(f"model.pretrained: {problem}")
-        base = AutoConfig.from_pretrained(path, local_files_only=True)
+        try:
+            base = AutoConfig.from_pretrained(path, local_files_only=True)
+        except Exception as exc:  # unreadable JSON, a type transformers does not know, ...
+            raise ModelConfigError(
+                f"model.pretrained: transformers cannot read {path / 'config.json'} "
+                f"({type(exc).__name__}: {_one_line(exc)})"
+            ) from None
         if model.type is not None and model.type != base.model_type:
             raise ModelConfigError(
                 f"model.type: {model.type}, but model.pretrained {path} holds a "
@@ -84,7 +90,7 @@ def _weights_problem(path: Path) -> str | None:
             f"model.pretrained to train a new model from model.type and model.config"
         )
     if not found.endswith(".index.json"):
-        return None
+        return _damaged(path / found)
     try:
         shards = set(json.loads((path / found).read_text())["weight_map"].values())
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
@@ -95,7 +101,29 @@ def _weights_problem(path: Path) -> str | None:
             f"{'is' if len(missing) == 1 else 'are'} not there; copy the missing shard(s) "
             f"into it (an interrupted download or copy leaves them out)"
         )
-    return None
+    return next(filter(None, (_damaged(path / name) for name in sorted(shards))), None)
+
+
+def _damaged(weights: Path) -> str | None:
+    """Why the safetensors file ``weights`` cannot be loaded (its header unreadable, or the
+    file shorter than the header says: a cut copy); None when it opens, or is not one."""
+    if weights.suffix != ".safetensors":
+        return None
+    from safetensors import safe_open
+
+    try:
+        with safe_open(str(weights), framework="pt"):
+            return None
+    except Exception as exc:  # SafetensorError is no OSError or ValueError
+        return (
+            f"{weights} is damaged or incomplete ({_one_line(exc)}); copy it again (an "
+            f"interrupted download or copy leaves it short)"
+        )
+
+
+def _one_line(exc: BaseException) -> str:
+    """``exc``'s message on one line (transformers' span several)."""
+    return " ".join(str(exc).split()) or type(exc).__name__
 
 
 def _check_causal(base: Any, given: str) -> None:
@@ -163,7 +191,6 @@ def settings(model: ModelSection) -> dict[str, Any]:
 
 def hf_config(model: ModelSection, vocab_size: int) -> Any:
     """The transformers config for the model section (checked: type and setting keys exist)."""
-    from huggingface_hub.errors import StrictDataclassError
     from transformers import AutoConfig
 
     given = settings(model)
@@ -172,11 +199,15 @@ def hf_config(model: ModelSection, vocab_size: int) -> Any:
             path = Path(model.pretrained).expanduser()
             config = AutoConfig.from_pretrained(path, local_files_only=True, **given)
         else:
-            config = AutoConfig.for_model(type_name(model), **{**given, "vocab_size": vocab_size})
-    except (ValueError, TypeError, StrictDataclassError) as exc:  # transformers' own checks
+            kind = type_name(model)
+            tokens = _special_tokens(kind, model.config, vocab_size)
+            config = AutoConfig.for_model(kind, **{**given, **tokens, "vocab_size": vocab_size})
+    except Exception as exc:  # transformers' own checks (ValueError, NotImplementedError, ...)
         keys = tuple(f"model.config.{k}" for k in model.config) or ("model.type",)
         raise ModelConfigError(
-            f"{keys[0]}: transformers refused the model config: {exc}", keys
+            f"{keys[0]}: transformers refused the model config "
+            f"({type(exc).__name__}: {_one_line(exc)})",
+            keys,
         ) from None
     if model.pretrained and config.vocab_size < vocab_size:
         raise ModelConfigError(
@@ -188,6 +219,29 @@ def hf_config(model: ModelSection, vocab_size: int) -> Any:
         # decoder: without it each position would see the tokens it is trained to predict
         config.is_decoder = True
     return config
+
+
+def _special_tokens(kind: str, yours: dict[str, Any], vocab_size: int) -> dict[str, int]:
+    """The byte tokenizer's pad, bos and eos ids (:class:`ByteTokenizer`) for those of model
+    type ``kind``'s defaults outside the vocabulary (phi3's pad id 32000 fails its embedding)
+    that ``model.config`` does not set."""
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    from hyperparallel.data import ByteTokenizer
+
+    default = CONFIG_MAPPING[kind]()
+    own = {
+        "pad_token_id": ByteTokenizer.pad_id,
+        "bos_token_id": ByteTokenizer.bos_id,
+        "eos_token_id": ByteTokenizer.eos_id,
+    }
+    return {
+        key: value
+        for key, value in own.items()
+        if key not in yours
+        and isinstance(v := setting(default, key), int)
+        and not 0 <= v < vocab_size
+    }
 
 
 def on_meta(config: Any) -> torch.nn.Module:
@@ -213,9 +267,18 @@ def shapes(module: torch.nn.Module) -> dict[str, tuple[int, ...]]:
     return {k: tuple(v.shape) for k, v in module.state_dict().items()}
 
 
+def setting(config: Any, key: str) -> Any:
+    """``config.<key>``; None where the config lacks it or refuses to give one value (some
+    configs raise for a setting that differs per layer)."""
+    try:
+        return getattr(config, key, None)
+    except Exception:
+        return None
+
+
 def max_length(config: Any) -> int | None:
     """The longest sequence the architecture's positions cover (None: it names no limit)."""
-    value = getattr(config, "max_position_embeddings", None)
+    value = setting(config, "max_position_embeddings")
     return value if isinstance(value, int) else None
 
 

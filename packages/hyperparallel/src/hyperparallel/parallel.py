@@ -12,7 +12,7 @@ from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from hyperparallel.config import ParallelSection
 from hyperparallel.model import decoder_layers
 
-DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+DTYPES = {"bf16": torch.bfloat16}
 
 
 def mesh(device_type: str, world: int, replicate: int) -> DeviceMesh:

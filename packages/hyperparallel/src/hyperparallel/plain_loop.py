@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from hyperparallel import data, model, registries
 from hyperparallel.config import load
 from hyperparallel.report import slowdown
-from hyperparallel.train import documents
+from hyperparallel.train import clipped_grad_norm, documents
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -49,7 +49,7 @@ def main(argv: list[str] | None = None) -> None:
         logits = net(input_ids=ids).logits
         loss = F.cross_entropy(logits.float().flatten(0, 1), labels.flatten())
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(net.parameters(), cfg.optim.grad_clip)
+        clipped_grad_norm(net, cfg.optim.grad_clip)  # the trainer's clipping: 0 disables it
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         loss.item()

@@ -83,8 +83,8 @@ def _build_problems(section: Any, architecture: Any, origins: Mapping[str, str])
     """Key-value heads divide the attention heads, transformers builds the model (on the meta
     device), it names its decoder layers, and ``model.config`` keeps a pretrained model's
     parameter shapes."""
-    heads = getattr(architecture, "num_attention_heads", None)
-    groups = getattr(architecture, "num_key_value_heads", None)
+    heads = model.setting(architecture, "num_attention_heads")
+    groups = model.setting(architecture, "num_key_value_heads")
     if isinstance(heads, int) and isinstance(groups, int) and (groups < 1 or heads % groups):
         return [  # transformers builds some such; their first forward fails
             f"{_where(origins, 'model.config')}: model.config.num_key_value_heads={groups} "

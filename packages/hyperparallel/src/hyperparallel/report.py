@@ -106,8 +106,9 @@ def plot(metrics: list[dict[str, Any]], path: Path, title: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    steps = [m["step"] for m in metrics]
-    losses = [m["loss"] for m in metrics]
+    kept = [m for m in metrics if m["loss"] is not None]  # a non-finite loss is logged null
+    steps = [m["step"] for m in kept]
+    losses = [m["loss"] for m in kept]
     window = 20
     smooth = [statistics.fmean(losses[max(0, i - window + 1) : i + 1]) for i in range(len(losses))]
     fig, ax = plt.subplots(figsize=(7, 4), dpi=100)

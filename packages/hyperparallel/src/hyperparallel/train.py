@@ -444,7 +444,7 @@ def train(
                 loss = F.cross_entropy(logits.float().flatten(0, 1), labels.to(device).flatten())
                 (loss / accum).backward()
                 loss_sum += loss.detach()
-            grad_norm = _grad_norm(model, cfg.optim.grad_clip)
+            grad_norm = clipped_grad_norm(model, cfg.optim.grad_clip)
             lr = scheduler.get_last_lr()[0]  # the rate this update uses
             optimizer.step()
             scheduler.step()
@@ -535,7 +535,7 @@ def _export_outdated(output: Path, resumed: Path) -> bool:
     return newest and not checkpoint.holds_export_of(output, resumed)
 
 
-def _grad_norm(model: torch.nn.Module, max_norm: float) -> float:
+def clipped_grad_norm(model: torch.nn.Module, max_norm: float) -> float:
     """The global gradient norm, before clipping to ``max_norm`` (0: no clipping). Worked out
     either way: a non-finite gradient must stop the run before its update is saved."""
     params = [p for p in model.parameters() if p.grad is not None]

@@ -352,12 +352,32 @@ def test_without_a_compiler_the_pass_changes_nothing(no_plugins: Any) -> None:
 
 
 def test_the_pass_version_names_the_compilers(no_plugins: Any) -> None:
-    with register_region_compiler(EagerRegionCompiler("a")):
-        first = AutoFuse().version
-        assert first.startswith("1+")
-        assert AutoFuse().version == first
-    with register_region_compiler(EagerRegionCompiler("a")):  # same name, another object
-        assert AutoFuse().version not in (first, "1")
+    """The version says what the compilers are (class, name, version), not which objects in
+    what order: it held a serial counted per process, so the same setup had another FX graph
+    cache key in a process that registered the compilers in another order or again."""
+
+    class Other(EagerRegionCompiler):
+        pass
+
+    def version(*compilers: EagerRegionCompiler) -> str:
+        registrations = [register_region_compiler(c) for c in compilers]
+        try:
+            return AutoFuse().version
+        finally:
+            for registration in registrations:
+                registration.remove()
+
+    first = version(EagerRegionCompiler("a"))
+    assert first.startswith("1+")
+    assert version(EagerRegionCompiler("a")) == first  # another object
+    others = [
+        version(EagerRegionCompiler("a", version="2")),
+        version(EagerRegionCompiler("b")),
+        version(Other("a")),
+        version(EagerRegionCompiler("a"), EagerRegionCompiler("b")),
+    ]
+    assert len({"1", first, *others}) == 6
+    assert version(EagerRegionCompiler("b"), EagerRegionCompiler("a")) == others[-1]
     assert AutoFuse().version == "1"
 
 

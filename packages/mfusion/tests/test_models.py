@@ -64,21 +64,17 @@ def _decoder(train: bool, dtype: torch.dtype, act: str) -> Graphs:
 
     The first norm reads the embeddings (RMSNorm); every later one, the final norm included,
     reads a residual sum that is also used afterwards (Add+RMSNorm), in inference and in
-    training alike. Gemma's ``(1 + w)`` norm: in fp32 each is an RMSNorm (the add_rms_norm
-    passes do not take that form), in bf16 none is rewritten (see mfusion.passes.norms).
+    training alike. Gemma's ``(1 + w)`` norm: the same in fp32, in bf16 none is rewritten (see
+    mfusion.passes.norms).
     Training: the forward also keeps RoPE and the activation; the backward holds each norm's
     backward op and, in fp32, recomputes ``silu(gate) * grad`` for the up projection's
     gradient, a SiLU·mul of its own (in bf16 that recomputation is written with casts no
     silu_mul form covers).
     """
     layers = SIZE.layers
-    if act == "gelu":  # Gemma
-        count = 2 * layers + 1 if dtype == torch.float32 else 0
-        forward, backward = _norms(train, rms_norm=count)
-        backward_act = {}
-    else:
-        forward, backward = _norms(train, rms_norm=1, add_rms_norm=2 * layers)
-        backward_act = {act: layers} if dtype == torch.float32 else {}
+    fused = 0 if act == "gelu" and dtype == torch.bfloat16 else 1  # bf16 Gemma: none rewritten
+    forward, backward = _norms(train, rms_norm=fused, add_rms_norm=2 * layers * fused)
+    backward_act = {act: layers} if act != "gelu" and dtype == torch.float32 else {}
     graphs = [_counts(**forward, rope=2 * layers, **{act: layers})]
     return [*graphs, _counts(**backward, **backward_act)] if train else graphs
 

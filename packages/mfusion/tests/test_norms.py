@@ -918,6 +918,73 @@ def test_a_weight_computed_from_the_sum_leaves_it_to_rms_norm(grad: bool) -> Non
     _close(gm(*inputs), _weight_from_the_sum(x, w), torch.float32)
 
 
+def _gemma_add(a: torch.Tensor, b: torch.Tensor, w: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """Gemma's order: ``1 + w`` computed after the statistics of the sum; the sum read after."""
+    h = a + b
+    return _gemma(h, w), h * 2
+
+
+def _gemma_add_sum_read_first(
+    a: torch.Tensor, b: torch.Tensor, w: torch.Tensor
+) -> tuple[torch.Tensor, ...]:
+    """The sum read outside the norm before ``1 + w``: the op cannot go after the weight."""
+    h = a + b
+    first = h * 2
+    return _gemma(h, w), first
+
+
+def _upcast_of_sum_returned(
+    a: torch.Tensor, b: torch.Tensor, w: torch.Tensor
+) -> tuple[torch.Tensor, ...]:
+    """The sum's upcast, which the norm reads before its weight ``w * 2``, also an output."""
+    hf = (a + b).float()
+    normed = hf * torch.rsqrt(hf.pow(2).mean(-1, keepdim=True) + 1e-6)
+    return (normed * (w * 2).float()).to(a.dtype), hf
+
+
+@pytest.mark.parametrize(
+    ("fn", "dtype", "fused"),
+    [
+        (_gemma_add, torch.float32, True),
+        (_gemma_add_sum_read_first, torch.float32, False),
+        (_upcast_of_sum_returned, BF16, False),
+    ],
+)
+def test_add_rms_norm_with_the_weight_computed_after_the_sum(
+    fn: Callable[..., Any], dtype: torch.dtype, fused: bool
+) -> None:
+    """The norm's own nodes read the sum before the weight: they were counted as other users
+    and the form was left to rms_norm. A node outside the norm that reads the sum (or its
+    upcast) before the weight still leaves it there."""
+    x, w = _x_w(dtype)
+    gm = _trace(fn, x, x.flip(0), w)
+    assert (AddRMSNormPass()(gm), RMSNormPass()(gm)) == ((1, 0) if fused else (0, 1))
+    gm.graph.lint()
+    gm.recompile()
+    _close(gm(x, x.flip(0), w), fn(x, x.flip(0), w), dtype)
+
+
+def test_training_gemma_add_rms_norm() -> None:
+    """In training, Gemma's Add+RMSNorm (``GemmaRMSNorm`` of a residual sum) → add_rms_norm."""
+    norm = _randomised(GemmaRMSNorm(H, eps=1e-6), torch.float32)
+
+    def fn(a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        h = a + b
+        return norm(h), h * 2
+
+    g = torch.Generator().manual_seed(6)
+    a, b = (torch.randn(4, 5, H, generator=g).requires_grad_() for _ in range(2))
+    gm, inputs = _dynamo_graph(fn, a, b)
+    assert [p(gm) for p in TRAIN_PASSES] == [1, 0, 0]
+    gm.graph.lint()
+    gm.recompile()
+    wrt = [t for t in inputs if t.requires_grad]
+    got, want = gm(*inputs), fn(a, b)
+    _close(got, want, torch.float32)
+    for g, e in zip(_grads(got, wrt), _grads(want, wrt), strict=True):
+        torch.testing.assert_close(g, e, **GRAD_TOL[torch.float32])
+
+
 def _read_after_the_norm(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     """x read (not written) after its norm, by ops whose first argument is a list."""
     h = x * 1.0

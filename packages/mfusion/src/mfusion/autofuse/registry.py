@@ -135,10 +135,18 @@ def region_compilers() -> list[RegionCompiler]:
     return chosen
 
 
+def describe(compiler: RegionCompiler) -> str:
+    """``module.Class:name:version``: what ``compiler`` is, the same in every process."""
+    kind = type(compiler)
+    version = getattr(compiler, "version", "")
+    return f"{kind.__module__}.{kind.__qualname__}:{compiler.name}:{version}"
+
+
 def identity(compiler: RegionCompiler) -> str:
-    """``name:version#serial``: the serial tells apart compiler objects of one process."""
+    """:func:`describe` then ``#serial``: the serial tells apart compiler objects of one
+    process."""
     with _lock:
         held = _serials.get(id(compiler))
         if held is None:  # the entry keeps the compiler alive, so its id is never reused
             held = _serials[id(compiler)] = (compiler, next(_counter))
-    return f"{compiler.name}:{getattr(compiler, 'version', '')}#{held[1]}"
+    return f"{describe(compiler)}#{held[1]}"

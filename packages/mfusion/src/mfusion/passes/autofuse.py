@@ -25,12 +25,15 @@ class AutoFuse(GraphPass):
 
     @property
     def version(self) -> str:  # type: ignore[override]
-        from mfusion.autofuse.registry import identity, region_compilers
+        """:data:`BASE_VERSION`, plus a hash of what the active compilers are (sorted: the
+        same compilers give the same version in every process, in any order; where their
+        order matters, the pass runs and ``uuid()`` bypasses the cache)."""
+        from mfusion.autofuse.registry import describe, region_compilers
 
         compilers = region_compilers()
         if not compilers:
             return BASE_VERSION
-        names = "\n".join(identity(c) for c in compilers)
+        names = "\n".join(sorted(describe(c) for c in compilers))
         return f"{BASE_VERSION}+{hashlib.sha256(names.encode()).hexdigest()[:12]}"
 
     def uuid(self) -> str | None:

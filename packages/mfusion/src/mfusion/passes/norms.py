@@ -412,16 +412,21 @@ def plain_add(node: Node) -> bool:
 
 def add_rms_norm_anchor(graph: Graph, match: RMSNormMatch) -> Node | None:
     """The node after which ``spore.add_rms_norm`` of ``match`` (whose x is the sum) goes: the
-    sum, or the weight when that comes later; None when the sum is used before the weight or
-    the weight is computed from it, or when there is no weight and the row's length is
-    symbolic (its ones would read the size off the sum, which the op replaces)."""
+    sum, or the weight when that comes later (Gemma's ``1 + w``); None when a node outside the
+    norm uses the sum before the weight, or the weight is computed from it, or when there is
+    no weight and the row's length is symbolic (its ones would read the size off the sum,
+    which the op replaces)."""
     added, weight = match.x, match.weight
     if weight is None and not isinstance(_val(added).shape[-1], int):
         return None
     position = _position(graph)
     if weight is None or position[weight] < position[added]:
         return added
-    if any(position[u] < position[weight] for u in added.users) or _reads(weight, added):
+    own = set(match.inner)  # erased by the rewrite, and the upcast with them if only they use it
+    if set(match.upcast.users) <= own:
+        own.add(match.upcast)
+    kept = [u for u in added.users if u not in own]
+    if any(position[u] < position[weight] for u in kept) or _reads(weight, added):
         return None
     return weight
 
@@ -470,7 +475,7 @@ class AddRMSNormPass(spore.GraphPass):
     """``rms_norm(a + b)`` → ``spore.add_rms_norm(a, b, w, eps)``; its sum feeds other users."""
 
     name = "add_rms_norm"
-    version = "4"
+    version = "5"
     on_cpu = False  # Inductor's fused C++ kernel is as fast; the op call costs more
     priority = 30
     summary = "residual add + RMSNorm → spore.add_rms_norm (the sum stays available)"

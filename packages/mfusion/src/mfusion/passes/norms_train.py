@@ -164,7 +164,7 @@ def _training_rms_norms(gm: GraphModule) -> Iterator[tuple[norms.RMSNormMatch, b
 
 class _TrainingPass(spore.GraphPass):
     stage = "pre_grad"
-    version = "8"
+    version = "9"
     on_cpu = False  # Inductor's fused forward and backward norm kernels are as fast on CPU
 
 

@@ -157,14 +157,15 @@ def _norm_calls(eps: float, dtype: torch.dtype) -> dict:
 
 @pytest.mark.parametrize("fake", [False, True])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
-@pytest.mark.parametrize("eps", [-1.0, -1e-6, float("nan"), float("inf"), float("-inf")])
+@pytest.mark.parametrize("eps", [-1.0, -1e-6, float("nan"), float("inf"), float("-inf"), 1e39])
 def test_a_negative_or_non_finite_eps_is_a_clear_error(eps, dtype, fake) -> None:
-    """The C++ kernels took it and returned NaN rows (eps -1.0, NaN) or zeros (inf) silently."""
+    """The C++ kernels took it and returned NaN rows (eps -1.0, NaN) or zeros (inf, and 1e39:
+    finite in Python, inf in float32) silently."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     for name, call in _norm_calls(eps, dtype).items():
         mode = FakeTensorMode(allow_non_fake_inputs=True) if fake else torch.no_grad()
-        with mode, pytest.raises(ValueError, match=rf"{name}: eps must be a finite number >= 0"):
+        with mode, pytest.raises(ValueError, match=rf"{name}: eps must be a number >= 0 finite"):
             call()
 
 
@@ -302,3 +303,36 @@ def test_attention_refuses_sparse_inputs_lists_and_masks() -> None:
     ):
         with pytest.raises(TypeError, match=rf"^block_sparse_attention: {name} must be a dense"):
             torch.ops.spore.block_sparse_attention(q, q, q, *lists, 8)
+
+
+def _direct_calls() -> dict:
+    """Each op's C++ kernel called directly (``ops.<op>.cpu*``) with a weight or second operand
+    of one element, or of another dtype: read past its end or as the wrong type, it crashed."""
+    from spore_kernels.ops import add_rms_norm, gelu, glu, layer_norm, mean_var, rms_norm, rope
+
+    x, one, wide = torch.randn(64, 256), torch.randn(1), torch.randn(256, dtype=torch.float64)
+    cos = torch.randn(64, 256)
+    return {
+        "rms_norm": lambda: rms_norm.cpu(x, one, 1e-6),
+        "rms_norm_backward": lambda: rms_norm.cpu_backward(x, x, wide, 1e-6),
+        "add_rms_norm": lambda: add_rms_norm.cpu(x, one, one, 1e-6),
+        "add_rms_norm_backward": lambda: add_rms_norm.cpu_backward(x, None, x, one, 1e-6),
+        "layer_norm": lambda: layer_norm.cpu(x, one, None, 1e-5),
+        "layer_norm_backward": lambda: layer_norm.cpu_backward(x, x, wide, None, 1e-5),
+        "mean_var": lambda: mean_var.cpu(x.t(), 0),
+        "mean_var_backward": lambda: mean_var.cpu_backward(one, one, x, 1, 1),
+        "gelu": lambda: gelu.cpu(x.double()),
+        "gelu_backward": lambda: gelu.cpu_backward(one, x),
+        "silu_mul": lambda: glu.cpu_silu_mul(x, one),
+        "silu_mul_backward": lambda: glu.cpu_silu_mul_backward(x, x, one),
+        "swiglu": lambda: glu.cpu_swiglu(x.t()),
+        "swiglu_backward": lambda: glu.cpu_swiglu_backward(one, x),
+        "rope": lambda: rope.cpu(x, cos[:1, :1], cos[:1, :1], "half"),
+        "rope_backward": lambda: rope.cpu_backward(x, one, one, "half"),
+    }
+
+
+@pytest.mark.parametrize("name", sorted(_direct_calls()))
+def test_a_kernel_called_directly_refuses_what_its_op_would_not_give_it(name) -> None:
+    with pytest.raises(ValueError, match=rf"{name}: the C\+\+ kernel does not take these"):
+        _direct_calls()[name]()

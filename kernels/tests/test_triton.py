@@ -354,6 +354,33 @@ def test_gelu_saturates_without_overflow() -> None:
         assert_matches(out, reference("gelu", x, approximate), torch.float32)
 
 
+def test_exact_gelu_keeps_its_relative_accuracy_in_the_left_tail() -> None:
+    """0.5 x (1 + erf(x / sqrt 2)) cancelled to -0 below x = -5.9 (the reference and the C++
+    kernel give -5.92e-9 at -6), and its backward's Phi(x) likewise."""
+    x = -torch.linspace(0.0, 12.0, 2401)  # gelu(-12) ~ 2e-32: normal in fp32
+    grad = torch.ones_like(x)
+    want = reference("gelu", x.double(), "none")
+    got = run("gelu", x, "none").double()
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=0)  # x^2 / 2 rounds: s eps
+    x, grad = x[x <= -2], grad[x <= -2]  # Phi(x) + x phi(x) crosses 0 at x = -0.75
+    want = reference("gelu_backward", grad.double(), x.double(), "none")
+    got = run("gelu_backward", grad, x, "none").double()
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=0)
+
+
+@ieee
+@pytest.mark.parametrize("scale", [1e-14, 1e-20])
+def test_rms_norm_backward_of_rows_near_zero_with_eps_zero_stays_finite(scale) -> None:
+    """x ~ 1e-14, eps = 0: rstd ~ 1e14, whose cube overflowed fp32 (dx inf/NaN where the C++
+    kernel and the float64 reference are finite)."""
+    g = torch.Generator().manual_seed(8)
+    x, w = randn(g, 3, 64, dtype=torch.float32, scale=scale), randn(g, 64, dtype=torch.float32)
+    grad = randn(g, 3, 64, dtype=torch.float32)
+    dx, _ = run("rms_norm_backward", grad, x, w, 0.0)
+    want, _ = reference("rms_norm_backward", grad.double(), x.double(), w.double(), 0.0)
+    torch.testing.assert_close(dx.double(), want, rtol=1e-4, atol=0)
+
+
 @FAST
 @given(
     shape=st.sampled_from([(0, 4), (1, 2), (7, 10), (3, 2062), (2, 3, 40)]),

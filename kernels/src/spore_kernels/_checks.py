@@ -5,8 +5,10 @@ with."""
 
 from __future__ import annotations
 
+import functools
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 
@@ -39,19 +41,43 @@ def floating(op: str, **tensors: torch.Tensor) -> None:
             raise TypeError(f"{op}: {name} must be a floating-point tensor, got {t.dtype}")
 
 
+FLOAT32_MAX = torch.finfo(torch.float32).max
+
+
 def valid_eps(eps: float) -> bool:
-    """Whether ``eps`` is a finite number >= 0."""
-    return math.isfinite(eps) and eps >= 0
+    """Whether ``eps`` is a number >= 0 finite in float32 (the kernels add it in float32)."""
+    return math.isfinite(eps) and 0 <= eps <= FLOAT32_MAX
 
 
 def epsilon(op: str, eps: float) -> None:
-    """ValueError unless ``eps`` is a finite number >= 0 (a negative or NaN one gives NaN
-    rows where it reaches the square root)."""
+    """ValueError unless ``eps`` is a number >= 0 finite in float32 (a negative or NaN one
+    gives NaN rows where it reaches the square root, 1e39 is inf in float32 and zeroes them)."""
     if not valid_eps(eps):
-        raise ValueError(f"{op}: eps must be a finite number >= 0 (e.g. 1e-6), got {eps}")
+        raise ValueError(
+            f"{op}: eps must be a number >= 0 finite in float32 (<= {FLOAT32_MAX:.8g}; e.g. "
+            f"1e-6), got {eps}"
+        )
 
 
-FLOAT32_MAX = torch.finfo(torch.float32).max
+def direct(
+    op: str, kernel: Callable[..., Any], supports: Callable[..., bool]
+) -> Callable[..., Any]:
+    """``kernel``, an op's C++ CPU kernel (registered behind ``supports``, which dispatch asks
+    first), for calling directly: a ValueError naming ``op`` where ``supports`` refuses the
+    arguments (the kernel reads raw pointers: a short weight or another dtype would be read
+    past its end or as the wrong type)."""
+
+    @functools.wraps(kernel)
+    def call(*args: Any, **kwargs: Any) -> Any:
+        if not supports(*args, **kwargs):
+            raise ValueError(
+                f"{op}: the C++ kernel does not take these arguments (it takes contiguous CPU "
+                f"tensors of one dtype, float32, bfloat16 or float16, in the op's shapes, and "
+                f"valid settings); torch.ops.spore.{op} takes any the op accepts"
+            )
+        return kernel(*args, **kwargs)
+
+    return call
 
 
 def scale(op: str, value: float | None) -> None:

@@ -1,9 +1,10 @@
 """gelu, forward and backward, elementwise in fp32 and rounded once to x's dtype.
 
-The exact form is ``0.5 x (1 + erf(x / sqrt 2))`` like the reference (``F.gelu``), so it shares
-its cancellation below x = -4 (an absolute error under 1e-7 |x|); the tanh form is written as
-``x * sigmoid(2u)``, u = sqrt(2/pi) (x + 0.044715 x^3), which saturates to x and -0 without
-overflow trouble.
+The exact form is the reference's ``0.5 x erfc(-x / sqrt 2)``, free of the ``1 + erf``
+cancellation below x = -4: ``0.5 erfc(|x| / sqrt 2)`` is ``exp(-x^2 / 2)`` times the C++
+kernel's erfcx polynomial (its short one, within 1.4e-7) in ``w = 1 / (|x| / sqrt 2 + 3) - 1/6``,
+taken as it is for x <= 0 and from 1 for x > 0. The tanh form is written as ``x * sigmoid(2u)``,
+u = sqrt(2/pi) (x + 0.044715 x^3), which saturates to x and -0 without overflow trouble.
 """
 
 from __future__ import annotations
@@ -19,6 +20,24 @@ SQRT_HALF = tl.constexpr(0.7071067811865476)
 SQRT_2_OVER_PI = tl.constexpr(0.7978845608028654)
 INV_SQRT_2PI = tl.constexpr(0.3989422804014327)
 K1 = tl.constexpr(0.044715)
+SIXTH = tl.constexpr(0.16666666666666666)
+BOUND = tl.constexpr(16.0)  # beyond: gelu(x) = x (x > 0) or -0 (x < 0) in fp32
+
+
+@triton.jit
+def _half_erfc(xa):
+    # 0.5 erfc(xa / sqrt 2) for 0 <= xa <= BOUND: 0.5 (t + 3) erfcx(t) is a polynomial in
+    # w = 1 / (t + 3) - 1/6 (csrc/gelu.cpp's erfcx_poly_short), t = xa / sqrt 2
+    inv = 1.0 / (xa * SQRT_HALF + 3.0)
+    w = inv - SIXTH
+    p = -411.097809 * w - 37.8334732
+    p = p * w + 104.360306
+    p = p * w + 77.5228729
+    p = p * w + 33.5298882
+    p = p * w + 10.6239471
+    p = p * w + 2.65018392
+    p = p * w + 0.537003517
+    return p * inv * tl.exp(-0.5 * xa * xa)
 
 
 @triton.jit
@@ -30,7 +49,10 @@ def _gelu_fwd(X, Y, n, TANH: tl.constexpr, BLOCK: tl.constexpr):
         u = SQRT_2_OVER_PI * (x + K1 * x * x * x)
         y = x / (1.0 + tl.exp(-2.0 * u))
     else:
-        y = 0.5 * x * (1.0 + tl.math.erf(x * SQRT_HALF))
+        xa = tl.abs(x)
+        m = x * _half_erfc(tl.minimum(xa, BOUND))  # x Phi(-|x|)
+        y = tl.where(x > 0, x - m, m)
+        y = tl.where(xa >= BOUND, tl.where(x > 0, x, -0.0), y)  # inf too (inf * 0 is NaN)
     tl.store(Y + offs, y.to(Y.dtype.element_ty), mask=mask)
 
 
@@ -47,7 +69,8 @@ def _gelu_bwd(G, X, DX, n, TANH: tl.constexpr, BLOCK: tl.constexpr):
         one_m_t2 = 4.0 * half_1p_t * (1.0 - half_1p_t)  # 1 - t^2
         d = half_1p_t + 0.5 * x * one_m_t2 * SQRT_2_OVER_PI * (1.0 + 3.0 * K1 * x * x)
     else:
-        d = 0.5 * (1.0 + tl.math.erf(x * SQRT_HALF)) + x * INV_SQRT_2PI * tl.exp(-0.5 * x * x)
+        half = _half_erfc(tl.minimum(tl.abs(x), BOUND))  # Phi(-|x|)
+        d = tl.where(x > 0, 1.0 - half, half) + x * INV_SQRT_2PI * tl.exp(-0.5 * x * x)
     tl.store(DX + offs, (g * d).to(DX.dtype.element_ty), mask=mask)
 
 

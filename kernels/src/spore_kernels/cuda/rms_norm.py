@@ -33,8 +33,9 @@ def _rms_norm_fwd(X, W, Y, cols, eps, BLOCK: tl.constexpr):
 
 @triton.jit
 def _rms_norm_bwd_dx(G, GS, X, W, DX, RSTD, cols, eps, HAS_GS: tl.constexpr, BLOCK: tl.constexpr):
-    # dx = rstd * g*w - x * rstd^3 * mean(g*w*x) (+ gs, the gradient of add_rms_norm's sum);
-    # rstd is kept for the dweight kernel.
+    # dx = rstd * (g*w - x*k), k = rstd * (rstd * mean(g*w*x)) (+ gs, the gradient of
+    # add_rms_norm's sum): never rstd^3, which overflows for tiny rows (rstd ~ 1e14 at eps 0)
+    # where dx is finite, as the C++ kernel; rstd is kept for the dweight kernel.
     r = tl.program_id(0).to(tl.int64)
     row = r * cols
     sq = tl.zeros([BLOCK], dtype=tl.float32)
@@ -48,7 +49,7 @@ def _rms_norm_bwd_dx(G, GS, X, W, DX, RSTD, cols, eps, HAS_GS: tl.constexpr, BLO
         sq += x * x
         dot += g * w * x
     rstd = tl.math.rsqrt(tl.sum(sq, axis=0) / cols + eps)
-    coef = rstd * rstd * rstd * tl.sum(dot, axis=0) / cols
+    k = rstd * (rstd * (tl.sum(dot, axis=0) / cols))
     tl.store(RSTD + r, rstd)
     for start in range(0, cols, BLOCK):
         offs = start + tl.arange(0, BLOCK)
@@ -56,7 +57,7 @@ def _rms_norm_bwd_dx(G, GS, X, W, DX, RSTD, cols, eps, HAS_GS: tl.constexpr, BLO
         x = tl.load(X + row + offs, mask=mask, other=0.0).to(tl.float32)
         g = tl.load(G + row + offs, mask=mask, other=0.0).to(tl.float32)
         w = tl.load(W + offs, mask=mask, other=0.0).to(tl.float32)
-        dx = rstd * g * w - x * coef
+        dx = rstd * (g * w - x * k)
         if HAS_GS:
             dx += tl.load(GS + row + offs, mask=mask, other=0.0).to(tl.float32)
         tl.store(DX + row + offs, dx.to(DX.dtype.element_ty), mask=mask)

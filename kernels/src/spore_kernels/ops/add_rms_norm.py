@@ -119,7 +119,7 @@ _FWD = (*(_lib.ptr,) * 5, _lib.i64, _lib.i64, _lib.f32, _lib.i32, _lib.i32)
 _BWD = (*(_lib.ptr,) * 6, _lib.i64, _lib.i64, _lib.f32, _lib.i32, _lib.i32)
 
 
-def cpu(
+def _cpu(
     x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
     y, s = torch.empty_like(x), torch.empty_like(x)
@@ -132,7 +132,7 @@ def cpu(
     return y, s
 
 
-def cpu_backward(
+def _cpu_backward(
     grad: torch.Tensor,
     grad_sum: torch.Tensor | None,
     s: torch.Tensor,
@@ -177,12 +177,20 @@ def _backward(ctx: Any, grad: torch.Tensor | None, grad_sum: torch.Tensor | None
     return ds, ds, dw, None
 
 
+cpu = _checks.direct("add_rms_norm", _cpu, supports)
+
+
+cpu_backward = _checks.direct("add_rms_norm_backward", _cpu_backward, supports_backward)
+
+
 def register(registry: Any) -> None:
     """Define the forward and backward ops with their reference and CPU kernels."""
     bwd = registry.define(
         "add_rms_norm_backward", BACKWARD_SCHEMA, reference=reference_backward, fake=_fake_backward
     )
-    registry.kernel(bwd, "cpu", cpu_backward, priority=_checks.PRIORITY, supports=supports_backward)
+    registry.kernel(
+        bwd, "cpu", _cpu_backward, priority=_checks.PRIORITY, supports=supports_backward
+    )
     fwd = registry.define(
         "add_rms_norm",
         SCHEMA,
@@ -190,7 +198,7 @@ def register(registry: Any) -> None:
         backward=_backward,
         setup_context=_setup_context,
     )
-    registry.kernel(fwd, "cpu", cpu, priority=_checks.PRIORITY, supports=supports)
+    registry.kernel(fwd, "cpu", _cpu, priority=_checks.PRIORITY, supports=supports)
 
 
 EPS = rms_norm.EPS

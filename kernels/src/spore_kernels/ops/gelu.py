@@ -110,7 +110,7 @@ _FWD = (_lib.ptr, _lib.ptr, _lib.i64, _lib.i32, _lib.i32, _lib.i32)
 _BWD = (_lib.ptr, _lib.ptr, _lib.ptr, _lib.i64, _lib.i32, _lib.i32, _lib.i32)
 
 
-def cpu(x: torch.Tensor, approximate: str = "none") -> torch.Tensor:
+def _cpu(x: torch.Tensor, approximate: str = "none") -> torch.Tensor:
     y = torch.empty_like(x)
     if x.numel():
         mode = APPROXIMATIONS.index(approximate)
@@ -119,7 +119,7 @@ def cpu(x: torch.Tensor, approximate: str = "none") -> torch.Tensor:
     return y
 
 
-def cpu_backward(grad: torch.Tensor, x: torch.Tensor, approximate: str = "none") -> torch.Tensor:
+def _cpu_backward(grad: torch.Tensor, x: torch.Tensor, approximate: str = "none") -> torch.Tensor:
     dx = torch.empty_like(x)
     if x.numel():
         ptrs = (grad.data_ptr(), x.data_ptr(), dx.data_ptr())
@@ -140,14 +140,22 @@ def _backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
     return torch.ops.spore.gelu_backward(grad.contiguous(), x, ctx.approximate), None
 
 
+cpu = _checks.direct("gelu", _cpu, supports)
+
+
+cpu_backward = _checks.direct("gelu_backward", _cpu_backward, supports_backward)
+
+
 def register(registry: Any) -> None:
     """Define the forward and backward ops with their reference and CPU kernels."""
     bwd = registry.define("gelu_backward", BACKWARD_SCHEMA, reference=reference_backward)
-    registry.kernel(bwd, "cpu", cpu_backward, priority=_checks.PRIORITY, supports=supports_backward)
+    registry.kernel(
+        bwd, "cpu", _cpu_backward, priority=_checks.PRIORITY, supports=supports_backward
+    )
     fwd = registry.define(
         "gelu", SCHEMA, reference=reference, backward=_backward, setup_context=_setup_context
     )
-    registry.kernel(fwd, "cpu", cpu, priority=_checks.PRIORITY, supports=supports)
+    registry.kernel(fwd, "cpu", _cpu, priority=_checks.PRIORITY, supports=supports)
 
 
 def composite(x: torch.Tensor) -> torch.Tensor:

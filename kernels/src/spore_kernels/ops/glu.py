@@ -127,7 +127,7 @@ _SWIGLU = (_lib.ptr, _lib.ptr, _lib.i64, _lib.i64, _lib.i32, _lib.i32)
 _SWIGLU_BWD = (_lib.ptr, _lib.ptr, _lib.ptr, _lib.i64, _lib.i64, _lib.i32, _lib.i32)
 
 
-def cpu_silu_mul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+def _cpu_silu_mul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     y = torch.empty_like(a)
     if a.numel():
         args = (a.data_ptr(), b.data_ptr(), y.data_ptr(), a.numel())
@@ -135,7 +135,7 @@ def cpu_silu_mul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return y
 
 
-def cpu_silu_mul_backward(
+def _cpu_silu_mul_backward(
     grad: torch.Tensor, a: torch.Tensor, b: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
     da, db = torch.empty_like(a), torch.empty_like(b)
@@ -146,7 +146,7 @@ def cpu_silu_mul_backward(
     return da, db
 
 
-def cpu_swiglu(x: torch.Tensor) -> torch.Tensor:
+def _cpu_swiglu(x: torch.Tensor) -> torch.Tensor:
     rows, cols = _checks.rows_cols(x)
     y = x.new_empty((*x.shape[:-1], cols // 2))
     if rows:
@@ -155,7 +155,7 @@ def cpu_swiglu(x: torch.Tensor) -> torch.Tensor:
     return y
 
 
-def cpu_swiglu_backward(grad: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+def _cpu_swiglu_backward(grad: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     dx = torch.empty_like(x)
     rows, cols = _checks.rows_cols(x)
     if rows:
@@ -183,6 +183,22 @@ def _backward_swiglu(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
     return torch.ops.spore.swiglu_backward(grad.contiguous(), x)
 
 
+cpu_silu_mul = _checks.direct("silu_mul", _cpu_silu_mul, supports_silu_mul)
+
+
+cpu_silu_mul_backward = _checks.direct(
+    "silu_mul_backward", _cpu_silu_mul_backward, supports_silu_mul_backward
+)
+
+
+cpu_swiglu = _checks.direct("swiglu", _cpu_swiglu, supports_swiglu)
+
+
+cpu_swiglu_backward = _checks.direct(
+    "swiglu_backward", _cpu_swiglu_backward, supports_swiglu_backward
+)
+
+
 def register(registry: Any) -> None:
     """Define silu_mul and swiglu (each with its backward op) and their CPU kernels."""
     bwd = registry.define(
@@ -191,7 +207,7 @@ def register(registry: Any) -> None:
     registry.kernel(
         bwd,
         "cpu",
-        cpu_silu_mul_backward,
+        _cpu_silu_mul_backward,
         priority=_checks.PRIORITY,
         supports=supports_silu_mul_backward,
     )
@@ -202,14 +218,16 @@ def register(registry: Any) -> None:
         backward=_backward_silu_mul,
         setup_context=_setup_silu_mul,
     )
-    registry.kernel(fwd, "cpu", cpu_silu_mul, priority=_checks.PRIORITY, supports=supports_silu_mul)
+    registry.kernel(
+        fwd, "cpu", _cpu_silu_mul, priority=_checks.PRIORITY, supports=supports_silu_mul
+    )
     bwd = registry.define(
         "swiglu_backward", SWIGLU_BACKWARD_SCHEMA, reference=reference_swiglu_backward
     )
     registry.kernel(
         bwd,
         "cpu",
-        cpu_swiglu_backward,
+        _cpu_swiglu_backward,
         priority=_checks.PRIORITY,
         supports=supports_swiglu_backward,
     )
@@ -220,7 +238,7 @@ def register(registry: Any) -> None:
         backward=_backward_swiglu,
         setup_context=_setup_swiglu,
     )
-    registry.kernel(fwd, "cpu", cpu_swiglu, priority=_checks.PRIORITY, supports=supports_swiglu)
+    registry.kernel(fwd, "cpu", _cpu_swiglu, priority=_checks.PRIORITY, supports=supports_swiglu)
 
 
 def composite_silu_mul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:

@@ -132,7 +132,7 @@ def _ptr(t: torch.Tensor | None) -> int | None:
     return None if t is None else t.data_ptr()
 
 
-def cpu(
+def _cpu(
     x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None, eps: float
 ) -> torch.Tensor:
     y = torch.empty_like(x)
@@ -146,7 +146,7 @@ def cpu(
     return y
 
 
-def cpu_backward(
+def _cpu_backward(
     grad: torch.Tensor,
     x: torch.Tensor,
     weight: torch.Tensor | None,
@@ -192,16 +192,24 @@ def _backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
     return dx, dw, db, None
 
 
+cpu = _checks.direct("layer_norm", _cpu, supports)
+
+
+cpu_backward = _checks.direct("layer_norm_backward", _cpu_backward, supports_backward)
+
+
 def register(registry: Any) -> None:
     """Define the forward and backward ops with their reference and CPU kernels."""
     bwd = registry.define(
         "layer_norm_backward", BACKWARD_SCHEMA, reference=reference_backward, fake=_fake_backward
     )
-    registry.kernel(bwd, "cpu", cpu_backward, priority=_checks.PRIORITY, supports=supports_backward)
+    registry.kernel(
+        bwd, "cpu", _cpu_backward, priority=_checks.PRIORITY, supports=supports_backward
+    )
     fwd = registry.define(
         "layer_norm", SCHEMA, reference=reference, backward=_backward, setup_context=_setup_context
     )
-    registry.kernel(fwd, "cpu", cpu, priority=_checks.PRIORITY, supports=supports)
+    registry.kernel(fwd, "cpu", _cpu, priority=_checks.PRIORITY, supports=supports)
 
 
 EPS = 1e-5

@@ -133,7 +133,7 @@ _FWD = (*(_lib.ptr,) * 3, *(_lib.i64,) * 4, _lib.i32, _lib.i32)
 _BWD = (*(_lib.ptr,) * 4, *(_lib.i64,) * 4, _lib.i32, _lib.i32)
 
 
-def cpu(x: torch.Tensor, dim: int, correction: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+def _cpu(x: torch.Tensor, dim: int, correction: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
     outer, n, inner, shape = _split(x.shape, dim)
     mean, var = x.new_empty(shape), x.new_empty(shape)
     if mean.numel() == 0:
@@ -146,7 +146,7 @@ def cpu(x: torch.Tensor, dim: int, correction: int = 1) -> tuple[torch.Tensor, t
     return mean, var
 
 
-def cpu_backward(
+def _cpu_backward(
     grad_mean: torch.Tensor | None,
     grad_var: torch.Tensor | None,
     x: torch.Tensor,
@@ -193,16 +193,24 @@ def _backward(
     return torch.ops.spore.mean_var_backward(*grads, x, ctx.dim, ctx.correction), None, None
 
 
+cpu = _checks.direct("mean_var", _cpu, supports)
+
+
+cpu_backward = _checks.direct("mean_var_backward", _cpu_backward, supports_backward)
+
+
 def register(registry: Any) -> None:
     """Define the forward and backward ops with their reference and CPU kernels."""
     bwd = registry.define(
         "mean_var_backward", BACKWARD_SCHEMA, reference=reference_backward, fake=_fake_backward
     )
-    registry.kernel(bwd, "cpu", cpu_backward, priority=_checks.PRIORITY, supports=supports_backward)
+    registry.kernel(
+        bwd, "cpu", _cpu_backward, priority=_checks.PRIORITY, supports=supports_backward
+    )
     fwd = registry.define(
         "mean_var", SCHEMA, reference=reference, backward=_backward, setup_context=_setup_context
     )
-    registry.kernel(fwd, "cpu", cpu, priority=_checks.PRIORITY, supports=supports)
+    registry.kernel(fwd, "cpu", _cpu, priority=_checks.PRIORITY, supports=supports)
 
 
 def composite(x: torch.Tensor, dim: int = -1, correction: int = 1) -> tuple[torch.Tensor, ...]:

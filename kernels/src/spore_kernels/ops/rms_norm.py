@@ -98,7 +98,7 @@ _FWD = (_lib.ptr, _lib.ptr, _lib.ptr, _lib.i64, _lib.i64, _lib.f32, _lib.i32, _l
 _BWD = (*(_lib.ptr,) * 5, _lib.i64, _lib.i64, _lib.f32, _lib.i32, _lib.i32)
 
 
-def cpu(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+def _cpu(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     y = torch.empty_like(x)
     if x.numel() == 0:  # an empty batch: nothing to compute (and no buffer to pass)
         return y
@@ -108,7 +108,7 @@ def cpu(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return y
 
 
-def cpu_backward(
+def _cpu_backward(
     grad: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, eps: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
     dx = torch.empty_like(x)
@@ -142,16 +142,24 @@ def _backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
     return dx, dw, None
 
 
+cpu = _checks.direct("rms_norm", _cpu, supports)
+
+
+cpu_backward = _checks.direct("rms_norm_backward", _cpu_backward, supports_backward)
+
+
 def register(registry: Any) -> None:
     """Define the forward and backward ops with their reference and CPU kernels."""
     bwd = registry.define(
         "rms_norm_backward", BACKWARD_SCHEMA, reference=reference_backward, fake=_fake_backward
     )
-    registry.kernel(bwd, "cpu", cpu_backward, priority=_checks.PRIORITY, supports=supports_backward)
+    registry.kernel(
+        bwd, "cpu", _cpu_backward, priority=_checks.PRIORITY, supports=supports_backward
+    )
     fwd = registry.define(
         "rms_norm", SCHEMA, reference=reference, backward=_backward, setup_context=_setup_context
     )
-    registry.kernel(fwd, "cpu", cpu, priority=_checks.PRIORITY, supports=supports)
+    registry.kernel(fwd, "cpu", _cpu, priority=_checks.PRIORITY, supports=supports)
 
 
 EPS = 1e-6

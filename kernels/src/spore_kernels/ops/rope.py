@@ -224,11 +224,11 @@ def _run(
     return y
 
 
-def cpu(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mode: str) -> torch.Tensor:
+def _cpu(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mode: str) -> torch.Tensor:
     return _run(x, cos, sin, mode, transpose=False)
 
 
-def cpu_backward(
+def _cpu_backward(
     grad: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mode: str
 ) -> torch.Tensor:
     return _run(grad, cos, sin, mode, transpose=True)
@@ -247,14 +247,22 @@ def _backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
     return torch.ops.spore.rope_backward(grad, cos, sin, ctx.mode), None, None, None
 
 
+cpu = _checks.direct("rope", _cpu, supports)
+
+
+cpu_backward = _checks.direct("rope_backward", _cpu_backward, supports_backward)
+
+
 def register(registry: Any) -> None:
     """Define the forward and backward ops with their reference and CPU kernels."""
     bwd = registry.define("rope_backward", BACKWARD_SCHEMA, reference=reference_backward)
-    registry.kernel(bwd, "cpu", cpu_backward, priority=_checks.PRIORITY, supports=supports_backward)
+    registry.kernel(
+        bwd, "cpu", _cpu_backward, priority=_checks.PRIORITY, supports=supports_backward
+    )
     fwd = registry.define(
         "rope", SCHEMA, reference=reference, backward=_backward, setup_context=_setup_context
     )
-    registry.kernel(fwd, "cpu", cpu, priority=_checks.PRIORITY, supports=supports)
+    registry.kernel(fwd, "cpu", _cpu, priority=_checks.PRIORITY, supports=supports)
 
 
 def rotate_half(x: torch.Tensor) -> torch.Tensor:

@@ -470,7 +470,28 @@ typedef struct {
     PyObject *env, *reader;          // member -> value; the member being lowered
     PyObject *dshape, *facts, *cut;  // the analysis tables
     PyObject *input_nodes, *input_views;  // the inputs' nodes and views, by index
+    Py_ssize_t rank;                      // the region's domain's
 } Resolve;
+
+// `view` (stolen) without its leading size-1 dims beyond `rank`, which broadcast to nothing:
+// a value whose own domain is wider than the region's (a batch-1 row reduction's (1, 1, 1),
+// read in a (1, 8) region). A new reference; NULL with an exception.
+static PyObject* within_rank(PyObject* view, Py_ssize_t rank) {
+    if (view == NULL || !PyTuple_Check(view)) return view;  // a torch.Size is a tuple
+    Py_ssize_t n = PyTuple_GET_SIZE(view), lead = 0;
+    for (; n - lead > rank; ++lead) {
+        long size = PyLong_AsLong(PyTuple_GET_ITEM(view, lead));
+        if (size == -1 && PyErr_Occurred()) {
+            Py_DECREF(view);
+            return NULL;
+        }
+        if (size != 1) break;
+    }
+    if (lead == 0) return view;
+    PyObject* kept = PyTuple_GetSlice(view, lead, n);
+    Py_DECREF(view);
+    return kept;
+}
 
 // The view `reader` sees its operand `p` with: its domain shape unless the edge is cut, else its
 // real shape (dvm.cluster._Analysis's facts).
@@ -482,7 +503,7 @@ static PyObject* view_of(Resolve* r, PyObject* p) {
         PyObject* cut = PyObject_GetItem(r->cut, r->reader);
         int is_cut = cut == NULL ? -1 : PySequence_Contains(cut, p);
         Py_XDECREF(cut);
-        if (is_cut == 0) return shape;
+        if (is_cut == 0) return within_rank(shape, r->rank);
         Py_DECREF(shape);
         if (is_cut < 0) return NULL;
     }
@@ -490,7 +511,7 @@ static PyObject* view_of(Resolve* r, PyObject* p) {
     if (fact == NULL) return NULL;
     PyObject* real = PySequence_GetItem(fact, 0);
     Py_DECREF(fact);
-    return real;
+    return within_rank(real, r->rank);
 }
 
 // r(x): x's value; -1 on error.
@@ -1000,6 +1021,7 @@ static PyObject* build_region(PyObject* module, PyObject* const* args, Py_ssize_
     if (r == NULL) goto done;
     r->vectorcall = (vectorcallfunc)resolve_call;
     r->em = NULL, r->reader = NULL, r->dshape = NULL, r->facts = NULL, r->cut = NULL;
+    r->rank = 0;
     r->env = PyDict_New();
     r->input_nodes = PyList_New(0), r->input_views = PyList_New(0);
     PyObject_GC_Track(r);
@@ -1015,6 +1037,7 @@ static PyObject* build_region(PyObject* module, PyObject* const* args, Py_ssize_
         Py_SETREF(domain, Py_BuildValue("(i)", 1));
         if (domain == NULL) goto done;
     }
+    if ((r->rank = PyObject_Length(domain)) < 0) goto done;
     PyObject* em = PyObject_CallNoArgs(g.emitter);
     if (em == NULL) goto done;
     r->em = (Emitter*)em;

@@ -7,6 +7,7 @@ import dataclasses
 import functools
 import sys
 import time
+import warnings
 
 import pytest
 import torch
@@ -134,6 +135,26 @@ def test_reduction_without_keepdim_is_a_boundary_for_real_shapes():
     sum_region = next(r for r in c.regions if aten.sum.dim_IntList in _names(r))
     assert aten.sigmoid.default in _names(sum_region)  # s * 2 alone is fine (a scalar)
     assert sum_region.reduced == [True] * len(sum_region.reduced)
+
+
+@pytest.mark.parametrize(
+    ("shapes", "fn"),
+    [
+        (((1, 1, 16), (8,)), lambda x, y: (x.amax(-1), (y - x.amax(-1)).exp())),
+        (((1, 5), (7,)), lambda x, a: (x.sum(-1).exp(), x.sum(-1) * a)),
+    ],
+)
+def test_a_batch_1_reduction_read_in_a_narrower_domain(shapes, fn):
+    """A row reduction of leading size-1 dims keeps its input's rank in its own domain
+    ((1, 1, 1)); read by a region over another row ((1, 8)), its view had more dims than that
+    domain: the launcher refused it and the whole graph ran eagerly, with a warning."""
+    inputs = [_x(*shape, seed=k) for k, shape in enumerate(shapes)]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        c = _compiled(fn, *inputs, min_ops=1)
+    assert c.regions
+    assert all(len(view) <= len(r.domain) for r in c.regions for view in r.input_views)
+    torch.testing.assert_close(c(*inputs), fn(*inputs))
 
 
 def test_no_outer_product_domain_from_siblings():
@@ -542,19 +563,19 @@ def test_build_region_loads_each_view_an_input_is_read_with_once():
     """An operand outside the region is loaded as the reader sees it: its domain shape, or its
     real shape over a cut edge; one input per (node, view), in the order first read."""
 
-    def fn(x):
-        return (x.exp() * x).sin() + x
+    def fn(x, y):
+        return (x.exp() * x).sin() + y  # y makes the domain (2, 4, 8)
 
-    _, a, (exp, mul, sin, add) = _traced(fn, _x(4, 8))
-    (x,) = [n for n in a.facts if n.op == "placeholder"]
+    _, a, (exp, mul, sin, add) = _traced(fn, _x(4, 8), _x(2, 4, 8, seed=1))
+    x, y = [n for n in a.facts if n.op == "placeholder"]
     a.dshape[x] = torch.Size([1, 4, 8])
     a.cut[mul] = (x,)
     region = build_region([exp, mul, sin, add], a)
-    assert region.input_nodes == [x, x]
-    assert region.input_views == [(1, 4, 8), (4, 8)]
+    assert region.input_nodes == [x, x, y]
+    assert region.input_views == [(1, 4, 8), (4, 8), (2, 4, 8)]
     loads = [ins.a for ins in region.program.instrs if ins.op == 0]
-    assert loads == [0, 1]
-    assert region.unique_inputs == [x]
+    assert loads == [0, 1, 2]
+    assert region.unique_inputs == [x, y]
 
 
 def test_build_region_errors():

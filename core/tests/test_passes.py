@@ -577,6 +577,25 @@ def test_an_edited_pass_is_a_new_key(tmp_path, monkeypatch) -> None:
         sys.modules.pop("edited_pass", None)
 
 
+def _cached_run(script: str, folder, **env: str) -> dict:
+    """``script`` run in a child process in ``folder`` with Inductor's FX graph cache on, in
+    ``folder/inductor``, and no SPORE_ variables but ``env``: the JSON of its last line."""
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("SPORE_")}
+    environ.update(
+        TORCHINDUCTOR_CACHE_DIR=str(folder / "inductor"), TORCHINDUCTOR_FX_GRAPH_CACHE="1", **env
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        env=environ,
+        timeout=600,
+        cwd=folder,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    return json.loads(out.stdout.splitlines()[-1])
+
+
 EDITED_SCRIPT = textwrap.dedent(
     """
     import json, torch, spore
@@ -597,25 +616,11 @@ PASS_SOURCES = (
 def test_the_fx_graph_cache_misses_after_a_pass_is_edited(tmp_path) -> None:
     """Two runs of one script sharing a cache directory, the pass's file edited between them:
     the second compiles again and runs the edited pass (it replayed the old graph)."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SPORE_")}
-    env.update(
-        TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "inductor"),
-        TORCHINDUCTOR_FX_GRAPH_CACHE="1",
-        SPORE_NO_PLUGINS="1",  # the installed plugins' passes are not this test's
-    )
     runs = []
     for source in PASS_SOURCES:
         (tmp_path / "user_pass.py").write_text(source)
-        out = subprocess.run(
-            [sys.executable, "-c", EDITED_SCRIPT],
-            capture_output=True,
-            text=True,
-            env=env,
-            timeout=600,
-            cwd=tmp_path,
-        )
-        assert out.returncode == 0, out.stderr[-3000:]
-        runs.append(json.loads(out.stdout.splitlines()[-1]))
+        # the installed plugins' passes are not this test's
+        runs.append(_cached_run(EDITED_SCRIPT, tmp_path, SPORE_NO_PLUGINS="1"))
     assert runs[0] == {"out": [2.0, 2.0, 2.0], "stats": {"user-pass": 0}}
     assert runs[1] == {"out": [3.0, 3.0, 3.0], "stats": {"user-pass": 1}}
 
@@ -799,18 +804,7 @@ CACHE_SCRIPT = textwrap.dedent(
 
 def test_fx_graph_cache_hits_when_unchanged_and_misses_after_a_new_pass(tmp_path) -> None:
     """After enable(), in one process: a new pass changes the key; the user's pass still runs."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SPORE_")}
-    env.update(TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "inductor"), TORCHINDUCTOR_FX_GRAPH_CACHE="1")
-    out = subprocess.run(
-        [sys.executable, "-c", CACHE_SCRIPT],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=600,
-        cwd=tmp_path,
-    )
-    assert out.returncode == 0, out.stderr[-3000:]
-    r = json.loads(out.stdout.splitlines()[-1])
+    r = _cached_run(CACHE_SCRIPT, tmp_path)
     assert r["a"] == {"hit": 0, "miss": 1}
     assert r["b"] == {"hit": 1, "miss": 1}, "an unchanged setup must hit the FX graph cache"
     assert r["c"] == {"hit": 1, "miss": 2}, "a new pass must change the cache key"

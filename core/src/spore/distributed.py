@@ -42,21 +42,21 @@ class ReadyHandle:
         return None
 
 
-def _timedelta(init_timeout: object) -> timedelta:
-    """``init_timeout`` (seconds or a ``timedelta``) as a ``timedelta``; a ``TypeError`` or
-    ``ValueError`` naming it unless it is a positive, finite time."""
-    if isinstance(init_timeout, timedelta):
-        seconds = init_timeout.total_seconds()
-    elif isinstance(init_timeout, numbers.Real) and not isinstance(init_timeout, bool):
-        seconds = float(init_timeout)
+def time_limit(value: object, name: str = "init_timeout") -> float:
+    """``value`` (seconds, or a ``timedelta``) in seconds; a ``TypeError`` or ``ValueError``
+    naming ``name`` unless it is a positive, finite time."""
+    if isinstance(value, timedelta):
+        seconds = value.total_seconds()
+    elif isinstance(value, numbers.Real) and not isinstance(value, bool):
+        seconds = float(value)
     else:
         raise TypeError(
-            f"init_timeout must be a number of seconds > 0 or a datetime.timedelta, got "
-            f"{init_timeout!r} ({type(init_timeout).__name__}): pass e.g. init_timeout=600"
+            f"{name} must be a number of seconds > 0 or a datetime.timedelta, got "
+            f"{value!r} ({type(value).__name__}): pass e.g. {name}=600"
         )
     if not (seconds > 0 and math.isfinite(seconds)):
-        raise ValueError(f"init_timeout must be a positive, finite time, got {init_timeout!r}")
-    return timedelta(seconds=seconds)
+        raise ValueError(f"{name} must be a positive, finite time, got {value!r}")
+    return seconds
 
 
 def init_process_group(backend: str | None = None, **options: Any) -> Any:
@@ -77,7 +77,7 @@ def init_process_group(backend: str | None = None, **options: Any) -> Any:
 
     init_timeout = options.pop("init_timeout", None)
     if init_timeout is not None:
-        limit = _timedelta(init_timeout)
+        limit = timedelta(seconds=time_limit(init_timeout))
         if options.get("timeout") is None:
             options["timeout"] = limit
     dist.init_process_group(backend=backend, **options)

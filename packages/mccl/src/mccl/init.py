@@ -33,6 +33,7 @@ from urllib.parse import urlparse
 from torch.distributed import distributed_c10d as c10d
 
 from mccl import rendezvous
+from spore.distributed import time_limit
 
 DEFAULT_INIT_TIMEOUT_S = 1800.0  # torch's own default process-group timeout
 
@@ -233,21 +234,9 @@ def _init_limit(init_timeout: Any, timeout: Any) -> float:
     time (``timeout`` itself is checked by :func:`_check_options`)."""
     if init_timeout is None and not isinstance(timeout, timedelta):
         return DEFAULT_INIT_TIMEOUT_S
-    name, given = (
-        ("init_timeout", init_timeout) if init_timeout is not None else ("timeout", timeout)
-    )
-    if isinstance(given, timedelta):
-        seconds = given.total_seconds()
-    elif isinstance(given, numbers.Real) and not isinstance(given, bool):
-        seconds = float(given)
-    else:
-        raise TypeError(
-            f"init_timeout must be a number of seconds > 0 or a datetime.timedelta, got "
-            f"{given!r} ({type(given).__name__}): pass e.g. init_timeout=600"
-        )
-    if not seconds > 0 or seconds == float("inf"):  # NaN fails the first test
-        raise ValueError(f"{name} must be a positive, finite time, got {given!r}")
-    return seconds
+    if init_timeout is not None:
+        return time_limit(init_timeout, "init_timeout")
+    return time_limit(timeout, "timeout")
 
 
 class InitHandle:

@@ -596,6 +596,29 @@ def _cached_run(script: str, folder, **env: str) -> dict:
     return json.loads(out.stdout.splitlines()[-1])
 
 
+def test_a_pass_without_a_file_has_one_key_in_every_process() -> None:
+    """A set literal's constant (a frozenset) is ordered by the hash seed: a pass defined in a
+    notebook cell with one had another FX-cache key in each process (a miss each time)."""
+    cell = "def p(gm):\n    return int(gm in {'aa', 'bb', 'cc', 'dd'})"
+    script = (
+        "from spore.graph_passes import PassEntry\n"
+        f"space = {{}}\nexec({cell!r}, space)\n"
+        "print(PassEntry('p', space['p'], 'post_grad').cache_key())\n"
+    )
+    keys = {
+        subprocess.run(
+            [sys.executable, "-c", script],
+            capture_output=True,
+            text=True,
+            env={**os.environ, "PYTHONHASHSEED": seed, "SPORE_NO_PLUGINS": "1"},
+            timeout=120,
+            check=True,
+        ).stdout
+        for seed in ("1", "2", "3")
+    }
+    assert len(keys) == 1, keys
+
+
 EDITED_SCRIPT = textwrap.dedent(
     """
     import json, torch, spore

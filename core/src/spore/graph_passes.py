@@ -293,9 +293,19 @@ def _code_bytes(owner: Any) -> bytes:
 def _code_text(code: Any) -> bytes:
     """A code object's bytecode, names and constants (nested code objects alike), as bytes:
     the same in every call (marshal's output follows reference counts)."""
-    consts = (_code_text(c) if inspect.iscode(c) else repr(c).encode() for c in code.co_consts)
+    consts = (_const_text(c) for c in code.co_consts)
     names = repr((code.co_names, code.co_varnames, code.co_freevars)).encode()
     return b"\1".join([code.co_code, names, *consts])
+
+
+def _const_text(value: Any) -> bytes:
+    """A code object's constant as bytes: a nested code object's :func:`_code_text`, a
+    frozenset's sorted members (its repr's order follows the hash seed), else its repr."""
+    if inspect.iscode(value):
+        return _code_text(value)
+    if isinstance(value, frozenset):
+        return b"{" + b",".join(sorted(_const_text(v) for v in value)) + b"}"
+    return repr(value).encode()
 
 
 def _unbound(fn: Any) -> tuple[Any, list[Any]]:

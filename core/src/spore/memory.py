@@ -323,9 +323,11 @@ class _OnHost:
         """The device copy, handed over: autograd frees it with the node that used it (the
         pinned copy stays, for a graph unpacked again)."""
         self.prefetch(stream)
-        torch.cuda.current_stream(self.device).wait_event(self.ready)
+        current = torch.cuda.current_stream(self.device)
+        current.wait_event(self.ready)
         back, self.back = self.back, None
         assert back is not None
+        back.record_stream(current)  # made on the side stream, freed after the reads here
         return back
 
 

@@ -896,7 +896,10 @@ def test_failures_in_a_rank_are_reported_once_and_plainly(tmp_path) -> None:
 def test_a_grad_clip_of_zero_leaves_the_gradients_as_they_are() -> None:
     """optim.grad_clip=0 ("disables") in the benchmark's plain loop, which called
     clip_grad_norm_(params, 0): every gradient became zero. Both loops clip with this."""
+    from hyperparallel import plain_loop
     from hyperparallel.train import clipped_grad_norm
+
+    assert plain_loop.clipped_grad_norm is clipped_grad_norm
 
     net = torch.nn.Linear(3, 2)
     net(torch.ones(1, 3)).sum().backward()

@@ -754,6 +754,7 @@ COMPILE = {
 }
 FP32_OUT = {"_param_grads._param_grads"}  # kernels that store only fp32 partial sums
 HELPERS = {
+    "gelu._half_erfc",
     "layer_norm._row_mean",
     "layer_norm._rstd",
     "mean_var._column_mean",

@@ -11,6 +11,7 @@ from typing import Any
 import torch
 
 from hyperparallel.config import DEFAULT_MODEL_TYPE, MODEL_CONFIG, ModelSection, merged
+from hyperparallel.data import ByteTokenizer
 
 
 class ModelConfigError(ValueError):
@@ -144,7 +145,9 @@ def _check_causal(base: Any, given: str) -> None:
 
 def settings(model: ModelSection) -> dict[str, Any]:
     """The config settings the model is built with: ``model.config`` over Spore's small defaults
-    (:data:`MODEL_CONFIG`, only those the architecture has, none over a pretrained model).
+    (:data:`MODEL_CONFIG`, and the byte tokenizer's special-token ids where the type's own lie
+    outside its vocabulary: :func:`_special_tokens`; only those the architecture has, none over
+    a pretrained model).
 
     A default yields to a setting given under the architecture's own name for it (GPT-2's
     ``n_layer`` for ``num_hidden_layers``), null included. Raises :class:`ModelConfigError`
@@ -182,7 +185,7 @@ def settings(model: ModelSection) -> dict[str, Any]:
         if model.pretrained
         else {
             k: v
-            for k, v in MODEL_CONFIG.items()
+            for k, v in {**MODEL_CONFIG, **_special_tokens(base)}.items()
             if hasattr(base, k) and aliases.get(k, k) not in yours
         }
     )
@@ -199,9 +202,7 @@ def hf_config(model: ModelSection, vocab_size: int) -> Any:
             path = Path(model.pretrained).expanduser()
             config = AutoConfig.from_pretrained(path, local_files_only=True, **given)
         else:
-            kind = type_name(model)
-            tokens = _special_tokens(kind, model.config, vocab_size)
-            config = AutoConfig.for_model(kind, **{**given, **tokens, "vocab_size": vocab_size})
+            config = AutoConfig.for_model(type_name(model), **{**given, "vocab_size": vocab_size})
     except Exception as exc:  # transformers' own checks (ValueError, NotImplementedError, ...)
         keys = tuple(f"model.config.{k}" for k in model.config) or ("model.type",)
         raise ModelConfigError(
@@ -221,15 +222,10 @@ def hf_config(model: ModelSection, vocab_size: int) -> Any:
     return config
 
 
-def _special_tokens(kind: str, yours: dict[str, Any], vocab_size: int) -> dict[str, int]:
-    """The byte tokenizer's pad, bos and eos ids (:class:`ByteTokenizer`) for those of model
-    type ``kind``'s defaults outside the vocabulary (phi3's pad id 32000 fails its embedding)
-    that ``model.config`` does not set."""
-    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
-
-    from hyperparallel.data import ByteTokenizer
-
-    default = CONFIG_MAPPING[kind]()
+def _special_tokens(base: Any) -> dict[str, int]:
+    """The byte tokenizer's pad, bos and eos ids (:class:`ByteTokenizer`) for those of a new
+    model type's defaults ``base`` outside its vocabulary (phi3's pad id 32000 fails its
+    embedding)."""
     own = {
         "pad_token_id": ByteTokenizer.pad_id,
         "bos_token_id": ByteTokenizer.bos_id,
@@ -238,9 +234,7 @@ def _special_tokens(kind: str, yours: dict[str, Any], vocab_size: int) -> dict[s
     return {
         key: value
         for key, value in own.items()
-        if key not in yours
-        and isinstance(v := setting(default, key), int)
-        and not 0 <= v < vocab_size
+        if isinstance(v := setting(base, key), int) and not 0 <= v < ByteTokenizer.vocab_size
     }
 
 

@@ -99,30 +99,29 @@ def _int_option(kwargs: dict[str, Any], name: str) -> int:
     return int(value)
 
 
+def _integer(name: str, text: str, where: str, fix: str) -> int:
+    """``text``, the value of ``name`` given ``where``, as an integer (torch parses it so); a
+    ``ValueError`` naming it, with ``fix``, when it is not one."""
+    try:
+        return int(text)
+    except ValueError:
+        raise ValueError(f"{name}={text!r} {where} is not an integer{fix}") from None
+
+
 def _env_value(name: str) -> int:
     """The environment's ``name`` (``RANK``, ``WORLD_SIZE``, ``MASTER_PORT``), which torch's
-    env:// rendezvous parses as an integer; a ``ValueError`` naming it and its fix if it is not."""
-    value = os.environ[name]
-    try:
-        return int(value)
-    except ValueError:
-        raise ValueError(
-            f"{name}={value!r} in the environment is not an integer, as torch's env:// "
-            f"rendezvous reads it: {_ENV_FIX[name]}"
-        ) from None
+    env:// rendezvous parses as an integer."""
+    fix = f", as torch's env:// rendezvous reads it: {_ENV_FIX[name]}"
+    return _integer(name, os.environ[name], "in the environment", fix)
 
 
 def _query_value(init_method: str, query: dict[str, str], name: str) -> int:
     """``name`` (``rank``, ``world_size``) in the query of ``init_method``, -1 if absent."""
     if name not in query:
         return -1
-    try:
-        return int(query[name])
-    except ValueError:
-        raise ValueError(
-            f"{name}={query[name]!r} in the query of init_method {init_method!r} is not an "
-            f"integer: write {name}=N there, or leave it out and pass {name}="
-        ) from None
+    where = f"in the query of init_method {init_method!r}"
+    fix = f": write {name}=N there, or leave it out and pass {name}="
+    return _integer(name, query[name], where, fix)
 
 
 def _check_ranks(rank: int, rank_from: str, world_size: int, size_from: str) -> None:
@@ -232,11 +231,11 @@ def _init_limit(init_timeout: Any, timeout: Any) -> float:
     """The init's deadline in seconds: ``init_timeout`` (seconds or a ``timedelta``), else
     torch's ``timeout``, else 30 minutes; a clear error for a value that is no positive, finite
     time (``timeout`` itself is checked by :func:`_check_options`)."""
-    if init_timeout is None and not isinstance(timeout, timedelta):
-        return DEFAULT_INIT_TIMEOUT_S
     if init_timeout is not None:
         return time_limit(init_timeout, "init_timeout")
-    return time_limit(timeout, "timeout")
+    if isinstance(timeout, timedelta):
+        return time_limit(timeout, "timeout")
+    return DEFAULT_INIT_TIMEOUT_S
 
 
 class InitHandle:

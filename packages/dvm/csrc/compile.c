@@ -25,7 +25,7 @@ static struct {
     // build_region and schedule are looked up where they live (dvm.cluster, dvm._executor) at
     // each call, as the Python path does: whatever replaced them there is called
     PyObject *analysis, *cluster, *prepare, *executor_module, *runner, *clustering, *compiled;
-    PyObject *work_ids, *dead, *alone, *no_work, *names, *split, *reorder;
+    PyObject *work_ids, *dead, *alone, *no_work, *names, *split, *reorder, *unprepared;
     PyObject* executor;  // the compiled graph's executor name
     PyObject *s_build_region, *s_schedule, *s_nodes, *s_missing_meta, *s_region, *s___name__,
         *s___qualname__, *s__guarded, *s__inputs, *s__results, *s_prepare_us, *s_regions,
@@ -176,6 +176,23 @@ static PyObject* runner(PyObject* region, Py_ssize_t number) {
     return out;
 }
 
+// Region k of regions, whose runner raised (the exception set), taken out of regions and handed
+// with the exception to dvm.compile's _unprepared (its nodes left to eager with why, a warning)
+// where the exception is an Exception; 0, or -1 with an exception.
+static int unprepared(PyObject* regions, Py_ssize_t k, PyObject* fallbacks, PyObject* notes) {
+    if (!PyErr_ExceptionMatches(PyExc_Exception)) return -1;
+    PyObject* error = take_raised();
+    PyObject* region = Py_NewRef(PyList_GET_ITEM(regions, k));
+    PyObject* handled = PyList_SetSlice(regions, k, k + 1, NULL) < 0
+                            ? NULL
+                            : PyObject_CallFunctionObjArgs(c.unprepared, region, error, fallbacks,
+                                                           notes, NULL);
+    Py_DECREF(region);
+    Py_XDECREF(error);
+    Py_XDECREF(handled);
+    return handled != NULL ? 0 : -1;
+}
+
 // A new dvm.cluster._Analysis of nodes, analysed (analysis.c's run), *missing_meta set to
 // whether a node lacks its fake value; NULL with an exception.
 static PyObject* analysed(PyObject* module, PyObject* nodes, int* missing_meta) {
@@ -241,13 +258,16 @@ static PyObject* compile(PyObject* module, PyObject* const* argv, Py_ssize_t arg
     clustering = bare(c.clustering, cluster_names, cluster_values, 4);
     Py_DECREF(spent);
     if (clustering == NULL) goto done;
-    for (Py_ssize_t k = 0; k < PyList_GET_SIZE(regions); ++k) {
+    for (Py_ssize_t k = 0; k < PyList_GET_SIZE(regions);) {  // k: the runners made so far
         PyObject* made = runner(PyList_GET_ITEM(regions, k), k);
-        if (made == NULL || PyList_Append(runners, made) < 0) {
-            Py_XDECREF(made);
-            goto done;
+        if (made == NULL) {
+            if (unprepared(regions, k, fallbacks, notes) < 0) goto done;
+            continue;
         }
+        int failed = PyList_Append(runners, made) < 0;
         Py_DECREF(made);
+        if (failed) goto done;
+        ++k;
     }
     double t1 = perf_seconds();
     if (t1 < 0 && PyErr_Occurred()) goto done;
@@ -282,22 +302,24 @@ done:
 }
 
 // setup_compile(analysis, tables, cluster, prepare, executor_module, runner, clustering,
-// compiled, work_ids, (dead, alone, no_work), names, split, reorder, executor):
+// compiled, work_ids, (dead, alone, no_work), names, split, reorder, unprepared, executor):
 // dvm.cluster._Analysis and the names of its tables (each a list when its default is one,
 // else a dict), the module dvm.cluster (whose build_region builds a group) and dvm._executor
 // (whose schedule schedules the graph), the calls and types compile() uses, the fallback
-// reasons and the runners' names by number (a dict it fills).
+// reasons, the runners' names by number (a dict it fills) and what takes a region whose runner
+// raised.
 static PyObject* setup_compile(PyObject* module, PyObject* args) {
     PyObject *analysis, *tables, *cluster_module, *prepare, *executor_module, *runner_type;
     PyObject* clustering;
     PyObject *compiled, *work_ids, *dead, *alone, *no_work, *names, *split;
-    PyObject *reorder, *executor;
-    if (!PyArg_ParseTuple(args, "O!O!O!OO!O!O!O!O!(UUU)O!OOU", &PyType_Type, &analysis,
+    PyObject *reorder, *unprepared_call, *executor;
+    if (!PyArg_ParseTuple(args, "O!O!O!OO!O!O!O!O!(UUU)O!OOOU", &PyType_Type, &analysis,
                           &PyDict_Type, &tables, &PyModule_Type, &cluster_module, &prepare,
                           &PyModule_Type, &executor_module, &PyType_Type, &runner_type,
                           &PyType_Type, &clustering, &PyType_Type,
                           &compiled, &PyFrozenSet_Type, &work_ids, &dead, &alone,
-                          &no_work, &PyDict_Type, &names, &split, &reorder, &executor))
+                          &no_work, &PyDict_Type, &names, &split, &reorder,
+                          &unprepared_call, &executor))
         return NULL;
     if (PyDict_GET_SIZE(tables) != N_ANALYSIS_TABLES) {
         return PyErr_Format(PyExc_ValueError, "setup_compile: %d tables, not %zd",
@@ -314,10 +336,12 @@ static PyObject* setup_compile(PyObject* module, PyObject* args) {
     }
     PyObject* given[] = {analysis,    cluster_module, prepare,  executor_module, runner_type,
                          clustering,  compiled,       work_ids, dead,            alone,
-                         no_work,     names,          split,    reorder,         executor};
+                         no_work,     names,          split,    reorder,         unprepared_call,
+                         executor};
     PyObject** held[] = {&c.analysis,   &c.cluster,  &c.prepare,  &c.executor_module, &c.runner,
                          &c.clustering, &c.compiled, &c.work_ids, &c.dead,            &c.alone,
-                         &c.no_work,    &c.names,    &c.split,    &c.reorder,         &c.executor};
+                         &c.no_work,    &c.names,    &c.split,    &c.reorder,         &c.unprepared,
+                         &c.executor};
     for (size_t i = 0; i < sizeof given / sizeof given[0]; ++i)
         Py_XSETREF(*held[i], Py_NewRef(given[i]));
     Py_RETURN_NONE;

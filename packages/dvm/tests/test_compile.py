@@ -861,6 +861,7 @@ def test_setup_compile_refuses_tables_of_another_analysis():
             {},
             None,
             None,
+            None,
             "vm",
         )
 
@@ -914,6 +915,65 @@ def test_the_c_compile_takes_a_min_ops_beyond_a_c_long(same_as_python_path):
     assert c.regions == []
     assert c.fallbacks
     same_as_python_path(c, gm, [x, w], min_ops=2**80)
+
+
+def _two_regions(x, w):
+    h = torch.sigmoid(x) * x
+    return (h @ w).exp() * 2.0 + 1.0
+
+
+@pytest.fixture
+def refused_prepare(monkeypatch):
+    """Each runner's preparation (C and Python paths) raising ``error`` for a region with an
+    ``exp`` (as the launcher refusing a region its build let through would), the others
+    prepared as usual; set up again as it was afterwards."""
+
+    def refuse(error):
+        real = dc._PREPARE_REGION
+
+        def prepare(region):
+            if any(n.target is aten.exp.default for n in region.nodes):
+                raise error
+            return real(region)
+
+        monkeypatch.setattr(dc, "_PREPARE_REGION", prepare)
+        dc._native_compile()
+
+    yield refuse
+    monkeypatch.undo()
+    dc._native_compile()
+
+
+def test_a_region_that_fails_to_prepare_runs_eagerly_alone(refused_prepare, same_as_python_path):
+    """A region whose runner raises warns and leaves its own nodes to eager with the reason;
+    the graph's other regions still run on the VM, in the C compile as in the Python path."""
+    refused_prepare(ValueError("simulated launcher refusal"))
+    g = torch.Generator().manual_seed(0)
+    x, w = torch.randn(6, 10, generator=g), torch.randn(10, 7, generator=g)
+    gm = make_fx(_two_regions, tracing_mode="fake")(x, w)
+    match = "could not prepare a region.*simulated launcher refusal.*3 nodes run eagerly"
+    with pytest.warns(RuntimeWarning, match=match):
+        c = compile_graph(gm, [x, w])
+    [runner] = c.runners
+    assert runner.__name__ == "dvm_region_0"
+    assert [n.target for n in runner.region.nodes] == [aten.sigmoid.default, aten.mul.Tensor]
+    refused = [n for n, why in c.fallbacks if "simulated launcher refusal" in why]
+    assert [n.target for n in refused] == [aten.exp.default, aten.mul.Tensor, aten.add.Tensor]
+    assert c.regions == c.clustering.regions == [runner.region]
+    assert any("simulated launcher refusal" in note for note in c.clustering.notes)
+    torch.testing.assert_close(c(x, w), _two_regions(x, w))
+    assert (c.vm_calls, c.eager_calls) == (1, 0)
+    with pytest.warns(RuntimeWarning, match=match):
+        same_as_python_path(c, gm, [x, w], min_ops=dc.MIN_OPS)
+
+
+def test_an_interrupt_while_preparing_a_region_is_raised(refused_prepare):
+    """Only an ``Exception`` leaves a region eager: an interrupt reaches the caller."""
+    refused_prepare(KeyboardInterrupt())
+    x, w = torch.randn(6, 10), torch.randn(10, 7)
+    gm = make_fx(_two_regions, tracing_mode="fake")(x, w)
+    with pytest.raises(KeyboardInterrupt):
+        compile_graph(gm, [x, w])
 
 
 @pytest.mark.parametrize("where", ["build_region", "_split_parts"])

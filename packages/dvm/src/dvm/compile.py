@@ -393,6 +393,7 @@ def _native_compile() -> Callable[[GraphModule, Any, int, float], CompiledGraph 
         _NAMES,
         _split_parts,
         _reordered_executor,
+        _unprepared,
         EXECUTOR,
     )
     return _analysis.compile
@@ -576,11 +577,41 @@ def _compiled(
     times from ``t0``: where the VM is not built, or a node lacks its fake value."""
     nodes = _analysis.nodes(graph)
     clustering = _cluster(nodes, min_ops, _ensure_meta, (gm, example_inputs), t0)
-    runners = [RegionRunner(r, k) for k, r in enumerate(clustering.regions)]
+    runners = _runners(clustering)
     t1 = time.perf_counter()
     run = _schedule(gm, runners, nodes)
     t2 = time.perf_counter()
     return CompiledGraph(run, runners, clustering, (t2 - t0) * 1e6, (t2 - t1) * 1e6)
+
+
+def _runners(clustering: Clustering) -> list[RegionRunner]:
+    """Each region's runner, numbered in order; a region whose runner raises is taken out of
+    ``clustering`` and handed to :func:`_unprepared`."""
+    runners: list[RegionRunner] = []
+    kept: list[Region] = []
+    for region in clustering.regions:
+        try:
+            runners.append(RegionRunner(region, len(runners)))
+        except Exception as e:
+            _unprepared(region, e, clustering.fallbacks, clustering.notes)
+        else:
+            kept.append(region)
+    clustering.regions[:] = kept
+    return runners
+
+
+def _unprepared(
+    region: Region, error: Exception, fallbacks: list[tuple[Node, str]], notes: list[str]
+) -> None:
+    """A region whose runner raised (a bug in dvm, or a limit its build missed): a warning,
+    its nodes left to eager with why; the graph's other regions still run on the VM."""
+    why = (
+        f"dvm could not prepare a region ({type(error).__name__}: {error}); its "
+        f"{len(region.nodes)} nodes run eagerly"
+    )
+    warnings.warn(why, RuntimeWarning, stacklevel=2)
+    fallbacks.extend((n, why) for n in region.nodes)
+    notes.append(why)
 
 
 _COMPILE = _native_compile()

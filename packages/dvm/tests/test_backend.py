@@ -66,6 +66,23 @@ def test_bad_torch_compile_options_are_named(options, problem):
     )
 
 
+@pytest.mark.parametrize("options", ["min_ops=1", 5, [("min_ops", 1, 2)]])
+def test_options_that_are_not_a_dict_are_named(options):
+    """A string, a number or a list was dict()'s own error (a TypeError for 5) naming neither
+    dvm nor what it takes."""
+    import dvm
+
+    torch._dynamo.reset()
+    fn = torch.compile(lambda t: torch.exp(t) * 2, backend="dvm", options=options)
+    with pytest.raises(torch._dynamo.exc.BackendCompilerFailed) as info:
+        fn(torch.randn(3))
+    message = f"dvm: torch.compile options must be a dict, got {type(options).__name__}"
+    assert message in str(info.value)
+    assert "dvm takes min_ops (eager kernels a region must stand for" in str(info.value)
+    with pytest.raises(ValueError, match=message):
+        dvm.explain(lambda t: t * 2, torch.randn(3), options=options)
+
+
 def test_an_inductor_mode_is_ignored_with_a_warning():
     torch._dynamo.reset()
     fn = torch.compile(lambda t: F.silu(t) * 2, backend="dvm", mode="max-autotune")

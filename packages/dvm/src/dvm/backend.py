@@ -98,14 +98,19 @@ class DvmOptions(BaseModel):
 def parse_options(options: Mapping[str, Any] | None) -> DvmOptions:
     """``options`` as :class:`DvmOptions`; a ``ValueError`` naming what is wrong and what dvm
     takes."""
+    takes = ", ".join(
+        f"{name} ({field.description})" for name, field in DvmOptions.model_fields.items()
+    )
+    if options is not None and not isinstance(options, Mapping):
+        raise ValueError(
+            f"dvm: torch.compile options must be a dict, got {type(options).__name__} "
+            f"{options!r}; dvm takes {takes}, e.g. options={{'min_ops': 1}}"
+        )
     try:
         return DvmOptions.model_validate(dict(options or {}))  # names that are not str too
     except ValidationError as e:
         problems = "; ".join(
             f"{'.'.join(map(str, err['loc'])) or 'options'}: {err['msg']}" for err in e.errors()
-        )
-        takes = ", ".join(
-            f"{name} ({field.description})" for name, field in DvmOptions.model_fields.items()
         )
         why = f"dvm: bad torch.compile options ({problems}); dvm takes {takes}"
         raise ValueError(why) from None

@@ -213,12 +213,60 @@ def test_a_scale_not_finite_in_float32_is_a_clear_error(scale, fake) -> None:
             call()
 
 
-@pytest.mark.parametrize("scale", [_checks.FLOAT32_MAX, -_checks.FLOAT32_MAX, 0.0])
-def test_a_scale_finite_in_float32_still_runs_the_kernels(scale) -> None:
+_KERNEL_SCALE_MAX = 2.3586574359122396e38
+"""The largest float32 whose float32 product with log2 e is finite (FLT_MAX / log2 e)."""
+
+
+def _tiny_scores() -> dict:
+    """Each attention op's inputs (forward, then its backward's) whose scores stay small under
+    a scale near float32's largest: q and k of 1e-19 and 2e-19."""
+    qt = torch.full((1, 1, 2, 1, 4), 1e-19)  # triangle attention: [*, I, J, H, D]
+    kt = qt.clone()
+    kt[0, 0, 1] = 2e-19
+    vt = torch.randn(1, 1, 2, 1, 4)
+    qb = torch.full((1, 1, 4, 4), 1e-19)  # block-sparse: one block of 4
+    kb = qb.clone()
+    kb[..., 1, :] = 2e-19
+    index, count = (
+        torch.zeros(1, 1, 1, 1, dtype=torch.int64),
+        torch.ones(1, 1, 1, dtype=torch.int64),
+    )
+    return {
+        "triangle_attention": (qt, kt, vt, None, None),
+        "triangle_attention_backward": (torch.ones_like(vt), qt, kt, vt, None, None, vt),
+        "block_sparse_attention": (qb, kb, torch.randn(1, 1, 4, 4), index, count, 4),
+    }
+
+
+@pytest.mark.parametrize("scale", [_KERNEL_SCALE_MAX, -_KERNEL_SCALE_MAX, 0.0, None])
+def test_a_scale_the_kernels_take_runs_them(scale) -> None:
     from spore import dispatch
 
-    x = torch.randn(1, 2, 3, 2, 4)
-    assert dispatch.explain("triangle_attention", x, x, x, None, None, scale).chosen == "kernels"
+    for name, args in _tiny_scores().items():
+        assert dispatch.explain(name, *args, scale).chosen == "kernels", name
+        out = getattr(torch.ops.spore, name)(*args, scale)
+        assert all(bool(t.isfinite().all()) for t in (out if isinstance(out, tuple) else [out]))
+
+
+@pytest.mark.parametrize("scale", [2.4e38, -3e38, _checks.FLOAT32_MAX])
+def test_a_scale_past_the_kernels_base_2_range_runs_the_reference(scale) -> None:
+    """The kernels compute scale * log2 e in float32, inf past about 2.36e38: every output was
+    NaN (gradients too) where the reference's are finite. Dispatch now runs the reference; the
+    kernels called directly refuse the scale."""
+    from spore import dispatch
+    from spore_kernels.ops import block_sparse_attention, triangle_attention
+
+    direct = {
+        "triangle_attention": triangle_attention.cpu,
+        "triangle_attention_backward": triangle_attention.cpu_backward,
+        "block_sparse_attention": block_sparse_attention.cpu,
+    }
+    for name, args in _tiny_scores().items():
+        assert dispatch.explain(name, *args, scale).chosen == "reference", name
+        out = getattr(torch.ops.spore, name)(*args, scale)
+        assert all(bool(t.isfinite().all()) for t in (out if isinstance(out, tuple) else [out]))
+        with pytest.raises(ValueError, match=rf"{name}: the kernel takes \|scale\| <= 2.359e\+38"):
+            direct[name](*args, scale)
 
 
 _NONE_CALLS = {

@@ -124,6 +124,22 @@ def test_non_finite_inputs_match_var_mean() -> None:
     assert torch.isfinite(mean[3])
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])  # the kernel; the reference
+@pytest.mark.parametrize("bad", [float("inf"), float("-inf"), float("nan")])
+def test_non_finite_inputs_match_var_mean_backward(dtype, bad) -> None:
+    """The reference centred a row twice: the second mean, NaN, made the row's other gradients
+    NaN where torch's (and the kernel's) are ±inf."""
+    x = torch.arange(12.0, dtype=dtype).reshape(4, 3)
+    x[1, 1] = bad
+    leaf = x.clone().requires_grad_()
+    var, mean = torch.var_mean(leaf, 0, correction=1)
+    (var.sum() + mean.sum()).backward()
+    ones = torch.ones(3, dtype=dtype)
+    spore = torch.ops.spore.mean_var_backward(ones, ones, x, 0, 1)  # float32: the kernel
+    for dx in (op.reference_backward(ones, ones, x, 0, 1), spore):
+        torch.testing.assert_close(dx, leaf.grad, equal_nan=True)
+
+
 def test_scalar_input_uses_the_reference() -> None:
     x = torch.tensor(3.0)
     assert dispatch.explain("mean_var", x, 0, 0).chosen == "reference"

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import functools
 import math
+import struct
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -78,6 +79,38 @@ def direct(
         return kernel(*args, **kwargs)
 
     return call
+
+
+def _float32(value: float) -> float:
+    """``value`` rounded to float32 (inf where it rounds past float32's range)."""
+    try:
+        return struct.unpack("f", struct.pack("f", value))[0]
+    except OverflowError:
+        return math.inf
+
+
+_LOG2E = _float32(math.log2(math.e))
+_OVERFLOW = FLOAT32_MAX + 2.0**103  # float32 rounds a product this large or larger to inf
+
+
+def valid_kernel_scale(value: float | None) -> bool:
+    """Whether the attention kernels take ``value``: they compute in base 2, with
+    ``float32(scale) * float32(log2 e)``, which is inf for |scale| beyond about 2.36e38
+    (FLT_MAX / log2 e; every output NaN). Beyond it dispatch runs the reference, which takes
+    any scale :func:`scale` accepts."""
+    # the two float32 factors' product is exact in a double
+    return value is None or abs(_float32(value)) * _LOG2E < _OVERFLOW
+
+
+def kernel_scale(op: str, value: float | None) -> None:
+    """ValueError unless an attention kernel called directly takes ``value``
+    (:func:`valid_kernel_scale`)."""
+    if not valid_kernel_scale(value):
+        raise ValueError(
+            f"{op}: the kernel takes |scale| <= {FLOAT32_MAX / math.log2(math.e):.4g} (it "
+            f"computes in base 2, scale * log2 e in float32), got {value}; "
+            f"torch.ops.spore.{op} takes it (it runs the reference)"
+        )
 
 
 def scale(op: str, value: float | None) -> None:
@@ -152,9 +185,12 @@ def column_sums(t: torch.Tensor) -> torch.Tensor:
 def centred(x: torch.Tensor, dim: int) -> torch.Tensor:
     """``x`` less its mean along ``dim``, centred twice: less the mean, then less the mean of
     that. The first mean's rounding (up to half an ulp of the mean) would otherwise reach every
-    value: a constant row of 88.7 became ±8e-6, which layer_norm scaled to ±2.4e-3."""
+    value: a constant row of 88.7 became ±8e-6, which layer_norm scaled to ±2.4e-3. A row whose
+    first centring holds an inf or NaN is centred once (as torch's own ops: the second mean,
+    NaN, made the row's other values NaN where they are ±inf)."""
     first = x - x.mean(dim, keepdim=True)
-    return first - first.mean(dim, keepdim=True)
+    second = first.mean(dim, keepdim=True)
+    return first - torch.where(second.isfinite(), second, 0.0)
 
 
 def rows_cols(x: torch.Tensor) -> tuple[int, int]:

@@ -445,7 +445,7 @@ def supports(
     mask: torch.Tensor | None = None,
     scale: float | None = None,
 ) -> bool:
-    if not _ready((q, k, v, bias), mask):
+    if not (_ready((q, k, v, bias), mask) and _checks.valid_kernel_scale(scale)):
         return False
     try:
         op.check(q, k, v, bias, mask, scale)
@@ -464,7 +464,7 @@ def supports_backward(
     out: torch.Tensor,
     scale: float | None,
 ) -> bool:
-    if not _ready((q, k, v, bias, grad, out), mask):
+    if not (_ready((q, k, v, bias, grad, out), mask) and _checks.valid_kernel_scale(scale)):
         return False
     try:
         op.check_backward(grad, q, k, v, bias, mask, out, scale)

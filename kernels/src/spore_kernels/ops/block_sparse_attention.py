@@ -299,11 +299,13 @@ def supports(
     scale: float | None = None,
 ) -> bool:
     """Contiguous CPU q, k, v of one kernel dtype and CPU block lists of valid dtypes and
-    shapes (the lists' values are checked by :func:`cpu`, which makes them contiguous)."""
+    shapes (the lists' values are checked by :func:`cpu`, which makes them contiguous), a
+    scale the kernel takes (:func:`spore_kernels._checks.valid_kernel_scale`)."""
     if not (
         _checks.ready(q, k, v, device_type="cpu")
         and kv_block_index.is_cpu
         and kv_block_count.is_cpu
+        and _checks.valid_kernel_scale(scale)
     ):
         return False
     try:
@@ -330,6 +332,7 @@ def cpu(
     Inputs are made contiguous (for q, k, v a no-op when :func:`supports` accepted them): the
     library reads them as dense arrays."""
     check(q, k, v, kv_block_index, kv_block_count, block_size, scale)
+    _checks.kernel_scale(OP, scale)
     if not q.is_cpu or q.dtype not in _checks.KERNEL_DTYPES:
         raise ValueError(
             f"{OP}: the CPU kernel takes float32/bfloat16/float16 CPU tensors, got {q.dtype} on "

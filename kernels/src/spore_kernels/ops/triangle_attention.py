@@ -305,8 +305,9 @@ def supports(
     mask: torch.Tensor | None = None,
     scale: float | None = None,
 ) -> bool:
-    """CPU q, k, v (and bias) of one kernel dtype with elements, valid shapes; any strides."""
-    if not _kernel_ready((q, k, v, bias), mask, "cpu"):
+    """CPU q, k, v (and bias) of one kernel dtype with elements, valid shapes, a scale the
+    kernel takes (:func:`spore_kernels._checks.valid_kernel_scale`); any strides."""
+    if not (_kernel_ready((q, k, v, bias), mask, "cpu") and _checks.valid_kernel_scale(scale)):
         return False
     try:
         check(q, k, v, bias, mask, scale)
@@ -326,7 +327,9 @@ def supports_backward(
     scale: float | None,
 ) -> bool:
     """:func:`supports`, with grad and out of q's dtype and shape."""
-    if not _kernel_ready((q, k, v, bias, grad, out), mask, "cpu"):
+    if not (
+        _kernel_ready((q, k, v, bias, grad, out), mask, "cpu") and _checks.valid_kernel_scale(scale)
+    ):
         return False
     try:
         check_backward(grad, q, k, v, bias, mask, out, scale)
@@ -359,6 +362,7 @@ def cpu(
 ) -> torch.Tensor:
     """The C++ forward, after the reference's checks (inputs made contiguous)."""
     check(q, k, v, bias, mask, scale)
+    _checks.kernel_scale(OP, scale)
     if not supports(q, k, v, bias, mask, scale):
         raise ValueError(
             f"{OP}: the CPU kernel takes float32/bfloat16/float16 CPU tensors with elements, "
@@ -386,6 +390,7 @@ def cpu_backward(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """The C++ backward, after the reference's checks (inputs made contiguous)."""
     check_backward(grad, q, k, v, bias, mask, out, scale)
+    _checks.kernel_scale(f"{OP}_backward", scale)
     if not supports_backward(grad, q, k, v, bias, mask, out, scale):
         raise ValueError(
             f"{OP}_backward: the CPU kernel takes float32/bfloat16/float16 CPU tensors with "

@@ -116,6 +116,19 @@ def test_bad_shapes_raise(shapes, match):
         A.attention(*(torch.randn(s) for s in shapes))
 
 
+def test_v_may_have_its_own_head_dim_as_sdpa_takes_it():
+    """SDPA takes v of another head_dim than q and k (e.g. latent attention's 192 and 128);
+    lite-boost's checks refused it. Sparse attention (one head_dim) still refuses it, naming
+    why."""
+    q, k, v = _qkv(heads=4, kv_heads=2, dim=16)
+    v = torch.randn(*v.shape[:3], 8)
+    expected = F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
+    torch.testing.assert_close(A.attention(q, k, v), expected)
+    assert A.attention(q, k, v).shape == (*q.shape[:3], 8)
+    with pytest.raises(ValueError, match="sparse attention takes v of q's head_dim 16"):
+        sparse_attention(q, k, v, latent_shape=(1, 4, 6), text_len=0, sparsity=0.5)
+
+
 @pytest.mark.parametrize(
     "dtypes",
     [(torch.int64,) * 3, (torch.float32, torch.bfloat16, torch.float32), (torch.bool,) * 3],
@@ -241,6 +254,8 @@ def test_device_kernels_get_the_checks_the_sdpa_path_runs(name):
         strided = q.transpose(-1, -2).contiguous().transpose(-1, -2)  # same values, stride 24
         assert dispatch.explain(A.OP, strided, k, v).chosen == "lite-boost:sdpa"
         torch.testing.assert_close(A.attention(strided, k, v), A.reference(q, k, v))
+        narrow = v[..., :8]  # another head_dim for v: SDPA's, not the device kernel's
+        assert dispatch.explain(A.OP, q, k, narrow).chosen == "lite-boost:sdpa"
         assert len(calls) == 1
     finally:
         dispatch.unregister_provider(provider)

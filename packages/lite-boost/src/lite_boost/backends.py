@@ -6,8 +6,9 @@ fused inference attention on Ascend, then PyTorch's ``scaled_dot_product_attenti
 device (also the reference). A backend is registered only when its package imports; one that
 is installed but fails to import is skipped with a logged reason. FlashAttention and torch_npu
 are chosen only for q, k, v that pass :func:`check_qkv` (else SDPA raises its error, on every
-device) with a unit stride along head_dim (else SDPA runs). ``LITE_BOOST_ATTENTION=sdpa``
-(or :func:`use_backend`) forces one backend; ``spore.dispatch.explain`` says which runs and why.
+device) with a unit stride along head_dim and v of q's head_dim (else SDPA runs).
+``LITE_BOOST_ATTENTION=sdpa`` (or :func:`use_backend`) forces one backend;
+``spore.dispatch.explain`` says which runs and why.
 
 Layout: ``q``, ``k``, ``v`` are ``(batch, heads, seq, head_dim)``, as for SDPA; ``k``/``v`` may
 have fewer heads than ``q`` when ``q``'s head count is a multiple of theirs (grouped queries).
@@ -134,8 +135,8 @@ def _autocast_args(
 
 
 def check_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
-    """(batch, heads, seq, head_dim) floating-point tensors of one dtype; k and v alike; q's
-    heads a multiple of k's."""
+    """(batch, heads, seq, head_dim) floating-point tensors of one dtype; k and v alike but
+    for v's head_dim, which may differ (as SDPA takes it); q's heads a multiple of k's."""
     dtypes = (q.dtype, k.dtype, v.dtype)
     if not all(d.is_floating_point for d in dtypes) or len(set(dtypes)) > 1:
         raise TypeError(
@@ -147,10 +148,10 @@ def check_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
             "lite_boost attention takes (batch, heads, seq, head_dim) tensors, got shapes "
             f"{tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}"
         )
-    if k.shape != v.shape or q.shape[0] != k.shape[0] or q.shape[3] != k.shape[3]:
+    if k.shape[:3] != v.shape[:3] or q.shape[0] != k.shape[0] or q.shape[3] != k.shape[3]:
         raise ValueError(
-            f"k {tuple(k.shape)} and v {tuple(v.shape)} must match each other and q "
-            f"{tuple(q.shape)} in batch and head_dim"
+            f"k {tuple(k.shape)} and v {tuple(v.shape)} must match each other in batch, heads "
+            f"and seq, and k must match q {tuple(q.shape)} in batch and head_dim"
         )
     if q.shape[1] == 0 or k.shape[1] == 0:
         raise ValueError(f"q ({q.shape[1]}) and k/v ({k.shape[1]}) need at least one head each")
@@ -204,6 +205,7 @@ def _supports(backend: Backend) -> Callable[..., bool]:
             and q.dtype in backend.dtypes
             and k.dtype == q.dtype == v.dtype
             and q.shape[-1] <= backend.max_head_dim
+            and (backend.module is None or v.shape[-1] == q.shape[-1])
             and (backend.module is None or q.shape[-1] % 8 == 0)
         )
 

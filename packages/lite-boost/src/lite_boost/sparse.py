@@ -71,6 +71,11 @@ def _check(
     sparsity: float,
 ) -> None:
     backends.check_qkv(q, k, v)
+    if v.shape[-1] != q.shape[-1]:
+        raise ValueError(
+            f"sparse attention takes v of q's head_dim {q.shape[-1]}, got v {tuple(v.shape)}; "
+            f"lite_boost.attention takes another"
+        )
     if len(latent_shape) != 3 or min(latent_shape) < 1:
         raise ValueError(f"latent_shape must be (frames, height, width) >= 1, got {latent_shape}")
     video = math.prod(latent_shape)

@@ -508,6 +508,30 @@ def test_a_resume_of_a_finished_run_says_there_is_nothing_to_train(tmp_path) -> 
     assert sorted(losses(out)) == [1, 2]
 
 
+def test_a_resume_into_a_new_output_that_trains_nothing_names_no_file_it_did_not_write(
+    tmp_path,
+) -> None:
+    """The summary named metrics.jsonl and loss.png in the new output, which held neither."""
+    first, second = tmp_path / "first", tmp_path / "second"
+    args = small_args("run.steps=1", "checkpoint.export=false")
+    run_train("--output", str(first), *args)
+    done = run_train(
+        "--output", str(second), "--resume", str(checkpoint.find(first)), *args,
+        env={"COLUMNS": "1000"},
+    )  # fmt: skip
+    assert "run.steps=1 is reached, nothing to train" in done.stderr
+    rows = dict(re.findall(r"(metrics|loss curve)\s*│\s*(\S+)\s*│", done.stdout))
+    assert rows == {"metrics": "-", "loss curve": "-"}, done.stdout
+    assert not (second / "metrics.jsonl").exists()
+
+
+def test_the_loss_line_of_a_short_run_compares_its_two_halves(one_rank: Run) -> None:
+    """Six steps were "first 6 -> last 6", one mean twice: as if nothing had been learned."""
+    curve = [one_rank.losses[s] for s in sorted(one_rank.losses)]
+    head, tail = statistics.fmean(curve[:3]), statistics.fmean(curve[3:])
+    assert f"{head:.4f} (first 3) -> {tail:.4f} (last 3)" in one_rank.done.stdout
+
+
 def test_activation_checkpointing_and_kept_parameters_change_nothing(
     two_ranks: Run, tmp_path
 ) -> None:
@@ -543,6 +567,32 @@ def test_tied_embeddings_of_a_bert_shard_with_the_root(tmp_path) -> None:
     args = (
         "model.type=bert", *bert, "data.seq_len=32", "run.steps=2", "optim.lr=0.01",
         "parallel.threads=1", "checkpoint.export=false",
+    )  # fmt: skip
+    two, one = tmp_path / "two", tmp_path / "one"
+    run_train("--output", str(two), "--nproc", "2", *_sets(*args, "data.batch_size=4"))
+    run_train("--output", str(one), *_sets(*args, "data.batch_size=8"))
+    _close(losses(two), losses(one), range(1, 3))
+
+
+@pytest.mark.parametrize(
+    ("kind", "shape"),
+    [
+        ("mamba", {"hidden_size": 32, "num_hidden_layers": 2, "state_size": 4}),
+        (
+            "mbart",
+            {"d_model": 32, "decoder_layers": 2, "decoder_attention_heads": 2,
+             "decoder_ffn_dim": 64, "dropout": 0.0, "attention_dropout": 0.0},
+        ),
+    ],
+)  # fmt: skip
+def test_blocks_listed_inside_other_blocks_shard_with_them(tmp_path, kind, shape) -> None:
+    """Mamba lists its mixer and the block holding it among its blocks, mBART its attention
+    and layers: sharding the inner one after the outer failed every FSDP2 run ("Cannot
+    concatenate overlapping meshes"). Two ranks now match one process."""
+    args = (
+        f"model.type={kind}", *(f"model.config.{k}={v}" for k, v in shape.items()),
+        "data.seq_len=32", "run.steps=2", "optim.lr=0.01", "parallel.threads=1",
+        "checkpoint.export=false",
     )  # fmt: skip
     two, one = tmp_path / "two", tmp_path / "one"
     run_train("--output", str(two), "--nproc", "2", *_sets(*args, "data.batch_size=4"))

@@ -297,17 +297,21 @@ def build(model: ModelSection, vocab_size: int, seed: int) -> torch.nn.Module:
 
 def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
     """The repeated blocks, by the class names transformers lists in ``_no_split_modules``,
-    but for a block holding a parameter tied to one outside it (BERT's embeddings, tied to
-    its LM head): FSDP2 shards a parameter in one group only, so the root's group keeps it."""
+    outermost only (Mamba lists its mixer and the block holding it, mBART its attention and
+    layers: FSDP2 cannot shard a module inside one it sharded), but for a block holding a
+    parameter tied to one outside it (BERT's embeddings, tied to its LM head): FSDP2 shards a
+    parameter in one group only, so the root's group keeps it."""
     names = set(getattr(model, "_no_split_modules", None) or [])
     every = list(model.named_parameters(remove_duplicate=False))
     layers = []
+    taken: list[str] = []  # the chosen blocks' prefixes (named_modules yields parents first)
     for prefix, module in model.named_modules():
-        if type(module).__name__ not in names:
+        if type(module).__name__ not in names or any(prefix.startswith(t) for t in taken):
             continue
         inside = {id(p) for p in module.parameters()}
         if not any(id(p) in inside and not n.startswith(f"{prefix}.") for n, p in every):
             layers.append(module)
+            taken.append(f"{prefix}.")
     if not layers:
         raise ModelConfigError(
             f"{type(model).__name__} does not name its decoder layers (_no_split_modules); "

@@ -552,8 +552,10 @@ def _summary(
     cfg: Config, model: torch.nn.Module, outcome: Outcome, source: str, world: int
 ) -> None:
     output = Path(cfg.run.output)
+    # a resume that trains nothing into a new output writes neither
+    metrics, curve = output / "metrics.jsonl", output / "loss.png"
     losses, times = outcome.losses, outcome.step_times
-    first = min(10, len(losses))
+    first = max(1, min(10, len(losses) // 2))  # two windows that overlap only for one step
     loss, throughput = "- (no step trained)", "-"
     if losses:
         head, tail = statistics.fmean(losses[:first]), statistics.fmean(losses[-first:])
@@ -578,8 +580,8 @@ def _summary(
         ("steps", f"{outcome.steps_done} / {cfg.run.steps} (this invocation: {len(losses)})"),
         ("loss", loss),
         ("throughput", throughput),
-        ("metrics", str(output / "metrics.jsonl")),
-        ("loss curve", str(output / "loss.png")),
+        ("metrics", str(metrics) if metrics.is_file() else "-"),
+        ("loss curve", str(curve) if curve.is_file() else "-"),
         ("checkpoint", str(outcome.checkpoint or "-")),
         ("export", str(outcome.export or "-")),
     ]

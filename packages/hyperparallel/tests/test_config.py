@@ -404,7 +404,7 @@ def test_a_resume_with_other_model_shapes_fails_before_any_process_starts(tmp_pa
     ) in str(info.value)
     with pytest.raises(config.ConfigError) as info:  # a layer more: parameters it lacks
         preflight.resolve(None, [*args, small[0], "model.config.num_hidden_layers=2"], "latest")
-    assert "model.layers.1.self_attn.q_proj.weight None -> (64, 64)" in str(info.value)
+    assert "model.layers.1.self_attn.q_proj.weight absent -> (64, 64)" in str(info.value)
 
 
 def test_a_resume_that_ties_or_unties_the_embeddings_fails_before_any_process_starts(

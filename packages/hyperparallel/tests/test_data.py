@@ -291,7 +291,8 @@ def test_a_directory_asks_for_a_glob(tmp_path) -> None:
     [
         ("{not json", "invalid JSON"),
         ('{"title": "x"}', "no 'text' field; set data.text_key to the field holding the text"),
-        ('["text"]', "no 'text' field"),
+        ('["text"]', "a JSON list, not an object; each line must be one object with a 'text'"),
+        ('"text"', "a JSON str, not an object"),
         ('{"text": 3}', "field 'text' is int, expected a string"),
         # valid JSON, but no UTF-8 text: the tokenizer's error named neither file nor line
         ('{"text": "ab\\ud800"}', "field 'text' holds '\\ud800' at character 2, a lone surrogate"),

@@ -925,7 +925,8 @@ def test_failures_in_a_rank_are_reported_once_and_plainly(tmp_path) -> None:
     assert bad_data.stderr.count(f"error: {data_file}:2: invalid JSON") == 1  # both ranks hit it
     assert "Traceback" not in bad_data.stderr
     assert "training failed on rank(s) " in bad_data.stderr
-    assert "No checkpoint was complete yet." in bad_data.stderr  # the resume hint
+    # the resume hint, naming the output: a resume from elsewhere has a checkpoint there
+    assert f"No checkpoint in {tmp_path / 'a'} was complete yet." in bad_data.stderr
     # settings transformers builds a model of, whose forward then fails (preflight builds the
     # model but runs nothing): an unexpected error in the rank, shown with its traceback
     unexpected = run_train(

@@ -294,7 +294,9 @@ def test_env_rendezvous_without_its_variables_is_refused_at_the_call(
 
     for name in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
         monkeypatch.delenv(name, raising=False)
-    with pytest.raises(ValueError, match=f"rendezvous .* needs {unset} in the environment"):
+    monkeypatch.setenv("MASTER_ADDR", "")  # set but empty: as good as unset
+    message = f"rendezvous .* needs {unset} in the environment, which are not set \\(or empty\\)"
+    with pytest.raises(ValueError, match=message):
         mccl.init_process_group_async("gloo", **options)
     assert mccl.init._pending is None
     assert not dist.is_initialized()

@@ -107,7 +107,7 @@ def _resume_hint(output: str, before: list[tuple[Path, float]]) -> str:
     that checkpoint's (its error names an older one)."""
     done = _saves(output)
     if not done:
-        return "No checkpoint was complete yet."
+        return f"No checkpoint in {output} was complete yet."
     if done == before:
         return f"This run saved no checkpoint; the newest is still {done[-1][0]}."
     return f"Newest complete checkpoint: {done[-1][0]} (continue with --resume)."

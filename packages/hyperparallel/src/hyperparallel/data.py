@@ -97,7 +97,12 @@ def _read_jsonl(path: Path, text_key: str) -> list[str]:
                 raise ValueError(
                     f"{path}:{lineno}: invalid JSON ({e.msg}); each line must be one object"
                 ) from e
-            if not isinstance(record, dict) or text_key not in record:
+            if not isinstance(record, dict):
+                raise ValueError(
+                    f"{path}:{lineno}: a JSON {type(record).__name__}, not an object; each line "
+                    f"must be one object with a {text_key!r} field"
+                )
+            if text_key not in record:
                 raise ValueError(
                     f"{path}:{lineno}: no {text_key!r} field; set data.text_key to the field "
                     "holding the text"

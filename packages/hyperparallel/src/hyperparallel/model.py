@@ -253,12 +253,21 @@ def reshaped(model: ModelSection, built: torch.nn.Module) -> list[str]:
     if not model.pretrained or not merged({}, model.config):
         return []
     saved = shapes(on_meta(_base_config(model)))
-    return [f"{k} {saved.get(k)} -> {v}" for k, v in shapes(built).items() if saved.get(k) != v]
+    return [
+        f"{k} {shown(saved.get(k))} -> {shown(v)}"
+        for k, v in shapes(built).items()
+        if saved.get(k) != v
+    ]
 
 
 def shapes(module: torch.nn.Module) -> dict[str, tuple[int, ...]]:
     """Each state-dict entry's shape, by name."""
     return {k: tuple(v.shape) for k, v in module.state_dict().items()}
+
+
+def shown(shape: tuple[int, ...] | None) -> str:
+    """A state-dict entry's shape in a message, ``absent`` where the model lacks the entry."""
+    return "absent" if shape is None else str(shape)
 
 
 def setting(config: Any, key: str) -> Any:

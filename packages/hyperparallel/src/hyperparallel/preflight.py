@@ -189,7 +189,9 @@ def _resumed_model_problems(cfg: Config, path: Path) -> list[str]:
     asked = model.shapes(built)
     names = [*saved, *(k for k in asked if k not in saved)]
     changed = [
-        f"{k} {saved.get(k)} -> {asked.get(k)}" for k in names if saved.get(k) != asked.get(k)
+        f"{k} {model.shown(saved.get(k))} -> {model.shown(asked.get(k))}"
+        for k in names
+        if saved.get(k) != asked.get(k)
     ]
     fix = "settings it was saved with (its run's config.yaml)"
     if changed:

@@ -203,8 +203,9 @@ def _check_options(kwargs: dict[str, Any]) -> tuple[int, int]:
         if unset:
             raise ValueError(
                 f"the env:// rendezvous (the default init_method) needs {', '.join(unset)} "
-                "in the environment, which are not set: launch with torchrun, set them, or pass "
-                "init_method= or store= (rank= and world_size= stand for RANK and WORLD_SIZE)"
+                "in the environment, which are not set (or empty): launch with torchrun, set "
+                "them, or pass init_method= or store= (rank= and world_size= stand for RANK "
+                "and WORLD_SIZE)"
             )
         port = _env_value("MASTER_PORT")
         if not 0 < port < 2**16:

@@ -101,6 +101,8 @@ def test_unknown_name_in_api_is_an_error() -> None:
         mfusion.disable_passes("ropee")
     with pytest.raises(ValueError, match=r"unknown mfusion pass 'ropee'"):
         mfusion.is_enabled("ropee")  # it said True
+    with pytest.raises(ValueError, match=r"'rope,gelu'.*pass each name as its own argument"):
+        mfusion.disable_passes("rope,gelu")  # the environment's spelling
     for switch in (mfusion.disable_passes, mfusion.enable_passes, mfusion.is_enabled):
         for bad in (["rope", "gelu"], None, 3):  # AttributeError: no attribute 'strip'
             with pytest.raises(ValueError, match="mfusion pass names are strs"):

@@ -56,9 +56,15 @@ def _checked(names: tuple[str, ...]) -> set[str]:
     wanted = {short_name(n.strip().lower()) for n in names}
     unknown = sorted(wanted - {ALL, *known_names()})
     if unknown:
+        split = (
+            "; pass each name as its own argument (disable_passes('rope', 'gelu'), as "
+            "MFUSION_DISABLE splits on commas)"
+            if any("," in n for n in unknown)
+            else ""
+        )
         raise ValueError(
             f"unknown mfusion pass {', '.join(map(repr, unknown))}; the passes are "
-            f"{', '.join(known_names())} (or {ALL!r})"
+            f"{', '.join(known_names())} (or {ALL!r}){split}"
         )
     return wanted
 

@@ -198,14 +198,13 @@ def _supports(backend: Backend) -> Callable[..., bool]:
             # before the device check (testable on CPU): when this raises, dispatch passes the
             # call on to SDPA, which raises the same error on every device
             check_qkv(q, k, v)
-            if not _unit_head_stride(q, k, v):
-                return False
+            if not _unit_head_stride(q, k, v) or v.shape[-1] != q.shape[-1]:
+                return False  # the device kernels take one layout and one head_dim
         return (
             q.device.type == backend.device
             and q.dtype in backend.dtypes
             and k.dtype == q.dtype == v.dtype
             and q.shape[-1] <= backend.max_head_dim
-            and (backend.module is None or v.shape[-1] == q.shape[-1])
             and (backend.module is None or q.shape[-1] % 8 == 0)
         )
 
